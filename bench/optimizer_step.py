@@ -1,0 +1,128 @@
+"""Time one LAMB step: our `trainer.optim.Lamb` (foreach) against a per-parameter-loop LAMB.
+
+The baseline is written the way torch-optimizer's `Lamb` is (one Python iteration per parameter tensor,
+in-place ops where they are natural), with the same apex semantics as ours so both do the same arithmetic.
+Parameters have the shapes of BERT-base for pretraining (110M parameters, 200 tensors).
+
+    python bench/optimizer_step.py [--device cpu|cuda] [--steps N] [--warmup N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from trainer.optim import Lamb
+
+HIDDEN, FFN, VOCAB, LAYERS = 768, 3072, 30528, 12
+
+
+def bert_base_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every BERT-base pretraining parameter, named like Hugging Face's BertForPreTraining."""
+    h, f = HIDDEN, FFN
+    shapes = [
+        ("embeddings.word_embeddings.weight", (VOCAB, h)),
+        ("embeddings.position_embeddings.weight", (512, h)),
+        ("embeddings.token_type_embeddings.weight", (2, h)),
+        ("embeddings.LayerNorm.weight", (h,)),
+        ("embeddings.LayerNorm.bias", (h,)),
+    ]
+    for i in range(LAYERS):
+        pre = f"encoder.layer.{i}."
+        for proj in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes += [(pre + proj + ".weight", (h, h)), (pre + proj + ".bias", (h,))]
+        shapes += [(pre + "attention.output.LayerNorm.weight", (h,)), (pre + "attention.output.LayerNorm.bias", (h,))]
+        shapes += [(pre + "intermediate.dense.weight", (f, h)), (pre + "intermediate.dense.bias", (f,))]
+        shapes += [(pre + "output.dense.weight", (h, f)), (pre + "output.dense.bias", (h,))]
+        shapes += [(pre + "output.LayerNorm.weight", (h,)), (pre + "output.LayerNorm.bias", (h,))]
+    shapes += [("pooler.dense.weight", (h, h)), ("pooler.dense.bias", (h,))]
+    shapes += [("cls.predictions.transform.dense.weight", (h, h)), ("cls.predictions.transform.dense.bias", (h,))]
+    shapes += [("cls.predictions.transform.LayerNorm.weight", (h,)), ("cls.predictions.transform.LayerNorm.bias", (h,))]
+    shapes += [("cls.predictions.bias", (VOCAB,))]  # the decoder weight is tied to the word embeddings
+    shapes += [("cls.seq_relationship.weight", (2, h)), ("cls.seq_relationship.bias", (2,))]
+    return shapes
+
+
+class LoopLamb(torch.optim.Optimizer):
+    """Reference LAMB with one Python iteration per parameter (apex semantics, torch-optimizer's style)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.max_grad_norm = max_grad_norm
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        global_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+        clip = max(1.0, global_norm.item() / self.max_grad_norm)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                grad = p.grad / clip
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (m / (1 - beta1**t)).div_((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
+                if group["weight_decay"] != 0:
+                    update.add_(p, alpha=group["weight_decay"])
+                    w_norm, u_norm = p.norm(), update.norm()
+                    trust = (w_norm / u_norm).item() if w_norm > 0 and u_norm > 0 else 1.0
+                else:
+                    trust = 1.0
+                p.add_(update, alpha=-group["lr"] * trust)
+
+
+def make_param_groups(device: torch.device) -> list[dict]:
+    """BERT-base parameters in two decay groups, each with a fixed random gradient (the same on every call)."""
+    gen = torch.Generator().manual_seed(0)
+    decay, no_decay = [], []
+    for name, shape in bert_base_shapes():
+        p = torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.02).to(device))
+        p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(device)
+        (no_decay if "bias" in name or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def time_steps(opt: torch.optim.Optimizer, warmup: int, steps: int, device: torch.device) -> float:
+    """Milliseconds per optimizer step, averaged over `steps` after `warmup` untimed steps."""
+    for _ in range(warmup):
+        opt.step()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    sync()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per optimizer")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocations, caches)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    print("command:", " ".join([sys.executable, *sys.argv]))
+    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}")
+    results = {}
+    for name, cls in (("loop", LoopLamb), ("foreach", Lamb)):
+        groups = make_param_groups(device)
+        n = sum(p.numel() for g in groups for p in g["params"])
+        results[name] = time_steps(cls(groups, lr=1e-3), args.warmup, args.steps, device)
+        print(f"{name:8s} {results[name]:9.2f} ms/step  ({n / 1e6:.1f}M params, {args.steps} steps)")
+        del groups
+    print(f"speedup foreach vs loop: {results['loop'] / results['foreach']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Load balancing plans (trainer/balance.py): coverage, equal steps, stratified histograms, the snake presort,
+and the distributed sampler against the pure plan."""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from trainer.balance import (
+    assign_bins,
+    batch_bin_counts,
+    build_batch_sampler,
+    make_node_groups,
+    plan_epoch,
+    presort_node,
+    token_imbalance,
+)
+from trainer.errors import ConfigError
+
+BINS = [128, 256, 384, 512]
+SHARD_SIZES = (1000, 733, 517)  # N = 2250, not a multiple of any world_size * micro_batch_size used below
+LAYOUTS = [(2, 2), (4, 4), (8, 4)]  # (world_size, local_world_size): one node of 2, one of 4, 2 nodes of 4
+METHODS = ["none", "stratified", "local_presort"]
+
+
+def make_mlperf_like_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """~25 % exactly 512, the rest a gamma bump with its mode near 160, truncated to [16, 511]."""
+    rng = np.random.default_rng(seed)
+    body = rng.gamma(3.0, 80.0, 4 * n)
+    body = body[(body >= 16) & (body < 512)][:n].astype(np.int64)
+    return np.where(rng.random(n) < 0.25, 512, body)
+
+
+def make_shard_lengths(seed: int = 0) -> np.ndarray:
+    return np.concatenate([make_mlperf_like_lengths(n, seed + i) for i, n in enumerate(SHARD_SIZES)])
+
+
+def make_plan(lengths, method, world_size, local_world_size, micro_batch_size=16, seed=0, epoch=0, **kw):
+    return plan_epoch(lengths, method, BINS, micro_batch_size, world_size, local_world_size, seed, epoch, **kw)
+
+
+def histogram(batch, lengths) -> list[int]:
+    return np.bincount(assign_bins(lengths[batch], BINS), minlength=len(BINS)).tolist()
+
+
+def mean_imbalance(plan, lengths) -> float:
+    return float(np.mean([token_imbalance([lengths[b].sum() for b in step]) for step in plan[:-1]]))
+
+
+# --------------------------------------------------------------------------- bins, counts, imbalance
+
+
+def test_assign_bins_upper_bounds_inclusive_and_overflow_to_last_bin():
+    lengths = np.array([1, 128, 129, 256, 257, 384, 385, 512, 600])
+    assert assign_bins(lengths, BINS).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 3]
+    with pytest.raises(ConfigError, match="balance.bins"):
+        assign_bins(lengths, [256, 128])
+
+
+def largest_remainder_by_fractions(hist, size):
+    """Independent largest-remainder rounding with exact fractions."""
+    quotas = [Fraction(size * h, sum(hist)) for h in hist]
+    counts = [int(q) for q in quotas]
+    order = sorted(range(len(hist)), key=lambda k: (-(quotas[k] - counts[k]), k))
+    for k in order[: size - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+@pytest.mark.parametrize("hist", [[300, 600, 400, 700], [1, 0, 0, 2249], [563, 562, 563, 562], [5, 5, 5, 1]])
+@pytest.mark.parametrize("size", [1, 7, 16])
+def test_batch_bin_counts_is_largest_remainder(hist, size):
+    counts = batch_bin_counts(np.array(hist), size)
+    assert counts.tolist() == largest_remainder_by_fractions(hist, size)
+    assert counts.sum() == size and all(c <= h for c, h in zip(counts, hist, strict=True))
+
+
+def test_token_imbalance():
+    assert token_imbalance([100, 100, 100]) == 1.0
+    assert token_imbalance([300, 100, 200]) == pytest.approx(1.5)
+    assert token_imbalance([0, 0]) == 1.0
+
+
+# --------------------------------------------------------------------------- the plan contract
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("world_size,local_world_size", LAYOUTS)
+def test_every_sample_once_and_equal_steps(method, world_size, local_world_size):
+    lengths = make_shard_lengths()
+    plan = make_plan(lengths, method, world_size, local_world_size)
+    assert len(plan) == -(-len(lengths) // (world_size * 16))
+    assert all(len(step) == world_size for step in plan)  # every rank has every step
+    everything = np.concatenate([batch for step in plan for batch in step])
+    assert np.array_equal(np.sort(everything), np.arange(len(lengths)))
+    assert all(len(batch) == 16 for step in plan[:-1] for batch in step)
+    last_sizes = [len(batch) for batch in plan[-1]]
+    assert max(last_sizes) - min(last_sizes) <= 1 and sum(last_sizes) == len(lengths) % (world_size * 16)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_batches_only_in_last_step_when_fewer_samples_than_ranks(method):
+    lengths = make_mlperf_like_lengths(2 * 8 * 4 + 3)  # 2 full steps of 8 ranks x 4, then 3 samples
+    plan = make_plan(lengths, method, world_size=8, local_world_size=4, micro_batch_size=4)
+    assert len(plan) == 3
+    assert sorted(len(batch) for batch in plan[-1]) == [0] * 5 + [1] * 3
+    assert np.array_equal(np.sort(np.concatenate([b for s in plan for b in s])), np.arange(len(lengths)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic_per_seed_and_epoch(method):
+    lengths = make_shard_lengths()
+
+    def flat(**kw):
+        return np.concatenate([b for s in make_plan(lengths, method, 4, 2, **kw) for b in s])
+
+    assert np.array_equal(flat(seed=3, epoch=1), flat(seed=3, epoch=1))
+    assert not np.array_equal(flat(seed=3, epoch=1), flat(seed=3, epoch=2))
+    assert not np.array_equal(flat(seed=3, epoch=1), flat(seed=4, epoch=1))
+    assert np.array_equal(flat(epoch=1, shuffle=False), flat(epoch=2, shuffle=False))
+
+
+def test_unknown_method_and_bad_layout_raise():
+    lengths = make_mlperf_like_lengths(100)
+    with pytest.raises(ConfigError, match="balance.method"):
+        make_plan(lengths, "sorted", 2, 2)
+    with pytest.raises(ConfigError, match="local_world_size"):
+        make_plan(lengths, "none", 6, 4)
+
+
+# --------------------------------------------------------------------------- stratified
+
+
+@pytest.mark.parametrize("world_size,local_world_size", LAYOUTS)
+def test_stratified_full_batches_share_one_histogram_when_bins_are_proportional(world_size, local_world_size):
+    rng = np.random.default_rng(1)
+    lengths = rng.permutation(np.repeat([100, 200, 300, 500], [563, 562, 563, 562]))  # N = 2250
+    plan = make_plan(lengths, "stratified", world_size, local_world_size, micro_batch_size=8)
+    histograms = {tuple(histogram(batch, lengths)) for step in plan[:-1] for batch in step}
+    assert histograms == {(2, 2, 2, 2)}
+
+
+@pytest.mark.parametrize("world_size,local_world_size", LAYOUTS)
+def test_stratified_batches_follow_global_histogram_until_a_bin_runs_out(world_size, local_world_size):
+    lengths = make_shard_lengths()
+    global_hist = histogram(np.arange(len(lengths)), lengths)
+    counts = largest_remainder_by_fractions(global_hist, 16)
+    available = min(h // c for h, c in zip(global_hist, counts, strict=True) if c)  # batches before a bin runs out
+    first_round_steps = available // world_size
+    plan = make_plan(lengths, "stratified", world_size, local_world_size)
+    assert first_round_steps >= 0.9 * (len(plan) - 1)
+    assert all(histogram(b, lengths) == counts for step in plan[:first_round_steps] for b in step)
+    # the few later steps re-proportion what is left, still one histogram for all ranks of a step
+    for step in plan[first_round_steps:-1]:
+        assert len({tuple(histogram(b, lengths)) for b in step}) == 1
+
+
+# --------------------------------------------------------------------------- local presort
+
+
+def test_presort_node_snake_two_ranks_by_hand():
+    lengths = np.array([10, 50, 30, 60, 20, 40])
+    # sorted: 3(60) 1(50) | 5(40) 2(30) | 4(20) 0(10); the middle row is reversed
+    columns = presort_node([np.array([0, 1, 2]), np.array([3, 4, 5])], lengths)
+    assert [c.tolist() for c in columns] == [[3, 2, 4], [1, 5, 0]]
+
+
+def test_presort_node_snake_three_ranks_with_partial_rows_by_hand():
+    lengths = np.array([70, 60, 50, 40, 30, 20, 10, 5])
+    batches = [np.array([7, 0, 3]), np.array([1, 4]), np.array([6, 2, 5])]
+    # rows: [0 1 2] -> cols 0 1 2; [3 4 5] reversed -> cols 2 1 0; [6 7] -> cols 0 1
+    assert [c.tolist() for c in presort_node(batches, lengths)] == [[0, 5, 6], [1, 4, 7], [2, 3]]
+    # a partial odd row fills from the right: [3 4] -> cols 2 1
+    five = [np.array([0, 1, 2]), np.array([3]), np.array([4])]
+    assert [c.tolist() for c in presort_node(five, lengths)] == [[0], [1, 4], [2, 3]]
+
+
+def test_presort_node_ties_keep_gathered_order_and_empty_node():
+    lengths = np.full(4, 128)
+    assert [c.tolist() for c in presort_node([np.array([2, 0]), np.array([3, 1])], lengths)] == [[2, 1], [0, 3]]
+    empty = np.array([], dtype=np.int64)
+    assert [len(c) for c in presort_node([empty, empty], lengths)] == [0, 0]
+
+
+@pytest.mark.parametrize("world_size,local_world_size", LAYOUTS)
+def test_local_presort_only_reshuffles_within_each_node(world_size, local_world_size):
+    lengths = make_shard_lengths()
+    stratified = make_plan(lengths, "stratified", world_size, local_world_size)
+    presorted = make_plan(lengths, "local_presort", world_size, local_world_size)
+    for strat_step, pre_step in zip(stratified, presorted, strict=True):
+        for start in range(0, world_size, local_world_size):
+            node = slice(start, start + local_world_size)
+            assert Counter(np.concatenate(pre_step[node]).tolist()) == Counter(
+                np.concatenate(strat_step[node]).tolist()
+            )
+            expected = presort_node(strat_step[node], lengths)
+            assert all(np.array_equal(a, b) for a, b in zip(pre_step[node], expected, strict=True))
+
+
+@pytest.mark.parametrize("world_size,local_world_size", [(8, 8), (8, 4)])
+def test_local_presort_evens_tokens_on_mlperf_like_lengths(world_size, local_world_size):
+    lengths = make_mlperf_like_lengths(20_000, seed=5)
+    imbalance = {m: mean_imbalance(make_plan(lengths, m, world_size, local_world_size), lengths) for m in METHODS}
+    assert imbalance["local_presort"] < imbalance["stratified"] < imbalance["none"]
+    if local_world_size == world_size:
+        assert imbalance["local_presort"] <= 1.02
+
+
+# --------------------------------------------------------------------------- the sampler
+
+
+@pytest.mark.parametrize(
+    "method,world_size,local_world_size", [("none", 4, 2), ("stratified", 4, 2), ("local_presort", 1, 1)]
+)
+def test_sampler_without_exchange_equals_plan(method, world_size, local_world_size):
+    lengths = make_shard_lengths()
+    plan = make_plan(lengths, method, world_size, local_world_size, seed=7, epoch=2)
+    for rank in range(world_size):
+        layout = dict(rank=rank, world_size=world_size, local_world_size=local_world_size)
+        sampler = build_batch_sampler(lengths, method, BINS, 16, seed=7, **layout)
+        got = list(sampler.batches(2))
+        assert len(got) == len(sampler) == len(plan)
+        assert all(np.array_equal(g, step[rank]) for g, step in zip(got, plan, strict=True))
+
+
+def _sampler_worker(rank: int, world_size: int, init_method: str, out_dir: str, lengths: np.ndarray) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    try:
+        for local_world_size in (2, 1):  # one node of two ranks; two nodes of one rank
+            group = make_node_groups(world_size, local_world_size)
+            layout = dict(rank=rank, world_size=world_size, local_world_size=local_world_size, node_group=group)
+            sampler = build_batch_sampler(lengths, "local_presort", BINS, 16, seed=11, **layout)
+            for epoch in (0, 1):
+                batches = list(sampler.batches(epoch))
+                np.savez(f"{out_dir}/r{rank}_l{local_world_size}_e{epoch}.npz", *batches)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_sampler_all_gather_over_gloo_equals_plan(tmp_path):
+    import torch.multiprocessing as mp
+
+    lengths = make_shard_lengths()
+    world_size = 2
+    init_method = f"file://{tmp_path}/rendezvous"
+    mp.spawn(_sampler_worker, args=(world_size, init_method, str(tmp_path), lengths), nprocs=world_size)
+    for local_world_size in (2, 1):
+        for epoch in (0, 1):
+            plan = make_plan(lengths, "local_presort", world_size, local_world_size, seed=11, epoch=epoch)
+            for rank in range(world_size):
+                with np.load(tmp_path / f"r{rank}_l{local_world_size}_e{epoch}.npz") as saved:
+                    got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+                assert len(got) == len(plan)
+                assert all(np.array_equal(g, step[rank]) for g, step in zip(got, plan, strict=True))

@@ -1,0 +1,57 @@
+"""`python -m trainer --config CFG.yaml [dotted.key=value ...]` (or under torchrun for several processes).
+
+Exit codes: 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing trained), 3 diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.config import load_config
+from trainer.errors import ConfigError, TrainerError
+
+EXIT_CODES = {"reached_target": 0, "budget_exhausted": 0, "failed": 1, "diverged": 3}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="BERT pretraining (MLM + NSP).")
+    parser.add_argument("--config", help="YAML trainer config (see trainer/configs/)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optimizer.lr=1e-3")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from trainer.config import dump_config
+    from trainer.distributed import cleanup
+    from trainer.report import JsonLinesReporter
+    from trainer.train import train
+
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    reporter = JsonLinesReporter(cfg.log.jsonl)
+    try:
+        result = train(cfg, reporter)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        reporter.close()
+        cleanup()
+    print(f"finished: {result['status']}" + (f" ({result['reason']})" if result["reason"] else ""), file=sys.stderr)
+    return EXIT_CODES[result["status"]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

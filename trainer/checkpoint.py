@@ -1,0 +1,84 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint holds the model, optimizer, scheduler and loss-scaler states, the loop position (`TrainState`),
+the RNG states and the resolved config (as YAML text, so a checkpoint says how it was made). Files are written
+to a temporary name and renamed, so a run killed mid-save never leaves a half-written "latest" checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.errors import CheckpointError
+
+LATEST = "latest.pt"
+
+
+@dataclass
+class TrainState:
+    """Where the loop is. `batch_in_epoch` counts micro-batches of this epoch already consumed."""
+
+    step: int = 0
+    samples: int = 0
+    tokens: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    train_time_s: float = 0.0
+    next_eval_samples: int = 0
+    best_mlm_accuracy: float = 0.0
+    samples_to_target: int | None = None
+    time_to_target_s: float | None = None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState) -> Path:
+    """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "state": asdict(state), "rng": rng_state()}
+    path = directory / f"ckpt-{state.samples:012d}.pt"
+    tmp = directory / f".{path.name}.tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    tmp_latest = directory / f".{LATEST}.tmp"
+    if tmp_latest.exists():
+        tmp_latest.unlink()
+    os.link(path, tmp_latest)
+    os.replace(tmp_latest, directory / LATEST)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], TrainState]:
+    """Read a checkpoint written by `save_checkpoint`; restores nothing by itself except what it returns."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        state = TrainState(**payload["state"])
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
+    return payload, state
+
+
+def latest_checkpoint(directory: str | Path | None) -> Path | None:
+    if directory is None:
+        return None
+    path = Path(directory) / LATEST
+    return path if path.is_file() else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,221 @@
+"""The trainer's typed configuration.
+
+One `TrainerConfig` with the sections of DESIGN.md section 3. Every field carries a one-line doc where it is
+declared. Configs come from a YAML file plus dotted overrides (`optimizer.lr=1e-3`); unknown keys, wrong types
+and out-of-range values raise `ConfigError` naming the dotted key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    vocab_size: int = Field(30522, ge=1, description="Vocabulary size before padding (HF checkpoints use this).")
+    pad_vocab_to_multiple_of: int = Field(8, ge=1, description="Pad the embedding rows to a multiple of this.")
+    hidden_size: int = Field(1024, ge=1, description="Width of the encoder (BERT-large: 1024).")
+    num_hidden_layers: int = Field(24, ge=1, description="Number of transformer layers (BERT-large: 24).")
+    num_attention_heads: int = Field(16, ge=1, description="Attention heads per layer; must divide hidden_size.")
+    intermediate_size: int = Field(4096, ge=1, description="Width of the feed-forward layer (BERT-large: 4096).")
+    max_position_embeddings: int = Field(512, ge=1, description="Longest sequence the position table covers.")
+    type_vocab_size: int = Field(2, ge=1, description="Number of segment (token type) ids.")
+    hidden_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout on hidden states.")
+    attention_probs_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout on attention weights.")
+    layer_norm_eps: float = Field(1e-12, gt=0.0, description="LayerNorm epsilon (HF BERT: 1e-12).")
+    initializer_range: float = Field(0.02, gt=0.0, description="Std of the normal init of weights.")
+    init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.num_attention_heads ({self.num_attention_heads}) must divide "
+                f"model.hidden_size ({self.hidden_size})"
+            )
+        return self
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_to_multiple_of
+        return (self.vocab_size + m - 1) // m * m
+
+
+class DataConfig(Section):
+    train: str = Field("data/demo/train", description="Directory or glob of training HDF5 shards.")
+    eval: str = Field("data/demo/eval", description="Directory or glob of evaluation HDF5 shards.")
+    max_seq_length: int | None = Field(None, ge=8, description="Truncate sequences to this (None: shard width).")
+    shuffle: bool = Field(True, description="Shuffle training samples every epoch.")
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw", "lamb"] = Field("lamb", description="Optimizer: adamw (PyTorch) or lamb (apex semantics).")
+    impl: Literal["torch", "apex"] = Field("torch", description="torch: our foreach code / PyTorch; apex: FusedLAMB.")
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="First-moment decay.")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Second-moment decay.")
+    eps: float = Field(1e-6, gt=0.0, description="Added outside the square root of the second moment.")
+    weight_decay: float = Field(0.01, ge=0.0, description="Decoupled weight decay (not on bias/LayerNorm).")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="LAMB global-norm pre-normalization threshold.")
+    use_nvlamb: bool = Field(False, description="LAMB: apply the trust ratio also where weight decay is 0.")
+
+
+class ScheduleConfig(Section):
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup length in optimizer steps.")
+    start_warmup_step: int = Field(0, description="Warmup start offset S (may be negative, MLPerf).")
+    total_steps: int | None = Field(None, ge=1, description="Decay horizon T (None: from budget.max_samples).")
+    power: float = Field(1.0, ge=0.0, description="Polynomial decay power p.")
+    end_lr: float = Field(0.0, ge=0.0, description="Learning rate e at and after the total steps.")
+
+
+class ClippingConfig(Section):
+    strategy: Literal["none", "after_allreduce", "before_allreduce", "bucketwise"] = Field(
+        "none", description="Where gradients are clipped relative to the data-parallel all-reduce."
+    )
+    max_norm: float = Field(1.0, gt=0.0, description="Clipping threshold, in unscaled gradient units.")
+
+
+class BatchConfig(Section):
+    global_batch_size: int = Field(32, ge=1, description="Sequences per optimizer step over all ranks.")
+    micro_batch_size: int = Field(32, ge=1, description="Sequences per forward/backward on one rank.")
+
+
+class BalanceConfig(Section):
+    method: Literal["none", "stratified", "local_presort"] = Field(
+        "none", description="How sequences are spread over ranks to even out tokens per rank."
+    )
+    bins: list[int] = Field(
+        [64, 128, 192, 256, 320, 384, 448, 511, 512],
+        min_length=1,
+        description="Upper bounds of the length bins (a bin of its own for full-length sequences balances best).",
+    )
+
+
+class PrecisionConfig(Section):
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    initial_loss_scale: float = Field(2.0**16, gt=0.0, description="fp16 only: starting loss scale.")
+
+
+class EvalConfig(Section):
+    every_samples: int = Field(10_000, ge=1, description="Evaluate after this many training samples.")
+    target_mlm_accuracy: float = Field(0.720, gt=0.0, le=1.0, description="Stop when eval MLM accuracy reaches this.")
+    max_samples: int = Field(10_000, ge=1, description="Size of the fixed eval set (first samples of data.eval).")
+    batch_size: int = Field(64, ge=1, description="Eval sequences per forward pass on one rank.")
+
+
+class BudgetConfig(Section):
+    max_samples: int = Field(1_000_000, ge=1, description="Stop after this many training samples.")
+    max_time_s: float | None = Field(None, gt=0.0, description="Stop after this many seconds of training.")
+
+
+class CheckpointConfig(Section):
+    dir: str | None = Field(None, description="Directory for checkpoints (None: no checkpoints).")
+    every_samples: int | None = Field(None, ge=1, description="Save every this many samples (None: only at end).")
+    resume: bool = Field(True, description="Resume from the latest checkpoint in dir if one exists.")
+
+
+class LogConfig(Section):
+    every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
+    jsonl: str | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
+
+
+class TrainerConfig(Section):
+    seed: int = Field(1234, description="Seed for weights, masking order and shuffling.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="BERT architecture.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training and evaluation shards.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and its settings.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="MLPerf LR schedule.")
+    clipping: ClippingConfig = Field(default_factory=ClippingConfig, description="Gradient clipping strategy.")
+    batch: BatchConfig = Field(default_factory=BatchConfig, description="Batch sizes.")
+    balance: BalanceConfig = Field(default_factory=BalanceConfig, description="Load balancing over ranks.")
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Numeric precision.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation and target.")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="When to stop.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Progress output and reports.")
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid trainer config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling against trainer/config.py"
+        lines.append(f"  {key}: {msg} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into (["a", "b", "c"], parsed value); the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r}: empty part in dotted key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({e})") from e
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `raw` with dotted overrides set; intermediate sections are created as needed."""
+    out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> TrainerConfig:
+    """Validate a plain dict into a `TrainerConfig`; errors name the dotted key and the source."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        return TrainerConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainerConfig:
+    """Read a YAML config file (or defaults when `path` is None) and apply dotted overrides."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        source += " + overrides"
+    return config_from_dict(raw, source)
+
+
+def dump_config(cfg: TrainerConfig) -> str:
+    """The resolved config as YAML, loadable again by `load_config`."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,81 @@
+"""The data-parallel environment: who am I, how many are we, which ranks share my node.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; a plain `python -m trainer` is rank 0 of 1.
+Collectives get a timeout so that a rank that dies ends the run instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("TRAINER_COLLECTIVE_TIMEOUT_S", "300")))
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def dist_env_from_environ() -> DistEnv:
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    return DistEnv(
+        rank=int(env.get("RANK", "0")),
+        world_size=world,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def pick_device(requested: str, env: DistEnv) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> None:
+    """NCCL on GPU, gloo on CPU; rendezvous from torchrun's MASTER_ADDR/MASTER_PORT."""
+    if env.enabled and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+
+
+def all_reduce_sum(values: list[float], device: torch.device, env: DistEnv) -> list[float]:
+    """Sum a few numbers over ranks (identity on one process)."""
+    if not env.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather_scalar(value: float, device: torch.device, env: DistEnv) -> list[float]:
+    """One number from every rank, in rank order."""
+    if not env.enabled:
+        return [value]
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(env.world_size)]
+    dist.all_gather(out, t)
+    return [o.item() for o in out]
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,24 @@
+"""The trainer's exceptions. Everything the trainer raises on purpose derives from `TrainerError`.
+
+Messages say what was wrong, where (file, dotted config key, shard) and what to do about it.
+"""
+
+
+class TrainerError(Exception):
+    """Root of all errors the trainer raises deliberately."""
+
+
+class ConfigError(TrainerError):
+    """A config file or override is malformed: unknown key, wrong type or out-of-range value."""
+
+
+class DataError(TrainerError):
+    """A data shard, vocabulary or text file is missing or malformed."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint or weights file cannot be read or does not fit the model."""
+
+
+class BackendUnavailableError(TrainerError):
+    """An optional backend (for example NVIDIA apex) was requested but cannot be imported."""

@@ -1,0 +1,331 @@
+"""BERT for pretraining (masked LM + next sentence prediction), run without padding.
+
+Parameter names are those of Hugging Face `BertForPreTraining`, so HF checkpoints load as they are and outputs
+can be checked against HF. The forward pass takes a `PackedBatch`: all valid tokens of the micro-batch in one
+[T, hidden] tensor, sequences delimited by `cu_seqlens`. Linear layers, LayerNorm and GELU are per token, so
+they only ever see real tokens; attention is the one place that needs sequence boundaries:
+
+- CUDA with bf16/fp16 and no attention dropout: `torch.nn.attention.varlen.varlen_attn` on the packed stream;
+- otherwise (CPU, fp32, dropout): scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding
+  mask, gather back. Exact, and padding only up to the longest sequence of the batch.
+
+The MLM head (transform + vocab projection, the most expensive per-token layer) runs only on masked tokens,
+as MLPerf's "dense sequence output" does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.config import ModelConfig
+from trainer.data.batch import PackedBatch
+from trainer.errors import CheckpointError
+
+# --------------------------------------------------------------------------- attention over packed sequences
+
+
+@dataclass
+class PaddingLayout:
+    """Where each packed token sits in a [B, L] grid; built once per batch, shared by all layers."""
+
+    slots: torch.Tensor  # int64 [T]: flat index b * L + position of each token
+    key_mask: torch.Tensor  # bool [B, 1, 1, L]: True where the key is a real token
+    batch: int
+    length: int
+
+    @staticmethod
+    def from_cu_seqlens(cu_seqlens: torch.Tensor, position_ids: torch.Tensor, max_seqlen: int) -> PaddingLayout:
+        starts = cu_seqlens[:-1].long()
+        lengths = cu_seqlens[1:].long() - starts
+        batch = lengths.numel()
+        seq_of_token = torch.repeat_interleave(torch.arange(batch, device=cu_seqlens.device), lengths)
+        slots = seq_of_token * max_seqlen + position_ids
+        key_mask = torch.arange(max_seqlen, device=cu_seqlens.device)[None, :] < lengths[:, None]
+        return PaddingLayout(slots, key_mask[:, None, None, :], batch, max_seqlen)
+
+
+def packed_attention(q, k, v, batch: PackedBatch, layout: PaddingLayout | None, dropout_p: float) -> torch.Tensor:
+    """Attention of q, k, v [T, heads, head_dim] within each packed sequence; returns [T, heads, head_dim]."""
+    if layout is None:  # the varlen kernel works on the packed stream directly
+        from torch.nn.attention.varlen import varlen_attn
+
+        cu = batch.cu_seqlens
+        return varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen)
+    T, heads, head_dim = q.shape
+    grid = []
+    for t in (q, k, v):
+        padded = t.new_zeros(layout.batch * layout.length, heads, head_dim)
+        padded = padded.index_copy(0, layout.slots, t)
+        grid.append(padded.view(layout.batch, layout.length, heads, head_dim).transpose(1, 2))
+    out = F.scaled_dot_product_attention(*grid, attn_mask=layout.key_mask, dropout_p=dropout_p)
+    out = out.transpose(1, 2).reshape(layout.batch * layout.length, heads, head_dim)
+    return out.index_select(0, layout.slots)
+
+
+def use_varlen_kernel(x: torch.Tensor, dropout_p: float) -> bool:
+    """varlen_attn is a flash kernel: CUDA, half precision, no dropout."""
+    half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
+    return x.is_cuda and half and dropout_p == 0.0
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.word_embeddings(batch.input_ids)
+        x = x + self.position_embeddings(batch.position_ids) + self.token_type_embeddings(batch.segment_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads = cfg.num_attention_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | None) -> torch.Tensor:
+        shape = (x.shape[0], self.heads, self.head_dim)
+        q, k, v = (proj(x).view(shape) for proj in (self.query, self.key, self.value))
+        dropout_p = self.dropout_p if self.training else 0.0
+        return packed_attention(q, k, v, batch, layout, dropout_p).reshape(x.shape[0], -1)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg)
+
+    def forward(self, x, batch, layout):
+        return self.output(self.self(x, batch, layout), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))
+
+
+class BertOutput(BertSelfOutput):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertOutput(cfg)
+
+    def forward(self, x, batch, layout):
+        x = self.attention(x, batch, layout)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, x, batch, layout):
+        for layer in self.layer:
+            x = layer(x, batch, layout)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(first_tokens))
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg)
+        self.attention_dropout = cfg.attention_probs_dropout_prob
+
+    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]."""
+        x = self.embeddings(batch)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        layout = None
+        if not use_varlen_kernel(x, dropout_p):
+            layout = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
+        x = self.encoder(x, batch, layout)
+        first_tokens = x.index_select(0, batch.cu_seqlens[:-1].long())
+        return x, self.pooler(first_tokens)
+
+
+# --------------------------------------------------------------------------- pretraining heads
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False)  # tied to word embeddings
+        self.bias = nn.Parameter(torch.zeros(cfg.padded_vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+@dataclass
+class PretrainingOutput:
+    mlm_logits: torch.Tensor  # [M, vocab_size] at the masked positions only (vocab padding cut off)
+    nsp_logits: torch.Tensor  # [B, 2]
+
+
+@dataclass
+class PretrainingLoss:
+    total: torch.Tensor
+    mlm: torch.Tensor
+    nsp: torch.Tensor
+    mlm_correct: torch.Tensor  # number of masked tokens predicted right (no grad)
+    mlm_count: int
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Same init as HF BERT: N(0, initializer_range) weights, zero biases, unit LayerNorm.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(self, batch: PackedBatch) -> PretrainingOutput:
+        sequence_output, pooled = self.bert(batch)
+        masked = sequence_output.index_select(0, batch.masked_positions)
+        mlm_logits = self.cls.predictions(masked)[:, : self.config.vocab_size]
+        return PretrainingOutput(mlm_logits, self.cls.seq_relationship(pooled))
+
+
+def pretraining_loss(out: PretrainingOutput, batch: PackedBatch) -> PretrainingLoss:
+    """MLM cross-entropy averaged over masked tokens plus NSP cross-entropy averaged over sequences."""
+    mlm = F.cross_entropy(out.mlm_logits.float(), batch.masked_labels)
+    nsp = F.cross_entropy(out.nsp_logits.float(), batch.next_sentence_labels)
+    with torch.no_grad():
+        correct = (out.mlm_logits.argmax(-1) == batch.masked_labels).sum()
+    return PretrainingLoss(mlm + nsp, mlm.detach(), nsp.detach(), correct, batch.masked_labels.numel())
+
+
+# --------------------------------------------------------------------------- Hugging Face weights
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a state dict from a .safetensors file or a torch-saved .bin/.pt file (tensors only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} does not exist (model.init_checkpoint)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt or foreign file: say which one
+        raise CheckpointError(f"cannot read weights file {path}: {e}") from e
+    return state.get("model", state) if isinstance(state, dict) else state
+
+
+def _hf_key(key: str) -> str:
+    key = key.removeprefix("module.")  # saved from DDP
+    return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+def load_hf_state_dict(model: BertForPreTraining, state: dict[str, torch.Tensor]) -> None:
+    """Load HF `BertForPreTraining` weights; an unpadded vocabulary is padded with zero rows."""
+    own = model.state_dict()
+    converted = {}
+    for key, value in state.items():
+        key = _hf_key(key)
+        if key in ("cls.predictions.decoder.bias", "bert.embeddings.position_ids"):
+            continue  # decoder.bias is tied to cls.predictions.bias in HF; position_ids is a buffer
+        if key not in own:
+            raise CheckpointError(f"weights have a key {key!r} that BertForPreTraining does not have")
+        target = own[key]
+        if value.shape != target.shape and value.shape[1:] == target.shape[1:] and len(value) < len(target):
+            value = torch.cat([value, value.new_zeros(len(target) - len(value), *value.shape[1:])])
+        if value.shape != target.shape:
+            raise CheckpointError(
+                f"weights key {key!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}; "
+                "check model.* sizes against the checkpoint's config"
+            )
+        converted[key] = value
+    missing = set(own) - set(converted) - {"cls.predictions.decoder.weight"}
+    if missing:
+        raise CheckpointError(f"weights lack {len(missing)} keys, e.g. {sorted(missing)[:3]}")
+    model.load_state_dict(converted, strict=False)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+

@@ -1,0 +1,220 @@
+"""Optimizers for BERT pretraining: LAMB with NVIDIA apex `FusedLAMB` semantics, AdamW, and the apex backends.
+
+`build_optimizer(model, cfg.optimizer)` is the entry point the trainer uses. `Lamb` is written with
+`torch._foreach_*` multi-tensor ops so that one step costs a fixed number of batched kernels, not a Python
+loop over the ~200 parameter tensors of BERT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from trainer.config import OptimizerConfig
+from trainer.errors import BackendUnavailableError
+
+NO_DECAY_NAME_PARTS = ("bias", "LayerNorm")
+
+
+def param_groups_for(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two param groups: names containing "bias" or "LayerNorm" get weight decay 0, the rest `weight_decay`."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if any(part in name for part in NO_DECAY_NAME_PARTS) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+@dataclass
+class _Bucket:
+    """The parameters of one param group on one device and dtype, with their grads and state."""
+
+    group: dict
+    params: list[Tensor] = field(default_factory=list)
+    grads: list[Tensor] = field(default_factory=list)
+    exp_avgs: list[Tensor] = field(default_factory=list)
+    exp_avg_sqs: list[Tensor] = field(default_factory=list)
+    steps: list[Tensor] = field(default_factory=list)
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB with the semantics of NVIDIA apex `FusedLAMB` (adam_w_mode, bias correction, grad averaging).
+
+    One step: (1) global gradient norm G over every parameter of every group, gradients divided by
+    max(1, G / max_grad_norm) (`.grad` itself is left untouched); (2) Adam moments with bias correction;
+    (3) u = m̂ / (sqrt(v̂) + eps) + weight_decay * w; (4) per tensor trust ratio r = ‖w‖ / ‖u‖ where
+    weight_decay != 0 (or `use_nvlamb`) and both norms are non-zero, else 1; (5) w -= lr * r * u.
+    Moments are kept in fp32, also for bf16/fp16 parameters.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float = 1.0,
+        use_nvlamb: bool = False,
+    ):
+        if lr < 0.0 or eps <= 0.0 or weight_decay < 0.0 or max_grad_norm <= 0.0:
+            raise ValueError(f"Lamb: need lr >= 0, eps > 0, weight_decay >= 0, max_grad_norm > 0; got {locals()}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"Lamb: betas must lie in [0, 1), got {betas}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, use_nvlamb=use_nvlamb)
+        super().__init__(params, defaults)
+        # Like apex, the pre-normalization threshold is one number for the whole model, not per group.
+        self.max_grad_norm = max_grad_norm
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Take one LAMB step over all parameters that have a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        buckets = self._buckets()
+        if not buckets:
+            return loss
+        clip = self._clip_divisor(buckets)
+        for b in buckets:
+            self._update_bucket(b, clip)
+        return loss
+
+    def _buckets(self) -> list[_Bucket]:
+        """Group the parameters with a gradient by (param group, device, dtype), creating state on first use."""
+        buckets: dict[tuple[int, torch.device, torch.dtype], _Bucket] = {}
+        for i, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)  # on the CPU like torch's Adam: reading it never syncs
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
+                b = buckets.setdefault((i, p.device, p.dtype), _Bucket(group))
+                b.params.append(p)
+                b.grads.append(p.grad)
+                b.exp_avgs.append(state["exp_avg"])
+                b.exp_avg_sqs.append(state["exp_avg_sq"])
+                b.steps.append(state["step"])
+        return list(buckets.values())
+
+    def _clip_divisor(self, buckets: list[_Bucket]) -> Tensor:
+        """max(1, G / max_grad_norm) as a 0-dim fp32 tensor on the first bucket's device, without a host sync."""
+        device = buckets[0].params[0].device
+        norms = [torch.stack(torch._foreach_norm(b.grads, 2, dtype=torch.float32)).to(device) for b in buckets]
+        global_norm = torch.linalg.vector_norm(torch.cat(norms))
+        return torch.clamp(global_norm / self.max_grad_norm, min=1.0)
+
+    def _update_bucket(self, b: _Bucket, clip: Tensor) -> None:
+        group = b.group
+        beta1, beta2 = group["betas"]
+        weight_decay = group["weight_decay"]
+        torch._foreach_add_(b.steps, 1.0)
+        weights = b.params if b.params[0].dtype == torch.float32 else [p.float() for p in b.params]
+        grads = _clipped_fp32(b.grads, clip.to(b.params[0].device))
+        updates = _adam_updates(
+            weights, grads, b.exp_avgs, b.exp_avg_sqs, [s.item() for s in b.steps], beta1, beta2, group["eps"]
+        )
+        if weight_decay != 0.0:
+            torch._foreach_add_(updates, weights, alpha=weight_decay)
+        if weight_decay != 0.0 or group["use_nvlamb"]:
+            torch._foreach_addcmul_(weights, updates, _trust_ratios(weights, updates), value=-group["lr"])
+        else:
+            torch._foreach_add_(weights, updates, alpha=-group["lr"])
+        if weights is not b.params:
+            torch._foreach_copy_(b.params, weights)
+
+
+def _clipped_fp32(grads: list[Tensor], clip: Tensor) -> list[Tensor]:
+    """New fp32 tensors g / clip; the caller's gradients are not modified (apex does not write them back)."""
+    if grads[0].dtype == torch.float32:
+        return torch._foreach_div(grads, clip)
+    grads = [g.float() for g in grads]
+    torch._foreach_div_(grads, clip)
+    return grads
+
+
+def _adam_updates(
+    weights: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[float],
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> list[Tensor]:
+    """Update the moments in place and return m̂ / (sqrt(v̂) + eps) per tensor (consumes `grads`)."""
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m + (1-b1)(g-m) == b1*m + (1-b1)*g, in one pass
+    torch._foreach_mul_(grads, grads)
+    torch._foreach_lerp_(exp_avg_sqs, grads, 1.0 - beta2)
+    # m̂ / (sqrt(v̂) + eps) == (sqrt(bc2) / bc1) * m / (sqrt(v) + eps * sqrt(bc2)): saves a pass over v.
+    bc2_sqrt = [(1.0 - beta2**t) ** 0.5 for t in steps]
+    denoms = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denoms, [eps * s for s in bc2_sqrt])
+    updates = torch._foreach_div(exp_avgs, denoms)
+    torch._foreach_mul_(updates, [s / (1.0 - beta1**t) for s, t in zip(bc2_sqrt, steps)])
+    return updates
+
+
+def _trust_ratios(weights: list[Tensor], updates: list[Tensor]) -> list[Tensor]:
+    """‖w‖ / ‖u‖ per tensor, 1 where either norm is zero; 0-dim tensors so nothing waits for the device."""
+    w_norms = torch.stack(torch._foreach_norm(weights))
+    u_norms = torch.stack(torch._foreach_norm(updates))
+    ratios = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, torch.ones_like(w_norms))
+    return list(ratios.unbind())
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """The optimizer named by `cfg` over `model`, with no weight decay on bias and LayerNorm parameters."""
+    groups = param_groups_for(model, cfg.weight_decay)
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.impl == "apex":
+        return _build_apex(groups, cfg)
+    if cfg.name == "lamb":
+        return Lamb(
+            groups,
+            lr=cfg.lr,
+            betas=betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            use_nvlamb=cfg.use_nvlamb,
+        )
+    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    fused = {"fused": True} if on_cuda else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused)
+
+
+def _build_apex(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    try:
+        from apex.optimizers import FusedAdam, FusedLAMB
+    except ImportError as e:
+        raise BackendUnavailableError(
+            f"optimizer.impl=apex needs NVIDIA apex, which cannot be imported ({e}). Install apex from source "
+            "(https://github.com/NVIDIA/apex, with its CUDA extensions) or set optimizer.impl=torch."
+        ) from e
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.name == "lamb":
+        return FusedLAMB(
+            groups,
+            lr=cfg.lr,
+            betas=betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            bias_correction=True,
+            adam_w_mode=True,
+            max_grad_norm=cfg.max_grad_norm,
+            use_nvlamb=cfg.use_nvlamb,
+        )
+    return FusedAdam(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, adam_w_mode=True)

@@ -1,0 +1,328 @@
+"""The BERT pretraining loop.
+
+Read top to bottom: build the components (data, model, optimizer, schedule, sampler), optionally resume,
+then loop: a step is `accumulation` micro-batches (DDP `no_sync` on all but the last), clipping, one optimizer
+step; evaluate every `eval.every_samples`; stop at the target accuracy, at the budget, or on a NaN/inf loss.
+Only rank 0 prints and reports. The result says how the run ended and how fast it got to the target.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.balance import build_batch_sampler, make_node_groups
+from trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from trainer.clipping import GradientClipper, effective_optimizer_config
+from trainer.config import TrainerConfig, dump_config
+from trainer.data.batch import PackedBatch, pack_batch
+from trainer.data.shards import PretrainingSamples, load_samples
+from trainer.distributed import DistEnv, all_gather_scalar, dist_env_from_environ, init_process_group, pick_device
+from trainer.errors import ConfigError, TrainerError
+from trainer.evaluate import evaluate
+from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict
+from trainer.optim import build_optimizer
+from trainer.report import NullReporter, Reporter
+from trainer.schedule import build_scheduler
+
+STATUSES = ("reached_target", "budget_exhausted", "diverged", "failed")
+
+
+def log(env: DistEnv, message: str) -> None:
+    if env.is_main:
+        print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- components
+
+
+def resolve_autocast(cfg: TrainerConfig, device: torch.device) -> torch.dtype | None:
+    """None means fp32; bf16 on GPU by default."""
+    dtype = cfg.precision.dtype
+    if dtype == "auto":
+        dtype = "bf16" if device.type == "cuda" else "fp32"
+    if dtype == "fp16" and device.type != "cuda":
+        raise ConfigError("precision.dtype: fp16 needs a CUDA device (use fp32 or bf16 on CPU)")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
+    per_step = cfg.batch.micro_batch_size * env.world_size
+    if cfg.batch.global_batch_size % per_step:
+        raise ConfigError(
+            f"batch.global_batch_size ({cfg.batch.global_batch_size}) must be a multiple of "
+            f"batch.micro_batch_size x world size ({cfg.batch.micro_batch_size} x {env.world_size})"
+        )
+    return cfg.batch.global_batch_size // per_step
+
+
+def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = BertForPreTraining(cfg.model)
+    if cfg.model.init_checkpoint:
+        load_hf_state_dict(model, read_state_dict(cfg.model.init_checkpoint))
+    return model.to(device)
+
+
+@dataclass
+class Run:
+    """Everything the loop needs, built once."""
+
+    cfg: TrainerConfig
+    env: DistEnv
+    device: torch.device
+    model: BertForPreTraining
+    ddp: DistributedDataParallel | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    clipper: GradientClipper
+    autocast: torch.dtype | None
+    train_samples: PretrainingSamples
+    eval_samples: PretrainingSamples
+    sampler: Any
+    accumulation: int
+    total_steps: int
+    reporter: Reporter
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.ddp if self.ddp is not None else self.model
+
+
+def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter) -> Run:
+    accumulation = accumulation_steps(cfg, env)
+    autocast = resolve_autocast(cfg, device)
+    train_samples = load_samples(cfg.data.train)
+    eval_samples = load_samples(cfg.data.eval, limit=cfg.eval.max_samples)
+    model = build_model(cfg, device)
+    ddp = None
+    if env.enabled:
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = build_optimizer(model, effective_optimizer_config(cfg.optimizer, cfg.clipping))
+    total_steps = cfg.schedule.total_steps or math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
+    scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
+    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.precision.initial_loss_scale,
+                                  enabled=autocast is torch.float16)
+    sampler = build_batch_sampler(
+        train_samples.lengths, cfg.balance.method, cfg.balance.bins, cfg.batch.micro_batch_size, cfg.seed,
+        shuffle=cfg.data.shuffle, rank=env.rank, world_size=env.world_size,
+        local_world_size=env.local_world_size, node_group=make_node_groups(env.world_size, env.local_world_size),
+    )
+    clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env)
+    return Run(cfg, env, device, model, ddp, optimizer, scheduler, scaler, clipper, autocast, train_samples,
+               eval_samples, sampler, accumulation, total_steps, reporter if env.is_main else NullReporter())
+
+
+def restore(run: Run) -> TrainState:
+    """Continue from the latest checkpoint of `checkpoint.dir` when there is one, else start fresh."""
+    path = latest_checkpoint(run.cfg.checkpoint.dir) if run.cfg.checkpoint.resume else None
+    if path is None:
+        return TrainState(next_eval_samples=run.cfg.eval.every_samples)
+    payload, state = load_checkpoint(path)
+    run.model.load_state_dict(payload["model"])
+    run.optimizer.load_state_dict(payload["optimizer"])
+    run.scheduler.load_state_dict(payload["scheduler"])
+    run.scaler.load_state_dict(payload["scaler"])
+    restore_rng_state(payload["rng"])
+    log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
+    return state
+
+
+def checkpoint(run: Run, state: TrainState) -> None:
+    if run.cfg.checkpoint.dir is None or not run.env.is_main:
+        return
+    payload = {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "config": dump_config(run.cfg),
+    }
+    save_checkpoint(run.cfg.checkpoint.dir, payload, state)
+
+
+# --------------------------------------------------------------------------- one optimizer step
+
+
+@dataclass
+class StepStats:
+    loss: float
+    mlm_correct: float
+    mlm_count: int
+    sequences: int  # this rank
+    tokens: int  # this rank
+
+
+def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.autocast(run.device.type, dtype=run.autocast or torch.float32, enabled=run.autocast is not None):
+        if batch.num_sequences == 0:  # only in an epoch's last step: still join DDP's all-reduce
+            zero = sum(p.sum() for p in run.model.parameters()) * 0.0
+            run.scaler.scale(zero).backward()
+            return zero.detach(), torch.zeros(())
+        loss = pretraining_loss(run.module(batch), batch)
+    run.scaler.scale(loss.total * scale).backward()
+    return loss.total.detach() * batch.masked_labels.numel(), loss.mlm_correct
+
+
+def train_step(run: Run, micro_batches: list) -> StepStats:
+    run.model.train()
+    batches = [pack_batch(run.train_samples, idx).to(run.device) for idx in micro_batches]
+    masked = sum(b.masked_labels.numel() for b in batches)
+    loss_sum = torch.zeros((), device=run.device)
+    correct = torch.zeros((), device=run.device)
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        sync = nullcontext() if run.ddp is None or last else run.ddp.no_sync()
+        with sync:
+            # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
+            loss, ok = forward_backward(run, batch, batch.num_sequences / max(1, sum(b.num_sequences for b in batches)))
+        loss_sum += loss
+        correct += ok
+    run.clipper.before_step(run.optimizer)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return StepStats(
+        loss=loss_sum.item() / max(masked, 1),
+        mlm_correct=correct.item(),
+        mlm_count=masked,
+        sequences=sum(b.num_sequences for b in batches),
+        tokens=sum(b.num_tokens for b in batches),
+    )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def epoch_steps(run: Run, state: TrainState):
+    """Yield lists of micro-batch indices, one list per optimizer step, from the current position on."""
+    while True:
+        micro = list(run.sampler.batches(state.epoch))[state.batch_in_epoch :]
+        for start in range(0, len(micro), run.accumulation):
+            yield micro[start : start + run.accumulation]
+        state.epoch += 1
+        state.batch_in_epoch = 0
+
+
+def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
+    """Evaluate, record, and say whether the target is reached."""
+    result = evaluate(run.model, run.eval_samples, run.cfg.eval.batch_size, run.device, run.env, run.autocast)
+    record = {"samples": state.samples, "step": state.step, "time_s": round(elapsed, 3), **asdict(result)}
+    state.evals.append(record)
+    state.best_mlm_accuracy = max(state.best_mlm_accuracy, result.mlm_accuracy)
+    reached = result.mlm_accuracy >= run.cfg.eval.target_mlm_accuracy
+    if reached and state.samples_to_target is None:
+        state.samples_to_target, state.time_to_target_s = state.samples, elapsed
+    run.reporter.intermediate({"event": "eval", **record})
+    log(run.env, f"eval @ {state.samples:,} samples: mlm_accuracy {result.mlm_accuracy:.4f} "
+                 f"(target {run.cfg.eval.target_mlm_accuracy}), nsp_accuracy {result.nsp_accuracy:.3f}")
+    return reached
+
+
+def progress(run: Run, state: TrainState, window: dict[str, float], stats: StepStats, imbalance: float) -> None:
+    seconds = max(time.perf_counter() - window["t0"], 1e-9)
+    record = {
+        "event": "progress", "step": state.step, "samples": state.samples, "loss": stats.loss,
+        "train_mlm_accuracy": stats.mlm_correct / max(stats.mlm_count, 1),
+        "lr": run.optimizer.param_groups[0]["lr"], "sequences_per_s": window["sequences"] / seconds,
+        "tokens_per_s": window["tokens"] / seconds, "token_imbalance": imbalance,
+    }
+    run.reporter.intermediate(record)
+    log(run.env, f"step {state.step:>6} | samples {state.samples:>9,} | loss {stats.loss:7.4f} | "
+                 f"mlm_acc {record['train_mlm_accuracy']:.3f} | lr {record['lr']:.2e} | "
+                 f"{record['sequences_per_s']:8.1f} seq/s | {record['tokens_per_s']:10,.0f} tok/s | "
+                 f"imbalance {imbalance:.3f}")
+
+
+def loop(run: Run, state: TrainState) -> str:
+    """Train until a stop condition; returns the final status."""
+    cfg = run.cfg
+    start = time.perf_counter() - state.train_time_s
+    window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+    for micro_batches in epoch_steps(run, state):
+        stats = train_step(run, micro_batches)
+        tokens = all_gather_scalar(stats.tokens, run.device, run.env)
+        sequences = all_gather_scalar(stats.sequences, run.device, run.env)
+        state.step += 1
+        state.batch_in_epoch += len(micro_batches)
+        state.samples += int(sum(sequences))
+        state.tokens += int(sum(tokens))
+        state.train_time_s = time.perf_counter() - start
+        window["sequences"] += sum(sequences)
+        window["tokens"] += sum(tokens)
+        if not math.isfinite(stats.loss):
+            log(run.env, f"loss is {stats.loss} at step {state.step}: diverged")
+            return "diverged"
+        if state.step % cfg.log.every_steps == 0:
+            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9))
+            window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+        out_of_budget = state.samples >= cfg.budget.max_samples or (
+            cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
+        )
+        if state.samples >= state.next_eval_samples or out_of_budget:
+            while state.next_eval_samples <= state.samples:
+                state.next_eval_samples += cfg.eval.every_samples
+            if run_eval(run, state, time.perf_counter() - start):
+                return "reached_target"
+            state.train_time_s = time.perf_counter() - start
+        every = cfg.checkpoint.every_samples
+        if every and state.samples // every != (state.samples - int(sum(sequences))) // every:
+            checkpoint(run, state)
+        if out_of_budget:
+            return "budget_exhausted"
+    raise AssertionError("unreachable: epoch_steps never ends")
+
+
+def final_result(run: Run, state: TrainState, status: str, reason: str | None) -> dict[str, Any]:
+    seconds = max(state.train_time_s, 1e-9)
+    return {
+        "status": status,
+        "reason": reason,
+        "samples": state.samples,
+        "steps": state.step,
+        "samples_to_target": state.samples_to_target,
+        "time_to_target_s": state.time_to_target_s,
+        "best_mlm_accuracy": state.best_mlm_accuracy,
+        "final_mlm_accuracy": state.evals[-1]["mlm_accuracy"] if state.evals else None,
+        "train_time_s": state.train_time_s,
+        "sequences_per_s": state.samples / seconds,
+        "tokens_per_s": state.tokens / seconds,
+        "world_size": run.env.world_size,
+        "global_batch_size": run.cfg.batch.global_batch_size,
+        "target_mlm_accuracy": run.cfg.eval.target_mlm_accuracy,
+    }
+
+
+def train(cfg: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
+    """Run one training job as configured; returns (and reports) the final result."""
+    env = dist_env_from_environ()
+    device = pick_device(cfg.device, env)
+    init_process_group(env, device)
+    run = build_run(cfg, env, device, reporter)
+    state = restore(run)
+    log(env, f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
+             f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {cfg.batch.micro_batch_size} x "
+             f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
+             f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}")
+    status, reason = "failed", None
+    try:
+        status = loop(run, state)
+        reason = {"diverged": "loss became NaN or inf"}.get(status)
+    except torch.OutOfMemoryError as e:
+        reason = f"out of memory: {e}"
+    except TrainerError as e:
+        reason = str(e)
+    finally:
+        result = final_result(run, state, status, reason)
+        run.reporter.final(result)
+    checkpoint(run, state)
+    return result
