@@ -10,6 +10,7 @@ Parameters have the shapes of BERT-base for pretraining (110M parameters, 200 te
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -92,17 +93,14 @@ def make_param_groups(device: torch.device) -> list[dict]:
     return [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def time_steps(opt: torch.optim.Optimizer, warmup: int, steps: int, device: torch.device) -> float:
-    """Milliseconds per optimizer step, averaged over `steps` after `warmup` untimed steps."""
-    for _ in range(warmup):
-        opt.step()
+def step_ms(opt: torch.optim.Optimizer, device: torch.device) -> float:
+    """Wall time of one optimizer step in milliseconds."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    for _ in range(steps):
-        opt.step()
+    opt.step()
     sync()
-    return (time.perf_counter() - start) / steps * 1e3
+    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -112,16 +110,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocations, caches)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    print("command:", " ".join([sys.executable, *sys.argv]))
+    print("command:", " ".join(["python", *sys.argv]))
     print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}")
-    results = {}
-    for name, cls in (("loop", LoopLamb), ("foreach", Lamb)):
-        groups = make_param_groups(device)
-        n = sum(p.numel() for g in groups for p in g["params"])
-        results[name] = time_steps(cls(groups, lr=1e-3), args.warmup, args.steps, device)
-        print(f"{name:8s} {results[name]:9.2f} ms/step  ({n / 1e6:.1f}M params, {args.steps} steps)")
-        del groups
-    print(f"speedup foreach vs loop: {results['loop'] / results['foreach']:.2f}x")
+    groups = {"loop": make_param_groups(device), "foreach": make_param_groups(device)}
+    opts = {"loop": LoopLamb(groups["loop"], lr=1e-3), "foreach": Lamb(groups["foreach"], lr=1e-3)}
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    # Alternate the two optimizers step by step so that load from other processes hits both alike.
+    for i in range(args.warmup + args.steps):
+        for name, opt in opts.items():
+            ms = step_ms(opt, device)
+            if i >= args.warmup:
+                times[name].append(ms)
+    n = sum(p.numel() for g in groups["loop"] for p in g["params"])
+    print(f"{n / 1e6:.1f}M parameters in {sum(len(g['params']) for g in groups['loop'])} tensors, {args.steps} steps")
+    for name, ms in times.items():
+        print(f"{name:8s} median {statistics.median(ms):9.2f} ms/step   min {min(ms):9.2f}")
+    ratio = statistics.median(times["loop"]) / statistics.median(times["foreach"])
+    print(f"speedup foreach vs loop (medians): {ratio:.2f}x")
 
 
 if __name__ == "__main__":

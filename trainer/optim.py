@@ -97,8 +97,8 @@ class Lamb(torch.optim.Optimizer):
                     raise RuntimeError("Lamb does not support sparse gradients")
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0)  # on the CPU like torch's Adam: reading it never syncs
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)  # the fused kernel reads it
+                    state["exp_avg"] = torch.zeros_like(p, dtype=_math_dtype(p), memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
                 b = buckets.setdefault((i, p.device, p.dtype), _Bucket(group))
                 b.params.append(p)
@@ -109,62 +109,94 @@ class Lamb(torch.optim.Optimizer):
         return list(buckets.values())
 
     def _clip_divisor(self, buckets: list[_Bucket]) -> Tensor:
-        """max(1, G / max_grad_norm) as a 0-dim fp32 tensor on the first bucket's device, without a host sync."""
+        """max(1, G / max_grad_norm) as a 0-dim tensor on the first bucket's device, without a host sync."""
         device = buckets[0].params[0].device
-        norms = [torch.stack(torch._foreach_norm(b.grads, 2, dtype=torch.float32)).to(device) for b in buckets]
+        norms = [
+            torch.stack(torch._foreach_norm(b.grads, 2, dtype=_math_dtype(b.grads[0]))).to(device) for b in buckets
+        ]
         global_norm = torch.linalg.vector_norm(torch.cat(norms))
         return torch.clamp(global_norm / self.max_grad_norm, min=1.0)
 
     def _update_bucket(self, b: _Bucket, clip: Tensor) -> None:
         group = b.group
-        beta1, beta2 = group["betas"]
-        weight_decay = group["weight_decay"]
         torch._foreach_add_(b.steps, 1.0)
-        weights = b.params if b.params[0].dtype == torch.float32 else [p.float() for p in b.params]
-        grads = _clipped_fp32(b.grads, clip.to(b.params[0].device))
-        updates = _adam_updates(
-            weights, grads, b.exp_avgs, b.exp_avg_sqs, [s.item() for s in b.steps], beta1, beta2, group["eps"]
-        )
-        if weight_decay != 0.0:
-            torch._foreach_add_(updates, weights, alpha=weight_decay)
-        if weight_decay != 0.0 or group["use_nvlamb"]:
-            torch._foreach_addcmul_(weights, updates, _trust_ratios(weights, updates), value=-group["lr"])
-        else:
-            torch._foreach_add_(weights, updates, alpha=-group["lr"])
-        if weights is not b.params:
-            torch._foreach_copy_(b.params, weights)
+        clip = clip.to(b.params[0].device)
+        # On the CPU a pass over a whole bucket streams every array from memory; bounded batches of tensors
+        # stay in cache between the passes of one batch. On a GPU one batch (fewest kernel launches) is best.
+        max_numel = CPU_BATCH_NUMEL if b.params[0].device.type == "cpu" else None
+        for s in _batches(b.params, max_numel):
+            _lamb_update(b.params[s], b.grads[s], b.exp_avgs[s], b.exp_avg_sqs[s], b.steps[s], clip, group)
 
 
-def _clipped_fp32(grads: list[Tensor], clip: Tensor) -> list[Tensor]:
-    """New fp32 tensors g / clip; the caller's gradients are not modified (apex does not write them back)."""
-    if grads[0].dtype == torch.float32:
-        return torch._foreach_div(grads, clip)
-    grads = [g.float() for g in grads]
-    torch._foreach_div_(grads, clip)
-    return grads
+CPU_BATCH_NUMEL = 1 << 21
 
 
-def _adam_updates(
-    weights: list[Tensor],
+def _batches(tensors: list[Tensor], max_numel: int | None) -> list[slice]:
+    """Consecutive ranges of `tensors` holding at most `max_numel` elements each (a larger tensor alone)."""
+    if max_numel is None:
+        return [slice(0, len(tensors))]
+    ranges, start, numel = [], 0, 0
+    for i, t in enumerate(tensors):
+        if numel and numel + t.numel() > max_numel:
+            ranges.append(slice(start, i))
+            start, numel = i, 0
+        numel += t.numel()
+    ranges.append(slice(start, len(tensors)))
+    return ranges
+
+
+def _lamb_update(
+    params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[float],
-    beta1: float,
-    beta2: float,
-    eps: float,
-) -> list[Tensor]:
-    """Update the moments in place and return m̂ / (sqrt(v̂) + eps) per tensor (consumes `grads`)."""
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m + (1-b1)(g-m) == b1*m + (1-b1)*g, in one pass
-    torch._foreach_mul_(grads, grads)
-    torch._foreach_lerp_(exp_avg_sqs, grads, 1.0 - beta2)
-    # m̂ / (sqrt(v̂) + eps) == (sqrt(bc2) / bc1) * m / (sqrt(v) + eps * sqrt(bc2)): saves a pass over v.
-    bc2_sqrt = [(1.0 - beta2**t) ** 0.5 for t in steps]
-    denoms = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_add_(denoms, [eps * s for s in bc2_sqrt])
-    updates = torch._foreach_div(exp_avgs, denoms)
-    torch._foreach_mul_(updates, [s / (1.0 - beta1**t) for s, t in zip(bc2_sqrt, steps)])
-    return updates
+    steps: list[Tensor],
+    clip: Tensor,
+    group: dict,
+) -> None:
+    """Steps (1)-(5) of `Lamb` for tensors of one dtype and device; `steps` already counts this step."""
+    weight_decay = group["weight_decay"]
+    dtype = _math_dtype(params[0])
+    weights = params if params[0].dtype == dtype else [p.to(dtype) for p in params]
+    updates = torch._foreach_mul(weights, weight_decay)
+    # torch's fused Adam kernel does the moments, bias correction and m̂ / (sqrt(v̂) + eps) in one pass and adds
+    # -lr times that to its "params": given λ·w with lr = -1 it leaves u = m̂ / (sqrt(v̂) + eps) + λ·w.
+    beta1, beta2 = group["betas"]
+    torch._fused_adam_(
+        updates,
+        _clipped(grads, clip, dtype),
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        lr=-1.0,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=0.0,
+        eps=group["eps"],
+        amsgrad=False,
+        maximize=False,
+    )
+    if weight_decay != 0.0 or group["use_nvlamb"]:
+        torch._foreach_addcmul_(weights, updates, _trust_ratios(weights, updates), value=-group["lr"])
+    else:
+        torch._foreach_add_(weights, updates, alpha=-group["lr"])
+    if weights is not params:
+        torch._foreach_copy_(params, weights)
+
+
+def _math_dtype(p: Tensor) -> torch.dtype:
+    """fp32 for 16-bit parameters (their moments and update math), else the parameter's own dtype."""
+    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+
+
+def _clipped(grads: list[Tensor], clip: Tensor, dtype: torch.dtype) -> list[Tensor]:
+    """New tensors g / clip in `dtype`; the caller's gradients are not modified (apex does not write them back)."""
+    if grads[0].dtype == dtype:
+        return torch._foreach_div(grads, clip.to(dtype))
+    grads = [g.to(dtype) for g in grads]
+    torch._foreach_div_(grads, clip.to(dtype))
+    return grads
 
 
 def _trust_ratios(weights: list[Tensor], updates: list[Tensor]) -> list[Tensor]:

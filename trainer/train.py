@@ -114,7 +114,8 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     sampler = build_batch_sampler(
         train_samples.lengths, cfg.balance.method, cfg.balance.bins, cfg.batch.micro_batch_size, cfg.seed,
         shuffle=cfg.data.shuffle, rank=env.rank, world_size=env.world_size,
-        local_world_size=env.local_world_size, node_group=make_node_groups(env.world_size, env.local_world_size),
+        local_world_size=env.local_world_size,
+        node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
     )
     clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env)
     return Run(cfg, env, device, model, ddp, optimizer, scheduler, scaler, clipper, autocast, train_samples,
@@ -259,12 +260,12 @@ def loop(run: Run, state: TrainState) -> str:
         state.train_time_s = time.perf_counter() - start
         window["sequences"] += sum(sequences)
         window["tokens"] += sum(tokens)
+        if not math.isfinite(stats.loss) or state.step % cfg.log.every_steps == 0:
+            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9))
+            window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
         if not math.isfinite(stats.loss):
             log(run.env, f"loss is {stats.loss} at step {state.step}: diverged")
             return "diverged"
-        if state.step % cfg.log.every_steps == 0:
-            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9))
-            window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
         out_of_budget = state.samples >= cfg.budget.max_samples or (
             cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
         )

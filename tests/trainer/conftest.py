@@ -51,3 +51,43 @@ def make_samples(lengths, seq_len=64, max_pred=8, vocab_size=99, seed=0) -> Pret
 @pytest.fixture
 def mixed_samples() -> PretrainingSamples:
     return make_samples([7, 33, 64, 12, 50, 3 + 2])
+
+
+def make_shards(directory, n_train=96, n_eval=32, seq_len=64, seed=0):
+    """Write a train and an eval shard of random MLPerf-layout samples; returns (train_dir, eval_dir)."""
+    from trainer.data.shards import write_shard
+
+    rng = np.random.default_rng(seed)
+    train_dir, eval_dir = directory / "train", directory / "eval"
+    train_dir.mkdir(parents=True, exist_ok=True)
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    write_shard(train_dir / "part-00000.h5", make_samples(rng.integers(8, seq_len + 1, n_train), seq_len, seed=seed))
+    write_shard(eval_dir / "part-00000.h5", make_samples(rng.integers(8, seq_len + 1, n_eval), seq_len, seed=seed + 1))
+    return train_dir, eval_dir
+
+
+def make_train_overrides(directory, **extra) -> list[str]:
+    """Overrides for a seconds-long CPU run of the tiny model on `make_shards` data."""
+    train_dir, eval_dir = make_shards(directory)
+    base = {
+        "device": "cpu",
+        "model.vocab_size": 99,
+        "model.hidden_size": 32,
+        "model.num_hidden_layers": 2,
+        "model.num_attention_heads": 2,
+        "model.intermediate_size": 64,
+        "model.max_position_embeddings": 64,
+        "data.train": str(train_dir),
+        "data.eval": str(eval_dir),
+        "optimizer.lr": 1e-3,
+        "batch.global_batch_size": 8,
+        "batch.micro_batch_size": 4,
+        "eval.every_samples": 32,
+        "eval.target_mlm_accuracy": 1.0,
+        "eval.batch_size": 16,
+        "budget.max_samples": 96,
+        "log.every_steps": 1,
+        "log.jsonl": str(directory / "report.jsonl"),
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

@@ -1,0 +1,81 @@
+"""trainer.schedule: the MLPerf warmup + polynomial decay, checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import ScheduleConfig
+from trainer.schedule import build_scheduler, mlperf_lr
+
+BASE, END = 4e-3, 1e-4
+
+
+def lr_at(step, warmup=10, start=0, total=100, power=1.0, end=END):
+    return mlperf_lr(step, BASE, warmup, start, total, power, end)
+
+
+@pytest.mark.parametrize(
+    ("step", "start", "expected"),
+    [
+        (0, 0, 0.0),  # warmup starts from 0 at step 0
+        (4, 0, BASE * 4 / 10),
+        (0, -5, BASE * 5 / 10),  # a negative offset starts part of the way up
+        (3, -5, BASE * 8 / 10),
+        (4, -5, BASE * 9 / 10),
+        (5, -5, (BASE - END) * (1 - 5 / 100) + END),  # s - S = 10: warmup is over, decay from the step count
+    ],
+)
+def test_warmup_is_linear_from_the_offset(step, start, expected):
+    assert lr_at(step, start=start) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("power", [1.0, 0.5])
+def test_peak_decay_and_end(power):
+    assert lr_at(10, power=power) == pytest.approx((BASE - END) * 0.9**power + END, rel=1e-12)  # first after warmup
+    assert lr_at(55, power=power) == pytest.approx((BASE - END) * 0.45**power + END, rel=1e-12)
+    assert lr_at(100, power=power) == END
+    assert lr_at(250, power=power) == END  # past the horizon the rate stays at end_lr
+
+
+def test_power_half_is_above_linear_during_decay():
+    assert lr_at(55, power=0.5) > lr_at(55, power=1.0)
+
+
+def test_no_warmup_goes_straight_to_decay():
+    assert lr_at(0, warmup=0) == pytest.approx(BASE, rel=1e-12)
+    assert lr_at(0, warmup=0, start=3) == pytest.approx(BASE, rel=1e-12)
+    assert lr_at(20, warmup=0) == pytest.approx((BASE - END) * 0.8 + END, rel=1e-12)
+
+
+def test_positive_offset_never_gives_a_negative_rate():
+    assert lr_at(2, start=5) == 0.0
+    assert lr_at(7, start=5) == pytest.approx(BASE * 2 / 10, rel=1e-12)
+
+
+def test_lambda_lr_follows_mlperf_lr_when_driven_by_an_optimizer():
+    cfg = ScheduleConfig(warmup_steps=4, start_warmup_step=-2, power=0.5, end_lr=END)
+    param = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([param], lr=BASE)
+    scheduler = build_scheduler(optimizer, cfg, base_lr=BASE, total_steps=12)  # cfg.total_steps is None: use 12
+    seen = []
+    for _ in range(15):
+        param.grad = torch.ones(3)
+        seen.append(optimizer.param_groups[0]["lr"])  # the rate this optimizer step runs with
+        optimizer.step()
+        scheduler.step()
+    expected = [mlperf_lr(s, BASE, 4, -2, 12, 0.5, END) for s in range(15)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    assert seen[0] == pytest.approx(BASE * 2 / 4) and seen[-1] == pytest.approx(END)
+
+
+def test_config_total_steps_wins_over_the_argument():
+    cfg = ScheduleConfig(warmup_steps=0, total_steps=10, power=1.0, end_lr=0.0)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=BASE)
+    scheduler = build_scheduler(optimizer, cfg, base_lr=BASE, total_steps=1000)
+    for _ in range(5):
+        param.grad = torch.ones(1)
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(BASE * 0.5, rel=1e-12)

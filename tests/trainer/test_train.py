@@ -1,0 +1,97 @@
+"""End-to-end runs of the training loop on tiny models and random data (CPU, seconds each)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.conftest import make_train_overrides
+from trainer.config import load_config
+from trainer.report import JsonLinesReporter, read_jsonl
+from trainer.train import train
+
+
+def run(tmp_path, **extra):
+    cfg = load_config(None, make_train_overrides(tmp_path, **extra))
+    reporter = JsonLinesReporter(cfg.log.jsonl)
+    try:
+        result = train(cfg, reporter)
+    finally:
+        reporter.close()
+    return result, read_jsonl(cfg.log.jsonl)
+
+
+def losses(records):
+    return [r["loss"] for r in records if r.get("event") == "progress"]
+
+
+def test_budget_run_reports_progress_evals_and_a_final_result(tmp_path):
+    result, records = run(tmp_path)
+    assert result["status"] == "budget_exhausted"
+    assert result["samples"] == 96 and result["steps"] == 12  # 96 samples / global batch 8
+    assert len(losses(records)) == 12
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert [e["samples"] for e in evals] == [32, 64, 96]
+    assert all(e["masked_tokens"] > 0 for e in evals)
+    finals = [r for r in records if r["kind"] == "final"]
+    assert len(finals) == 1 and finals[0]["status"] == "budget_exhausted"
+    assert finals[0]["samples_to_target"] is None
+    assert finals[0]["tokens_per_s"] > 0
+
+
+def test_loss_decreases_on_repeated_data(tmp_path):
+    # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
+    result, records = run(tmp_path, **{"budget.max_samples": 96 * 12, "optimizer.lr": 3e-3, "eval.every_samples": 10**6})
+    seq = losses(records)
+    assert sum(seq[-12:]) / 12 < sum(seq[:12]) / 12 - 0.1
+
+
+def test_reaching_the_target_stops_and_records_samples_to_target(tmp_path):
+    result, _ = run(tmp_path, **{"eval.target_mlm_accuracy": 1e-6, "eval.every_samples": 16})
+    assert result["status"] == "reached_target"
+    assert result["samples_to_target"] == 16
+    assert result["time_to_target_s"] > 0
+    assert result["best_mlm_accuracy"] >= 1e-6
+
+
+def test_nan_loss_ends_the_run_as_diverged(tmp_path):
+    result, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30})
+    assert result["status"] == "diverged"
+    assert result["steps"] < 12
+    assert not all(math.isfinite(x) for x in losses(records))
+
+
+def test_resume_continues_the_same_loss_sequence(tmp_path):
+    full_dir, part_dir = tmp_path / "full", tmp_path / "part"
+    full_dir.mkdir()
+    part_dir.mkdir()
+    common = {"optimizer.lr": 3e-3, "schedule.warmup_steps": 3, "schedule.total_steps": 12,
+              "model.hidden_dropout_prob": 0.1, "checkpoint.every_samples": 40}
+    _, uninterrupted = run(full_dir, **common)
+    # Stop after 5 steps (a checkpoint at 40 samples), then resume with the full budget.
+    first, part1 = run(part_dir, **common, **{"budget.max_samples": 40, "checkpoint.dir": str(part_dir / "ck")})
+    assert first["status"] == "budget_exhausted" and first["samples"] == 40
+    second, records = run(part_dir, **common, **{"checkpoint.dir": str(part_dir / "ck")})
+    resumed = losses(records)[len(losses(part1)) :]
+    assert second["samples"] == 96
+    assert losses(part1) + resumed == pytest.approx(losses(uninterrupted), abs=1e-6)
+    assert len(resumed) == 7
+
+
+def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
+    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16})
+    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "seq/s" in proc.stderr and "tok/s" in proc.stderr and "mlm_accuracy" in proc.stderr
+    final = read_jsonl(tmp_path / "report.jsonl")[-1]
+    assert final["kind"] == "final" and final["status"] == "budget_exhausted"
+
+
+def test_cli_diverged_exit_code(tmp_path):
+    overrides = make_train_overrides(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30,
+                                                   "optimizer.eps": 1e-30})
+    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
