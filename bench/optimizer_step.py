@@ -4,7 +4,7 @@ The baseline is written the way torch-optimizer's `Lamb` is (one Python iteratio
 in-place ops where they are natural), with the same apex semantics as ours so both do the same arithmetic.
 Parameters have the shapes of BERT-base for pretraining (110M parameters, 200 tensors).
 
-    python bench/optimizer_step.py [--device cpu|cuda] [--steps N] [--warmup N]
+    python bench/optimizer_step.py [--device cpu|cuda] [--steps N] [--warmup N] [--threads N]
 """
 
 from __future__ import annotations
@@ -108,7 +108,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocations, caches)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print("command:", " ".join(["python", *sys.argv]))
     print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}")

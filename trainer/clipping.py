@@ -1,20 +1,48 @@
-"""Gradient clipping strategies, relative to the data-parallel all-reduce.
+"""Gradient clipping strategies, relative to the data-parallel all-reduce (DESIGN.md section 3).
 
-- `none`: no clipping by the trainer.
-- `after_allreduce`: the reference; clip the averaged gradient by its global norm after synchronization.
-  With LAMB this *is* LAMB's own global-norm pre-normalization, so the trainer does not clip a second time:
-  LAMB's `max_grad_norm` is set to `clipping.max_norm` instead (see `effective_optimizer_config`).
+All thresholds are `clipping.max_norm` in unscaled gradient units; the clip coefficient is the one of
+`torch.nn.utils.clip_grad_norm_`: min(1, threshold / (norm + 1e-6)).
 
-Thresholds are in unscaled gradient units: under fp16 loss scaling the gradients are unscaled first.
+- `none`: the trainer does not clip.
+- `after_allreduce` (the reference): DDP averages, then the averaged gradient is clipped by its global norm.
+  With LAMB this *is* LAMB's own pre-normalization, so the trainer does not clip a second time: LAMB's
+  `max_grad_norm` is set to `clipping.max_norm` instead (`effective_optimizer_config`).
+- `before_allreduce`: each rank clips its whole local gradient by its global norm, then gradients are
+  averaged. That needs the full local gradient first, so DDP's overlapped all-reduce is switched off (every
+  micro-batch runs under `no_sync`) and one coalesced all-reduce runs after backward.
+- `bucketwise`: a DDP communication hook clips each gradient bucket on each rank to
+  max_norm / sqrt(number of buckets) as soon as the bucket is ready and launches its all-reduce
+  asynchronously, so communication overlaps the rest of backward. If every bucket is at its threshold the
+  whole local gradient has norm max_norm, which is what makes the per-bucket threshold comparable.
+  DDP builds its buckets anew after the first synchronized iteration, so the number of buckets is only known
+  from the second one on: the first two synchronized iterations wait for the last bucket, then clip and
+  launch all buckets (no overlap); from the third on, each bucket goes as soon as it is ready. A change of
+  the bucket count after that is detected at the last bucket and the next iteration waits again.
+
+With LAMB, `before_allreduce` and `bucketwise` are local clips before the average; LAMB's global
+pre-normalization after the average still applies (apex FusedLAMB semantics, as in the MLPerf submissions).
+With one process there is no all-reduce and no buckets: `before_allreduce` and `bucketwise` clip the whole
+gradient by max_norm, like `after_allreduce`.
+
+Under fp16 loss scaling, gradients seen before the optimizer step are multiplied by the loss scale S; the
+thresholds are multiplied by S so they stay in unscaled units, and a non-finite norm leaves the bucket
+untouched so that the scaler still sees the overflow and skips the step.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from trainer.config import ClippingConfig, OptimizerConfig
 from trainer.distributed import DistEnv
-from trainer.errors import ConfigError
+
+EPS = 1e-6  # as in torch.nn.utils.clip_grad_norm_
 
 
 def effective_optimizer_config(optimizer: OptimizerConfig, clipping: ClippingConfig) -> OptimizerConfig:
@@ -24,20 +52,124 @@ def effective_optimizer_config(optimizer: OptimizerConfig, clipping: ClippingCon
     return optimizer
 
 
-class GradientClipper:
-    """Applies `clipping.strategy` between backward and the optimizer step."""
+def clip_coefficient(norm: torch.Tensor, threshold) -> torch.Tensor:
+    """min(1, threshold / (norm + eps)); 1 where the norm is not finite (an fp16 overflow must stay visible)."""
+    coef = torch.clamp(threshold / (norm + EPS), max=1.0)
+    return torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
 
-    def __init__(self, cfg: ClippingConfig, optimizer_name: str, model, ddp, scaler: torch.amp.GradScaler,
-                 env: DistEnv):
-        if cfg.strategy in ("before_allreduce", "bucketwise"):
-            raise ConfigError(f"clipping.strategy: {cfg.strategy} is not implemented yet; use none or after_allreduce")
+
+def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    norms = torch._foreach_norm(tensors)
+    return torch.linalg.vector_norm(torch.stack(norms).float())
+
+
+# --------------------------------------------------------------------------- the bucket-wise DDP hook
+
+
+@dataclass
+class BucketClipState:
+    """State of `bucketwise_clip_hook`; one per DDP model."""
+
+    max_norm: float
+    world_size: int
+    loss_scale: object  # callable returning the current loss scale (tensor or float)
+    process_group: object = None
+    num_buckets: int | None = None  # known once DDP's bucket layout is final
+    synced_iterations: int = 0
+    seen: int = 0
+    pending: list = field(default_factory=list)
+    timeline: list | None = None  # (event, bucket index, perf_counter_ns) when recording
+    bucket_params: list | None = None  # parameters of each bucket of the last iteration, when recording
+
+
+def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_buckets: int) -> torch.futures.Future:
+    buf = bucket.buffer()
+    threshold = state.max_norm / math.sqrt(num_buckets) * state.loss_scale()
+    buf.mul_(clip_coefficient(torch.linalg.vector_norm(buf.float()), threshold).to(buf.dtype))
+    buf.div_(state.world_size)
+    if state.timeline is not None:
+        state.timeline.append(("allreduce", bucket.index(), time.perf_counter_ns()))
+    work = dist.all_reduce(buf, group=state.process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def bucketwise_clip_hook(state: BucketClipState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: clip this bucket on this rank, then all-reduce it asynchronously."""
+    state.seen += 1
+    if state.bucket_params is not None:
+        if state.seen == 1:
+            state.bucket_params.clear()
+        state.bucket_params.append(list(bucket.parameters()))
+    if state.num_buckets is None:  # layout not final yet: wait for the last bucket to know the count
+        fut: torch.futures.Future = torch.futures.Future()
+        state.pending.append((bucket, fut))
+        if bucket.is_last():
+            _launch_pending(state)
+        return fut
+    result = _clip_and_launch(state, bucket, state.num_buckets)
+    if bucket.is_last():
+        if state.seen != state.num_buckets:  # DDP rebuilt its buckets: wait again next iteration
+            state.num_buckets = None
+        state.seen = 0
+    return result
+
+
+def _launch_pending(state: BucketClipState) -> None:
+    count, pending = state.seen, state.pending
+    state.pending, state.seen = [], 0
+    state.synced_iterations += 1
+    for bucket, fut in pending:
+        _clip_and_launch(state, bucket, count).then(lambda f, target=fut: target.set_result(f.value()))
+    if state.synced_iterations >= 2:  # DDP rebuilds buckets once, after the first synchronized iteration
+        state.num_buckets = count
+
+
+# --------------------------------------------------------------------------- the strategies
+
+
+class GradientClipper:
+    """Applies `clipping.strategy` around backward and before the optimizer step."""
+
+    def __init__(self, cfg: ClippingConfig, optimizer_name: str, model: torch.nn.Module, ddp, scaler, env: DistEnv):
         self.cfg = cfg
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ddp = ddp
         self.scaler = scaler
+        self.env = env
+        self.hook_state: BucketClipState | None = None
+        self.timeline: list | None = None  # set to a list to record when the all-reduce starts
+        if cfg.strategy == "bucketwise" and ddp is not None:
+            self.hook_state = BucketClipState(cfg.max_norm, env.world_size, self.loss_scale)
+            ddp.register_comm_hook(self.hook_state, bucketwise_clip_hook)
         # LAMB clips inside its step (effective_optimizer_config); clipping again here would clip twice.
-        self.clip_here = cfg.strategy == "after_allreduce" and optimizer_name != "lamb"
+        self.after_allreduce = cfg.strategy == "after_allreduce" and optimizer_name != "lamb"
+        self.local_clip = cfg.strategy == "before_allreduce" or (cfg.strategy == "bucketwise" and ddp is None)
+
+    def loss_scale(self):
+        """The current loss scale without a host sync (1 without fp16 scaling)."""
+        return self.scaler._get_scale_async() if self.scaler.is_enabled() else 1.0
+
+    def backward_context(self, last_micro_batch: bool):
+        """DDP synchronizes on the last micro-batch, except for before_allreduce, which reduces by itself."""
+        if self.ddp is None or (last_micro_batch and not (self.local_clip and self.env.enabled)):
+            return nullcontext()
+        return self.ddp.no_sync()
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.clip_here:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.local_clip and grads:
+            torch._foreach_mul_(grads, clip_coefficient(global_norm(grads), self.cfg.max_norm * self.loss_scale()))
+            if self.env.enabled:
+                self._all_reduce_mean(grads)
+        elif self.after_allreduce:
             self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_norm)
+
+    def _all_reduce_mean(self, grads: list[torch.Tensor]) -> None:
+        if self.timeline is not None:
+            self.timeline.append(("allreduce", -1, time.perf_counter_ns()))
+        flat = torch._utils._flatten_dense_tensors(grads)
+        flat.div_(self.env.world_size)
+        dist.all_reduce(flat)
+        for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(reduced)

@@ -84,6 +84,7 @@ class ClippingConfig(Section):
         "none", description="Where gradients are clipped relative to the data-parallel all-reduce."
     )
     max_norm: float = Field(1.0, gt=0.0, description="Clipping threshold, in unscaled gradient units.")
+    bucket_cap_mb: float = Field(25.0, gt=0.0, description="DDP gradient bucket size (bucketwise clips per bucket).")
 
 
 class BatchConfig(Section):

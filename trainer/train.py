@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -105,7 +104,10 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     model = build_model(cfg, device)
     ddp = None
     if env.enabled:
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.clipping.bucket_cap_mb,
+        )
     optimizer = build_optimizer(model, effective_optimizer_config(cfg.optimizer, cfg.clipping))
     total_steps = cfg.schedule.total_steps or math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
@@ -180,9 +182,7 @@ def train_step(run: Run, micro_batches: list) -> StepStats:
     loss_sum = torch.zeros((), device=run.device)
     correct = torch.zeros((), device=run.device)
     for i, batch in enumerate(batches):
-        last = i == len(batches) - 1
-        sync = nullcontext() if run.ddp is None or last else run.ddp.no_sync()
-        with sync:
+        with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1):
             # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
             loss, ok = forward_backward(run, batch, batch.num_sequences / max(1, sum(b.num_sequences for b in batches)))
         loss_sum += loss
