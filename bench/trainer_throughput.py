@@ -65,8 +65,13 @@ def hf_inputs(samples: PretrainingSamples, index: np.ndarray, pad_to: int | None
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a[:, :width]).astype(np.int64)).to(device)
 
-    return dict(input_ids=t(s.input_ids), attention_mask=t(s.input_mask), token_type_ids=t(s.segment_ids),
-                labels=t(labels), next_sentence_label=torch.from_numpy(s.next_sentence_labels.astype(np.int64)).to(device))
+    return dict(
+        input_ids=t(s.input_ids),
+        attention_mask=t(s.input_mask),
+        token_type_ids=t(s.segment_ids),
+        labels=t(labels),
+        next_sentence_label=torch.from_numpy(s.next_sentence_labels.astype(np.int64)).to(device),
+    )
 
 
 def build_models(cfg: ModelConfig, device, seed: int):
@@ -74,9 +79,13 @@ def build_models(cfg: ModelConfig, device, seed: int):
 
     torch.manual_seed(seed)
     hf_cfg = transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings, attn_implementation="sdpa",
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        attn_implementation="sdpa",
     )
     hf = transformers.BertForPreTraining(hf_cfg).to(device).train()
     ours = BertForPreTraining(cfg)
@@ -143,8 +152,10 @@ def main() -> None:
         if step >= args.warmup:
             tokens += int(samples.lengths[index].sum())
     padding = 1 - tokens / (args.batch * args.steps * args.seq_len)
-    print(f"size={args.size} seq_len={args.seq_len} batch={args.batch} steps={args.steps} device={device} "
-          f"dtype={args.dtype} threads={torch.get_num_threads()} padding_fraction={padding:.2f}")
+    print(
+        f"size={args.size} seq_len={args.seq_len} batch={args.batch} steps={args.steps} device={device} "
+        f"dtype={args.dtype} threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
+    )
     base = tokens / seconds["ours (unpadded)"]
     for name, secs in seconds.items():
         tps = tokens / secs

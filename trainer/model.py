@@ -328,4 +328,3 @@ def load_hf_state_dict(model: BertForPreTraining, state: dict[str, torch.Tensor]
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-

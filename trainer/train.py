@@ -105,23 +105,47 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     ddp = None
     if env.enabled:
         ddp = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=cfg.clipping.bucket_cap_mb,
         )
     optimizer = build_optimizer(model, effective_optimizer_config(cfg.optimizer, cfg.clipping))
     total_steps = cfg.schedule.total_steps or math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
-    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.precision.initial_loss_scale,
-                                  enabled=autocast is torch.float16)
+    scaler = torch.amp.GradScaler(
+        device.type, init_scale=cfg.precision.initial_loss_scale, enabled=autocast is torch.float16
+    )
     sampler = build_batch_sampler(
-        train_samples.lengths, cfg.balance.method, cfg.balance.bins, cfg.batch.micro_batch_size, cfg.seed,
-        shuffle=cfg.data.shuffle, rank=env.rank, world_size=env.world_size,
+        train_samples.lengths,
+        cfg.balance.method,
+        cfg.balance.bins,
+        cfg.batch.micro_batch_size,
+        cfg.seed,
+        shuffle=cfg.data.shuffle,
+        rank=env.rank,
+        world_size=env.world_size,
         local_world_size=env.local_world_size,
         node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
     )
     clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env)
-    return Run(cfg, env, device, model, ddp, optimizer, scheduler, scaler, clipper, autocast, train_samples,
-               eval_samples, sampler, accumulation, total_steps, reporter if env.is_main else NullReporter())
+    return Run(
+        cfg,
+        env,
+        device,
+        model,
+        ddp,
+        optimizer,
+        scheduler,
+        scaler,
+        clipper,
+        autocast,
+        train_samples,
+        eval_samples,
+        sampler,
+        accumulation,
+        total_steps,
+        reporter if env.is_main else NullReporter(),
+    )
 
 
 def restore(run: Run) -> TrainState:
@@ -224,24 +248,35 @@ def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
     if reached and state.samples_to_target is None:
         state.samples_to_target, state.time_to_target_s = state.samples, elapsed
     run.reporter.intermediate({"event": "eval", **record})
-    log(run.env, f"eval @ {state.samples:,} samples: mlm_accuracy {result.mlm_accuracy:.4f} "
-                 f"(target {run.cfg.eval.target_mlm_accuracy}), nsp_accuracy {result.nsp_accuracy:.3f}")
+    log(
+        run.env,
+        f"eval @ {state.samples:,} samples: mlm_accuracy {result.mlm_accuracy:.4f} "
+        f"(target {run.cfg.eval.target_mlm_accuracy}), nsp_accuracy {result.nsp_accuracy:.3f}",
+    )
     return reached
 
 
 def progress(run: Run, state: TrainState, window: dict[str, float], stats: StepStats, imbalance: float) -> None:
     seconds = max(time.perf_counter() - window["t0"], 1e-9)
     record = {
-        "event": "progress", "step": state.step, "samples": state.samples, "loss": stats.loss,
+        "event": "progress",
+        "step": state.step,
+        "samples": state.samples,
+        "loss": stats.loss,
         "train_mlm_accuracy": stats.mlm_correct / max(stats.mlm_count, 1),
-        "lr": run.optimizer.param_groups[0]["lr"], "sequences_per_s": window["sequences"] / seconds,
-        "tokens_per_s": window["tokens"] / seconds, "token_imbalance": imbalance,
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "sequences_per_s": window["sequences"] / seconds,
+        "tokens_per_s": window["tokens"] / seconds,
+        "token_imbalance": imbalance,
     }
     run.reporter.intermediate(record)
-    log(run.env, f"step {state.step:>6} | samples {state.samples:>9,} | loss {stats.loss:7.4f} | "
-                 f"mlm_acc {record['train_mlm_accuracy']:.3f} | lr {record['lr']:.2e} | "
-                 f"{record['sequences_per_s']:8.1f} seq/s | {record['tokens_per_s']:10,.0f} tok/s | "
-                 f"imbalance {imbalance:.3f}")
+    log(
+        run.env,
+        f"step {state.step:>6} | samples {state.samples:>9,} | loss {stats.loss:7.4f} | "
+        f"mlm_acc {record['train_mlm_accuracy']:.3f} | lr {record['lr']:.2e} | "
+        f"{record['sequences_per_s']:8.1f} seq/s | {record['tokens_per_s']:10,.0f} tok/s | "
+        f"imbalance {imbalance:.3f}",
+    )
 
 
 def loop(run: Run, state: TrainState) -> str:
@@ -310,10 +345,13 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
     init_process_group(env, device)
     run = build_run(cfg, env, device, reporter)
     state = restore(run)
-    log(env, f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
-             f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {cfg.batch.micro_batch_size} x "
-             f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
-             f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}")
+    log(
+        env,
+        f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
+        f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {cfg.batch.micro_batch_size} x "
+        f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
+        f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}",
+    )
     status, reason = "failed", None
     try:
         status = loop(run, state)

@@ -60,8 +60,14 @@ def run_strategy(rank: int, strategy: str, samples, record_timeline: bool) -> di
     names = {id(p): n for n, p in model.named_parameters()}
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    clipper = GradientClipper(ClippingConfig(strategy=strategy, max_norm=MAX_NORM), "adamw", model, ddp, scaler,
-                              DistEnv(rank, WORLD, rank, WORLD))
+    clipper = GradientClipper(
+        ClippingConfig(strategy=strategy, max_norm=MAX_NORM),
+        "adamw",
+        model,
+        ddp,
+        scaler,
+        DistEnv(rank, WORLD, rank, WORLD),
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     if clipper.hook_state is not None:
         clipper.hook_state.bucket_params = []
@@ -98,8 +104,9 @@ def worker(rank: int, init_file: str, out_file: str, record_timeline: bool) -> N
 
 def run_ranks(tmp_path, record_timeline=False) -> list[dict]:
     out = tmp_path / "grads"
-    mp.start_processes(worker, args=(str(tmp_path / "init"), str(out), record_timeline), nprocs=WORLD,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        worker, args=(str(tmp_path / "init"), str(out), record_timeline), nprocs=WORLD, start_method="spawn", join=True
+    )
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
 
 

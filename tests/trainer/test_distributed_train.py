@@ -17,8 +17,16 @@ pytestmark = pytest.mark.distributed
 
 
 def torchrun(nproc: int, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "trainer", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer",
+        *overrides,
+    ]
 
 
 def child_env() -> dict[str, str]:
@@ -26,10 +34,17 @@ def child_env() -> dict[str, str]:
 
 
 def test_two_ranks_bucketwise_local_presort(tmp_path):
-    overrides = make_train_overrides(tmp_path, **{
-        "clipping.strategy": "bucketwise", "clipping.max_norm": 0.5, "clipping.bucket_cap_mb": 0.02,
-        "balance.method": "local_presort", "balance.bins": "[16,32,48,64]", "budget.max_samples": 64,
-    })
+    overrides = make_train_overrides(
+        tmp_path,
+        **{
+            "clipping.strategy": "bucketwise",
+            "clipping.max_norm": 0.5,
+            "clipping.bucket_cap_mb": 0.02,
+            "balance.method": "local_presort",
+            "balance.bins": "[16,32,48,64]",
+            "budget.max_samples": 64,
+        },
+    )
     proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=240, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_jsonl(tmp_path / "report.jsonl")
@@ -44,8 +59,14 @@ def test_two_ranks_bucketwise_local_presort(tmp_path):
 
 def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, "eval.every_samples": 10**7})
-    proc = subprocess.Popen(torchrun(2, overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun(2, overrides),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
     report = tmp_path / "report.jsonl"
     try:
         deadline = time.time() + 120

@@ -94,7 +94,6 @@ def test_gradients_match_hugging_face():
     batch = pack_batch(samples, index)
     out = ours(batch)
     (out.mlm_logits.sum() + out.nsp_logits.sum()).backward()
-    hf_mlm, hf_nsp = None, None
     ids = torch.from_numpy(samples.input_ids.astype(np.int64))
     mask = torch.from_numpy(samples.input_mask.astype(np.int64))
     seg = torch.from_numpy(samples.segment_ids.astype(np.int64))
@@ -141,14 +140,19 @@ def test_checkpoint_errors_name_the_problem(tmp_path):
 
 def test_bert_large_shapes_and_names():
     cfg = make_model_config(
-        vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        vocab_size=30522,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
         max_position_embeddings=512,
     )
     with torch.device("meta"):
         ours = BertForPreTraining(cfg)
         hf = transformers.BertForPreTraining(
-            transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                                    intermediate_size=4096)
+            transformers.BertConfig(
+                hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+            )
         )
     assert cfg.padded_vocab_size == 30528
     assert set(ours.state_dict()) == set(hf.state_dict()) - {"cls.predictions.decoder.bias"}

@@ -44,7 +44,9 @@ def test_budget_run_reports_progress_evals_and_a_final_result(tmp_path):
 
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
-    result, records = run(tmp_path, **{"budget.max_samples": 96 * 12, "optimizer.lr": 3e-3, "eval.every_samples": 10**6})
+    result, records = run(
+        tmp_path, **{"budget.max_samples": 96 * 12, "optimizer.lr": 3e-3, "eval.every_samples": 10**6}
+    )
     seq = losses(records)
     assert sum(seq[-12:]) / 12 < sum(seq[:12]) / 12 - 0.1
 
@@ -68,8 +70,13 @@ def test_resume_continues_the_same_loss_sequence(tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()
     part_dir.mkdir()
-    common = {"optimizer.lr": 3e-3, "schedule.warmup_steps": 3, "schedule.total_steps": 12,
-              "model.hidden_dropout_prob": 0.1, "checkpoint.every_samples": 40}
+    common = {
+        "optimizer.lr": 3e-3,
+        "schedule.warmup_steps": 3,
+        "schedule.total_steps": 12,
+        "model.hidden_dropout_prob": 0.1,
+        "checkpoint.every_samples": 40,
+    }
     _, uninterrupted = run(full_dir, **common)
     # Stop after 5 steps (a checkpoint at 40 samples), then resume with the full budget.
     first, part1 = run(part_dir, **common, **{"budget.max_samples": 40, "checkpoint.dir": str(part_dir / "ck")})
@@ -91,7 +98,8 @@ def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
 
 
 def test_cli_diverged_exit_code(tmp_path):
-    overrides = make_train_overrides(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30,
-                                                   "optimizer.eps": 1e-30})
+    overrides = make_train_overrides(
+        tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30}
+    )
     proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
