@@ -32,7 +32,7 @@ def param_groups_for(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 @dataclass
 class _Bucket:
-    """The parameters of one param group on one device and dtype, with their grads and state."""
+    """Parameters of one param group on one device and dtype, with their gradients and state."""
 
     group: dict
     params: list[Tensor] = field(default_factory=list)
@@ -40,6 +40,16 @@ class _Bucket:
     exp_avgs: list[Tensor] = field(default_factory=list)
     exp_avg_sqs: list[Tensor] = field(default_factory=list)
     steps: list[Tensor] = field(default_factory=list)
+
+    def __getitem__(self, s: slice) -> _Bucket:
+        return _Bucket(self.group, *(getattr(self, f)[s] for f in _LIST_FIELDS))
+
+
+_LIST_FIELDS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")
+
+# On the CPU a pass over a whole bucket streams every array from memory; a batch of tensors this small stays in
+# cache across the passes of one batch. On a GPU one batch per bucket (fewest kernel launches) is best.
+CPU_BATCH_NUMEL = 1 << 21
 
 
 class Lamb(torch.optim.Optimizer):
@@ -63,13 +73,17 @@ class Lamb(torch.optim.Optimizer):
         use_nvlamb: bool = False,
     ):
         if lr < 0.0 or eps <= 0.0 or weight_decay < 0.0 or max_grad_norm <= 0.0:
-            raise ValueError(f"Lamb: need lr >= 0, eps > 0, weight_decay >= 0, max_grad_norm > 0; got {locals()}")
+            raise ValueError(
+                f"Lamb: need lr >= 0, eps > 0, weight_decay >= 0, max_grad_norm > 0; "
+                f"got lr={lr}, eps={eps}, weight_decay={weight_decay}, max_grad_norm={max_grad_norm}"
+            )
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"Lamb: betas must lie in [0, 1), got {betas}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, use_nvlamb=use_nvlamb)
         super().__init__(params, defaults)
         # Like apex, the pre-normalization threshold is one number for the whole model, not per group.
         self.max_grad_norm = max_grad_norm
+        self._scratch_buffers: dict[tuple, Tensor] = {}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -82,9 +96,26 @@ class Lamb(torch.optim.Optimizer):
         if not buckets:
             return loss
         clip = self._clip_divisor(buckets)
-        for b in buckets:
-            self._update_bucket(b, clip)
+        for bucket in buckets:
+            torch._foreach_add_(bucket.steps, 1.0)
+            max_numel = CPU_BATCH_NUMEL if bucket.params[0].device.type == "cpu" else None
+            for s in _batches(bucket.params, max_numel):
+                self._update(bucket[s], clip)
         return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load as torch does, then keep each step count on its parameter's device and 16-bit moments in fp32."""
+        super().load_state_dict(state_dict)
+        # torch leaves `step` where it was saved (the CPU after map_location="cpu"), but the fused kernel reads it
+        # on the parameter's device; and torch casts moments to the parameter dtype, so re-take them at fp32.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params, strict=True):
+            saved = state_dict["state"].get(saved_id)
+            if saved is not None:
+                self.state[p]["step"] = saved["step"].to(device=p.device, dtype=torch.float32)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    self.state[p][key] = saved[key].to(device=p.device, dtype=_math_dtype(p))
 
     def _buckets(self) -> list[_Bucket]:
         """Group the parameters with a gradient by (param group, device, dtype), creating state on first use."""
@@ -109,26 +140,60 @@ class Lamb(torch.optim.Optimizer):
         return list(buckets.values())
 
     def _clip_divisor(self, buckets: list[_Bucket]) -> Tensor:
-        """max(1, G / max_grad_norm) as a 0-dim tensor on the first bucket's device, without a host sync."""
+        """max(1, G / max_grad_norm) as a 0-dim fp32 tensor on the first bucket's device, without a host sync."""
         device = buckets[0].params[0].device
         norms = [
             torch.stack(torch._foreach_norm(b.grads, 2, dtype=_math_dtype(b.grads[0]))).to(device) for b in buckets
         ]
         global_norm = torch.linalg.vector_norm(torch.cat(norms))
-        return torch.clamp(global_norm / self.max_grad_norm, min=1.0)
+        return torch.clamp(global_norm / self.max_grad_norm, min=1.0).float()  # the fused kernel reads fp32
 
-    def _update_bucket(self, b: _Bucket, clip: Tensor) -> None:
+    def _update(self, b: _Bucket, clip: Tensor) -> None:
+        """Steps (2)-(5) for tensors of one group, device and dtype; their step counts already include this step."""
         group = b.group
-        torch._foreach_add_(b.steps, 1.0)
-        clip = clip.to(b.params[0].device)
-        # On the CPU a pass over a whole bucket streams every array from memory; bounded batches of tensors
-        # stay in cache between the passes of one batch. On a GPU one batch (fewest kernel launches) is best.
-        max_numel = CPU_BATCH_NUMEL if b.params[0].device.type == "cpu" else None
-        for s in _batches(b.params, max_numel):
-            _lamb_update(b.params[s], b.grads[s], b.exp_avgs[s], b.exp_avg_sqs[s], b.steps[s], clip, group)
+        dtype = _math_dtype(b.params[0])
+        weights = b.params if b.params[0].dtype == dtype else [p.to(dtype) for p in b.params]
+        grads, updates = self._scratch(weights, 0), self._scratch(weights, 1)
+        torch._foreach_copy_(grads, b.grads)  # the kernel below divides by `clip` in place: not in `.grad`
+        torch._foreach_copy_(updates, weights)
+        torch._foreach_mul_(updates, group["weight_decay"])
+        # torch's fused Adam kernel does the moments, bias correction and m̂ / (sqrt(v̂) + eps) in one pass and adds
+        # -lr times that to its "params": given λ·w and lr = -1 it leaves u = m̂ / (sqrt(v̂) + eps) + λ·w.
+        beta1, beta2 = group["betas"]
+        torch._fused_adam_(
+            updates,
+            grads,
+            b.exp_avgs,
+            b.exp_avg_sqs,
+            [],
+            b.steps,
+            lr=-1.0,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=0.0,
+            eps=group["eps"],
+            amsgrad=False,
+            maximize=False,
+            grad_scale=clip.to(weights[0].device),
+        )
+        if group["weight_decay"] != 0.0 or group["use_nvlamb"]:
+            torch._foreach_addcmul_(weights, updates, _trust_ratios(weights, updates), value=-group["lr"])
+        else:
+            torch._foreach_add_(weights, updates, alpha=-group["lr"])
+        if weights is not b.params:
+            torch._foreach_copy_(b.params, weights)
 
-
-CPU_BATCH_NUMEL = 1 << 21
+    def _scratch(self, like: list[Tensor], slot: int) -> list[Tensor]:
+        """Temporaries shaped like `like`: on the CPU views of a buffer kept between steps, because fresh memory
+        costs page faults there; on a GPU new tensors, which the caching allocator hands back to activations."""
+        if like[0].device.type != "cpu":
+            return [torch.empty_like(t) for t in like]
+        numels = [t.numel() for t in like]
+        key = (like[0].device, like[0].dtype, slot)
+        buffer = self._scratch_buffers.get(key)
+        if buffer is None or buffer.numel() < sum(numels):
+            buffer = self._scratch_buffers[key] = torch.empty(sum(numels), dtype=like[0].dtype, device=like[0].device)
+        return [v.view_as(t) for v, t in zip(buffer[: sum(numels)].split(numels), like, strict=True)]
 
 
 def _batches(tensors: list[Tensor], max_numel: int | None) -> list[slice]:
@@ -145,58 +210,9 @@ def _batches(tensors: list[Tensor], max_numel: int | None) -> list[slice]:
     return ranges
 
 
-def _lamb_update(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    steps: list[Tensor],
-    clip: Tensor,
-    group: dict,
-) -> None:
-    """Steps (1)-(5) of `Lamb` for tensors of one dtype and device; `steps` already counts this step."""
-    weight_decay = group["weight_decay"]
-    dtype = _math_dtype(params[0])
-    weights = params if params[0].dtype == dtype else [p.to(dtype) for p in params]
-    updates = torch._foreach_mul(weights, weight_decay)
-    # torch's fused Adam kernel does the moments, bias correction and m̂ / (sqrt(v̂) + eps) in one pass and adds
-    # -lr times that to its "params": given λ·w with lr = -1 it leaves u = m̂ / (sqrt(v̂) + eps) + λ·w.
-    beta1, beta2 = group["betas"]
-    torch._fused_adam_(
-        updates,
-        _clipped(grads, clip, dtype),
-        exp_avgs,
-        exp_avg_sqs,
-        [],
-        steps,
-        lr=-1.0,
-        beta1=beta1,
-        beta2=beta2,
-        weight_decay=0.0,
-        eps=group["eps"],
-        amsgrad=False,
-        maximize=False,
-    )
-    if weight_decay != 0.0 or group["use_nvlamb"]:
-        torch._foreach_addcmul_(weights, updates, _trust_ratios(weights, updates), value=-group["lr"])
-    else:
-        torch._foreach_add_(weights, updates, alpha=-group["lr"])
-    if weights is not params:
-        torch._foreach_copy_(params, weights)
-
-
 def _math_dtype(p: Tensor) -> torch.dtype:
     """fp32 for 16-bit parameters (their moments and update math), else the parameter's own dtype."""
     return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
-
-
-def _clipped(grads: list[Tensor], clip: Tensor, dtype: torch.dtype) -> list[Tensor]:
-    """New tensors g / clip in `dtype`; the caller's gradients are not modified (apex does not write them back)."""
-    if grads[0].dtype == dtype:
-        return torch._foreach_div(grads, clip.to(dtype))
-    grads = [g.to(dtype) for g in grads]
-    torch._foreach_div_(grads, clip.to(dtype))
-    return grads
 
 
 def _trust_ratios(weights: list[Tensor], updates: list[Tensor]) -> list[Tensor]:

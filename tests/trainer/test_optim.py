@@ -128,6 +128,19 @@ def test_lamb_bf16_params_keep_fp32_moments_and_follow_fp32():
         torch.testing.assert_close(b.float(), a.detach(), atol=2e-2, rtol=2e-2)
 
 
+def test_lamb_load_state_dict_keeps_fp32_moments_of_bf16_params():
+    model = TinyNet().to(torch.bfloat16)
+    saved = run_lamb(model, make_grads(model, 1.0, steps=2), dtype=torch.bfloat16, weight_decay=0.01).state_dict()
+    opt = Lamb(param_groups_for(model, 0.01))
+    opt.load_state_dict(saved)
+    saved_ids = [i for g in saved["param_groups"] for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in zip(saved_ids, params, strict=True):
+        state = opt.state[p]
+        assert state["exp_avg"].dtype == torch.float32 and state["step"].item() == 2.0
+        assert torch.equal(state["exp_avg_sq"], saved["state"][i]["exp_avg_sq"])  # no round trip through bf16
+
+
 def test_param_groups_for_exempts_bias_and_layernorm():
     model = TinyNet()
     names = {id(p): n for n, p in model.named_parameters()}
