@@ -1,0 +1,28 @@
+"""The control plane's exceptions. Everything hpo raises on purpose derives from `HpoError`.
+
+Messages say what was wrong, where (file, field, experiment, trial id) and what to do about it.
+"""
+
+
+class HpoError(Exception):
+    """Root of all errors the control plane raises deliberately."""
+
+
+class ExperimentFileError(HpoError):
+    """An experiment file is malformed; the message names the file and the field."""
+
+
+class StorageError(HpoError):
+    """The database could not be read or written (connection, schema, constraint); never a raw SQLAlchemy error."""
+
+
+class NotFoundError(StorageError):
+    """An experiment or trial id/name that does not exist."""
+
+
+class SchemaOutOfDateError(StorageError):
+    """The database schema is older than the code; run `hpo db upgrade`."""
+
+
+class ResourceError(HpoError):
+    """GPU/slot allocation is impossible as asked (e.g. more GPUs per trial than exist)."""
