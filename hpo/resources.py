@@ -1,0 +1,140 @@
+"""GPU discovery and allocation: which trial runs on which devices, and why a trial waits.
+
+An `Inventory` is what the machine has (from NVML, or given for tests). `plan_slots` carves it into slots of
+`gpus_per_trial` disjoint GPUs (several trials per GPU when `trials_per_gpu` > 1 and memory allows); on a
+machine without GPUs the slots are CPU slots. `SlotPool` hands slots out and takes them back. Everything here
+is pure except `discover_gpus`, so the scheduling rules are tested on fake inventories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpo.errors import ResourceError
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str = "gpu"
+    memory_total_mb: int = 0
+    memory_free_mb: int = 0
+    foreign_processes: int = 0  # compute processes not started by us
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one trial runs: GPU ids (empty for a CPU slot) and a stable slot number."""
+
+    number: int
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"gpus {','.join(map(str, self.gpus))}" if self.gpus else f"cpu slot {self.number}"
+
+
+def discover_gpus() -> list[Gpu]:
+    """GPUs seen through NVML (nvidia-ml-py); an empty list where there is no NVIDIA driver or library."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(Gpu(i, str(name), mem.total >> 20, mem.free >> 20, len(procs)))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def select_gpus(inventory: list[Gpu], requested: list[int] | str) -> tuple[list[Gpu], list[str]]:
+    """The usable GPUs among `requested` ("all", "none" or ids) and a reason for each one left out."""
+    if requested == "none":
+        return [], []
+    by_index = {g.index: g for g in inventory}
+    wanted = sorted(by_index) if requested == "all" else list(requested)
+    unknown = [i for i in wanted if i not in by_index]
+    if unknown:
+        raise ResourceError(
+            f"resources.gpus asks for GPU {unknown} but this machine has {sorted(by_index) or 'no GPUs'}; "
+            "use ids from nvidia-smi, 'all' or 'none'"
+        )
+    usable, skipped = [], []
+    for i in wanted:
+        gpu = by_index[i]
+        if gpu.foreign_processes:
+            skipped.append(f"GPU {i} is held by {gpu.foreign_processes} process(es) not started by this experiment")
+        else:
+            usable.append(gpu)
+    return usable, skipped
+
+
+def plan_slots(
+    gpus: list[Gpu],
+    gpus_per_trial: int,
+    trials_per_gpu: int = 1,
+    memory_per_trial_mb: int | None = None,
+    cpu_slots: int = 1,
+) -> list[Slot]:
+    """Carve GPUs into disjoint slots of `gpus_per_trial`; CPU slots when there are no GPUs."""
+    if not gpus:
+        return [Slot(i) for i in range(cpu_slots)]
+    if gpus_per_trial > len(gpus):
+        raise ResourceError(
+            f"resources.gpus_per_trial is {gpus_per_trial} but only {len(gpus)} usable GPU(s) "
+            f"({[g.index for g in gpus]}); lower gpus_per_trial or free GPUs"
+        )
+    if trials_per_gpu > 1 and gpus_per_trial != 1:
+        raise ResourceError("resources.trials_per_gpu > 1 needs gpus_per_trial = 1")
+    slots: list[Slot] = []
+    if trials_per_gpu > 1:
+        for gpu in gpus:
+            fit = trials_per_gpu
+            if memory_per_trial_mb:
+                fit = min(fit, gpu.memory_free_mb // memory_per_trial_mb)
+            slots.extend(Slot(len(slots) + k, (gpu.index,)) for k in range(fit))
+        return slots
+    for start in range(0, len(gpus) - gpus_per_trial + 1, gpus_per_trial):
+        slots.append(Slot(len(slots), tuple(g.index for g in gpus[start : start + gpus_per_trial])))
+    return slots
+
+
+class SlotPool:
+    """Free and busy slots; says why the next trial has to wait."""
+
+    def __init__(self, slots: list[Slot], skipped: list[str] | None = None):
+        if not slots:
+            raise ResourceError("no slot can run a trial: " + ("; ".join(skipped or []) or "no resources"))
+        self.slots = slots
+        self.skipped = skipped or []
+        self._free = list(slots)
+
+    def acquire(self) -> Slot | None:
+        return self._free.pop(0) if self._free else None
+
+    def release(self, slot: Slot) -> None:
+        if slot in self._free:
+            raise ValueError(f"{slot.label} released twice")
+        self._free.append(slot)
+        self._free.sort(key=lambda s: s.number)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def why_waiting(self) -> str:
+        if self._free:
+            return ""
+        kind = "GPU allocations" if self.slots[0].gpus else "CPU slots"
+        reason = f"all {len(self.slots)} {kind} are busy"
+        return reason + (f" ({'; '.join(self.skipped)})" if self.skipped else "")
