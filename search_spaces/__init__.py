@@ -1,0 +1,41 @@
+"""Search spaces over trainer-config keys, their converters (ConfigSpace, NNI) and the preset experiment files.
+
+This package imports nothing of the project. `search_spaces.configspace` is the only module that touches
+ConfigSpace; importing the package does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from search_spaces.errors import SearchSpaceError
+from search_spaces.space import CategoricalParam, Clause, FloatParam, IntParam, Param, SearchSpace, trainer_key
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+__all__ = [
+    "PRESETS_DIR",
+    "CategoricalParam",
+    "Clause",
+    "FloatParam",
+    "IntParam",
+    "Param",
+    "SearchSpace",
+    "SearchSpaceError",
+    "list_presets",
+    "preset_path",
+    "trainer_key",
+]
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped preset experiment files (e.g. `adam_vs_lamb`, `adam_vs_lamb_demo_cpu`)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    """The path of preset experiment file `name` (with or without `.yaml`)."""
+    path = PRESETS_DIR / f"{name.removesuffix('.yaml')}.yaml"
+    if not path.is_file():
+        raise SearchSpaceError(None, f"no preset named {name!r}; presets: {', '.join(list_presets())}")
+    return path

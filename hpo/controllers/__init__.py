@@ -1,0 +1,5 @@
+"""Tuners as thin ask/tell adapters: a controller proposes parameters (and a budget) and is told the cost."""
+
+from hpo.controllers.base import Controller, Suggestion, build_controller
+
+__all__ = ["Controller", "Suggestion", "build_controller"]
