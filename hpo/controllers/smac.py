@@ -40,7 +40,7 @@ class SmacController:
         options = dict(options or {})
         if multi_fidelity:
             intensifier = HyperbandFacade.get_intensifier(scenario, eta=eta)
-            self.smac = HyperbandFacade(scenario, _no_target, intensifier=intensifier, overwrite=True,
+            self.smac = HyperbandFacade(scenario, _no_target_budget, intensifier=intensifier, overwrite=True,
                                         logging_level=logging.WARNING)  # fmt: skip
         else:
             n_init = int(options.pop("n_initial_configs", max(2, min(10, n_trials // 3))))
@@ -78,5 +78,9 @@ class SmacController:
         self.tell(Suggestion(params, budget, info), cost)
 
 
-def _no_target(config, seed: int = 0, budget: float = 1.0) -> float:
+def _no_target(config, seed: int = 0) -> float:
+    raise RuntimeError("trials run through hpo's runner; SMAC is used with ask/tell only")
+
+
+def _no_target_budget(config, seed: int = 0, budget: float = 1.0) -> float:
     raise RuntimeError("trials run through hpo's runner; SMAC is used with ask/tell only")

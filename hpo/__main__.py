@@ -1,0 +1,5 @@
+import sys
+
+from hpo.cli import main
+
+sys.exit(main())
