@@ -2,7 +2,8 @@
 
 The baseline is written the way torch-optimizer's `Lamb` is (one Python iteration per parameter tensor,
 in-place ops where they are natural), with the same apex semantics as ours so both do the same arithmetic.
-Parameters have the shapes of BERT-base for pretraining (110M parameters, 200 tensors).
+Parameters have the shapes of BERT-base for pretraining (110M parameters, 206 tensors). The two optimizers
+take turns step by step in one process, so load from other processes hits both alike; medians are reported.
 
     python bench/optimizer_step.py [--device cpu|cuda] [--steps N] [--warmup N] [--threads N]
 """

@@ -129,7 +129,8 @@ class Lamb(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)  # the fused kernel reads it
-                    state["exp_avg"] = torch.zeros_like(p, dtype=_math_dtype(p), memory_format=torch.preserve_format)
+                    # Contiguous like the scratch tensors, so all lists given to the fused kernel share one layout.
+                    state["exp_avg"] = torch.zeros(p.shape, dtype=_math_dtype(p), device=p.device)
                     state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
                 b = buckets.setdefault((i, p.device, p.dtype), _Bucket(group))
                 b.params.append(p)
@@ -187,7 +188,7 @@ class Lamb(torch.optim.Optimizer):
         """Temporaries shaped like `like`: on the CPU views of a buffer kept between steps, because fresh memory
         costs page faults there; on a GPU new tensors, which the caching allocator hands back to activations."""
         if like[0].device.type != "cpu":
-            return [torch.empty_like(t) for t in like]
+            return [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in like]
         numels = [t.numel() for t in like]
         key = (like[0].device, like[0].dtype, slot)
         buffer = self._scratch_buffers.get(key)
