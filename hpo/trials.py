@@ -39,7 +39,8 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class TrialResult:
-    """How a trial ended. `objective` is what the tuner minimizes (after the direction and penalty)."""
+    """How a trial ended. `objective` is the experiment's objective in its own direction (penalty included);
+    the tuner is told it negated when the direction is maximize."""
 
     state: TrialState
     reason: str | None = None

@@ -1,0 +1,259 @@
+"""The storage interface: what every backend promises, and the records it hands out.
+
+Records are small frozen dataclasses, never ORM objects, so callers (controller, CLI, server) cannot touch
+the database behind the storage's back and never see a detached-instance error.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, NamedTuple
+
+from hpo.trials import TrialResult, TrialSpec, TrialState
+
+
+class Direction(str, Enum):
+    """Whether the best trial has the lowest or the highest `objective`."""
+
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
+
+
+class ExperimentStatus(str, Enum):
+    RUNNING = "running"  # created, or resumed; a controller is (or should be) driving it
+    FINISHED = "finished"  # the budget is spent
+    STOPPED = "stopped"  # a user asked it to stop
+    FAILED = "failed"  # the controller itself gave up
+
+
+@dataclass(frozen=True)
+class ExperimentRecord:
+    id: int
+    name: str
+    direction: Direction
+    status: ExperimentStatus
+    spec: dict[str, Any]  # the validated experiment file, as a JSON-able dict
+    stop_requested: bool
+    created_at: datetime  # timezone-aware, UTC
+    ended_at: datetime | None  # when the status last left RUNNING
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    id: int  # unique across experiments
+    experiment_id: int
+    number: int  # 0, 1, 2, ... within the experiment
+    state: TrialState
+    params: dict[str, Any]
+    arm: str | None
+    budget: float
+    gpus: tuple[int, ...]  # the allocation it ran on (or was planned for while queued)
+    global_batch_size: int | None
+    reason: str | None
+    objective: float | None
+    samples_to_target: int | None
+    time_to_target_s: float | None
+    best_mlm_accuracy: float | None
+    duration_s: float | None
+    metrics: dict[str, Any]  # the trainer's final record
+    host: str | None
+    pid: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def spec(self) -> TrialSpec:
+        """What was asked to run, in the shared vocabulary."""
+        return TrialSpec(self.number, self.params, self.arm, self.budget, self.gpus, self.global_batch_size)
+
+    @property
+    def result(self) -> TrialResult | None:
+        """How it ended, or None while it is queued or running."""
+        if not self.state.finished:
+            return None
+        return TrialResult(
+            self.state,
+            self.reason,
+            self.objective,
+            self.samples_to_target,
+            self.time_to_target_s,
+            self.best_mlm_accuracy,
+            self.duration_s,
+            self.metrics,
+        )
+
+
+class MetricPoint(NamedTuple):
+    """One intermediate report of a trial: several named values measured at the same step.
+
+    A plain tuple `(step, samples, {"loss": 2.1, "mlm_accuracy": 0.41})` is accepted wherever a MetricPoint is.
+    """
+
+    step: int
+    samples: int | None
+    values: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    """One stored value: a point with three values is stored, and read back, as three records."""
+
+    trial_id: int
+    step: int
+    samples: int | None
+    name: str
+    value: float  # NaN is stored as NULL and read back as NaN (SQLite cannot store NaN)
+    created_at: datetime
+
+
+class Storage(abc.ABC):
+    """Where experiments, their trials and the trials' learning curves live. The contract every backend keeps:
+
+    - Every method that writes is one transaction: it happens completely or not at all. Every method is safe
+      to call from several processes and threads against one database at the same time.
+    - Missing experiments or trials raise `NotFoundError` naming the id or name, from every method that takes
+      one (so `list_trials` of a missing experiment raises, it does not return []).
+    - Everything the database refuses (duplicate names or trial numbers, lost connections, a schema older than
+      the code) raises a `StorageError` subclass whose message says what to do; database-library exceptions
+      never escape. Invalid argument values (an unknown direction, a negative limit) raise ValueError.
+    - Trial states only move forward: QUEUED -> RUNNING -> a finished state (COMPLETED, DIVERGED, FAILED,
+      TIMEOUT). A finished trial is never changed again: finishing it twice raises StorageError, so a resumed
+      controller cannot overwrite a result by accident. The only way back is `requeue_interrupted`, for trials
+      a dead controller left RUNNING.
+    - `objective` is stored as reported. The best trial is the COMPLETED trial with the lowest objective in a
+      "minimize" experiment, the highest in a "maximize" one; ties go to the lowest trial number. Trials
+      without an objective, and trials that diverged, failed or timed out, are never the best.
+    - NaN is not a value a database can store everywhere: NaN objectives and accuracies are stored as None,
+      NaN/inf inside JSON (params, metrics, spec) as null.
+    - Timestamps are timezone-aware UTC. Records are frozen snapshots, not live views.
+    """
+
+    # -- experiments ---------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_experiment(self, name: str, spec: Mapping[str, Any], direction: Direction | str) -> int:
+        """Record a new RUNNING experiment and return its id; a name already taken raises StorageError."""
+
+    @abc.abstractmethod
+    def get_experiment(self, experiment_id: int) -> ExperimentRecord:
+        """The experiment with this id."""
+
+    @abc.abstractmethod
+    def get_experiment_by_name(self, name: str) -> ExperimentRecord:
+        """The experiment with this name."""
+
+    @abc.abstractmethod
+    def list_experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentRecord]:
+        """All experiments (or those with this status), oldest first."""
+
+    @abc.abstractmethod
+    def set_experiment_status(self, experiment_id: int, status: ExperimentStatus | str) -> None:
+        """Change the experiment's status. Setting RUNNING again (a resume) clears a pending stop request."""
+
+    @abc.abstractmethod
+    def request_stop(self, experiment_id: int) -> None:
+        """Ask the experiment's controller to stop (the server's "stop" action); the controller polls it."""
+
+    @abc.abstractmethod
+    def is_stop_requested(self, experiment_id: int) -> bool:
+        """Whether `request_stop` was called since the experiment last became RUNNING."""
+
+    # -- trials --------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
+        """Record a QUEUED trial and return its id; a number already used in the experiment raises StorageError."""
+
+    @abc.abstractmethod
+    def next_trial_number(self, experiment_id: int) -> int:
+        """One more than the highest trial number used in the experiment (0 for none): where a resume goes on."""
+
+    @abc.abstractmethod
+    def mark_trial_running(
+        self, trial_id: int, gpus: Iterable[int] | None = None, *, pid: int | None = None, host: str | None = None
+    ) -> None:
+        """Move a QUEUED trial to RUNNING on these GPUs (None keeps the planned ones); any other state raises."""
+
+    @abc.abstractmethod
+    def finish_trial(self, trial_id: int, result: TrialResult) -> None:
+        """Record how a queued or running trial ended; `result.state` must be a finished state.
+
+        Finishing an already finished trial raises StorageError and changes nothing.
+        """
+
+    @abc.abstractmethod
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        """The trial with this id."""
+
+    @abc.abstractmethod
+    def get_trial_by_number(self, experiment_id: int, number: int) -> TrialRecord:
+        """The trial with this number in the experiment."""
+
+    @abc.abstractmethod
+    def list_trials(
+        self,
+        experiment_id: int,
+        *,
+        state: TrialState | Collection[TrialState] | None = None,
+        arm: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[TrialRecord]:
+        """The experiment's trials in number order, filtered by state(s) and arm, one page of them."""
+
+    @abc.abstractmethod
+    def count_trials(
+        self, experiment_id: int, *, state: TrialState | Collection[TrialState] | None = None, arm: str | None = None
+    ) -> int:
+        """How many trials `list_trials` with the same filters returns without paging."""
+
+    @abc.abstractmethod
+    def count_trials_by_state(self, experiment_id: int) -> dict[TrialState, int]:
+        """Trial counts for every state (zeros included)."""
+
+    @abc.abstractmethod
+    def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
+        """Put trials a dead controller left RUNNING (or INTERRUPTED) back to QUEUED, and return them.
+
+        For a resume: their reason says "interrupted"; pid, host and start time are cleared (the GPUs stay until
+        the next `mark_trial_running`); the metric rows of the interrupted attempt are deleted because the re-run
+        reports its curve again. Finished trials are untouched.
+        """
+
+    # -- metrics -------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple]) -> int:
+        """Append a batch of intermediate reports in one transaction; returns how many values were stored."""
+
+    @abc.abstractmethod
+    def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:
+        """The trial's stored values (or only those called `name`), ordered by step, then name."""
+
+    # -- best trials ---------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def best_trial(
+        self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
+    ) -> TrialRecord | None:
+        """The best COMPLETED trial (see the class docstring), optionally within one arm / batch size."""
+
+    @abc.abstractmethod
+    def best_per_arm(self, experiment_id: int) -> dict[str, TrialRecord]:
+        """The best trial of every arm that has one, keyed by arm."""
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def close(self) -> None:  # noqa: B027 - optional hook, backends without resources need not override it
+        """Release connections; the storage must not be used afterwards."""
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

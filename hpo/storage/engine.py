@@ -1,0 +1,147 @@
+"""Database URLs and engines: where the database is, how connections are set up, how errors are worded.
+
+The database URL is `HPO_DATABASE_URL` when set, else the SQLite file `$HPO_HOME/hpo.db`, where `HPO_HOME`
+defaults to `./.hpo` relative to the current directory (the directory is created on first use).
+PostgreSQL URLs look like `postgresql+psycopg://user:password@host:5432/dbname`.
+
+SQLite connections get WAL mode (readers never block the writer), a 30 s busy timeout, foreign keys on, and
+`synchronous=NORMAL` (in WAL mode this cannot corrupt the file; a power loss may drop the last commits).
+Write transactions start with `BEGIN IMMEDIATE` so two writers queue on the busy timeout instead of failing
+when one upgrades a read lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
+
+from hpo.errors import StorageError
+
+DATABASE_URL_ENV = "HPO_DATABASE_URL"
+HOME_ENV = "HPO_HOME"
+DEFAULT_HOME = ".hpo"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Execution option that asks for `BEGIN IMMEDIATE` on SQLite (ignored by other backends).
+WRITE_OPTION = "hpo_write"
+
+
+def default_database_url() -> str:
+    """`HPO_DATABASE_URL`, else `sqlite:///<abs path of $HPO_HOME (default ./.hpo)>/hpo.db`."""
+    url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if url:
+        return url
+    home = Path(os.environ.get(HOME_ENV, "").strip() or DEFAULT_HOME)
+    return f"sqlite:///{(home / 'hpo.db').resolve()}"
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may appear in messages and logs: the password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable database URL>"
+
+
+def create_storage_engine(url: str) -> Engine:
+    """An engine for `url` with the project's connection settings; a bad URL raises StorageError."""
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(parsed)
+        return create_engine(parsed, json_serializer=dumps_json, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise StorageError(
+            f"cannot use the database URL {safe_url(url)}: {exc}. Expected e.g. sqlite:///path/hpo.db or "
+            f"postgresql+psycopg://user@host:5432/dbname (set {DATABASE_URL_ENV})."
+        ) from exc
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+        directory = Path(url.database).parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)  # SQLite creates the file but not its directory
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the directory {directory} for the SQLite database: {exc}. Set {HOME_ENV} or "
+                f"{DATABASE_URL_ENV} to a writable place."
+            ) from exc
+    engine = create_engine(url, json_serializer=dumps_json, connect_args={"check_same_thread": False})
+    event.listen(engine, "connect", _configure_sqlite_connection)
+    event.listen(engine, "begin", _begin_sqlite_transaction)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection: Any, _record: Any) -> None:
+    # Autocommit at the driver level: pysqlite's own implicit BEGIN would defeat BEGIN IMMEDIATE
+    # (and make DDL non-transactional); `_begin_sqlite_transaction` emits BEGIN itself.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def _begin_sqlite_transaction(connection: Any) -> None:
+    write = connection.get_execution_options().get(WRITE_OPTION, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def dumps_json(value: Any) -> str:
+    """JSON for the database: NaN/inf become null (neither SQL JSON type accepts them), numpy scalars numbers."""
+    return json.dumps(_finite(value), allow_nan=False, default=_json_default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars, 0-d tensors: a controller may hand those over as params
+        return _finite(value.item())
+    raise TypeError(f"{type(value).__name__} is not JSON serializable: {value!r}")
+
+
+def is_locked_error(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite's "database is locked/busy", which goes away if retried."""
+    text = str(getattr(exc, "orig", exc)).lower()
+    return isinstance(exc, OperationalError) and ("database is locked" in text or "database is busy" in text)
+
+
+def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
+    """The project's error for a database-library error: what failed, on which database, what to do."""
+    reason = _first_line(getattr(exc, "orig", None) or exc)
+    where = safe_url(url)
+    if isinstance(exc, IntegrityError):
+        return StorageError(f"the database {where} refused the change (a constraint was violated): {reason}")
+    if is_locked_error(exc):
+        return StorageError(
+            f"the SQLite database {where} stayed locked by another writer: {reason}. Use PostgreSQL "
+            f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
+        )
+    if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
+        return StorageError(
+            f"cannot use the database {where}: {reason}. Check that the database server is running and "
+            f"reachable, and that {DATABASE_URL_ENV} names the right host, port, database and user."
+        )
+    return StorageError(f"database error on {where}: {reason}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,116 @@
+"""Schema migrations, run explicitly: `upgrade_database(url)` is what `hpo db upgrade` calls.
+
+The Alembic scripts ship inside the package (`hpo/storage/migrations/`); the Alembic configuration is built
+here in code, so no alembic.ini is needed. Storages refuse to open a database whose schema is not at the head
+revision (`check_schema`), so code never runs against tables it does not know.
+
+A new migration, after changing `models.py`: upgrade a scratch database to head, then let Alembic compare
+
+    engine = create_storage_engine("sqlite:////tmp/scratch.db")
+    with engine.connect() as connection:
+        alembic.command.revision(alembic_config(connection), "what changed", autogenerate=True, rev_id="0002")
+
+and clean the generated file in `migrations/versions/` by hand (tests check migrations == models).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from hpo.errors import SchemaOutOfDateError, StorageError
+from hpo.storage.engine import WRITE_OPTION, create_storage_engine, safe_url, storage_error
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def upgrade_database(url: str, revision: str = "head") -> None:
+    """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed."""
+    _run_alembic(url, lambda config: command.upgrade(config, revision))
+
+
+def downgrade_database(url: str, revision: str) -> None:
+    """Take the database at `url` back to `revision` ("base" drops every table); for tests and rollbacks."""
+    _run_alembic(url, lambda config: command.downgrade(config, revision))
+
+
+def current_revision(url: str) -> str | None:
+    """The database's schema revision, or None when it has no hpo schema."""
+    engine = create_storage_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    except SQLAlchemyError as exc:
+        raise storage_error(exc, url) from exc
+    finally:
+        engine.dispose()
+
+
+@functools.cache
+def head_revision() -> str:
+    """The newest revision the code knows."""
+    head = _script_directory().get_current_head()
+    assert head is not None, f"no migrations found in {MIGRATIONS_DIR}"
+    return head
+
+
+def check_schema(connection: Connection, url: str) -> None:
+    """Raise SchemaOutOfDateError unless the database's schema is exactly at the head revision."""
+    current = MigrationContext.configure(connection).get_current_revision()
+    head = head_revision()
+    if current == head:
+        return
+    where = safe_url(url)
+    if current is None:
+        problem = f"the database {where} has no hpo tables yet"
+    elif current not in _known_revisions():
+        raise SchemaOutOfDateError(
+            f"the database {where} has schema revision {current}, which is newer than this code knows "
+            f"(its newest is {head}): install the bert-hpo version that upgraded it"
+        )
+    else:
+        problem = f"the database {where} has schema revision {current}, this code needs {head}"
+    raise SchemaOutOfDateError(f"{problem}: run `hpo db upgrade` (it migrates {where})")
+
+
+def alembic_config(connection: Connection) -> Config:
+    """Alembic's configuration for the shipped migrations, running on `connection`."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # env.py runs the migrations on this connection: it carries the project's SQLite settings.
+    config.attributes["connection"] = connection
+    return config
+
+
+def _run_alembic(url: str, alembic_command) -> None:
+    engine = create_storage_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execution_options(**{WRITE_OPTION: True})
+            alembic_command(alembic_config(connection))
+    except SQLAlchemyError as exc:
+        raise storage_error(exc, url) from exc
+    except CommandError as exc:
+        raise StorageError(f"cannot migrate the database {safe_url(url)}: {exc}") from exc
+    finally:
+        engine.dispose()
+
+
+@functools.cache
+def _script_directory() -> ScriptDirectory:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(config)
+
+
+@functools.cache
+def _known_revisions() -> frozenset[str]:
+    return frozenset(script.revision for script in _script_directory().walk_revisions())

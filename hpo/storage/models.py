@@ -1,0 +1,116 @@
+"""All SQLAlchemy models of the storage, in one module. Alembic migrations must produce exactly this schema.
+
+Indices exist from day one for every foreign key, every state/status filter, and the best-trial queries:
+the best trial is the first objective in an index whose prefix is the filter
+(experiment, [arm | batch size,] state), then the lowest trial number with that objective, so both steps are
+index lookups however many trials an experiment has.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names, so later migrations can refer to (and drop) them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER primary key; PostgreSQL gets 64 bits for the big metrics table.
+BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+UtcDateTime = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ExperimentModel(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    direction: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class TrialModel(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        # Also the index on the foreign key: experiment_id is its first column.
+        UniqueConstraint("experiment_id", "number"),
+        Index("ix_trials_experiment_state_objective", "experiment_id", "state", "objective", "number"),
+        Index("ix_trials_experiment_arm_state_objective", "experiment_id", "arm", "state", "objective", "number"),
+        Index(
+            "ix_trials_experiment_batch_state_objective",
+            "experiment_id",
+            "global_batch_size",
+            "state",
+            "objective",
+            "number",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    arm: Mapped[str | None] = mapped_column(String(255))
+    budget: Mapped[float] = mapped_column(Float)
+    gpus: Mapped[list[int]] = mapped_column(JSON)
+    global_batch_size: Mapped[int | None] = mapped_column(Integer)
+    objective: Mapped[float | None] = mapped_column(Float)
+    samples_to_target: Mapped[int | None] = mapped_column(BigInteger)
+    time_to_target_s: Mapped[float | None] = mapped_column(Float)
+    best_mlm_accuracy: Mapped[float | None] = mapped_column(Float)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class TrialMetricModel(Base):
+    """One named value of one intermediate report (long format: a report of 3 values is 3 rows)."""
+
+    __tablename__ = "trial_metrics"
+    __table_args__ = (
+        # The foreign-key index, which also serves "the curve of one metric" in step order.
+        Index("ix_trial_metrics_trial_name_step", "trial_id", "name", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    samples: Mapped[int | None] = mapped_column(BigInteger)
+    name: Mapped[str] = mapped_column(String(255))
+    value: Mapped[float | None] = mapped_column(Float)  # NULL stands for NaN
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -1,0 +1,542 @@
+"""`SqlStorage`: the `Storage` contract on SQLAlchemy 2, for SQLite (the embedded default) and PostgreSQL.
+
+    storage = SqlStorage()                      # HPO_DATABASE_URL, else sqlite:///$HPO_HOME/hpo.db
+    storage = SqlStorage("postgresql+psycopg://hpo:secret@db:5432/hpo")
+
+Where the default database lives: `HPO_DATABASE_URL` when set, else the SQLite file `$HPO_HOME/hpo.db`, with
+`HPO_HOME` defaulting to `./.hpo` relative to the current directory (see `default_database_url`).
+
+Opening checks that the schema is at the newest migration and raises SchemaOutOfDateError ("run
+`hpo db upgrade`") otherwise; `SqlStorage(url, upgrade=True)` migrates first (tests and `hpo db upgrade`).
+Every public method runs in one transaction through `_session`, the only place that talks to SQLAlchemy's
+session machinery and the only place database errors are turned into StorageError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from hpo.errors import NotFoundError, StorageError
+from hpo.storage.base import (
+    Direction,
+    ExperimentRecord,
+    ExperimentStatus,
+    MetricPoint,
+    MetricRecord,
+    Storage,
+    TrialRecord,
+)
+from hpo.storage.engine import (
+    WRITE_OPTION,
+    create_storage_engine,
+    default_database_url,
+    is_locked_error,
+    safe_url,
+    storage_error,
+)
+from hpo.storage.migrate import check_schema, upgrade_database
+from hpo.storage.models import ExperimentModel, TrialMetricModel, TrialModel
+from hpo.trials import TrialResult, TrialSpec, TrialState
+
+__all__ = ["SqlStorage", "default_database_url"]
+
+# SQLite already waits up to its busy timeout for the write lock; these retries cover the rare case where a
+# writer holds it longer (e.g. a checkpoint of a large WAL file on a slow disk).
+LOCK_RETRIES = 4
+LOCK_BACKOFF_S = 0.2
+REQUEUE_REASON = "interrupted: the controller stopped while the trial ran; re-queued on resume"
+_UNFINISHED = (TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
+
+
+class SqlStorage(Storage):
+    """The storage on an SQL database reached through SQLAlchemy (see the module docstring)."""
+
+    def __init__(self, url: str | None = None, *, upgrade: bool = False) -> None:
+        self.url = url or default_database_url()
+        if upgrade:
+            upgrade_database(self.url)
+        self._engine = create_storage_engine(self.url)
+        # Both share the engine's connection pool. Writes take SQLite's write lock up front. Reads on PostgreSQL
+        # skip BEGIN/COMMIT (two round trips): at READ COMMITTED every statement has its own snapshot anyway,
+        # while SQLite's read transaction does give all statements of a method one snapshot, so it stays.
+        self._write_engine = self._engine.execution_options(**{WRITE_OPTION: True})
+        self._read_engine = self._engine
+        if self._engine.dialect.name != "sqlite":
+            self._read_engine = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            with self._session() as session:
+                check_schema(session.connection(), self.url)
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"SqlStorage({safe_url(self.url)!r})"
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # -- the session helper --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self, *, write: bool = False) -> Iterator[Session]:
+        """One transaction: committed when the block succeeds, rolled back otherwise.
+
+        Database errors leave as StorageError naming the database (password hidden); `write=True` takes
+        SQLite's write lock when the block starts, retrying with backoff while the database is locked.
+        """
+        session = Session(self._write_engine if write else self._read_engine, expire_on_commit=False)
+        try:
+            self._begin(session)
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            raise storage_error(exc, self.url) from exc
+        finally:
+            # close() rolls back whatever was not committed; a dead connection must not mask the real error.
+            with contextlib.suppress(SQLAlchemyError):
+                session.close()
+
+    @staticmethod
+    def _begin(session: Session) -> None:
+        # Starting the transaction here (not at the first statement) means the only place SQLite can report
+        # "database is locked" is this call, which is safe to repeat: nothing has happened yet.
+        for attempt in range(LOCK_RETRIES):
+            try:
+                session.connection()
+                return
+            except OperationalError as exc:
+                if not is_locked_error(exc) or attempt == LOCK_RETRIES - 1:
+                    raise
+                session.close()
+                time.sleep(LOCK_BACKOFF_S * 2**attempt)
+
+    # -- experiments ---------------------------------------------------------------------------------------
+
+    def create_experiment(self, name: str, spec: Mapping[str, Any], direction: Direction | str) -> int:
+        experiment = ExperimentModel(
+            name=name,
+            direction=Direction(direction).value,
+            status=ExperimentStatus.RUNNING.value,
+            spec=dict(spec),
+            stop_requested=False,
+            created_at=_now(),
+        )
+        with self._session(write=True) as session:
+            session.add(experiment)
+            try:
+                session.flush()
+            except IntegrityError as exc:
+                raise StorageError(
+                    f"an experiment named {name!r} already exists in {safe_url(self.url)}: "
+                    "choose another name, or resume that experiment"
+                ) from exc
+            return experiment.id
+
+    def get_experiment(self, experiment_id: int) -> ExperimentRecord:
+        with self._session() as session:
+            return _experiment_record(_experiment(session, experiment_id))
+
+    def get_experiment_by_name(self, name: str) -> ExperimentRecord:
+        with self._session() as session:
+            experiment = session.scalars(select(ExperimentModel).where(ExperimentModel.name == name)).first()
+            if experiment is None:
+                raise NotFoundError(f"no experiment named {name!r} in {safe_url(self.url)}")
+            return _experiment_record(experiment)
+
+    def list_experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentRecord]:
+        query = select(ExperimentModel).order_by(ExperimentModel.id)
+        if status is not None:
+            query = query.where(ExperimentModel.status == ExperimentStatus(status).value)
+        with self._session() as session:
+            return [_experiment_record(experiment) for experiment in session.scalars(query)]
+
+    def set_experiment_status(self, experiment_id: int, status: ExperimentStatus | str) -> None:
+        status = ExperimentStatus(status)
+        with self._session(write=True) as session:
+            experiment = _experiment(session, experiment_id)
+            experiment.status = status.value
+            if status is ExperimentStatus.RUNNING:
+                experiment.stop_requested = False
+                experiment.ended_at = None
+            else:
+                experiment.ended_at = _now()
+
+    def request_stop(self, experiment_id: int) -> None:
+        with self._session(write=True) as session:
+            _experiment(session, experiment_id).stop_requested = True
+
+    def is_stop_requested(self, experiment_id: int) -> bool:
+        with self._session() as session:
+            stop = session.scalar(select(ExperimentModel.stop_requested).where(ExperimentModel.id == experiment_id))
+            if stop is None:
+                raise _experiment_not_found(experiment_id)
+            return bool(stop)
+
+    # -- trials --------------------------------------------------------------------------------------------
+
+    def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
+        trial = TrialModel(
+            experiment_id=experiment_id,
+            number=spec.number,
+            state=TrialState.QUEUED.value,
+            params=dict(spec.params),
+            arm=spec.arm,
+            budget=spec.budget,
+            gpus=list(spec.gpus),
+            global_batch_size=spec.global_batch_size,
+            metrics={},
+            created_at=_now(),
+        )
+        with self._session(write=True) as session:
+            _require_experiment(session, experiment_id)
+            session.add(trial)
+            try:
+                session.flush()
+            except IntegrityError as exc:
+                raise StorageError(
+                    f"experiment {experiment_id} already has a trial number {spec.number}: "
+                    "number new trials from next_trial_number()"
+                ) from exc
+            return trial.id
+
+    def next_trial_number(self, experiment_id: int) -> int:
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            highest = session.scalar(
+                select(func.max(TrialModel.number)).where(TrialModel.experiment_id == experiment_id)
+            )
+            return 0 if highest is None else highest + 1
+
+    def mark_trial_running(
+        self, trial_id: int, gpus: Iterable[int] | None = None, *, pid: int | None = None, host: str | None = None
+    ) -> None:
+        values: dict[str, Any] = {"state": TrialState.RUNNING.value, "started_at": _now(), "pid": pid, "host": host}
+        if gpus is not None:
+            values["gpus"] = [int(gpu) for gpu in gpus]
+        with self._session(write=True) as session:
+            # One conditional UPDATE: of two workers claiming the same queued trial, exactly one wins.
+            claimed = _update_trial(session, trial_id, [TrialState.QUEUED.value], values)
+            if not claimed:
+                raise _transition_error(session, trial_id, "start", "it is not queued")
+
+    def finish_trial(self, trial_id: int, result: TrialResult) -> None:
+        if not result.state.finished:
+            raise ValueError(f"finish_trial needs a finished state, got {result.state.value!r} for trial {trial_id}")
+        values = {
+            "state": result.state.value,
+            "reason": result.reason,
+            "objective": _no_nan(result.objective),
+            "samples_to_target": result.samples_to_target,
+            "time_to_target_s": _no_nan(result.time_to_target_s),
+            "best_mlm_accuracy": _no_nan(result.best_mlm_accuracy),
+            "duration_s": _no_nan(result.duration_s),
+            "metrics": dict(result.metrics),
+            "finished_at": _now(),
+        }
+        with self._session(write=True) as session:
+            if not _update_trial(session, trial_id, _UNFINISHED, values):
+                raise _transition_error(session, trial_id, "finish", "a finished trial is never changed")
+
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        with self._session() as session:
+            return _trial_record(_trial(session, trial_id))
+
+    def get_trial_by_number(self, experiment_id: int, number: int) -> TrialRecord:
+        query = select(TrialModel).where(TrialModel.experiment_id == experiment_id, TrialModel.number == number)
+        with self._session() as session:
+            trial = session.scalars(query).first()
+            if trial is None:
+                _require_experiment(session, experiment_id)
+                raise NotFoundError(f"experiment {experiment_id} has no trial number {number}")
+            return _trial_record(trial)
+
+    def list_trials(
+        self,
+        experiment_id: int,
+        *,
+        state: TrialState | Collection[TrialState] | None = None,
+        arm: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[TrialRecord]:
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError(f"offset and limit must not be negative, got offset={offset}, limit={limit}")
+        query = select(TrialModel).where(*_trial_filters(experiment_id, state, arm))
+        query = query.order_by(TrialModel.number).offset(offset).limit(limit)
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            return [_trial_record(trial) for trial in session.scalars(query)]
+
+    def count_trials(
+        self, experiment_id: int, *, state: TrialState | Collection[TrialState] | None = None, arm: str | None = None
+    ) -> int:
+        query = select(func.count()).select_from(TrialModel).where(*_trial_filters(experiment_id, state, arm))
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            return session.scalar(query) or 0
+
+    def count_trials_by_state(self, experiment_id: int) -> dict[TrialState, int]:
+        query = (
+            select(TrialModel.state, func.count())
+            .where(TrialModel.experiment_id == experiment_id)
+            .group_by(TrialModel.state)
+        )
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            counts = {TrialState(state): count for state, count in session.execute(query)}
+        return {state: counts.get(state, 0) for state in TrialState}
+
+    def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
+        interrupted = (TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
+        requeue = (
+            update(TrialModel)
+            .where(TrialModel.experiment_id == experiment_id, TrialModel.state.in_(interrupted))
+            .values(state=TrialState.QUEUED.value, reason=REQUEUE_REASON, started_at=None, pid=None, host=None)
+            .returning(TrialModel.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as session:
+            _require_experiment(session, experiment_id)
+            # One statement, so a trial finishing at this moment is either requeued or kept, never both.
+            trial_ids = list(session.scalars(requeue))
+            if not trial_ids:
+                return []
+            session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trial_ids)))
+            trials = session.scalars(select(TrialModel).where(TrialModel.id.in_(trial_ids)).order_by(TrialModel.number))
+            return [_trial_record(trial) for trial in trials]
+
+    # -- metrics -------------------------------------------------------------------------------------------
+
+    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple]) -> int:
+        rows = _metric_rows(trial_id, points)
+        with self._session(write=True) as session:
+            _require_trial(session, trial_id)
+            if rows:
+                session.execute(insert(TrialMetricModel), rows)
+        return len(rows)
+
+    def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:
+        query = select(TrialMetricModel).where(TrialMetricModel.trial_id == trial_id)
+        if name is not None:
+            query = query.where(TrialMetricModel.name == name)
+        query = query.order_by(TrialMetricModel.step, TrialMetricModel.name, TrialMetricModel.id)
+        with self._session() as session:
+            _require_trial(session, trial_id)
+            return [_metric_record(row) for row in session.scalars(query)]
+
+    # -- best trials ---------------------------------------------------------------------------------------
+
+    def best_trial(
+        self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
+    ) -> TrialRecord | None:
+        conditions = [TrialModel.experiment_id == experiment_id]
+        if arm is not None:
+            conditions.append(TrialModel.arm == arm)
+        if global_batch_size is not None:
+            conditions.append(TrialModel.global_batch_size == global_batch_size)
+        with self._session() as session:
+            best = session.scalars(_best_trial_query(_direction(session, experiment_id), conditions)).first()
+            return None if best is None else _trial_record(best)
+
+    def best_per_arm(self, experiment_id: int) -> dict[str, TrialRecord]:
+        with self._session() as session:
+            direction = _direction(session, experiment_id)
+            arms = _arms(session, experiment_id)
+            if not arms:
+                return {}
+            # One statement for all arms: the id of each arm's best trial is a scalar subquery.
+            best_ids = [
+                _best_trial_query(direction, [TrialModel.experiment_id == experiment_id, TrialModel.arm == arm])
+                .with_only_columns(TrialModel.id)
+                .scalar_subquery()
+                for arm in arms
+            ]
+            trials = session.scalars(select(TrialModel).where(TrialModel.id.in_(best_ids)).order_by(TrialModel.arm))
+            return {trial.arm: _trial_record(trial) for trial in trials}
+
+
+# -- queries ---------------------------------------------------------------------------------------------------
+
+
+def _experiment(session: Session, experiment_id: int) -> ExperimentModel:
+    experiment = session.get(ExperimentModel, experiment_id)
+    if experiment is None:
+        raise _experiment_not_found(experiment_id)
+    return experiment
+
+
+def _require_experiment(session: Session, experiment_id: int) -> None:
+    if session.scalar(select(ExperimentModel.id).where(ExperimentModel.id == experiment_id)) is None:
+        raise _experiment_not_found(experiment_id)
+
+
+def _direction(session: Session, experiment_id: int) -> Direction:
+    direction = session.scalar(select(ExperimentModel.direction).where(ExperimentModel.id == experiment_id))
+    if direction is None:
+        raise _experiment_not_found(experiment_id)
+    return Direction(direction)
+
+
+def _trial(session: Session, trial_id: int) -> TrialModel:
+    trial = session.get(TrialModel, trial_id)
+    if trial is None:
+        raise NotFoundError(f"trial {trial_id} does not exist")
+    return trial
+
+
+def _require_trial(session: Session, trial_id: int) -> None:
+    if session.scalar(select(TrialModel.id).where(TrialModel.id == trial_id)) is None:
+        raise NotFoundError(f"trial {trial_id} does not exist")
+
+
+def _experiment_not_found(experiment_id: int) -> NotFoundError:
+    return NotFoundError(f"experiment {experiment_id} does not exist")
+
+
+def _update_trial(session: Session, trial_id: int, from_states: Collection[str], values: dict[str, Any]) -> bool:
+    """Apply `values` if the trial is in one of `from_states`; whether it was."""
+    statement = (
+        update(TrialModel)
+        .where(TrialModel.id == trial_id, TrialModel.state.in_(from_states))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return session.execute(statement).rowcount == 1
+
+
+def _transition_error(session: Session, trial_id: int, action: str, why: str) -> StorageError:
+    state = session.scalar(select(TrialModel.state).where(TrialModel.id == trial_id))
+    if state is None:
+        return NotFoundError(f"trial {trial_id} does not exist")
+    return StorageError(f"cannot {action} trial {trial_id}: it is {state} ({why})")
+
+
+def _trial_filters(
+    experiment_id: int, state: TrialState | Collection[TrialState] | None, arm: str | None
+) -> list[ColumnElement[bool]]:
+    conditions = [TrialModel.experiment_id == experiment_id]
+    if isinstance(state, TrialState):
+        conditions.append(TrialModel.state == state.value)
+    elif state is not None:
+        conditions.append(TrialModel.state.in_([TrialState(s).value for s in state]))
+    if arm is not None:
+        conditions.append(TrialModel.arm == arm)
+    return conditions
+
+
+def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]]) -> Select[tuple[TrialModel]]:
+    """The lowest-numbered trial with the best objective among COMPLETED trials meeting `conditions`."""
+    completed = [*conditions, TrialModel.state == TrialState.COMPLETED.value, TrialModel.objective.is_not(None)]
+    best_first = TrialModel.objective.asc() if direction is Direction.MINIMIZE else TrialModel.objective.desc()
+    # Two index lookups: the best objective value, then the first trial that has it (ties -> earliest).
+    # ORDER BY ... LIMIT 1 rather than MIN/MAX: PostgreSQL without fresh statistics (right after a bulk load)
+    # plans MIN/MAX as a scan of every matching index entry; the ordered index scan it never gets wrong.
+    best_objective = select(TrialModel.objective).where(*completed).order_by(best_first).limit(1).scalar_subquery()
+    query = select(TrialModel).where(*completed, TrialModel.objective == best_objective)
+    return query.order_by(TrialModel.number).limit(1)
+
+
+def _arms(session: Session, experiment_id: int) -> list[str]:
+    """The experiment's distinct arms in one statement: a recursive "loose index scan", one index lookup per arm
+    (SELECT DISTINCT would read an index entry per trial)."""
+    in_experiment = TrialModel.experiment_id == experiment_id
+    arms = select(func.min(TrialModel.arm).label("arm")).where(in_experiment).cte("arms", recursive=True)
+    next_arm = select(func.min(TrialModel.arm)).where(in_experiment, TrialModel.arm > arms.c.arm).scalar_subquery()
+    arms = arms.union_all(select(next_arm).where(arms.c.arm.is_not(None)))
+    return list(session.scalars(select(arms.c.arm).where(arms.c.arm.is_not(None))))
+
+
+# -- records ---------------------------------------------------------------------------------------------------
+
+
+def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
+    return ExperimentRecord(
+        id=experiment.id,
+        name=experiment.name,
+        direction=Direction(experiment.direction),
+        status=ExperimentStatus(experiment.status),
+        spec=dict(experiment.spec or {}),
+        stop_requested=bool(experiment.stop_requested),
+        created_at=_utc(experiment.created_at),
+        ended_at=_utc(experiment.ended_at),
+    )
+
+
+def _trial_record(trial: TrialModel) -> TrialRecord:
+    return TrialRecord(
+        id=trial.id,
+        experiment_id=trial.experiment_id,
+        number=trial.number,
+        state=TrialState(trial.state),
+        params=dict(trial.params or {}),
+        arm=trial.arm,
+        budget=trial.budget,
+        gpus=tuple(trial.gpus or ()),
+        global_batch_size=trial.global_batch_size,
+        reason=trial.reason,
+        objective=trial.objective,
+        samples_to_target=trial.samples_to_target,
+        time_to_target_s=trial.time_to_target_s,
+        best_mlm_accuracy=trial.best_mlm_accuracy,
+        duration_s=trial.duration_s,
+        metrics=dict(trial.metrics or {}),
+        host=trial.host,
+        pid=trial.pid,
+        created_at=_utc(trial.created_at),
+        started_at=_utc(trial.started_at),
+        finished_at=_utc(trial.finished_at),
+    )
+
+
+def _metric_record(row: TrialMetricModel) -> MetricRecord:
+    value = float("nan") if row.value is None else row.value
+    return MetricRecord(row.trial_id, row.step, row.samples, row.name, value, _utc(row.created_at))
+
+
+def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple]) -> list[dict[str, Any]]:
+    """Long-format rows, one per named value of every point."""
+    now = _now()
+    rows = []
+    for step, samples, values in points:
+        for name, value in values.items():
+            rows.append(
+                {
+                    "trial_id": trial_id,
+                    "step": int(step),
+                    "samples": None if samples is None else int(samples),
+                    "name": str(name),
+                    "value": _no_nan(float(value)),
+                    "created_at": now,
+                }
+            )
+    return rows
+
+
+# -- values ----------------------------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """Timezone-aware UTC; SQLite hands back naive datetimes (it stores no offset), which are UTC here."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def _no_nan(value: float | None) -> float | None:
+    """None for NaN: SQLite turns NaN into NULL anyway, and PostgreSQL would sort it above every number."""
+    return None if value is None or value != value else value

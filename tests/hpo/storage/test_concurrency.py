@@ -1,0 +1,61 @@
+"""Eight trials stream metrics into one database at the same time, as parallel trials do during an experiment."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+
+from hpo.storage import MetricPoint, SqlStorage
+from hpo.trials import TrialResult, TrialSpec, TrialState
+
+WRITERS = 8
+ROWS_PER_TRIAL = 1_000
+ROWS_PER_CALL = 50  # a trial reports its progress in batches, not one row per transaction
+TIMEOUT_S = 120
+
+
+def stream_one_trial(url: str, experiment_id: int, number: int, start, results) -> None:
+    """Child process: create a trial, stream its curve, finish it; put (number, error or None) on `results`."""
+    try:
+        storage = SqlStorage(url)
+        start.wait(timeout=TIMEOUT_S)  # every writer begins at the same moment
+        trial_id = storage.create_trial(experiment_id, TrialSpec(number, {"seed": number}))
+        storage.mark_trial_running(trial_id, pid=os.getpid())
+        for first in range(0, ROWS_PER_TRIAL, ROWS_PER_CALL):
+            steps = range(first, first + ROWS_PER_CALL)
+            storage.add_metrics(trial_id, [MetricPoint(step, step * 64, {"loss": 1.0 / (step + 1)}) for step in steps])
+        storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(number)))
+        storage.close()
+        results.put((number, None))
+    except BaseException as exc:  # report everything: the parent asserts no writer saw an error
+        results.put((number, f"{type(exc).__name__}: {exc}"))
+
+
+def test_parallel_trials_write_every_row(storage: SqlStorage):
+    experiment_id = storage.create_experiment("parallel", {}, "minimize")
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(WRITERS), context.Queue()
+    writers = [
+        context.Process(target=stream_one_trial, args=(storage.url, experiment_id, number, start, results))
+        for number in range(WRITERS)
+    ]
+    for writer in writers:
+        writer.start()
+    try:
+        outcomes = dict(results.get(timeout=TIMEOUT_S) for _ in writers)
+    except queue.Empty:
+        outcomes = {}
+    finally:
+        for writer in writers:
+            writer.join(timeout=10)
+            if writer.is_alive():
+                writer.kill()
+
+    assert outcomes == {number: None for number in range(WRITERS)}
+    trials = storage.list_trials(experiment_id)
+    assert [trial.state for trial in trials] == [TrialState.COMPLETED] * WRITERS
+    for trial in trials:
+        curve = storage.get_metrics(trial.id)
+        assert [row.step for row in curve] == list(range(ROWS_PER_TRIAL))
+        assert [row.value for row in curve] == [1.0 / (step + 1) for step in range(ROWS_PER_TRIAL)]

@@ -1,0 +1,382 @@
+"""The `Storage` contract, run against every backend (see conftest: SQLite always, PostgreSQL on request)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timezone
+
+import pytest
+
+from hpo.errors import NotFoundError, StorageError
+from hpo.storage import Direction, ExperimentStatus, MetricPoint, SqlStorage
+from hpo.trials import TrialResult, TrialSpec, TrialState
+from tests.hpo.storage.conftest import add_finished_trial, make_spec
+
+SPEC = {"name": "lamb-vs-adam", "space": {"optimizer.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}}
+
+# -- experiments ---------------------------------------------------------------------------------------------
+
+
+def test_experiment_round_trip(storage: SqlStorage):
+    experiment_id = storage.create_experiment("lamb-vs-adam", SPEC, "minimize")
+    experiment = storage.get_experiment(experiment_id)
+    assert experiment.id == experiment_id
+    assert experiment.name == "lamb-vs-adam"
+    assert experiment.spec == SPEC
+    assert experiment.direction is Direction.MINIMIZE
+    assert experiment.status is ExperimentStatus.RUNNING
+    assert experiment.stop_requested is False
+    assert experiment.created_at.tzinfo is timezone.utc and experiment.ended_at is None
+    assert storage.get_experiment_by_name("lamb-vs-adam") == experiment
+
+
+def test_list_experiments_oldest_first_and_by_status(storage: SqlStorage):
+    ids = [storage.create_experiment(f"exp-{i}", {}, Direction.MAXIMIZE) for i in range(3)]
+    storage.set_experiment_status(ids[1], ExperimentStatus.FINISHED)
+    assert [e.id for e in storage.list_experiments()] == ids
+    assert [e.id for e in storage.list_experiments(status="finished")] == [ids[1]]
+    assert [e.id for e in storage.list_experiments(status=ExperimentStatus.RUNNING)] == [ids[0], ids[2]]
+
+
+def test_duplicate_experiment_name_is_a_storage_error_naming_it(storage: SqlStorage):
+    storage.create_experiment("same", {}, "minimize")
+    with pytest.raises(StorageError, match="experiment named 'same' already exists"):
+        storage.create_experiment("same", {}, "maximize")
+    assert len(storage.list_experiments()) == 1  # the failed create left nothing behind
+    storage.create_experiment("other", {}, "minimize")  # and the storage is still usable
+
+
+def test_invalid_direction_or_status_is_a_value_error(storage: SqlStorage):
+    with pytest.raises(ValueError):
+        storage.create_experiment("x", {}, "sideways")
+    experiment_id = storage.create_experiment("y", {}, "minimize")
+    with pytest.raises(ValueError):
+        storage.set_experiment_status(experiment_id, "paused")
+
+
+def test_status_changes_set_ended_at_and_resume_clears_stop_request(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    assert storage.is_stop_requested(experiment_id) is False
+    storage.request_stop(experiment_id)
+    assert storage.is_stop_requested(experiment_id) is True
+    storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
+    stopped = storage.get_experiment(experiment_id)
+    assert stopped.status is ExperimentStatus.STOPPED and stopped.ended_at is not None
+    storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+    resumed = storage.get_experiment(experiment_id)
+    assert resumed.stop_requested is False and resumed.ended_at is None
+
+
+def test_missing_experiments_raise_not_found_naming_them(storage: SqlStorage):
+    with pytest.raises(NotFoundError, match="experiment 999"):
+        storage.get_experiment(999)
+    with pytest.raises(NotFoundError, match="'nope'"):
+        storage.get_experiment_by_name("nope")
+    calls = [
+        lambda: storage.set_experiment_status(999, "finished"),
+        lambda: storage.request_stop(999),
+        lambda: storage.is_stop_requested(999),
+        lambda: storage.create_trial(999, make_spec(0)),
+        lambda: storage.list_trials(999),
+        lambda: storage.count_trials(999),
+        lambda: storage.count_trials_by_state(999),
+        lambda: storage.next_trial_number(999),
+        lambda: storage.requeue_interrupted(999),
+        lambda: storage.best_trial(999),
+        lambda: storage.best_per_arm(999),
+        lambda: storage.get_trial_by_number(999, 0),
+    ]
+    for call in calls:
+        with pytest.raises(NotFoundError, match="experiment 999 does not exist"):
+            call()
+
+
+# -- trials --------------------------------------------------------------------------------------------------
+
+
+def test_trial_lifecycle(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    spec = TrialSpec(
+        0, {"optimizer.lr": 2e-3}, arm="optimizer.name=lamb", budget=0.5, gpus=(0, 1), global_batch_size=64
+    )
+    trial_id = storage.create_trial(experiment_id, spec)
+    queued = storage.get_trial(trial_id)
+    assert queued.state is TrialState.QUEUED and queued.spec == spec and queued.result is None
+    assert queued.started_at is None and queued.finished_at is None
+
+    storage.mark_trial_running(trial_id, [2, 3], pid=4242, host="node-1")
+    running = storage.get_trial(trial_id)
+    assert running.state is TrialState.RUNNING
+    assert (running.gpus, running.pid, running.host) == ((2, 3), 4242, "node-1")
+    assert running.started_at is not None
+
+    result = TrialResult(
+        TrialState.COMPLETED,
+        reason="reached_target",
+        objective=1.5e6,
+        samples_to_target=1_500_000,
+        time_to_target_s=321.5,
+        best_mlm_accuracy=0.721,
+        duration_s=330.0,
+        metrics={"status": "reached_target", "throughput": {"seq_per_s": 812.5}},
+    )
+    storage.finish_trial(trial_id, result)
+    finished = storage.get_trial(trial_id)
+    assert finished.result == result
+    assert finished.finished_at >= finished.started_at >= finished.created_at
+    assert storage.get_trial_by_number(experiment_id, 0) == finished
+
+
+def test_mark_running_without_gpus_keeps_the_planned_allocation(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0, gpus=(5,)))
+    storage.mark_trial_running(trial_id)
+    assert storage.get_trial(trial_id).gpus == (5,)
+
+
+def test_a_trial_starts_only_once(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    storage.mark_trial_running(trial_id)
+    with pytest.raises(StorageError, match=f"cannot start trial {trial_id}: it is running"):
+        storage.mark_trial_running(trial_id)
+
+
+def test_finishing_twice_raises_and_keeps_the_first_result(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = add_finished_trial(storage, experiment_id, 0, objective=3.0)
+    with pytest.raises(StorageError, match="it is completed"):
+        storage.finish_trial(trial_id, TrialResult(TrialState.FAILED, reason="killed"))
+    with pytest.raises(StorageError, match="cannot start"):
+        storage.mark_trial_running(trial_id)
+    kept = storage.get_trial(trial_id)
+    assert kept.state is TrialState.COMPLETED and kept.objective == 3.0 and kept.reason is None
+
+
+def test_a_queued_trial_can_fail_before_it_runs(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    storage.finish_trial(trial_id, TrialResult(TrialState.FAILED, reason="could not launch torchrun"))
+    assert storage.get_trial(trial_id).reason == "could not launch torchrun"
+
+
+def test_finish_needs_a_finished_state(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    with pytest.raises(ValueError, match="finished state"):
+        storage.finish_trial(trial_id, TrialResult(TrialState.RUNNING))
+
+
+def test_nan_results_are_stored_as_none(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    diverged = TrialResult(TrialState.DIVERGED, "loss is nan", objective=float("nan"), metrics={"loss": float("nan")})
+    storage.finish_trial(trial_id, diverged)
+    trial = storage.get_trial(trial_id)
+    assert trial.objective is None and trial.metrics == {"loss": None}
+
+
+def test_duplicate_trial_number_is_a_storage_error(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    storage.create_trial(experiment_id, make_spec(0))
+    with pytest.raises(StorageError, match="already has a trial number 0"):
+        storage.create_trial(experiment_id, make_spec(0))
+    other = storage.create_experiment("y", {}, "minimize")
+    storage.create_trial(other, make_spec(0))  # numbers are per experiment
+    assert storage.next_trial_number(experiment_id) == 1
+    assert storage.next_trial_number(other) == 1
+
+
+def test_missing_trials_raise_not_found(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    calls = [
+        lambda: storage.get_trial(12345),
+        lambda: storage.mark_trial_running(12345),
+        lambda: storage.finish_trial(12345, TrialResult(TrialState.FAILED)),
+        lambda: storage.add_metrics(12345, [(0, 0, {"loss": 1.0})]),
+        lambda: storage.get_metrics(12345),
+    ]
+    for call in calls:
+        with pytest.raises(NotFoundError, match="trial 12345 does not exist"):
+            call()
+    with pytest.raises(NotFoundError, match="no trial number 7"):
+        storage.get_trial_by_number(experiment_id, 7)
+
+
+def test_list_trials_filters_and_pages_in_number_order(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    for number in [3, 0, 4, 1, 2, 5]:  # created out of order on purpose
+        arm = "lamb" if number % 2 else "adam"
+        trial_id = storage.create_trial(experiment_id, make_spec(number, arm=arm))
+        if number < 4:
+            storage.mark_trial_running(trial_id)
+        if number < 2:
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(number)))
+
+    def numbers(**filters):
+        return [trial.number for trial in storage.list_trials(experiment_id, **filters)]
+
+    assert numbers() == [0, 1, 2, 3, 4, 5]
+    assert numbers(offset=2, limit=3) == [2, 3, 4]
+    assert numbers(offset=5, limit=10) == [5]
+    assert numbers(offset=6) == []
+    assert numbers(state=TrialState.RUNNING) == [2, 3]
+    assert numbers(state=[TrialState.QUEUED, TrialState.COMPLETED]) == [0, 1, 4, 5]
+    assert numbers(arm="lamb") == [1, 3, 5]
+    assert numbers(arm="lamb", state=TrialState.RUNNING, limit=1) == [3]
+    assert storage.count_trials(experiment_id) == 6
+    assert storage.count_trials(experiment_id, arm="adam", state=TrialState.QUEUED) == 1
+    with pytest.raises(ValueError):
+        storage.list_trials(experiment_id, offset=-1)
+
+
+def test_count_trials_by_state_lists_every_state(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    storage.create_trial(experiment_id, make_spec(0))
+    storage.mark_trial_running(storage.create_trial(experiment_id, make_spec(1)))
+    add_finished_trial(storage, experiment_id, 2, None, TrialState.FAILED)
+    add_finished_trial(storage, experiment_id, 3, 1.0)
+    add_finished_trial(storage, experiment_id, 4, 2.0)
+    counts = storage.count_trials_by_state(experiment_id)
+    assert counts == {
+        TrialState.QUEUED: 1,
+        TrialState.RUNNING: 1,
+        TrialState.COMPLETED: 2,
+        TrialState.DIVERGED: 0,
+        TrialState.FAILED: 1,
+        TrialState.TIMEOUT: 0,
+        TrialState.INTERRUPTED: 0,
+    }
+
+
+def test_requeue_interrupted_requeues_only_running_trials(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    other_id = storage.create_experiment("other", {}, "minimize")
+    done = add_finished_trial(storage, experiment_id, 0, objective=1.0)
+    storage.add_metrics(done, [(0, 0, {"loss": 9.0})])
+    queued = storage.create_trial(experiment_id, make_spec(1))
+    running = [storage.create_trial(experiment_id, make_spec(n)) for n in (2, 3)]
+    for trial_id in running:
+        storage.mark_trial_running(trial_id, [0], pid=99, host="dead-node")
+        storage.add_metrics(trial_id, [(0, 0, {"loss": 9.0}), (1, 32, {"loss": 8.0})])
+    elsewhere = storage.create_trial(other_id, make_spec(0))
+    storage.mark_trial_running(elsewhere)
+
+    requeued = storage.requeue_interrupted(experiment_id)
+
+    assert [trial.id for trial in requeued] == running
+    for trial in requeued:
+        assert trial.state is TrialState.QUEUED and "interrupted" in trial.reason
+        assert (trial.pid, trial.host, trial.started_at) == (None, None, None)
+        assert storage.get_metrics(trial.id) == []  # the re-run reports its curve again
+    assert storage.get_trial(done).state is TrialState.COMPLETED and len(storage.get_metrics(done)) == 1
+    assert storage.get_trial(queued).state is TrialState.QUEUED
+    assert storage.get_trial(elsewhere).state is TrialState.RUNNING
+    assert storage.requeue_interrupted(experiment_id) == []  # nothing left to requeue
+    storage.mark_trial_running(running[0])  # and a requeued trial runs again normally
+
+
+# -- metrics -------------------------------------------------------------------------------------------------
+
+
+def test_metrics_round_trip_in_step_order(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    first = [MetricPoint(step, step * 256, {"loss": 10.0 - step, "mlm_accuracy": step / 10}) for step in range(3)]
+    assert storage.add_metrics(trial_id, first) == 6
+    assert storage.add_metrics(trial_id, [(3, None, {"loss": float("nan")})]) == 1
+    assert storage.add_metrics(trial_id, []) == 0
+
+    records = storage.get_metrics(trial_id)
+    assert [(r.step, r.name) for r in records][:4] == [
+        (0, "loss"),
+        (0, "mlm_accuracy"),
+        (1, "loss"),
+        (1, "mlm_accuracy"),
+    ]
+    assert len(records) == 7 and all(r.trial_id == trial_id for r in records)
+    loss = storage.get_metrics(trial_id, name="loss")
+    assert [(r.step, r.samples) for r in loss] == [(0, 0), (1, 256), (2, 512), (3, None)]
+    assert [r.value for r in loss[:3]] == [10.0, 9.0, 8.0] and math.isnan(loss[3].value)
+    assert [r.value for r in storage.get_metrics(trial_id, name="mlm_accuracy")] == [0.0, 0.1, 0.2]
+    assert storage.get_metrics(trial_id, name="unknown") == []
+
+
+def test_metrics_of_trials_do_not_mix(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    a, b = (storage.create_trial(experiment_id, make_spec(n)) for n in (0, 1))
+    storage.add_metrics(a, [(0, 0, {"loss": 1.0})])
+    storage.add_metrics(b, [(0, 0, {"loss": 2.0}), (1, 8, {"loss": 1.5})])
+    assert [r.value for r in storage.get_metrics(a)] == [1.0]
+    assert [r.value for r in storage.get_metrics(b)] == [2.0, 1.5]
+
+
+# -- best trials ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("direction", "best_number"), [("minimize", 2), ("maximize", 4)])
+def test_best_trial_follows_the_direction_and_skips_unfinished_or_failed(storage, direction, best_number):
+    experiment_id = storage.create_experiment("x", {}, direction)
+    add_finished_trial(storage, experiment_id, 0, objective=5.0)
+    add_finished_trial(storage, experiment_id, 1, objective=-100.0, state=TrialState.DIVERGED)
+    add_finished_trial(storage, experiment_id, 2, objective=1.0)
+    add_finished_trial(storage, experiment_id, 3, objective=None, state=TrialState.FAILED)
+    add_finished_trial(storage, experiment_id, 4, objective=7.0)
+    add_finished_trial(storage, experiment_id, 5, objective=None)  # completed but no objective
+    add_finished_trial(storage, experiment_id, 6, objective=100.0, state=TrialState.TIMEOUT)
+    storage.create_trial(experiment_id, make_spec(7))  # queued: no result yet
+    assert storage.best_trial(experiment_id).number == best_number
+
+
+def test_best_trial_ties_go_to_the_earliest_trial(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "maximize")
+    for number in [4, 2, 6, 1]:  # created out of number order: ties must follow numbers, not insertion
+        add_finished_trial(storage, experiment_id, number, objective=0.72 if number != 1 else 0.5)
+    assert storage.best_trial(experiment_id).number == 2
+
+
+def test_best_trial_is_none_without_completed_trials(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    assert storage.best_trial(experiment_id) is None
+    add_finished_trial(storage, experiment_id, 0, objective=None, state=TrialState.FAILED)
+    storage.mark_trial_running(storage.create_trial(experiment_id, make_spec(1)))
+    assert storage.best_trial(experiment_id) is None
+    assert storage.best_per_arm(experiment_id) == {}
+
+
+def test_best_trial_per_arm_and_per_batch_size(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trials = [  # (arm, global batch size, objective)
+        ("adam", 256, 9.0),
+        ("adam", 1024, 7.0),
+        ("lamb", 256, 8.0),
+        ("lamb", 1024, 3.0),
+        ("lamb", 1024, 3.0),  # a tie within the arm
+        ("adam", 256, 6.0),
+        ("lamb", 4096, None),
+    ]
+    for number, (arm, batch, objective) in enumerate(trials):
+        add_finished_trial(storage, experiment_id, number, objective, arm=arm, global_batch_size=batch)
+    add_finished_trial(storage, experiment_id, 7, objective=0.5, state=TrialState.FAILED, arm="sgd")
+    add_finished_trial(storage, experiment_id, 8, objective=2.0, arm=None)  # no arm: only in the overall best
+
+    assert storage.best_trial(experiment_id).number == 8
+    assert storage.best_trial(experiment_id, arm="adam").number == 5
+    assert storage.best_trial(experiment_id, arm="lamb").number == 3
+    assert storage.best_trial(experiment_id, arm="sgd") is None
+    assert storage.best_trial(experiment_id, global_batch_size=256).number == 5
+    assert storage.best_trial(experiment_id, global_batch_size=1024).number == 3
+    assert storage.best_trial(experiment_id, global_batch_size=4096) is None
+    assert storage.best_trial(experiment_id, arm="adam", global_batch_size=1024).number == 1
+    best = storage.best_per_arm(experiment_id)
+    assert {arm: trial.number for arm, trial in best.items()} == {"adam": 5, "lamb": 3}
+
+
+def test_best_trial_ignores_other_experiments(storage: SqlStorage):
+    mine = storage.create_experiment("mine", {}, "minimize")
+    theirs = storage.create_experiment("theirs", {}, "minimize")
+    add_finished_trial(storage, mine, 0, objective=10.0, arm="lamb")
+    add_finished_trial(storage, theirs, 0, objective=1.0, arm="lamb")
+    add_finished_trial(storage, theirs, 1, objective=1.0, arm="adam")
+    assert storage.best_trial(mine).objective == 10.0
+    assert list(storage.best_per_arm(mine)) == ["lamb"]

@@ -1,0 +1,132 @@
+"""What is specific to SqlStorage: where the default database is, SQLite's settings, error translation."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.exc import SQLAlchemyError
+
+from hpo.errors import StorageError
+from hpo.storage import SqlStorage, default_database_url
+from hpo.storage import engine as engine_module
+from hpo.storage import sql as sql_module
+from hpo.storage.engine import create_storage_engine
+
+
+def test_default_url_is_hpo_home_relative_to_the_current_directory(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("HPO_DATABASE_URL", raising=False)
+    monkeypatch.delenv("HPO_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_database_url() == f"sqlite:///{tmp_path.resolve()}/.hpo/hpo.db"
+    monkeypatch.setenv("HPO_HOME", str(tmp_path / "elsewhere"))
+    assert default_database_url() == f"sqlite:///{tmp_path.resolve()}/elsewhere/hpo.db"
+    monkeypatch.setenv("HPO_DATABASE_URL", "postgresql+psycopg://hpo@db:5432/hpo")
+    assert default_database_url() == "postgresql+psycopg://hpo@db:5432/hpo"
+
+
+def test_default_storage_creates_hpo_home(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("HPO_DATABASE_URL", raising=False)
+    monkeypatch.setenv("HPO_HOME", str(tmp_path / "a" / "b"))
+    with SqlStorage(upgrade=True) as storage:
+        storage.create_experiment("x", {}, "minimize")
+    assert (tmp_path / "a" / "b" / "hpo.db").is_file()
+
+
+def test_sqlite_file_is_in_wal_mode_with_busy_timeout_and_foreign_keys(tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    url = f"sqlite:///{path}"
+    SqlStorage(url, upgrade=True).close()
+    with sqlite3.connect(path) as raw:  # an independent connection sees the file's persistent journal mode
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    engine = create_storage_engine(url)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "not a url",
+        "nosuchdialect://host/db",
+        "postgresql+psycopg://postgres@127.0.0.1:1/test",  # nothing listens on port 1
+    ],
+)
+def test_bad_or_unreachable_databases_raise_storage_errors(url: str):
+    with pytest.raises(StorageError) as raised:
+        SqlStorage(url)
+    assert not isinstance(raised.value, SQLAlchemyError)
+
+
+def test_connection_errors_name_the_database_but_not_the_password():
+    with pytest.raises(StorageError) as raised:
+        SqlStorage("postgresql+psycopg://hpo:s3cret-pw@127.0.0.1:1/hpo")
+    message = str(raised.value)
+    assert "127.0.0.1:1/hpo" in message and "s3cret-pw" not in message
+    assert "HPO_DATABASE_URL" in message
+
+
+def test_sqlite_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot create the directory"):
+        SqlStorage(f"sqlite:///{tmp_path / 'file' / 'hpo.db'}")
+
+
+def test_a_database_that_vanishes_raises_storage_errors(tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    storage = SqlStorage(f"sqlite:///{path}", upgrade=True)
+    storage.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.mkdir()  # now a directory where the file was: SQLite cannot open it
+    with pytest.raises(StorageError, match="cannot use the database"):
+        storage.list_experiments()
+
+
+@pytest.fixture
+def short_sqlite_waits(monkeypatch):
+    """SQLite waits 50 ms for a lock instead of 30 s, and retries after 50, 100, 200 ms."""
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.05)
+
+
+def hold_write_lock(path: Path, seconds: float) -> threading.Thread:
+    """Another writer that keeps the SQLite write lock for `seconds` (in a thread)."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        connection = sqlite3.connect(path, isolation_level=None)
+        connection.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(seconds)
+        connection.execute("ROLLBACK")
+        connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    locked.wait()
+    return thread
+
+
+def test_a_write_waits_for_a_locked_database_and_retries(short_sqlite_waits, tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        holder = hold_write_lock(path, seconds=0.2)  # longer than the busy timeout, shorter than the retries
+        storage.create_experiment("patient", {}, "minimize")
+        holder.join()
+        assert [e.name for e in storage.list_experiments()] == ["patient"]
+
+
+def test_a_database_locked_for_too_long_is_a_storage_error(short_sqlite_waits, tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        holder = hold_write_lock(path, seconds=1.5)
+        with pytest.raises(StorageError, match="stayed locked by another writer"):
+            storage.create_experiment("impatient", {}, "minimize")
+        assert storage.list_experiments() == []  # readers are never blocked by the writer (WAL)
+        holder.join()
