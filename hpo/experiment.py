@@ -101,6 +101,7 @@ class Resources(_Section):
     trials_per_gpu: int = Field(1, ge=1, description="Small trials sharing one GPU (gpus_per_trial must be 1).")
     cpu_slots: int = Field(1, ge=1, description="Trials side by side when no GPU is used.")
     cpu_ranks_per_trial: int = Field(1, ge=1, description="gloo ranks (processes) of one trial on CPU.")
+    memory_limit_mb: int | None = Field(None, ge=1, description="Address-space limit of each trial process (CPU).")
 
     def ranks_per_trial(self, on_gpu: bool) -> int:
         """Data-parallel ranks of one trial on GPUs or on CPU."""

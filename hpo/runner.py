@@ -20,7 +20,7 @@ from typing import Any
 
 from hpo.trials import TrialState
 
-OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "OutOfMemoryError", "MemoryError")
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory")
 
 
 def classify(
@@ -59,11 +59,16 @@ class TrialProcess:
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, cmd: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float | None) -> TrialProcess:
+    def start(
+        cls, cmd: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float | None,
+        memory_limit_mb: int | None = None,
+    ) -> TrialProcess:  # fmt: skip
         trial_dir.mkdir(parents=True, exist_ok=True)
         stderr_path = trial_dir / "stderr.log"
+        limit = _address_space_limit(memory_limit_mb) if memory_limit_mb else None
         with open(trial_dir / "stdout.log", "ab") as out, open(stderr_path, "ab") as err:
-            popen = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=out, stderr=err, start_new_session=True)
+            popen = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=out, stderr=err, start_new_session=True,
+                                     preexec_fn=limit)  # fmt: skip
         return cls(popen, trial_dir / "report.jsonl", stderr_path, time.monotonic(), timeout_s)
 
     def read_new_records(self) -> list[dict[str, Any]]:
@@ -105,3 +110,17 @@ class TrialProcess:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
+
+
+def _address_space_limit(megabytes: int):
+    """A pre-exec function bounding the trial's address space, so a CPU trial that needs too much memory fails
+    with an allocation error (recorded as out of memory) instead of pushing the machine into swap or the OOM
+    killer."""
+    import resource
+
+    limit = megabytes << 20
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply

@@ -212,7 +212,8 @@ class Study:
             return
         cmd, env = build_launch(self._launch_spec(cfg, trial_dir, slot), dict(os.environ))
         (trial_dir / "report.jsonl").unlink(missing_ok=True)
-        process = TrialProcess.start(cmd, env, trial_dir, self.spec.budget.trial_timeout_s)
+        process = TrialProcess.start(cmd, env, trial_dir, self.spec.budget.trial_timeout_s,
+                                     self.spec.resources.memory_limit_mb)  # fmt: skip
         self.storage.mark_trial_running(record.id, slot.gpus, pid=process.popen.pid, host=socket.gethostname())
         self.running.append(RunningTrial(record, suggestion, arm, slot, process, cfg))
 

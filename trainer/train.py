@@ -356,7 +356,11 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
     try:
         status = loop(run, state)
         reason = {"diverged": "loss became NaN or inf"}.get(status)
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        reason = f"out of memory: {e}"
+    except RuntimeError as e:
+        if "can't allocate memory" not in str(e):  # the CPU allocator's out-of-memory error
+            raise
         reason = f"out of memory: {e}"
     except TrainerError as e:
         reason = str(e)
