@@ -91,12 +91,13 @@ class Study:
     """Drives one experiment to completion (or until stopped)."""
 
     def __init__(self, spec: ExperimentSpec, storage: Storage, experiment_id: int, run_dir: Path,
-                 progress: Progress | None = None):  # fmt: skip
+                 progress: Progress | None = None, launch_builder=build_launch):  # fmt: skip
         self.spec = spec
         self.storage = storage
         self.experiment_id = experiment_id
         self.run_dir = Path(run_dir)
         self.progress = progress or Progress(quiet=True)
+        self.launch_builder = launch_builder  # (LaunchSpec, env) -> (cmd, env); the trainer by default
         self.pool = self._slot_pool()
         self.arms = self._build_arms()
         self.queue: list[tuple[TrialRecord, Suggestion, Arm]] = []
@@ -210,7 +211,7 @@ class Study:
             self.pool.release(slot)
             self._finish(record, suggestion, arm, TrialResult(TrialState.FAILED, f"invalid trial config: {e}"))
             return
-        cmd, env = build_launch(self._launch_spec(cfg, trial_dir, slot), dict(os.environ))
+        cmd, env = self.launch_builder(self._launch_spec(cfg, trial_dir, slot), dict(os.environ))
         (trial_dir / "report.jsonl").unlink(missing_ok=True)
         process = TrialProcess.start(cmd, env, trial_dir, self.spec.budget.trial_timeout_s,
                                      self.spec.resources.memory_limit_mb)  # fmt: skip
