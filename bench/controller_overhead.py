@@ -61,8 +61,9 @@ def main() -> None:
         wall = time.perf_counter() - start
         done = storage.count_trials(eid, state=TrialState.COMPLETED)
     ideal = math.ceil(args.trials / args.slots) * args.seconds
+    overhead = 100 * (wall / ideal - 1)
     print(f"{args.trials} trials x {args.seconds:g} s on {args.slots} slots, tuner {args.tuner}: "
-          f"{done} completed, wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {100 * (wall / ideal - 1):.1f} %")  # fmt: skip
+          f"{done} completed, wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %")  # fmt: skip
 
 
 if __name__ == "__main__":
