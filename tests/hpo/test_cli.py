@@ -29,7 +29,8 @@ def test_malformed_experiment_file_exits_2_and_writes_nothing(tmp_path):
 def test_run_then_inspect(tmp_path, capsys):
     spec = {
         "name": "cli-demo", "base_config": {}, "overrides": tiny_overrides(tmp_path / "data"),
-        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                  "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
         "compare": ["optimizer.name"], "tuner": {"name": "random", "seed": 0},
         "budget": {"trials": 2, "max_parallel": 2}, "resources": {"gpus": "none", "cpu_slots": 2},
     }  # fmt: skip
