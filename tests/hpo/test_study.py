@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
@@ -180,7 +181,10 @@ def test_controller_sigkill_then_resume_finishes_without_running_anything_twice(
             time.sleep(0.3)
             if not (tmp_path / "hpo.db").exists():
                 continue
-            storage = storage or SqlStorage(db)
+            try:
+                storage = storage or SqlStorage(db)
+            except SchemaOutOfDateError:  # the controller is still creating the tables
+                continue
             eid = storage.get_experiment_by_name("resumable").id if storage.list_experiments() else None
             counts = storage.count_trials_by_state(eid) if eid else {}
             if counts.get(TrialState.COMPLETED, 0) >= 1 and counts.get(TrialState.RUNNING, 0) == 1:
