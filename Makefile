@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 DEMO_DATA ?= data/demo
 
-.PHONY: setup demo demo-data test test-all lint format bench clean
+.PHONY: setup demo train-demo demo-data test test-all lint format bench clean
 
 setup: $(VENV)/.installed
 
@@ -29,9 +29,16 @@ $(DEMO_DATA)/meta.json: | $(VENV)/.installed
 
 demo-data: $(DEMO_DATA)/meta.json
 
-# The main job: a short real pretraining run of a tiny BERT on CPU.
+# The main job: a small real ADAM-vs-LAMB experiment on CPU (SMAC3, SQLite), best config per optimizer.
+# It has its own database (runs/demo/hpo.db), started afresh on every `make demo`.
 demo: $(VENV)/.installed $(DEMO_DATA)/meta.json
-	$(BIN)/python -m trainer --config trainer/configs/demo_cpu.yaml log.jsonl=runs/demo/metrics.jsonl
+	rm -rf runs/demo && mkdir -p runs/demo
+	$(BIN)/hpo --db sqlite:///runs/demo/hpo.db run search_spaces/presets/adam_vs_lamb_demo_cpu.yaml \
+	  --run-dir runs/demo/adam_vs_lamb_demo_cpu
+
+# One pretraining run of the tiny BERT on CPU, without HPO.
+train-demo: $(VENV)/.installed $(DEMO_DATA)/meta.json
+	$(BIN)/python -m trainer --config trainer/configs/demo_cpu.yaml log.jsonl=runs/train-demo/metrics.jsonl
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -48,8 +55,12 @@ test-all: lint
 	$(BIN)/python -m pytest -m "not gpu"
 
 bench: $(VENV)/.installed
-	$(BIN)/python bench/optimizer_step.py
 	$(BIN)/python bench/trainer_throughput.py
+	$(BIN)/python bench/optimizer_step.py
+	$(BIN)/python bench/load_balance.py
+	$(BIN)/python -m bench.clipping_overhead
+	$(BIN)/python bench/storage.py
+	$(BIN)/python -m bench.controller_overhead
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
