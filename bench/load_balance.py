@@ -23,8 +23,9 @@ import argparse
 import numpy as np
 
 from trainer.balance import plan_epoch, presort_node, token_imbalance
+from trainer.config import BalanceConfig
 
-DEFAULT_BINS = [128, 256, 384, 512]  # config default `balance.bins`
+DEFAULT_BINS = BalanceConfig().bins  # the trainer's default `balance.bins`
 MAX_SEQ_LENGTH = 512
 LAYOUTS = {  # name: (world_size, local_world_size, micro_batch_size)
     "1 node x 8 ranks x 16": (8, 8, 16),
