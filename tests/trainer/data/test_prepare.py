@@ -1,0 +1,163 @@
+"""Text -> shards (trainer/data/prepare.py) and the generated demo corpus (trainer/data/demo_corpus.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from trainer.data.demo_corpus import DEMO_OPTIONS, generate_documents, make_demo_data, write_text
+from trainer.data.prepare import PrepareOptions, load_tokenizer, main, prepare_corpus, truncate_seq_pair
+from trainer.data.shards import PretrainingSamples, load_samples
+from trainer.errors import DataError
+
+PAD, CLS, SEP, MASK = 0, 2, 3, 4
+OPTIONS = PrepareOptions(vocab_size=600, max_seq_length=64, max_predictions=10, eval_fraction=0.1, seed=3)
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A small corpus prepared once: (output dir, meta, documents as text)."""
+    out = tmp_path_factory.mktemp("prepared")
+    documents = generate_documents(120, seed=5)
+    write_text(documents, out / "corpus.txt")
+    meta = prepare_corpus([out / "corpus.txt"], out, replace(OPTIONS, samples_per_shard=200), log=quiet)
+    return out, meta, documents
+
+
+def restore(samples: PretrainingSamples) -> np.ndarray:
+    """input_ids with the original tokens put back at the masked positions."""
+    ids = samples.input_ids.copy()
+    rows, slots = np.nonzero(samples.masked_lm_positions > 0)
+    ids[rows, samples.masked_lm_positions[rows, slots]] = samples.masked_lm_ids[rows, slots]
+    return ids
+
+
+def token_string(ids) -> str:
+    return " " + " ".join(map(str, ids)) + " "
+
+
+def test_sequences_are_cls_a_sep_b_sep_with_matching_segments(prepared):
+    out, _, _ = prepared
+    samples = load_samples(str(out / "train"))
+    ids, lengths = restore(samples), samples.lengths
+    for row in range(len(samples)):
+        tokens = ids[row, : lengths[row]]
+        seps = np.flatnonzero(tokens == SEP)
+        assert tokens[0] == CLS and len(seps) == 2 and seps[1] == lengths[row] - 1 and seps[0] >= 2
+        expected_segments = np.r_[np.zeros(seps[0] + 1), np.ones(lengths[row] - seps[0] - 1)]
+        np.testing.assert_array_equal(samples.segment_ids[row, : lengths[row]], expected_segments)
+        assert not ids[row, lengths[row] :].any() and not samples.segment_ids[row, lengths[row] :].any()
+        assert not np.isin(tokens[1:-1], (PAD, CLS, MASK)).any()
+
+
+def test_masked_ids_are_the_original_tokens_of_the_documents(prepared):
+    """A and B, with the masked tokens put back, are runs of tokens of the tokenized documents; for IsNext pairs
+    B is from A's document, later in it."""
+    out, _, documents = prepared
+    tokenizer = load_tokenizer(out / "vocab.txt", lowercase=True)
+    doc_strings = [token_string(t for e in tokenizer.encode_batch(d, add_special_tokens=False) for t in e.ids)
+                   for d in documents]  # fmt: skip
+    samples = load_samples(str(out / "train"))
+    ids = restore(samples)
+    for row in range(0, len(samples), 3):
+        tokens = ids[row, : samples.lengths[row]]
+        sep = int(np.flatnonzero(tokens == SEP)[0])
+        a, b = token_string(tokens[1:sep]), token_string(tokens[sep + 1 : -1])
+        docs_a = [i for i, s in enumerate(doc_strings) if a in s]
+        assert docs_a and any(b in s for s in doc_strings)
+        if samples.next_sentence_labels[row] == 0:
+            assert any(doc_strings[i].find(b) > doc_strings[i].find(a) for i in docs_a if b in doc_strings[i])
+
+
+def test_masking_counts_and_replacements(prepared):
+    out, _, _ = prepared
+    samples = load_samples(str(out / "train"))
+    counts = (samples.masked_lm_positions > 0).sum(axis=1)
+    expected = np.minimum(10, np.maximum(1, np.round(0.15 * (samples.lengths - 3))))
+    np.testing.assert_array_equal(counts, expected)
+    rows, slots = np.nonzero(samples.masked_lm_positions > 0)
+    at_masked = samples.input_ids[rows, samples.masked_lm_positions[rows, slots]]
+    assert 0.7 < (at_masked == MASK).mean() < 0.9
+    assert ((samples.masked_lm_positions[:, 1:] > samples.masked_lm_positions[:, :-1]) | (counts[:, None] <= np.arange(1, 10))).all()
+
+
+def test_lengths_vary_and_nsp_is_balanced(prepared):
+    out, meta, _ = prepared
+    samples = load_samples(str(out / "train"))
+    lengths = samples.lengths
+    assert len(np.unique(lengths)) > 20
+    assert (lengths == 64).mean() > 0.1 and (lengths < 32).mean() > 0.1
+    assert 0.35 < samples.next_sentence_labels.mean() < 0.65
+    assert meta["train_samples"] == len(samples) and meta["train_mean_length"] == pytest.approx(lengths.mean())
+    assert len(list((out / "train").glob("part-*.h5"))) == -(-len(samples) // 200)
+
+
+def test_meta_baseline_is_the_most_frequent_train_label_on_eval(prepared):
+    out, meta, _ = prepared
+    train, eval_ = load_samples(str(out / "train")), load_samples(str(out / "eval"))
+    train_labels = train.masked_lm_ids[train.masked_lm_positions > 0]
+    eval_labels = eval_.masked_lm_ids[eval_.masked_lm_positions > 0]
+    values, counts = np.unique(train_labels, return_counts=True)
+    top = values[counts.argmax()]
+    assert meta["most_frequent_masked_token_id"] == top
+    assert meta["baseline_mlm_accuracy"] == pytest.approx(np.mean(eval_labels == top))
+    assert meta["eval_samples"] == len(eval_) > 0 and meta["eval_masked_tokens"] == len(eval_labels)
+    assert json.loads((out / "meta.json").read_text()) == meta
+
+
+def test_vocab_has_the_special_tokens_first_and_can_be_reused(prepared, tmp_path):
+    out, meta, _ = prepared
+    vocab = (out / "vocab.txt").read_text().split("\n")
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and meta["vocab_size"] <= 600
+    again = prepare_corpus([out / "corpus.txt"], tmp_path, replace(OPTIONS, vocab=str(out / "vocab.txt")), log=quiet)
+    assert again["vocab_size"] == meta["vocab_size"]
+    np.testing.assert_array_equal(load_samples(str(tmp_path / "train")).input_ids, load_samples(str(out / "train")).input_ids)
+
+
+def test_truncate_seq_pair_shortens_the_longer_side():
+    rng = np.random.default_rng(0)
+    a, b = list(range(10)), list(range(100, 103))
+    truncate_seq_pair(a, b, 8, rng)
+    assert len(a) == 5 and b == [100, 101, 102]
+    assert " ".join(map(str, a)) in " ".join(map(str, range(10)))
+
+
+def test_bad_inputs_raise_data_errors(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.txt: input text file not found"):
+        prepare_corpus([tmp_path / "missing.txt"], tmp_path / "out", OPTIONS, log=quiet)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match="no text found"):
+        prepare_corpus([empty], tmp_path / "out", OPTIONS, log=quiet)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\nthe\n")
+    with pytest.raises(DataError, match=r"vocab\.txt: vocabulary lacks the special tokens \['\[CLS\]'"):
+        load_tokenizer(vocab, lowercase=True)
+
+
+def test_cli_writes_shards_and_meta(tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    write_text(generate_documents(30, seed=1), text)
+    main(["--input", str(text), "--out", str(tmp_path / "out"), "--vocab-size", "300", "--max-seq-length", "32",
+          "--max-predictions", "5", "--eval-fraction", "0.2", "--seed", "1"])  # fmt: skip
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["max_seq_length"] == 32 and meta["options"]["seed"] == 1
+    assert load_samples(str(tmp_path / "out" / "eval")).input_ids.shape[1:] == (32,)
+    assert "baseline" in capsys.readouterr().out
+
+
+def test_tiny_demo_corpus_end_to_end(tmp_path):
+    meta = make_demo_data(tmp_path, documents=400, seed=2, options=replace(DEMO_OPTIONS, eval_fraction=0.1), log=quiet)
+    train = load_samples(str(tmp_path / "train"))
+    assert meta["train_samples"] == len(train) > 500 and meta["max_seq_length"] == 128
+    assert train.masked_lm_positions.shape[1] == 20
+    assert 0.1 < (train.lengths == 128).mean() < 0.5 and np.median(train.lengths) < 100
+    assert 0.02 < meta["baseline_mlm_accuracy"] < 0.15
+    assert (tmp_path / "corpus.txt").read_text().count("\n\n") == 399

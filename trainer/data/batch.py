@@ -1,0 +1,73 @@
+"""Packing padded MLPerf rows into one unpadded batch.
+
+Real sequences have very different lengths, so the trainer never runs padding through the model: the valid
+tokens of all sequences in a micro-batch are concatenated into one [T] stream and `cu_seqlens` (int32 prefix
+sums of the lengths) says where each sequence starts. Masked-LM positions become indices into that stream,
+so the MLM head runs only on the masked tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from trainer.data.shards import PretrainingSamples
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch without padding. T = valid tokens, B = sequences, M = masked tokens."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    segment_ids: torch.Tensor  # int64 [T]
+    position_ids: torch.Tensor  # int64 [T], 0..len-1 inside each sequence
+    cu_seqlens: torch.Tensor  # int32 [B + 1], cu_seqlens[i] = first token of sequence i
+    max_seqlen: int  # longest sequence in the batch
+    masked_positions: torch.Tensor  # int64 [M], indices into the [T] stream
+    masked_labels: torch.Tensor  # int64 [M], original token ids at those positions
+    next_sentence_labels: torch.Tensor  # int64 [B], 0 = IsNext, 1 = NotNext
+
+    @property
+    def num_sequences(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        return PackedBatch(**moved)
+
+
+def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
+    """Gather rows `index` of `samples` into a `PackedBatch` (valid tokens only)."""
+    index = np.asarray(index, dtype=np.int64)
+    valid = samples.input_mask[index].astype(bool)  # [B, S]; valid tokens are a prefix of each row
+    lengths = valid.sum(axis=1)
+    cu_seqlens = np.zeros(len(index) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    input_ids = samples.input_ids[index][valid]
+    segment_ids = samples.segment_ids[index][valid]
+    position_ids = np.arange(valid.shape[1])[None, :].repeat(len(index), 0)[valid]
+
+    positions = samples.masked_lm_positions[index].astype(np.int64)  # [B, P], 0 = padding
+    is_masked = positions > 0
+    row_of_masked = np.nonzero(is_masked)[0]
+    masked_positions = cu_seqlens[row_of_masked] + positions[is_masked]
+    masked_labels = samples.masked_lm_ids[index][is_masked]
+    return PackedBatch(
+        input_ids=torch.from_numpy(input_ids.astype(np.int64)),
+        segment_ids=torch.from_numpy(segment_ids.astype(np.int64)),
+        position_ids=torch.from_numpy(position_ids.astype(np.int64)),
+        cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
+        max_seqlen=int(lengths.max()) if len(index) else 0,
+        masked_positions=torch.from_numpy(masked_positions.astype(np.int64)),
+        masked_labels=torch.from_numpy(masked_labels.astype(np.int64)),
+        next_sentence_labels=torch.from_numpy(samples.next_sentence_labels[index].astype(np.int64)),
+    )
