@@ -39,7 +39,7 @@ def make_samples(lengths, seq_len=64, max_pred=8, vocab_size=99, seed=0) -> Pret
         input_ids[i, 0], input_ids[i, length - 1] = 2, 3
         input_mask[i, :length] = 1
         segment_ids[i, length // 2 : length] = 1
-        k = min(max_pred, max(1, (length - 2) // 4))
+        k = min(max_pred, max(1, (length - 2) // 4)) if length > 2 else 0  # [CLS] x [SEP]: one maskable token
         pos = np.sort(rng.choice(np.arange(1, length - 1), size=k, replace=False))
         positions[i, :k] = pos
         labels[i, :k] = input_ids[i, pos]
