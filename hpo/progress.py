@@ -47,18 +47,16 @@ class Progress:
         self._say(f"trial {record.number}{arm}{budget}: {describe_result(result)}")
 
     def update(self, study: Any) -> None:
-        if self.quiet:
-            return
-        line = self.status_line(study)
         now = time.monotonic()
+        if self.quiet or now - self._last_time < (0.5 if self.tty else self.interval_s):
+            return  # the status line costs database queries: build it only when it may be shown
+        line = self.status_line(study)
+        self._last_time = now
         if self.tty:
-            if now - self._last_time >= 0.5:
-                self.stream.write("\r\033[K" + line)
-                self.stream.flush()
-                self._last_time = now
-        elif line != self._last_line and now - self._last_time >= self.interval_s:
+            self.stream.write("\r\033[K" + line)
+            self.stream.flush()
+        elif line != self._last_line:
             self._say(line)
-            self._last_time = now
         self._last_line = line
 
     def finish(self, study: Any) -> None:

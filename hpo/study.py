@@ -158,7 +158,7 @@ class Study:
         self.progress.start(self)
         try:
             while True:
-                if self.storage.is_stop_requested(self.experiment_id):
+                if self._stop_requested():
                     self._stop_all("experiment stopped by request")
                     return ExperimentStatus.STOPPED
                 while self.pool.free and self._start_next():
@@ -172,6 +172,14 @@ class Study:
                     time.sleep(POLL_INTERVAL_S)
         finally:
             self.progress.finish(self)
+
+    def _stop_requested(self, every_s: float = 1.0) -> bool:
+        """Polls the database's stop flag (set by the server's stop action) at most once a second."""
+        now = time.monotonic()
+        if now - getattr(self, "_stop_checked", 0.0) < every_s:
+            return False
+        self._stop_checked = now
+        return self.storage.is_stop_requested(self.experiment_id)
 
     def _arm_with_quota(self) -> Arm | None:
         """The arm with quota left that has created the fewest trials (round robin)."""
