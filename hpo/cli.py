@@ -126,7 +126,12 @@ def print_summary(storage, experiment_id: int, spec) -> None:
     if overall is None:
         print("no trial completed; `hpo trials " + spec.name + "` shows why")
         return
-    print(f"next: `hpo trials {spec.name}` lists every trial, `hpo best {spec.name} --per-arm` shows the winners again")
+    run_dir = Path(storage.get_experiment(experiment_id).spec["run_dir"])
+    config = run_dir / "trials" / f"{overall.number:05d}" / "trial.yaml"
+    print("next:")
+    print(f"  hpo trials {spec.name}                 # every trial, with its state, reason and objective")
+    print(f"  hpo best {spec.name} --per-arm         # the winners again, as YAML")
+    print(f"  python -m trainer --config {config} budget.max_time_s=null budget.max_samples=...   # train the best")
 
 
 def _describe(trial, spec) -> str:
