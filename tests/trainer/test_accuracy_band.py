@@ -48,6 +48,7 @@ def test_two_ranks_bucketwise_local_presort_match_one_process(tmp_path):
     baseline = meta["baseline_mlm_accuracy"]
     print(json.dumps({"baseline": baseline, "single": single["final_mlm_accuracy"],
                       "two_ranks": dist["final_mlm_accuracy"]}))  # fmt: skip
-    assert single["samples"] == dist["samples"] == SAMPLES
+    # An epoch's last step may be smaller, so the runs can stop a few samples apart; both must use the budget.
+    assert SAMPLES <= single["samples"] < SAMPLES + 32 and SAMPLES <= dist["samples"] < SAMPLES + 32
     assert single["final_mlm_accuracy"] > 1.5 * baseline
     assert abs(single["final_mlm_accuracy"] - dist["final_mlm_accuracy"]) < 0.03
