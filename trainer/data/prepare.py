@@ -73,7 +73,9 @@ def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
         if current:
             documents.append(current)
     if not documents:
-        raise DataError(f"no text found in {[str(p) for p in paths]}; give one sentence per line, blank lines between documents")
+        raise DataError(
+            f"no text found in {[str(p) for p in paths]}; give one sentence per line, blank lines between documents"
+        )
     return documents
 
 
@@ -94,11 +96,11 @@ def load_tokenizer(vocab: str | Path, lowercase: bool):
 
     if not Path(vocab).is_file():
         raise DataError(f"{vocab}: vocabulary file not found; pass an existing vocab.txt or omit --vocab")
-    tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=lowercase)
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    tokens = set(Path(vocab).read_text(encoding="utf-8").splitlines())
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise DataError(f"{vocab}: vocabulary lacks the special tokens {missing}; add them or train a new vocab")
-    return tokenizer
+    return BertWordPieceTokenizer(str(vocab), lowercase=lowercase)
 
 
 def tokenize_documents(documents: list[list[str]], tokenizer) -> list[Document]:
@@ -121,7 +123,9 @@ def split_documents(documents: list, eval_fraction: float, rng: np.random.Genera
 # ------------------------------------------------------------------------------------------- instances
 
 
-def create_instances(documents: list[Document], options: PrepareOptions, rng: np.random.Generator) -> list[PairInstance]:
+def create_instances(
+    documents: list[Document], options: PrepareOptions, rng: np.random.Generator
+) -> list[PairInstance]:
     """Sentence-pair instances of all documents, `dupe_factor` times over, shuffled."""
     instances = []
     for _ in range(options.dupe_factor):
@@ -270,11 +274,14 @@ def prepare_corpus(
     """
     out_dir, start, rng = Path(out_dir), time.perf_counter(), np.random.default_rng(options.seed)
     if options.max_seq_length < 8 or options.max_predictions < 1 or not 0 <= options.eval_fraction < 1:
-        raise DataError(f"bad preparation options {options}: need max_seq_length >= 8, max_predictions >= 1, "
-                        "0 <= eval_fraction < 1")
+        raise DataError(
+            f"bad preparation options {options}: need max_seq_length >= 8, max_predictions >= 1, 0 <= eval_fraction < 1"
+        )
     documents = read_documents(inputs)
     log(f"read {len(documents)} documents, {sum(map(len, documents))} sentences from {len(inputs)} file(s)")
-    vocab = Path(options.vocab) if options.vocab else train_vocab(inputs, out_dir, options.vocab_size, options.lowercase)
+    vocab = (
+        Path(options.vocab) if options.vocab else train_vocab(inputs, out_dir, options.vocab_size, options.lowercase)
+    )
     tokenizer = load_tokenizer(vocab, options.lowercase)
     if options.vocab:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -287,18 +294,23 @@ def prepare_corpus(
     for name, docs in splits.items():
         samples[name] = build_samples(create_instances(docs, options, rng), rule, options.max_seq_length, rng)
         paths = write_shards(samples[name], out_dir / name, options.samples_per_shard, options.compress)
-        log(f"{name}: {len(docs)} documents -> {len(samples[name])} samples in {len(paths)} shard(s) "
-            f"[{time.perf_counter() - start:.1f} s]")
+        log(
+            f"{name}: {len(docs)} documents -> {len(samples[name])} samples in {len(paths)} shard(s) "
+            f"[{time.perf_counter() - start:.1f} s]"
+        )
     meta = describe(samples["train"], samples["eval"], tokenizer, options)
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    log(f"baseline (always '{meta['most_frequent_masked_token']}'): eval MLM accuracy {meta['baseline_mlm_accuracy']:.4f}")
+    token, accuracy = meta["most_frequent_masked_token"], meta["baseline_mlm_accuracy"]
+    log(f"baseline (always '{token}'): eval MLM accuracy {accuracy:.4f}")
     return meta
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, PrepareOptions]:
     defaults = PrepareOptions()
     parser = argparse.ArgumentParser(prog="python -m trainer.data.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, help="text files: one sentence per line, blank line between documents")
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="text files: one sentence per line, blank line between documents"
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--vocab", default=None, help="existing vocab.txt (default: train one on the input)")
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)

@@ -85,16 +85,20 @@ def test_masking_counts_and_replacements(prepared):
     rows, slots = np.nonzero(samples.masked_lm_positions > 0)
     at_masked = samples.input_ids[rows, samples.masked_lm_positions[rows, slots]]
     assert 0.7 < (at_masked == MASK).mean() < 0.9
-    assert ((samples.masked_lm_positions[:, 1:] > samples.masked_lm_positions[:, :-1]) | (counts[:, None] <= np.arange(1, 10))).all()
+    assert (
+        (samples.masked_lm_positions[:, 1:] > samples.masked_lm_positions[:, :-1])
+        | (counts[:, None] <= np.arange(1, 10))
+    ).all()
 
 
-def test_lengths_vary_and_nsp_is_balanced(prepared):
+def test_lengths_vary_and_both_nsp_labels_occur(prepared):
     out, meta, _ = prepared
     samples = load_samples(str(out / "train"))
     lengths = samples.lengths
     assert len(np.unique(lengths)) > 20
-    assert (lengths == 64).mean() > 0.1 and (lengths < 32).mean() > 0.1
-    assert 0.35 < samples.next_sentence_labels.mean() < 0.65
+    assert (lengths == 64).mean() > 0.1 and (lengths <= 48).mean() > 0.2
+    # NotNext is drawn with probability 1/2, and always when a document has one sentence left (as Google's script)
+    assert 0.4 < samples.next_sentence_labels.mean() < 0.8
     assert meta["train_samples"] == len(samples) and meta["train_mean_length"] == pytest.approx(lengths.mean())
     assert len(list((out / "train").glob("part-*.h5"))) == -(-len(samples) // 200)
 
@@ -118,7 +122,9 @@ def test_vocab_has_the_special_tokens_first_and_can_be_reused(prepared, tmp_path
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and meta["vocab_size"] <= 600
     again = prepare_corpus([out / "corpus.txt"], tmp_path, replace(OPTIONS, vocab=str(out / "vocab.txt")), log=quiet)
     assert again["vocab_size"] == meta["vocab_size"]
-    np.testing.assert_array_equal(load_samples(str(tmp_path / "train")).input_ids, load_samples(str(out / "train")).input_ids)
+    np.testing.assert_array_equal(
+        load_samples(str(tmp_path / "train")).input_ids, load_samples(str(out / "train")).input_ids
+    )
 
 
 def test_truncate_seq_pair_shortens_the_longer_side():

@@ -51,7 +51,7 @@ def test_round_trip_keeps_exact_mlperf_keys_dtypes_and_shapes(tmp_path, compress
         assert f["input_ids"].shape == (4, 64) and f["masked_lm_ids"].shape == (4, 8)
         assert f["next_sentence_labels"].shape == (4,)
     assert_same_samples(samples, read_shard(path))
-    assert MLPERF_DTYPES == {key: str(dtype) for key, (dtype, _) in SHARD_LAYOUT.items()}
+    assert {key: str(dtype) for key, (dtype, _) in SHARD_LAYOUT.items()} == MLPERF_DTYPES
 
 
 def test_lengths_subset_and_concatenate():
