@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -220,7 +221,12 @@ def build_samples(
 
 
 def write_shards(samples: PretrainingSamples, directory: Path, samples_per_shard: int, compress: bool) -> list[Path]:
-    """Write `samples` as `directory/part-00000.h5`, ... of at most `samples_per_shard` samples each."""
+    """Write `samples` as `directory/part-00000.h5`, ... of at most `samples_per_shard` samples each.
+
+    Shards of an earlier run in `directory` are removed first, so that they are not read with the new ones.
+    """
+    for old in directory.glob("part-*.h5"):
+        old.unlink()
     paths = []
     for number, start in enumerate(range(0, max(len(samples), 1), samples_per_shard)):
         path = directory / f"part-{number:05d}.h5"
@@ -265,6 +271,25 @@ def describe(train: PretrainingSamples, eval_: PretrainingSamples, tokenizer, op
 # ---------------------------------------------------------------------------------------------- driver
 
 
+def check_options(options: PrepareOptions) -> None:
+    if options.max_seq_length < 8 or options.max_predictions < 1 or not 0 <= options.eval_fraction < 1:
+        raise DataError(
+            f"bad preparation options {options}: need max_seq_length >= 8, max_predictions >= 1, 0 <= eval_fraction < 1"
+        )
+
+
+def resolve_vocab(inputs: Sequence[str | Path], out_dir: Path, options: PrepareOptions) -> Path:
+    """`out_dir/vocab.txt`: a copy of `options.vocab`, or a vocabulary trained on the input."""
+    if not options.vocab:
+        return train_vocab(inputs, out_dir, options.vocab_size, options.lowercase)
+    load_tokenizer(options.vocab, options.lowercase)  # fails early on a missing or incomplete file
+    target = out_dir / "vocab.txt"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not (target.exists() and target.samefile(options.vocab)):
+        shutil.copyfile(options.vocab, target)
+    return target
+
+
 def prepare_corpus(
     inputs: Sequence[str | Path], out_dir: str | Path, options: PrepareOptions = PrepareOptions(), log: Log = print
 ) -> dict:
@@ -272,22 +297,13 @@ def prepare_corpus(
 
     Returns the content of meta.json.
     """
+    check_options(options)
     out_dir, start, rng = Path(out_dir), time.perf_counter(), np.random.default_rng(options.seed)
-    if options.max_seq_length < 8 or options.max_predictions < 1 or not 0 <= options.eval_fraction < 1:
-        raise DataError(
-            f"bad preparation options {options}: need max_seq_length >= 8, max_predictions >= 1, 0 <= eval_fraction < 1"
-        )
     documents = read_documents(inputs)
     log(f"read {len(documents)} documents, {sum(map(len, documents))} sentences from {len(inputs)} file(s)")
-    vocab = (
-        Path(options.vocab) if options.vocab else train_vocab(inputs, out_dir, options.vocab_size, options.lowercase)
-    )
-    tokenizer = load_tokenizer(vocab, options.lowercase)
-    if options.vocab:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "vocab.txt").write_text(Path(vocab).read_text(encoding="utf-8"), encoding="utf-8")
+    tokenizer = load_tokenizer(resolve_vocab(inputs, out_dir, options), options.lowercase)
     tokenized = tokenize_documents(documents, tokenizer)
-    log(f"tokenized with a vocabulary of {tokenizer.get_vocab_size()} ({vocab}) [{time.perf_counter() - start:.1f} s]")
+    log(f"tokenized with a vocabulary of {tokenizer.get_vocab_size()} [{time.perf_counter() - start:.1f} s]")
     rule = MaskingRule.for_vocab(tokenizer.get_vocab(), options.max_predictions, masked_lm_prob=options.masked_lm_prob)
     splits = dict(zip(("train", "eval"), split_documents(tokenized, options.eval_fraction, rng), strict=True))
     samples = {}
@@ -298,6 +314,8 @@ def prepare_corpus(
             f"{name}: {len(docs)} documents -> {len(samples[name])} samples in {len(paths)} shard(s) "
             f"[{time.perf_counter() - start:.1f} s]"
         )
+    if not len(samples["train"]):
+        raise DataError(f"no training samples from {[str(p) for p in inputs]}; give more text or a lower eval_fraction")
     meta = describe(samples["train"], samples["eval"], tokenizer, options)
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     token, accuracy = meta["most_frequent_masked_token"], meta["baseline_mlm_accuracy"]

@@ -148,15 +148,19 @@ def test_bad_inputs_raise_data_errors(tmp_path):
         load_tokenizer(vocab, lowercase=True)
 
 
-def test_cli_writes_shards_and_meta(tmp_path, capsys):
-    text = tmp_path / "in.txt"
+def test_cli_writes_shards_and_meta_and_replaces_old_shards(tmp_path, capsys):
+    text, out = tmp_path / "in.txt", tmp_path / "out"
     write_text(generate_documents(30, seed=1), text)
-    main(["--input", str(text), "--out", str(tmp_path / "out"), "--vocab-size", "300", "--max-seq-length", "32",
-          "--max-predictions", "5", "--eval-fraction", "0.2", "--seed", "1"])  # fmt: skip
-    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    args = ["--input", str(text), "--out", str(out), "--vocab-size", "300", "--max-seq-length", "32",
+            "--max-predictions", "5", "--eval-fraction", "0.2", "--seed", "1"]  # fmt: skip
+    main([*args, "--samples-per-shard", "5"])
+    main([*args, "--samples-per-shard", "1000", "--vocab", str(out / "vocab.txt")])
+    meta = json.loads((out / "meta.json").read_text())
     assert meta["max_seq_length"] == 32 and meta["options"]["seed"] == 1
-    assert load_samples(str(tmp_path / "out" / "eval")).input_ids.shape[1:] == (32,)
-    assert "baseline" in capsys.readouterr().out
+    assert [p.name for p in (out / "train").iterdir()] == ["part-00000.h5"]
+    assert len(load_samples(str(out / "train"))) == meta["train_samples"] > 5
+    assert load_samples(str(out / "eval")).input_ids.shape[1:] == (32,)
+    assert "baseline (always" in capsys.readouterr().out
 
 
 def test_tiny_demo_corpus_end_to_end(tmp_path):
