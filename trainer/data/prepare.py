@@ -4,6 +4,7 @@ Input: text files with one sentence per line and a blank line between documents.
 tokenization (a vocabulary is trained on the input when none is given), documents split into train and eval,
 sentence-pair instances ([CLS] A [SEP] B [SEP], B a random segment of another document half of the time,
 shorter target lengths with probability `short_seq_prob`), 15 % masking, shuffled shards and `meta.json`.
+Given a vocabulary, the output is fully determined by the seed.
 
     python -m trainer.data.prepare --input corpus.txt --out data/ --vocab-size 8000 --max-seq-length 128
 """
@@ -81,14 +82,22 @@ def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
 
 
 def train_vocab(paths: Sequence[str | Path], out_dir: Path, vocab_size: int, lowercase: bool) -> Path:
-    """Train a WordPiece vocabulary on the text files and write `out_dir/vocab.txt`."""
+    """Train a WordPiece vocabulary on the text files and write `out_dir/vocab.txt`.
+
+    The special tokens come first, the others follow sorted, so the same token set always gets the same ids.
+    (The `tokenizers` trainer breaks ties between equally frequent merges differently from run to run, so the
+    set itself can differ slightly; pass the written vocab.txt as `vocab` to reproduce a data set exactly.)
+    """
     from tokenizers import BertWordPieceTokenizer
 
     tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
     files = [str(p) for p in paths]
     tokenizer.train(files, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    others = sorted(set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS))
     out_dir.mkdir(parents=True, exist_ok=True)
-    return Path(tokenizer.save_model(str(out_dir))[0])
+    path = out_dir / "vocab.txt"
+    path.write_text("\n".join([*SPECIAL_TOKENS, *others]) + "\n", encoding="utf-8")
+    return path
 
 
 def load_tokenizer(vocab: str | Path, lowercase: bool):
@@ -354,7 +363,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
 
 def main(argv: Sequence[str] | None = None) -> None:
     args, options = parse_args(argv)
-    prepare_corpus(args.input, args.out, options)
+    try:
+        prepare_corpus(args.input, args.out, options)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from e
 
 
 if __name__ == "__main__":

@@ -94,8 +94,8 @@ def write_shard(path, samples: PretrainingSamples, compress: bool = False) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     options = {"compression": "gzip", "compression_opts": 4} if compress else {}
     with h5py.File(path, "w") as f:
-        for key, (dtype, _) in SHARD_LAYOUT.items():
-            f.create_dataset(key, data=getattr(samples, key).astype(dtype, copy=False), **options)
+        for key in SHARD_LAYOUT:
+            f.create_dataset(key, data=_cast(getattr(samples, key), key, path), **options)
 
 
 def read_shard(path) -> PretrainingSamples:
@@ -151,16 +151,20 @@ def _read_key(f: h5py.File, key: str, path: Path) -> np.ndarray:
             f"{path}: HDF5 key '{key}' is missing (found {sorted(f.keys())}); a BERT shard needs the MLPerf keys "
             f"{list(SHARD_LAYOUT)}"
         )
-    array = f[key][...]
+    return _cast(f[key][...], key, path)
+
+
+def _cast(array: np.ndarray, key: str, where) -> np.ndarray:
+    """`array` in the MLPerf dtype of `key`; integers of another dtype only if every value fits."""
     dtype = SHARD_LAYOUT[key][0]
     if array.dtype == dtype:
         return array
-    if array.dtype.kind not in "iu":
-        raise DataError(f"{path}: HDF5 key '{key}' has dtype {array.dtype}, expected integers ({dtype})")
+    if array.dtype.kind not in "iub":
+        raise DataError(f"{where}: HDF5 key '{key}' has dtype {array.dtype}, expected integers ({dtype})")
     info = np.iinfo(dtype)
     if array.size and (array.min() < info.min or array.max() > info.max):
         raise DataError(
-            f"{path}: HDF5 key '{key}' has values in [{array.min()}, {array.max()}] that do not fit {dtype}"
+            f"{where}: HDF5 key '{key}' has values in [{array.min()}, {array.max()}] that do not fit {dtype}"
         )
     return array.astype(dtype)
 

@@ -147,3 +147,14 @@ def test_load_samples_concatenates_in_file_order_and_limits(tmp_path):
     limited = load_samples(str(tmp_path), limit=4)
     assert limited.lengths.tolist() == [10, 11, 12, 20]
     np.testing.assert_array_equal(limited.input_ids[3], second.input_ids[0])
+
+
+def test_write_refuses_values_that_do_not_fit_the_mlperf_dtype(tmp_path):
+    samples = make_samples([10, 20], seq_len=32, max_pred=4)
+    samples.input_ids = samples.input_ids.astype(np.int64)
+    samples.input_ids[0, 1] = 2**31
+    with pytest.raises(DataError, match=r"too_big\.h5: HDF5 key 'input_ids'.*do not fit int32"):
+        write_shard(tmp_path / "too_big.h5", samples)
+    samples.input_ids[0, 1] = 7
+    write_shard(tmp_path / "fits.h5", samples)
+    assert read_shard(tmp_path / "fits.h5").input_ids.dtype == np.int32
