@@ -154,10 +154,14 @@ class Lamb(torch.optim.Optimizer):
         group = b.group
         dtype = _math_dtype(b.params[0])
         weights = b.params if b.params[0].dtype == dtype else [p.to(dtype) for p in b.params]
-        grads, updates = self._scratch(weights, 0), self._scratch(weights, 1)
+        grads = self._scratch(weights, 0)
         torch._foreach_copy_(grads, b.grads)  # the kernel below divides by `clip` in place: not in `.grad`
-        torch._foreach_copy_(updates, weights)
-        torch._foreach_mul_(updates, group["weight_decay"])
+        if weights[0].device.type == "cpu":  # one pass per tensor into kept memory; calls are cheap on the CPU
+            updates = self._scratch(weights, 1)
+            for u, w in zip(updates, weights, strict=True):
+                torch.mul(w, group["weight_decay"], out=u)
+        else:  # one kernel launch for all tensors
+            updates = torch._foreach_mul(weights, group["weight_decay"])
         # torch's fused Adam kernel does the moments, bias correction and m̂ / (sqrt(v̂) + eps) in one pass and adds
         # -lr times that to its "params": given λ·w and lr = -1 it leaves u = m̂ / (sqrt(v̂) + eps) + λ·w.
         beta1, beta2 = group["betas"]
