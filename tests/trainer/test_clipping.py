@@ -1,4 +1,4 @@
-"""Clipping strategies under real DDP (2 gloo ranks) against an independent single-process computation.
+"""Clipping strategies under real DDP (2 and 4 gloo ranks) against an independent single-process computation.
 
 Each rank records the gradients the optimizer would see after `GradientClipper.before_step`, and the
 parameters DDP put in each bucket. The test recomputes every rank's local gradient in this process and applies
@@ -24,7 +24,7 @@ from trainer.data.batch import pack_batch
 from trainer.distributed import DistEnv
 from trainer.model import BertForPreTraining, pretraining_loss
 
-WORLD = 2
+WORLDS = [2, 4]  # 4 ranks oversubscribe a 2-core machine, which gloo tolerates
 ITERATIONS = 3  # 1: DDP's initial single bucket, 2: rebuilt buckets (both deferred), 3: overlapped hook
 MICRO_BATCHES = 2
 MICRO_BATCH_SIZE = 3
@@ -37,25 +37,25 @@ def tiny_model() -> BertForPreTraining:
     return BertForPreTraining(make_model_config(hidden_size=32, num_attention_heads=2, intermediate_size=64))
 
 
-def shared_samples():
-    lengths = np.random.default_rng(5).integers(8, 65, WORLD * ITERATIONS * MICRO_BATCHES * MICRO_BATCH_SIZE)
+def shared_samples(world: int):
+    lengths = np.random.default_rng(5).integers(8, 65, world * ITERATIONS * MICRO_BATCHES * MICRO_BATCH_SIZE)
     return make_samples(lengths, seed=7)
 
 
-def micro_batch_index(iteration: int, rank: int, micro: int) -> np.ndarray:
-    start = ((iteration * WORLD + rank) * MICRO_BATCHES + micro) * MICRO_BATCH_SIZE
+def micro_batch_index(iteration: int, rank: int, micro: int, world: int) -> np.ndarray:
+    start = ((iteration * world + rank) * MICRO_BATCHES + micro) * MICRO_BATCH_SIZE
     return np.arange(start, start + MICRO_BATCH_SIZE)
 
 
-def backward(module, samples, iteration, rank, clipper=None):
+def backward(module, samples, iteration, rank, world, clipper=None):
     for micro in range(MICRO_BATCHES):
         ctx = clipper.backward_context(micro == MICRO_BATCHES - 1) if clipper else torch.enable_grad()
         with ctx:
-            batch = pack_batch(samples, micro_batch_index(iteration, rank, micro))
+            batch = pack_batch(samples, micro_batch_index(iteration, rank, micro, world))
             (pretraining_loss(module(batch), batch).total / MICRO_BATCHES).backward()
 
 
-def run_strategy(rank: int, strategy: str, samples, record_timeline: bool) -> dict:
+def run_strategy(rank: int, world: int, strategy: str, samples, record_timeline: bool) -> dict:
     model = tiny_model()
     names = {id(p): n for n, p in model.named_parameters()}
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
@@ -66,7 +66,7 @@ def run_strategy(rank: int, strategy: str, samples, record_timeline: bool) -> di
         model,
         ddp,
         scaler,
-        DistEnv(rank, WORLD, rank, WORLD),
+        DistEnv(rank, world, rank, world),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     if clipper.hook_state is not None:
@@ -81,7 +81,7 @@ def run_strategy(rank: int, strategy: str, samples, record_timeline: bool) -> di
     out = {"grads": [], "buckets": [], "timeline": []}
     for iteration in range(ITERATIONS):
         timeline.clear()
-        backward(ddp, samples, iteration, rank, clipper)
+        backward(ddp, samples, iteration, rank, world, clipper)
         clipper.before_step(optimizer)
         out["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
         if clipper.hook_state is not None:
@@ -93,26 +93,25 @@ def run_strategy(rank: int, strategy: str, samples, record_timeline: bool) -> di
     return out
 
 
-def worker(rank: int, init_file: str, out_file: str, record_timeline: bool) -> None:
+def worker(rank: int, world: int, init_file: str, out_file: str, record_timeline: bool) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    samples = shared_samples()
-    results = {s: run_strategy(rank, s, samples, record_timeline) for s in STRATEGIES}
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    samples = shared_samples(world)
+    results = {s: run_strategy(rank, world, s, samples, record_timeline) for s in STRATEGIES}
     torch.save(results, f"{out_file}.{rank}")
     dist.destroy_process_group()
 
 
-def run_ranks(tmp_path, record_timeline=False) -> list[dict]:
+def run_ranks(tmp_path, world: int = 2, record_timeline: bool = False) -> list[dict]:
     out = tmp_path / "grads"
-    mp.start_processes(
-        worker, args=(str(tmp_path / "init"), str(out), record_timeline), nprocs=WORLD, start_method="spawn", join=True
-    )
-    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
+    args = (world, str(tmp_path / "init"), str(out), record_timeline)
+    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn", join=True)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
 
 
-def local_gradients(samples, iteration: int, rank: int) -> dict[str, torch.Tensor]:
+def local_gradients(samples, iteration: int, rank: int, world: int) -> dict[str, torch.Tensor]:
     model = tiny_model()
-    backward(model, samples, iteration, rank)
+    backward(model, samples, iteration, rank, world)
     return {n: p.grad.detach().double() for n, p in model.named_parameters()}
 
 
@@ -139,23 +138,24 @@ def reference(strategy: str, local: list[dict], buckets: list[list[str]] | None)
     return scaled(mean, keys, MAX_NORM) if strategy == "after_allreduce" else mean
 
 
-@pytest.fixture(scope="module")
-def rank_results(tmp_path_factory):
-    return run_ranks(tmp_path_factory.mktemp("clip"))
+@pytest.fixture(scope="module", params=WORLDS, ids=[f"{w}ranks" for w in WORLDS])
+def rank_results(request, tmp_path_factory):
+    return run_ranks(tmp_path_factory.mktemp("clip"), world=request.param)
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_optimizer_sees_the_reference_gradients(rank_results, strategy):
-    samples = shared_samples()
+    world = len(rank_results)
+    samples = shared_samples(world)
     for iteration in range(ITERATIONS):
-        local = [local_gradients(samples, iteration, r) for r in range(WORLD)]
+        local = [local_gradients(samples, iteration, r, world) for r in range(world)]
         buckets = rank_results[0][strategy]["buckets"][iteration] if strategy == "bucketwise" else None
         expected = reference(strategy, local, buckets)
         plain_mean = reference("none", local, None)
         if strategy != "none":  # the threshold must actually bite, or this test could not fail
             assert max((expected[k] - plain_mean[k]).abs().max() for k in expected) > 1e-4
-        for rank in range(WORLD):
+        for rank in range(world):
             got = rank_results[rank][strategy]["grads"][iteration]
             for name, value in expected.items():
                 torch.testing.assert_close(got[name].double(), value, atol=1e-6, rtol=0, msg=f"{strategy} {name}")
@@ -164,18 +164,18 @@ def test_optimizer_sees_the_reference_gradients(rank_results, strategy):
 @pytest.mark.distributed
 def test_bucketwise_used_several_buckets_and_the_same_ones_on_every_rank(rank_results):
     per_rank = [r["bucketwise"]["buckets"] for r in rank_results]
-    assert per_rank[0] == per_rank[1]
+    assert all(buckets == per_rank[0] for buckets in per_rank)
     assert len(per_rank[0][0]) == 1  # DDP starts with one bucket ...
     assert len(per_rank[0][2]) >= 3  # ... and rebuilds by bucket_cap_mb after the first iteration
     assert rank_results[0]["bucketwise"]["num_buckets"] == len(per_rank[0][2])
     all_names = sorted(n for bucket in per_rank[0][2] for n in bucket)
-    assert all_names == sorted(local_gradients(shared_samples(), 0, 0))
+    assert all_names == sorted(local_gradients(shared_samples(2), 0, 0, 2))
 
 
 @pytest.mark.distributed
 def test_bucketwise_all_reduce_overlaps_backward_and_before_allreduce_cannot(tmp_path):
-    results = run_ranks(tmp_path, record_timeline=True)
-    for rank in range(WORLD):
+    results = run_ranks(tmp_path, world=2, record_timeline=True)
+    for rank in range(2):
         events = results[rank]["bucketwise"]["timeline"][-1]  # the overlapped iteration
         kinds = [e[0] for e in events]
         last_grad = max(i for i, k in enumerate(kinds) if k == "grad")
