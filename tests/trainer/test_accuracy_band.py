@@ -38,15 +38,17 @@ def run_trainer(tmp_path, name: str, nproc: int, extra: list[str]) -> dict:
     return read_jsonl(report)[-1]
 
 
-def test_two_ranks_bucketwise_local_presort_match_one_process(tmp_path):
+@pytest.mark.parametrize("seed", [1234, 7])
+def test_two_ranks_bucketwise_local_presort_match_one_process(tmp_path, seed):
     meta = make_demo_data(tmp_path / "data", documents=4000, log=lambda *_: None)
-    single = run_trainer(tmp_path, "single", 1, ["batch.micro_batch_size=32"])
+    single = run_trainer(tmp_path, "single", 1, [f"seed={seed}", "batch.micro_batch_size=32"])
     dist = run_trainer(tmp_path, "two_ranks", 2, [
+        f"seed={seed}",
         "batch.micro_batch_size=16", "clipping.strategy=bucketwise", "clipping.max_norm=1.0",
         "balance.method=local_presort", "balance.bins=[32,64,96,127,128]",
     ])  # fmt: skip
     baseline = meta["baseline_mlm_accuracy"]
-    print(json.dumps({"baseline": baseline, "single": single["final_mlm_accuracy"],
+    print(json.dumps({"seed": seed, "baseline": baseline, "single": single["final_mlm_accuracy"],
                       "two_ranks": dist["final_mlm_accuracy"]}))  # fmt: skip
     # An epoch's last step may be smaller, so the runs can stop a few samples apart; both must use the budget.
     assert SAMPLES <= single["samples"] < SAMPLES + 32 and SAMPLES <= dist["samples"] < SAMPLES + 32
