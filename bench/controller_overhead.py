@@ -1,69 +1,178 @@
-"""Controller overhead: N trials of a fixed-length dummy workload on S slots through the real local engine.
+"""Controller overhead: N trials of a fixed-length dummy workload on S slots, through our local runner, our Dask
+runner (a LocalCluster), our NNI engine (a real NNI manager on its local training service) and, side by side in
+the same run, Optuna's `study.optimize(n_jobs=S)` on SQLite.
 
-Everything but the trainer is real: the experiment spec, the tuner's ask/tell, trial configs written to disk,
-processes started and polled, reports streamed into SQLite, results recorded. The workload is
-`sleep SECONDS` followed by the trainer's final JSON line. Ideal time = ceil(N / S) x SECONDS;
-overhead = wall time / ideal time - 1. (Ray Tune documents 14 % for 1-second trials.)
+Everything but the trainer is real: the experiment spec, the tuner's ask/tell, trial rows created, processes
+launched and polled (on this machine, or as Dask tasks), trials that claim and record themselves in SQLite,
+results read back and told to the tuner. The workload is `bench.dummy_trial`: a process that ends `SECONDS`
+after it was launched (recording its result in the database for our runners). Optuna runs the same process
+per trial and records the value itself.
 
-    python -m bench.controller_overhead                       # 200 trials x 1 s on 4 slots, random search
-    python -m bench.controller_overhead --tuner smac_bo --trials 60
+Under `nni`, the experiment is the same but for `engine: nni` and an NNI tuner (`--nni-tuner`, default
+nni_random, no assessor): `hpo.nni.engine.run_nni` runs one NNI experiment per compare arm, one after the
+other, and NNI's manager launches the dummy trial in place of the NNI trial entry. The trial takes its
+parameters from NNI, creates and claims its row (worker `nni:<NNI trial id>`), records its result and reports
+it to NNI as the final result; its launch time is taken by the shell NNI starts it in. The NNI managers'
+start and stop count in the wall time.
+
+Ideal time = the sum over the engine's rounds of SECONDS: ceil(N / S) x SECONDS, and under `nni` (arms one
+after another) the sum of ceil(arm's trials / S) x SECONDS over the arms, the same when every arm's share is a
+multiple of S. Overhead = wall / ideal - 1. Run it from the repository root (NNI runs its trials there).
+
+    python -m bench.controller_overhead                         # 200 x 1 s on 4 slots: local, dask, optuna
+    python -m bench.controller_overhead --trials 40 --only local --only nni   # the NNI engine beside ours
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import dataclasses
 import math
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hpo.experiment import experiment_from_dict
-from hpo.launch import LaunchSpec
+from hpo.experiment import experiment_from_dict, stored_form
+from hpo.launch import LaunchSpec, build_launch
+from hpo.runners import build_runner
 from hpo.storage import SqlStorage
 from hpo.study import Study
 from hpo.trials import TrialState
 
 
 def dummy_launch(seconds: float):
-    """A launch builder whose trial sleeps, then writes the trainer's final record where the trainer would."""
+    """A launch builder that runs bench.dummy_trial with the trial entry's arguments."""
 
     def build(spec: LaunchSpec, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        report = Path(spec.config_path).parent / "report.jsonl"
-        final = json.dumps({"kind": "final", "status": "reached_target", "samples": 64, "samples_to_target": 64,
-                            "best_mlm_accuracy": 0.9})  # fmt: skip
-        return ["/bin/sh", "-c", f"sleep {seconds}; echo '{final}' >> '{report}'"], env
+        args = (*spec.entry_args, "--launched-at", repr(time.time()), "--seconds", str(seconds))
+        return build_launch(dataclasses.replace(spec, module="bench.dummy_trial", entry_args=args), env)
 
     return build
 
 
+REPO = Path(__file__).resolve().parent.parent
+NNI_TUNERS = ("nni_random", "nni_tpe")
+
+
+def experiment(trials: int, slots: int, runner: dict | None, tuner: dict | None = None):
+    """The benchmark's experiment; `runner=None` with an NNI `tuner` makes it an `engine: nni` experiment."""
+    data = {
+        "name": "overhead", "base_config": {}, "overrides": {"device": "cpu"},
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
+                  "optimizer.name": {"choice": ["adamw", "lamb"]}},
+        "compare": ["optimizer.name"], "tuner": tuner or {"name": "random", "seed": 0},
+        "budget": {"trials": trials, "max_parallel": slots},
+        "resources": {"gpus": "none", "cpu_slots": slots},
+    }  # fmt: skip
+    if runner is None:
+        data["engine"] = "nni"
+    else:
+        data["runner"] = runner
+    return experiment_from_dict(data, "overhead.yaml")
+
+
+def dummy_nni_command(seconds: float):
+    """A trial-command builder for `run_nni` that runs bench.dummy_trial with the NNI trial entry's arguments;
+    the shell NNI starts it in stamps its launch time."""
+    from hpo.nni.config import trial_command
+
+    def build(db_url: str, experiment_id: int, arm: int, run_dir: Path, user_home: str) -> str:
+        base = trial_command(db_url, experiment_id, arm, run_dir, user_home, module="bench.dummy_trial")
+        return f'{base} --seconds {seconds!r} --launched-at "$(date +%s.%N)"'
+
+    return build
+
+
+def nni_ideal(spec, slots: int, seconds: float) -> float:
+    """The ideal time under the NNI engine: its arms run one after another, each on all slots."""
+    from hpo.nni.config import arm_plans
+
+    return sum(math.ceil(plan.quota / slots) for plan in arm_plans(spec)) * seconds
+
+
+def run_nni(trials: int, slots: int, seconds: float, tuner: str, tmp: Path) -> tuple[float, int, float]:
+    """The NNI engine on the dummy workload; returns wall time, completed trials and the ideal time."""
+    from hpo.nni.engine import run_nni as run_nni_engine
+
+    spec = experiment(trials, slots, None, {"name": tuner, "seed": 0, "options": {"assessor": "none"}})
+    url = f"sqlite:///{tmp}/hpo-nni.db"
+    storage = SqlStorage(url, upgrade=True)
+    run_dir = tmp / "run-nni"
+    eid = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    with contextlib.chdir(REPO):  # NNI runs each trial in the directory it was started from
+        start = time.perf_counter()
+        ending = run_nni_engine(spec, storage, eid, run_dir, url, port=18080, quiet=True,
+                                command=dummy_nni_command(seconds))  # fmt: skip
+        wall = time.perf_counter() - start
+    if ending != "finished":
+        print(f"   nni: the NNI engine ended {ending}; NNI's files are in {run_dir / 'nni'}", file=sys.stderr)
+    return wall, storage.count_trials(eid, state=TrialState.COMPLETED), nni_ideal(spec, slots, seconds)
+
+
+def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path) -> tuple[float, int]:
+    spec = experiment(trials, slots, runner)
+    url = f"sqlite:///{tmp}/hpo-{runner['name']}.db"
+    storage = SqlStorage(url, upgrade=True)
+    eid = storage.create_experiment(spec.name, stored_form(spec, tmp / "run"), spec.direction)
+    study = Study(spec, storage, eid, tmp / "run", build_runner(spec, launch_builder=dummy_launch(seconds)), url)
+    start = time.perf_counter()
+    study.run()
+    wall = time.perf_counter() - start
+    study.runner.close()
+    return wall, storage.count_trials(eid, state=TrialState.COMPLETED)
+
+
+def run_optuna(trials: int, slots: int, seconds: float, tmp: Path) -> tuple[float, int]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp}/optuna.db", sampler=optuna.samplers.RandomSampler(0))
+
+    def objective(trial) -> float:
+        trial.suggest_float("optimizer.lr", 1e-4, 1e-2, log=True)
+        trial.suggest_categorical("optimizer.name", ["adamw", "lamb"])
+        cmd = [sys.executable, "-m", "bench.dummy_trial", "--launched-at", repr(time.time()), "--seconds", str(seconds)]
+        subprocess.run(cmd, check=True)
+        return 64.0
+
+    start = time.perf_counter()
+    study.optimize(objective, n_trials=trials, n_jobs=slots)
+    wall = time.perf_counter() - start
+    return wall, sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--slots", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=1.0)
-    ap.add_argument("--tuner", default="random", choices=["random", "smac_bo"])
+    ap.add_argument("--trials", type=int, default=200, help="trials per engine")
+    ap.add_argument("--slots", type=int, default=4, help="trials at once")
+    ap.add_argument("--seconds", type=float, default=1.0, help="length of one dummy trial")
+    ap.add_argument("--only", choices=["local", "dask", "nni", "optuna"], action="append",
+                    help="run only these engines, in this order (default: local, dask, optuna)")  # fmt: skip
+    ap.add_argument("--nni-tuner", choices=NNI_TUNERS, default="nni_random", help="the NNI engine's tuner")
     args = ap.parse_args()
+    engines = args.only or ["local", "dask", "optuna"]
     with tempfile.TemporaryDirectory() as tmp:
-        spec = experiment_from_dict({
-            "name": "overhead", "base_config": {}, "overrides": {"device": "cpu"},
-            "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
-                      "optimizer.name": {"choice": ["adamw", "lamb"]}},
-            "compare": ["optimizer.name"], "tuner": {"name": args.tuner, "seed": 0},
-            "budget": {"trials": args.trials, "max_parallel": args.slots},
-            "resources": {"gpus": "none", "cpu_slots": args.slots},
-        }, "overhead.yaml")  # fmt: skip
-        storage = SqlStorage(f"sqlite:///{tmp}/hpo.db", upgrade=True)
-        eid = storage.create_experiment(spec.name, spec.self_contained(), spec.direction)
-        study = Study(spec, storage, eid, Path(tmp) / "run", launch_builder=dummy_launch(args.seconds))
-        start = time.perf_counter()
-        study.run()
-        wall = time.perf_counter() - start
-        done = storage.count_trials(eid, state=TrialState.COMPLETED)
-    ideal = math.ceil(args.trials / args.slots) * args.seconds
-    overhead = 100 * (wall / ideal - 1)
-    print(f"{args.trials} trials x {args.seconds:g} s on {args.slots} slots, tuner {args.tuner}: "
-          f"{done} completed, wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %")  # fmt: skip
+        for engine in engines:
+            ideal = math.ceil(args.trials / args.slots) * args.seconds
+            if engine == "nni":
+                wall, done, ideal = run_nni(args.trials, args.slots, args.seconds, args.nni_tuner, Path(tmp))
+            elif engine == "optuna":
+                wall, done = run_optuna(args.trials, args.slots, args.seconds, Path(tmp))
+            elif engine == "dask":
+                from distributed import LocalCluster
+
+                with LocalCluster(n_workers=2, threads_per_worker=args.slots // 2, processes=True,
+                                  dashboard_address=None) as cluster:  # fmt: skip
+                    runner = {"name": "dask", "scheduler": cluster.scheduler_address}
+                    wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp))
+            else:
+                wall, done = run_ours(args.trials, args.slots, args.seconds, {"name": "local"}, Path(tmp))
+            overhead = 100 * (wall / ideal - 1)
+            print(f"{engine:>6}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
+                  f"wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

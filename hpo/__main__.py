@@ -1,5 +1,3 @@
-import sys
+from hpo.cli import entry
 
-from hpo.cli import main
-
-sys.exit(main())
+entry()

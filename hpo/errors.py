@@ -20,6 +20,14 @@ class NotFoundError(StorageError):
     """An experiment or trial id/name that does not exist."""
 
 
+class StaleAttemptError(StorageError):
+    """A trial process writes for an attempt that was replaced (its worker was lost and the trial re-queued)."""
+
+
+class ControllerBusyError(HpoError):
+    """Another live controller drives the experiment; the message names its host and pid."""
+
+
 class SchemaOutOfDateError(StorageError):
     """The database schema is older than the code; run `hpo db upgrade`."""
 

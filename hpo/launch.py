@@ -1,8 +1,11 @@
 """Building the command line and environment of one trial: a pure function, tested without starting anything.
 
-k = 1 GPU (or a CPU slot): `python -m trainer --config trial.yaml`.
-k > 1: `python -m torch.distributed.run --standalone-like rendezvous on 127.0.0.1:<port> --nproc_per_node k
--m trainer --config trial.yaml`, gloo on CPU and NCCL on GPU (the trainer picks the backend).
+Every runner launches the trial entry (`python -m hpo.trial_entry ...`, which wraps the trainer and records
+the trial in the database) the same way:
+
+k = 1 GPU (or a CPU slot): `python -m hpo.trial_entry ARGS`.
+k > 1: `python -m torch.distributed.run --nnodes=1 --nproc_per_node k --master_addr=127.0.0.1
+--master_port=<port> -m hpo.trial_entry ARGS`, gloo on CPU and NCCL on GPU (the trainer picks the backend).
 Each trial sees only its own GPUs through CUDA_VISIBLE_DEVICES; a CPU trial sees none.
 """
 
@@ -11,17 +14,19 @@ from __future__ import annotations
 import socket
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
+
+TRIAL_ENTRY = "hpo.trial_entry"
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    config_path: Path  # the trial's resolved trainer config
+    entry_args: tuple[str, ...]  # the arguments of the entry module (trial id, attempt, database, workdir)
     gpus: tuple[int, ...] = ()  # empty: CPU
     nproc: int = 1  # processes (ranks) of this trial: gpus_per_trial on GPU, cpu ranks on CPU
     master_port: int | None = None  # rendezvous port, needed when nproc > 1
     threads_per_process: int | None = None  # OMP/MKL threads on CPU
     python: str = sys.executable
+    module: str = TRIAL_ENTRY  # the entry module; benchmarks swap in a dummy workload
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -37,7 +42,7 @@ def build_launch(spec: LaunchSpec, base_env: dict[str, str]) -> tuple[list[str],
             "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={spec.nproc}",
             "--master_addr=127.0.0.1", f"--master_port={spec.master_port}",
         ]  # fmt: skip
-    cmd += ["-m", "trainer", "--config", str(spec.config_path)]
+    cmd += ["-m", spec.module, *spec.entry_args]
     env = dict(base_env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
     env["PYTHONUNBUFFERED"] = "1"

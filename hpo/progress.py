@@ -1,90 +1,131 @@
-"""What an experiment shows while it runs: one line per finished trial and a status line (trials done,
-running and waiting, why they wait, the best so far per arm). On a terminal the status line updates in
-place; otherwise it is printed when it changes, at most every few seconds."""
+"""What `hpo run` shows while an experiment runs: a line per finished trial and a live status (trials done,
+running and waiting of the total, the best so far per arm, elapsed time and an estimate of what remains).
+
+The view reads the database in its own thread, so the study loop never prints. On a terminal it is a rich
+`Live` display; otherwise (a log file, CI) it prints plain lines: each finished trial, and the status line
+when it changes, at most every `interval_s` seconds.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
-from hpo.trials import TrialResult, TrialState
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
+from hpo.errors import StorageError
+from hpo.storage.base import Storage, TrialRecord
+from hpo.trials import TrialState
 
-def describe_result(result: TrialResult) -> str:
-    m = result.metrics or {}
-    acc = result.best_mlm_accuracy
-    parts = [result.state.value]
-    if result.samples_to_target is not None:
-        parts.append(f"target at {result.samples_to_target:,} samples")
-    if acc is not None:
-        parts.append(f"best mlm_accuracy {acc:.4f}")
-    if m.get("samples"):
-        parts.append(f"{m['samples']:,} samples")
-    if result.reason:
-        parts.append(result.reason)
-    if result.objective is not None:
-        parts.append(f"objective {result.objective:,.4g}")
-    return ", ".join(parts)
+FINISHED = [s for s in TrialState if s.finished]
 
 
-class Progress:
-    def __init__(self, stream: TextIO | None = None, quiet: bool = False, interval_s: float = 5.0):
-        self.stream = stream or sys.stderr
-        self.quiet = quiet
-        self.tty = self.stream.isatty()
-        self.interval_s = interval_s
-        self._last_line = ""
-        self._last_time = 0.0
+def describe_trial(trial: TrialRecord) -> str:
+    """One line about a finished trial: state, target, accuracy, samples, reason, objective."""
+    parts = [trial.state.value]
+    if trial.samples_to_target is not None:
+        parts.append(f"target at {trial.samples_to_target:,} samples")
+    if trial.best_mlm_accuracy is not None:
+        parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
+    if trial.metrics.get("samples"):
+        parts.append(f"{trial.metrics['samples']:,} samples")
+    if trial.reason:
+        parts.append(trial.reason)
+    if trial.objective is not None:
+        parts.append(f"objective {trial.objective:,.4g}")
+    label = f"trial {trial.number}" + (f" [{trial.arm}]" if trial.arm else "")
+    label += f" (budget {trial.budget:.2f})" if trial.budget < 1 else ""
+    label += f" (confirmation, seed {trial.seed})" if trial.kind.value == "confirmation" else ""
+    return f"{label}: {', '.join(parts)}"
 
-    def start(self, study: Any) -> None:
-        self._say(f"experiment {study.spec.name}: {study.spec.budget.trials} trials, tuner {study.spec.tuner.name}, "
-                  f"{len(study.pool.slots)} slot(s): {', '.join(s.label for s in study.pool.slots)}")  # fmt: skip
 
-    def trial_finished(self, study: Any, record: Any, result: TrialResult) -> None:
-        arm = f" [{record.arm}]" if record.arm else ""
-        budget = f" (budget {record.budget:.2f})" if record.budget < 1 else ""
-        self._say(f"trial {record.number}{arm}{budget}: {describe_result(result)}")
+class ProgressView:
+    def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
+                 interval_s: float = 5.0, refresh_s: float = 0.5):  # fmt: skip
+        self.storage, self.experiment_id, self.total = storage, experiment_id, total
+        self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
+        self.interval_s, self.refresh_s = interval_s, refresh_s
+        self.started = time.monotonic()
+        self._seen: set[int] = set()
+        self._last_line, self._last_print = "", 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpo-progress", daemon=True)
+        self._live: Live | None = None
 
-    def update(self, study: Any) -> None:
-        now = time.monotonic()
-        if self.quiet or now - self._last_time < (0.5 if self.tty else self.interval_s):
-            return  # the status line costs database queries: build it only when it may be shown
-        line = self.status_line(study)
-        self._last_time = now
-        if self.tty:
-            self.stream.write("\r\033[K" + line)
-            self.stream.flush()
-        elif line != self._last_line:
-            self._say(line)
+    def start(self) -> ProgressView:
+        if self.console.is_terminal:
+            self._live = Live(self._table(""), console=self.console, refresh_per_second=4, transient=True)
+            self._live.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._tick(final=True)
+        if self._live is not None:
+            self._live.stop()
+        self.console.print(self._last_line)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self._tick()
+
+    def _tick(self, final: bool = False) -> None:
+        try:
+            counts = self.storage.count_trials_by_state(self.experiment_id)
+            done = sum(n for s, n in counts.items() if s.finished)
+            # Read the finished trials only when some are new (a large experiment is not re-read every tick).
+            finished = self.storage.list_trials(self.experiment_id, state=FINISHED) if done > len(self._seen) else []
+            best = self.storage.best_per_arm(self.experiment_id) or self._overall()
+            note = self.storage.get_experiment(self.experiment_id).controller_note or ""
+        except StorageError:
+            return  # the database is busy or away for a moment; the next tick tries again
+        for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
+            self._seen.add(trial.id)
+            self.console.print(describe_trial(trial))
+        line = self.status_line(counts, best, note)
+        if self._live is not None:
+            self._live.update(self._table(line, best))
+        elif not final and line != self._last_line and time.monotonic() - self._last_print >= self.interval_s:
+            self.console.print(line)
+            self._last_print = time.monotonic()
         self._last_line = line
 
-    def finish(self, study: Any) -> None:
-        if not self.quiet:
-            self._say(self.status_line(study))
+    def _overall(self) -> dict[str, TrialRecord]:
+        overall = self.storage.best_trial(self.experiment_id)
+        return {"overall": overall} if overall else {}
 
-    def status_line(self, study: Any) -> str:
-        counts = study.storage.count_trials_by_state(study.experiment_id)
+    def status_line(self, counts: dict[TrialState, int], best: dict[str, TrialRecord], note: str) -> str:
         done = sum(n for s, n in counts.items() if s.finished)
         running = counts.get(TrialState.RUNNING, 0)
-        left = study.spec.budget.trials - done - running
-        line = f"trials: {done} done, {running} running, {left} waiting"
-        why = study.waiting_reason()
-        if why and left:
-            line += f" ({why})"
-        best = study.storage.best_per_arm(study.experiment_id)
+        created = sum(counts.values())
+        total = max(self.total, created)
+        waiting = total - done - running
+        elapsed = time.monotonic() - self.started
+        line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {_duration(elapsed)}"
+        if 0 < done < total:
+            line += f", about {_duration(elapsed / done * (total - done))} left"
+        if "waiting:" in note and waiting:
+            line += f" ({note.split('waiting: ', 1)[1]})"
         if best:
             line += " | best: " + "; ".join(f"{arm}: trial {t.number} ({t.objective:,.4g})" for arm, t in best.items())
-        else:
-            overall = study.storage.best_trial(study.experiment_id)
-            if overall is not None:
-                line += f" | best: trial {overall.number} ({overall.objective:,.4g})"
         return line
 
-    def _say(self, line: str) -> None:
-        if self.quiet:
-            return
-        if self.tty:
-            self.stream.write("\r\033[K")
-        self.stream.write(line + "\n")
-        self.stream.flush()
+    def _table(self, line: str, best: dict[str, TrialRecord] | None = None) -> Table:
+        table = Table(show_header=False, box=None, pad_edge=False)
+        table.add_row(line.split(" | best:")[0] or "starting ...")
+        for arm, trial in (best or {}).items():
+            table.add_row(f"  best {arm}: trial {trial.number}, objective {trial.objective:,.4g}")
+        return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"

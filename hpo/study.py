@@ -1,45 +1,42 @@
-"""The local engine: controller -> runner -> storage, with several trials in flight.
+"""The study loop: suggestions from controllers to a runner, results from storage to the tuners.
+
+    controller.ask -> storage.create_trial -> runner.submit -> (the trial records itself) -> storage
+    -> controller.tell
 
 Every `compare` arm gets its own controller over the arm's sub-space (the compare keys fixed) and the same
-share of the trial budget, so ADAM and LAMB are tuned with equal effort. The loop keeps every free slot busy,
-streams each trial's reports into the database, and tells the controller each result. Failures are data:
-every way a trial can end becomes a recorded `TrialResult`, and the experiment goes on.
+share of the trial budget. The loop keeps the runner's free slots busy and tells each controller what the
+storage says about its trials; it does not start processes, read trial files or print (runners, the trial
+entry and the progress view do). Only a trial that ended without recording a result is finished here
+(`classify_exit`). With `budget.confirm_seeds: k`, once tuning is done each arm's best configuration runs k
+more times with other training seeds, as confirmation trials.
 
-Resume: trials a dead controller left RUNNING are re-queued (their leftover processes killed first) and run
-again; finished trials are replayed into the new controllers and never run again; the total number of trials
-stays `budget.trials`.
+Resume (`restore`): trials a dead controller left RUNNING are killed where the runner can and re-queued as a
+new attempt; finished trials are told to the new controllers in the order they finished, through the same
+`tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run; nothing finished
+runs again and the total stays `budget.trials`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpo.controllers import Controller, Suggestion, build_controller
-from hpo.experiment import ExperimentSpec, arm_label, arms, objective_value, trial_config
-from hpo.launch import LaunchSpec, build_launch, free_port
-from hpo.progress import Progress
-from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
-from hpo.runner import TrialProcess, classify
-from hpo.storage.base import ExperimentStatus, MetricPoint, Storage, TrialRecord
-from hpo.trials import TrialResult, TrialSpec, TrialState
+from hpo.errors import StorageError
+from hpo.experiment import ExperimentSpec, arm_label, arms, trial_config
+from hpo.objective import NOT_TOLD, objective_value, tuner_feedback
+from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
+from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
+from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.02
-METRIC_KEYS = ("loss", "train_mlm_accuracy", "lr", "sequences_per_s", "tokens_per_s", "token_imbalance",
-               "mlm_accuracy", "mlm_loss", "nsp_accuracy")  # fmt: skip
-
-
-# --------------------------------------------------------------------------- arms
+MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails
 
 
 def arm_subspace(space: SearchSpace, fixed: dict[str, Any]) -> SearchSpace:
@@ -60,67 +57,55 @@ def arm_subspace(space: SearchSpace, fixed: dict[str, Any]) -> SearchSpace:
     return SearchSpace.from_dict(kept)
 
 
+def arm_quotas(total: int, n: int) -> list[int]:
+    """Equal shares of the trial budget; the first arms take the remainder."""
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
 @dataclass
 class Arm:
     label: str | None
     fixed: dict[str, Any]
     quota: int
     controller: Controller
-    created: int = 0
+    created: int = 0  # tuning trials created in this arm
 
 
-def arm_quotas(total: int, n: int) -> list[int]:
-    """Equal shares of the trial budget; the first arms take the remainder."""
-    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+@dataclass(frozen=True)
+class Pending:
+    """A trial the loop owns: what to tell its controller when it ends."""
 
-
-# --------------------------------------------------------------------------- the loop
-
-
-@dataclass
-class RunningTrial:
-    record: TrialRecord
-    suggestion: Suggestion
+    trial_id: int
+    number: int
+    attempt: int
+    suggestion: Suggestion | None  # None for confirmation trials (nothing to tell)
     arm: Arm
-    slot: Slot
-    process: TrialProcess
-    config: Any  # TrainerConfig
 
 
 class Study:
     """Drives one experiment to completion (or until stopped)."""
 
-    def __init__(self, spec: ExperimentSpec, storage: Storage, experiment_id: int, run_dir: Path,
-                 progress: Progress | None = None, launch_builder=build_launch):  # fmt: skip
-        self.spec = spec
-        self.storage = storage
-        self.experiment_id = experiment_id
-        self.run_dir = Path(run_dir)
-        self.progress = progress or Progress(quiet=True)
-        self.launch_builder = launch_builder  # (LaunchSpec, env) -> (cmd, env); the trainer by default
-        self.pool = self._slot_pool()
+    def __init__(self, spec: ExperimentSpec, storage: Storage, experiment_id: int, run_dir: Path, runner: Runner,
+                 database_url: str):  # fmt: skip
+        self.spec, self.storage, self.experiment_id = spec, storage, experiment_id
+        self.run_dir, self.runner, self.database_url = Path(run_dir), runner, database_url
         self.arms = self._build_arms()
-        self.queue: list[tuple[TrialRecord, Suggestion, Arm]] = []
-        self.running: list[RunningTrial] = []
+        self.queue: list[Pending] = []
+        self.running: dict[int, Pending] = {}
+        self.confirmations_queued = False
+        self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
+        self._stop_checked = 0.0
 
-    # -- set-up ----------------------------------------------------------------------------------------
-
-    def _slot_pool(self) -> SlotPool:
-        res = self.spec.resources
-        inventory = [] if res.gpus == "none" else discover_gpus()
-        gpus, skipped = select_gpus(inventory, res.gpus if inventory else "none")
-        slots = plan_slots(gpus, res.gpus_per_trial, res.trials_per_gpu, cpu_slots=res.cpu_slots)
-        return SlotPool(slots[: self.spec.budget.max_parallel], skipped)
+    # -- set-up ------------------------------------------------------------------------------------------
 
     def _build_arms(self) -> list[Arm]:
         all_arms = arms(self.spec)
         quotas = arm_quotas(self.spec.budget.trials, len(all_arms))
         built = []
         for i, (fixed, quota) in enumerate(zip(all_arms, quotas, strict=True)):
-            label = arm_label(fixed) if fixed else None
             sub = arm_subspace(self.spec.space, fixed) if fixed else self.spec.space
             controller = self._controller(sub, quota, self.run_dir / "tuner" / f"arm{i}")
-            built.append(Arm(label, fixed, quota, controller))
+            built.append(Arm(arm_label(fixed) if fixed else None, fixed, quota, controller))
         return built
 
     def _controller(self, space: SearchSpace, quota: int, output_dir: Path) -> Controller:
@@ -130,53 +115,70 @@ class Study:
         return build_controller(name, space, tuner.seed, quota, output_dir, dict(tuner.options),
                                 **(fidelity if name == "smac_hyperband" else {}))  # fmt: skip
 
-    # -- resume ----------------------------------------------------------------------------------------
+    def _arm(self, label: str | None) -> Arm:
+        return next((a for a in self.arms if a.label == label), self.arms[0])
+
+    # -- resume ------------------------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """Replay finished trials into the controllers and queue the ones a dead controller left running."""
+        """Bring fresh controllers to where the dead one was, and queue the trials it left behind.
+
+        The controllers see the same history as live: the asks and tells of the stored trials are replayed in
+        the order they happened (asks at creation, tells at finishing), so a tuner asked again proposes the
+        very configurations it proposed before and is told their results in the same order."""
         for record in self.storage.list_trials(self.experiment_id, state=TrialState.RUNNING):
-            _kill_leftover(record)
-        requeued = {r.id for r in self.storage.requeue_interrupted(self.experiment_id)}
-        by_label = {a.label: a for a in self.arms}
-        for record in self.storage.list_trials(self.experiment_id):
-            arm = by_label.get(record.arm, self.arms[0])
-            arm.created += 1
-            params = {k: v for k, v in record.params.items() if k not in arm.fixed}
-            if record.state.finished:
-                cost = record.objective if record.objective is None else self._cost(record.objective)
-                arm.controller.replay(params, record.budget, cost)
-            elif record.id in requeued or record.state == TrialState.QUEUED:
-                self.queue.append((record, Suggestion(params, record.budget), arm))
+            self.runner.kill_leftover(record.host, record.pid)
+        self.storage.requeue_interrupted(self.experiment_id)
+        records = self.storage.list_trials(self.experiment_id)
+        suggestions: dict[int, Suggestion | None] = {}
+        for _, event, record in sorted(_history_events(records), key=lambda e: e[0]):
+            arm = self._arm(record.arm)
+            if event == "ask":
+                suggestions[record.id] = self._ask_again(arm, record)
+            else:
+                self._tell(suggestions[record.id], record)
+        for record in records:
+            if record.kind is not TrialKind.TUNING:
+                self.confirmations_queued = True
+            if record.state == TrialState.QUEUED:
+                arm = self._arm(record.arm)
+                self.queue.append(Pending(record.id, record.number, record.attempt, suggestions.get(record.id), arm))
 
-    def _cost(self, objective: float) -> float:
-        return -objective if self.spec.direction == "maximize" else objective
+    def _ask_again(self, arm: Arm, record: TrialRecord) -> Suggestion | None:
+        """The controller's suggestion for a stored trial: asked again (the same one, for a deterministic
+        tuner), or, if it proposes something else, the stored parameters to be told as a replay."""
+        if record.kind is not TrialKind.TUNING:
+            return None
+        arm.created += 1
+        stored = Suggestion({k: v for k, v in record.params.items() if k not in arm.fixed}, record.budget)
+        asked = arm.controller.ask()
+        return asked if (asked.params, asked.budget) == (stored.params, stored.budget) else stored
 
-    # -- the loop --------------------------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> ExperimentStatus:
-        """Run trials until every arm has used its share; returns how the experiment ended."""
-        self.progress.start(self)
-        try:
-            while True:
-                if self._stop_requested():
-                    self._stop_all("experiment stopped by request")
-                    return ExperimentStatus.STOPPED
-                while self.pool.free and self._start_next():
-                    pass
-                finished = self._poll()
-                if not self.running and not self.queue and not self._arm_with_quota():
-                    return ExperimentStatus.FINISHED
-                self.progress.update(self)
-                self._write_status()
-                if not finished:
-                    time.sleep(POLL_INTERVAL_S)
-        finally:
-            self.progress.finish(self)
+        """Run trials until every arm has used its share (and confirmations ran); how the experiment ended."""
+        while True:
+            if self._stop_requested():
+                self.stop("experiment stopped by request")
+                return ExperimentStatus.STOPPED
+            while self.runner.free_slots() > 0 and self._start_next():
+                pass
+            exits = self.runner.poll()
+            self._handle(exits)
+            if not self.running and not self.queue and self._arm_with_quota() is None:
+                if self.spec.budget.confirm_seeds and not self.confirmations_queued:
+                    self._queue_confirmations()
+                    continue
+                return ExperimentStatus.FINISHED
+            self._update_note()
+            if not exits:
+                time.sleep(POLL_INTERVAL_S)
 
     def _stop_requested(self, every_s: float = 1.0) -> bool:
-        """Polls the database's stop flag (set by the server's stop action) at most once a second."""
+        """Polls the database's stop flag (set by the API's stop action) at most once a second."""
         now = time.monotonic()
-        if now - getattr(self, "_stop_checked", 0.0) < every_s:
+        if now - self._stop_checked < every_s:
             return False
         self._stop_checked = now
         return self.storage.is_stop_requested(self.experiment_id)
@@ -188,141 +190,124 @@ class Study:
 
     def _start_next(self) -> bool:
         if self.queue:
-            record, suggestion, arm = self.queue.pop(0)
+            pending = self.queue.pop(0)
         else:
             arm = self._arm_with_quota()
             if arm is None:
                 return False
             suggestion = arm.controller.ask()
             params = {**arm.fixed, **suggestion.params}
-            cfg_batch = self._global_batch(params)
-            spec = TrialSpec(self.storage.next_trial_number(self.experiment_id), params, arm.label,
-                             suggestion.budget, (), cfg_batch)  # fmt: skip
+            spec = TrialSpec(None, params, arm.label, suggestion.budget, (), self._global_batch(params))
             record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
             arm.created += 1
-        self._launch(record, suggestion, arm)
+            pending = Pending(record.id, record.number, record.attempt, suggestion, arm)
+        self.runner.submit(self._launch(pending))
+        self.running[pending.trial_id] = pending
         return True
 
     def _global_batch(self, params: dict[str, Any]) -> int | None:
         try:
             return trial_config(self.spec, params).batch.global_batch_size
         except Exception:
-            return None  # an invalid configuration is recorded as a failed trial when it is launched
+            return None  # an invalid configuration: the trial entry records it as a failed trial
 
-    def _launch(self, record: TrialRecord, suggestion: Suggestion, arm: Arm) -> None:
-        slot = self.pool.acquire()
-        trial_dir = self.run_dir / "trials" / f"{record.number:05d}"
-        params = {**arm.fixed, **suggestion.params}
-        try:
-            cfg = self._trial_config(params, suggestion.budget, trial_dir, record)
-        except Exception as e:  # a configuration the trainer rejects: a failed trial, not a dead controller
-            self.pool.release(slot)
-            self._finish(record, suggestion, arm, TrialResult(TrialState.FAILED, f"invalid trial config: {e}"))
-            return
-        cmd, env = self.launch_builder(self._launch_spec(cfg, trial_dir, slot), dict(os.environ))
-        (trial_dir / "report.jsonl").unlink(missing_ok=True)
-        process = TrialProcess.start(cmd, env, trial_dir, self.spec.budget.trial_timeout_s,
-                                     self.spec.resources.memory_limit_mb)  # fmt: skip
-        self.storage.mark_trial_running(record.id, slot.gpus, pid=process.popen.pid, host=socket.gethostname())
-        self.running.append(RunningTrial(record, suggestion, arm, slot, process, cfg))
+    def _launch(self, pending: Pending) -> TrialLaunch:
+        res, budget = self.spec.resources, self.spec.budget
+        workdir = self.run_dir / "trials" / f"{pending.number:05d}"
+        gpus = 0 if res.gpus == "none" else res.gpus_per_trial
+        return TrialLaunch(pending.trial_id, pending.number, pending.attempt, self.database_url, workdir, gpus,
+                           res.cpu_ranks_per_trial, budget.trial_timeout_s, res.memory_limit_mb)  # fmt: skip
 
-    def _trial_config(self, params: dict[str, Any], budget: float, trial_dir: Path, record: TrialRecord):
-        cfg = trial_config(self.spec, params, fidelity=min(budget, 1.0))
-        updates = {"log": cfg.log.model_copy(update={"jsonl": str(trial_dir / "report.jsonl")})}
-        if self.spec.tuner.name == "smac_hyperband":  # a promoted configuration continues from its checkpoint
-            ckpt = self.run_dir / "checkpoints" / _params_key(params)
-            updates["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": str(ckpt), "resume": True})
-        cfg = cfg.model_copy(update=updates)
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        (trial_dir / "trial.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        return cfg
-
-    def _launch_spec(self, cfg, trial_dir: Path, slot: Slot) -> LaunchSpec:
-        ranks = self.spec.resources.ranks_per_trial(on_gpu=bool(slot.gpus))
-        cores = os.cpu_count() or 1
-        threads = None if slot.gpus else max(1, cores // (len(self.pool.slots) * ranks))
-        port = free_port() if ranks > 1 else None
-        return LaunchSpec(trial_dir / "trial.yaml", slot.gpus, ranks, port, threads)
-
-    def _poll(self) -> int:
-        """Stream reports of running trials into storage; finish those that ended. Returns how many ended."""
-        ended = 0
-        for trial in list(self.running):
-            self._store_metrics(trial)
-            code = trial.process.poll()
-            if code is None:
+    def _handle(self, exits: list[TrialExit]) -> None:
+        """Finish what ended without a result, re-queue lost attempts, tell tuners in finishing order."""
+        ended = []
+        for exit in exits:
+            pending = self.running.pop(exit.trial_id, None)
+            if pending is None or pending.attempt != exit.attempt:
                 continue
-            self._store_metrics(trial)
-            state, reason = classify(code, trial.process.final, trial.process.stderr_tail(), trial.process.timed_out)
-            self.running.remove(trial)
-            self.pool.release(trial.slot)
-            self._finish(trial.record, trial.suggestion, trial.arm, self._result(trial, state, reason))
-            ended += 1
-        return ended
+            record = self.storage.get_trial(exit.trial_id)
+            if exit.lost and not record.state.finished and record.attempt < MAX_REQUEUES:
+                record = self.storage.requeue_trial(record.id, record.attempt, f"interrupted: {exit.lost}; re-queued")
+                self.queue.insert(0, replace(pending, attempt=record.attempt))
+                continue
+            if not record.state.finished:
+                record = self._reconcile(record, exit)
+            ended.append((pending, record))
+        for pending, record in sorted(ended, key=lambda e: _finish_order(e[1])):
+            self._tell(pending.suggestion, record)
 
-    def _store_metrics(self, trial: RunningTrial) -> None:
-        points = []
-        for r in trial.process.read_new_records():
-            if r.get("kind") == "intermediate":
-                values = {k: float(r[k]) for k in METRIC_KEYS if isinstance(r.get(k), (int, float))}
-                points.append(MetricPoint(int(r.get("step", 0)), r.get("samples"), values))
-        if points:
-            self.storage.add_metrics(trial.record.id, points)
+    def _reconcile(self, record: TrialRecord, exit: TrialExit) -> TrialRecord:
+        """Record an attempt that ended without a final record (killed, timed out, crashed, lost)."""
+        state, reason = classify_exit(exit)
+        if exit.lost:
+            reason = f"{reason} (after {record.attempt + 1} attempts)"
+        result = TrialResult(state, reason, self._missed_objective(record), duration_s=exit.duration_s)
+        with contextlib.suppress(StorageError):  # it recorded itself at this very moment: its own record wins
+            self.storage.finish_trial(record.id, result, attempt=exit.attempt)
+        return self.storage.get_trial(record.id)
 
-    def _result(self, trial: RunningTrial, state: TrialState, reason: str | None) -> TrialResult:
-        final = trial.process.final or {}
-        objective = objective_value(self.spec, final, trial.config)
-        stored = -objective if self.spec.direction == "maximize" else objective
-        return TrialResult(
-            state, reason, stored, final.get("samples_to_target"), final.get("time_to_target_s"),
-            final.get("best_mlm_accuracy"), trial.process.elapsed_s, final,
-        )  # fmt: skip
+    def _missed_objective(self, record: TrialRecord) -> float | None:
+        """The objective of a run that produced no result: its penalty, from the best accuracy it reported."""
+        try:
+            cfg = trial_config(self.spec, record.params, fidelity=min(record.budget, 1.0))
+        except Exception:
+            return None
+        evals = [m.value for m in self.storage.get_metrics(record.id, "mlm_accuracy") if m.value == m.value]
+        partial = TrainResult(TrainStatus.FAILED, best_mlm_accuracy=max(evals) if evals else None)
+        return objective_value(self.spec, partial, cfg)
 
-    def _finish(self, record: TrialRecord, suggestion: Suggestion, arm: Arm, result: TrialResult) -> None:
-        self.storage.finish_trial(record.id, result)
-        usable = result.state in (TrialState.COMPLETED, TrialState.DIVERGED, TrialState.TIMEOUT)
-        cost = self._cost(result.objective) if usable and result.objective is not None else None
-        if suggestion.handle is not None:
-            arm.controller.tell(suggestion, cost)
-        else:
-            arm.controller.replay(suggestion.params, suggestion.budget, cost)
-        self.progress.trial_finished(self, record, result)
-
-    def _stop_all(self, reason: str) -> None:
-        for trial in list(self.running):
-            trial.process.kill()
-            trial.process.popen.wait()
-            self.running.remove(trial)
-            self.pool.release(trial.slot)
-            self.storage.finish_trial(trial.record.id, TrialResult(TrialState.FAILED, reason))
-
-    def _write_status(self, every_s: float = 2.0) -> None:
-        """A small file `hpo status` reads: what the controller sees and why trials wait."""
-        now = time.time()
-        if now - getattr(self, "_status_time", 0.0) < every_s:
+    def _tell(self, suggestion: Suggestion | None, record: TrialRecord) -> None:
+        if suggestion is None or record.kind is not TrialKind.TUNING:
             return
-        self._status_time = now
-        status = {"time": now, "line": self.progress.status_line(self), "waiting": self.waiting_reason()}
-        tmp = self.run_dir / ".status.json.tmp"
-        tmp.write_text(json.dumps(status))
-        tmp.replace(self.run_dir / "status.json")
+        feedback = tuner_feedback(self.spec, record.state, record.objective, record.metrics)
+        if feedback is NOT_TOLD:
+            return
+        controller = self._arm(record.arm).controller
+        if suggestion.handle is not None:
+            controller.tell(suggestion, feedback)
+        else:
+            controller.replay(suggestion.params, suggestion.budget, feedback)
 
-    # -- what the progress display asks ------------------------------------------------------------------
+    def _queue_confirmations(self) -> None:
+        """k more runs of each arm's best configuration, with the training seeds after the config's."""
+        self.confirmations_queued = True
+        for arm in self.arms:
+            best = self.storage.best_trial(self.experiment_id, arm=arm.label)
+            if best is None:
+                continue  # no trial of this arm completed: nothing to confirm (the verdict says so)
+            seed = trial_config(self.spec, best.params).seed
+            for k in range(self.spec.budget.confirm_seeds):
+                spec = TrialSpec(None, best.params, arm.label, 1.0, (), best.global_batch_size,
+                                 TrialKind.CONFIRMATION, seed + 1 + k)  # fmt: skip
+                record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
+                self.queue.append(Pending(record.id, record.number, record.attempt, None, arm))
 
-    def waiting_reason(self) -> str:
-        if self.queue or self._arm_with_quota():
-            return self.pool.why_waiting()
-        return ""
+    def stop(self, reason: str) -> None:
+        """Kill running attempts and record them as failed with `reason`; queued trials wait for a resume."""
+        for exit in self.runner.cancel_all():
+            pending = self.running.pop(exit.trial_id, None)
+            if pending is None:
+                continue
+            with contextlib.suppress(StorageError):  # it recorded its own result just before
+                self.storage.finish_trial(exit.trial_id, TrialResult(TrialState.FAILED, reason), attempt=exit.attempt)
+
+    def _update_note(self, every_s: float = 1.0) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_noted", 0.0) < every_s:
+            return
+        self._noted = now
+        waiting = self.queue or self._arm_with_quota() is not None
+        why = self.runner.why_waiting() if waiting else ""
+        self.note = f"{len(self.running)} running, {len(self.queue)} queued" + (f"; waiting: {why}" if why else "")
 
 
-def _params_key(params: dict[str, Any]) -> str:
-    import hashlib
+def _history_events(records: list[TrialRecord]):
+    """(time, "ask" | "tell", record): when each stored trial was proposed and when it was finished."""
+    for record in records:
+        yield (record.created_at, 0, record.number), "ask", record
+        if record.state.finished:
+            yield (record.finished_at, 1, record.number), "tell", record
 
-    return hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-
-def _kill_leftover(record: TrialRecord) -> None:
-    """A trial process group that outlived its controller would run twice: end it before re-queuing."""
-    if record.pid and record.host == socket.gethostname():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signal.SIGKILL)
+def _finish_order(record: TrialRecord) -> tuple[datetime, int]:
+    return (record.finished_at or datetime.max.replace(tzinfo=timezone.utc), record.number)

@@ -25,16 +25,23 @@ class TrialState(str, Enum):
         return self in (TrialState.COMPLETED, TrialState.DIVERGED, TrialState.FAILED, TrialState.TIMEOUT)
 
 
+class TrialKind(str, Enum):
+    TUNING = "tuning"  # proposed by a tuner
+    CONFIRMATION = "confirmation"  # an arm's best configuration re-run with another training seed
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """What to run: parameters (dotted trainer-config keys) on a share of the training budget."""
 
-    number: int  # 0, 1, 2, ... within the experiment
+    number: int | None  # 0, 1, 2, ... within the experiment; None: the storage assigns the next one atomically
     params: dict[str, Any]
     arm: str | None = None  # the value(s) of the experiment's `compare` keys, e.g. "optimizer.name=lamb"
     budget: float = 1.0  # fraction of budget.max_samples (multi-fidelity); 1.0 = full
     gpus: tuple[int, ...] = ()  # device ids; empty = CPU slot
     global_batch_size: int | None = None
+    kind: TrialKind = TrialKind.TUNING
+    seed: int | None = None  # training seed, when it differs from the config's (confirmation runs)
 
 
 @dataclass(frozen=True)

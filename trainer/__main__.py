@@ -1,6 +1,7 @@
 """`python -m trainer --config CFG.yaml [dotted.key=value ...]` (or under torchrun for several processes).
 
-Exit codes: 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing trained), 3 diverged.
+Exit codes (`trainer.result`): 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing
+trained), 3 diverged.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import sys
 
 from trainer.config import load_config
 from trainer.errors import ConfigError, TrainerError
-
-EXIT_CODES = {"reached_target": 0, "budget_exhausted": 0, "failed": 1, "diverged": 3}
+from trainer.result import EXIT_BAD_CONFIG, TrainStatus
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     from trainer.config import dump_config
     from trainer.distributed import cleanup
     from trainer.report import JsonLinesReporter
@@ -42,15 +42,18 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg, reporter)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     except TrainerError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return TrainStatus.FAILED.exit_code
     finally:
         reporter.close()
         cleanup()
-    print(f"finished: {result['status']}" + (f" ({result['reason']})" if result["reason"] else ""), file=sys.stderr)
-    return EXIT_CODES[result["status"]]
+    if result.status is TrainStatus.FAILED:
+        print(f"error: {result.reason}", file=sys.stderr)
+    else:
+        print(f"finished: {result.status.value}" + (f" ({result.reason})" if result.reason else ""), file=sys.stderr)
+    return result.status.exit_code
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from trainer.result import TrainResult
+
 
 class Reporter(Protocol):
     def intermediate(self, metrics: dict[str, Any]) -> None:
         """A progress or evaluation record (samples, loss, mlm_accuracy, ...)."""
 
-    def final(self, result: dict[str, Any]) -> None:
+    def final(self, result: TrainResult) -> None:
         """The run's final result (status, samples_to_target, ...); called exactly once."""
 
 
@@ -38,8 +40,8 @@ class JsonLinesReporter:
     def intermediate(self, metrics: dict[str, Any]) -> None:
         self._write("intermediate", metrics)
 
-    def final(self, result: dict[str, Any]) -> None:
-        self._write("final", result)
+    def final(self, result: TrainResult) -> None:
+        self._write("final", result.to_dict())
 
     def close(self) -> None:
         if self._own:
@@ -52,7 +54,7 @@ class NullReporter:
     def intermediate(self, metrics: dict[str, Any]) -> None:
         pass
 
-    def final(self, result: dict[str, Any]) -> None:
+    def final(self, result: TrainResult) -> None:
         pass
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, NamedTuple
 
-from hpo.trials import TrialResult, TrialSpec, TrialState
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 
 class Direction(str, Enum):
@@ -40,6 +40,10 @@ class ExperimentRecord:
     stop_requested: bool
     created_at: datetime  # timezone-aware, UTC
     ended_at: datetime | None  # when the status last left RUNNING
+    controller_host: str | None = None  # the controller driving it (None when none holds it)
+    controller_pid: int | None = None
+    heartbeat_at: datetime | None = None  # the controller's last heartbeat
+    controller_note: str | None = None  # what the controller last said: progress and why trials wait
 
 
 @dataclass(frozen=True)
@@ -61,15 +65,20 @@ class TrialRecord:
     duration_s: float | None
     metrics: dict[str, Any]  # the trainer's final record
     host: str | None
-    pid: int | None
+    pid: int | None  # the process group of the trial on `host`
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    worker: str | None = None  # where the runner ran it (a Dask worker address, a CPU/GPU slot)
+    attempt: int = 0  # how many times it was re-queued (a lost worker, a dead controller)
+    kind: TrialKind = TrialKind.TUNING
+    seed: int | None = None  # the training seed when it differs from the config's
 
     @property
     def spec(self) -> TrialSpec:
         """What was asked to run, in the shared vocabulary."""
-        return TrialSpec(self.number, self.params, self.arm, self.budget, self.gpus, self.global_batch_size)
+        return TrialSpec(self.number, self.params, self.arm, self.budget, self.gpus, self.global_batch_size,
+                         self.kind, self.seed)  # fmt: skip
 
     @property
     def result(self) -> TrialResult | None:
@@ -123,11 +132,20 @@ class Storage(abc.ABC):
       never escape. Invalid argument values (an unknown direction, a negative limit) raise ValueError.
     - Trial states only move forward: QUEUED -> RUNNING -> a finished state (COMPLETED, DIVERGED, FAILED,
       TIMEOUT). A finished trial is never changed again: finishing it twice raises StorageError, so a resumed
-      controller cannot overwrite a result by accident. The only way back is `requeue_interrupted`, for trials
-      a dead controller left RUNNING.
+      controller cannot overwrite a result by accident. The only ways back are `requeue_interrupted` (trials
+      a dead controller left RUNNING) and `requeue_trial` (a trial whose worker was lost); both add one to the
+      trial's `attempt`.
+    - Attempts fence stale writers: the methods that take `attempt=` (start, finish, add metrics) refuse with
+      StaleAttemptError when the trial has moved on to another attempt, so a process left over from a lost
+      worker can never overwrite the result or the curve of the run that replaced it.
+    - Trial numbers are assigned atomically when a TrialSpec has `number=None`: concurrent creators (several
+      controllers, NNI trial processes) never collide.
+    - One live controller per experiment: `claim_controller` succeeds for a free experiment, for one whose
+      holder stopped heartbeating, or for the holder itself; `heartbeat` keeps the claim.
     - `objective` is stored as reported. The best trial is the COMPLETED trial with the lowest objective in a
       "minimize" experiment, the highest in a "maximize" one; ties go to the lowest trial number. Trials
-      without an objective, and trials that diverged, failed or timed out, are never the best.
+      without an objective, trials that diverged, failed or timed out, and confirmation trials (re-runs of a
+      best configuration with other seeds) are never the best.
     - NaN is not a value a database can store everywhere: NaN objectives and accuracies are stored as None,
       NaN/inf inside JSON (params, metrics, spec) as null.
     - Timestamps are timezone-aware UTC. Records are frozen snapshots, not live views.
@@ -156,6 +174,19 @@ class Storage(abc.ABC):
         """Change the experiment's status. Setting RUNNING again (a resume) clears a pending stop request."""
 
     @abc.abstractmethod
+    def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
+        """Become the experiment's controller (and heartbeat now); raises ControllerBusyError naming the host
+        and pid of a holder whose last heartbeat is younger than `stale_after_s`."""
+
+    @abc.abstractmethod
+    def heartbeat(self, experiment_id: int, host: str, pid: int, note: str | None = None) -> bool:
+        """Record that this controller is alive (with what it sees); False when another controller holds it."""
+
+    @abc.abstractmethod
+    def release_controller(self, experiment_id: int, host: str, pid: int) -> None:
+        """Give the experiment up (the controller ends normally); no-op when another one holds it."""
+
+    @abc.abstractmethod
     def request_stop(self, experiment_id: int) -> None:
         """Ask the experiment's controller to stop (the server's "stop" action); the controller polls it."""
 
@@ -167,7 +198,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
-        """Record a QUEUED trial and return its id; a number already used in the experiment raises StorageError."""
+        """Record a QUEUED trial and return its id. `spec.number=None` takes the next number atomically; a
+        number already used in the experiment raises StorageError."""
 
     @abc.abstractmethod
     def next_trial_number(self, experiment_id: int) -> int:
@@ -175,16 +207,30 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def mark_trial_running(
-        self, trial_id: int, gpus: Iterable[int] | None = None, *, pid: int | None = None, host: str | None = None
+        self,
+        trial_id: int,
+        gpus: Iterable[int] | None = None,
+        *,
+        pid: int | None = None,
+        host: str | None = None,
+        worker: str | None = None,
+        attempt: int | None = None,
     ) -> None:
-        """Move a QUEUED trial to RUNNING on these GPUs (None keeps the planned ones); any other state raises."""
+        """Move a QUEUED trial to RUNNING on these GPUs (None keeps the planned ones); any other state raises.
+        With `attempt`, only that attempt may start (StaleAttemptError otherwise)."""
 
     @abc.abstractmethod
-    def finish_trial(self, trial_id: int, result: TrialResult) -> None:
+    def finish_trial(self, trial_id: int, result: TrialResult, *, attempt: int | None = None) -> None:
         """Record how a queued or running trial ended; `result.state` must be a finished state.
 
-        Finishing an already finished trial raises StorageError and changes nothing.
+        Finishing an already finished trial raises StorageError and changes nothing; with `attempt`, a trial
+        that has moved on to another attempt raises StaleAttemptError.
         """
+
+    @abc.abstractmethod
+    def requeue_trial(self, trial_id: int, attempt: int, reason: str) -> TrialRecord:
+        """Put a QUEUED or RUNNING trial at `attempt` back to QUEUED as attempt + 1 (its worker was lost): pid,
+        host, worker and start time cleared, the attempt's metric rows deleted, `reason` recorded."""
 
     @abc.abstractmethod
     def get_trial(self, trial_id: int) -> TrialRecord:
@@ -203,8 +249,10 @@ class Storage(abc.ABC):
         arm: str | None = None,
         offset: int = 0,
         limit: int | None = None,
+        order_by: str = "number",
     ) -> list[TrialRecord]:
-        """The experiment's trials in number order, filtered by state(s) and arm, one page of them."""
+        """The experiment's trials, filtered by state(s) and arm, one page of them: in number order, or with
+        `order_by="objective"` best objective first (ties by number), trials without an objective last."""
 
     @abc.abstractmethod
     def count_trials(
@@ -228,8 +276,9 @@ class Storage(abc.ABC):
     # -- metrics -------------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple]) -> int:
-        """Append a batch of intermediate reports in one transaction; returns how many values were stored."""
+    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple], *, attempt: int | None = None) -> int:
+        """Append a batch of intermediate reports in one transaction; returns how many values were stored.
+        With `attempt`, a trial that has moved on to another attempt raises StaleAttemptError."""
 
     @abc.abstractmethod
     def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:

@@ -17,28 +17,36 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from hpo.errors import SchemaOutOfDateError, StorageError
 from hpo.storage.engine import WRITE_OPTION, create_storage_engine, safe_url, storage_error
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# The newest revision in migrations/versions (tests check it against Alembic's own head). Opening a storage
+# compares the database's revision with it in one query, without importing Alembic: every trial process and
+# read-only command opens one.
+HEAD_REVISION = "0002"
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed."""
+    from alembic import command
+
     _run_alembic(url, lambda config: command.upgrade(config, revision))
 
 
 def downgrade_database(url: str, revision: str) -> None:
     """Take the database at `url` back to `revision` ("base" drops every table); for tests and rollbacks."""
+    from alembic import command
+
     _run_alembic(url, lambda config: command.downgrade(config, revision))
 
 
@@ -47,7 +55,7 @@ def current_revision(url: str) -> str | None:
     engine = create_storage_engine(url)
     try:
         with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
+            return stored_revision(connection)
     except SQLAlchemyError as exc:
         raise storage_error(exc, url) from exc
     finally:
@@ -62,12 +70,22 @@ def head_revision() -> str:
     return head
 
 
+def stored_revision(connection: Connection) -> str | None:
+    """The revision recorded in the database's alembic_version table; None without one."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) > 1:
+        raise SchemaOutOfDateError(f"the database has several schema revisions ({', '.join(rows)}): one expected")
+    return rows[0] if rows else None
+
+
 def check_schema(connection: Connection, url: str) -> None:
     """Raise SchemaOutOfDateError unless the database's schema is exactly at the head revision."""
-    current = MigrationContext.configure(connection).get_current_revision()
-    head = head_revision()
-    if current == head:
+    current = stored_revision(connection)
+    if current == HEAD_REVISION:
         return
+    head = head_revision()
     where = safe_url(url)
     if current is None:
         problem = f"the database {where} has no hpo tables yet"
@@ -83,6 +101,8 @@ def check_schema(connection: Connection, url: str) -> None:
 
 def alembic_config(connection: Connection) -> Config:
     """Alembic's configuration for the shipped migrations, running on `connection`."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     # env.py runs the migrations on this connection: it carries the project's SQLite settings.
@@ -91,6 +111,8 @@ def alembic_config(connection: Connection) -> Config:
 
 
 def _run_alembic(url: str, alembic_command) -> None:
+    from alembic.util import CommandError
+
     engine = create_storage_engine(url)
     try:
         with engine.connect() as connection:
@@ -106,6 +128,9 @@ def _run_alembic(url: str, alembic_command) -> None:
 
 @functools.cache
 def _script_directory() -> ScriptDirectory:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     return ScriptDirectory.from_config(config)

@@ -56,6 +56,11 @@ class ExperimentModel(Base):
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # Liveness: the controller driving the experiment, and when it last said so (see hpo/liveness.py).
+    controller_host: Mapped[str | None] = mapped_column(String(255))
+    controller_pid: Mapped[int | None] = mapped_column(Integer)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    controller_note: Mapped[str | None] = mapped_column(Text)  # what the controller sees: why trials wait
 
 
 class TrialModel(Base):
@@ -92,7 +97,11 @@ class TrialModel(Base):
     duration_s: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     host: Mapped[str | None] = mapped_column(String(255))
-    pid: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)  # the trial's process group on `host`
+    worker: Mapped[str | None] = mapped_column(String(255))  # the runner's worker (a Dask address, a slot)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # +1 on every re-queue
+    kind: Mapped[str] = mapped_column(String(16), default="tuning", server_default="tuning")
+    seed: Mapped[int | None] = mapped_column(Integer)  # the training seed when it differs from the config's
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

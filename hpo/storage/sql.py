@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Select, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hpo.errors import NotFoundError, StorageError
+from hpo.errors import ControllerBusyError, NotFoundError, StaleAttemptError, StorageError
 from hpo.storage.base import (
     Direction,
     ExperimentRecord,
@@ -44,7 +44,7 @@ from hpo.storage.engine import (
 )
 from hpo.storage.migrate import check_schema, upgrade_database
 from hpo.storage.models import ExperimentModel, TrialMetricModel, TrialModel
-from hpo.trials import TrialResult, TrialSpec, TrialState
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 __all__ = ["SqlStorage", "default_database_url"]
 
@@ -170,6 +170,64 @@ class SqlStorage(Storage):
             else:
                 experiment.ended_at = _now()
 
+    def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
+        now = _now()
+        free = or_(
+            ExperimentModel.controller_pid.is_(None),
+            ExperimentModel.heartbeat_at.is_(None),
+            ExperimentModel.heartbeat_at < now - timedelta(seconds=stale_after_s),
+            (ExperimentModel.controller_host == host) & (ExperimentModel.controller_pid == pid),
+        )
+        claim = (
+            update(ExperimentModel)
+            .where(ExperimentModel.id == experiment_id, free)
+            .values(controller_host=host, controller_pid=pid, heartbeat_at=now, controller_note=None)
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as session:
+            # One conditional UPDATE: of two controllers claiming at once, exactly one wins.
+            if session.execute(claim).rowcount == 1:
+                return
+            experiment = _experiment(session, experiment_id)
+            age = (now - _utc(experiment.heartbeat_at)).total_seconds()
+            holder = f"host {experiment.controller_host}, pid {experiment.controller_pid}"
+        raise ControllerBusyError(
+            f"experiment {experiment.name!r} is driven by a live controller ({holder}, last heartbeat {age:.0f} s "
+            "ago); stop it first (Ctrl-C there, or `POST /api/v1/experiments/NAME/stop`), or wait until it ends"
+        )
+
+    def heartbeat(self, experiment_id: int, host: str, pid: int, note: str | None = None) -> bool:
+        beat = (
+            update(ExperimentModel)
+            .where(
+                ExperimentModel.id == experiment_id,
+                ExperimentModel.controller_host == host,
+                ExperimentModel.controller_pid == pid,
+            )
+            .values(heartbeat_at=_now(), controller_note=note)
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as session:
+            if session.execute(beat).rowcount == 1:
+                return True
+            _require_experiment(session, experiment_id)
+            return False
+
+    def release_controller(self, experiment_id: int, host: str, pid: int) -> None:
+        release = (
+            update(ExperimentModel)
+            .where(
+                ExperimentModel.id == experiment_id,
+                ExperimentModel.controller_host == host,
+                ExperimentModel.controller_pid == pid,
+            )
+            .values(controller_host=None, controller_pid=None, controller_note=None)
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as session:
+            _require_experiment(session, experiment_id)
+            session.execute(release)
+
     def request_stop(self, experiment_id: int) -> None:
         with self._session(write=True) as session:
             _experiment(session, experiment_id).stop_requested = True
@@ -184,27 +242,40 @@ class SqlStorage(Storage):
     # -- trials --------------------------------------------------------------------------------------------
 
     def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
-        trial = TrialModel(
-            experiment_id=experiment_id,
-            number=spec.number,
-            state=TrialState.QUEUED.value,
-            params=dict(spec.params),
-            arm=spec.arm,
-            budget=spec.budget,
-            gpus=list(spec.gpus),
-            global_batch_size=spec.global_batch_size,
-            metrics={},
-            created_at=_now(),
-        )
         with self._session(write=True) as session:
-            _require_experiment(session, experiment_id)
+            # Lock the experiment row (PostgreSQL; SQLite's write transaction is already exclusive), so the next
+            # number is computed by one creator at a time.
+            locked = select(ExperimentModel.id).where(ExperimentModel.id == experiment_id).with_for_update()
+            if session.scalar(locked) is None:
+                raise _experiment_not_found(experiment_id)
+            number = spec.number
+            if number is None:
+                highest = session.scalar(
+                    select(func.max(TrialModel.number)).where(TrialModel.experiment_id == experiment_id)
+                )
+                number = 0 if highest is None else highest + 1
+            trial = TrialModel(
+                experiment_id=experiment_id,
+                number=number,
+                state=TrialState.QUEUED.value,
+                params=dict(spec.params),
+                arm=spec.arm,
+                budget=spec.budget,
+                gpus=list(spec.gpus),
+                global_batch_size=spec.global_batch_size,
+                metrics={},
+                attempt=0,
+                kind=TrialKind(spec.kind).value,
+                seed=spec.seed,
+                created_at=_now(),
+            )
             session.add(trial)
             try:
                 session.flush()
             except IntegrityError as exc:
                 raise StorageError(
-                    f"experiment {experiment_id} already has a trial number {spec.number}: "
-                    "number new trials from next_trial_number()"
+                    f"experiment {experiment_id} already has a trial number {number}: "
+                    "number new trials from next_trial_number(), or pass number=None"
                 ) from exc
             return trial.id
 
@@ -217,18 +288,31 @@ class SqlStorage(Storage):
             return 0 if highest is None else highest + 1
 
     def mark_trial_running(
-        self, trial_id: int, gpus: Iterable[int] | None = None, *, pid: int | None = None, host: str | None = None
+        self,
+        trial_id: int,
+        gpus: Iterable[int] | None = None,
+        *,
+        pid: int | None = None,
+        host: str | None = None,
+        worker: str | None = None,
+        attempt: int | None = None,
     ) -> None:
-        values: dict[str, Any] = {"state": TrialState.RUNNING.value, "started_at": _now(), "pid": pid, "host": host}
+        values: dict[str, Any] = {
+            "state": TrialState.RUNNING.value,
+            "started_at": _now(),
+            "pid": pid,
+            "host": host,
+            "worker": worker,
+        }
         if gpus is not None:
             values["gpus"] = [int(gpu) for gpu in gpus]
         with self._session(write=True) as session:
             # One conditional UPDATE: of two workers claiming the same queued trial, exactly one wins.
-            claimed = _update_trial(session, trial_id, [TrialState.QUEUED.value], values)
+            claimed = _update_trial(session, trial_id, [TrialState.QUEUED.value], values, attempt)
             if not claimed:
-                raise _transition_error(session, trial_id, "start", "it is not queued")
+                raise _transition_error(session, trial_id, "start", "it is not queued", attempt)
 
-    def finish_trial(self, trial_id: int, result: TrialResult) -> None:
+    def finish_trial(self, trial_id: int, result: TrialResult, *, attempt: int | None = None) -> None:
         if not result.state.finished:
             raise ValueError(f"finish_trial needs a finished state, got {result.state.value!r} for trial {trial_id}")
         values = {
@@ -243,8 +327,25 @@ class SqlStorage(Storage):
             "finished_at": _now(),
         }
         with self._session(write=True) as session:
-            if not _update_trial(session, trial_id, _UNFINISHED, values):
-                raise _transition_error(session, trial_id, "finish", "a finished trial is never changed")
+            if not _update_trial(session, trial_id, _UNFINISHED, values, attempt):
+                raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
+
+    def requeue_trial(self, trial_id: int, attempt: int, reason: str) -> TrialRecord:
+        values = {
+            "state": TrialState.QUEUED.value,
+            "reason": reason,
+            "started_at": None,
+            "pid": None,
+            "host": None,
+            "worker": None,
+            "attempt": attempt + 1,
+        }
+        from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value]
+        with self._session(write=True) as session:
+            if not _update_trial(session, trial_id, from_states, values, attempt):
+                raise _transition_error(session, trial_id, "re-queue", "it has finished", attempt)
+            session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id == trial_id))
+            return _trial_record(_trial(session, trial_id))
 
     def get_trial(self, trial_id: int) -> TrialRecord:
         with self._session() as session:
@@ -267,14 +368,23 @@ class SqlStorage(Storage):
         arm: str | None = None,
         offset: int = 0,
         limit: int | None = None,
+        order_by: str = "number",
     ) -> list[TrialRecord]:
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError(f"offset and limit must not be negative, got offset={offset}, limit={limit}")
+        if order_by not in ("number", "objective"):
+            raise ValueError(f"order_by must be 'number' or 'objective', got {order_by!r}")
         query = select(TrialModel).where(*_trial_filters(experiment_id, state, arm))
-        query = query.order_by(TrialModel.number).offset(offset).limit(limit)
         with self._session() as session:
-            _require_experiment(session, experiment_id)
-            return [_trial_record(trial) for trial in session.scalars(query)]
+            if order_by == "objective":
+                best_first = TrialModel.objective.asc()
+                if _direction(session, experiment_id) is Direction.MAXIMIZE:
+                    best_first = TrialModel.objective.desc()
+                query = query.order_by(TrialModel.objective.is_(None), best_first, TrialModel.number)
+            else:
+                _require_experiment(session, experiment_id)
+                query = query.order_by(TrialModel.number)
+            return [_trial_record(trial) for trial in session.scalars(query.offset(offset).limit(limit))]
 
     def count_trials(
         self, experiment_id: int, *, state: TrialState | Collection[TrialState] | None = None, arm: str | None = None
@@ -300,7 +410,15 @@ class SqlStorage(Storage):
         requeue = (
             update(TrialModel)
             .where(TrialModel.experiment_id == experiment_id, TrialModel.state.in_(interrupted))
-            .values(state=TrialState.QUEUED.value, reason=REQUEUE_REASON, started_at=None, pid=None, host=None)
+            .values(
+                state=TrialState.QUEUED.value,
+                reason=REQUEUE_REASON,
+                started_at=None,
+                pid=None,
+                host=None,
+                worker=None,
+                attempt=TrialModel.attempt + 1,
+            )
             .returning(TrialModel.id)
             .execution_options(synchronize_session=False)
         )
@@ -316,10 +434,14 @@ class SqlStorage(Storage):
 
     # -- metrics -------------------------------------------------------------------------------------------
 
-    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple]) -> int:
+    def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple], *, attempt: int | None = None) -> int:
         rows = _metric_rows(trial_id, points)
         with self._session(write=True) as session:
-            _require_trial(session, trial_id)
+            current = session.scalar(select(TrialModel.attempt).where(TrialModel.id == trial_id))
+            if current is None:
+                raise NotFoundError(f"trial {trial_id} does not exist")
+            if attempt is not None and current != attempt:
+                raise _stale(trial_id, attempt, current)
             if rows:
                 session.execute(insert(TrialMetricModel), rows)
         return len(rows)
@@ -402,22 +524,33 @@ def _experiment_not_found(experiment_id: int) -> NotFoundError:
     return NotFoundError(f"experiment {experiment_id} does not exist")
 
 
-def _update_trial(session: Session, trial_id: int, from_states: Collection[str], values: dict[str, Any]) -> bool:
-    """Apply `values` if the trial is in one of `from_states`; whether it was."""
-    statement = (
-        update(TrialModel)
-        .where(TrialModel.id == trial_id, TrialModel.state.in_(from_states))
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
+def _update_trial(
+    session: Session, trial_id: int, from_states: Collection[str], values: dict[str, Any], attempt: int | None = None
+) -> bool:
+    """Apply `values` if the trial is in one of `from_states` (and at `attempt`, when given); whether it was."""
+    conditions = [TrialModel.id == trial_id, TrialModel.state.in_(from_states)]
+    if attempt is not None:
+        conditions.append(TrialModel.attempt == attempt)
+    statement = update(TrialModel).where(*conditions).values(**values).execution_options(synchronize_session=False)
     return session.execute(statement).rowcount == 1
 
 
-def _transition_error(session: Session, trial_id: int, action: str, why: str) -> StorageError:
-    state = session.scalar(select(TrialModel.state).where(TrialModel.id == trial_id))
-    if state is None:
+def _transition_error(
+    session: Session, trial_id: int, action: str, why: str, attempt: int | None = None
+) -> StorageError:
+    row = session.execute(select(TrialModel.state, TrialModel.attempt).where(TrialModel.id == trial_id)).first()
+    if row is None:
         return NotFoundError(f"trial {trial_id} does not exist")
-    return StorageError(f"cannot {action} trial {trial_id}: it is {state} ({why})")
+    if attempt is not None and row.attempt != attempt:
+        return _stale(trial_id, attempt, row.attempt)
+    return StorageError(f"cannot {action} trial {trial_id}: it is {row.state} ({why})")
+
+
+def _stale(trial_id: int, attempt: int, current: int) -> StaleAttemptError:
+    return StaleAttemptError(
+        f"trial {trial_id} is at attempt {current}, not {attempt}: this process belongs to a replaced attempt "
+        "(its worker was lost and the trial re-queued); its results are not recorded"
+    )
 
 
 def _trial_filters(
@@ -435,7 +568,12 @@ def _trial_filters(
 
 def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]]) -> Select[tuple[TrialModel]]:
     """The lowest-numbered trial with the best objective among COMPLETED trials meeting `conditions`."""
-    completed = [*conditions, TrialModel.state == TrialState.COMPLETED.value, TrialModel.objective.is_not(None)]
+    completed = [
+        *conditions,
+        TrialModel.state == TrialState.COMPLETED.value,
+        TrialModel.objective.is_not(None),
+        TrialModel.kind == TrialKind.TUNING.value,  # confirmation runs re-run a best config; they are not rivals
+    ]
     best_first = TrialModel.objective.asc() if direction is Direction.MINIMIZE else TrialModel.objective.desc()
     # Two index lookups: the best objective value, then the first trial that has it (ties -> earliest).
     # ORDER BY ... LIMIT 1 rather than MIN/MAX: PostgreSQL without fresh statistics (right after a bulk load)
@@ -468,6 +606,10 @@ def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
         stop_requested=bool(experiment.stop_requested),
         created_at=_utc(experiment.created_at),
         ended_at=_utc(experiment.ended_at),
+        controller_host=experiment.controller_host,
+        controller_pid=experiment.controller_pid,
+        heartbeat_at=_utc(experiment.heartbeat_at),
+        controller_note=experiment.controller_note,
     )
 
 
@@ -494,6 +636,10 @@ def _trial_record(trial: TrialModel) -> TrialRecord:
         created_at=_utc(trial.created_at),
         started_at=_utc(trial.started_at),
         finished_at=_utc(trial.finished_at),
+        worker=trial.worker,
+        attempt=trial.attempt or 0,
+        kind=TrialKind(trial.kind or TrialKind.TUNING.value),
+        seed=trial.seed,
     )
 
 

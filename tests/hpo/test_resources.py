@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from hpo.errors import ResourceError
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.resources import Gpu, Slot, SlotPool, plan_slots, select_gpus
+
+ARGS = ("--db", "sqlite:///x.db", "--trial-id", "7")
 
 
 def make_inventory(n=8, free_mb=80_000, busy=()):
@@ -70,29 +70,29 @@ def _exhausted(pool):
 
 
 def test_single_gpu_trial_command_and_environment():
-    cmd, env = build_launch(LaunchSpec(Path("t/trial.yaml"), gpus=(5,), python="py"), {"PATH": "/bin"})
-    assert cmd == ["py", "-m", "trainer", "--config", "t/trial.yaml"]
+    cmd, env = build_launch(LaunchSpec(ARGS, gpus=(5,), python="py"), {"PATH": "/bin"})
+    assert cmd == ["py", "-m", "hpo.trial_entry", *ARGS]
     assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["PATH"] == "/bin"
 
 
 def test_multi_gpu_trial_uses_torchrun_on_its_own_devices_and_port():
-    spec = LaunchSpec(Path("trial.yaml"), gpus=(2, 3), nproc=2, master_port=29611, python="py")
+    spec = LaunchSpec(ARGS, gpus=(2, 3), nproc=2, master_port=29611, python="py")
     cmd, env = build_launch(spec, {})
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert "--nproc_per_node=2" in cmd and "--master_port=29611" in cmd
-    assert cmd[-4:] == ["-m", "trainer", "--config", "trial.yaml"]
+    assert cmd[-6:] == ["-m", "hpo.trial_entry", *ARGS]
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 def test_cpu_trial_hides_gpus_and_sets_threads():
-    cmd, env = build_launch(LaunchSpec(Path("c.yaml"), nproc=2, master_port=1234, threads_per_process=1), {})
+    cmd, env = build_launch(LaunchSpec(ARGS, nproc=2, master_port=1234, threads_per_process=1), {})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1"
     assert "--nproc_per_node=2" in cmd
 
 
 def test_bad_launch_specs_are_rejected():
     with pytest.raises(ValueError, match="one process per GPU"):
-        build_launch(LaunchSpec(Path("x"), gpus=(0, 1), nproc=1), {})
+        build_launch(LaunchSpec(ARGS, gpus=(0, 1), nproc=1), {})
     with pytest.raises(ValueError, match="master_port"):
-        build_launch(LaunchSpec(Path("x"), nproc=2), {})
+        build_launch(LaunchSpec(ARGS, nproc=2), {})
     assert 0 < free_port() < 65536

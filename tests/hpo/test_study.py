@@ -17,14 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from hpo.errors import SchemaOutOfDateError
-from hpo.experiment import experiment_from_dict
+from hpo.experiment import experiment_from_dict, stored_form
+from hpo.runners import build_runner
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
 from hpo.study import Study, arm_quotas, arm_subspace
 from hpo.trials import TrialState
 from search_spaces.space import SearchSpace
 from tests.trainer.conftest import make_shards
+
+HEARTBEAT_S = 2.0
 
 
 def tiny_overrides(data_dir: Path, **extra) -> dict:
@@ -41,7 +43,7 @@ def tiny_overrides(data_dir: Path, **extra) -> dict:
 
 
 def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, compare=(), budget=None,
-              resources=None, **overrides):  # fmt: skip
+              resources=None, runner=None, **overrides):  # fmt: skip
     data = {
         "name": name,
         "base_config": {},
@@ -51,14 +53,16 @@ def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, 
         "tuner": {"name": tuner, "seed": 0},
         "budget": {"trials": trials, "max_parallel": 2, "trial_timeout_s": 120, **(budget or {})},
         "resources": {"gpus": "none", "cpu_slots": 2, **(resources or {})},
+        "runner": runner or {"name": "local"},
     }
     return experiment_from_dict(data, f"{name}.yaml", base_dir=tmp_path)
 
 
 def run_study(tmp_path: Path, spec, during=None):
-    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
-    experiment_id = storage.create_experiment(spec.name, spec.self_contained(), spec.direction)
-    study = Study(spec, storage, experiment_id, tmp_path / "run")
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    experiment_id = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    study = Study(spec, storage, experiment_id, tmp_path / "run", build_runner(spec), url)
     if during:
         threading.Thread(target=during, args=(storage, experiment_id), daemon=True).start()
     status = study.run()
@@ -159,35 +163,54 @@ def test_a_sigkilled_trial_is_recorded_and_its_slot_freed(tmp_path):
     assert len(got) == 3 and status == ExperimentStatus.FINISHED  # the freed slot ran the remaining trial
 
 
+def smac_history(run_dir: Path) -> list[tuple]:
+    """SMAC's own saved run history of the (single) arm: (configuration, budget, cost, status) in tell order."""
+    import json
+
+    (path,) = (run_dir / "tuner" / "arm0").rglob("runhistory.json")
+    saved = json.loads(path.read_text())
+    return [(json.dumps(saved["configs"][str(row["config_id"])], sort_keys=True), row["budget"], row["cost"],
+             row["status"]) for row in saved["data"]]  # fmt: skip
+
+
 def test_controller_sigkill_then_resume_finishes_without_running_anything_twice(tmp_path):
-    spec_file = tmp_path / "exp.yaml"
+    """Also: after the resume, SMAC's run history equals that of an uninterrupted run of the same file (the
+    crashed trial is told as a crash both times)."""
     import yaml
 
-    overrides = tiny_overrides(tmp_path / "data", **{"budget.max_samples": 160})
-    spec_file.write_text(yaml.safe_dump({
-        "name": "resumable", "base_config": {}, "overrides": overrides,
-        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
-        "tuner": {"name": "smac_bo", "seed": 0}, "budget": {"trials": 4, "max_parallel": 1},
+    # 200 steps: long enough that the controller is killed while a trial trains, whatever the machine's load
+    overrides = tiny_overrides(tmp_path / "data", **{"budget.max_samples": 1600})
+    experiment = {
+        "base_config": {}, "overrides": overrides,
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
+                  "precision.dtype": {"choice": ["fp32", "fp16"]}},  # fp16 needs a GPU: those trials fail
+        "tuner": {"name": "smac_bo", "seed": 0, "options": {"n_initial_configs": 4}},
+        "budget": {"trials": 4, "max_parallel": 1},
         "resources": {"gpus": "none", "cpu_slots": 1},
-    }))  # fmt: skip
+    }  # fmt: skip
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     cmd = [sys.executable, "-m", "hpo", "--db", db]
+    env = {**os.environ, "HPO_HEARTBEAT_S": str(HEARTBEAT_S)}
+    twin_file = tmp_path / "twin.yaml"
+    twin_file.write_text(yaml.safe_dump({"name": "twin", **experiment}))
+    twin = subprocess.run([*cmd, "run", str(twin_file), "--run-dir", str(tmp_path / "twin"), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert twin.returncode == 0, twin.stderr[-2000:]
+    spec_file = tmp_path / "exp.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "resumable", **experiment}))
     controller = subprocess.Popen([*cmd, "run", str(spec_file), "--run-dir", str(tmp_path / "run")],
-                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
-    storage = None
+                                  stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    storage = SqlStorage(db)
+    eid = storage.get_experiment_by_name("twin").id + 1
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
-            time.sleep(0.3)
-            if not (tmp_path / "hpo.db").exists():
+            time.sleep(0.1)
+            if len(storage.list_experiments()) < 2:
                 continue
-            try:
-                storage = storage or SqlStorage(db)
-            except SchemaOutOfDateError:  # the controller is still creating the tables
-                continue
-            eid = storage.get_experiment_by_name("resumable").id if storage.list_experiments() else None
-            counts = storage.count_trials_by_state(eid) if eid else {}
-            if counts.get(TrialState.COMPLETED, 0) >= 1 and counts.get(TrialState.RUNNING, 0) == 1:
+            finished = sum(n for s, n in storage.count_trials_by_state(eid).items() if s.finished)
+            running = storage.list_trials(eid, state=TrialState.RUNNING)
+            if finished >= 1 and running and storage.get_metrics(running[0].id):  # mid-training
                 break
         controller.send_signal(signal.SIGKILL)
         controller.wait(timeout=30)
@@ -199,17 +222,32 @@ def test_controller_sigkill_then_resume_finishes_without_running_anything_twice(
     assert len(interrupted) == 1
     done_before = {n: t.finished_at for n, t in before.items() if t.state.finished}
 
-    result = subprocess.run([*cmd, "resume", "resumable", "--quiet"], capture_output=True, text=True, timeout=300)
+    refused = subprocess.run([*cmd, "resume", "resumable"], capture_output=True, text=True, env=env)
+    if "live controller" in refused.stderr:  # its last heartbeat is still fresh: resume must wait
+        assert refused.returncode == 2 and f"pid {controller.pid}" in refused.stderr
+    while "interrupted" not in subprocess.run([*cmd, "status"], capture_output=True, text=True, env=env).stdout:
+        time.sleep(0.2)  # tests/hpo/test_liveness.py checks the "within two heartbeats" rule itself
+    result = subprocess.run([*cmd, "resume", "resumable", "--quiet"], capture_output=True, text=True, timeout=300,
+                            env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     after = storage.list_trials(eid)
     assert [t.number for t in after] == [0, 1, 2, 3]  # the configured total, no duplicate numbers
-    assert all(t.state == TrialState.COMPLETED for t in after)
+    assert all(t.state.finished for t in after)
     for number, finished_at in done_before.items():  # finished trials were kept, not re-run
         assert after[number].finished_at == finished_at
     rerun = after[interrupted[0].number]
-    assert rerun.params == interrupted[0].params and rerun.started_at > interrupted[0].started_at
+    assert rerun.params == interrupted[0].params
+    if rerun.attempt == 0:  # the orphaned trial finished and recorded itself before the resume: kept as is
+        assert rerun.started_at == interrupted[0].started_at
+    else:  # it was still running at the resume: killed and run again as attempt 1
+        assert rerun.attempt == 1 and rerun.started_at > interrupted[0].started_at
     with pytest.raises(ProcessLookupError):  # the interrupted attempt's process did not survive the resume
         os.killpg(interrupted[0].pid, 0)
+
+    twin_trials = storage.list_trials(eid - 1)
+    assert TrialState.FAILED in {t.state for t in twin_trials}  # a crash is part of the history
+    assert [(t.params, t.state, t.objective) for t in after] == [(t.params, t.state, t.objective) for t in twin_trials]
+    assert smac_history(tmp_path / "run") == smac_history(tmp_path / "twin")
 
 
 def test_arm_subspace_fixes_the_compare_key_and_drops_other_arms_parameters():
@@ -225,3 +263,31 @@ def test_arm_subspace_fixes_the_compare_key_and_drops_other_arms_parameters():
     assert lamb["optimizer.lr@lamb"].when == ()
     assert lamb["clipping.max_norm"].when == space["clipping.max_norm"].when
     assert arm_quotas(10, 3) == [4, 3, 3] and arm_quotas(8, 2) == [4, 4]
+
+
+def test_bad_data_is_a_failed_trial_with_the_data_error_and_is_not_told_to_the_tuner(tmp_path):
+    """A label past the vocabulary in the training shard: every trial fails before its first step, with the
+    file, key and row in its reason; it is not the hyperparameters' fault, so SMAC is told nothing."""
+    from tests.trainer.conftest import make_samples
+    from trainer.data.shards import write_shard
+
+    samples = make_samples([20] * 16)
+    samples.masked_lm_ids[5, 0] = 150  # model.vocab_size is 99
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    write_shard(bad_dir / "part-00000.h5", samples)
+    spec = make_spec(tmp_path, tuner="smac_bo", trials=2, budget={"max_parallel": 1}, **{"data.train": str(bad_dir)})
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    study = Study(spec, storage, eid, tmp_path / "run", build_runner(spec), url)
+    assert study.run() == ExperimentStatus.FINISHED
+    for trial in storage.list_trials(eid):
+        assert trial.state == TrialState.FAILED and trial.reason.startswith("bad data: ")
+        assert "part-00000.h5" in trial.reason and "masked_lm_ids" in trial.reason and "row 5" in trial.reason
+        assert trial.metrics["error"] == "data" and trial.metrics["steps"] == 0
+        assert storage.get_metrics(trial.id, "loss") == []  # no training step was taken
+    from smac.runner.abstract_runner import StatusType
+
+    told = [v.status for v in study.arms[0].controller.smac.runhistory._data.values()]
+    assert told == [StatusType.RUNNING] * 2  # asked, never told: no crash, no cost

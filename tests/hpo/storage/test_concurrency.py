@@ -59,3 +59,46 @@ def test_parallel_trials_write_every_row(storage: SqlStorage):
         curve = storage.get_metrics(trial.id)
         assert [row.step for row in curve] == list(range(ROWS_PER_TRIAL))
         assert [row.value for row in curve] == [1.0 / (step + 1) for step in range(ROWS_PER_TRIAL)]
+
+
+CREATORS = 8
+TRIALS_PER_CREATOR = 10
+
+
+def create_numbered_trials(url: str, experiment_id: int, creator: int, start, results) -> None:
+    """Child process: create trials with `number=None` (the storage numbers them) as fast as it can."""
+    try:
+        storage = SqlStorage(url)
+        start.wait(timeout=TIMEOUT_S)
+        ids = [storage.create_trial(experiment_id, TrialSpec(None, {"creator": creator, "k": k}))
+               for k in range(TRIALS_PER_CREATOR)]  # fmt: skip
+        storage.close()
+        results.put((creator, ids))
+    except BaseException as exc:
+        results.put((creator, f"{type(exc).__name__}: {exc}"))
+
+
+def test_concurrent_creators_get_distinct_trial_numbers(storage: SqlStorage):
+    experiment_id = storage.create_experiment("numbers", {}, "minimize")
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(CREATORS), context.Queue()
+    creators = [
+        context.Process(target=create_numbered_trials, args=(storage.url, experiment_id, c, start, results))
+        for c in range(CREATORS)
+    ]
+    for creator in creators:
+        creator.start()
+    try:
+        outcomes = dict(results.get(timeout=TIMEOUT_S) for _ in creators)
+    finally:
+        for creator in creators:
+            creator.join(timeout=10)
+            if creator.is_alive():
+                creator.kill()
+    errors = {c: o for c, o in outcomes.items() if isinstance(o, str)}
+    assert not errors and len(outcomes) == CREATORS
+    trials = storage.list_trials(experiment_id)
+    assert sorted(t.number for t in trials) == list(range(CREATORS * TRIALS_PER_CREATOR))
+    for creator, ids in outcomes.items():  # each creator's trials are numbered in the order it created them
+        numbers = [storage.get_trial(i).number for i in ids]
+        assert numbers == sorted(numbers) and all(storage.get_trial(i).params["creator"] == creator for i in ids)

@@ -380,3 +380,19 @@ def test_best_trial_ignores_other_experiments(storage: SqlStorage):
     add_finished_trial(storage, theirs, 1, objective=1.0, arm="adam")
     assert storage.best_trial(mine).objective == 10.0
     assert list(storage.best_per_arm(mine)) == ["lamb"]
+
+
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_list_trials_by_objective_is_best_first_with_ties_by_number_and_missing_last(storage: SqlStorage, direction):
+    eid = storage.create_experiment("ordered", {}, direction)
+    objectives = {0: 5.0, 1: None, 2: 1.0, 3: 5.0, 4: 9.0, 5: None}
+    for number, objective in objectives.items():
+        state = TrialState.COMPLETED if objective is not None else TrialState.FAILED
+        add_finished_trial(storage, eid, number, objective, state)
+    with_value = sorted((n for n, o in objectives.items() if o is not None),
+                        key=lambda n: ((1 if direction == "minimize" else -1) * objectives[n], n))  # fmt: skip
+    expected = with_value + [1, 5]
+    assert [t.number for t in storage.list_trials(eid, order_by="objective")] == expected
+    assert [t.number for t in storage.list_trials(eid, order_by="objective", offset=2, limit=3)] == expected[2:5]
+    with pytest.raises(ValueError):
+        storage.list_trials(eid, order_by="name")

@@ -66,3 +66,17 @@ def test_downgrade_then_upgrade_round_trips(database_url: str):
     upgrade_database(database_url)
     with SqlStorage(database_url) as storage:
         assert storage.create_experiment("again", {}, "minimize") == 1
+
+
+def test_the_head_revision_constant_is_alembics_head_and_storages_open_without_importing_alembic(database_url: str):
+    import subprocess
+    import sys
+
+    from hpo.storage.migrate import HEAD_REVISION
+
+    assert head_revision() == HEAD_REVISION  # Alembic's own reading of migrations/versions
+    upgrade_database(database_url)
+    probe = (f"import sys; from hpo.storage import SqlStorage; SqlStorage({database_url!r}).list_experiments(); "
+             "print('alembic' in sys.modules)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -1,0 +1,80 @@
+"""Is an experiment's controller alive? Heartbeats in the experiments table, and how to read them.
+
+A controller claims its experiment (`Storage.claim_controller`), then a `Heartbeat` thread stamps
+`heartbeat_at` every `heartbeat_interval_s()` seconds, with a one-line note of what it sees. A RUNNING
+experiment whose last heartbeat is older than `STALE_AFTER` intervals has lost its controller: it shows as
+`interrupted`, and `hpo resume` may take it over. The thread, not the study loop, beats, so a tuner that thinks
+for a few seconds does not look dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from hpo.errors import StorageError
+
+HEARTBEAT_ENV = "HPO_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 5.0
+STALE_AFTER = 1.5  # intervals without a heartbeat before a controller counts as dead
+
+
+def heartbeat_interval_s() -> float:
+    """Seconds between heartbeats: HPO_HEARTBEAT_S, default 5."""
+    try:
+        return max(0.1, float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)))
+    except ValueError:
+        return DEFAULT_HEARTBEAT_S
+
+
+def stale_after_s() -> float:
+    return STALE_AFTER * heartbeat_interval_s()
+
+
+def controller_identity() -> tuple[str, int]:
+    """(host, pid) of this process, as recorded in the experiments table."""
+    return socket.gethostname(), os.getpid()
+
+
+def liveness(record, now: datetime | None = None) -> str:
+    """`live` or `interrupted` for a RUNNING experiment (by its heartbeat), else its status (finished, ...)."""
+    status = record.status.value
+    if status != "running":
+        return status
+    now = now or datetime.now(timezone.utc)
+    beat = record.heartbeat_at
+    if record.controller_pid is None or beat is None or (now - beat).total_seconds() > stale_after_s():
+        return "interrupted"
+    return "live"
+
+
+class Heartbeat:
+    """A daemon thread that keeps the controller's claim fresh; `note()` says what the controller sees."""
+
+    def __init__(self, storage, experiment_id: int, note: Callable[[], str] | None = None):
+        self.storage, self.experiment_id = storage, experiment_id
+        self.host, self.pid = controller_identity()
+        self.note = note or (lambda: "")
+        self.lost = False  # another controller took the experiment over
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.storage.claim_controller(self.experiment_id, self.host, self.pid, stale_after_s())
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(heartbeat_interval_s()):
+            with contextlib.suppress(StorageError):  # a database hiccup: the next beat tries again
+                self.lost = not self.storage.heartbeat(self.experiment_id, self.host, self.pid, self.note())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with contextlib.suppress(StorageError):
+            self.storage.release_controller(self.experiment_id, self.host, self.pid)

@@ -1,0 +1,157 @@
+"""The local engine: `hpo run` / `hpo resume` with our own study loop.
+
+It puts the parts together in the order that keeps failures clean: check the resources (build the runner)
+before anything is written, create or claim the experiment (one live controller per experiment), then run the
+study loop with a heartbeat and a progress view beside it, and leave the experiment with its final status.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from hpo.liveness import Heartbeat
+from hpo.storage.base import ExperimentStatus, Storage
+from hpo.verdict import verdict_lines
+
+
+def absolute_database_url(url: str) -> str:
+    """The URL trial processes get: a relative SQLite path made absolute (workers may start elsewhere)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
+        return prefix + str(Path(url.removeprefix(prefix)).resolve())
+    return url
+
+
+def describe_plan(spec, runner) -> str:
+    """What is about to run: each arm's tuned dimensions and trial budget, the runner, the confirmations."""
+    from hpo.experiment import arm_label, arms
+    from hpo.study import arm_quotas, arm_subspace
+
+    all_arms = arms(spec)
+    quotas = arm_quotas(spec.budget.trials, len(all_arms))
+    lines = [f"experiment {spec.name}: {spec.budget.trials} trials, tuner {spec.tuner.name} (seed {spec.tuner.seed}), "
+             f"at most {spec.budget.max_parallel} at once; {runner.describe()}"]  # fmt: skip
+    max_samples = spec.resolved_base()["budget"]["max_samples"]
+    for fixed, quota in zip(all_arms, quotas, strict=True):
+        space = arm_subspace(spec.space, fixed) if fixed else spec.space
+        label = arm_label(fixed) if fixed else "all"
+        dims = ", ".join(f"{name} {_range(space[name])}" for name in space.names) or "-"
+        lines.append(f"  arm {label}: {quota} trials of at most {max_samples:,} samples, "
+                     f"{len(space)} dimension(s): {dims}")  # fmt: skip
+    if spec.allow_unequal_arms:
+        lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
+    if spec.budget.confirm_seeds:
+        lines.append(f"  then each arm's best configuration {spec.budget.confirm_seeds} more times with other seeds")
+    return "\n".join(lines)
+
+
+def _range(param) -> str:
+    """`[0.001, 0.02] log`, `[0, 40]` or `{a, b}`: what one dimension spans."""
+    if hasattr(param, "choices"):
+        return "{" + ", ".join(map(str, param.choices)) + "}"
+    return f"[{param.low:g}, {param.high:g}]" + (" log" if param.log else "")
+
+
+def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, database_url: str, quiet: bool,
+          resume: bool) -> int:  # fmt: skip
+    """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
+    from hpo.progress import ProgressView
+    from hpo.study import Study
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
+    total = spec.budget.trials + spec.budget.confirm_seeds * len(study.arms)
+    view = None if quiet else ProgressView(storage, experiment_id, total)
+    try:
+        if resume:
+            storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+            study.restore()
+        if view:
+            view.start()
+        try:
+            status = study.run()
+        except KeyboardInterrupt:
+            study.stop("interrupted by the user (Ctrl-C)")
+            status = ExperimentStatus.STOPPED
+        storage.set_experiment_status(experiment_id, status)
+    finally:
+        if view:
+            view.stop()
+        heartbeat.stop()
+        runner.close()
+    if status is ExperimentStatus.STOPPED:
+        print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
+    if not quiet:
+        print_summary(storage, experiment_id, spec, database_url=database_url)
+    return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+def print_summary(storage: Storage, experiment_id: int, spec, database_url: str | None = None) -> None:
+    """The counts, the best configuration per arm (or overall), the verdict, and the commands to go on (as they
+    run from this directory: with this run's database, and this interpreter when `hpo` is not on PATH)."""
+    counts = storage.count_trials_by_state(experiment_id)
+    print(f"\nexperiment {spec.name}: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
+    best = storage.best_per_arm(experiment_id) if spec.compare else {}
+    overall = storage.best_trial(experiment_id)
+    for arm, trial in sorted(best.items()):
+        print(f"\nbest for {arm}: trial {trial.number}, {describe_best(trial, spec)}")
+        print(_indent(yaml.safe_dump(trial.params, sort_keys=False)))
+    if not best and overall is not None:
+        print(f"\nbest: trial {overall.number}, {describe_best(overall, spec)}")
+        print(_indent(yaml.safe_dump(overall.params, sort_keys=False)))
+    if overall is None:
+        print(f"no trial completed; `hpo trials {spec.name}` shows why")
+        return
+    if spec.compare:
+        verdict = experiment_verdict(storage, experiment_id, spec)
+        print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirm_seeds)))
+    hpo, python = next_commands(database_url)
+    print("next:")
+    print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")
+    print(f"  {hpo} best {spec.name} --per-arm  # the winners and the verdict again, as YAML")
+    print(f"  {hpo} export {spec.name} -o best.yaml && {python} -m trainer --config best.yaml  # train the best")
+
+
+def next_commands(database_url: str | None) -> tuple[str, str]:
+    """How to call `hpo` (with `--db` unless the URL is the default one) and Python from this directory."""
+    import os
+    import shlex
+    import shutil
+
+    from hpo.storage import default_database_url
+    from hpo.storage.engine import safe_url
+
+    python = Path(sys.executable).absolute()  # not resolved: a virtualenv's python is a link to the system's
+    found = {name: shutil.which(name) for name in ("python", "hpo")}
+    on_path = found["python"] and Path(found["python"]).absolute() == python and found["hpo"] and (
+        Path(found["hpo"]).absolute() == python.parent / "hpo"
+    )  # fmt: skip
+    here = shlex.quote(os.path.relpath(python) if python.is_relative_to(Path.cwd()) else str(python))
+    python, hpo = ("python", "hpo") if on_path else (here, f"{here} -m hpo")
+    if database_url and absolute_database_url(database_url) != absolute_database_url(default_database_url()):
+        hpo += f" --db {shlex.quote(safe_url(database_url))}"
+    return hpo, python
+
+
+def experiment_verdict(storage: Storage, experiment_id: int, spec):
+    """The verdict of a compare experiment from its stored trials (see hpo/verdict.py)."""
+    from hpo.verdict import arm_runs, decide
+
+    return decide(arm_runs(spec, storage.best_per_arm(experiment_id), storage.list_trials(experiment_id)))
+
+
+def describe_best(trial, spec) -> str:
+    parts = [f"{spec.objective.metric} {trial.objective:,.6g}"]
+    if trial.samples_to_target is None and spec.objective.metric in ("samples_to_target", "time_to_target_s"):
+        parts.append("(target not reached: penalized)")
+    if trial.best_mlm_accuracy is not None:
+        parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
+    return ", ".join(parts)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.strip().splitlines())

@@ -1,0 +1,226 @@
+"""The Dask runner: trial attempts as tasks on a Dask distributed cluster.
+
+Workers declare their GPUs as resources (`dask worker tcp://HOST:8786 --resources GPU=8`); an attempt with
+`gpus_per_trial: k` is a task that needs `{"GPU": k}`, so the scheduler never puts more trials on a worker
+than it has GPUs. On the worker, the task takes k of that worker's GPU ids that no other task holds, sets
+CUDA_VISIBLE_DEVICES, and runs the same launch as the local runner (torchrun for k > 1 with its own port).
+The trial process dies with its worker (PR_SET_PDEATHSIG) and records itself in the database, so only the
+database URL needs to reach the workers, no shared disk.
+
+A worker that dies mid-trial: the runner sees the task's worker leave the cluster and reports the attempt as
+lost; the study loop re-queues the trial once (a new attempt), then fails it. When Dask re-runs the task on
+another worker before the runner notices, that re-run cannot claim the trial (the storage fences attempts and
+only claims queued trials); its refusal (exit code 4) is reported as the same loss.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hpo.errors import ResourceError
+from hpo.launch import LaunchSpec, build_launch, free_port
+from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.runners.process import TrialProcess, kill_process_group
+from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
+
+CONNECT_TIMEOUT_S = 10
+WORKER_CHECK_S = 0.25
+GPU_WAIT_S = 120.0  # how long a task waits for the GPU ids of a cancelled task to be released
+
+
+@dataclass
+class _Submitted:
+    launch: TrialLaunch
+    future: Any
+    worker: str | None = None  # the last worker the scheduler had it processing on
+
+
+class DaskRunner(Runner):
+    def __init__(self, scheduler: str, resources, max_parallel: int, launch_builder=build_launch):
+        """Connects now: an unreachable scheduler, or a cluster whose workers cannot hold one trial, raises
+        ResourceError naming the address before anything is written."""
+        from distributed import Client
+
+        try:
+            self.client = Client(scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            raise ResourceError(
+                f"runner.scheduler: cannot reach the Dask scheduler at {scheduler} ({e}); start one with "
+                "`dask scheduler` and workers with `dask worker ADDRESS --resources GPU=N`, or use runner: local"
+            ) from None
+        self.scheduler = scheduler
+        self.gpus = 0 if resources.gpus == "none" else resources.gpus_per_trial
+        self.max_parallel = max_parallel
+        self.launch_builder = launch_builder
+        self.running: dict[int, _Submitted] = {}
+        self._checked = 0.0
+        self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
+        if self.capacity() == 0:
+            self.client.close()
+            raise ResourceError(
+                f"runner.scheduler: no worker of the Dask cluster at {scheduler} declares GPU >= {self.gpus}; "
+                f"start workers with `--resources GPU={self.gpus}` (or more), or lower resources.gpus_per_trial"
+            )
+
+    def capacity(self) -> int:
+        """Attempts the cluster can run at once (GPU resources per worker // GPUs per trial)."""
+        now = time.monotonic()
+        if self._capacity is None or now - self._capacity[0] > 1.0:
+            self._capacity = (now, self._ask_capacity())
+        return self._capacity[1]
+
+    def _ask_capacity(self) -> int:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        if self.gpus:
+            fit = sum(int(w.get("resources", {}).get("GPU", 0)) // self.gpus for w in workers)
+        else:
+            fit = sum(int(w.get("nthreads", 1)) for w in workers)
+        return min(self.max_parallel, fit)
+
+    def describe(self) -> str:
+        per = f"{self.gpus} GPU(s)" if self.gpus else "a CPU thread"
+        return f"dask runner at {self.scheduler}: {self.capacity()} trial(s) at once, {per} each"
+
+    def free_slots(self) -> int:
+        return max(0, self.capacity() - len(self.running))
+
+    def why_waiting(self) -> str:
+        if self.free_slots():
+            return ""
+        return f"all {self.capacity()} allocations of the Dask cluster at {self.scheduler} are busy"
+
+    def submit(self, launch: TrialLaunch) -> None:
+        future = self.client.submit(
+            run_attempt, launch, self.gpus, self.launch_builder,
+            key=f"hpo-trial-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
+            resources={"GPU": self.gpus} if self.gpus else None,
+        )  # fmt: skip
+        self.running[launch.trial_id] = _Submitted(launch, future)
+
+    def poll(self) -> list[TrialExit]:
+        ended = [self._finished(tid) for tid, s in list(self.running.items()) if s.future.done()]
+        now = time.monotonic()
+        if self.running and now - self._checked > WORKER_CHECK_S:
+            self._checked = now
+            ended += self._lost()
+        return ended
+
+    def _finished(self, trial_id: int) -> TrialExit:
+        sub = self.running.pop(trial_id)
+        attempt = sub.launch.attempt
+        if sub.future.status == "finished":
+            ended = sub.future.result()
+            if ended["returncode"] == EXIT_NOT_CLAIMED:  # Dask re-ran the attempt after its worker died
+                why = f"its Dask worker {sub.worker or ''} was lost while it ran; Dask re-ran the attempt on "
+                return TrialExit(trial_id, attempt, lost=why + f"{ended['worker']}, which the database refused")
+            return TrialExit(trial_id, attempt, **ended)
+        error = sub.future.exception() if sub.future.status == "error" else None
+        if error is None or type(error).__name__ == "KilledWorker":
+            return TrialExit(trial_id, attempt, lost=f"lost its Dask worker {sub.worker or ''}".strip())
+        return TrialExit(trial_id, attempt, stderr_tail=f"{type(error).__name__}: {error}", worker=sub.worker)
+
+    def _lost(self) -> list[TrialExit]:
+        """Attempts whose worker left the cluster while running them."""
+        # Where each task runs, asked before which workers live: a worker that dies in between is then missing
+        # from `live`, so a task the scheduler moved off it is never mistaken for one still on its first worker.
+        processing = self.client.processing()
+        live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        where = {key: worker for worker, keys in processing.items() for key in keys}
+        lost = []
+        for trial_id, sub in list(self.running.items()):
+            if sub.worker is not None and sub.worker not in live:
+                self.client.cancel(sub.future, force=True)
+                # Dask may already have re-run the task elsewhere: that stale attempt cannot claim the trial
+                # (the storage fences attempts), and is stopped here so it holds no GPU.
+                self.client.run(_kill_trials, [(trial_id, sub.launch.attempt)])
+                del self.running[trial_id]
+                why = f"its Dask worker {sub.worker} was lost while it ran"
+                lost.append(TrialExit(trial_id, sub.launch.attempt, lost=why, worker=sub.worker))
+            else:
+                sub.worker = where.get(sub.future.key, sub.worker)
+        return lost
+
+    def cancel_all(self) -> list[TrialExit]:
+        if not self.running:
+            return []
+        ids = list(self.running)
+        self.client.run(_kill_trials, [(tid, self.running[tid].launch.attempt) for tid in ids])
+        exits = []
+        for trial_id in ids:
+            sub = self.running.pop(trial_id)
+            self.client.cancel(sub.future, force=True)
+            exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
+        return exits
+
+    def kill_leftover(self, host: str | None, pid: int | None) -> None:
+        if host and pid:
+            self.client.run(_kill_on_host, host, pid)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# -- on the worker ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_gpus_in_use: set[int] = set()
+_processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> its process
+
+
+def run_attempt(launch: TrialLaunch, gpus: int, launch_builder=build_launch) -> dict[str, Any]:
+    """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    ids = _take_gpus(int(worker.state.total_resources.get("GPU", 0)), gpus)
+    try:
+        ranks = launch.ranks
+        spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
+                          extra_env={WORKER_ENV: worker.address})  # fmt: skip
+        cmd, env = launch_builder(spec, dict(os.environ))
+        process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
+                                     die_with_parent=True)  # fmt: skip
+        _processes[(launch.trial_id, launch.attempt)] = process
+        while (code := process.poll()) is None:
+            time.sleep(0.02)
+        return {"returncode": code, "stderr_tail": process.stderr_tail(), "timed_out": process.timed_out,
+                "worker": worker.address, "duration_s": process.elapsed_s}  # fmt: skip
+    finally:
+        _processes.pop((launch.trial_id, launch.attempt), None)
+        with _lock:
+            _gpus_in_use.difference_update(ids)
+
+
+def _take_gpus(total: int, needed: int, wait_s: float = GPU_WAIT_S) -> tuple[int, ...]:
+    """`needed` of this worker's GPU ids 0..total-1 that no other task holds. Dask's resource accounting
+    guarantees there are enough, except for a moment after a cancelled task whose process is still exiting:
+    wait for it rather than fail the trial."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with _lock:
+            free = [i for i in range(total) if i not in _gpus_in_use]
+            if len(free) >= needed:
+                ids = tuple(free[:needed])
+                _gpus_in_use.update(ids)
+                return ids
+        if time.monotonic() > deadline:
+            raise ResourceError(f"worker has {len(free)} free GPU(s) of {total} after {wait_s:.0f} s, "
+                                f"a trial needs {needed}")  # fmt: skip
+        time.sleep(0.1)
+
+
+def _kill_trials(attempts: list[tuple[int, int]]) -> None:
+    for key in attempts:
+        process = _processes.get(tuple(key))
+        if process is not None:
+            process.kill()
+
+
+def _kill_on_host(host: str, pid: int) -> None:
+    if socket.gethostname() == host:
+        kill_process_group(pid)

@@ -1,0 +1,91 @@
+"""The local runner: GPU allocations (or CPU slots) of this machine, one process (group) per attempt.
+
+GPUs are discovered through NVML and carved into slots of `gpus_per_trial` (hpo/resources.py); each attempt
+gets a slot's GPUs through CUDA_VISIBLE_DEVICES and, with several ranks, its own rendezvous port. Without
+GPUs, CPU slots run side by side with the machine's cores shared between their ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpo.launch import LaunchSpec, build_launch, free_port
+from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
+from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.runners.process import TrialProcess, kill_process_group
+from hpo.trial_entry import WORKER_ENV
+
+LaunchBuilder = Callable[[LaunchSpec, dict[str, str]], tuple[list[str], dict[str, str]]]
+
+
+@dataclass
+class _Running:
+    launch: TrialLaunch
+    slot: Slot
+    process: TrialProcess
+
+
+class LocalRunner(Runner):
+    def __init__(self, resources, max_parallel: int, launch_builder: LaunchBuilder = build_launch):
+        """Plans the slots now: an impossible request (8 GPUs per trial on a 4-GPU machine) raises
+        ResourceError before anything is written."""
+        inventory = [] if resources.gpus == "none" else discover_gpus()
+        gpus, skipped = select_gpus(inventory, resources.gpus if inventory else "none")
+        slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu, cpu_slots=resources.cpu_slots)
+        self.pool = SlotPool(slots[:max_parallel], skipped)
+        self.resources = resources
+        self.launch_builder = launch_builder
+        self.running: dict[int, _Running] = {}
+
+    def describe(self) -> str:
+        slots = self.pool.slots
+        return f"local runner, {len(slots)} slot(s): {', '.join(s.label for s in slots)}"
+
+    def free_slots(self) -> int:
+        return self.pool.free
+
+    def why_waiting(self) -> str:
+        return self.pool.why_waiting()
+
+    def submit(self, launch: TrialLaunch) -> None:
+        slot = self.pool.acquire()
+        if slot is None:
+            raise RuntimeError("submit() without a free slot")
+        ranks = self.resources.ranks_per_trial(on_gpu=bool(slot.gpus))
+        cores = os.cpu_count() or 1
+        threads = None if slot.gpus else max(1, cores // (len(self.pool.slots) * ranks))
+        spec = LaunchSpec(
+            launch.entry_args(), slot.gpus, ranks, free_port() if ranks > 1 else None, threads,
+            extra_env={WORKER_ENV: f"{socket.gethostname()}/{slot.label}"},
+        )  # fmt: skip
+        cmd, env = self.launch_builder(spec, dict(os.environ))
+        process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb)
+        self.running[launch.trial_id] = _Running(launch, slot, process)
+
+    def poll(self) -> list[TrialExit]:
+        ended = []
+        for trial_id, run in list(self.running.items()):
+            code = run.process.poll()
+            if code is not None:
+                ended.append(self._ended(trial_id, code))
+        return ended
+
+    def cancel_all(self) -> list[TrialExit]:
+        ended = []
+        for trial_id, run in list(self.running.items()):
+            run.process.kill()
+            ended.append(self._ended(trial_id, run.process.popen.wait()))
+        return ended
+
+    def kill_leftover(self, host: str | None, pid: int | None) -> None:
+        if pid and host == socket.gethostname():
+            kill_process_group(pid)
+
+    def _ended(self, trial_id: int, code: int) -> TrialExit:
+        run = self.running.pop(trial_id)
+        self.pool.release(run.slot)
+        return TrialExit(trial_id, run.launch.attempt, code, run.process.stderr_tail(), run.process.timed_out,
+                         worker=run.slot.label, duration_s=run.process.elapsed_s)  # fmt: skip

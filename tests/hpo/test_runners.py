@@ -1,0 +1,128 @@
+"""The runners with real trials: a Dask `LocalCluster` whose workers declare GPUs (CPU trials under the hood),
+a worker SIGKILLed mid-trial, and a trial whose working directory the controller never sees.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpo.errors import ResourceError
+from hpo.experiment import stored_form
+from hpo.launch import build_launch
+from hpo.runners import build_runner
+from hpo.storage import SqlStorage
+from hpo.storage.base import ExperimentStatus
+from hpo.study import Study
+from hpo.trials import TrialState
+from tests.hpo.test_study import make_spec
+
+distributed = pytest.importorskip("distributed")
+
+
+def drive(tmp_path: Path, spec, runner, during=None):
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    if during:
+        threading.Thread(target=during, args=(storage, eid), daemon=True).start()
+    try:
+        status = Study(spec, storage, eid, tmp_path / "run", runner, url).run()
+    finally:
+        runner.close()
+    return storage, eid, status
+
+
+def max_overlap(trials) -> int:
+    """The most trials that ran at the same moment, from their recorded start and finish times."""
+    events = sorted([(t.started_at, 1) for t in trials] + [(t.finished_at, -1) for t in trials])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.fixture
+def gpu_cluster():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, resources={"GPU": 2},
+                                       dashboard_address=None, worker_dashboard_address=None)  # fmt: skip
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.parametrize("worker_check_s", [0.25, 30.0], ids=["runner-sees-the-loss", "dask-reruns-first"])
+def test_dask_runs_trials_on_declared_gpus_and_requeues_the_trial_of_a_lost_worker(
+    tmp_path, gpu_cluster, monkeypatch, worker_check_s
+):
+    """With a slow check of the workers, Dask re-runs the lost attempt on the other worker before the runner
+    notices; the database refuses that re-run, and the trial is still re-queued once, not failed."""
+    import hpo.runners.dask
+
+    monkeypatch.setattr(hpo.runners.dask, "WORKER_CHECK_S", worker_check_s)
+    spec = make_spec(tmp_path, trials=6, budget={"max_parallel": 6, "trial_timeout_s": 300},
+                     resources={"gpus": "all", "gpus_per_trial": 1}, runner={"name": "dask",
+                     "scheduler": gpu_cluster.scheduler_address}, **{"budget.max_samples": 400})  # fmt: skip
+    killed: dict[str, object] = {}
+
+    def kill_a_busy_worker(storage, eid):
+        with distributed.Client(gpu_cluster.scheduler_address) as client:
+            pids = client.run(os.getpid)
+            deadline = time.time() + 240
+            while time.time() < deadline and not killed:
+                running = storage.list_trials(eid, state=TrialState.RUNNING)
+                for trial in running:
+                    if trial.worker in pids and storage.get_metrics(trial.id):  # mid-training
+                        os.kill(pids[trial.worker], signal.SIGKILL)
+                        on_it = {t.id for t in running if t.worker == trial.worker}
+                        killed.update(worker=trial.worker, trials=on_it)
+                        break
+                time.sleep(0.1)
+
+    storage, eid, status = drive(tmp_path, spec, build_runner(spec), during=kill_a_busy_worker)
+    trials = storage.list_trials(eid)
+    assert status == ExperimentStatus.FINISHED and killed
+    assert [t.number for t in trials] == list(range(6))  # none lost, none twice
+    assert [t.state for t in trials] == [TrialState.COMPLETED] * 6, [(t.number, t.attempt, t.reason) for t in trials]
+    assert max_overlap(trials) <= 4  # 2 workers x GPU=2, one GPU per trial
+    assert all(t.worker and t.worker.startswith("tcp://") and len(t.gpus) == 1 for t in trials)
+    for trial in trials:  # the killed worker's trials were re-queued once and finished elsewhere
+        lost = trial.id in killed["trials"]
+        assert trial.attempt == (1 if lost else 0)
+        assert not lost or trial.worker != killed["worker"]
+    for a in trials:  # trials side by side on one worker hold different GPUs
+        for b in trials:
+            same_time = a.id < b.id and a.started_at < b.finished_at and b.started_at < a.finished_at
+            if same_time and a.worker == b.worker:
+                assert a.gpus != b.gpus
+
+
+def test_dask_refuses_more_gpus_per_trial_than_any_worker_has(tmp_path, gpu_cluster):
+    spec = make_spec(tmp_path, resources={"gpus": "all", "gpus_per_trial": 4}, **{"batch.micro_batch_size": 2},
+                     runner={"name": "dask", "scheduler": gpu_cluster.scheduler_address})  # fmt: skip
+    with pytest.raises(ResourceError, match="no worker of the Dask cluster .* declares GPU >= 4"):
+        build_runner(spec)
+
+
+def test_results_arrive_in_the_database_although_the_controller_never_reads_the_trial_directory(tmp_path):
+    def removing_workdir(launch, env):
+        """The trial's directory disappears as soon as the trial exits: nothing is left to read."""
+        cmd, env = build_launch(launch, env)
+        workdir = launch.entry_args[launch.entry_args.index("--workdir") + 1]
+        return ["/bin/sh", "-c", '"$@"; code=$?; rm -rf "$0"; exit $code', workdir, *cmd], env
+
+    spec = make_spec(tmp_path, trials=2)
+    storage, eid, status = drive(tmp_path, spec, build_runner(spec, launch_builder=removing_workdir))
+    assert status == ExperimentStatus.FINISHED
+    assert not list((tmp_path / "run" / "trials").glob("*"))
+    for trial in storage.list_trials(eid):
+        assert trial.state == TrialState.COMPLETED and trial.metrics["samples"] == 48
+        evals = storage.get_metrics(trial.id, "mlm_accuracy")
+        assert [m.samples for m in evals] == [16, 32, 48]
+        assert max(m.value for m in evals) == pytest.approx(trial.best_mlm_accuracy)
+        assert [m.value > 0 for m in storage.get_metrics(trial.id, "time_s")] == [True] * 3  # curves against time
