@@ -14,19 +14,14 @@ budget, resources, engine). `load_experiment` reads and fully validates one; it 
     resources: {gpus: all, gpus_per_trial: 8, trials_per_gpu: 1, cpu_slots: 1, cpu_ranks_per_trial: 1}
     engine: local
 
-Objective and penalty. The tuner minimizes `objective_value`: the metric itself (negated when maximized).
-For `samples_to_target` and `time_to_target_s`, a run that misses the target (budget exhausted, diverged,
-failed, timed out) scores
-
-    penalty_factor x cap x (1 + gap),   gap = clamp((target - best_mlm_accuracy) / target, 0, 1)
-
-where cap is the trial's own limit (budget.max_samples, or for time the trainer's budget.max_time_s else the
-experiment's trial_timeout_s). Every miss is thus worse than every hit (penalty_factor > 1), and a near miss
-beats a run that learned nothing, which keeps the tuner's model informative when few runs reach the target.
-For the accuracy metrics, a run that did not end normally (diverged, failed, timeout) scores accuracy 0.
+Objective: what a trial scores (with a penalty for runs that miss the target) and what the tuner is told are
+defined in `hpo/objective.py`.
 
 Arms (`compare`): each compare key must be an unconditional categorical parameter of the space; the arms are
-all combinations of their choices, e.g. `optimizer.name=lamb`.
+all combinations of their choices, e.g. `optimizer.name=lamb`. Every arm gets the same share of the trials
+and must tune the same dimensions: the same trainer keys, each of the same kind (float/int, log or linear
+scale, the same choices). Ranges may differ through per-arm parameters (`optimizer.lr@lamb`). Arms that cannot
+be tuned alike (a `none` clipping strategy has no threshold to tune) need `allow_unequal_arms: <reason>`.
 
 Resources: a trial on GPUs runs `gpus_per_trial` ranks, one per GPU (`trials_per_gpu` > 1 shares a GPU between
 single-GPU trials). Without GPUs (`gpus: none`, or `all` on a machine that has none) `cpu_slots` trials run side
@@ -64,8 +59,6 @@ NATURAL_DIRECTION = {
     "best_mlm_accuracy": "maximize",
     "final_mlm_accuracy": "maximize",
 }
-_TO_TARGET = ("samples_to_target", "time_to_target_s")
-_NORMAL_END = ("reached_target", "budget_exhausted")
 _SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 
@@ -93,6 +86,20 @@ class Budget(_Section):
     min_budget: float = Field(1 / 9, gt=0, le=1, description="Hyperband: smallest fraction of budget.max_samples.")
     max_budget: float = Field(1.0, gt=0, le=1, description="Hyperband: largest fraction of budget.max_samples.")
     eta: int = Field(3, ge=2, description="Hyperband: successive-halving ratio.")
+    confirm_seeds: int = Field(0, ge=0, description="Re-run each arm's best config with this many more seeds.")
+
+
+class Machine(_Section):
+    """A machine of NNI's remote training service (engine: nni): NNI reaches it over SSH with a key."""
+
+    host: str = Field(min_length=1, description="Host name or address, reachable over SSH from the controller.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str = Field(min_length=1, description="SSH user.")
+    ssh_key_file: str = Field("~/.ssh/id_rsa", description="Private key on the controller (no passwords: NNI's "
+                              "web UI would show them).")  # fmt: skip
+    python_path: str | None = Field(None, description="Directory of the Python that has this project installed "
+                                    "there (put first on PATH); default: the machine's python3.")  # fmt: skip
+    gpus: list[int] | None = Field(None, description="GPU ids NNI may use there; default: all of them.")
 
 
 class Resources(_Section):
@@ -102,6 +109,8 @@ class Resources(_Section):
     cpu_slots: int = Field(1, ge=1, description="Trials side by side when no GPU is used.")
     cpu_ranks_per_trial: int = Field(1, ge=1, description="gloo ranks (processes) of one trial on CPU.")
     memory_limit_mb: int | None = Field(None, ge=1, description="Address-space limit of each trial process (CPU).")
+    machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
+                                    "machines (NNI's remote training service) instead of this one.")  # fmt: skip
 
     def ranks_per_trial(self, on_gpu: bool) -> int:
         """Data-parallel ranks of one trial on GPUs or on CPU."""
@@ -115,6 +124,18 @@ class Resources(_Section):
         ok = isinstance(value, list) and value and all(type(g) is int and g >= 0 for g in value)
         if not ok or len(set(value)) != len(value):
             raise ValueError(f"expected all, none or a non-empty list of distinct GPU ids (>= 0), got {value!r}")
+        return value
+
+
+class Runner(_Section):
+    name: Literal["local", "dask"] = Field("local", description="local: slots on this machine; dask: a cluster.")
+    scheduler: str | None = Field(None, description="Dask scheduler address, e.g. tcp://host:8786 (dask only).")
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(tcp|tls|inproc|ucx)://[^\s]+$", value):
+            raise ValueError(f"expected an address such as tcp://host:8786, got {value!r}")
         return value
 
 
@@ -134,6 +155,10 @@ class ExperimentSpec(_Section):
     budget: Budget
     resources: Resources = Field(default_factory=Resources)
     engine: Literal["local", "nni"] = Field("local", description="local: our study loop; nni: an NNI experiment.")
+    runner: Runner = Field(default_factory=Runner, description="Where the local engine runs trials.")
+    allow_unequal_arms: str | None = Field(
+        None, description="Why the compare arms may tune different hyperparameters (refused without a reason)."
+    )
 
     _source: str = PrivateAttr("<dict>")
     _base: dict[str, Any] | None = PrivateAttr(None)
@@ -151,6 +176,13 @@ class ExperimentSpec(_Section):
         if isinstance(value, str) and value.strip() or isinstance(value, dict):
             return value
         raise ValueError(f"expected a path to a trainer YAML file or an inline mapping, got {value!r}")
+
+    @field_validator("allow_unequal_arms", mode="before")
+    @classmethod
+    def _reason(cls, value: Any) -> Any:
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise ValueError(f"expected the reason the arms may differ, as a sentence, got {value!r}")
+        return value
 
     @field_validator("compare", mode="before")
     @classmethod
@@ -214,9 +246,12 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     return experiment_from_dict(data, str(path), base_dir=path.parent)
 
 
-def experiment_from_dict(data: Any, source: str = "<dict>", base_dir: str | Path | None = None) -> ExperimentSpec:
+def experiment_from_dict(
+    data: Any, source: str = "<dict>", base_dir: str | Path | None = None, check_arms: bool = True
+) -> ExperimentSpec:
     """Validate a parsed experiment file. Relative base_config paths resolve against `base_dir`
-    (default: the directory of `source` when it is a file, else the working directory)."""
+    (default: the directory of `source` when it is a file, else the working directory). `check_arms=False`
+    reads a stored experiment as it ran, without the equal-arms rule of newer versions."""
     if not isinstance(data, Mapping):
         raise ExperimentFileError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     try:
@@ -230,6 +265,9 @@ def experiment_from_dict(data: Any, source: str = "<dict>", base_dir: str | Path
     cfg = config_from_dict(resolved)
     _check_space(spec, resolved, source)
     _check_compare(spec, source)
+    if check_arms:
+        _check_equal_arms(spec, source)
+    _check_engine(spec, source)
     _check_tuner(spec, cfg, source)
     _check_objective(spec, cfg, source)
     _check_resources(spec, cfg, source)
@@ -407,7 +445,94 @@ def _check_compare(spec: ExperimentSpec, source: str) -> None:
         )
 
 
+def arm_dimensions(spec: ExperimentSpec) -> dict[str, dict[str, str]]:
+    """What each compare arm tunes: arm label -> trainer key -> its kind (`float, log`, `int`, `choice [a, b]`).
+
+    Dimensions are trainer keys, so `optimizer.lr@lamb` and `optimizer.lr@adamw` are the same dimension;
+    their ranges may differ, since a per-arm parameter (`name@label`) is how a file gives an arm its own range.
+    """
+    from hpo.study import arm_subspace  # the study loop's definition of an arm's space
+
+    dims: dict[str, dict[str, str]] = {}
+    for fixed in arms(spec) if spec.compare else []:
+        sub = arm_subspace(spec.space, fixed)
+        kinds: dict[str, set[str]] = {}
+        for name in sub.names:
+            kinds.setdefault(trainer_key(name), set()).add(_dimension_kind(sub[name]))
+        dims[arm_label(fixed)] = {key: " | ".join(sorted(k)) for key, k in kinds.items()}
+    return dims
+
+
+def _dimension_kind(param: Any) -> str:
+    if isinstance(param, CategoricalParam):
+        return f"choice [{', '.join(map(_yaml_scalar, param.choices))}]"
+    return ("float" if isinstance(param, FloatParam) else "int") + (", log" if param.log else "")
+
+
+def unequal_dimensions(dims: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The dimensions not tuned alike by every arm, each as `key (what each arm tunes)`; [] when equal."""
+    keys = sorted({key for arm in dims.values() for key in arm})
+    differing = []
+    for key in keys:
+        seen = {label: arm.get(key, "not tuned") for label, arm in dims.items()}
+        if len(set(seen.values())) > 1:
+            differing.append(f"{key} ({'; '.join(f'{label}: {kind}' for label, kind in seen.items())})")
+    return differing
+
+
+def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
+    """Arms must tune the same hyperparameters, or the file must say why not (`allow_unequal_arms`)."""
+    if spec.allow_unequal_arms is not None and not spec.compare:
+        raise ExperimentFileError(f"{source}: allow_unequal_arms: there are no compare arms; remove it")
+    differing = unequal_dimensions(arm_dimensions(spec))
+    if differing and spec.allow_unequal_arms is None:
+        raise ExperimentFileError(
+            f"{source}: compare: the arms {', '.join(arm_dimensions(spec))} do not tune the same hyperparameters, "
+            f"so the comparison would favour the arm tuned more: {', '.join(differing)}. Tune every dimension "
+            "in every arm (a per-arm range is `key@label`), or say why not with allow_unequal_arms: <reason>"
+        )
+    if not differing and spec.allow_unequal_arms is not None:
+        raise ExperimentFileError(f"{source}: allow_unequal_arms: the arms tune the same dimensions; remove it")
+
+
+# Options each tuner understands (tuner.options); anything else would be ignored, so it is refused.
+TUNER_OPTIONS: dict[str, tuple[str, ...]] = {"smac_bo": ("n_initial_configs",)}
+
+
+def _check_engine(spec: ExperimentSpec, source: str) -> None:
+    if spec.engine == "nni" and not _nni_engine_available():
+        raise ExperimentFileError(
+            f"{source}: engine: the nni engine is not available in this version; use engine: local "
+            "(tuners random, smac_bo, smac_hyperband)"
+        )
+    if spec.runner.name == "dask" and not spec.runner.scheduler:
+        raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
+    if spec.runner.name == "local" and spec.runner.scheduler:
+        raise ExperimentFileError(f"{source}: runner.scheduler: only the dask runner uses a scheduler")
+    if spec.engine == "local" and spec.resources.machines:
+        raise ExperimentFileError(
+            f"{source}: resources.machines: other machines run engine: nni trials (NNI's remote training service); "
+            "under engine: local, run them on a Dask cluster (runner: {name: dask, scheduler: ...})"
+        )
+
+
+def _nni_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("hpo.nni.engine") is not None
+
+
 def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    if spec.engine == "nni":  # NNI's tuners, their options, and what NNI's training service can run
+        from hpo.nni.config import check_nni_spec
+
+        check_nni_spec(spec, source)
+        return
+    allowed = TUNER_OPTIONS.get(spec.tuner.name, ())
+    for key in spec.tuner.options:
+        if key not in allowed:
+            known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
     if spec.tuner.name.startswith("nni_") and spec.engine != "nni":
         raise ExperimentFileError(f"{source}: tuner.name: {spec.tuner.name} runs only with engine: nni")
     if spec.tuner.name == "smac_hyperband":
@@ -519,19 +644,19 @@ def _yaml_scalar(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def objective_value(spec: ExperimentSpec, record: Mapping[str, Any] | None, cfg: TrainerConfig) -> float:
-    """What the tuner minimizes for a trial whose final trainer record is `record` (None: no record, e.g. a
-    crash) and whose config is `cfg`; see the module docstring for the penalty."""
-    record = record or {}
-    metric, normal = spec.objective.metric, record.get("status") in _NORMAL_END
-    value = record.get(metric) if normal else None
-    if metric in _TO_TARGET:
-        if value is not None:
-            return float(value)
-        cap = cfg.budget.max_samples if metric == "samples_to_target" else cfg.budget.max_time_s
-        cap = cap or spec.budget.trial_timeout_s or 0.0
-        target = cfg.eval.target_mlm_accuracy
-        gap = min(max((target - (record.get("best_mlm_accuracy") or 0.0)) / target, 0.0), 1.0)
-        return spec.objective.penalty_factor * cap * (1.0 + gap)
-    accuracy = float(value or 0.0)
-    return -accuracy if spec.direction == "maximize" else accuracy
+def params_key(params: Mapping[str, Any]) -> str:
+    """A short stable key of a configuration (its checkpoint directory under Hyperband)."""
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(dict(params), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stored_form(spec: ExperimentSpec, run_dir: str | Path) -> dict[str, Any]:
+    """What the experiments table keeps of an experiment: the self-contained spec and its run directory."""
+    return {"experiment": spec.self_contained(), "run_dir": str(run_dir)}
+
+
+def spec_from_stored(record) -> ExperimentSpec:
+    """The spec of a stored experiment record (see `stored_form`)."""
+    return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)", check_arms=False)

@@ -1,4 +1,4 @@
-"""Load balancing: which samples each rank gets in each step (DESIGN.md section 3, `balance.method`).
+"""Load balancing: which samples each rank gets in each step (`balance.method`; this docstring is the specification).
 
 With unpadded variable-length BERT the rank with the most tokens sets the step time. Every rank holds the same
 data set index (the valid length of every sample), so the plan of an epoch is a pure function of

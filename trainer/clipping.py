@@ -1,7 +1,8 @@
-"""Gradient clipping strategies, relative to the data-parallel all-reduce (DESIGN.md section 3).
+"""Gradient clipping strategies, relative to the data-parallel all-reduce (this docstring is the specification).
 
 All thresholds are `clipping.max_norm` in unscaled gradient units; the clip coefficient is the one of
-`torch.nn.utils.clip_grad_norm_`: min(1, threshold / (norm + 1e-6)).
+`torch.nn.utils.clip_grad_norm_`: min(1, threshold / (norm + 1e-6)). Norms come from `trainer.norms`
+(exact to float32 rounding also for multi-million-element buckets on the CPU, unlike torch's own).
 
 - `none`: the trainer does not clip.
 - `after_allreduce` (the reference): DDP averages, then the averaged gradient is clipped by its global norm.
@@ -27,6 +28,10 @@ gradient by max_norm, like `after_allreduce`.
 Under fp16 loss scaling, gradients seen before the optimizer step are multiplied by the loss scale S; the
 thresholds are multiplied by S so they stay in unscaled units, and a non-finite norm leaves the bucket
 untouched so that the scaler still sees the overflow and skips the step.
+
+With a `NormProbe` (the gradient noise scale, `log.noise_scale`), the same places record each rank's norm and
+clip coefficient before the all-reduce and the all-reduced norm after it; under `none` and `after_allreduce`
+a communication hook doing DDP's plain average (`measured_allreduce_hook`) takes over to see the buckets.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
@@ -41,6 +46,8 @@ import torch.distributed as dist
 
 from trainer.config import ClippingConfig, OptimizerConfig
 from trainer.distributed import DistEnv
+from trainer.noise_probe import NormProbe
+from trainer.norms import global_norm
 
 EPS = 1e-6  # as in torch.nn.utils.clip_grad_norm_
 
@@ -58,11 +65,6 @@ def clip_coefficient(norm: torch.Tensor, threshold) -> torch.Tensor:
     return torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
 
 
-def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    norms = torch._foreach_norm(tensors)
-    return torch.linalg.vector_norm(torch.stack(norms).float())
-
-
 # --------------------------------------------------------------------------- the bucket-wise DDP hook
 
 
@@ -70,9 +72,10 @@ def global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 class BucketClipState:
     """State of `bucketwise_clip_hook`; one per DDP model."""
 
-    max_norm: float
+    max_norm: float | None  # None: no clip, only the noise-scale measurement (`measured_allreduce_hook`)
     world_size: int
     loss_scale: object  # callable returning the current loss scale (tensor or float)
+    probe: NormProbe | None = None  # records the norms of the gradient noise scale
     process_group: object = None
     num_buckets: int | None = None  # known once DDP's bucket layout is final
     synced_iterations: int = 0
@@ -83,14 +86,31 @@ class BucketClipState:
 
 
 def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_buckets: int) -> torch.futures.Future:
-    buf = bucket.buffer()
-    threshold = state.max_norm / math.sqrt(num_buckets) * state.loss_scale()
-    buf.mul_(clip_coefficient(torch.linalg.vector_norm(buf.float()), threshold).to(buf.dtype))
+    buf, index, probe, scale = bucket.buffer(), bucket.index(), state.probe, state.loss_scale()
+    norm = global_norm([buf])
+    coef = 1.0
+    if state.max_norm is not None:
+        coef = clip_coefficient(norm, state.max_norm / math.sqrt(num_buckets) * scale)
+        buf.mul_(coef.to(buf.dtype))
+    if probe is not None:
+        probe.record_local(index, norm, coef, scale)
     buf.div_(state.world_size)
     if state.timeline is not None:
-        state.timeline.append(("allreduce", bucket.index(), time.perf_counter_ns()))
+        state.timeline.append(("allreduce", index, time.perf_counter_ns()))
     work = dist.all_reduce(buf, group=state.process_group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+
+    def reduced(fut: torch.futures.Future) -> torch.Tensor:
+        out = fut.value()[0]
+        if probe is not None:
+            probe.record_mean(index, global_norm([out]), scale)
+        return out
+
+    return work.get_future().then(reduced)
+
+
+def measured_allreduce_hook(state: BucketClipState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: DDP's plain average, recording the bucket's norms for the noise scale."""
+    return _clip_and_launch(state, bucket, 1)
 
 
 def bucketwise_clip_hook(state: BucketClipState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -130,20 +150,33 @@ def _launch_pending(state: BucketClipState) -> None:
 class GradientClipper:
     """Applies `clipping.strategy` around backward and before the optimizer step."""
 
-    def __init__(self, cfg: ClippingConfig, optimizer_name: str, model: torch.nn.Module, ddp, scaler, env: DistEnv):
+    def __init__(
+        self,
+        cfg: ClippingConfig,
+        optimizer_name: str,
+        model: torch.nn.Module,
+        ddp,
+        scaler,
+        env: DistEnv,
+        probe: NormProbe | None = None,
+    ):
         self.cfg = cfg
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = ddp
         self.scaler = scaler
         self.env = env
+        self.probe = probe  # when set, the gradient norms of the noise scale are recorded before any clip
         self.hook_state: BucketClipState | None = None
         self.timeline: list | None = None  # set to a list to record when the all-reduce starts
-        if cfg.strategy == "bucketwise" and ddp is not None:
-            self.hook_state = BucketClipState(cfg.max_norm, env.world_size, self.loss_scale)
-            ddp.register_comm_hook(self.hook_state, bucketwise_clip_hook)
         # LAMB clips inside its step (effective_optimizer_config); clipping again here would clip twice.
         self.after_allreduce = cfg.strategy == "after_allreduce" and optimizer_name != "lamb"
         self.local_clip = cfg.strategy == "before_allreduce" or (cfg.strategy == "bucketwise" and ddp is None)
+        if ddp is not None and cfg.strategy == "bucketwise":
+            self.hook_state = BucketClipState(cfg.max_norm, env.world_size, self.loss_scale, probe)
+            ddp.register_comm_hook(self.hook_state, bucketwise_clip_hook)
+        elif ddp is not None and probe is not None and not self.local_clip:
+            self.hook_state = BucketClipState(None, env.world_size, self.loss_scale, probe)
+            ddp.register_comm_hook(self.hook_state, measured_allreduce_hook)
 
     def loss_scale(self):
         """The current loss scale without a host sync (1 without fp16 scaling)."""
@@ -157,13 +190,29 @@ class GradientClipper:
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        if self.local_clip and grads:
-            torch._foreach_mul_(grads, clip_coefficient(global_norm(grads), self.cfg.max_norm * self.loss_scale()))
+        if not grads:
+            return
+        scale = self.loss_scale()
+        one_process_probe = self.probe if self.probe is not None and not self.env.enabled else None
+        if self.local_clip:
+            norm = global_norm(grads)
+            coef = clip_coefficient(norm, self.cfg.max_norm * scale)
+            if one_process_probe is not None:
+                one_process_probe.record_big(norm, scale)
+            elif self.probe is not None:
+                self.probe.record_local(0, norm, coef, scale)
+            torch._foreach_mul_(grads, coef)
             if self.env.enabled:
                 self._all_reduce_mean(grads)
-        elif self.after_allreduce:
+                if self.probe is not None:
+                    self.probe.record_mean(0, global_norm(grads), scale)
+            return
+        if one_process_probe is not None:
+            one_process_probe.record_big(global_norm(grads), scale)
+        if self.after_allreduce:
             self.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_norm)
+            grads = [p.grad for p in self.params if p.grad is not None]  # unscaled now
+            torch._foreach_mul_(grads, clip_coefficient(global_norm(grads), self.cfg.max_norm))
 
     def _all_reduce_mean(self, grads: list[torch.Tensor]) -> None:
         if self.timeline is not None:

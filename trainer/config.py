@@ -1,6 +1,6 @@
 """The trainer's typed configuration.
 
-One `TrainerConfig` with the sections of DESIGN.md section 3. Every field carries a one-line doc where it is
+One `TrainerConfig` with the sections listed in docs/architecture.md. Every field carries a one-line doc where it is
 declared. Configs come from a YAML file plus dotted overrides (`optimizer.lr=1e-3`); unknown keys, wrong types
 and out-of-range values raise `ConfigError` naming the dotted key.
 """
@@ -129,6 +129,10 @@ class CheckpointConfig(Section):
 class LogConfig(Section):
     every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
     jsonl: str | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
+    noise_scale: bool = Field(True, description="Measure the gradient noise scale B_simple at every step.")
+    noise_scale_decay: float = Field(
+        0.95, ge=0.0, lt=1.0, description="EMA decay of the noise scale's numerator and denominator (~20 steps)."
+    )
 
 
 class TrainerConfig(Section):

@@ -289,8 +289,12 @@ class BertForPreTraining(nn.Module):
 
 
 def pretraining_loss(out: PretrainingOutput, batch: PackedBatch) -> PretrainingLoss:
-    """MLM cross-entropy averaged over masked tokens plus NSP cross-entropy averaged over sequences."""
-    mlm = F.cross_entropy(out.mlm_logits.float(), batch.masked_labels)
+    """MLM cross-entropy averaged over masked tokens plus NSP cross-entropy averaged over sequences.
+
+    A batch without masked tokens (rows too short to mask) has an MLM loss of 0, not the NaN of an empty mean.
+    """
+    masked = batch.masked_labels.numel()
+    mlm = F.cross_entropy(out.mlm_logits.float(), batch.masked_labels, reduction="sum") / max(masked, 1)
     nsp = F.cross_entropy(out.nsp_logits.float(), batch.next_sentence_labels)
     with torch.no_grad():
         correct = (out.mlm_logits.argmax(-1) == batch.masked_labels).sum()

@@ -2,7 +2,8 @@
 
 `build_optimizer(model, cfg.optimizer)` is the entry point the trainer uses. `Lamb` is written with
 `torch._foreach_*` multi-tensor ops so that one step costs a fixed number of batched kernels, not a Python
-loop over the ~200 parameter tensors of BERT.
+loop over the ~200 parameter tensors of BERT. Its norms (global gradient norm, trust ratios) come from
+`trainer.norms`, exact to float32 rounding also for large tensors on the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor
 
 from trainer.config import OptimizerConfig
 from trainer.errors import BackendUnavailableError
+from trainer.norms import global_norm, tensor_norms
 
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm")
 
@@ -142,12 +144,8 @@ class Lamb(torch.optim.Optimizer):
 
     def _clip_divisor(self, buckets: list[_Bucket]) -> Tensor:
         """max(1, G / max_grad_norm) as a 0-dim fp32 tensor on the first bucket's device, without a host sync."""
-        device = buckets[0].params[0].device
-        norms = [
-            torch.stack(torch._foreach_norm(b.grads, 2, dtype=_math_dtype(b.grads[0]))).to(device) for b in buckets
-        ]
-        global_norm = torch.linalg.vector_norm(torch.cat(norms))
-        return torch.clamp(global_norm / self.max_grad_norm, min=1.0).float()  # the fused kernel reads fp32
+        norm = global_norm([g for b in buckets for g in b.grads])
+        return torch.clamp(norm / self.max_grad_norm, min=1.0).float()  # the fused kernel reads fp32
 
     def _update(self, b: _Bucket, clip: Tensor) -> None:
         """Steps (2)-(5) for tensors of one group, device and dtype; their step counts already include this step."""
@@ -222,8 +220,7 @@ def _math_dtype(p: Tensor) -> torch.dtype:
 
 def _trust_ratios(weights: list[Tensor], updates: list[Tensor]) -> list[Tensor]:
     """‖w‖ / ‖u‖ per tensor, 1 where either norm is zero; 0-dim tensors so nothing waits for the device."""
-    w_norms = torch.stack(torch._foreach_norm(weights))
-    u_norms = torch.stack(torch._foreach_norm(updates))
+    w_norms, u_norms = tensor_norms(weights), tensor_norms(updates)
     ratios = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, torch.ones_like(w_norms))
     return list(ratios.unbind())
 

@@ -1,5 +1,5 @@
 """A 2-rank run with bucket-wise clipping and local presorting learns as well as one process with the same
-global batch (DESIGN.md: the distributed methods must not cost accuracy). Minutes of CPU: marked slow.
+global batch (the distributed methods must not cost accuracy). Minutes of CPU: marked slow.
 
     .venv/bin/pytest -m slow tests/trainer/test_accuracy_band.py -s
 """

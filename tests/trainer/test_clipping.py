@@ -1,12 +1,16 @@
 """Clipping strategies under real DDP (2 and 4 gloo ranks) against an independent single-process computation.
 
+The same ranks also run multi-million-element buckets with known gradients, whose clip coefficients must match
+float64 (see "exact clip coefficients" below).
+
 Each rank records the gradients the optimizer would see after `GradientClipper.before_step`, and the
 parameters DDP put in each bucket. The test recomputes every rank's local gradient in this process and applies
-the formulas of DESIGN.md by hand: mean; clip(mean); mean(clip(local)); per bucket mean(clip_b(local_b)).
+the formulas of trainer/clipping.py by hand: mean; clip(mean); mean(clip(local)); per bucket mean(clip_b(local_b)).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -15,10 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.trainer.conftest import make_model_config, make_samples
-from trainer.clipping import GradientClipper, clip_coefficient, effective_optimizer_config
+from trainer.clipping import EPS, GradientClipper, clip_coefficient, effective_optimizer_config
 from trainer.config import ClippingConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
 from trainer.distributed import DistEnv
@@ -98,7 +103,11 @@ def worker(rank: int, world: int, init_file: str, out_file: str, record_timeline
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     samples = shared_samples(world)
     results = {s: run_strategy(rank, world, s, samples, record_timeline) for s in STRATEGIES}
+    if not record_timeline:
+        xs_by_rank = [rank_gradient(r) for r in range(world)]
+        results["large_buckets"] = {s: run_large_buckets(rank, world, s, xs_by_rank) for s in CLIPPED}
     torch.save(results, f"{out_file}.{rank}")
+    dist.barrier()  # no rank tears gloo down while another still talks to it (that aborts the process)
     dist.destroy_process_group()
 
 
@@ -188,6 +197,111 @@ def test_bucketwise_all_reduce_overlaps_backward_and_before_allreduce_cannot(tmp
         kinds = [e[0] for e in events]
         assert kinds.count("allreduce") == 1
         assert kinds.index("allreduce") > max(i for i, k in enumerate(kinds) if k == "grad")
+
+
+# --------------------------------------------------------------------------- exact clip coefficients on large buckets
+# Every rank gets a known gradient: the loss Σ_i <p_i, x_i> has gradient exactly x_i. The averaged gradient the
+# optimizer sees is then Σ_r c_r x_r / world (one coefficient c per rank and bucket), so c is recovered from it by
+# least squares in float64 and compared with c computed in float64 from x.
+
+SIZES = (2_000_000, 500_000, 3_000)  # torch's own float32 norm of 2 M elements is ~2e-5 off
+BUCKET_CAP_MB = 1.0  # DDP closes a bucket once it holds this much: [2 M] and [0.5 M + 3 k]
+LARGE_MAX_NORM = 1.0
+# bucketwise goes through DDP's initial buckets, the rebuilt ones (deferred hook) and the overlapped hook
+LARGE_ITERATIONS = {"after_allreduce": 1, "before_allreduce": 1, "bucketwise": 3}
+CLIPPED = ["after_allreduce", "before_allreduce", "bucketwise"]
+
+
+@functools.cache
+def rank_gradient(rank: int) -> list[torch.Tensor]:
+    """Rank `rank`'s gradient, one tensor per parameter; ranks differ in direction and scale."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(n, generator=gen) * (1 + rank) for n in SIZES]
+
+
+class GivenGradients(nn.Module):
+    """loss = Σ_i <p_i, x_i>, so the gradient of p_i is exactly x_i."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in SIZES)
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return sum((p * x).sum() for p, x in zip(self.weights, xs, strict=True))
+
+
+def recover_coefficients(grads, xs_by_rank, params: list[int]) -> list[float]:
+    """c_r with grads ≈ Σ_r c_r x_r / world on the parameters `params`, by float64 least squares."""
+    world = len(xs_by_rank)
+    gram = torch.zeros(world, world, dtype=torch.float64)
+    rhs = torch.zeros(world, dtype=torch.float64)
+    for i in params:
+        columns = torch.stack([xs[i] for xs in xs_by_rank]).double()
+        gram += columns @ columns.T
+        rhs += columns @ grads[i].double()
+    return (torch.linalg.solve(gram, rhs) * world).tolist()
+
+
+def run_large_buckets(rank: int, world: int, strategy: str, xs_by_rank) -> list[dict]:
+    model = GivenGradients()
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    env = DistEnv(rank, world, rank, world)
+    clipper = GradientClipper(
+        ClippingConfig(strategy=strategy, max_norm=LARGE_MAX_NORM), "adamw", model, ddp, scaler, env
+    )
+    if clipper.hook_state is not None:
+        clipper.hook_state.bucket_params = []
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    out = []
+    for _ in range(LARGE_ITERATIONS[strategy]):
+        with clipper.backward_context(last_micro_batch=True):
+            ddp(xs_by_rank[rank]).backward()
+        clipper.before_step(optimizer)
+        if clipper.hook_state is not None:
+            buckets = [[index[id(p)] for p in b] for b in clipper.hook_state.bucket_params]
+        else:
+            buckets = [list(range(len(SIZES)))]
+        grads = [p.grad for p in model.parameters()]
+        if rank == 0:
+            out.append({"buckets": buckets, "coefs": [recover_coefficients(grads, xs_by_rank, b) for b in buckets]})
+        optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def reference_coefficients(strategy: str, world: int, buckets: list[list[int]]) -> list[list[float]]:
+    """Float64 clip coefficients per bucket and rank, from the formulas of trainer.clipping."""
+    xs = [[x.double() for x in rank_gradient(r)] for r in range(world)]
+
+    def coef(norm: float, threshold: float) -> float:
+        return min(1.0, threshold / (norm + EPS))
+
+    def norm(tensors) -> float:
+        return math.sqrt(sum(float(t.square().sum()) for t in tensors))
+
+    if strategy == "after_allreduce":
+        mean = [sum(x[i] for x in xs) / world for i in range(len(SIZES))]
+        return [[coef(norm(mean), LARGE_MAX_NORM)] * world]
+    if strategy == "before_allreduce":
+        return [[coef(norm(x), LARGE_MAX_NORM) for x in xs]]
+    threshold = LARGE_MAX_NORM / math.sqrt(len(buckets))
+    return [[coef(norm([x[i] for i in bucket]), threshold) for x in xs] for bucket in buckets]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", CLIPPED)
+def test_clip_coefficients_on_large_buckets_match_float64(rank_results, strategy):
+    world, results = len(rank_results), rank_results[0]["large_buckets"]
+    for iteration in results[strategy]:
+        expected = reference_coefficients(strategy, world, iteration["buckets"])
+        assert all(c < 0.01 for bucket in expected for c in bucket)  # every rank and bucket is clipped
+        for got_bucket, expected_bucket in zip(iteration["coefs"], expected, strict=True):
+            for got, want in zip(got_bucket, expected_bucket, strict=True):
+                assert abs(got - want) / want < 1e-6, (strategy, iteration["buckets"], got, want)
+    if strategy == "bucketwise":
+        last = results[strategy][-1]["buckets"]
+        assert len(last) >= 2 and [0] in last  # the 2 M-element parameter is a bucket of its own
 
 
 def test_lamb_after_allreduce_clips_once_inside_lamb():

@@ -159,3 +159,16 @@ def test_bert_large_shapes_and_names():
     n_ours = sum(p.numel() for p in ours.parameters())
     n_hf = sum(p.numel() for p in hf.parameters())
     assert n_ours - n_hf == 6 * 1024 + 6  # the six padding rows of the tied embedding and of the MLM bias
+
+
+def test_a_batch_without_masked_tokens_has_zero_mlm_loss_not_nan():
+    # Rows too short to mask have no masked positions; a micro-batch of only such rows must not end a run as
+    # diverged. The NSP loss still trains.
+    samples = make_samples([2, 2, 2])  # [CLS] [SEP]: nothing to mask
+    assert (samples.masked_lm_positions == 0).all()
+    torch.manual_seed(0)
+    model = BertForPreTraining(make_model_config())
+    batch = pack_batch(samples, np.arange(3))
+    loss = pretraining_loss(model(batch), batch)
+    assert loss.mlm.item() == 0.0 and loss.mlm_count == 0
+    assert torch.isfinite(loss.total) and loss.total.item() == pytest.approx(loss.nsp.item())

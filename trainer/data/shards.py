@@ -13,6 +13,7 @@ Layout of one shard (N samples, S = max_seq_length, P = max_predictions; MLPerf 
 from __future__ import annotations
 
 import glob
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -132,17 +133,25 @@ def find_shards(spec: str) -> list[Path]:
     return sorted(found)
 
 
-def load_samples(spec: str, limit: int | None = None) -> PretrainingSamples:
-    """All samples of the shards named by `spec` in file order, or only the first `limit` of them."""
+def load_samples(
+    spec: str, limit: int | None = None, check: Callable[[PretrainingSamples, Path], None] | None = None
+) -> PretrainingSamples:
+    """All samples of the shards named by `spec` in file order, or only the first `limit` of them.
+
+    `check(part, path)` is called with the samples taken from each shard (row numbers are the shard's own).
+    """
     parts, total = [], 0
     for path in find_shards(spec):
         if limit is not None and total >= limit:
             break
         part = read_shard(path)
+        if limit is not None and total + len(part) > limit:
+            part = part.subset(slice(0, limit - total))
+        if check is not None:
+            check(part, path)
         parts.append(part)
         total += len(part)
-    samples = PretrainingSamples.concatenate(parts)
-    return samples if limit is None else samples.subset(slice(0, limit))
+    return PretrainingSamples.concatenate(parts)
 
 
 def _read_key(f: h5py.File, key: str, path: Path) -> np.ndarray:
