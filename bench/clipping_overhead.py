@@ -15,6 +15,8 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,56 +35,88 @@ from trainer.optim import build_optimizer
 STRATEGIES = ["none", "after_allreduce", "before_allreduce", "bucketwise"]
 
 
-def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, bucket_cap_mb: float):
+def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, bucket_cap_mb: float, probe=None,
+          accumulation: int = 1):  # fmt: skip
+    """A DDP model, its clipper (with a noise-scale probe when given) and its optimizer."""
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).to(device)
+    if probe is not None and accumulation > 1:  # as the trainer: micro-batches are the small batches
+        probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb
     )
     scaler = torch.amp.GradScaler(device.type, enabled=False)
-    clipper = GradientClipper(ClippingConfig(strategy=strategy, max_norm=1.0), "adamw", model, ddp, scaler, env)
+    clipping = ClippingConfig(strategy=strategy, max_norm=1.0)
+    clipper = GradientClipper(clipping, "adamw", model, ddp, scaler, env, probe)
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-5))
-    return ddp, clipper, optimizer
+    return ddp, clipper, optimizer, probe
 
 
-def step(ddp, clipper, optimizer, batch, device, autocast) -> None:
-    with clipper.backward_context(last_micro_batch=True):
-        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            loss = pretraining_loss(ddp(batch), batch).total
-        loss.backward()
+def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: int = 1) -> None:
+    for i in range(accumulation):  # the same batch every micro-batch: only the time matters here
+        measured = probe.micro_batch(1 / accumulation, 1.0) if probe is not None and accumulation > 1 else nullcontext()
+        with clipper.backward_context(last_micro_batch=i == accumulation - 1), measured:
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = pretraining_loss(ddp(batch), batch).total
+            (loss / accumulation).backward()
     clipper.before_step(optimizer)
+    if probe is not None:
+        probe.take()  # includes the scalar all-reduce and the host reading it, as in the trainer
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
+@dataclass
+class Rank:
+    """What every rank of a DDP step benchmark sets up: its device, process group, model config and batch."""
+
+    args: argparse.Namespace
+    device: torch.device
+    env: DistEnv
+    cfg: ModelConfig
+    batch: object
+    autocast: torch.dtype | None
+
+    @classmethod
+    def start(cls, rank: int, args: argparse.Namespace, init_file: str) -> Rank:
+        use_cuda = args.device == "cuda"
+        if not use_cuda:
+            torch.set_num_threads(max(1, args.threads // args.nproc))
+        device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+        backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=args.nproc)
+        env = DistEnv(rank, args.nproc, rank, args.nproc)
+        cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, **SIZES[args.size])
+        samples = make_samples(args.batch * args.nproc, args.seq_len, 76, 30522, seed=1)
+        batch = pack_batch(samples, np.arange(rank * args.batch, (rank + 1) * args.batch)).to(device)
+        return cls(args, device, env, cfg, batch, torch.bfloat16 if args.dtype == "bf16" else None)
+
+    def time_interleaved(self, runs: dict) -> dict:
+        """Median-ready step times of every run, one step of each per round in a rotated order (warm-up
+        rounds dropped), so all runs see the same machine state."""
+        keys, use_cuda = list(runs), self.device.type == "cuda"
+        times: dict = {k: [] for k in keys}
+        for round_ in range(self.args.warmup + self.args.rounds):
+            shift = round_ % len(keys)
+            for k in keys[shift:] + keys[:shift]:
+                dist.barrier()
+                if use_cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step(*runs[k], self.batch, self.device, self.autocast, self.args.accumulation)
+                if use_cuda:
+                    torch.cuda.synchronize()
+                if round_ >= self.args.warmup:
+                    times[k].append(time.perf_counter() - t0)
+        return times
+
+
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
-    use_cuda = args.device == "cuda"
-    if not use_cuda:
-        torch.set_num_threads(max(1, args.threads // args.nproc))
-    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    backend = "nccl" if use_cuda else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=args.nproc)
-    env = DistEnv(rank, args.nproc, rank, args.nproc)
-    cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, **SIZES[args.size])
-    samples = make_samples(args.batch * args.nproc, args.seq_len, 76, 30522, seed=1)
-    batch = pack_batch(samples, np.arange(rank * args.batch, (rank + 1) * args.batch)).to(device)
-    autocast = torch.bfloat16 if args.dtype == "bf16" else None
-    runs = {s: build(s, cfg, env, device, args.bucket_cap_mb) for s in STRATEGIES}
-    times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
-    for round_ in range(args.warmup + args.rounds):
-        order = STRATEGIES[round_ % 4 :] + STRATEGIES[: round_ % 4]
-        for s in order:
-            dist.barrier()
-            if use_cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step(*runs[s], batch, device, autocast)
-            if use_cuda:
-                torch.cuda.synchronize()
-            if round_ >= args.warmup:
-                times[s].append(time.perf_counter() - t0)
+    r = Rank.start(rank, args, init_file)
+    runs = {s: build(s, r.cfg, r.env, r.device, args.bucket_cap_mb) for s in STRATEGIES}
+    times = r.time_interleaved(runs)
     if rank == 0:
         report(args, runs["bucketwise"][1], times)
     dist.destroy_process_group()
@@ -100,8 +134,9 @@ def report(args, clipper, times: dict[str, list[float]]) -> None:
         print(f"  {s:<17} {1e3 * med:9.1f} ms/step   x{med / base:5.3f} vs none")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(description: str) -> argparse.Namespace:
+    """The options of the DDP step benchmarks (this one and bench/noise_scale_overhead.py)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--size", choices=SIZES, default="cpu")
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
@@ -109,12 +144,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (each of --batch sequences)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CPU threads shared by the ranks")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def launch(worker_fn, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(args, os.path.join(tmp, "init")), nprocs=args.nproc, start_method="spawn")
+        mp.start_processes(worker_fn, args=(args, os.path.join(tmp, "init")), nprocs=args.nproc, start_method="spawn")
+
+
+def main() -> None:
+    launch(worker, parse_args(__doc__.split("\n")[0]))
 
 
 if __name__ == "__main__":

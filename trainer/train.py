@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,16 +23,18 @@ from trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, r
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config
 from trainer.data.batch import PackedBatch, pack_batch
-from trainer.data.shards import PretrainingSamples, load_samples
+from trainer.data.checks import load_checked_samples
+from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalar, dist_env_from_environ, init_process_group, pick_device
-from trainer.errors import ConfigError, TrainerError
+from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict
+from trainer.noise_probe import NormProbe
+from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
 from trainer.report import NullReporter, Reporter
+from trainer.result import TrainResult, TrainStatus
 from trainer.schedule import build_scheduler
-
-STATUSES = ("reached_target", "budget_exhausted", "diverged", "failed")
 
 
 def log(env: DistEnv, message: str) -> None:
@@ -90,6 +93,8 @@ class Run:
     accumulation: int
     total_steps: int
     reporter: Reporter
+    probe: NormProbe | None  # None: noise scale off or not measurable (one process, no accumulation)
+    noise_scale: NoiseScaleEstimator
 
     @property
     def module(self) -> torch.nn.Module:
@@ -99,8 +104,8 @@ class Run:
 def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter) -> Run:
     accumulation = accumulation_steps(cfg, env)
     autocast = resolve_autocast(cfg, device)
-    train_samples = load_samples(cfg.data.train)
-    eval_samples = load_samples(cfg.data.eval, limit=cfg.eval.max_samples)
+    train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model)
+    eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, limit=cfg.eval.max_samples)
     model = build_model(cfg, device)
     ddp = None
     if env.enabled:
@@ -127,7 +132,16 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         local_world_size=env.local_world_size,
         node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
     )
-    clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env)
+    probe = None
+    if cfg.log.noise_scale and (env.enabled or accumulation > 1):
+        probe = NormProbe(env.world_size, device=device)
+        if accumulation > 1:  # micro-batches are the small batches, on any number of ranks (exact under any clip)
+            probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
+    clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env, probe)
+    clips_before_allreduce = cfg.clipping.strategy in ("before_allreduce", "bucketwise")
+    if probe is not None and accumulation == 1 and env.world_size > 2 and clips_before_allreduce:
+        log(env, f"noise scale: approximate while {cfg.clipping.strategy} clipping bites on {env.world_size} ranks "
+                 "(the unclipped average is never formed); accumulate >= 2 micro-batches for an exact one")  # fmt: skip
     return Run(
         cfg,
         env,
@@ -145,6 +159,8 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         accumulation,
         total_steps,
         reporter if env.is_main else NullReporter(),
+        probe,
+        NoiseScaleEstimator(cfg.log.noise_scale_decay),
     )
 
 
@@ -158,6 +174,8 @@ def restore(run: Run) -> TrainState:
     run.optimizer.load_state_dict(payload["optimizer"])
     run.scheduler.load_state_dict(payload["scheduler"])
     run.scaler.load_state_dict(payload["scaler"])
+    if "noise_scale" in payload:
+        run.noise_scale.load_state_dict(payload["noise_scale"])
     restore_rng_state(payload["rng"])
     log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
     return state
@@ -171,6 +189,7 @@ def checkpoint(run: Run, state: TrainState) -> None:
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
+        "noise_scale": run.noise_scale.state_dict(),
         "config": dump_config(run.cfg),
     }
     save_checkpoint(run.cfg.checkpoint.dir, payload, state)
@@ -186,6 +205,7 @@ class StepStats:
     mlm_count: int
     sequences: int  # this rank
     tokens: int  # this rank
+    grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) before any clip, if measured
 
 
 def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,12 +226,14 @@ def train_step(run: Run, micro_batches: list) -> StepStats:
     loss_sum = torch.zeros((), device=run.device)
     correct = torch.zeros((), device=run.device)
     for i, batch in enumerate(batches):
-        with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1):
-            # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
-            loss, ok = forward_backward(run, batch, batch.num_sequences / max(1, sum(b.num_sequences for b in batches)))
+        # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
+        weight = batch.num_sequences / max(1, sum(b.num_sequences for b in batches))
+        with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1), micro_batch_probe(run, weight):
+            loss, ok = forward_backward(run, batch, weight)
         loss_sum += loss
         correct += ok
     run.clipper.before_step(run.optimizer)
+    grad_sq_norms = run.probe.take() if run.probe is not None else None
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.scheduler.step()
@@ -222,7 +244,25 @@ def train_step(run: Run, micro_batches: list) -> StepStats:
         mlm_count=masked,
         sequences=sum(b.num_sequences for b in batches),
         tokens=sum(b.num_tokens for b in batches),
+        grad_sq_norms=grad_sq_norms,
     )
+
+
+def micro_batch_probe(run: Run, weight: float):
+    """With accumulation, the probe measures each micro-batch's gradient (the small batch)."""
+    if run.probe is None or run.accumulation == 1:
+        return nullcontext()
+    return run.probe.micro_batch(weight, run.clipper.loss_scale())
+
+
+def measure_noise_scale(run: Run, stats: StepStats, sequences: list[float]) -> NoiseScale:
+    """Feed this step's norms to the estimator: small = a micro-batch and big = a rank's batch when accumulating,
+    else small = a rank's batch and big = the global batch (DDP)."""
+    if stats.grad_sq_norms is None or min(sequences) != max(sequences):  # unequal batches: B_small undefined
+        return NoiseScale(run.noise_scale.value(), None, None, None, None) if run.probe else NOT_MEASURED
+    if run.accumulation > 1:
+        return run.noise_scale.update(*stats.grad_sq_norms, sequences[0] / run.accumulation, sequences[0])
+    return run.noise_scale.update(*stats.grad_sq_norms, sequences[0], sum(sequences))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -256,7 +296,9 @@ def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
     return reached
 
 
-def progress(run: Run, state: TrainState, window: dict[str, float], stats: StepStats, imbalance: float) -> None:
+def progress(
+    run: Run, state: TrainState, window: dict[str, float], stats: StepStats, imbalance: float, noise: NoiseScale
+) -> None:
     seconds = max(time.perf_counter() - window["t0"], 1e-9)
     record = {
         "event": "progress",
@@ -268,6 +310,7 @@ def progress(run: Run, state: TrainState, window: dict[str, float], stats: StepS
         "sequences_per_s": window["sequences"] / seconds,
         "tokens_per_s": window["tokens"] / seconds,
         "token_imbalance": imbalance,
+        **noise.record(),
     }
     run.reporter.intermediate(record)
     log(
@@ -275,11 +318,11 @@ def progress(run: Run, state: TrainState, window: dict[str, float], stats: StepS
         f"step {state.step:>6} | samples {state.samples:>9,} | loss {stats.loss:7.4f} | "
         f"mlm_acc {record['train_mlm_accuracy']:.3f} | lr {record['lr']:.2e} | "
         f"{record['sequences_per_s']:8.1f} seq/s | {record['tokens_per_s']:10,.0f} tok/s | "
-        f"imbalance {imbalance:.3f}",
+        f"imbalance {imbalance:.3f}" + (f" | noise scale {noise.noise_scale:,.0f}" if noise.noise_scale else ""),
     )
 
 
-def loop(run: Run, state: TrainState) -> str:
+def loop(run: Run, state: TrainState) -> TrainStatus:
     """Train until a stop condition; returns the final status."""
     cfg = run.cfg
     start = time.perf_counter() - state.train_time_s
@@ -295,12 +338,13 @@ def loop(run: Run, state: TrainState) -> str:
         state.train_time_s = time.perf_counter() - start
         window["sequences"] += sum(sequences)
         window["tokens"] += sum(tokens)
+        noise = measure_noise_scale(run, stats, sequences)
         if not math.isfinite(stats.loss) or state.step % cfg.log.every_steps == 0:
-            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9))
+            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9), noise)
             window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
         if not math.isfinite(stats.loss):
             log(run.env, f"loss is {stats.loss} at step {state.step}: diverged")
-            return "diverged"
+            return TrainStatus.DIVERGED
         out_of_budget = state.samples >= cfg.budget.max_samples or (
             cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
         )
@@ -308,42 +352,63 @@ def loop(run: Run, state: TrainState) -> str:
             while state.next_eval_samples <= state.samples:
                 state.next_eval_samples += cfg.eval.every_samples
             if run_eval(run, state, time.perf_counter() - start):
-                return "reached_target"
+                return TrainStatus.REACHED_TARGET
             state.train_time_s = time.perf_counter() - start
         every = cfg.checkpoint.every_samples
         if every and state.samples // every != (state.samples - int(sum(sequences))) // every:
             checkpoint(run, state)
         if out_of_budget:
-            return "budget_exhausted"
+            return TrainStatus.BUDGET_EXHAUSTED
     raise AssertionError("unreachable: epoch_steps never ends")
 
 
-def final_result(run: Run, state: TrainState, status: str, reason: str | None) -> dict[str, Any]:
+def final_result(
+    run: Run, state: TrainState, status: TrainStatus, reason: str | None, error: str | None = None
+) -> TrainResult:
     seconds = max(state.train_time_s, 1e-9)
-    return {
-        "status": status,
-        "reason": reason,
-        "samples": state.samples,
-        "steps": state.step,
-        "samples_to_target": state.samples_to_target,
-        "time_to_target_s": state.time_to_target_s,
-        "best_mlm_accuracy": state.best_mlm_accuracy,
-        "final_mlm_accuracy": state.evals[-1]["mlm_accuracy"] if state.evals else None,
-        "train_time_s": state.train_time_s,
-        "sequences_per_s": state.samples / seconds,
-        "tokens_per_s": state.tokens / seconds,
-        "world_size": run.env.world_size,
-        "global_batch_size": run.cfg.batch.global_batch_size,
-        "target_mlm_accuracy": run.cfg.eval.target_mlm_accuracy,
-    }
+    return TrainResult(
+        status=status,
+        reason=reason,
+        samples=state.samples,
+        steps=state.step,
+        samples_to_target=state.samples_to_target,
+        time_to_target_s=state.time_to_target_s,
+        best_mlm_accuracy=state.best_mlm_accuracy if state.evals else None,
+        final_mlm_accuracy=state.evals[-1]["mlm_accuracy"] if state.evals else None,
+        train_time_s=state.train_time_s,
+        sequences_per_s=state.samples / seconds,
+        tokens_per_s=state.tokens / seconds,
+        world_size=run.env.world_size,
+        global_batch_size=run.cfg.batch.global_batch_size,
+        target_mlm_accuracy=run.cfg.eval.target_mlm_accuracy,
+        error=error,
+    )
 
 
-def train(cfg: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
+def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: DataError) -> TrainResult:
+    """The result of a run whose data was refused before any step: failed, with the data error as its reason."""
+    result = TrainResult(
+        status=TrainStatus.FAILED,
+        reason=str(error),
+        world_size=env.world_size,
+        global_batch_size=cfg.batch.global_batch_size,
+        target_mlm_accuracy=cfg.eval.target_mlm_accuracy,
+        error="data",
+    )
+    if env.is_main:
+        reporter.final(result)
+    return result
+
+
+def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     """Run one training job as configured; returns (and reports) the final result."""
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
     init_process_group(env, device)
-    run = build_run(cfg, env, device, reporter)
+    try:
+        run = build_run(cfg, env, device, reporter)
+    except DataError as e:  # bad data is refused before the first step, as a result of its own
+        return refuse_data(cfg, env, reporter, e)
     state = restore(run)
     log(
         env,
@@ -352,20 +417,20 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> dict[str, Any]:
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
         f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}",
     )
-    status, reason = "failed", None
+    status, reason, error = TrainStatus.FAILED, None, None
     try:
         status = loop(run, state)
-        reason = {"diverged": "loss became NaN or inf"}.get(status)
+        reason = "loss became NaN or inf" if status is TrainStatus.DIVERGED else None
     except (torch.OutOfMemoryError, MemoryError) as e:
-        reason = f"out of memory: {e}"
+        reason, error = f"out of memory: {e}", "oom"
     except RuntimeError as e:
         if "can't allocate memory" not in str(e):  # the CPU allocator's out-of-memory error
             raise
-        reason = f"out of memory: {e}"
+        reason, error = f"out of memory: {e}", "oom"
     except TrainerError as e:
-        reason = str(e)
+        reason, error = str(e), "data" if isinstance(e, DataError) else "crash"
     finally:
-        result = final_result(run, state, status, reason)
+        result = final_result(run, state, status, reason, error)
         run.reporter.final(result)
     checkpoint(run, state)
     return result

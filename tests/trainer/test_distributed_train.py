@@ -33,10 +33,12 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TRAINER_COLLECTIVE_TIMEOUT_S": "60"}
 
 
-def test_two_ranks_bucketwise_local_presort(tmp_path):
+@pytest.mark.parametrize("global_batch", [8, 16], ids=["no-accumulation", "accumulate-2"])
+def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
     overrides = make_train_overrides(
         tmp_path,
         **{
+            "batch.global_batch_size": global_batch,
             "clipping.strategy": "bucketwise",
             "clipping.max_norm": 0.5,
             "clipping.bucket_cap_mb": 0.02,
@@ -52,8 +54,11 @@ def test_two_ranks_bucketwise_local_presort(tmp_path):
     assert len(finals) == 1  # only rank 0 reports
     assert finals[0]["world_size"] == 2 and finals[0]["samples"] == 64
     progress = [r for r in records if r.get("event") == "progress"]
-    assert len(progress) == 8  # 64 samples / global batch 8, logged every step
+    assert len(progress) == 64 // global_batch  # logged every step
     assert all(1.0 <= r["token_imbalance"] < 2.0 for r in progress)
+    # The noise scale's norms at every step: a rank's batch against the global one, or with accumulation a
+    # micro-batch against a rank's batch (taken before the clip, under bucket-wise clipping)
+    assert all(r["grad_sq_norm_small"] > 0 and r["grad_sq_norm_big"] > 0 for r in progress)
     assert proc.stderr.count("training BERT") == 1  # only rank 0 prints
 
 

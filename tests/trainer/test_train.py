@@ -30,8 +30,8 @@ def losses(records):
 
 def test_budget_run_reports_progress_evals_and_a_final_result(tmp_path):
     result, records = run(tmp_path)
-    assert result["status"] == "budget_exhausted"
-    assert result["samples"] == 96 and result["steps"] == 12  # 96 samples / global batch 8
+    assert result.status == "budget_exhausted"
+    assert result.samples == 96 and result.steps == 12  # 96 samples / global batch 8
     assert len(losses(records)) == 12
     evals = [r for r in records if r.get("event") == "eval"]
     assert [e["samples"] for e in evals] == [32, 64, 96]
@@ -53,16 +53,16 @@ def test_loss_decreases_on_repeated_data(tmp_path):
 
 def test_reaching_the_target_stops_and_records_samples_to_target(tmp_path):
     result, _ = run(tmp_path, **{"eval.target_mlm_accuracy": 1e-6, "eval.every_samples": 16})
-    assert result["status"] == "reached_target"
-    assert result["samples_to_target"] == 16
-    assert result["time_to_target_s"] > 0
-    assert result["best_mlm_accuracy"] >= 1e-6
+    assert result.status == "reached_target"
+    assert result.samples_to_target == 16
+    assert result.time_to_target_s > 0
+    assert result.best_mlm_accuracy >= 1e-6
 
 
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):
     result, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30})
-    assert result["status"] == "diverged"
-    assert result["steps"] < 12
+    assert result.status == "diverged"
+    assert result.steps < 12
     assert not all(math.isfinite(x) for x in losses(records))
 
 
@@ -80,10 +80,10 @@ def test_resume_continues_the_same_loss_sequence(tmp_path):
     _, uninterrupted = run(full_dir, **common)
     # Stop after 5 steps (a checkpoint at 40 samples), then resume with the full budget.
     first, part1 = run(part_dir, **common, **{"budget.max_samples": 40, "checkpoint.dir": str(part_dir / "ck")})
-    assert first["status"] == "budget_exhausted" and first["samples"] == 40
+    assert first.status == "budget_exhausted" and first.samples == 40
     second, records = run(part_dir, **common, **{"checkpoint.dir": str(part_dir / "ck")})
     resumed = losses(records)[len(losses(part1)) :]
-    assert second["samples"] == 96
+    assert second.samples == 96
     assert losses(part1) + resumed == pytest.approx(losses(uninterrupted), abs=1e-6)
     assert len(resumed) == 7
 

@@ -1,0 +1,55 @@
+"""Step-time cost of measuring the gradient noise scale (`log.noise_scale`), with DDP on 2 ranks.
+
+For each clipping strategy, a training step with the measurement (NormProbe: per-bucket norms before and after
+the all-reduce, one all-reduce of a few scalars, the host reading them) is timed against the same step
+without it. Runs are interleaved round by round in a rotated order so both see the same machine state.
+Prints medians and the ratio (goal: <= 1.02).
+
+    python -m bench.noise_scale_overhead                      # 2 CPU ranks
+    python -m bench.noise_scale_overhead --accumulation 2     # micro-batches against a rank's batch
+    python -m bench.noise_scale_overhead --device cuda --size base
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch.distributed as dist
+
+from bench.clipping_overhead import STRATEGIES, Rank, build, launch, parse_args
+from trainer.noise_probe import NormProbe
+
+
+def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
+    r = Rank.start(rank, args, init_file)
+    keys = [(s, m) for s in STRATEGIES for m in (False, True)]
+    runs = {
+        (s, m): build(
+            s, r.cfg, r.env, r.device, args.bucket_cap_mb, NormProbe(r.env.world_size) if m else None, args.accumulation
+        )  # fmt: skip
+        for s, m in keys
+    }
+    times = r.time_interleaved(runs)
+    if rank == 0:
+        report(args, times)
+    dist.destroy_process_group()
+
+
+def report(args, times) -> None:
+    print(
+        f"size={args.size} ranks={args.nproc} device={args.device} dtype={args.dtype} batch/rank={args.batch} "
+        f"seq_len={args.seq_len} bucket_cap_mb={args.bucket_cap_mb} accumulation={args.accumulation} "
+        f"rounds={args.rounds}"
+    )
+    for s in STRATEGIES:
+        off, on = statistics.median(times[(s, False)]), statistics.median(times[(s, True)])
+        print(f"  {s:<17} off {1e3 * off:9.1f} ms/step   on {1e3 * on:9.1f} ms/step   x{on / off:5.3f}")
+
+
+def main() -> None:
+    launch(worker, parse_args(__doc__.split("\n")[0]))
+
+
+if __name__ == "__main__":
+    main()

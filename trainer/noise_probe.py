@@ -1,0 +1,117 @@
+"""Collects, during one optimizer step, the gradient norms that `trainer.noise_scale` turns into B_simple.
+
+The clipping code calls it where the gradients pass anyway, so it costs no extra pass over communication:
+- with DDP, per gradient bucket (the whole gradient for `before_allreduce`): this rank's local norm and clip
+  coefficient before the all-reduce, and the norm of the all-reduced bucket after it;
+- with gradient accumulation (on any number of processes), a hook on every parameter sees each micro-batch's
+  gradient before it is accumulated (one squared norm per tensor and micro-batch); the small batch is then a
+  micro-batch and the big one this rank's accumulated batch, both before any clip and before the all-reduce,
+  so the measurement is exact under every clipping strategy and any number of ranks.
+Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight, so they are in the units of
+a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
+accumulating) sums the ranks' numbers.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from trainer.noise_scale import BucketSums, two_batch_norms
+from trainer.norms import squared_norm
+
+
+class NormProbe:
+    """Per-step records of local and averaged gradient norms; `take()` returns (|G_small|², |G_big|²)."""
+
+    def __init__(self, world_size: int, process_group=None, device: torch.device | str = "cpu"):
+        self.world_size = world_size
+        self.process_group = process_group
+        self.device = device  # where the scalars of the all-reduce go (the backend's device: cuda for NCCL)
+        self.watching = False  # micro-batches are the small batches (gradient accumulation)
+        self.local: dict[int, torch.Tensor] = {}  # bucket index -> [c, c², c²M, M] of this rank
+        self.mean_sq: dict[int, torch.Tensor] = {}  # bucket index -> |all-reduced bucket|²
+        self.micro_sq: list[torch.Tensor] = []  # one process: |g_i|² of each micro-batch
+        self.big_sq: torch.Tensor | None = None  # one process: |accumulated gradient|² before any clip
+        self._micro_acc: torch.Tensor | None = None
+
+    def record_local(self, index: int, norm: torch.Tensor, coef, scale) -> None:
+        """This rank's bucket `index` before the all-reduce: its norm (loss-scaled) and its clip coefficient."""
+        local_sq = (norm.double() / scale) ** 2
+        coef = torch.as_tensor(coef, dtype=torch.float64, device=norm.device)
+        self.local[index] = torch.stack([coef, coef * coef, coef * coef * local_sq, local_sq])
+
+    def record_mean(self, index: int, norm: torch.Tensor, scale) -> None:
+        """Bucket `index` after the all-reduce (the mean of the ranks' possibly clipped buckets)."""
+        self.mean_sq[index] = (norm.double() / scale) ** 2
+
+    def record_big(self, norm: torch.Tensor, scale) -> None:
+        """One process: the accumulated gradient's norm (loss-scaled) before any clip."""
+        self.big_sq = (norm.double() / scale) ** 2
+
+    def watch_micro_batches(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum each parameter's incoming gradient norm² per backward (one process, gradient accumulation)."""
+        self.watching = True
+        for p in params:
+            p.register_hook(self._add_micro)
+
+    def _add_micro(self, grad: torch.Tensor) -> None:
+        sq = squared_norm([grad])
+        self._micro_acc = sq if self._micro_acc is None else self._micro_acc + sq
+
+    @contextmanager
+    def micro_batch(self, weight: float, scale):
+        """Around one micro-batch's backward whose loss was multiplied by `weight` (and the loss scale)."""
+        self._micro_acc = None
+        yield
+        if self._micro_acc is not None and weight > 0:
+            self.micro_sq.append(self._micro_acc.double() / (weight * weight) / (scale * scale))
+        self._micro_acc = None
+
+    def take(self) -> tuple[float, float] | None:
+        """(|G_small|², |G_big|²) of this step, or None when not measurable; clears the records."""
+        if self.watching:
+            return self._take_micro()
+        if not self.local:
+            return None
+        indices = sorted(self.local)
+        sums = torch.stack([self.local[i] for i in indices])
+        if self.world_size > 1:
+            dist.all_reduce(sums, group=self.process_group)
+        mean_sq = torch.stack([self.mean_sq[i] for i in indices]).to(sums.device)
+        rows, means = sums.tolist(), mean_sq.tolist()
+        self.local.clear()
+        self.mean_sq.clear()
+        buckets = [BucketSums(*row, mean_sq=m) for row, m in zip(rows, means, strict=True)]
+        return _finite(two_batch_norms(buckets, self.world_size))
+
+    def _take_micro(self) -> tuple[float, float] | None:
+        """Micro-batch (small) and this rank's accumulated batch (big), averaged over ranks. Every rank joins
+        the all-reduce, also one that has nothing to report (its `valid` is 0 and the step is skipped)."""
+        micro = torch.stack(self.micro_sq).tolist() if self.micro_sq else []
+        if self.big_sq is not None:  # one process: the accumulated gradient's norm
+            big_sq = float(self.big_sq)
+        elif self.local:  # DDP: the sum over buckets of this rank's local norms before the all-reduce
+            big_sq = float(sum(row[3] for row in torch.stack(list(self.local.values())).tolist()))
+        else:
+            big_sq = None
+        self.micro_sq.clear()
+        self.local.clear()
+        self.mean_sq.clear()
+        self.big_sq = None
+        valid = big_sq is not None and len(micro) >= 2
+        sums = [sum(micro) / len(micro), big_sq, 1.0] if valid else [0.0, 0.0, 0.0]
+        if self.world_size > 1:
+            reduced = torch.tensor(sums, dtype=torch.float64, device=self.device)
+            dist.all_reduce(reduced, group=self.process_group)
+            sums = reduced.tolist()
+        if sums[2] != self.world_size:
+            return None
+        return _finite((sums[0] / self.world_size, sums[1] / self.world_size))
+
+
+def _finite(pair: tuple[float, float]) -> tuple[float, float] | None:
+    """None when an fp16 overflow (inf/nan) reached a norm: the scaler skips that step, so do we."""
+    return pair if all(x == x and abs(x) != float("inf") for x in pair) else None
