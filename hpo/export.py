@@ -1,0 +1,211 @@
+"""Exporting a best trial as a production run: a complete trainer config, and the `torchrun` line that runs it.
+
+    text = render(record, trial, "yaml")                      # -> Export(text, warnings, media_type)
+    render(record, trial, "torchrun", nodes=2, gpus_per_node=8, config_path="best.yaml")
+
+Everything here is pure: an experiment record (its stored, self-contained spec) and a trial record in, text out.
+Choosing the trial (overall, per arm, per batch size) is the caller's job, through the storage.
+
+The exported config is the experiment's base config with its overrides, the trial's parameters, and the full
+training budget (a multi-fidelity trial may have run on a fraction of it). Nothing trial-specific is kept: the
+trial's report file and checkpoint directory are set by the controller, not by the stored spec, so they never
+appear. When the config runs on more ranks than micro batches fit into the global batch, the micro batch is
+reduced (the global batch, which is what the optimizer sees, never changes) and a comment says so.
+
+Formats: `yaml` (the config, with the provenance as comments: `python -m trainer --config FILE` runs it),
+`json` (`{"provenance": ..., "warnings": [...], "config": ...}`: JSON has no comments, so the runnable config is
+the `config` member), and `torchrun` (the command line, with the provenance as shell comments).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import yaml
+
+from hpo.errors import HpoError
+from hpo.storage.base import ExperimentRecord, TrialRecord
+
+Format = Literal["yaml", "json", "torchrun"]
+FORMATS: tuple[str, ...] = ("yaml", "json", "torchrun")
+MEDIA_TYPES = {"yaml": "application/yaml", "json": "application/json", "torchrun": "text/x-shellscript"}
+RENDEZVOUS_PORT = 29400
+
+
+class ExportError(HpoError):
+    """A best config cannot be exported as asked (an unknown arm, a batch that cannot be split over the ranks)."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an exported config comes from."""
+
+    experiment: str
+    trial: int
+    arm: str | None
+    metric: str  # the experiment's objective metric
+    direction: str
+    objective: float | None
+    reached_target: bool
+    target_mlm_accuracy: float
+    samples_to_target: int | None
+    best_mlm_accuracy: float | None
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Export:
+    text: str
+    warnings: tuple[str, ...]
+    media_type: str
+
+
+def stored_spec(record: ExperimentRecord):
+    """The experiment's validated spec, from the self-contained copy stored when it was created."""
+    from hpo.experiment import experiment_from_dict  # pydantic models of the trainer config: built on first use
+
+    return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)")
+
+
+def arm_labels(spec) -> list[str]:
+    """The experiment's arms as stored on trials (`optimizer.name=lamb`); [] when it compares nothing."""
+    from hpo.experiment import arm_label, arms
+
+    return [arm_label(values) for values in arms(spec)] if spec.compare else []
+
+
+def check_arm(spec, arm: str | None) -> None:
+    """Refuse an arm the experiment does not have, naming the ones it has."""
+    if arm is None:
+        return
+    known = arm_labels(spec)
+    if arm not in known:
+        hint = f"its arms are {', '.join(known)}" if known else "it compares nothing, so it has no arms"
+        raise ExportError(f"experiment {spec.name} has no arm {arm!r}: {hint}")
+
+
+def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
+    """The complete trainer config (a plain mapping) of `trial` at the full budget, fit for `ranks` ranks."""
+    from hpo.experiment import trial_config
+
+    config = trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    config["batch"]["micro_batch_size"] = micro_batch_for(
+        config["batch"]["global_batch_size"], config["batch"]["micro_batch_size"], ranks
+    )
+    return config
+
+
+def micro_batch_for(global_batch: int, micro_batch: int, ranks: int) -> int:
+    """The largest micro batch <= `micro_batch` that `global_batch` splits into evenly over `ranks` ranks."""
+    if ranks < 1:
+        raise ExportError(f"the number of ranks must be at least 1, got {ranks}")
+    if global_batch % ranks:
+        raise ExportError(
+            f"batch.global_batch_size {global_batch} cannot be split evenly over {ranks} ranks; "
+            "choose --nodes x --gpus-per-node that divides it"
+        )
+    per_rank = global_batch // ranks
+    return next(m for m in range(min(micro_batch, per_rank), 0, -1) if per_rank % m == 0)
+
+
+def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any]) -> Provenance:
+    """Where the exported `config` (from `production_config`) comes from."""
+    target = float(config["eval"]["target_mlm_accuracy"])
+    return Provenance(
+        experiment=record.name,
+        trial=trial.number,
+        arm=trial.arm,
+        metric=spec.objective.metric,
+        direction=spec.direction,
+        objective=trial.objective,
+        reached_target=reached_target(trial, target),
+        target_mlm_accuracy=target,
+        samples_to_target=trial.samples_to_target,
+        best_mlm_accuracy=trial.best_mlm_accuracy,
+        params=dict(trial.params),
+    )
+
+
+def reached_target(trial: TrialRecord, target: float) -> bool:
+    """Whether the trial reached the experiment's target accuracy (the trainer reports samples_to_target then)."""
+    if trial.samples_to_target is not None or trial.metrics.get("status") == "reached_target":
+        return True
+    return trial.best_mlm_accuracy is not None and trial.best_mlm_accuracy >= target
+
+
+def warnings_for(origin: Provenance) -> tuple[str, ...]:
+    if origin.reached_target:
+        return ()
+    best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
+    return (
+        f"no trial of experiment {origin.experiment} reached the target mlm_accuracy {origin.target_mlm_accuracy}: "
+        f"trial {origin.trial} is only the best of the misses (it reached {best}); tune further before production",
+    )
+
+
+def torchrun_command(config_path: str, nodes: int = 1, gpus_per_node: int = 1, run_id: str = "hpo") -> str:
+    """`torchrun --nnodes N --nproc_per_node G [rendezvous] -m trainer --config FILE` as one shell line.
+
+    One node rendezvouses on a free local port (`--standalone`); several use the c10d rendezvous at
+    `$MASTER_ADDR:$MASTER_PORT` (default port 29400), and the same line is run on every node.
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise ExportError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpus_per_node}")
+    parts = ["torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(gpus_per_node)]
+    if nodes == 1:
+        parts.insert(1, "--standalone")
+    else:
+        endpoint = f'"${{MASTER_ADDR:?set MASTER_ADDR to the first node}}:${{MASTER_PORT:-{RENDEZVOUS_PORT}}}"'
+        parts += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", shlex.quote(run_id)]
+    return " ".join([*parts, "-m", "trainer", "--config", shlex.quote(config_path)])
+
+
+def render(
+    record: ExperimentRecord,
+    trial: TrialRecord,
+    fmt: Format | str,
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    config_path: str = "best.yaml",
+    spec=None,
+) -> Export:
+    """The best config of `record` taken from `trial`, in `fmt`, for `nodes` x `gpus_per_node` ranks
+    (`spec`: the experiment's parsed spec when the caller has it already)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    spec = spec or stored_spec(record)
+    command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
+    config = production_config(spec, trial, nodes * gpus_per_node)
+    origin = provenance(record, spec, trial, config)
+    warnings = warnings_for(origin)
+    if fmt == "json":
+        body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}
+        text = json.dumps(body, indent=2) + "\n"
+    else:
+        tuned_micro = production_config(spec, trial)["batch"]["micro_batch_size"]
+        comments = _comment_lines(origin, tuned_micro, config, warnings, command)
+        body = command + "\n" if fmt == "torchrun" else yaml.safe_dump(config, sort_keys=False)
+        text = "\n".join(f"# {line}" if line else "#" for line in comments) + "\n" + body
+    return Export(text, warnings, MEDIA_TYPES[fmt])
+
+
+def _comment_lines(origin: Provenance, tuned_micro: int, config: dict[str, Any], warnings, command: str) -> list[str]:
+    objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
+    lines = [
+        f"Best configuration of experiment {origin.experiment}, exported by `hpo export`.",
+        f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
+        f"objective: {origin.metric} = {objective} ({origin.direction})",
+    ]
+    if origin.reached_target:
+        reached = f"after {origin.samples_to_target} samples" if origin.samples_to_target is not None else ""
+        lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip())
+    lines += [f"WARNING: {warning}" for warning in warnings]
+    lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]
+    if tuned_micro != config["batch"]["micro_batch_size"]:
+        lines.append(f"batch.micro_batch_size lowered from {tuned_micro} so the global batch splits over the ranks")
+    lines += ["", f"run: {command}"]
+    return lines

@@ -1,0 +1,87 @@
+"""Dependencies the routes declare with `Annotated`: the storage, an experiment by name, the action token."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from hpo.storage import Storage
+from hpo.storage.base import ExperimentRecord
+from server.schemas import NAME_PATTERN
+from server.settings import Settings
+from server.storage import SpecCache
+
+_bearer = HTTPBearer(auto_error=False, description="The token set in HPO_API_TOKEN on the server.")
+
+
+# The three below never block (the storage opens once), so they are `async def`: FastAPI runs a plain `def`
+# dependency in its thread pool, a round trip that costs more than these functions do.
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_storage(request: Request) -> Storage:
+    return request.app.state.storage.get()
+
+
+async def get_specs(request: Request) -> SpecCache:
+    return request.app.state.specs
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StorageDep = Annotated[Storage, Depends(get_storage)]
+SpecsDep = Annotated[SpecCache, Depends(get_specs)]
+ExperimentName = Annotated[str, Path(pattern=NAME_PATTERN, description="The experiment's name.")]
+
+
+def get_experiment(name: ExperimentName, storage: StorageDep) -> ExperimentRecord:
+    return storage.get_experiment_by_name(name)  # NotFoundError -> 404
+
+
+ExperimentDep = Annotated[ExperimentRecord, Depends(get_experiment)]
+
+
+async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: SpecsDep) -> ExperimentRecord:
+    """The experiment for routes that use only its fixed fields (id, name, direction, spec): read once, then
+    from memory, without a database query or a thread-pool round trip."""
+    record = specs.known_experiment(name)
+    if record is None:
+        record = await run_in_threadpool(storage.get_experiment_by_name, name)  # NotFoundError -> 404
+        specs.remember_experiment(record)
+    return record
+
+
+ExperimentRefDep = Annotated[ExperimentRecord, Depends(get_experiment_ref)]
+
+
+def require_token(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Actions need `Authorization: Bearer <HPO_API_TOKEN>`; without a configured token they are refused."""
+    expected = settings.token
+    if expected is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "actions are disabled on this server because no API token is configured: "
+            "set HPO_API_TOKEN in the server's environment and restart `hpo serve`",
+        )
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "this action needs the header `Authorization: Bearer <token>` with the server's HPO_API_TOKEN",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    # Constant time, on bytes: a timing difference must not reveal how much of the token was right.
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "the bearer token is not the server's HPO_API_TOKEN",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+TokenDep = Depends(require_token)

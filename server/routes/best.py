@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Response
+
+from hpo.export import check_arm
+from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
+from hpo.trials import TrialState
+from server.deps import ExperimentRefDep, SpecsDep, StorageDep
+from server.errors import ERROR_RESPONSES
+from server.routes.experiments import best_public
+from server.schemas import ARM_PATTERN, MAX_INT, BestAcrossPublic, BestTrialPublic
+from server.storage import SpecCache
+
+router = APIRouter(tags=["best configs"], responses=ERROR_RESPONSES)
+
+Arm = Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm, e.g. optimizer.name=lamb.")]
+BatchSize = Annotated[int | None, Query(ge=1, le=MAX_INT, description="Only trials with this global batch size.")]
+Metric = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
+
+
+@router.get("/experiments/{name}/best", response_model=BestTrialPublic)
+def best_config(
+    record: ExperimentRefDep, storage: StorageDep, specs: SpecsDep, arm: Arm = None, global_batch_size: BatchSize = None
+):
+    """The best completed trial (optionally within one arm or global batch size) and its complete config."""
+    check_arm(specs.spec(record), arm)
+    trial = storage.best_trial(record.id, arm=arm, global_batch_size=global_batch_size)
+    if trial is None:
+        raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
+    # A finished trial never changes: its response is serialized once (validated against the model then).
+    return Response(specs.best_json(record, trial), media_type="application/json")
+
+
+@router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic])
+def best_config_per_arm(record: ExperimentRefDep, storage: StorageDep, specs: SpecsDep):
+    """The best trial of every arm that has a completed trial, keyed by arm."""
+    return {arm: best_public(record, trial, specs) for arm, trial in storage.best_per_arm(record.id).items()}
+
+
+@router.get("/best", response_model=BestAcrossPublic)
+def best_config_across_experiments(
+    storage: StorageDep,
+    specs: SpecsDep,
+    global_batch_size: Annotated[int, Query(ge=1, le=MAX_INT, description="The global batch size.")],
+    optimizer: Annotated[Literal["adamw", "lamb"], Query(description="The optimizer.")],
+    metric: Annotated[Metric, Query(description="Only experiments with this objective.")] = "samples_to_target",
+):
+    """The best config for a global batch size and optimizer over every experiment whose objective is `metric`."""
+    candidates: list[tuple[ExperimentRecord, TrialRecord]] = []
+    for record in storage.list_experiments():
+        spec = specs.spec(record)
+        if spec.objective.metric == metric:
+            trial = _best_with(storage, specs, record, global_batch_size, optimizer)
+            if trial is not None:
+                candidates.append((record, trial))
+    if not candidates:
+        raise HTTPException(
+            404, f"no experiment with objective {metric} has a completed {optimizer} trial at global batch size "
+            f"{global_batch_size}",
+        )  # fmt: skip
+    direction = Direction.MAXIMIZE if metric.endswith("accuracy") else Direction.MINIMIZE
+    sign = 1.0 if direction is Direction.MINIMIZE else -1.0
+    candidates.sort(key=lambda pair: (sign * pair[1].objective, pair[1].finished_at))
+    public = [best_public(record, trial, specs) for record, trial in candidates]
+    return BestAcrossPublic(
+        global_batch_size=global_batch_size, optimizer=optimizer, metric=metric, best=public[0], candidates=public
+    )
+
+
+def _best_with(
+    storage: Storage, specs: SpecCache, record: ExperimentRecord, global_batch_size: int, optimizer: str
+) -> TrialRecord | None:
+    """The experiment's best trial that trains with `optimizer` at `global_batch_size`, if any."""
+    from hpo.experiment import arm_label, arms
+    from search_spaces.space import trainer_key
+
+    spec = specs.spec(record)
+    tuned = [name for name in spec.space if trainer_key(name) == "optimizer.name"]
+    if not tuned:  # one optimizer for the whole experiment
+        if spec.resolved_base().get("optimizer", {}).get("name", "lamb") != optimizer:
+            return None
+        return storage.best_trial(record.id, global_batch_size=global_batch_size)
+    compared = [key for key in spec.compare if key in tuned]
+    if compared:  # an arm per optimizer (possibly crossed with other compare keys): the best of its arms
+        labels = [arm_label(values) for values in arms(spec) if values[compared[0]] == optimizer]
+        found = [storage.best_trial(record.id, arm=label, global_batch_size=global_batch_size) for label in labels]
+        return _best_of([t for t in found if t is not None], record.direction)
+    # Tuned but not compared: read the completed trials at this batch size and keep this optimizer's.
+    completed = storage.list_trials(record.id, state=TrialState.COMPLETED)
+    mine = [
+        t
+        for t in completed
+        if t.global_batch_size == global_batch_size and t.objective is not None
+        and any(t.params.get(name) == optimizer for name in tuned)
+    ]  # fmt: skip
+    return _best_of(mine, record.direction)
+
+
+def _best_of(trials: list[TrialRecord], direction: Direction) -> TrialRecord | None:
+    sign = 1.0 if direction is Direction.MINIMIZE else -1.0
+    return min(trials, key=lambda t: (sign * t.objective, t.number), default=None)
+
+
+def no_best_message(name: str, arm: str | None, global_batch_size: int | None) -> str:
+    where = "".join(
+        [f" in arm {arm}" if arm else "", f" at global batch size {global_batch_size}" if global_batch_size else ""]
+    )
+    return f"experiment {name} has no completed trial{where} yet; its trial list says why"

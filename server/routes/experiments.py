@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+
+from hpo.export import arm_labels
+from hpo.storage.base import ExperimentRecord, ExperimentStatus, TrialRecord
+from server.deps import ExperimentDep, SpecsDep, StorageDep, TokenDep
+from server.errors import ERROR_RESPONSES
+from server.schemas import (
+    MAX_INT,
+    MAX_PAGE,
+    BestTrialPublic,
+    ErrorPublic,
+    ExperimentPublic,
+    ExperimentSummaryPublic,
+    Page,
+    StopPublic,
+)
+from server.status import experiment_status
+from server.storage import SpecCache
+
+router = APIRouter(prefix="/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
+
+
+@router.get("", response_model=Page[ExperimentSummaryPublic])
+def list_experiments(
+    storage: StorageDep,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+):
+    """Every experiment, oldest first, one page of them."""
+    records = storage.list_experiments()
+    page = records[offset : offset + limit]
+    items = [ExperimentSummaryPublic.from_record(r, experiment_status(r)) for r in page]
+    return Page[ExperimentSummaryPublic](items=items, total=len(records), offset=offset, limit=limit)
+
+
+@router.get("/{name}", response_model=ExperimentPublic)
+def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
+    """Status (live, interrupted, finished, ...), trial counts per state, arms, and the best trials so far."""
+    counts = storage.count_trials_by_state(record.id)
+    best = storage.best_trial(record.id)
+    summary = ExperimentSummaryPublic.from_record(record, experiment_status(record))
+    return ExperimentPublic(
+        **summary.model_dump(),
+        stop_requested=record.stop_requested,
+        controller_host=record.controller_host,
+        controller_pid=record.controller_pid,
+        heartbeat_at=record.heartbeat_at,
+        controller_note=record.controller_note,
+        trials={state.value: n for state, n in counts.items()},
+        arms=arm_labels(specs.spec(record)),
+        best=best_public(record, best, specs) if best else None,
+        best_per_arm={arm: best_public(record, t, specs) for arm, t in storage.best_per_arm(record.id).items()},
+    )
+
+
+@router.post(
+    "/{name}/stop",
+    response_model=StopPublic,
+    dependencies=[TokenDep],
+    responses={
+        401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
+        403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+        409: {"model": ErrorPublic, "description": "The experiment has already ended."},
+    },
+)
+def stop_experiment(record: ExperimentDep, storage: StorageDep):
+    """Ask the experiment's controller to stop: running trials are ended, the experiment becomes `stopped`."""
+    if record.status is not ExperimentStatus.RUNNING:
+        raise HTTPException(409, f"experiment {record.name} is {record.status.value}: there is nothing to stop")
+    storage.request_stop(record.id)
+    detail = f"stop requested; the controller of {record.name} ends its trials within seconds"
+    return StopPublic(experiment=record.name, stop_requested=True, detail=detail)
+
+
+def best_public(record: ExperimentRecord, trial: TrialRecord, specs: SpecCache) -> BestTrialPublic:
+    """The best trial with its production config (cached: a finished trial never changes)."""
+    return BestTrialPublic.from_record(record, trial, specs.config(record, trial))

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response
+
+from hpo.export import FORMATS, MEDIA_TYPES, Format, check_arm, render
+from server.deps import ExperimentRefDep, SpecsDep, StorageDep
+from server.errors import ERROR_RESPONSES
+from server.routes.best import Arm, BatchSize, no_best_message
+
+router = APIRouter(tags=["export"], responses=ERROR_RESPONSES)
+
+# YAML and JSON bodies are a mapping (the config; provenance + config); the torchrun body is a shell line.
+_CONTENT = {MEDIA_TYPES[fmt]: {"schema": {"type": "string" if fmt == "torchrun" else "object"}} for fmt in FORMATS}
+
+
+@router.get(
+    "/experiments/{name}/export",
+    response_class=Response,
+    responses={200: {"description": "The exported config or command.", "content": _CONTENT}},
+)
+def export_best_config(
+    record: ExperimentRefDep,
+    storage: StorageDep,
+    specs: SpecsDep,
+    format: Annotated[Format, Query(description="yaml (a runnable trainer config), json, or torchrun.")] = "yaml",
+    arm: Arm = None,
+    global_batch_size: BatchSize = None,
+    nodes: Annotated[int, Query(ge=1, le=4096, description="Nodes of the production run.")] = 1,
+    gpus_per_node: Annotated[int, Query(ge=1, le=64, description="GPUs (ranks) per node.")] = 1,
+    config_path: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=1024,
+            pattern=r"^[^\x00-\x1f\x7f]+$",
+            description="Config file the torchrun command names.",
+        ),
+    ] = "best.yaml",  # fmt: skip
+):
+    """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it.
+    A config from an experiment where no trial reached the target says so (and the X-HPO-Warning header)."""
+    spec = specs.spec(record)
+    check_arm(spec, arm)
+    trial = storage.best_trial(record.id, arm=arm, global_batch_size=global_batch_size)
+    if trial is None:
+        raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
+    exported = render(
+        record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec
+    )
+    headers = {"X-HPO-Warning": exported.warnings[0]} if exported.warnings else None
+    return Response(exported.text, media_type=exported.media_type, headers=headers)

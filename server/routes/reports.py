@@ -1,0 +1,105 @@
+"""The comparison report as HTML pages: one experiment's report, several experiments compared, and the list of
+experiments (`/`) a browser starts from. The pages are built by hpo.report from the database on each request;
+they are self-contained (figures embedded), so they load nothing else."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse
+
+from server.deps import ExperimentDep, StorageDep
+from server.errors import ERROR_RESPONSES
+from server.schemas import NAME_PATTERN
+
+API_PREFIX = "/api/v1"  # as in server.app (which imports this module)
+MAX_COMPARED = 20
+CACHED_PAGES = 16
+HTML = {"content": {"text/html": {}}, "description": "A self-contained HTML page."}
+
+router = APIRouter(tags=["reports"], responses=ERROR_RESPONSES)
+home = APIRouter()
+
+
+def report_path(name: str) -> str:
+    return f"{API_PREFIX}/experiments/{quote(name)}/report"
+
+
+class _PageCache:
+    """Reports of experiments that no controller drives any more: their trials, and so their pages, only change
+    when a resume runs more trials, which changes the key (status and trial counts)."""
+
+    def __init__(self) -> None:
+        self._pages: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> str | None:
+        with self._lock:
+            return self._pages.get(key)
+
+    def put(self, key: tuple, page: str) -> None:
+        with self._lock:
+            self._pages[key] = page
+            while len(self._pages) > CACHED_PAGES:
+                self._pages.popitem(last=False)
+
+
+_cache = _PageCache()
+
+
+@router.get("/experiments/{name}/report", response_class=HTMLResponse, responses={200: HTML})
+def experiment_report(record: ExperimentDep, storage: StorageDep):
+    """The experiment's comparison report: verdict, best so far, learning curves, samples to target, noise scale,
+    hyperparameter effects and importance, and the best config per arm with its export command."""
+    from hpo.report.html import experiment_report as build
+    from hpo.storage.base import ExperimentStatus
+
+    key = None
+    if record.status is not ExperimentStatus.RUNNING:
+        counts = storage.count_trials_by_state(record.id)
+        key = (id(storage), record.id, record.status, tuple(sorted((s.value, n) for s, n in counts.items())))
+        page = _cache.get(key)
+        if page is not None:
+            return HTMLResponse(page)
+    page = build(storage, record.name, index="/")
+    if key is not None:
+        _cache.put(key, page)
+    return HTMLResponse(page)
+
+
+@router.get("/reports/compare", response_class=HTMLResponse, responses={200: HTML})
+def compare_report(
+    storage: StorageDep,
+    name: Annotated[
+        list[str],
+        Query(min_length=1, max_length=MAX_COMPARED, description="The experiments to compare (repeat the parameter)."),
+    ],
+):
+    """Several experiments: samples to target and the measured noise scale against global batch size."""
+    from hpo.errors import HpoError
+    from hpo.report.html import comparison_report
+
+    bad = [n for n in name if not _is_name(n)]
+    if bad:
+        raise HpoError(f"name {bad[0]!r} is not an experiment name (lowercase letters, digits, '-' and '_')")
+    for n in name:
+        storage.get_experiment_by_name(n)  # a missing one is a 404 before any work
+    return HTMLResponse(comparison_report(storage, list(dict.fromkeys(name)), link=report_path, index="/"))
+
+
+def _is_name(text: str) -> bool:
+    import re
+
+    return re.fullmatch(NAME_PATTERN, text) is not None
+
+
+@home.get("/", response_class=HTMLResponse, include_in_schema=False)
+def index(storage: StorageDep):
+    """Every experiment with a link to its report, and a form to compare several."""
+    from hpo.report.html import index_page
+
+    return HTMLResponse(index_page(storage, link=report_path, compare_action=f"{API_PREFIX}/reports/compare"))

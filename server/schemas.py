@@ -1,0 +1,227 @@
+"""What the API returns: `<Entity>Public` models, built from storage records by their `from_record`.
+
+Floats that are NaN in the database (a diverged loss) are returned as null: JSON has no NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from hpo.export import reached_target
+from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord
+from hpo.trials import TrialState
+
+# Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+ARM_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+MAX_INT = 2**31 - 1
+MAX_PAGE = 1000
+CURVE_METRICS = ("loss", "mlm_accuracy", "train_mlm_accuracy", "lr", "time_s", "sequences_per_s", "tokens_per_s")
+
+Item = TypeVar("Item")
+
+
+class ErrorPublic(BaseModel):
+    detail: str = Field(description="What went wrong and what to do about it.")
+
+
+class Page(BaseModel, Generic[Item]):
+    items: list[Item]
+    total: int = Field(description="How many items match, over all pages.")
+    offset: int
+    limit: int
+
+
+class HealthPublic(BaseModel):
+    status: str = Field(description="ok, or unavailable when the database cannot be reached.")
+    database: str = Field(description="The database URL, password hidden.")
+    detail: str | None = None
+
+
+class ResultPublic(BaseModel):
+    """How a finished trial ended."""
+
+    objective: float | None = Field(description="The experiment's objective, penalty included.")
+    samples_to_target: int | None
+    time_to_target_s: float | None
+    best_mlm_accuracy: float | None
+    duration_s: float | None
+    trainer_status: str | None = Field(description="The trainer's own end: reached_target, budget_exhausted, ...")
+
+    @classmethod
+    def from_record(cls, trial: TrialRecord) -> ResultPublic | None:
+        if not trial.state.finished:
+            return None
+        return cls(
+            objective=_finite(trial.objective),
+            samples_to_target=trial.samples_to_target,
+            time_to_target_s=_finite(trial.time_to_target_s),
+            best_mlm_accuracy=_finite(trial.best_mlm_accuracy),
+            duration_s=_finite(trial.duration_s),
+            trainer_status=trial.metrics.get("status"),
+        )
+
+
+class TrialPublic(BaseModel):
+    id: int
+    number: int
+    state: TrialState
+    reason: str | None = Field(description="Why it failed, was re-queued, or stopped.")
+    kind: str = Field(description="tuning, or confirmation (a re-run of a best config with another seed).")
+    attempt: int = Field(description="How many times it was re-queued (a lost worker, a dead controller).")
+    seed: int | None = Field(description="The training seed when it differs from the config's (confirmations).")
+    arm: str | None
+    params: dict[str, Any] = Field(description="The tuned parameters, by search-space name.")
+    budget: float = Field(description="Fraction of the full training budget (multi-fidelity).")
+    global_batch_size: int | None
+    gpus: list[int] = Field(description="GPU ids it ran on (or is planned for); empty on CPU.")
+    host: str | None
+    worker: str | None = Field(description="The Dask worker that ran it, if any.")
+    pid: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: ResultPublic | None = Field(description="Null while queued or running.")
+
+    @classmethod
+    def from_record(cls, trial: TrialRecord) -> TrialPublic:
+        return cls(
+            id=trial.id,
+            number=trial.number,
+            state=trial.state,
+            reason=trial.reason,
+            kind=trial.kind.value,
+            attempt=trial.attempt,
+            seed=trial.seed,
+            arm=trial.arm,
+            params=trial.params,
+            budget=trial.budget,
+            global_batch_size=trial.global_batch_size,
+            gpus=list(trial.gpus),
+            host=trial.host,
+            worker=trial.worker,
+            pid=trial.pid,
+            created_at=trial.created_at,
+            started_at=trial.started_at,
+            finished_at=trial.finished_at,
+            result=ResultPublic.from_record(trial),
+        )
+
+
+class ExperimentSummaryPublic(BaseModel):
+    """One line of the experiment list."""
+
+    id: int
+    name: str
+    status: str = Field(description="live, interrupted (its controller died), finished, stopped or failed.")
+    stored_status: str = Field(description="The status as the controller last wrote it.")
+    description: str
+    objective: str = Field(description="The objective metric.")
+    direction: str
+    trials_budget: int
+    created_at: datetime
+    ended_at: datetime | None
+
+    @classmethod
+    def from_record(cls, record: ExperimentRecord, status: str) -> ExperimentSummaryPublic:
+        spec = record.spec.get("experiment", {})
+        return cls(
+            id=record.id,
+            name=record.name,
+            status=status,
+            stored_status=record.status.value,
+            description=spec.get("description", ""),
+            objective=spec.get("objective", {}).get("metric", ""),
+            direction=record.direction.value,
+            trials_budget=spec.get("budget", {}).get("trials", 0),
+            created_at=record.created_at,
+            ended_at=record.ended_at,
+        )
+
+
+class BestTrialPublic(BaseModel):
+    """A best trial and the complete trainer config it stands for (full budget, ready to export)."""
+
+    experiment: str
+    arm: str | None
+    reached_target: bool = Field(description="False: no trial reached the target; this is the best miss.")
+    trial: TrialPublic
+    config: dict[str, Any] = Field(description="The complete trainer config (see the export endpoint).")
+
+    @classmethod
+    def from_record(cls, record: ExperimentRecord, trial: TrialRecord, config: dict[str, Any]) -> BestTrialPublic:
+        return cls(
+            experiment=record.name,
+            arm=trial.arm,
+            reached_target=reached_target(trial, config["eval"]["target_mlm_accuracy"]),
+            trial=TrialPublic.from_record(trial),
+            config=config,
+        )
+
+
+class ExperimentPublic(ExperimentSummaryPublic):
+    stop_requested: bool
+    controller_host: str | None
+    controller_pid: int | None
+    heartbeat_at: datetime | None = Field(description="The controller's last heartbeat.")
+    controller_note: str | None = Field(description="What the controller last said: progress, why trials wait.")
+    trials: dict[str, int] = Field(description="Trial counts per state.")
+    arms: list[str] = Field(description="The arms compared (equal trial budgets each); empty without compare.")
+    best: BestTrialPublic | None = Field(description="The best trial so far, over all arms.")
+    best_per_arm: dict[str, BestTrialPublic]
+
+
+class MetricPointPublic(BaseModel):
+    """The values a trial reported at one step."""
+
+    step: int
+    samples: int | None = Field(description="Training samples seen.")
+    time_s: float | None = Field(description="Elapsed training seconds (reported with evaluations).")
+    loss: float | None
+    mlm_accuracy: float | None = Field(description="Evaluation masked-LM accuracy.")
+    values: dict[str, float | None] = Field(description="Every value reported at this step, by name.")
+
+
+class CurvePublic(BaseModel):
+    experiment: str
+    trial: int
+    points: list[MetricPointPublic]
+
+    @classmethod
+    def from_records(cls, experiment: str, trial: int, records: list[MetricRecord]) -> CurvePublic:
+        by_step: dict[int, MetricPointPublic] = {}
+        for record in records:
+            point = by_step.get(record.step)
+            if point is None:
+                point = by_step[record.step] = MetricPointPublic(
+                    step=record.step, samples=record.samples, time_s=None, loss=None, mlm_accuracy=None, values={}
+                )
+            value = _finite(record.value)
+            point.values[record.name] = value
+            if record.name in ("time_s", "loss", "mlm_accuracy"):
+                setattr(point, record.name, value)
+        return cls(experiment=experiment, trial=trial, points=[by_step[step] for step in sorted(by_step)])
+
+
+class BestAcrossPublic(BaseModel):
+    """The best config for a global batch size and optimizer, over every experiment with that objective."""
+
+    global_batch_size: int
+    optimizer: str
+    metric: str
+    best: BestTrialPublic
+    candidates: list[BestTrialPublic] = Field(description="The best of each experiment that has one, best first.")
+
+
+class StopPublic(BaseModel):
+    experiment: str
+    stop_requested: bool
+    detail: str
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None

@@ -1,0 +1,29 @@
+"""The server's settings, read from the environment (pydantic-settings); `hpo serve` flags override them.
+
+HPO_DATABASE_URL   the database (default: the embedded SQLite file ./.hpo/hpo.db, as for every `hpo` command)
+HPO_API_HOST       the address to bind (default 127.0.0.1: only this machine can connect)
+HPO_API_PORT       the port (default 8000)
+HPO_API_TOKEN      the bearer token actions (stop an experiment) require; unset: actions are refused (403)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hpo.storage.engine import default_database_url
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HPO_", extra="ignore", frozen=True)
+
+    database_url: str = Field(default_factory=default_database_url, description="SQLAlchemy URL of the database.")
+    api_host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 exposes the API to the network.")
+    api_port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
+    api_token: SecretStr | None = Field(None, description="Bearer token for actions; None refuses every action.")
+
+    @property
+    def token(self) -> str | None:
+        """The action token, or None when none (or an empty one) is configured."""
+        value = self.api_token.get_secret_value().strip() if self.api_token else ""
+        return value or None

@@ -1,0 +1,112 @@
+"""The server's view of the database: one storage opened on first use, and the experiments' parsed specs.
+
+Opening is lazy so the server starts (and answers health checks with 503) while the database is still down,
+and a read endpoint never creates a database: a missing SQLite file is reported, not made.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from hpo.errors import StorageError
+from hpo.storage import SqlStorage, Storage
+from hpo.storage.base import ExperimentRecord, TrialRecord
+from hpo.storage.engine import DATABASE_URL_ENV, safe_url
+
+CONFIG_CACHE_SIZE = 1024
+
+
+class StorageHolder:
+    """Opens the storage on the first request that needs it (and again after a failed attempt)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._storage: Storage | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Storage:
+        if self._storage is None:
+            with self._lock:
+                if self._storage is None:
+                    self._storage = self._open()
+        return self._storage
+
+    def _open(self) -> Storage:
+        if self.url.startswith("sqlite:///"):
+            path = Path(self.url.removeprefix("sqlite:///"))
+            if not path.exists():
+                raise StorageError(
+                    f"the SQLite database {path} does not exist: run `hpo db upgrade` (or an experiment) with "
+                    f"{DATABASE_URL_ENV}={safe_url(self.url)} first"
+                )
+        return SqlStorage(self.url)
+
+    def close(self) -> None:
+        if self._storage is not None:
+            self._storage.close()
+
+
+class SpecCache:
+    """What never changes, computed once: experiments' ids, names and specs (experiments are never renamed or
+    deleted), the configs built from a spec and a finished trial's parameters, and best-trial responses."""
+
+    def __init__(self) -> None:
+        self._specs: dict[int, Any] = {}
+        self._experiments: dict[str, ExperimentRecord] = {}
+        self._configs: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
+        self._best_json: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def known_experiment(self, name: str) -> ExperimentRecord | None:
+        """The record of `name` as first read: only its fixed fields (id, name, direction, spec) are current."""
+        return self._experiments.get(name)
+
+    def remember_experiment(self, record: ExperimentRecord) -> None:
+        with self._lock:
+            self._experiments[record.name] = record
+
+    def best_json(self, record: ExperimentRecord, trial: TrialRecord) -> bytes:
+        """The JSON body of a best-trial response (`BestTrialPublic`) of a finished trial."""
+        key = (record.id, trial.id)
+        body = self._best_json.get(key)
+        if body is None:
+            from server.schemas import BestTrialPublic
+
+            body = BestTrialPublic.from_record(record, trial, self.config(record, trial)).model_dump_json().encode()
+            with self._lock:
+                self._best_json[key] = body
+                while len(self._best_json) > CONFIG_CACHE_SIZE:
+                    self._best_json.popitem(last=False)
+        return body
+
+    def spec(self, record: ExperimentRecord):
+        spec = self._specs.get(record.id)
+        if spec is None:
+            from hpo.export import stored_spec
+
+            spec = stored_spec(record)
+            with self._lock:
+                self._specs[record.id] = spec
+        return spec
+
+    def config(self, record: ExperimentRecord, trial: TrialRecord) -> dict[str, Any]:
+        """The production config of a finished trial (see hpo.export.production_config)."""
+        key = (record.id, trial.id)
+        config = self._configs.get(key)
+        if config is None:
+            from hpo.export import ExportError, production_config
+            from search_spaces.errors import SearchSpaceError
+            from trainer.errors import ConfigError
+
+            try:
+                config = production_config(self.spec(record), trial)
+            except (SearchSpaceError, ConfigError) as exc:  # stored params the stored spec no longer accepts
+                raise ExportError(f"trial {trial.number} of {record.name} has no valid trainer config: {exc}") from exc
+            with self._lock:
+                self._configs[key] = config
+                while len(self._configs) > CONFIG_CACHE_SIZE:
+                    self._configs.popitem(last=False)
+        return config

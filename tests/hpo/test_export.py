@@ -1,0 +1,106 @@
+"""hpo.export: a best trial as a complete trainer config (YAML/JSON) or a torchrun line; pure, no processes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from hpo.experiment import experiment_from_dict, trial_config
+from hpo.export import ExportError, check_arm, micro_batch_for, render, torchrun_command
+from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, TrialRecord
+from hpo.trials import TrialState
+from tests.server.conftest import tiny_overrides
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def make_record(tmp_path, **spec_fields) -> ExperimentRecord:
+    data = {
+        "name": "exp", "base_config": {},
+        "overrides": {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2]}},
+        "compare": ["optimizer.name"], "tuner": {"name": "random"}, "budget": {"trials": 2},
+        "resources": {"gpus": "none"}, **spec_fields,
+    }  # fmt: skip
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    stored = {"experiment": spec.self_contained(), "run_dir": str(tmp_path / "run")}
+    return ExperimentRecord(1, "exp", Direction.MINIMIZE, ExperimentStatus.FINISHED, stored, False, NOW, NOW)
+
+
+def make_trial(number=3, params=None, reached=True, budget=1.0) -> TrialRecord:
+    params = params or {"optimizer.name": "lamb", "optimizer.lr": 0.004}
+    return TrialRecord(
+        id=7, experiment_id=1, number=number, state=TrialState.COMPLETED, params=params,
+        arm=f"optimizer.name={params['optimizer.name']}", budget=budget, gpus=(), global_batch_size=8, reason=None,
+        objective=160.0 if reached else 1900.0, samples_to_target=160 if reached else None,
+        time_to_target_s=1.5 if reached else None, best_mlm_accuracy=0.01 if reached else 0.005, duration_s=3.0,
+        metrics={"status": "reached_target" if reached else "budget_exhausted"}, host="h", pid=1, created_at=NOW,
+        started_at=NOW, finished_at=NOW,
+    )  # fmt: skip
+
+
+def test_yaml_is_base_plus_overrides_plus_params_at_full_budget_with_provenance(tmp_path):
+    record = make_record(tmp_path)
+    trial = make_trial(budget=1 / 3)  # a multi-fidelity trial: the export trains the full budget
+    exported = render(record, trial, "yaml")
+    config = yaml.safe_load(exported.text)
+    spec = experiment_from_dict(record.spec["experiment"])
+    assert config == trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    assert config["budget"]["max_samples"] == 480 and config["optimizer"] == {**config["optimizer"], "lr": 0.004}
+    assert config["log"]["jsonl"] is None and config["checkpoint"]["dir"] is None  # nothing trial-specific
+    comments = [line for line in exported.text.splitlines() if line.startswith("#")]
+    assert comments[0] == "# Best configuration of experiment exp, exported by `hpo export`."
+    assert "# trial 3, arm optimizer.name=lamb" in comments
+    assert "# objective: samples_to_target = 160 (minimize)" in comments
+    assert comments[-1] == "# run: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config best.yaml"
+    assert exported.warnings == () and "WARNING" not in exported.text
+
+
+def test_a_best_that_missed_the_target_warns_in_the_file(tmp_path):
+    exported = render(make_record(tmp_path), make_trial(reached=False), "yaml")
+    assert len(exported.warnings) == 1 and "no trial of experiment exp reached the target" in exported.warnings[0]
+    assert f"# WARNING: {exported.warnings[0]}" in exported.text.splitlines()
+    as_json = json.loads(render(make_record(tmp_path), make_trial(reached=False), "json").text)
+    assert as_json["warnings"] == list(exported.warnings) and as_json["provenance"]["reached_target"] is False
+
+
+def test_json_and_torchrun_formats(tmp_path):
+    record, trial = make_record(tmp_path), make_trial()
+    body = json.loads(render(record, trial, "json", nodes=2, gpus_per_node=4).text)
+    assert body["provenance"]["trial"] == 3 and body["provenance"]["objective"] == 160.0
+    assert body["config"]["batch"] == {"global_batch_size": 8, "micro_batch_size": 1}  # 8 ranks share 8 sequences
+    line = render(record, trial, "torchrun", gpus_per_node=2, config_path="my best.yaml").text.splitlines()[-1]
+    assert line == "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m trainer --config 'my best.yaml'"
+    with pytest.raises(ExportError, match="unknown export format"):
+        render(record, trial, "xml")
+
+
+def test_torchrun_command_for_several_nodes():
+    line = torchrun_command("best.yaml", nodes=4, gpus_per_node=8, run_id="adam_vs_lamb")
+    assert line.startswith("torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ")
+    assert '"${MASTER_ADDR:?set MASTER_ADDR to the first node}:${MASTER_PORT:-29400}"' in line
+    assert line.endswith("--rdzv_id adam_vs_lamb -m trainer --config best.yaml")
+    with pytest.raises(ExportError):
+        torchrun_command("best.yaml", nodes=0)
+
+
+@pytest.mark.parametrize(
+    "global_batch, micro, ranks, expected",
+    [(8, 8, 1, 8), (8, 8, 2, 4), (65536, 64, 512, 64), (65536, 256, 512, 128), (24, 8, 4, 6), (96, 5, 2, 4)],
+)
+def test_micro_batch_is_the_largest_that_splits_the_global_batch(global_batch, micro, ranks, expected):
+    got = micro_batch_for(global_batch, micro, ranks)
+    assert got == expected and (global_batch // ranks) % got == 0 and got <= micro
+
+
+def test_bad_ranks_and_arms_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(ExportError, match="cannot be split evenly over 3 ranks"):
+        micro_batch_for(8, 8, 3)
+    record = make_record(tmp_path)
+    spec = experiment_from_dict(record.spec["experiment"])
+    check_arm(spec, "optimizer.name=lamb")
+    with pytest.raises(ExportError, match="its arms are optimizer.name=adamw, optimizer.name=lamb"):
+        check_arm(spec, "optimizer.name=sgd")

@@ -1,0 +1,150 @@
+"""A real API server over the data of a real tiny experiment, on SQLite and (marker `postgres`) on PostgreSQL.
+
+Per backend and test session: a fresh database (a SQLite file, or a PostgreSQL schema of its own that is dropped
+afterwards), `hpo db upgrade`, one `hpo run` of a 4-trial random-search ADAM-vs-LAMB experiment on the tiny
+trainer, and `hpo serve` in a subprocess on a free port with a token for actions.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from hpo.launch import free_port
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.hpo.test_study import tiny_overrides as hpo_tiny_overrides
+
+TOKEN = "s3cret-test-token"
+EXPERIMENT = "api-demo"
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def tiny_overrides(data_dir: Path, **extra) -> dict:
+    """The hpo tests' seconds-long tiny trainer, with a target low enough that most trials reach it."""
+    return hpo_tiny_overrides(data_dir, **{"eval.target_mlm_accuracy": 0.008, **extra})
+
+
+def make_experiment_file(directory: Path, name: str = EXPERIMENT) -> Path:
+    """A 4-trial random search over two arms; learning rates up to 1e4 make some trials diverge."""
+    spec = {
+        "name": name, "base_config": {},
+        "overrides": tiny_overrides(directory / "data"),
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                  "optimizer.lr": {"float": [1.0e-3, 1.0e4], "log": True}},
+        "compare": ["optimizer.name"], "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 4, "max_parallel": 2, "trial_timeout_s": 120},
+        "resources": {"gpus": "none", "cpu_slots": 2},
+    }  # fmt: skip
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def hpo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300, env=env or dict(os.environ)
+    )
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT/api/v1
+    database_url: str
+    process: subprocess.Popen
+    run_dir: Path
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+
+def start_server(database_url: str, run_dir: Path, token: str | None = TOKEN) -> Server:
+    """`hpo serve` in a subprocess; returns once it answers (whatever the database's state)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPO_API_")}
+    env["HPO_DATABASE_URL"] = database_url
+    if token is not None:
+        env["HPO_API_TOKEN"] = token
+    log = open(run_dir / f"server-{port}.log", "w")  # noqa: SIM115 - closed by stop_server
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpo", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    server = Server(f"http://127.0.0.1:{port}/api/v1", database_url, process, run_dir)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"hpo serve exited with {process.returncode}: {Path(log.name).read_text()}")
+        try:
+            httpx.get(f"{server.url}/health", timeout=2)
+            return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError("hpo serve did not answer within 60 s")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def finished_experiment(tmp_path_factory) -> Iterator:
+    """`finished_experiment(backend)`: the URL of a database holding the tiny experiment, finished through
+    `hpo run` (once per backend and session; PostgreSQL schemas are dropped at the end)."""
+    experiment = make_experiment_file(tmp_path_factory.mktemp("experiment"))
+    made: dict[str, str] = {}
+    cleanups: list[Iterator[str]] = []
+
+    def make(backend: str) -> str:
+        if backend not in made:
+            directory = tmp_path_factory.mktemp(backend)
+            if backend == "sqlite":
+                url = f"sqlite:///{directory / 'hpo.db'}"
+            else:
+                base_url = os.environ.get(POSTGRES_URL_ENV)
+                if not base_url:
+                    pytest.skip(POSTGRES_SKIP_REASON)
+                schema = postgres_schema_url(base_url)
+                url = next(schema)
+                cleanups.append(schema)
+            for args in (["db", "upgrade"], ["run", str(experiment), "--run-dir", str(directory / "run"), "--quiet"]):
+                result = hpo("--db", url, *args)
+                assert result.returncode == 0, result.stderr
+            made[backend] = url
+        return made[backend]
+
+    yield make
+    for schema in cleanups:
+        for _ in schema:  # runs the generator's cleanup: DROP SCHEMA
+            pass
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def database_url(request, finished_experiment) -> str:
+    return finished_experiment(request.param)
+
+
+@pytest.fixture(scope="session")
+def server(database_url, tmp_path_factory) -> Iterator[Server]:
+    running = start_server(database_url, tmp_path_factory.mktemp("server"))
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="session")
+def api(server) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client

@@ -1,0 +1,110 @@
+"""The stop action on a live experiment, refusals without a configured token, and a database that is down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.server.conftest import BACKENDS, TOKEN, hpo, make_experiment_file, start_server, stop_server
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_database(request, tmp_path):
+    """A migrated database without experiments."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'hpo.db'}"
+        assert hpo("--db", url, "db", "upgrade").returncode == 0
+        yield url
+        return
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    for url in postgres_schema_url(base_url):
+        assert hpo("--db", url, "db", "upgrade").returncode == 0
+        yield url
+
+
+def wait_for(predicate, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+def test_stop_ends_a_live_experiment(empty_database, tmp_path):
+    path = make_experiment_file(tmp_path, name="long")
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
+    spec["budget"].update({"trials": 2, "max_parallel": 1})
+    path.write_text(yaml.safe_dump(spec))
+    run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
+                            "--run-dir", str(tmp_path / "run")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    server = start_server(empty_database, tmp_path)
+    try:
+        with server.client() as api:
+            trials = wait_for(lambda: _running(api.get("/experiments/long/trials", params={"state": "running"})))
+            assert trials[0]["number"] == 0
+            assert api.get("/experiments/long").json()["status"] == "live"  # its controller heartbeats
+            stopped = api.post("/experiments/long/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert stopped.status_code == 200 and stopped.json()["stop_requested"] is True
+            assert run.wait(timeout=60) == 1  # the controller noticed and stopped
+            body = api.get("/experiments/long").json()
+            assert body["status"] == "stopped" and body["trials"]["running"] == 0
+            assert api.get("/experiments/long/trials/0").json()["state"] == "failed"
+            again = api.post("/experiments/long/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert again.status_code == 409
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        stop_server(server)
+
+
+def _running(response: httpx.Response):
+    return response.status_code == 200 and response.json()["items"]
+
+
+def test_actions_are_refused_without_a_configured_token(finished_experiment, tmp_path):
+    server = start_server(finished_experiment("sqlite"), tmp_path, token=None)
+    try:
+        with server.client() as api:
+            refused = api.post("/experiments/api-demo/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert refused.status_code == 403 and "HPO_API_TOKEN" in refused.json()["detail"]
+            assert api.post("/experiments/api-demo/stop").status_code == 403
+            assert api.get("/experiments/api-demo").status_code == 200  # reads stay open
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("postgresql+psycopg://postgres@127.0.0.1:1/hpo", "Check that the database server is running"),
+        ("sqlite:///{tmp}/missing/hpo.db", "hpo db upgrade"),
+    ],
+    ids=["postgres-unreachable", "sqlite-missing"],
+)
+def test_a_database_that_is_down_gives_503_with_the_reason(url, says, tmp_path):
+    server = start_server(url.format(tmp=tmp_path), tmp_path)
+    try:
+        with server.client() as api:
+            health = api.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "unavailable"
+            assert says in health.json()["detail"]
+            for path in ("/experiments", "/experiments/x", "/experiments/x/trials/0/metrics", "/best?global_batch_size"
+                         "=8&optimizer=lamb", "/experiments/x/export"):  # fmt: skip
+                response = api.get(path)
+                assert response.status_code == 503 and says in response.json()["detail"], path
+        assert not (tmp_path / "missing").exists()  # a read never creates a database
+    finally:
+        stop_server(server)

@@ -1,0 +1,202 @@
+"""Every endpoint of the API against a real `hpo serve`, over what a real `hpo run` stored; the expected values
+are read from the database through the storage, independently of the server."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pytest
+import yaml
+
+from hpo.experiment import experiment_from_dict, trial_config
+from hpo.storage import SqlStorage
+from hpo.trials import TrialState
+from tests.server.conftest import EXPERIMENT, TOKEN
+
+
+@pytest.fixture(scope="module")
+def stored(database_url):
+    """(storage, experiment record, trials by number) read straight from the database."""
+    storage = SqlStorage(database_url)
+    record = storage.get_experiment_by_name(EXPERIMENT)
+    yield storage, record, {t.number: t for t in storage.list_trials(record.id)}
+    storage.close()
+
+
+def expected_best(trials, arm=None):
+    """The best trial by the storage contract, computed here: lowest objective among completed, ties by number."""
+    completed = [t for t in trials.values() if t.state is TrialState.COMPLETED and (arm is None or t.arm == arm)]
+    return min(completed, key=lambda t: (t.objective, t.number))
+
+
+def test_health_openapi_and_docs(api):
+    health = api.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    schema = api.get("/openapi.json").json()
+    assert schema["info"]["title"] and all(path.startswith("/api/v1/") for path in schema["paths"])
+    assert "/api/v1/experiments/{name}/export" in schema["paths"]
+    docs = api.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_experiment_list_is_paged(api):
+    page = api.get("/experiments").json()
+    assert page["total"] == 1 and [e["name"] for e in page["items"]] == [EXPERIMENT]
+    assert page["items"][0]["status"] == "finished" and page["items"][0]["trials_budget"] == 4
+    assert api.get("/experiments", params={"offset": 1}).json()["items"] == []
+    assert api.get("/experiments", params={"limit": 0}).status_code == 422
+    assert api.get("/experiments", params={"offset": -1}).status_code == 422
+
+
+def test_experiment_shows_status_counts_arms_and_best(api, stored):
+    storage, record, trials = stored
+    body = api.get(f"/experiments/{EXPERIMENT}").json()
+    assert body["status"] == "finished" and body["stop_requested"] is False
+    counts = defaultdict(int)
+    for t in trials.values():
+        counts[t.state.value] += 1
+    assert {k: v for k, v in body["trials"].items() if v} == dict(counts)
+    assert sum(body["trials"].values()) == 4 and counts["diverged"] >= 1  # the 1e4 learning rate diverges
+    assert body["arms"] == ["optimizer.name=adamw", "optimizer.name=lamb"]
+    assert body["best"]["trial"]["number"] == expected_best(trials).number
+    for arm in body["arms"]:
+        assert body["best_per_arm"][arm]["trial"]["number"] == expected_best(trials, arm).number
+
+
+def test_trials_paging_filters_and_ordering(api, stored):
+    _, _, trials = stored
+    url = f"/experiments/{EXPERIMENT}/trials"
+    first, second = api.get(url, params={"limit": 3}).json(), api.get(url, params={"offset": 3, "limit": 3}).json()
+    assert first["total"] == second["total"] == 4
+    assert [t["number"] for t in first["items"] + second["items"]] == sorted(trials)
+
+    diverged = [n for n, t in trials.items() if t.state is TrialState.DIVERGED]
+    page = api.get(url, params={"state": "diverged"}).json()
+    assert [t["number"] for t in page["items"]] == diverged and page["total"] == len(diverged)
+    both = api.get(url, params=[("state", "diverged"), ("state", "completed")]).json()
+    assert both["total"] == 4
+    lamb = api.get(url, params={"arm": "optimizer.name=lamb"}).json()
+    assert [t["number"] for t in lamb["items"]] == [n for n, t in trials.items() if t.arm == "optimizer.name=lamb"]
+    assert api.get(url, params={"arm": "optimizer.name=sgd"}).json()["total"] == 0
+
+    ranked = api.get(url, params={"order_by": "objective"}).json()["items"]
+    expected = sorted(trials.values(), key=lambda t: (t.objective is None, t.objective or 0.0, t.number))
+    assert [t["number"] for t in ranked] == [t.number for t in expected]
+
+    assert api.get(url, params={"state": "sleeping"}).status_code == 422
+    assert api.get(url, params={"order_by": "lr"}).status_code == 422
+    assert api.get(url, params={"limit": 100_000}).status_code == 422
+
+
+def test_one_trial(api, stored):
+    _, _, trials = stored
+    for number, record in trials.items():
+        body = api.get(f"/experiments/{EXPERIMENT}/trials/{number}").json()
+        assert body["params"] == record.params and body["arm"] == record.arm
+        assert body["state"] == record.state.value and body["reason"] == record.reason
+        assert body["gpus"] == list(record.gpus) == [] and body["host"] == record.host and body["pid"] == record.pid
+        assert body["global_batch_size"] == 8
+        assert body["result"]["objective"] == pytest.approx(record.objective)
+        assert body["result"]["best_mlm_accuracy"] == pytest.approx(record.best_mlm_accuracy)
+    assert api.get(f"/experiments/{EXPERIMENT}/trials/99").status_code == 404
+    assert api.get(f"/experiments/{EXPERIMENT}/trials/-1").status_code == 422
+    assert api.get(f"/experiments/{EXPERIMENT}/trials/x").status_code == 422
+    assert api.get("/experiments/nope/trials/0").status_code == 404
+
+
+def test_trial_metrics_are_the_learning_curve(api, stored):
+    storage, _, trials = stored
+    curves = {n: storage.get_metrics(t.id) for n, t in trials.items()}
+    number = max(curves, key=lambda n: len({r.step for r in curves[n]}))  # the longest curve
+    rows = curves[number]
+    curve = api.get(f"/experiments/{EXPERIMENT}/trials/{number}/metrics").json()
+    assert len(curve["points"]) == len({r.step for r in rows}) >= 2
+    for point in curve["points"]:
+        mine = {r.name: None if math.isnan(r.value) else r.value for r in rows if r.step == point["step"]}
+        assert point["values"] == pytest.approx(mine)
+        assert point["loss"] == pytest.approx(mine.get("loss")) and point["time_s"] == mine.get("time_s")
+        assert point["samples"] == next(r.samples for r in rows if r.step == point["step"])
+    assert [p["samples"] for p in curve["points"]] == sorted(p["samples"] for p in curve["points"])
+    assert any(p["mlm_accuracy"] is not None for p in curve["points"])  # evaluations are part of the curve
+    assert api.get(f"/experiments/{EXPERIMENT}/trials/99/metrics").status_code == 404
+
+
+def test_best_config_overall_per_arm_and_batch_size(api, stored):
+    _, record, trials = stored
+    spec = experiment_from_dict(record.spec["experiment"])
+    best = api.get(f"/experiments/{EXPERIMENT}/best").json()
+    winner = expected_best(trials)
+    assert best["trial"]["number"] == winner.number and best["reached_target"] is True
+    assert best["config"] == trial_config(spec, winner.params).model_dump(mode="json")
+    lamb = api.get(f"/experiments/{EXPERIMENT}/best", params={"arm": "optimizer.name=lamb"}).json()
+    assert lamb["trial"]["number"] == expected_best(trials, "optimizer.name=lamb").number
+    assert lamb["config"]["optimizer"]["name"] == "lamb"
+    same = api.get(f"/experiments/{EXPERIMENT}/best", params={"global_batch_size": 8}).json()
+    assert same["trial"]["number"] == winner.number
+    missing = api.get(f"/experiments/{EXPERIMENT}/best", params={"global_batch_size": 16})
+    assert missing.status_code == 404 and "global batch size 16" in missing.json()["detail"]
+    unknown = api.get(f"/experiments/{EXPERIMENT}/best", params={"arm": "optimizer.name=sgd"})
+    assert unknown.status_code == 422 and "optimizer.name=lamb" in unknown.json()["detail"]
+
+    per_arm = api.get(f"/experiments/{EXPERIMENT}/best/arms").json()
+    assert {arm: b["trial"]["number"] for arm, b in per_arm.items()} == {
+        arm: expected_best(trials, arm).number for arm in ("optimizer.name=adamw", "optimizer.name=lamb")
+    }
+
+
+def test_best_config_across_experiments(api, stored):
+    _, _, trials = stored
+    for optimizer in ("adamw", "lamb"):
+        body = api.get("/best", params={"global_batch_size": 8, "optimizer": optimizer}).json()
+        assert body["best"]["trial"]["number"] == expected_best(trials, f"optimizer.name={optimizer}").number
+        assert body["best"]["config"]["optimizer"]["name"] == optimizer
+        assert [c["experiment"] for c in body["candidates"]] == [EXPERIMENT]
+    assert api.get("/best", params={"global_batch_size": 16, "optimizer": "lamb"}).status_code == 404
+    assert api.get("/best", params={"global_batch_size": 8, "optimizer": "lamb", "metric": "best_mlm_accuracy"}
+                   ).status_code == 404  # fmt: skip
+    assert api.get("/best", params={"global_batch_size": 8}).status_code == 422
+    assert api.get("/best", params={"global_batch_size": 8, "optimizer": "sgd"}).status_code == 422
+
+
+def test_export_formats(api, stored):
+    _, record, trials = stored
+    spec = experiment_from_dict(record.spec["experiment"])
+    winner = expected_best(trials)
+    url = f"/experiments/{EXPERIMENT}/export"
+    exported = api.get(url)
+    assert exported.status_code == 200 and exported.headers["content-type"].startswith("application/yaml")
+    assert yaml.safe_load(exported.text) == trial_config(spec, winner.params).model_dump(mode="json")
+    assert f"experiment {EXPERIMENT}" in exported.text and f"# trial {winner.number}, arm {winner.arm}" in exported.text
+    as_json = api.get(url, params={"format": "json", "arm": "optimizer.name=lamb"}).json()
+    assert as_json["provenance"]["trial"] == expected_best(trials, "optimizer.name=lamb").number
+    assert as_json["config"]["optimizer"]["name"] == "lamb"
+    command = api.get(url, params={"format": "torchrun", "nodes": 2, "gpus_per_node": 4, "config_path": "b.yaml"})
+    line = command.text.strip().splitlines()[-1]
+    assert line.startswith("torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d")
+    assert line.endswith("-m trainer --config b.yaml")
+    assert api.get(url, params={"format": "xml"}).status_code == 422
+    assert api.get(url, params={"nodes": 0}).status_code == 422
+    assert api.get(url, params={"gpus_per_node": 3}).status_code == 422  # 8 sequences do not split over 3 ranks
+    assert api.get(url, params={"arm": "optimizer.name=sgd"}).status_code == 422
+    assert api.get("/experiments/nope/export").status_code == 404
+
+
+def test_bad_names_are_404_or_422(api):
+    assert api.get("/experiments/nope").status_code == 404
+    assert "nope" in api.get("/experiments/nope").json()["detail"]
+    assert api.get("/experiments/Not%20A%20Slug").status_code == 422
+    assert api.get("/nowhere").status_code == 404
+
+
+def test_stop_needs_the_token(api, server):
+    url = f"/experiments/{EXPERIMENT}/stop"
+    missing = api.post(url)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert api.post(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert api.post(url, headers={"Authorization": f"Basic {TOKEN}"}).status_code == 401
+    finished = api.post(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert finished.status_code == 409 and "finished" in finished.json()["detail"]
+    assert api.post("/experiments/nope/stop", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
+    log = (server.run_dir / f"server-{server.url.split(':')[2].split('/')[0]}.log").read_text()
+    assert TOKEN not in log and "wrong" not in log  # neither the token nor what was offered is logged

@@ -1,0 +1,63 @@
+"""`hpo export` of a finished tiny experiment produces a config the trainer runs as is: through
+`python -m trainer --config FILE`, and through the exported torchrun command on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.experiment import experiment_from_dict, trial_config
+from hpo.storage import SqlStorage
+from tests.server.conftest import EXPERIMENT, hpo
+
+
+def final_record(stdout: str) -> dict:
+    """The trainer's last JSON report (its final result)."""
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return lines[-1]
+
+
+def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
+    url = finished_experiment("sqlite")
+    out = tmp_path / "best.yaml"
+    result = hpo("--db", url, "export", EXPERIMENT, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"run it with: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config {out}" in result.stderr
+    )
+    with SqlStorage(url) as storage:
+        record = storage.get_experiment_by_name(EXPERIMENT)
+        best = storage.best_trial(record.id)
+    expected = trial_config(experiment_from_dict(record.spec["experiment"]), best.params).model_dump(mode="json")
+    assert yaml.safe_load(out.read_text()) == expected
+    assert f"# trial {best.number}, arm {best.arm}" in out.read_text()
+
+    trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(out), "budget.max_samples=16"],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    final = final_record(trained.stdout)
+    assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 1
+
+
+@pytest.mark.distributed
+def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, tmp_path):
+    url = finished_experiment("sqlite")
+    config = tmp_path / "best.yaml"
+    made = [hpo("--db", url, "export", EXPERIMENT, "--gpus-per-node", "2", "-o", str(config)),
+            hpo("--db", url, "export", EXPERIMENT, "--format", "torchrun", "--gpus-per-node", "2",
+                "--config-path", str(config))]  # fmt: skip
+    assert all(r.returncode == 0 for r in made), [r.stderr for r in made]
+    assert yaml.safe_load(config.read_text())["batch"] == {"global_batch_size": 8, "micro_batch_size": 4}
+    command = made[1].stdout.strip().splitlines()[-1]
+    assert command == f"torchrun --standalone --nnodes 1 --nproc_per_node 2 -m trainer --config {config}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run(["bash", "-c", made[1].stdout], capture_output=True, text=True, timeout=300, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    final = final_record(ran.stdout)
+    assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 2
