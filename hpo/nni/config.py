@@ -1,0 +1,233 @@
+"""What an experiment file becomes under `engine: nni`: one NNI experiment per `compare` arm, and its config.
+
+Arms. Each arm is its own NNI experiment over the arm's sub-space (compare keys fixed), with the arm's equal
+share of `budget.trials` as NNI's `maxTrialNumber`; the arms run one after another, each with the experiment's
+full concurrency and resources. So every arm gets the same trial budget and its own tuner (as under the local
+engine), and the median-stop assessor compares a trial only with trials of its own arm: one NNI experiment over
+all arms would let the slower-learning arm's trials be stopped because of the other arm's curves.
+
+Tuners (`tuner.name`): NNI's built-in TPE, Random, Anneal (hyperopt) and Evolution, and `nni_smac`, SMAC3's
+Bayesian optimization running inside NNI as a custom tuner (`hpo.nni.smac_tuner`), which reads our own search
+space, conditions included. NNI's GP and Metis tuners are not offered: both fail on the search spaces here
+(GP cannot take nested choices, Metis takes no log scales or nested choices), and NNI's own SMAC tuner needs
+SMAC 0.x.
+
+`tuner.options` under engine nni: `assessor` (`medianstop`, the default, or `none`), `assessor_start_step`
+(intermediate results a trial reports before the assessor may stop it; default 2), `population_size`
+(nni_evolution) and `n_initial_configs` (nni_smac). Anything else is refused.
+
+Machines. Without `resources.machines` the trials run on this machine (NNI's local training service, with
+`gpuIndices` / `trialGpuNumber` / `maxTrialNumberPerGpu` from `resources`). With machines listed they run on
+those (NNI's remote training service over SSH with a key; per machine its GPU ids): each machine needs this
+project installed (its `python_path`), the run directory's path writable, and the database reachable, so a
+SQLite file is refused (`check_remote`).
+
+This module is pure: it builds plain mappings and never imports nni.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpo.errors import ExperimentFileError
+
+NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")
+# NNI built-in tuner name of each of our tuner names (nni_smac is a custom tuner).
+_BUILTIN = {"nni_tpe": "TPE", "nni_random": "Random", "nni_anneal": "Anneal", "nni_evolution": "Evolution"}
+_COMMON_OPTIONS = ("assessor", "assessor_start_step")
+_OPTIONS = {"nni_evolution": ("population_size",), "nni_smac": ("n_initial_configs",)}
+SMAC_TUNER_CLASS = "hpo.nni.smac_tuner.SmacTuner"
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """One NNI experiment: an arm's fixed compare values, its sub-space and its share of the trials."""
+
+    index: int
+    label: str | None  # e.g. "optimizer.name=lamb"; None without compare
+    fixed: dict[str, Any]
+    quota: int
+    space: Any  # SearchSpace of the arm (compare keys removed)
+
+
+def check_nni_spec(spec: Any, source: str) -> None:
+    """Refuse, naming the field, what the NNI engine cannot run or would ignore."""
+    name = spec.tuner.name
+    if name not in NNI_TUNERS:
+        suggestion = {"smac_bo": "nni_smac", "random": "nni_random"}.get(name, "nni_smac or nni_tpe")
+        raise ExperimentFileError(
+            f"{source}: tuner.name: engine: nni runs NNI's tuners ({', '.join(NNI_TUNERS)}); "
+            f"{name} runs under engine: local. Use {suggestion}"
+        )
+    allowed = _COMMON_OPTIONS + _OPTIONS.get(name, ())
+    for key in spec.tuner.options:
+        if key not in allowed:
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {name}; known: {allowed}")
+    assessor = spec.tuner.options.get("assessor", "medianstop")
+    if assessor not in ("medianstop", "none"):
+        raise ExperimentFileError(f"{source}: tuner.options.assessor: {assessor!r}; use medianstop or none")
+    runner = getattr(spec, "runner", None)
+    if runner is not None and runner.name != "local":
+        raise ExperimentFileError(f"{source}: runner.name: {runner.name} runs engine: local trials; NNI's own "
+                                  "training service runs engine: nni trials (remove runner)")  # fmt: skip
+    if getattr(spec.budget, "confirm_seeds", 0):
+        raise ExperimentFileError(f"{source}: budget.confirm_seeds: engine: nni does not re-run the best "
+                                  "configurations with more seeds; set it to 0 or use engine: local")  # fmt: skip
+    res = spec.resources
+    if res.gpus_per_trial > 1 or res.cpu_ranks_per_trial > 1:
+        raise ExperimentFileError(
+            f"{source}: resources: engine: nni runs single-rank trials (gpus_per_trial: 1, cpu_ranks_per_trial: 1); "
+            "multi-rank trials run under engine: local"
+        )
+    if res.memory_limit_mb is not None:
+        raise ExperimentFileError(
+            f"{source}: resources.memory_limit_mb: NNI's training service cannot limit a trial's memory; "
+            "remove it or use engine: local"
+        )
+
+
+def arm_plans(spec: Any) -> list[ArmPlan]:
+    """The NNI experiments of a spec, in the order they run."""
+    if not spec.compare:
+        return [ArmPlan(0, None, {}, spec.budget.trials, spec.space)]
+    from hpo.experiment import arm_label, arms
+    from hpo.study import arm_quotas, arm_subspace
+
+    all_arms = arms(spec)
+    quotas = arm_quotas(spec.budget.trials, len(all_arms))
+    return [
+        ArmPlan(
+            i,
+            arm_label(fixed) if fixed else None,
+            fixed,
+            quota,
+            arm_subspace(spec.space, fixed) if fixed else spec.space,
+        )  # fmt: skip
+        for i, (fixed, quota) in enumerate(zip(all_arms, quotas, strict=True))
+    ]
+
+
+def nni_id(experiment_id: int, arm: int) -> str:
+    """The NNI experiment id of an arm (unique within the experiment's run directory)."""
+    return f"hpo{experiment_id}-arm{arm}"
+
+
+TRIAL_MODULE = "hpo.nni.trial"
+
+
+def trial_command(db_url: str, experiment_id: int, arm: int, run_dir: Path, user_home: str | None,
+                  module: str = TRIAL_MODULE) -> str:  # fmt: skip
+    """The shell command NNI runs for every trial: our trial entry, with the user's HOME back (NNI's manager
+    runs with HOME in the run directory, where it keeps its experiment list). `module` is the Python module run
+    with `-m`; another one must take the trial entry's arguments (the controller-overhead benchmark's dummy
+    trial does). For remote machines (`user_home` None) the command runs the machine's `python3` (NNI puts the
+    machine's `python_path` first on PATH) and keeps the remote user's HOME."""
+    python = sys.executable if user_home is not None else "python3"
+    args = [python, "-m", module, "--db", db_url, "--experiment-id", str(experiment_id),
+            "--arm", str(arm), "--run-dir", str(run_dir)]  # fmt: skip
+    command = " ".join(shlex.quote(a) for a in args)
+    return command if user_home is None else f"HOME={shlex.quote(user_home)} {command}"
+
+
+def nni_experiment_config(
+    spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool
+) -> dict[str, Any]:
+    """NNI's experiment config (the camelCase mapping `nni.experiment.ExperimentConfig(**config)` takes)."""
+    from search_spaces.nni import to_nni
+
+    budget, res = spec.budget, spec.resources
+    if res.machines:
+        per_gpu = res.trials_per_gpu if on_gpu else 1
+        machines = [_machine(m, per_gpu) for m in res.machines]
+        service: dict[str, Any] = {"platform": "remote", "reuseMode": False, "machineList": machines}
+    else:
+        service = {"platform": "local", "useActiveGpu": True}
+    if on_gpu and res.machines:  # per machine: its GPU ids and trials per GPU (`_machine`)
+        service["trialGpuNumber"] = res.gpus_per_trial
+        concurrency = budget.max_parallel
+    elif on_gpu:
+        service.update(trialGpuNumber=res.gpus_per_trial, maxTrialNumberPerGpu=res.trials_per_gpu)
+        if isinstance(res.gpus, list):
+            service["gpuIndices"] = list(res.gpus)
+        concurrency = budget.max_parallel
+    else:
+        service["trialGpuNumber"] = 0
+        concurrency = min(budget.max_parallel, res.cpu_slots * max(1, len(res.machines)))
+    config: dict[str, Any] = {
+        "experimentName": f"{spec.name} {plan.label}" if plan.label else spec.name,
+        "searchSpace": to_nni(plan.space),
+        "trialCommand": command,
+        "trialCodeDirectory": str(code_dir),
+        "trialConcurrency": concurrency,
+        "maxTrialNumber": plan.quota,
+        "tuner": _tuner(spec, plan, run_dir),
+        "trainingService": service,
+        "experimentWorkingDirectory": str(nni_home(run_dir) / "nni-experiments"),
+    }
+    if budget.trial_timeout_s:
+        config["maxTrialDuration"] = f"{math.ceil(budget.trial_timeout_s)}s"
+    if spec.tuner.options.get("assessor", "medianstop") == "medianstop":
+        start = int(spec.tuner.options.get("assessor_start_step", 2))
+        config["assessor"] = {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": start}}
+    return config
+
+
+def _machine(machine: Any, trials_per_gpu: int) -> dict[str, Any]:
+    """NNI's RemoteMachineConfig of one `resources.machines` entry (a key, never a password)."""
+    entry: dict[str, Any] = {"host": machine.host, "port": machine.port, "user": machine.user,
+                             "sshKeyFile": str(Path(machine.ssh_key_file).expanduser()), "useActiveGpu": True,
+                             "maxTrialNumberPerGpu": trials_per_gpu}  # fmt: skip
+    if machine.python_path:
+        entry["pythonPath"] = machine.python_path
+    if machine.gpus is not None:
+        entry["gpuIndices"] = list(machine.gpus)
+    return entry
+
+
+def check_remote(spec: Any, db_url: str) -> None:
+    """Before anything is written: what remote trials need from this controller (raises ResourceError)."""
+    from hpo.errors import ResourceError
+
+    machines = spec.resources.machines
+    if not machines:
+        return
+    if db_url.startswith("sqlite"):
+        raise ResourceError(
+            f"resources.machines: trials on other machines record themselves in the database, and {db_url} is a "
+            "file on this one; use a server database they can reach (--db postgresql+psycopg://USER@HOST/DB)"
+        )
+    for i, machine in enumerate(machines):
+        key = Path(machine.ssh_key_file).expanduser()
+        if not key.is_file():
+            raise ResourceError(f"resources.machines[{i}].ssh_key_file: {key} is not a file; NNI reaches "
+                                f"{machine.user}@{machine.host} over SSH with a private key")  # fmt: skip
+
+
+def _tuner(spec: Any, plan: ArmPlan, run_dir: Path) -> dict[str, Any]:
+    name, options, seed = spec.tuner.name, spec.tuner.options, spec.tuner.seed + plan.index
+    if name == "nni_smac":
+        args = {"space": plan.space.to_dict(), "seed": seed, "n_trials": plan.quota, "optimize_mode": spec.direction,
+                "output_dir": str(nni_home(run_dir) / "smac" / f"arm{plan.index}"),
+                "n_initial_configs": options.get("n_initial_configs")}  # fmt: skip
+        import hpo
+
+        return {"className": SMAC_TUNER_CLASS, "codeDirectory": str(Path(hpo.__file__).parent.parent),
+                "classArgs": args}  # fmt: skip
+    args = {"optimize_mode": spec.direction}
+    if name in ("nni_tpe", "nni_random"):
+        args["seed"] = seed
+    if name == "nni_anneal":
+        args["algorithm_name"] = "anneal"
+    if name == "nni_evolution":
+        args["population_size"] = int(options.get("population_size", max(2, min(32, plan.quota // 2))))
+    return {"name": _BUILTIN[name], "classArgs": args}
+
+
+def nni_home(run_dir: Path) -> Path:
+    """Where NNI's files of an experiment live: its HOME (experiment list) and experiment directories."""
+    return Path(run_dir) / "nni"

@@ -1,0 +1,286 @@
+"""The NNI engine: run an experiment as NNI experiments (one per `compare` arm, see `hpo.nni.config`), so the
+NNI web UI shows its trials, and view or stop them afterwards.
+
+Data flow. NNI's manager asks its tuner for parameters and starts trial processes (`hpo.nni.trial`); each trial
+takes its parameters from NNI, records itself in our database (worker `nni:<NNI trial id>`) and reports to NNI.
+This module starts the NNI experiments, prints the web UI address, watches NNI's REST API until an experiment is
+done, and reconciles the trials that could not record themselves: a trial that died before it asked for its
+parameters gets a row with the parameters NNI generated for it, a trial NNI ended (median-stop assessor, time
+limit, stop) gets its ending. A stop (Ctrl-C, a stop request in the database) stops the NNI experiment; NNI
+cannot keep running trials across a restart, so they are recorded as failed with the reason.
+
+Files: everything NNI writes lives under `<run dir>/nni` (HOME of the NNI manager, which keeps its list of
+experiments there); `<run dir>/nni/experiments.json` lists the arms' NNI experiments with their ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpo.errors import HpoError
+from hpo.nni.config import ArmPlan, arm_plans, nni_experiment_config, nni_home, nni_id, trial_command
+from hpo.nni.manager import NniExperiment, load_experiments, rest, start_experiment, stop_all, stop_manager
+from hpo.trials import TrialResult, TrialSpec, TrialState
+
+ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
+WORKER_PREFIX = "nni:"
+POLL_S = 1.0
+_NO_TUNER = "Tuner did not connect"  # NNI's error when its tuner process is not up within 10 s
+
+
+# ------------------------------------------------------------------------------------------------ drive
+def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: str, quiet: bool,
+              resume: bool = False, port: int = 8080) -> int:  # fmt: skip
+    """`hpo run` / `hpo resume` under engine nni: heartbeat, run the arms' NNI experiments, final status and
+    summary; returns the process exit code."""
+    from hpo.liveness import Heartbeat
+    from hpo.local_engine import absolute_database_url, print_summary
+    from hpo.storage.base import ExperimentStatus
+
+    note = {"text": "starting NNI"}
+    heartbeat = Heartbeat(storage, experiment_id, note=lambda: note["text"]).start()
+    status = ExperimentStatus.FAILED
+    try:
+        if resume:
+            storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+        ending = run_nni(spec, storage, experiment_id, run_dir, absolute_database_url(database_url), port=port,
+                         quiet=quiet, tick=lambda line: note.update(text=line))  # fmt: skip
+        status = ExperimentStatus(ending)
+    finally:
+        storage.set_experiment_status(experiment_id, status)
+        heartbeat.stop()
+    if status is ExperimentStatus.STOPPED:
+        print(f"stopped; `hpo resume {spec.name}` runs the trials left", flush=True)
+    if not quiet:
+        print_summary(storage, experiment_id, spec)
+        print(f"  hpo webui {spec.name}                 # browse the trials in the NNI web UI")
+    return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+# ------------------------------------------------------------------------------------------------ run
+def preflight() -> None:
+    """Refuse, saying what to run, when NNI is missing or its manager lacks the fix of `hpo.nni.patch`."""
+    from hpo.nni.patch import require_patched
+
+    require_patched()
+
+
+def run_nni(
+    spec: Any,
+    storage: Any,
+    experiment_id: int,
+    run_dir: Path,
+    db_url: str,
+    *,
+    port: int = 8080,
+    quiet: bool = False,
+    tick: Callable[[str], None] | None = None,
+    command_prefix: str = "",
+    command: Callable[[str, int, int, Path, str], str] = trial_command,
+) -> str:
+    """Run every arm's NNI experiment (the trials each arm has left) to the end; returns how the experiment
+    ended: "finished", "stopped" or "failed".
+
+    `tick(note)` is called at every poll; `command_prefix` is put in front of the trial command (tests use it
+    to make a trial die before it asks for parameters). `command(db_url, experiment_id, arm, run_dir, user_home)`
+    builds the shell command NNI runs for each trial of an arm (default: the trial entry, see
+    `hpo.nni.config.trial_command`; the controller-overhead benchmark runs its dummy trial instead)."""
+    preflight()
+    run_dir = Path(run_dir)
+    nni_home(run_dir).mkdir(parents=True, exist_ok=True)
+    stop_all(run_dir)  # the managers of a controller that died go on running their NNI experiments: end them
+    _fail_leftovers(storage, experiment_id, "interrupted: NNI does not keep running trials across a restart")
+    on_gpu = _on_gpu(spec)
+    for plan in arm_plans(spec):
+        plan = dataclasses.replace(plan, quota=plan.quota - _finished(storage, experiment_id, plan))
+        if plan.quota <= 0:
+            continue
+        home = None if spec.resources.machines else _user_home()  # remote trials keep their user's HOME
+        shell = command_prefix + command(db_url, experiment_id, plan.index, run_dir, home)
+        config = nni_experiment_config(spec, plan, run_dir, shell, Path.cwd(), on_gpu)
+        ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet)
+        if _NO_TUNER in ending and not jobs:  # a busy machine: NNI waits only 10 s for its tuner
+            _say(quiet, f"{ending}; starting the arm's NNI experiment once more")
+            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet)
+        if ending != "done":
+            _record_stopped(storage, experiment_id, plan, jobs, f"the NNI experiment was {ending}")
+            return "failed" if ending.startswith("ended by an NNI error") else "stopped"
+    return "finished"
+
+
+def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, config: dict, port: int, tick,
+            quiet: bool) -> tuple[str, list]:  # fmt: skip
+    """Start one arm's NNI experiment, watch it to its end and stop its manager; returns how it ended (see
+    `watch`) and, unless it is done, NNI's trial jobs as last seen."""
+    experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index))
+    start_experiment(run_dir, experiment, config, port)
+    _say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
+                f"(NNI experiment {experiment.nni_id}, {plan.quota} trials)")  # fmt: skip
+    ending = "stopped by an error of the engine"
+    try:
+        ending = watch(spec, storage, experiment_id, plan, experiment, tick, quiet)
+    except KeyboardInterrupt:
+        ending = "stopped by the user (Ctrl-C)"
+    finally:  # never leave an NNI manager behind
+        jobs = _jobs_or_none(experiment) if ending != "done" else []
+        stop_manager(run_dir, experiment)
+    return ending, jobs
+
+
+def _jobs_or_none(experiment: NniExperiment) -> list:
+    with contextlib.suppress(HpoError):
+        return rest(experiment.port, "trial-jobs")
+    return []
+
+
+def _record_stopped(storage, experiment_id: int, plan: ArmPlan, jobs: list, reason: str) -> None:
+    """After a stop: a trial NNI had started that had not recorded itself yet gets a row with NNI's parameters;
+    then every unfinished trial of NNI's is recorded as failed with the reason (NNI cannot resume them)."""
+    workers = {t.worker for t in storage.list_trials(experiment_id)}
+    for job in jobs:
+        worker = WORKER_PREFIX + job["trialJobId"]
+        if job.get("status") == "RUNNING" and worker not in workers:
+            trial_id = storage.create_trial(experiment_id, TrialSpec(None, job_params(job, plan), plan.label))
+            storage.mark_trial_running(trial_id, worker=worker)
+    _fail_leftovers(storage, experiment_id, reason)
+
+
+def _finished(storage, experiment_id: int, plan: ArmPlan) -> int:
+    finished = [s for s in TrialState if s.finished]
+    return storage.count_trials(experiment_id, state=finished, arm=plan.label)
+
+
+def _new_nni_id(run_dir: Path, experiment_id: int, arm: int) -> str:
+    """The arm's NNI experiment id; a resumed arm gets a new one (`-r1`, `-r2`, ...)."""
+    taken = {e.nni_id for e in load_experiments(run_dir)}
+    base = nni_id(experiment_id, arm)
+    candidates = [base] + [f"{base}-r{n}" for n in range(1, len(taken) + 2)]
+    return next(c for c in candidates if c not in taken)
+
+
+def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, tick, quiet: bool) -> str:
+    """Poll NNI until the arm's experiment is done: "done", a stop reason, or "ended by an NNI error: ..."."""
+    reported = -1
+    while True:
+        status = rest(experiment.port, "check-status")
+        jobs = rest(experiment.port, "trial-jobs")
+        done = reconcile(spec, storage, experiment_id, plan, experiment, jobs)
+        note = f"{plan.label or 'trials'}: {done}/{plan.quota} done, NNI {status['status'].lower()}"
+        if tick is not None:
+            tick(note)
+        if done != reported:
+            _say(quiet, note)
+            reported = done
+        if status["status"] in ("DONE", "STOPPED") and done >= min(plan.quota, len(jobs)):
+            return "done"
+        if status["status"] == "ERROR":
+            errors = "; ".join(str(e) for e in status.get("errors", [])) or "no message"
+            return f"ended by an NNI error: {errors}"
+        if storage.is_stop_requested(experiment_id):
+            return "stopped on request"
+        time.sleep(POLL_S)
+
+
+def reconcile(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, jobs: list) -> int:
+    """Record NNI trials that ended without recording themselves; returns how many of the arm's trials ended."""
+    by_worker = {t.worker: t for t in storage.list_trials(experiment_id) if t.worker}
+    ended = 0
+    for job in jobs:
+        if job.get("status") not in ENDED:
+            continue
+        ended += 1
+        record = by_worker.get(WORKER_PREFIX + job["trialJobId"])
+        if record is not None and record.state.finished:
+            continue
+        result = TrialResult(*_ending(spec, job, record is not None))
+        if record is None:
+            params = job_params(job, plan)
+            trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label))
+            storage.mark_trial_running(trial_id, worker=WORKER_PREFIX + job["trialJobId"])
+        else:
+            trial_id = record.id
+        storage.finish_trial(trial_id, result)
+    return ended
+
+
+def _ending(spec, job: dict, recorded: bool) -> tuple[TrialState, str]:
+    """The state and reason of an NNI trial that ended without a final record in our database."""
+    status, trial = job["status"], job["trialJobId"]
+    seconds = (job.get("endTime", 0) - job.get("startTime", job.get("endTime", 0))) / 1000
+    timeout = spec.budget.trial_timeout_s
+    if timeout and seconds >= timeout:  # NNI shows a trial it ended at maxTrialDuration as EARLY_STOPPED too
+        return TrialState.TIMEOUT, f"NNI ended trial {trial} at budget.trial_timeout_s ({timeout:g} s)"
+    if status == "EARLY_STOPPED" and spec.tuner.options.get("assessor", "medianstop") == "medianstop":
+        return TrialState.FAILED, "stopped early by NNI's median-stop assessor (its accuracy was below the median)"
+    if not recorded:
+        return TrialState.FAILED, f"NNI trial {trial} ended ({status}) before it asked for its parameters"
+    return TrialState.FAILED, f"NNI trial {trial} ended ({status}) without a final result"
+
+
+def job_params(job: dict, plan: ArmPlan) -> dict[str, Any]:
+    """The parameters NNI recorded for a trial job, flattened to our names, with the arm's fixed values."""
+    from search_spaces.nni import from_nni_params
+
+    raw = job.get("hyperParameters") or []
+    if not raw:
+        return dict(plan.fixed)
+    generated = json.loads(raw[0])["parameters"]
+    return {**plan.fixed, **from_nni_params(generated, plan.space)}
+
+
+def _fail_leftovers(storage, experiment_id: int, reason: str) -> None:
+    """Trials of NNI experiments that were stopped cannot go on: record them as failed with the reason."""
+    for record in storage.list_trials(experiment_id, state=[TrialState.QUEUED, TrialState.RUNNING]):
+        if (record.worker or "").startswith(WORKER_PREFIX):
+            with contextlib.suppress(HpoError):  # it may have finished meanwhile
+                storage.finish_trial(record.id, TrialResult(TrialState.FAILED, reason))
+
+
+def _on_gpu(spec) -> bool:
+    if spec.resources.gpus == "none":
+        return False
+    if spec.resources.machines:  # NNI's remote training service finds the machines' GPUs
+        return True
+    from hpo.resources import discover_gpus
+
+    return bool(discover_gpus())
+
+
+def _user_home() -> str:
+    return os.environ.get("HOME") or str(Path.home())
+
+
+def _say(quiet: bool, line: str) -> None:
+    if not quiet:
+        print(line, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ webui
+def webui(record, stop: bool = False, port: int = 8080) -> int:
+    """`hpo webui NAME [--stop]`: reopen an NNI experiment's web UI in view mode (or close it); exit code."""
+    from hpo.nni.manager import view
+
+    name = record.name
+    if record.spec["experiment"].get("engine") != "nni":
+        raise HpoError(f"experiment {name!r} ran under engine: local; the NNI web UI shows engine: nni "
+                       f"experiments (`hpo trials {name}` lists its trials)")  # fmt: skip
+    run_dir = Path(record.spec["run_dir"])
+    if stop:
+        stopped = stop_all(run_dir)
+        print(f"closed the NNI web UI of {name} ({len(stopped)} NNI experiment(s))" if stopped else
+              f"the NNI web UI of {name} is not open")  # fmt: skip
+        return 0
+    experiments = view(run_dir, port)
+    if not experiments:
+        raise HpoError(f"experiment {name!r} has no NNI experiment in {run_dir / 'nni'}; it never started under NNI")
+    for e in experiments:
+        print(f"{name}{' ' + e.label if e.label else ''}: NNI web UI at {e.url} (NNI experiment {e.nni_id})")
+    print(f"`hpo webui {name} --stop` closes it")
+    return 0

@@ -1,0 +1,86 @@
+"""The NNI trial entry: what NNI's manager runs for every trial of an `engine: nni` experiment.
+
+    python -m hpo.nni.trial --db URL --experiment-id N --arm I --run-dir DIR
+
+It takes its parameters from NNI (`nni.get_next_parameter()`), records a QUEUED trial in our database with
+worker `nni:<NNI trial id>` (the number is assigned atomically), and runs it through `hpo.trial_entry.run_trial`
+exactly like the local engine's trials, with one more reporter that sends each evaluated accuracy to NNI as an
+intermediate result (what the median-stop assessor reads). The final result NNI gets is the objective stored in
+our database, in the experiment's direction, when the tuner is to be told one (`hpo.objective.tuner_feedback`);
+otherwise the process exits non-zero and NNI tells its tuner the trial failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpo.nni.engine import WORKER_PREFIX
+
+
+class NniReporter:
+    """A trainer reporter that forwards evaluations to NNI: {"default": mlm_accuracy, "samples": n}."""
+
+    def __init__(self) -> None:
+        import nni
+
+        self.nni = nni
+
+    def intermediate(self, metrics: dict[str, Any]) -> None:
+        accuracy = metrics.get("mlm_accuracy")
+        if isinstance(accuracy, int | float) and not isinstance(accuracy, bool):
+            self.nni.report_intermediate_result({"default": float(accuracy), "samples": metrics.get("samples")})
+
+    def final(self, result: Any) -> None:
+        """The final result goes to NNI after it is stored (see `main`), so both carry the same objective."""
+
+
+def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
+    """Ask NNI for parameters, record and run the trial; returns the process exit code."""
+    import nni
+
+    from hpo.experiment import experiment_from_dict, trial_config
+    from hpo.nni.config import arm_plans
+    from hpo.objective import NOT_TOLD, tuner_feedback
+    from hpo.storage import SqlStorage
+    from hpo.trial_entry import WORKER_ENV, run_trial
+    from hpo.trials import TrialSpec
+    from search_spaces.nni import from_nni_params
+
+    worker = WORKER_PREFIX + nni.get_trial_id()
+    with SqlStorage(db_url) as storage:
+        stored = storage.get_experiment(experiment_id)
+        spec = experiment_from_dict(stored.spec["experiment"], f"experiment {stored.name} (stored)")
+        plan = arm_plans(spec)[arm]
+        params = {**plan.fixed, **from_nni_params(nni.get_next_parameter(), plan.space)}
+        try:
+            batch = trial_config(spec, params).batch.global_batch_size
+        except Exception:  # an invalid configuration: run_trial records it as failed
+            batch = None
+        trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch))
+        number = storage.get_trial(trial_id).number
+        os.environ[WORKER_ENV] = worker
+        result = run_trial(storage, trial_id, 0, Path(run_dir) / "trials" / f"{number:05d}", [NniReporter()])
+    feedback = tuner_feedback(spec, result.state, result.objective, result.metrics)
+    if feedback is None or feedback is NOT_TOLD:
+        print(f"trial {number}: {result.state.value} ({result.reason})", file=sys.stderr)
+        return 1
+    nni.report_final_result(result.objective)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpo.nni.trial", description=__doc__.split("\n")[0])
+    parser.add_argument("--db", required=True, help="the experiment's database URL")
+    parser.add_argument("--experiment-id", type=int, required=True, help="the experiment's id in that database")
+    parser.add_argument("--arm", type=int, required=True, help="the index of the compare arm this NNI experiment runs")
+    parser.add_argument("--run-dir", type=Path, required=True, help="the experiment's run directory")
+    args = parser.parse_args(argv)
+    return run(args.db, args.experiment_id, args.arm, args.run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""`hpo run --engine nni` and `hpo webui` through the real command line, NNI manager and trainer trials."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+
+from hpo.experiment import experiment_from_dict, stored_form
+from hpo.nni.manager import NniEngineError, load_experiments, rest
+from hpo.storage import SqlStorage
+from hpo.trials import TrialState
+from tests.hpo.nni.conftest import nni_experiment_data
+
+
+def hpo(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+@pytest.mark.nni
+@pytest.mark.slow
+def test_run_under_nni_then_webui_reopens_and_closes_it(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
+    del data["engine"]  # given on the command line instead
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    run = hpo(tmp_path, "run", "exp.yaml", "--engine", "nni", "--run-dir", "run", "--port", "18400")
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"nniexp: NNI web UI at http://\S+:\d+ \(NNI experiment hpo1-arm0, 2 trials\)", run.stdout)
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}")
+    rows = storage.list_trials(storage.get_experiment_by_name("nniexp").id)
+    assert [t.state.value for t in rows] == ["completed", "completed"]
+
+    webui = hpo(tmp_path, "webui", "nniexp", "--port", "18400")
+    assert webui.returncode == 0, webui.stderr
+    port = int(re.search(r"NNI web UI at http://\S+:(\d+) \(NNI experiment hpo1-arm0\)", webui.stdout).group(1))
+    jobs = rest(port, "trial-jobs")
+    assert sorted(j["trialJobId"] for j in jobs) == sorted(t.worker.removeprefix("nni:") for t in rows)
+    assert all(j["status"] == "SUCCEEDED" for j in jobs)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/trialsDetail", timeout=10) as response:
+        assert "<title>Neural Network Intelligence</title>" in response.read().decode()
+
+    stop = hpo(tmp_path, "webui", "nniexp", "--stop")
+    assert stop.returncode == 0 and "closed the NNI web UI of nniexp" in stop.stdout
+    with pytest.raises(NniEngineError, match="does not answer"):
+        rest(port, "check-status", timeout=2)
+    trials = hpo(tmp_path, "trials", "nniexp")
+    assert trials.returncode == 0 and trials.stdout.count("completed") == 2
+
+
+def test_webui_refuses_an_experiment_of_the_local_engine(tmp_path):
+    data = nni_experiment_data(tmp_path, "random", trials=2, parallel=1, options={})
+    data["engine"] = "local"
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    webui = hpo(tmp_path, "webui", "nniexp")
+    assert webui.returncode == 2
+    assert "experiment 'nniexp' ran under engine: local; the NNI web UI shows engine: nni experiments" in webui.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_written(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
+    data["resources"]["machines"] = [{"host": "gpu-a", "user": "bert"}]
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    assert run.returncode != 0
+    assert "resources.machines: trials on other machines record themselves in the database" in run.stderr
+    assert not (tmp_path / "hpo.db").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.nni
+@pytest.mark.slow
+def test_controller_sigkill_then_resume_under_nni(tmp_path):
+    """NNI cannot keep trials running across a restart: `hpo resume` stops the dead controller's NNI manager,
+    records its unfinished trials as failed with the reason, and runs the rest in a new NNI experiment."""
+    import os
+    import signal
+    import time
+
+    data = nni_experiment_data(tmp_path, "nni_random", trials=4, parallel=2)
+    # 200 steps and 4 evaluations: caught while training whatever the load, and well within the time limit
+    data["overrides"].update({"budget.max_samples": 1600, "eval.every_samples": 400})
+    data["budget"]["trial_timeout_s"] = 600
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    env = {**os.environ, "HPO_HEARTBEAT_S": "1"}
+    cmd = [sys.executable, "-m", "hpo", "--db", db]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    run = [*cmd, "run", "exp.yaml", "--run-dir", "run", "--port", "18500", "--quiet"]
+    controller = subprocess.Popen(run, cwd=tmp_path, env=env, **quiet)
+    storage = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if not (tmp_path / "hpo.db").exists():
+                continue
+            storage = storage or SqlStorage(db)
+            experiments = storage.list_experiments()
+            running = storage.list_trials(experiments[0].id, state=TrialState.RUNNING) if experiments else []
+            if any(storage.get_metrics(t.id) for t in running):  # mid-training
+                break
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(timeout=30)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    eid = storage.get_experiment_by_name("nniexp").id
+    cut = {t.id for t in storage.list_trials(eid, state=TrialState.RUNNING)}
+    assert cut, "no trial was running when the controller was killed"
+    while "interrupted" not in subprocess.run([*cmd, "status"], capture_output=True, text=True, env=env).stdout:
+        time.sleep(0.2)
+
+    resume = subprocess.run([*cmd, "resume", "nniexp"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    rows = storage.list_trials(eid)
+    assert sorted(t.number for t in rows) == list(range(4))  # the configured total, no number twice
+    for row in rows:
+        if row.id in cut:  # the trials the dead controller's NNI experiment was running
+            assert row.state.value == "failed" and row.reason.startswith("interrupted: NNI does not keep")
+        elif row.state.value != "completed":  # trials the orphaned manager started before the resume stopped it
+            assert row.reason.startswith("interrupted: NNI does not keep"), row.reason
+    assert sum(t.state.value == "completed" for t in rows) >= 4 - len(cut) - 1
+    experiments = {e.nni_id: e for e in load_experiments(tmp_path / "run")}
+    assert set(experiments) == {"hpo1-arm0", "hpo1-arm0-r1"}  # the resumed arm ran as a new NNI experiment
+    assert all(e.pid is None for e in experiments.values())  # no manager left behind
+    assert "finished" in subprocess.run([*cmd, "status"], capture_output=True, text=True, env=env).stdout

@@ -1,0 +1,174 @@
+"""What an experiment file becomes under engine: nni (pure: no NNI manager), checked against NNI's own config
+validation, and what the validation refuses."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from hpo.errors import ExperimentFileError
+from hpo.experiment import experiment_from_dict
+from hpo.nni.config import arm_plans, nni_experiment_config, trial_command
+from search_spaces.nni import to_nni
+from tests.hpo.nni.conftest import CONDITIONAL_SPACE, nni_experiment_data
+
+ARM_SPACE = {
+    "optimizer.name": {"choice": ["adamw", "lamb"]},
+    "optimizer.lr@lamb": {"float": [1e-3, 1e-2], "log": True, "when": {"optimizer.name": "lamb"}},
+    "optimizer.lr@adamw": {"float": [1e-4, 1e-2], "log": True, "when": {"optimizer.name": "adamw"}},
+}
+
+
+def spec_of(tmp_path, tuner="nni_tpe", trials=5, parallel=2, engine="nni", resources=None, budget=None, **kwargs):
+    data = nni_experiment_data(tmp_path, tuner, trials, parallel, **kwargs)
+    data["engine"] = engine
+    data["resources"].update(resources or {})
+    data["budget"].update(budget or {})
+    return experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+
+
+def nni_validates(config: dict) -> dict:
+    from nni.experiment import ExperimentConfig
+
+    return ExperimentConfig(**config).json()  # NNI's own checks (canonical form)
+
+
+def test_arms_are_separate_nni_experiments_with_equal_shares(tmp_path):
+    spec = spec_of(tmp_path, trials=5, space=ARM_SPACE, compare=["optimizer.name"])
+    plans = arm_plans(spec)
+    assert [(p.label, p.fixed, p.quota) for p in plans] == [
+        ("optimizer.name=adamw", {"optimizer.name": "adamw"}, 3),
+        ("optimizer.name=lamb", {"optimizer.name": "lamb"}, 2),
+    ]
+    assert plans[1].space.names == ["optimizer.lr@lamb"]  # the compare key is fixed, the other arm's lr dropped
+    config = nni_validates(nni_experiment_config(spec, plans[1], tmp_path / "run", "true", tmp_path, on_gpu=False))
+    assert config["maxTrialNumber"] == 2 and config["experimentName"] == "nniexp optimizer.name=lamb"
+    assert config["searchSpace"] == {"optimizer.lr@lamb": {"_type": "loguniform", "_value": [1e-3, 1e-2]}}
+
+
+def test_cpu_trials_and_tuners(tmp_path):
+    spec = spec_of(tmp_path, tuner="nni_tpe", parallel=3, options={})
+    config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path / "run", "true", tmp_path, False))
+    assert config["trainingService"]["trialGpuNumber"] == 0 and config["trialConcurrency"] == 3
+    assert config["searchSpace"] == to_nni(spec.space)
+    assert config["tuner"] == {"name": "TPE", "classArgs": {"optimize_mode": "minimize", "seed": 0}}
+    assert config["assessor"] == {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}}
+    assert config["maxTrialDuration"] == "120s"
+    assert config["experimentWorkingDirectory"] == str(tmp_path / "run" / "nni" / "nni-experiments")
+    for tuner, name in [("nni_random", "Random"), ("nni_anneal", "Anneal"), ("nni_evolution", "Evolution")]:
+        spec = spec_of(tmp_path, tuner=tuner, options={"assessor": "none"})
+        config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, "true", tmp_path, False))
+        assert config["tuner"]["name"] == name and "assessor" not in config
+
+
+def test_gpu_resources_map_to_nni_local_training_service(tmp_path):
+    spec = spec_of(tmp_path, parallel=4, resources={"gpus": [0, 2], "gpus_per_trial": 1, "trials_per_gpu": 2})
+    config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, "true", tmp_path, on_gpu=True))
+    service = config["trainingService"]
+    assert (service["gpuIndices"], service["trialGpuNumber"], service["maxTrialNumberPerGpu"]) == ([0, 2], 1, 2)
+    assert config["trialConcurrency"] == 4
+
+
+def test_listed_machines_map_to_nni_remote_training_service(tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read here: NNI only checks that the key file exists\n")
+    machines = [{"host": "gpu-a", "user": "bert", "ssh_key_file": str(key), "python_path": "/opt/venv/bin",
+                 "gpus": [0, 1, 2, 3]},
+                {"host": "10.0.0.7", "port": 2222, "user": "bert", "ssh_key_file": str(key)}]  # fmt: skip
+    spec = spec_of(tmp_path, parallel=6, resources={"gpus": "all", "gpus_per_trial": 1, "trials_per_gpu": 2,
+                                                     "machines": machines})  # fmt: skip
+    command = trial_command("postgresql+psycopg://u@db/hpo", 3, 0, tmp_path / "run", None)
+    config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, command, tmp_path, True))
+    service = config["trainingService"]
+    assert service["platform"] == "remote" and service["trialGpuNumber"] == 1 and config["trialConcurrency"] == 6
+    first, second = service["machineList"]
+    assert (first["host"], first["port"], first["user"], first["sshKeyFile"]) == ("gpu-a", 22, "bert", str(key))
+    assert (first["gpuIndices"], first["maxTrialNumberPerGpu"], first["pythonPath"]) == (
+        [0, 1, 2, 3],
+        2,
+        "/opt/venv/bin",
+    )
+    assert (second["host"], second["port"], second.get("gpuIndices"), second.get("password")) == (
+        "10.0.0.7",
+        2222,
+        None,
+        None,
+    )
+    # On the machines: their own python3 (python_path first on PATH) and their user's HOME
+    assert shlex.split(config["trialCommand"])[:3] == ["python3", "-m", "hpo.nni.trial"]
+
+
+def test_remote_trials_need_a_server_database_and_a_key_before_anything_is_written(tmp_path):
+    from hpo.errors import ResourceError
+    from hpo.nni.config import check_remote
+
+    missing = tmp_path / "no-such-key"
+    spec = spec_of(tmp_path, resources={"machines": [{"host": "h", "user": "u", "ssh_key_file": str(missing)}]})
+    with pytest.raises(ResourceError, match=r"resources.machines: .* sqlite:///x.db is a file on this one"):
+        check_remote(spec, "sqlite:///x.db")
+    with pytest.raises(ResourceError, match=rf"resources.machines\[0\].ssh_key_file: {missing} is not a file"):
+        check_remote(spec, "postgresql+psycopg://u@db/hpo")
+    check_remote(spec_of(tmp_path), "sqlite:///x.db")  # this machine only: any database
+    with pytest.raises(ExperimentFileError, match="resources.machines: other machines run engine: nni trials"):
+        spec_of(
+            tmp_path, engine="local", tuner="random", options={}, resources={"machines": [{"host": "h", "user": "u"}]}
+        )
+
+
+def test_smac_custom_tuner_gets_our_space_with_its_conditions(tmp_path):
+    spec = spec_of(tmp_path, tuner="nni_smac", options={"n_initial_configs": 2})
+    config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path / "run", "true", tmp_path, False))
+    tuner = config["tuner"]
+    assert tuner["className"] == "hpo.nni.smac_tuner.SmacTuner"
+    assert (Path(tuner["codeDirectory"]) / "hpo" / "nni" / "smac_tuner.py").is_file()
+    assert tuner["classArgs"]["space"] == CONDITIONAL_SPACE  # `when` included: SMAC gets the condition
+    assert tuner["classArgs"]["n_initial_configs"] == 2 and tuner["classArgs"]["n_trials"] == 5
+
+
+def test_trial_command_restores_home_and_quotes(tmp_path):
+    run_dir = tmp_path / "a dir"
+    words = shlex.split(trial_command("sqlite:////x y/h.db", 7, 1, run_dir, "/home/me"))
+    assert words[0] == "HOME=/home/me"
+    assert words[2:] == ["-m", "hpo.nni.trial", "--db", "sqlite:////x y/h.db", "--experiment-id", "7", "--arm", "1",
+                         "--run-dir", str(run_dir)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"tuner": "smac_bo"}, "tuner.name: engine: nni runs NNI's tuners .* Use nni_smac"),
+        ({"options": {"population_size": 4}}, r"tuner.options.population_size: not an option of nni_tpe"),
+        ({"options": {"assessor": "curvefitting"}}, "tuner.options.assessor: 'curvefitting'; use medianstop or none"),
+        ({"resources": {"cpu_ranks_per_trial": 2}}, "resources: engine: nni runs single-rank trials"),
+        ({"resources": {"memory_limit_mb": 1000}}, "resources.memory_limit_mb: NNI's training service cannot"),
+        ({"budget": {"confirm_seeds": 2}}, "budget.confirm_seeds: engine: nni does not re-run"),
+    ],
+)
+def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, message):
+    with pytest.raises(ExperimentFileError, match=f"^exp.yaml: {message}"):
+        spec_of(tmp_path, **change)
+
+
+def test_nni_tuners_need_engine_nni(tmp_path):
+    with pytest.raises(ExperimentFileError, match="tuner.name: nni_tpe runs only with engine: nni"):
+        spec_of(tmp_path, engine="local", options={})
+
+
+def test_nni_trials_that_ended_without_a_record_get_the_right_reason(tmp_path):
+    from hpo.nni.engine import _ending
+    from hpo.trials import TrialState
+
+    def job(status, seconds):
+        return {"status": status, "trialJobId": "AbC12", "startTime": 1_000, "endTime": 1_000 + 1000 * seconds}
+
+    medianstop = spec_of(tmp_path, options={"assessor": "medianstop"})  # trial_timeout_s: 120
+    no_assessor = spec_of(tmp_path, options={"assessor": "none"})
+    # NNI shows a trial it ended at maxTrialDuration as EARLY_STOPPED: a timeout, not the assessor
+    assert _ending(medianstop, job("EARLY_STOPPED", 120), True)[0] == TrialState.TIMEOUT
+    state, reason = _ending(medianstop, job("EARLY_STOPPED", 30), True)
+    assert state == TrialState.FAILED and "median-stop assessor" in reason
+    state, reason = _ending(no_assessor, job("EARLY_STOPPED", 30), True)
+    assert state == TrialState.FAILED and reason == "NNI trial AbC12 ended (EARLY_STOPPED) without a final result"
+    assert "before it asked for its parameters" in _ending(no_assessor, job("FAILED", 1), False)[1]
