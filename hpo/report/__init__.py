@@ -1,0 +1,13 @@
+"""The comparison report: one self-contained HTML page per experiment (and one comparing several), built only
+from what the database holds.
+
+    data.py        everything read from storage, as plain numbers (trials, outcomes, curves, the verdict)
+    bands.py       best-so-far curves and their bootstrap band over trial order
+    importance.py  hyperparameter importance: permutation importance on a random-forest surrogate
+    scaling.py     several experiments: samples to target and the noise scale against global batch size
+    figures.py     matplotlib figures (Agg, object API: safe in the server's threads) as base64 PNG
+    html.py        the pages
+
+`hpo.report.html` has the entry points: `experiment_report(storage, name)`, `comparison_report(storage, names)`
+and `index_page(storage)` return the HTML text. Importing this package imports nothing heavy.
+"""

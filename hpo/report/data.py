@@ -1,0 +1,313 @@
+"""Everything a report shows, read from storage into plain numbers: no figure or page code reads the database.
+
+Outcomes. Every trial has one outcome, from its stored state and result:
+
+- `reached`: it ended normally and reached the target (it has samples to target);
+- `missed`: it ended normally without reaching the target (its whole sample budget used up);
+- `diverged`, `failed`, `timeout`: as stored; `bad data`: a failure on bad data, which says nothing about the
+  hyperparameters (the tuner was not told, the verdict leaves it out);
+- `unfinished`: queued, running or interrupted.
+
+Values. A trial's `value` is its stored objective when that objective is a measurement: for the "to target"
+metrics only a run that reached the target has one (a miss's objective is a penalty, shown as a miss and never
+drawn as a number); for the other metrics, every normally ended run. A failure never has a value.
+
+The noise scale of a trial is the median of its reported B_simple over the second half of its training samples:
+the estimate is smoothed over steps and lags, and is noisiest at the start (see trainer/noise_scale.py).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpo.objective import NOT_HYPERPARAMETER_ERRORS
+from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
+from hpo.trials import TrialKind, TrialState
+from hpo.verdict import ArmSummary, Verdict
+
+TO_TARGET_METRICS = ("samples_to_target", "time_to_target_s")
+OUTCOMES = ("reached", "missed", "diverged", "failed", "timeout", "bad data", "unfinished")
+TOP_TRIALS = 3  # learning curves and noise-scale curves drawn per arm
+NO_ARM = "all"  # the arm label of an experiment that compares nothing
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report sees it."""
+
+    number: int
+    arm: str
+    kind: str  # "tuning" or "confirmation"
+    seed: int | None
+    outcome: str  # one of OUTCOMES
+    objective: float | None  # as stored (a penalty for a miss of a "to target" metric)
+    value: float | None  # the objective when it is a measurement (see the module docstring)
+    samples_to_target: int | None
+    best_mlm_accuracy: float | None
+    samples: int | None  # training samples it used (its final record; None without one)
+    duration_s: float | None
+    gpus: int
+    global_batch_size: int | None
+    params: dict[str, Any]
+    reason: str | None
+    noise_scale: float | None = None  # the median over its second half (None: not measured)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A trial's learning curve (evaluations) and its noise-scale record (progress reports)."""
+
+    number: int
+    arm: str
+    eval_samples: tuple[float, ...]
+    eval_time_s: tuple[float, ...]
+    mlm_accuracy: tuple[float, ...]
+    noise_samples: tuple[float, ...]
+    noise_scale: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ArmData:
+    label: str
+    trials: tuple[TrialRow, ...]  # every trial of the arm, in number order
+    best: TrialRow | None  # the storage's best tuning trial (what `hpo export --arm` exports)
+    evidence: ArmSummary | None  # the verdict's numbers for this arm
+    optimizer: str | None = None  # the optimizer of its best trial (of its first trial when none is best)
+
+    @property
+    def tuning(self) -> tuple[TrialRow, ...]:
+        return tuple(t for t in self.trials if t.kind == TrialKind.TUNING.value)
+
+    def counts(self, kind: str | None = TrialKind.TUNING.value) -> dict[str, int]:
+        """Trials per outcome (of one kind, or all with kind=None), every outcome present."""
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for trial in self.trials:
+            if kind is None or trial.kind == kind:
+                counts[trial.outcome] += 1
+        return counts
+
+    @property
+    def global_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({t.global_batch_size for t in self.trials if t.global_batch_size}))
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One tuned hyperparameter: its name, kind ("float", "int", "choice"), log scale and choices."""
+
+    name: str
+    kind: str
+    log: bool
+    choices: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExperimentData:
+    name: str
+    description: str
+    liveness: str  # live, interrupted, finished, stopped, failed
+    metric: str
+    direction: str
+    target_mlm_accuracy: float
+    max_samples: int
+    tuner: str
+    trials_budget: int
+    confirm_seeds: int
+    compare: tuple[str, ...]
+    dimensions: tuple[Dimension, ...]
+    arms: tuple[ArmData, ...]
+    verdict: Verdict | None  # None without compare arms
+    curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
+
+    @property
+    def to_target(self) -> bool:
+        return self.metric in TO_TARGET_METRICS
+
+    @property
+    def trials(self) -> list[TrialRow]:
+        return sorted((t for arm in self.arms for t in arm.trials), key=lambda t: t.number)
+
+    def top(self, arm: ArmData, k: int = TOP_TRIALS) -> list[TrialRow]:
+        """The arm's k best tuning trials: measured values best first, then the misses closest to the target."""
+        return top_trials(arm.tuning, self.direction, k)
+
+
+def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> ExperimentData:
+    """Read one experiment: its spec, trials, the verdict, and the curves of each arm's top trials."""
+    from hpo.experiment import arm_label, arms, spec_from_stored
+    from hpo.liveness import liveness
+
+    record = storage.get_experiment_by_name(name)
+    spec = spec_from_stored(record)
+    records = storage.list_trials(record.id)
+    best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
+    verdict = _verdict(spec, best, records)
+    noise = _noise_by_trial(storage, records) if with_noise else {}
+    labels = [arm_label(fixed) if fixed else None for fixed in arms(spec)]
+    metric = spec.objective.metric
+    base = spec.resolved_base()
+    arm_data = []
+    for label in labels:
+        rows = tuple(_row(t, metric, noise.get(t.id)) for t in records if t.arm == label)
+        top = best.get(label)
+        evidence = _evidence(verdict, label or NO_ARM)
+        optimizer = _optimizer(spec, base, top.params if top else rows[0].params if rows else {})
+        arm_data.append(ArmData(label or NO_ARM, rows, _find(rows, top), evidence, optimizer))
+    data = ExperimentData(
+        name=record.name,
+        description=spec.description,
+        liveness=liveness(record),
+        metric=metric,
+        direction=record.direction.value,
+        target_mlm_accuracy=float(base["eval"]["target_mlm_accuracy"]),
+        max_samples=int(base["budget"]["max_samples"]),
+        tuner=spec.tuner.name,
+        trials_budget=spec.budget.trials,
+        confirm_seeds=spec.budget.confirm_seeds,
+        compare=tuple(spec.compare),
+        dimensions=_dimensions(spec),
+        arms=tuple(arm_data),
+        verdict=verdict if spec.compare else None,
+    )
+    _load_curves(storage, record, data)
+    return data
+
+
+def _verdict(spec, best: dict, records: Sequence[TrialRecord]) -> Verdict:
+    from hpo.verdict import arm_runs, decide
+
+    return decide(arm_runs(spec, best, records))
+
+
+def _optimizer(spec, base: dict[str, Any], params: dict[str, Any]) -> str | None:
+    """The optimizer a configuration trains with: its own `optimizer.name`, else the base config's."""
+    return spec.space.trainer_values(params).get("optimizer.name", base.get("optimizer", {}).get("name"))
+
+
+def _evidence(verdict: Verdict, label: str) -> ArmSummary | None:
+    return next((a for a in verdict.arms if a.label == label), None)
+
+
+def _find(rows: Sequence[TrialRow], trial: TrialRecord | None) -> TrialRow | None:
+    return None if trial is None else next(r for r in rows if r.number == trial.number)
+
+
+def outcome(trial: TrialRecord) -> str:
+    """The trial's outcome (see the module docstring)."""
+    if not trial.state.finished:
+        return "unfinished"
+    if (trial.metrics or {}).get("error") in NOT_HYPERPARAMETER_ERRORS:
+        return "bad data"
+    if trial.state is TrialState.COMPLETED:
+        return "reached" if trial.samples_to_target is not None else "missed"
+    return trial.state.value
+
+
+def measured_value(trial: TrialRecord, metric: str) -> float | None:
+    """The trial's objective when it is a measurement, else None (see the module docstring)."""
+    if trial.state is not TrialState.COMPLETED or trial.objective is None or not math.isfinite(trial.objective):
+        return None
+    if metric in TO_TARGET_METRICS and trial.samples_to_target is None:
+        return None
+    return trial.objective
+
+
+def _row(trial: TrialRecord, metric: str, noise_scale: float | None) -> TrialRow:
+    final = trial.metrics or {}
+    samples = final.get("samples")
+    return TrialRow(
+        number=trial.number,
+        arm=trial.arm or NO_ARM,
+        kind=trial.kind.value,
+        seed=trial.seed,
+        outcome=outcome(trial),
+        objective=trial.objective,
+        value=measured_value(trial, metric),
+        samples_to_target=trial.samples_to_target,
+        best_mlm_accuracy=trial.best_mlm_accuracy,
+        samples=int(samples) if isinstance(samples, int | float) else None,
+        duration_s=trial.duration_s,
+        gpus=len(trial.gpus),
+        global_batch_size=trial.global_batch_size,
+        params=dict(trial.params),
+        reason=trial.reason,
+        noise_scale=noise_scale,
+    )
+
+
+def top_trials(rows: Sequence[TrialRow], direction: str, k: int) -> list[TrialRow]:
+    """The k best rows: measured values best first (ties by number), then the rest by best accuracy."""
+    sign = -1.0 if direction == Direction.MAXIMIZE.value else 1.0
+    measured = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.number))
+    others = sorted((r for r in rows if r.value is None and r.outcome != "unfinished"),
+                    key=lambda r: (-(r.best_mlm_accuracy or 0.0), r.number))  # fmt: skip
+    return (measured + others)[:k]
+
+
+def _dimensions(spec) -> tuple[Dimension, ...]:
+    dims = []
+    for name in spec.space.names:
+        param = spec.space[name]
+        if hasattr(param, "choices"):
+            dims.append(Dimension(name, "choice", False, tuple(param.choices)))
+        else:
+            kind = "int" if type(param).__name__ == "IntParam" else "float"
+            dims.append(Dimension(name, kind, bool(param.log)))
+    return tuple(dims)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _noise_by_trial(storage: Storage, records: Sequence[TrialRecord]) -> dict[int, float | None]:
+    """The late-training noise scale of every finished trial (one small query per trial)."""
+    return {t.id: late_noise_scale(storage.get_metrics(t.id, "noise_scale")) for t in records if t.state.finished}
+
+
+def late_noise_scale(records: Sequence[MetricRecord]) -> float | None:
+    """The median of the positive, finite noise-scale values reported over the second half of the samples."""
+    points = [(r.samples, r.value) for r in records if r.samples is not None and _positive(r.value)]
+    if not points:
+        return None
+    half = max(s for s, _ in points) / 2
+    return statistics.median(v for s, v in points if s >= half)
+
+
+def _positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def _load_curves(storage: Storage, record: ExperimentRecord, data: ExperimentData) -> None:
+    """The learning curves and noise-scale curves of each arm's top trials."""
+    for arm in data.arms:
+        for row in data.top(arm):
+            trial = storage.get_trial_by_number(record.id, row.number)
+            data.curves[row.number] = curve_of(row.number, arm.label, storage.get_metrics(trial.id))
+
+
+def curve_of(number: int, arm: str, records: Sequence[MetricRecord]) -> Curve:
+    """Evaluations (mlm_accuracy with the samples and time of the same step) and noise-scale points."""
+    by_step: dict[int, dict[str, float]] = {}
+    samples_at: dict[int, float] = {}
+    for r in records:
+        by_step.setdefault(r.step, {})[r.name] = r.value
+        if r.samples is not None:
+            samples_at[r.step] = float(r.samples)
+    evals = [(samples_at.get(step), v.get("time_s"), v["mlm_accuracy"]) for step, v in sorted(by_step.items())
+             if "mlm_accuracy" in v and math.isfinite(v["mlm_accuracy"])]  # fmt: skip
+    evals = [(s, t if t is not None else math.nan, a) for s, t, a in evals if s is not None]
+    noise = [(samples_at[step], v["noise_scale"]) for step, v in sorted(by_step.items())
+             if step in samples_at and _positive(v.get("noise_scale"))]  # fmt: skip
+    return Curve(
+        number,
+        arm,
+        tuple(s for s, _, _ in evals),
+        tuple(t for _, t, _ in evals),
+        tuple(a for _, _, a in evals),
+        tuple(s for s, _ in noise),
+        tuple(v for _, v in noise),
+    )

@@ -1,0 +1,393 @@
+"""The report pages: self-contained HTML (inline CSS, figures as data: URIs, no script, nothing fetched).
+
+Every number on a page comes from `hpo.report.data` (the database) or from a computation on it named where it is
+shown. Table cells that carry the report's key numbers are tagged `data-arm`/`data-field` so tests and scripts
+can read them back. `link` turns an experiment name into the address of its report: a file name for `hpo report`,
+the API path in the server.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from collections.abc import Callable, Sequence
+from html import escape
+
+from hpo.report import figures
+from hpo.report.data import OUTCOMES, ExperimentData, TrialRow, load_experiment
+from hpo.report.importance import MIN_TRIALS, Importance, rank_importance
+from hpo.report.scaling import ScalingPoint, scaling_points
+from hpo.storage.base import Storage
+
+SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
+Link = Callable[[str], str]
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1240px;color:#1b1b1b;
+padding:0 16px;line-height:1.4}
+h1{margin-bottom:2px}h2{margin-top:34px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.sub{color:#555;margin-top:0}.verdict{font-size:1.25em;padding:12px 16px;border-left:6px solid #3b75af;
+background:#f2f6fb;margin:16px 0}.verdict.none{border-color:#b40426;background:#fbf2f2}
+.note{padding:8px 12px;background:#fff8e1;border-left:4px solid #e0a800;margin:8px 0}
+table{border-collapse:collapse;margin:8px 0;font-size:0.92em}th,td{border:1px solid #ddd;padding:4px 8px;
+text-align:right;vertical-align:top}th{background:#f5f5f5}td.l,th.l{text-align:left}
+img{max-width:100%;height:auto;display:block;margin:8px 0}code,pre{background:#f5f5f5;padding:2px 5px}
+pre{padding:8px;overflow-x:auto}.bar{background:#3b75af;height:10px;display:inline-block}
+details summary{cursor:pointer;font-weight:600}.muted{color:#777}
+"""
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_samples(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def fmt_objective(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.6g}"
+
+
+def fmt_accuracy(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def fmt_noise(value: float | None) -> str:
+    """Noise scales span orders of magnitude: whole numbers from 100 on, 3 significant digits below."""
+    return "–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def fmt_interval(low: float | None, high: float | None) -> str:
+    return "–" if low is None or high is None else f"{low:,.0f} to {high:,.0f}"
+
+
+def _td(text: str, field: str | None = None, arm: str | None = None, cls: str = "") -> str:
+    attrs = (f' data-field="{escape(field)}"' if field else "") + (f' data-arm="{escape(arm)}"' if arm else "")
+    return f"<td{attrs}{f' class={cls!r}' if cls else ''}>{escape(text)}</td>"
+
+
+def _tagged(arm: str, label: str, fields: Sequence[tuple[str, str]]) -> str:
+    """A row: the arm's label, then one cell per (field, text), each tagged with the arm and its field."""
+    return _td(label, cls="l") + "".join(_td(text, field, arm) for field, text in fields)
+
+
+def _table(head: Sequence[str], rows: Sequence[str], left: int = 1) -> str:
+    cells = "".join(f"<th{' class=l' if i < left else ''}>{escape(h)}</th>" for i, h in enumerate(head))
+    return f"<table><tr>{cells}</tr>{''.join(f'<tr>{r}</tr>' for r in rows)}</table>"
+
+
+def _img(fig, alt: str) -> str:
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{figures.png(fig)}">' if fig is not None else ""
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
+            f"<meta name=viewport content='width=device-width,initial-scale=1'><style>{CSS}</style></head>"
+            f"<body>{body}</body></html>")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- one experiment
+
+
+def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", index: str | None = None) -> str:
+    """The report of one experiment (see the package docstring)."""
+    data = load_experiment(storage, name)
+    importance = {arm.label: rank_importance(arm.tuning, _tuned(data), data.direction) for arm in data.arms}
+    parts = [
+        _header(data, index),
+        _notes(data),
+        _verdict_section(data),
+        _outcomes_section(data),
+        _best_so_far_section(data),
+        _curves_section(data),
+        _noise_section(data),
+        _effects_section(data, importance),
+        _best_configs_section(data, hpo_command),
+        _trials_section(data),
+    ]
+    return _page(f"{data.name}: comparison report", "".join(parts))
+
+
+def _tuned(data: ExperimentData):
+    return [d for d in data.dimensions if d.name not in data.compare]
+
+
+def _header(data: ExperimentData, index: str | None) -> str:
+    back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
+    finished = sum(1 for t in data.trials if t.outcome != "unfinished")
+    arms = ", ".join(a.label for a in data.arms)
+    return (f"{back}<h1>{escape(data.name)}</h1><p class=sub>{escape(data.description)}</p>"
+            f"<p>Objective: <b>{escape(data.metric)}</b> ({escape(data.direction)}), target masked-LM accuracy "
+            f"{data.target_mlm_accuracy:g}, at most {data.max_samples:,} training samples per trial. Tuner "
+            f"{escape(data.tuner)}; {data.trials_budget} tuning trials over {len(data.arms)} arm(s) ({escape(arms)})"
+            f", {data.confirm_seeds} confirmation seed(s) per arm. Status: <b data-field=liveness>"
+            f"{escape(data.liveness)}</b>, <span data-field=finished>{finished}</span> of "
+            f"{len(data.trials)} trials finished.</p>")  # fmt: skip
+
+
+def _notes(data: ExperimentData) -> str:
+    """What the page cannot claim at this scale, said before any number."""
+    notes = []
+    sizes = [len(a.tuning) for a in data.arms]
+    if min(sizes, default=0) < SMALL_ARM:
+        notes.append(f"Small experiment: {min(sizes, default=0)} tuning trial(s) in the smallest arm. The best-so-far "
+                     "bands are wide, one lucky trial can decide an arm's best, and hyperparameter importance is "
+                     f"only ranked from {MIN_TRIALS} trials per arm on.")  # fmt: skip
+    if data.confirm_seeds == 0:
+        notes.append(
+            "No confirmation seeds: each arm's evidence is its best tuning trial alone, which was selected "
+            "as the best and flatters its arm; there is no interval. budget.confirm_seeds ≥ 2 gives one."
+        )
+    elif data.confirm_seeds < 2:
+        notes.append("One confirmation seed: an interval needs at least 2 runs that reached the target.")
+    if data.liveness in ("live", "interrupted"):
+        notes.append(f"The experiment is {data.liveness}: these numbers will change as trials finish.")
+    if data.to_target:
+        notes.append("A run that missed the target is shown as a miss (x), never at its penalized objective.")
+    return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
+
+
+def _verdict_section(data: ExperimentData) -> str:
+    if data.verdict is None:
+        return _evidence_table(data, "<h2>Evidence</h2><p>The experiment compares nothing (no arms).</p>")
+    cls = "verdict" if data.verdict.winner else "verdict none"
+    line = f"<div class='{cls}' data-field=verdict>{escape(data.verdict.line)}{escape(_margin(data))}</div>"
+    return _evidence_table(data, f"<h2>Verdict</h2>{line}")
+
+
+def _margin(data: ExperimentData) -> str:
+    """By how much the winner leads the runner-up, on the means of the runs that reached the target."""
+    winner = next((a.evidence for a in data.arms if a.label == data.verdict.winner), None)
+    others = [a.evidence for a in data.arms if a.evidence and a.evidence.mean and a.label != data.verdict.winner]
+    if winner is None or winner.mean is None or not others:
+        return ""
+    second = min(others, key=lambda e: e.mean)
+    saved = second.mean - winner.mean
+    return f" — {saved:,.0f} fewer samples to target than {second.label} on the means ({saved / second.mean:.0%})."
+
+
+def _evidence_table(data: ExperimentData, head: str) -> str:
+    made_of = (f"the arm's best tuning trial and its {data.confirm_seeds} confirmation seed(s)" if data.confirm_seeds
+               else "the arm's best tuning trial only")  # fmt: skip
+    rows = []
+    for arm in data.arms:
+        ev = arm.evidence
+        if ev is None:
+            continue
+        runs = [arm.best.number] if arm.best else []
+        runs += [t.number for t in arm.trials if t.kind == "confirmation" and arm.best and t.params == arm.best.params]
+        rate = "–" if ev.hit_rate is None else f"{ev.hit_rate:.0%}"
+        fields = [
+            ("runs", str(ev.runs)),
+            ("hits", str(ev.hits)),
+            ("hit_rate", rate),
+            ("mean", fmt_samples(ev.mean)),
+            ("interval", fmt_interval(ev.low, ev.high)),
+            ("runs_trials", ", ".join(map(str, runs)) or "–"),
+        ]
+        rows.append(_tagged(arm.label, arm.label, fields))
+    table = _table(["arm", "runs", "reached target", "hit rate", "mean samples to target", "95 % interval",
+                    "trials"], rows)  # fmt: skip
+    return (f"{head}<p>Per arm, from {made_of}. Mean over the runs that reached the target; 95 % interval "
+            f"mean ± t(0.975, n−1)·s/√n over those n runs (none below 2). A miss counts as a miss in the hit rate "
+            f"and never as a number.</p>{table}")  # fmt: skip
+
+
+def _outcomes_section(data: ExperimentData) -> str:
+    rows = []
+    for arm in data.arms:
+        counts = arm.counts()
+        best = arm.best
+        best_text = "–" if best is None else "missed" if best.value is None else fmt_objective(best.value)
+        fields = [("tuning", str(len(arm.tuning)))] + [(o.replace(" ", "_"), str(counts[o])) for o in OUTCOMES]
+        fields += [("best_objective", best_text), ("best_trial", "–" if best is None else str(best.number))]
+        rows.append(_tagged(arm.label, arm.label, fields))
+    head = ["arm", "tuning trials", *OUTCOMES, f"best {data.metric}", "best trial"]
+    return (f"<h2>Samples to target and outcomes</h2>"
+            f"<p>Tuning trials per outcome: reached the target, missed it (used the whole sample budget), diverged, "
+            f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished. The best is the "
+            f"storage's best tuning trial of the arm (what <code>hpo export</code> exports); a miss there means no "
+            f"trial of the arm reached the target and its objective is the penalty.</p>"
+            f"{_table(head, rows)}{_img(figures.outcomes_figure(data), 'samples to target per arm')}")  # fmt: skip
+
+
+def _best_so_far_section(data: ExperimentData) -> str:
+    return ("<h2>Best so far</h2><p>The best measured objective after each tuning trial, per arm, against trials "
+            "and against the training samples the arm used. The band: 95 % of 200 bootstrap resamples of the arm's "
+            "trials in random order; where it reaches the top, some resamples have no hit yet.</p>"
+            + _img(figures.best_so_far_figure(data), "best objective so far per arm"))  # fmt: skip
+
+
+def _curves_section(data: ExperimentData) -> str:
+    return (
+        "<h2>Learning curves</h2><p>Masked-LM accuracy on the eval set of each arm's top tuning trials (the best "
+        "measured objective first, then the misses closest to the target), against training samples and "
+        "against training time.</p>" + _img(figures.learning_curves_figure(data), "learning curves")
+    )
+
+
+def _noise_section(data: ExperimentData) -> str:
+    fig = figures.noise_figure(data)
+    head = "<h2>Gradient noise scale</h2>"
+    if fig is None:
+        return (head + "<p>No trial measured the noise scale: it needs two batch sizes, i.e. several ranks or "
+                "gradient accumulation (batch.global_batch_size above batch.micro_batch_size), and log.noise_scale "
+                "on.</p>")  # fmt: skip
+    rows = []
+    for arm in data.arms:
+        values = sorted(t.noise_scale for t in arm.trials if t.noise_scale is not None)
+        if not values:
+            rows.append(_td(arm.label, cls="l") + _td("–") * 4)
+            continue
+        median = statistics.median(values)
+        batches = arm.global_batch_sizes
+        ratio = f"{batches[0] / median:.2g}×" if len(batches) == 1 else "–"
+        fields = [("noise_trials", str(len(values))), ("noise_median", fmt_noise(median)),
+                  ("batch", ", ".join(f"{b:,}" for b in batches)), ("batch_ratio", ratio)]  # fmt: skip
+        rows.append(_tagged(arm.label, arm.label, fields))
+    table = _table(["arm", "trials measured", "noise scale (median)", "global batch", "batch / noise scale"], rows)
+    return (head + "<p>B_simple = tr(Σ)/|G|² (McCandlish et al. 2018), estimated from the gradient norms at two batch "
+            "sizes and smoothed over steps; a trial's value is the median over the second half of its training "
+            "(it is noisiest early). A batch several times the noise scale buys diminishing returns: more samples "
+            "per step no longer mean proportionally fewer steps. B_simple differs from the critical batch size by a "
+            "curvature factor, and short runs measure it early in training: read it as an order of magnitude.</p>"
+            + table + _img(fig, "gradient noise scale"))  # fmt: skip
+
+
+def _effects_section(data: ExperimentData, importance: dict[str, Importance]) -> str:
+    parts = ["<h2>Hyperparameters</h2><p>The measured objective against each tuned hyperparameter (tuning trials; "
+             "misses on the top strip), and per arm a ranking by permutation importance on a random-forest surrogate "
+             "fitted to the rank of each trial's objective (misses rank below every hit): how much the surrogate's "
+             "R² drops when the parameter is shuffled. Out-of-bag R² at or below 0 means the surrogate explains "
+             "nothing and the ranking is noise.</p>",
+             _img(figures.effects_figure(data), "objective against each hyperparameter")]  # fmt: skip
+    for arm in data.arms:
+        imp = importance[arm.label]
+        parts.append(f"<h3>{escape(arm.label)}</h3>")
+        if imp.reason:
+            parts.append(f"<p data-field=importance data-arm='{escape(arm.label)}'>{escape(imp.reason)}.</p>")
+            continue
+        top = max((m for _, m, _ in imp.ranking), default=0.0) or 1.0
+        rows = [_td(str(i + 1)) + _td(name, cls="l") + _td(f"{mean:.3f} ± {std:.3f}", "importance", arm.label)
+                + f"<td class=l><span class=bar style='width:{max(0.0, mean) / top * 200:.0f}px'></span></td>"
+                for i, (name, mean, std) in enumerate(imp.ranking)]  # fmt: skip
+        parts.append(f"<p>{imp.trials} trials; surrogate out-of-bag R² {imp.oob_r2:.2f}"
+                     + (" — it explains nothing: do not read the ranking." if imp.oob_r2 <= 0 else ".") + "</p>"
+                     + _table(["rank", "parameter", "R² drop", ""], rows, left=2))  # fmt: skip
+    return "".join(parts)
+
+
+def _best_configs_section(data: ExperimentData, hpo_command: str) -> str:
+    parts = ["<h2>Best configuration per arm</h2>"]
+    for arm in data.arms:
+        best = arm.best
+        parts.append(f"<h3>{escape(arm.label)}</h3>")
+        if best is None:
+            parts.append("<p>No completed tuning trial.</p>")
+            continue
+        status = (f"reached the target at {fmt_samples(best.samples_to_target)} samples" if best.value is not None
+                  else f"missed the target (best accuracy {fmt_accuracy(best.best_mlm_accuracy)}; objective "
+                       f"{fmt_objective(best.objective)} is the penalty)")  # fmt: skip
+        rows = [_td(k, cls="l") + _td(_param(v), cls="l") for k, v in best.params.items()]
+        arm_flag = f" --arm {shlex.quote(arm.label)}" if data.compare else ""
+        out = f"best-{_slug(arm.label)}.yaml" if data.compare else "best.yaml"
+        command = f"{hpo_command} export {shlex.quote(data.name)}{arm_flag} -o {out}"
+        parts.append(f"<p>Trial {best.number}: {escape(status)}.</p>{_table(['parameter', 'value'], rows, left=2)}"
+                     f"<pre data-field=export data-arm='{escape(arm.label)}'>{escape(command)}</pre>")  # fmt: skip
+    return "".join(parts)
+
+
+def _param(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.split("=")[-1]).strip("-") or "arm"
+
+
+def _trials_section(data: ExperimentData) -> str:
+    rows = [_trial_row(t) for t in data.trials]
+    head = ["#", "arm", "kind", "seed", "outcome", "objective", "samples to target", "best accuracy",
+            "samples", "global batch", "noise scale", "parameters", "reason"]  # fmt: skip
+    return (f"<h2>All trials</h2><details><summary>{len(rows)} trials</summary>"
+            f"{_table(head, rows, left=0)}</details>")  # fmt: skip
+
+
+def _trial_row(t: TrialRow) -> str:
+    params = ", ".join(f"{k}={_param(v)}" for k, v in t.params.items())
+    left = [t.arm, t.kind, "–" if t.seed is None else str(t.seed), t.outcome]
+    right = [fmt_objective(t.objective), fmt_samples(t.samples_to_target), fmt_accuracy(t.best_mlm_accuracy),
+             fmt_samples(t.samples), fmt_samples(t.global_batch_size), fmt_noise(t.noise_scale)]  # fmt: skip
+    return (_td(str(t.number)) + "".join(_td(v, cls="l") for v in left) + "".join(_td(v) for v in right)
+            + _td(params, cls="l") + _td(t.reason or "", cls="l"))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- several experiments
+
+
+def comparison_report(storage: Storage, names: Sequence[str], *, link: Link | None = None,
+                      index: str | None = None) -> str:  # fmt: skip
+    """Several experiments: samples to target and the noise scale against global batch size per optimizer."""
+    experiments = [load_experiment(storage, name) for name in names]
+    points = scaling_points(experiments)
+    link = link or (lambda name: f"{name}.html")
+    back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
+    listing = "".join(f"<li><a href='{escape(link(d.name))}'>{escape(d.name)}</a> — {escape(d.liveness)}; "
+                      f"{escape(d.verdict.line if d.verdict else 'no arms')}</li>" for d in experiments)  # fmt: skip
+    body = (f"{back}<h1>Comparing {len(experiments)} experiments</h1><ul>{listing}</ul>"
+            + _scaling_notes(experiments) + _scaling_table(points)
+            + (_img(figures.scaling_figure(points), "samples to target and noise scale against batch size")
+               if points else "<p>No arm has a best trial yet.</p>"))  # fmt: skip
+    return _page("comparison report", body)
+
+
+def _scaling_notes(experiments: Sequence[ExperimentData]) -> str:
+    notes = ["One point per arm: its optimizer and global batch size, the mean samples to target over its runs that "
+             "reached the target (the best configuration and its confirmation seeds) with the 95 % t interval, the "
+             "hit rate, and the noise scale measured by the arm's trials at that batch size (median, minimum to "
+             "maximum). Where the noise scale sits far below the batch, a larger batch buys little."]  # fmt: skip
+    if any(d.confirm_seeds < 2 for d in experiments):
+        notes.append("Some experiments ran fewer than 2 confirmation seeds: their points have no interval.")
+    return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
+
+
+def _scaling_table(points: Sequence[ScalingPoint]) -> str:
+    rows = []
+    for p in points:
+        key = f"{p.experiment}/{p.arm}"
+        ev = p.evidence
+        noise = (
+            "–"
+            if p.noise_scale is None
+            else f"{fmt_noise(p.noise_scale)} ({fmt_noise(p.noise_low)} to {fmt_noise(p.noise_high)})"
+        )
+        ratio = "–" if p.noise_scale is None else f"{p.global_batch_size / p.noise_scale:.2g}×"
+        fields = [("batch", f"{p.global_batch_size:,}"), ("experiment", p.experiment), ("arm", p.arm),
+                  ("hits", f"{ev.hits} of {ev.runs}"), ("mean", fmt_samples(ev.mean)),
+                  ("interval", fmt_interval(ev.low, ev.high)), ("noise", noise), ("ratio", ratio)]  # fmt: skip
+        rows.append(_tagged(key, p.optimizer, fields))
+    head = ["optimizer", "global batch", "experiment", "arm", "reached target", "mean samples to target",
+            "95 % interval", "noise scale", "batch / noise scale"]  # fmt: skip
+    return _table(head, rows)
+
+
+# --------------------------------------------------------------------------- the list of experiments
+
+
+def index_page(storage: Storage, *, link: Link, compare_action: str) -> str:
+    """Every experiment with its status, trial counts and a link to its report; a form compares several."""
+    from hpo.liveness import liveness
+
+    rows = []
+    for record in storage.list_experiments():
+        counts = storage.count_trials_by_state(record.id)
+        done = sum(n for state, n in counts.items() if state.finished)
+        rows.append(f"<td class=l><input type=checkbox name=name value='{escape(record.name)}'></td>"
+                    + f"<td class=l><a href='{escape(link(record.name))}'>{escape(record.name)}</a></td>"
+                    + _td(liveness(record), cls="l") + _td(f"{done} of {sum(counts.values())}")
+                    + _td(record.spec.get("experiment", {}).get("description", ""), cls="l"))  # fmt: skip
+    table = _table(["", "experiment", "status", "trials finished", "description"], rows, left=3)
+    body = ("<h1>Experiments</h1>" + (f"<form method=get action='{escape(compare_action)}'>{table}"
+            "<p><button type=submit>Compare the selected experiments</button></p></form>" if rows
+            else "<p>No experiments yet: start one with <code>hpo run EXPERIMENT.yaml</code>.</p>"))  # fmt: skip
+    return _page("experiments", body)

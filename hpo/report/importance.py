@@ -1,0 +1,88 @@
+"""Which hyperparameters mattered in an arm: permutation importance on a random-forest surrogate.
+
+The surrogate (scikit-learn's RandomForestRegressor, 100 trees, fixed seed) maps an arm's tuned parameters to
+the rank of each trial's stored objective, best = 0. Ranks, not objective values: a miss of a "to target" metric
+stores a penalty (penalty_factor x cap x (1 + gap)) that must order it after every hit, closer misses first,
+without its size stretching the fit. Failed and unfinished trials and trials that failed on bad data are left
+out. Log-scale parameters enter as log10, choices as their index, a parameter inactive in a trial (a condition)
+as one value below its range.
+
+Importance of a parameter: how much the surrogate's R² on the trials drops when that parameter's column is
+shuffled (sklearn.inspection.permutation_importance, 5 repeats), with the spread over the repeats. The
+surrogate's own out-of-bag R² says whether it explains anything: at or below 0 it does not, and the ranking
+is noise. With fewer than `MIN_TRIALS` usable trials (or 3 per parameter) there is no ranking at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpo.report.data import Dimension, TrialRow
+
+MIN_TRIALS = 10
+PER_DIMENSION = 3
+TREES = 100
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Importance:
+    """An arm's ranking (most important first), or why there is none (`reason`)."""
+
+    ranking: tuple[tuple[str, float, float], ...]  # (parameter, mean R² drop, its std over repeats)
+    oob_r2: float | None
+    trials: int
+    reason: str | None = None
+
+
+def usable(rows: Sequence[TrialRow]) -> list[TrialRow]:
+    """Trials the surrogate learns from: those with a stored objective that ended normally or diverged/timed out."""
+    keep = ("reached", "missed", "diverged", "timeout")
+    return [r for r in rows if r.outcome in keep and r.objective is not None and math.isfinite(r.objective)]
+
+
+def rank_importance(rows: Sequence[TrialRow], dims: Sequence[Dimension], direction: str) -> Importance:
+    """The permutation importance of every varying dimension over the arm's tuning trials."""
+    rows = usable(rows)
+    varying = [d for d in dims if len({repr(r.params.get(d.name)) for r in rows}) > 1]
+    needed = max(MIN_TRIALS, PER_DIMENSION * len(varying))
+    if varying == [] and len(rows) >= MIN_TRIALS:
+        return Importance((), None, len(rows), "no tuned parameter varies between these trials")
+    if len(rows) < needed:
+        return Importance((), None, len(rows), f"too few trials to rank: {len(rows)} usable, {needed} needed "
+                                               f"({MIN_TRIALS} at least, {PER_DIMENSION} per parameter)")  # fmt: skip
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.inspection import permutation_importance
+
+    x = np.array([[_encode(r.params.get(d.name), d) for d in varying] for r in rows], dtype=float)
+    x = np.where(np.isnan(x), np.nanmin(x, axis=0, initial=np.inf) - 1.0, x)  # inactive: below the range
+    y = _ranks([r.objective for r in rows], direction)
+    forest = RandomForestRegressor(n_estimators=TREES, oob_score=True, random_state=0, min_samples_leaf=2)
+    forest.fit(x, y)
+    result = permutation_importance(forest, x, y, n_repeats=REPEATS, random_state=0)
+    order = np.argsort(-result.importances_mean, kind="stable")
+    ranking = tuple((varying[i].name, float(result.importances_mean[i]), float(result.importances_std[i]))
+                    for i in order)  # fmt: skip
+    return Importance(ranking, float(forest.oob_score_), len(rows))
+
+
+def _ranks(objectives: Sequence[float], direction: str) -> np.ndarray:
+    """0 for the best objective, ties sharing the mean of their ranks."""
+    signed = np.array(objectives, dtype=float) * (-1.0 if direction == "maximize" else 1.0)
+    values, inverse = np.unique(signed, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(values))
+    first = np.cumsum(counts) - counts  # the rank of each distinct value's first occurrence
+    return (first + (counts - 1) / 2.0)[inverse]
+
+
+def _encode(value, dim: Dimension) -> float:
+    """A number the forest can split on (see the module docstring)."""
+    if dim.kind == "choice":
+        return float(dim.choices.index(value)) if value in dim.choices else -1.0
+    if value is None:
+        return math.nan  # inactive: placed below the column's range by `rank_importance`
+    return math.log10(value) if dim.log and value > 0 else float(value)
