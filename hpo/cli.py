@@ -6,6 +6,10 @@
     hpo status [NAME]                   experiments, or one experiment's trial counts and why trials wait
     hpo trials NAME [--state S] [--arm A]
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
+    hpo export NAME --format yaml|json|torchrun [--arm A] [--batch-size N] [--nodes N --gpus-per-node G] [-o FILE]
+    hpo report NAME [NAME ...] [-o DIR]  self-contained HTML report(s): verdict, curves, noise scale, importance
+    hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN)
+    hpo webui NAME [--stop]             reopen an engine: nni experiment's NNI web UI, or close it
 
 Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, arguments; nothing written).
 """
@@ -14,24 +18,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hpo.errors import HpoError, NotFoundError, SchemaOutOfDateError, StorageError
+from hpo.errors import HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
 
 # --------------------------------------------------------------------------- storage
 
 
-def open_storage(url: str | None):
-    """The storage at `url` (default: HPO_DATABASE_URL or the embedded SQLite file, created on first use)."""
+def open_storage(url: str | None, *, read_only: bool = False):
+    """The storage at `url` (default: HPO_DATABASE_URL or the embedded SQLite file). A new embedded database is
+    created at the current schema, except for read-only commands, which never create a file or directory."""
     from hpo.storage import SqlStorage, default_database_url
 
     url = url or default_database_url()
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    if path is not None and not path.exists():
+        if read_only:
+            raise HpoError(
+                f"there is no database at {path}: no experiment has run with it; check --db / HPO_DATABASE_URL, "
+                "or start one with `hpo run EXPERIMENT.yaml`"
+            )
         return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
     return SqlStorage(url)
 
@@ -57,101 +68,104 @@ def _safe_url(url: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hpo.experiment import load_experiment
+    from hpo.experiment import stored_form
+    from hpo.local_engine import describe_plan, drive
+    from hpo.runners import build_runner
+    from hpo.storage import default_database_url
 
-    spec = load_experiment(args.experiment)  # pure: a bad file writes nothing
-    if spec.engine != "local":
-        raise HpoError(f"{args.experiment}: engine: {spec.engine} is not available yet; use engine: local")
-    storage = open_storage(args.db)
-    run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
+    spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
+    # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
+    if spec.engine == "nni" and (args.runner or args.scheduler):
+        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine == "nni":
+        from hpo.nni.engine import preflight
+
+        preflight()  # NNI installed and patched, before anything is written
+    runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
-        existing = storage.get_experiment_by_name(spec.name)
+        url = args.db or default_database_url()
+        if spec.engine == "nni":
+            from hpo.nni.config import check_remote
+
+            check_remote(spec, url)  # remote trials need a server database and an SSH key, before any write
+        storage = open_storage(url)
+        if _experiment_exists(storage, spec.name):
+            existing = storage.get_experiment_by_name(spec.name)
+            raise HpoError(
+                f"experiment {spec.name!r} already exists (status {existing.status.value}); "
+                f"use `hpo resume {spec.name}` to finish it, or change `name:` in {args.experiment}"
+            )
+    except BaseException:
+        if runner is not None:
+            runner.close()
+        raise
+    run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
+    if not args.quiet and runner is not None:
+        print(describe_plan(spec, runner), file=sys.stderr)
+    experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    if spec.engine == "nni":
+        from hpo.nni.engine import drive_nni
+
+        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
+    return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def _load_spec(path: str, engine: str | None):
+    """The experiment file, validated as if it said `engine: ENGINE` when --engine is given."""
+    from hpo.experiment import experiment_from_dict, load_experiment
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) if engine else None
+    except (OSError, yaml.YAMLError):
+        data = None
+    if not isinstance(data, dict):
+        return load_experiment(path)  # its errors name the file and what is wrong
+    return experiment_from_dict({**data, "engine": engine}, path, base_dir=Path(path).parent)
+
+
+def _experiment_exists(storage, name: str) -> bool:
+    try:
+        storage.get_experiment_by_name(name)
     except NotFoundError:
-        existing = None
-    if existing is not None:
-        raise HpoError(
-            f"experiment {spec.name!r} already exists (status {existing.status.value}); "
-            f"use `hpo resume {spec.name}` to finish it, or change `name:` in {args.experiment}"
-        )
-    stored = {"experiment": spec.self_contained(), "run_dir": str(run_dir)}
-    experiment_id = storage.create_experiment(spec.name, stored, spec.direction)
-    return drive(spec, storage, experiment_id, run_dir, args.quiet, resume=False)
+        return False
+    return True
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from hpo.experiment import experiment_from_dict
-    from hpo.storage import ExperimentStatus
+    from hpo.experiment import spec_from_stored
+    from hpo.liveness import controller_identity, stale_after_s
+    from hpo.local_engine import drive
+    from hpo.runners import build_runner
+    from hpo.storage import default_database_url
 
-    storage = open_storage(args.db)
+    url = args.db or default_database_url()
+    storage = open_storage(url, read_only=True)
     record = storage.get_experiment_by_name(args.name)
-    spec = experiment_from_dict(record.spec["experiment"], f"experiment {args.name} (stored)")
-    storage.set_experiment_status(record.id, ExperimentStatus.RUNNING)
-    return drive(spec, storage, record.id, Path(record.spec["run_dir"]), args.quiet, resume=True)
+    spec = spec_from_stored(record)
+    host, pid = controller_identity()
+    storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
+    if spec.engine == "nni":
+        from hpo.nni.engine import drive_nni
 
-
-def drive(spec, storage, experiment_id: int, run_dir: Path, quiet: bool, resume: bool) -> int:
-    """Run the study loop and leave the experiment with its final status."""
-    from hpo.progress import Progress
-    from hpo.storage import ExperimentStatus
-    from hpo.study import Study
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    study = Study(spec, storage, experiment_id, run_dir, Progress(quiet=quiet))
-    if resume:
-        study.restore()
-    try:
-        status = study.run()
-    except KeyboardInterrupt:
-        study._stop_all("interrupted by the user (Ctrl-C)")
-        storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
-        print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
-        return 1
-    storage.set_experiment_status(experiment_id, status)
-    if not quiet:
-        print_summary(storage, experiment_id, spec)
-    return 0 if status == ExperimentStatus.FINISHED else 1
-
-
-def print_summary(storage, experiment_id: int, spec) -> None:
-    counts = storage.count_trials_by_state(experiment_id)
-    print(f"\nexperiment {spec.name}: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
-    best = storage.best_per_arm(experiment_id) if spec.compare else {}
-    overall = storage.best_trial(experiment_id)
-    for arm, trial in sorted(best.items()):
-        print(f"\nbest for {arm}: trial {trial.number}, {_describe(trial, spec)}")
-        print(_indent(yaml.safe_dump(trial.params, sort_keys=False)))
-    if not best and overall is not None:
-        print(f"\nbest: trial {overall.number}, {_describe(overall, spec)}")
-        print(_indent(yaml.safe_dump(overall.params, sort_keys=False)))
-    if overall is None:
-        print("no trial completed; `hpo trials " + spec.name + "` shows why")
-        return
-    run_dir = Path(storage.get_experiment(experiment_id).spec["run_dir"])
-    config = run_dir / "trials" / f"{overall.number:05d}" / "trial.yaml"
-    print("next:")
-    print(f"  hpo trials {spec.name}                 # every trial, with its state, reason and objective")
-    print(f"  hpo best {spec.name} --per-arm         # the winners again, as YAML")
-    print(f"  python -m trainer --config {config} budget.max_time_s=null budget.max_samples=...   # train the best")
-
-
-def _describe(trial, spec) -> str:
-    parts = [f"{spec.objective.metric} {trial.objective:,.6g}"]
-    if trial.samples_to_target is None and spec.objective.metric in ("samples_to_target", "time_to_target_s"):
-        parts.append("(target not reached: penalized)")
-    if trial.best_mlm_accuracy is not None:
-        parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
-    return ", ".join(parts)
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.strip().splitlines())
+        return drive_nni(spec, storage, record.id, Path(record.spec["run_dir"]), url, args.quiet, resume=True)
+    runner = build_runner(spec, args.runner, args.scheduler)
+    return drive(spec, storage, record.id, Path(record.spec["run_dir"]), runner, url, args.quiet, resume=True)
 
 
 # --------------------------------------------------------------------------- inspection
 
 
+def cmd_webui(args: argparse.Namespace) -> int:
+    from hpo.nni.engine import webui
+
+    storage = open_storage(args.db, read_only=True)
+    return webui(storage.get_experiment_by_name(args.name), stop=args.stop, port=args.port)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    storage = open_storage(args.db)
+    from hpo.liveness import liveness
+
+    storage = open_storage(args.db, read_only=True)
     if not args.name:
         experiments = storage.list_experiments()
         if not experiments:
@@ -159,27 +173,37 @@ def cmd_status(args: argparse.Namespace) -> int:
         for e in experiments:
             counts = storage.count_trials_by_state(e.id)
             done = sum(n for s, n in counts.items() if s.finished)
-            print(f"{e.name:<32} {e.status.value:<9} {done}/{e.spec['experiment']['budget']['trials']} trials done")
+            total = e.spec["experiment"]["budget"]["trials"]
+            print(f"{e.name:<32} {liveness(e):<11} {done}/{total} trials done{_last_seen(e)}")
         return 0
     record = storage.get_experiment_by_name(args.name)
-    print(f"{record.name}: {record.status.value}" + (" (stop requested)" if record.stop_requested else ""))
+    state = liveness(record)
+    print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
     counts = storage.count_trials_by_state(record.id)
-    print("trials: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
-    status_file = Path(record.spec["run_dir"]) / "status.json"
-    if status_file.exists():
-        live = json.loads(status_file.read_text())
-        age = time.time() - live["time"]
-        print(f"controller (as of {age:.0f} s ago): {live['line']}")
-        if live.get("waiting"):
-            print(f"waiting trials: {live['waiting']}")
+    print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
+    if state == "live" and record.controller_note:
+        print(f"controller on {record.controller_host} (pid {record.controller_pid}): {record.controller_note}")
+    if state == "interrupted":
+        print(f"the controller stopped heartbeating; `hpo resume {record.name}` takes the experiment over")
     for trial in storage.list_trials(record.id, state=_state("running")):
-        where = f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu"
-        print(f"  trial {trial.number} running on {where} (pid {trial.pid})")
+        where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
+        print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")
     return 0
 
 
+def _last_seen(record) -> str:
+    from hpo.liveness import liveness
+
+    if liveness(record) != "interrupted" or record.heartbeat_at is None:
+        return ""
+    return f" (controller {record.controller_host} pid {record.controller_pid} last seen " \
+           f"{record.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"  # fmt: skip
+
+
 def cmd_trials(args: argparse.Namespace) -> int:
-    storage = open_storage(args.db)
+    from hpo.trials import TrialKind
+
+    storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     trials = storage.list_trials(record.id, state=_state(args.state) if args.state else None, arm=args.arm,
                                  offset=args.offset, limit=args.limit)  # fmt: skip
@@ -188,6 +212,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
         objective = f"{t.objective:,.4g}" if t.objective is not None else "-"
         acc = f"{t.best_mlm_accuracy:.4f}" if t.best_mlm_accuracy is not None else "-"
         detail = t.reason or json.dumps(t.params, default=str)
+        if t.kind is not TrialKind.TUNING:  # a re-run of its arm's best configuration with another seed
+            detail = f"{t.kind.value} (seed {t.seed}): {detail}"
         print(
             f"{t.number:>4} {t.state.value:<10} {t.arm or '-':<24} {t.budget:>6.2f} {objective:>12} {acc:>7}  {detail}"
         )
@@ -195,7 +221,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    storage = open_storage(args.db)
+    storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     if args.per_arm:
         best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
@@ -210,7 +236,94 @@ def cmd_best(args: argparse.Namespace) -> int:
               "best_mlm_accuracy": t.best_mlm_accuracy, "params": t.params}
         for arm, t in best.items()
     }  # fmt: skip
+    verdict = _per_arm_verdict(storage, record) if args.per_arm else None
+    for arm in verdict.arms if verdict else ():
+        if arm.label in out:
+            interval = [arm.low, arm.high] if arm.low is not None else None
+            out[arm.label]["evidence"] = {"runs": arm.runs, "reached_target": arm.hits,
+                                          "samples_to_target_mean": arm.mean, "interval_95": interval}  # fmt: skip
     print(yaml.safe_dump(out, sort_keys=False), end="")
+    if verdict:
+        print(f"# verdict: {verdict.line}")
+    return 0
+
+
+def _per_arm_verdict(storage, record):
+    """The verdict of a compare experiment (None without compare arms)."""
+    from hpo.experiment import spec_from_stored
+    from hpo.local_engine import experiment_verdict
+
+    spec = spec_from_stored(record)
+    return experiment_verdict(storage, record.id, spec) if spec.compare else None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hpo.export import check_arm, render, stored_spec
+
+    storage = open_storage(args.db, read_only=True)
+    record = storage.get_experiment_by_name(args.name)
+    spec = stored_spec(record)
+    check_arm(spec, args.arm)
+    trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
+    if trial is None:
+        raise HpoError(f"experiment {args.name} has no completed trial to export; `hpo trials {args.name}` says why")
+    exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                      config_path=args.config_path or _config_file(args), spec=spec)  # fmt: skip
+    for warning in exported.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not args.output:
+        print(exported.text, end="")
+        return 0
+    Path(args.output).write_text(exported.text)
+    print(f"wrote {args.format} of trial {trial.number} to {args.output}", file=sys.stderr)
+    if args.format == "yaml":
+        command = exported.text.split("# run: ", 1)[1].splitlines()[0]
+        print(f"run it with: {command}", file=sys.stderr)
+    return 0
+
+
+def _config_file(args: argparse.Namespace) -> str:
+    """The config file a torchrun command names: the YAML being written, else best.yaml."""
+    return args.output if args.format == "yaml" and args.output else "best.yaml"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import shlex
+
+    from hpo.report.html import comparison_report, experiment_report
+
+    storage = open_storage(args.db, read_only=True)
+    names = list(dict.fromkeys(args.names))
+    for name in names:
+        storage.get_experiment_by_name(name)  # every name exists before anything is written
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    hpo_command = "hpo" + (f" --db {shlex.quote(_safe_url(args.db))}" if args.db else "")
+    index = "compare.html" if len(names) > 1 else None
+    for name in names:
+        path = out / f"{name}.html"
+        path.write_text(experiment_report(storage, name, hpo_command=hpo_command, index=index))
+        print(f"wrote {path}")
+    if len(names) > 1:
+        path = out / "compare.html"
+        path.write_text(comparison_report(storage, names))
+        print(f"wrote {path} (links to the reports above)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from server.app import serve
+    from server.settings import Settings
+
+    overrides = {"database_url": args.db, "api_host": args.host, "api_port": args.port}
+    try:
+        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+    except ValidationError as e:
+        where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
+        raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
+    serve(settings)
     return 0
 
 
@@ -230,34 +343,83 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
     parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
     sub = parser.add_subparsers(dest="command", required=True)
-    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True,
+                                                                      metavar="upgrade")  # fmt: skip
     db.add_parser("upgrade", help="create or migrate the schema to the current version").set_defaults(fn=cmd_db_upgrade)
-    run = sub.add_parser("run", help="run an experiment file")
-    run.add_argument("experiment")
+    run = sub.add_parser("run", help="run an experiment file (live progress; Ctrl-C stops, resume finishes)")
+    run.add_argument("experiment", help="the experiment YAML file (see search_spaces/presets/)")
     run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
-    run.add_argument("--quiet", action="store_true")
+    run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
+    run.add_argument("--port", type=_positive, default=8080, help="engine nni: first port tried for its web UI")
+    _runner_options(run)
+    run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     run.set_defaults(fn=cmd_run)
-    resume = sub.add_parser("resume", help="finish an interrupted experiment")
-    resume.add_argument("name")
-    resume.add_argument("--quiet", action="store_true")
+    resume = sub.add_parser("resume", help="finish an experiment whose controller died or was stopped")
+    resume.add_argument("name", help="the experiment's name")
+    _runner_options(resume)
+    resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     resume.set_defaults(fn=cmd_resume)
-    status = sub.add_parser("status", help="experiments, or one experiment's progress")
-    status.add_argument("name", nargs="?")
+    status = sub.add_parser("status", help="experiments (live/interrupted/finished), or one experiment's progress")
+    status.add_argument("name", nargs="?", help="the experiment's name (default: list all)")
     status.set_defaults(fn=cmd_status)
     trials = sub.add_parser("trials", help="list an experiment's trials")
-    trials.add_argument("name")
-    trials.add_argument("--state")
-    trials.add_argument("--arm")
-    trials.add_argument("--offset", type=int, default=0)
-    trials.add_argument("--limit", type=int)
+    trials.add_argument("name", help="the experiment's name")
+    trials.add_argument("--state", help="only trials in this state (queued, running, completed, failed, ...)")
+    trials.add_argument("--arm", help="only trials of this arm, e.g. optimizer.name=lamb")
+    trials.add_argument("--offset", type=int, default=0, help="skip this many trials (paging)")
+    trials.add_argument("--limit", type=int, help="show at most this many trials")
     trials.set_defaults(fn=cmd_trials)
     best = sub.add_parser("best", help="the best trial (overall, per arm, per batch size)")
-    best.add_argument("name")
-    best.add_argument("--per-arm", action="store_true")
-    best.add_argument("--arm")
-    best.add_argument("--batch-size", type=int)
+    best.add_argument("name", help="the experiment's name")
+    best.add_argument("--per-arm", action="store_true", help="the best trial of every arm, with the verdict")
+    best.add_argument("--arm", help="only this arm, e.g. optimizer.name=lamb")
+    best.add_argument("--batch-size", type=int, help="only trials with this global batch size")
     best.set_defaults(fn=cmd_best)
+    export = sub.add_parser("export", help="the best trial as a complete trainer config or a torchrun command")
+    export.add_argument("name", help="the experiment's name")
+    export.add_argument("--format", choices=["yaml", "json", "torchrun"], default="yaml",
+                        help="yaml: a trainer config (python -m trainer --config FILE runs it); json: provenance + "
+                             "config; torchrun: the command line (default yaml)")  # fmt: skip
+    export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: overall)")
+    export.add_argument("--batch-size", type=int, help="the best trial with this global batch size")
+    export.add_argument("--nodes", type=_positive, default=1, help="nodes of the production run (default 1)")
+    export.add_argument("--gpus-per-node", type=_positive, default=1, help="GPUs (ranks) per node (default 1)")
+    export.add_argument("-o", "--output", help="write to this file instead of standard output")
+    export.add_argument("--config-path", help="the config file the torchrun command names (default: -o, else "
+                                              "best.yaml)")  # fmt: skip
+    export.set_defaults(fn=cmd_export)
+    report = sub.add_parser("report", help="self-contained HTML comparison report(s); several names: compare.html too")
+    report.add_argument("names", nargs="+", metavar="NAME",
+                        help="the experiment(s); with several, compare.html plots samples to target and the noise "
+                             "scale against global batch size per optimizer (e.g. the batch_scaling runs)")  # fmt: skip
+    report.add_argument("-o", "--output", default="reports",
+                        help="the directory for NAME.html (and compare.html); default ./reports")  # fmt: skip
+    report.set_defaults(fn=cmd_report)
+    serve = sub.add_parser("serve", help="the REST API (FastAPI under uvicorn) over the database")
+    serve.add_argument("--host", help="address to bind (default HPO_API_HOST, else 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=_positive, help="port to listen on (default HPO_API_PORT, else 8000)")
+    serve.set_defaults(fn=cmd_serve)
+    webui = sub.add_parser("webui", help="reopen an engine: nni experiment's NNI web UI (view mode), or close it")
+    webui.add_argument("name", help="the experiment's name")
+    webui.add_argument("--stop", action="store_true", help="close the NNI web UI (stop its NNI managers)")
+    webui.add_argument("--port", type=_positive, default=8080, help="first port tried for the web UI (default 8080)")
+    webui.set_defaults(fn=cmd_webui)
     return parser
+
+
+def _runner_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", choices=["local", "dask"], help="where trials run (default: the file's runner)")
+    parser.add_argument("--scheduler", help="the Dask scheduler address for --runner dask, e.g. tcp://HOST:8786")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,10 +435,27 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ResourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except HpoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-if __name__ == "__main__":
+# SMAC3 and ConfigSpace iterate over sets of strings, whose order follows Python's per-process hash seed: the
+# same experiment and tuner seed would propose different trials in another process. A controller therefore
+# runs with a fixed seed, which only an interpreter's start can set.
+FIXED_HASH_SEED = "0"
+
+
+def entry() -> None:
+    """The `hpo` command: `main` in an interpreter whose hash seed is fixed (re-started once if it is not)."""
+    if os.environ.get("PYTHONHASHSEED") != FIXED_HASH_SEED:
+        env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED}
+        os.execve(sys.executable, [sys.executable, "-m", "hpo", *sys.argv[1:]], env)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()
