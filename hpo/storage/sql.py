@@ -15,12 +15,13 @@ session machinery and the only place database errors are turned into StorageErro
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -69,6 +70,7 @@ class SqlStorage(Storage):
         # while SQLite's read transaction does give all statements of a method one snapshot, so it stays.
         self._write_engine = self._engine.execution_options(**{WRITE_OPTION: True})
         self._read_engine = self._engine
+        self._directions: dict[int, Direction] = {}  # an experiment's direction never changes
         if self._engine.dialect.name != "sqlite":
             self._read_engine = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         try:
@@ -460,14 +462,19 @@ class SqlStorage(Storage):
     def best_trial(
         self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
     ) -> TrialRecord | None:
-        conditions = [TrialModel.experiment_id == experiment_id]
-        if arm is not None:
-            conditions.append(TrialModel.arm == arm)
-        if global_batch_size is not None:
-            conditions.append(TrialModel.global_batch_size == global_batch_size)
+        params = {"experiment_id": experiment_id, "arm": arm, "global_batch_size": global_batch_size}
         with self._session() as session:
-            best = session.scalars(_best_trial_query(_direction(session, experiment_id), conditions)).first()
+            # The API asks this on every request: a prebuilt statement skips building and hashing a new one.
+            statement = _best_trial_statement(self._direction(session, experiment_id), arm is not None,
+                                              global_batch_size is not None)  # fmt: skip
+            best = session.scalars(statement, {k: v for k, v in params.items() if v is not None}).first()
             return None if best is None else _trial_record(best)
+
+    def _direction(self, session: Session, experiment_id: int) -> Direction:
+        direction = self._directions.get(experiment_id)
+        if direction is None:
+            direction = self._directions[experiment_id] = _direction(session, experiment_id)
+        return direction
 
     def best_per_arm(self, experiment_id: int) -> dict[str, TrialRecord]:
         with self._session() as session:
@@ -581,6 +588,17 @@ def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]
     best_objective = select(TrialModel.objective).where(*completed).order_by(best_first).limit(1).scalar_subquery()
     query = select(TrialModel).where(*completed, TrialModel.objective == best_objective)
     return query.order_by(TrialModel.number).limit(1)
+
+
+@functools.cache
+def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool) -> Select[tuple[TrialModel]]:
+    """`_best_trial_query` with bound parameters `experiment_id` (and `arm`, `global_batch_size`)."""
+    conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
+    if by_arm:
+        conditions.append(TrialModel.arm == bindparam("arm"))
+    if by_batch:
+        conditions.append(TrialModel.global_batch_size == bindparam("global_batch_size"))
+    return _best_trial_query(direction, conditions)
 
 
 def _arms(session: Session, experiment_id: int) -> list[str]:
