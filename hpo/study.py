@@ -35,7 +35,7 @@ from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
 from trainer.result import TrainResult, TrainStatus
 
-POLL_INTERVAL_S = 0.02
+POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
 MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails
 
 
@@ -173,7 +173,7 @@ class Study:
                 return ExperimentStatus.FINISHED
             self._update_note()
             if not exits:
-                time.sleep(POLL_INTERVAL_S)
+                self.runner.wait(POLL_INTERVAL_S)
 
     def _stop_requested(self, every_s: float = 1.0) -> bool:
         """Polls the database's stop flag (set by the API's stop action) at most once a second."""

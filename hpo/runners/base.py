@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def poll(self) -> list[TrialExit]:
         """Attempts that ended since the last call."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until an attempt may have ended, at most `timeout_s` (the study loop calls it when idle)."""
+        time.sleep(timeout_s)
 
     @abc.abstractmethod
     def cancel_all(self) -> list[TrialExit]:

@@ -15,6 +15,7 @@ only claims queued trials); its refusal (exit code 4) is reported as the same lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 from hpo.errors import ResourceError
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.process import TrialProcess, kill_process_group
+from hpo.runners.process import TrialProcess, kill_process_group, wait_any
 from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
 
 CONNECT_TIMEOUT_S = 10
@@ -110,6 +111,16 @@ class DaskRunner(Runner):
             ended += self._lost()
         return ended
 
+    def wait(self, timeout_s: float) -> None:
+        from distributed import wait
+
+        futures = [s.future for s in self.running.values()]
+        if not futures:
+            time.sleep(timeout_s)
+            return
+        with self.client.as_current(), contextlib.suppress(TimeoutError):  # dask's TimeoutError is the builtin
+            wait(futures, timeout=min(timeout_s, WORKER_CHECK_S), return_when="FIRST_COMPLETED")
+
     def _finished(self, trial_id: int) -> TrialExit:
         sub = self.running.pop(trial_id)
         attempt = sub.launch.attempt
@@ -187,7 +198,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder=build_launch) -> 
                                      die_with_parent=True)  # fmt: skip
         _processes[(launch.trial_id, launch.attempt)] = process
         while (code := process.poll()) is None:
-            time.sleep(0.02)
+            wait_any([process], 0.1)
         return {"returncode": code, "stderr_tail": process.stderr_tail(), "timed_out": process.timed_out,
                 "worker": worker.address, "duration_s": process.elapsed_s}  # fmt: skip
     finally:

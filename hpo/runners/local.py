@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.process import TrialProcess, kill_process_group
+from hpo.runners.process import TrialProcess, kill_process_group, wait_any
 from hpo.trial_entry import WORKER_ENV
 
 LaunchBuilder = Callable[[LaunchSpec, dict[str, str]], tuple[list[str], dict[str, str]]]
@@ -72,6 +72,9 @@ class LocalRunner(Runner):
             if code is not None:
                 ended.append(self._ended(trial_id, code))
         return ended
+
+    def wait(self, timeout_s: float) -> None:
+        wait_any([run.process for run in self.running.values()], timeout_s)
 
     def cancel_all(self) -> list[TrialExit]:
         ended = []
