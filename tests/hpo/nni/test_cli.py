@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import yaml
 
+from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.storage import SqlStorage
@@ -101,7 +102,10 @@ def test_controller_sigkill_then_resume_under_nni(tmp_path):
             time.sleep(0.2)
             if not (tmp_path / "hpo.db").exists():
                 continue
-            storage = storage or SqlStorage(db)
+            try:
+                storage = storage or SqlStorage(db)
+            except SchemaOutOfDateError:  # the controller is still migrating the new database
+                continue
             experiments = storage.list_experiments()
             running = storage.list_trials(experiments[0].id, state=TrialState.RUNNING) if experiments else []
             if any(storage.get_metrics(t.id) for t in running):  # mid-training
