@@ -17,13 +17,14 @@ rejects, 4 when the trial could not be claimed (not queued, or another attempt).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -173,5 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     return {"completed": 0, "diverged": 3}.get(result.state.value, 1)
 
 
+def exit_recorded(code: int) -> NoReturn:
+    """End a trial process whose outcome is recorded. The interpreter's final garbage collections over every
+    object torch and SQLAlchemy created take 0.05 s (SQLAlchemy alone) to 0.4 s (with torch), during which the
+    runner still holds the trial's slot; frozen objects are skipped. Exit handlers and flushes still run."""
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_recorded(main())

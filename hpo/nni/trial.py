@@ -83,4 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpo.trial_entry import exit_recorded
+
+    exit_recorded(main())
