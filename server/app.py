@@ -57,4 +57,5 @@ def serve(settings: Settings) -> None:
         f"(docs: {API_PREFIX}/docs), database {safe_url(settings.database_url)}, actions {actions}",
         flush=True,
     )
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+                access_log=settings.api_access_log)  # fmt: skip

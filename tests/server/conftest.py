@@ -66,11 +66,13 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
 
 
-def start_server(database_url: str, run_dir: Path, token: str | None = TOKEN) -> Server:
-    """`hpo serve` in a subprocess; returns once it answers (whatever the database's state)."""
+def start_server(database_url: str, run_dir: Path, token: str | None = TOKEN, **settings: str) -> Server:
+    """`hpo serve` in a subprocess; returns once it answers (whatever the database's state). `settings`: more
+    environment variables, e.g. HPO_API_ACCESS_LOG="0"."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPO_API_")}
     env["HPO_DATABASE_URL"] = database_url
+    env.update(settings)
     if token is not None:
         env["HPO_API_TOKEN"] = token
     log = open(run_dir / f"server-{port}.log", "w")  # noqa: SIM115 - closed by stop_server

@@ -1,0 +1,25 @@
+"""`hpo serve`'s settings that change what it prints: the access log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import start_server, stop_server
+
+
+@pytest.mark.parametrize("access_log", [None, "1", "0"])
+def test_the_access_log_has_a_line_per_request_unless_turned_off(tmp_path: Path, access_log: str | None):
+    settings = {} if access_log is None else {"HPO_API_ACCESS_LOG": access_log}
+    server = start_server(f"sqlite:///{tmp_path / 'absent.db'}", tmp_path, **settings)
+    try:
+        for _ in range(3):
+            httpx.get(f"{server.url}/experiments?limit=7", timeout=10)
+    finally:
+        stop_server(server)
+    log = next(tmp_path.glob("server-*.log")).read_text()
+    assert "serving the HPO API" in log
+    logged = log.count("GET /api/v1/experiments?limit=7")
+    assert logged == (0 if access_log == "0" else 3), log
