@@ -46,6 +46,8 @@ def test_stop_ends_a_live_experiment(empty_database, tmp_path):
     spec = yaml.safe_load(path.read_text())
     spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
     spec["budget"].update({"trials": 2, "max_parallel": 1})
+    # Learning rates that cannot diverge: the running trial must still be running when the stop arrives.
+    spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}
     path.write_text(yaml.safe_dump(spec))
     run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
                             "--run-dir", str(tmp_path / "run")], stderr=subprocess.PIPE, text=True)  # fmt: skip
