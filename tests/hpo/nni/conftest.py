@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpo.experiment import experiment_from_dict
-from tests.trainer.conftest import make_shards
+from tests.hpo.test_study import tiny_overrides
 
 # clipping.max_norm exists only when clipping is on: a conditional space.
 CONDITIONAL_SPACE = {
@@ -18,14 +18,7 @@ CONDITIONAL_SPACE = {
 def nni_experiment_data(tmp_path: Path, tuner: str, trials: int, parallel: int, space=None, compare=(),
                         options=None, name="nniexp") -> dict:  # fmt: skip
     """An experiment file's contents (engine: nni) over the tiny BERT on random shards in tmp_path/data."""
-    train_dir, eval_dir = make_shards(tmp_path / "data")
-    overrides = {
-        "device": "cpu", "model.vocab_size": 99, "model.hidden_size": 32, "model.num_hidden_layers": 1,
-        "model.num_attention_heads": 2, "model.intermediate_size": 64, "model.max_position_embeddings": 64,
-        "data.train": str(train_dir), "data.eval": str(eval_dir), "batch.global_batch_size": 8,
-        "batch.micro_batch_size": 8, "eval.every_samples": 16, "eval.target_mlm_accuracy": 0.02,
-        "eval.batch_size": 32, "budget.max_samples": 48, "log.every_steps": 2,
-    }  # fmt: skip
+    overrides = tiny_overrides(tmp_path / "data")  # the hpo tests' tiny BERT on random shards
     return {
         "name": name,
         "base_config": {},
