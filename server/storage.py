@@ -68,6 +68,10 @@ class SpecCache:
         with self._lock:
             self._experiments[record.name] = record
 
+    def known_best_json(self, record: ExperimentRecord, trial_id: int) -> bytes | None:
+        """`best_json` of the trial with this id if it was made before, else None."""
+        return self._best_json.get((record.id, trial_id))
+
     def best_json(self, record: ExperimentRecord, trial: TrialRecord) -> bytes:
         """The JSON body of a best-trial response (`BestTrialPublic`) of a finished trial."""
         key = (record.id, trial.id)

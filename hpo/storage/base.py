@@ -293,6 +293,13 @@ class Storage(abc.ABC):
         """The best COMPLETED trial (see the class docstring), optionally within one arm / batch size."""
 
     @abc.abstractmethod
+    def best_trial_id(
+        self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
+    ) -> int | None:
+        """The id of `best_trial`'s trial, or None: one small query, for callers that keep trials by id (the API
+        answers every best-config request from it)."""
+
+    @abc.abstractmethod
     def best_per_arm(self, experiment_id: int) -> dict[str, TrialRecord]:
         """The best trial of every arm that has one, keyed by arm."""
 

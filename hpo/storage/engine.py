@@ -7,7 +7,7 @@ PostgreSQL URLs look like `postgresql+psycopg://user:password@host:5432/dbname`.
 SQLite connections get WAL mode (readers never block the writer), a 30 s busy timeout, foreign keys on, and
 `synchronous=NORMAL` (in WAL mode this cannot corrupt the file; a power loss may drop the last commits).
 Write transactions start with `BEGIN IMMEDIATE` so two writers queue on the busy timeout instead of failing
-when one upgrades a read lock.
+when one upgrades a read lock. PostgreSQL connection attempts give up after 10 s (`CONNECT_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
 DEFAULT_HOME = ".hpo"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long a connection attempt may take
 # Execution option that asks for `BEGIN IMMEDIATE` on SQLite (ignored by other backends).
 WRITE_OPTION = "hpo_write"
 
@@ -55,12 +56,22 @@ def create_storage_engine(url: str) -> Engine:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed)
-        return create_engine(parsed, json_serializer=dumps_json, pool_pre_ping=True)
+        return create_engine(
+            parsed, json_serializer=dumps_json, pool_pre_ping=True, connect_args=server_connect_args(parsed)
+        )
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StorageError(
             f"cannot use the database URL {safe_url(url)}: {exc}. Expected e.g. sqlite:///path/hpo.db or "
             f"postgresql+psycopg://user@host:5432/dbname (set {DATABASE_URL_ENV})."
         ) from exc
+
+
+def server_connect_args(url: URL) -> dict[str, Any]:
+    """Driver arguments for a database server: on PostgreSQL a server that cannot be reached fails after
+    CONNECT_TIMEOUT_S instead of the operating system's minutes, unless the URL sets its own `connect_timeout`."""
+    if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
 
 
 def _sqlite_engine(url: URL) -> Engine:

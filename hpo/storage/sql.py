@@ -470,6 +470,15 @@ class SqlStorage(Storage):
             best = session.scalars(statement, {k: v for k, v in params.items() if v is not None}).first()
             return None if best is None else _trial_record(best)
 
+    def best_trial_id(
+        self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
+    ) -> int | None:
+        params = {"experiment_id": experiment_id, "arm": arm, "global_batch_size": global_batch_size}
+        with self._session() as session:
+            statement = _best_trial_statement(self._direction(session, experiment_id), arm is not None,
+                                              global_batch_size is not None, id_only=True)  # fmt: skip
+            return session.execute(statement, {k: v for k, v in params.items() if v is not None}).scalar()
+
     def _direction(self, session: Session, experiment_id: int) -> Direction:
         direction = self._directions.get(experiment_id)
         if direction is None:
@@ -591,14 +600,16 @@ def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]
 
 
 @functools.cache
-def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool) -> Select[tuple[TrialModel]]:
-    """`_best_trial_query` with bound parameters `experiment_id` (and `arm`, `global_batch_size`)."""
+def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool, id_only: bool = False) -> Select:
+    """`_best_trial_query` with bound parameters `experiment_id` (and `arm`, `global_batch_size`); with `id_only`
+    it selects only the trial's id (no row to build into an object)."""
     conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
     if by_arm:
         conditions.append(TrialModel.arm == bindparam("arm"))
     if by_batch:
         conditions.append(TrialModel.global_batch_size == bindparam("global_batch_size"))
-    return _best_trial_query(direction, conditions)
+    query = _best_trial_query(direction, conditions)
+    return query.with_only_columns(TrialModel.id) if id_only else query
 
 
 def _arms(session: Session, experiment_id: int) -> list[str]:

@@ -83,6 +83,7 @@ def test_missing_experiments_raise_not_found_naming_them(storage: SqlStorage):
         lambda: storage.next_trial_number(999),
         lambda: storage.requeue_interrupted(999),
         lambda: storage.best_trial(999),
+        lambda: storage.best_trial_id(999),
         lambda: storage.best_per_arm(999),
         lambda: storage.get_trial_by_number(999, 0),
     ]
@@ -326,6 +327,7 @@ def test_best_trial_follows_the_direction_and_skips_unfinished_or_failed(storage
     add_finished_trial(storage, experiment_id, 6, objective=100.0, state=TrialState.TIMEOUT)
     storage.create_trial(experiment_id, make_spec(7))  # queued: no result yet
     assert storage.best_trial(experiment_id).number == best_number
+    assert storage.get_trial(storage.best_trial_id(experiment_id)).number == best_number
 
 
 def test_best_trial_ties_go_to_the_earliest_trial(storage: SqlStorage):
@@ -370,6 +372,11 @@ def test_best_trial_per_arm_and_per_batch_size(storage: SqlStorage):
     assert storage.best_trial(experiment_id, arm="adam", global_batch_size=1024).number == 1
     best = storage.best_per_arm(experiment_id)
     assert {arm: trial.number for arm, trial in best.items()} == {"adam": 5, "lamb": 3}
+    # The id-only question agrees with the full one for every filter, including the empty answers.
+    for arm in [None, "adam", "lamb", "sgd"]:
+        for batch in [None, 256, 1024, 4096]:
+            trial = storage.best_trial(experiment_id, arm=arm, global_batch_size=batch)
+            assert storage.best_trial_id(experiment_id, arm=arm, global_batch_size=batch) == (trial and trial.id)
 
 
 def test_best_trial_ignores_other_experiments(storage: SqlStorage):

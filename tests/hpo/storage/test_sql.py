@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
 from hpo.errors import StorageError
@@ -61,6 +62,29 @@ def test_bad_or_unreachable_databases_raise_storage_errors(url: str):
     with pytest.raises(StorageError) as raised:
         SqlStorage(url)
     assert not isinstance(raised.value, SQLAlchemyError)
+
+
+def test_postgresql_connections_give_up_after_the_connect_timeout_unless_the_url_sets_one():
+    from sqlalchemy.engine import make_url
+
+    from hpo.storage.engine import CONNECT_TIMEOUT_S, server_connect_args
+
+    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo")) == {"connect_timeout": CONNECT_TIMEOUT_S}
+    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo?connect_timeout=3")) == {}
+    assert server_connect_args(make_url("sqlite:///x.db")) == {}
+    # And the driver really receives it: the parameters of the connect call, caught before it is made.
+    engine = create_storage_engine("postgresql+psycopg://u@db.invalid:5432/hpo")
+    seen: dict = {}
+
+    @event.listens_for(engine, "do_connect")
+    def catch(dialect, record, cargs, cparams):
+        seen.update(cparams)
+        raise ConnectionAbortedError("not connecting in a test")
+
+    with pytest.raises(ConnectionAbortedError):
+        engine.connect()
+    assert seen["connect_timeout"] == CONNECT_TIMEOUT_S and seen["host"] == "db.invalid"
+    engine.dispose()
 
 
 def test_connection_errors_name_the_database_but_not_the_password():
