@@ -104,7 +104,7 @@ def test_a_database_that_is_down_gives_503_with_the_reason(url, says, tmp_path):
             assert health.status_code == 503 and health.json()["status"] == "unavailable"
             assert says in health.json()["detail"]
             for path in ("/experiments", "/experiments/x", "/experiments/x/trials/0/metrics", "/best?global_batch_size"
-                         "=8&optimizer=lamb", "/experiments/x/export"):  # fmt: skip
+                         "=8&optimizer=lamb", "/experiments/x/export", "/experiments/x/best"):  # fmt: skip
                 response = api.get(path)
                 assert response.status_code == 503 and says in response.json()["detail"], path
         assert not (tmp_path / "missing").exists()  # a read never creates a database
