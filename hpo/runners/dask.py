@@ -15,7 +15,6 @@ only claims queued trials); its refusal (exit code 4) is reported as the same lo
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -59,6 +58,7 @@ class DaskRunner(Runner):
         self.max_parallel = max_parallel
         self.launch_builder = launch_builder
         self.running: dict[int, _Submitted] = {}
+        self._done = threading.Event()  # set when a submitted task ends
         self._checked = 0.0
         self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
         if self.capacity() == 0:
@@ -102,9 +102,16 @@ class DaskRunner(Runner):
             resources={"GPU": self.gpus} if self.gpus else None,
         )  # fmt: skip
         self.running[launch.trial_id] = _Submitted(launch, future)
+        # Runs (in a Dask callback thread) when the task ends: wakes `wait` without a call into the client's loop.
+        future.add_done_callback(lambda _: self._done.set())
 
     def poll(self) -> list[TrialExit]:
-        ended = [self._finished(tid) for tid, s in list(self.running.items()) if s.future.done()]
+        self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
+        done = [tid for tid, s in self.running.items() if s.future.done()]
+        # The return values of every finished task in one round trip to the workers, not one each.
+        finished = [self.running[tid].future for tid in done if self.running[tid].future.status == "finished"]
+        values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
+        ended = [self._finished(tid, values) for tid in done]
         now = time.monotonic()
         if self.running and now - self._checked > WORKER_CHECK_S:
             self._checked = now
@@ -112,20 +119,13 @@ class DaskRunner(Runner):
         return ended
 
     def wait(self, timeout_s: float) -> None:
-        from distributed import wait
+        self._done.wait(min(timeout_s, WORKER_CHECK_S) if self.running else timeout_s)
 
-        futures = [s.future for s in self.running.values()]
-        if not futures:
-            time.sleep(timeout_s)
-            return
-        with self.client.as_current(), contextlib.suppress(TimeoutError):  # dask's TimeoutError is the builtin
-            wait(futures, timeout=min(timeout_s, WORKER_CHECK_S), return_when="FIRST_COMPLETED")
-
-    def _finished(self, trial_id: int) -> TrialExit:
+    def _finished(self, trial_id: int, values: dict[str, Any]) -> TrialExit:
         sub = self.running.pop(trial_id)
         attempt = sub.launch.attempt
-        if sub.future.status == "finished":
-            ended = sub.future.result()
+        if sub.future.key in values:
+            ended = values[sub.future.key]
             if ended["returncode"] == EXIT_NOT_CLAIMED:  # Dask re-ran the attempt after its worker died
                 why = f"its Dask worker {sub.worker or ''} was lost while it ran; Dask re-ran the attempt on "
                 return TrialExit(trial_id, attempt, lost=why + f"{ended['worker']}, which the database refused")

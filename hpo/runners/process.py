@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +41,11 @@ class TrialProcess:
     ) -> TrialProcess:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         stderr_path = workdir / "stderr.log"
+        # Death with the parent through setpriv keeps vfork; in a function run before exec it would cost a full fork
+        # (3.7 ms for an 80 MB Dask worker, against 0.1 ms).
+        wrapper = death_signal_wrapper() if die_with_parent else None
+        if wrapper:
+            cmd, die_with_parent = [*wrapper, *cmd], False
         with open(workdir / "stdout.log", "ab") as out, open(stderr_path, "ab") as err:
             popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **_OWN_GROUP,
                                      preexec_fn=_pre_exec(memory_limit_mb, die_with_parent))  # fmt: skip
@@ -93,6 +100,22 @@ def kill_process_group(pgid: int) -> None:
     """SIGKILL a process group if it still exists."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+@functools.cache
+def death_signal_wrapper() -> tuple[str, ...] | None:
+    """A command prefix that makes what it runs get SIGKILL when its parent dies: util-linux's `setpriv
+    --pdeathsig` (which sets PR_SET_PDEATHSIG and execs the command, so torchrun itself carries it), when it is
+    installed and supports the option (util-linux 2.33+); None otherwise (then a pre-exec function sets it)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    prefix = (setpriv, "--pdeathsig", "KILL", "--")
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else None
 
 
 def _pre_exec(memory_limit_mb: int | None, die_with_parent: bool):

@@ -126,3 +126,47 @@ def test_results_arrive_in_the_database_although_the_controller_never_reads_the_
         assert [m.samples for m in evals] == [16, 32, 48]
         assert max(m.value for m in evals) == pytest.approx(trial.best_mlm_accuracy)
         assert [m.value > 0 for m in storage.get_metrics(trial.id, "time_s")] == [True] * 3  # curves against time
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from hpo.runners import process
+if sys.argv[1] == "pre-exec":
+    process.death_signal_wrapper = lambda: None
+trial = process.TrialProcess.start(["sleep", "300"], {}, Path(sys.argv[2]), None, die_with_parent=True)
+print(trial.popen.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux only: PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("how", ["setpriv", "pre-exec"])
+def test_a_trial_started_to_die_with_its_parent_dies_when_the_parent_is_killed(tmp_path, how):
+    import subprocess
+    import sys
+
+    from hpo.runners.process import death_signal_wrapper
+
+    if how == "setpriv" and death_signal_wrapper() is None:
+        pytest.skip("util-linux's setpriv with --pdeathsig is not installed")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, how, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" and time.monotonic() < deadline:
+        time.sleep(0.01)  # setpriv execs the command in the same process
+    assert _alive(child) and Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"trial process {child} outlived its killed parent ({how})"
