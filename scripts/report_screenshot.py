@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,9 +72,12 @@ def render(url: str, screenshot: Path | None = None, width: int = 1300, timeout_
     chromium = chromium_path()
     if chromium is None:
         raise SystemExit("error: chromium is not installed; run `make system-deps`")
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes can outlive the browser by a moment and still write into the profile: they are
+    # killed with its process group, and a file one of them writes during the clean-up is left, not an error.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},1000", "about:blank"]
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)  # fmt: skip
         try:
             from websockets.sync.client import connect
 
@@ -84,6 +90,8 @@ def render(url: str, screenshot: Path | None = None, width: int = 1300, timeout_
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 def _browser_socket(process: subprocess.Popen, timeout_s: float) -> str:
