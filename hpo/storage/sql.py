@@ -462,22 +462,25 @@ class SqlStorage(Storage):
     def best_trial(
         self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
     ) -> TrialRecord | None:
-        params = {"experiment_id": experiment_id, "arm": arm, "global_batch_size": global_batch_size}
         with self._session() as session:
-            # The API asks this on every request: a prebuilt statement skips building and hashing a new one.
-            statement = _best_trial_statement(self._direction(session, experiment_id), arm is not None,
-                                              global_batch_size is not None)  # fmt: skip
-            best = session.scalars(statement, {k: v for k, v in params.items() if v is not None}).first()
+            best = session.scalars(*self._best(session, experiment_id, arm, global_batch_size, id_only=False)).first()
             return None if best is None else _trial_record(best)
 
     def best_trial_id(
         self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
     ) -> int | None:
-        params = {"experiment_id": experiment_id, "arm": arm, "global_batch_size": global_batch_size}
         with self._session() as session:
-            statement = _best_trial_statement(self._direction(session, experiment_id), arm is not None,
-                                              global_batch_size is not None, id_only=True)  # fmt: skip
-            return session.execute(statement, {k: v for k, v in params.items() if v is not None}).scalar()
+            return session.execute(*self._best(session, experiment_id, arm, global_batch_size, id_only=True)).scalar()
+
+    def _best(
+        self, session: Session, experiment_id: int, arm: str | None, global_batch_size: int | None, *, id_only: bool
+    ) -> tuple[Select, dict[str, Any]]:
+        """The best-trial statement for these filters and its parameters. The API asks it on every request: the
+        statement is prebuilt, which skips building and hashing a new one."""
+        statement = _best_trial_statement(self._direction(session, experiment_id), arm is not None,
+                                          global_batch_size is not None, id_only)  # fmt: skip
+        params = {"experiment_id": experiment_id, "arm": arm, "global_batch_size": global_batch_size}
+        return statement, {k: v for k, v in params.items() if v is not None}
 
     def _direction(self, session: Session, experiment_id: int) -> Direction:
         direction = self._directions.get(experiment_id)
