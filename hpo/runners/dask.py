@@ -111,7 +111,7 @@ class DaskRunner(Runner):
         self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
         done = [tid for tid, s in self.running.items() if s.future.done()]
         # The return values of every finished task in one round trip to the workers, not one each.
-        finished = [self.running[tid].future for tid in done if self.running[tid].future.status == "finished"]
+        finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
         ended = [self._finished(tid, values) for tid in done]
         now = time.monotonic()

@@ -15,6 +15,25 @@ ROWS_PER_CALL = 50  # a trial reports its progress in batches, not one row per t
 TIMEOUT_S = 120
 
 
+def run_at_once(target, url: str, experiment_id: int, processes: int) -> dict:
+    """Start `processes` spawned children running target(url, experiment_id, index, barrier, results), released
+    together by the barrier; their outcomes, {index: what each put on `results`} ({} if none answered in time)."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(processes), context.Queue()
+    children = [context.Process(target=target, args=(url, experiment_id, i, start, results)) for i in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        return dict(results.get(timeout=TIMEOUT_S) for _ in children)
+    except queue.Empty:
+        return {}
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+
+
 def stream_one_trial(url: str, experiment_id: int, number: int, start, results) -> None:
     """Child process: create a trial, stream its curve, finish it; put (number, error or None) on `results`."""
     try:
@@ -34,24 +53,7 @@ def stream_one_trial(url: str, experiment_id: int, number: int, start, results) 
 
 def test_parallel_trials_write_every_row(storage: SqlStorage):
     experiment_id = storage.create_experiment("parallel", {}, "minimize")
-    context = multiprocessing.get_context("spawn")
-    start, results = context.Barrier(WRITERS), context.Queue()
-    writers = [
-        context.Process(target=stream_one_trial, args=(storage.url, experiment_id, number, start, results))
-        for number in range(WRITERS)
-    ]
-    for writer in writers:
-        writer.start()
-    try:
-        outcomes = dict(results.get(timeout=TIMEOUT_S) for _ in writers)
-    except queue.Empty:
-        outcomes = {}
-    finally:
-        for writer in writers:
-            writer.join(timeout=10)
-            if writer.is_alive():
-                writer.kill()
-
+    outcomes = run_at_once(stream_one_trial, storage.url, experiment_id, WRITERS)
     assert outcomes == {number: None for number in range(WRITERS)}
     trials = storage.list_trials(experiment_id)
     assert [trial.state for trial in trials] == [TrialState.COMPLETED] * WRITERS
@@ -80,21 +82,7 @@ def create_numbered_trials(url: str, experiment_id: int, creator: int, start, re
 
 def test_concurrent_creators_get_distinct_trial_numbers(storage: SqlStorage):
     experiment_id = storage.create_experiment("numbers", {}, "minimize")
-    context = multiprocessing.get_context("spawn")
-    start, results = context.Barrier(CREATORS), context.Queue()
-    creators = [
-        context.Process(target=create_numbered_trials, args=(storage.url, experiment_id, c, start, results))
-        for c in range(CREATORS)
-    ]
-    for creator in creators:
-        creator.start()
-    try:
-        outcomes = dict(results.get(timeout=TIMEOUT_S) for _ in creators)
-    finally:
-        for creator in creators:
-            creator.join(timeout=10)
-            if creator.is_alive():
-                creator.kill()
+    outcomes = run_at_once(create_numbered_trials, storage.url, experiment_id, CREATORS)
     errors = {c: o for c, o in outcomes.items() if isinstance(o, str)}
     assert not errors and len(outcomes) == CREATORS
     trials = storage.list_trials(experiment_id)
