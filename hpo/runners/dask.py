@@ -5,7 +5,10 @@ Workers declare their GPUs as resources (`dask worker tcp://HOST:8786 --resource
 than it has GPUs. On the worker, the task takes k of that worker's GPU ids that no other task holds, sets
 CUDA_VISIBLE_DEVICES, and runs the same launch as the local runner (torchrun for k > 1 with its own port).
 The trial process dies with its worker (PR_SET_PDEATHSIG) and records itself in the database, so only the
-database URL needs to reach the workers, no shared disk.
+database URL needs to reach the workers, no shared disk. How the process ended (exit code, stderr tail) is
+announced on the scheduler's event log under the runner's own topic as soon as the process is gone: the runner
+hears of it in one message instead of fetching the task's value from the worker. Task keys and the topic carry
+a token of the runner, since keys are global to a scheduler and several experiments may share one cluster.
 
 A worker that dies mid-trial: the runner sees the task's worker leave the cluster and reports the attempt as
 lost; the study loop re-queues the trial once (a new attempt), then fails it. When Dask re-runs the task on
@@ -19,6 +22,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +44,10 @@ class _Submitted:
     future: Any
     worker: str | None = None  # the last worker the scheduler had it processing on
 
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.launch.trial_id, self.launch.attempt
+
 
 class DaskRunner(Runner):
     def __init__(self, scheduler: str, resources, max_parallel: int, launch_builder=build_launch):
@@ -60,7 +68,14 @@ class DaskRunner(Runner):
         self.max_parallel = max_parallel
         self.launch_builder = launch_builder
         self.running: dict[int, _Submitted] = {}
-        self._done = threading.Event()  # set when a submitted task ends
+        # This runner's own names on the cluster: task keys are global to the scheduler, and another experiment's
+        # trial 1 must not be taken for ours.
+        self.token = uuid.uuid4().hex[:12]
+        self._done = threading.Event()  # set when an attempt's exit is announced or a submitted task ends
+        self._exits: dict[tuple[int, int], dict[str, Any]] = {}  # (trial id, attempt) -> how it ended, announced
+        self._lock = threading.Lock()
+        self._released: list[Any] = []  # futures of ended attempts, let go at the next poll (after new submits)
+        self.client.subscribe_topic(self.topic, self._on_exit)
         self._checked = 0.0
         self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
         if self.capacity() == 0:
@@ -97,10 +112,22 @@ class DaskRunner(Runner):
             return ""
         return f"all {self.capacity()} allocations of the Dask cluster at {self.scheduler} are busy"
 
+    @property
+    def topic(self) -> str:
+        """The scheduler event topic on which this runner's attempts announce how they ended."""
+        return f"hpo-exits-{self.token}"
+
+    def _on_exit(self, event: tuple[float, dict[str, Any]]) -> None:
+        """Runs in the client's event loop when an attempt announces its end (before its task result)."""
+        msg = event[1]
+        with self._lock:
+            self._exits[(msg["trial_id"], msg["attempt"])] = msg["ended"]
+        self._done.set()
+
     def submit(self, launch: TrialLaunch) -> None:
         future = self.client.submit(
-            run_attempt, launch, self.gpus, self.launch_builder,
-            key=f"hpo-trial-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
+            run_attempt, launch, self.gpus, self.launch_builder, self.topic,
+            key=f"hpo-trial-{self.token}-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
             resources={"GPU": self.gpus} if self.gpus else None,
         )  # fmt: skip
         self.running[launch.trial_id] = _Submitted(launch, future)
@@ -109,11 +136,19 @@ class DaskRunner(Runner):
 
     def poll(self) -> list[TrialExit]:
         self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
+        # Ended attempts' futures are let go only now, after the study loop submitted their successors: the release
+        # then reaches the worker after the next task, not ahead of it in the scheduler's 5 ms batching.
+        self._released = [f for f in self._released if not f.done()]
+        with self._lock:
+            announced = {tid: self._exits.pop(s.key) for tid, s in self.running.items() if s.key in self._exits}
+            self._exits.clear()  # announcements of attempts given up as lost
+        ended = [self._announced(tid, ended) for tid, ended in announced.items()]
+        # Tasks that ended without announcing it (the task failed, or Dask re-ran it elsewhere): their return values
+        # in one round trip to the workers, not one each.
         done = [tid for tid, s in self.running.items() if s.future.done()]
-        # The return values of every finished task in one round trip to the workers, not one each.
         finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
-        ended = [self._finished(tid, values) for tid in done]
+        ended += [self._finished(tid, values) for tid in done]
         now = time.monotonic()
         if self.running and now - self._checked > WORKER_CHECK_S:
             self._checked = now
@@ -123,15 +158,20 @@ class DaskRunner(Runner):
     def wait(self, timeout_s: float) -> None:
         self._done.wait(min(timeout_s, WORKER_CHECK_S) if self.running else timeout_s)
 
-    def _finished(self, trial_id: int, values: dict[str, Any]) -> TrialExit:
+    def _announced(self, trial_id: int, ended: dict[str, Any]) -> TrialExit:
         sub = self.running.pop(trial_id)
-        attempt = sub.launch.attempt
+        self._released.append(sub.future)
+        if ended["returncode"] == EXIT_NOT_CLAIMED:  # Dask re-ran the attempt after its worker died
+            why = f"its Dask worker {sub.worker or ''} was lost while it ran; Dask re-ran the attempt on "
+            return TrialExit(trial_id, sub.launch.attempt, lost=why + f"{ended['worker']}, which the database refused")
+        return TrialExit(trial_id, sub.launch.attempt, **ended)
+
+    def _finished(self, trial_id: int, values: dict[str, Any]) -> TrialExit:
+        sub = self.running[trial_id]
         if sub.future.key in values:
-            ended = values[sub.future.key]
-            if ended["returncode"] == EXIT_NOT_CLAIMED:  # Dask re-ran the attempt after its worker died
-                why = f"its Dask worker {sub.worker or ''} was lost while it ran; Dask re-ran the attempt on "
-                return TrialExit(trial_id, attempt, lost=why + f"{ended['worker']}, which the database refused")
-            return TrialExit(trial_id, attempt, **ended)
+            return self._announced(trial_id, values[sub.future.key])
+        self.running.pop(trial_id)
+        attempt = sub.launch.attempt
         error = sub.future.exception() if sub.future.status == "error" else None
         if error is None or type(error).__name__ == "KilledWorker":
             return TrialExit(trial_id, attempt, lost=f"lost its Dask worker {sub.worker or ''}".strip())
@@ -194,8 +234,12 @@ _gpus_in_use: set[int] = set()
 _processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> its process
 
 
-def run_attempt(launch: TrialLaunch, gpus: int, launch_builder=build_launch) -> dict[str, Any]:
-    """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended."""
+def run_attempt(
+    launch: TrialLaunch, gpus: int, launch_builder=build_launch, topic: str | None = None
+) -> dict[str, Any]:
+    """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended. With a `topic`,
+    that is also announced on the scheduler's event log as soon as the process has ended: the runner learns it
+    without fetching the task's result from the worker."""
     from distributed import get_worker
 
     worker = get_worker()
@@ -210,12 +254,15 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder=build_launch) -> 
         _processes[(launch.trial_id, launch.attempt)] = process
         while (code := process.poll()) is None:
             wait_any([process], 0.1)
-        return {"returncode": code, "stderr_tail": process.stderr_tail(), "timed_out": process.timed_out,
-                "worker": worker.address, "duration_s": process.elapsed_s}  # fmt: skip
+        ended = {"returncode": code, "stderr_tail": process.stderr_tail(), "timed_out": process.timed_out,
+                 "worker": worker.address, "duration_s": process.elapsed_s}  # fmt: skip
     finally:
         _processes.pop((launch.trial_id, launch.attempt), None)
         with _lock:
             _gpus_in_use.difference_update(ids)
+    if topic is not None:
+        worker.log_event(topic, {"trial_id": launch.trial_id, "attempt": launch.attempt, "ended": ended})
+    return ended
 
 
 def _take_gpus(total: int, needed: int, wait_s: float = GPU_WAIT_S) -> tuple[int, ...]:

@@ -120,6 +120,61 @@ def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(t
         runner.close()
 
 
+def test_two_experiments_on_one_cluster_run_their_own_trials_although_their_trial_ids_are_the_same(
+    tmp_path, gpu_cluster
+):
+    """Task keys are global to a Dask scheduler: two experiments (two databases, so trial 1 in both) running at
+    once must each run their own trials, not share the other's task and its result."""
+    studies, statuses = {}, {}
+    for name in ("a", "b"):  # set up here: h5py (the tiny data) and Alembic (the schema) are not thread-safe
+        spec = make_spec(tmp_path / name, name=name, trials=2, **{"batch.micro_batch_size": 2},
+                         runner={"name": "dask", "scheduler": gpu_cluster.scheduler_address})  # fmt: skip
+        url = f"sqlite:///{tmp_path / name / 'hpo.db'}"
+        storage = SqlStorage(url, upgrade=True)
+        eid = storage.create_experiment(name, stored_form(spec, tmp_path / name / "run"), spec.direction)
+        studies[name] = Study(spec, storage, eid, tmp_path / name / "run", build_runner(spec), url)
+
+    def run(name: str) -> None:
+        try:
+            statuses[name] = studies[name].run()
+        finally:
+            studies[name].runner.close()
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in studies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, study in studies.items():
+        storage, eid, status = study.storage, study.experiment_id, statuses.get(name)
+        trials = storage.list_trials(eid)
+        assert status == ExperimentStatus.FINISHED
+        assert [t.id for t in trials] == [1, 2]  # the same ids in both databases
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [(t.number, t.reason) for t in trials]
+        assert all(t.worker and t.worker.startswith("tcp://") for t in trials)  # each claimed by its own process
+
+
+def test_an_attempt_announces_how_it_ended_on_the_runners_event_topic(tmp_path, gpu_cluster):
+    """The runner learns an attempt's end from the scheduler's event log; the announcement is the task's value."""
+    from hpo.runners.base import TrialLaunch
+    from hpo.runners.dask import run_attempt
+
+    def exits_with_three(spec, env):
+        return ["/bin/sh", "-c", "echo failing >&2; exit 3"], env
+
+    events = []
+    got = threading.Event()
+    with distributed.Client(gpu_cluster.scheduler_address) as client:
+        client.subscribe_topic("hpo-exits-test", lambda event: (events.append(event[1]), got.set()))
+        launch = TrialLaunch(7, 0, 1, "sqlite://", tmp_path / "trial")
+        value = client.submit(run_attempt, launch, 1, exits_with_three, "hpo-exits-test", pure=False).result()
+        assert got.wait(30)
+    assert value["returncode"] == 3 and "failing" in value["stderr_tail"] and value["worker"].startswith("tcp://")
+    assert [{k: e[k] for k in ("trial_id", "attempt", "ended")} for e in events] == [
+        {"trial_id": 7, "attempt": 1, "ended": value}
+    ]
+
+
 def test_results_arrive_in_the_database_although_the_controller_never_reads_the_trial_directory(tmp_path):
     def removing_workdir(launch, env):
         """The trial's directory disappears as soon as the trial exits: nothing is left to read."""
