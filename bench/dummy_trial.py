@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -88,8 +87,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from hpo.trial_exit import exit_recorded
+
     main()
-    # As hpo.trial_entry.exit_recorded ends a recorded trial (importing it would import more than this one needs).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_recorded(0)

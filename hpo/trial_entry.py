@@ -17,15 +17,13 @@ rejects, 4 when the trial could not be claimed (not queued, or another attempt).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
@@ -175,19 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     return {"completed": 0, "diverged": 3}.get(result.state.value, 1)
 
 
-def exit_recorded(code: int) -> NoReturn:
-    """End a trial process whose outcome is recorded (committed, storage closed, process group destroyed).
-
-    The interpreter's shutdown (final garbage collections over every object torch and SQLAlchemy created, module
-    teardown, exit handlers) takes 10 ms with SQLAlchemy alone and 0.1 to 0.4 s with torch, all while the
-    runner still holds the trial's slot, and none of it is needed any more. So flush what Python buffers (the
-    standard streams and logging handlers) and leave at once."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream must not change the exit code
-            stream.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from hpo.trial_exit import exit_recorded
+
     exit_recorded(main())

@@ -83,6 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from hpo.trial_entry import exit_recorded
+    from hpo.trial_exit import exit_recorded
 
     exit_recorded(main())

@@ -71,10 +71,12 @@ class DaskRunner(Runner):
         # This runner's own names on the cluster: task keys are global to the scheduler, and another experiment's
         # trial 1 must not be taken for ours.
         self.token = uuid.uuid4().hex[:12]
-        self._done = threading.Event()  # set when an attempt's exit is announced or a submitted task ends
+        self._done = threading.Event()  # set when a submitted task ends
         self._exits: dict[tuple[int, int], dict[str, Any]] = {}  # (trial id, attempt) -> how it ended, announced
         self._lock = threading.Lock()
-        self._released: list[Any] = []  # futures of ended attempts, let go at the next poll (after new submits)
+        # Futures of ended attempts, let go at the next poll, after the study loop submitted their successors: the
+        # release then reaches the worker after the next task, not ahead of it in the scheduler's 5 ms batching.
+        self._released: list[Any] = []
         self.client.subscribe_topic(self.topic, self._on_exit)
         self._checked = 0.0
         self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
@@ -118,11 +120,10 @@ class DaskRunner(Runner):
         return f"hpo-exits-{self.token}"
 
     def _on_exit(self, event: tuple[float, dict[str, Any]]) -> None:
-        """Runs in the client's event loop when an attempt announces its end (before its task result)."""
+        """Runs in the client's event loop when an attempt announces its end (just before its task ends)."""
         msg = event[1]
         with self._lock:
             self._exits[(msg["trial_id"], msg["attempt"])] = msg["ended"]
-        self._done.set()
 
     def submit(self, launch: TrialLaunch) -> None:
         future = self.client.submit(
@@ -136,16 +137,21 @@ class DaskRunner(Runner):
 
     def poll(self) -> list[TrialExit]:
         self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
-        # Ended attempts' futures are let go only now, after the study loop submitted their successors: the release
-        # then reaches the worker after the next task, not ahead of it in the scheduler's 5 ms batching.
-        self._released = [f for f in self._released if not f.done()]
+        self._released.clear()
+        # Only tasks the scheduler knows to have ended: an attempt announced earlier still holds its thread or GPUs
+        # there, and a successor submitted now could be placed on a worker that is in fact full.
+        done = [tid for tid, s in self.running.items() if s.future.done()]
         with self._lock:
-            announced = {tid: self._exits.pop(s.key) for tid, s in self.running.items() if s.key in self._exits}
-            self._exits.clear()  # announcements of attempts given up as lost
+            announced = {
+                tid: self._exits.pop(self.running[tid].key) for tid in done if self.running[tid].key in self._exits
+            }
+            running = {s.key for s in self.running.values()}
+            for key in [k for k in self._exits if k not in running]:
+                del self._exits[key]  # announcements of attempts given up as lost
         ended = [self._announced(tid, ended) for tid, ended in announced.items()]
         # Tasks that ended without announcing it (the task failed, or Dask re-ran it elsewhere): their return values
         # in one round trip to the workers, not one each.
-        done = [tid for tid, s in self.running.items() if s.future.done()]
+        done = [tid for tid in done if tid not in announced]
         finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
         ended += [self._finished(tid, values) for tid in done]

@@ -13,9 +13,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpo.trial_exit import EXIT_PIPE_ENV
 
 PR_SET_PDEATHSIG = 1
 # Its own process group, so os.killpg ends torchrun and all its ranks. `process_group=0` (Python 3.11+) lets
@@ -33,6 +36,8 @@ class TrialProcess:
     timeout_s: float | None
     timed_out: bool = False
     pidfd: int | None = None  # readable once the process has ended (Linux); lets `wait_any` sleep until then
+    exit_pipe: int | None = None  # where the trial writes its exit code just before it exits (read end)
+    announced: int | None = None  # the exit code the trial wrote there
 
     @classmethod
     def start(
@@ -46,22 +51,62 @@ class TrialProcess:
         wrapper = death_signal_wrapper() if die_with_parent else None
         if wrapper:
             cmd, die_with_parent = [*wrapper, *cmd], False
-        with open(workdir / "stdout.log", "ab") as out, open(stderr_path, "ab") as err:
-            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **_OWN_GROUP,
-                                     preexec_fn=_pre_exec(memory_limit_mb, die_with_parent))  # fmt: skip
-        return cls(popen, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(popen.pid))
+        # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial_exit).
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        env = {**env, EXIT_PIPE_ENV: f"{write_end}:{os.fstat(write_end).st_ino}"}
+        try:
+            with open(workdir / "stdout.log", "ab") as out, open(stderr_path, "ab") as err:
+                popen = subprocess.Popen(
+                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(write_end,),
+                    preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **_OWN_GROUP,
+                )  # fmt: skip
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        return cls(popen, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(popen.pid), exit_pipe=read_end)
 
     def poll(self) -> int | None:
-        """The exit code once the process has ended; kills it when its time limit has passed."""
+        """The exit code once the process has announced it (and is leaving) or has ended; kills it when its time
+        limit has passed."""
         code = self.popen.poll()
+        if code is None and self.announced is None and self._read_announced() is not None:
+            # The kernel is still freeing its memory: reap it when done, without making anyone wait for that.
+            threading.Thread(target=self.popen.wait, name=f"reap-{self.popen.pid}", daemon=True).start()
+        if code is None:
+            code = self.announced
         if code is None and self.timeout_s is not None and self.elapsed_s > self.timeout_s:
             self.timed_out = True
             self.kill()
             code = self.popen.wait()
-        if code is not None and self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        if code is not None:
+            self._close_fds()
         return code
+
+    def _read_announced(self) -> int | None:
+        """The exit code on the exit pipe, once the launched process itself has written it."""
+        if self.exit_pipe is None:
+            return None
+        try:
+            data = os.read(self.exit_pipe, 16)
+        except BlockingIOError:
+            return None
+        code, _, pid = data.decode(errors="replace").partition(" ")
+        if pid == str(self.popen.pid) and code.lstrip("-").isdigit():
+            self.announced = int(code)
+        else:  # closed without a code, or a code from another process (a wrapper's child): only the end counts
+            os.close(self.exit_pipe)
+            self.exit_pipe = None
+        return self.announced
+
+    def _close_fds(self) -> None:
+        for name in ("pidfd", "exit_pipe"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -84,7 +129,7 @@ def wait_any(processes: list[TrialProcess], timeout_s: float) -> None:
     """Sleep until one of `processes` may have ended, or `timeout_s` has passed."""
     fds = [p.pidfd for p in processes if p.pidfd is not None]
     if fds and len(fds) == len(processes):
-        select.select(fds, [], [], timeout_s)
+        select.select(fds + [p.exit_pipe for p in processes if p.exit_pipe is not None], [], [], timeout_s)
     else:  # no pidfds (not Linux, or an old kernel): poll at this interval
         time.sleep(timeout_s)
 
