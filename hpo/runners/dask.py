@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpo.errors import ResourceError
@@ -35,6 +35,7 @@ from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
 CONNECT_TIMEOUT_S = 10
 WORKER_CHECK_S = 0.25
 SEND_INTERVAL_S = 0.001  # the client's batching of messages to the scheduler (Dask's default: 10 ms)
+SETTLE_S = 5.0  # how long a submission waits for the scheduler to see its announced predecessors' tasks end
 GPU_WAIT_S = 120.0  # how long a task waits for the GPU ids of a cancelled task to be released
 
 
@@ -43,6 +44,7 @@ class _Submitted:
     launch: TrialLaunch
     future: Any
     worker: str | None = None  # the last worker the scheduler had it processing on
+    task_ended: threading.Event = field(default_factory=threading.Event)  # the scheduler knows its task ended
 
     @property
     def key(self) -> tuple[int, int]:
@@ -74,6 +76,8 @@ class DaskRunner(Runner):
         self._done = threading.Event()  # set when a submitted task ends
         self._exits: dict[tuple[int, int], dict[str, Any]] = {}  # (trial id, attempt) -> how it ended, announced
         self._lock = threading.Lock()
+        # Attempts whose end was announced but whose task the scheduler may not yet know to have ended.
+        self._ending: list[_Submitted] = []
         # Futures of ended attempts, let go at the next poll, after the study loop submitted their successors: the
         # release then reaches the worker after the next task, not ahead of it in the scheduler's 5 ms batching.
         self._released: list[Any] = []
@@ -124,34 +128,42 @@ class DaskRunner(Runner):
         msg = event[1]
         with self._lock:
             self._exits[(msg["trial_id"], msg["attempt"])] = msg["ended"]
+        self._done.set()
 
     def submit(self, launch: TrialLaunch) -> None:
+        # The study loop learns of an end from the announcement, a few ms before the scheduler has the task's end
+        # (both wait in Dask's batching). A task submitted in between could be placed on a worker that the scheduler
+        # still thinks busy, or on one that is in fact full, and wait there for a thread: so wait for those ends
+        # here, after the study loop did its own work for the successor in the meantime.
+        for sub in self._ending:
+            sub.task_ended.wait(SETTLE_S)
+            self._released.append(sub.future)
+        self._ending.clear()
         future = self.client.submit(
             run_attempt, launch, self.gpus, self.launch_builder, self.topic,
             key=f"hpo-trial-{self.token}-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
             resources={"GPU": self.gpus} if self.gpus else None,
         )  # fmt: skip
-        self.running[launch.trial_id] = _Submitted(launch, future)
-        # Runs (in a Dask callback thread) when the task ends: wakes `wait` without a call into the client's loop.
-        future.add_done_callback(lambda _: self._done.set())
+        sub = self.running[launch.trial_id] = _Submitted(launch, future)
+
+        def task_ended(_) -> None:  # in a Dask callback thread: wakes `wait` without a call into the client's loop
+            sub.task_ended.set()
+            self._done.set()
+
+        future.add_done_callback(task_ended)
 
     def poll(self) -> list[TrialExit]:
         self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
         self._released.clear()
-        # Only tasks the scheduler knows to have ended: an attempt announced earlier still holds its thread or GPUs
-        # there, and a successor submitted now could be placed on a worker that is in fact full.
-        done = [tid for tid, s in self.running.items() if s.future.done()]
         with self._lock:
-            announced = {
-                tid: self._exits.pop(self.running[tid].key) for tid in done if self.running[tid].key in self._exits
-            }
+            announced = {tid: self._exits.pop(s.key) for tid, s in self.running.items() if s.key in self._exits}
             running = {s.key for s in self.running.values()}
             for key in [k for k in self._exits if k not in running]:
                 del self._exits[key]  # announcements of attempts given up as lost
         ended = [self._announced(tid, ended) for tid, ended in announced.items()]
         # Tasks that ended without announcing it (the task failed, or Dask re-ran it elsewhere): their return values
         # in one round trip to the workers, not one each.
-        done = [tid for tid in done if tid not in announced]
+        done = [tid for tid, s in self.running.items() if tid not in announced and s.future.done()]
         finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
         ended += [self._finished(tid, values) for tid in done]
@@ -166,7 +178,7 @@ class DaskRunner(Runner):
 
     def _announced(self, trial_id: int, ended: dict[str, Any]) -> TrialExit:
         sub = self.running.pop(trial_id)
-        self._released.append(sub.future)
+        self._ending.append(sub)
         if ended["returncode"] == EXIT_NOT_CLAIMED:  # Dask re-ran the attempt after its worker died
             why = f"its Dask worker {sub.worker or ''} was lost while it ran; Dask re-ran the attempt on "
             return TrialExit(trial_id, sub.launch.attempt, lost=why + f"{ended['worker']}, which the database refused")
