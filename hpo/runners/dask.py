@@ -197,10 +197,9 @@ class DaskRunner(Runner):
 
     def _lost(self) -> list[TrialExit]:
         """Attempts whose worker left the cluster while running them."""
-        # Where each task runs, asked before which workers live: a worker that dies in between is then missing
-        # from `live`, so a task the scheduler moved off it is never mistaken for one still on its first worker.
+        # One snapshot of the scheduler: every live worker (busy or idle) and the tasks it runs.
         processing = self.client.processing()
-        live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        live = set(processing)
         where = {key: worker for worker, keys in processing.items() for key in keys}
         lost = []
         for trial_id, sub in list(self.running.items()):
