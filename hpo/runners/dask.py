@@ -161,8 +161,8 @@ class DaskRunner(Runner):
             for key in [k for k in self._exits if k not in running]:
                 del self._exits[key]  # announcements of attempts given up as lost
         ended = [self._announced(tid, ended) for tid, ended in announced.items()]
-        # Tasks that ended without announcing it (the task failed, or Dask re-ran it elsewhere): their return values
-        # in one round trip to the workers, not one each.
+        # Tasks that ended without announcing it (the task raised, its worker died, or the announcement is late):
+        # their return values, where they have one, in one round trip to the workers, not one each.
         done = [tid for tid, s in self.running.items() if tid not in announced and s.future.done()]
         finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
@@ -251,11 +251,9 @@ _gpus_in_use: set[int] = set()
 _processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> its process
 
 
-def run_attempt(
-    launch: TrialLaunch, gpus: int, launch_builder=build_launch, topic: str | None = None
-) -> dict[str, Any]:
-    """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended. With a `topic`,
-    that is also announced on the scheduler's event log as soon as the process has ended: the runner learns it
+def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str) -> dict[str, Any]:
+    """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended. That is also
+    announced on the scheduler's event log under `topic` as soon as the process has ended: the runner learns it
     without fetching the task's result from the worker."""
     from distributed import get_worker
 
@@ -277,8 +275,7 @@ def run_attempt(
         _processes.pop((launch.trial_id, launch.attempt), None)
         with _lock:
             _gpus_in_use.difference_update(ids)
-    if topic is not None:
-        worker.log_event(topic, {"trial_id": launch.trial_id, "attempt": launch.attempt, "ended": ended})
+    worker.log_event(topic, {"trial_id": launch.trial_id, "attempt": launch.attempt, "ended": ended})
     return ended
 
 
