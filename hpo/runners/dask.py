@@ -167,9 +167,12 @@ class DaskRunner(Runner):
         finished = [f for f in (self.running[tid].future for tid in done) if f.status == "finished"]
         values = dict(zip((f.key for f in finished), self.client.gather(finished), strict=True)) if finished else {}
         ended += [self._finished(tid, values) for tid in done]
-        now = time.monotonic()
-        if self.running and now - self._checked > WORKER_CHECK_S:
-            self._checked = now
+        # Which workers live is asked of the scheduler (a round trip) in a poll that found no end, so that it does not
+        # hold up the successors of ended attempts (the study loop polls again right after starting them); it is
+        # not put off past 4 intervals.
+        since = time.monotonic() - self._checked
+        if self.running and (since > WORKER_CHECK_S and not ended or since > 4 * WORKER_CHECK_S):
+            self._checked = time.monotonic()
             ended += self._lost()
         return ended
 
