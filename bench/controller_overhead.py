@@ -1,12 +1,16 @@
 """Controller overhead: N trials of a fixed-length dummy workload on S slots, through our local runner, our Dask
 runner (a LocalCluster), our NNI engine (a real NNI manager on its local training service) and, side by side in
-the same run, Optuna's `study.optimize(n_jobs=S)` on SQLite.
+the same run, Optuna's `study.optimize(n_jobs=S)` on SQLite (twice: with the light process, and with the process
+doing our trials' database work).
 
 Everything but the trainer is real: the experiment spec, the tuner's ask/tell, trial rows created, processes
 launched and polled (on this machine, or as Dask tasks), trials that claim and record themselves in SQLite,
 results read back and told to the tuner. The workload is `bench.dummy_trial`: a process that ends `SECONDS`
 after it was launched (recording its result in the database for our runners). Optuna runs the same process
-per trial and records the value itself.
+per trial and records the value itself, in two ways: `optuna`, where the process only waits (about 0.05 s of CPU
+to start), and `optuna-db`, where the process also does what a trial of ours does in the database (imports the
+storage, about 0.2 s of CPU; creates, claims and finishes its trial in a database of its own), so that Optuna's
+trials load the machine as ours do.
 
 Under `nni`, the experiment is the same but for `engine: nni` and an NNI tuner (`--nni-tuner`, default
 nni_random, no assessor): `hpo.nni.engine.run_nni` runs one NNI experiment per compare arm, one after the
@@ -19,7 +23,7 @@ Ideal time = the sum over the engine's rounds of SECONDS: ceil(N / S) x SECONDS,
 after another) the sum of ceil(arm's trials / S) x SECONDS over the arms, the same when every arm's share is a
 multiple of S. Overhead = wall / ideal - 1. Run it from the repository root (NNI runs its trials there).
 
-    python -m bench.controller_overhead                         # 200 x 1 s on 4 slots: local, dask, optuna
+    python -m bench.controller_overhead               # 200 x 1 s on 4 slots: local, dask, optuna, optuna-db
     python -m bench.controller_overhead --trials 40 --only local --only nni   # the NNI engine beside ours
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -125,23 +130,38 @@ def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path) -
     return wall, storage.count_trials(eid, state=TrialState.COMPLETED)
 
 
-def run_optuna(trials: int, slots: int, seconds: float, tmp: Path) -> tuple[float, int]:
+def run_optuna(trials: int, slots: int, seconds: float, tmp: Path, record: bool = False) -> tuple[float, int]:
+    """Optuna on the dummy workload; with `record`, each trial process also records itself in a database of ours
+    (an experiment created here, outside the timed part)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=f"sqlite:///{tmp}/optuna.db", sampler=optuna.samplers.RandomSampler(0))
+    name = "optuna-db" if record else "optuna"
+    study = optuna.create_study(storage=f"sqlite:///{tmp}/{name}.db", sampler=optuna.samplers.RandomSampler(0))
+    own = []
+    if record:
+        spec = experiment(trials, slots, {"name": "local"})
+        url = f"sqlite:///{tmp}/hpo-{name}.db"
+        storage = SqlStorage(url, upgrade=True)
+        eid = storage.create_experiment(name, stored_form(spec, tmp / "run"), spec.direction)
+        own = ["--db", url, "--experiment-id", str(eid)]
 
     def objective(trial) -> float:
-        trial.suggest_float("optimizer.lr", 1e-4, 1e-2, log=True)
-        trial.suggest_categorical("optimizer.name", ["adamw", "lamb"])
+        params = {"optimizer.lr": trial.suggest_float("optimizer.lr", 1e-4, 1e-2, log=True),
+                  "optimizer.name": trial.suggest_categorical("optimizer.name", ["adamw", "lamb"])}  # fmt: skip
         cmd = [sys.executable, "-m", "bench.dummy_trial", "--launched-at", repr(time.time()), "--seconds", str(seconds)]
+        if record:
+            cmd += [*own, "--params", json.dumps(params)]
         subprocess.run(cmd, check=True)
         return 64.0
 
     start = time.perf_counter()
     study.optimize(objective, n_trials=trials, n_jobs=slots)
     wall = time.perf_counter() - start
-    return wall, sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    if record:  # and recorded by the trial processes themselves
+        done = min(done, storage.count_trials(eid, state=TrialState.COMPLETED))
+    return wall, done
 
 
 def main() -> None:
@@ -149,18 +169,19 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200, help="trials per engine")
     ap.add_argument("--slots", type=int, default=4, help="trials at once")
     ap.add_argument("--seconds", type=float, default=1.0, help="length of one dummy trial")
-    ap.add_argument("--only", choices=["local", "dask", "nni", "optuna"], action="append",
-                    help="run only these engines, in this order (default: local, dask, optuna)")  # fmt: skip
+    ap.add_argument("--only", choices=["local", "dask", "nni", "optuna", "optuna-db"], action="append",
+                    help="run only these engines, in this order (default: local, dask, optuna, optuna-db)")  # fmt: skip
     ap.add_argument("--nni-tuner", choices=NNI_TUNERS, default="nni_random", help="the NNI engine's tuner")
     args = ap.parse_args()
-    engines = args.only or ["local", "dask", "optuna"]
+    engines = args.only or ["local", "dask", "optuna", "optuna-db"]
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
             ideal = math.ceil(args.trials / args.slots) * args.seconds
             if engine == "nni":
                 wall, done, ideal = run_nni(args.trials, args.slots, args.seconds, args.nni_tuner, Path(tmp))
-            elif engine == "optuna":
-                wall, done = run_optuna(args.trials, args.slots, args.seconds, Path(tmp))
+            elif engine in ("optuna", "optuna-db"):
+                record = engine == "optuna-db"
+                wall, done = run_optuna(args.trials, args.slots, args.seconds, Path(tmp), record)
             elif engine == "dask":
                 from distributed import LocalCluster
 
@@ -171,7 +192,7 @@ def main() -> None:
             else:
                 wall, done = run_ours(args.trials, args.slots, args.seconds, {"name": "local"}, Path(tmp))
             overhead = 100 * (wall / ideal - 1)
-            print(f"{engine:>6}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
+            print(f"{engine:>9}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
                   f"wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %", flush=True)  # fmt: skip
 
 

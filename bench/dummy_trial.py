@@ -1,17 +1,21 @@
 """A 1-second dummy trial for the controller-overhead benchmark: it ends `--seconds` after it was launched.
 
-Three ways it runs:
+Four ways it runs:
 - with `--db --trial-id`, like the trial entry (`hpo.trial_entry`): it claims its QUEUED trial and records a
   result in the database (so the benchmark exercises the real control plane of our runners);
 - with `--db --experiment-id --arm --run-dir`, like the NNI trial entry (`hpo.nni.trial`), under NNI's manager:
   it takes its parameters from NNI (`nni.get_next_parameter()`), creates its QUEUED trial with worker
   `nni:<NNI trial id>`, claims it, records a result and reports it to NNI as the final result;
-- without `--db`, it only waits (the Optuna baseline records the result itself).
+- with `--db --experiment-id --params JSON`, started by another engine (Optuna): it does the same work in the
+  database as a trial of ours (imports the storage, creates its trial, claims it, records a result), so that
+  engine's trials cost the machine what ours do;
+- without `--db`, it only waits (the light Optuna baseline records the result itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import time
@@ -41,6 +45,17 @@ def run_queued(db: str, trial_id: int, attempt: int, launched_at: float, seconds
         storage.finish_trial(trial_id, result(), attempt=attempt)
 
 
+def run_own(storage, experiment_id: int, params: dict, arm: str | None, worker: str | None, launched_at: float,
+            seconds: float) -> None:  # fmt: skip
+    """A trial another engine started: create its QUEUED trial, claim it, wait, record the result."""
+    from hpo.trials import TrialSpec
+
+    trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, arm))
+    storage.mark_trial_running(trial_id, pid=os.getpgrp(), host=socket.gethostname(), worker=worker, attempt=0)
+    wait(launched_at, seconds)
+    storage.finish_trial(trial_id, result(), attempt=0)
+
+
 def run_nni(db: str, experiment_id: int, arm: int, launched_at: float, seconds: float) -> None:
     """A trial NNI's manager started: parameters from NNI, record the trial as `hpo.nni.trial` does, wait, record
     the result and report it to NNI."""
@@ -50,17 +65,13 @@ def run_nni(db: str, experiment_id: int, arm: int, launched_at: float, seconds: 
     from hpo.nni.config import arm_plans
     from hpo.nni.engine import WORKER_PREFIX
     from hpo.storage import SqlStorage
-    from hpo.trials import TrialSpec
     from search_spaces.nni import from_nni_params
 
     worker = WORKER_PREFIX + nni.get_trial_id()
     with SqlStorage(db) as storage:
         plan = arm_plans(spec_from_stored(storage.get_experiment(experiment_id)))[arm]
         params = {**plan.fixed, **from_nni_params(nni.get_next_parameter(), plan.space)}
-        trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label))
-        storage.mark_trial_running(trial_id, pid=os.getpgrp(), host=socket.gethostname(), worker=worker, attempt=0)
-        wait(launched_at, seconds)
-        storage.finish_trial(trial_id, result(), attempt=0)
+        run_own(storage, experiment_id, params, plan.label, worker, launched_at, seconds)
     nni.report_final_result(OBJECTIVE)
 
 
@@ -75,13 +86,20 @@ def main() -> None:
     ap.add_argument("--experiment-id", type=int, help="under NNI: the experiment's id in the database")
     ap.add_argument("--arm", type=int, help="under NNI: the compare arm this NNI experiment runs")
     ap.add_argument("--run-dir", type=Path, help="ignored (the NNI trial entry's argument)")
+    ap.add_argument("--params", type=json.loads, help="started by another engine: the trial's parameters (JSON)")
     args = ap.parse_args()
     if args.db and args.trial_id is not None:
         run_queued(args.db, args.trial_id, args.attempt, args.launched_at, args.seconds)
     elif args.db and args.experiment_id is not None and args.arm is not None:
         run_nni(args.db, args.experiment_id, args.arm, args.launched_at, args.seconds)
+    elif args.db and args.experiment_id is not None and args.params is not None:
+        from hpo.storage import SqlStorage
+
+        with SqlStorage(args.db) as storage:
+            run_own(storage, args.experiment_id, args.params, None, None, args.launched_at, args.seconds)
     elif args.db:
-        ap.error("--db needs --trial-id (our runners) or --experiment-id and --arm (NNI)")
+        ap.error("--db needs --trial-id (our runners), --experiment-id and --arm (NNI), or --experiment-id and "
+                 "--params (another engine)")  # fmt: skip
     else:
         wait(args.launched_at, args.seconds)
 
