@@ -130,6 +130,10 @@ class Resources(_Section):
 class Runner(_Section):
     name: Literal["local", "dask"] = Field("local", description="local: slots on this machine; dask: a cluster.")
     scheduler: str | None = Field(None, description="Dask scheduler address, e.g. tcp://host:8786 (dask only).")
+    preload: bool = Field(
+        True, description="Fork each single-process trial from a launcher that has already imported the trial side "
+        "(the storage, SQLAlchemy): 0.3 s less CPU per trial. false: every trial starts a new interpreter.",
+    )  # fmt: skip
 
     @field_validator("scheduler")
     @classmethod

@@ -21,7 +21,7 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
         address = scheduler or spec.runner.scheduler
         if not address:
             raise HpoError("the dask runner needs a scheduler address: --scheduler tcp://HOST:8786 or runner.scheduler")
-        return DaskRunner(address, spec.resources, spec.budget.max_parallel, builder)
+        return DaskRunner(address, spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
     from hpo.runners.local import LocalRunner
 
-    return LocalRunner(spec.resources, spec.budget.max_parallel, builder)
+    return LocalRunner(spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)

@@ -29,6 +29,7 @@ from typing import Any
 from hpo.errors import ResourceError
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, kill_process_group, wait_any
 from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
 
@@ -52,9 +53,11 @@ class _Submitted:
 
 
 class DaskRunner(Runner):
-    def __init__(self, scheduler: str, resources, max_parallel: int, launch_builder=build_launch):
+    def __init__(self, scheduler: str, resources, max_parallel: int, launch_builder=build_launch,
+                 preload: bool = False):  # fmt: skip
         """Connects now: an unreachable scheduler, or a cluster whose workers cannot hold one trial, raises
-        ResourceError naming the address before anything is written."""
+        ResourceError naming the address before anything is written. With `preload`, each worker process forks
+        single-process trials from a launcher of its own (hpo.runners.preload)."""
         from distributed import Client
 
         try:
@@ -69,6 +72,7 @@ class DaskRunner(Runner):
         self.gpus = 0 if resources.gpus == "none" else resources.gpus_per_trial
         self.max_parallel = max_parallel
         self.launch_builder = launch_builder
+        self.preload = preload
         self.running: dict[int, _Submitted] = {}
         # This runner's own names on the cluster: task keys are global to the scheduler, and another experiment's
         # trial 1 must not be taken for ours.
@@ -140,7 +144,7 @@ class DaskRunner(Runner):
             self._released.append(sub.future)
         self._ending.clear()
         future = self.client.submit(
-            run_attempt, launch, self.gpus, self.launch_builder, self.topic,
+            run_attempt, launch, self.gpus, self.launch_builder, self.topic, self.preload,
             key=f"hpo-trial-{self.token}-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
             resources={"GPU": self.gpus} if self.gpus else None,
         )  # fmt: skip
@@ -252,12 +256,14 @@ def _send_promptly(client) -> None:
 _lock = threading.Lock()
 _gpus_in_use: set[int] = set()
 _processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> its process
+_launcher: Launcher | None = None  # this worker process's, started with its first preloaded trial
 
 
-def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str) -> dict[str, Any]:
+def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, preload: bool = False) -> dict[str, Any]:
     """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended. That is also
     announced on the scheduler's event log under `topic` as soon as the process has ended: the runner learns it
-    without fetching the task's result from the worker."""
+    without fetching the task's result from the worker. With `preload`, the process is forked from this worker's
+    launcher (which dies with the worker, and so do the trials it forked)."""
     from distributed import get_worker
 
     worker = get_worker()
@@ -267,8 +273,9 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str) -> d
         spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
         cmd, env = launch_builder(spec, dict(os.environ))
+        launcher = _worker_launcher() if preload else None
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
-                                     die_with_parent=True)  # fmt: skip
+                                     die_with_parent=True, launcher=launcher)  # fmt: skip
         _processes[(launch.trial_id, launch.attempt)] = process
         while (code := process.poll()) is None:
             wait_any([process], 0.1)
@@ -280,6 +287,14 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str) -> d
             _gpus_in_use.difference_update(ids)
     worker.log_event(topic, {"trial_id": launch.trial_id, "attempt": launch.attempt, "ended": ended})
     return ended
+
+
+def _worker_launcher() -> Launcher:
+    global _launcher
+    with _lock:
+        if _launcher is None or not _launcher.alive:
+            _launcher = Launcher()
+        return _launcher
 
 
 def _take_gpus(total: int, needed: int, wait_s: float = GPU_WAIT_S) -> tuple[int, ...]:

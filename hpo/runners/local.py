@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, kill_process_group, wait_any
 from hpo.trial_entry import WORKER_ENV
 
@@ -29,9 +30,11 @@ class _Running:
 
 
 class LocalRunner(Runner):
-    def __init__(self, resources, max_parallel: int, launch_builder: LaunchBuilder = build_launch):
+    def __init__(self, resources, max_parallel: int, launch_builder: LaunchBuilder = build_launch,
+                 preload: bool = False):  # fmt: skip
         """Plans the slots now: an impossible request (8 GPUs per trial on a 4-GPU machine) raises
-        ResourceError before anything is written."""
+        ResourceError before anything is written. With `preload`, single-process trials are forked from a
+        launcher that has imported the trial side (hpo.runners.preload), started with the first trial."""
         inventory = [] if resources.gpus == "none" else discover_gpus()
         gpus, skipped = select_gpus(inventory, resources.gpus if inventory else "none")
         slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu, cpu_slots=resources.cpu_slots)
@@ -39,6 +42,8 @@ class LocalRunner(Runner):
         self.resources = resources
         self.launch_builder = launch_builder
         self.running: dict[int, _Running] = {}
+        self.preload = preload
+        self.launcher: Launcher | None = None
 
     def describe(self) -> str:
         slots = self.pool.slots
@@ -62,7 +67,10 @@ class LocalRunner(Runner):
             extra_env={WORKER_ENV: f"{socket.gethostname()}/{slot.label}"},
         )  # fmt: skip
         cmd, env = self.launch_builder(spec, dict(os.environ))
-        process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb)
+        if self.preload and self.launcher is None:
+            self.launcher = Launcher()
+        process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
+                                     launcher=self.launcher)  # fmt: skip
         self.running[launch.trial_id] = _Running(launch, slot, process)
 
     def poll(self) -> list[TrialExit]:
@@ -86,6 +94,11 @@ class LocalRunner(Runner):
     def kill_leftover(self, host: str | None, pid: int | None) -> None:
         if pid and host == socket.gethostname():
             kill_process_group(pid)
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
 
     def _ended(self, trial_id: int, code: int) -> TrialExit:
         run = self.running.pop(trial_id)

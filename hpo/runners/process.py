@@ -17,8 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpo.trial_exit import EXIT_PIPE_ENV
+
+if TYPE_CHECKING:
+    from hpo.runners.preload import ForkedProcess, Launcher
 
 PR_SET_PDEATHSIG = 1
 # Its own process group, so os.killpg ends torchrun and all its ranks. `process_group=0` (Python 3.11+) lets
@@ -30,7 +34,7 @@ _OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_ne
 
 @dataclass
 class TrialProcess:
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     stderr_path: Path
     started: float
     timeout_s: float | None
@@ -42,31 +46,28 @@ class TrialProcess:
     @classmethod
     def start(
         cls, cmd: list[str], env: dict[str, str], workdir: Path, timeout_s: float | None,
-        memory_limit_mb: int | None = None, die_with_parent: bool = False,
+        memory_limit_mb: int | None = None, die_with_parent: bool = False, launcher: Launcher | None = None,
     ) -> TrialProcess:  # fmt: skip
+        """Start `cmd`: forked from `launcher` where it accepts the command (a preloaded `python -m`), else
+        exec'd."""
         workdir.mkdir(parents=True, exist_ok=True)
-        stderr_path = workdir / "stderr.log"
-        # Death with the parent through setpriv keeps vfork; in a function run before exec it would cost a full fork
-        # (3.7 ms for an 80 MB Dask worker, against 0.1 ms).
-        wrapper = death_signal_wrapper() if die_with_parent else None
-        if wrapper:
-            cmd, die_with_parent = [*wrapper, *cmd], False
+        stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
         # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial_exit).
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
-        env = {**env, EXIT_PIPE_ENV: f"{write_end}:{os.fstat(write_end).st_ino}"}
         try:
-            with open(workdir / "stdout.log", "ab") as out, open(stderr_path, "ab") as err:
-                popen = subprocess.Popen(
-                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(write_end,),
-                    preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **_OWN_GROUP,
-                )  # fmt: skip
+            if launcher is not None and launcher.accepts(cmd, env):
+                process = launcher.start(cmd, env, stdout_path, stderr_path, write_end, memory_limit_mb,
+                                         die_with_parent)  # fmt: skip
+            else:
+                process = _exec(cmd, env, stdout_path, stderr_path, write_end, memory_limit_mb, die_with_parent)
         except BaseException:
             os.close(read_end)
             raise
         finally:
             os.close(write_end)
-        return cls(popen, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(popen.pid), exit_pipe=read_end)
+        return cls(process, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(process.pid),
+                   exit_pipe=read_end)  # fmt: skip
 
     def poll(self) -> int | None:
         """The exit code once the process has announced it (and is leaving) or has ended; kills it when its time
@@ -123,6 +124,21 @@ class TrialProcess:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
+
+
+def _exec(cmd: list[str], env: dict[str, str], stdout_path: Path, stderr_path: Path, exit_pipe: int,
+          memory_limit_mb: int | None, die_with_parent: bool) -> subprocess.Popen:  # fmt: skip
+    # Death with the parent through setpriv keeps vfork; in a function run before exec it would cost a full fork
+    # (3.7 ms for an 80 MB Dask worker, against 0.1 ms).
+    wrapper = death_signal_wrapper() if die_with_parent else None
+    if wrapper:
+        cmd, die_with_parent = [*wrapper, *cmd], False
+    env = {**env, EXIT_PIPE_ENV: f"{exit_pipe}:{os.fstat(exit_pipe).st_ino}"}
+    with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+        return subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(exit_pipe,),
+            preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **_OWN_GROUP,
+        )  # fmt: skip
 
 
 def wait_any(processes: list[TrialProcess], timeout_s: float) -> None:

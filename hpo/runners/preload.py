@@ -1,0 +1,325 @@
+"""A preloaded launcher: trial processes forked from a server that has already imported the trial side.
+
+Each trial process starts a Python interpreter and imports the storage (SQLAlchemy) before it can claim its
+trial: 0.2 to 0.3 s of CPU every time, taken just when the runner is ending trials and starting their
+successors. The launcher is one process per runner (per Dask worker process) that imports those modules once
+and forks each `python -m MODULE ARGS` command from there. The child does what starting the interpreter would
+have done for that command: its own process group, the trial's environment, standard streams and limits, death
+with the runner where asked, and the module run as `__main__`; then it leaves as the interpreter would (threads
+joined, exit handlers run, streams flushed). Commands of another shape (torchrun for several ranks, another
+interpreter, an environment that changes how Python starts) start with exec, as without the launcher.
+
+The server is single-threaded and imports no torch (whose thread pools read their settings once per process),
+so forking it is safe and each trial still sets its own threads and GPUs. The server is the trial's parent: it
+reaps each child and sends its exit status to the runner (the trial announces its code earlier on its exit
+pipe, as an exec'd one does). It leaves when the runner closes its end of the socket or dies; trials that asked
+for death with their parent then die with it, like children of a Dask worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import importlib
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpo.trial_exit import EXIT_PIPE_ENV
+
+# Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
+# which runs as `__main__`).
+PRELOAD = ("hpo.storage", "hpo.objective", "hpo.experiment")
+PR_SET_PDEATHSIG = 1
+MAX_MESSAGE = 1 << 20
+# Variables the interpreter reads when it starts: a trial whose values differ from the server's is exec'd.
+_STARTUP_PREFIXES = ("PYTHON", "LD_")
+_UNBUFFERED = "PYTHONUNBUFFERED"
+
+
+@dataclass(frozen=True)
+class _Request:
+    module: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str  # the runner's working directory when it started the trial (an exec'd trial would inherit it)
+    stdout: str
+    stderr: str
+    memory_limit_mb: int | None
+    die_with_parent: bool
+
+
+class ForkedProcess:
+    """A trial forked by the launcher: the part of `subprocess.Popen` that `TrialProcess` uses."""
+
+    def __init__(self, launcher: Launcher, pid: int):
+        self.launcher, self.pid = launcher, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.launcher.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.launcher.wait_exit(self.pid, timeout)
+        return self.returncode
+
+
+class Launcher:
+    """The runner's side: starts the server, forks trials through it, collects their exit statuses."""
+
+    def __init__(self, modules: tuple[str, ...] = PRELOAD, env: dict[str, str] | None = None):
+        self.env = {**(os.environ if env is None else env), _UNBUFFERED: "1"}
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            cmd = [sys.executable, "-m", __name__, str(theirs.fileno()), *modules]
+            self.server = _start_server(cmd, self.env, theirs.fileno())
+        finally:
+            theirs.close()
+        self._lock = threading.Lock()  # one request at a time (Dask runs several tasks per worker)
+        self._cond = threading.Condition()
+        self._codes: dict[int, int] = {}
+        self._replies: list[tuple] = []
+        self.alive = True
+        self.ready = False  # the server has imported the modules (0.3 s); until then, trials are exec'd
+        self._reader = threading.Thread(target=self._read, name="hpo-launcher", daemon=True)
+        self._reader.start()
+
+    def accepts(self, cmd: list[str], env: dict[str, str]) -> bool:
+        """Whether forking from the server gives what exec'ing `cmd` with `env` would: `python -m MODULE` of
+        this interpreter, unbuffered, started with the server's interpreter settings."""
+        if not (self.ready and self.alive):
+            return False
+        if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2].startswith("-"):
+            return False
+        keys = {k for k in {*env, *self.env} if k.startswith(_STARTUP_PREFIXES)}
+        return env.get(_UNBUFFERED) == "1" and all(env.get(k) == self.env.get(k) for k in keys)
+
+    def start(self, cmd: list[str], env: dict[str, str], stdout: Path, stderr: Path, exit_pipe: int,
+              memory_limit_mb: int | None, die_with_parent: bool) -> ForkedProcess:  # fmt: skip
+        """Fork `cmd` (accepted by `accepts`) with `exit_pipe` as the write end of its exit pipe."""
+        request = _Request(cmd[2], tuple(cmd[3:]), env, os.getcwd(), str(stdout), str(stderr), memory_limit_mb,
+                           die_with_parent)  # fmt: skip
+        with self._lock:
+            socket.send_fds(self.sock, [pickle.dumps(request)], [exit_pipe])
+            reply = self._reply()
+        if reply[0] != "started":
+            raise OSError(f"the trial launcher could not start {' '.join(cmd)}: {reply[1]}")
+        return ForkedProcess(self, reply[1])
+
+    def _reply(self) -> tuple:
+        with self._cond:
+            self._cond.wait_for(lambda: self._replies or not self.alive)
+            return self._replies.pop(0) if self._replies else ("error", "the launcher has stopped")
+
+    def _read(self) -> None:
+        """Dispatches the server's messages: replies to requests, and exit statuses of its children."""
+        while True:
+            try:
+                data = self.sock.recv(MAX_MESSAGE)
+            except OSError:
+                data = b""
+            with self._cond:
+                if not data:
+                    self.alive = False
+                    self._cond.notify_all()
+                    return
+                message = pickle.loads(data)
+                if message[0] == "exit":
+                    self._codes[message[1]] = message[2]
+                elif message[0] == "ready":
+                    self.ready = True
+                else:
+                    self._replies.append(message)
+                self._cond.notify_all()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the server has imported its modules; whether it has (False: it failed, or the time ran out)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.ready or not self.alive, timeout)
+            return self.ready and self.alive
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            code = self._codes.get(pid)
+            if code is None and not self.alive and not _exists(pid):
+                code = -signal.SIGKILL  # the server is gone (its children were reaped by init)
+            return code
+
+    def wait_exit(self, pid: int, timeout: float | None = None) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._codes or not self.alive, timeout)
+        code = self.exit_code(pid)
+        while code is None and timeout is None:  # the server is gone: wait for the orphan to leave
+            threading.Event().wait(0.05)
+            code = self.exit_code(pid)
+        if code is None:
+            raise TimeoutError(f"trial process {pid} still runs")
+        return code
+
+    def close(self) -> None:
+        """Stop the server (trials it started keep running, unless they die with their parent)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        with contextlib.suppress(Exception):
+            self.server.wait(10)
+
+
+def _start_server(cmd: list[str], env: dict[str, str], fd: int):
+    import subprocess
+
+    from hpo.runners.process import death_signal_wrapper
+
+    wrapper = death_signal_wrapper()  # the server dies with the runner even where its socket lingers
+    return subprocess.Popen([*(wrapper or ()), *cmd], env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,),
+                            process_group=0)  # fmt: skip
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the server ----------------------------------------------------------------------------------------------
+
+
+def serve(fd: int, modules: list[str]) -> None:
+    sock = socket.socket(fileno=fd)
+    for name in modules:
+        importlib.import_module(name)
+    gc.freeze()  # what was imported stays out of the children's collections (and their pages shared)
+    sock.send(pickle.dumps(("ready",)))
+    wake_r, wake_w = os.pipe()
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    server_pid = os.getpid()
+    while True:
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            _reap(sock)
+        if sock in ready:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
+            except ConnectionResetError:
+                data, fds = b"", []
+            if not data:
+                return  # the runner is gone
+            try:
+                request = pickle.loads(data)
+                pid = os.fork()
+            except Exception as e:  # noqa: BLE001 - told to the runner, which fails the attempt
+                reply = ("error", f"{type(e).__name__}: {e}")
+            else:
+                if pid == 0:
+                    _child(request, fds[0], server_pid, [sock.fileno(), wake_r, wake_w])
+                reply = ("started", pid)
+            for end in fds:
+                os.close(end)
+            sock.send(pickle.dumps(reply))
+            _reap(sock)  # a child that ended before the reply was sent
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
+
+
+def _child(request: _Request, exit_pipe: int, server_pid: int, server_fds: list[int]) -> None:
+    """In the forked child: become the trial process, run its module, leave with its exit code."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.default_int_handler)
+        os.setpgid(0, 0)
+        if request.die_with_parent:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != server_pid:  # the server died before the death signal was set
+                os.kill(os.getpid(), signal.SIGKILL)
+        for end in server_fds:
+            os.close(end)
+        if request.memory_limit_mb:
+            import resource
+
+            limit = request.memory_limit_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        _redirect(0, os.devnull, os.O_RDONLY)
+        _redirect(1, request.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        _redirect(2, request.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        env = {**request.env, EXIT_PIPE_ENV: f"{exit_pipe}:{os.fstat(exit_pipe).st_ino}"}
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request.cwd)
+        import runpy
+
+        if not sys.flags.safe_path:
+            sys.path[0] = request.cwd  # where `python -m` looks first
+        sys.argv = [request.module, *request.args]
+        runpy.run_module(request.module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except BaseException:  # noqa: BLE001 - printed and ended with 1, as the interpreter does
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(_leave(code))
+
+
+def _redirect(fd: int, path: str, flags: int) -> None:
+    opened = os.open(path, flags, 0o644)
+    os.dup2(opened, fd)
+    os.close(opened)
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _leave(code: int) -> int:
+    """What the interpreter does on the way out: join threads, run exit handlers, flush the streams."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return code
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2:])
