@@ -119,10 +119,12 @@ def run_nni(trials: int, slots: int, seconds: float, tuner: str, tmp: Path) -> t
 
 def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path) -> tuple[float, int]:
     spec = experiment(trials, slots, runner)
-    url = f"sqlite:///{tmp}/hpo-{runner['name']}.db"
+    name = f"{runner['name']}-{'preload' if runner.get('preload', True) else 'exec'}"
+    url = f"sqlite:///{tmp}/hpo-{name}.db"
     storage = SqlStorage(url, upgrade=True)
-    eid = storage.create_experiment(spec.name, stored_form(spec, tmp / "run"), spec.direction)
-    study = Study(spec, storage, eid, tmp / "run", build_runner(spec, launch_builder=dummy_launch(seconds)), url)
+    run_dir = tmp / f"run-{name}"
+    eid = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    study = Study(spec, storage, eid, run_dir, build_runner(spec, launch_builder=dummy_launch(seconds)), url)
     start = time.perf_counter()
     study.run()
     wall = time.perf_counter() - start
@@ -169,30 +171,33 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200, help="trials per engine")
     ap.add_argument("--slots", type=int, default=4, help="trials at once")
     ap.add_argument("--seconds", type=float, default=1.0, help="length of one dummy trial")
-    ap.add_argument("--only", choices=["local", "dask", "nni", "optuna", "optuna-db"], action="append",
-                    help="run only these engines, in this order (default: local, dask, optuna, optuna-db)")  # fmt: skip
+    ap.add_argument("--only", choices=["local", "dask", "local-exec", "dask-exec", "nni", "optuna", "optuna-db"],
+                    action="append", help="run only these engines, in this order (default: local, dask, optuna, "
+                    "optuna-db); -exec: that runner with runner.preload off (a new interpreter per trial)")  # fmt: skip
     ap.add_argument("--nni-tuner", choices=NNI_TUNERS, default="nni_random", help="the NNI engine's tuner")
     args = ap.parse_args()
     engines = args.only or ["local", "dask", "optuna", "optuna-db"]
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
+            preload = not engine.endswith("-exec")
             ideal = math.ceil(args.trials / args.slots) * args.seconds
             if engine == "nni":
                 wall, done, ideal = run_nni(args.trials, args.slots, args.seconds, args.nni_tuner, Path(tmp))
             elif engine in ("optuna", "optuna-db"):
                 record = engine == "optuna-db"
                 wall, done = run_optuna(args.trials, args.slots, args.seconds, Path(tmp), record)
-            elif engine == "dask":
+            elif engine.startswith("dask"):
                 from distributed import LocalCluster
 
                 with LocalCluster(n_workers=2, threads_per_worker=args.slots // 2, processes=True,
                                   dashboard_address=None) as cluster:  # fmt: skip
-                    runner = {"name": "dask", "scheduler": cluster.scheduler_address}
+                    runner = {"name": "dask", "scheduler": cluster.scheduler_address, "preload": preload}
                     wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp))
             else:
-                wall, done = run_ours(args.trials, args.slots, args.seconds, {"name": "local"}, Path(tmp))
+                runner = {"name": "local", "preload": preload}
+                wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp))
             overhead = 100 * (wall / ideal - 1)
-            print(f"{engine:>9}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
+            print(f"{engine:>10}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
                   f"wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %", flush=True)  # fmt: skip
 
 

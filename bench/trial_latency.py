@@ -1,8 +1,13 @@
-"""Where a short trial's time goes outside the controller: how long the kernel takes to tear down a trial
-process after its last write (what `hpo.trial_exit`'s exit pipe saves the runner from waiting for), and the
-latency of one task through an idle Dask `LocalCluster` (2 worker processes, as in `bench.controller_overhead`).
+"""Where a short trial's time goes outside the controller: how long a trial process takes from its start to
+having the storage imported (exec'd, or forked by the preloaded launcher of `hpo.runners.preload`), how long
+the kernel takes to tear down a trial process after its last write (what `hpo.trial_exit`'s exit pipe saves the
+runner from waiting for), and the latency of one task through an idle Dask `LocalCluster` (2 worker processes,
+as in `bench.controller_overhead`).
 
-    python -m bench.trial_latency            # 30 processes per import set, 100 Dask tasks
+    python -m bench.trial_latency            # 30 processes per way or import set, 100 Dask tasks
+
+Start: `TrialProcess.start` of `python -m bench.started_trial` (imports the storage, prints the time and its own
+CPU time), with and without a launcher; from the call to the printed stamp, and the CPU time the process used.
 
 Teardown: a child imports a set of modules, waits for a line on stdin, writes `time.time()` and calls
 `os._exit(0)`; the parent measures from that stamp to its pidfd becoming readable. Dask: `submit` to the task
@@ -18,8 +23,10 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 IMPORT_SETS = {
     "bare interpreter": "",
@@ -51,6 +58,32 @@ def teardown_ms(imports: str, runs: int) -> float:
         child.wait()
         os.close(pidfd)
     return 1000 * statistics.median(samples)
+
+
+def start_ms(preload: bool, runs: int, tmp: Path) -> tuple[float, float]:
+    """Median ms from `TrialProcess.start` to the storage imported, and the process's CPU ms until then."""
+    from hpo.runners.preload import Launcher
+    from hpo.runners.process import TrialProcess
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    launcher = Launcher(env=env) if preload else None
+    if launcher is not None and not launcher.wait_ready(60):
+        raise SystemExit("the preloaded launcher did not start")
+    wall, cpu = [], []
+    try:
+        for i in range(runs):
+            workdir = tmp / f"{'forked' if preload else 'execd'}-{i}"
+            started = time.time()
+            process = TrialProcess.start([sys.executable, "-m", "bench.started_trial"], env, workdir, None,
+                                         launcher=launcher)  # fmt: skip
+            process.popen.wait()
+            stamp_s, cpu_s = map(float, (workdir / "stdout.log").read_text().split())
+            wall.append(stamp_s - started)
+            cpu.append(cpu_s)
+    finally:
+        if launcher is not None:
+            launcher.close()
+    return 1000 * statistics.median(wall), 1000 * statistics.median(cpu)
 
 
 def stamp() -> float:
@@ -86,9 +119,14 @@ def dask_ms(tasks: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=30, help="processes per import set")
+    ap.add_argument("--runs", type=int, default=30, help="processes per way of starting, and per import set")
     ap.add_argument("--tasks", type=int, default=100, help="Dask tasks")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for preload in (False, True):
+            wall, cpu = start_ms(preload, args.runs, Path(tmp))
+            how = "forked by the preloaded launcher" if preload else "exec'd"
+            print(f"start -> storage imported, {how}: {wall:.1f} ms, {cpu:.1f} ms of CPU", flush=True)
     for name, imports in IMPORT_SETS.items():
         print(f"teardown after the last write, {name}: {teardown_ms(imports, args.runs):.2f} ms", flush=True)
     to_run, back = dask_ms(args.tasks)
