@@ -178,13 +178,14 @@ class Launcher:
 
 
 def _start_server(cmd: list[str], env: dict[str, str], fd: int):
+    """The server in a process group of its own (Ctrl-C is the controller's to handle). It needs no death signal:
+    when the runner's process ends, the kernel closes the runner's end of the socket and the server leaves (a
+    death signal would follow the thread that started it, and a Dask worker starts it from a task thread)."""
     import subprocess
 
-    from hpo.runners.process import death_signal_wrapper
+    from hpo.runners.process import OWN_GROUP
 
-    wrapper = death_signal_wrapper()  # the server dies with the runner even where its socket lingers
-    return subprocess.Popen([*(wrapper or ()), *cmd], env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,),
-                            process_group=0)  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,), **OWN_GROUP)
 
 
 def _exists(pid: int) -> bool:
@@ -234,6 +235,8 @@ def serve(fd: int, modules: list[str]) -> None:
             else:
                 if pid == 0:
                     _child(request, fds[0], server_pid, [sock.fileno(), wake_r, wake_w])
+                with contextlib.suppress(OSError):  # the child does it too: the group exists before the reply
+                    os.setpgid(pid, pid)
                 reply = ("started", pid)
             for end in fds:
                 os.close(end)

@@ -29,7 +29,7 @@ PR_SET_PDEATHSIG = 1
 # subprocess use vfork; `start_new_session` forces a full fork, 2 to 5 times slower for a controller that has
 # imported torch. The trial stays in the controller's session, off the terminal's foreground group, so Ctrl-C
 # reaches only the controller, which stops the trials itself.
-_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
 @dataclass
@@ -137,7 +137,7 @@ def _exec(cmd: list[str], env: dict[str, str], stdout_path: Path, stderr_path: P
     with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
         return subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(exit_pipe,),
-            preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **_OWN_GROUP,
+            preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **OWN_GROUP,
         )  # fmt: skip
 
 
