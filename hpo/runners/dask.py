@@ -4,8 +4,9 @@ Workers declare their GPUs as resources (`dask worker tcp://HOST:8786 --resource
 `gpus_per_trial: k` is a task that needs `{"GPU": k}`, so the scheduler never puts more trials on a worker
 than it has GPUs. On the worker, the task takes k of that worker's GPU ids that no other task holds, sets
 CUDA_VISIBLE_DEVICES, and runs the same launch as the local runner (torchrun for k > 1 with its own port).
-The trial process dies with its worker (PR_SET_PDEATHSIG) and records itself in the database, so only the
-database URL needs to reach the workers, no shared disk. How the process ended (exit code, stderr tail) is
+The trial process dies with its worker (PR_SET_PDEATHSIG; a trial forked by the worker's preloaded launcher dies
+with the launcher, which leaves with the worker) and records itself in the database, so only the database URL
+needs to reach the workers, no shared disk. How the process ended (exit code, stderr tail) is
 announced on the scheduler's event log under the runner's own topic as soon as the process is gone: the runner
 hears of it in one message instead of fetching the task's value from the worker. Task keys and the topic carry
 a token of the runner, since keys are global to a scheduler and several experiments may share one cluster.

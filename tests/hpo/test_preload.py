@@ -4,6 +4,7 @@ as a process group, and dies with the launcher where asked. Commands of another 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -147,3 +148,48 @@ def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
     assert launcher.accepts(torchrun, probe_env)  # torchrun itself may be forked; its ranks are exec'd by it
     process, code = run([sys.executable, "-c", "print('hi')"], probe_env, tmp_path, launcher)
     assert isinstance(process.popen, subprocess.Popen) and code == 0
+
+
+# A runner's process (as a Dask worker is): starts a launcher and a sleeping trial that dies with its parent.
+RUNNER = """
+import os, sys
+from pathlib import Path
+from hpo.runners.preload import Launcher
+from hpo.runners.process import TrialProcess
+env = dict(os.environ)
+launcher = Launcher(env=env)
+assert launcher.wait_ready(60)
+process = TrialProcess.start([sys.executable, "-m", "preload_probe", "sleep"], env, Path(sys.argv[1]), None,
+                             die_with_parent=True, launcher=launcher)
+print(type(process.popen).__name__, process.popen.pid, launcher.server.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_runner_killed_takes_its_launcher_and_the_trials_that_die_with_it(tmp_path, probe_env):
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path)], env=probe_env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    trial = None
+    try:
+        kind, trial, server = runner.stdout.readline().split()
+        assert kind == "ForkedProcess"
+        runner.kill()  # SIGKILL: no clean-up runs in the runner
+        runner.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in (int(trial), int(server))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(int(server)) and not alive(int(trial))
+    finally:
+        runner.kill()
+        if trial is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(trial), signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
