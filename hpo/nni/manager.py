@@ -22,6 +22,7 @@ from typing import Any
 
 from hpo.errors import HpoError
 from hpo.nni.config import nni_home
+from hpo.runners.process import pid_exists
 
 
 class NniEngineError(HpoError):
@@ -159,12 +160,8 @@ def _save(run_dir: Path, experiment: NniExperiment) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     with contextlib.suppress(ChildProcessError):
         if os.waitpid(pid, os.WNOHANG)[0] == pid:  # a zombie child of ours
             return False

@@ -34,6 +34,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpo.runners.process import OWN_GROUP, pid_exists
 from hpo.trial_exit import EXIT_PIPE_ENV
 
 # Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
@@ -153,7 +154,7 @@ class Launcher:
     def exit_code(self, pid: int) -> int | None:
         with self._cond:
             code = self._codes.get(pid)
-            if code is None and not self.alive and not _exists(pid):
+            if code is None and not self.alive and not pid_exists(pid):
                 code = -signal.SIGKILL  # the server is gone (its children were reaped by init)
             return code
 
@@ -183,19 +184,7 @@ def _start_server(cmd: list[str], env: dict[str, str], fd: int):
     death signal would follow the thread that started it, and a Dask worker starts it from a task thread)."""
     import subprocess
 
-    from hpo.runners.process import OWN_GROUP
-
     return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,), **OWN_GROUP)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the server ----------------------------------------------------------------------------------------------

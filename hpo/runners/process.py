@@ -157,6 +157,17 @@ def _open_pidfd(pid: int) -> int | None:
         return None
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process `pid` exists (a zombie included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
 def kill_process_group(pgid: int) -> None:
     """SIGKILL a process group if it still exists."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
