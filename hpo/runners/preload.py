@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import importlib
 import os
@@ -30,17 +29,17 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpo.runners.process import OWN_GROUP, pid_exists
+from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial_exit import EXIT_PIPE_ENV
 
 # Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
 # which runs as `__main__`).
 PRELOAD = ("hpo.storage", "hpo.objective", "hpo.experiment")
-PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 # Variables the interpreter reads when it starts: a trial whose values differ from the server's is exec'd.
 _STARTUP_PREFIXES = ("PYTHON", "LD_")
@@ -163,7 +162,7 @@ class Launcher:
             self._cond.wait_for(lambda: pid in self._codes or not self.alive, timeout)
         code = self.exit_code(pid)
         while code is None and timeout is None:  # the server is gone: wait for the orphan to leave
-            threading.Event().wait(0.05)
+            time.sleep(0.05)
             code = self.exit_code(pid)
         if code is None:
             raise TimeoutError(f"trial process {pid} still runs")
@@ -249,20 +248,16 @@ def _child(request: _Request, exit_pipe: int, server_pid: int, server_fds: list[
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.default_int_handler)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgid(0, 0)
-        if request.die_with_parent:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != server_pid:  # the server died before the death signal was set
-                os.kill(os.getpid(), signal.SIGKILL)
+        limits_and_death = pre_exec(request.memory_limit_mb, request.die_with_parent)  # as an exec'd trial gets
+        if limits_and_death is not None:
+            limits_and_death()
+        if request.die_with_parent and os.getppid() != server_pid:  # the server died before the signal was set
+            os.kill(os.getpid(), signal.SIGKILL)
         for end in server_fds:
             os.close(end)
-        if request.memory_limit_mb:
-            import resource
-
-            limit = request.memory_limit_mb << 20
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         _redirect(0, os.devnull, os.O_RDONLY)
         _redirect(1, request.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         _redirect(2, request.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND)

@@ -137,7 +137,7 @@ def _exec(cmd: list[str], env: dict[str, str], stdout_path: Path, stderr_path: P
     with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
         return subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(exit_pipe,),
-            preexec_fn=_pre_exec(memory_limit_mb, die_with_parent), **OWN_GROUP,
+            preexec_fn=pre_exec(memory_limit_mb, die_with_parent), **OWN_GROUP,
         )  # fmt: skip
 
 
@@ -190,7 +190,7 @@ def death_signal_wrapper() -> tuple[str, ...] | None:
     return prefix if ok else None
 
 
-def _pre_exec(memory_limit_mb: int | None, die_with_parent: bool):
+def pre_exec(memory_limit_mb: int | None, die_with_parent: bool):
     """Runs in the child before exec: an address-space limit, so a CPU trial that needs too much memory fails
     with an allocation error (recorded as out of memory) instead of pushing the machine into swap; and, on a
     Dask worker, death with the worker (Linux), so a lost worker leaves no trial running."""
