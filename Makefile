@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 DEMO_DATA ?= data/demo
 
-.PHONY: setup system-deps bench-deps demo train-demo demo-data test test-all lint format bench clean
+.PHONY: setup system-deps bench-deps demo train-demo demo-data test test-all fuzz lint format bench clean
 
 # Debian packages the tests use: docker-compose validates docker-compose.yml, chromium renders pages headless.
 DEBIAN_PACKAGES ?= docker-compose chromium
@@ -71,6 +71,12 @@ test: lint system-deps
 
 test-all: lint
 	$(BIN)/python -m pytest -m "not gpu"
+
+# `make test` draws fixed examples (the derandomized Hypothesis profile `ci`); this explores new seeds, with more
+# examples, in every Hypothesis/schemathesis test. A failure prints its seed: `make fuzz SEED=N` replays it.
+SEED ?=
+fuzz: $(VENV)/.installed
+	$(BIN)/python -m pytest -m hypothesis --hypothesis-profile=fuzz $(if $(SEED),--hypothesis-seed=$(SEED))
 
 bench: $(VENV)/.installed bench-deps
 	$(BIN)/python bench/trainer_throughput.py

@@ -1,5 +1,8 @@
 """Property-based fuzzing of the OpenAPI schema (schemathesis): whatever the generated paths, queries and
-headers, the server never answers 5xx, and its status codes, content types and bodies match the schema."""
+headers, the server never answers 5xx, and its status codes, content types and bodies match the schema.
+
+`make test` draws the same examples every run (the derandomized `ci` profile of tests/conftest.py); `make fuzz`
+explores new seeds with more examples, and `make fuzz SEED=N` replays one."""
 
 from __future__ import annotations
 
@@ -14,10 +17,13 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from tests.conftest import examples
 from tests.server.conftest import EXPERIMENT, start_server, stop_server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-EXAMPLES_PER_OPERATION = 10
+EXAMPLES_PER_OPERATION = examples(ci=10, fuzz=200)
+
+pytestmark = pytest.mark.hypothesis  # `make fuzz` selects it: the examples are drawn inside the test
 
 
 @pytest.fixture(scope="module")

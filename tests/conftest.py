@@ -1,0 +1,29 @@
+"""Hypothesis profiles for every property-based test (Hypothesis, and schemathesis, which runs on it).
+
+- `ci` (the default): derandomized, so `make test` draws the same examples on every run and machine; a
+  failure there is a real regression, never a new seed's find. `--hypothesis-seed` has no effect under it.
+- `fuzz` (`make fuzz`, or `pytest -m hypothesis --hypothesis-profile=fuzz`): a new random seed per run and
+  more examples, to explore; a failure prints the seed, and `make fuzz SEED=N` (or `--hypothesis-seed=N`
+  with this profile) replays it.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+
+CI_PROFILE = "ci"
+FUZZ_PROFILE = "fuzz"
+
+# No example database in either: CI must not depend on files earlier runs left behind.
+settings.register_profile(CI_PROFILE, derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile(FUZZ_PROFILE, derandomize=False, database=None, deadline=None, print_blob=True,
+                          max_examples=1000)  # fmt: skip
+
+# `--hypothesis-profile` (loaded by Hypothesis' pytest plugin, before or after this file) wins over the default.
+if settings.get_current_profile_name() == "default":
+    settings.load_profile(CI_PROFILE)
+
+
+def examples(ci: int, fuzz: int) -> int:
+    """How many examples a test draws under the current profile: `ci` in `make test`, `fuzz` in `make fuzz`."""
+    return fuzz if settings.get_current_profile_name() == FUZZ_PROFILE else ci
