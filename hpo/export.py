@@ -15,11 +15,16 @@ reduced (the global batch, which is what the optimizer sees, never changes) and 
 Formats: `yaml` (the config, with the provenance as comments: `python -m trainer --config FILE` runs it),
 `json` (`{"provenance": ..., "warnings": [...], "config": ...}`: JSON has no comments, so the runnable config is
 the `config` member), and `torchrun` (the command line, with the provenance as shell comments).
+
+No stored or user-supplied text can break the file: the config is written by the YAML dumper (which quotes and
+escapes any string), a comment shows the characters that would end its line or that YAML cannot carry as escapes,
+and a config path with such characters is refused (the torchrun line must name it as it is).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -33,6 +38,13 @@ Format = Literal["yaml", "json", "torchrun"]
 FORMATS: tuple[str, ...] = ("yaml", "json", "torchrun")
 MEDIA_TYPES = {"yaml": "application/yaml", "json": "application/json", "torchrun": "text/x-shellscript"}
 RENDEZVOUS_PORT = 29400
+
+# Characters that end a line for YAML (LF, CR, NEL, U+2028/9) or for Python's str.splitlines (also VT, FF,
+# U+001C-1E), and those YAML cannot carry at all (other C0/C1 controls, DEL, surrogates, U+FFFE/F).
+_LINE_UNSAFE = r"\x00-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff"
+LINE_UNSAFE = re.compile(rf"[{_LINE_UNSAFE}\ud800-\udfff]")
+# The same rule as a JSON-schema pattern for the API's config_path (a query string never holds a surrogate).
+CONFIG_PATH_PATTERN = f"^[^{_LINE_UNSAFE}]+$"
 
 
 class ExportError(HpoError):
@@ -146,12 +158,33 @@ def warnings_for(origin: Provenance) -> tuple[str, ...]:
     )
 
 
+def check_config_path(config_path: str) -> None:
+    """Refuse a config path the torchrun line cannot name on one line (see LINE_UNSAFE); quotes, spaces and
+    other Unicode text are fine: the line quotes the path for the shell."""
+    if not config_path:
+        raise ExportError("the config path is empty: name the YAML file the torchrun command runs")
+    bad = LINE_UNSAFE.search(config_path)
+    if bad:
+        raise ExportError(
+            f"config path {config_path!r} holds the control or line-break character {bad.group()!r} "
+            f"(position {bad.start()}), which would break the exported file's `run:` line; name a file without "
+            "control characters (`hpo export --config-path` / `-o`, or the API's config_path)"
+        )
+
+
+def comment_text(text: str) -> str:
+    r"""`text` fit for one comment line: characters in LINE_UNSAFE as Python escapes (`\x85`, `\u2028`)."""
+    return LINE_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def torchrun_command(config_path: str, nodes: int = 1, gpus_per_node: int = 1, run_id: str = "hpo") -> str:
     """`torchrun --nnodes N --nproc_per_node G [rendezvous] -m trainer --config FILE` as one shell line.
 
     One node rendezvouses on a free local port (`--standalone`); several use the c10d rendezvous at
     `$MASTER_ADDR:$MASTER_PORT` (default port 29400), and the same line is run on every node.
+    The path is quoted for the shell; one that cannot stay on the line is refused (`check_config_path`).
     """
+    check_config_path(config_path)
     if nodes < 1 or gpus_per_node < 1:
         raise ExportError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpus_per_node}")
     parts = ["torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(gpus_per_node)]
@@ -159,7 +192,8 @@ def torchrun_command(config_path: str, nodes: int = 1, gpus_per_node: int = 1, r
         parts.insert(1, "--standalone")
     else:
         endpoint = f'"${{MASTER_ADDR:?set MASTER_ADDR to the first node}}:${{MASTER_PORT:-{RENDEZVOUS_PORT}}}"'
-        parts += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", shlex.quote(run_id)]
+        run_id = shlex.quote(comment_text(run_id))
+        parts += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id]
     return " ".join([*parts, "-m", "trainer", "--config", shlex.quote(config_path)])
 
 
@@ -189,7 +223,7 @@ def render(
         tuned_micro = production_config(spec, trial)["batch"]["micro_batch_size"]
         comments = _comment_lines(origin, tuned_micro, config, warnings, command)
         body = command + "\n" if fmt == "torchrun" else yaml.safe_dump(config, sort_keys=False)
-        text = "\n".join(f"# {line}" if line else "#" for line in comments) + "\n" + body
+        text = "\n".join(f"# {comment_text(line)}" if line else "#" for line in comments) + "\n" + body
     return Export(text, warnings, MEDIA_TYPES[fmt])
 
 

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import shlex
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
 import yaml
 
 from hpo.experiment import experiment_from_dict, trial_config
-from hpo.export import ExportError, check_arm, micro_batch_for, render, torchrun_command
+from hpo.export import (
+    CONFIG_PATH_PATTERN,
+    FORMATS,
+    ExportError,
+    check_arm,
+    micro_batch_for,
+    render,
+    torchrun_command,
+)
 from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, TrialRecord
 from hpo.trials import TrialState
 from tests.server.conftest import tiny_overrides
+from trainer.config import load_config
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -104,3 +118,93 @@ def test_bad_ranks_and_arms_are_refused_with_the_fix(tmp_path):
     check_arm(spec, "optimizer.name=lamb")
     with pytest.raises(ExportError, match="its arms are optimizer.name=adamw, optimizer.name=lamb"):
         check_arm(spec, "optimizer.name=sgd")
+
+
+# --------------------------------------------------------------------------- text that must not break the file
+
+# Every character that ends a line for YAML or Python's str.splitlines, ones YAML cannot carry, and YAML syntax.
+NASTY = ["\x85", "\x96", "\u2028", "\u2029", "\x00", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x7f", "\t", "\ufeff",
+         "\udc80", "'", '"', " # not a comment", ": x", "- [", "&a *a !!python/object"]  # fmt: skip
+# Those a comment shows as escapes: all but U+FEFF (which YAML carries, and no one splits a line at) and syntax.
+ESCAPED = "\x85\x96\u2028\u2029\x00\n\r\x0b\x0c\x1c\x7f\t\udc80"
+
+
+def nasty_record(tmp_path, text: str) -> ExperimentRecord:
+    """An experiment whose stored text carries `text` everywhere a user can put it: a path in the overrides, the
+    choices of a tuned string field, and (as if read from an older database) the experiment's name."""
+    in_path = text.replace("\x00", "0")  # a file name cannot hold NUL; a string field can
+    record = make_record(
+        tmp_path,
+        overrides={**tiny_overrides(tmp_path / "data"), "budget.max_samples": 480, "log.jsonl": f"log{in_path}.jsonl"},
+        space={
+            "optimizer.name": {"choice": ["adamw", "lamb"]},
+            "optimizer.lr": {"float": [1e-4, 1e-2]},
+            "model.init_checkpoint": {"choice": ["plain.bin", f"ckpt{text}.bin"]},
+        },
+    )
+    return dataclasses.replace(record, name=f"exp{text}name")
+
+
+def nasty_trial(text: str) -> TrialRecord:
+    params = {"optimizer.name": "lamb", "optimizer.lr": 0.004, "model.init_checkpoint": f"ckpt{text}.bin"}
+    return dataclasses.replace(make_trial(params=params, reached=False), arm=f"optimizer.name=lamb{text}")
+
+
+def comment_block(text: str, body: str) -> list[str]:
+    """The lines before `body` in `text`, split wherever YAML or Python would end a line."""
+    assert text.endswith(body)
+    head = text[: len(text) - len(body)]
+    lines = head.splitlines()
+    assert len(lines) == head.count("\n")  # no line break but "\n": neither Python nor YAML sees another line
+    return lines
+
+
+@pytest.mark.parametrize("text", NASTY, ids=ascii)
+def test_no_stored_text_breaks_the_exported_yaml_and_the_trainer_loads_it(tmp_path, text):
+    record, trial = nasty_record(tmp_path, text), nasty_trial(text)
+    config_path = f"my 'best' \"{text.isprintable() and text or 'x'}\" ü.yaml"
+    exported = render(record, trial, "yaml", config_path=config_path)
+    expected = trial_config(experiment_from_dict(record.spec["experiment"]), trial.params).model_dump(mode="json")
+    assert yaml.safe_load(exported.text) == expected  # the comments are comments, the config round-trips
+    assert expected["model"]["init_checkpoint"] == f"ckpt{text}.bin"
+    lines = comment_block(exported.text, yaml.safe_dump(expected, sort_keys=False))
+    assert all(line.startswith("#") for line in lines)
+    shown = "".join(ascii(c)[1:-1] if c in ESCAPED else c for c in text)
+    assert f"# trial 3, arm optimizer.name=lamb{shown}" in lines
+    run = lines[-1].removeprefix("# run: ")
+    assert shlex.split(run)[-1] == config_path  # the run line names the path exactly, quoted for the shell
+
+    path = tmp_path / "best.yaml"
+    path.write_text(exported.text)
+    assert load_config(path).model_dump(mode="json") == expected  # what `python -m trainer --config` reads
+
+    body = json.loads(render(record, trial, "json", config_path=config_path).text)
+    assert body["config"] == expected and body["provenance"]["experiment"] == record.name
+    command = render(record, trial, "torchrun", nodes=2, config_path=config_path).text
+    assert all(line.startswith("#") for line in comment_block(command, command.splitlines(True)[-1]))
+    tokens = shlex.split(command, comments=True)
+    assert tokens[0] == "torchrun" and tokens[-2:] == ["--config", config_path]
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1e", "\x7f", "\x85", "\x96",
+                                 "\u2028", "\u2029", "\t", "\udc80", "\uffff"], ids=ascii)  # fmt: skip
+def test_a_config_path_with_control_or_line_break_characters_is_refused(tmp_path, bad):
+    record = make_record(tmp_path)
+    for fmt in FORMATS:
+        with pytest.raises(ExportError, match=rf"config path .* character {re.escape(repr(bad))} \(position 4\)"):
+            render(record, make_trial(), fmt, config_path=f"best{bad}.yaml")
+    if bad != "\udc80":  # the API's pattern says the same (a query string, decoded from UTF-8, has no surrogate)
+        assert re.fullmatch(CONFIG_PATH_PATTERN, f"best{bad}.yaml") is None
+    assert re.fullmatch(CONFIG_PATH_PATTERN, "runs/my best 'ü' \"x\".yaml")
+
+
+def test_an_export_with_line_breaks_in_its_data_path_trains(tmp_path):
+    text = "\u2028\x85\x96\n'\" # :"
+    record = make_record(tmp_path, overrides=tiny_overrides(tmp_path / f"da{text}ta", **{"budget.max_samples": 16}))
+    path = tmp_path / "best.yaml"
+    path.write_text(render(record, make_trial(), "yaml").text)
+    trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(path)], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    final = json.loads([line for line in trained.stdout.splitlines() if line.startswith("{")][-1])
+    assert final["status"] in ("reached_target", "budget_exhausted") and final["samples"] >= 16
