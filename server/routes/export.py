@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from hpo.export import FORMATS, MEDIA_TYPES, Format, check_arm, render
+from hpo.export import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, render
 from server.deps import ExperimentRefDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.best import Arm, BatchSize, no_best_message
@@ -34,8 +34,8 @@ def export_best_config(
         Query(
             min_length=1,
             max_length=1024,
-            pattern=r"^[^\x00-\x1f\x7f]+$",
-            description="Config file the torchrun command names.",
+            pattern=CONFIG_PATH_PATTERN,
+            description="Config file the torchrun command names; no control or line-break characters.",
         ),
     ] = "best.yaml",  # fmt: skip
 ):

@@ -4,8 +4,11 @@ are read from the database through the storage, independently of the server."""
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections import defaultdict
 
+import httpx
 import pytest
 import yaml
 
@@ -38,6 +41,43 @@ def test_health_openapi_and_docs(api):
     assert "/api/v1/experiments/{name}/export" in schema["paths"]
     docs = api.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_docs_page_loads_only_assets_this_server_serves(api, server):
+    page = api.get("/docs").text
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: *'([^']+)'""", page)
+    urls = [a or b for a, b in urls]
+    assert len(urls) == 4 and all(u.startswith("/api/v1/") for u in urls), urls  # js, css, icon, openapi.json
+    root = server.url.removesuffix("/api/v1")
+    for url in urls:
+        answer = httpx.get(root + url, timeout=30)
+        assert answer.status_code == 200 and len(answer.content) > 1000, url
+    script = httpx.get(root + next(u for u in urls if u.endswith(".js")), timeout=30).text
+    assert "SwaggerUIBundle" in script  # the real bundle, which reads OpenAPI 3.1
+    assert api.get("/openapi.json").json()["openapi"].startswith("3.1")
+
+
+def test_openapi_documents_the_error_bodies_of_every_route(api):
+    schema = api.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+
+    def body(response: dict) -> dict:
+        ref = response["content"]["application/json"]["schema"]["$ref"]
+        return components[ref.rsplit("/", 1)[1]]
+
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            codes = {"503"} if path.endswith("/health") else {"404", "422", "503"}
+            assert codes <= set(operation["responses"]), (method, path)
+            for code in codes:
+                assert "detail" in body(operation["responses"][code])["properties"], (method, path, code)
+    assert body(schema["paths"]["/api/v1/experiments/{name}"]["get"]["responses"]["404"])["required"] == ["detail"]
+    invalid = body(schema["paths"]["/api/v1/experiments"]["get"]["responses"]["422"])["properties"]["detail"]
+    assert {"type": "string"} in invalid["anyOf"]  # our own message, or FastAPI's list of invalid parameters
+    # What the server answers fits: a 422 from a bad parameter and one from the export, a 404.
+    assert isinstance(api.get("/experiments", params={"limit": 0}).json()["detail"], list)
+    assert isinstance(api.get(f"/experiments/{EXPERIMENT}/export", params={"gpus_per_node": 3}).json()["detail"], str)
+    assert isinstance(api.get("/experiments/nope").json()["detail"], str)
 
 
 def test_experiment_list_is_paged(api):
@@ -179,6 +219,13 @@ def test_export_formats(api, stored):
     assert api.get(url, params={"nodes": 0}).status_code == 422
     assert api.get(url, params={"gpus_per_node": 3}).status_code == 422  # 8 sequences do not split over 3 ranks
     assert api.get(url, params={"arm": "optimizer.name=sgd"}).status_code == 422
+    for bad in ("b\x85.yaml", "b\x96.yaml", "b\u2028.yaml", "b\u2029.yaml", "b\n.yaml", "b\x00.yaml", "b\x7f.yaml"):
+        refused = api.get(url, params={"config_path": bad})
+        assert refused.status_code == 422 and "config_path" in str(refused.json()["detail"]), bad
+    quoted = api.get(url, params={"config_path": "my 'best' \"ü\".yaml"})
+    assert quoted.status_code == 200 and yaml.safe_load(quoted.text) == yaml.safe_load(exported.text)
+    run = next(line for line in quoted.text.splitlines() if line.startswith("# run: "))
+    assert shlex.split(run.removeprefix("# run: "))[-1] == "my 'best' \"ü\".yaml"
     assert api.get("/experiments/nope/export").status_code == 404
 
 

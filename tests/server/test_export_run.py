@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,15 @@ def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, t
     assert ran.returncode == 0, ran.stderr[-3000:]
     final = final_record(ran.stdout)
     assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 2
+
+
+def test_export_to_a_file_name_with_a_line_break_is_refused_before_writing(finished_experiment, tmp_path):
+    url = finished_experiment("sqlite")
+    for bad in ("best\u2028.yaml", "best\x85.yaml", "best\x96.yaml", "best\n.yaml"):
+        result = hpo("--db", url, "export", EXPERIMENT, "-o", str(tmp_path / bad))
+        assert result.returncode == 2 and "config path" in result.stderr and repr(bad[4]) in result.stderr, bad
+    assert list(tmp_path.iterdir()) == []
+    named = hpo("--db", url, "export", EXPERIMENT, "-o", str(tmp_path / "b.yaml"), "--config-path", "my 'b'.yaml")
+    assert named.returncode == 0, named.stderr
+    run = named.stderr.split("run it with: ", 1)[1].splitlines()[0]
+    assert shlex.split(run)[-2:] == ["--config", "my 'b'.yaml"]
