@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from hpo.errors import HpoError
+from server.docs import install_docs
 from server.errors import install_error_handlers
 from server.routes import best, experiments, export, health, reports, trials
 from server.settings import Settings
@@ -31,7 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Experiments, trials, learning curves and best configs of the HPO service; export to production.",
         version="1",
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # served by server.docs from bundled assets: FastAPI's own page loads them from a CDN
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -39,23 +43,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.storage = StorageHolder(settings.database_url)
     app.state.specs = SpecCache()
     install_error_handlers(app)
+    install_docs(app, f"{API_PREFIX}/docs")
     for module in (health, experiments, trials, best, export, reports):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(reports.home)  # `/`: the list of experiments, linking to each report
     return app
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port for uvicorn; a port another program holds is an HpoError that says so
+    (bound here, not by uvicorn, which would only log the errno and exit 1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port left in TIME_WAIT is free; a listener's not
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise HpoError(
+                f"port {port} is in use on {host}: another program (perhaps another `hpo serve`) listens there; "
+                "choose a free port with `hpo serve --port N` (or HPO_API_PORT), or stop that program"
+            ) from None
+        raise HpoError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host/--port (HPO_API_HOST, "
+                       "HPO_API_PORT)") from None  # fmt: skip
+    return sock
+
+
 def serve(settings: Settings) -> None:
-    """Run the API under uvicorn (one worker) until interrupted."""
+    """Run the API under uvicorn (one worker) until interrupted; HpoError when it cannot listen on the port."""
     import uvicorn
 
     from hpo.storage.engine import safe_url
 
+    sock = listening_socket(settings.api_host, settings.api_port)
     actions = "enabled (bearer token)" if settings.token else "disabled (no HPO_API_TOKEN)"
     print(
         f"serving the HPO API on http://{settings.api_host}:{settings.api_port}{API_PREFIX} "
         f"(docs: {API_PREFIX}/docs), database {safe_url(settings.database_url)}, actions {actions}",
         flush=True,
     )
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
-                access_log=settings.api_access_log)  # fmt: skip
+    config = uvicorn.Config(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+                            access_log=settings.api_access_log)  # fmt: skip
+    uvicorn.Server(config).run(sockets=[sock])
