@@ -10,13 +10,25 @@ from fastapi.responses import JSONResponse
 
 from hpo.errors import HpoError, NotFoundError, StorageError
 from hpo.export import ExportError
+from server.schemas import ErrorPublic, InvalidRequestPublic
 
 log = logging.getLogger("server")
 
+# Every route that reads the database answers these, each with its body's schema in the OpenAPI document.
 ERROR_RESPONSES = {
-    404: {"description": "No such experiment, trial or best trial."},
-    422: {"description": "A path or query parameter is invalid."},
-    503: {"description": "The database cannot be reached, or its schema is out of date."},
+    404: {"model": ErrorPublic, "description": "No such experiment, trial or best trial."},
+    422: {"model": InvalidRequestPublic, "description": "A path or query parameter is invalid."},
+    503: {"model": ErrorPublic, "description": "The database cannot be reached, or its schema is out of date."},
+}
+
+# The same for routes that answer HTML: FastAPI would file a `model` under the route's media type (text/html),
+# but the errors are JSON. The schemas are the components the routes above register.
+JSON_ERROR_RESPONSES = {
+    code: {
+        "description": response["description"],
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response['model'].__name__}"}}},
+    }
+    for code, response in ERROR_RESPONSES.items()
 }
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from hpo.export import reached_target
 from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord
 from hpo.trials import TrialState
+from hpo.verdict import Verdict, verdict_lines
 
 # Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -27,6 +28,21 @@ Item = TypeVar("Item")
 
 class ErrorPublic(BaseModel):
     detail: str = Field(description="What went wrong and what to do about it.")
+
+
+class ParameterIssuePublic(BaseModel):
+    """One invalid parameter, as FastAPI reports it."""
+
+    loc: list[str | int] = Field(description='Where: e.g. ["query", "limit"].')
+    msg: str
+    type: str
+
+
+class InvalidRequestPublic(BaseModel):
+    """A 422: the parameters that failed validation, or (a request the data cannot serve: an unknown arm, a batch
+    that does not split over the ranks) the reason as one message."""
+
+    detail: str | list[ParameterIssuePublic]
 
 
 class Page(BaseModel, Generic[Item]):
@@ -163,6 +179,49 @@ class BestTrialPublic(BaseModel):
         )
 
 
+class ArmEvidencePublic(BaseModel):
+    """One arm in the verdict: its best configuration's runs (the best tuning trial and its confirmation re-runs)."""
+
+    label: str
+    runs: int = Field(description="Finished runs of the arm's best configuration.")
+    reached_target: int = Field(description="How many of them reached the target.")
+    hit_rate: float | None = Field(description="reached_target / runs; null without a run.")
+    samples_to_target_mean: float | None = Field(description="Mean samples to target over the runs that reached it.")
+    interval_95: list[float] | None = Field(
+        description="[low, high]: the 95 % Student-t interval of that mean; null with fewer than 2 hits."
+    )
+    max_samples: int | None = Field(description="The runs' sample budget (what a miss used up).")
+    summary: str = Field(description="The arm's line as `hpo run` prints it.")
+
+
+class VerdictPublic(BaseModel):
+    """Which compare arm reaches the target in fewer samples, as `hpo run` and the report say (hpo.verdict)."""
+
+    winner: str | None = Field(description="The winning arm's label; null: no winner at this evidence.")
+    line: str = Field(description="The one-line verdict, with the reason.")
+    confirm_seeds: int = Field(description="Confirmation re-runs per arm's best configuration (budget.confirm_seeds).")
+    arms: list[ArmEvidencePublic]
+    lines: list[str] = Field(description="The verdict as `hpo run` prints it, line by line.")
+
+    @classmethod
+    def from_verdict(cls, verdict: Verdict, confirm_seeds: int) -> VerdictPublic:
+        arms = [
+            ArmEvidencePublic(
+                label=arm.label,
+                runs=arm.runs,
+                reached_target=arm.hits,
+                hit_rate=arm.hit_rate,
+                samples_to_target_mean=arm.mean,
+                interval_95=None if arm.low is None else [arm.low, arm.high],
+                max_samples=arm.max_samples,
+                summary=arm.describe(),
+            )
+            for arm in verdict.arms
+        ]
+        lines = verdict_lines(verdict, confirm_seeds)
+        return cls(winner=verdict.winner, line=verdict.line, confirm_seeds=confirm_seeds, arms=arms, lines=lines)
+
+
 class ExperimentPublic(ExperimentSummaryPublic):
     stop_requested: bool
     controller_host: str | None
@@ -173,6 +232,7 @@ class ExperimentPublic(ExperimentSummaryPublic):
     arms: list[str] = Field(description="The arms compared (equal trial budgets each); empty without compare.")
     best: BestTrialPublic | None = Field(description="The best trial so far, over all arms.")
     best_per_arm: dict[str, BestTrialPublic]
+    verdict: VerdictPublic | None = Field(description="The comparison of the arms; null without compare arms.")
 
 
 class MetricPointPublic(BaseModel):

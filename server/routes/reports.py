@@ -4,6 +4,7 @@ they are self-contained (figures embedded), so they load nothing else."""
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections import OrderedDict
 from typing import Annotated
@@ -12,8 +13,9 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from server.deps import ExperimentDep, StorageDep
-from server.errors import ERROR_RESPONSES
+from hpo.storage.engine import safe_url
+from server.deps import ExperimentDep, SettingsDep, StorageDep
+from server.errors import JSON_ERROR_RESPONSES
 from server.schemas import NAME_PATTERN
 
 API_PREFIX = "/api/v1"  # as in server.app (which imports this module)
@@ -21,12 +23,18 @@ MAX_COMPARED = 20
 CACHED_PAGES = 16
 HTML = {"content": {"text/html": {}}, "description": "A self-contained HTML page."}
 
-router = APIRouter(tags=["reports"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["reports"], responses=JSON_ERROR_RESPONSES)
 home = APIRouter()
 
 
 def report_path(name: str) -> str:
     return f"{API_PREFIX}/experiments/{quote(name)}/report"
+
+
+def hpo_command(database_url: str) -> str:
+    """`hpo --db URL`: the page's commands (export a best config) then read the server's database, not whatever
+    database the reader's shell defaults to (the password stays hidden: the reader supplies it)."""
+    return f"hpo --db {shlex.quote(safe_url(database_url))}"
 
 
 class _PageCache:
@@ -52,7 +60,7 @@ _cache = _PageCache()
 
 
 @router.get("/experiments/{name}/report", response_class=HTMLResponse, responses={200: HTML})
-def experiment_report(record: ExperimentDep, storage: StorageDep):
+def experiment_report(record: ExperimentDep, storage: StorageDep, settings: SettingsDep):
     """The experiment's comparison report: verdict, best so far, learning curves, samples to target, noise scale,
     hyperparameter effects and importance, and the best config per arm with its export command."""
     from hpo.report.html import experiment_report as build
@@ -65,7 +73,7 @@ def experiment_report(record: ExperimentDep, storage: StorageDep):
         page = _cache.get(key)
         if page is not None:
             return HTMLResponse(page)
-    page = build(storage, record.name, index="/")
+    page = build(storage, record.name, hpo_command=hpo_command(settings.database_url), index="/")
     if key is not None:
         _cache.put(key, page)
     return HTMLResponse(page)
