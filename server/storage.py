@@ -58,6 +58,7 @@ class SpecCache:
         self._experiments: dict[str, ExperimentRecord] = {}
         self._configs: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
         self._best_json: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._verdicts: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def known_experiment(self, name: str) -> ExperimentRecord | None:
@@ -85,6 +86,16 @@ class SpecCache:
                 while len(self._best_json) > CONFIG_CACHE_SIZE:
                     self._best_json.popitem(last=False)
         return body
+
+    def known_verdict(self, key: tuple) -> Any:
+        """The verdict remembered under `key` (experiment, status, trial counts), or None."""
+        return self._verdicts.get(key)
+
+    def remember_verdict(self, key: tuple, verdict: Any) -> None:
+        with self._lock:
+            self._verdicts[key] = verdict
+            while len(self._verdicts) > CONFIG_CACHE_SIZE:
+                self._verdicts.popitem(last=False)
 
     def spec(self, record: ExperimentRecord):
         spec = self._specs.get(record.id)

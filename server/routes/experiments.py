@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from hpo.export import arm_labels
+from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord, ExperimentStatus, TrialRecord
 from server.deps import ExperimentDep, SpecsDep, StorageDep, TokenDep
 from server.errors import ERROR_RESPONSES
@@ -17,6 +18,7 @@ from server.schemas import (
     ExperimentSummaryPublic,
     Page,
     StopPublic,
+    VerdictPublic,
 )
 from server.status import experiment_status
 from server.storage import SpecCache
@@ -42,6 +44,7 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
     """Status (live, interrupted, finished, ...), trial counts per state, arms, and the best trials so far."""
     counts = storage.count_trials_by_state(record.id)
     best = storage.best_trial(record.id)
+    best_per_arm = storage.best_per_arm(record.id)
     summary = ExperimentSummaryPublic.from_record(record, experiment_status(record))
     return ExperimentPublic(
         **summary.model_dump(),
@@ -53,7 +56,8 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
         trials={state.value: n for state, n in counts.items()},
         arms=arm_labels(specs.spec(record)),
         best=best_public(record, best, specs) if best else None,
-        best_per_arm={arm: best_public(record, t, specs) for arm, t in storage.best_per_arm(record.id).items()},
+        best_per_arm={arm: best_public(record, t, specs) for arm, t in best_per_arm.items()},
+        verdict=experiment_verdict(record, storage, specs, best_per_arm, counts),
     )
 
 
@@ -74,6 +78,29 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
     storage.request_stop(record.id)
     detail = f"stop requested; the controller of {record.name} ends its trials within seconds"
     return StopPublic(experiment=record.name, stop_requested=True, detail=detail)
+
+
+def experiment_verdict(
+    record: ExperimentRecord, storage: Storage, specs: SpecCache, best_per_arm: dict, counts: dict
+) -> VerdictPublic | None:
+    """The verdict of a compare experiment as `hpo run` prints it (hpo.verdict over the stored trials); None
+    without compare arms. Kept while no controller drives the experiment and its trial counts stay the same."""
+    spec = specs.spec(record)
+    if not spec.compare:
+        return None
+    key = None
+    if record.status is not ExperimentStatus.RUNNING:
+        key = (record.id, record.status, tuple(sorted((state.value, n) for state, n in counts.items())))
+        known = specs.known_verdict(key)
+        if known is not None:
+            return known
+    from hpo.verdict import arm_runs, decide
+
+    verdict = decide(arm_runs(spec, best_per_arm, storage.list_trials(record.id)))
+    public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds)
+    if key is not None:
+        specs.remember_verdict(key, public)
+    return public
 
 
 def best_public(record: ExperimentRecord, trial: TrialRecord, specs: SpecCache) -> BestTrialPublic:
