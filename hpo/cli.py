@@ -8,7 +8,8 @@
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
     hpo export NAME --format yaml|json|torchrun [--arm A] [--batch-size N] [--nodes N --gpus-per-node G] [-o FILE]
     hpo report NAME [NAME ...] [-o DIR]  self-contained HTML report(s): verdict, curves, noise scale, importance
-    hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN)
+    hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN);
+                                        a port in use exits 2 ("port N is in use")
     hpo webui NAME [--stop]             reopen an engine: nni experiment's NNI web UI, or close it
 
 Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, arguments; nothing written).
@@ -397,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(fn=cmd_report)
     serve = sub.add_parser("serve", help="the REST API (FastAPI under uvicorn) over the database")
     serve.add_argument("--host", help="address to bind (default HPO_API_HOST, else 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=_positive, help="port to listen on (default HPO_API_PORT, else 8000)")
+    serve.add_argument("--port", type=_positive,
+                       help="port to listen on (default HPO_API_PORT, else 8000; busy: exit 2)")  # fmt: skip
     serve.set_defaults(fn=cmd_serve)
     webui = sub.add_parser("webui", help="reopen an engine: nni experiment's NNI web UI (view mode), or close it")
     webui.add_argument("name", help="the experiment's name")

@@ -1,19 +1,31 @@
 """The report pages from the running API (`hpo serve` in a subprocess) over the tiny experiment of
 tests/hpo/test_report.py, and the same page in headless Chromium: it renders, every image loads, and no request
 leaves the machine (requests to other hosts are recorded and failed unsent by scripts/report_screenshot.py).
+The experiment's JSON carries the same verdict, and the API docs page renders offline.
 """
 
 from __future__ import annotations
 
+import html
+import math
+import os
+import re
+import shlex
 import shutil
+import statistics
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import scipy.stats
+import yaml
 
-from tests.hpo.test_report import EXPERIMENT, Page, make_report_experiment
+from hpo.storage import SqlStorage
+from hpo.trials import TrialKind, TrialState
+from tests.hpo.test_report import EXPERIMENT, Page, hpo, make_report_experiment
 from tests.server.conftest import Server, start_server, stop_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -80,3 +92,72 @@ def test_the_chromium_check_catches_a_broken_image_and_an_outside_request(tmp_pa
     page = report_screenshot.render(page_file.as_uri())
     assert page.broken_images == ["outside"]
     assert page.external_requests == ["http://203.0.113.9/x.png"]
+
+
+def arm_evidence(trials, label: str) -> tuple[int, list[int]]:
+    """(runs, samples to target of the hits) of one arm, computed here from the stored trials: its best tuning
+    trial (lowest objective among completed ones, ties by number) and that configuration's finished re-runs."""
+    tuning = [t for t in trials if t.arm == label and t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED]
+    if not tuning:
+        return 0, []
+    top = min(tuning, key=lambda t: (t.objective, t.number))
+    reruns = [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == label and t.params == top.params
+              and t.state.finished]  # fmt: skip
+    runs = [top, *reruns]
+    return len(runs), [t.samples_to_target for t in runs if t.state is TrialState.COMPLETED and t.samples_to_target]
+
+
+def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
+    with SqlStorage(report_server.database_url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)
+    verdict = httpx.get(f"{report_server.url}/experiments/{EXPERIMENT}", timeout=30).json()["verdict"]
+    assert [a["label"] for a in verdict["arms"]] == ["optimizer.name=adamw", "optimizer.name=lamb"]
+    assert verdict["confirm_seeds"] == 2
+    for arm in verdict["arms"]:
+        runs, hits = arm_evidence(trials, arm["label"])
+        assert (arm["runs"], arm["reached_target"]) == (runs, len(hits))
+        assert arm["hit_rate"] == (pytest.approx(len(hits) / runs) if runs else None)
+        assert arm["samples_to_target_mean"] == (pytest.approx(statistics.fmean(hits)) if hits else None)
+        if len(hits) >= 2:
+            half = scipy.stats.t.ppf(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
+            mean = statistics.fmean(hits)
+            assert arm["interval_95"] == pytest.approx([mean - half, mean + half], rel=1e-9)
+        else:
+            assert arm["interval_95"] is None
+    assert any(a["interval_95"] for a in verdict["arms"])  # the data has an interval to check, not only empty arms
+
+    cli = hpo("--db", report_server.database_url, "best", EXPERIMENT, "--per-arm")
+    assert cli.returncode == 0, cli.stderr
+    printed = yaml.safe_load(cli.stdout)
+    assert f"# verdict: {verdict['line']}" in cli.stdout.splitlines()  # the same Verdict as the CLI's
+    assert verdict["lines"][-1] == f"verdict: {verdict['line']}" and (verdict["winner"] is None) == (
+        "no winner" in verdict["line"]
+    )
+    for arm in verdict["arms"]:
+        if arm["label"] in printed:
+            evidence = printed[arm["label"]]["evidence"]
+            assert evidence["runs"] == arm["runs"] and evidence["reached_target"] == arm["reached_target"]
+            assert evidence["interval_95"] == arm["interval_95"]
+
+
+def test_the_export_command_on_the_report_page_reads_the_servers_database(report_server, tmp_path):
+    page = httpx.get(f"{report_server.url}/experiments/{EXPERIMENT}/report", timeout=60).text
+    commands = [html.unescape(c) for c in re.findall(r"<pre data-field=export[^>]*>([^<]*)</pre>", page)]
+    assert len(commands) == 2, commands  # one per arm
+    for command in commands:
+        words = shlex.split(command)
+        assert words[:3] == ["hpo", "--db", report_server.database_url] and words[3] == "export", command
+        # Run as written from a directory with no database of its own and no HPO_DATABASE_URL.
+        env = {k: v for k, v in os.environ.items() if k != "HPO_DATABASE_URL"}
+        done = subprocess.run([sys.executable, "-m", "hpo", *words[1:]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / words[-1]).exists()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason=NO_CHROMIUM)
+def test_api_docs_render_in_headless_chromium_with_no_request_leaving(report_server):
+    page = report_screenshot.render(f"{root(report_server)}/api/v1/docs")
+    assert page.title == "BERT optimizer HPO - API documentation"
+    assert page.external_requests == []
+    assert any(url.endswith("/api/v1/openapi.json") for url in page.requests), page.requests  # Swagger UI ran

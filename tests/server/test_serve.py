@@ -1,7 +1,11 @@
-"""`hpo serve`'s settings that change what it prints: the access log."""
+"""`hpo serve`'s settings that change what it prints (the access log), and a port it cannot have."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -23,3 +27,16 @@ def test_the_access_log_has_a_line_per_request_unless_turned_off(tmp_path: Path,
     assert "serving the HPO API" in log
     logged = log.count("GET /api/v1/experiments?limit=7")
     assert logged == (0 if access_log == "0" else 3), log
+
+
+def test_a_port_in_use_is_named_with_the_fix_and_exit_code_2(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "HPO_DATABASE_URL": f"sqlite:///{tmp_path / 'absent.db'}"}
+        result = subprocess.run([sys.executable, "-m", "hpo", "serve", "--port", str(port)], capture_output=True,
+                                text=True, timeout=60, env=env)  # fmt: skip
+    assert result.returncode == 2, result.stderr  # hpo's exit code for bad input (hpo/cli.py)
+    assert f"error: port {port} is in use on 127.0.0.1" in result.stderr and "--port" in result.stderr
+    assert "Traceback" not in result.stderr and "serving" not in result.stdout
