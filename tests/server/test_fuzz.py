@@ -17,7 +17,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import examples
+from tests.conftest import CI_PROFILE, examples
 from tests.server.conftest import EXPERIMENT, start_server, stop_server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -53,3 +53,23 @@ def test_no_server_errors_and_responses_match_the_schema(api_schema):
             case.call_and_validate(checks=CHECKS)
 
         call()
+
+
+def test_make_test_draws_the_same_examples_every_run():
+    """Under the default profile two runs of one property draw the same examples; `make fuzz` draws new ones."""
+    if settings.get_current_profile_name() != CI_PROFILE:
+        pytest.skip("the fuzz profile draws new examples on purpose")
+    assert settings.default.derandomize and settings.default.database is None
+
+    def draw() -> list[str]:
+        seen: list[str] = []
+
+        @given(st.text())
+        def record(text):
+            seen.append(text)
+
+        record()
+        return seen
+
+    first = draw()
+    assert len(first) == settings.default.max_examples and len(set(first)) > 10 and draw() == first
