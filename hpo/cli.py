@@ -69,7 +69,7 @@ def _safe_url(url: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpo.experiment import stored_form
-    from hpo.local_engine import describe_plan, drive
+    from hpo.local_engine import check_trial_data, describe_plan, drive
     from hpo.runners import build_runner
     from hpo.storage import default_database_url
 
@@ -81,6 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from hpo.nni.engine import preflight
 
         preflight()  # NNI installed and patched, before anything is written
+    if _trials_run_here(spec, args.runner):
+        check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
         url = args.db or default_database_url()
@@ -108,6 +110,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def _trials_run_here(spec, runner: str | None) -> bool:
+    """Whether the trials read this machine's files (the local runner, or NNI's local training service)."""
+    if spec.engine == "nni":
+        return not spec.resources.machines
+    return (runner or spec.runner.name) == "local"
 
 
 def _load_spec(path: str, engine: str | None):
