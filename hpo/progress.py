@@ -142,13 +142,25 @@ def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, 
 
 def experiment_progress(storage: Storage, record) -> str:
     """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms."""
-    from hpo.experiment import arms, spec_from_stored
     from hpo.trials import TrialKind
 
-    spec = spec_from_stored(record)
     trials = storage.list_trials(record.id)
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
     confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
-    return trials_done(sum(t.state.finished for t in tuning), max(spec.budget.trials, len(tuning)),
-                       sum(t.state.finished for t in confirmations),
-                       max(spec.budget.confirm_seeds * len(arms(spec)), len(confirmations)))  # fmt: skip
+    budget, planned = _planned(record)
+    return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
+                       sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
+
+
+def _planned(record) -> tuple[int, int]:
+    """(tuning trials, confirmation runs) a stored experiment plans; from the raw stored budget when the stored
+    spec no longer validates (a listing must not fail on one old experiment)."""
+    from hpo.errors import HpoError
+    from hpo.experiment import arms, spec_from_stored
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        budget = record.spec.get("experiment", {}).get("budget", {})
+        return int(budget.get("trials", 0)), int(budget.get("confirm_seeds", 0))
+    return spec.budget.trials, spec.budget.confirm_seeds * len(arms(spec))

@@ -301,3 +301,14 @@ def test_the_flag_is_off_where_the_estimate_holds_and_on_far_above_the_big_batch
         flagged = sum(bool(flag) for _, flag in runs)
         assert at_least <= flagged <= at_most, (ratio, flagged)
     assert statistics.median(read for read, _ in runs) < 0.6  # at 32x: biased low, as the flag says
+
+
+def test_status_lists_an_experiment_whose_stored_spec_no_longer_validates_from_its_raw_budget(tmp_path, capsys):
+    storage, _, url = make_experiment(tmp_path)
+    old = {"experiment": {"name": "old", "field_of_an_older_version": 1, "budget": {"trials": 3, "confirm_seeds": 2}},
+           "run_dir": str(tmp_path / "old")}  # fmt: skip
+    storage.create_experiment("old", old, "minimize")
+    assert main(["--db", url, "status"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("old ") and "0/3 tuning trials done, 0/2 confirmation runs" in line for line in listing)
+    assert any(line.startswith("edge ") and "0/4 tuning trials done, 0/2 confirmation runs" in line for line in listing)
