@@ -7,7 +7,7 @@
     hpo trials NAME [--state S] [--arm A]
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
     hpo export NAME --format yaml|json|torchrun [--arm A] [--batch-size N] [--nodes N --gpus-per-node G] [-o FILE]
-    hpo report NAME [NAME ...] [-o DIR]  self-contained HTML report(s): verdict, curves, noise scale, importance
+    hpo report NAME [NAME ...] [-o DIR] [--png DIR]  HTML report(s): verdict, curves, noise scale, importance
     hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN);
                                         a port in use exits 2 ("port N is in use")
     hpo webui NAME [--stop]             reopen an engine: nni experiment's NNI web UI, or close it
@@ -70,7 +70,7 @@ def _safe_url(url: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpo.experiment import stored_form
-    from hpo.local_engine import describe_plan, drive
+    from hpo.local_engine import check_trial_data, describe_plan, drive
     from hpo.runners import build_runner
     from hpo.storage import default_database_url
 
@@ -82,6 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from hpo.nni.engine import preflight
 
         preflight()  # NNI installed and patched, before anything is written
+    if _trials_run_here(spec, args.runner):
+        check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
         url = args.db or default_database_url()
@@ -109,6 +111,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def _trials_run_here(spec, runner: str | None) -> bool:
+    """Whether the trials read this machine's files (the local runner, or NNI's local training service)."""
+    if spec.engine == "nni":
+        return not spec.resources.machines
+    return (runner or spec.runner.name) == "local"
 
 
 def _load_spec(path: str, engine: str | None):
@@ -165,6 +174,7 @@ def cmd_webui(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpo.liveness import liveness
+    from hpo.progress import experiment_progress
 
     storage = open_storage(args.db, read_only=True)
     if not args.name:
@@ -172,16 +182,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not experiments:
             print("no experiments yet; start one with `hpo run EXPERIMENT.yaml`")
         for e in experiments:
-            counts = storage.count_trials_by_state(e.id)
-            done = sum(n for s, n in counts.items() if s.finished)
-            total = e.spec["experiment"]["budget"]["trials"]
-            print(f"{e.name:<32} {liveness(e):<11} {done}/{total} trials done{_last_seen(e)}")
+            print(f"{e.name:<32} {liveness(e):<11} {experiment_progress(storage, e)}{_last_seen(e)}")
         return 0
     record = storage.get_experiment_by_name(args.name)
     state = liveness(record)
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
     counts = storage.count_trials_by_state(record.id)
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
+    print(experiment_progress(storage, record))
     if state == "live" and record.controller_note:
         print(f"controller on {record.controller_host} (pid {record.controller_pid}): {record.controller_note}")
     if state == "interrupted":
@@ -309,7 +317,25 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = out / "compare.html"
         path.write_text(comparison_report(storage, names))
         print(f"wrote {path} (links to the reports above)")
+    if args.png:
+        _write_pngs(storage, names, Path(args.png))
     return 0
+
+
+def _write_pngs(storage, names: list[str], directory: Path) -> None:
+    """Each report's figures as NAME-FIGURE.png in `directory`, or why an experiment has none."""
+    from hpo.report.html import experiment_pngs
+
+    for name in names:
+        pngs, why = experiment_pngs(storage, name)
+        if not pngs:
+            print(f"no figure for {name}: {why}", file=sys.stderr)
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        for slug, contents in pngs.items():
+            path = directory / f"{name}-{slug}.png"
+            path.write_bytes(contents)
+            print(f"wrote {path}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -395,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "scale against global batch size per optimizer (e.g. the batch_scaling runs)")  # fmt: skip
     report.add_argument("-o", "--output", default="reports",
                         help="the directory for NAME.html (and compare.html); default ./reports")  # fmt: skip
+    report.add_argument("--png", metavar="DIR", help="also write each figure of the report(s) as DIR/NAME-FIGURE.png "
+                                                     "(for slides and papers)")  # fmt: skip
     report.set_defaults(fn=cmd_report)
     serve = sub.add_parser("serve", help="the REST API (FastAPI under uvicorn) over the database")
     serve.add_argument("--host", help="address to bind (default HPO_API_HOST, else 127.0.0.1: this machine only)")

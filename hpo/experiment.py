@@ -24,8 +24,8 @@ scale, the same choices). Ranges may differ through per-arm parameters (`optimiz
 be tuned alike (a `none` clipping strategy has no threshold to tune) need `allow_unequal_arms: <reason>`.
 
 Resources: a trial on GPUs runs `gpus_per_trial` ranks, one per GPU (`trials_per_gpu` > 1 shares a GPU between
-single-GPU trials). Without GPUs (`gpus: none`, or `all` on a machine that has none) `cpu_slots` trials run side
-by side, each with `cpu_ranks_per_trial` gloo ranks.
+single-GPU trials). Without GPUs (`gpus: none`) `cpu_slots` trials run side by side, each with
+`cpu_ranks_per_trial` gloo ranks; `hpo run` refuses GPUs asked for on a machine that has none.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The local engine: `hpo run` / `hpo resume` with our own study loop.
 
-It puts the parts together in the order that keeps failures clean: check the resources (build the runner)
-before anything is written, create or claim the experiment (one live controller per experiment), then run the
-study loop with a heartbeat and a progress view beside it, and leave the experiment with its final status.
+It puts the parts together in the order that keeps failures clean: check the resources (build the runner) and
+the data the trials will read (`check_trial_data`) before anything is written, create or claim the experiment
+(one live controller per experiment), then run the study loop with a heartbeat and a progress view beside it,
+and leave the experiment with its final status.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.verdict import verdict_lines
@@ -23,6 +25,37 @@ def absolute_database_url(url: str) -> str:
     if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
         return prefix + str(Path(url.removeprefix(prefix)).resolve())
     return url
+
+
+DATA_ROWS_CHECKED = 256  # rows of each data set checked at the start; every trial checks all before its first step
+
+
+def check_trial_data(spec) -> None:
+    """Refuse an experiment whose trials could only fail on their data (`bad data`, one after another): the base
+    config's data.train and data.eval must name shards that exist, are BERT shards, and whose first rows fit the
+    model (the trainer's own checks, on DATA_ROWS_CHECKED rows). Relative paths are read from the working
+    directory, as the trials read them. Data keys the space tunes are checked by each trial."""
+    from search_spaces.space import trainer_key
+    from trainer.config import config_from_dict
+    from trainer.data.checks import load_checked_samples
+    from trainer.errors import DataError
+
+    cfg = config_from_dict(spec.resolved_base())
+    tuned = {trainer_key(name) for name in spec.space.names}
+    for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        if key in tuned:
+            continue
+        try:
+            load_checked_samples(path, key, cfg.model, limit=DATA_ROWS_CHECKED)
+        except DataError as e:
+            raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
+                           f"{_data_hint(path)}") from None  # fmt: skip
+
+
+def _data_hint(path: str) -> str:
+    if Path(path).parts[:2] == ("data", "demo"):
+        return "; the demo corpus is made with `make demo-data` (python -m trainer.data.demo_corpus --out data/demo)"
+    return "; point the base config (or `overrides:`) at your shards"
 
 
 def describe_plan(spec, runner) -> str:

@@ -129,3 +129,38 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, confirmations_planned: int) -> str:
+    """`3/3 tuning trials done, 1/2 confirmation runs`: tuning trials against the tuning budget and the
+    confirmation runs (budget.confirm_seeds per arm) against their own plan, never one against the other's."""
+    line = f"{tuning_done}/{tuning_planned} tuning trials done"
+    if confirmations_planned or confirmations_done:
+        line += f", {confirmations_done}/{confirmations_planned} confirmation runs"
+    return line
+
+
+def experiment_progress(storage: Storage, record) -> str:
+    """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms."""
+    from hpo.trials import TrialKind
+
+    trials = storage.list_trials(record.id)
+    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
+    budget, planned = _planned(record)
+    return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
+                       sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
+
+
+def _planned(record) -> tuple[int, int]:
+    """(tuning trials, confirmation runs) a stored experiment plans; from the raw stored budget when the stored
+    spec no longer validates (a listing must not fail on one old experiment)."""
+    from hpo.errors import HpoError
+    from hpo.experiment import arms, spec_from_stored
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        budget = record.spec.get("experiment", {}).get("budget", {})
+        return int(budget.get("trials", 0)), int(budget.get("confirm_seeds", 0))
+    return spec.budget.trials, spec.budget.confirm_seeds * len(arms(spec))

@@ -1,9 +1,11 @@
 """GPU discovery and allocation: which trial runs on which devices, and why a trial waits.
 
 An `Inventory` is what the machine has (from NVML, or given for tests). `plan_slots` carves it into slots of
-`gpus_per_trial` disjoint GPUs (several trials per GPU when `trials_per_gpu` > 1 and memory allows); on a
-machine without GPUs the slots are CPU slots. `SlotPool` hands slots out and takes them back. Everything here
-is pure except `discover_gpus`, so the scheduling rules are tested on fake inventories.
+`gpus_per_trial` disjoint GPUs (several trials per GPU when `trials_per_gpu` > 1 and memory allows); with
+`gpus: none` the slots are CPU slots. GPUs asked for on a machine without any are refused before anything is
+written (a fall-back to CPU slots ran a BERT-large experiment's every trial into a failure in seconds).
+`SlotPool` hands slots out and takes them back. Everything here is pure except `discover_gpus`, so the
+scheduling rules are tested on fake inventories.
 """
 
 from __future__ import annotations
@@ -58,9 +60,18 @@ def discover_gpus() -> list[Gpu]:
 
 
 def select_gpus(inventory: list[Gpu], requested: list[int] | str) -> tuple[list[Gpu], list[str]]:
-    """The usable GPUs among `requested` ("all", "none" or ids) and a reason for each one left out."""
+    """The usable GPUs among `requested` ("all", "none" or ids) and a reason for each one left out. Asking for
+    GPUs on a machine without any is refused: the trials would otherwise run on CPU, or fail one after another."""
     if requested == "none":
         return [], []
+    if not inventory:
+        asked = "all" if requested == "all" else requested
+        raise ResourceError(
+            f"resources.gpus is {asked!r} but this machine has no GPU (NVML sees none: no NVIDIA driver, no "
+            "nvidia-ml-py, or no device); to train on CPU set `resources.gpus: none` with `cpu_slots` (trials side "
+            "by side) and `cpu_ranks_per_trial`, and a base config sized for a CPU (e.g. "
+            "search_spaces/presets/*_demo_cpu.yaml); or run on a machine with GPUs"
+        )
     by_index = {g.index: g for g in inventory}
     wanted = sorted(by_index) if requested == "all" else list(requested)
     unknown = [i for i in wanted if i not in by_index]
@@ -76,6 +87,9 @@ def select_gpus(inventory: list[Gpu], requested: list[int] | str) -> tuple[list[
             skipped.append(f"GPU {i} is held by {gpu.foreign_processes} process(es) not started by this experiment")
         else:
             usable.append(gpu)
+    if not usable:  # CPU slots here would train a GPU experiment on the CPU
+        raise ResourceError(f"no GPU asked for by resources.gpus is free: {'; '.join(skipped)}; free one, or list "
+                            "free ids in resources.gpus")  # fmt: skip
     return usable, skipped
 
 

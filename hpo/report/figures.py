@@ -20,15 +20,21 @@ from hpo.report.data import ArmData, Dimension, ExperimentData, TrialRow
 from hpo.report.scaling import ScalingPoint, optimizers
 
 DPI = 90
+FILE_DPI = 150
 MISS_COLOR = "#b40426"
 MAX_EFFECT_PANELS = 12
 
 
 def png(fig: Figure) -> str:
     """The figure as a base64 PNG."""
+    return base64.b64encode(png_bytes(fig)).decode("ascii")
+
+
+def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
+    """The figure as PNG file contents (`hpo report --png` asks for FILE_DPI: sharp on slides and in papers)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def arm_colors(labels: Sequence[str]) -> dict[str, str]:
@@ -208,8 +214,19 @@ def noise_figure(data: ExperimentData) -> Figure | None:
         for batch in arm.global_batch_sizes:
             over_training.axhline(batch, color=color, linestyle="--", linewidth=1)
         mine = [t for t in rows if t.arm == arm.label and t.global_batch_size]
-        per_trial.scatter([t.global_batch_size for t in mine], [t.noise_scale for t in mine], color=color, s=18,
-                          alpha=0.7, label=arm.label)  # fmt: skip
+        for bound, marker in ((False, "o"), (True, "^")):  # ^: only a lower bound (see data.py)
+            some = [t for t in mine if bool(t.noise_lower_bound) is bound]
+            if not some:
+                continue
+            per_trial.scatter(
+                [t.global_batch_size for t in some],
+                [t.noise_scale for t in some],
+                color=color,
+                s=18,
+                alpha=0.7,
+                marker=marker,
+                label=f"{arm.label}{' (lower bound)' if bound else ''}",
+            )
     over_training.set_xlabel("training samples")
     over_training.set_ylabel("noise scale B_simple (smoothed)")
     over_training.set_yscale("log")
@@ -220,7 +237,7 @@ def noise_figure(data: ExperimentData) -> Figure | None:
     per_trial.legend(loc="best", fontsize=7)
     for ax in (over_training, per_trial):
         ax.grid(alpha=0.3, which="both")
-    fig.suptitle("Gradient noise scale: dashed (left) / diagonal (right) = the global batch size")
+    fig.suptitle("Gradient noise scale: dashed (left) / diagonal (right) = the global batch size; ^ a lower bound")
     return fig
 
 

@@ -13,8 +13,16 @@ import statistics
 from collections.abc import Callable, Sequence
 from html import escape
 
+from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
-from hpo.report.data import OUTCOMES, ExperimentData, TrialRow, load_experiment
+from hpo.report.data import (
+    NOISE_CHECKED_RATIO,
+    NOISE_UNDEFINED_SHARE,
+    OUTCOMES,
+    ExperimentData,
+    TrialRow,
+    load_experiment,
+)
 from hpo.report.importance import MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, scaling_points
 from hpo.storage.base import Storage
@@ -57,6 +65,12 @@ def fmt_noise(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def fmt_trial_noise(t: TrialRow) -> str:
+    """A trial's noise scale: the value, or `≥ value (lower bound: why)` where it is only a lower bound."""
+    reason = t.noise_lower_bound
+    return fmt_noise(t.noise_scale) if reason is None else f"≥ {fmt_noise(t.noise_scale)} (lower bound: {reason})"
+
+
 def fmt_interval(low: float | None, high: float | None) -> str:
     return "–" if low is None or high is None else f"{low:,.0f} to {high:,.0f}"
 
@@ -93,15 +107,16 @@ def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", 
     """The report of one experiment (see the package docstring)."""
     data = load_experiment(storage, name)
     importance = {arm.label: rank_importance(arm.tuning, _tuned(data), data.direction) for arm in data.arms}
+    drawn = report_figures(data)
     parts = [
         _header(data, index),
         _notes(data),
         _verdict_section(data),
-        _outcomes_section(data),
-        _best_so_far_section(data),
-        _curves_section(data),
-        _noise_section(data),
-        _effects_section(data, importance),
+        _outcomes_section(data, drawn),
+        _best_so_far_section(data, drawn),
+        _curves_section(data, drawn),
+        _noise_section(data, drawn),
+        _effects_section(data, drawn, importance),
         _best_configs_section(data, hpo_command),
         _trials_section(data),
     ]
@@ -122,7 +137,101 @@ def _header(data: ExperimentData, index: str | None) -> str:
             f"{escape(data.tuner)}; {data.trials_budget} tuning trials over {len(data.arms)} arm(s) ({escape(arms)})"
             f", {data.confirm_seeds} confirmation seed(s) per arm. Status: <b data-field=liveness>"
             f"{escape(data.liveness)}</b>, <span data-field=finished>{finished}</span> of "
-            f"{len(data.trials)} trials finished.</p>")  # fmt: skip
+            f"<span data-field=planned>{_planned(data)}</span> planned trials finished "
+            f"(<span data-field=progress>{escape(_progress(data))}</span>).</p>")  # fmt: skip
+
+
+def _planned(data: ExperimentData) -> int:
+    """The trials the experiment plans: its tuning budget and confirm_seeds per arm (more if more were created)."""
+    tuning = max(data.trials_budget, _count(data, "tuning"))
+    return tuning + max(data.planned_confirmations, _count(data, "confirmation"))
+
+
+def _count(data: ExperimentData, kind: str, finished: bool = False) -> int:
+    return sum(1 for t in data.trials if t.kind == kind and (not finished or t.outcome != "unfinished"))
+
+
+def _progress(data: ExperimentData) -> str:
+    tuning, confirmation = _count(data, "tuning"), _count(data, "confirmation")
+    return trials_done(_count(data, "tuning", True), max(data.trials_budget, tuning),
+                       _count(data, "confirmation", True), max(data.planned_confirmations, confirmation))  # fmt: skip
+
+
+def _nothing_finished(data: ExperimentData) -> str | None:
+    """What every figure says while no trial has finished (None once one has)."""
+    if any(t.outcome != "unfinished" for t in data.trials):
+        return None
+    waiting = len(data.trials)
+    return (f"Nothing to draw yet: no trial has finished (0 of {_planned(data)} planned; "
+            f"{waiting} created and queued or running).")  # fmt: skip
+
+
+def _arms_without_values(data: ExperimentData) -> list[str]:
+    """For each arm whose finished runs have no measured objective, what happened to them, in words."""
+    lines = []
+    for arm in data.arms:
+        done = [t for t in arm.trials if t.outcome != "unfinished"]
+        if any(t.value is not None for t in done):
+            continue
+        if not done:
+            lines.append(f"{arm.label}: no run has finished yet")
+            continue
+        outcomes = {o: sum(t.outcome == o for t in done) for o in OUTCOMES if any(t.outcome == o for t in done)}
+        if list(outcomes) == ["missed"]:
+            lines.append(f"{arm.label}: all {len(done)} runs missed the target")
+        else:
+            detail = ", ".join(f"{n} {o}" for o, n in outcomes.items())
+            lines.append(f"{arm.label}: none of its {len(done)} finished runs has a measured {data.metric} ({detail})")
+    return lines
+
+
+# slug (the PNG's file name): the image's alt text, the drawing, whether it needs a run with a measured objective
+FIGURES = {
+    "outcomes": ("samples to target per arm", figures.outcomes_figure, True),
+    "best-so-far": ("best objective so far per arm", figures.best_so_far_figure, True),
+    "learning-curves": ("learning curves", figures.learning_curves_figure, False),
+    "noise-scale": ("gradient noise scale", figures.noise_figure, False),
+    "hyperparameters": ("objective against each hyperparameter", figures.effects_figure, True),
+}
+
+
+def report_figures(data: ExperimentData) -> dict:
+    """The figures of the report by slug (what the page embeds and `hpo report --png` writes); one with nothing to
+    draw is left out, and the page says why in words."""
+    if _nothing_finished(data):
+        return {}
+    measured = len(_arms_without_values(data)) < len(data.arms)
+    curves = any(c.mlm_accuracy for c in data.curves.values())
+    drawn = {}
+    for slug, (_, draw, needs_value) in FIGURES.items():
+        if (needs_value and not measured) or (slug == "learning-curves" and not curves):
+            continue
+        fig = draw(data)
+        if fig is not None:
+            drawn[slug] = fig
+    return drawn
+
+
+def experiment_pngs(storage: Storage, name: str) -> tuple[dict[str, bytes], str | None]:
+    """The report's figures as PNG files (slug -> contents), and why there are none when there are none."""
+    data = load_experiment(storage, name)
+    drawn = report_figures(data)
+    if drawn:
+        return {slug: figures.png_bytes(fig, figures.FILE_DPI) for slug, fig in drawn.items()}, None
+    why = _nothing_finished(data) or "; ".join(_arms_without_values(data)) or "nothing was measured"
+    return {}, why
+
+
+def _figure_or_words(data: ExperimentData, drawn: dict, slug: str) -> str:
+    """The figure, or in words why there is nothing to draw; arms with nothing measured are named under it."""
+    nothing = _nothing_finished(data)
+    if nothing:
+        return f"<p class=note data-field=nothing>{escape(nothing)}</p>"
+    empty = _arms_without_values(data)
+    if slug not in drawn:
+        return "".join(f"<p class=note data-field=empty>{escape(line)}: nothing to draw.</p>" for line in empty)
+    notes = "".join(f"<p class=note data-field=empty>{escape(line)}.</p>" for line in empty)
+    return _img(drawn[slug], FIGURES[slug][0]) + notes
 
 
 def _notes(data: ExperimentData) -> str:
@@ -193,7 +302,7 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
             f"and never as a number.</p>{table}")  # fmt: skip
 
 
-def _outcomes_section(data: ExperimentData) -> str:
+def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
     rows = []
     for arm in data.arms:
         counts = arm.counts()
@@ -208,41 +317,54 @@ def _outcomes_section(data: ExperimentData) -> str:
             f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished. The best is the "
             f"storage's best tuning trial of the arm (what <code>hpo export</code> exports); a miss there means no "
             f"trial of the arm reached the target and its objective is the penalty.</p>"
-            f"{_table(head, rows)}{_img(figures.outcomes_figure(data), 'samples to target per arm')}")  # fmt: skip
+            f"{_table(head, rows)}"
+            f"{_figure_or_words(data, drawn, 'outcomes')}")  # fmt: skip
 
 
-def _best_so_far_section(data: ExperimentData) -> str:
+def _best_so_far_section(data: ExperimentData, drawn: dict) -> str:
     return ("<h2>Best so far</h2><p>The best measured objective after each tuning trial, per arm, against trials "
             "and against the training samples the arm used. The band: 95 % of 200 bootstrap resamples of the arm's "
             "trials in random order; where it reaches the top, some resamples have no hit yet.</p>"
-            + _img(figures.best_so_far_figure(data), "best objective so far per arm"))  # fmt: skip
+            + _figure_or_words(data, drawn, "best-so-far"))  # fmt: skip
 
 
-def _curves_section(data: ExperimentData) -> str:
+def _curves_section(data: ExperimentData, drawn: dict) -> str:
     return (
         "<h2>Learning curves</h2><p>Masked-LM accuracy on the eval set of each arm's top tuning trials (the best "
         "measured objective first, then the misses closest to the target), against training samples and "
-        "against training time.</p>" + _img(figures.learning_curves_figure(data), "learning curves")
+        "against training time.</p>" + _curves_or_words(data, drawn)
     )
 
 
-def _noise_section(data: ExperimentData) -> str:
-    fig = figures.noise_figure(data)
+def _curves_or_words(data: ExperimentData, drawn: dict) -> str:
+    if "learning-curves" not in drawn:
+        said = _nothing_finished(data) or "No top trial reported an evaluation: there is no learning curve to draw."
+        return f"<p class=note data-field=nothing>{escape(said)}</p>"
+    return _img(drawn["learning-curves"], FIGURES["learning-curves"][0])
+
+
+def _noise_section(data: ExperimentData, drawn: dict) -> str:
+    fig = drawn.get("noise-scale")
     head = "<h2>Gradient noise scale</h2>"
     if fig is None:
-        return (head + "<p>No trial measured the noise scale: it needs two batch sizes, i.e. several ranks or "
-                "gradient accumulation (batch.global_batch_size above batch.micro_batch_size), and log.noise_scale "
-                "on.</p>")  # fmt: skip
+        why = _nothing_finished(data) or (
+            "No finished trial reported a noise scale: it needs two batch sizes, i.e. several ranks or gradient "
+            "accumulation (batch.global_batch_size above batch.micro_batch_size), log.noise_scale on, and a run "
+            "that trains past its first steps.")  # fmt: skip
+        return f"{head}<p data-field=noise>{escape(why)}</p>"
     rows = []
     for arm in data.arms:
-        values = sorted(t.noise_scale for t in arm.trials if t.noise_scale is not None)
-        if not values:
+        measured = [t for t in arm.trials if t.noise_scale is not None]
+        if not measured:
             rows.append(_td(arm.label, cls="l") + _td("–") * 4)
             continue
-        median = statistics.median(values)
+        median = statistics.median(t.noise_scale for t in measured)
+        bounds = sum(1 for t in measured if t.noise_lower_bound)
         batches = arm.global_batch_sizes
         ratio = f"{batches[0] / median:.2g}×" if len(batches) == 1 else "–"
-        fields = [("noise_trials", str(len(values))), ("noise_median", fmt_noise(median)),
+        shown = fmt_noise(median) if not bounds else f"≥ {fmt_noise(median)} (lower bound: {bounds} of {len(measured)}"\
+            " trials' estimates are lower bounds)"  # fmt: skip
+        fields = [("noise_trials", str(len(measured))), ("noise_median", shown),
                   ("batch", ", ".join(f"{b:,}" for b in batches)), ("batch_ratio", ratio)]  # fmt: skip
         rows.append(_tagged(arm.label, arm.label, fields))
     table = _table(["arm", "trials measured", "noise scale (median)", "global batch", "batch / noise scale"], rows)
@@ -251,16 +373,28 @@ def _noise_section(data: ExperimentData) -> str:
             "(it is noisiest early). A batch several times the noise scale buys diminishing returns: more samples "
             "per step no longer mean proportionally fewer steps. B_simple differs from the critical batch size by a "
             "curvature factor, and short runs measure it early in training: read it as an order of magnitude.</p>"
-            + table + _img(fig, "gradient noise scale"))  # fmt: skip
+            f"<p class=note>{escape(NOISE_TRUST)}</p>" + table + _img(fig, FIGURES["noise-scale"][0]))  # fmt: skip
 
 
-def _effects_section(data: ExperimentData, importance: dict[str, Importance]) -> str:
+NOISE_TRUST = (
+    "Where the noise scale can be trusted: the estimator's big batch (the global batch; under gradient accumulation "
+    "one rank's accumulated batch) must not sit far below it. Checked against a closed form, the estimate is within "
+    f"10 % up to {NOISE_CHECKED_RATIO:g}× the big batch; far above, it is heavy-tailed and reads low (median 0.34 to "
+    "0.5× the truth, 20 to 45 % of the steps without an estimate). A trial whose estimate exceeds "
+    f"{NOISE_CHECKED_RATIO:g}× its big batch, or whose late steps gave no estimate {NOISE_UNDEFINED_SHARE:.0%} of "
+    "the time or more, is shown as ≥ N: a lower bound, not a value. Units: the batch sizes count sequences while "
+    "the masked-LM loss is averaged over masked tokens, so B_simple is in sequences only approximately (a sequence "
+    "weighs by its masked tokens)."
+)
+
+
+def _effects_section(data: ExperimentData, drawn: dict, importance: dict[str, Importance]) -> str:
     parts = ["<h2>Hyperparameters</h2><p>The measured objective against each tuned hyperparameter (tuning trials; "
              "misses on the top strip), and per arm a ranking by permutation importance on a random-forest surrogate "
              "fitted to the rank of each trial's objective (misses rank below every hit): how much the surrogate's "
              "R² drops when the parameter is shuffled. Out-of-bag R² at or below 0 means the surrogate explains "
              "nothing and the ranking is noise.</p>",
-             _img(figures.effects_figure(data), "objective against each hyperparameter")]  # fmt: skip
+             _figure_or_words(data, drawn, "hyperparameters")]  # fmt: skip
     for arm in data.arms:
         imp = importance[arm.label]
         parts.append(f"<h3>{escape(arm.label)}</h3>")
@@ -317,7 +451,7 @@ def _trial_row(t: TrialRow) -> str:
     params = ", ".join(f"{k}={_param(v)}" for k, v in t.params.items())
     left = [t.arm, t.kind, "–" if t.seed is None else str(t.seed), t.outcome]
     right = [fmt_objective(t.objective), fmt_samples(t.samples_to_target), fmt_accuracy(t.best_mlm_accuracy),
-             fmt_samples(t.samples), fmt_samples(t.global_batch_size), fmt_noise(t.noise_scale)]  # fmt: skip
+             fmt_samples(t.samples), fmt_samples(t.global_batch_size), fmt_trial_noise(t)]  # fmt: skip
     return (_td(str(t.number)) + "".join(_td(v, cls="l") for v in left) + "".join(_td(v) for v in right)
             + _td(params, cls="l") + _td(t.reason or "", cls="l"))  # fmt: skip
 
@@ -359,7 +493,9 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
         noise = (
             "–"
             if p.noise_scale is None
-            else f"{fmt_noise(p.noise_scale)} ({fmt_noise(p.noise_low)} to {fmt_noise(p.noise_high)})"
+            else f"{'≥ ' if p.noise_lower_bounds else ''}{fmt_noise(p.noise_scale)} ({fmt_noise(p.noise_low)} to "
+            f"{fmt_noise(p.noise_high)})"
+            + (f"; lower bound: {p.noise_lower_bounds} of {p.noise_trials} estimates" if p.noise_lower_bounds else "")
         )
         ratio = "–" if p.noise_scale is None else f"{p.global_batch_size / p.noise_scale:.2g}×"
         fields = [("batch", f"{p.global_batch_size:,}"), ("experiment", p.experiment), ("arm", p.arm),
@@ -380,13 +516,11 @@ def index_page(storage: Storage, *, link: Link, compare_action: str) -> str:
 
     rows = []
     for record in storage.list_experiments():
-        counts = storage.count_trials_by_state(record.id)
-        done = sum(n for state, n in counts.items() if state.finished)
         rows.append(f"<td class=l><input type=checkbox name=name value='{escape(record.name)}'></td>"
                     + f"<td class=l><a href='{escape(link(record.name))}'>{escape(record.name)}</a></td>"
-                    + _td(liveness(record), cls="l") + _td(f"{done} of {sum(counts.values())}")
+                    + _td(liveness(record), cls="l") + _td(experiment_progress(storage, record), cls="l")
                     + _td(record.spec.get("experiment", {}).get("description", ""), cls="l"))  # fmt: skip
-    table = _table(["", "experiment", "status", "trials finished", "description"], rows, left=3)
+    table = _table(["", "experiment", "status", "trials", "description"], rows, left=4)
     body = ("<h1>Experiments</h1>" + (f"<form method=get action='{escape(compare_action)}'>{table}"
             "<p><button type=submit>Compare the selected experiments</button></p></form>" if rows
             else "<p>No experiments yet: start one with <code>hpo run EXPERIMENT.yaml</code>.</p>"))  # fmt: skip

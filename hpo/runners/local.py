@@ -36,7 +36,7 @@ class LocalRunner(Runner):
         ResourceError before anything is written. With `preload`, single-process trials are forked from a
         launcher that has imported the trial side (hpo.runners.preload), started with the first trial."""
         inventory = [] if resources.gpus == "none" else discover_gpus()
-        gpus, skipped = select_gpus(inventory, resources.gpus if inventory else "none")
+        gpus, skipped = select_gpus(inventory, resources.gpus)  # GPUs asked for on a machine without any: refused
         slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu, cpu_slots=resources.cpu_slots)
         self.pool = SlotPool(slots[:max_parallel], skipped)
         self.resources = resources

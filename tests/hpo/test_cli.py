@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import yaml
 
 from hpo.cli import main
 from hpo.storage import SqlStorage
 from tests.hpo.test_study import tiny_overrides
+from tests.trainer.conftest import make_shards
 
 
 def hpo(*args: str) -> subprocess.CompletedProcess:
@@ -114,3 +118,87 @@ def test_every_command_and_option_has_help():
                     walk(sub, [*path, name])
 
     walk(build_parser(), ["hpo"])
+
+
+# --------------------------------------------------------------------------- refused before the first trial
+
+PRESETS = Path(__file__).resolve().parents[2] / "search_spaces" / "presets"
+
+
+def hpo_in(cwd, *args: str) -> subprocess.CompletedProcess:
+    """`hpo` started in `cwd`, with this checkout first on the path (relative data paths are read from `cwd`)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PRESETS.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)  # fmt: skip
+
+
+def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_data(tmp_path):
+    """adam_vs_lamb.yaml as shipped, started where data/mlperf does not exist: refused, no experiment row."""
+    db_file = tmp_path / "hpo.db"
+    result = hpo_in(tmp_path, "--db", f"sqlite:///{db_file}", "run", str(PRESETS / "adam_vs_lamb.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert "adam_vs_lamb.yaml: base_config data.train = 'data/mlperf/train'" in result.stderr
+    assert "no shard files found for 'data/mlperf/train'" in result.stderr
+    assert not db_file.exists()
+
+
+def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_naming_the_gpus(tmp_path):
+    """adam_vs_lamb.yaml (gpus: all, 8 per trial) with data present: refused for its GPUs, no experiment row."""
+    from hpo.resources import discover_gpus
+
+    gpus = discover_gpus()
+    preset = yaml.safe_load((PRESETS / "adam_vs_lamb.yaml").read_text())
+    train_dir, eval_dir = make_shards(tmp_path / "data")
+    preset.update(base_config=str(PRESETS / preset["base_config"]),
+                  overrides={"data.train": str(train_dir), "data.eval": str(eval_dir)})  # fmt: skip
+    per_trial = max(preset["resources"]["gpus_per_trial"], len(gpus) + 1)  # 8 unless this machine has 8 or more
+    preset["resources"]["gpus_per_trial"] = per_trial
+    path = tmp_path / "adam_vs_lamb.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    result = hpo_in(tmp_path, "--db", db, "run", str(path))
+    assert result.returncode == 2, result.stderr
+    if not gpus:  # the case of the issue: a CPU machine
+        assert "resources.gpus is 'all' but this machine has no GPU" in result.stderr
+        assert "set `resources.gpus: none` with `cpu_slots`" in result.stderr
+    else:
+        assert f"resources.gpus_per_trial is {per_trial} but only {len(gpus)} usable GPU(s)" in result.stderr
+    assert not (tmp_path / "hpo.db").exists()
+
+
+def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_path):
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    result = hpo_in(tmp_path, "--db", db, "run", str(PRESETS / "adam_vs_lamb_demo_cpu.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert "base_config data.train = 'data/demo/train'" in result.stderr
+    assert "`make demo-data`" in result.stderr
+    assert not (tmp_path / "hpo.db").exists()
+
+
+def test_bad_shards_are_refused_before_the_first_trial(tmp_path):
+    """Shards that exist but do not fit the model (token ids past model.vocab_size) fail the trainer's own data
+    check at the start, naming the file, the key and the row, with no experiment row."""
+    db_file = tmp_path / "hpo.db"
+    path = small_experiment(tmp_path, overrides=tiny_overrides(tmp_path / "data", **{"model.vocab_size": 50}))
+    result = hpo("--db", f"sqlite:///{db_file}", "run", path)
+    assert result.returncode == 2, result.stderr
+    assert "base_config data.train" in result.stderr
+    assert "HDF5 key 'input_ids'" in result.stderr and "model.vocab_size = 50" in result.stderr
+    assert not db_file.exists()
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in PRESETS.glob("*_demo_cpu.yaml")))
+def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(preset, tmp_path, monkeypatch):
+    from hpo.experiment import load_experiment
+    from hpo.local_engine import check_trial_data
+    from hpo.runners import build_runner
+
+    make_shards(tmp_path / "data" / "demo")  # where the demo presets' base config reads data/demo/{train,eval}
+    monkeypatch.chdir(tmp_path)
+    spec = load_experiment(PRESETS / preset)
+    check_trial_data(spec)
+    runner = build_runner(spec)
+    try:
+        assert "cpu slot 0" in runner.describe()
+    finally:
+        runner.close()

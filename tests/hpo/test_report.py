@@ -127,6 +127,29 @@ def stored(url: str):
     return record, trials, noise
 
 
+def undefined_by_trial(url: str) -> dict[int, float]:
+    """Trial number -> the share of its measured late steps (grad_sq_norm_big reported) without an estimate."""
+    with SqlStorage(url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)
+        return {t.number: undefined_share([(m.step, m.samples) for m in storage.get_metrics(t.id, "grad_sq_norm_big")],
+                                          {m.step: m.value for m in storage.get_metrics(t.id, "noise_scale")})
+                for t in trials}  # fmt: skip
+
+
+def undefined_share(measured: list[tuple[int, int]], estimates: dict[int, float]) -> float:
+    late = [step for step, s in measured if s is not None and s >= max(s for _, s in measured) / 2]
+    empty = [step for step in late if not (estimates.get(step, 0) > 0 and math.isfinite(estimates[step]))]
+    return len(empty) / len(late) if late else 0.0
+
+
+def shown_noise(value: float, undefined: float, big_batch: int = 16) -> str:
+    """The report's text for a trial's noise scale: `≥ value (...)` past 4x the big batch (16: one process,
+    accumulation 2) or with 20 % or more of its late steps empty."""
+    text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    lower = value > 4 * big_batch or undefined >= 0.2
+    return f"≥ {text}" if lower else text
+
+
 def expected_outcome(t) -> str:
     if t.state is TrialState.COMPLETED:
         return "reached" if t.samples_to_target is not None else "missed"
@@ -187,6 +210,7 @@ def test_report_numbers_match_the_database(report_db, report_html):
 
 def test_report_noise_scale_per_trial_and_arm_matches_the_stored_curves(report_db, report_html):
     _, trials, noise = stored(report_db)
+    undefined = undefined_by_trial(report_db)
     page = Page(report_html)
     rows = table_with(page, "noise scale")[1:]  # the "All trials" table: one row per trial
     head = table_with(page, "noise scale")[0]
@@ -196,14 +220,20 @@ def test_report_noise_scale_per_trial_and_arm_matches_the_stored_curves(report_d
         expected = late_median(noise[int(row[0])])
         shown = row[head.index("noise scale")]
         measured += expected is not None
-        assert shown == ("–" if expected is None else f"{expected:,.0f}" if expected >= 100 else f"{expected:.3g}")
+        if expected is None:
+            assert shown == "–"
+        else:
+            assert shown.split(" (lower bound")[0] == shown_noise(expected, undefined[int(row[0])])
     assert measured >= 3  # accumulation (16 = 2 x 8) measures it in every trial that trains past its first steps
     for arm in ("optimizer.name=adamw", "optimizer.name=lamb"):
         values = [late_median(noise[t.number]) for t in trials if t.arm == arm]
         values = [v for v in values if v is not None]
         median = statistics.median(values)
         assert page.cells[(arm, "noise_trials")] == str(len(values))
-        assert page.cells[(arm, "noise_median")] == (f"{median:,.0f}" if median >= 100 else f"{median:.3g}")
+        numbers = [t.number for t in trials if t.arm == arm and late_median(noise[t.number]) is not None]
+        bounds = sum(shown_noise(late_median(noise[n]), undefined[n]).startswith("≥") for n in numbers)
+        text = f"{median:,.0f}" if median >= 100 else f"{median:.3g}"
+        assert page.cells[(arm, "noise_median")].split(" (lower bound")[0] == (f"≥ {text}" if bounds else text)
         assert page.cells[(arm, "batch")] == "16"
 
 

@@ -50,6 +50,20 @@ def test_more_gpus_per_trial_than_the_inventory_is_a_clear_error():
         select_gpus(make_inventory(4), [0, 9])
 
 
+@pytest.mark.parametrize("requested", ["all", [0], [0, 1, 2, 3, 4, 5, 6, 7]])
+def test_gpus_asked_for_on_a_machine_without_any_are_refused_not_run_on_cpu(requested):
+    with pytest.raises(ResourceError) as refused:
+        select_gpus([], requested)
+    message = str(refused.value)
+    assert f"resources.gpus is {requested!r} but this machine has no GPU" in message
+    assert "set `resources.gpus: none` with `cpu_slots`" in message
+
+
+def test_every_gpu_asked_for_held_by_others_is_refused_not_run_on_cpu():
+    with pytest.raises(ResourceError, match="no GPU asked for by resources.gpus is free: GPU 1 is held by 1 process"):
+        select_gpus(make_inventory(4, busy=(1,)), [1])
+
+
 def test_several_small_trials_per_gpu_bounded_by_free_memory():
     gpus, _ = select_gpus(make_inventory(2, free_mb=20_000), [0, 1])
     slots = plan_slots(gpus, gpus_per_trial=1, trials_per_gpu=4, memory_per_trial_mb=7_000)
