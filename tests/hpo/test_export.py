@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict, trial_config
+from hpo.arms import trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.export import ExportError, check_arm, micro_batch_for, render, torchrun_command
 from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, TrialRecord
 from hpo.trials import TrialState

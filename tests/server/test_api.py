@@ -9,7 +9,8 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict, trial_config
+from hpo.arms import trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
 from tests.server.conftest import EXPERIMENT, TOKEN
