@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from hpo.storage.engine import safe_url
 from server.errors import install_error_handlers
 from server.routes import best, experiments, export, health, reports, trials
 from server.settings import Settings
@@ -47,9 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the API under uvicorn (one worker) until interrupted."""
-    import uvicorn
-
-    from hpo.storage.engine import safe_url
+    import uvicorn  # only `hpo serve` runs a server; tests and importers build the app alone
 
     actions = "enabled (bearer token)" if settings.token else "disabled (no HPO_API_TOKEN)"
     print(

@@ -12,6 +12,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
+from hpo.errors import HpoError
+from hpo.storage.base import ExperimentStatus
 from server.deps import ExperimentDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import NAME_PATTERN
@@ -55,8 +57,7 @@ _cache = _PageCache()
 def experiment_report(record: ExperimentDep, storage: StorageDep):
     """The experiment's comparison report: verdict, best so far, learning curves, samples to target, noise scale,
     hyperparameter effects and importance, and the best config per arm with its export command."""
-    from hpo.report.html import experiment_report as build
-    from hpo.storage.base import ExperimentStatus
+    from hpo.report.html import experiment_report as build  # matplotlib: loaded by the first report, not at start-up
 
     key = None
     if record.status is not ExperimentStatus.RUNNING:
@@ -80,8 +81,7 @@ def compare_report(
     ],
 ):
     """Several experiments: samples to target and the measured noise scale against global batch size."""
-    from hpo.errors import HpoError
-    from hpo.report.html import comparison_report
+    from hpo.report.html import comparison_report  # matplotlib: loaded by the first report, not at start-up
 
     bad = [n for n in name if not _is_name(n)]
     if bad:
@@ -100,6 +100,6 @@ def _is_name(text: str) -> bool:
 @home.get("/", response_class=HTMLResponse, include_in_schema=False)
 def index(storage: StorageDep):
     """Every experiment with a link to its report, and a form to compare several."""
-    from hpo.report.html import index_page
+    from hpo.report.html import index_page  # matplotlib: loaded by the first report, not at start-up
 
     return HTMLResponse(index_page(storage, link=report_path, compare_action=f"{API_PREFIX}/reports/compare"))
