@@ -93,7 +93,7 @@ def dummy_nni_command(seconds: float):
 
 def nni_ideal(spec, slots: int, seconds: float) -> float:
     """The ideal time under the NNI engine: its arms run one after another, each on all slots."""
-    from hpo.nni.config import arm_plans
+    from hpo.arms import arm_plans
 
     return sum(math.ceil(plan.quota / slots) for plan in arm_plans(spec)) * seconds
 

@@ -61,8 +61,8 @@ def run_nni(db: str, experiment_id: int, arm: int, launched_at: float, seconds: 
     the result and report it to NNI."""
     import nni
 
+    from hpo.arms import arm_plans
     from hpo.experiment import spec_from_stored
-    from hpo.nni.config import arm_plans
     from hpo.nni.engine import WORKER_PREFIX
     from hpo.storage import SqlStorage
     from search_spaces.nni import from_nni_params

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpo.experiment import arm_of, load_experiment, stored_form
+from hpo.arms import arm_of
+from hpo.experiment import load_experiment, stored_form
 from hpo.storage import MetricPoint, SqlStorage
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 

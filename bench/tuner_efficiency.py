@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from hpo.experiment import experiment_from_dict, params_key
+from hpo.arms import arm_subspace, params_key, trial_config
+from hpo.experiment import experiment_from_dict
 from search_spaces import preset_path
 
 TUNERS = ("smac_bo", "smac_hyperband", "random", "nni_tpe", "optuna_tpe")
@@ -52,7 +53,6 @@ def problem(
 ) -> dict[str, Any]:
     """The experiment file (as a mapping) of one run: the demo preset's LAMB arm with its learning rate over
     `lr` (wider than the preset's, so that a tuner has something to find), sample budgets only."""
-    from hpo.study import arm_subspace
 
     path = preset_path("adam_vs_lamb_demo_cpu")
     # The preset without its arms (one arm here), so only what this benchmark uses of it is validated.
@@ -146,7 +146,6 @@ class _OptunaReporter:
 def _optuna_trial(trial, spec, workdir: Path, rows: list) -> float:
     import optuna
 
-    from hpo.experiment import trial_config
     from hpo.objective import objective_value
     from trainer.train import train
 

@@ -28,6 +28,8 @@ import yaml
 
 from hpo.errors import HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
 
+# Each command imports what it uses when it runs, so `hpo status` or `hpo --help` does not load the study loop,
+# SMAC, Dask, matplotlib, the server or the trainer's config models.
 # --------------------------------------------------------------------------- storage
 
 

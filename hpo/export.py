@@ -77,16 +77,16 @@ class Export:
 
 def stored_spec(record: ExperimentRecord):
     """The experiment's validated spec, from the self-contained copy stored when it was created."""
-    from hpo.experiment import experiment_from_dict  # pydantic models of the trainer config: built on first use
+    from hpo.experiment import experiment_from_dict  # the trainer config models: built on first use, not at start-up
 
     return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)")
 
 
 def arm_labels(spec) -> list[str]:
     """The experiment's arms as stored on trials (`optimizer.name=lamb`); [] when it compares nothing."""
-    from hpo.experiment import arm_label, arms
+    from hpo.arms import arm_labels as labels  # the trainer config models: built on first use, not at start-up
 
-    return [arm_label(values) for values in arms(spec)] if spec.compare else []
+    return labels(spec)
 
 
 def check_arm(spec, arm: str | None) -> None:
@@ -101,7 +101,7 @@ def check_arm(spec, arm: str | None) -> None:
 
 def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
     """The complete trainer config (a plain mapping) of `trial` at the full budget, fit for `ranks` ranks."""
-    from hpo.experiment import trial_config
+    from hpo.arms import trial_config  # the trainer config models: built on first use, not at start-up
 
     config = trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
     config["batch"]["micro_batch_size"] = micro_batch_for(

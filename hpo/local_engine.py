@@ -13,10 +13,19 @@ from pathlib import Path
 
 import yaml
 
+from hpo.arms import arm_plans
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
+from hpo.progress import ProgressView
+from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
-from hpo.verdict import verdict_lines
+from hpo.storage.engine import safe_url
+from hpo.study import Study
+from hpo.verdict import arm_runs, decide, verdict_lines
+from search_spaces.space import trainer_key
+from trainer.config import config_from_dict
+from trainer.data.checks import load_checked_samples
+from trainer.errors import DataError
 
 
 def absolute_database_url(url: str) -> str:
@@ -35,11 +44,6 @@ def check_trial_data(spec) -> None:
     config's data.train and data.eval must name shards that exist, are BERT shards, and whose first rows fit the
     model (the trainer's own checks, on DATA_ROWS_CHECKED rows). Relative paths are read from the working
     directory, as the trials read them. Data keys the space tunes are checked by each trial."""
-    from search_spaces.space import trainer_key
-    from trainer.config import config_from_dict
-    from trainer.data.checks import load_checked_samples
-    from trainer.errors import DataError
-
     cfg = config_from_dict(spec.resolved_base())
     tuned = {trainer_key(name) for name in spec.space.names}
     for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
@@ -60,20 +64,13 @@ def _data_hint(path: str) -> str:
 
 def describe_plan(spec, runner) -> str:
     """What is about to run: each arm's tuned dimensions and trial budget, the runner, the confirmations."""
-    from hpo.experiment import arm_label, arms
-    from hpo.study import arm_quotas, arm_subspace
-
-    all_arms = arms(spec)
-    quotas = arm_quotas(spec.budget.trials, len(all_arms))
     lines = [f"experiment {spec.name}: {spec.budget.trials} trials, tuner {spec.tuner.name} (seed {spec.tuner.seed}), "
              f"at most {spec.budget.max_parallel} at once; {runner.describe()}"]  # fmt: skip
     max_samples = spec.resolved_base()["budget"]["max_samples"]
-    for fixed, quota in zip(all_arms, quotas, strict=True):
-        space = arm_subspace(spec.space, fixed) if fixed else spec.space
-        label = arm_label(fixed) if fixed else "all"
-        dims = ", ".join(f"{name} {_range(space[name])}" for name in space.names) or "-"
-        lines.append(f"  arm {label}: {quota} trials of at most {max_samples:,} samples, "
-                     f"{len(space)} dimension(s): {dims}")  # fmt: skip
+    for plan in arm_plans(spec):
+        dims = ", ".join(f"{name} {_range(plan.space[name])}" for name in plan.space.names) or "-"
+        lines.append(f"  arm {plan.label or 'all'}: {plan.quota} trials of at most {max_samples:,} samples, "
+                     f"{len(plan.space)} dimension(s): {dims}")  # fmt: skip
     if spec.allow_unequal_arms:
         lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
     if spec.budget.confirm_seeds:
@@ -91,8 +88,6 @@ def _range(param) -> str:
 def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, database_url: str, quiet: bool,
           resume: bool) -> int:  # fmt: skip
     """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
-    from hpo.progress import ProgressView
-    from hpo.study import Study
 
     run_dir.mkdir(parents=True, exist_ok=True)
     study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
@@ -155,9 +150,6 @@ def next_commands(database_url: str | None) -> tuple[str, str]:
     import shlex
     import shutil
 
-    from hpo.storage import default_database_url
-    from hpo.storage.engine import safe_url
-
     python = Path(sys.executable).absolute()  # not resolved: a virtualenv's python is a link to the system's
     found = {name: shutil.which(name) for name in ("python", "hpo")}
     on_path = found["python"] and Path(found["python"]).absolute() == python and found["hpo"] and (
@@ -172,7 +164,6 @@ def next_commands(database_url: str | None) -> tuple[str, str]:
 
 def experiment_verdict(storage: Storage, experiment_id: int, spec):
     """The verdict of a compare experiment from its stored trials (see hpo/verdict.py)."""
-    from hpo.verdict import arm_runs, decide
 
     return decide(arm_runs(spec, storage.best_per_arm(experiment_id), storage.list_trials(experiment_id)))
 

@@ -17,9 +17,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from hpo.errors import StorageError
+from hpo.arms import arms
+from hpo.errors import HpoError, StorageError
+from hpo.experiment import spec_from_stored
 from hpo.storage.base import Storage, TrialRecord
-from hpo.trials import TrialState
+from hpo.trials import TrialKind, TrialState
 
 FINISHED = [s for s in TrialState if s.finished]
 
@@ -142,8 +144,6 @@ def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, 
 
 def experiment_progress(storage: Storage, record) -> str:
     """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms."""
-    from hpo.trials import TrialKind
-
     trials = storage.list_trials(record.id)
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
     confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
@@ -155,9 +155,6 @@ def experiment_progress(storage: Storage, record) -> str:
 def _planned(record) -> tuple[int, int]:
     """(tuning trials, confirmation runs) a stored experiment plans; from the raw stored budget when the stored
     spec no longer validates (a listing must not fail on one old experiment)."""
-    from hpo.errors import HpoError
-    from hpo.experiment import arms, spec_from_stored
-
     try:
         spec = spec_from_stored(record)
     except HpoError:

@@ -25,9 +25,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hpo.arms import arm_plans, trial_config
 from hpo.controllers import Controller, Suggestion, build_controller
 from hpo.errors import StorageError
-from hpo.experiment import ExperimentSpec, arm_label, arms, trial_config
+from hpo.experiment import ExperimentSpec
 from hpo.objective import NOT_TOLD, objective_value, tuner_feedback
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
@@ -37,29 +38,6 @@ from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
 MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails
-
-
-def arm_subspace(space: SearchSpace, fixed: dict[str, Any]) -> SearchSpace:
-    """The space of one arm: compare keys removed, parameters whose condition the arm rules out dropped."""
-    kept: dict[str, dict[str, Any]] = {}
-    as_dict = space.to_dict()
-    for name in space.names:
-        if name in fixed:
-            continue
-        param = as_dict[name]
-        clauses = space[name].when
-        if any(c.key in fixed and not c.holds(fixed[c.key]) for c in clauses):
-            continue
-        if any(c.key not in fixed and c.key not in kept for c in clauses):
-            continue  # its parent was dropped
-        when = {c.key: c.to_yaml() for c in clauses if c.key not in fixed}
-        kept[name] = {k: v for k, v in param.items() if k != "when"} | ({"when": when} if when else {})
-    return SearchSpace.from_dict(kept)
-
-
-def arm_quotas(total: int, n: int) -> list[int]:
-    """Equal shares of the trial budget; the first arms take the remainder."""
-    return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
 @dataclass
@@ -99,14 +77,15 @@ class Study:
     # -- set-up ------------------------------------------------------------------------------------------
 
     def _build_arms(self) -> list[Arm]:
-        all_arms = arms(self.spec)
-        quotas = arm_quotas(self.spec.budget.trials, len(all_arms))
-        built = []
-        for i, (fixed, quota) in enumerate(zip(all_arms, quotas, strict=True)):
-            sub = arm_subspace(self.spec.space, fixed) if fixed else self.spec.space
-            controller = self._controller(sub, quota, self.run_dir / "tuner" / f"arm{i}")
-            built.append(Arm(arm_label(fixed) if fixed else None, fixed, quota, controller))
-        return built
+        return [
+            Arm(
+                plan.label,
+                plan.fixed,
+                plan.quota,
+                self._controller(plan.space, plan.quota, self.run_dir / "tuner" / f"arm{plan.index}"),
+            )  # fmt: skip
+            for plan in arm_plans(self.spec)
+        ]
 
     def _controller(self, space: SearchSpace, quota: int, output_dir: Path) -> Controller:
         tuner, budget = self.spec.tuner, self.spec.budget

@@ -27,8 +27,11 @@ from typing import Any
 
 import yaml
 
+from hpo.arms import params_key, trial_config
 from hpo.errors import HpoError, StorageError
+from hpo.experiment import spec_from_stored
 from hpo.objective import trial_result
+from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, Storage, TrialRecord
 from hpo.trials import TrialResult, TrialState
 
@@ -85,8 +88,6 @@ def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path
     """The trainer config of one trial: the experiment's base + the trial's parameters at its budget, its
     seed for a confirmation run, and a checkpoint directory shared by the budgets of one configuration
     (Hyperband continues a promoted configuration from its checkpoint)."""
-    from hpo.experiment import params_key, trial_config
-
     cfg = trial_config(spec, record.params, fidelity=min(record.budget, 1.0))
     updates: dict[str, Any] = {"log": cfg.log.model_copy(update={"jsonl": str(workdir / "report.jsonl")})}
     if record.seed is not None:
@@ -101,7 +102,7 @@ def run_trial(
     storage: Storage, trial_id: int, attempt: int, workdir: Path, extra_reporters: Sequence[Any] = ()
 ) -> TrialResult:
     """Claim, train and record one attempt of a trial; returns what was recorded."""
-    from hpo.experiment import spec_from_stored
+    # The trainer imports torch: loaded by the trial that trains, not by the preloaded launcher (hpo.runners.preload).
     from trainer.errors import ConfigError
     from trainer.report import JsonLinesReporter
     from trainer.train import train
@@ -155,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, required=True, help="the attempt this process runs")
     parser.add_argument("--workdir", type=Path, required=True, help="where trial.yaml, logs and checkpoints go")
     args = parser.parse_args(argv)
-    from hpo.storage import SqlStorage
-    from trainer.distributed import cleanup
+    from trainer.distributed import cleanup  # torch: see run_trial
 
     try:
         with SqlStorage(args.db) as storage:

@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hpo.arms import arm_label, arms, trial_config
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.trials import TrialKind, TrialState
 
@@ -177,8 +178,6 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object]) -> list
     """The evidence of every arm of `spec` from its stored trials: the best tuning trial of each arm as the
     storage chose it (`best` maps an arm's label to it, as `best_per_arm` does; None is the key without
     compare) and that configuration's finished confirmation trials."""
-    from hpo.experiment import arm_label, arms, trial_config
-
     evidence = []
     for fixed in arms(spec):
         key = arm_label(fixed) if fixed else None

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from hpo.errors import HpoError
+from hpo.storage.engine import safe_url
 from server.docs import install_docs
 from server.errors import install_error_handlers
 from server.routes import best, experiments, export, health, reports, trials
@@ -72,9 +73,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(settings: Settings) -> None:
     """Run the API under uvicorn (one worker) until interrupted; HpoError when it cannot listen on the port."""
-    import uvicorn
-
-    from hpo.storage.engine import safe_url
+    import uvicorn  # only `hpo serve` runs a server; tests and importers build the app alone
 
     sock = listening_socket(settings.api_host, settings.api_port)
     actions = "enabled (bearer token)" if settings.token else "disabled (no HPO_API_TOKEN)"

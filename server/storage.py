@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import StorageError
+from hpo.export import ExportError, production_config, stored_spec
 from hpo.storage import SqlStorage, Storage
 from hpo.storage.base import ExperimentRecord, TrialRecord
 from hpo.storage.engine import DATABASE_URL_ENV, safe_url
+from search_spaces.errors import SearchSpaceError
+from server.schemas import BestTrialPublic
+from trainer.errors import ConfigError
 
 CONFIG_CACHE_SIZE = 1024
 
@@ -78,8 +82,6 @@ class SpecCache:
         key = (record.id, trial.id)
         body = self._best_json.get(key)
         if body is None:
-            from server.schemas import BestTrialPublic
-
             body = BestTrialPublic.from_record(record, trial, self.config(record, trial)).model_dump_json().encode()
             with self._lock:
                 self._best_json[key] = body
@@ -100,8 +102,6 @@ class SpecCache:
     def spec(self, record: ExperimentRecord):
         spec = self._specs.get(record.id)
         if spec is None:
-            from hpo.export import stored_spec
-
             spec = stored_spec(record)
             with self._lock:
                 self._specs[record.id] = spec
@@ -112,10 +112,6 @@ class SpecCache:
         key = (record.id, trial.id)
         config = self._configs.get(key)
         if config is None:
-            from hpo.export import ExportError, production_config
-            from search_spaces.errors import SearchSpaceError
-            from trainer.errors import ConfigError
-
             try:
                 config = production_config(self.spec(record), trial)
             except (SearchSpaceError, ConfigError) as exc:  # stored params the stored spec no longer accepts

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainer.config import load_config
+from trainer.config import dump_config, load_config
 from trainer.errors import ConfigError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, TrainStatus
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    from trainer.config import dump_config
+    # torch loads only after the config is valid, so a bad config is refused at once.
     from trainer.distributed import cleanup
     from trainer.report import JsonLinesReporter
     from trainer.train import train

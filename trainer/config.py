@@ -183,14 +183,20 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     out = yaml.safe_load(yaml.safe_dump(raw)) or {}
     for text in overrides:
         parts, value = parse_override(text)
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
-            node = child
-        node[parts[-1]] = value
+        set_dotted(out, ".".join(parts), value, f"override {text!r}")
     return out
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any, what: str = "") -> None:
+    """Set `a.b.c = value` in a nested mapping in place, creating sections as needed."""
+    *sections, leaf = key.split(".")
+    node = raw
+    for i, part in enumerate(sections):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{what or key}: {'.'.join(sections[: i + 1])} is not a section")
+        node = child
+    node[leaf] = value
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> TrainerConfig:

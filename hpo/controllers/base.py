@@ -1,12 +1,9 @@
-"""The ask/tell vocabulary of controllers, and the factory that picks one from the experiment's tuner."""
+"""The ask/tell vocabulary of controllers: what a controller suggests and what it must answer to."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
-
-from search_spaces.space import SearchSpace
 
 
 @dataclass(frozen=True)
@@ -27,19 +24,3 @@ class Controller(Protocol):
 
     def replay(self, params: dict[str, Any], budget: float, cost: float | None) -> None:
         """A result of an earlier controller (resume): learn from it as if it had been asked here."""
-
-
-def build_controller(
-    tuner: str, space: SearchSpace, seed: int, n_trials: int, output_dir: Path, options: dict[str, Any], **budget
-) -> Controller:
-    """The controller for `tuner.name` (random, smac_bo, smac_hyperband); NNI tuners run under the nni engine."""
-    if tuner == "random":
-        from hpo.controllers.random_search import RandomController
-
-        return RandomController(space, seed)
-    if tuner in ("smac_bo", "smac_hyperband"):
-        from hpo.controllers.smac import SmacController
-
-        return SmacController(space, seed, n_trials, output_dir, multi_fidelity=tuner == "smac_hyperband",
-                              options=options, **budget)  # fmt: skip
-    raise ValueError(f"tuner.name {tuner!r} runs only under `engine: nni`; use random, smac_bo or smac_hyperband")

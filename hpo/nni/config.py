@@ -30,11 +30,13 @@ from __future__ import annotations
 import math
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpo.errors import ExperimentFileError
+import hpo
+from hpo.arms import ArmPlan
+from hpo.errors import ExperimentFileError, ResourceError
+from search_spaces.nni import to_nni
 
 NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")
 # NNI built-in tuner name of each of our tuner names (nni_smac is a custom tuner).
@@ -42,17 +44,6 @@ _BUILTIN = {"nni_tpe": "TPE", "nni_random": "Random", "nni_anneal": "Anneal", "n
 _COMMON_OPTIONS = ("assessor", "assessor_start_step")
 _OPTIONS = {"nni_evolution": ("population_size",), "nni_smac": ("n_initial_configs",)}
 SMAC_TUNER_CLASS = "hpo.nni.smac_tuner.SmacTuner"
-
-
-@dataclass(frozen=True)
-class ArmPlan:
-    """One NNI experiment: an arm's fixed compare values, its sub-space and its share of the trials."""
-
-    index: int
-    label: str | None  # e.g. "optimizer.name=lamb"; None without compare
-    fixed: dict[str, Any]
-    quota: int
-    space: Any  # SearchSpace of the arm (compare keys removed)
 
 
 def check_nni_spec(spec: Any, source: str) -> None:
@@ -91,27 +82,6 @@ def check_nni_spec(spec: Any, source: str) -> None:
         )
 
 
-def arm_plans(spec: Any) -> list[ArmPlan]:
-    """The NNI experiments of a spec, in the order they run."""
-    if not spec.compare:
-        return [ArmPlan(0, None, {}, spec.budget.trials, spec.space)]
-    from hpo.experiment import arm_label, arms
-    from hpo.study import arm_quotas, arm_subspace
-
-    all_arms = arms(spec)
-    quotas = arm_quotas(spec.budget.trials, len(all_arms))
-    return [
-        ArmPlan(
-            i,
-            arm_label(fixed) if fixed else None,
-            fixed,
-            quota,
-            arm_subspace(spec.space, fixed) if fixed else spec.space,
-        )  # fmt: skip
-        for i, (fixed, quota) in enumerate(zip(all_arms, quotas, strict=True))
-    ]
-
-
 def nni_id(experiment_id: int, arm: int) -> str:
     """The NNI experiment id of an arm (unique within the experiment's run directory)."""
     return f"hpo{experiment_id}-arm{arm}"
@@ -138,8 +108,6 @@ def nni_experiment_config(
     spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool
 ) -> dict[str, Any]:
     """NNI's experiment config (the camelCase mapping `nni.experiment.ExperimentConfig(**config)` takes)."""
-    from search_spaces.nni import to_nni
-
     budget, res = spec.budget, spec.resources
     if res.machines:
         per_gpu = res.trials_per_gpu if on_gpu else 1
@@ -191,8 +159,6 @@ def _machine(machine: Any, trials_per_gpu: int) -> dict[str, Any]:
 
 def check_remote(spec: Any, db_url: str) -> None:
     """Before anything is written: what remote trials need from this controller (raises ResourceError)."""
-    from hpo.errors import ResourceError
-
     machines = spec.resources.machines
     if not machines:
         return
@@ -214,8 +180,6 @@ def _tuner(spec: Any, plan: ArmPlan, run_dir: Path) -> dict[str, Any]:
         args = {"space": plan.space.to_dict(), "seed": seed, "n_trials": plan.quota, "optimize_mode": spec.direction,
                 "output_dir": str(nni_home(run_dir) / "smac" / f"arm{plan.index}"),
                 "n_initial_configs": options.get("n_initial_configs")}  # fmt: skip
-        import hpo
-
         return {"className": SMAC_TUNER_CLASS, "codeDirectory": str(Path(hpo.__file__).parent.parent),
                 "classArgs": args}  # fmt: skip
     args = {"optimize_mode": spec.direction}

@@ -24,10 +24,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpo.arms import ArmPlan, arm_plans
 from hpo.errors import HpoError
-from hpo.nni.config import ArmPlan, arm_plans, nni_experiment_config, nni_home, nni_id, trial_command
-from hpo.nni.manager import NniExperiment, load_experiments, rest, start_experiment, stop_all, stop_manager
+from hpo.liveness import Heartbeat
+from hpo.local_engine import absolute_database_url, print_summary
+from hpo.nni.config import nni_experiment_config, nni_home, nni_id, trial_command
+from hpo.nni.manager import NniExperiment, load_experiments, rest, start_experiment, stop_all, stop_manager, view
+from hpo.nni.patch import require_patched
+from hpo.resources import discover_gpus
+from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialResult, TrialSpec, TrialState
+from search_spaces.nni import from_nni_params
 
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
 WORKER_PREFIX = "nni:"
@@ -40,9 +47,6 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
               resume: bool = False, port: int = 8080) -> int:  # fmt: skip
     """`hpo run` / `hpo resume` under engine nni: heartbeat, run the arms' NNI experiments, final status and
     summary; returns the process exit code."""
-    from hpo.liveness import Heartbeat
-    from hpo.local_engine import absolute_database_url, print_summary
-    from hpo.storage.base import ExperimentStatus
 
     note = {"text": "starting NNI"}
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: note["text"]).start()
@@ -67,7 +71,6 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
 # ------------------------------------------------------------------------------------------------ run
 def preflight() -> None:
     """Refuse, saying what to run, when NNI is missing or its manager lacks the fix of `hpo.nni.patch`."""
-    from hpo.nni.patch import require_patched
 
     require_patched()
 
@@ -226,7 +229,6 @@ def _ending(spec, job: dict, recorded: bool) -> tuple[TrialState, str]:
 
 def job_params(job: dict, plan: ArmPlan) -> dict[str, Any]:
     """The parameters NNI recorded for a trial job, flattened to our names, with the arm's fixed values."""
-    from search_spaces.nni import from_nni_params
 
     raw = job.get("hyperParameters") or []
     if not raw:
@@ -248,7 +250,6 @@ def _on_gpu(spec) -> bool:
         return False
     if spec.resources.machines:  # NNI's remote training service finds the machines' GPUs
         return True
-    from hpo.resources import discover_gpus
 
     return bool(discover_gpus())
 
@@ -265,7 +266,6 @@ def _say(quiet: bool, line: str) -> None:
 # ------------------------------------------------------------------------------------------------ webui
 def webui(record, stop: bool = False, port: int = 8080) -> int:
     """`hpo webui NAME [--stop]`: reopen an NNI experiment's web UI in view mode (or close it); exit code."""
-    from hpo.nni.manager import view
 
     name = record.name
     if record.spec["experiment"].get("engine") != "nni":

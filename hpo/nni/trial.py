@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpo.arms import arm_plans, trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.nni.engine import WORKER_PREFIX
+from hpo.objective import NOT_TOLD, tuner_feedback
+from hpo.storage import SqlStorage
+from hpo.trial_entry import WORKER_ENV, run_trial
+from hpo.trials import TrialSpec
+from search_spaces.nni import from_nni_params
 
 
 class NniReporter:
@@ -40,15 +47,7 @@ class NniReporter:
 
 def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
     """Ask NNI for parameters, record and run the trial; returns the process exit code."""
-    import nni
-
-    from hpo.experiment import experiment_from_dict, trial_config
-    from hpo.nni.config import arm_plans
-    from hpo.objective import NOT_TOLD, tuner_feedback
-    from hpo.storage import SqlStorage
-    from hpo.trial_entry import WORKER_ENV, run_trial
-    from hpo.trials import TrialSpec
-    from search_spaces.nni import from_nni_params
+    import nni  # only NNI's trials have it to import (and need it)
 
     worker = WORKER_PREFIX + nni.get_trial_id()
     with SqlStorage(db_url) as storage:

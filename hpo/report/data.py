@@ -36,10 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpo.arms import arm_label, arms
+from hpo.experiment import spec_from_stored
+from hpo.liveness import liveness
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import ArmSummary, Verdict
+from hpo.verdict import ArmSummary, Verdict, arm_runs, decide
+from trainer.config import config_from_dict
 
 TO_TARGET_METRICS = ("samples_to_target", "time_to_target_s")
 OUTCOMES = ("reached", "missed", "diverged", "failed", "timeout", "bad data", "unfinished")
@@ -160,10 +164,6 @@ class ExperimentData:
 
 def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> ExperimentData:
     """Read one experiment: its spec, trials, the verdict, and the curves of each arm's top trials."""
-    from hpo.experiment import arm_label, arms, spec_from_stored
-    from hpo.liveness import liveness
-    from trainer.config import config_from_dict
-
     record = storage.get_experiment_by_name(name)
     spec = spec_from_stored(record)
     records = storage.list_trials(record.id)
@@ -204,8 +204,6 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
 
 
 def _verdict(spec, best: dict, records: Sequence[TrialRecord]) -> Verdict:
-    from hpo.verdict import arm_runs, decide
-
     return decide(arm_runs(spec, best, records))
 
 

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from html import escape
 
+from hpo.liveness import liveness
 from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
 from hpo.report.data import (
@@ -512,7 +513,6 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
 
 def index_page(storage: Storage, *, link: Link, compare_action: str) -> str:
     """Every experiment with its status, trial counts and a link to its report; a form compares several."""
-    from hpo.liveness import liveness
 
     rows = []
     for record in storage.list_experiments():

@@ -17,12 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpo.trial_exit import EXIT_PIPE_ENV
-
-if TYPE_CHECKING:
-    from hpo.runners.preload import ForkedProcess, Launcher
 
 PR_SET_PDEATHSIG = 1
 # Its own process group, so os.killpg ends torchrun and all its ranks. `process_group=0` (Python 3.11+) lets
@@ -32,9 +29,28 @@ PR_SET_PDEATHSIG = 1
 OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
+class ChildProcess(Protocol):
+    """The part of `subprocess.Popen` a trial attempt uses (a forked trial, `preload.ForkedProcess`, has it too)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Starter(Protocol):
+    """Something that starts some commands faster than exec (the preloaded launcher, `preload.Launcher`)."""
+
+    def accepts(self, cmd: list[str], env: dict[str, str]) -> bool: ...
+
+    def start(self, cmd: list[str], env: dict[str, str], stdout: Path, stderr: Path, exit_pipe: int,
+              memory_limit_mb: int | None, die_with_parent: bool) -> ChildProcess: ...  # fmt: skip
+
+
 @dataclass
 class TrialProcess:
-    popen: subprocess.Popen | ForkedProcess
+    popen: ChildProcess
     stderr_path: Path
     started: float
     timeout_s: float | None
@@ -46,7 +62,7 @@ class TrialProcess:
     @classmethod
     def start(
         cls, cmd: list[str], env: dict[str, str], workdir: Path, timeout_s: float | None,
-        memory_limit_mb: int | None = None, die_with_parent: bool = False, launcher: Launcher | None = None,
+        memory_limit_mb: int | None = None, die_with_parent: bool = False, launcher: Starter | None = None,
     ) -> TrialProcess:  # fmt: skip
         """Start `cmd`: forked from `launcher` where it accepts the command (a preloaded `python -m`), else
         exec'd."""

@@ -94,7 +94,7 @@ def experiment_verdict(
         known = specs.known_verdict(key)
         if known is not None:
             return known
-    from hpo.verdict import arm_runs, decide
+    from hpo.verdict import arm_runs, decide  # the trainer config models: built on first use, not at start-up
 
     verdict = decide(arm_runs(spec, best_per_arm, storage.list_trials(record.id)))
     public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds)

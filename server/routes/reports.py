@@ -13,6 +13,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
+from hpo.errors import HpoError
+from hpo.storage.base import ExperimentStatus
 from hpo.storage.engine import safe_url
 from server.deps import ExperimentDep, SettingsDep, StorageDep
 from server.errors import JSON_ERROR_RESPONSES
@@ -63,8 +65,7 @@ _cache = _PageCache()
 def experiment_report(record: ExperimentDep, storage: StorageDep, settings: SettingsDep):
     """The experiment's comparison report: verdict, best so far, learning curves, samples to target, noise scale,
     hyperparameter effects and importance, and the best config per arm with its export command."""
-    from hpo.report.html import experiment_report as build
-    from hpo.storage.base import ExperimentStatus
+    from hpo.report.html import experiment_report as build  # matplotlib: loaded by the first report, not at start-up
 
     key = None
     if record.status is not ExperimentStatus.RUNNING:
@@ -88,8 +89,7 @@ def compare_report(
     ],
 ):
     """Several experiments: samples to target and the measured noise scale against global batch size."""
-    from hpo.errors import HpoError
-    from hpo.report.html import comparison_report
+    from hpo.report.html import comparison_report  # matplotlib: loaded by the first report, not at start-up
 
     bad = [n for n in name if not _is_name(n)]
     if bad:
@@ -108,6 +108,6 @@ def _is_name(text: str) -> bool:
 @home.get("/", response_class=HTMLResponse, include_in_schema=False)
 def index(storage: StorageDep):
     """Every experiment with a link to its report, and a form to compare several."""
-    from hpo.report.html import index_page
+    from hpo.report.html import index_page  # matplotlib: loaded by the first report, not at start-up
 
     return HTMLResponse(index_page(storage, link=report_path, compare_action=f"{API_PREFIX}/reports/compare"))

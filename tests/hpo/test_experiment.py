@@ -10,15 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hpo.arms import arm_of, arms, trial_config
 from hpo.errors import ExperimentFileError
-from hpo.experiment import (
-    ExperimentSpec,
-    arm_of,
-    arms,
-    experiment_from_dict,
-    load_experiment,
-    trial_config,
-)
+from hpo.experiment import ExperimentSpec, experiment_from_dict, load_experiment
 from search_spaces import SearchSpaceError, list_presets, preset_path
 from trainer.config import TrainerConfig
 

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict, trial_config
+from hpo.arms import trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.export import (
     CONFIG_PATH_PATTERN,
     FORMATS,

@@ -16,9 +16,10 @@ import pytest
 import yaml
 from scipy import stats
 
+from hpo.arms import arm_dimensions
 from hpo.cli import main
 from hpo.errors import ExperimentFileError
-from hpo.experiment import arm_dimensions, experiment_from_dict, load_experiment, spec_from_stored, stored_form
+from hpo.experiment import experiment_from_dict, load_experiment, spec_from_stored, stored_form
 from hpo.local_engine import describe_plan, experiment_verdict
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState

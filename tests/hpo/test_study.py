@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from hpo.arms import arm_quotas, arm_subspace
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.runners import build_runner
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
-from hpo.study import Study, arm_quotas, arm_subspace
+from hpo.study import Study
 from hpo.trials import TrialState
 from search_spaces.space import SearchSpace
 from tests.trainer.conftest import make_shards

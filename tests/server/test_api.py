@@ -12,7 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict, trial_config
+from hpo.arms import trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
 from tests.server.conftest import EXPERIMENT, TOKEN

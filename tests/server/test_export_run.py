@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict, trial_config
+from hpo.arms import trial_config
+from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from tests.server.conftest import EXPERIMENT, hpo
 

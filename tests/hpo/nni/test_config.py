@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hpo.arms import arm_plans
 from hpo.errors import ExperimentFileError
 from hpo.experiment import experiment_from_dict
-from hpo.nni.config import arm_plans, nni_experiment_config, trial_command
+from hpo.nni.config import nni_experiment_config, trial_command
 from search_spaces.nni import to_nni
 from tests.hpo.nni.conftest import CONDITIONAL_SPACE, nni_experiment_data
 

@@ -1,0 +1,173 @@
+"""Arms: the fair comparisons of an experiment, and a trial's trainer config from its parameters.
+
+An **arm** is one combination of the values of the experiment's `compare` keys, e.g. `optimizer.name=lamb`
+(several keys: `optimizer.name=lamb,clipping.strategy=bucketwise`). Each arm
+
+- has a **label** (`arm_label`), stored on its trials and shown everywhere an arm is named;
+- tunes its own **sub-space** (`arm_subspace`): the space with the compare keys fixed to the arm's values and
+  the parameters those values rule out dropped (`optimizer.lr@adamw` is not tuned in the LAMB arm);
+- gets an equal **share** of the trial budget (`arm_quotas`), the first arms taking the remainder;
+- must tune the same **dimensions** (trainer keys of the same kind) as every other arm (`arm_dimensions`,
+  `unequal_dimensions`), unless the experiment file says why not.
+
+Without `compare` there is a single arm with no label, the whole space and the whole budget.
+
+Everything here is a pure function of the validated spec, below every user of arms: the experiment checks,
+the study loop, the NNI engine, the verdict, the report and the server. It never imports them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from search_spaces.errors import SearchSpaceError
+from search_spaces.space import CategoricalParam, FloatParam, Param, SearchSpace, trainer_key
+from trainer.config import TrainerConfig, config_from_dict, set_dotted
+
+if TYPE_CHECKING:
+    from hpo.experiment.schema import ExperimentSpec
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """One arm as it runs: its position, label (None without compare), compare values, trial share and space."""
+
+    index: int
+    label: str | None
+    fixed: dict[str, Any]
+    quota: int
+    space: SearchSpace
+
+
+def arms(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    """Every arm: one mapping of compare key -> value per combination of their choices ([{}] without compare)."""
+    choices = [spec.space[key].choices for key in spec.compare]
+    return [dict(zip(spec.compare, combo, strict=True)) for combo in itertools.product(*choices)]
+
+
+def arm_label(values: Mapping[str, Any]) -> str:
+    """`optimizer.name=lamb` (several keys joined by commas)."""
+    return ",".join(f"{k}={yaml_scalar(v)}" for k, v in values.items())
+
+
+def arm_labels(spec: ExperimentSpec) -> list[str]:
+    """The experiment's arm labels as stored on trials; [] when it compares nothing."""
+    return [arm_label(values) for values in arms(spec)] if spec.compare else []
+
+
+def arm_of(spec: ExperimentSpec, params: Mapping[str, Any]) -> str | None:
+    """The arm a configuration belongs to, e.g. `optimizer.name=lamb`; None when the spec compares nothing."""
+    if not spec.compare:
+        return None
+    missing = [k for k in spec.compare if k not in params]
+    if missing:
+        raise SearchSpaceError(missing[0], "a compare key has no value in the trial's parameters")
+    return arm_label({k: params[k] for k in spec.compare})
+
+
+def arm_subspace(space: SearchSpace, fixed: Mapping[str, Any]) -> SearchSpace:
+    """The space of one arm: compare keys removed, parameters whose condition the arm rules out dropped."""
+    kept: dict[str, dict[str, Any]] = {}
+    as_dict = space.to_dict()
+    for name in space.names:
+        if name in fixed:
+            continue
+        param = as_dict[name]
+        clauses = space[name].when
+        if any(c.key in fixed and not c.holds(fixed[c.key]) for c in clauses):
+            continue
+        if any(c.key not in fixed and c.key not in kept for c in clauses):
+            continue  # its parent was dropped
+        when = {c.key: c.to_yaml() for c in clauses if c.key not in fixed}
+        kept[name] = {k: v for k, v in param.items() if k != "when"} | ({"when": when} if when else {})
+    return SearchSpace.from_dict(kept)
+
+
+def arm_quotas(total: int, n: int) -> list[int]:
+    """Equal shares of the trial budget; the first arms take the remainder."""
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def arm_plans(spec: ExperimentSpec) -> list[ArmPlan]:
+    """Every arm of `spec` with its label, share of `budget.trials` and sub-space, in the order they run."""
+    all_arms = arms(spec)
+    quotas = arm_quotas(spec.budget.trials, len(all_arms))
+    return [
+        ArmPlan(
+            i,
+            arm_label(fixed) if fixed else None,
+            fixed,
+            quota,
+            arm_subspace(spec.space, fixed) if fixed else spec.space,
+        )  # fmt: skip
+        for i, (fixed, quota) in enumerate(zip(all_arms, quotas, strict=True))
+    ]
+
+
+def arm_dimensions(spec: ExperimentSpec) -> dict[str, dict[str, str]]:
+    """What each compare arm tunes: arm label -> trainer key -> its kind (`float, log`, `int`, `choice [a, b]`).
+
+    Dimensions are trainer keys, so `optimizer.lr@lamb` and `optimizer.lr@adamw` are the same dimension;
+    their ranges may differ, since a per-arm parameter (`name@label`) is how a file gives an arm its own range.
+    """
+    dims: dict[str, dict[str, str]] = {}
+    for plan in arm_plans(spec) if spec.compare else []:
+        kinds: dict[str, set[str]] = {}
+        for name in plan.space.names:
+            kinds.setdefault(trainer_key(name), set()).add(_dimension_kind(plan.space[name]))
+        dims[plan.label] = {key: " | ".join(sorted(k)) for key, k in kinds.items()}
+    return dims
+
+
+def unequal_dimensions(dims: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The dimensions not tuned alike by every arm, each as `key (what each arm tunes)`; [] when equal."""
+    keys = sorted({key for arm in dims.values() for key in arm})
+    differing = []
+    for key in keys:
+        seen = {label: arm.get(key, "not tuned") for label, arm in dims.items()}
+        if len(set(seen.values())) > 1:
+            differing.append(f"{key} ({'; '.join(f'{label}: {kind}' for label, kind in seen.items())})")
+    return differing
+
+
+def _dimension_kind(param: Param) -> str:
+    if isinstance(param, CategoricalParam):
+        return f"choice [{', '.join(map(yaml_scalar, param.choices))}]"
+    return ("float" if isinstance(param, FloatParam) else "int") + (", log" if param.log else "")
+
+
+def yaml_scalar(value: Any) -> str:
+    """A choice as YAML writes it (`true`, not `True`), so labels read like the experiment file."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+# ------------------------------------------------------------------------------------------------ trials
+def trial_config(spec: ExperimentSpec, params: Mapping[str, Any], fidelity: float = 1.0) -> TrainerConfig:
+    """The trainer config of one trial: base + overrides + the sampled parameters (keyed by parameter name),
+    validated; `fidelity` < 1 shortens budget.max_samples (multi-fidelity) without changing the LR schedule."""
+    for name in params:
+        if name not in spec.space:
+            raise SearchSpaceError(name, "not a parameter of the experiment's space")
+    if not 0 < fidelity <= 1:
+        raise ValueError(f"fidelity must be in (0, 1], got {fidelity}")
+    raw = spec.resolved_base()
+    for key, value in spec.space.trainer_values(params).items():
+        set_dotted(raw, key, value)
+    if fidelity < 1:
+        full = config_from_dict(raw, f"{spec.source}: trial")
+        # A short run must be a prefix of the full one: pin the decay horizon the trainer would derive.
+        total = full.schedule.total_steps or math.ceil(full.budget.max_samples / full.batch.global_batch_size)
+        set_dotted(raw, "schedule.total_steps", total)
+        set_dotted(raw, "budget.max_samples", max(1, round(full.budget.max_samples * fidelity)))
+    return config_from_dict(raw, f"{spec.source}: trial {dict(params)}")
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """A short stable key of a configuration (its checkpoint directory under Hyperband)."""
+    return hashlib.sha1(json.dumps(dict(params), sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,23 @@
+"""The factory that picks a controller from the experiment's tuner (beside the controllers it builds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hpo.controllers.base import Controller
+from hpo.controllers.random_search import RandomController
+from hpo.controllers.smac import SmacController  # imports smac only when a SMAC controller is built
+from search_spaces.space import SearchSpace
+
+
+def build_controller(
+    tuner: str, space: SearchSpace, seed: int, n_trials: int, output_dir: Path, options: dict[str, Any], **budget
+) -> Controller:
+    """The controller for `tuner.name` (random, smac_bo, smac_hyperband); NNI tuners run under the nni engine."""
+    if tuner == "random":
+        return RandomController(space, seed)
+    if tuner in ("smac_bo", "smac_hyperband"):
+        return SmacController(space, seed, n_trials, output_dir, multi_fidelity=tuner == "smac_hyperband",
+                              options=options, **budget)  # fmt: skip
+    raise ValueError(f"tuner.name {tuner!r} runs only under `engine: nni`; use random, smac_bo or smac_hyperband")

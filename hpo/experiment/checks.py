@@ -1,0 +1,234 @@
+"""The checks of an experiment file beyond its schema: trainer keys and values, arms, engine, tuner, objective,
+resources. Each raises `ExperimentFileError` naming the file and the field, before anything is written."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import importlib.util
+import itertools
+import typing
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from hpo.arms import arm_dimensions, arms, unequal_dimensions
+from hpo.errors import ExperimentFileError
+from hpo.experiment.schema import NATURAL_DIRECTION
+from hpo.nni.config import check_nni_spec
+from search_spaces.space import CategoricalParam, FloatParam, trainer_key
+from trainer.config import ConfigError, TrainerConfig, config_from_dict, set_dotted
+
+if TYPE_CHECKING:
+    from hpo.experiment.schema import ExperimentSpec
+
+
+def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, check_arms: bool = True) -> None:
+    """Every check of a spec whose base config + overrides resolved to `resolved` (a valid trainer config)."""
+    cfg = config_from_dict(resolved)
+    _check_space(spec, resolved, source)
+    _check_compare(spec, source)
+    if check_arms:
+        _check_equal_arms(spec, source)
+    _check_engine(spec, source)
+    _check_tuner(spec, cfg, source)
+    _check_objective(spec, cfg, source)
+    _check_resources(spec, cfg, source)
+
+
+# ------------------------------------------------------------------------------------------------ trainer keys
+def trainer_leaf_keys(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> dict[str, Any]:
+    """Every settable dotted key of the trainer config -> its pydantic FieldInfo (sections are walked)."""
+    keys: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.update(trainer_leaf_keys(ann, f"{prefix}{name}."))
+        else:
+            keys[f"{prefix}{name}"] = info
+    return keys
+
+
+_LEAVES = trainer_leaf_keys()
+
+
+def check_trainer_key(key: str, field: str, source: str) -> None:
+    if key in _LEAVES:
+        return
+    sections = {k.rsplit(".", 1)[0] for k in _LEAVES if "." in k}
+    if key in sections:
+        raise ExperimentFileError(f"{source}: {field}: {key} is a section; name one of its keys ({key}.<key>)")
+    hint = did_you_mean(key, list(_LEAVES))
+    raise ExperimentFileError(f"{source}: {field}: {key} is not a trainer config key{hint}")
+
+
+def _trainer_error(resolved: dict[str, Any], key: str, value: Any) -> str | None:
+    """Why the trainer rejects `key = value` on the resolved base config (None: it accepts it)."""
+    raw = copy.deepcopy(resolved)
+    set_dotted(raw, key, value)
+    try:
+        config_from_dict(raw)
+    except ConfigError as e:
+        return error_line(str(e), key) or "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
+    return None
+
+
+def _is_int_field(info: Any) -> bool:
+    ann = info.annotation
+    args = set(typing.get_args(ann)) - {type(None)} if typing.get_args(ann) else {ann}
+    return int in args and float not in args
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def error_line(message: str, key: str) -> str | None:
+    """The line of a trainer ConfigError about `key` (its lines read `  dotted.key: what is wrong`)."""
+    return next((line.strip() for line in message.splitlines() if line.strip().startswith(f"{key}:")), None)
+
+
+def _check_space(spec: ExperimentSpec, resolved: dict[str, Any], source: str) -> None:
+    for name in spec.space:
+        key, param, field = trainer_key(name), spec.space[name], f"space.{name}"
+        check_trainer_key(key, field, source)
+        if isinstance(param, FloatParam) and _is_int_field(_LEAVES[key]):
+            raise ExperimentFileError(f"{source}: {field}: {key} is an integer; use int: [low, high]")
+        values = param.choices if isinstance(param, CategoricalParam) else (param.low, param.high)
+        for value in values:
+            why = _trainer_error(resolved, key, value)
+            if why:
+                what = "choice" if isinstance(param, CategoricalParam) else "bound"
+                raise ExperimentFileError(f"{source}: {field}: {what} {value!r} is not valid for the trainer: {why}")
+
+
+def _check_compare(spec: ExperimentSpec, source: str) -> None:
+    for i, key in enumerate(spec.compare):
+        field = f"compare[{i}]"
+        if key not in spec.space:
+            hint = did_you_mean(key, list(spec.space))
+            raise ExperimentFileError(f"{source}: {field}: {key} is not a parameter of space{hint}")
+        if not isinstance(spec.space[key], CategoricalParam):
+            raise ExperimentFileError(f"{source}: {field}: {key} must be a categorical (choice) parameter")
+        if spec.space[key].when:
+            raise ExperimentFileError(f"{source}: {field}: {key} has a `when` condition; arms need a value always")
+    n_arms = len(arms(spec))
+    if spec.budget.trials < n_arms:
+        raise ExperimentFileError(
+            f"{source}: budget.trials: {spec.budget.trials} trials cannot cover the {n_arms} arms of compare"
+        )
+
+
+def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
+    """Arms must tune the same hyperparameters, or the file must say why not (`allow_unequal_arms`)."""
+    if spec.allow_unequal_arms is not None and not spec.compare:
+        raise ExperimentFileError(f"{source}: allow_unequal_arms: there are no compare arms; remove it")
+    differing = unequal_dimensions(arm_dimensions(spec))
+    if differing and spec.allow_unequal_arms is None:
+        raise ExperimentFileError(
+            f"{source}: compare: the arms {', '.join(arm_dimensions(spec))} do not tune the same hyperparameters, "
+            f"so the comparison would favour the arm tuned more: {', '.join(differing)}. Tune every dimension "
+            "in every arm (a per-arm range is `key@label`), or say why not with allow_unequal_arms: <reason>"
+        )
+    if not differing and spec.allow_unequal_arms is not None:
+        raise ExperimentFileError(f"{source}: allow_unequal_arms: the arms tune the same dimensions; remove it")
+
+
+# Options each tuner understands (tuner.options); anything else would be ignored, so it is refused.
+TUNER_OPTIONS: dict[str, tuple[str, ...]] = {"smac_bo": ("n_initial_configs",)}
+
+
+def _check_engine(spec: ExperimentSpec, source: str) -> None:
+    if spec.engine == "nni" and not _nni_engine_available():
+        raise ExperimentFileError(
+            f"{source}: engine: the nni engine is not available in this version; use engine: local "
+            "(tuners random, smac_bo, smac_hyperband)"
+        )
+    if spec.runner.name == "dask" and not spec.runner.scheduler:
+        raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
+    if spec.runner.name == "local" and spec.runner.scheduler:
+        raise ExperimentFileError(f"{source}: runner.scheduler: only the dask runner uses a scheduler")
+    if spec.engine == "local" and spec.resources.machines:
+        raise ExperimentFileError(
+            f"{source}: resources.machines: other machines run engine: nni trials (NNI's remote training service); "
+            "under engine: local, run them on a Dask cluster (runner: {name: dask, scheduler: ...})"
+        )
+
+
+def _nni_engine_available() -> bool:
+    return importlib.util.find_spec("hpo.nni.engine") is not None
+
+
+def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    if spec.engine == "nni":  # NNI's tuners, their options, and what NNI's training service can run
+        check_nni_spec(spec, source)
+        return
+    allowed = TUNER_OPTIONS.get(spec.tuner.name, ())
+    for key in spec.tuner.options:
+        if key not in allowed:
+            known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
+    if spec.tuner.name.startswith("nni_") and spec.engine != "nni":
+        raise ExperimentFileError(f"{source}: tuner.name: {spec.tuner.name} runs only with engine: nni")
+    if spec.tuner.name == "smac_hyperband":
+        if spec.budget.min_budget >= spec.budget.max_budget:
+            raise ExperimentFileError(f"{source}: budget.min_budget: must be < budget.max_budget")
+        smallest = spec.budget.min_budget * cfg.budget.max_samples
+        if smallest < cfg.eval.every_samples:
+            raise ExperimentFileError(
+                f"{source}: budget.min_budget: the smallest trial ({smallest:.0f} samples) ends before the first "
+                f"evaluation (eval.every_samples = {cfg.eval.every_samples}); raise min_budget"
+            )
+
+
+def _check_objective(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    if spec.objective.metric == "time_to_target_s" and not (cfg.budget.max_time_s or spec.budget.trial_timeout_s):
+        raise ExperimentFileError(
+            f"{source}: objective.metric: time_to_target_s needs a time cap for its penalty; "
+            "set budget.trial_timeout_s or the trainer's budget.max_time_s"
+        )
+    natural = NATURAL_DIRECTION[spec.objective.metric]
+    if spec.objective.direction not in (None, natural):
+        raise ExperimentFileError(f"{source}: objective.direction: {spec.objective.metric} must be {natural}d")
+
+
+def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    res = spec.resources
+    if isinstance(res.gpus, list) and res.gpus_per_trial > len(res.gpus):
+        raise ExperimentFileError(
+            f"{source}: resources.gpus_per_trial: {res.gpus_per_trial} GPUs per trial but only {len(res.gpus)} listed"
+        )
+    if res.trials_per_gpu > 1 and res.gpus_per_trial > 1:
+        raise ExperimentFileError(f"{source}: resources.trials_per_gpu: sharing a GPU needs gpus_per_trial: 1")
+    _check_batch_divisibility(spec, cfg, source)
+
+
+def _candidates(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str | None, list[Any]] | None:
+    """(the space field, the values) trainer `key` can take; None for a numeric range (checked when a trial runs)."""
+    params = {name: spec.space[name] for name in spec.space if trainer_key(name) == key}
+    if not params:
+        section, leaf = key.split(".")
+        return None, [getattr(getattr(cfg, section), leaf)]
+    if not all(isinstance(p, CategoricalParam) for p in params.values()):
+        return None
+    return f"space.{next(iter(params))}", [v for p in params.values() for v in p.choices]
+
+
+def _check_batch_divisibility(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    """The trainer needs global_batch_size % (micro_batch_size x ranks) == 0; catch it before any trial runs."""
+    global_ = _candidates(spec, cfg, "batch.global_batch_size")
+    micro = _candidates(spec, cfg, "batch.micro_batch_size")
+    if global_ is None or micro is None:
+        return
+    field = global_[0] or micro[0] or "base_config"
+    gpus = spec.resources.gpus
+    devices = (True, False) if gpus == "all" else (False,) if gpus == "none" else (True,)
+    for on_gpu in devices:
+        ranks = spec.resources.ranks_per_trial(on_gpu)
+        for g, m in itertools.product(global_[1], micro[1]):
+            if g % (m * ranks):
+                raise ExperimentFileError(
+                    f"{source}: {field}: batch.global_batch_size {g} is not a multiple of batch.micro_batch_size "
+                    f"x ranks per trial ({m} x {ranks} {'GPU' if on_gpu else 'CPU'} ranks)"
+                )

@@ -1,0 +1,196 @@
+"""The schema of an experiment file: its sections and fields as typed, documented pydantic models."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator
+from pydantic_core import PydanticCustomError
+
+from hpo.errors import ExperimentFileError
+from search_spaces.errors import SearchSpaceError
+from search_spaces.space import SearchSpace
+
+MetricName = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
+TunerName = Literal[
+    "random", "smac_bo", "smac_hyperband", "nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac"
+]
+NATURAL_DIRECTION = {
+    "samples_to_target": "minimize",
+    "time_to_target_s": "minimize",
+    "best_mlm_accuracy": "maximize",
+    "final_mlm_accuracy": "maximize",
+}
+_SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Objective(_Section):
+    metric: MetricName = Field("samples_to_target", description="What a trial is scored by.")
+    direction: Literal["minimize", "maximize"] | None = Field(None, description="Default: the metric's natural one.")
+    penalty_factor: float = Field(2.0, gt=1.0, description="Misses score penalty_factor x cap x (1 + gap).")
+
+
+class Tuner(_Section):
+    name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, random, or an NNI tuner.")
+    seed: int = Field(0, description="Seed of the tuner (and of random search).")
+    options: dict[str, Any] = Field(default_factory=dict, description="Passed to the tuner as is.")
+
+
+class Budget(_Section):
+    trials: int = Field(ge=1, description="Trials in total (over all arms).")
+    max_parallel: int = Field(1, ge=1, description="Trials running at the same time at most.")
+    trial_timeout_s: float | None = Field(None, gt=0, description="Kill a trial after this many seconds.")
+    min_budget: float = Field(1 / 9, gt=0, le=1, description="Hyperband: smallest fraction of budget.max_samples.")
+    max_budget: float = Field(1.0, gt=0, le=1, description="Hyperband: largest fraction of budget.max_samples.")
+    eta: int = Field(3, ge=2, description="Hyperband: successive-halving ratio.")
+    confirm_seeds: int = Field(0, ge=0, description="Re-run each arm's best config with this many more seeds.")
+
+
+class Machine(_Section):
+    """A machine of NNI's remote training service (engine: nni): NNI reaches it over SSH with a key."""
+
+    host: str = Field(min_length=1, description="Host name or address, reachable over SSH from the controller.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str = Field(min_length=1, description="SSH user.")
+    ssh_key_file: str = Field("~/.ssh/id_rsa", description="Private key on the controller (no passwords: NNI's "
+                              "web UI would show them).")  # fmt: skip
+    python_path: str | None = Field(None, description="Directory of the Python that has this project installed "
+                                    "there (put first on PATH); default: the machine's python3.")  # fmt: skip
+    gpus: list[int] | None = Field(None, description="GPU ids NNI may use there; default: all of them.")
+
+
+class Resources(_Section):
+    gpus: list[int] | Literal["all", "none"] = Field("all", description="GPU ids to use, all, or none (CPU).")
+    gpus_per_trial: int = Field(1, ge=1, description="GPUs per trial, one rank (process) each.")
+    trials_per_gpu: int = Field(1, ge=1, description="Small trials sharing one GPU (gpus_per_trial must be 1).")
+    cpu_slots: int = Field(1, ge=1, description="Trials side by side when no GPU is used.")
+    cpu_ranks_per_trial: int = Field(1, ge=1, description="gloo ranks (processes) of one trial on CPU.")
+    memory_limit_mb: int | None = Field(None, ge=1, description="Address-space limit of each trial process (CPU).")
+    machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
+                                    "machines (NNI's remote training service) instead of this one.")  # fmt: skip
+
+    def ranks_per_trial(self, on_gpu: bool) -> int:
+        """Data-parallel ranks of one trial on GPUs or on CPU."""
+        return self.gpus_per_trial if on_gpu else self.cpu_ranks_per_trial
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if value in ("all", "none"):
+            return value
+        ok = isinstance(value, list) and value and all(type(g) is int and g >= 0 for g in value)
+        if not ok or len(set(value)) != len(value):
+            raise ValueError(f"expected all, none or a non-empty list of distinct GPU ids (>= 0), got {value!r}")
+        return value
+
+
+class Runner(_Section):
+    name: Literal["local", "dask"] = Field("local", description="local: slots on this machine; dask: a cluster.")
+    scheduler: str | None = Field(None, description="Dask scheduler address, e.g. tcp://host:8786 (dask only).")
+    preload: bool = Field(
+        True, description="Fork each single-process trial from a launcher that has already imported the trial side "
+        "(the storage, SQLAlchemy): about 0.2 s less CPU per trial. false: every trial starts a new interpreter.",
+    )  # fmt: skip
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(tcp|tls|inproc|ucx)://[^\s]+$", value):
+            raise ValueError(f"expected an address such as tcp://host:8786, got {value!r}")
+        return value
+
+
+class ExperimentSpec(_Section):
+    """A validated experiment file. Build it with `load_experiment` / `experiment_from_dict`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str = Field(description="Slug: lowercase letters, digits, '-' and '_'.")
+    description: str = Field("", description="One line shown in listings.")
+    base_config: str | dict[str, Any] = Field(description="Trainer YAML (relative to this file) or inline.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted trainer keys set on the base.")
+    space: SearchSpace = Field(description="Parameters to tune (search_spaces.space syntax).")
+    objective: Objective = Field(default_factory=Objective)
+    compare: list[str] = Field(default_factory=list, description="Categorical keys whose values form arms.")
+    tuner: Tuner = Field(default_factory=Tuner)
+    budget: Budget
+    resources: Resources = Field(default_factory=Resources)
+    engine: Literal["local", "nni"] = Field("local", description="local: our study loop; nni: an NNI experiment.")
+    runner: Runner = Field(default_factory=Runner, description="Where the local engine runs trials.")
+    allow_unequal_arms: str | None = Field(
+        None, description="Why the compare arms may tune different hyperparameters (refused without a reason)."
+    )
+
+    _source: str = PrivateAttr("<dict>")
+    _base: dict[str, Any] | None = PrivateAttr(None)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        if not isinstance(value, str) or not re.match(_SLUG, value):
+            raise ValueError(f"expected a slug of lowercase letters, digits, '-' and '_' (<= 64), got {value!r}")
+        return value
+
+    @field_validator("base_config", mode="before")
+    @classmethod
+    def _base_config(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() or isinstance(value, dict):
+            return value
+        raise ValueError(f"expected a path to a trainer YAML file or an inline mapping, got {value!r}")
+
+    @field_validator("allow_unequal_arms", mode="before")
+    @classmethod
+    def _reason(cls, value: Any) -> Any:
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise ValueError(f"expected the reason the arms may differ, as a sentence, got {value!r}")
+        return value
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and len(set(map(str, value))) != len(value):
+            raise ValueError("a key is listed twice")
+        return value
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _space(cls, value: Any) -> SearchSpace:
+        if isinstance(value, SearchSpace):
+            return value
+        try:
+            return SearchSpace.from_dict(value)
+        except SearchSpaceError as e:
+            raise PydanticCustomError("search_space", "{reason}", {"key": e.key, "reason": e.reason}) from None
+
+    @field_serializer("space")
+    def _dump_space(self, space: SearchSpace) -> dict[str, Any]:
+        return space.to_dict()
+
+    @property
+    def source(self) -> str:
+        """Where the spec came from (the experiment file's path, or `<dict>`)."""
+        return self._source
+
+    @property
+    def direction(self) -> str:
+        """The objective's direction, explicit or the metric's natural one."""
+        return self.objective.direction or NATURAL_DIRECTION[self.objective.metric]
+
+    def resolved_base(self) -> dict[str, Any]:
+        """A copy of the base trainer config (as a raw mapping) with the overrides applied."""
+        if self._base is None:
+            raise ExperimentFileError(f"{self._source}: build specs with load_experiment / experiment_from_dict")
+        return copy.deepcopy(self._base)
+
+    def self_contained(self) -> dict[str, Any]:
+        """The spec as a plain mapping with the base config inline and overrides applied (for storage)."""
+        data = self.model_dump(mode="json")
+        data.update(base_config=self.resolved_base(), overrides={})
+        return data

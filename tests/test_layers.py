@@ -1,0 +1,147 @@
+"""The import rules of docs/architecture.md ("Layers and imports"), read from the source with `ast`.
+
+Every import of a project module counts, wherever it is written (at the top, inside a function, or under
+`if TYPE_CHECKING:`), so an import moved into a function cannot hide a cycle. A deliberately added cycle fails
+`test_no_module_imports_itself_through_others`: with `from hpo.study import Study` added to `hpo/arms.py` it reports
+`hpo.arms -> hpo.study -> hpo.arms`; `test_a_cycle_is_found` shows the same on a two-module package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("trainer", "search_spaces", "hpo", "server")
+
+# module prefix -> project modules (prefixes) it must never import, and why
+FORBIDDEN = {
+    "trainer": (("hpo", "search_spaces", "server"), "the trainer is the production program; it needs nothing else"),
+    "search_spaces": (("trainer", "hpo", "server"), "the search-space model stands alone"),
+    "hpo": (("server",), "the server is above the control plane"),
+}
+# The command line is the top of everything: `hpo serve` starts the server.
+EXEMPT = {"hpo.cli": ("server",)}
+
+# The layers of `hpo`, bottom first, as docs/architecture.md draws them: a module imports only its own layer
+# and the layers before it. A module is in the layer of its longest matching prefix.
+HPO_LAYERS = (
+    ("hpo.errors", "hpo.trials", "hpo.objective"),
+    ("hpo.storage", "hpo.liveness", "hpo.resources", "hpo.launch", "hpo.trial_exit"),
+    ("hpo.experiment.schema",),
+    ("hpo.arms",),
+    ("hpo.nni.config",),
+    ("hpo.experiment",),
+    ("hpo.controllers",),
+    ("hpo.runners", "hpo.trial_entry", "hpo.export"),
+    ("hpo.verdict", "hpo.study", "hpo.report", "hpo.progress"),
+    ("hpo.local_engine", "hpo.nni", "hpo.cli", "hpo.__main__"),
+)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (anywhere in its file)."""
+    modules = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets.add(base)
+                targets.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path `a, b, ..., a`, or None (depth-first search, deterministic order)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_no_module_imports_itself_through_others():
+    cycle = find_cycle(import_graph(ROOT, PACKAGES))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_packages_import_only_downward():
+    graph = import_graph(ROOT, PACKAGES)
+    broken = [
+        f"{module} imports {target} ({why})"
+        for module, targets in sorted(graph.items())
+        for prefix, (banned, why) in FORBIDDEN.items()
+        if _within(module, prefix)
+        for target in sorted(targets)
+        if any(_within(target, b) for b in banned) and not any(_within(target, e) for e in EXEMPT.get(module, ()))
+    ]
+    assert broken == []
+
+
+def hpo_layer(module: str) -> int | None:
+    """The index in HPO_LAYERS of `module` (its longest matching prefix); None for the `hpo` package itself."""
+    matches = [(len(p), i) for i, layer in enumerate(HPO_LAYERS) for p in layer if _within(module, p)]
+    return max(matches)[1] if matches else None
+
+
+def test_every_hpo_module_has_a_layer():
+    graph = import_graph(ROOT, PACKAGES)
+    assert [m for m in sorted(graph) if _within(m, "hpo") and m != "hpo" and hpo_layer(m) is None] == []
+
+
+def test_hpo_layers_import_only_downward():
+    graph = import_graph(ROOT, PACKAGES)
+    upward = [
+        f"{module} (layer {hpo_layer(module)}) imports {target} (layer {hpo_layer(target)})"
+        for module, targets in sorted(graph.items())
+        if _within(module, "hpo") and hpo_layer(module) is not None
+        for target in sorted(targets)
+        if hpo_layer(target) is not None and hpo_layer(target) > hpo_layer(module)
+    ]
+    assert upward == []
+
+
+def test_a_cycle_is_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("def f():\n    from pkg.b import g  # hidden in a function\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n"
+    )
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg", "pkg.a"}}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
+    (tmp_path / "pkg" / "b.py").write_text("import os\n")
+    assert find_cycle(import_graph(tmp_path, ("pkg",))) is None
