@@ -24,6 +24,10 @@ class StaleAttemptError(StorageError):
     """A trial process writes for an attempt that was replaced (its worker was lost and the trial re-queued)."""
 
 
+class TrialClosedError(StorageError):
+    """A trial process writes metrics for a trial whose record is closed (finished, or interrupted by a stop)."""
+
+
 class ControllerBusyError(HpoError):
     """Another live controller drives the experiment; the message names its host and pid."""
 

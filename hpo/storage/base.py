@@ -138,6 +138,11 @@ class Storage(abc.ABC):
     - Attempts fence stale writers: the methods that take `attempt=` (start, finish, add metrics) refuse with
       StaleAttemptError when the trial has moved on to another attempt, so a process left over from a lost
       worker can never overwrite the result or the curve of the run that replaced it.
+    - A closed record is never written again: `add_metrics` on a finished or INTERRUPTED trial raises
+      TrialClosedError and stores nothing (checked in the same transaction as the insert), so a process that
+      outlives its attempt cannot add to its curve after `finished_at`.
+    - `interrupt_trial` (a controller stopped while the trial ran) moves a QUEUED or RUNNING trial to
+      INTERRUPTED with its reason and `finished_at` (the moment its attempt ended); a resume re-queues it.
     - Trial numbers are assigned atomically when a TrialSpec has `number=None`: concurrent creators (several
       controllers, NNI trial processes) never collide.
     - One live controller per experiment: `claim_controller` succeeds for a free experiment, for one whose
@@ -228,9 +233,16 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
+    def interrupt_trial(self, trial_id: int, reason: str, *, attempt: int | None = None) -> None:
+        """Record that a QUEUED or RUNNING trial's attempt was ended by a stop of its controller (INTERRUPTED, with
+        `reason` and `finished_at`); a finished trial raises StorageError and is not changed, and with `attempt`,
+        a trial that has moved on to another attempt raises StaleAttemptError."""
+
+    @abc.abstractmethod
     def requeue_trial(self, trial_id: int, attempt: int, reason: str) -> TrialRecord:
-        """Put a QUEUED or RUNNING trial at `attempt` back to QUEUED as attempt + 1 (its worker was lost): pid,
-        host, worker and start time cleared, the attempt's metric rows deleted, `reason` recorded."""
+        """Put a QUEUED, RUNNING or INTERRUPTED trial at `attempt` back to QUEUED as attempt + 1 (its worker was
+        lost): pid, host, worker, start and finish times cleared, the attempt's metric rows deleted, `reason`
+        recorded."""
 
     @abc.abstractmethod
     def get_trial(self, trial_id: int) -> TrialRecord:
@@ -268,8 +280,8 @@ class Storage(abc.ABC):
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
         """Put trials a dead controller left RUNNING (or INTERRUPTED) back to QUEUED, and return them.
 
-        For a resume: their reason says "interrupted"; pid, host and start time are cleared (the GPUs stay until
-        the next `mark_trial_running`); the metric rows of the interrupted attempt are deleted because the re-run
+        For a resume: their reason says "interrupted"; pid, host, start and finish times are cleared (the GPUs stay
+        until the next `mark_trial_running`); the metric rows of the interrupted attempt are deleted because the re-run
         reports its curve again. Finished trials are untouched.
         """
 
@@ -278,7 +290,8 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple], *, attempt: int | None = None) -> int:
         """Append a batch of intermediate reports in one transaction; returns how many values were stored.
-        With `attempt`, a trial that has moved on to another attempt raises StaleAttemptError."""
+        A finished or INTERRUPTED trial raises TrialClosedError; with `attempt`, a trial that has moved on to
+        another attempt raises StaleAttemptError. Either way nothing is stored."""
 
     @abc.abstractmethod
     def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:

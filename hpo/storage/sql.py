@@ -25,7 +25,7 @@ from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, o
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hpo.errors import ControllerBusyError, NotFoundError, StaleAttemptError, StorageError
+from hpo.errors import ControllerBusyError, NotFoundError, StaleAttemptError, StorageError, TrialClosedError
 from hpo.storage.base import (
     Direction,
     ExperimentRecord,
@@ -332,11 +332,19 @@ class SqlStorage(Storage):
             if not _update_trial(session, trial_id, _UNFINISHED, values, attempt):
                 raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
 
+    def interrupt_trial(self, trial_id: int, reason: str, *, attempt: int | None = None) -> None:
+        values = {"state": TrialState.INTERRUPTED.value, "reason": reason, "finished_at": _now()}
+        from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value]
+        with self._session(write=True) as session:
+            if not _update_trial(session, trial_id, from_states, values, attempt):
+                raise _transition_error(session, trial_id, "interrupt", "it is neither queued nor running", attempt)
+
     def requeue_trial(self, trial_id: int, attempt: int, reason: str) -> TrialRecord:
         values = {
             "state": TrialState.QUEUED.value,
             "reason": reason,
             "started_at": None,
+            "finished_at": None,
             "pid": None,
             "host": None,
             "worker": None,
@@ -416,6 +424,7 @@ class SqlStorage(Storage):
                 state=TrialState.QUEUED.value,
                 reason=REQUEUE_REASON,
                 started_at=None,
+                finished_at=None,
                 pid=None,
                 host=None,
                 worker=None,
@@ -437,13 +446,23 @@ class SqlStorage(Storage):
     # -- metrics -------------------------------------------------------------------------------------------
 
     def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple], *, attempt: int | None = None) -> int:
-        rows = _metric_rows(trial_id, points)
+        points = list(points)
+        # The trial's row is share-locked (PostgreSQL; SQLite's write lock covers it) until the rows are in, so a
+        # concurrent finish or interrupt lands either before the check (nothing stored) or after the insert.
+        current = select(TrialModel.state, TrialModel.attempt).where(TrialModel.id == trial_id)
+        current = current.with_for_update(read=True)
         with self._session(write=True) as session:
-            current = session.scalar(select(TrialModel.attempt).where(TrialModel.id == trial_id))
-            if current is None:
+            row = session.execute(current).first()
+            if row is None:
                 raise NotFoundError(f"trial {trial_id} does not exist")
-            if attempt is not None and current != attempt:
-                raise _stale(trial_id, attempt, current)
+            if attempt is not None and row.attempt != attempt:
+                raise _stale(trial_id, attempt, row.attempt)
+            if row.state not in (TrialState.QUEUED.value, TrialState.RUNNING.value):
+                raise TrialClosedError(
+                    f"trial {trial_id} is {row.state}: its record is closed and takes no more metrics "
+                    "(the process writing them outlived its attempt)"
+                )
+            rows = _metric_rows(trial_id, points)  # stamped under the lock: never after a finish that follows
             if rows:
                 session.execute(insert(TrialMetricModel), rows)
         return len(rows)

@@ -7,7 +7,7 @@ from datetime import timezone
 
 import pytest
 
-from hpo.errors import NotFoundError, StorageError
+from hpo.errors import NotFoundError, StaleAttemptError, StorageError, TrialClosedError
 from hpo.storage import Direction, ExperimentStatus, MetricPoint, SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.storage.conftest import add_finished_trial, make_spec
@@ -253,8 +253,10 @@ def test_count_trials_by_state_lists_every_state(storage: SqlStorage):
 def test_requeue_interrupted_requeues_only_running_trials(storage: SqlStorage):
     experiment_id = storage.create_experiment("x", {}, "minimize")
     other_id = storage.create_experiment("other", {}, "minimize")
-    done = add_finished_trial(storage, experiment_id, 0, objective=1.0)
+    done = storage.create_trial(experiment_id, make_spec(0))
+    storage.mark_trial_running(done)
     storage.add_metrics(done, [(0, 0, {"loss": 9.0})])
+    storage.finish_trial(done, TrialResult(TrialState.COMPLETED, objective=1.0))
     queued = storage.create_trial(experiment_id, make_spec(1))
     running = [storage.create_trial(experiment_id, make_spec(n)) for n in (2, 3)]
     for trial_id in running:
@@ -275,6 +277,50 @@ def test_requeue_interrupted_requeues_only_running_trials(storage: SqlStorage):
     assert storage.get_trial(elsewhere).state is TrialState.RUNNING
     assert storage.requeue_interrupted(experiment_id) == []  # nothing left to requeue
     storage.mark_trial_running(running[0])  # and a requeued trial runs again normally
+
+
+def test_interrupt_closes_a_running_attempt_and_resume_requeues_it(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    storage.mark_trial_running(trial_id, pid=99, host="node", attempt=0)
+    with pytest.raises(StaleAttemptError):
+        storage.interrupt_trial(trial_id, "stopped", attempt=1)
+    storage.interrupt_trial(trial_id, "experiment stopped by request", attempt=0)
+    stopped = storage.get_trial(trial_id)
+    assert stopped.state is TrialState.INTERRUPTED and stopped.reason == "experiment stopped by request"
+    assert stopped.finished_at is not None and stopped.finished_at >= stopped.started_at
+    assert stopped.result is None  # not a result: the tuner is told nothing
+    with pytest.raises(StorageError, match="interrupted"):
+        storage.interrupt_trial(trial_id, "again")
+
+    (requeued,) = storage.requeue_interrupted(experiment_id)
+    assert (requeued.state, requeued.attempt, requeued.finished_at) == (TrialState.QUEUED, 1, None)
+
+
+def test_a_finished_trial_cannot_be_interrupted(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    done = add_finished_trial(storage, experiment_id, 0, objective=1.0)
+    with pytest.raises(StorageError, match="completed"):
+        storage.interrupt_trial(done, "stopped", attempt=0)
+    assert storage.get_trial(done).state is TrialState.COMPLETED
+
+
+@pytest.mark.parametrize("close", ["finish", "interrupt"])
+def test_a_closed_record_takes_no_more_metrics(storage: SqlStorage, close):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    trial_id = storage.create_trial(experiment_id, make_spec(0))
+    storage.mark_trial_running(trial_id, attempt=0)
+    assert storage.add_metrics(trial_id, [(1, 8, {"loss": 2.0})], attempt=0) == 1
+    if close == "finish":
+        storage.finish_trial(trial_id, TrialResult(TrialState.FAILED, "killed"), attempt=0)
+    else:
+        storage.interrupt_trial(trial_id, "stopped", attempt=0)
+    for attempt in (0, None):  # the attempt that ran, and a writer that does not say
+        with pytest.raises(TrialClosedError, match=f"trial {trial_id} is"):
+            storage.add_metrics(trial_id, [(2, 16, {"loss": 1.0, "lr": 0.1})], attempt=attempt)
+    records = storage.get_metrics(trial_id)
+    assert [(r.step, r.name) for r in records] == [(1, "loss")]
+    assert records[0].created_at <= storage.get_trial(trial_id).finished_at
 
 
 # -- metrics -------------------------------------------------------------------------------------------------
