@@ -41,6 +41,13 @@ class TrialLaunch:
     def ranks(self) -> int:
         return self.gpus or self.cpu_ranks
 
+    @property
+    def tag(self) -> str:
+        """What every process of this attempt carries in its environment (hpo.runners.process.end_trial)."""
+        from hpo.runners.process import trial_tag
+
+        return trial_tag(self.trial_id, self.attempt, self.workdir)
+
 
 @dataclass(frozen=True)
 class TrialExit:
@@ -87,8 +94,9 @@ class Runner(abc.ABC):
     def cancel_all(self) -> list[TrialExit]:
         """Kill every running attempt and return how they ended."""
 
-    def kill_leftover(self, host: str | None, pid: int | None) -> None:  # noqa: B027 - optional
-        """End a trial process group a dead controller left running (resume), where the runner can."""
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:  # noqa: B027 - optional
+        """End every process of an attempt a dead controller left running (resume), where the runner can: its
+        process group `pid` on `host` and the processes carrying its `tag` (`TrialLaunch.tag`)."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release the runner's resources."""

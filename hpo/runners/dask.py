@@ -5,11 +5,13 @@ Workers declare their GPUs as resources (`dask worker tcp://HOST:8786 --resource
 than it has GPUs. On the worker, the task takes k of that worker's GPU ids that no other task holds, sets
 CUDA_VISIBLE_DEVICES, and runs the same launch as the local runner (torchrun for k > 1 with its own port).
 The trial process dies with its worker (PR_SET_PDEATHSIG; a trial forked by the worker's preloaded launcher dies
-with the launcher, which leaves with the worker) and records itself in the database, so only the database URL
-needs to reach the workers, no shared disk. How the process ended (exit code, stderr tail) is
-announced on the scheduler's event log under the runner's own topic as soon as the process is gone: the runner
-hears of it in one message instead of fetching the task's value from the worker. Task keys and the topic carry
-a token of the runner, since keys are global to a scheduler and several experiments may share one cluster.
+with the launcher, which leaves with the worker), torchrun's ranks die with torchrun (`die_with_launcher`), and a
+cancelled or leftover attempt is ended with all its processes (`end_trial`). The trial records itself in the
+database, so only the database URL needs to reach the workers, no shared disk. How the process ended (exit code,
+stderr tail) is announced on the scheduler's event log under the runner's own topic as soon as the process is
+gone: the runner hears of it in one message instead of fetching the task's value from the worker. Task keys and
+the topic carry a token of the runner, since keys are global to a scheduler and several experiments may share one
+cluster.
 
 A worker that dies mid-trial: the runner sees the task's worker leave the cluster and reports the attempt as
 lost; the study loop re-queues the trial once (a new attempt), then fails it. When Dask re-runs the task on
@@ -31,7 +33,7 @@ from hpo.errors import ResourceError
 from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
-from hpo.runners.process import TrialProcess, kill_process_group, wait_any
+from hpo.runners.process import TrialProcess, end_trial, wait_any
 from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
 
 CONNECT_TIMEOUT_S = 10
@@ -235,9 +237,8 @@ class DaskRunner(Runner):
             exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
         return exits
 
-    def kill_leftover(self, host: str | None, pid: int | None) -> None:
-        if host and pid:
-            self.client.run(_kill_on_host, host, pid)
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:
+        self.client.run(_kill_on_host, host, pid, tag)  # every worker: a trial not yet started records no host
 
     def close(self) -> None:
         self.client.close()
@@ -276,7 +277,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
         cmd, env = launch_builder(spec, dict(os.environ))
         launcher = _worker_launcher() if preload else None
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
-                                     die_with_parent=True, launcher=launcher)  # fmt: skip
+                                     die_with_parent=True, launcher=launcher, tag=launch.tag)  # fmt: skip
         _processes[(launch.trial_id, launch.attempt)] = process
         while (code := process.poll()) is None:
             wait_any([process], 0.1)
@@ -323,6 +324,6 @@ def _kill_trials(attempts: list[tuple[int, int]]) -> None:
             process.kill()
 
 
-def _kill_on_host(host: str, pid: int) -> None:
-    if socket.gethostname() == host:
-        kill_process_group(pid)
+def _kill_on_host(host: str | None, pid: int | None, tag: str) -> None:
+    if host is None or socket.gethostname() == host:
+        end_trial(tag, pid if host else None)

@@ -16,7 +16,7 @@ from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
-from hpo.runners.process import TrialProcess, kill_process_group, wait_any
+from hpo.runners.process import TrialProcess, end_trial, wait_any
 from hpo.trial_entry import WORKER_ENV
 
 LaunchBuilder = Callable[[LaunchSpec, dict[str, str]], tuple[list[str], dict[str, str]]]
@@ -70,7 +70,7 @@ class LocalRunner(Runner):
         if self.preload and self.launcher is None:
             self.launcher = Launcher()
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
-                                     launcher=self.launcher)  # fmt: skip
+                                     launcher=self.launcher, tag=launch.tag)  # fmt: skip
         self.running[launch.trial_id] = _Running(launch, slot, process)
 
     def poll(self) -> list[TrialExit]:
@@ -91,9 +91,9 @@ class LocalRunner(Runner):
             ended.append(self._ended(trial_id, run.process.popen.wait()))
         return ended
 
-    def kill_leftover(self, host: str | None, pid: int | None) -> None:
-        if pid and host == socket.gethostname():
-            kill_process_group(pid)
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:
+        if host is None or host == socket.gethostname():  # no host: killed before it recorded one
+            end_trial(tag, pid if host else None)
 
     def close(self) -> None:
         if self.launcher is not None:

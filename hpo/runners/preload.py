@@ -7,7 +7,9 @@ and forks each `python -m MODULE ARGS` command from there. The child does what s
 have done for that command: its own process group, the trial's environment, standard streams and limits, death
 with the runner where asked, and the module run as `__main__`; then it leaves as the interpreter would (threads
 joined, exit handlers run, streams flushed). Commands of another shape (torchrun for several ranks, another
-interpreter, an environment that changes how Python starts) start with exec, as without the launcher.
+interpreter, an environment that changes how Python starts) start with exec, as without the launcher: torchrun's
+ranks check that their parent's environment, as the kernel shows it, carries the attempt's tag
+(`hpo.runners.process.die_with_launcher`), and a forked process shows the server's.
 
 The server is single-threaded and imports no torch (whose thread pools read their settings once per process),
 so forking it is safe and each trial still sets its own threads and GPUs. The server is the trial's parent: it
@@ -44,6 +46,7 @@ MAX_MESSAGE = 1 << 20
 # Variables the interpreter reads when it starts: a trial whose values differ from the server's is exec'd.
 _STARTUP_PREFIXES = ("PYTHON", "LD_")
 _UNBUFFERED = "PYTHONUNBUFFERED"
+_EXEC_MODULES = ("torch.distributed.run",)  # always exec'd (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Launcher:
         if not (self.ready and self.alive):
             return False
         if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2].startswith("-"):
+            return False
+        if cmd[2] in _EXEC_MODULES:
             return False
         keys = {k for k in {*env, *self.env} if k.startswith(_STARTUP_PREFIXES)}
         return env.get(_UNBUFFERED) == "1" and all(env.get(k) == self.env.get(k) for k in keys)

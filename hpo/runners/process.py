@@ -1,6 +1,16 @@
-"""A trial attempt as a local process: started in its own process group (so a timeout or a stop kills torchrun
-and all its ranks together), polled, killed, its stderr tail read. The thin process-handling part of the
-runners; the command comes from the pure `hpo.launch.build_launch`."""
+"""A trial attempt as a local process: started, polled, ended with every process it started, its stderr tail read.
+The thin process-handling part of the runners; the command comes from the pure `hpo.launch.build_launch`.
+
+Ending all of a trial: torchrun starts each rank in a session of its own (`start_new_session=True`), so a signal
+to torchrun's process group does not reach the ranks, and a rank whose torchrun is killed is reparented to init
+and trains on. So every process of an attempt carries a tag in its environment (`HPO_TRIAL_TAG`, inherited by
+torchrun, its ranks and whatever they start, from the moment each is exec'd or forked), and `end_trial` kills the
+attempt's process group and every process whose environment carries its tag, again until none is left. The tag
+is made from the trial's id, attempt and directory, so a resumed controller that lost everything (SIGKILL) can
+end a leftover attempt from its database record alone. Ranks also die with their torchrun (`die_with_launcher`,
+PR_SET_PDEATHSIG), which covers the one case nobody is left to kill them: a Dask worker that dies with its trials.
+Without /proc (not Linux), only the process group is killed.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +32,13 @@ from typing import Protocol
 from hpo.trial_exit import EXIT_PIPE_ENV
 
 PR_SET_PDEATHSIG = 1
-# Its own process group, so os.killpg ends torchrun and all its ranks. `process_group=0` (Python 3.11+) lets
-# subprocess use vfork; `start_new_session` forces a full fork, 2 to 5 times slower for a controller that has
-# imported torch. The trial stays in the controller's session, off the terminal's foreground group, so Ctrl-C
-# reaches only the controller, which stops the trials itself.
+TRIAL_TAG_ENV = "HPO_TRIAL_TAG"  # in the environment of every process of an attempt (see the module docstring)
+END_TRIAL_S = 10.0  # how long `end_trial` keeps looking for processes of the attempt
+# Its own process group, so a signal to the group reaches torchrun (or the single trial process) and the children
+# that stay in its group; not torchrun's ranks, which start sessions of their own (`end_trial` finds those by their
+# tag). `process_group=0` (Python 3.11+) lets subprocess use vfork; `start_new_session` forces a full fork, 2 to 5
+# times slower for a controller that has imported torch. The trial stays in the controller's session, off the
+# terminal's foreground group, so Ctrl-C reaches only the controller, which stops the trials itself.
 OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
@@ -58,15 +71,19 @@ class TrialProcess:
     pidfd: int | None = None  # readable once the process has ended (Linux); lets `wait_any` sleep until then
     exit_pipe: int | None = None  # where the trial writes its exit code just before it exits (read end)
     announced: int | None = None  # the exit code the trial wrote there
+    tag: str | None = None  # carried by every process of the attempt (TRIAL_TAG_ENV)
 
     @classmethod
     def start(
         cls, cmd: list[str], env: dict[str, str], workdir: Path, timeout_s: float | None,
         memory_limit_mb: int | None = None, die_with_parent: bool = False, launcher: Starter | None = None,
+        tag: str | None = None,
     ) -> TrialProcess:  # fmt: skip
         """Start `cmd`: forked from `launcher` where it accepts the command (a preloaded `python -m`), else
-        exec'd."""
+        exec'd; with `tag` in the environment of every process it starts (`end_trial` finds them by it)."""
         workdir.mkdir(parents=True, exist_ok=True)
+        if tag is not None:
+            env = {**env, TRIAL_TAG_ENV: tag}
         stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
         # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial_exit).
         read_end, write_end = os.pipe()
@@ -83,7 +100,7 @@ class TrialProcess:
         finally:
             os.close(write_end)
         return cls(process, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(process.pid),
-                   exit_pipe=read_end)  # fmt: skip
+                   exit_pipe=read_end, tag=tag)  # fmt: skip
 
     def poll(self) -> int | None:
         """The exit code once the process has announced it (and is leaving) or has ended; kills it when its time
@@ -125,9 +142,9 @@ class TrialProcess:
                 os.close(fd)
                 setattr(self, name, None)
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
+    def kill(self) -> None:
+        """End the attempt: its process group and every process carrying its tag (torchrun's ranks)."""
+        end_trial(self.tag, self.popen.pid)
 
     def stderr_tail(self, size: int = 4000) -> str:
         try:
@@ -188,6 +205,67 @@ def kill_process_group(pgid: int) -> None:
     """SIGKILL a process group if it still exists."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def trial_tag(trial_id: int, attempt: int, workdir: Path | str) -> str:
+    """The tag of one attempt's processes: from what the trial's database record says, so a resumed controller
+    finds the processes of an attempt its dead predecessor started."""
+    return f"{trial_id}.{attempt}:{workdir}"
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """The pids of the live processes (zombies excluded) whose environment carries `tag`, this one excepted."""
+    needle = f"{TRIAL_TAG_ENV}={tag}\0".encode()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:  # empty for a zombie; unreadable for others' processes
+                environ = f.read()
+        except OSError:
+            continue
+        if needle in environ:
+            found.append(int(entry))
+    return found
+
+
+def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
+    """SIGKILL an attempt's process `group` and every process carrying its `tag`, and look again until none is
+    left (one started by torchrun between a look and the kill is found by the next look)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if group:
+            kill_process_group(group)
+        pids = tagged_processes(tag) if tag else []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not pids or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
+def die_with_launcher() -> None:
+    """In a rank started by torchrun for an attempt: get SIGKILL when torchrun dies (Linux), and leave now if it
+    already has (then this process's parent no longer carries the attempt's tag)."""
+    tag = os.environ.get(TRIAL_TAG_ENV)
+    if tag is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/environ", "rb") as f:
+            launched_by_trial = f"{TRIAL_TAG_ENV}={tag}\0".encode() in f.read()
+    except OSError:
+        return  # no /proc: nothing to check against
+    if not launched_by_trial:
+        os._exit(1)
 
 
 @functools.cache

@@ -145,7 +145,7 @@ def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
     assert not launcher.accepts([sys.executable, "-c", "pass"], probe_env)
     assert not launcher.accepts(["/bin/sh", "-m", "x"], probe_env)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hpo.trial_entry"]
-    assert launcher.accepts(torchrun, probe_env)  # torchrun itself may be forked; its ranks are exec'd by it
+    assert not launcher.accepts(torchrun, probe_env)  # its ranks check their parent's environment as exec'd
     process, code = run([sys.executable, "-c", "print('hi')"], probe_env, tmp_path, launcher)
     assert isinstance(process.popen, subprocess.Popen) and code == 0
 
