@@ -3,12 +3,17 @@
 It puts the parts together in the order that keeps failures clean: check the resources (build the runner) and
 the data the trials will read (`check_trial_data`) before anything is written, create or claim the experiment
 (one live controller per experiment), then run the study loop with a heartbeat and a progress view beside it,
-and leave the experiment with its final status.
+and leave the experiment with its final status. SIGTERM and SIGINT (Ctrl-C) stop the experiment as the API's
+stop does: the loop ends every process of the running trials, records them as interrupted and leaves; `hpo
+resume` runs them again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -95,16 +100,17 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     total = spec.budget.trials + spec.budget.confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total)
     try:
-        if resume:
-            storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
-            study.restore()
-        if view:
-            view.start()
-        try:
-            status = study.run()
-        except KeyboardInterrupt:
-            study.stop("interrupted by the user (Ctrl-C)")
-            status = ExperimentStatus.STOPPED
+        with stop_on_signals(study):
+            if resume:
+                storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+                study.restore()
+            if view:
+                view.start()
+            try:
+                status = study.run()
+            except KeyboardInterrupt:  # before the handlers were in place, or from a thread's wait
+                study.stop(STOP_REASONS[signal.SIGINT])
+                status = ExperimentStatus.STOPPED
         storage.set_experiment_status(experiment_id, status)
     finally:
         if view:
@@ -116,6 +122,32 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     if not quiet:
         print_summary(storage, experiment_id, spec, database_url=database_url)
     return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+STOP_REASONS = {
+    signal.SIGINT: "interrupted by the user (Ctrl-C); `hpo resume` runs it again",
+    signal.SIGTERM: "the controller was terminated (SIGTERM); `hpo resume` runs it again",
+}
+
+
+@contextlib.contextmanager
+def stop_on_signals(study):
+    """While inside: SIGTERM and SIGINT ask `study` to stop at the loop's next turn (within a poll interval)
+    rather than raise wherever the controller happens to be (between starting a trial process and noting it, a
+    process would be lost)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can take signals
+        yield
+        return
+
+    def ask_to_stop(signum: int, _frame) -> None:
+        study.stop_reason = study.stop_reason or STOP_REASONS[signal.Signals(signum)]
+
+    previous = {sig: signal.signal(sig, ask_to_stop) for sig in STOP_REASONS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def print_summary(storage: Storage, experiment_id: int, spec, database_url: str | None = None) -> None:

@@ -10,7 +10,8 @@ entry and the progress view do). Only a trial that ended without recording a res
 (`classify_exit`). With `budget.confirm_seeds: k`, once tuning is done each arm's best configuration runs k
 more times with other training seeds, as confirmation trials.
 
-Resume (`restore`): trials a dead controller left RUNNING are killed where the runner can and re-queued as a
+Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
+the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
 new attempt; finished trials are told to the new controllers in the order they finished, through the same
 `tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run; nothing finished
 runs again and the total stays `budget.trials`.
@@ -73,6 +74,7 @@ class Study:
         self.confirmations_queued = False
         self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
         self._stop_checked = 0.0
+        self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
 
     # -- set-up ------------------------------------------------------------------------------------------
 
@@ -105,8 +107,9 @@ class Study:
         The controllers see the same history as live: the asks and tells of the stored trials are replayed in
         the order they happened (asks at creation, tells at finishing), so a tuner asked again proposes the
         very configurations it proposed before and is told their results in the same order."""
-        for record in self.storage.list_trials(self.experiment_id, state=TrialState.RUNNING):
-            self.runner.kill_leftover(record.host, record.pid)
+        unfinished = (TrialState.QUEUED, TrialState.RUNNING, TrialState.INTERRUPTED)
+        for record in self.storage.list_trials(self.experiment_id, state=unfinished):  # queued: maybe started
+            self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag)
         self.storage.requeue_interrupted(self.experiment_id)
         records = self.storage.list_trials(self.experiment_id)
         suggestions: dict[int, Suggestion | None] = {}
@@ -138,8 +141,10 @@ class Study:
     def run(self) -> ExperimentStatus:
         """Run trials until every arm has used its share (and confirmations ran); how the experiment ended."""
         while True:
-            if self._stop_requested():
-                self.stop("experiment stopped by request")
+            if self.stop_reason is None and self._stop_requested():
+                self.stop_reason = "experiment stopped by request"
+            if self.stop_reason is not None:
+                self.stop(self.stop_reason)
                 return ExperimentStatus.STOPPED
             while self.runner.free_slots() > 0 and self._start_next():
                 pass
@@ -196,6 +201,10 @@ class Study:
         gpus = 0 if res.gpus == "none" else res.gpus_per_trial
         return TrialLaunch(pending.trial_id, pending.number, pending.attempt, self.database_url, workdir, gpus,
                            res.cpu_ranks_per_trial, budget.trial_timeout_s, res.memory_limit_mb)  # fmt: skip
+
+    def _launch_of(self, record: TrialRecord) -> TrialLaunch:
+        """The launch of a stored trial's current attempt, as it was (or would be) submitted."""
+        return self._launch(Pending(record.id, record.number, record.attempt, None, self.arms[0]))
 
     def _handle(self, exits: list[TrialExit]) -> None:
         """Finish what ended without a result, re-queue lost attempts, tell tuners in finishing order."""
@@ -262,13 +271,15 @@ class Study:
                 self.queue.append(Pending(record.id, record.number, record.attempt, None, arm))
 
     def stop(self, reason: str) -> None:
-        """Kill running attempts and record them as failed with `reason`; queued trials wait for a resume."""
+        """End every process of the running attempts, then record them as INTERRUPTED with `reason` (a resume runs
+        them again, as it runs the queued trials). The record is closed only once the processes are gone, so no
+        rank writes a metric after it."""
         for exit in self.runner.cancel_all():
             pending = self.running.pop(exit.trial_id, None)
             if pending is None:
                 continue
             with contextlib.suppress(StorageError):  # it recorded its own result just before
-                self.storage.finish_trial(exit.trial_id, TrialResult(TrialState.FAILED, reason), attempt=exit.attempt)
+                self.storage.interrupt_trial(exit.trial_id, reason, attempt=exit.attempt)
 
     def _update_note(self, every_s: float = 1.0) -> None:
         now = time.monotonic()
