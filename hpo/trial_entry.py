@@ -7,11 +7,13 @@ for its attempt (recording host, process group, worker and GPUs), builds the tra
 experiment and the trial's parameters, trains with a reporter that writes each intermediate record into the
 trial's metrics, and records the final result. The controller never reads the working directory (it holds
 `trial.yaml` and `report.jsonl` for people, and checkpoints); only trials that die without a final record
-are reconciled by the controller. A process whose attempt was replaced (its worker was lost) is refused by
-the storage and records nothing.
+are reconciled by the controller. A process whose attempt was replaced (its worker was lost), or whose record
+was closed under it (finished or interrupted by a stop), is refused by the storage, records nothing more and
+leaves with one line on stderr. Under torchrun each rank dies with torchrun (`die_with_launcher`), and only
+rank 0 records and prints the outcome.
 
 Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
-rejects, 4 when the trial could not be claimed (not queued, or another attempt).
+rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ METRIC_KEYS = (
     "mlm_accuracy", "mlm_loss", "nsp_accuracy", "time_s", "noise_scale", "grad_sq_norm_small", "grad_sq_norm_big",
 )  # fmt: skip
 WORKER_ENV = "HPO_WORKER"  # set by the runner: where this trial runs (a Dask worker address, a slot)
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun in each rank's environment
 
 
 class DatabaseReporter:
@@ -128,8 +131,9 @@ def run_trial(
     database = DatabaseReporter(storage, trial_id, attempt)
     jsonl = JsonLinesReporter(cfg.log.jsonl)
     try:
-        train(cfg, FanOutReporter([database, jsonl, *extra_reporters]))
-        result = trial_result(spec, database.result, cfg, time.monotonic() - started)
+        # train's own return value: only rank 0 reports a final record (database.result is None on the others)
+        trained = train(cfg, FanOutReporter([database, jsonl, *extra_reporters]))
+        result = trial_result(spec, trained, cfg, time.monotonic() - started)
     except ConfigError as e:  # valid on paper, refused on this machine (e.g. fp16 without a GPU)
         result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
     finally:
@@ -156,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, required=True, help="the attempt this process runs")
     parser.add_argument("--workdir", type=Path, required=True, help="where trial.yaml, logs and checkpoints go")
     args = parser.parse_args(argv)
+    if TORCHRUN_ENV in os.environ:  # a rank: it must not outlive torchrun
+        from hpo.runners.process import die_with_launcher
+
+        die_with_launcher()
     from trainer.distributed import cleanup  # torch: see run_trial
 
     try:
@@ -166,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_CLAIMED
     finally:
         cleanup()
-    print(f"trial {args.trial_id}: {result.state.value}" + (f" ({result.reason})" if result.reason else ""),
-          file=sys.stderr)  # fmt: skip
+    if is_rank_zero():
+        print(f"trial {args.trial_id}: {result.state.value}" + (f" ({result.reason})" if result.reason else ""),
+              file=sys.stderr)  # fmt: skip
     if result.metrics.get("error") == "config":
         return 2
     return {"completed": 0, "diverged": 3}.get(result.state.value, 1)

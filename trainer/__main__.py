@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     # torch loads only after the config is valid, so a bad config is refused at once.
-    from trainer.distributed import cleanup
+    from trainer.distributed import cleanup, dist_env_from_environ
     from trainer.report import JsonLinesReporter
     from trainer.train import train
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         cleanup()
     if result.status is TrainStatus.FAILED:
         print(f"error: {result.reason}", file=sys.stderr)
-    else:
+    elif dist_env_from_environ().is_main:  # every rank returns the result; rank 0 says how the run ended
         print(f"finished: {result.status.value}" + (f" ({result.reason})" if result.reason else ""), file=sys.stderr)
     return result.status.exit_code
 

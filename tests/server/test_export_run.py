@@ -63,6 +63,7 @@ def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, t
     assert ran.returncode == 0, ran.stderr[-3000:]
     final = final_record(ran.stdout)
     assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 2
+    assert ran.stderr.count("finished: ") == 1  # rank 0 alone says how the run ended
 
 
 def test_export_to_a_file_name_with_a_line_break_is_refused_before_writing(finished_experiment, tmp_path):
