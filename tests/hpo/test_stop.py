@@ -24,6 +24,7 @@ import yaml
 from hpo.experiment import stored_form
 from hpo.local_engine import STOP_REASONS
 from hpo.runners import build_runner
+from hpo.runners.process import TRIAL_TAG_ENV, end_trial, kill_process_group, trial_tag
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
 from hpo.study import Study
@@ -270,3 +271,61 @@ def test_a_trial_whose_record_is_closed_under_it_leaves_quietly_and_records_noth
     assert f"trial {trial_id} is failed: its record is closed" in stderr
     assert "Traceback" not in stderr
     assert_closed_and_silent(storage, trial_id, settle_s=0.0)
+
+
+# -- ending an attempt, on plain processes: a launcher whose children start sessions of their own, as torchrun's do
+
+LAUNCHER = """
+import subprocess, sys, time
+child = sys.argv[1]
+ranks = [subprocess.Popen([sys.executable, "-c", child], start_new_session=True) for _ in range(2)]
+print(" ".join(str(rank.pid) for rank in ranks), flush=True)
+time.sleep(600)
+"""
+SLEEPER = "import time; time.sleep(600)"
+DYING_WITH_LAUNCHER = (  # says "ready" once its death signal is set
+    "from hpo.runners.process import die_with_launcher; die_with_launcher(); print('ready', flush=True); "
+    "import time; time.sleep(600)"
+)
+
+
+def start_launcher(tag: str | None, child: str = SLEEPER) -> tuple[subprocess.Popen, list[int]]:
+    env = {k: v for k, v in os.environ.items() if k != TRIAL_TAG_ENV} | ({TRIAL_TAG_ENV: tag} if tag else {})
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, child], env=env, stdout=subprocess.PIPE, text=True,
+                                process_group=0)  # fmt: skip
+    return launcher, [int(pid) for pid in launcher.stdout.readline().split()]
+
+
+def test_end_trial_finds_ranks_in_sessions_of_their_own_after_their_launcher_is_gone(tmp_path):
+    """As after a controller's SIGKILL and torchrun's death: the ranks are orphans in their own sessions, and only
+    the trial's record (id, attempt, directory) is known."""
+    tag = trial_tag(7, 0, tmp_path / "run" / "trials" / "00007")
+    launcher, ranks = start_launcher(tag)
+    other, bystanders = start_launcher(trial_tag(8, 0, tmp_path / "run" / "trials" / "00008"))
+    try:
+        kill_process_group(launcher.pid)  # what killing the trial's process group alone did
+        launcher.wait()
+        assert all(alive(pid) for pid in ranks)  # the group did not reach them
+        end_trial(tag, launcher.pid)
+        wait_for(lambda: not any(alive(pid) for pid in ranks), 30)
+        assert all(alive(pid) for pid in [other.pid, *bystanders])  # another attempt's processes are left alone
+    finally:
+        end_trial(tag)
+        end_trial(trial_tag(8, 0, tmp_path / "run" / "trials" / "00008"), other.pid)
+        other.wait()
+
+
+def test_a_rank_dies_with_its_launcher_and_refuses_to_start_under_another_parent(tmp_path):
+    tag = trial_tag(9, 0, tmp_path / "trials" / "00009")
+    launcher, ranks = start_launcher(tag, DYING_WITH_LAUNCHER)
+    try:
+        assert [launcher.stdout.readline().strip() for _ in ranks] == ["ready", "ready"]
+        assert all(alive(pid) for pid in ranks)
+        launcher.kill()  # SIGKILL to the launcher alone
+        launcher.wait()
+        wait_for(lambda: not any(alive(pid) for pid in ranks), 30)
+    finally:
+        end_trial(tag, launcher.pid)
+    env = {**os.environ, TRIAL_TAG_ENV: tag}  # a tagged rank whose parent (this test) carries no tag
+    refused = subprocess.run([sys.executable, "-c", DYING_WITH_LAUNCHER], env=env, capture_output=True, timeout=60)
+    assert (refused.returncode, refused.stdout) == (1, b"")
