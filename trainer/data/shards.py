@@ -96,7 +96,7 @@ def write_shard(path, samples: PretrainingSamples, compress: bool = False) -> No
     options = {"compression": "gzip", "compression_opts": 4} if compress else {}
     with h5py.File(path, "w") as f:
         for key in SHARD_LAYOUT:
-            f.create_dataset(key, data=_cast(getattr(samples, key), key, path), **options)
+            f.create_dataset(key, data=_cast(getattr(samples, key), key, path), track_times=False, **options)
 
 
 def read_shard(path) -> PretrainingSamples:
