@@ -160,6 +160,11 @@ def _read_key(f: h5py.File, key: str, path: Path) -> np.ndarray:
             f"{path}: HDF5 key '{key}' is missing (found {sorted(f.keys())}); a BERT shard needs the MLPerf keys "
             f"{list(SHARD_LAYOUT)}"
         )
+    if not isinstance(f[key], h5py.Dataset):
+        raise DataError(
+            f"{path}: HDF5 key '{key}' is a {type(f[key]).__name__.lower()}, not a dataset; a BERT shard holds each "
+            f"of {list(SHARD_LAYOUT)} as an array at the top level (re-create the shard)"
+        )
     return _cast(f[key][...], key, path)
 
 
