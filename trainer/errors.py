@@ -1,5 +1,6 @@
 """The trainer's exceptions. Everything the trainer raises on purpose derives from `TrainerError`.
 
+`DataWarning` is the one warning (not an error): data that is used, with a part of it skipped.
 Messages say what was wrong, where (file, dotted config key, shard) and what to do about it.
 """
 
@@ -14,6 +15,10 @@ class ConfigError(TrainerError):
 
 class DataError(TrainerError):
     """A data shard, vocabulary or text file is missing or malformed."""
+
+
+class DataWarning(UserWarning):
+    """Data that trains, but not as the user may think (for example an empty shard that is skipped)."""
 
 
 class CheckpointError(TrainerError):

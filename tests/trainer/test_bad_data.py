@@ -1,21 +1,24 @@
 """Bad data is refused before the first step: exit code 1, a message naming file, key and row, no step taken.
 
 Each case corrupts one shard written by `make_shards` the way a user's data could be wrong, then runs the CLI
-entry point (`trainer.__main__.main`) in this process.
+entry point (`trainer.__main__.main`) in this process. An empty shard beside a good one is no error: it is
+named once in a `DataWarning` and the run trains on the others.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 from tests.trainer.conftest import make_model_config, make_train_overrides
 from trainer.__main__ import main
 from trainer.data.checks import check_rows
-from trainer.data.shards import PretrainingSamples, read_shard, write_shard
-from trainer.errors import DataError
+from trainer.data.shards import SHARD_LAYOUT, PretrainingSamples, read_shard, write_shard
+from trainer.errors import DataError, DataWarning
 from trainer.report import read_jsonl
 from trainer.result import TrainStatus
 
@@ -43,6 +46,13 @@ def label_outside_vocab(samples: PretrainingSamples) -> tuple[PretrainingSamples
     return samples, row
 
 
+def zero_length_row(samples: PretrainingSamples) -> tuple[PretrainingSamples, int]:
+    """Row 9 without a valid token: all its arrays 0, as a converter that pads missing rows would write it."""
+    for key in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
+        getattr(samples, key)[9] = 0
+    return samples, 9
+
+
 def no_masked_tokens(samples: PretrainingSamples) -> tuple[PretrainingSamples, None]:
     samples.masked_lm_positions[:] = 0
     samples.masked_lm_ids[:] = 0
@@ -57,6 +67,8 @@ CASES = {
     "token_id_outside_vocab": ("train", token_id_outside_vocab, "input_ids", "model.vocab_size = 99"),
     "eval_label_outside_vocab": ("eval", label_outside_vocab, "masked_lm_ids", "model.vocab_size = 99"),
     "no_masked_tokens": ("train", no_masked_tokens, "masked_lm_positions", "no masked tokens"),
+    "zero_length_train_row": ("train", zero_length_row, "input_mask", "no valid token"),
+    "zero_length_eval_row": ("eval", zero_length_row, "input_mask", "no valid token"),
 }
 
 
@@ -68,18 +80,62 @@ def test_bad_data_fails_before_the_first_step_naming_file_key_and_row(tmp_path, 
     samples, row = corrupt(read_shard(shard))
     write_shard(shard, samples)
 
-    assert main(overrides) == TrainStatus.FAILED.exit_code == 1
+    message = run_failing(overrides, capsys)
 
-    stderr = capsys.readouterr().err
-    message = stderr.split("error: ", 1)[1].splitlines()[0]
     assert str(shard) in message and f"'{key}'" in message and words in message
     if row is not None:
         assert f"row {row}," in message
+    assert_nothing_trained(tmp_path, message)
+
+
+def run_failing(overrides: list[str], capsys) -> str:
+    """Run the trainer, which must fail; its error message."""
+    assert main(overrides) == TrainStatus.FAILED.exit_code == 1
+    stderr = capsys.readouterr().err
+    return stderr.split("error: ", 1)[1].splitlines()[0]
+
+
+def assert_nothing_trained(tmp_path: Path, message: str) -> None:
     records = read_jsonl(tmp_path / "report.jsonl")
     assert [r["kind"] for r in records] == ["final"]  # no progress or eval record: nothing was trained
     final = records[0]
     assert final["status"] == "failed" and final["error"] == "data" and final["steps"] == 0
     assert final["samples"] == 0 and final["reason"] == message
+
+
+def test_an_hdf5_group_in_place_of_a_dataset_is_refused_naming_file_and_key(tmp_path, capsys):
+    overrides = make_train_overrides(tmp_path)
+    shard = tmp_path / "train" / "part-00000.h5"
+    arrays = read_shard(shard).arrays()
+    with h5py.File(shard, "w") as f:  # segment_ids written as a group holding the array, as some exporters nest
+        for key in SHARD_LAYOUT:
+            if key == "segment_ids":
+                f.create_group(key).create_dataset("values", data=arrays[key])
+            else:
+                f.create_dataset(key, data=arrays[key])
+
+    message = run_failing(overrides, capsys)
+
+    assert message.startswith(f"{shard}: HDF5 key 'segment_ids' is a group, not a dataset")
+    assert_nothing_trained(tmp_path, message)
+
+
+def test_an_empty_shard_beside_a_good_one_is_named_once_in_a_warning_and_skipped(tmp_path, capsys):
+    overrides = make_train_overrides(tmp_path)
+    good = tmp_path / "train" / "part-00000.h5"
+    empty_shard = tmp_path / "train" / "part-00001.h5"
+    write_shard(empty_shard, read_shard(good).subset(slice(0, 0)))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every call shows, so a repeated warning would be counted
+        assert main(overrides) == TrainStatus.BUDGET_EXHAUSTED.exit_code
+
+    about_data = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert len(about_data) == 1
+    assert about_data[0].startswith(f"{empty_shard}: data.train shard has no rows")
+    assert str(good) not in about_data[0]
+    final = read_jsonl(tmp_path / "report.jsonl")[-1]
+    assert final["status"] == "budget_exhausted" and final["samples"] == 96  # the good shard's 96 rows
 
 
 def test_a_masked_position_on_the_last_valid_token_is_accepted(mixed_samples):
@@ -88,6 +144,12 @@ def test_a_masked_position_on_the_last_valid_token_is_accepted(mixed_samples):
     check_rows(mixed_samples, Path("x.h5"), make_model_config())
     mixed_samples.masked_lm_positions[row, 0] = mixed_samples.lengths[row]
     with pytest.raises(DataError, match=r"x.h5: HDF5 key 'masked_lm_positions', row 1, column 0"):
+        check_rows(mixed_samples, Path("x.h5"), make_model_config())
+
+
+def test_a_zero_length_row_is_refused_before_any_other_check(mixed_samples):
+    mixed_samples.input_mask[4] = 0  # masked positions stay: the row has no [CLS] before its masks are checked
+    with pytest.raises(DataError, match=r"x.h5: HDF5 key 'input_mask', row 4, column 0 \(value 0\): no valid token"):
         check_rows(mixed_samples, Path("x.h5"), make_model_config())
 
 

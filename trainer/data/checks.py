@@ -4,7 +4,9 @@
 the row width). What it cannot know is the model, or whether a data set is usable as a whole. Without these
 checks bad data fails late and under another name: an empty training set loops forever, an empty eval set
 reports accuracy 0.0, a masked position past the row's real length trains on the next row's token, an id
-outside the vocabulary crashes mid-training, and a data set without masked tokens ends as `diverged`.
+outside the vocabulary crashes mid-training, a data set without masked tokens ends as `diverged`, and a row
+without valid tokens packs to nothing, so the next-sentence head reads the next row's [CLS] (or an index past
+the batch). An empty shard beside good ones is no error, but is said once, as a `DataWarning` naming the file.
 
 Every check is vectorized over the rows (MLPerf shards hold hundreds of thousands) and raises `DataError`
 naming the file, the HDF5 key, the first bad row (numbered inside its file) and what to do.
@@ -12,6 +14,7 @@ naming the file, the HDF5 key, the first bad row (numbered inside its file) and 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from trainer.config import ModelConfig
 from trainer.data.shards import PretrainingSamples, load_samples
-from trainer.errors import DataError
+from trainer.errors import DataError, DataWarning
 
 RECREATE = "re-create the shard with `python -m trainer.data.prepare` (or `python -m trainer.data.demo_corpus`)"
 FIX_VOCAB = f"set model.vocab_size to the size of the vocabulary the shards were prepared with, or {RECREATE}"
@@ -35,6 +38,7 @@ def load_checked_samples(spec: str, key: str, model: ModelConfig, limit: int | N
 
     samples = load_samples(spec, limit, check)
     summary.require_rows_and_masks(spec, key)
+    summary.warn_empty_shards(key)
     return samples
 
 
@@ -44,6 +48,15 @@ def check_rows(samples: PretrainingSamples, path: Path, model: ModelConfig) -> N
     positions = samples.masked_lm_positions
     masked = positions > 0  # position 0 ([CLS]) is the padding of the list
     vocab = f"model.vocab_size = {model.vocab_size}"
+    first_column = np.arange(samples.max_seq_length) == 0
+    _refuse_rows(
+        samples,
+        "input_mask",
+        (lengths == 0)[:, None] & first_column,
+        path,
+        "no valid token (the row's input_mask is all 0), so the row has no [CLS] for the next-sentence head",
+        f"drop the row or {RECREATE}",
+    )
     beyond_table = np.arange(samples.max_seq_length) >= model.max_position_embeddings
     _refuse_rows(
         samples,
@@ -103,6 +116,17 @@ class _Summary:
 
     def add(self, path: Path, part: PretrainingSamples) -> None:
         self.shards.append((path, len(part), int((part.masked_lm_positions > 0).sum())))
+
+    def warn_empty_shards(self, key: str) -> None:
+        """Warn once per shard without rows (only called when others have rows): it adds nothing to `key`."""
+        for path, rows, _ in self.shards:
+            if rows == 0:
+                warnings.warn(
+                    f"{path}: {key} shard has no rows (HDF5 key 'input_ids' has 0 rows) and is skipped; "
+                    "remove it or re-create it with samples",
+                    DataWarning,
+                    stacklevel=2,
+                )
 
     def require_rows_and_masks(self, spec: str, key: str) -> None:
         files = ", ".join(f"{path} ({rows} rows, {masks} masked tokens)" for path, rows, masks in self.shards)

@@ -4,7 +4,7 @@ Input: text files with one sentence per line and a blank line between documents.
 tokenization (a vocabulary is trained on the input when none is given), documents split into train and eval,
 sentence-pair instances ([CLS] A [SEP] B [SEP], B a random segment of another document half of the time,
 shorter target lengths with probability `short_seq_prob`), 15 % masking, shuffled shards and `meta.json`.
-Given a vocabulary, the output is fully determined by the seed.
+The output is fully determined by the input text and the seed, the trained vocabulary included.
 
     python -m trainer.data.prepare --input corpus.txt --out data/ --vocab-size 8000 --max-seq-length 128
 """
@@ -24,6 +24,7 @@ import numpy as np
 
 from trainer.data.masking import SPECIAL_TOKENS, MaskingRule, mask_tokens
 from trainer.data.shards import PretrainingSamples, write_shard
+from trainer.data.wordpiece import count_words, train_wordpiece
 from trainer.errors import DataError
 
 Document = list[list[int]]  # sentences of token ids
@@ -84,16 +85,11 @@ def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
 def train_vocab(paths: Sequence[str | Path], out_dir: Path, vocab_size: int, lowercase: bool) -> Path:
     """Train a WordPiece vocabulary on the text files and write `out_dir/vocab.txt`.
 
-    The special tokens come first, the others follow sorted, so the same token set always gets the same ids.
-    (The `tokenizers` trainer breaks ties between equally frequent merges differently from run to run, so the
-    set itself can differ slightly; pass the written vocab.txt as `vocab` to reproduce a data set exactly.)
+    The training is deterministic (`trainer.data.wordpiece`): the same text gives the same file in every run.
+    The special tokens come first, the others follow sorted.
     """
-    from tokenizers import BertWordPieceTokenizer
-
-    tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
-    files = [str(p) for p in paths]
-    tokenizer.train(files, vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    others = sorted(set(tokenizer.get_vocab()) - set(SPECIAL_TOKENS))
+    tokens = train_wordpiece(count_words(paths, lowercase), vocab_size, SPECIAL_TOKENS)
+    others = sorted(set(tokens) - set(SPECIAL_TOKENS))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "vocab.txt"
     path.write_text("\n".join([*SPECIAL_TOKENS, *others]) + "\n", encoding="utf-8")

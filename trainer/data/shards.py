@@ -96,7 +96,7 @@ def write_shard(path, samples: PretrainingSamples, compress: bool = False) -> No
     options = {"compression": "gzip", "compression_opts": 4} if compress else {}
     with h5py.File(path, "w") as f:
         for key in SHARD_LAYOUT:
-            f.create_dataset(key, data=_cast(getattr(samples, key), key, path), **options)
+            f.create_dataset(key, data=_cast(getattr(samples, key), key, path), track_times=False, **options)
 
 
 def read_shard(path) -> PretrainingSamples:
@@ -159,6 +159,11 @@ def _read_key(f: h5py.File, key: str, path: Path) -> np.ndarray:
         raise DataError(
             f"{path}: HDF5 key '{key}' is missing (found {sorted(f.keys())}); a BERT shard needs the MLPerf keys "
             f"{list(SHARD_LAYOUT)}"
+        )
+    if not isinstance(f[key], h5py.Dataset):
+        raise DataError(
+            f"{path}: HDF5 key '{key}' is a {type(f[key]).__name__.lower()}, not a dataset; a BERT shard holds each "
+            f"of {list(SHARD_LAYOUT)} as an array at the top level (re-create the shard)"
         )
     return _cast(f[key][...], key, path)
 
