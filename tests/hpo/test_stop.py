@@ -31,6 +31,7 @@ from hpo.study import Study
 from hpo.trial_entry import EXIT_NOT_CLAIMED
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.test_study import make_spec, tiny_overrides
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="Linux only: survivors in /proc")
 
@@ -64,16 +65,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_for(predicate, timeout_s: float = 300.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not true within {timeout_s} s")
 
 
 def training_trial(storage: SqlStorage, experiment_id: int, run_dir: Path):

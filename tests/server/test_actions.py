@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import yaml
 
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.polling import wait_for
 from tests.server.conftest import BACKENDS, TOKEN, hpo, make_experiment_file, start_server, stop_server
 
 
@@ -29,16 +29,6 @@ def empty_database(request, tmp_path):
     for url in postgres_schema_url(base_url):
         assert hpo("--db", url, "db", "upgrade").returncode == 0
         yield url
-
-
-def wait_for(predicate, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not true within {timeout_s} s")
 
 
 def test_stop_ends_a_live_experiment(empty_database, tmp_path):
