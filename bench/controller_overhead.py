@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -85,8 +86,8 @@ def dummy_nni_command(seconds: float):
     from hpo.nni.config import trial_command
 
     def build(db_url: str, experiment_id: int, arm: int, run_dir: Path, user_home: str) -> str:
-        base = trial_command(db_url, experiment_id, arm, run_dir, user_home, module="bench.dummy_trial")
-        return f'{base} --seconds {seconds!r} --launched-at "$(date +%s.%N)"'
+        base = trial_command(experiment_id, arm, run_dir, user_home, module="bench.dummy_trial")
+        return f'{base} --db {shlex.quote(db_url)} --seconds {seconds!r} --launched-at "$(date +%s.%N)"'
 
     return build
 

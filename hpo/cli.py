@@ -159,7 +159,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, record.id, Path(record.spec["run_dir"]), url, args.quiet, resume=True)
+        return drive_nni(spec, storage, record.id, Path(record.spec["run_dir"]), url, args.quiet, resume=True,
+                         port=args.port)  # fmt: skip
     runner = build_runner(spec, args.runner, args.scheduler)
     return drive(spec, storage, record.id, Path(record.spec["run_dir"]), runner, url, args.quiet, resume=True)
 
@@ -385,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
     resume = sub.add_parser("resume", help="finish an experiment whose controller died or was stopped")
     resume.add_argument("name", help="the experiment's name")
+    resume.add_argument("--port", type=_positive, default=8080, help="engine nni: first port tried for its web UI")
     _runner_options(resume)
     resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     resume.set_defaults(fn=cmd_resume)

@@ -19,7 +19,7 @@ from pathlib import Path
 from hpo.cli import open_storage
 from hpo.nni.manager import is_answering, load_experiments, stop_all, view
 
-PAGES = ("oview", "trialsDetail")
+PAGES = ("oview", "detail")  # NNI 3.0's routes: the overview and the trial details
 
 
 def screenshot(url: str, out: Path, width: int, height: int, wait_ms: int) -> None:

@@ -13,8 +13,9 @@ space, conditions included. NNI's GP and Metis tuners are not offered: both fail
 SMAC 0.x.
 
 `tuner.options` under engine nni: `assessor` (`medianstop`, the default, or `none`), `assessor_start_step`
-(intermediate results a trial reports before the assessor may stop it; default 2), `population_size`
-(nni_evolution) and `n_initial_configs` (nni_smac). Anything else is refused.
+(intermediate results a trial reports before the assessor may stop it; default 2), `webui_host` (the address
+NNI's manager, its web UI and REST API, listens on; see `manager_host`), `population_size` (nni_evolution) and
+`n_initial_configs` (nni_smac). Anything else is refused.
 
 Machines. Without `resources.machines` the trials run on this machine (NNI's local training service, with
 `gpuIndices` / `trialGpuNumber` / `maxTrialNumberPerGpu` from `resources`). With machines listed they run on
@@ -41,7 +42,7 @@ from search_spaces.nni import to_nni
 NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")
 # NNI built-in tuner name of each of our tuner names (nni_smac is a custom tuner).
 _BUILTIN = {"nni_tpe": "TPE", "nni_random": "Random", "nni_anneal": "Anneal", "nni_evolution": "Evolution"}
-_COMMON_OPTIONS = ("assessor", "assessor_start_step")
+_COMMON_OPTIONS = ("assessor", "assessor_start_step", "webui_host")
 _OPTIONS = {"nni_evolution": ("population_size",), "nni_smac": ("n_initial_configs",)}
 SMAC_TUNER_CLASS = "hpo.nni.smac_tuner.SmacTuner"
 
@@ -62,6 +63,10 @@ def check_nni_spec(spec: Any, source: str) -> None:
     assessor = spec.tuner.options.get("assessor", "medianstop")
     if assessor not in ("medianstop", "none"):
         raise ExperimentFileError(f"{source}: tuner.options.assessor: {assessor!r}; use medianstop or none")
+    host = spec.tuner.options.get("webui_host")
+    if host is not None and (not isinstance(host, str) or not host.strip()):
+        raise ExperimentFileError(f"{source}: tuner.options.webui_host: {host!r}; use an address of this machine "
+                                  "such as 127.0.0.1 (the default) or 0.0.0.0 (every interface)")  # fmt: skip
     runner = getattr(spec, "runner", None)
     if runner is not None and runner.name != "local":
         raise ExperimentFileError(f"{source}: runner.name: {runner.name} runs engine: local trials; NNI's own "
@@ -90,24 +95,42 @@ def nni_id(experiment_id: int, arm: int) -> str:
 TRIAL_MODULE = "hpo.nni.trial"
 
 
-def trial_command(db_url: str, experiment_id: int, arm: int, run_dir: Path, user_home: str | None,
+def trial_command(experiment_id: int, arm: int, run_dir: Path, user_home: str | None,
                   module: str = TRIAL_MODULE) -> str:  # fmt: skip
     """The shell command NNI runs for every trial: our trial entry, with the user's HOME back (NNI's manager
-    runs with HOME in the run directory, where it keeps its experiment list). `module` is the Python module run
-    with `-m`; another one must take the trial entry's arguments (the controller-overhead benchmark's dummy
-    trial does). For remote machines (`user_home` None) the command runs the machine's `python3` (NNI puts the
-    machine's `python_path` first on PATH) and keeps the remote user's HOME."""
+    runs with HOME in the run directory, where it keeps its experiment list). It carries no database URL: NNI
+    shows the command in its web UI, its REST API and `ps`, so the trial reads the URL from the run directory's
+    user-only file (`database_url_file`). `module` is the Python module run with `-m`; another one must take the
+    trial entry's arguments (the controller-overhead benchmark's dummy trial does). For remote machines
+    (`user_home` None) the command runs the machine's `python3` (NNI puts the machine's `python_path` first on
+    PATH) and keeps the remote user's HOME."""
     python = sys.executable if user_home is not None else "python3"
-    args = [python, "-m", module, "--db", db_url, "--experiment-id", str(experiment_id),
-            "--arm", str(arm), "--run-dir", str(run_dir)]  # fmt: skip
+    args = [python, "-m", module, "--experiment-id", str(experiment_id), "--arm", str(arm), "--run-dir", str(run_dir)]
     command = " ".join(shlex.quote(a) for a in args)
     return command if user_home is None else f"HOME={shlex.quote(user_home)} {command}"
 
 
+def manager_host(spec: Any) -> str | None:
+    """The address NNI's manager listens on: `tuner.options.webui_host`, else 127.0.0.1 (NNI's web UI and REST
+    API have no login, and show every trial), except with `resources.machines`, whose trials report back to the
+    manager over the network: then every interface (None, NNI's own default)."""
+    host = spec.tuner.options.get("webui_host")
+    if host is not None:
+        return None if host in ("0.0.0.0", "::", "*") else host
+    return None if spec.resources.machines else "127.0.0.1"
+
+
+def database_url_file(run_dir: Path) -> Path:
+    """The file (mode 0600) from which NNI trials read the database URL, kept out of NNI's view."""
+    return nni_home(run_dir) / "database.url"
+
+
 def nni_experiment_config(
-    spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool
+    spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool, restart: int = 0
 ) -> dict[str, Any]:
-    """NNI's experiment config (the camelCase mapping `nni.experiment.ExperimentConfig(**config)` takes)."""
+    """NNI's experiment config (the camelCase mapping `nni.experiment.ExperimentConfig(**config)` takes).
+    `restart` counts the arm's earlier NNI experiments (a resume): its tuner gets another seed, so that it does
+    not propose the first run's sequence again (the finished trials reach it through NNI's import_data)."""
     budget, res = spec.budget, spec.resources
     if res.machines:
         per_gpu = res.trials_per_gpu if on_gpu else 1
@@ -133,7 +156,7 @@ def nni_experiment_config(
         "trialCodeDirectory": str(code_dir),
         "trialConcurrency": concurrency,
         "maxTrialNumber": plan.quota,
-        "tuner": _tuner(spec, plan, run_dir),
+        "tuner": _tuner(spec, plan, run_dir, restart),
         "trainingService": service,
         "experimentWorkingDirectory": str(nni_home(run_dir) / "nni-experiments"),
     }
@@ -174,11 +197,16 @@ def check_remote(spec: Any, db_url: str) -> None:
                                 f"{machine.user}@{machine.host} over SSH with a private key")  # fmt: skip
 
 
-def _tuner(spec: Any, plan: ArmPlan, run_dir: Path) -> dict[str, Any]:
-    name, options, seed = spec.tuner.name, spec.tuner.options, spec.tuner.seed + plan.index
+RESTART_SEED_STEP = 7919  # a resumed arm's tuner seed: seed + arm + this * restart (never another arm's seed)
+
+
+def _tuner(spec: Any, plan: ArmPlan, run_dir: Path, restart: int = 0) -> dict[str, Any]:
+    name, options = spec.tuner.name, spec.tuner.options
+    seed = spec.tuner.seed + plan.index + RESTART_SEED_STEP * restart
     if name == "nni_smac":
+        folder = f"arm{plan.index}" + (f"-r{restart}" if restart else "")
         args = {"space": plan.space.to_dict(), "seed": seed, "n_trials": plan.quota, "optimize_mode": spec.direction,
-                "output_dir": str(nni_home(run_dir) / "smac" / f"arm{plan.index}"),
+                "output_dir": str(nni_home(run_dir) / "smac" / folder),
                 "n_initial_configs": options.get("n_initial_configs")}  # fmt: skip
         return {"className": SMAC_TUNER_CLASS, "codeDirectory": str(Path(hpo.__file__).parent.parent),
                 "classArgs": args}  # fmt: skip

@@ -6,8 +6,17 @@ takes its parameters from NNI, records itself in our database (worker `nni:<NNI 
 This module starts the NNI experiments, prints the web UI address, watches NNI's REST API until an experiment is
 done, and reconciles the trials that could not record themselves: a trial that died before it asked for its
 parameters gets a row with the parameters NNI generated for it, a trial NNI ended (median-stop assessor, time
-limit, stop) gets its ending. A stop (Ctrl-C, a stop request in the database) stops the NNI experiment; NNI
-cannot keep running trials across a restart, so they are recorded as failed with the reason.
+limit, stop) gets its ending. A stop (Ctrl-C, SIGTERM, a stop request in the database) stops the NNI experiment;
+NNI cannot keep running trials across a restart, so they are recorded as failed with a reason starting
+"interrupted:", and not charged to their arm.
+
+Resume. A resumed arm is a new NNI experiment (NNI cannot resume running trials) for the arm's share less its
+charged trials; its tuner gets another seed and, through NNI's import_data, the arm's completed trials with the
+parameters NNI generated for them (read from the earlier NNI experiments' own databases), so it neither repeats
+the first run's sequence nor re-runs a completed configuration it was told about.
+
+Secrets. The trial command carries no database URL (NNI shows it in its web UI, REST API and files, and `ps`
+shows it to everyone): trials read it from `<run dir>/nni/database.url`, written with mode 0600.
 
 Files: everything NNI writes lives under `<run dir>/nni` (HOME of the NNI manager, which keeps its list of
 experiments there); `<run dir>/nni/experiments.json` lists the arms' NNI experiments with their ports.
@@ -19,6 +28,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
+import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,15 +39,28 @@ from typing import Any
 from hpo.arms import ArmPlan, arm_plans
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
-from hpo.local_engine import absolute_database_url, print_summary
-from hpo.nni.config import nni_experiment_config, nni_home, nni_id, trial_command
-from hpo.nni.manager import NniExperiment, load_experiments, rest, start_experiment, stop_all, stop_manager, view
+from hpo.local_engine import absolute_database_url, next_commands, print_summary
+from hpo.nni.config import database_url_file, manager_host, nni_experiment_config, nni_home, nni_id, trial_command
+from hpo.nni.manager import (
+    NniEngineError,
+    NniExperiment,
+    load_experiments,
+    port_taken,
+    require_node,
+    rest,
+    start_experiment,
+    stop_all,
+    stop_manager,
+    view,
+)
 from hpo.nni.patch import require_patched
+from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.resources import discover_gpus
 from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
 
+INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (not charged to its arm)
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
 WORKER_PREFIX = "nni:"
 POLL_S = 1.0
@@ -54,8 +79,9 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
     try:
         if resume:
             storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
-        ending = run_nni(spec, storage, experiment_id, run_dir, absolute_database_url(database_url), port=port,
-                         quiet=quiet, tick=lambda line: note.update(text=line))  # fmt: skip
+        with sigterm_stops():
+            ending = run_nni(spec, storage, experiment_id, run_dir, absolute_database_url(database_url), port=port,
+                             quiet=quiet, tick=lambda line: note.update(text=line))  # fmt: skip
         status = ExperimentStatus(ending)
     finally:
         storage.set_experiment_status(experiment_id, status)
@@ -63,16 +89,44 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
     if status is ExperimentStatus.STOPPED:
         print(f"stopped; `hpo resume {spec.name}` runs the trials left", flush=True)
     if not quiet:
-        print_summary(storage, experiment_id, spec)
-        print(f"  hpo webui {spec.name}                 # browse the trials in the NNI web UI")
+        print_summary(storage, experiment_id, spec, database_url)
+        hpo = next_commands(database_url)[0]
+        print(f"  {hpo} webui {spec.name}                 # browse the trials in the NNI web UI")
     return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the controller: it stops its NNI experiments as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_stops():
+    """While NNI experiments run, SIGTERM stops them as Ctrl-C does (NNI's managers run detached, in process
+    groups of their own, so nothing else would end them, their tuners or their trials). The first SIGTERM
+    interrupts; later ones are ignored so that they cannot cut the stop short (SIGKILL still ends the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def interrupt(signum, frame):
+        if not received:
+            received.append(signum)
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ------------------------------------------------------------------------------------------------ run
 def preflight() -> None:
-    """Refuse, saying what to run, when NNI is missing or its manager lacks the fix of `hpo.nni.patch`."""
-
+    """Refuse, saying what to run, when NNI is missing, its bundled node is missing or cannot run, or its
+    manager lacks the fix of `hpo.nni.patch`."""
     require_patched()
+    require_node()
 
 
 def run_nni(
@@ -86,7 +140,7 @@ def run_nni(
     quiet: bool = False,
     tick: Callable[[str], None] | None = None,
     command_prefix: str = "",
-    command: Callable[[str, int, int, Path, str], str] = trial_command,
+    command: Callable[[str, int, int, Path, str | None], str] | None = None,
 ) -> str:
     """Run every arm's NNI experiment (the trials each arm has left) to the end; returns how the experiment
     ended: "finished", "stopped" or "failed".
@@ -94,41 +148,56 @@ def run_nni(
     `tick(note)` is called at every poll; `command_prefix` is put in front of the trial command (tests use it
     to make a trial die before it asks for parameters). `command(db_url, experiment_id, arm, run_dir, user_home)`
     builds the shell command NNI runs for each trial of an arm (default: the trial entry, see
-    `hpo.nni.config.trial_command`; the controller-overhead benchmark runs its dummy trial instead)."""
+    `hpo.nni.config.trial_command`, which reads `db_url` from the run directory's user-only file rather than its
+    command line; the controller-overhead benchmark runs its dummy trial instead)."""
     preflight()
     run_dir = Path(run_dir)
     nni_home(run_dir).mkdir(parents=True, exist_ok=True)
+    write_database_url(run_dir, db_url)
+    command = command or (lambda _url, eid, arm, rdir, home: trial_command(eid, arm, rdir, home))
     stop_all(run_dir)  # the managers of a controller that died go on running their NNI experiments: end them
-    _fail_leftovers(storage, experiment_id, "interrupted: NNI does not keep running trials across a restart")
+    _fail_leftovers(storage, experiment_id, INTERRUPTED + "NNI does not keep running trials across a restart")
     on_gpu = _on_gpu(spec)
     for plan in arm_plans(spec):
-        plan = dataclasses.replace(plan, quota=plan.quota - _finished(storage, experiment_id, plan))
+        plan = dataclasses.replace(plan, quota=plan.quota - _charged(storage, experiment_id, plan))
         if plan.quota <= 0:
             continue
         home = None if spec.resources.machines else _user_home()  # remote trials keep their user's HOME
         shell = command_prefix + command(db_url, experiment_id, plan.index, run_dir, home)
-        config = nni_experiment_config(spec, plan, run_dir, shell, Path.cwd(), on_gpu)
-        ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet)
+        restart = sum(e.arm == plan.index for e in load_experiments(run_dir))
+        config = nni_experiment_config(spec, plan, run_dir, shell, Path.cwd(), on_gpu, restart=restart)
+        history = finished_history(spec, storage, experiment_id, plan, run_dir)
+        ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
         if _NO_TUNER in ending and not jobs:  # a busy machine: NNI waits only 10 s for its tuner
             _say(quiet, f"{ending}; starting the arm's NNI experiment once more")
-            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet)
+            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
         if ending != "done":
-            _record_stopped(storage, experiment_id, plan, jobs, f"the NNI experiment was {ending}")
+            _record_stopped(storage, experiment_id, plan, jobs, f"{INTERRUPTED}the NNI experiment was {ending}")
             return "failed" if ending.startswith("ended by an NNI error") else "stopped"
     return "finished"
 
 
 def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, config: dict, port: int, tick,
-            quiet: bool) -> tuple[str, list]:  # fmt: skip
-    """Start one arm's NNI experiment, watch it to its end and stop its manager; returns how it ended (see
-    `watch`) and, unless it is done, NNI's trial jobs as last seen."""
-    experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index))
+            quiet: bool, history: list | None = None) -> tuple[str, list]:  # fmt: skip
+    """Start one arm's NNI experiment, give its tuner the arm's finished trials (`history`, a resume), watch it
+    to its end and stop its manager; returns how it ended (see `watch`) and, unless it is done, NNI's trial jobs
+    as last seen."""
+    experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index),
+                               host=manager_host(spec))  # fmt: skip
+    busy = port_taken(port, experiment.host)
     start_experiment(run_dir, experiment, config, port)
+    if busy:
+        _say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
     _say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
                 f"(NNI experiment {experiment.nni_id}, {plan.quota} trials)")  # fmt: skip
     ending = "stopped by an error of the engine"
     try:
+        if history:
+            import_history(experiment, history)
+            _say(quiet, f"gave NNI's tuner the {len(history)} finished trial(s) of the earlier run")
         ending = watch(spec, storage, experiment_id, plan, experiment, tick, quiet)
+    except Terminated:
+        ending = "stopped by SIGTERM"
     except KeyboardInterrupt:
         ending = "stopped by the user (Ctrl-C)"
     finally:  # never leave an NNI manager behind
@@ -155,9 +224,71 @@ def _record_stopped(storage, experiment_id: int, plan: ArmPlan, jobs: list, reas
     _fail_leftovers(storage, experiment_id, reason)
 
 
-def _finished(storage, experiment_id: int, plan: ArmPlan) -> int:
+def write_database_url(run_dir: Path, db_url: str) -> Path:
+    """Write the database URL where the NNI trials read it, readable by this user only (it may hold a password,
+    and NNI shows a trial's command line to anyone who reaches its web UI)."""
+    path = database_url_file(run_dir)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file left from before keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(db_url)
+    return path
+
+
+def _charged(storage, experiment_id: int, plan: ArmPlan) -> int:
+    """The arm's trials that count against its share: finished, except those a stop interrupted (NNI cannot
+    resume them; a new trial takes the place of each)."""
     finished = [s for s in TrialState if s.finished]
-    return storage.count_trials(experiment_id, state=finished, arm=plan.label)
+    rows = storage.list_trials(experiment_id, state=finished, arm=plan.label)
+    return sum(not interrupted(row) for row in rows)
+
+
+def interrupted(row) -> bool:
+    """Whether a trial of the NNI engine ended because its NNI experiment was stopped (not charged)."""
+    return row.state is TrialState.FAILED and (row.reason or "").startswith(INTERRUPTED)
+
+
+def finished_history(spec, storage, experiment_id: int, plan: ArmPlan, run_dir: Path) -> list[dict[str, Any]]:
+    """The arm's trials that gave its tuner a result, as NNI's import_data takes them: {"parameter": the
+    parameters in NNI's form, as NNI generated them, "value": the final result the trial reported}."""
+    generated = generated_parameters(run_dir, plan.index)
+    history = []
+    for row in storage.list_trials(experiment_id, state=TrialState.COMPLETED, arm=plan.label):
+        told = tuner_feedback(spec, row.state, row.objective, row.metrics)
+        job = (row.worker or "").removeprefix(WORKER_PREFIX)
+        if told is None or told is NOT_TOLD or job not in generated:
+            continue
+        history.append({"parameter": generated[job], "value": row.objective})
+    return history
+
+
+def generated_parameters(run_dir: Path, arm: int) -> dict[str, Any]:
+    """{NNI trial id: its parameters in NNI's form} over the arm's earlier NNI experiments, read from NNI's own
+    database of each (`<experiment working dir>/<NNI id>/db/nni.sqlite`; their managers are stopped)."""
+    found: dict[str, Any] = {}
+    for experiment in load_experiments(run_dir):
+        path = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "db" / "nni.sqlite"
+        if experiment.arm != arm or not path.exists():
+            continue
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            events = db.execute("SELECT trialJobId, data FROM TrialJobEvent WHERE data LIKE '%\"parameters\"%'")
+            for job, data in events:
+                found.setdefault(job, json.loads(data)["parameters"])
+    return found
+
+
+def import_history(experiment: NniExperiment, history: list[dict[str, Any]], wait_s: float = 60.0) -> None:
+    """Send finished trials to the NNI experiment's tuner (NNI's import_data); NNI refuses until the tuner
+    process is up, so this retries for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            rest(experiment.port, "experiment/import-data", method="POST", body=history)
+            return
+        except NniEngineError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _new_nni_id(run_dir: Path, experiment_id: int, arm: int) -> str:

@@ -1,12 +1,16 @@
 """The NNI managers of a run directory: start one (in a process whose HOME is the run directory's NNI
 directory), reopen them in view mode, stop them, and talk to their REST API (`/api/v1/nni/...`).
 
-`<run dir>/nni/experiments.json` lists the arms' NNI experiments with their ports and manager pids.
+`<run dir>/nni/experiments.json` lists the arms' NNI experiments with their ports, addresses and manager pids.
+
+Address. NNI 3.0's manager listens on every interface and has no option for it; `listen_host.js` (loaded into
+its node process through NODE_OPTIONS) makes it listen on the experiment's address instead (`manager_host`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -38,19 +42,26 @@ class NniExperiment:
     nni_id: str
     port: int | None = None
     pid: int | None = None  # the NNI manager's process while it runs
+    host: str | None = "127.0.0.1"  # the address its manager listens on; None: every interface
 
     @property
     def url(self) -> str:
-        return f"http://{socket.gethostname()}:{self.port}"
+        loopback = self.host is not None and self.host in _LOOPBACK
+        return f"http://{self.host if loopback else socket.gethostname()}:{self.port}"
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LISTEN_HOST_JS = Path(__file__).with_name("listen_host.js")
 
 
 def start_experiment(run_dir: Path, experiment: NniExperiment, config: dict, port: int) -> NniExperiment:
-    """Start an NNI manager for `config` on the first free port from `port`; records it in experiments.json."""
+    """Start an NNI manager for `config` on the first free port from `port` (on the experiment's address);
+    records it in experiments.json."""
     home = nni_home(run_dir)
     config_path = home / f"{experiment.nni_id}.json"
     config_path.write_text(json.dumps(config, indent=1))
-    experiment.port = free_port(port)
-    out = _launch(home, ["start", str(config_path), experiment.nni_id, str(experiment.port)])
+    experiment.port = free_port(port, experiment.host)
+    out = _launch(home, ["start", str(config_path), experiment.nni_id, str(experiment.port)], experiment.host)
     experiment.pid = out["pid"]
     _save(run_dir, experiment)
     return experiment
@@ -62,8 +73,9 @@ def view(run_dir: Path, port: int = 8080) -> list[NniExperiment]:
     for experiment in experiments:
         if is_answering(experiment):
             continue
-        experiment.port = free_port(port)
-        experiment.pid = _launch(nni_home(run_dir), ["view", experiment.nni_id, str(experiment.port)])["pid"]
+        experiment.port = free_port(port, experiment.host)
+        args = ["view", experiment.nni_id, str(experiment.port)]
+        experiment.pid = _launch(nni_home(run_dir), args, experiment.host)["pid"]
         _save(run_dir, experiment)
     return experiments
 
@@ -93,6 +105,29 @@ def stop_manager(run_dir: Path | None, experiment: NniExperiment, wait_s: float 
         _save(run_dir, experiment)
 
 
+def node_binary() -> Path:
+    """The node NNI's launcher runs its manager with: the one bundled in the `nni_node` package."""
+    import nni_node
+
+    return Path(nni_node.__path__[0]) / "node"
+
+
+def require_node() -> None:
+    """Raise, naming the file, unless NNI's bundled node is there and runs (checked before anything is written:
+    without it NNI's launcher fails with a connection error to a manager that never started)."""
+    node = node_binary()
+    fix = "reinstall NNI (`pip install --force-reinstall nni==3.0`, then `make setup`, which patches it again)"
+    if not os.access(node, os.X_OK):
+        raise NniEngineError(f"NNI's bundled node ({node}) is missing or not executable; NNI's manager runs on it: "
+                             + fix)  # fmt: skip
+    try:
+        done = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NniEngineError(f"NNI's bundled node ({node}) does not run ({e}); {fix}") from None
+    if done.returncode != 0:
+        raise NniEngineError(f"NNI's bundled node ({node}) does not run: {done.stderr.strip()[-300:]}; {fix}")
+
+
 def is_answering(experiment: NniExperiment) -> bool:
     """Whether the experiment's NNI manager answers on its port (and is this experiment)."""
     if not experiment.port:
@@ -103,8 +138,12 @@ def is_answering(experiment: NniExperiment) -> bool:
         return False
 
 
-def _launch(home: Path, args: list[str]) -> dict:
+def _launch(home: Path, args: list[str], host: str | None) -> dict:
     env = {**os.environ, "HOME": str(home)}
+    env.pop("HPO_NNI_HOST", None)
+    if host is not None:
+        require = f'--require "{LISTEN_HOST_JS}"'
+        env.update(HPO_NNI_HOST=host, NODE_OPTIONS=f"{env.get('NODE_OPTIONS', '')} {require}".strip())
     log = home / "launch.log"
     cmd = [sys.executable, "-m", "hpo.nni.launch", *args]
     with log.open("a") as f:
@@ -118,9 +157,11 @@ def _launch(home: Path, args: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
-def rest(port: int | None, path: str, method: str = "GET", timeout: float = 10) -> Any:
-    """One call to the NNI manager's REST API (`/api/v1/nni/<path>`), decoded from JSON."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/nni/{path}", method=method)
+def rest(port: int | None, path: str, method: str = "GET", timeout: float = 10, body: Any = None) -> Any:
+    """One call to the NNI manager's REST API (`/api/v1/nni/<path>`, `body` sent as JSON), decoded from JSON."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/nni/{path}", data, headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
@@ -129,17 +170,52 @@ def rest(port: int | None, path: str, method: str = "GET", timeout: float = 10) 
     return json.loads(body) if body else None
 
 
-def free_port(start: int) -> int:
-    """The first port from `start` on which nothing listens."""
+def free_port(start: int, host: str | None = "127.0.0.1") -> int:
+    """The first port from `start` that the NNI manager can take: free on every address it will listen on
+    (`host`, or every interface when None), with nothing listening on localhost (NNI's own clients and its
+    tuner reach the manager at localhost, which may be [::1] before 127.0.0.1)."""
+    busy: dict[int, str] = {}
     for port in range(start, start + 200):
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
+        busy_on = port_taken(port, host)
+        if busy_on is None:
             return port
-    raise NniEngineError(f"no free port in {start}..{start + 199} for the NNI web UI")
+        busy[port] = busy_on
+    first = busy[start]
+    raise NniEngineError(f"no free port in {start}..{start + 199} for the NNI web UI (port {start}: {first}); "
+                         "free one or give another with --port")  # fmt: skip
+
+
+def port_taken(port: int, host: str | None) -> str | None:
+    """Why the NNI manager could not take `port` ("in use on [::1]", ...), or None when it can."""
+    for family, address in _bind_addresses(host):
+        try:
+            with socket.socket(family) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and address == "::":
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # node listens on both stacks
+                s.bind((address, port))
+        except OSError as e:
+            if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):  # no such stack here: node skips it too
+                continue
+            return f"in use on {_shown(address)} ({e.strerror})"
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family) as s:
+            s.settimeout(1)
+            with contextlib.suppress(OSError):
+                if s.connect_ex((address, port)) == 0:
+                    return f"something listens on {_shown(address)}"
+    return None
+
+
+def _bind_addresses(host: str | None) -> list[tuple[int, str]]:
+    if host is None:
+        return [(socket.AF_INET6, "::")] if socket.has_ipv6 else [(socket.AF_INET, "0.0.0.0")]
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({(family, info[0]) for family, _, _, _, info in infos})
+
+
+def _shown(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 def load_experiments(run_dir: Path) -> list[NniExperiment]:

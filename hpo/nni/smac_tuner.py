@@ -5,7 +5,8 @@ builds SMAC's ConfigSpace from our search space (`search_spaces.configspace.to_c
 class arguments), so conditions such as "clipping.max_norm only when clipping.strategy != none" reach SMAC as
 ConfigSpace conditions. The parameters it hands out are flat {parameter name: value} mappings of the active
 parameters. Results: a final result is a cost (negated for a maximized objective); a trial that ends without
-one is told to SMAC as a crash, like under the local engine.
+one is told to SMAC as a crash, like under the local engine. Imported data (NNI's import_data, what a resumed
+arm gets: the finished trials of its earlier NNI experiments) is replayed to SMAC like the local engine's history.
 """
 
 from __future__ import annotations
@@ -60,3 +61,10 @@ class SmacTuner(Tuner):
         suggestion = self.pending.pop(parameter_id, None)
         if suggestion is not None:  # ended without a final result: a crash
             self.controller.tell(suggestion, None)
+
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """Finished trials of an earlier run ({"parameter": flat params, "value": final result}): SMAC learns
+        from them as from its own, and does not propose them again."""
+        for trial in data:
+            cost = self.sign * float(extract_scalar_reward(trial["value"]))
+            self.controller.replay(dict(trial["parameter"]), 1.0, cost)

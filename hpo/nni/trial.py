@@ -1,7 +1,9 @@
 """The NNI trial entry: what NNI's manager runs for every trial of an `engine: nni` experiment.
 
-    python -m hpo.nni.trial --db URL --experiment-id N --arm I --run-dir DIR
+    python -m hpo.nni.trial --experiment-id N --arm I --run-dir DIR [--db URL]
 
+The database URL comes from `<run dir>/nni/database.url` (mode 0600, written by the engine) unless `--db` is
+given: NNI shows a trial's command line in its web UI and REST API, and `ps` shows it to everyone.
 It takes its parameters from NNI (`nni.get_next_parameter()`), records a QUEUED trial in our database with
 worker `nni:<NNI trial id>` (the number is assigned atomically), and runs it through `hpo.trial_entry.run_trial`
 exactly like the local engine's trials, with one more reporter that sends each evaluated accuracy to NNI as an
@@ -19,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from hpo.arms import arm_plans, trial_config
+from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict
+from hpo.nni.config import database_url_file
 from hpo.nni.engine import WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
@@ -29,17 +33,19 @@ from search_spaces.nni import from_nni_params
 
 
 class NniReporter:
-    """A trainer reporter that forwards evaluations to NNI: {"default": mlm_accuracy, "samples": n}."""
+    """A trainer reporter that forwards evaluations to NNI: {"default": mlm_accuracy, "samples": n, "trial": our
+    trial number} (NNI's own "Trial No." counts per NNI experiment, so its web UI shows ours as a metric key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
         import nni
 
-        self.nni = nni
+        self.nni, self.number = nni, number
 
     def intermediate(self, metrics: dict[str, Any]) -> None:
         accuracy = metrics.get("mlm_accuracy")
         if isinstance(accuracy, int | float) and not isinstance(accuracy, bool):
-            self.nni.report_intermediate_result({"default": float(accuracy), "samples": metrics.get("samples")})
+            report = {"default": float(accuracy), "samples": metrics.get("samples"), "trial": self.number}
+            self.nni.report_intermediate_result(report)
 
     def final(self, result: Any) -> None:
         """The final result goes to NNI after it is stored (see `main`), so both carry the same objective."""
@@ -62,23 +68,35 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
         trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch))
         number = storage.get_trial(trial_id).number
         os.environ[WORKER_ENV] = worker
-        result = run_trial(storage, trial_id, 0, Path(run_dir) / "trials" / f"{number:05d}", [NniReporter()])
+        result = run_trial(storage, trial_id, 0, Path(run_dir) / "trials" / f"{number:05d}", [NniReporter(number)])
     feedback = tuner_feedback(spec, result.state, result.objective, result.metrics)
     if feedback is None or feedback is NOT_TOLD:
         print(f"trial {number}: {result.state.value} ({result.reason})", file=sys.stderr)
         return 1
-    nni.report_final_result(result.objective)
+    nni.report_final_result({"default": result.objective, "trial": number})
     return 0
+
+
+def database_url(run_dir: Path) -> str:
+    """The database URL the engine left for the trials of a run directory."""
+    path = database_url_file(run_dir)
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise HpoError(
+            f"{path}: cannot read the database URL ({e.strerror}); the NNI engine writes it when it "
+            "starts the experiment (on a remote machine, the run directory must be shared)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpo.nni.trial", description=__doc__.split("\n")[0])
-    parser.add_argument("--db", required=True, help="the experiment's database URL")
+    parser.add_argument("--db", help="the experiment's database URL (default: read from the run directory)")
     parser.add_argument("--experiment-id", type=int, required=True, help="the experiment's id in that database")
     parser.add_argument("--arm", type=int, required=True, help="the index of the compare arm this NNI experiment runs")
     parser.add_argument("--run-dir", type=Path, required=True, help="the experiment's run directory")
     args = parser.parse_args(argv)
-    return run(args.db, args.experiment_id, args.arm, args.run_dir)
+    return run(args.db or database_url(args.run_dir), args.experiment_id, args.arm, args.run_dir)
 
 
 if __name__ == "__main__":

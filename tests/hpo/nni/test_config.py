@@ -80,7 +80,7 @@ def test_listed_machines_map_to_nni_remote_training_service(tmp_path):
                 {"host": "10.0.0.7", "port": 2222, "user": "bert", "ssh_key_file": str(key)}]  # fmt: skip
     spec = spec_of(tmp_path, parallel=6, resources={"gpus": "all", "gpus_per_trial": 1, "trials_per_gpu": 2,
                                                      "machines": machines})  # fmt: skip
-    command = trial_command("postgresql+psycopg://u@db/hpo", 3, 0, tmp_path / "run", None)
+    command = trial_command(3, 0, tmp_path / "run", None)
     config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, command, tmp_path, True))
     service = config["trainingService"]
     assert service["platform"] == "remote" and service["trialGpuNumber"] == 1 and config["trialConcurrency"] == 6
@@ -128,12 +128,23 @@ def test_smac_custom_tuner_gets_our_space_with_its_conditions(tmp_path):
     assert tuner["classArgs"]["n_initial_configs"] == 2 and tuner["classArgs"]["n_trials"] == 5
 
 
-def test_trial_command_restores_home_and_quotes(tmp_path):
+def test_trial_command_restores_home_and_quotes_and_carries_no_database_url(tmp_path):
     run_dir = tmp_path / "a dir"
-    words = shlex.split(trial_command("sqlite:////x y/h.db", 7, 1, run_dir, "/home/me"))
+    words = shlex.split(trial_command(7, 1, run_dir, "/home/me"))
     assert words[0] == "HOME=/home/me"
-    assert words[2:] == ["-m", "hpo.nni.trial", "--db", "sqlite:////x y/h.db", "--experiment-id", "7", "--arm", "1",
-                         "--run-dir", str(run_dir)]  # fmt: skip
+    assert words[2:] == ["-m", "hpo.nni.trial", "--experiment-id", "7", "--arm", "1", "--run-dir", str(run_dir)]
+
+
+def test_manager_listens_on_loopback_unless_the_file_or_remote_machines_ask_otherwise(tmp_path):
+    from hpo.nni.config import manager_host
+
+    key = tmp_path / "id"
+    key.write_text("k")
+    machines = {"machines": [{"host": "gpu-a", "user": "bert", "ssh_key_file": str(key)}]}
+    assert manager_host(spec_of(tmp_path)) == "127.0.0.1"
+    assert manager_host(spec_of(tmp_path, resources=machines)) is None  # remote trials report back over the network
+    assert manager_host(spec_of(tmp_path, options={"webui_host": "10.1.2.3"})) == "10.1.2.3"
+    assert manager_host(spec_of(tmp_path, options={"webui_host": "0.0.0.0"})) is None
 
 
 @pytest.mark.parametrize(
@@ -145,6 +156,7 @@ def test_trial_command_restores_home_and_quotes(tmp_path):
         ({"resources": {"cpu_ranks_per_trial": 2}}, "resources: engine: nni runs single-rank trials"),
         ({"resources": {"memory_limit_mb": 1000}}, "resources.memory_limit_mb: NNI's training service cannot"),
         ({"budget": {"confirm_seeds": 2}}, "budget.confirm_seeds: engine: nni does not re-run"),
+        ({"options": {"webui_host": ""}}, "tuner.options.webui_host: ''; use an address of this machine"),
     ],
 )
 def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, message):
@@ -173,3 +185,15 @@ def test_nni_trials_that_ended_without_a_record_get_the_right_reason(tmp_path):
     state, reason = _ending(no_assessor, job("EARLY_STOPPED", 30), True)
     assert state == TrialState.FAILED and reason == "NNI trial AbC12 ended (EARLY_STOPPED) without a final result"
     assert "before it asked for its parameters" in _ending(no_assessor, job("FAILED", 1), False)[1]
+
+
+def test_the_nni_demo_preset_is_the_cpu_demo_under_nni():
+    from hpo.experiment import load_experiment
+    from search_spaces import preset_path
+
+    local, nni = (load_experiment(preset_path(n)) for n in ("adam_vs_lamb_demo_cpu", "adam_vs_lamb_demo_cpu_nni"))
+    assert nni.engine == "nni" and nni.tuner.name == "nni_smac" and nni.budget.confirm_seeds == 0
+    assert nni.space.to_dict() == local.space.to_dict() and nni.compare == local.compare
+    assert nni.resolved_base() == local.resolved_base() and nni.budget.trials == local.budget.trials
+    assert (nni.objective, nni.resources) == (local.objective, local.resources)
+    assert [p.quota for p in arm_plans(nni)] == [5, 5]

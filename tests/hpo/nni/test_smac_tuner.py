@@ -42,3 +42,19 @@ def test_results_reach_smac_as_costs_and_missing_ones_as_crashes(tmp_path):
     assert values[0] == (StatusType.SUCCESS, pytest.approx(-0.25))
     assert [s for s, _ in values].count(StatusType.CRASHED) == 1 and len(values) == 2
     assert not tuner.pending
+
+
+def test_imported_trials_reach_smac_as_its_own_results(tmp_path):
+    """What a resumed arm's tuner gets through NNI's import_data: the earlier run's parameters and results."""
+    earlier = make_tuner(tmp_path / "a", optimize_mode="maximize")
+    done = [earlier.generate_parameters(i) for i in range(3)]
+    resumed = make_tuner(tmp_path / "b", optimize_mode="maximize")
+    results = [{"default": 0.1 * (i + 1), "trial": i} for i in range(3)]  # as our NNI trials report them
+    resumed.import_data([{"parameter": p, "value": r} for p, r in zip(done, results, strict=True)])
+    history = resumed.controller.smac.runhistory
+    told = sorted(((dict(history.ids_config[k.config_id]), v.cost) for k, v in history._data.items()),
+                  key=lambda t: -t[1])  # fmt: skip
+    assert [p for p, _ in told] == done  # a maximized objective: SMAC minimizes -0.1, -0.2, -0.3
+    assert [c for _, c in told] == pytest.approx([-0.1, -0.2, -0.3])
+    proposed = [resumed.generate_parameters(10 + i) for i in range(3)]
+    assert all(p not in done for p in proposed)  # SMAC does not propose what it was told about
