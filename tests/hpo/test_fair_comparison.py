@@ -300,6 +300,7 @@ def outcome(storage, experiment_id) -> list[tuple]:
     return rows
 
 
+@pytest.mark.slow  # about 2.5 min: the experiment twice, once beside a CPU burner
 def test_the_same_file_and_seed_reproduce_trials_results_and_winner_even_on_a_busy_machine(finished, tmp_path):
     first = outcome(finished.storage, finished.experiment_id)
     verdict = experiment_verdict(finished.storage, finished.experiment_id, finished.spec).line

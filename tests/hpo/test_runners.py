@@ -57,7 +57,11 @@ def gpu_cluster():
     cluster.close()
 
 
-@pytest.mark.parametrize("worker_check_s", [0.25, 30.0], ids=["runner-sees-the-loss", "dask-reruns-first"])
+@pytest.mark.parametrize(
+    "worker_check_s",
+    [0.25, pytest.param(30.0, marks=pytest.mark.slow)],  # the second path costs as much again
+    ids=["runner-sees-the-loss", "dask-reruns-first"],
+)
 def test_dask_runs_trials_on_declared_gpus_and_requeues_the_trial_of_a_lost_worker(
     tmp_path, gpu_cluster, monkeypatch, worker_check_s
 ):

@@ -174,6 +174,7 @@ def smac_history(run_dir: Path) -> list[tuple]:
              row["status"]) for row in saved["data"]]  # fmt: skip
 
 
+@pytest.mark.slow  # over a minute; tests/hpo/test_liveness.py and tests/hpo/test_stop.py cover resume by default
 def test_controller_sigkill_then_resume_finishes_without_running_anything_twice(tmp_path):
     """Also: after the resume, SMAC's run history equals that of an uninterrupted run of the same file (the
     crashed trial is told as a crash both times)."""
