@@ -5,7 +5,6 @@ from __future__ import annotations
 from hpo.errors import HpoError
 from hpo.launch import build_launch
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
-from hpo.runners.local import LocalRunner
 
 __all__ = ["Runner", "TrialExit", "TrialLaunch", "build_runner", "classify_exit"]
 
@@ -22,4 +21,8 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
         if not address:
             raise HpoError("the dask runner needs a scheduler address: --scheduler tcp://HOST:8786 or runner.scheduler")
         return DaskRunner(address, spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
+    # Not at the top: the package must not import the launcher module, which runs as `python -m hpo.runners.preload`
+    # (runpy would find it imported already and run a second copy as __main__).
+    from hpo.runners.local import LocalRunner
+
     return LocalRunner(spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
