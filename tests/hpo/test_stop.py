@@ -274,8 +274,8 @@ print(" ".join(str(rank.pid) for rank in ranks), flush=True)
 time.sleep(600)
 """
 SLEEPER = "import time; time.sleep(600)"
-DYING_WITH_LAUNCHER = (  # says "ready" once its death signal is set
-    "from hpo.runners.process import die_with_launcher; die_with_launcher(); print('ready', flush=True); "
+DYING_WITH_LAUNCHER = (  # says "ready" once its death signal is set (one write: two ranks share the pipe)
+    "from hpo.runners.process import die_with_launcher; die_with_launcher(); import os; os.write(1, b'ready\\n'); "
     "import time; time.sleep(600)"
 )
 
