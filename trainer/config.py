@@ -111,6 +111,11 @@ class PrecisionConfig(Section):
 class EvalConfig(Section):
     every_samples: int = Field(10_000, ge=1, description="Evaluate after this many training samples.")
     target_mlm_accuracy: float = Field(0.720, gt=0.0, le=1.0, description="Stop when eval MLM accuracy reaches this.")
+    stop_at_target: bool = Field(
+        True,
+        description="Stop at the target (False: record samples to target and train on to the budget, for full "
+        "learning curves).",
+    )
     max_samples: int = Field(10_000, ge=1, description="Size of the fixed eval set (first samples of data.eval).")
     batch_size: int = Field(64, ge=1, description="Eval sequences per forward pass on one rank.")
 

@@ -351,14 +351,14 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         if state.samples >= state.next_eval_samples or out_of_budget:
             while state.next_eval_samples <= state.samples:
                 state.next_eval_samples += cfg.eval.every_samples
-            if run_eval(run, state, time.perf_counter() - start):
+            if run_eval(run, state, time.perf_counter() - start) and cfg.eval.stop_at_target:
                 return TrainStatus.REACHED_TARGET
             state.train_time_s = time.perf_counter() - start
         every = cfg.checkpoint.every_samples
         if every and state.samples // every != (state.samples - int(sum(sequences))) // every:
             checkpoint(run, state)
-        if out_of_budget:
-            return TrainStatus.BUDGET_EXHAUSTED
+        if out_of_budget:  # with eval.stop_at_target off, a run that reached the target on the way says so
+            return TrainStatus.BUDGET_EXHAUSTED if state.samples_to_target is None else TrainStatus.REACHED_TARGET
     raise AssertionError("unreachable: epoch_steps never ends")
 
 

@@ -59,6 +59,16 @@ def test_reaching_the_target_stops_and_records_samples_to_target(tmp_path):
     assert result.best_mlm_accuracy >= 1e-6
 
 
+def test_training_on_past_the_target_records_the_first_hit_and_the_whole_curve(tmp_path):
+    result, records = run(
+        tmp_path, **{"eval.target_mlm_accuracy": 1e-6, "eval.every_samples": 16, "eval.stop_at_target": False}
+    )
+    evals = [r["samples"] for r in records if r.get("event") == "eval"]
+    assert evals == [16, 32, 48, 64, 80, 96]  # every evaluation to the budget, not stopped at the first
+    assert result.status == "reached_target" and result.samples == 96
+    assert result.samples_to_target == 16
+
+
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):
     result, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30})
     assert result.status == "diverged"

@@ -1,0 +1,204 @@
+"""Generate the learning-curve table of our trainer: real `python -m trainer` runs over a grid (resumable).
+
+Every run trains the tiny CPU BERT of `trainer/configs/demo_cpu.yaml` on the generated demo corpus with the
+evaluation set-up of the `adam_vs_lamb_demo_cpu` preset (512 eval samples, target MLM accuracy 0.12), to the full
+sample budget: `eval.stop_at_target: false`, so the curve goes on past the target and the trainer still
+records the samples at which it first reached it. The grid (see README.md beside this file):
+
+    optimizer  adamw, lamb
+    lr         1e-4 .. 1e-1, 7 points a half-decade apart (log grid)
+    warmup     0 and 40 optimizer steps
+    batch      global batch 32 (micro 16: 2 accumulation steps) and 128 (micro 32: 4 steps)
+    seed       0, 1, 2 (the trainer's seed: weights, masking and data order)
+
+Everything else is the demo config's (beta1 0.9, beta2 0.999, weight decay 0.01, no clipping). Micro-batches
+smaller than the global batch let the trainer measure the gradient noise scale on one process.
+
+    python -m bench.curves.generate                 # the whole grid, 2 runs at a time, one thread each
+    python -m bench.curves.generate --jobs 1 --limit 4   # a few runs (resumes: finished runs are kept)
+
+The table is `bench/curves/curves.jsonl`: a first line `{"kind": "meta", ...}` (grid, budget, data fingerprint,
+CPU), then one `{"kind": "run", ...}` line per finished run, appended as each ends, so an interrupted
+generation resumes where it stopped. A table whose meta differs (another grid, other data) is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = Path(__file__).resolve().parent / "curves.jsonl"
+DATA = ROOT / "data/demo"
+BASE_CONFIG = "trainer/configs/demo_cpu.yaml"
+
+OPTIMIZERS = ("adamw", "lamb")
+LRS = tuple(round(10 ** (-4 + k / 2), 8) for k in range(7))  # 1e-4, 3.16e-4, ..., 1e-1
+WARMUPS = (0, 40)
+BATCHES = {32: 16, 128: 32}  # global batch -> micro batch
+SEEDS = (0, 1, 2)
+MAX_SAMPLES = 12_288
+EVAL_EVERY = 1_024
+FIXED = {
+    "budget.max_samples": MAX_SAMPLES,
+    "budget.max_time_s": None,
+    "eval.every_samples": EVAL_EVERY,
+    "eval.max_samples": 512,
+    "eval.target_mlm_accuracy": 0.12,
+    "eval.stop_at_target": False,
+    "log.every_steps": 4,
+}
+
+
+def grid() -> list[dict[str, Any]]:
+    """Every point of the grid, each with its seed: the runs of the table, in a fixed order."""
+    points = itertools.product(OPTIMIZERS, LRS, WARMUPS, BATCHES, SEEDS)
+    return [
+        {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for o, lr, w, b, s in points
+    ]
+
+
+def key(run: dict[str, Any]) -> tuple:
+    return (run["optimizer"], run["lr"], run["warmup_steps"], run["global_batch_size"], run["seed"])
+
+
+def data_fingerprint(data: Path = DATA) -> str:
+    """sha256 over the demo data's files (names and bytes): the table describes exactly this data."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in data.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(data)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def meta(fingerprint: str) -> dict[str, Any]:
+    return {
+        "kind": "meta",
+        "format": 1,
+        "base_config": BASE_CONFIG,
+        "fixed": FIXED,
+        "grid": {
+            "optimizer": list(OPTIMIZERS),
+            "lr": list(LRS),
+            "warmup_steps": list(WARMUPS),
+            "global_batch_size": list(BATCHES),
+            "micro_batch_size": {str(b): m for b, m in BATCHES.items()},
+            "seed": list(SEEDS),
+        },
+        "data_sha256": fingerprint,
+    }
+
+
+def overrides(run: dict[str, Any], jsonl: Path) -> list[str]:
+    values = FIXED | {
+        "optimizer.name": run["optimizer"],
+        "optimizer.lr": run["lr"],
+        "schedule.warmup_steps": run["warmup_steps"],
+        "batch.global_batch_size": run["global_batch_size"],
+        "batch.micro_batch_size": BATCHES[run["global_batch_size"]],
+        "seed": run["seed"],
+        "log.jsonl": str(jsonl),
+    }
+    return [f"{k}={'null' if v is None else v}" for k, v in values.items()]
+
+
+def train(run: dict[str, Any], threads: int) -> dict[str, Any]:
+    """One real trainer run; its record for the table (the curve, samples to target, seconds, noise scale)."""
+    with tempfile.TemporaryDirectory(prefix="curve-") as tmp:
+        jsonl = Path(tmp) / "metrics.jsonl"
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        command = [sys.executable, "-m", "trainer", "--config", BASE_CONFIG, *overrides(run, jsonl)]
+        started = time.perf_counter()
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    finals = [r for r in records if r["kind"] == "final"]
+    if proc.returncode not in (0, 3) or not finals:  # 3: diverged, a result like any other
+        raise RuntimeError(f"run {key(run)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    final = finals[0]
+    evals = [r for r in records if r.get("event") == "eval"]
+    progress = [r for r in records if r.get("event") == "progress"]
+    return {
+        "kind": "run",
+        **run,
+        "status": final["status"],
+        "samples": final["samples"],
+        "samples_to_target": final["samples_to_target"],
+        "curve": [[e["samples"], round(e["mlm_accuracy"], 6)] for e in evals],
+        "loss": [[p["samples"], round(p["loss"], 5)] for p in progress],
+        "noise_scale": [[p["samples"], round(p["noise_scale"], 2)] for p in progress if p.get("noise_scale")],
+        "train_time_s": round(final["train_time_s"], 2),
+        "wall_s": round(wall, 2),
+        "threads": threads,
+        "cpu": cpu_model(),
+    }
+
+
+def load(table: Path, expected: dict[str, Any]) -> set[tuple]:
+    """The keys of the runs already in `table` (after checking its meta line against `expected`)."""
+    if not table.exists():
+        table.write_text(json.dumps(expected) + "\n")
+        return set()
+    lines = table.read_text().splitlines()
+    found = json.loads(lines[0]) if lines else {}
+    if found != expected:
+        changed = sorted(k for k in expected.keys() | found.keys() if found.get(k) != expected.get(k))
+        raise SystemExit(
+            f"error: {table} was made for another grid or other data (differs in: {', '.join(changed)}); "
+            "move it away to start a new table"
+        )
+    return {key(json.loads(line)) for line in lines[1:] if line.strip()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.curves.generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2: one per core)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--limit", type=int, default=None, help="stop after this many new runs")
+    args = parser.parse_args(argv)
+    if not (DATA / "meta.json").exists():
+        subprocess.run([sys.executable, "-m", "trainer.data.demo_corpus", "--out", str(DATA)], cwd=ROOT, check=True)
+    done = load(args.table, meta(data_fingerprint()))
+    todo = [run for run in grid() if key(run) not in done][: args.limit]
+    print(f"{len(done)} runs in {args.table}, {len(todo)} to go", file=sys.stderr)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, args.table.open("a") as out:
+        futures = {pool.submit(train, run, args.threads): run for run in todo}
+        for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            record = future.result()
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            elapsed = time.perf_counter() - started
+            print(
+                f"[{n}/{len(todo)}] {record['optimizer']} lr {record['lr']:g} warmup {record['warmup_steps']} "
+                f"batch {record['global_batch_size']} seed {record['seed']}: {record['status']}, "
+                f"to target {record['samples_to_target']}, {record['wall_s']:.0f} s "
+                f"(elapsed {elapsed / 60:.1f} min, about {elapsed / n * (len(todo) - n) / 60:.0f} min left)",
+                file=sys.stderr,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
