@@ -6,7 +6,7 @@ sample budget: `eval.stop_at_target: false`, so the curve goes on past the targe
 records the samples at which it first reached it. The grid (see README.md beside this file):
 
     optimizer  adamw, lamb
-    lr         1e-4 .. 1e-1, 7 points a half-decade apart (log grid)
+    lr         3.16e-4 .. 1e-1, 6 points a half-decade apart (log grid)
     warmup     0 and 40 optimizer steps
     batch      global batch 32 (micro 16: 2 accumulation steps) and 128 (micro 32: 4 steps)
     seed       0, 1, 2 (the trainer's seed: weights, masking and data order)
@@ -44,7 +44,7 @@ DATA = ROOT / "data/demo"
 BASE_CONFIG = "trainer/configs/demo_cpu.yaml"
 
 OPTIMIZERS = ("adamw", "lamb")
-LRS = tuple(round(10 ** (-4 + k / 2), 8) for k in range(7))  # 1e-4, 3.16e-4, ..., 1e-1
+LRS = tuple(round(10 ** (-3.5 + k / 2), 8) for k in range(6))  # 3.16e-4, 1e-3, ..., 1e-1
 WARMUPS = (0, 40)
 BATCHES = {32: 16, 128: 32}  # global batch -> micro batch
 SEEDS = (0, 1, 2)
