@@ -62,10 +62,11 @@ FIXED = {
 
 
 def grid() -> list[dict[str, Any]]:
-    """Every point of the grid, each with its seed: the runs of the table, in a fixed order."""
-    points = itertools.product(OPTIMIZERS, LRS, WARMUPS, BATCHES, SEEDS)
+    """Every point of the grid, each with its seed: the runs of the table, seed by seed (a partly generated
+    table holds whole seeds first)."""
+    points = itertools.product(SEEDS, OPTIMIZERS, BATCHES, WARMUPS, LRS)
     return [
-        {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for o, lr, w, b, s in points
+        {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for s, o, b, w, lr in points
     ]
 
 
