@@ -193,6 +193,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = storage.count_trials_by_state(record.id)
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
     print(experiment_progress(storage, record))
+    simulated = _simulated_line(record, storage)
+    if simulated:
+        print(simulated)
     if state == "live" and record.controller_note:
         print(f"controller on {record.controller_host} (pid {record.controller_pid}): {record.controller_note}")
     if state == "interrupted":
@@ -201,6 +204,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
         print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")
     return 0
+
+
+def _simulated_line(record, storage) -> str | None:
+    """What a simulated experiment cost (simulated GPU-hours and wall-clock); None for a real one."""
+    from hpo.experiment import spec_from_stored
+    from hpo.simulation.cost import simulated_line
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        return None
+    return simulated_line(spec, storage.list_trials(record.id))
 
 
 def _last_seen(record) -> str:

@@ -22,6 +22,7 @@ from hpo.arms import arm_plans
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
 from hpo.progress import ProgressView
+from hpo.simulation.cost import simulated_line
 from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.storage.engine import safe_url
@@ -95,6 +96,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    runner.attach(storage, experiment_id)
     study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
     total = spec.budget.trials + spec.budget.confirm_seeds * len(study.arms)
@@ -155,6 +157,9 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
     run from this directory: with this run's database, and this interpreter when `hpo` is not on PATH)."""
     counts = storage.count_trials_by_state(experiment_id)
     print(f"\nexperiment {spec.name}: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
+    simulated = simulated_line(spec, storage.list_trials(experiment_id))
+    if simulated:
+        print(simulated)
     best = storage.best_per_arm(experiment_id) if spec.compare else {}
     overall = storage.best_trial(experiment_id)
     for arm, trial in sorted(best.items()):

@@ -141,6 +141,8 @@ class ExperimentSummaryPublic(BaseModel):
     trials_budget: int
     created_at: datetime
     ended_at: datetime | None
+    simulated: bool = Field(description="Whether its trials ran on a simulated cluster (runner: simulated: curves "
+                            "read from a recorded table, simulated times), not real training.")  # fmt: skip
 
     @classmethod
     def from_record(cls, record: ExperimentRecord, status: str) -> ExperimentSummaryPublic:
@@ -156,6 +158,7 @@ class ExperimentSummaryPublic(BaseModel):
             trials_budget=spec.get("budget", {}).get("trials", 0),
             created_at=record.created_at,
             ended_at=record.ended_at,
+            simulated=(spec.get("runner") or {}).get("name") == "simulated",
         )
 
 

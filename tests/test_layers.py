@@ -27,7 +27,7 @@ EXEMPT = {"hpo.cli": ("server",)}
 # and the layers before it. A module is in the layer of its longest matching prefix.
 HPO_LAYERS = (
     ("hpo.errors", "hpo.trials", "hpo.objective"),
-    ("hpo.storage", "hpo.liveness", "hpo.resources", "hpo.launch", "hpo.trial_exit"),
+    ("hpo.storage", "hpo.liveness", "hpo.resources", "hpo.launch", "hpo.trial_exit", "hpo.simulation"),
     ("hpo.experiment.schema",),
     ("hpo.arms",),
     ("hpo.nni.config",),

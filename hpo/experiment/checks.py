@@ -16,6 +16,7 @@ from hpo.arms import arm_dimensions, arms, unequal_dimensions
 from hpo.errors import ExperimentFileError
 from hpo.experiment.schema import NATURAL_DIRECTION
 from hpo.nni.config import check_nni_spec
+from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from search_spaces.space import CategoricalParam, FloatParam, trainer_key
 from trainer.config import ConfigError, TrainerConfig, config_from_dict, set_dotted
 
@@ -149,10 +150,31 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
         raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
     if spec.runner.name == "local" and spec.runner.scheduler:
         raise ExperimentFileError(f"{source}: runner.scheduler: only the dask runner uses a scheduler")
+    _check_simulation(spec, source)
     if spec.engine == "local" and spec.resources.machines:
         raise ExperimentFileError(
             f"{source}: resources.machines: other machines run engine: nni trials (NNI's remote training service); "
             "under engine: local, run them on a Dask cluster (runner: {name: dask, scheduler: ...})"
+        )
+
+
+def _check_simulation(spec: ExperimentSpec, source: str) -> None:
+    """A simulated experiment tunes only what the curve table varies (nothing else would change its trials)."""
+    simulated = spec.runner.name == "simulated"
+    if simulated != (spec.runner.simulation is not None):
+        raise ExperimentFileError(f"{source}: runner.simulation: " + (
+            "runner: simulated needs its table: runner.simulation.table" if simulated
+            else f"only runner: simulated reads a curve table (runner.name is {spec.runner.name})"))  # fmt: skip
+    if not simulated:
+        return
+    if spec.engine != "local":
+        raise ExperimentFileError(f"{source}: engine: runner: simulated runs under engine: local")
+    ignored = [name for name in spec.space.names if trainer_key(name) not in TABLE_DIMENSIONS]
+    if ignored:
+        raise ExperimentFileError(
+            f"{source}: space.{ignored[0]}: the curve table does not vary {trainer_key(ignored[0])}, so a "
+            f"simulated trial could not depend on it; tune only {', '.join(TABLE_DIMENSIONS)} (fix the rest in "
+            "overrides)"
         )
 
 

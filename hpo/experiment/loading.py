@@ -41,17 +41,28 @@ def experiment_from_dict(
     reads a stored experiment as it ran, without the equal-arms rule of newer versions."""
     if not isinstance(data, Mapping):
         raise ExperimentFileError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
-    try:
-        spec = ExperimentSpec.model_validate(dict(data))
-    except ValidationError as e:
-        raise ExperimentFileError(_format_validation_error(e, source)) from None
     if base_dir is None:
         base_dir = Path(source).parent if Path(source).is_file() else Path.cwd()
+    try:
+        spec = ExperimentSpec.model_validate(_absolute_table(dict(data), Path(base_dir)))
+    except ValidationError as e:
+        raise ExperimentFileError(_format_validation_error(e, source)) from None
     base = _load_base(spec.base_config, Path(base_dir), source)
     resolved = _apply_overrides(base, spec.overrides, source)
     check_spec(spec, resolved, source, check_arms)
     spec._source, spec._base = source, resolved
     return spec
+
+
+def _absolute_table(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """`runner.simulation.table` made absolute against the experiment file's directory (it is stored so)."""
+    runner = data.get("runner")
+    simulation = runner.get("simulation") if isinstance(runner, Mapping) else None
+    table = simulation.get("table") if isinstance(simulation, Mapping) else None
+    if not isinstance(table, str) or Path(table).expanduser().is_absolute():
+        return data
+    absolute = str((base_dir / Path(table)).resolve())
+    return {**data, "runner": {**runner, "simulation": {**simulation, "table": absolute}}}
 
 
 def _yaml_where(e: yaml.YAMLError) -> str:

@@ -90,13 +90,40 @@ class Resources(_Section):
         return value
 
 
+# Samples per second of one GPU training BERT-large (MLPerf's phase-2 set-up, mixed precision), from public MLPerf
+# Training BERT results: a DGX A100 (8 GPUs) reaches the target in about 18 minutes, a DGX H100 in about 5.5, over
+# about 3 M samples. A conversion for simulated experiments, not a measurement of ours.
+GPU_SAMPLES_PER_S = {"a100": 350.0, "h100": 1100.0}
+
+
+class Simulation(_Section):
+    """runner: simulated: trials read their learning curves from a recorded table instead of training."""
+
+    table: str = Field(description="The learning-curve table (JSON lines, e.g. bench/curves/curves.jsonl; a "
+                       "relative path is read from the experiment file's directory).")  # fmt: skip
+    gpu: Literal["a100", "h100"] = Field("a100", description="The GPU whose throughput sets simulated durations.")
+    samples_per_s: float | None = Field(None, gt=0, description="Samples per second of one GPU (default: the "
+                                        "gpu's, from public MLPerf BERT-large figures).")  # fmt: skip
+    sample_scale: float = Field(256.0, gt=0, description="BERT-large samples one table sample stands for (256: "
+                                "the table's 12,288-sample budget is about MLPerf BERT's 3.1 M samples).")  # fmt: skip
+
+    @property
+    def gpu_samples_per_s(self) -> float:
+        return self.samples_per_s or GPU_SAMPLES_PER_S[self.gpu]
+
+
 class Runner(_Section):
-    name: Literal["local", "dask"] = Field("local", description="local: slots on this machine; dask: a cluster.")
+    name: Literal["local", "dask", "simulated"] = Field(
+        "local", description="local: slots on this machine; dask: a cluster; simulated: a simulated cluster of "
+        "budget.max_parallel slots whose trials read a learning-curve table (runner.simulation).",
+    )  # fmt: skip
     scheduler: str | None = Field(None, description="Dask scheduler address, e.g. tcp://host:8786 (dask only).")
     preload: bool = Field(
         True, description="Fork each single-process trial from a launcher that has already imported the trial side "
         "(the storage, SQLAlchemy): about 0.2 s less CPU per trial. false: every trial starts a new interpreter.",
     )  # fmt: skip
+    simulation: Simulation | None = Field(None, description="runner: simulated only: the table and the duration "
+                                          "model.")  # fmt: skip
 
     @field_validator("scheduler")
     @classmethod

@@ -40,6 +40,7 @@ from hpo.arms import arm_label, arms
 from hpo.experiment import spec_from_stored
 from hpo.liveness import liveness
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
+from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
 from hpo.verdict import ArmSummary, Verdict, arm_runs, decide
@@ -148,6 +149,7 @@ class ExperimentData:
     arms: tuple[ArmData, ...]
     verdict: Verdict | None  # None without compare arms
     curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
+    simulated: str | None = None  # a simulated experiment's cost line (hpo.simulation.cost); None for a real one
 
     @property
     def to_target(self) -> bool:
@@ -198,6 +200,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         dimensions=_dimensions(spec),
         arms=tuple(arm_data),
         verdict=verdict if spec.compare else None,
+        simulated=simulated_line(spec, records),
     )
     _load_curves(storage, record, data)
     return data

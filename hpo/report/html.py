@@ -132,7 +132,10 @@ def _header(data: ExperimentData, index: str | None) -> str:
     back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
     finished = sum(1 for t in data.trials if t.outcome != "unfinished")
     arms = ", ".join(a.label for a in data.arms)
-    return (f"{back}<h1>{escape(data.name)}</h1><p class=sub>{escape(data.description)}</p>"
+    simulated = (f"<p class=warn data-field=simulated><b>Simulated experiment</b>: its trials read learning curves "
+                 f"from a recorded table instead of training; times are simulated. {escape(data.simulated)}.</p>"
+                 if data.simulated else "")  # fmt: skip
+    return (f"{back}<h1>{escape(data.name)}</h1>{simulated}<p class=sub>{escape(data.description)}</p>"
             f"<p>Objective: <b>{escape(data.metric)}</b> ({escape(data.direction)}), target masked-LM accuracy "
             f"{data.target_mlm_accuracy:g}, at most {data.max_samples:,} training samples per trial. Tuner "
             f"{escape(data.tuner)}; {data.trials_budget} tuning trials over {len(data.arms)} arm(s) ({escape(arms)})"

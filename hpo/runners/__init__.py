@@ -1,4 +1,4 @@
-"""Runners: where trial attempts run (`local` slots of this machine, or a `dask` cluster)."""
+"""Runners: where trial attempts run (`local` slots of this machine, a `dask` cluster, or a `simulated` one)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
         if not address:
             raise HpoError("the dask runner needs a scheduler address: --scheduler tcp://HOST:8786 or runner.scheduler")
         return DaskRunner(address, spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
+    if name == "simulated":
+        from hpo.runners.simulated import SimulatedRunner  # reads the curve table: only when used
+
+        return SimulatedRunner(spec, spec.budget.max_parallel)
     # Not at the top: the package must not import the launcher module, which runs as `python -m hpo.runners.preload`
     # (runpy would find it imported already and run a second copy as __main__).
     from hpo.runners.local import LocalRunner

@@ -70,6 +70,10 @@ class Runner(abc.ABC):
     def describe(self) -> str:
         """One line: where trials run (for the start of `hpo run`)."""
 
+    def attach(self, storage, experiment_id: int) -> None:  # noqa: B027 - optional
+        """Called once before the study loop starts (or resumes) an experiment: a runner that records trials
+        itself (the simulated one) takes the storage here."""
+
     @abc.abstractmethod
     def free_slots(self) -> int:
         """How many more attempts can start now."""

@@ -7,7 +7,7 @@ the database behind the storage's back and never see a detached-instance error.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -317,6 +317,12 @@ class Storage(abc.ABC):
         """The best trial of every arm that has one, keyed by arm."""
 
     # -- lifecycle -----------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def use_trial_clock(self, clock: Callable[[], datetime]) -> None:
+        """Stamp trial events (created, started, finished, metrics) with `clock()` (timezone-aware UTC) instead of
+        the wall clock: a simulated experiment's trials carry simulated times. Experiment and controller times
+        (heartbeats) stay on the wall clock."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, backends without resources need not override it
         """Release connections; the storage must not be used afterwards."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -62,6 +62,7 @@ class SqlStorage(Storage):
 
     def __init__(self, url: str | None = None, *, upgrade: bool = False) -> None:
         self.url = url or default_database_url()
+        self._trial_clock: Callable[[], datetime] = _now
         if upgrade:
             upgrade_database(self.url)
         self._engine = create_storage_engine(self.url)
@@ -85,6 +86,9 @@ class SqlStorage(Storage):
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def use_trial_clock(self, clock: Callable[[], datetime]) -> None:
+        self._trial_clock = clock
 
     # -- the session helper --------------------------------------------------------------------------------
 
@@ -269,7 +273,7 @@ class SqlStorage(Storage):
                 attempt=0,
                 kind=TrialKind(spec.kind).value,
                 seed=spec.seed,
-                created_at=_now(),
+                created_at=self._trial_clock(),
             )
             session.add(trial)
             try:
@@ -301,7 +305,7 @@ class SqlStorage(Storage):
     ) -> None:
         values: dict[str, Any] = {
             "state": TrialState.RUNNING.value,
-            "started_at": _now(),
+            "started_at": self._trial_clock(),
             "pid": pid,
             "host": host,
             "worker": worker,
@@ -326,14 +330,14 @@ class SqlStorage(Storage):
             "best_mlm_accuracy": _no_nan(result.best_mlm_accuracy),
             "duration_s": _no_nan(result.duration_s),
             "metrics": dict(result.metrics),
-            "finished_at": _now(),
+            "finished_at": self._trial_clock(),
         }
         with self._session(write=True) as session:
             if not _update_trial(session, trial_id, _UNFINISHED, values, attempt):
                 raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
 
     def interrupt_trial(self, trial_id: int, reason: str, *, attempt: int | None = None) -> None:
-        values = {"state": TrialState.INTERRUPTED.value, "reason": reason, "finished_at": _now()}
+        values = {"state": TrialState.INTERRUPTED.value, "reason": reason, "finished_at": self._trial_clock()}
         from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value]
         with self._session(write=True) as session:
             if not _update_trial(session, trial_id, from_states, values, attempt):
@@ -462,7 +466,8 @@ class SqlStorage(Storage):
                     f"trial {trial_id} is {row.state}: its record is closed and takes no more metrics "
                     "(the process writing them outlived its attempt)"
                 )
-            rows = _metric_rows(trial_id, points)  # stamped under the lock: never after a finish that follows
+            # stamped under the lock: never after a finish that follows
+            rows = _metric_rows(trial_id, points, self._trial_clock())
             if rows:
                 session.execute(insert(TrialMetricModel), rows)
         return len(rows)
@@ -699,9 +704,8 @@ def _metric_record(row: TrialMetricModel) -> MetricRecord:
     return MetricRecord(row.trial_id, row.step, row.samples, row.name, value, _utc(row.created_at))
 
 
-def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple]) -> list[dict[str, Any]]:
-    """Long-format rows, one per named value of every point."""
-    now = _now()
+def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple], now: datetime) -> list[dict[str, Any]]:
+    """Long-format rows, one per named value of every point, stamped `now`."""
     rows = []
     for step, samples, values in points:
         for name, value in values.items():

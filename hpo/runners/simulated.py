@@ -1,0 +1,274 @@
+"""The simulated runner: a cluster of `budget.max_parallel` slots whose trials read their curves from a table.
+
+No process runs. A submitted attempt is claimed (host `simulated`, worker `sim-slot-K`), its trainer config is
+built exactly as the trial entry builds it (`hpo.trial_entry.trial_trainer_config`), and the surrogate
+(`hpo.simulation.surrogate`) gives the curve of that configuration and training seed. The attempt's evaluations
+are those the trainer would make (every `eval.every_samples`, stopping at the target unless
+`eval.stop_at_target` is off, or where the run diverges); its records (each evaluation's accuracy, the loss and
+noise scale, then the final result through `hpo.objective.trial_result`) are written to the database as the
+trial would write them, stamped at simulated times.
+
+Time: a slot trains `simulation.gpu_samples_per_s x resources.gpus_per_trial` BERT-large samples per second, and
+one table sample stands for `simulation.sample_scale` BERT-large samples, so an attempt that trains n new table
+samples takes n x scale / throughput simulated seconds. Under smac_hyperband a configuration continues from
+its checkpoint (the real trials do too): a higher budget trains, and is charged, only the samples beyond what
+the same configuration and seed already trained. `poll` moves the simulated clock to the next end of an
+attempt, so an experiment of thousands of trials runs in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import signal
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hpo.arms import arm_plans, params_key
+from hpo.errors import HpoError
+from hpo.objective import trial_result
+from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.simulation.clock import SimulatedClock
+from hpo.simulation.surrogate import Config, Curve, Surrogate
+from hpo.simulation.table import DIMENSIONS, load_table
+from hpo.storage.base import MetricPoint, Storage
+from hpo.trial_entry import trial_trainer_config
+from hpo.trials import TrialResult, TrialState
+from search_spaces.space import trainer_key
+from trainer.config import config_from_dict
+from trainer.result import TrainResult, TrainStatus
+
+HOST = "simulated"  # the host recorded on every simulated attempt
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """An attempt in flight: what it will record when the clock reaches its end."""
+
+    trial_id: int
+    attempt: int
+    slot: int
+    started: datetime  # simulated
+    duration_s: float
+    points: tuple[tuple[float, MetricPoint], ...]  # (seconds after start, point) to record
+    result: TrialResult
+    returncode: int
+
+
+class SimulatedRunner(Runner):
+    def __init__(self, spec, slots: int):
+        """Reads and checks the table now: a table that cannot serve the experiment's space raises HpoError
+        before anything is written."""
+        simulation = spec.runner.simulation
+        self.spec = spec
+        self.table = load_table(simulation.table)
+        self.surrogate = Surrogate(self.table)
+        self.clock = SimulatedClock()
+        self.slots = slots
+        self.slot_samples_per_s = simulation.gpu_samples_per_s * spec.resources.gpus_per_trial
+        self.sample_scale = simulation.sample_scale
+        self.continues = spec.tuner.name == "smac_hyperband"  # as the trial entry: checkpoints under Hyperband
+        self.storage: Storage | None = None
+        self.trained: dict[tuple[str, int], int] = {}  # (configuration, seed) -> samples its checkpoint holds
+        self.free = list(range(slots))
+        self.running: list[tuple[Any, int, _Attempt]] = []  # a heap by end time
+        self._order = itertools.count()
+        check_table_covers(spec, self.table)
+
+    def describe(self) -> str:
+        sim = self.spec.runner.simulation
+        return (f"simulated runner, {self.slots} slot(s) of {self.spec.resources.gpus_per_trial} {sim.gpu.upper()} "
+                f"GPU(s) ({self.slot_samples_per_s:,.0f} samples/s a slot, 1 table sample = {sim.sample_scale:g} "
+                f"samples), curves from {self.table.path}")  # fmt: skip
+
+    def attach(self, storage: Storage, experiment_id: int) -> None:
+        """Stamp the experiment's trial records with the simulated clock, starting after its last recorded event
+        (a resumed experiment goes on from where it stopped); rebuild which samples each checkpoint holds."""
+        self.storage = storage
+        records = storage.list_trials(experiment_id)
+        moments = [m for r in records for m in (r.created_at, r.started_at, r.finished_at) if m is not None]
+        self.clock.start_after(max(moments, default=None))
+        storage.use_trial_clock(self.clock.now)
+        for record in records:
+            samples = (record.metrics or {}).get("samples")
+            if self.continues and record.state in (TrialState.COMPLETED, TrialState.DIVERGED) and samples:
+                key = (params_key(record.params), trial_trainer_config(self.spec, record, Path("."), None).seed)
+                self.trained[key] = max(self.trained.get(key, 0), int(samples))
+
+    def free_slots(self) -> int:
+        return len(self.free)
+
+    def why_waiting(self) -> str:
+        return "" if self.free else f"all {self.slots} simulated slot(s) busy"
+
+    def wait(self, timeout_s: float) -> None:
+        """Nothing to wait for: `poll` moves the clock to the next end."""
+
+    def submit(self, launch: TrialLaunch) -> None:
+        if self.storage is None:
+            raise RuntimeError("attach() the simulated runner to the experiment's storage before submitting")
+        if not self.free:
+            raise RuntimeError("submit() without a free slot")
+        slot = self.free.pop(0)
+        storage = self.storage
+        storage.mark_trial_running(launch.trial_id, pid=None, host=HOST, worker=f"sim-slot-{slot}",
+                                   attempt=launch.attempt)  # fmt: skip
+        attempt = self._simulate(launch, slot, storage.get_trial(launch.trial_id))
+        heapq.heappush(self.running, (self.clock.after(attempt.duration_s), next(self._order), attempt))
+
+    def poll(self) -> list[TrialExit]:
+        """The attempts that end next (moving the simulated clock to their end), recorded."""
+        if not self.running:
+            return []
+        end = self.running[0][0]
+        self.clock.advance_to(end)
+        ended = []
+        while self.running and self.running[0][0] == end:
+            ended.append(heapq.heappop(self.running)[2])
+        return [self._record(attempt) for attempt in ended]
+
+    def cancel_all(self) -> list[TrialExit]:
+        """The attempts in flight end now, without a result (the study records them as interrupted)."""
+        now = self.clock.now()
+        exits = [TrialExit(a.trial_id, a.attempt, -signal.SIGTERM, worker=f"sim-slot-{a.slot}",
+                           duration_s=(now - a.started).total_seconds()) for _, _, a in self.running]  # fmt: skip
+        self.free.extend(a.slot for _, _, a in self.running)
+        self.running.clear()
+        return exits
+
+    # -- one attempt -------------------------------------------------------------------------------------
+
+    def _simulate(self, launch: TrialLaunch, slot: int, record) -> _Attempt:
+        """What the attempt trains, records and costs."""
+        started = self.clock.now()
+        try:  # as the trial entry builds it (no checkpoint is written: `trained` keeps what one would hold)
+            cfg = trial_trainer_config(self.spec, record, launch.workdir, None)
+            seed = cfg.seed
+            curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
+                                                cfg.batch.global_batch_size, seed))  # fmt: skip
+        except (HpoError, ValueError) as e:  # a configuration the table cannot serve: a failed trial, as the real
+            failed = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
+            return _Attempt(launch.trial_id, launch.attempt, slot, started, 0.0, (), failed, 2)
+        key = (params_key(record.params), seed)
+        already = self.trained.get(key, 0) if self.continues else 0
+        train = _trained(curve, cfg, already)
+        if self.continues:
+            self.trained[key] = max(already, train.samples)
+        seconds = self._seconds(train.samples - already)
+        points = tuple((self._seconds(s - already), p) for s, p in _points(curve, train.evals, already, train.samples))
+        result = trial_result(self.spec, self._result(curve, cfg, train, already), cfg, seconds)
+        code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
+        return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
+
+    def _result(self, curve: Curve, cfg, train: _Trained, already: int) -> TrainResult:
+        target = cfg.eval.target_mlm_accuracy
+        hit = next((s for s, a in train.evals if a >= target), None)
+        accuracies = [a for _, a in train.evals]
+        status = (TrainStatus.DIVERGED if train.diverged else
+                  TrainStatus.REACHED_TARGET if hit is not None else TrainStatus.BUDGET_EXHAUSTED)  # fmt: skip
+        samples_per_s = self.slot_samples_per_s / self.sample_scale  # in table samples
+        return TrainResult(
+            status, "loss became NaN or inf" if train.diverged else None, train.samples,
+            train.samples // cfg.batch.global_batch_size, hit,
+            None if hit is None else self._seconds(hit), max(accuracies, default=None),
+            accuracies[-1] if accuracies else None, self._seconds(train.samples), samples_per_s, 0.0,
+            self.spec.resources.gpus_per_trial, cfg.batch.global_batch_size, target,
+        )  # fmt: skip
+
+    def _record(self, attempt: _Attempt) -> TrialExit:
+        storage = self.storage
+        with contextlib.suppress(HpoError):  # its record was closed under it (a stop): it records nothing more
+            for offset, point in attempt.points:
+                with self.clock.at(attempt.started + timedelta(seconds=offset)):
+                    storage.add_metrics(attempt.trial_id, [point], attempt=attempt.attempt)
+            storage.finish_trial(attempt.trial_id, attempt.result, attempt=attempt.attempt)
+        self.free.append(attempt.slot)
+        self.free.sort()
+        return TrialExit(attempt.trial_id, attempt.attempt, attempt.returncode, worker=f"sim-slot-{attempt.slot}",
+                         duration_s=attempt.duration_s)  # fmt: skip
+
+    def _seconds(self, samples: float) -> float:
+        return max(samples, 0) * self.sample_scale / self.slot_samples_per_s
+
+
+@dataclass(frozen=True)
+class _Trained:
+    evals: tuple[tuple[int, float], ...]  # every evaluation of the run so far (earlier budgets included)
+    samples: int  # where this attempt stops
+    diverged: bool
+
+
+def _trained(curve: Curve, cfg, already: int) -> _Trained:
+    """Where a run of `cfg` on `curve` stops: at the first evaluation at or above the target (when it stops at
+    the target), where it diverges, or at its budget."""
+    budget = cfg.budget.max_samples
+    evals = curve.evaluations(cfg.eval.every_samples, budget)
+    if cfg.eval.stop_at_target:
+        hit = next((i for i, (s, a) in enumerate(evals) if a >= cfg.eval.target_mlm_accuracy), None)
+        if hit is not None:
+            return _Trained(evals[: hit + 1], max(evals[hit][0], already), False)
+    if curve.diverged and curve.end <= budget:
+        return _Trained(evals, curve.end, True)
+    return _Trained(evals, min(budget, curve.end), False)
+
+
+def _points(curve: Curve, evals, already: int, until: int):
+    """(samples, MetricPoint) the attempt records, in order: progress (loss, noise scale) and evaluations after
+    `already` (the checkpoint it continued from) up to `until`."""
+    points: list[tuple[int, int, MetricPoint]] = []
+    for samples, loss in curve.loss:
+        if already < samples <= until:
+            points.append((samples, 0, MetricPoint(0, samples, {"loss": loss})))
+    for samples, scale in curve.noise_scale:
+        if already < samples <= until:
+            points.append((samples, 1, MetricPoint(0, samples, {"noise_scale": scale})))
+    for samples, accuracy in evals:
+        if already < samples <= until:
+            points.append((samples, 2, MetricPoint(0, samples, {"mlm_accuracy": accuracy})))
+    return [(s, p) for s, _, p in sorted(points, key=lambda x: (x[0], x[1]))]
+
+
+def check_table_covers(spec, table) -> None:
+    """Every trial the experiment can propose is in the table's ranges: the learning rates tuned or fixed, the
+    discrete dimensions' values, and the sample budget. Raises HpoError naming the field."""
+    cfg = config_from_dict(spec.resolved_base())
+    fixed = {key: _attribute(cfg, key) for key in DIMENSIONS}
+    for plan in arm_plans(spec):
+        values = dict(fixed) | {trainer_key(k): v for k, v in plan.fixed.items()}
+        for name in plan.space.names:
+            param, key = plan.space[name], trainer_key(name)
+            grid = table.values(key)
+            if hasattr(param, "choices"):
+                outside = [c for c in param.choices if c not in grid]
+            elif key == "optimizer.lr":
+                outside = [
+                    v for v in (param.low, param.high) if not min(grid) * (1 - 1e-9) <= v <= max(grid) * (1 + 1e-9)
+                ]
+            else:
+                outside = [v for v in range(int(param.low), int(param.high) + 1) if v not in grid]
+            if outside:
+                raise HpoError(f"{spec.source}: space.{name}: {outside[0]} is outside the curve table "
+                               f"({table.path}): {key} in {grid}")  # fmt: skip
+            values.pop(key, None)
+        for key, value in values.items():
+            grid = table.values(key)
+            if not (_within(float(value), grid) if key == "optimizer.lr" else value in grid):
+                raise HpoError(f"{spec.source}: {key} = {value} (base config + overrides) is outside the curve "
+                               f"table ({table.path}): {key} in {grid}")  # fmt: skip
+    if cfg.budget.max_samples > table.max_samples:
+        raise HpoError(f"{spec.source}: budget.max_samples {cfg.budget.max_samples} is beyond the curve table's "
+                       f"{table.max_samples} samples ({table.path})")  # fmt: skip
+
+
+def _within(value: float, grid: list[float]) -> bool:
+    return min(grid) * (1 - 1e-9) <= value <= max(grid) * (1 + 1e-9)
+
+
+def _attribute(cfg, key: str) -> Any:
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
