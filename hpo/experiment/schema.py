@@ -96,6 +96,13 @@ class Resources(_Section):
 GPU_SAMPLES_PER_S = {"a100": 350.0, "h100": 1100.0}
 
 
+class Handicap(_Section):
+    """runner.simulation.handicaps.<optimizer>: its trials read `curves_of`'s curves, `delay_samples` later."""
+
+    curves_of: str = Field(description="The optimizer in the table whose curves these trials read.")
+    delay_samples: int = Field(0, ge=0, description="Samples the curves are delayed by (0: a true tie).")
+
+
 class Simulation(_Section):
     """runner: simulated: trials read their learning curves from a recorded table instead of training."""
 
@@ -106,6 +113,10 @@ class Simulation(_Section):
                                         "gpu's, from public MLPerf BERT-large figures).")  # fmt: skip
     sample_scale: float = Field(256.0, gt=0, description="BERT-large samples one table sample stands for (256: "
                                 "the table's 12,288-sample budget is about MLPerf BERT's 3.1 M samples).")  # fmt: skip
+
+    handicaps: dict[str, Handicap] = Field(default_factory=dict, description="Calibration benchmarks only: an "
+                                           "optimizer whose trials read another optimizer's curves, delayed, so "
+                                           "the true difference between the arms is known.")  # fmt: skip
 
     @property
     def gpu_samples_per_s(self) -> float:

@@ -65,7 +65,8 @@ class SimulatedRunner(Runner):
         simulation = spec.runner.simulation
         self.spec = spec
         self.table = load_table(simulation.table)
-        self.surrogate = Surrogate(self.table)
+        handicaps = {name: (h.curves_of, h.delay_samples) for name, h in simulation.handicaps.items()}
+        self.surrogate = Surrogate(self.table, handicaps)
         self.clock = SimulatedClock()
         self.slots = slots
         self.slot_samples_per_s = simulation.gpu_samples_per_s * spec.resources.gpus_per_trial

@@ -75,17 +75,23 @@ class Curve:
 
 
 class Surrogate:
-    """Curves for configurations of one table."""
+    """Curves for configurations of one table. `handicaps` (for calibration benchmarks): optimizer -> (the
+    optimizer whose curves it reads, samples they are delayed by), so the truth of a comparison is known."""
 
-    def __init__(self, table: CurveTable):
+    def __init__(self, table: CurveTable, handicaps: dict[str, tuple[str, int]] | None = None):
         self.table = table
         self.seeds = table.seeds()
+        self.handicaps = dict(handicaps or {})
 
     def recorded_seed(self, seed: int) -> int:
         return self.seeds[seed % len(self.seeds)]
 
     def curve(self, config: Config) -> Curve:
         """The curve of `config` trained with its seed (see the module docstring)."""
+        if config.optimizer in self.handicaps:
+            source, delay = self.handicaps[config.optimizer]
+            original = Config(source, config.lr, config.warmup_steps, config.global_batch_size, config.seed)
+            return _delayed(Surrogate(self.table).curve(original), delay, self.table.max_samples, self.table.eval_every)
         line = self.table.line(config.optimizer, config.warmup_steps, config.global_batch_size)
         lrs = sorted(line)
         low, high = lrs[0], lrs[-1]
@@ -127,6 +133,24 @@ def _blend(left: Run, right: Run, w: float) -> Curve:
     if near.diverged:
         evals = tuple((s, v) for s, v in evals if s < near.samples)
     return Curve(evals, near.loss, near.noise_scale, end, near.diverged)
+
+
+def _delayed(curve: Curve, delay: int, budget: int, every: int) -> Curve:
+    """`curve` as if training started `delay` samples late: the accuracy at s is the original's at s - delay (its
+    first evaluation before that), up to the table's budget; samples to target grow by exactly `delay` when it
+    is a multiple of the evaluation interval."""
+    if delay == 0:
+        return curve
+    first = curve.evals[0][1] if curve.evals else 0.0
+    diverges = curve.diverged and curve.end + delay <= budget
+    points = [s for s in range(every, budget + 1, every) if not (diverges and s >= curve.end + delay)]
+    evals = tuple((s, first if s <= delay else curve.accuracy_at(s - delay)) for s in points)
+
+    def shift(series: Series) -> Series:
+        return tuple((s + delay, v) for s, v in series if s + delay <= budget)
+
+    end = curve.end + delay if diverges else budget
+    return Curve(evals, shift(curve.loss), shift(curve.noise_scale), end, diverges)
 
 
 def _held(values: dict[int, float], curve: Series, samples: int) -> float:

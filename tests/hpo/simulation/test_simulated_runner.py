@@ -140,3 +140,83 @@ def test_the_database_answers_status_best_report_and_the_api(simulated, capsys):
             assert client.get("/experiments/sim-exp/best", params={"arm": "optimizer.name=lamb"}).status_code == 200
     finally:
         stop_server(server)
+
+
+def test_hyperband_continues_a_configuration_and_charges_only_new_samples(tmp_path):
+    path = experiment_file(tmp_path, "sim-hb", tuner="smac_hyperband", trials=24, slots=8,
+                           min_budget=1 / 8, max_budget=1.0, eta=2)  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    with SqlStorage(url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("sim-hb").id)
+        by_config: dict = {}
+        for t in sorted((t for t in trials if t.kind is TrialKind.TUNING), key=lambda t: t.finished_at):
+            by_config.setdefault(tuple(sorted(t.params.items())), []).append(t)
+        continued = 0
+        for runs in by_config.values():
+            trained = 0  # what this configuration's checkpoint holds
+            for t in runs:
+                samples = t.metrics["samples"]
+                evals = [m.samples for m in storage.get_metrics(t.id, "mlm_accuracy")]
+                assert all(trained < s <= samples for s in evals)  # only the new part is recorded
+                assert t.duration_s == pytest.approx(max(samples - trained, 0) * SCALE / (GPU_RATE * GPUS))
+                continued += trained > 0
+                trained = max(trained, samples)
+    assert continued >= 3  # promotions happened and continued from their checkpoints
+
+
+def test_a_stopped_simulated_experiment_resumes_where_it_stopped(tmp_path):
+    """Stopped halfway (the study's stop, as SIGTERM asks it), then `hpo resume`: the trials created before the stop
+    are those an uninterrupted run creates, nothing finished runs again, the interrupted trials run again as a new
+    attempt, the total stays the budget, and the simulated clock goes on from where it stopped."""
+    from hpo import local_engine
+
+    def run(directory, stop_after: int | None):
+        directory.mkdir()
+        path = experiment_file(directory, "sim-resume", trials=40, slots=4)
+        url = f"sqlite:///{directory / 'hpo.db'}"
+        original = local_engine.Study.run
+
+        def run_then_stop(study):
+            handle = study._handle
+
+            def counting(exits):
+                handle(exits)
+                done = [t for t in study.storage.list_trials(study.experiment_id) if t.state.finished]
+                if len(done) >= stop_after:
+                    study.stop_reason = study.stop_reason or "the controller was terminated (SIGTERM)"
+
+            study._handle = counting
+            return original(study)
+
+        if stop_after:
+            local_engine.Study.run = run_then_stop
+        try:
+            code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")])
+        finally:
+            local_engine.Study.run = original
+        return url, code
+
+    whole, code = run(tmp_path / "whole", None)
+    assert code == 0
+    parted, code = run(tmp_path / "parted", 15)
+    assert code == 1
+    with SqlStorage(parted) as storage:
+        before = {t.number: t for t in storage.list_trials(storage.get_experiment_by_name("sim-resume").id)}
+    interrupted = [n for n, t in before.items() if t.state is TrialState.INTERRUPTED]
+    assert interrupted and len(before) < 44
+    assert hpo_main(["--db", parted, "resume", "sim-resume", "--quiet"]) == 0
+    with SqlStorage(parted) as storage:
+        after = {t.number: t for t in storage.list_trials(storage.get_experiment_by_name("sim-resume").id)}
+    with SqlStorage(whole) as storage:
+        reference = {t.number: t for t in storage.list_trials(storage.get_experiment_by_name("sim-resume").id)}
+    assert len(after) == len(reference) == 44 and all(t.state.finished for t in after.values())
+    assert {n: after[n].params for n in before} == {n: reference[n].params for n in before}
+    for n, t in before.items():
+        if t.state.finished and t.state is not TrialState.INTERRUPTED:
+            assert (after[n].attempt, after[n].finished_at, after[n].objective) == (t.attempt, t.finished_at,
+                                                                                    t.objective)  # fmt: skip
+    stopped_at = max(t.finished_at for t in before.values() if t.finished_at)
+    for n in interrupted:
+        assert after[n].attempt == 1 and after[n].state is not TrialState.INTERRUPTED
+        assert after[n].started_at >= stopped_at

@@ -84,3 +84,22 @@ def test_a_bad_table_line_is_named(tmp_path):
         load_table(path)
     with pytest.raises(HpoError, match=r"cannot read the curve table .*missing.jsonl.*bench.curves.generate"):
         load_table(tmp_path / "missing.jsonl")
+
+
+def test_a_handicapped_optimizer_reads_another_ones_curves_delayed(tmp_path):
+    table = load_table(write_table(tmp_path / "curves.jsonl"))
+    plain = Surrogate(table)
+    handicapped = Surrogate(table, {"lamb": ("adamw", 2 * EVERY)})
+    for lr in (1e-3, 10**-2.5):
+        original = plain.curve(Config("adamw", lr, 0, 32, seed=1))
+        delayed = handicapped.curve(Config("lamb", lr, 0, 32, seed=1))
+        assert [s for s, _ in delayed.evals] == list(range(EVERY, MAX_SAMPLES + 1, EVERY))
+        assert [a for _, a in delayed.evals[:2]] == [original.evals[0][1]] * 2  # nothing learned while delayed
+        assert [a for _, a in delayed.evals[2:]] == [a for _, a in original.evals[: len(original.evals) - 2]]
+        target = original.evals[3][1]  # reached at 4,096 samples by the original: 6,144 by the delayed one
+        first = next(s for s, a in delayed.evals if a >= target)
+        assert first == next(s for s, a in original.evals if a >= target) + 2 * EVERY
+    tie = Surrogate(table, {"lamb": ("adamw", 0)})
+    assert tie.curve(Config("lamb", 1e-3, 40, 128, 2)) == plain.curve(Config("adamw", 1e-3, 40, 128, 2))
+    diverging = handicapped.curve(Config("lamb", 1e-1, 0, 32, seed=0))
+    assert diverging.diverged and diverging.end == 3072 + 2 * EVERY
