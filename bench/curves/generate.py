@@ -62,11 +62,11 @@ FIXED = {
 
 
 def grid() -> list[dict[str, Any]]:
-    """Every point of the grid, each with its seed: the runs of the table, seed by seed (a partly generated
-    table holds whole seeds first)."""
-    points = itertools.product(SEEDS, OPTIMIZERS, BATCHES, WARMUPS, LRS)
+    """Every point of the grid, each with its seed: the runs of the table, batch size by batch size and seed by seed
+    (a partly generated table holds whole seeds of the first batch size first)."""
+    points = itertools.product(BATCHES, SEEDS, OPTIMIZERS, WARMUPS, LRS)
     return [
-        {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for s, o, b, w, lr in points
+        {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for b, s, o, w, lr in points
     ]
 
 
