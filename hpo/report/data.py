@@ -148,6 +148,7 @@ class ExperimentData:
     arms: tuple[ArmData, ...]
     verdict: Verdict | None  # None without compare arms
     curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
+    nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
 
     @property
     def to_target(self) -> bool:
@@ -198,6 +199,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         dimensions=_dimensions(spec),
         arms=tuple(arm_data),
         verdict=verdict if spec.compare else None,
+        nni_webui=tuple(record.nni_webui),
     )
     _load_curves(storage, record, data)
     return data
