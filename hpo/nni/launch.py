@@ -26,7 +26,9 @@ def watch_manager_start() -> None:
     connection error and drops the process; its exit code tells the engine (and the user) what happened."""
     from nni.experiment import launcher
 
-    start_rest_server = launcher._start_rest_server
+    start_rest_server = getattr(launcher, "_start_rest_server", None)
+    if start_rest_server is None:  # another NNI than 3.0: only the exit code goes unreported
+        return
 
     def keep(*args: Any, **kwargs: Any) -> Any:
         process = start_rest_server(*args, **kwargs)
