@@ -225,6 +225,17 @@ class VerdictPublic(BaseModel):
         return cls(winner=verdict.winner, line=verdict.line, confirm_seeds=confirm_seeds, arms=arms, lines=lines)
 
 
+class NniWebUiPublic(BaseModel):
+    """Where the NNI web UI of one NNI experiment of an `engine: nni` experiment was last served."""
+
+    arm: str | None = Field(description="The compare arm that NNI experiment ran; null without compare arms.")
+    nni_experiment: str = Field(description="NNI's experiment id (a resumed arm runs a new one: `-r1`, `-r2`).")
+    url: str = Field(
+        description="The web UI's address. It answers while the controller runs that NNI experiment, and after "
+        "`hpo webui NAME` (on the controller's machine) reopens it, which may take another port and stores it here."
+    )
+
+
 class ExperimentPublic(ExperimentSummaryPublic):
     stop_requested: bool
     controller_host: str | None
@@ -236,6 +247,10 @@ class ExperimentPublic(ExperimentSummaryPublic):
     best: BestTrialPublic | None = Field(description="The best trial so far, over all arms.")
     best_per_arm: dict[str, BestTrialPublic]
     verdict: VerdictPublic | None = Field(description="The comparison of the arms; null without compare arms.")
+    nni_webui: list[NniWebUiPublic] = Field(
+        description="engine: nni only: the NNI web UI of each of its NNI experiments (one per arm, and one more "
+        "per resume of an arm); empty for engine: local."
+    )
 
 
 class MetricPointPublic(BaseModel):

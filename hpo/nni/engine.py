@@ -15,6 +15,19 @@ charged trials; its tuner gets another seed and, through NNI's import_data, the 
 parameters NNI generated for them (read from the earlier NNI experiments' own databases), so it neither repeats
 the first run's sequence nor re-runs a completed configuration it was told about.
 
+Start-up failures. When an arm's NNI experiment fails before any of its trials started (NNI's manager exits or
+does not answer, its tuner cannot be built, the manager stops answering), the error names the cause as NNI's
+logs give it; the NNI experiment's files move to `<run dir>/nni/failed-start/<NNI id>` and it leaves the run
+directory's list. Under `hpo run`, an experiment that recorded no trial at all is then removed from the
+database, so the same `hpo run` starts afresh; otherwise it is failed, and `hpo resume` goes on.
+
+Web UI links. Each time an NNI manager is started or reopened (`hpo webui`), the addresses of the experiment's
+NNI web UIs are stored with the experiment (`ExperimentRecord.nni_webui`), where the report and the API read them.
+
+Trial processes. Each NNI trial leads a process group of its own and records it as its pid (see
+`hpo.nni.trial`); after a stop, what is left of a trial on this machine is ended by that group and NNI's trial id
+in its processes' environment, never by the manager's group.
+
 Secrets. The trial command carries no database URL (NNI shows it in its web UI, REST API and files, and `ps`
 shows it to everyone): trials read it from `<run dir>/nni/database.url`, written with mode 0600.
 
@@ -28,8 +41,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
+import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +60,12 @@ from hpo.nni.config import database_url_file, manager_host, nni_experiment_confi
 from hpo.nni.manager import (
     NniEngineError,
     NniExperiment,
+    NniLaunchError,
+    TunerLog,
+    end_trial_processes,
+    forget,
     load_experiments,
+    log_errors,
     port_taken,
     require_node,
     rest,
@@ -56,11 +77,13 @@ from hpo.nni.manager import (
 from hpo.nni.patch import require_patched
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.resources import discover_gpus
-from hpo.storage.base import ExperimentStatus
+from hpo.storage.base import NNI_WEBUI_KEY, ExperimentStatus
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
 
 INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (not charged to its arm)
+NNI_ERROR = "ended by an NNI error: "  # how `watch` says NNI ended an experiment itself
+FAILED_START = "failed-start"  # <run dir>/nni/failed-start/<NNI id>: files of an NNI experiment that ran no trial
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
 WORKER_PREFIX = "nni:"
 POLL_S = 1.0
@@ -76,16 +99,22 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
     note = {"text": "starting NNI"}
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: note["text"]).start()
     status = ExperimentStatus.FAILED
+    failed_start: NniStartError | None = None
     try:
         if resume:
             storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
         with sigterm_stops():
-            ending = run_nni(spec, storage, experiment_id, run_dir, absolute_database_url(database_url), port=port,
-                             quiet=quiet, tick=lambda line: note.update(text=line))  # fmt: skip
+            try:
+                ending = run_nni(spec, storage, experiment_id, run_dir, absolute_database_url(database_url),
+                                 port=port, quiet=quiet, tick=lambda line: note.update(text=line))  # fmt: skip
+            except NniStartError as e:
+                failed_start, ending = e, "failed"
         status = ExperimentStatus(ending)
     finally:
         storage.set_experiment_status(experiment_id, status)
         heartbeat.stop()
+    if failed_start is not None:
+        raise start_failure(spec, storage, experiment_id, failed_start, resume)
     if status is ExperimentStatus.STOPPED:
         print(f"stopped; `hpo resume {spec.name}` runs the trials left", flush=True)
     if not quiet:
@@ -93,6 +122,29 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
         hpo = next_commands(database_url)[0]
         print(f"  {hpo} webui {spec.name}                 # browse the trials in the NNI web UI")
     return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+class NniStartError(NniEngineError):
+    """An arm's NNI experiment failed before any of its trials started: its manager did not start or stopped
+    answering, or NNI ended it before it ran a trial (a tuner that cannot be built). The message names the
+    cause; `retry` is set when NNI only waited too little for a tuner that reported no error (a busy machine)."""
+
+    def __init__(self, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+def start_failure(spec, storage, experiment_id: int, error: NniStartError, resume: bool) -> NniEngineError:
+    """The error `hpo run` / `hpo resume` leaves with when NNI failed before any trial started. A run that
+    recorded no trial at all is removed from the database (the NNI experiment's files were moved aside, see
+    `_failed_start`), so the same `hpo run` can start over; anything else stays failed for `hpo resume`."""
+    if not resume:
+        with contextlib.suppress(HpoError):  # a trial that recorded itself meanwhile: the experiment stays
+            storage.delete_experiment(experiment_id)
+            return NniEngineError(f"{error}\nnothing was recorded: `hpo run` starts {spec.name} afresh once "
+                                  "the cause is fixed")  # fmt: skip
+    return NniEngineError(f"{error}\n{spec.name} is recorded as failed: `hpo resume {spec.name}` runs the trials "
+                          "left once the cause is fixed")  # fmt: skip
 
 
 class Terminated(KeyboardInterrupt):
@@ -167,13 +219,20 @@ def run_nni(
         restart = sum(e.arm == plan.index for e in load_experiments(run_dir))
         config = nni_experiment_config(spec, plan, run_dir, shell, Path.cwd(), on_gpu, restart=restart)
         history = finished_history(spec, storage, experiment_id, plan, run_dir)
-        ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
-        if _NO_TUNER in ending and not jobs:  # a busy machine: NNI waits only 10 s for its tuner
-            _say(quiet, f"{ending}; starting the arm's NNI experiment once more")
+        try:
+            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
+        except NniStartError as e:
+            if not e.retry:
+                raise
+            _say(quiet, f"{e}; starting the arm's NNI experiment once more")
             ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
         if ending != "done":
             _record_stopped(storage, experiment_id, plan, jobs, f"{INTERRUPTED}the NNI experiment was {ending}")
-            return "failed" if ending.startswith("ended by an NNI error") else "stopped"
+            if ending.startswith(NNI_ERROR):
+                print(f"error: {spec.name}{' ' + plan.label if plan.label else ''}: the NNI experiment {ending}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return "failed"
+            return "stopped"
     return "finished"
 
 
@@ -185,17 +244,28 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index),
                                host=manager_host(spec))  # fmt: skip
     busy = port_taken(port, experiment.host)
-    start_experiment(run_dir, experiment, config, port)
+    try:
+        start_experiment(run_dir, experiment, config, port)
+    except NniLaunchError as e:
+        raise _failed_start(run_dir, experiment, e.cause) from None
+    except NniEngineError as e:  # no free port
+        raise _failed_start(run_dir, experiment, str(e)) from None
+    record_webui(storage, experiment_id, run_dir)
     if busy:
         _say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
     _say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
                 f"(NNI experiment {experiment.nni_id}, {plan.quota} trials)")  # fmt: skip
+    trials_before = storage.count_trials(experiment_id)
+    logs = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "log"
+    tuner = TunerLog(logs)
     ending = "stopped by an error of the engine"
     try:
         if history:
-            import_history(experiment, history)
+            import_history(experiment, history, tuner=tuner)
             _say(quiet, f"gave NNI's tuner the {len(history)} finished trial(s) of the earlier run")
-        ending = watch(spec, storage, experiment_id, plan, experiment, tick, quiet)
+        ending = watch(spec, storage, experiment_id, plan, experiment, tick, quiet, tuner)
+    except NniEngineError as e:  # the manager stopped answering
+        ending = NNI_ERROR + str(e)
     except Terminated:
         ending = "stopped by SIGTERM"
     except KeyboardInterrupt:
@@ -203,7 +273,37 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     finally:  # never leave an NNI manager behind
         jobs = _jobs_or_none(experiment) if ending != "done" else []
         stop_manager(run_dir, experiment)
+    if ending.startswith(NNI_ERROR) and not jobs and storage.count_trials(experiment_id) == trials_before:
+        said = log_errors(logs)
+        slow_tuner = _NO_TUNER in ending and not tuner.error()  # the tuner only started too slowly for NNI
+        error = _failed_start(run_dir, experiment, said or ending.removeprefix(NNI_ERROR), retry=slow_tuner)
+        record_webui(storage, experiment_id, run_dir)  # the stored links lose it with the run directory's list
+        raise error
     return ending, jobs
+
+
+def _failed_start(run_dir: Path, experiment: NniExperiment, cause: str, retry: bool = False) -> NniStartError:
+    """An arm's NNI experiment that ran no trial: its files move to `<run dir>/nni/failed-start/<NNI id>` and it
+    leaves the run directory's list, so the next start neither counts it as an earlier run of the arm (another
+    tuner seed) nor meets its files; the error names the cause and where NNI's logs of it are."""
+    forget(run_dir, experiment)
+    source = nni_home(run_dir) / "nni-experiments" / experiment.nni_id
+    kept = nni_home(run_dir) / FAILED_START / experiment.nni_id
+    message = f"NNI experiment {experiment.nni_id} failed before any trial started: {cause}"
+    if source.exists():
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        source.rename(kept)
+        message += f"\n(NNI's logs: {kept / 'log'}, {nni_home(run_dir) / 'launch.log'})"
+    return NniStartError(message, retry=retry)
+
+
+def record_webui(storage, experiment_id: int, run_dir: Path) -> list[dict[str, Any]]:
+    """Store where the NNI web UI of each of the experiment's NNI experiments was last served (read back as
+    `ExperimentRecord.nni_webui`), for the report and the API; returns it."""
+    links = [{"arm": e.label, "nni_experiment": e.nni_id, "url": e.url} for e in load_experiments(run_dir) if e.port]
+    storage.annotate_experiment(experiment_id, NNI_WEBUI_KEY, links)
+    return links
 
 
 def _jobs_or_none(experiment: NniExperiment) -> list:
@@ -277,15 +377,19 @@ def generated_parameters(run_dir: Path, arm: int) -> dict[str, Any]:
     return found
 
 
-def import_history(experiment: NniExperiment, history: list[dict[str, Any]], wait_s: float = 60.0) -> None:
+def import_history(experiment: NniExperiment, history: list[dict[str, Any]], wait_s: float = 60.0,
+                   tuner: TunerLog | None = None) -> None:  # fmt: skip
     """Send finished trials to the NNI experiment's tuner (NNI's import_data); NNI refuses until the tuner
-    process is up, so this retries for up to `wait_s`."""
+    process is up, so this retries for up to `wait_s` (not once the `tuner`'s log shows an error)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             rest(experiment.port, "experiment/import-data", method="POST", body=history)
             return
         except NniEngineError:
+            failed = tuner.error() if tuner is not None else None
+            if failed:
+                raise NniEngineError(f"its tuner failed: {failed}") from None
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -299,8 +403,11 @@ def _new_nni_id(run_dir: Path, experiment_id: int, arm: int) -> str:
     return next(c for c in candidates if c not in taken)
 
 
-def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, tick, quiet: bool) -> str:
-    """Poll NNI until the arm's experiment is done: "done", a stop reason, or "ended by an NNI error: ..."."""
+def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, tick, quiet: bool,
+          tuner: TunerLog | None = None) -> str:  # fmt: skip
+    """Poll NNI until the arm's experiment is done: "done", a stop reason, or "ended by an NNI error: ...". With
+    the `tuner`'s log, an error of the tuner or the assessor ends it (NNI would go on RUNNING without them and
+    start no more trials, or wait 10 s for a tuner that could not be built)."""
     reported = -1
     while True:
         status = rest(experiment.port, "check-status")
@@ -316,9 +423,12 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
             return "done"
         if status["status"] == "ERROR":
             errors = "; ".join(str(e) for e in status.get("errors", [])) or "no message"
-            return f"ended by an NNI error: {errors}"
+            return NNI_ERROR + errors
         if storage.is_stop_requested(experiment_id):
             return "stopped on request"
+        failed = tuner.error() if tuner is not None else None
+        if failed:
+            return f"{NNI_ERROR}its tuner failed: {failed}"
         time.sleep(POLL_S)
 
 
@@ -369,9 +479,14 @@ def job_params(job: dict, plan: ArmPlan) -> dict[str, Any]:
 
 
 def _fail_leftovers(storage, experiment_id: int, reason: str) -> None:
-    """Trials of NNI experiments that were stopped cannot go on: record them as failed with the reason."""
+    """Trials of NNI experiments that were stopped cannot go on: end what is left of those that ran on this
+    machine (their NNI managers are stopped, but one that was killed leaves its trials running), then record
+    them as failed with the reason."""
+    here = socket.gethostname()
     for record in storage.list_trials(experiment_id, state=[TrialState.QUEUED, TrialState.RUNNING]):
         if (record.worker or "").startswith(WORKER_PREFIX):
+            if record.host in (None, here):  # None: it had not recorded itself (no pid either)
+                end_trial_processes(record.worker.removeprefix(WORKER_PREFIX), record.pid if record.host else None)
             with contextlib.suppress(HpoError):  # it may have finished meanwhile
                 storage.finish_trial(record.id, TrialResult(TrialState.FAILED, reason))
 
@@ -395,8 +510,9 @@ def _say(quiet: bool, line: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ webui
-def webui(record, stop: bool = False, port: int = 8080) -> int:
-    """`hpo webui NAME [--stop]`: reopen an NNI experiment's web UI in view mode (or close it); exit code."""
+def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
+    """`hpo webui NAME [--stop]`: reopen an NNI experiment's web UI in view mode (or close it); exit code. With
+    `storage`, the addresses it opens are stored (`record_webui`), so the report and the API link to them."""
 
     name = record.name
     if record.spec["experiment"].get("engine") != "nni":
@@ -411,6 +527,8 @@ def webui(record, stop: bool = False, port: int = 8080) -> int:
     experiments = view(run_dir, port)
     if not experiments:
         raise HpoError(f"experiment {name!r} has no NNI experiment in {run_dir / 'nni'}; it never started under NNI")
+    if storage is not None:
+        record_webui(storage, record.id, run_dir)
     for e in experiments:
         print(f"{name}{' ' + e.label if e.label else ''}: NNI web UI at {e.url} (NNI experiment {e.nni_id})")
     print(f"`hpo webui {name} --stop` closes it")

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,11 +27,19 @@ from typing import Any
 
 from hpo.errors import HpoError
 from hpo.nni.config import nni_home
-from hpo.runners.process import pid_exists
+from hpo.runners.process import kill_process_group, pid_exists
 
 
 class NniEngineError(HpoError):
     """An NNI experiment could not be started, viewed or stopped; the message says which and why."""
+
+
+class NniLaunchError(NniEngineError):
+    """NNI's launcher could not start (or view) an experiment's manager; `cause` says why in a few words."""
+
+    def __init__(self, action: str, nni_id: str, cause: str, logs: str) -> None:
+        super().__init__(f"NNI could not {action} experiment {nni_id}: {cause}\n(NNI's logs: {logs})")
+        self.cause = cause
 
 
 @dataclass
@@ -105,6 +114,49 @@ def stop_manager(run_dir: Path | None, experiment: NniExperiment, wait_s: float 
         _save(run_dir, experiment)
 
 
+NNI_TRIAL_ENV = "NNI_TRIAL_JOB_ID"  # NNI's manager puts it in the environment of every trial it starts
+
+
+def end_trial_processes(job_id: str, group: int | None, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL what is left of NNI trial `job_id` on this machine (a manager that was killed leaves its trials
+    running): its process `group` (the trial's own, see `hpo.nni.trial.lead_process_group`), but only while that
+    group's leader is this trial, and every process whose environment names the trial (NNI sets NNI_TRIAL_JOB_ID
+    when it starts one; its children inherit it). A group that is not the trial's (an NNI manager's, or a pid used
+    again since) is left alone: a manager's environment names no trial. Returns the pids it found."""
+    needle = f"{NNI_TRIAL_ENV}={job_id}\0".encode()
+    found: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if group and _environ_has(group, needle):
+            found.append(group)
+            kill_process_group(group)
+        pids = [pid for pid in _pids() if pid != os.getpid() and _environ_has(pid, needle)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        found += pids
+        if not pids or time.monotonic() > deadline:
+            return sorted(set(found))
+        time.sleep(0.01)
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:  # no /proc
+        return []
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    """Whether process `pid`'s environment (as it was started) holds `needle`; False for a zombie or another
+    user's process."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read()
+    except OSError:
+        return False
+
+
 def node_binary() -> Path:
     """The node NNI's launcher runs its manager with: the one bundled in the `nni_node` package."""
     import nni_node
@@ -148,13 +200,91 @@ def _launch(home: Path, args: list[str], host: str | None) -> dict:
     cmd = [sys.executable, "-m", "hpo.nni.launch", *args]
     with log.open("a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()  # before the launcher's own lines
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=f, text=True, timeout=120)
     lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = log.read_text().strip().splitlines()[-5:]
-        raise NniEngineError(f"NNI could not {args[0]} experiment {args[-2]}:\n  " + "\n  ".join(tail) +
-                             f"\n(full log: {log})")  # fmt: skip
-    return json.loads(lines[-1])
+    answer = _json_or_none(lines[-1]) if lines else None
+    if done.returncode == 0 and answer and "pid" in answer:
+        return answer
+    nni_id, port = args[-2], args[-1]
+    if answer and "error" in answer:
+        cause = _start_failure(home, nni_id, port, answer["error"], answer.get("manager_exit"))
+    else:
+        cause = "\n  ".join(log.read_text().strip().splitlines()[-5:])
+    raise NniLaunchError(args[0], nni_id, cause, f"{home / 'launch.log'}, {home / 'nni-experiments' / nni_id / 'log'}")
+
+
+def _json_or_none(line: str) -> dict | None:
+    with contextlib.suppress(ValueError):
+        answer = json.loads(line)
+        return answer if isinstance(answer, dict) else None
+    return None
+
+
+def _start_failure(home: Path, nni_id: str, port: str, error: str, manager_exit: int | None) -> str:
+    """What went wrong when NNI's launcher could not start (or view) an experiment, in a few lines: how the
+    manager ended, and what it said (its stderr, the errors in its log), rather than the launcher's traceback."""
+    logs = home / "nni-experiments" / nni_id / "log"
+    said = log_errors(logs)
+    if manager_exit is not None and manager_exit >= 0:
+        how = f"NNI's manager exited with code {manager_exit} before it answered on port {port}"
+    elif manager_exit is not None:
+        how = f"NNI's manager did not answer on port {port} and was ended (signal {-manager_exit})"
+    else:
+        how = error.splitlines()[0][:300] if error else "NNI's launcher failed"
+    return how + (": " + said if said else " (it wrote no error)")
+
+
+LOG_FILES = ("dispatcher.log", "nnictl_stderr.log", "nnimanager.log")  # the tuner's, the manager's stderr and log
+
+
+def log_errors(logs: Path, limit: int = 3, files: tuple[str, ...] = LOG_FILES) -> str:
+    """The errors an NNI experiment's manager and tuner wrote (in its `log` directory), one line each: the
+    exception lines of the tuner's log and the manager's stderr, and the ERROR lines of the manager's log."""
+    found: list[str] = []
+    for name in files:
+        with contextlib.suppress(OSError):
+            for line in (logs / name).read_text(errors="replace").splitlines():
+                line = line.strip()
+                if " ERROR (" in line:
+                    line = line.split(") ", 1)[-1]
+                elif not _EXCEPTION_LINE.match(line):
+                    continue
+                line = line[:300]
+                if not line or line.startswith(_SHUTDOWN_NOISE) or any(line in seen for seen in found):
+                    continue
+                found = [seen for seen in found if seen not in line] + [line]  # the longer line says more
+    return "; ".join(found[:limit])  # the first errors are the cause; later ones follow from it
+
+
+class TunerLog:
+    """Follows the log of an NNI experiment's tuner process (`dispatcher.log`: NNI's tuner and assessor run there).
+    When the tuner or the assessor raises, NNI logs it there and carries on RUNNING without them, starting no
+    trial again; when it cannot be built, NNI's manager waits 10 s for it. `error()` says what went wrong."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs, self.offset, self.failed = logs, 0, False
+
+    def error(self) -> str | None:
+        """What the tuner process reported as an error (its exception), once it has logged one; else None."""
+        if not self.failed:
+            start = max(0, self.offset - len(_ERROR_MARK))  # again: a mark written across two reads
+            try:
+                with (self.logs / "dispatcher.log").open("rb") as f:
+                    f.seek(start)
+                    new = f.read()
+            except OSError:
+                return None
+            self.offset = start + len(new)
+            self.failed = _ERROR_MARK in new
+        if not self.failed:
+            return None
+        return log_errors(self.logs, files=("dispatcher.log",)) or "see its dispatcher.log"
+
+
+_ERROR_MARK = b" ERROR ("  # how NNI's Python logging marks an error line
+_SHUTDOWN_NOISE = "Error during shutting down"  # NNI 3.0's manager stopping after an error it already reported
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit)|Error)(: |$)")
 
 
 def rest(port: int | None, path: str, method: str = "GET", timeout: float = 10, body: Any = None) -> Any:
@@ -224,6 +354,16 @@ def load_experiments(run_dir: Path) -> list[NniExperiment]:
     if not path.exists():
         return []
     return [NniExperiment(**e) for e in json.loads(path.read_text())]
+
+
+def forget(run_dir: Path, experiment: NniExperiment) -> None:
+    """Take an NNI experiment off the run directory's list (one that failed before any trial started)."""
+    path = nni_home(run_dir) / "experiments.json"
+    kept = [e for e in load_experiments(run_dir) if e.nni_id != experiment.nni_id]
+    if path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(e) for e in kept], indent=1))
+        tmp.replace(path)
 
 
 def _save(run_dir: Path, experiment: NniExperiment) -> None:

@@ -10,11 +10,17 @@ exactly like the local engine's trials, with one more reporter that sends each e
 intermediate result (what the median-stop assessor reads). The final result NNI gets is the objective stored in
 our database, in the experiment's direction, when the tuner is to be told one (`hpo.objective.tuner_feedback`);
 otherwise the process exits non-zero and NNI tells its tuner the trial failed.
+
+Process group. NNI's manager starts every trial in its own process group (NNI's launcher makes the manager a
+group leader; the trial, run by a shell the manager spawns, inherits it). The trial first leads a process group
+of its own (`lead_process_group`), so the `pid` it records (its process group, as under the local engine) holds
+the trial and its children only: ending that group never ends the manager, its tuner or the other trials.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -55,6 +61,7 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
     """Ask NNI for parameters, record and run the trial; returns the process exit code."""
     import nni  # only NNI's trials have it to import (and need it)
 
+    lead_process_group()
     worker = WORKER_PREFIX + nni.get_trial_id()
     with SqlStorage(db_url) as storage:
         stored = storage.get_experiment(experiment_id)
@@ -75,6 +82,13 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
         return 1
     nni.report_final_result({"default": result.objective, "trial": number})
     return 0
+
+
+def lead_process_group() -> int:
+    """Make this process the leader of a process group of its own (it is in the NNI manager's); returns it."""
+    with contextlib.suppress(OSError):  # a session leader cannot: it leads its group already
+        os.setpgid(0, 0)
+    return os.getpgrp()
 
 
 def database_url(run_dir: Path) -> str:

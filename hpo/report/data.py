@@ -150,6 +150,7 @@ class ExperimentData:
     verdict: Verdict | None  # None without compare arms
     curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
     simulated: str | None = None  # a simulated experiment's cost line (hpo.simulation.cost); None for a real one
+    nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
 
     @property
     def to_target(self) -> bool:
@@ -201,6 +202,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         arms=tuple(arm_data),
         verdict=verdict if spec.compare else None,
         simulated=simulated_line(spec, records),
+        nni_webui=tuple(record.nni_webui),
     )
     _load_curves(storage, record, data)
     return data

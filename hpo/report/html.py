@@ -142,7 +142,27 @@ def _header(data: ExperimentData, index: str | None) -> str:
             f", {data.confirm_seeds} confirmation seed(s) per arm. Status: <b data-field=liveness>"
             f"{escape(data.liveness)}</b>, <span data-field=finished>{finished}</span> of "
             f"<span data-field=planned>{_planned(data)}</span> planned trials finished "
-            f"(<span data-field=progress>{escape(_progress(data))}</span>).</p>")  # fmt: skip
+            f"(<span data-field=progress>{escape(_progress(data))}</span>).</p>{_nni_webui(data)}")  # fmt: skip
+
+
+def _nni_webui(data: ExperimentData) -> str:
+    """engine: nni: a link to the NNI web UI of each NNI experiment, where it was last served (it answers while
+    the experiment runs that arm, or after `hpo webui NAME` reopens it, which stores the new address)."""
+    if not data.nni_webui:
+        return ""
+    links = []
+    for link in data.nni_webui:
+        url, nni_id = str(link.get("url", "")), str(link.get("nni_experiment", ""))
+        if not url.startswith(("http://", "https://")):
+            continue
+        arm = f"{link['arm']}: " if link.get("arm") else ""
+        links.append(f'{escape(arm)}<a data-field=nni_webui href="{escape(url)}">{escape(url)}</a> '
+                     f"(NNI experiment {escape(nni_id)})")  # fmt: skip
+    if not links:
+        return ""
+    return (f"<p>NNI web UI: {'; '.join(links)}. It answers while the experiment runs that NNI experiment; "
+            f"<code>hpo webui {escape(shlex.quote(data.name))}</code> on the controller's machine reopens it "
+            "(and updates these links).</p>")  # fmt: skip
 
 
 def _planned(data: ExperimentData) -> int:

@@ -45,6 +45,15 @@ class ExperimentRecord:
     heartbeat_at: datetime | None = None  # the controller's last heartbeat
     controller_note: str | None = None  # what the controller last said: progress and why trials wait
 
+    @property
+    def nni_webui(self) -> list[dict[str, Any]]:
+        """Where the NNI web UI of each of its NNI experiments was last served (engine: nni, stored by the engine
+        with `annotate_experiment`): [{"arm": label or None, "nni_experiment": NNI id, "url": address}]."""
+        return [dict(link) for link in self.spec.get(NNI_WEBUI_KEY) or []]
+
+
+NNI_WEBUI_KEY = "nni_webui"  # the spec key of `ExperimentRecord.nni_webui`
+
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -177,6 +186,17 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def set_experiment_status(self, experiment_id: int, status: ExperimentStatus | str) -> None:
         """Change the experiment's status. Setting RUNNING again (a resume) clears a pending stop request."""
+
+    @abc.abstractmethod
+    def annotate_experiment(self, experiment_id: int, key: str, value: Any) -> None:
+        """Store `value` (JSON-able) under `key` of the experiment's `spec`: what its engine learns while it runs
+        (`nni_webui`: the addresses of the NNI web UI). The definition (`experiment`, `run_dir`) stays as
+        created: those keys raise ValueError."""
+
+    @abc.abstractmethod
+    def delete_experiment(self, experiment_id: int) -> None:
+        """Remove an experiment that has no trials (an engine that could not start leaves nothing that blocks
+        the next `hpo run` of its file). One with trials raises StorageError and stays: its trials are data."""
 
     @abc.abstractmethod
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:

@@ -54,6 +54,7 @@ __all__ = ["SqlStorage", "default_database_url"]
 LOCK_RETRIES = 4
 LOCK_BACKOFF_S = 0.2
 REQUEUE_REASON = "interrupted: the controller stopped while the trial ran; re-queued on resume"
+DEFINITION_KEYS = ("experiment", "run_dir")  # what `annotate_experiment` never changes
 _UNFINISHED = (TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
 
 
@@ -175,6 +176,21 @@ class SqlStorage(Storage):
                 experiment.ended_at = None
             else:
                 experiment.ended_at = _now()
+
+    def annotate_experiment(self, experiment_id: int, key: str, value: Any) -> None:
+        if key in DEFINITION_KEYS:
+            raise ValueError(f"spec[{key!r}] is the experiment's definition; it stays as created")
+        with self._session(write=True) as session:
+            experiment = _experiment(session, experiment_id)
+            experiment.spec = {**experiment.spec, key: value}  # a new mapping: the JSON column sees the change
+
+    def delete_experiment(self, experiment_id: int) -> None:
+        with self._session(write=True) as session:
+            experiment = _experiment(session, experiment_id)
+            trials = session.scalar(select(func.count()).where(TrialModel.experiment_id == experiment_id))
+            if trials:
+                raise StorageError(f"experiment {experiment.name!r} has {trials} trial(s); it is kept")
+            session.delete(experiment)
 
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
         now = _now()

@@ -16,6 +16,7 @@ from server.schemas import (
     ErrorPublic,
     ExperimentPublic,
     ExperimentSummaryPublic,
+    NniWebUiPublic,
     Page,
     StopPublic,
     VerdictPublic,
@@ -58,6 +59,7 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
         best=best_public(record, best, specs) if best else None,
         best_per_arm={arm: best_public(record, t, specs) for arm, t in best_per_arm.items()},
         verdict=experiment_verdict(record, storage, specs, best_per_arm, counts),
+        nni_webui=[NniWebUiPublic(**link) for link in record.nni_webui],
     )
 
 

@@ -41,7 +41,8 @@ def hpo_command(database_url: str) -> str:
 
 class _PageCache:
     """Reports of experiments that no controller drives any more: their trials, and so their pages, only change
-    when a resume runs more trials, which changes the key (status and trial counts)."""
+    when a resume runs more trials, which changes the key (status and trial counts), or when `hpo webui` reopens
+    the NNI web UI on another port (the key holds its addresses)."""
 
     def __init__(self) -> None:
         self._pages: OrderedDict[tuple, str] = OrderedDict()
@@ -70,7 +71,8 @@ def experiment_report(record: ExperimentDep, storage: StorageDep, settings: Sett
     key = None
     if record.status is not ExperimentStatus.RUNNING:
         counts = storage.count_trials_by_state(record.id)
-        key = (id(storage), record.id, record.status, tuple(sorted((s.value, n) for s, n in counts.items())))
+        webui = tuple(str(link.get("url")) for link in record.nni_webui)  # `hpo webui` may reopen it elsewhere
+        key = (id(storage), record.id, record.status, tuple(sorted((s.value, n) for s, n in counts.items())), webui)
         page = _cache.get(key)
         if page is not None:
             return HTMLResponse(page)

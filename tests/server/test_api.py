@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from hpo.arms import trial_config
-from hpo.experiment import experiment_from_dict
+from hpo.experiment import experiment_from_dict, stored_form
 from hpo.storage import SqlStorage
+from hpo.storage.base import NNI_WEBUI_KEY
 from hpo.trials import TrialState
-from tests.server.conftest import EXPERIMENT, TOKEN
+from tests.hpo.nni.conftest import make_nni_spec
+from tests.server.conftest import EXPERIMENT, TOKEN, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,34 @@ def test_experiment_shows_status_counts_arms_and_best(api, stored):
     assert body["best"]["trial"]["number"] == expected_best(trials).number
     for arm in body["arms"]:
         assert body["best_per_arm"][arm]["trial"]["number"] == expected_best(trials, arm).number
+    assert body["nni_webui"] == []  # engine: local
+
+
+def test_an_nni_experiment_links_its_web_ui_in_the_json_and_the_report(tmp_path):
+    """The addresses the NNI engine stored (`hpo.nni.engine.record_webui`), as the API and its report page give
+    them; documented in the OpenAPI schema."""
+    spec = make_nni_spec(tmp_path, "nni_tpe", trials=4, parallel=2)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    links = [{"arm": None, "nni_experiment": "hpo1-arm0", "url": "http://127.0.0.1:18080"},
+             {"arm": None, "nni_experiment": "hpo1-arm0-r1", "url": "http://127.0.0.1:18081"}]  # fmt: skip
+    storage.annotate_experiment(eid, NNI_WEBUI_KEY, links)
+    storage.set_experiment_status(eid, "finished")
+    server = start_server(url, tmp_path)
+    try:
+        with server.client() as api:
+            assert api.get(f"/experiments/{spec.name}").json()["nni_webui"] == links
+            page = api.get(f"/experiments/{spec.name}/report").text
+            schema = api.get("/openapi.json").json()["components"]["schemas"]
+    finally:
+        stop_server(server)
+    for link in links:
+        assert f'<a data-field=nni_webui href="{link["url"]}">' in page
+    field = schema["ExperimentPublic"]["properties"]["nni_webui"]
+    assert "NNI web UI" in field["description"] and field["items"]["$ref"].endswith("/NniWebUiPublic")
+    assert set(schema["NniWebUiPublic"]["properties"]) == {"arm", "nni_experiment", "url"}
+    assert "hpo webui" in schema["NniWebUiPublic"]["properties"]["url"]["description"]
 
 
 def test_trials_paging_filters_and_ordering(api, stored):

@@ -32,14 +32,17 @@ def test_run_under_nni_then_webui_reopens_and_closes_it(tmp_path):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
     run = hpo(tmp_path, "run", "exp.yaml", "--engine", "nni", "--run-dir", "run", "--port", "18400")
     assert run.returncode == 0, run.stderr
-    assert re.search(r"nniexp: NNI web UI at http://\S+:\d+ \(NNI experiment hpo1-arm0, 2 trials\)", run.stdout)
+    served = re.search(r"nniexp: NNI web UI at (http://\S+:\d+) \(NNI experiment hpo1-arm0, 2 trials\)", run.stdout)
     storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}")
+    stored = storage.get_experiment_by_name("nniexp").nni_webui  # what the report and the API link to
+    assert stored == [{"arm": None, "nni_experiment": "hpo1-arm0", "url": served.group(1)}]
     rows = storage.list_trials(storage.get_experiment_by_name("nniexp").id)
     assert [t.state.value for t in rows] == ["completed", "completed"]
 
     webui = hpo(tmp_path, "webui", "nniexp", "--port", "18400")
     assert webui.returncode == 0, webui.stderr
     port = int(re.search(r"NNI web UI at http://\S+:(\d+) \(NNI experiment hpo1-arm0\)", webui.stdout).group(1))
+    assert storage.get_experiment_by_name("nniexp").nni_webui[0]["url"].endswith(f":{port}")  # reopened there
     jobs = rest(port, "trial-jobs")
     assert sorted(j["trialJobId"] for j in jobs) == sorted(t.worker.removeprefix("nni:") for t in rows)
     assert all(j["status"] == "SUCCEEDED" for j in jobs)

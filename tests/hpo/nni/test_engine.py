@@ -30,12 +30,13 @@ class UiProbe:
     """Called at every poll of the engine: checks once that the REST API and the web UI answer while trials run."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.status, self.title = run_dir, None, None
+        self.run_dir, self.status, self.title, self.manager = run_dir, None, None, None
 
     def __call__(self, note: str) -> None:
         if self.title is not None:
             return
-        port = load_experiments(self.run_dir)[0].port
+        served = load_experiments(self.run_dir)[0]
+        port, self.manager = served.port, served.pid
         self.status = rest(port, "check-status")["status"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/oview", timeout=10) as response:
             html = response.read().decode()
@@ -111,6 +112,8 @@ def test_smac_inside_nni_at_concurrency_3(tmp_path):
         else:  # finished (an assessor stop that came after the trial recorded its result changes nothing)
             assert status in ("SUCCEEDED", "EARLY_STOPPED") and row.state == TrialState.COMPLETED
             assert row.objective is not None
+    pids = [row.pid for row in storage.list_trials(eid)]  # each trial's own process group, never the manager's
+    assert probe.manager and None not in pids and probe.manager not in pids and len(set(pids)) == len(pids)
     assert not (Path.home() / "nni-experiments" / "hpo1-arm0").exists()  # NNI's files stay in the run dir
     assert (run_dir / "nni" / "nni-experiments" / ".experiment").exists()
 

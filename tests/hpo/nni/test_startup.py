@@ -1,5 +1,6 @@
-"""Start-up failures of engine nni through the real command line: NNI's bundled node missing, and the web UI's
-port taken on IPv6 only ([::1]). Each names its cause; nothing is left behind that blocks the next `hpo run`."""
+"""Start-up failures of engine nni through the real command line: NNI's bundled node missing, NNI's manager
+exiting at once (a `--require`d script in NODE_OPTIONS, which the manager's node reads, exits it), and the web
+UI's port taken on IPv6 only ([::1]). Each names its cause; nothing is left behind that blocks the next `hpo run`."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ import nni_node
 import pytest
 import yaml
 
-from hpo.nni.manager import load_experiments
+from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.storage import SqlStorage
 from tests.hpo.nni.conftest import nni_experiment_data
 
 PORT = 18700
 
 
-def hpo(tmp_path: Path, *args: str, pythonpath: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def hpo(tmp_path: Path, *args: str, pythonpath: str | None = None, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_vars}
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args],
@@ -40,6 +41,58 @@ def nni_node_without_node(root: Path) -> Path:
     return root
 
 
+def manager_exits_at_once(tmp_path: Path) -> str:
+    """NODE_OPTIONS under which NNI's manager (a node process) exits with code 7 before it listens."""
+    script = tmp_path / "exit7.js"
+    script.write_text("process.exit(7);\n")
+    return f'--require "{script}"'
+
+
+def assert_manager_exit_named_and_nothing_recorded(tmp_path: Path, failed: subprocess.CompletedProcess) -> None:
+    assert failed.returncode == 2
+    assert "Traceback" not in failed.stderr
+    assert "error: NNI experiment hpo1-arm0 failed before any trial started: NNI's manager exited with code 7 " \
+           "before it answered on port" in failed.stderr  # fmt: skip
+    kept = tmp_path / "run" / "nni" / "failed-start" / "hpo1-arm0" / "log"
+    assert f"(NNI's logs: {kept}, " in failed.stderr and (kept / "nnictl_stderr.log").exists()
+    assert "nothing was recorded: `hpo run` starts nniexp afresh once the cause is fixed" in failed.stderr
+    assert SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}").list_experiments() == []  # `hpo run` checks this
+    assert load_experiments(tmp_path / "run") == []  # a new run counts no earlier NNI experiment of its arm
+    assert not (tmp_path / "run" / "nni" / "nni-experiments" / "hpo1-arm0").exists()  # nor meets its files
+
+
+@pytest.mark.nni
+def test_a_manager_that_exits_at_once_is_named_and_leaves_nothing_recorded(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    failed = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(PORT + 50),
+                 NODE_OPTIONS=manager_exits_at_once(tmp_path))  # fmt: skip
+    assert_manager_exit_named_and_nothing_recorded(tmp_path, failed)
+
+
+@pytest.mark.nni
+@pytest.mark.slow
+def test_a_tuner_that_fails_is_named_and_leaves_nothing_recorded(tmp_path):
+    """nni_smac builds SMAC at its first suggestion; when that raises, NNI 3.0 logs it in the tuner's log and
+    stays RUNNING without starting a trial: the engine reads the log, stops NNI and names the error."""
+    data = nni_experiment_data(tmp_path, "nni_smac", trials=2, parallel=2)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    broken = tmp_path / "broken" / "smac"  # first on the tuner's PYTHONPATH (the controller never imports smac)
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('smac is broken on this machine')\n")
+    failed = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(PORT + 60),
+                 pythonpath=str(broken.parent))  # fmt: skip
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert "error: NNI experiment hpo1-arm0 failed before any trial started: ImportError: smac is broken on this " \
+           "machine" in failed.stderr  # fmt: skip
+    assert "nothing was recorded: `hpo run` starts nniexp afresh" in failed.stderr
+    assert SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}").list_experiments() == []
+    assert load_experiments(tmp_path / "run") == []
+    assert (tmp_path / "run" / "nni" / "failed-start" / "hpo1-arm0" / "log" / "dispatcher.log").exists()
+    with pytest.raises(NniEngineError):  # its manager was stopped
+        rest(PORT + 60, "check-status", timeout=2)
+
+
 def listen_on_ipv6_loopback_only(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET6)
     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -50,7 +103,7 @@ def listen_on_ipv6_loopback_only(port: int) -> socket.socket:
 
 @pytest.mark.nni
 @pytest.mark.slow
-def test_missing_node_is_named_and_writes_nothing_then_a_port_taken_on_ipv6_is_skipped(tmp_path):
+def test_missing_node_then_a_manager_exit_are_named_then_a_port_taken_on_ipv6_is_skipped(tmp_path):
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
     shadow = nni_node_without_node(tmp_path / "shadow")
@@ -61,6 +114,10 @@ def test_missing_node_is_named_and_writes_nothing_then_a_port_taken_on_ipv6_is_s
     assert "Traceback" not in failed.stderr
     assert not (tmp_path / "run").exists()
     assert not (tmp_path / "hpo.db").exists() or not SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}").list_experiments()
+
+    exits = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(PORT),
+                NODE_OPTIONS=manager_exits_at_once(tmp_path))  # fmt: skip
+    assert_manager_exit_named_and_nothing_recorded(tmp_path, exits)
 
     with listen_on_ipv6_loopback_only(PORT):  # NNI's clients reach the manager at localhost: [::1] first
         run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(PORT))

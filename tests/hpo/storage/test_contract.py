@@ -46,6 +46,40 @@ def test_duplicate_experiment_name_is_a_storage_error_naming_it(storage: SqlStor
     storage.create_experiment("other", {}, "minimize")  # and the storage is still usable
 
 
+def test_an_experiment_without_trials_can_be_deleted_and_its_name_used_again(storage: SqlStorage):
+    kept = storage.create_experiment("kept", SPEC, "minimize")
+    failed = storage.create_experiment("lamb-vs-adam", SPEC, "minimize")
+    storage.delete_experiment(failed)
+    with pytest.raises(NotFoundError):
+        storage.get_experiment(failed)
+    assert [e.name for e in storage.list_experiments()] == ["kept"]
+    again = storage.create_experiment("lamb-vs-adam", SPEC, "maximize")  # the name is free again
+    assert storage.get_experiment_by_name("lamb-vs-adam").id == again
+    storage.create_trial(kept, make_spec(0))
+    with pytest.raises(StorageError, match="experiment 'kept' has 1 trial"):
+        storage.delete_experiment(kept)
+    assert storage.count_trials(kept) == 1 and storage.get_experiment(kept).name == "kept"  # trials are data
+    with pytest.raises(NotFoundError):
+        storage.delete_experiment(999)
+
+
+def test_annotations_join_the_spec_and_the_definition_stays(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {"experiment": {"name": "x"}, "run_dir": "/runs/x"}, "minimize")
+    links = [{"arm": None, "nni_experiment": "hpo1-arm0", "url": "http://127.0.0.1:8080"}]
+    storage.annotate_experiment(experiment_id, "nni_webui", links)
+    storage.annotate_experiment(experiment_id, "note", 1)
+    spec = storage.get_experiment(experiment_id).spec
+    assert spec == {"experiment": {"name": "x"}, "run_dir": "/runs/x", "nni_webui": links, "note": 1}
+    storage.annotate_experiment(experiment_id, "note", 2)  # replaced
+    assert storage.get_experiment(experiment_id).spec["note"] == 2
+    for key in ("experiment", "run_dir"):
+        with pytest.raises(ValueError, match="definition"):
+            storage.annotate_experiment(experiment_id, key, {})
+    assert storage.get_experiment(experiment_id).spec["run_dir"] == "/runs/x"
+    with pytest.raises(NotFoundError):
+        storage.annotate_experiment(999, "note", 1)
+
+
 def test_invalid_direction_or_status_is_a_value_error(storage: SqlStorage):
     with pytest.raises(ValueError):
         storage.create_experiment("x", {}, "sideways")
