@@ -70,7 +70,11 @@ def run_study(tmp_path: Path, spec, during=None):
     return storage, experiment_id, status
 
 
+@pytest.mark.slow  # tests/hpo/test_fair_comparison.py::test_smac_gives_each_arm_an_equal_share_and_only_its_own_...
 def test_smac_bo_compares_arms_with_equal_budgets(tmp_path):
+    """Also run by default, on the tiny comparison's trials (the same conditional space, SMAC3, 2 trials per arm):
+    tests/hpo/test_fair_comparison.py::test_smac_gives_each_arm_an_equal_share_and_only_its_own_conditional_dimensions.
+    Here the two arms' trials run side by side."""
     space = {
         "optimizer.name": {"choice": ["adamw", "lamb"]},
         "optimizer.lr@lamb": {"float": [1e-3, 1e-2], "log": True, "when": {"optimizer.name": "lamb"}},
