@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.conftest import make_model_config, make_samples, start_ranks
 from trainer.clipping import EPS, GradientClipper, clip_coefficient, effective_optimizer_config
 from trainer.config import ClippingConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
@@ -113,7 +112,7 @@ def worker(rank: int, world: int, init_file: str, out_file: str) -> None:
 def run_ranks(tmp_path, world: int = 2) -> list[dict]:
     out = tmp_path / "grads"
     args = (world, str(tmp_path / "init"), str(out))
-    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn", join=True)
+    start_ranks(worker, args, world)
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
 
 
