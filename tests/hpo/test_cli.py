@@ -74,12 +74,11 @@ def small_experiment(tmp_path, **changes) -> str:
     return str(path)
 
 
-def test_read_only_commands_never_create_a_database_or_directory(tmp_path):
+def test_read_only_commands_never_create_a_database_or_directory(tmp_path, capsys):
     missing = tmp_path / "typo" / "dir" / "x.db"
     for command in (["status"], ["status", "e"], ["trials", "e"], ["best", "e"], ["export", "e"]):
-        result = hpo("--db", f"sqlite:///{missing}", *command)
-        assert result.returncode == 2, command
-        assert f"there is no database at {missing}" in result.stderr
+        assert main(["--db", f"sqlite:///{missing}", *command]) == 2, command
+        assert f"there is no database at {missing}" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()
 
 
