@@ -5,11 +5,22 @@
 - `fuzz` (`make fuzz`, or `pytest -m hypothesis --hypothesis-profile=fuzz`): a new random seed per run and
   more examples, to explore; a failure prints the seed, and `make fuzz SEED=N` (or `--hypothesis-seed=N`
   with this profile) replays it.
+
+Also one intra-op thread for torch (OMP_NUM_THREADS, unless set), in this process and the processes it starts
+without their own setting (a trial's runner sets its own). The tests' models are tiny: a second thread gains
+them nothing, and where the cores are shared (a trial or a server beside the tests, other work on a 2-core CI
+machine) its barriers cost a lot: training the tiny BERT for 144 steps in-process took 32 s with torch's
+default 2 threads and 2.7 s with one, on a busy 2-core machine.
 """
 
 from __future__ import annotations
 
-from hypothesis import settings
+import os
+
+# Before anything imports torch: its thread pool reads this once per process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from hypothesis import settings  # noqa: E402
 
 CI_PROFILE = "ci"
 FUZZ_PROFILE = "fuzz"

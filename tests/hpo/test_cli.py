@@ -74,24 +74,26 @@ def small_experiment(tmp_path, **changes) -> str:
     return str(path)
 
 
-def test_read_only_commands_never_create_a_database_or_directory(tmp_path):
+def test_read_only_commands_never_create_a_database_or_directory(tmp_path, capsys):
     missing = tmp_path / "typo" / "dir" / "x.db"
     for command in (["status"], ["status", "e"], ["trials", "e"], ["best", "e"], ["export", "e"]):
-        result = hpo("--db", f"sqlite:///{missing}", *command)
-        assert result.returncode == 2, command
-        assert f"there is no database at {missing}" in result.stderr
+        assert main(["--db", f"sqlite:///{missing}", *command]) == 2, command
+        assert f"there is no database at {missing}" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()
 
 
-def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(tmp_path):
+def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """In this process, with a 1 s connection timeout instead of the runner's 10 s (Dask retries until then)."""
+    import hpo.runners.dask
     from hpo.launch import free_port
 
+    monkeypatch.setattr(hpo.runners.dask, "CONNECT_TIMEOUT_S", 1)
     db_file = tmp_path / "hpo.db"
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
-    result = hpo("--db", f"sqlite:///{db_file}", "run", small_experiment(tmp_path), "--runner", "dask",
-                 "--scheduler", address)  # fmt: skip
-    assert result.returncode == 2
-    assert f"cannot reach the Dask scheduler at {address}" in result.stderr
+    code = main(["--db", f"sqlite:///{db_file}", "run", small_experiment(tmp_path), "--runner", "dask",
+                 "--scheduler", address])  # fmt: skip
+    assert code == 2
+    assert f"cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
     assert not db_file.exists()
 
 

@@ -225,6 +225,21 @@ def test_confirm_seeds_rerun_each_arms_best_configuration_with_further_seeds(fin
     assert {t.number for t in best.values()} <= {t.number for t in tuning}  # confirmations never count as best
 
 
+def test_smac_gives_each_arm_an_equal_share_and_only_its_own_conditional_dimensions(finished):
+    """SMAC3 (smac_bo) over a conditional space: every arm gets the same number of tuning trials, each trial carries
+    its arm's learning rate only, trained what it was given (its trial.yaml) and streamed its learning curve."""
+    tuning = [t for t in finished.storage.list_trials(finished.experiment_id) if t.kind is TrialKind.TUNING]
+    assert sorted(t.arm for t in tuning) == ["optimizer.name=adamw"] * 2 + ["optimizer.name=lamb"] * 2
+    for t in tuning:
+        name = t.params["optimizer.name"]
+        assert set(t.params) == {"optimizer.name", f"optimizer.lr@{name}"}
+        assert t.state is TrialState.COMPLETED and t.objective is not None
+        assert finished.storage.get_metrics(t.id, "loss")  # the learning curve was streamed in
+        config = yaml.safe_load((finished.directory / "run" / "trials" / f"{t.number:05d}" / "trial.yaml").read_text())
+        assert config["optimizer"]["name"] == name
+        assert config["optimizer"]["lr"] == pytest.approx(t.params[f"optimizer.lr@{name}"])
+
+
 def independent_evidence(storage, experiment_id) -> dict[str, list[int | None]]:
     """Per arm: samples to target of the best tuning run, then of its confirmation runs (None: missed)."""
     best = storage.best_per_arm(experiment_id)

@@ -49,10 +49,23 @@ def max_overlap(trials) -> int:
     return peak
 
 
+def start_gpu_cluster():
+    return distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, resources={"GPU": 2},
+                                    dashboard_address=None, worker_dashboard_address=None)  # fmt: skip
+
+
 @pytest.fixture
 def gpu_cluster():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, resources={"GPU": 2},
-                                       dashboard_address=None, worker_dashboard_address=None)  # fmt: skip
+    """A cluster of its own, for a test that kills one of its workers."""
+    cluster = start_gpu_cluster()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One cluster for the tests that leave its workers as they found them (each runs its own experiment)."""
+    cluster = start_gpu_cluster()
     yield cluster
     cluster.close()
 
@@ -107,16 +120,16 @@ def test_dask_runs_trials_on_declared_gpus_and_requeues_the_trial_of_a_lost_work
                 assert a.gpus != b.gpus
 
 
-def test_dask_refuses_more_gpus_per_trial_than_any_worker_has(tmp_path, gpu_cluster):
+def test_dask_refuses_more_gpus_per_trial_than_any_worker_has(tmp_path, shared_cluster):
     spec = make_spec(tmp_path, resources={"gpus": "all", "gpus_per_trial": 4}, **{"batch.micro_batch_size": 2},
-                     runner={"name": "dask", "scheduler": gpu_cluster.scheduler_address})  # fmt: skip
+                     runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
     with pytest.raises(ResourceError, match="no worker of the Dask cluster .* declares GPU >= 4"):
         build_runner(spec)
 
 
-def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(tmp_path, gpu_cluster):
+def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(tmp_path, shared_cluster):
     spec = make_spec(tmp_path, resources={"gpus": "all", "gpus_per_trial": 1}, **{"batch.micro_batch_size": 2},
-                     runner={"name": "dask", "scheduler": gpu_cluster.scheduler_address})  # fmt: skip
+                     runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
     runner = build_runner(spec)
     try:  # Dask's default is 0.01 s; if Dask renames what the runner lowers, this says so
         assert runner.client.scheduler_comm.interval == SEND_INTERVAL_S == 0.001
@@ -125,14 +138,14 @@ def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(t
 
 
 def test_two_experiments_on_one_cluster_run_their_own_trials_although_their_trial_ids_are_the_same(
-    tmp_path, gpu_cluster
+    tmp_path, shared_cluster
 ):
     """Task keys are global to a Dask scheduler: two experiments (two databases, so trial 1 in both) running at
     once must each run their own trials, not share the other's task and its result."""
     studies, statuses = {}, {}
     for name in ("a", "b"):  # set up here: h5py (the tiny data) and Alembic (the schema) are not thread-safe
         spec = make_spec(tmp_path / name, name=name, trials=2, **{"batch.micro_batch_size": 2},
-                         runner={"name": "dask", "scheduler": gpu_cluster.scheduler_address})  # fmt: skip
+                         runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
         url = f"sqlite:///{tmp_path / name / 'hpo.db'}"
         storage = SqlStorage(url, upgrade=True)
         eid = storage.create_experiment(name, stored_form(spec, tmp_path / name / "run"), spec.direction)
@@ -158,7 +171,7 @@ def test_two_experiments_on_one_cluster_run_their_own_trials_although_their_tria
         assert all(t.worker and t.worker.startswith("tcp://") for t in trials)  # each claimed by its own process
 
 
-def test_an_attempt_announces_how_it_ended_on_the_runners_event_topic(tmp_path, gpu_cluster):
+def test_an_attempt_announces_how_it_ended_on_the_runners_event_topic(tmp_path, shared_cluster):
     """The runner learns an attempt's end from the scheduler's event log; the announcement is the task's value."""
     from hpo.runners.base import TrialLaunch
     from hpo.runners.dask import run_attempt
@@ -168,7 +181,7 @@ def test_an_attempt_announces_how_it_ended_on_the_runners_event_topic(tmp_path, 
 
     events = []
     got = threading.Event()
-    with distributed.Client(gpu_cluster.scheduler_address) as client:
+    with distributed.Client(shared_cluster.scheduler_address) as client:
         client.subscribe_topic("hpo-exits-test", lambda event: (events.append(event[1]), got.set()))
         launch = TrialLaunch(7, 0, 1, "sqlite://", tmp_path / "trial")
         value = client.submit(run_attempt, launch, 1, exits_with_three, "hpo-exits-test", pure=False).result()

@@ -70,7 +70,11 @@ def run_study(tmp_path: Path, spec, during=None):
     return storage, experiment_id, status
 
 
+@pytest.mark.slow  # tests/hpo/test_fair_comparison.py::test_smac_gives_each_arm_an_equal_share_and_only_its_own_...
 def test_smac_bo_compares_arms_with_equal_budgets(tmp_path):
+    """Also run by default, on the tiny comparison's trials (the same conditional space, SMAC3, 2 trials per arm):
+    tests/hpo/test_fair_comparison.py::test_smac_gives_each_arm_an_equal_share_and_only_its_own_conditional_dimensions.
+    Here the two arms' trials run side by side."""
     space = {
         "optimizer.name": {"choice": ["adamw", "lamb"]},
         "optimizer.lr@lamb": {"float": [1e-3, 1e-2], "log": True, "when": {"optimizer.name": "lamb"}},
@@ -93,12 +97,13 @@ def test_smac_bo_compares_arms_with_equal_budgets(tmp_path):
 
 
 def test_smac_hyperband_runs_budgets_and_continues_promoted_trials(tmp_path):
-    spec = make_spec(tmp_path, tuner="smac_hyperband", trials=5,
+    # 4 trials: the first bracket's 3 configurations at 1/3 of the budget, then the best of them continued to 1
+    spec = make_spec(tmp_path, tuner="smac_hyperband", trials=4,
                      budget={"min_budget": 1 / 3, "max_budget": 1.0, "eta": 3, "max_parallel": 1},
                      **{"budget.max_samples": 96, "eval.every_samples": 32})  # fmt: skip
     storage, eid, _ = run_study(tmp_path, spec)
     trials = storage.list_trials(eid)
-    assert len(trials) == 5 and all(t.state == TrialState.COMPLETED for t in trials)
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETED for t in trials)
     budgets = sorted({round(t.budget, 3) for t in trials})
     assert budgets[0] == pytest.approx(1 / 3, abs=1e-3) and len(budgets) >= 2
     for t in trials:
@@ -146,8 +151,10 @@ def test_a_trial_over_its_time_limit_is_killed_and_recorded(tmp_path):
 
 
 def test_a_sigkilled_trial_is_recorded_and_its_slot_freed(tmp_path):
-    spec = make_spec(tmp_path, trials=3, **{"budget.max_samples": 10**8, "log.every_steps": 1},
-                     budget={"trial_timeout_s": 15})  # fmt: skip
+    # 100 steps short of the target: seconds of training, so the first trial is killed mid-run (it reports every
+    # step); the other two end by their budget instead of running into a time limit
+    spec = make_spec(tmp_path, trials=3, **{"budget.max_samples": 800, "log.every_steps": 1,
+                                            "eval.every_samples": 400, "eval.target_mlm_accuracy": 1.0})  # fmt: skip
 
     def kill_first_running(storage, eid):
         deadline = time.time() + 60

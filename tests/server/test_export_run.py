@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from hpo.arms import trial_config
+from hpo.cli import main
 from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from tests.server.conftest import EXPERIMENT, hpo
@@ -66,13 +67,15 @@ def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, t
     assert ran.stderr.count("finished: ") == 1  # rank 0 alone says how the run ended
 
 
-def test_export_to_a_file_name_with_a_line_break_is_refused_before_writing(finished_experiment, tmp_path):
+def test_export_to_a_file_name_with_a_line_break_is_refused_before_writing(finished_experiment, tmp_path, capsys):
     url = finished_experiment("sqlite")
     for bad in ("best\u2028.yaml", "best\x85.yaml", "best\x96.yaml", "best\n.yaml"):
-        result = hpo("--db", url, "export", EXPERIMENT, "-o", str(tmp_path / bad))
-        assert result.returncode == 2 and "config path" in result.stderr and repr(bad[4]) in result.stderr, bad
+        code = main(["--db", url, "export", EXPERIMENT, "-o", str(tmp_path / bad)])
+        stderr = capsys.readouterr().err
+        assert code == 2 and "config path" in stderr and repr(bad[4]) in stderr, bad
     assert list(tmp_path.iterdir()) == []
-    named = hpo("--db", url, "export", EXPERIMENT, "-o", str(tmp_path / "b.yaml"), "--config-path", "my 'b'.yaml")
-    assert named.returncode == 0, named.stderr
-    run = named.stderr.split("run it with: ", 1)[1].splitlines()[0]
+    code = main(["--db", url, "export", EXPERIMENT, "-o", str(tmp_path / "b.yaml"), "--config-path", "my 'b'.yaml"])
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr
+    run = stderr.split("run it with: ", 1)[1].splitlines()[0]
     assert shlex.split(run)[-2:] == ["--config", "my 'b'.yaml"]

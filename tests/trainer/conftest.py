@@ -1,6 +1,8 @@
-"""Fixtures that build tiny configs, samples and batches for the trainer tests."""
+"""Fixtures that build tiny configs, samples and batches for the trainer tests, and how their gloo ranks start."""
 
 from __future__ import annotations
+
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -91,3 +93,21 @@ def make_train_overrides(directory, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+# What a rank of the in-process gloo tests imports before it runs: the fork server imports it once.
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "trainer.clipping", "trainer.noise_scale",
+                "trainer.balance", "trainer.model"]  # fmt: skip
+
+
+def start_ranks(worker, args: tuple, nprocs: int) -> None:
+    """`worker(rank, *args)` on `nprocs` processes, joined (torch.multiprocessing.start_processes).
+
+    The ranks are forked from a fork server (started once per test session, single-threaded, it imported
+    RANK_PRELOAD): each rank is a fresh process, as a spawned one would be, without importing torch again (seconds
+    per rank on a busy 2-core machine). Forking the test process itself could inherit a lock held by one of its
+    threads."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)  # read when the server starts
+    from torch import multiprocessing as torch_mp
+
+    torch_mp.start_processes(worker, args=args, nprocs=nprocs, start_method="forkserver", join=True)

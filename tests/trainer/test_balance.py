@@ -244,12 +244,12 @@ def _sampler_worker(rank: int, world_size: int, init_method: str, out_dir: str, 
 
 @pytest.mark.distributed
 def test_sampler_all_gather_over_gloo_equals_plan(tmp_path):
-    import torch.multiprocessing as mp
+    from tests.trainer.conftest import start_ranks
 
     lengths = make_shard_lengths()
     world_size = 2
     init_method = f"file://{tmp_path}/rendezvous"
-    mp.spawn(_sampler_worker, args=(world_size, init_method, str(tmp_path), lengths), nprocs=world_size)
+    start_ranks(_sampler_worker, (world_size, init_method, str(tmp_path), lengths), world_size)
     for local_world_size in (2, 1):
         for epoch in (0, 1):
             plan = make_plan(lengths, "local_presort", world_size, local_world_size, seed=11, epoch=epoch)

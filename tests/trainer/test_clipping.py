@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.conftest import make_model_config, make_samples, start_ranks
 from trainer.clipping import EPS, GradientClipper, clip_coefficient, effective_optimizer_config
 from trainer.config import ClippingConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
@@ -60,7 +59,7 @@ def backward(module, samples, iteration, rank, world, clipper=None):
             (pretraining_loss(module(batch), batch).total / MICRO_BATCHES).backward()
 
 
-def run_strategy(rank: int, world: int, strategy: str, samples, record_timeline: bool) -> dict:
+def run_strategy(rank: int, world: int, strategy: str, samples) -> dict:
     model = tiny_model()
     names = {id(p): n for n, p in model.named_parameters()}
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
@@ -76,13 +75,13 @@ def run_strategy(rank: int, world: int, strategy: str, samples, record_timeline:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     if clipper.hook_state is not None:
         clipper.hook_state.bucket_params = []
+    # The timeline only appends (event, name, time) to a list: the gradients are those of an unrecorded run.
     timeline: list = []
-    if record_timeline:
-        for n, p in model.named_parameters():
-            p.register_post_accumulate_grad_hook(lambda p, n=n: timeline.append(("grad", n, time.perf_counter_ns())))
-        clipper.timeline = timeline
-        if clipper.hook_state is not None:
-            clipper.hook_state.timeline = timeline
+    for n, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, n=n: timeline.append(("grad", n, time.perf_counter_ns())))
+    clipper.timeline = timeline
+    if clipper.hook_state is not None:
+        clipper.hook_state.timeline = timeline
     out = {"grads": [], "buckets": [], "timeline": []}
     for iteration in range(ITERATIONS):
         timeline.clear()
@@ -98,23 +97,22 @@ def run_strategy(rank: int, world: int, strategy: str, samples, record_timeline:
     return out
 
 
-def worker(rank: int, world: int, init_file: str, out_file: str, record_timeline: bool) -> None:
+def worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     samples = shared_samples(world)
-    results = {s: run_strategy(rank, world, s, samples, record_timeline) for s in STRATEGIES}
-    if not record_timeline:
-        xs_by_rank = [rank_gradient(r) for r in range(world)]
-        results["large_buckets"] = {s: run_large_buckets(rank, world, s, xs_by_rank) for s in CLIPPED}
+    results = {s: run_strategy(rank, world, s, samples) for s in STRATEGIES}
+    xs_by_rank = [rank_gradient(r) for r in range(world)]
+    results["large_buckets"] = {s: run_large_buckets(rank, world, s, xs_by_rank) for s in CLIPPED}
     torch.save(results, f"{out_file}.{rank}")
     dist.barrier()  # no rank tears gloo down while another still talks to it (that aborts the process)
     dist.destroy_process_group()
 
 
-def run_ranks(tmp_path, world: int = 2, record_timeline: bool = False) -> list[dict]:
+def run_ranks(tmp_path, world: int = 2) -> list[dict]:
     out = tmp_path / "grads"
-    args = (world, str(tmp_path / "init"), str(out), record_timeline)
-    mp.start_processes(worker, args=args, nprocs=world, start_method="spawn", join=True)
+    args = (world, str(tmp_path / "init"), str(out))
+    start_ranks(worker, args, world)
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
 
 
@@ -122,6 +120,12 @@ def local_gradients(samples, iteration: int, rank: int, world: int) -> dict[str,
     model = tiny_model()
     backward(model, samples, iteration, rank, world)
     return {n: p.grad.detach().double() for n, p in model.named_parameters()}
+
+
+@functools.cache
+def reference_local_gradients(world: int, iteration: int, rank: int) -> dict[str, torch.Tensor]:
+    """`local_gradients` on the ranks' shared samples, computed once for all strategies (never modified)."""
+    return local_gradients(shared_samples(world), iteration, rank, world)
 
 
 def norm(grads: dict, keys) -> torch.Tensor:
@@ -147,18 +151,30 @@ def reference(strategy: str, local: list[dict], buckets: list[list[str]] | None)
     return scaled(mean, keys, MAX_NORM) if strategy == "after_allreduce" else mean
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """`runs(world)`: the ranks' results, run once per world size for every test of this module."""
+    done: dict[int, list[dict]] = {}
+
+    def get(world: int) -> list[dict]:
+        if world not in done:
+            done[world] = run_ranks(tmp_path_factory.mktemp("clip"), world=world)
+        return done[world]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=WORLDS, ids=[f"{w}ranks" for w in WORLDS])
-def rank_results(request, tmp_path_factory):
-    return run_ranks(tmp_path_factory.mktemp("clip"), world=request.param)
+def rank_results(request, runs):
+    return runs(request.param)
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_optimizer_sees_the_reference_gradients(rank_results, strategy):
     world = len(rank_results)
-    samples = shared_samples(world)
     for iteration in range(ITERATIONS):
-        local = [local_gradients(samples, iteration, r, world) for r in range(world)]
+        local = [reference_local_gradients(world, iteration, r) for r in range(world)]
         buckets = rank_results[0][strategy]["buckets"][iteration] if strategy == "bucketwise" else None
         expected = reference(strategy, local, buckets)
         plain_mean = reference("none", local, None)
@@ -178,12 +194,12 @@ def test_bucketwise_used_several_buckets_and_the_same_ones_on_every_rank(rank_re
     assert len(per_rank[0][2]) >= 3  # ... and rebuilds by bucket_cap_mb after the first iteration
     assert rank_results[0]["bucketwise"]["num_buckets"] == len(per_rank[0][2])
     all_names = sorted(n for bucket in per_rank[0][2] for n in bucket)
-    assert all_names == sorted(local_gradients(shared_samples(2), 0, 0, 2))
+    assert all_names == sorted(reference_local_gradients(2, 0, 0))
 
 
 @pytest.mark.distributed
-def test_bucketwise_all_reduce_overlaps_backward_and_before_allreduce_cannot(tmp_path):
-    results = run_ranks(tmp_path, world=2, record_timeline=True)
+def test_bucketwise_all_reduce_overlaps_backward_and_before_allreduce_cannot(runs):
+    results = runs(2)
     for rank in range(2):
         events = results[rank]["bucketwise"]["timeline"][-1]  # the overlapped iteration
         kinds = [e[0] for e in events]

@@ -33,8 +33,16 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TRAINER_COLLECTIVE_TIMEOUT_S": "60"}
 
 
-@pytest.mark.parametrize("global_batch", [8, 16], ids=["no-accumulation", "accumulate-2"])
+@pytest.mark.parametrize(
+    "global_batch",
+    [pytest.param(8, marks=pytest.mark.slow), 16],  # each a torchrun of its own
+    ids=["no-accumulation", "accumulate-2"],
+)
 def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
+    """By default with accumulation only: the trainer under torchrun with bucket-wise clipping and local presorting.
+    Without accumulation (slow) the bucket hook also measures the noise scale's norms; that, on 2 gloo ranks under
+    every strategy, is tests/trainer/test_noise_scale.py::test_ranks_recover_the_closed_form_noise_scale
+    [*-2ranks-ranks], and the trainer without accumulation under torchrun runs in tests/hpo/test_stop.py."""
     overrides = make_train_overrides(
         tmp_path,
         **{
