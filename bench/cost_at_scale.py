@@ -56,8 +56,9 @@ Controller CPU (`--cpu-trials`): our study loop alone on the simulated runner (o
 `--cpu-slots` 64 slots, so that results come back while the history grows; no confirmations), for `random` and
 `smac_bo` at 100, 1,000 and 10,000 trials: process CPU per trial of the loop without the simulated runner's own
 work (on a real cluster the trials write their records), and the tuner's ask + tell CPU per decision over the last
-tenth of the trials (at that history). A run is stopped after `--cpu-limit-s` seconds of wall-clock (at the
-loop's next turn; the trials it reached are reported), and larger sizes are then skipped. 1,024 slots of
+tenth of the trials (at that history), and that cost over each tenth of the asks (the trend). A run is stopped
+after `--cpu-limit-s` CPU seconds (at the loop's next turn; the trials it reached are reported), and larger sizes
+are then skipped. 1,024 slots of
 10-minute trials need about 1.7 decisions a second; the cost table's CPU column shows what whole experiments took
 with 1,024 trials in flight.
 
@@ -87,7 +88,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -679,12 +679,14 @@ def _repetition(task: tuple[str, int, int, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ controller CPU
 class _Timed:
-    """A controller whose ask and tell are timed (process CPU), per trial in the order asked."""
+    """A controller whose ask and tell are timed (process CPU), per trial in the order asked; `on_ask` is called
+    before each ask (the CPU limit)."""
 
-    def __init__(self, inner, log: list[float], handles: dict):
-        self.inner, self.log, self.handles = inner, log, handles
+    def __init__(self, inner, log: list[float], on_ask):
+        self.inner, self.log, self.on_ask, self.handles = inner, log, on_ask, {}
 
     def ask(self):
+        self.on_ask()
         begin = time.process_time()
         suggestion = self.inner.ask()
         self.handles[id(suggestion)] = len(self.log)
@@ -728,7 +730,7 @@ class _TimedRunner:
 
 def controller_cpu(tuner: str, trials: int, args, directory: Path) -> dict[str, Any]:
     """Our study loop alone on the simulated runner, one arm over the whole space: CPU per trial and per decision
-    as the history grows (see the module docstring); stopped after `args.cpu_limit_s` seconds."""
+    as the history grows (see the module docstring); stopped after `args.cpu_limit_s` CPU seconds."""
     from hpo.experiment import experiment_from_dict, stored_form
     from hpo.runners import build_runner
     from hpo.storage import SqlStorage
@@ -745,25 +747,30 @@ def controller_cpu(tuner: str, trials: int, args, directory: Path) -> dict[str, 
     runner.attach(storage, eid)
     study = Study(spec, storage, eid, run_dir, runner, url)
     decisions: list[float] = []
-    for arm in study.arms:
-        arm.controller = _Timed(arm.controller, decisions, {})
-    stop = threading.Timer(args.cpu_limit_s, lambda: setattr(study, "stop_reason", "the benchmark's time limit"))
-    stop.start()
     wall, cpu = time.perf_counter(), time.process_time()
+
+    def limit() -> None:  # the study stops at its loop's next turn (the asks of this turn still run)
+        if study.stop_reason is None and time.process_time() - cpu > args.cpu_limit_s:
+            study.stop_reason = "the benchmark's CPU limit"
+
+    for arm in study.arms:
+        arm.controller = _Timed(arm.controller, decisions, limit)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         study.run()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    stop.cancel()
     done = storage.count_trials(eid, state=TrialState.COMPLETED) + storage.count_trials(eid, state=TrialState.DIVERGED)
     storage.close()
     last = decisions[len(decisions) - max(1, len(decisions) // 10) :]
     per_decision = statistics.fmean(last) if last else None
+    tenth = max(1, len(decisions) // 10)  # the trend: mean ms per decision over each tenth of the asks
+    trend = [(min(i + tenth, len(decisions)), 1000 * statistics.fmean(decisions[i : i + tenth]))
+             for i in range(0, len(decisions), tenth)]  # fmt: skip
     return {
         "tuner": tuner, "trials": trials, "slots": slots, "asked": len(decisions), "finished": done,
         "stopped": len(decisions) < trials or done < trials, "wall_s": wall, "cpu_s": cpu,
         "runner_cpu_s": runner.cpu_s, "loop_ms_per_trial": 1000 * (cpu - runner.cpu_s) / max(len(decisions), 1),
         "tuner_ms_per_decision_last_tenth": None if per_decision is None else 1000 * per_decision,
-        "decisions_per_cpu_s": None if not per_decision else 1 / per_decision,
+        "decisions_per_cpu_s": None if not per_decision else 1 / per_decision, "trend_ms": trend,
     }  # fmt: skip
 
 
@@ -837,10 +844,14 @@ def print_cpu_table(rows: list[dict[str, Any]]) -> None:
             continue
         per = r["tuner_ms_per_decision_last_tenth"]
         rate = r["decisions_per_cpu_s"]
-        reached = f"{r['asked']:,}" + (" (time limit)" if r["stopped"] else "")
+        reached = f"{r['asked']:,}" + (" (CPU limit)" if r["stopped"] else "")
         print(f"| {r['tuner']} | {r['trials']:,} | {reached} | {r['slots']:,} | {r['loop_ms_per_trial']:.1f} | "
               f"{'-' if per is None else f'{per:.1f}'} | {'-' if rate is None else f'{rate:,.1f}'} | "
               f"{r['cpu_s']:.1f} | {r['wall_s']:.1f} |")  # fmt: skip
+    for r in rows:
+        if not r.get("skipped") and (r["tuner_ms_per_decision_last_tenth"] or 0) >= 1:
+            trend = ", ".join(f"{n:,}: {ms:,.0f}" for n, ms in r["trend_ms"])
+            print(f"\n{r['tuner']}, {r['trials']:,} trials: tuner CPU ms per decision by trials asked: {trend}")
 
 
 def cpu_model() -> str:
@@ -881,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cpu-slots", type=int, default=64, help="slots of the controller CPU measurement")
     parser.add_argument("--cpu-tuners", nargs="+", default=["random", "smac_bo"], choices=OURS)
-    parser.add_argument("--cpu-limit-s", type=float, default=240.0, help="wall seconds per CPU measurement run")
+    parser.add_argument("--cpu-limit-s", type=float, default=180.0, help="CPU seconds per CPU measurement run")
     parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args(argv)
     caps: dict[tuple[str, int], int] = {}
@@ -922,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_rows.append(row)
                 print(f"  controller CPU {tuner} {n}: {row['asked']} asked, {row['cpu_s']:.0f} s", file=sys.stderr)
                 if row["stopped"]:
-                    limited = f"{n:,} reached {row['asked']:,} in {args.cpu_limit_s:.0f} s"
+                    limited = f"{n:,} reached {row['asked']:,} in {args.cpu_limit_s:.0f} CPU s"
     meta = load_table(args.table).meta
     command = "python -m bench.cost_at_scale " + shlex.join(argv if argv is not None else sys.argv[1:])
     print(f"\n`{command.strip()}` on {cpu_model()} ({os.cpu_count()} CPUs), {time.perf_counter() - started:,.0f} s; "
