@@ -58,15 +58,21 @@ Controller CPU (`--cpu-trials`): our study loop alone on the simulated runner (o
 work (on a real cluster the trials write their records), and the tuner's ask + tell CPU per decision over the last
 tenth of the trials (at that history), and that cost over each tenth of the asks (the trend). A run is stopped
 after `--cpu-limit-s` CPU seconds (at the loop's next turn; the trials it reached are reported), and larger sizes
-are then skipped. 1,024 slots of
-10-minute trials need about 1.7 decisions a second; the cost table's CPU column shows what whole experiments took
-with 1,024 trials in flight.
+are then skipped. 1,024 slots of 10-minute trials need about 1.7 decisions a second; the cost table's CPU column
+shows what whole experiments took with 1,024 trials in flight.
 
 The runs use a copy of the table without its training-loss and noise-scale series (`--full-records` keeps them):
 the simulated runner writes every point of them as a record, which is most of its time and changes no duration,
 objective or decision.
 
-    python -m bench.cost_at_scale                                    # 50 seeds, 8 / 64 / 1,024 slots, every tuner
+Run time (process CPU per repetition on the 2-core Xeon, measured on the test suite's synthetic table and a
+partial real one): at 8 and 64 slots at most 3 and 10 s (smac_bo), most tuners well under a second; at 1,024 slots
+(2,048 trials) random 13-18 s, Optuna about 9 s, Syne Tune 3-16 s, smac_hyperband about 520 s and smac_bo about
+1,240 s (SMAC's ask with a thousand trials in flight and a growing history). 50 seeds of everything would take
+about a day; `--seed-cap` gives SMAC fewer repetitions at 1,024 slots (the table's n column says how many), and
+`--jobs` runs repetitions in parallel processes (the figures do not depend on it).
+
+    python -m bench.cost_at_scale --jobs 2 --seed-cap smac_bo@1024=6 --seed-cap smac_hyperband@1024=10
     python -m bench.cost_at_scale --seeds 3 --slots 8 64 --table T   # a quick look (T: a smaller table)
 """
 
@@ -256,7 +262,6 @@ class Plan:
     hit: int | None  # samples to target
     diverged: bool
     objective: float
-    cap: int  # the sample budget
 
 
 class TrialModel:
@@ -270,6 +275,14 @@ class TrialModel:
         self.slot_samples_per_s = simulation.gpu_samples_per_s * spec.resources.gpus_per_trial
         self.sample_scale = simulation.sample_scale
         self._plans: dict[tuple, Plan] = {}
+        self._configs: dict[tuple, Any] = {}
+
+    def config(self, params: dict[str, Any]):
+        """The trainer config of a trial with these parameters (`hpo.arms.trial_config`, cached)."""
+        key = tuple(sorted(params.items()))
+        if key not in self._configs:
+            self._configs[key] = trial_config(self.spec, params)
+        return self._configs[key]
 
     def seconds(self, samples: float) -> float:
         return max(samples, 0) * self.sample_scale / self.slot_samples_per_s
@@ -278,7 +291,7 @@ class TrialModel:
         """The trial of `params` with training seed `seed` (None: the config's)."""
         key = (tuple(sorted(params.items())), seed)
         if key not in self._plans:
-            cfg = trial_config(self.spec, params)
+            cfg = self.config(params)
             seed = cfg.seed if seed is None else seed
             curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
                                                 cfg.batch.global_batch_size, seed))  # fmt: skip
@@ -297,14 +310,13 @@ class TrialModel:
             best = max((a for _, a in evals), default=None)
             objective = objective_value(self.spec, TrainResult(status, samples_to_target=hit, best_mlm_accuracy=best),
                                         cfg)  # fmt: skip
-            self._plans[key] = Plan(tuple(evals), samples, hit, diverged, objective, budget)
+            self._plans[key] = Plan(tuple(evals), samples, hit, diverged, objective)
         return self._plans[key]
 
     def partial_objective(self, params: dict[str, Any], best_accuracy: float | None) -> float:
         """The objective of a run stopped now, with this best accuracy: the experiment's penalty for a miss."""
-        cfg = trial_config(self.spec, params)
-        return objective_value(self.spec, TrainResult(TrainStatus.BUDGET_EXHAUSTED, best_mlm_accuracy=best_accuracy),
-                               cfg)  # fmt: skip
+        result = TrainResult(TrainStatus.BUDGET_EXHAUSTED, best_mlm_accuracy=best_accuracy)
+        return objective_value(self.spec, result, self.config(params))
 
 
 def finish(trial: SimTrial, plan: Plan, at_s: float, pruned_at: int | None = None) -> None:
@@ -812,10 +824,16 @@ FIGURES = ("first_hit_gpu_h", "first_hit_wall_h", "answer_gpu_h", "answer_wall_h
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (slots, tuner): n, hits, verdicts and (median, low, high, exact) of every figure."""
+    """Per (slots, tuner): n, hits, verdicts and every figure's median, low, high, exact (None: never, no hit)."""
+
+    def figure(values: list[float | None]) -> dict[str, Any]:
+        median, low, high, exact = median_interval([math.inf if v is None else v for v in values])
+        finite = {k: None if math.isinf(v) else v for k, v in (("median", median), ("low", low), ("high", high))}
+        return {**finite, "exact": exact}
+
     return [{"slots": slots, "tuner": tuner, "n": len(group), "trials": group[0]["trials"],
              "hits": sum(r["first_hit_wall_h"] is not None for r in group), "verdicts": verdicts(group),
-             **{key: median_interval([math.inf if r[key] is None else r[key] for r in group]) for key in FIGURES}}
+             **{key: figure([r[key] for r in group]) for key in FIGURES}}
             for slots, tuner, group in grouped(rows)]  # fmt: skip
 
 
