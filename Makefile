@@ -21,8 +21,17 @@ system-deps:
 
 # Debian packages only the benchmarks use: wrk drives the REST API in bench/api_load.py.
 BENCH_DEBIAN_PACKAGES ?= wrk
-bench-deps:
+# Python packages only the benchmarks use: Syne Tune, a peer in bench/cost_at_scale.py. Installed without their
+# declared dependencies: syne-tune 0.16 requires xgboost, whose Linux wheel requires nvidia-nccl-cu12 (a 350 MB wheel
+# for multi-GPU training, never loaded here). ASHA, TPE and the simulator backend need none of it; CQR imports xgboost
+# (installed, without NCCL). What they do need (numpy, pandas, scikit-learn, tqdm, psutil, sortedcontainers) is in the
+# dev install; dill and statsmodels come with their own (small) dependencies.
+BENCH_PYTHON_PACKAGES ?= dill statsmodels
+BENCH_NO_DEPS_PACKAGES ?= syne-tune==0.16.0 xgboost==3.2.0
+bench-deps: $(VENV)/.installed
 	@$(MAKE) --no-print-directory system-deps DEBIAN_PACKAGES="$(BENCH_DEBIAN_PACKAGES)"
+	$(BIN)/python -m pip install -q $(BENCH_PYTHON_PACKAGES)
+	$(BIN)/python -m pip install -q --no-deps $(BENCH_NO_DEPS_PACKAGES)
 
 setup: $(VENV)/.installed
 
