@@ -139,8 +139,9 @@ def test_optuna_runs_on_the_same_slots_quotas_and_confirmations(tmp_path):
     assert row["trials"] == 20 and row["answer_wall_h"] > row["first_hit_wall_h"] > 0
 
 
+@pytest.mark.slow  # needs Syne Tune, a benchmark-only dependency: `make bench-deps`, then `pytest -m slow -k syne`
 def test_syne_tune_runs_its_simulator_on_the_surrogate(tmp_path):
-    pytest.importorskip("syne_tune")
+    pytest.importorskip("syne_tune", reason="Syne Tune is installed by `make bench-deps`")
     table = write_table(tmp_path / "t.jsonl")
     data = bench.experiment("st", table, "synetune_asha", 0, 32, LR, 4, 20, 2)
     spec = experiment_from_dict(data, "st", base_dir=tmp_path)
