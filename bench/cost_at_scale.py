@@ -100,8 +100,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpo.arms import ArmPlan, arm_plans, trial_config
 from hpo.objective import objective_value
 from hpo.simulation.cost import Cost, experiment_cost
@@ -353,7 +351,7 @@ def run_confirmations(spec, model: TrialModel, trials: list[SimTrial], slots: in
 # ------------------------------------------------------------------------------------------------ ours
 def run_ours(tuner: str, slots: int, rep: int, args, directory: Path) -> list[Any]:
     """One repetition through `hpo run` (in this process); its stored trials and spec."""
-    from hpo.cli import main as hpo_main
+    from bench.verdict_calibration import run_quietly
     from hpo.experiment import spec_from_stored
     from hpo.storage import SqlStorage
 
@@ -369,13 +367,8 @@ def run_ours(tuner: str, slots: int, rep: int, args, directory: Path) -> list[An
         trials_for(slots, args.trials_per_slot, args.min_trials),
         args.confirm,
     )
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
     url = f"sqlite:///{directory / f'{name}.db'}"
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "runs" / name)])
-    if code != 0:
-        raise SystemExit(f"{name}: hpo run failed (exit {code})")
+    run_quietly(name, data, directory, url)
     with SqlStorage(url) as storage:
         record = storage.get_experiment_by_name(name)
         trials, spec = storage.list_trials(record.id), spec_from_stored(record)

@@ -75,6 +75,16 @@ def experiment(name: str, table: Path, tuner: str, seed: int, batch: int, lr: tu
     }  # fmt: skip
 
 
+def run_quietly(name: str, data: dict[str, Any], directory: Path, url: str) -> None:
+    """`hpo run` of one experiment file (written into `directory`) in this process, its output swallowed."""
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "runs" / name)])
+    if code != 0:
+        raise SystemExit(f"{name}: hpo run failed (exit {code})")
+
+
 def truth(surrogate: Surrogate, spec, optimizer: str, batch: int, lr: tuple[float, float], points: int = 241):
     """(the arm's best configuration's truth, that configuration): the mean objective over the table's seeds,
     over a dense grid of the arm's space."""
@@ -107,12 +117,7 @@ def run_scenario(label: str, handicap: dict | None, args, directory: Path) -> di
     for rep in range(args.reps):
         name = f"{label}-{rep}".replace("=", "-")
         data = experiment(name, args.table, args.tuner, rep, args.batch, args.lr, args.trials, args.confirm, handicap)
-        path = directory / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "runs" / name)])
-        if code != 0:
-            raise SystemExit(f"repetition {rep} of {label} failed (exit {code})")
+        run_quietly(name, data, directory, url)
         with SqlStorage(url) as storage:
             record = storage.get_experiment_by_name(name)
             spec = spec_from_stored(record)
