@@ -73,6 +73,10 @@ about a day; `--seed-cap` gives SMAC fewer repetitions at 1,024 slots (the table
 `--jobs` runs repetitions in parallel processes (the figures do not depend on it).
 
     python -m bench.cost_at_scale --jobs 2 --seed-cap smac_bo@1024=6 --seed-cap smac_hyperband@1024=10
+
+`--rows FILE` appends each repetition's row to FILE as it ends and skips, on a later run with the same set-up,
+the repetitions FILE already holds: a run stopped half-way goes on where it stopped, and more tuners or seeds can
+be added to the same table later (the CPU column then mixes runs: say so where it is quoted).
     python -m bench.cost_at_scale --seeds 3 --slots 8 64 --table T   # a quick look (T: a smaller table)
 """
 
@@ -81,6 +85,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import hashlib
 import heapq
 import io
 import itertools
@@ -682,6 +687,33 @@ def _repetition(task: tuple[str, int, int, Any]) -> dict[str, Any]:
     return repetition(*task)
 
 
+def run_setup(args) -> dict[str, Any]:
+    """What a repetition's figures depend on besides (tuner, slots, seed): rows of another set-up are not reused."""
+    return {"table_sha256": hashlib.sha256(args.table.read_bytes()).hexdigest()[:16], "batch": args.batch,
+            "lr": list(args.lr), "trials_per_slot": args.trials_per_slot,
+            "min_trials": args.min_trials, "confirm": args.confirm, "full_records": args.full_records}  # fmt: skip
+
+
+def read_rows(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an earlier run of the same set-up in `path` (none if it does not exist); a line of another
+    set-up is left alone, a line that is not JSON stops with its line number."""
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(
+                f"{path}:{number}: not a JSON line ({e}); delete the line to run that repetition again"
+            ) from None
+        if row.pop("setup", None) == setup:
+            rows.append(row)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ controller CPU
 class _Timed:
     """A controller whose ask and tell are timed (process CPU), per trial in the order asked; `on_ask` is called
@@ -905,6 +937,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-tuners", nargs="+", default=["random", "smac_bo"], choices=OURS)
     parser.add_argument("--cpu-limit-s", type=float, default=180.0, help="CPU seconds per CPU measurement run")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        help="append each repetition's row to this JSON-lines file as it ends, and skip the repetitions it "
+        "already holds for the same set-up (a run stopped half-way goes on where it stopped)",
+    )
     args = parser.parse_args(argv)
     caps: dict[tuple[str, int], int] = {}
     for text in args.seed_cap:
@@ -922,17 +960,30 @@ def main(argv: list[str] | None = None) -> int:
         (skipped.append(f"{tuner}: {why}") if why else tuners.append(tuner))
     with tempfile.TemporaryDirectory(prefix="cost-at-scale-", dir=args.scratch) as tmp:
         args.run_table = args.table if args.full_records else without_progress_series(args.table, Path(tmp) / "t.jsonl")
+        setup = run_setup(args)
+        rows = read_rows(args.rows, setup) if args.rows else []
+        have = {(r["tuner"], r["slots"], r["seed"]) for r in rows}
         tasks = [(tuner, slots, rep, args) for slots in args.slots for tuner in tuners
-                 for rep in range(min(args.seeds, caps.get((tuner, slots), args.seeds)))]  # fmt: skip
-        rows: list[dict[str, Any]] = []
+                 for rep in range(min(args.seeds, caps.get((tuner, slots), args.seeds)))
+                 if (tuner, slots, rep) not in have]  # fmt: skip
+        tasks.sort(key=lambda t: (t[1], t[1] >= 1024 and t[0].startswith("smac")))  # SMAC at 1,024 slots last
+        if have:
+            print(f"  {len(rows)} repetitions read from {args.rows}; {len(tasks)} to run", file=sys.stderr)
         pool = concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
-        results = pool.map(_repetition, tasks) if pool else map(_repetition, tasks)
-        for done, row in enumerate(results, 1):
+        results = (pool.submit(_repetition, t) for t in tasks) if pool else (_repetition(t) for t in tasks)
+        if pool:
+            results = concurrent.futures.as_completed(list(results))
+        for done, result in enumerate(results, 1):
+            row = result.result() if pool else result
             rows.append(row)
+            if args.rows:
+                with args.rows.open("a") as f:
+                    f.write(json.dumps({"setup": setup, **row}, default=str) + "\n")
             if done % 10 == 0 or done == len(tasks):
                 print(f"  {done}/{len(tasks)} repetitions ({time.perf_counter() - started:,.0f} s)", file=sys.stderr)
         if pool:
             pool.shutdown()
+        rows = [r for r in rows if r["slots"] in args.slots and r["tuner"] in tuners]
         cpu_rows = []
         for tuner in args.cpu_tuners:
             limited = None

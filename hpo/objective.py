@@ -7,9 +7,12 @@ and `time_to_target_s`, a run that misses the target (budget exhausted, diverged
 
     penalty_factor x cap x (1 + gap),   gap = clamp((target - best_mlm_accuracy) / target, 0, 1)
 
-where cap is the trial's own limit (budget.max_samples, or for time the trainer's budget.max_time_s else the
-experiment's trial_timeout_s). Every miss is thus worse than every hit (penalty_factor > 1), and a near miss
-beats a run that learned nothing, which keeps the tuner's model informative when few runs reach the target.
+where cap is the experiment's full sample budget (budget.max_samples of the base config, or of the trial when
+larger; a multi-fidelity trial's shortened budget does not lower it), or for time the trainer's budget.max_time_s
+else the experiment's trial_timeout_s. Every miss is thus worse than every hit (penalty_factor > 1), at any
+fidelity: a miss at a low rung never ranks above a run that reached the target, so an arm's best trial is never
+a short run that missed. A near miss beats a run that learned nothing, which keeps the tuner's model
+informative when few runs reach the target; misses at one fidelity rank as their accuracies do.
 For the accuracy metrics, a run that did not end normally (diverged, failed, timeout) scores accuracy 0.
 
 What the tuner is told (`tuner_feedback`): COMPLETED, DIVERGED and TIMEOUT trials report their objective as a
@@ -23,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpo.trials import TrialResult, TrialState
+from trainer.config import BudgetConfig
 from trainer.result import TrainResult, TrainStatus
 
 _TO_TARGET = ("samples_to_target", "time_to_target_s")
@@ -40,13 +44,21 @@ def objective_value(spec, result: TrainResult | None, cfg) -> float:
     if metric in _TO_TARGET:
         if value is not None:
             return float(value)
-        cap = cfg.budget.max_samples if metric == "samples_to_target" else cfg.budget.max_time_s
+        cap = full_max_samples(spec, cfg) if metric == "samples_to_target" else cfg.budget.max_time_s
         cap = cap or spec.budget.trial_timeout_s or 0.0
         target = cfg.eval.target_mlm_accuracy
         best = (result.best_mlm_accuracy if result is not None else None) or 0.0
         gap = min(max((target - best) / target, 0.0), 1.0)
         return spec.objective.penalty_factor * cap * (1.0 + gap)
     return float(value or 0.0)
+
+
+def full_max_samples(spec, cfg) -> int:
+    """The experiment's full sample budget: the base config's budget.max_samples (after overrides), or the
+    trial's own when it is larger (a tuned budget); a multi-fidelity trial's shortened budget is below it."""
+    budget = spec.resolved_base().get("budget") or {}
+    full = budget.get("max_samples", BudgetConfig.model_fields["max_samples"].default)
+    return max(int(full), cfg.budget.max_samples)
 
 
 def trial_result(spec, result: TrainResult, cfg, duration_s: float | None = None) -> TrialResult:

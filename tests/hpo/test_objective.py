@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpo.arms import trial_config
 from hpo.objective import NOT_TOLD, objective_value, trial_result, tuner_cost, tuner_feedback
 from hpo.trials import TrialState
 from tests.hpo.test_experiment import objective_spec
@@ -30,6 +31,20 @@ def test_objective_penalty_for_a_miss_grows_with_the_accuracy_gap():
     assert objective_value(spec, result("diverged", best_mlm_accuracy=0.0), cfg) == 3.0 * 4096 * 2
     assert objective_value(spec, None, cfg) == 3.0 * 4096 * 2  # a crash without any record
     assert objective_value(spec, near, cfg) > 4096  # every miss is worse than every hit
+
+
+def test_a_miss_at_a_low_fidelity_is_worse_than_every_hit_at_any_fidelity():
+    """Multi-fidelity (Hyperband, ASHA): a trial at 1/9 of the budget that misses is penalized from the full
+    budget, not its shortened one, so it never ranks above a full run that reached the target."""
+    spec = objective_spec(metric="samples_to_target", penalty_factor=2.0)
+    short = trial_config(spec, {}, fidelity=1 / 9)  # budget 4096 -> 455 samples
+    assert short.budget.max_samples == 455
+    near = result("budget_exhausted", best_mlm_accuracy=0.4)
+    assert objective_value(spec, near, short) == pytest.approx(2.0 * 4096 * (1 + 0.1 / 0.5))
+    full_hit = result("reached_target", samples_to_target=4096, best_mlm_accuracy=0.5)
+    assert objective_value(spec, near, short) > objective_value(spec, full_hit, trial_config(spec, {})) == 4096
+    early_hit = result("reached_target", samples_to_target=400, best_mlm_accuracy=0.5)
+    assert objective_value(spec, early_hit, short) == 400.0  # a hit at a low rung is exact
 
 
 def test_time_objective_caps_with_the_trial_timeout():

@@ -176,3 +176,19 @@ def test_the_controller_cpu_measurement_times_every_decision(tmp_path):
     row = bench.controller_cpu("random", 30, args, tmp_path)
     assert (row["asked"], row["finished"], row["stopped"], row["slots"]) == (30, 30, False, 8)
     assert row["cpu_s"] >= row["runner_cpu_s"] > 0 and row["loop_ms_per_trial"] > 0
+
+
+def test_a_run_with_rows_goes_on_where_an_earlier_one_stopped(tmp_path, capsys):
+    """--rows: each repetition's row is appended as it ends; a second run of the same set-up runs only the
+    repetitions the file lacks, and its table covers them all; another set-up's rows are not reused."""
+    table, rows = write_table(tmp_path / "t.jsonl"), tmp_path / "rows.jsonl"
+    common = ["--table", str(table), "--slots", "8", "--tuners", "random", "--lr", *map(str, LR), "--cpu-trials"]
+    assert bench.main([*common, "--seeds", "2", "--rows", str(rows)]) == 0
+    first = rows.read_text().splitlines()
+    assert [yaml.safe_load(line)["seed"] for line in first] == [0, 1]
+    assert bench.main([*common, "--seeds", "3", "--rows", str(rows)]) == 0
+    lines = rows.read_text().splitlines()
+    assert lines[:2] == first and [yaml.safe_load(line)["seed"] for line in lines] == [0, 1, 2]
+    assert "| 8 | random | 3 |" in capsys.readouterr().out
+    assert bench.main([*common, "--seeds", "1", "--confirm", "1", "--rows", str(rows)]) == 0
+    assert len(rows.read_text().splitlines()) == 4  # another set-up: its repetition ran again
