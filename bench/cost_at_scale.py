@@ -13,21 +13,26 @@ GPU measurement), one `adam_vs_lamb_simulated`-style experiment per repetition:
   1001 + r, 1002 + r for the confirmations.
 
 Tuners. Ours, through the real control plane (`hpo run` in-process: Study, tuners, SQLite storage in /dev/shm,
-verdict): `random`, `smac_bo`, `smac_hyperband` (promoted configurations continue from their checkpoint: only new
-samples are charged). Peers, on the same surrogate, the same duration model, the same arms, budgets and training
-seeds, the same rule for the best configuration (lowest objective among completed tuning trials, ties to the
-earliest) and the same confirmation runs and verdict rule (`hpo.verdict`):
+verdict): `random`, `smac_bo`, `smac_hyperband` and `asha` (its defaults: eta 3, rungs 1,024, 4,096 and 12,288
+samples, new configurations from SMAC3's random forest); under the multi-fidelity tuners promoted configurations
+continue from their checkpoint: only new samples are charged. Peers, on the same surrogate, the same duration
+model, the same arms, budgets and training seeds, the same rule for the best configuration (lowest objective
+among completed tuning trials, ties to the earliest) and the same confirmation runs and verdict rule
+(`hpo.verdict`):
 
 - `optuna_tpe_median`, `optuna_tpe_sh`: Optuna's TPE sampler (seeded with the tuner seed, defaults otherwise)
-  with its MedianPruner / SuccessiveHalvingPruner (defaults), one study per arm, asked round-robin as our Study
+  with its MedianPruner (defaults) / SuccessiveHalvingPruner (reduction factor 3 from the first evaluation, as
+  Syne Tune's ASHA: rungs at 1,024, 3,072 and 9,216 samples), one study per arm, asked round-robin as our Study
   asks its arms' controllers, driven through ask/tell by a discrete-event clock of N slots here. Each evaluation
   is reported as an intermediate value (the objective the trial would score if it stopped there: the
   experiment's miss penalty from its best accuracy so far) and the pruner is asked; a pruned trial stops at that
   evaluation and is charged only the samples it trained (its slot is free from that moment).
-- `synetune_asha`, `synetune_tpe`, `synetune_cqr`: Syne Tune 0.16's own simulator backend (`UserBlackboxBackend`
-  + `SimulatorCallback`, N workers) over a user blackbox backed by our surrogate; ASHA (stopping type,
-  grace period one evaluation, reduction factor 3, rungs in evaluations), and two of its model-based baselines:
-  TPE (its kernel-density BO, the searcher of its BOHB) and CQR (conformal quantile regression, gradient-boosted
+- `synetune_asha`, `synetune_bohb`, `synetune_tpe`, `synetune_cqr`: Syne Tune 0.16's own simulator backend
+  (`UserBlackboxBackend` + `SimulatorCallback`, N workers) over a user blackbox backed by our surrogate; ASHA
+  (stopping type, grace period one evaluation, reduction factor 3, rungs in evaluations), BOHB (the same ASHA
+  with TPE's kernel densities proposing new configurations: Syne Tune 0.16's model-based multi-fidelity
+  baseline; MOBSTER and Hyper-Tune are gone from 0.16), and two of its single-fidelity model-based baselines:
+  TPE (its kernel-density BO) and CQR (conformal quantile regression, gradient-boosted
   trees; its import needs xgboost). One scheduler per arm behind a scheduler that asks them round-robin with the
   same quotas. Syne Tune 0.16 no longer has its Gaussian-process `BayesianOptimization` (the GP baseline is
   `BOTorch`, which needs botorch and gpytorch: not installed here); BORE imports xgboost too. The runs end at the
@@ -117,9 +122,9 @@ from trainer.result import TrainResult, TrainStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "bench/curves/curves.jsonl"
-OURS = ("random", "smac_bo", "smac_hyperband")
+OURS = ("random", "smac_bo", "smac_hyperband", "asha")
 OPTUNA = ("optuna_tpe_median", "optuna_tpe_sh")
-SYNETUNE = ("synetune_asha", "synetune_tpe", "synetune_cqr")
+SYNETUNE = ("synetune_asha", "synetune_bohb", "synetune_tpe", "synetune_cqr")
 TUNERS = OURS + OPTUNA + SYNETUNE
 GPUS_PER_SLOT = 8
 WARMUPS = [0, 40]
@@ -389,10 +394,14 @@ def run_optuna(tuner: str, spec, model: TrialModel, seed: int, slots: int) -> li
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     arms = arm_plans(spec)
+    spec_every = model.config({}).eval.every_samples  # Optuna's steps are samples here
 
     def pruner():
         pruners = optuna.pruners
-        return pruners.MedianPruner() if tuner == "optuna_tpe_median" else pruners.SuccessiveHalvingPruner()
+        if tuner == "optuna_tpe_median":
+            return pruners.MedianPruner()
+        # the rungs of our asha and Syne Tune's ASHA: the first evaluation, then x eta (3)
+        return pruners.SuccessiveHalvingPruner(min_resource=spec_every, reduction_factor=3)
 
     studies = [optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
                                    pruner=pruner()) for _ in arms]  # fmt: skip
@@ -577,6 +586,8 @@ def run_synetune(tuner: str, spec, model: TrialModel, seed: int, slots: int, dir
         space = arm_space(arm)
         if tuner == "synetune_asha":
             return baselines.ASHA(space, metric="objective", time_attr="evals", max_t=n_evals, random_seed=seed)
+        if tuner == "synetune_bohb":  # ASHA's rungs with TPE's kernel densities proposing new configurations
+            return baselines.BOHB(space, metric="objective", time_attr="evals", max_t=n_evals, random_seed=seed)
         if tuner == "synetune_tpe":
             return baselines.TPE(space, metric="objective", random_seed=seed)
         return baselines.CQR(space, metric="objective", random_seed=seed)

@@ -169,5 +169,20 @@ def trial_config(spec: ExperimentSpec, params: Mapping[str, Any], fidelity: floa
 
 
 def params_key(params: Mapping[str, Any]) -> str:
-    """A short stable key of a configuration (its checkpoint directory under Hyperband)."""
+    """A short stable key of a configuration (with its seed, its checkpoint directory under multi-fidelity tuners)."""
     return hashlib.sha1(json.dumps(dict(params), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# Tuners that run a configuration at growing budgets, each continuing from the checkpoint of the one before.
+CONTINUING_TUNERS = ("smac_hyperband", "asha")
+
+
+def continues_from_checkpoint(spec: ExperimentSpec) -> bool:
+    """Whether a trial continues from the checkpoint its configuration (and training seed) left at a lower budget."""
+    return spec.tuner.name in CONTINUING_TUNERS
+
+
+def checkpoint_name(params: Mapping[str, Any], seed: int) -> str:
+    """The checkpoint directory of a configuration trained with one seed: a confirmation run (another seed)
+    starts from scratch, never from the tuning run's checkpoint."""
+    return f"{params_key(params)}-seed{seed}"

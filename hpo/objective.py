@@ -84,6 +84,18 @@ def trial_result(spec, result: TrainResult, cfg, duration_s: float | None = None
     )
 
 
+def reached_target_at_most(spec, cfg) -> float | None:
+    """The tuner cost at or below which a trial reached the target (its cost is then exact, at any fidelity), for
+    the experiment's base trainer config `cfg`; None when the objective has no target. A hit costs at most the
+    cap, every miss at least penalty_factor (> 1) x the cap."""
+    metric = spec.objective.metric
+    if metric == "samples_to_target":
+        return float(full_max_samples(spec, cfg))
+    if metric == "time_to_target_s":
+        return float(cfg.budget.max_time_s or spec.budget.trial_timeout_s or 0.0) or None
+    return None
+
+
 def tuner_cost(spec, objective: float) -> float:
     """The cost a tuner minimizes for a stored objective."""
     return -objective if spec.direction == "maximize" else objective

@@ -30,11 +30,13 @@ from hpo.arms import arm_plans, trial_config
 from hpo.controllers import Controller, Suggestion, build_controller
 from hpo.errors import StorageError
 from hpo.experiment import ExperimentSpec
-from hpo.objective import NOT_TOLD, objective_value, tuner_feedback
+from hpo.experiment.rungs import asha_plan
+from hpo.objective import NOT_TOLD, objective_value, reached_target_at_most, tuner_feedback
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
+from trainer.config import config_from_dict
 from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
@@ -92,9 +94,14 @@ class Study:
     def _controller(self, space: SearchSpace, quota: int, output_dir: Path) -> Controller:
         tuner, budget = self.spec.tuner, self.spec.budget
         name = tuner.name if len(space) else "random"  # nothing to tune in this arm
-        fidelity = {"min_budget": budget.min_budget, "max_budget": budget.max_budget, "eta": budget.eta}
-        return build_controller(name, space, tuner.seed, quota, output_dir, dict(tuner.options),
-                                **(fidelity if name == "smac_hyperband" else {}))  # fmt: skip
+        extra: dict[str, Any] = {}
+        if name == "smac_hyperband":
+            extra = {"min_budget": budget.min_budget, "max_budget": budget.max_budget, "eta": budget.eta}
+        elif name == "asha":
+            base = config_from_dict(self.spec.resolved_base())
+            extra = {"plan": asha_plan(self.spec, base.budget.max_samples, base.eval.every_samples),
+                     "reached_target_at_most": reached_target_at_most(self.spec, base)}  # fmt: skip
+        return build_controller(name, space, tuner.seed, quota, output_dir, dict(tuner.options), **extra)
 
     def _arm(self, label: str | None) -> Arm:
         return next((a for a in self.arms if a.label == label), self.arms[0])
@@ -292,11 +299,14 @@ class Study:
 
 
 def _history_events(records: list[TrialRecord]):
-    """(time, "ask" | "tell", record): when each stored trial was proposed and when it was finished."""
+    """(time, "ask" | "tell", record): when each stored trial was proposed and when it was finished. At one moment
+    the tells come first, as in the loop, which tells what ended before it asks again (a simulated clock stamps
+    both at the very same time); a trial that ended the moment it was created is told right after its ask."""
     for record in records:
-        yield (record.created_at, 0, record.number), "ask", record
+        yield (record.created_at, 1, record.number, 0), "ask", record
         if record.state.finished:
-            yield (record.finished_at, 1, record.number), "tell", record
+            instant = record.finished_at == record.created_at
+            yield (record.finished_at, 1 if instant else 0, record.number, 1), "tell", record
 
 
 def _finish_order(record: TrialRecord) -> tuple[datetime, int]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from hpo.arms import params_key, trial_config
+from hpo.arms import checkpoint_name, continues_from_checkpoint, trial_config
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
 from hpo.objective import trial_result
@@ -90,13 +90,14 @@ def is_rank_zero() -> bool:
 def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path | None):
     """The trainer config of one trial: the experiment's base + the trial's parameters at its budget, its
     seed for a confirmation run, and a checkpoint directory shared by the budgets of one configuration
-    (Hyperband continues a promoted configuration from its checkpoint)."""
+    and training seed (Hyperband and ASHA continue a promoted configuration from its checkpoint)."""
     cfg = trial_config(spec, record.params, fidelity=min(record.budget, 1.0))
     updates: dict[str, Any] = {"log": cfg.log.model_copy(update={"jsonl": str(workdir / "report.jsonl")})}
     if record.seed is not None:
         updates["seed"] = record.seed
-    if spec.tuner.name == "smac_hyperband":
-        ckpt = (run_dir or workdir) / "checkpoints" / params_key(record.params)
+    if continues_from_checkpoint(spec):
+        seed = updates.get("seed", cfg.seed)
+        ckpt = (run_dir or workdir) / "checkpoints" / checkpoint_name(record.params, seed)
         updates["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": str(ckpt), "resume": True})
     return cfg.model_copy(update=updates)
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from hpo.arms import arm_dimensions, arms, unequal_dimensions
 from hpo.errors import ExperimentFileError
+from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
@@ -144,7 +145,7 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
     if spec.engine == "nni" and not _nni_engine_available():
         raise ExperimentFileError(
             f"{source}: engine: the nni engine is not available in this version; use engine: local "
-            "(tuners random, smac_bo, smac_hyperband)"
+            "(tuners random, smac_bo, smac_hyperband, asha)"
         )
     if spec.runner.name == "dask" and not spec.runner.scheduler:
         raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
@@ -185,6 +186,9 @@ def _nni_engine_available() -> bool:
 def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     if spec.engine == "nni":  # NNI's tuners, their options, and what NNI's training service can run
         check_nni_spec(spec, source)
+        return
+    if spec.tuner.name == "asha":  # typed options, checked with the rungs they make
+        asha_plan(spec, cfg.budget.max_samples, cfg.eval.every_samples, source)
         return
     allowed = TUNER_OPTIONS.get(spec.tuner.name, ())
     for key in spec.tuner.options:

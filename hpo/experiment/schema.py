@@ -15,7 +15,7 @@ from search_spaces.space import SearchSpace
 
 MetricName = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
 TunerName = Literal[
-    "random", "smac_bo", "smac_hyperband", "nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac"
+    "random", "smac_bo", "smac_hyperband", "asha", "nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac"
 ]
 NATURAL_DIRECTION = {
     "samples_to_target": "minimize",
@@ -37,7 +37,7 @@ class Objective(_Section):
 
 
 class Tuner(_Section):
-    name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, random, or an NNI tuner.")
+    name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, ASHA, random, or an NNI tuner.")
     seed: int = Field(0, description="Seed of the tuner (and of random search).")
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the tuner as is.")
 

@@ -10,8 +10,8 @@ trial would write them, stamped at simulated times.
 
 Time: a slot trains `simulation.gpu_samples_per_s x resources.gpus_per_trial` BERT-large samples per second, and
 one table sample stands for `simulation.sample_scale` BERT-large samples, so an attempt that trains n new table
-samples takes n x scale / throughput simulated seconds. Under smac_hyperband a configuration continues from
-its checkpoint (the real trials do too): a higher budget trains, and is charged, only the samples beyond what
+samples takes n x scale / throughput simulated seconds. Under smac_hyperband and asha a configuration continues
+from its checkpoint (the real trials do too): a higher budget trains, and is charged, only the samples beyond what
 the same configuration and seed already trained. `poll` moves the simulated clock to the next end of an
 attempt, so an experiment of thousands of trials runs in seconds.
 """
@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import arm_plans, params_key
+from hpo.arms import arm_plans, continues_from_checkpoint, params_key
 from hpo.errors import HpoError
 from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
@@ -71,7 +71,7 @@ class SimulatedRunner(Runner):
         self.slots = slots
         self.slot_samples_per_s = simulation.gpu_samples_per_s * spec.resources.gpus_per_trial
         self.sample_scale = simulation.sample_scale
-        self.continues = spec.tuner.name == "smac_hyperband"  # as the trial entry: checkpoints under Hyperband
+        self.continues = continues_from_checkpoint(spec)  # as the trial entry: checkpoints under Hyperband, ASHA
         self.storage: Storage | None = None
         self.trained: dict[tuple[str, int], int] = {}  # (configuration, seed) -> samples its checkpoint holds
         self.free = list(range(slots))
