@@ -101,7 +101,7 @@ class ForestModel:
     modelled on a log scale when all are positive (as SMAC3's BO facade does), which keeps the penalties of
     misses from swamping the differences between hits."""
 
-    def __init__(self, space: SearchSpace, seed: int, challengers: int = 1000):
+    def __init__(self, space: SearchSpace, seed: int, challengers: int = 500):
         from smac.acquisition.function import EI
 
         self.configspace = to_configspace(space, seed=seed)
@@ -121,15 +121,13 @@ class ForestModel:
         X = convert_configurations_to_array(configs)
         self.forest.train(X, y)
         self.acquisition.update(model=self.forest, eta=float(y.min()), num_data=len(y))
-        seen = set(map(_key, configs))
-        candidates = [c for c in self.configspace.sample_configuration(self.challengers) if _key(c) not in seen]
-        if not candidates:
+        seen = {row.tobytes() for row in X}
+        candidates = self.configspace.sample_configuration(self.challengers)
+        fresh = [c for c, row in zip(candidates, convert_configurations_to_array(candidates), strict=True)
+                 if row.tobytes() not in seen]  # fmt: skip
+        if not fresh:
             return from_configuration(self.configspace.sample_configuration())
-        return from_configuration(candidates[int(np.argmax(self.acquisition(candidates).ravel()))])
-
-
-def _key(config) -> tuple:
-    return tuple(sorted(dict(config).items()))
+        return from_configuration(fresh[int(np.argmax(self.acquisition(fresh).ravel()))])
 
 
 def _no_target(config, seed: int = 0) -> float:
