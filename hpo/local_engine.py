@@ -80,7 +80,8 @@ def describe_plan(spec, runner) -> str:
     if spec.allow_unequal_arms:
         lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
     if spec.budget.confirm_seeds:
-        lines.append(f"  then each arm's best configuration {spec.budget.confirm_seeds} more times with other seeds")
+        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration {spec.budget.confirm_seeds} "
+                     "more times with other seeds")  # fmt: skip
     return "\n".join(lines)
 
 

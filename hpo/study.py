@@ -7,14 +7,17 @@ Every `compare` arm gets its own controller over the arm's sub-space (the compar
 share of the trial budget. The loop keeps the runner's free slots busy and tells each controller what the
 storage says about its trials; it does not start processes, read trial files or print (runners, the trial
 entry and the progress view do). Only a trial that ended without recording a result is finished here
-(`classify_exit`). With `budget.confirm_seeds: k`, once tuning is done each arm's best configuration runs k
-more times with other training seeds, as confirmation trials.
+(`classify_exit`). With `budget.confirm_seeds: k`, each arm's best configuration runs k more times with other
+training seeds, as confirmation trials, queued as soon as that arm's tuning is over (its whole quota created and
+none of its tuning trials running or queued), while other arms may still tune: no slot idles while work is
+known. Tuning trials start before confirmation trials (the tuners' next questions wait on them).
 
 Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
 the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
 new attempt; finished trials are told to the new controllers in the order they finished, through the same
 `tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run; nothing finished
-runs again and the total stays `budget.trials`.
+runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them queued: they are
+neither queued twice nor forgotten.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Pending:
     attempt: int
     suggestion: Suggestion | None  # None for confirmation trials (nothing to tell)
     arm: Arm
+    kind: TrialKind = TrialKind.TUNING
 
 
 class Study:
@@ -73,7 +77,7 @@ class Study:
         self.arms = self._build_arms()
         self.queue: list[Pending] = []
         self.running: dict[int, Pending] = {}
-        self.confirmations_queued = False
+        self.confirmed: set[str | None] = set()  # labels of the arms whose confirmation trials are queued
         self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
         self._stop_checked = 0.0
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
@@ -128,10 +132,11 @@ class Study:
                 self._tell(suggestions[record.id], record)
         for record in records:
             if record.kind is not TrialKind.TUNING:
-                self.confirmations_queued = True
+                self.confirmed.add(self._arm(record.arm).label)
             if record.state == TrialState.QUEUED:
                 arm = self._arm(record.arm)
-                self.queue.append(Pending(record.id, record.number, record.attempt, suggestions.get(record.id), arm))
+                self.queue.append(Pending(record.id, record.number, record.attempt, suggestions.get(record.id), arm,
+                                          record.kind))  # fmt: skip
 
     def _ask_again(self, arm: Arm, record: TrialRecord) -> Suggestion | None:
         """The controller's suggestion for a stored trial: asked again (the same one, for a deterministic
@@ -146,21 +151,19 @@ class Study:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> ExperimentStatus:
-        """Run trials until every arm has used its share (and confirmations ran); how the experiment ended."""
+        """Run trials until every arm has used its share and its confirmations ran; how the experiment ended."""
         while True:
             if self.stop_reason is None and self._stop_requested():
                 self.stop_reason = "experiment stopped by request"
             if self.stop_reason is not None:
                 self.stop(self.stop_reason)
                 return ExperimentStatus.STOPPED
+            self._queue_confirmations()
             while self.runner.free_slots() > 0 and self._start_next():
                 pass
             exits = self.runner.poll()
             self._handle(exits)
-            if not self.running and not self.queue and self._arm_with_quota() is None:
-                if self.spec.budget.confirm_seeds and not self.confirmations_queued:
-                    self._queue_confirmations()
-                    continue
+            if not self.running and not self.queue and self._arm_with_quota() is None and self._all_confirmed():
                 return ExperimentStatus.FINISHED
             self._update_note()
             if not exits:
@@ -180,21 +183,29 @@ class Study:
         return min(open_arms, key=lambda a: a.created) if open_arms else None
 
     def _start_next(self) -> bool:
-        if self.queue:
-            pending = self.queue.pop(0)
-        else:
-            arm = self._arm_with_quota()
-            if arm is None:
-                return False
+        """Start one trial: a queued tuning trial (re-queued or resumed), else a new one from the tuner of the arm
+        with quota left, else a queued confirmation trial. False when there is nothing to start."""
+        pending = self._take_queued(TrialKind.TUNING)
+        if pending is None and (arm := self._arm_with_quota()) is not None:
             suggestion = arm.controller.ask()
             params = {**arm.fixed, **suggestion.params}
             spec = TrialSpec(None, params, arm.label, suggestion.budget, (), self._global_batch(params))
             record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
             arm.created += 1
             pending = Pending(record.id, record.number, record.attempt, suggestion, arm)
+        pending = pending or self._take_queued(TrialKind.CONFIRMATION)
+        if pending is None:
+            return False
         self.runner.submit(self._launch(pending))
         self.running[pending.trial_id] = pending
         return True
+
+    def _take_queued(self, kind: TrialKind) -> Pending | None:
+        """The first queued trial of this kind, taken off the queue."""
+        pending = next((p for p in self.queue if p.kind is kind), None)
+        if pending is not None:
+            self.queue.remove(pending)
+        return pending
 
     def _global_batch(self, params: dict[str, Any]) -> int | None:
         try:
@@ -263,19 +274,35 @@ class Study:
         else:
             controller.replay(suggestion.params, suggestion.budget, feedback)
 
+    def _tuning_over(self, arm: Arm) -> bool:
+        """The arm created its whole quota and none of its tuning trials is running or queued."""
+        if arm.created < arm.quota:
+            return False
+        owned = [*self.running.values(), *self.queue]
+        return not any(p.arm is arm and p.kind is TrialKind.TUNING for p in owned)
+
+    def _all_confirmed(self) -> bool:
+        return all(arm.label in self.confirmed for arm in self.arms)
+
     def _queue_confirmations(self) -> None:
-        """k more runs of each arm's best configuration, with the training seeds after the config's."""
-        self.confirmations_queued = True
+        """For each arm whose tuning is over and whose confirmations are not queued yet: k more runs of its best
+        configuration (as the storage names it now, all its tuning trials finished), with the training seeds after
+        the config's. An arm without a completed trial queues nothing (the verdict says so)."""
         for arm in self.arms:
+            if arm.label in self.confirmed or not self._tuning_over(arm):
+                continue
+            self.confirmed.add(arm.label)
+            if not self.spec.budget.confirm_seeds:
+                continue
             best = self.storage.best_trial(self.experiment_id, arm=arm.label)
             if best is None:
-                continue  # no trial of this arm completed: nothing to confirm (the verdict says so)
+                continue  # no trial of this arm completed: nothing to confirm
             seed = trial_config(self.spec, best.params).seed
             for k in range(self.spec.budget.confirm_seeds):
                 spec = TrialSpec(None, best.params, arm.label, 1.0, (), best.global_batch_size,
                                  TrialKind.CONFIRMATION, seed + 1 + k)  # fmt: skip
                 record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
-                self.queue.append(Pending(record.id, record.number, record.attempt, None, arm))
+                self.queue.append(Pending(record.id, record.number, record.attempt, None, arm, TrialKind.CONFIRMATION))
 
     def stop(self, reason: str) -> None:
         """End every process of the running attempts, then record them as INTERRUPTED with `reason` (a resume runs

@@ -1,7 +1,8 @@
 """The comparison report: one self-contained HTML page per experiment (and one comparing several), built only
 from what the database holds.
 
-    data.py        everything read from storage, as plain numbers (trials, outcomes, curves, the verdict)
+    data.py        everything read from storage, as plain numbers (trials, outcomes, curves, the verdict, the rungs
+                   and promotions of a multi-fidelity tuner)
     bands.py       best-so-far curves and their bootstrap band over trial order
     importance.py  hyperparameter importance: permutation importance on a random-forest surrogate
     scaling.py     several experiments: samples to target and the noise scale against global batch size

@@ -15,6 +15,11 @@ drawn as a number); for the other metrics, every normally ended run. A failure n
 The noise scale of a trial is the median of its reported B_simple over the second half of its training samples:
 the estimate is smoothed over steps and lags, and is noisiest at the start (see trainer/noise_scale.py).
 
+Rungs. Under a multi-fidelity tuner (smac_hyperband) tuning trials run at several budgets (fractions of
+budget.max_samples): a rung is one budget, and a configuration promoted to the next rung is a new trial with the
+same parameters and a larger budget, continuing from the same configuration's checkpoint. `promotion_rungs` groups
+the trials into rungs and promotion chains (one configuration's trials at increasing budgets).
+
 When the noise scale is only a lower bound. Checked against a closed form, the estimate comes within 10 % while
 the true noise scale is at most about 4x the estimator's big batch (B_big: the global batch without gradient
 accumulation, one rank's accumulated batch with it). Far above that the smoothed |G|^2 is the small difference
@@ -36,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpo.arms import arm_label, arms
+from hpo.arms import arm_label, arms, params_key
 from hpo.experiment import spec_from_stored
 from hpo.liveness import liveness
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
@@ -151,6 +156,7 @@ class ExperimentData:
     curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
     simulated: str | None = None  # a simulated experiment's cost line (hpo.simulation.cost); None for a real one
     nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
+    rungs: dict[str, ArmRungs] = field(default_factory=dict)  # arm -> its rungs; empty unless multi-fidelity
 
     @property
     def to_target(self) -> bool:
@@ -203,6 +209,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         verdict=verdict if spec.compare else None,
         simulated=simulated_line(spec, records),
         nni_webui=tuple(record.nni_webui),
+        rungs=promotion_rungs(records, int(cfg.budget.max_samples), metric),
     )
     _load_curves(storage, record, data)
     return data
@@ -296,6 +303,78 @@ def _dimensions(spec) -> tuple[Dimension, ...]:
             kind = "int" if type(param).__name__ == "IntParam" else "float"
             dims.append(Dimension(name, kind, bool(param.log)))
     return tuple(dims)
+
+
+# --------------------------------------------------------------------------- rungs (multi-fidelity)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One budget of a multi-fidelity arm."""
+
+    budget: float  # the fraction of budget.max_samples
+    samples: int  # round(budget x budget.max_samples)
+    trials: int  # tuning trials run at this budget
+    promoted: int  # of them, continued at a larger budget (the same configuration's next trial)
+
+
+@dataclass(frozen=True)
+class RungStep:
+    """One trial of a promotion chain."""
+
+    number: int
+    budget: float
+    samples: int
+    outcome: str  # one of OUTCOMES
+    value: float | None  # the measured objective (None for a miss or a failure; see the module docstring)
+
+
+@dataclass(frozen=True)
+class ArmRungs:
+    arm: str
+    rungs: tuple[Rung, ...]  # smallest budget first
+    chains: tuple[tuple[RungStep, ...], ...]  # each promoted configuration's trials, budget by budget
+
+
+def promotion_rungs(records: Sequence[TrialRecord], max_samples: int, metric: str) -> dict[str, ArmRungs]:
+    """Per arm (in the order of their first trial), the rungs of its tuning trials and the chains of promoted
+    configurations; empty for a single-fidelity experiment (every tuning trial at one budget).
+
+    A configuration is a set of parameters; its trials, in number order, form a chain while each one's budget
+    is larger than the one before (a promotion); a trial at a budget not above the previous one starts a new
+    chain (the configuration sampled again). Only chains of two or more trials are listed, those that reached
+    the largest budget first, then by their first trial."""
+    tuning = sorted((t for t in records if t.kind is TrialKind.TUNING), key=lambda t: t.number)
+    if len({t.budget for t in tuning}) < 2:
+        return {}
+    by_arm: dict[str, list[TrialRecord]] = {}
+    for trial in tuning:
+        by_arm.setdefault(trial.arm or NO_ARM, []).append(trial)
+    return {arm: _arm_rungs(arm, trials, max_samples, metric) for arm, trials in by_arm.items()}
+
+
+def _arm_rungs(arm: str, trials: Sequence[TrialRecord], max_samples: int, metric: str) -> ArmRungs:
+    chains: dict[str, list[list[TrialRecord]]] = {}
+    for trial in trials:
+        mine = chains.setdefault(params_key(trial.params), [])
+        if mine and mine[-1][-1].budget < trial.budget:
+            mine[-1].append(trial)
+        else:
+            mine.append([trial])
+    every = [chain for configuration in chains.values() for chain in configuration]
+    promoted = [trial.budget for chain in every for trial in chain[:-1]]
+    budgets = sorted({t.budget for t in trials})
+    rungs = tuple(Rung(b, _samples(b, max_samples), sum(t.budget == b for t in trials), promoted.count(b))
+                  for b in budgets)  # fmt: skip
+    listed = sorted((c for c in every if len(c) > 1), key=lambda c: (-c[-1].budget, c[0].number))
+    steps = tuple(tuple(RungStep(t.number, t.budget, _samples(t.budget, max_samples), outcome(t),
+                                 measured_value(t, metric)) for t in chain) for chain in listed)  # fmt: skip
+    return ArmRungs(arm, rungs, steps)
+
+
+def _samples(budget: float, max_samples: int) -> int:
+    """The samples of a trial at `budget`, as its trainer config gets them (hpo.arms.trial_config)."""
+    return max(1, round(max_samples * budget))
 
 
 # --------------------------------------------------------------------------- metrics

@@ -20,7 +20,9 @@ from hpo.report.data import (
     NOISE_CHECKED_RATIO,
     NOISE_UNDEFINED_SHARE,
     OUTCOMES,
+    ArmRungs,
     ExperimentData,
+    RungStep,
     TrialRow,
     load_experiment,
 )
@@ -114,6 +116,7 @@ def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", 
         _notes(data),
         _verdict_section(data),
         _outcomes_section(data, drawn),
+        _rungs_section(data),
         _best_so_far_section(data, drawn),
         _curves_section(data, drawn),
         _noise_section(data, drawn),
@@ -343,6 +346,51 @@ def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
             f"trial of the arm reached the target and its objective is the penalty.</p>"
             f"{_table(head, rows)}"
             f"{_figure_or_words(data, drawn, 'outcomes')}")  # fmt: skip
+
+
+def _rungs_section(data: ExperimentData) -> str:
+    """Multi-fidelity experiments only: per arm, each budget's trials and which configurations were promoted."""
+    if not data.rungs:
+        return ""
+    parts = [
+        f"<h2>Rungs</h2><p>The tuner ({escape(data.tuner)}) ran tuning trials at several budgets, each a fraction "
+        f"of the {data.max_samples:,} training samples: a rung is one budget. A promoted configuration runs again "
+        "at the next rung as a new trial with the same parameters, continuing from its checkpoint. Per rung, the "
+        "trials run at it and how many of them were promoted; then each promoted configuration's trials, rung by "
+        "rung (a miss or a failure shows its outcome, never its penalized objective).</p>"
+    ]
+    for arm in data.arms:
+        if arm.label in data.rungs:
+            heading = f"<h3>{escape(arm.label)}</h3>" if data.compare else ""
+            parts.append(heading + _arm_rungs(data.rungs[arm.label]))
+    return "".join(parts)
+
+
+def _arm_rungs(arm: ArmRungs) -> str:
+    rows = []
+    for rung in arm.rungs:
+        key = f"rung_{rung.samples}"
+        fields = [(f"{key}_budget", f"{rung.budget:.4g}"), (f"{key}_trials", str(rung.trials)),
+                  (f"{key}_promoted", str(rung.promoted))]  # fmt: skip
+        rows.append(_tagged(arm.arm, f"{rung.samples:,}", fields))
+    table = _table(["rung (samples)", "budget (fraction)", "trials", "promoted to a larger budget"], rows)
+    if not arm.chains:
+        return table + "<p>No configuration was promoted.</p>"
+    chains = []
+    for chain in arm.chains:
+        rungs = " → ".join(f"{step.samples:,}" for step in chain)
+        steps = " → ".join(_step(step, first=i == 0) for i, step in enumerate(chain))
+        chains.append(_td(rungs, cls="l") + _td(steps, f"chain_{chain[0].number}", arm.arm, "l"))
+    head = ["rungs (samples)", "trials, rung by rung (samples, outcome: objective)"]
+    return (f"{table}<details><summary>{len(chains)} promoted configuration(s)</summary>"
+            f"{_table(head, chains, left=2)}</details>")  # fmt: skip
+
+
+def _step(step: RungStep, first: bool) -> str:
+    """`trial #3 (1,365 samples, missed)` first, then `#9 (4,096, reached: 3,072)`."""
+    outcome = step.outcome if step.value is None else f"{step.outcome}: {fmt_objective(step.value)}"
+    return f"trial #{step.number} ({step.samples:,} samples, {outcome})" if first else (
+        f"#{step.number} ({step.samples:,}, {outcome})")  # fmt: skip
 
 
 def _best_so_far_section(data: ExperimentData, drawn: dict) -> str:

@@ -140,7 +140,8 @@ def test_stored_form_keeps_the_reason(tmp_path: Path):
 # ------------------------------------------------------------------------------------------------ a tiny comparison
 # AdamW against LAMB on the tiny BERT, on shards whose masked tokens are mostly one token (id 7, 60 %), so runs
 # reach the target (accuracy 0.5) after tens of samples, or miss it, depending on the learning rate and the seed.
-# 2 tuning trials per arm (the second one proposed by SMAC's model), then 2 confirmation seeds per arm.
+# 2 tuning trials per arm (the second one proposed by SMAC's model), then 2 confirmation seeds per arm (each arm's
+# as soon as its own tuning is over).
 TINY_SPACE = {
     "optimizer.name": {"choice": ["adamw", "lamb"]},
     "optimizer.lr@lamb": {"float": [1e-2, 1e-1], "log": True, "when": {"optimizer.name": "lamb"}},
@@ -212,7 +213,11 @@ def test_confirm_seeds_rerun_each_arms_best_configuration_with_further_seeds(fin
     confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION]
     assert len(tuning) == 4 and len(confirmations) == 2 * CONFIRM_SEEDS
     assert all(t.state.finished for t in trials)
-    assert min(t.number for t in confirmations) > max(t.number for t in tuning)  # once tuning has ended
+    for arm in {t.arm for t in tuning}:  # once that arm's tuning has ended (the other arm's may go on)
+        ended = max(t.finished_at for t in tuning if t.arm == arm)
+        mine = [t for t in confirmations if t.arm == arm]
+        assert min(t.number for t in mine) > max(t.number for t in tuning if t.arm == arm)
+        assert min(t.created_at for t in mine) >= ended
     seed = TrainerConfig.model_validate(finished.spec.resolved_base()).seed
     best = finished.storage.best_per_arm(finished.experiment_id)
     for arm, top in best.items():
