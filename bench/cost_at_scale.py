@@ -338,24 +338,45 @@ def finish(trial: SimTrial, plan: Plan, at_s: float, pruned_at: int | None = Non
 
 
 def run_confirmations(spec, model: TrialModel, trials: list[SimTrial], slots: int, start_s: float) -> None:
-    """The Study's confirmation runs, once every tuning trial ended: `confirm_seeds` runs of each arm's best
-    configuration with the training seeds after the config's, queued arm by arm, on the free slots."""
+    """The Study's confirmation runs: `confirm_seeds` runs of each arm's best configuration with the training seeds
+    after the config's, queued as soon as that arm's tuning trials have all ended (arm by arm, as the Study queues
+    them), each started at the first moment a slot is free for its whole run. The peers' tuning trials keep the
+    times they had: a confirmation fills capacity they leave and never delays one (the Study starts it at the
+    first free slot, which may delay another arm's later tuning trial instead: the two schedules can differ
+    slightly when one arm ends long before the other). `start_s`: nothing starts before it."""
     best = best_per_arm(trials)
-    free = [start_s] * slots
-    for arm in arm_plans(spec):
+    busy = [((t.started_at - EPOCH).total_seconds(), (t.finished_at - EPOCH).total_seconds())
+            for t in trials if t.started_at is not None and t.finished_at is not None]  # fmt: skip
+    queued = []
+    for index, arm in enumerate(arm_plans(spec)):
         top = best.get(arm.label)
         if top is None:
             continue
+        ends = [(t.finished_at - EPOCH).total_seconds() for t in trials
+                if t.arm == arm.label and t.kind is TrialKind.TUNING and t.finished_at is not None]  # fmt: skip
+        over = max(ends, default=start_s)
         seed = trial_config(spec, top.params).seed
-        for k in range(spec.budget.confirm_seeds):
-            plan = model.plan(top.params, seed + 1 + k)
-            begin = heapq.heappop(free)
-            trial = SimTrial(len(trials), arm.label, dict(top.params), TrialKind.CONFIRMATION,
-                             EPOCH + timedelta(seconds=start_s), EPOCH + timedelta(seconds=begin))  # fmt: skip
-            end = begin + model.seconds(plan.samples)
-            finish(trial, plan, end)
-            heapq.heappush(free, end)
-            trials.append(trial)
+        queued += [(over, index, k, arm, top, seed + 1 + k) for k in range(spec.budget.confirm_seeds)]
+    for over, _, _, arm, top, seed in sorted(queued, key=lambda q: q[:3]):
+        plan = model.plan(top.params, seed)
+        duration = model.seconds(plan.samples)
+        begin = first_free(busy, slots, max(over, start_s), duration)
+        trial = SimTrial(len(trials), arm.label, dict(top.params), TrialKind.CONFIRMATION,
+                         EPOCH + timedelta(seconds=over), EPOCH + timedelta(seconds=begin))  # fmt: skip
+        finish(trial, plan, begin + duration)
+        busy.append((begin, begin + duration))
+        trials.append(trial)
+
+
+def first_free(busy: list[tuple[float, float]], slots: int, earliest: float, duration: float) -> float:
+    """The first moment at or after `earliest` from which fewer than `slots` of the `busy` (start, end) intervals
+    overlap, for `duration` seconds."""
+    candidates = sorted({earliest, *(end for _, end in busy if end > earliest)})
+    for t in candidates:
+        moments = [t, *(start for start, _ in busy if t < start < t + duration)]
+        if all(sum(start <= m < end for start, end in busy) < slots for m in moments):
+            return t
+    return max(earliest, *(end for _, end in busy))
 
 
 # ------------------------------------------------------------------------------------------------ ours
@@ -458,7 +479,7 @@ def run_optuna(tuner: str, spec, model: TrialModel, seed: int, slots: int) -> li
                 study.tell(handle, plan.objective)
                 finish(trial, plan, now)
                 free += 1
-    run_confirmations(spec, model, trials, slots, now)
+    run_confirmations(spec, model, trials, slots, 0.0)
     return trials
 
 
@@ -661,8 +682,7 @@ def run_synetune(tuner: str, spec, model: TrialModel, seed: int, slots: int, dir
         reported = int(backend.last.get(trial_id, {}).get("samples", 0))
         finish(trial, plan, ended, pruned_at=None if reported >= plan.samples else reported)
         trials.append(trial)
-    end = max(backend.ended.values(), default=0.0)
-    run_confirmations(spec, model, trials, slots, end)
+    run_confirmations(spec, model, trials, slots, 0.0)
     return trials
 
 

@@ -132,11 +132,21 @@ def test_optuna_runs_on_the_same_slots_quotas_and_confirmations(tmp_path):
         assert t.samples == plan.samples if t.state is not None else t.samples in [s for s, _ in plan.evals]
     confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION]
     assert len(confirmations) == 4
-    assert min(t.started_at for t in confirmations) == max(t.finished_at for t in tuning)
+    for arm in ("optimizer.name=adamw", "optimizer.name=lamb"):  # each arm's, once its own tuning is over
+        over = max(t.finished_at for t in tuning if t.arm == arm)
+        assert all(c.created_at == over <= c.started_at for c in confirmations if c.arm == arm)
     best = bench.best_per_arm(trials)
     assert {c.params["optimizer.lr"] for c in confirmations} == {b.params["optimizer.lr"] for b in best.values()}
     row = bench.outcome_row(trials, spec, 4)
     assert row["trials"] == 20 and row["answer_wall_h"] > row["first_hit_wall_h"] > 0
+
+
+def test_a_confirmation_starts_at_the_first_moment_a_slot_is_free_for_its_whole_run():
+    busy = [(0, 10), (0, 4), (5, 12)]  # 2 slots: free on [4, 5), then from 10 on
+    assert bench.first_free(busy, 2, 0.0, 1.0) == 4  # fits in the gap
+    assert bench.first_free(busy, 2, 0.0, 2.0) == 10  # does not: the next moment both end
+    assert bench.first_free(busy, 2, 11.0, 5.0) == 11  # one slot is free from 10 on
+    assert bench.first_free(busy, 3, 0.0, 50.0) == 0
 
 
 @pytest.mark.slow  # needs Syne Tune, a benchmark-only dependency: `make bench-deps`, then `pytest -m slow -k syne`
