@@ -182,9 +182,10 @@ class SimulatedRunner(Runner):
     def _record(self, attempt: _Attempt) -> TrialExit:
         storage = self.storage
         with contextlib.suppress(HpoError):  # its record was closed under it (a stop): it records nothing more
-            for offset, point in attempt.points:
-                with self.clock.at(attempt.started + timedelta(seconds=offset)):
-                    storage.add_metrics(attempt.trial_id, [point], attempt=attempt.attempt)
+            start = attempt.started
+            points = [point._replace(at=start + timedelta(seconds=offset)) for offset, point in attempt.points]
+            if points:  # one transaction, each point stamped at its own simulated time
+                storage.add_metrics(attempt.trial_id, points, attempt=attempt.attempt)
             storage.finish_trial(attempt.trial_id, attempt.result, attempt=attempt.attempt)
         self.free.append(attempt.slot)
         self.free.sort()

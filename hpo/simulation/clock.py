@@ -6,8 +6,6 @@ simulated times and read like a real experiment's (durations, timelines, the ord
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 
@@ -16,19 +14,9 @@ class SimulatedClock:
 
     def __init__(self, start: datetime | None = None):
         self._now = start or datetime.now(timezone.utc)
-        self._stamp: datetime | None = None
 
     def now(self) -> datetime:
-        return self._stamp or self._now
-
-    @contextlib.contextmanager
-    def at(self, moment: datetime) -> Iterator[None]:
-        """Inside, `now()` says `moment` (a record written now that happened then); the clock does not move."""
-        self._stamp = moment
-        try:
-            yield
-        finally:
-            self._stamp = None
+        return self._now
 
     def start_after(self, moment: datetime | None) -> None:
         """Never before `moment` (a resumed experiment's last recorded event)."""

@@ -115,6 +115,7 @@ class MetricPoint(NamedTuple):
     step: int
     samples: int | None
     values: Mapping[str, float]
+    at: datetime | None = None  # when it was measured (a simulated trial's records); None: when it is stored
 
 
 @dataclass(frozen=True)

@@ -721,9 +721,11 @@ def _metric_record(row: TrialMetricModel) -> MetricRecord:
 
 
 def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple], now: datetime) -> list[dict[str, Any]]:
-    """Long-format rows, one per named value of every point, stamped `now`."""
+    """Long-format rows, one per named value of every point, stamped with the point's own time or `now`."""
     rows = []
-    for step, samples, values in points:
+    for point in points:
+        step, samples, values, *measured = point
+        at = measured[0] if measured and measured[0] is not None else now
         for name, value in values.items():
             rows.append(
                 {
@@ -732,7 +734,7 @@ def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple], now: date
                     "samples": None if samples is None else int(samples),
                     "name": str(name),
                     "value": _no_nan(float(value)),
-                    "created_at": now,
+                    "created_at": at,
                 }
             )
     return rows
