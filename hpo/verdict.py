@@ -3,7 +3,11 @@
 The runs of an arm are its best tuning trial (the configuration its tuner picked) and that configuration's
 confirmation trials (`budget.confirm_seeds`: the same parameters re-run with other training seeds), 1 + k
 runs in all. The best tuning run was picked as the best of its arm, so it flatters its arm; every arm gets
-the same selection (the same number of tuning trials), and the confirmation runs are not selected at all.
+the same selection (the same number of tuning trials), and the confirmation runs are not selected at all. Under a
+multi-fidelity tuner (Hyperband, ASHA) the best tuning trial may have stopped at a lower rung without reaching the
+target: it says nothing about the samples the configuration needs beyond its rung, so it is not a run here (only
+its confirmation runs, at the full budget, are); one that reached the target at a low rung is a run (its samples
+to target are exact).
 
 Per arm, over its finished runs (a run that failed on bad data says nothing about the arm and is left out):
 
@@ -187,9 +191,15 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object]) -> list
             continue
         confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == top.arm
                          and t.params == top.params and t.state.finished and not _bad_data(t)]  # fmt: skip
-        runs = tuple(_reached(t) for t in (top, *confirmations))
+        tuned = (top,) if _full_run(top) else ()
+        runs = tuple(_reached(t) for t in (*tuned, *confirmations))
         evidence.append(ArmRuns(label, runs, trial_config(spec, top.params).budget.max_samples))
     return evidence
+
+
+def _full_run(trial) -> bool:
+    """The trial ran its configuration's full sample budget, or reached the target before its own end."""
+    return getattr(trial, "budget", 1.0) >= 1.0 - 1e-9 or _reached(trial) is not None
 
 
 def _reached(trial) -> int | None:

@@ -71,3 +71,32 @@ def test_an_arm_that_never_reached_the_target_loses_only_to_an_interval_below_it
     wide = ArmRuns("lamb", (1000, 8900), 9000)  # an interval reaching past 9000: no claim
     assert scipy_interval([1000, 8900])[2] > 9000
     assert decide([wide, never]).winner is None
+
+
+def test_a_best_trial_that_stopped_at_a_lower_rung_without_the_target_is_not_a_run():
+    """Multi-fidelity (Hyperband, ASHA): an arm's best tuning trial at 1/3 of the budget that missed says nothing
+    about the samples its configuration needs beyond its rung; its confirmation runs (full budget) are the evidence.
+    A trial that reached the target at a low rung is a run (its samples to target are exact)."""
+    from types import SimpleNamespace
+
+    from hpo.trials import TrialKind, TrialState
+    from hpo.verdict import arm_runs
+    from tests.hpo.test_objective import objective_spec
+
+    spec = objective_spec(metric="samples_to_target")  # arms optimizer.name=adamw / lamb, 4,096 samples
+
+    def trial(arm, budget, hit, kind=TrialKind.TUNING, lr=2e-3):
+        return SimpleNamespace(arm=f"optimizer.name={arm}", budget=budget, samples_to_target=hit, kind=kind,
+                               state=TrialState.COMPLETED, metrics={},
+                               params={"optimizer.name": arm, f"optimizer.lr@{arm}": lr})  # fmt: skip
+
+    short_miss, short_hit = trial("lamb", 1 / 3, None), trial("adamw", 1 / 3, 1000, lr=5e-4)
+    confirm = [trial("lamb", 1.0, 3000, TrialKind.CONFIRMATION), trial("lamb", 1.0, 3200, TrialKind.CONFIRMATION),
+               trial("adamw", 1.0, 1100, TrialKind.CONFIRMATION, lr=5e-4)]  # fmt: skip
+    best = {"optimizer.name=lamb": short_miss, "optimizer.name=adamw": short_hit}
+    runs = {a.label: a.samples_to_target for a in arm_runs(spec, best, [short_miss, short_hit, *confirm])}
+    assert runs == {"optimizer.name=lamb": (3000, 3200), "optimizer.name=adamw": (1000, 1100)}
+    full_miss = trial("lamb", 1.0, None)
+    lamb = {"optimizer.name=lamb": full_miss}
+    runs = {a.label: a.samples_to_target for a in arm_runs(spec, lamb, [full_miss, *confirm])}
+    assert runs["optimizer.name=lamb"] == (None, 3000, 3200)
