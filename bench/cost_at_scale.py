@@ -112,6 +112,7 @@ from typing import Any
 
 from hpo.arms import ArmPlan, arm_plans, trial_config
 from hpo.objective import objective_value
+from hpo.runners.simulated import trained_run
 from hpo.simulation.cost import Cost, experiment_cost
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
@@ -303,16 +304,9 @@ class TrialModel:
             seed = cfg.seed if seed is None else seed
             curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
                                                 cfg.batch.global_batch_size, seed))  # fmt: skip
-            budget, target = cfg.budget.max_samples, cfg.eval.target_mlm_accuracy
-            evals = curve.evaluations(cfg.eval.every_samples, budget)
-            first = next((i for i, (_, a) in enumerate(evals) if a >= target), None)
-            if cfg.eval.stop_at_target and first is not None:
-                evals, samples, diverged = evals[: first + 1], evals[first][0], False
-            elif curve.diverged and curve.end <= budget:
-                samples, diverged = curve.end, True
-            else:
-                samples, diverged = min(budget, curve.end), False
-            hit = evals[first][0] if first is not None else None
+            run = trained_run(curve, cfg)  # as the simulated runner trains it
+            evals, samples, diverged = run.evals, run.samples, run.diverged
+            hit = next((s for s, a in evals if a >= cfg.eval.target_mlm_accuracy), None)
             status = (TrainStatus.DIVERGED if diverged else
                       TrainStatus.REACHED_TARGET if hit is not None else TrainStatus.BUDGET_EXHAUSTED)  # fmt: skip
             best = max((a for _, a in evals), default=None)

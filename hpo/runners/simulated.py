@@ -155,7 +155,7 @@ class SimulatedRunner(Runner):
             return _Attempt(launch.trial_id, launch.attempt, slot, started, 0.0, (), failed, 2)
         key = (params_key(record.params), seed)
         already = self.trained.get(key, 0) if self.continues else 0
-        train = _trained(curve, cfg, already)
+        train = trained_run(curve, cfg, already)
         if self.continues:
             self.trained[key] = max(already, train.samples)
         seconds = self._seconds(train.samples - already)
@@ -164,7 +164,7 @@ class SimulatedRunner(Runner):
         code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
         return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
 
-    def _result(self, curve: Curve, cfg, train: _Trained, already: int) -> TrainResult:
+    def _result(self, curve: Curve, cfg, train: TrainedRun, already: int) -> TrainResult:
         target = cfg.eval.target_mlm_accuracy
         hit = next((s for s, a in train.evals if a >= target), None)
         accuracies = [a for _, a in train.evals]
@@ -197,24 +197,26 @@ class SimulatedRunner(Runner):
 
 
 @dataclass(frozen=True)
-class _Trained:
+class TrainedRun:
+    """What a simulated run trains."""
+
     evals: tuple[tuple[int, float], ...]  # every evaluation of the run so far (earlier budgets included)
     samples: int  # where this attempt stops
     diverged: bool
 
 
-def _trained(curve: Curve, cfg, already: int) -> _Trained:
+def trained_run(curve: Curve, cfg, already: int = 0) -> TrainedRun:
     """Where a run of `cfg` on `curve` stops: at the first evaluation at or above the target (when it stops at
-    the target), where it diverges, or at its budget."""
+    the target), where it diverges, or at its budget. The peers of bench/cost_at_scale.py train by it too."""
     budget = cfg.budget.max_samples
     evals = curve.evaluations(cfg.eval.every_samples, budget)
     if cfg.eval.stop_at_target:
         hit = next((i for i, (s, a) in enumerate(evals) if a >= cfg.eval.target_mlm_accuracy), None)
         if hit is not None:
-            return _Trained(evals[: hit + 1], max(evals[hit][0], already), False)
+            return TrainedRun(evals[: hit + 1], max(evals[hit][0], already), False)
     if curve.diverged and curve.end <= budget:
-        return _Trained(evals, curve.end, True)
-    return _Trained(evals, min(budget, curve.end), False)
+        return TrainedRun(evals, curve.end, True)
+    return TrainedRun(evals, min(budget, curve.end), False)
 
 
 def _points(curve: Curve, evals, already: int, until: int):
