@@ -101,25 +101,34 @@ class ForestModel:
     modelled on a log scale when all are positive (as SMAC3's BO facade does), which keeps the penalties of
     misses from swamping the differences between hits."""
 
-    def __init__(self, space: SearchSpace, seed: int, challengers: int = 500):
+    def __init__(self, space: SearchSpace, seed: int, challengers: int = 500, refit_growth: float = 1.05):
         from smac.acquisition.function import EI
 
         self.configspace = to_configspace(space, seed=seed)
         self.forest = forest(self.configspace, seed, log_y=False)  # the costs are logged here, when positive
         self.acquisition = EI(log=False)
         self.challengers = challengers
+        self.refit_growth = refit_growth
+        self._rows: dict[tuple, Any] = {}  # a configuration's parameters -> its array row (ConfigSpace is slow)
+        self._fitted: tuple[tuple, int] | None = None  # (the first result's parameters, results) of the last fit
 
     def __call__(self, observed: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+        """A new configuration from (params, cost) results of one rung. The forest is fitted again when the results
+        are of another rung or have grown by `refit_growth` (5 %: every result while there are fewer than 20) since
+        the last fit, which keeps a thousand slots' proposals cheap; EI's incumbent is always the current best."""
         import numpy as np
-        from ConfigSpace import Configuration
         from smac.utils.configspace import convert_configurations_to_array
 
-        configs = [Configuration(self.configspace, values={k: v for k, v in p.items() if k in self.configspace})
-                   for p, _ in observed]  # fmt: skip
+        X = np.array([self._row(p) for p, _ in observed])
         costs = np.array([c for _, c in observed], dtype=float)
         y = np.log(costs) if (costs > 0).all() else costs
-        X = convert_configurations_to_array(configs)
-        self.forest.train(X, y)
+        first, last = tuple(sorted(observed[0][0].items())), self._fitted
+        stale = (
+            last is None or last[0] != first or not last[1] <= len(y) < max(last[1] + 1, last[1] * self.refit_growth)
+        )
+        if stale:  # another rung (its first result differs), or enough new results
+            self.forest.train(X, y)
+            self._fitted = (first, len(y))
         self.acquisition.update(model=self.forest, eta=float(y.min()), num_data=len(y))
         seen = {row.tobytes() for row in X}
         candidates = self.configspace.sample_configuration(self.challengers)
@@ -128,6 +137,16 @@ class ForestModel:
         if not fresh:
             return from_configuration(self.configspace.sample_configuration())
         return from_configuration(fresh[int(np.argmax(self.acquisition(fresh).ravel()))])
+
+    def _row(self, params: dict[str, Any]):
+        key = tuple(sorted(params.items()))
+        if key not in self._rows:
+            from ConfigSpace import Configuration
+            from smac.utils.configspace import convert_configurations_to_array
+
+            config = Configuration(self.configspace, values={k: v for k, v in params.items() if k in self.configspace})
+            self._rows[key] = convert_configurations_to_array([config])[0]
+        return self._rows[key]
 
 
 def _no_target(config, seed: int = 0) -> float:
