@@ -189,7 +189,9 @@ def test_bad_shards_are_refused_before_the_first_trial(tmp_path):
     assert not db_file.exists()
 
 
-@pytest.mark.parametrize("preset", sorted(p.name for p in PRESETS.glob("*_demo_cpu.yaml")))
+@pytest.mark.parametrize(
+    "preset", sorted(p.name for p in [*PRESETS.glob("*_demo_cpu.yaml"), PRESETS / "adam_vs_lamb_demo_cpu_asha.yaml"])
+)
 def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(preset, tmp_path, monkeypatch):
     from hpo.experiment import load_experiment
     from hpo.local_engine import check_trial_data

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from hpo.arms import arm_of, arms, trial_config
+from hpo.arms import arm_dimensions, arm_of, arms, trial_config
 from hpo.errors import ExperimentFileError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, load_experiment
+from hpo.experiment.rungs import asha_plan
 from search_spaces import SearchSpaceError, list_presets, preset_path
 from trainer.config import TrainerConfig
 
@@ -92,7 +93,7 @@ def test_presets_load_and_sampled_configurations_are_valid_trainer_configs(name)
 
 def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
     presets = list_presets()
-    assert len(presets) == 8  # the six above, adam_vs_lamb_demo_cpu_nni and adam_vs_lamb_simulated
+    assert len(presets) == 9  # the six above, adam_vs_lamb_demo_cpu_{nni,asha} and adam_vs_lamb_simulated
     for name in ("adam_vs_lamb", "clipping_strategies", "batch_scaling"):
         full, demo = load_experiment(preset_path(name)), load_experiment(preset_path(f"{name}_demo_cpu"))
         assert set(demo.compare) == set(full.compare)
@@ -101,6 +102,28 @@ def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
         assert base.budget.max_time_s is None and 8 <= demo.budget.trials <= 12  # trials end by samples
         assert demo.resources.gpus == "none"
         assert TrainerConfig.model_validate(full.resolved_base()).model.hidden_size == 1024
+
+
+def test_the_asha_demo_is_the_cpu_demo_with_rungs_of_4096_and_12288_samples():
+    demo, asha = (
+        load_experiment(preset_path("adam_vs_lamb_demo_cpu")),
+        load_experiment(preset_path("adam_vs_lamb_demo_cpu_asha")),
+    )
+    assert asha.resolved_base() == demo.resolved_base() and asha.space == demo.space  # only the tuner differs
+    assert (asha.objective, asha.compare) == (demo.objective, demo.compare)
+    base = TrainerConfig.model_validate(asha.resolved_base())
+    plan = asha_plan(asha, base.budget.max_samples, base.eval.every_samples)
+    # 12,288 / 3 = 4,096 is a multiple of eval.every_samples (1,024); 12,288 / 9 = 1,365 is below min_samples
+    assert (base.budget.max_samples, base.eval.every_samples) == (12288, 1024)
+    assert plan.samples == (4096, 12288) and plan.eta == 3 and plan.options.sampler == "model"
+    assert (asha.budget.trials, asha.budget.max_parallel, asha.resources.cpu_slots) == (16, 2, 2)
+    assert asha.budget.confirm_seeds == 2
+    # the model needs 4 results at a rung, fewer than the 6 new configurations an arm draws in its 8 trials
+    assert plan.options.min_points_in_model == 4 < len(arm_dimensions(asha)["optimizer.name=lamb"]) + 1
+    params = asha.space.sample(0)
+    low, top = trial_config(asha, params, fidelity=plan.budgets[0]), trial_config(asha, params)
+    assert low.budget.max_samples == 4096 and top.budget.max_samples == 12288
+    assert low.schedule.total_steps == 12288 // 32 and top.schedule.total_steps is None  # one LR schedule
 
 
 def test_adam_vs_lamb_uses_arm_specific_learning_rates():

@@ -44,14 +44,14 @@ def tiny_overrides(data_dir: Path, **extra) -> dict:
 
 
 def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, compare=(), budget=None,
-              resources=None, runner=None, **overrides):  # fmt: skip
+              resources=None, runner=None, tuner_options=None, **overrides):  # fmt: skip
     data = {
         "name": name,
         "base_config": {},
         "overrides": tiny_overrides(tmp_path / "data", **overrides),
         "space": space or {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
         "compare": list(compare),
-        "tuner": {"name": tuner, "seed": 0},
+        "tuner": {"name": tuner, "seed": 0, "options": tuner_options or {}},
         "budget": {"trials": trials, "max_parallel": 2, "trial_timeout_s": 120, **(budget or {})},
         "resources": {"gpus": "none", "cpu_slots": 2, **(resources or {})},
         "runner": runner or {"name": "local"},
