@@ -24,8 +24,9 @@ from hpo import local_engine
 from hpo.cli import main as hpo_main
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
-from tests.hpo.simulation.conftest import EVERY, MAX_SAMPLES, write_table
+from tests.hpo.simulation.conftest import MAX_SAMPLES
 from tests.hpo.simulation.test_simulated_runner import expected_curve
+from tests.hpo.simulation.test_simulated_runner import experiment_file as simulated_experiment_file
 
 ROOT = Path(__file__).resolve().parents[3]
 SCALE, GPU_RATE, GPUS = 256.0, 350.0, 8  # runner.simulation's defaults (a100) and the file's gpus_per_trial
@@ -37,25 +38,12 @@ BASE_SEED = yaml.safe_load((ROOT / "trainer/configs/demo_cpu.yaml").read_text())
 
 def experiment_file(directory: Path, name: str, trials: int = 7, slots: int = 3, space: dict | None = None,
                     compare: tuple[str, ...] = ("optimizer.name",)) -> Path:  # fmt: skip
-    write_table(directory / "curves.jsonl")
-    spec = {
-        "name": name,
-        "base_config": str(ROOT / "trainer/configs/demo_cpu.yaml"),
-        "overrides": {"budget.max_samples": MAX_SAMPLES, "budget.max_time_s": None, "eval.every_samples": EVERY,
-                      "eval.target_mlm_accuracy": TARGET, "eval.stop_at_target": False,
-                      "batch.micro_batch_size": 4},
-        "space": space or {"optimizer.name": {"choice": ["adamw", "lamb"]},
-                           "optimizer.lr": {"float": [1.0e-4, 1.0e-2], "log": True},
-                           "schedule.warmup_steps": {"choice": [0, 40]}},
-        "compare": list(compare),
-        "tuner": {"name": "random", "seed": 0},
-        "budget": {"trials": trials, "confirm_seeds": CONFIRM, "max_parallel": slots},
-        "resources": {"gpus_per_trial": GPUS},
-        "runner": {"name": "simulated", "simulation": {"table": "curves.jsonl"}},
-    }  # fmt: skip
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    """test_simulated_runner's experiment, every trial to the full budget (no stop at the target), lr up to 1e-2."""
+    space = space or {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                      "optimizer.lr": {"float": [1.0e-4, 1.0e-2], "log": True},
+                      "schedule.warmup_steps": {"choice": [0, 40]}}  # fmt: skip
+    return simulated_experiment_file(directory, name, "random", trials, slots, space, compare,
+                                     {"eval.stop_at_target": False}, confirm_seeds=CONFIRM)  # fmt: skip
 
 
 def run(directory: Path, name: str, **kwargs) -> list:

@@ -26,17 +26,18 @@ SCALE, GPU_RATE, GPUS = 256.0, 350.0, 8  # the defaults of runner.simulation (a1
 
 
 def experiment_file(directory: Path, name: str, tuner: str = "random", trials: int = 200, slots: int = 64,
+                    space: dict | None = None, compare=("optimizer.name",), overrides: dict | None = None,
                     **budget) -> Path:  # fmt: skip
     write_table(directory / "curves.jsonl")
     spec = {
         "name": name,
         "base_config": str(Path(__file__).resolve().parents[3] / "trainer/configs/demo_cpu.yaml"),
         "overrides": {"budget.max_samples": MAX_SAMPLES, "budget.max_time_s": None, "eval.every_samples": EVERY,
-                      "eval.target_mlm_accuracy": TARGET, "batch.micro_batch_size": 4},
-        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
-                  "optimizer.lr": {"float": [1.0e-4, 1.0e-1], "log": True},
-                  "schedule.warmup_steps": {"choice": [0, 40]}},
-        "compare": ["optimizer.name"],
+                      "eval.target_mlm_accuracy": TARGET, "batch.micro_batch_size": 4, **(overrides or {})},
+        "space": space or {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                           "optimizer.lr": {"float": [1.0e-4, 1.0e-1], "log": True},
+                           "schedule.warmup_steps": {"choice": [0, 40]}},
+        "compare": list(compare),
         "tuner": {"name": tuner, "seed": 0},
         "budget": {"trials": trials, "confirm_seeds": 2, "max_parallel": slots, **budget},
         "resources": {"gpus_per_trial": GPUS},
