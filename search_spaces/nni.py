@@ -42,6 +42,23 @@ def from_nni_params(params: Mapping[str, Any], space: SearchSpace | None = None)
     return {name: typed[name] for name in space if name in typed and space.is_active(name, typed)}
 
 
+def to_nni_params(params: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """A flat configuration in NNI's (nested) form, as `to_nni(space)`'s tuners generate it: the inverse of
+    `from_nni_params` (a conditional parameter sits, with its value, in the `_name` option of its nesting parent)."""
+    return {name: _nni_value(space, name, params) for name in space if not space[name].when and name in params}
+
+
+def _nni_value(space: SearchSpace, name: str, params: Mapping[str, Any]) -> Any:
+    children = _children(space, name) if isinstance(space[name], CategoricalParam) else []
+    if not children:
+        return params[name]
+    option: dict[str, Any] = {"_name": params[name]}
+    for child in children:
+        if child in params and _nesting_clause(space, child).holds(params[name]):
+            option[child] = _nni_value(space, child, params)
+    return option
+
+
 def _nesting_clause(space: SearchSpace, name: str) -> Clause:
     """The clause a conditional parameter is nested by: the one on its deepest parent (latest in the order)."""
     return max(space[name].when, key=lambda c: space.order.index(c.key))

@@ -32,7 +32,7 @@ HPO_LAYERS = (
     ("hpo.arms",),
     ("hpo.nni.config",),
     ("hpo.experiment",),
-    ("hpo.controllers",),
+    ("hpo.controllers", "hpo.nni.tuners"),
     ("hpo.runners", "hpo.trial_entry", "hpo.export"),
     ("hpo.verdict", "hpo.study", "hpo.report", "hpo.progress"),
     ("hpo.local_engine", "hpo.nni", "hpo.cli", "hpo.__main__"),

@@ -15,8 +15,9 @@ from search_spaces.space import SearchSpace
 def build_controller(
     tuner: str, space: SearchSpace, seed: int, n_trials: int, output_dir: Path, options: dict[str, Any], **budget
 ) -> Controller:
-    """The controller for `tuner.name` (random, smac_bo, smac_hyperband, asha); NNI tuners run under the nni
-    engine. `budget`: Hyperband's min_budget, max_budget and eta; asha's plan (hpo.experiment.rungs.AshaPlan) and
+    """The controller for `tuner.name`: random, smac_bo, smac_hyperband, asha, and NNI's nni_tpe, nni_random,
+    nni_anneal and nni_evolution in-process (the checks allow those only on the simulated runner). `budget`:
+    Hyperband's min_budget, max_budget and eta; asha's plan (hpo.experiment.rungs.AshaPlan) and
     reached_target_at_most."""
     if tuner == "random":
         return RandomController(space, seed)
@@ -29,4 +30,8 @@ def build_controller(
     if tuner in ("smac_bo", "smac_hyperband"):
         return SmacController(space, seed, n_trials, output_dir, multi_fidelity=tuner == "smac_hyperband",
                               options=options, **budget)  # fmt: skip
+    if tuner in ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution"):
+        from hpo.nni.tuners import NniTunerController  # imports nni only when an NNI tuner is built
+
+        return NniTunerController(tuner, space, seed, options, quota=n_trials)
     raise ValueError(f"tuner.name {tuner!r} runs only under `engine: nni`; use random, smac_bo, smac_hyperband or asha")

@@ -138,7 +138,9 @@ def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
 
 
 # Options each tuner understands (tuner.options); anything else would be ignored, so it is refused.
-TUNER_OPTIONS: dict[str, tuple[str, ...]] = {"smac_bo": ("n_initial_configs",)}
+TUNER_OPTIONS: dict[str, tuple[str, ...]] = {"smac_bo": ("n_initial_configs",), "nni_evolution": ("population_size",)}
+# Options of NNI's manager (assessor, web UI), which no in-process NNI tuner has.
+NNI_MANAGER_OPTIONS = ("assessor", "assessor_start_step", "webui_host")
 
 
 def _check_engine(spec: ExperimentSpec, source: str) -> None:
@@ -190,13 +192,13 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     if spec.tuner.name == "asha":  # typed options, checked with the rungs they make
         asha_plan(spec, cfg.budget.max_samples, cfg.eval.every_samples, source)
         return
+    if spec.tuner.name.startswith("nni_"):
+        _check_nni_in_process(spec, source)
     allowed = TUNER_OPTIONS.get(spec.tuner.name, ())
     for key in spec.tuner.options:
         if key not in allowed:
             known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
             raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
-    if spec.tuner.name.startswith("nni_") and spec.engine != "nni":
-        raise ExperimentFileError(f"{source}: tuner.name: {spec.tuner.name} runs only with engine: nni")
     if spec.tuner.name == "smac_hyperband":
         if spec.budget.min_budget >= spec.budget.max_budget:
             raise ExperimentFileError(f"{source}: budget.min_budget: must be < budget.max_budget")
@@ -206,6 +208,27 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
                 f"{source}: budget.min_budget: the smallest trial ({smallest:.0f} samples) ends before the first "
                 f"evaluation (eval.every_samples = {cfg.eval.every_samples}); raise min_budget"
             )
+
+
+def _check_nni_in_process(spec: ExperimentSpec, source: str) -> None:
+    """NNI's tuners under engine: local run in this process (hpo.nni.tuners), only on the simulated runner."""
+    name = spec.tuner.name
+    if name == "nni_smac":
+        raise ExperimentFileError(f"{source}: tuner.name: nni_smac is SMAC3 inside NNI's manager (engine: nni); "
+                                  "under engine: local use smac_bo, the same SMAC3 Bayesian optimization")  # fmt: skip
+    if spec.runner.name != "simulated":
+        raise ExperimentFileError(
+            f"{source}: tuner.name: {name} runs with engine: nni, or in-process on the simulated runner "
+            f"(runner: simulated); runner: {spec.runner.name} under engine: local runs random, smac_bo, "
+            "smac_hyperband or asha"
+        )
+    for key in spec.tuner.options:
+        if key in NNI_MANAGER_OPTIONS:
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: {name} runs in-process on the simulated "
+                                      "runner, without NNI's manager, assessor or web UI; remove it")  # fmt: skip
+    size = spec.tuner.options.get("population_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ExperimentFileError(f"{source}: tuner.options.population_size: {size!r}; use a positive integer")
 
 
 def _check_objective(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:

@@ -216,8 +216,13 @@ def _tuner(spec: Any, plan: ArmPlan, run_dir: Path, restart: int = 0) -> dict[st
     if name == "nni_anneal":
         args["algorithm_name"] = "anneal"
     if name == "nni_evolution":
-        args["population_size"] = int(options.get("population_size", max(2, min(32, plan.quota // 2))))
+        args["population_size"] = int(options.get("population_size", default_population(plan.quota)))
     return {"name": _BUILTIN[name], "classArgs": args}
+
+
+def default_population(quota: int) -> int:
+    """nni_evolution's population_size when the file sets none: half the arm's trials, between 2 and 32."""
+    return max(2, min(32, quota // 2))
 
 
 def nni_home(run_dir: Path) -> Path:

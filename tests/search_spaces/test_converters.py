@@ -11,7 +11,7 @@ import yaml
 
 from search_spaces import SearchSpace
 from search_spaces.configspace import from_configuration, to_configspace
-from search_spaces.nni import from_nni_params, to_nni
+from search_spaces.nni import from_nni_params, to_nni, to_nni_params
 
 # Every kind of parameter and condition: eq / not / not-in / in, several clauses, a grandchild, booleans and
 # integers as choices, integer log ranges, arm-specific variants of one trainer key, and a condition on two
@@ -238,3 +238,16 @@ def test_from_nni_params_with_space_drops_inactive_and_types_integers():
 def test_from_nni_params_rejects_unknown_names():
     with pytest.raises(ValueError, match="optimizer.lrr"):
         from_nni_params({"optimizer.lrr": 1.0}, SPACE)
+
+
+def test_to_nni_params_inverts_from_nni_params_with_nesting():
+    """NNI's form of a flat configuration reads back to it, and nests each conditional parameter in the option of
+    its parent that NNI's JSON (to_nni) offers it under."""
+    nni_space = to_nni(SPACE)
+    for flat in nni_samples(seed=3):
+        nested = to_nni_params(flat, SPACE)
+        assert from_nni_params(nested, SPACE) == flat
+        for name, value in nested.items():
+            if isinstance(value, dict):  # the option of to_nni's choice with this _name holds its children
+                option = next(o for o in nni_space[name]["_value"] if o["_name"] == value["_name"])
+                assert set(value) - {"_name"} <= set(option) - {"_name"}

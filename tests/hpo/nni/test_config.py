@@ -165,7 +165,9 @@ def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, messa
 
 
 def test_nni_tuners_need_engine_nni(tmp_path):
-    with pytest.raises(ExperimentFileError, match="tuner.name: nni_tpe runs only with engine: nni"):
+    """Or the simulated runner, where they run in-process (tests/hpo/simulation/test_nni_tuners.py)."""
+    expected = r"tuner.name: nni_tpe runs with engine: nni, or in-process on the simulated runner \(runner: simulated\)"
+    with pytest.raises(ExperimentFileError, match=expected):
         spec_of(tmp_path, engine="local", options={})
 
 
