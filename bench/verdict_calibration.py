@@ -89,24 +89,26 @@ def truth(surrogate: Surrogate, spec, optimizer: str, batch: int, lr: tuple[floa
     """(the arm's best configuration's truth, that configuration): the mean objective over the table's seeds,
     over a dense grid of the arm's space."""
     cfg = config_from_dict(spec.resolved_base())
-    target, budget, every = cfg.eval.target_mlm_accuracy, cfg.budget.max_samples, cfg.eval.every_samples
     best = (math.inf, None)
     for k in range(points):
         value = math.exp(math.log(lr[0]) + (math.log(lr[1]) - math.log(lr[0])) * k / (points - 1))
         for warmup in WARMUPS:
-            scores = []
-            for curve in surrogate.curves(Config(optimizer, value, warmup, batch)):
-                evals = curve.evaluations(every, budget)
-                hit = next((s for s, a in evals if a >= target), None)
-                status = TrainStatus.DIVERGED if curve.diverged and hit is None else (
-                    TrainStatus.REACHED_TARGET if hit is not None else TrainStatus.BUDGET_EXHAUSTED)  # fmt: skip
-                best_acc = max((a for _, a in evals), default=None)
-                scores.append(objective_value(spec, TrainResult(status, samples_to_target=hit,
-                                                                best_mlm_accuracy=best_acc), cfg))  # fmt: skip
+            scores = [run_objective(spec, cfg, c)[0] for c in surrogate.curves(Config(optimizer, value, warmup, batch))]
             mean = sum(scores) / len(scores)
             if mean < best[0]:
                 best = (mean, (value, warmup))
     return best
+
+
+def run_objective(spec, cfg, curve) -> tuple[float, int | None]:
+    """(the experiment's objective, samples to target or None) of a full-budget run that follows `curve`."""
+    evals = curve.evaluations(cfg.eval.every_samples, cfg.budget.max_samples)
+    hit = next((s for s, a in evals if a >= cfg.eval.target_mlm_accuracy), None)
+    status = TrainStatus.DIVERGED if curve.diverged and hit is None else (
+        TrainStatus.REACHED_TARGET if hit is not None else TrainStatus.BUDGET_EXHAUSTED)  # fmt: skip
+    best_acc = max((a for _, a in evals), default=None)
+    result = TrainResult(status, samples_to_target=hit, best_mlm_accuracy=best_acc)
+    return objective_value(spec, result, cfg), hit
 
 
 def run_scenario(label: str, handicap: dict | None, args, directory: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ Overlapping intervals are not proof that the arms are equal: more confirmation s
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -85,8 +86,10 @@ class Verdict:
     line: str  # the one-line verdict
 
 
+@functools.cache
 def t_quantile(p: float, df: int) -> float:
-    """The p quantile of Student's t with df degrees of freedom (p > 0.5), by bisection on its CDF."""
+    """The p quantile of Student's t with df degrees of freedom (p > 0.5), by bisection on its CDF (cached: the
+    power benchmark asks for the same few quantiles many thousand times)."""
     low, high = 0.0, 1.0
     while _t_cdf(high, df) < p:
         high *= 2

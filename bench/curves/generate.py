@@ -16,6 +16,11 @@ smaller than the global batch let the trainer measure the gradient noise scale o
 
     python -m bench.curves.generate                 # the whole grid, 2 runs at a time, one thread each
     python -m bench.curves.generate --jobs 1 --limit 4   # a few runs (resumes: finished runs are kept)
+    python -m bench.curves.generate --seeds-table   # 20 seeds at each optimizer's best point (bench/curves/seeds.jsonl)
+
+The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_calibration.py --power): with 3
+seeds per point, more than 2 confirmation runs would re-read the same curves; at each optimizer's best point of
+batch 32 (AdamW lr 1e-3, LAMB lr 1e-2, warmup 0) it records seeds 0-19, in the same format and set-up.
 
 The table is `bench/curves/curves.jsonl`: a first line `{"kind": "meta", ...}` (grid, budget, data fingerprint,
 CPU), then one `{"kind": "run", ...}` line per finished run, appended as each ends, so an interrupted
@@ -48,6 +53,12 @@ LRS = tuple(round(10 ** (-3.5 + k / 2), 8) for k in range(6))  # 3.16e-4, 1e-3, 
 WARMUPS = (0, 40)
 BATCHES = {32: 16, 128: 32}  # global batch -> micro batch
 SEEDS = (0, 1, 2)
+SEEDS_TABLE = Path(__file__).resolve().parent / "seeds.jsonl"
+BEST_POINTS = (  # each optimizer's best point at batch 32 (README.md): where the power study re-runs seeds
+    {"optimizer": "adamw", "lr": LRS[1], "warmup_steps": 0, "global_batch_size": 32},
+    {"optimizer": "lamb", "lr": LRS[3], "warmup_steps": 0, "global_batch_size": 32},
+)
+POWER_SEEDS = tuple(range(20))
 MAX_SAMPLES = 12_288
 EVAL_EVERY = 1_024
 FIXED = {
@@ -61,9 +72,12 @@ FIXED = {
 }
 
 
-def grid() -> list[dict[str, Any]]:
+def grid(seeds_table: bool = False) -> list[dict[str, Any]]:
     """Every point of the grid, each with its seed: the runs of the table, batch size by batch size and seed by seed
-    (a partly generated table holds whole seeds of the first batch size first)."""
+    (a partly generated table holds whole seeds of the first batch size first). With `seeds_table`: the best
+    points, seed by seed."""
+    if seeds_table:
+        return [point | {"seed": s} for s in POWER_SEEDS for point in BEST_POINTS]
     points = itertools.product(BATCHES, SEEDS, OPTIMIZERS, WARMUPS, LRS)
     return [
         {"optimizer": o, "lr": lr, "warmup_steps": w, "global_batch_size": b, "seed": s} for b, s, o, w, lr in points
@@ -92,7 +106,12 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def meta(fingerprint: str) -> dict[str, Any]:
+def meta(fingerprint: str, seeds_table: bool = False) -> dict[str, Any]:
+    if seeds_table:
+        grid_record: dict[str, Any] = {"points": list(BEST_POINTS), "seed": list(POWER_SEEDS),
+                                       "micro_batch_size": {"32": BATCHES[32]}}  # fmt: skip
+        return {"kind": "meta", "format": 1, "base_config": BASE_CONFIG, "fixed": FIXED, "grid": grid_record,
+                "data_sha256": fingerprint}  # fmt: skip
     return {
         "kind": "meta",
         "format": 1,
@@ -173,15 +192,19 @@ def load(table: Path, expected: dict[str, Any]) -> set[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.curves.generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument(
+        "--table", type=Path, default=None, help=f"default {TABLE.name} ({SEEDS_TABLE.name} with --seeds-table)"
+    )
+    parser.add_argument("--seeds-table", action="store_true", help="20 seeds at each optimizer's best point")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2: one per core)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many new runs")
     args = parser.parse_args(argv)
     if not (DATA / "meta.json").exists():
         subprocess.run([sys.executable, "-m", "trainer.data.demo_corpus", "--out", str(DATA)], cwd=ROOT, check=True)
-    done = load(args.table, meta(data_fingerprint()))
-    todo = [run for run in grid() if key(run) not in done][: args.limit]
+    args.table = args.table or (SEEDS_TABLE if args.seeds_table else TABLE)
+    done = load(args.table, meta(data_fingerprint(), args.seeds_table))
+    todo = [run for run in grid(args.seeds_table) if key(run) not in done][: args.limit]
     print(f"{len(done)} runs in {args.table}, {len(todo)} to go", file=sys.stderr)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, args.table.open("a") as out:
