@@ -6,10 +6,12 @@ only when the intervals separate) is a pure function of the runs of each arm, so
 1. **Confirmation power** (given the tuner found each arm's best configuration): each arm's 1 + k runs (its best
    tuning run and k confirmation seeds) are 1 + k recorded training seeds of that configuration, drawn without
    replacement from the seeds table (bench/curves/seeds.jsonl: 20 seeds at each optimizer's best point of batch
-   32, AdamW lr 1e-3 and LAMB lr 1e-2, warmup 0), each arm its own draw (independent seed noise), and `decide`
-   names the winner or none. Scenarios: `real` (LAMB's best point against AdamW's) and `delay=D` (AdamW against
-   AdamW's own curves D samples later, through the surrogate's handicap: AdamW truly better by D samples; D = 0
-   is a true tie). Counted over `--draws` draws (a fixed random generator): right, wrong winner, no winner.
+   32, AdamW lr 1e-3 and LAMB lr 1e-2, warmup 0), and `decide` names the winner or none. Two ways to draw: the
+   same seeds for both arms (as `hpo run` gives both arms the same training seeds) and each arm its own draw
+   (independent seed noise, as between arms whose runs share nothing). Scenarios: `real` (LAMB's best point
+   against AdamW's) and `delay=D` (AdamW against AdamW's own curves D samples later, through the surrogate's
+   handicap: AdamW truly better by D samples; D = 0 is a true tie).
+   Counted over `--draws` draws (a fixed random generator): right, wrong winner, no winner.
    The selection effect of the best tuning run (it was picked as its arm's best, so it flatters its arm) is not in
    this part: bench/verdict_calibration.py measures it through the whole control plane.
 2. **Tuning trials** (random search): how often an arm's best of n tuning trials lies at a configuration that
@@ -62,12 +64,16 @@ def seed_samples(surrogate: Surrogate, spec, optimizer: str, lr: float) -> list[
 
 
 def confirmation_power(better: list[int | None], worse: list[int | None], k: int, draws: int, budget: int,
-                       rng: random.Random) -> dict[str, float]:  # fmt: skip
-    """Outcome rates of `decide` when each arm has 1 + k runs drawn without replacement from its seeds."""
+                       rng: random.Random, paired: bool = False) -> dict[str, float]:  # fmt: skip
+    """Outcome rates of `decide` when each arm has 1 + k runs drawn without replacement from its seeds: the same
+    seeds for both arms with `paired` (as `hpo run` gives both arms the same training seeds; the lists are then
+    indexed by seed), else each arm its own draw."""
     counts = {"right": 0, "wrong": 0, "none": 0}
     for _ in range(draws):
-        a = ArmRuns("better", tuple(rng.sample(better, 1 + k)), budget)
-        b = ArmRuns("worse", tuple(rng.sample(worse, 1 + k)), budget)
+        mine = rng.sample(range(len(better)), 1 + k)
+        theirs = mine if paired else rng.sample(range(len(worse)), 1 + k)
+        a = ArmRuns("better", tuple(better[i] for i in mine), budget)
+        b = ArmRuns("worse", tuple(worse[i] for i in theirs), budget)
         winner = decide([a, b]).winner
         counts["none" if winner is None else "right" if winner == "better" else "wrong"] += 1
     return {key: n / draws for key, n in counts.items()}
@@ -89,8 +95,10 @@ def confirmation_table(args, rng: random.Random) -> list[dict[str, Any]]:
         for k in args.confirm:
             if 1 + k > len(better):
                 continue
-            rates = confirmation_power(better, worse, k, args.draws, budget, rng)
-            rows.append({"scenario": label, "k": k, "better": _describe(better), "worse": _describe(worse), **rates})
+            for paired in (True, False):
+                rates = confirmation_power(better, worse, k, args.draws, budget, rng, paired)
+                rows.append({"scenario": label, "k": k, "seeds": "same" if paired else "independent",
+                             "better": _describe(better), "worse": _describe(worse), **rates})  # fmt: skip
     return rows
 
 
@@ -147,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     rows = confirmation_table(args, rng)
     print(f"\n1. Confirmation power ({args.draws:,} draws a cell; runs per arm = 1 + k)\n")
-    print("| scenario | better arm's seeds | worse arm's seeds | k | right | wrong winner | no winner |")
-    print("|---|---|---|---|---|---|---|")
+    print("| scenario | better arm's seeds | worse arm's seeds | k | arms' seeds | right | wrong winner | no winner |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['scenario']} | {r['better']} | {r['worse']} | {r['k']} | {r['right']:.1%} | {r['wrong']:.1%} | "
-              f"{r['none']:.1%} |")  # fmt: skip
+        print(f"| {r['scenario']} | {r['better']} | {r['worse']} | {r['k']} | {r['seeds']} | {r['right']:.1%} | "
+              f"{r['wrong']:.1%} | {r['none']:.1%} |")  # fmt: skip
     tuning = tuning_table(args, rng)
     print(f"\n2. Tuning trials (random search, {args.reps:,} repetitions a cell): P(the best trial is a good pick)\n")
     print("| optimizer | best truth | " + " | ".join(f"n={n}" for n in args.trials) + " |")

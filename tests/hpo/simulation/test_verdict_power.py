@@ -52,6 +52,19 @@ def test_confirmation_power_matches_an_exact_enumeration_of_the_seed_draws(worse
         assert abs(measured[key] - p) <= 4 * math.sqrt(p * (1 - p) / 4000) + 1e-9, (key, measured, exact)
 
 
+def test_paired_draws_give_both_arms_the_same_seeds():
+    worse = [6144, 6144, 6144, 7168, None]  # seed i of the worse arm is worse[i]
+    seeds = list(itertools.combinations(range(5), 3))
+    exact = {k: sum(outcome([BETTER[i] for i in s], [worse[i] for i in s]) == k for s in seeds) / len(seeds)
+             for k in ("right", "wrong", "none")}  # fmt: skip
+    assert 0.0 < exact["right"] < 1.0  # 4 of the 10 seed sets
+
+    measured = power.confirmation_power(BETTER, worse, 2, 4000, 12_288, random.Random(0), paired=True)
+
+    for key, p in exact.items():
+        assert abs(measured[key] - p) <= 4 * math.sqrt(p * (1 - p) / 4000) + 1e-9, (key, measured, exact)
+
+
 def test_a_good_pick_reaches_the_target_on_every_seed_near_the_arms_best_truth():
     table = load_table(power.TABLE)
     spec = power.demo_spec(power.TABLE)
