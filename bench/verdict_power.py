@@ -21,6 +21,12 @@ only when the intervals separate) is a pure function of the runs of each arm, so
    from {0, 40}, trains with the repetition's training seed (as `hpo run` gives every tuning trial the same
    seed), and scores the experiment's objective; the best is the lowest objective, ties to the earliest.
 
+3. **Through the control plane** (`--end-to-end K`): the delay scenarios with K confirmation seeds, `--e2e-reps`
+   times through `hpo run` on the seeds table (the space is the optimizer and warmup 0, lr fixed at AdamW's best:
+   1 tuning trial per arm, then K confirmations, training seeds 1000 + r, ..., 1000 + r + K as the calibration
+   gives them). Each repetition's verdict must equal `decide` over the same recorded seeds (seed s reads recorded
+   seed s mod 20): a check that part 1 computes what the service does.
+
 Power of the whole experiment is about P(right | k) when both arms' picks are good, which happens with probability
 P(good | n) squared; the table says which (n, k) reach 80 %.
 
@@ -34,13 +40,16 @@ import argparse
 import math
 import random
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.verdict_calibration import TABLE, WARMUPS, experiment, run_objective, truth
-from hpo.experiment import experiment_from_dict
+from bench.verdict_calibration import TABLE, WARMUPS, experiment, run_objective, run_quietly, truth
+from hpo.experiment import experiment_from_dict, spec_from_stored
+from hpo.local_engine import experiment_verdict
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
+from hpo.storage import SqlStorage
 from hpo.verdict import ArmRuns, decide
 from trainer.config import config_from_dict
 
@@ -140,6 +149,36 @@ def tuning_table(args, rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
+def end_to_end(args, delay: int, k: int, directory: Path) -> dict[str, Any]:
+    """Part 3: `args.e2e_reps` whole experiments through `hpo run`; their verdicts against `decide` on their seeds."""
+    table = load_table(args.seeds_table)
+    spec = demo_spec(args.seeds_table)
+    adamw = seed_samples(Surrogate(table), spec, "adamw", BEST["adamw"])
+    delayed = seed_samples(Surrogate(table, {"lamb": ("adamw", delay)}), spec, "lamb", BEST["adamw"])
+    handicap = {"lamb": {"curves_of": "adamw", "delay_samples": delay}}
+    url = f"sqlite:///{directory / f'e2e-{delay}-{k}.db'}"
+    counts = {"right": 0, "wrong": 0, "none": 0}
+    for rep in range(args.e2e_reps):
+        name = f"power-{delay}-{k}-{rep}"
+        data = experiment(name, args.seeds_table, "random", rep, BATCH, LR_RANGE, 2, k, handicap)
+        data["space"] = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "schedule.warmup_steps": {"choice": [0]}}
+        data["overrides"] |= {"optimizer.lr": BEST["adamw"], "schedule.warmup_steps": 0}
+        run_quietly(name, data, directory, url)
+        with SqlStorage(url) as storage:
+            record = storage.get_experiment_by_name(name)
+            winner = experiment_verdict(storage, record.id, spec_from_stored(record)).winner
+        seeds = [(1000 + rep + i) % len(table.seeds()) for i in range(k + 1)]
+        budget = table.max_samples
+        expected = decide([ArmRuns("optimizer.name=adamw", tuple(adamw[i] for i in seeds), budget),
+                           ArmRuns("optimizer.name=lamb", tuple(delayed[i] for i in seeds), budget)])  # fmt: skip
+        if winner != expected.winner:
+            raise SystemExit(f"{name}: hpo run's verdict {winner} differs from decide over seeds {seeds}: "
+                             f"{expected.line}")  # fmt: skip
+        truly = "optimizer.name=adamw" if delay > 0 else None
+        counts["none" if winner is None else "right" if winner == truly else "wrong"] += 1
+    return {"scenario": f"delay={delay}", "k": k, **{key: n / args.e2e_reps for key, n in counts.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.verdict_power", description=__doc__.split("\n")[0])
     parser.add_argument("--table", type=Path, default=TABLE)
@@ -151,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=1000, help="repetitions per tuning cell (default 1,000)")
     parser.add_argument("--near", type=int, default=1024, help="a good pick's truth is this close to the best")
     parser.add_argument("--seed", type=int, default=0, help="the random generator's seed (fixed: same tables)")
+    parser.add_argument(
+        "--end-to-end", type=int, nargs="*", default=[], metavar="K", help="part 3 with K confirmations"
+    )
+    parser.add_argument("--e2e-reps", type=int, default=200, help="repetitions per part-3 scenario (default 200)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     rows = confirmation_table(args, rng)
@@ -167,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     for optimizer in ("adamw", "lamb"):
         mine = [r for r in tuning if r["optimizer"] == optimizer]
         print(f"| {optimizer} | {mine[0]['best_truth']:,.0f} | " + " | ".join(f"{r['good']:.1%}" for r in mine) + " |")
+    if args.end_to_end:
+        scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        with tempfile.TemporaryDirectory(prefix="power-", dir=scratch) as tmp:
+            e2e = [end_to_end(args, d, k, Path(tmp)) for k in args.end_to_end for d in args.delays]
+        print(f"\n3. Through hpo run ({args.e2e_reps} repetitions; every verdict equal to decide over its seeds)\n")
+        print("| scenario | k | right | wrong winner | no winner |\n|---|---|---|---|---|")
+        for r in e2e:
+            print(f"| {r['scenario']} | {r['k']} | {r['right']:.1%} | {r['wrong']:.1%} | {r['none']:.1%} |")
     return 0
 
 
