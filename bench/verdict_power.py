@@ -21,16 +21,16 @@ only when the intervals separate) is a pure function of the runs of each arm, so
    from {0, 40}, trains with the repetition's training seed (as `hpo run` gives every tuning trial the same
    seed), and scores the experiment's objective; the best is the lowest objective, ties to the earliest.
 
-3. **Through the control plane** (`--end-to-end K`): the delay scenarios with K confirmation seeds, `--e2e-reps`
-   times through `hpo run` on the seeds table (the space is the optimizer and warmup 0, lr fixed at AdamW's best:
-   1 tuning trial per arm, then K confirmations, training seeds 1000 + r, ..., 1000 + r + K as the calibration
-   gives them). Each repetition's verdict must equal `decide` over the same recorded seeds (seed s reads recorded
-   seed s mod 20): a check that part 1 computes what the service does.
+3. **Through the control plane** (`--end-to-end K`): delay scenarios (`--e2e-delays`) with K confirmation seeds,
+   `--e2e-reps` times through `hpo run` on the seeds table (the space is the optimizer and warmup 0, lr fixed at
+   AdamW's best: 1 tuning trial per arm, then K confirmations, training seeds 1000 + r, ..., 1000 + r + K as the
+   calibration gives them). Each repetition's verdict must equal `decide` over the same recorded seeds (seed s
+   reads recorded seed s mod 20): a check that part 1 computes what the service does.
 
 Power of the whole experiment is about P(right | k) when both arms' picks are good, which happens with probability
 P(good | n) squared; the table says which (n, k) reach 80 %.
 
-    python -m bench.verdict_power                          # 4,000 draws a confirmation cell, 1,000 a tuning cell
+    python -m bench.verdict_power --end-to-end 6           # 4,000 draws a confirmation cell, 1,000 a tuning cell
     python -m bench.verdict_power --draws 500 --reps 100   # a quick look
 """
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=4000, help="draws per cell (default 4,000)")
     parser.add_argument("--delays", type=int, nargs="*", default=[0, 1024, 2048, 3072])
     parser.add_argument("--confirm", type=int, nargs="*", default=[2, 3, 4, 6, 9, 14, 19])
-    parser.add_argument("--trials", type=int, nargs="*", default=[5, 10, 20, 40, 80], help="tuning trials per arm")
+    parser.add_argument("--trials", type=int, nargs="*", default=[5, 10, 20, 40, 80, 160], help="tuning trials per arm")
     parser.add_argument("--reps", type=int, default=1000, help="repetitions per tuning cell (default 1,000)")
     parser.add_argument("--near", type=int, default=1024, help="a good pick's truth is this close to the best")
     parser.add_argument("--seed", type=int, default=0, help="the random generator's seed (fixed: same tables)")
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "--end-to-end", type=int, nargs="*", default=[], metavar="K", help="part 3 with K confirmations"
     )
     parser.add_argument("--e2e-reps", type=int, default=200, help="repetitions per part-3 scenario (default 200)")
+    parser.add_argument("--e2e-delays", type=int, nargs="*", default=[0, 2048], help="part 3's delay scenarios")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     rows = confirmation_table(args, rng)
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.end_to_end:
         scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None
         with tempfile.TemporaryDirectory(prefix="power-", dir=scratch) as tmp:
-            e2e = [end_to_end(args, d, k, Path(tmp)) for k in args.end_to_end for d in args.delays]
+            e2e = [end_to_end(args, d, k, Path(tmp)) for k in args.end_to_end for d in args.e2e_delays]
         print(f"\n3. Through hpo run ({args.e2e_reps} repetitions; every verdict equal to decide over its seeds)\n")
         print("| scenario | k | right | wrong winner | no winner |\n|---|---|---|---|---|")
         for r in e2e:
