@@ -18,7 +18,7 @@ from hpo.experiment import load_experiment
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import SearchSpace
-from tests.hpo.simulation.test_simulated_runner import experiment_file
+from tests.hpo.simulation.test_simulated_runner import experiment_file, hpo_run_stopped_after
 
 TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution")
 TRIALS, SLOTS = 40, 8
@@ -180,7 +180,6 @@ def test_a_resumed_nni_tuner_proposes_its_stored_trials_again(tmp_path, monkeypa
     stored results told in their order, proposes every stored trial again (the study replays none: `replay` is
     never called), and the trials created before the stop are those of an uninterrupted run. After the stop the two
     runs part: the interrupted trials run again later, so their results reach the tuner in another order."""
-    from hpo import local_engine
     from hpo.nni.tuners import NniTunerController
 
     replayed = []
@@ -191,27 +190,7 @@ def test_a_resumed_nni_tuner_proposes_its_stored_trials_again(tmp_path, monkeypa
         directory.mkdir()
         path = experiment_file(directory, "nni-resume", tuner=tuner, trials=60, slots=4, confirm_seeds=0)
         url = f"sqlite:///{directory / 'hpo.db'}"
-        original = local_engine.Study.run
-
-        def run_then_stop(study):
-            handle = study._handle
-
-            def counting(exits):
-                handle(exits)
-                done = [t for t in study.storage.list_trials(study.experiment_id) if t.state.finished]
-                if len(done) >= stop_after:
-                    study.stop_reason = study.stop_reason or "the controller was terminated (SIGTERM)"
-
-            study._handle = counting
-            return original(study)
-
-        if stop_after:
-            local_engine.Study.run = run_then_stop
-        try:
-            code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")])
-        finally:
-            local_engine.Study.run = original
-        return url, code
+        return url, hpo_run_stopped_after(url, path, directory / "run", stop_after)
 
     whole, code = run_once(tmp_path / "whole", None)
     assert code == 0

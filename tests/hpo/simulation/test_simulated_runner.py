@@ -48,6 +48,33 @@ def experiment_file(directory: Path, name: str, tuner: str = "random", trials: i
     return path
 
 
+def hpo_run_stopped_after(url: str, path: Path, run_dir: Path, stop_after: int | None) -> int:
+    """`hpo run` in this process; with `stop_after`, the study stops (as SIGTERM asks it) once that many trials
+    have finished. Returns its exit code."""
+    from hpo import local_engine
+
+    original = local_engine.Study.run
+
+    def run_then_stop(study):
+        handle = study._handle
+
+        def counting(exits):
+            handle(exits)
+            done = [t for t in study.storage.list_trials(study.experiment_id) if t.state.finished]
+            if len(done) >= stop_after:
+                study.stop_reason = study.stop_reason or "the controller was terminated (SIGTERM)"
+
+        study._handle = counting
+        return original(study)
+
+    if stop_after:
+        local_engine.Study.run = run_then_stop
+    try:
+        return hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(run_dir)])
+    finally:
+        local_engine.Study.run = original
+
+
 def expected_curve(optimizer: str, lr: float, warmup: int, seed: int) -> list[tuple[int, float]]:
     """The blended curve of the synthetic table, computed from its formulas (batch 32, the demo config's)."""
     lrs = [1e-4, 1e-3, 1e-2, 1e-1]
@@ -170,33 +197,12 @@ def test_a_stopped_simulated_experiment_resumes_where_it_stopped(tmp_path):
     """Stopped halfway (the study's stop, as SIGTERM asks it), then `hpo resume`: the trials created before the stop
     are those an uninterrupted run creates, nothing finished runs again, the interrupted trials run again as a new
     attempt, the total stays the budget, and the simulated clock goes on from where it stopped."""
-    from hpo import local_engine
 
     def run(directory, stop_after: int | None):
         directory.mkdir()
         path = experiment_file(directory, "sim-resume", trials=40, slots=4)
         url = f"sqlite:///{directory / 'hpo.db'}"
-        original = local_engine.Study.run
-
-        def run_then_stop(study):
-            handle = study._handle
-
-            def counting(exits):
-                handle(exits)
-                done = [t for t in study.storage.list_trials(study.experiment_id) if t.state.finished]
-                if len(done) >= stop_after:
-                    study.stop_reason = study.stop_reason or "the controller was terminated (SIGTERM)"
-
-            study._handle = counting
-            return original(study)
-
-        if stop_after:
-            local_engine.Study.run = run_then_stop
-        try:
-            code = hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")])
-        finally:
-            local_engine.Study.run = original
-        return url, code
+        return url, hpo_run_stopped_after(url, path, directory / "run", stop_after)
 
     whole, code = run(tmp_path / "whole", None)
     assert code == 0
