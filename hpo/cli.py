@@ -193,6 +193,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     counts = storage.count_trials_by_state(record.id)
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
     print(experiment_progress(storage, record))
+    for line in _verdict_status(storage, record):
+        print(line)
     simulated = _simulated_line(record, storage)
     if simulated:
         print(simulated)
@@ -204,6 +206,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
         print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")
     return 0
+
+
+def _verdict_status(storage, record) -> list[str]:
+    """Where a compare experiment's confirmations stand and what the verdict would be now."""
+    from hpo.confirmations import round_line
+    from hpo.experiment import spec_from_stored
+    from hpo.local_engine import experiment_verdict
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        return []
+    if not spec.compare:
+        return []
+    verdict = experiment_verdict(storage, record.id, spec)
+    look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
+    return [round_line(spec, storage.list_trials(record.id)), f"verdict now{look}: {verdict.line}"]
 
 
 def _simulated_line(record, storage) -> str | None:
@@ -269,6 +288,8 @@ def cmd_best(args: argparse.Namespace) -> int:
             interval = [arm.low, arm.high] if arm.low is not None else None
             out[arm.label]["evidence"] = {"runs": arm.runs, "reached_target": arm.hits,
                                           "samples_to_target_mean": arm.mean, "interval_95": interval}  # fmt: skip
+    if verdict:
+        out["verdict"] = verdict.as_dict()
     print(yaml.safe_dump(out, sort_keys=False), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")

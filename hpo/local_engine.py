@@ -27,7 +27,8 @@ from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.storage.engine import safe_url
 from hpo.study import Study
-from hpo.verdict import arm_runs, decide, verdict_lines
+from hpo.confirmations import stored_verdict
+from hpo.verdict import verdict_lines
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
 from trainer.data.checks import load_checked_samples
@@ -79,7 +80,12 @@ def describe_plan(spec, runner) -> str:
                      f"{len(plan.space)} dimension(s): {dims}")  # fmt: skip
     if spec.allow_unequal_arms:
         lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
-    if spec.budget.confirm_seeds:
+    if spec.budget.sequential:
+        rounds = spec.budget.confirmation_rounds
+        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration in rounds of {rounds[0]} more "
+                     f"seeds until the verdict decides (winner, or equivalent within ±{100 * spec.verdict.margin:g} %), "
+                     f"at most {rounds[-1]}")  # fmt: skip
+    elif spec.budget.confirm_seeds:
         lines.append(f"  then, as soon as an arm's tuning is over, its best configuration {spec.budget.confirm_seeds} "
                      "more times with other seeds")  # fmt: skip
     return "\n".join(lines)
@@ -100,7 +106,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     runner.attach(storage, experiment_id)
     study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
-    total = spec.budget.trials + spec.budget.confirm_seeds * len(study.arms)
+    total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total)
     try:
         with stop_on_signals(study):
@@ -174,7 +180,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         return
     if spec.compare:
         verdict = experiment_verdict(storage, experiment_id, spec)
-        print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirm_seeds)))
+        print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirmation_plan())))
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")
@@ -202,8 +208,7 @@ def next_commands(database_url: str | None) -> tuple[str, str]:
 
 def experiment_verdict(storage: Storage, experiment_id: int, spec):
     """The verdict of a compare experiment from its stored trials (see hpo/verdict.py)."""
-
-    return decide(arm_runs(spec, storage.best_per_arm(experiment_id), storage.list_trials(experiment_id)))
+    return stored_verdict(storage, experiment_id, spec)
 
 
 def describe_best(trial, spec) -> str:

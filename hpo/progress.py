@@ -135,7 +135,8 @@ def _duration(seconds: float) -> str:
 
 def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, confirmations_planned: int) -> str:
     """`3/3 tuning trials done, 1/2 confirmation runs`: tuning trials against the tuning budget and the
-    confirmation runs (budget.confirm_seeds per arm) against their own plan, never one against the other's."""
+    confirmation runs (budget.confirm_seeds per arm, the cap with auto) against their own plan, never one against
+    the other's."""
     line = f"{tuning_done}/{tuning_planned} tuning trials done"
     if confirmations_planned or confirmations_done:
         line += f", {confirmations_done}/{confirmations_planned} confirmation runs"
@@ -159,5 +160,6 @@ def _planned(record) -> tuple[int, int]:
         spec = spec_from_stored(record)
     except HpoError:
         budget = record.spec.get("experiment", {}).get("budget", {})
-        return int(budget.get("trials", 0)), int(budget.get("confirm_seeds", 0))
-    return spec.budget.trials, spec.budget.confirm_seeds * len(arms(spec))
+        seeds = budget.get("confirm_seeds", 0)
+        return int(budget.get("trials", 0)), int(seeds) if str(seeds).isdigit() else 0
+    return spec.budget.trials, spec.budget.most_confirm_seeds * len(arms(spec))

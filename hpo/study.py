@@ -10,7 +10,9 @@ entry and the progress view do). Only a trial that ended without recording a res
 (`classify_exit`). With `budget.confirm_seeds: k`, each arm's best configuration runs k more times with other
 training seeds, as confirmation trials, queued as soon as that arm's tuning is over (its whole quota created and
 none of its tuning trials running or queued), while other arms may still tune: no slot idles while work is
-known. Tuning trials start before confirmation trials (the tuners' next questions wait on them).
+known. With `confirm_seeds: auto` that is the first round; once every arm finished a round, the verdict at that
+look decides whether another round is queued (`hpo.confirmations`). Tuning trials start before confirmation
+trials (the tuners' next questions wait on them).
 
 Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
 the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.arms import arm_plans, trial_config
+from hpo.confirmations import runs_to_queue, stored_verdict
 from hpo.controllers import Controller, Suggestion, build_controller
 from hpo.errors import StorageError
 from hpo.experiment import ExperimentSpec
@@ -77,7 +80,8 @@ class Study:
         self.arms = self._build_arms()
         self.queue: list[Pending] = []
         self.running: dict[int, Pending] = {}
-        self.confirmed: set[str | None] = set()  # labels of the arms whose confirmation trials are queued
+        self.confirmed: set[str | None] = set()  # labels of the arms whose first confirmation round is queued
+        self.rounds_over = False  # no further round of confirmations to queue (hpo.confirmations)
         self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
         self._stop_checked = 0.0
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
@@ -282,27 +286,51 @@ class Study:
         return not any(p.arm is arm and p.kind is TrialKind.TUNING for p in owned)
 
     def _all_confirmed(self) -> bool:
-        return all(arm.label in self.confirmed for arm in self.arms)
+        return all(arm.label in self.confirmed for arm in self.arms) and self.rounds_over
 
     def _queue_confirmations(self) -> None:
-        """For each arm whose tuning is over and whose confirmations are not queued yet: k more runs of its best
-        configuration (as the storage names it now, all its tuning trials finished), with the training seeds after
-        the config's. An arm without a completed trial queues nothing (the verdict says so)."""
+        """The first round for each arm whose tuning is over (its best configuration, as the storage names it now,
+        all its tuning trials finished), with the training seeds after the config's; with `confirm_seeds: auto`,
+        the next round for every arm once all finished the current one and the verdict says "not yet"
+        (`hpo.confirmations`). An arm without a completed trial queues nothing (the verdict says so)."""
+        first = self.spec.budget.confirmation_rounds[:1]
         for arm in self.arms:
             if arm.label in self.confirmed or not self._tuning_over(arm):
                 continue
             self.confirmed.add(arm.label)
-            if not self.spec.budget.confirm_seeds:
-                continue
-            best = self.storage.best_trial(self.experiment_id, arm=arm.label)
-            if best is None:
-                continue  # no trial of this arm completed: nothing to confirm
-            seed = trial_config(self.spec, best.params).seed
-            for k in range(self.spec.budget.confirm_seeds):
-                spec = TrialSpec(None, best.params, arm.label, 1.0, (), best.global_batch_size,
-                                 TrialKind.CONFIRMATION, seed + 1 + k)  # fmt: skip
-                record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
-                self.queue.append(Pending(record.id, record.number, record.attempt, None, arm, TrialKind.CONFIRMATION))
+            for _ in range(first[0] if first else 0):
+                self._queue_confirmation(arm)
+        if self.rounds_over or not self._all_confirmed_started() or self._confirmations_pending():
+            return
+        self.rounds_over = True
+        if not self.spec.budget.sequential:
+            return
+        trials = self.storage.list_trials(self.experiment_id)
+        verdict = stored_verdict(self.storage, self.experiment_id, self.spec)
+        target = runs_to_queue(self.spec, trials, verdict)
+        for arm in self.arms:
+            created = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm.label)
+            for _ in range(target - created if created else 0):
+                self.rounds_over = False
+                self._queue_confirmation(arm)
+
+    def _all_confirmed_started(self) -> bool:
+        return all(arm.label in self.confirmed for arm in self.arms)
+
+    def _confirmations_pending(self) -> bool:
+        return any(p.kind is TrialKind.CONFIRMATION for p in (*self.running.values(), *self.queue))
+
+    def _queue_confirmation(self, arm: Arm) -> None:
+        """One more confirmation run of the arm's best configuration, with the next training seed."""
+        best = self.storage.best_trial(self.experiment_id, arm=arm.label)
+        if best is None:
+            return  # no trial of this arm completed: nothing to confirm
+        seeds = [t.seed for t in self.storage.list_trials(self.experiment_id, arm=arm.label)
+                 if t.kind is TrialKind.CONFIRMATION and t.params == best.params]  # fmt: skip
+        seed = max(seeds, default=trial_config(self.spec, best.params).seed) + 1
+        spec = TrialSpec(None, best.params, arm.label, 1.0, (), best.global_batch_size, TrialKind.CONFIRMATION, seed)
+        record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
+        self.queue.append(Pending(record.id, record.number, record.attempt, None, arm, TrialKind.CONFIRMATION))
 
     def stop(self, reason: str) -> None:
         """End every process of the running attempts, then record them as INTERRUPTED with `reason` (a resume runs

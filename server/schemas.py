@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -183,13 +183,15 @@ class BestTrialPublic(BaseModel):
 
 
 class ArmEvidencePublic(BaseModel):
-    """One arm in the verdict: its best configuration's runs (the best tuning trial and its confirmation re-runs)."""
+    """One arm in the verdict: its best configuration's confirmation runs (re-runs with other training seeds)."""
 
     label: str
-    runs: int = Field(description="Finished runs of the arm's best configuration.")
+    runs: int = Field(description="Finished confirmation runs of the arm's best configuration.")
     reached_target: int = Field(description="How many of them reached the target.")
     hit_rate: float | None = Field(description="reached_target / runs; null without a run.")
-    samples_to_target_mean: float | None = Field(description="Mean samples to target over the runs that reached it.")
+    samples_to_target_mean: float | None = Field(
+        description="Mean samples to target over the runs that reached it, interpolated between evaluations."
+    )
     interval_95: list[float] | None = Field(
         description="[low, high]: the 95 % Student-t interval of that mean; null with fewer than 2 hits."
     )
@@ -197,17 +199,46 @@ class ArmEvidencePublic(BaseModel):
     summary: str = Field(description="The arm's line as `hpo run` prints it.")
 
 
-class VerdictPublic(BaseModel):
-    """Which compare arm reaches the target in fewer samples, as `hpo run` and the report say (hpo.verdict)."""
+class DifferencePublic(BaseModel):
+    """One arm against another: the ratio of their geometric mean samples to target, as a difference."""
 
-    winner: str | None = Field(description="The winning arm's label; null: no winner at this evidence.")
-    line: str = Field(description="The one-line verdict, with the reason.")
-    confirm_seeds: int = Field(description="Confirmation re-runs per arm's best configuration (budget.confirm_seeds).")
+    arm: str
+    against: str
+    percent: float = Field(description="arm's samples to target relative to against's, in % (negative: fewer).")
+    interval_percent: list[float] = Field(description="[low, high] of that difference at `confidence` (the test of "
+                                          "a winner, corrected for pairs of arms and sequential looks).")  # fmt: skip
+    samples: float = Field(description="The same difference in samples (against's geometric mean as the base).")
+    interval_samples: list[float] = Field(description="[low, high] of the difference in samples.")
+    confidence: float = Field(description="The interval's confidence level (0.95 with two arms and one look).")
+    equivalence_interval_percent: list[float] = Field(
+        description="[low, high] at 1 - 2 (1 - confidence): equivalent when it lies within ±margin (two one-sided "
+        "tests)."
+    )
+
+
+class VerdictPublic(BaseModel):
+    """Which compare arm reaches the target in fewer samples, whether the arms are equivalent, or not yet, as
+    `hpo run` and the report say (hpo.verdict)."""
+
+    outcome: Literal["winner", "equivalent", "not yet"] = Field(description="The verdict's answer.")
+    winner: str | None = Field(description="The winning arm's label; null unless the outcome is winner.")
+    line: str = Field(description="The one-line verdict, with the difference, its interval and the margin.")
+    margin: float = Field(description="verdict.margin: equivalent means within ±margin (a fraction, 0.05 = 5 %).")
+    confirm_seeds: int | Literal["auto"] = Field(description="budget.confirm_seeds: confirmation re-runs per arm's "
+                                                 "best configuration, or auto (rounds until the verdict decides).")  # fmt: skip
+    look: int = Field(description="The look (round of confirmations) the verdict is at.")
+    looks: int = Field(description="Looks at most: 1 with a fixed confirm_seeds.")
+    round: str = Field(description="Where the confirmation rounds stand, per arm.")
+    runs_per_arm: dict[str, int] = Field(description="Finished confirmation runs per arm.")
+    runs_needed: int | None = Field(description="Not yet: about how many runs per arm would likely decide at the "
+                                    "observed spread and difference.")  # fmt: skip
+    differences: list[DifferencePublic] = Field(description="The leading arm against every other (every pair when "
+                                                "equivalent).")  # fmt: skip
     arms: list[ArmEvidencePublic]
     lines: list[str] = Field(description="The verdict as `hpo run` prints it, line by line.")
 
     @classmethod
-    def from_verdict(cls, verdict: Verdict, confirm_seeds: int) -> VerdictPublic:
+    def from_verdict(cls, verdict: Verdict, confirm_seeds: int | str, plan: str, round_line: str) -> VerdictPublic:
         arms = [
             ArmEvidencePublic(
                 label=arm.label,
@@ -221,8 +252,9 @@ class VerdictPublic(BaseModel):
             )
             for arm in verdict.arms
         ]
-        lines = verdict_lines(verdict, confirm_seeds)
-        return cls(winner=verdict.winner, line=verdict.line, confirm_seeds=confirm_seeds, arms=arms, lines=lines)
+        data = verdict.as_dict()
+        return cls(**data, confirm_seeds=confirm_seeds, round=round_line, arms=arms,
+                   lines=verdict_lines(verdict, plan))  # fmt: skip
 
 
 class NniWebUiPublic(BaseModel):

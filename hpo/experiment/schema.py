@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from hpo.errors import ExperimentFileError
@@ -24,6 +25,7 @@ NATURAL_DIRECTION = {
     "final_mlm_accuracy": "maximize",
 }
 _SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+DEFAULT_MAX_CONFIRM_SEEDS = 12
 
 
 class _Section(BaseModel):
@@ -49,7 +51,57 @@ class Budget(_Section):
     min_budget: float = Field(1 / 9, gt=0, le=1, description="Hyperband: smallest fraction of budget.max_samples.")
     max_budget: float = Field(1.0, gt=0, le=1, description="Hyperband: largest fraction of budget.max_samples.")
     eta: int = Field(3, ge=2, description="Hyperband: successive-halving ratio.")
-    confirm_seeds: int = Field(0, ge=0, description="Re-run each arm's best config with this many more seeds.")
+    confirm_seeds: int | Literal["auto"] = Field(0, description="Re-run each arm's best config with this many more "
+                                                 "seeds (the verdict's evidence), or auto: in rounds until the verdict "
+                                                 "decides or max_confirm_seeds is reached.")  # fmt: skip
+    max_confirm_seeds: int | None = Field(None, ge=2, description="confirm_seeds: auto only: the most confirmation "
+                                          f"runs per arm (default {DEFAULT_MAX_CONFIRM_SEEDS}).")  # fmt: skip
+
+    @field_validator("confirm_seeds")
+    @classmethod
+    def _confirm_seeds(cls, value: Any) -> Any:
+        if value != "auto" and (type(value) is not int or value < 0):
+            raise ValueError(f"expected a number of seeds (>= 0) or auto, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cap_only_with_auto(self) -> Budget:
+        if self.max_confirm_seeds is not None and self.confirm_seeds != "auto":
+            raise ValueError("max_confirm_seeds caps confirm_seeds: auto; with a fixed confirm_seeds it would be "
+                             "ignored: remove it, or set confirm_seeds: auto")  # fmt: skip
+        return self
+
+    @property
+    def sequential(self) -> bool:
+        return self.confirm_seeds == "auto"
+
+    @property
+    def confirmation_rounds(self) -> tuple[int, ...]:
+        """Confirmation runs per arm after each round, cumulative: one round of confirm_seeds when fixed; with auto,
+        rounds of max(3, cap / 4) runs up to the cap (12: 3, 6, 9, 12), the verdict asked after each."""
+        if not self.sequential:
+            return (self.confirm_seeds,) if self.confirm_seeds else ()
+        cap = self.max_confirm_seeds or DEFAULT_MAX_CONFIRM_SEEDS
+        size = max(3, math.ceil(cap / 4))
+        return tuple(min(k, cap) for k in range(size, cap + size, size) if k - size < cap)
+
+    @property
+    def most_confirm_seeds(self) -> int:
+        """Confirmation runs per arm at most."""
+        rounds = self.confirmation_rounds
+        return rounds[-1] if rounds else 0
+
+    def confirmation_plan(self) -> str:
+        """`2 seeds` or `auto: rounds of 3 up to 12 seeds, until the verdict decides`."""
+        if not self.sequential:
+            return f"{self.confirm_seeds} seed(s)"
+        rounds = self.confirmation_rounds
+        return f"auto: rounds of {rounds[0]} up to {rounds[-1]} seeds, until the verdict decides"
+
+
+class VerdictSettings(_Section):
+    margin: float = Field(0.05, gt=0, lt=1, description="Arms whose samples to target differ by less than this "
+                          "fraction are equivalent (0.05: within ±5 %), when the evidence shows it.")  # fmt: skip
 
 
 class Machine(_Section):
@@ -158,6 +210,7 @@ class ExperimentSpec(_Section):
     compare: list[str] = Field(default_factory=list, description="Categorical keys whose values form arms.")
     tuner: Tuner = Field(default_factory=Tuner)
     budget: Budget
+    verdict: VerdictSettings = Field(default_factory=VerdictSettings, description="How the arms are compared.")
     resources: Resources = Field(default_factory=Resources)
     engine: Literal["local", "nni"] = Field("local", description="local: our study loop; nni: an NNI experiment.")
     runner: Runner = Field(default_factory=Runner, description="Where the local engine runs trials.")

@@ -48,7 +48,8 @@ from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import ArmSummary, Verdict, arm_runs, decide
+from hpo.confirmations import round_line, stored_curves, verdict_of
+from hpo.verdict import ArmSummary, Verdict
 from trainer.config import config_from_dict
 
 TO_TARGET_METRICS = ("samples_to_target", "time_to_target_s")
@@ -147,8 +148,8 @@ class ExperimentData:
     max_samples: int
     tuner: str
     trials_budget: int
-    confirm_seeds: int
-    planned_confirmations: int  # confirm_seeds per arm, as planned (an arm without a completed trial runs none)
+    confirm_seeds: int | str  # a number, or "auto" (rounds until the verdict decides)
+    planned_confirmations: int  # confirmation runs planned over all arms (the cap with auto)
     compare: tuple[str, ...]
     dimensions: tuple[Dimension, ...]
     arms: tuple[ArmData, ...]
@@ -157,6 +158,8 @@ class ExperimentData:
     simulated: str | None = None  # a simulated experiment's cost line (hpo.simulation.cost); None for a real one
     nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
     rungs: dict[str, ArmRungs] = field(default_factory=dict)  # arm -> its rungs; empty unless multi-fidelity
+    confirmation_plan: str = ""  # budget.confirm_seeds in words (Budget.confirmation_plan)
+    confirmation_round: str = ""  # where the confirmation rounds stand (hpo.confirmations.round_line)
 
     @property
     def to_target(self) -> bool:
@@ -177,7 +180,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     spec = spec_from_stored(record)
     records = storage.list_trials(record.id)
     best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
-    verdict = _verdict(spec, best, records)
+    verdict = verdict_of(spec, best, records, stored_curves(storage, records))
     noise = _noise_by_trial(storage, records) if with_noise else {}
     labels = [arm_label(fixed) if fixed else None for fixed in arms(spec)]
     metric = spec.objective.metric
@@ -202,7 +205,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         tuner=spec.tuner.name,
         trials_budget=spec.budget.trials,
         confirm_seeds=spec.budget.confirm_seeds,
-        planned_confirmations=spec.budget.confirm_seeds * len(labels),
+        planned_confirmations=spec.budget.most_confirm_seeds * len(labels),
         compare=tuple(spec.compare),
         dimensions=_dimensions(spec),
         arms=tuple(arm_data),
@@ -210,13 +213,11 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         simulated=simulated_line(spec, records),
         nni_webui=tuple(record.nni_webui),
         rungs=promotion_rungs(records, int(cfg.budget.max_samples), metric),
+        confirmation_plan=spec.budget.confirmation_plan(),
+        confirmation_round=round_line(spec, records) if spec.compare else "",
     )
     _load_curves(storage, record, data)
     return data
-
-
-def _verdict(spec, best: dict, records: Sequence[TrialRecord]) -> Verdict:
-    return decide(arm_runs(spec, best, records))
 
 
 def _optimizer(spec, base: dict[str, Any], params: dict[str, Any]) -> str | None:

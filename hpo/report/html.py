@@ -29,6 +29,7 @@ from hpo.report.data import (
 from hpo.report.importance import MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, scaling_points
 from hpo.storage.base import Storage
+from hpo.verdict import Outcome
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 Link = Callable[[str], str]
@@ -142,7 +143,7 @@ def _header(data: ExperimentData, index: str | None) -> str:
             f"<p>Objective: <b>{escape(data.metric)}</b> ({escape(data.direction)}), target masked-LM accuracy "
             f"{data.target_mlm_accuracy:g}, at most {data.max_samples:,} training samples per trial. Tuner "
             f"{escape(data.tuner)}; {data.trials_budget} tuning trials over {len(data.arms)} arm(s) ({escape(arms)})"
-            f", {data.confirm_seeds} confirmation seed(s) per arm. Status: <b data-field=liveness>"
+            f", confirmation runs per arm: {escape(data.confirmation_plan)}. Status: <b data-field=liveness>"
             f"{escape(data.liveness)}</b>, <span data-field=finished>{finished}</span> of "
             f"<span data-field=planned>{_planned(data)}</span> planned trials finished "
             f"(<span data-field=progress>{escape(_progress(data))}</span>).</p>{_nni_webui(data)}")  # fmt: skip
@@ -271,11 +272,11 @@ def _notes(data: ExperimentData) -> str:
                      f"only ranked from {MIN_TRIALS} trials per arm on.")  # fmt: skip
     if data.confirm_seeds == 0:
         notes.append(
-            "No confirmation seeds: each arm's evidence is its best tuning trial alone, which was selected "
-            "as the best and flatters its arm; there is no interval. budget.confirm_seeds ≥ 2 gives one."
+            "No confirmation seeds: the verdict has no runs. An arm's best tuning trial was selected as the best of "
+            "its arm, so it flatters its arm and is not evidence; budget.confirm_seeds: auto (or ≥ 2) re-runs it."
         )
-    elif data.confirm_seeds < 2:
-        notes.append("One confirmation seed: an interval needs at least 2 runs that reached the target.")
+    elif data.confirm_seeds == 1:
+        notes.append("One confirmation seed: a comparison needs at least 2 runs per arm.")
     if data.liveness in ("live", "interrupted"):
         notes.append(f"The experiment is {data.liveness}: these numbers will change as trials finish.")
     if data.to_target:
@@ -286,32 +287,25 @@ def _notes(data: ExperimentData) -> str:
 def _verdict_section(data: ExperimentData) -> str:
     if data.verdict is None:
         return _evidence_table(data, "<h2>Evidence</h2><p>The experiment compares nothing (no arms).</p>")
-    cls = "verdict" if data.verdict.winner else "verdict none"
-    line = f"<div class='{cls}' data-field=verdict>{escape(data.verdict.line)}{escape(_margin(data))}</div>"
+    verdict = data.verdict
+    cls = "verdict" if verdict.outcome is not Outcome.NOT_YET else "verdict none"
+    look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
+    line = (f"<div class='{cls}' data-field=verdict data-outcome='{verdict.outcome.value}'>{escape(verdict.line)}"
+            f"</div><p>Outcome: <b data-field=outcome>{escape(verdict.outcome.value)}</b>{escape(look)}; margin "
+            f"<span data-field=margin>±{100 * verdict.margin:g} %</span>; "
+            f"<span data-field=round>{escape(data.confirmation_round)}</span>"
+            + (f"; about <span data-field=runs_needed>{verdict.runs_needed}</span> runs per arm would likely decide"
+               if verdict.runs_needed else "") + ".</p>")  # fmt: skip
     return _evidence_table(data, f"<h2>Verdict</h2>{line}")
 
 
-def _margin(data: ExperimentData) -> str:
-    """By how much the winner leads the runner-up, on the means of the runs that reached the target."""
-    winner = next((a.evidence for a in data.arms if a.label == data.verdict.winner), None)
-    others = [a.evidence for a in data.arms if a.evidence and a.evidence.mean and a.label != data.verdict.winner]
-    if winner is None or winner.mean is None or not others:
-        return ""
-    second = min(others, key=lambda e: e.mean)
-    saved = second.mean - winner.mean
-    return f" — {saved:,.0f} fewer samples to target than {second.label} on the means ({saved / second.mean:.0%})."
-
-
 def _evidence_table(data: ExperimentData, head: str) -> str:
-    made_of = (f"the arm's best tuning trial and its {data.confirm_seeds} confirmation seed(s)" if data.confirm_seeds
-               else "the arm's best tuning trial only")  # fmt: skip
     rows = []
     for arm in data.arms:
         ev = arm.evidence
         if ev is None:
             continue
-        runs = [arm.best.number] if arm.best else []
-        runs += [t.number for t in arm.trials if t.kind == "confirmation" and arm.best and t.params == arm.best.params]
+        runs = [t.number for t in arm.trials if t.kind == "confirmation" and arm.best and t.params == arm.best.params]
         rate = "–" if ev.hit_rate is None else f"{ev.hit_rate:.0%}"
         fields = [
             ("runs", str(ev.runs)),
@@ -324,9 +318,11 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
         rows.append(_tagged(arm.label, arm.label, fields))
     table = _table(["arm", "runs", "reached target", "hit rate", "mean samples to target", "95 % interval",
                     "trials"], rows)  # fmt: skip
-    return (f"{head}<p>Per arm, from {made_of}. Mean over the runs that reached the target; 95 % interval "
-            f"mean ± t(0.975, n−1)·s/√n over those n runs (none below 2). A miss counts as a miss in the hit rate "
-            f"and never as a number.</p>{table}")  # fmt: skip
+    return (f"{head}<p>Per arm, from the confirmation runs of its best configuration ({escape(data.confirmation_plan)}"
+            f"; the best tuning trial itself was selected, so it is not evidence). Samples to target interpolated "
+            f"between evaluations. Mean over the runs that reached the target; 95 % interval mean ± t(0.975, n−1)·s/√n "
+            f"over those n runs (none below 2). The verdict compares arms on the log scale (Welch) and counts a miss "
+            f"at its budget, the least it would have needed.</p>{table}")  # fmt: skip
 
 
 def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
@@ -549,10 +545,10 @@ def comparison_report(storage: Storage, names: Sequence[str], *, link: Link | No
 
 def _scaling_notes(experiments: Sequence[ExperimentData]) -> str:
     notes = ["One point per arm: its optimizer and global batch size, the mean samples to target over its runs that "
-             "reached the target (the best configuration and its confirmation seeds) with the 95 % t interval, the "
+             "reached the target (the best configuration's confirmation seeds) with the 95 % t interval, the "
              "hit rate, and the noise scale measured by the arm's trials at that batch size (median, minimum to "
              "maximum). Where the noise scale sits far below the batch, a larger batch buys little."]  # fmt: skip
-    if any(d.confirm_seeds < 2 for d in experiments):
+    if any(d.confirm_seeds != "auto" and d.confirm_seeds < 2 for d in experiments):
         notes.append("Some experiments ran fewer than 2 confirmation seeds: their points have no interval.")
     return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
 

@@ -3,7 +3,7 @@ gradient noise scale measured at each batch size (e.g. the runs of the `batch_sc
 
 One point per arm of every experiment: its optimizer and global batch size (those of the arm's best trial), the
 verdict's evidence for the arm (mean samples to target over the runs that reached the target, its 95 % t
-interval, and the hit rate, from the best configuration and its confirmation seeds), and the noise scale: the
+interval, and the hit rate, from the best configuration's confirmation seeds), and the noise scale: the
 median, minimum and maximum over the arm's trials at that batch size of each trial's late-training noise scale
 (see data.py), flagged as a lower bound when any of those trials' estimates is one. Reading it: where the
 measured noise scale is far below the batch size, a larger batch buys little, and samples to target grows with

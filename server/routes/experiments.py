@@ -96,10 +96,13 @@ def experiment_verdict(
         known = specs.known_verdict(key)
         if known is not None:
             return known
-    from hpo.verdict import arm_runs, decide  # the trainer config models: built on first use, not at start-up
+    # the trainer config models and scipy: loaded on first use, not at start-up
+    from hpo.confirmations import round_line, stored_curves, verdict_of
 
-    verdict = decide(arm_runs(spec, best_per_arm, storage.list_trials(record.id)))
-    public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds)
+    trials = storage.list_trials(record.id)
+    verdict = verdict_of(spec, best_per_arm, trials, stored_curves(storage, trials))
+    public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds, spec.budget.confirmation_plan(),
+                                        round_line(spec, trials))  # fmt: skip
     if key is not None:
         specs.remember_verdict(key, public)
     return public

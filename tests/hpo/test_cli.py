@@ -52,6 +52,7 @@ def test_run_then_inspect(tmp_path, capsys):
 
     assert main(["--db", db, "best", "cli-demo", "--per-arm"]) == 0
     best = yaml.safe_load(capsys.readouterr().out)
+    assert best.pop("verdict")["outcome"] in ("winner", "equivalent", "not yet")
     assert set(best) == {"optimizer.name=adamw", "optimizer.name=lamb"}
     stored = SqlStorage(db).best_per_arm(SqlStorage(db).get_experiment_by_name("cli-demo").id)
     assert {arm: t.number for arm, t in stored.items()} == {arm: b["trial"] for arm, b in best.items()}

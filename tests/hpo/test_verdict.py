@@ -1,32 +1,44 @@
-"""The verdict's numbers and its rule, against independent computations (scipy's Student t, numbers by hand)."""
+"""The verdict's numbers and its rule, against independent computations (scipy's Welch test, numbers by hand)."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from scipy import stats
 
-from hpo.verdict import NO_WINNER, ArmRuns, decide, summarize, t_quantile
+from hpo.verdict import (
+    ALPHA,
+    ArmRuns,
+    Outcome,
+    decide,
+    look_level,
+    samples_between_evaluations,
+    summarize,
+    t_quantile,
+)
 
 
-def scipy_interval(values: list[int]) -> tuple[float, float, float]:
+def scipy_interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and 95 % t interval, the textbook way with scipy."""
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    mean = float(np.mean(values))
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    return mean, low, high
 
 
-@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 12, 30, 120, 1000])
-def test_t_quantile_matches_scipy(df):
-    assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-9)
-    assert t_quantile(0.9, df) == pytest.approx(stats.t.ppf(0.9, df), rel=1e-9)
+def welch_ratio(a: list[float], b: list[float], confidence: float) -> tuple[float, float, float]:
+    """exp of scipy's Welch interval of mean(ln a) - mean(ln b): the ratio a/b and its interval."""
+    test = stats.ttest_ind(np.log(a), np.log(b), equal_var=False)
+    low, high = test.confidence_interval(confidence)
+    return math.exp(np.mean(np.log(a)) - np.mean(np.log(b))), math.exp(low), math.exp(high)
 
 
-def test_t_quantile_matches_the_printed_table():
-    assert round(t_quantile(0.975, 2), 3) == 4.303 and round(t_quantile(0.975, 4), 3) == 2.776
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 12, 30, 120, 1000, 5.5])
+def test_t_quantile_is_scipys(df):
+    assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-12)
+    assert round(t_quantile(0.975, 2), 3) == 4.303  # the printed table
 
 
 def test_summary_counts_misses_as_misses_and_intervals_only_the_hits():
@@ -37,66 +49,155 @@ def test_summary_counts_misses_as_misses_and_intervals_only_the_hits():
     assert "3 of 4 run(s) reached the target" in summary.describe()
     one = summarize(ArmRuns("adamw", (4096, None), 12288))
     assert one.mean == 4096 and one.low is None and "no interval" in one.describe()
-    assert summarize(ArmRuns("adamw", (None, None), 12288)).mean is None
 
 
-def test_a_winner_needs_every_run_on_target_and_an_interval_below_the_others():
-    fast, slow = ArmRuns("lamb", (3000, 3100, 3200), 9000), ArmRuns("adamw", (6000, 6100, 6300), 9000)
-    verdict = decide([slow, fast])
-    assert verdict.winner == "lamb" and verdict.line.startswith("lamb wins")
-    assert scipy_interval([3000, 3100, 3200])[2] < scipy_interval([6000, 6100, 6300])[1]  # the rule's premise
+# -- the difference between two arms -------------------------------------------------------------------------
+
+FAST = [6100.0, 6300.0, 5900.0, 6200.0, 6050.0]
+SLOW = [8000.0, 8300.0, 7900.0, 8500.0, 8150.0]
 
 
-def test_overlapping_intervals_give_no_winner():
-    a, b = ArmRuns("lamb", (3000, 5000, 4000), 9000), ArmRuns("adamw", (4500, 6500, 5500), 9000)
-    assert scipy_interval([3000, 5000, 4000])[2] > scipy_interval([4500, 6500, 5500])[1]
-    verdict = decide([a, b])
-    assert verdict.winner is None and verdict.line == f"{NO_WINNER}: the intervals of lamb and adamw overlap"
+def test_a_winner_is_named_when_welchs_interval_of_the_ratio_lies_below_one():
+    verdict = decide([ArmRuns("adamw", tuple(SLOW), 12288), ArmRuns("lamb", tuple(FAST), 12288)])
+    ratio, low, high = welch_ratio(FAST, SLOW, 0.95)
+    assert high < 1  # the premise: scipy's test rejects a tie
+    assert verdict.outcome is Outcome.WINNER and verdict.winner == "lamb"
+    (c,) = verdict.comparisons
+    assert (c.a, c.b) == ("lamb", "adamw")
+    assert (c.ratio, c.low, c.high) == pytest.approx((ratio, low, high), rel=1e-9)
+    assert verdict.line.startswith(f"lamb needs {100 * (1 - ratio):.1f} % fewer samples than adamw (95 % interval "
+                                   f"{100 * (1 - high):.1f} % to {100 * (1 - low):.1f} % fewer")  # fmt: skip
+    geometric_slow = math.exp(np.mean(np.log(SLOW)))
+    assert f"{(1 - ratio) * geometric_slow:,.0f} fewer samples" in verdict.line and "[margin ±5 %]" in verdict.line
 
 
-def test_an_arm_that_missed_sometimes_cannot_win_and_one_without_interval_blocks_a_verdict():
-    verdict = decide([ArmRuns("a", (3000, None, 3100), 9000), ArmRuns("b", (8000, 8100, 8200), 9000)])
-    assert verdict.winner is None and "a needs fewer samples when it reaches the target" in verdict.line
-    verdict = decide([ArmRuns("a", (3000, 3100), 9000), ArmRuns("b", (8000, None), 9000)])
-    assert verdict.winner is None and "b reached the target in 1 of 2 run(s): no interval" in verdict.line
-    verdict = decide([ArmRuns("a", (3000, 3100), 9000), ArmRuns("b", (), None)])  # b: every trial crashed
-    assert verdict.winner is None and verdict.line.endswith("b has no completed run")
-    verdict = decide([ArmRuns("a", (3000,), 9000), ArmRuns("b", (3500,), 9000)])  # no confirmation seeds
-    assert verdict.winner is None and "no arm reached the target in every one of at least 2 runs" in verdict.line
+def test_the_p_value_and_the_interval_agree_at_the_boundary():
+    """Welch's p-value below the level exactly when the interval excludes a ratio of 1 (scipy, two samples that
+    differ a little: one at the edge of deciding)."""
+    for shift in np.linspace(0.0, 0.12, 25):
+        b = [v * math.exp(shift) for v in [6000.0, 6400.0, 5800.0]]
+        a = [6000.0, 6200.0, 6100.0]
+        decided = decide([ArmRuns("a", tuple(a), 12288), ArmRuns("b", tuple(b), 12288)]).outcome is Outcome.WINNER
+        assert decided == (stats.ttest_ind(np.log(a), np.log(b), equal_var=False).pvalue < ALPHA)
 
 
-def test_an_arm_that_never_reached_the_target_loses_only_to_an_interval_below_its_budget():
-    never = ArmRuns("adamw", (None, None, None), 9000)
-    assert decide([ArmRuns("lamb", (3000, 3100, 3200), 9000), never]).winner == "lamb"
-    wide = ArmRuns("lamb", (1000, 8900), 9000)  # an interval reaching past 9000: no claim
-    assert scipy_interval([1000, 8900])[2] > 9000
-    assert decide([wide, never]).winner is None
+def test_equivalence_is_two_one_sided_tests_inside_the_margin():
+    a = [8000.0, 8100.0, 7950.0, 8050.0, 8020.0, 7990.0]
+    b = [8010.0, 8080.0, 7970.0, 8060.0, 8000.0, 8030.0]
+    ratio, low, high = welch_ratio(a, b, 0.90)  # TOST at 5 % a side = the 90 % interval
+    assert 0.95 < low and high < 1.05
+    verdict = decide([ArmRuns("a", tuple(a), 12288), ArmRuns("b", tuple(b), 12288)], margin=0.05)
+    assert verdict.outcome is Outcome.EQUIVALENT and verdict.winner is None
+    (c,) = verdict.comparisons
+    assert (c.equivalence_low, c.equivalence_high) == pytest.approx((low, high), rel=1e-9)
+    assert verdict.line.startswith("a and b are equivalent within ±5 %")
+    # the same runs with a margin the interval does not fit in: not yet
+    tight = decide([ArmRuns("a", tuple(a), 12288), ArmRuns("b", tuple(b), 12288)], margin=(high - 1) / 2)
+    assert tight.outcome is Outcome.NOT_YET and tight.runs_needed > 6
 
 
-def test_a_best_trial_that_stopped_at_a_lower_rung_without_the_target_is_not_a_run():
-    """Multi-fidelity (Hyperband, ASHA): an arm's best tuning trial at 1/3 of the budget that missed says nothing
-    about the samples its configuration needs beyond its rung; its confirmation runs (full budget) are the evidence.
-    A trial that reached the target at a low rung is a run (its samples to target are exact)."""
-    from types import SimpleNamespace
+def test_not_yet_says_how_many_runs_would_likely_decide():
+    a, b = [8000.0, 8600.0, 7500.0], [7400.0, 8200.0, 7000.0]
+    verdict = decide([ArmRuns("a", tuple(a), 12288), ArmRuns("b", tuple(b), 12288)])
+    assert verdict.outcome is Outcome.NOT_YET
+    spread = math.sqrt((np.var(np.log(a), ddof=1) + np.var(np.log(b), ddof=1)) / 2)
+    d = abs(np.mean(np.log(a)) - np.mean(np.log(b)))
+    by_hand = 2 * ((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * spread / d) ** 2  # 80 % power at 5 %
+    assert verdict.runs_needed == math.ceil(by_hand)
+    assert f"about {verdict.runs_needed} runs per arm would likely decide (now 3)" in verdict.line
 
+
+def test_a_miss_is_censored_at_the_budget_and_never_wins():
+    """A miss enters as the budget (the least it would have needed): the arm that missed may lose, never win."""
+    budget = 12288
+    never = ArmRuns("adamw", (None, None, None), budget)
+    fast = ArmRuns("lamb", (6100.0, 6300.0, 5900.0), budget)
+    verdict = decide([never, fast])
+    ratio, low, high = welch_ratio([6100.0, 6300.0, 5900.0], [budget] * 3 + [budget * 1.0000001], 0.95)
+    assert verdict.winner == "lamb" and "adamw missed the target in 3 of 3 run(s), counted at its budget" in (
+        verdict.line
+    )  # fmt: skip
+    assert verdict.comparisons[0].ratio == pytest.approx(ratio, rel=1e-6)
+    sometimes = ArmRuns("lamb", (3000.0, None, 3100.0), budget)
+    slow = ArmRuns("adamw", (8000.0, 8100.0, 8200.0), budget)
+    verdict = decide([sometimes, slow])
+    assert verdict.winner is None and "lamb missed the target in some runs" in verdict.line
+    both_missed = decide([ArmRuns("a", (None, None), budget), ArmRuns("b", (None, None), budget)])
+    assert both_missed.outcome is Outcome.NOT_YET and both_missed.line == "not yet: no arm reached the target"
+
+
+def test_fewer_than_two_runs_in_an_arm_is_not_yet():
+    verdict = decide([ArmRuns("a", (3000.0, 3100.0), 9000), ArmRuns("b", (3500.0,), 9000)])
+    assert verdict.outcome is Outcome.NOT_YET and "b has 1 run(s); a comparison needs at least 2 per arm" in (
+        verdict.line
+    )  # fmt: skip
+    assert decide([ArmRuns("a", (3000.0, 3100.0), 9000), ArmRuns("b", (), None)]).outcome is Outcome.NOT_YET
+
+
+def test_runs_that_hit_at_one_evaluation_get_the_spread_of_one_interval():
+    """Three runs at the same evaluation are not identical measurements: their spread is at least every / √12."""
+    same = ArmRuns("a", (6144.0, 6144.0, 6144.0), 12288, resolution=1024)
+    other = ArmRuns("b", (7168.0, 7168.0, 7168.0), 12288, resolution=1024)
+    (c,) = decide([same, other]).comparisons
+    floor = lambda mean: (1024 / math.sqrt(12) / mean) ** 2  # noqa: E731 - the variance of ln samples, by hand
+    se = math.sqrt(floor(6144) / 3 + floor(7168) / 3)
+    assert c.se == pytest.approx(se, rel=1e-12)
+    df = (floor(6144) / 3 + floor(7168) / 3) ** 2 / ((floor(6144) / 3) ** 2 / 2 + (floor(7168) / 3) ** 2 / 2)
+    assert c.high == pytest.approx(6144 / 7168 * math.exp(stats.t.ppf(0.975, df) * se), rel=1e-12)
+
+
+def test_three_arms_share_the_error_over_their_pairs():
+    """Bonferroni over the 3 pairs: each pair's interval is at 1 - 0.05/3, the winner must beat both others."""
+    a, b, c = [6000.0, 6100.0, 5950.0, 6050.0], [8000.0, 8100.0, 7900.0, 8050.0], [6200.0, 6500.0, 6000.0, 6400.0]
+    verdict = decide([ArmRuns("a", tuple(a), 12288), ArmRuns("b", tuple(b), 12288), ArmRuns("c", tuple(c), 12288)])
+    assert [x.level for x in verdict.comparisons] == pytest.approx([ALPHA / 3] * 2)
+    assert [(x.a, x.b) for x in verdict.comparisons] == [("a", "b"), ("a", "c")]
+    for x, other in zip(verdict.comparisons, (b, c), strict=True):
+        assert (x.low, x.high) == pytest.approx(welch_ratio(a, other, 1 - ALPHA / 3)[1:], rel=1e-9)
+    expected = all(x.high < 1 for x in verdict.comparisons)
+    assert (verdict.winner == "a") == expected
+    p_values = [stats.ttest_ind(np.log(a), np.log(o), equal_var=False).pvalue for o in (b, c)]
+    assert expected == all(p < ALPHA / 3 for p in p_values)
+
+
+def test_the_looks_spend_alpha_by_the_pocock_type_function_and_add_up_to_it():
+    spent = [ALPHA * math.log(1 + (math.e - 1) * j / 4) for j in range(5)]
+    assert [look_level(j, 4) for j in range(1, 5)] == pytest.approx(np.diff(spent).tolist(), rel=1e-12)
+    assert sum(look_level(j, 4) for j in range(1, 5)) == pytest.approx(ALPHA)
+    assert look_level(1, 1) == pytest.approx(ALPHA)
+    verdict = decide([ArmRuns("a", tuple(FAST), 12288), ArmRuns("b", tuple(SLOW), 12288)], look=2, looks=4)
+    assert verdict.comparisons[0].level == pytest.approx(look_level(2, 4))
+    assert "(98.7 % interval" in verdict.line
+    with pytest.raises(ValueError, match="look 5 of 4"):
+        look_level(5, 4)
+
+
+def test_samples_between_evaluations_interpolate_the_curve_to_the_target():
+    curve = [(1024, 0.08), (2048, 0.10), (3072, 0.13), (4096, 0.15)]
+    assert samples_between_evaluations(curve, 0.12, 3072) == pytest.approx(2048 + (0.02 / 0.03) * 1024)
+    assert samples_between_evaluations(curve[2:], 0.12, 3072) == 3072  # hit at the first evaluation: as stored
+    assert samples_between_evaluations([], 0.12, 3072) == 3072  # no curve stored
+    assert samples_between_evaluations(curve, 0.13, 3072) == 3072  # exactly on target at the evaluation
+
+
+def test_the_evidence_is_the_confirmation_runs_interpolated_on_their_curves():
+    """The best tuning trial was selected: it is not a run. Confirmation runs count at samples interpolated on
+    their curves; a miss is None; another configuration's confirmations are not this arm's."""
     from hpo.trials import TrialKind, TrialState
     from hpo.verdict import arm_runs
     from tests.hpo.test_objective import objective_spec
 
     spec = objective_spec(metric="samples_to_target")  # arms optimizer.name=adamw / lamb, 4,096 samples
 
-    def trial(arm, budget, hit, kind=TrialKind.TUNING, lr=2e-3):
-        return SimpleNamespace(arm=f"optimizer.name={arm}", budget=budget, samples_to_target=hit, kind=kind,
-                               state=TrialState.COMPLETED, metrics={},
-                               params={"optimizer.name": arm, f"optimizer.lr@{arm}": lr})  # fmt: skip
+    def trial(id, arm, hit, kind=TrialKind.CONFIRMATION, lr=2e-3, state=TrialState.COMPLETED):
+        return SimpleNamespace(id=id, arm=f"optimizer.name={arm}", budget=1.0, samples_to_target=hit, kind=kind,
+                               state=state, metrics={}, params={"optimizer.name": arm, f"optimizer.lr@{arm}": lr})  # fmt: skip
 
-    short_miss, short_hit = trial("lamb", 1 / 3, None), trial("adamw", 1 / 3, 1000, lr=5e-4)
-    confirm = [trial("lamb", 1.0, 3000, TrialKind.CONFIRMATION), trial("lamb", 1.0, 3200, TrialKind.CONFIRMATION),
-               trial("adamw", 1.0, 1100, TrialKind.CONFIRMATION, lr=5e-4)]  # fmt: skip
-    best = {"optimizer.name=lamb": short_miss, "optimizer.name=adamw": short_hit}
-    runs = {a.label: a.samples_to_target for a in arm_runs(spec, best, [short_miss, short_hit, *confirm])}
-    assert runs == {"optimizer.name=lamb": (3000, 3200), "optimizer.name=adamw": (1000, 1100)}
-    full_miss = trial("lamb", 1.0, None)
-    lamb = {"optimizer.name=lamb": full_miss}
-    runs = {a.label: a.samples_to_target for a in arm_runs(spec, lamb, [full_miss, *confirm])}
-    assert runs["optimizer.name=lamb"] == (None, 3000, 3200)
+    best = {"optimizer.name=lamb": trial(1, "lamb", 2048, TrialKind.TUNING),
+            "optimizer.name=adamw": trial(2, "adamw", 1024, TrialKind.TUNING, lr=5e-4)}  # fmt: skip
+    confirm = [trial(3, "lamb", 3072), trial(4, "lamb", None, state=TrialState.DIVERGED),
+               trial(5, "adamw", 2048, lr=5e-4), trial(6, "adamw", 1024, lr=9e-4)]  # fmt: skip
+    target = 0.5  # objective_spec's target MLM accuracy
+    curves = {3: [(2048, target - 0.02), (3072, target + 0.02)]}
+    runs = {a.label: a.samples_to_target for a in arm_runs(spec, best, [*best.values(), *confirm], curves)}
+    assert runs == {"optimizer.name=lamb": (2560.0, None), "optimizer.name=adamw": (2048,)}

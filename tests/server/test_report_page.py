@@ -25,7 +25,8 @@ import yaml
 
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
-from tests.hpo.test_report import EXPERIMENT, Page, hpo, make_report_experiment
+from tests.hpo.evidence import arm_evidence
+from tests.hpo.test_report import EXPERIMENT, TARGET, Page, hpo, make_report_experiment
 from tests.server.conftest import Server, start_server, stop_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -94,17 +95,12 @@ def test_the_chromium_check_catches_a_broken_image_and_an_outside_request(tmp_pa
     assert page.external_requests == ["http://203.0.113.9/x.png"]
 
 
-def arm_evidence(trials, label: str) -> tuple[int, list[int]]:
-    """(runs, samples to target of the hits) of one arm, computed here from the stored trials: its best tuning
-    trial (lowest objective among completed ones, ties by number) and that configuration's finished re-runs."""
-    tuning = [t for t in trials if t.arm == label and t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED]
-    if not tuning:
-        return 0, []
-    top = min(tuning, key=lambda t: (t.objective, t.number))
-    reruns = [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == label and t.params == top.params
-              and t.state.finished]  # fmt: skip
-    runs = [top, *reruns]
-    return len(runs), [t.samples_to_target for t in runs if t.state is TrialState.COMPLETED and t.samples_to_target]
+def stored_evidence(url: str, trials, label: str) -> tuple[int, list[float]]:
+    """(runs, samples to target of the hits) of one arm, computed here from the stored trials and curves
+    (tests/hpo/evidence.py): the confirmation runs of its best tuning trial."""
+    with SqlStorage(url) as storage:
+        _, runs, hits = arm_evidence(storage, trials, label, TARGET)
+    return len(runs), hits
 
 
 def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
@@ -112,9 +108,9 @@ def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
         trials = storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)
     verdict = httpx.get(f"{report_server.url}/experiments/{EXPERIMENT}", timeout=30).json()["verdict"]
     assert [a["label"] for a in verdict["arms"]] == ["optimizer.name=adamw", "optimizer.name=lamb"]
-    assert verdict["confirm_seeds"] == 2
+    assert verdict["confirm_seeds"] == 3
     for arm in verdict["arms"]:
-        runs, hits = arm_evidence(trials, arm["label"])
+        runs, hits = stored_evidence(report_server.database_url, trials, arm["label"])
         assert (arm["runs"], arm["reached_target"]) == (runs, len(hits))
         assert arm["hit_rate"] == (pytest.approx(len(hits) / runs) if runs else None)
         assert arm["samples_to_target_mean"] == (pytest.approx(statistics.fmean(hits)) if hits else None)
@@ -131,8 +127,9 @@ def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
     printed = yaml.safe_load(cli.stdout)
     assert f"# verdict: {verdict['line']}" in cli.stdout.splitlines()  # the same Verdict as the CLI's
     assert verdict["lines"][-1] == f"verdict: {verdict['line']}" and (verdict["winner"] is None) == (
-        "no winner" in verdict["line"]
+        verdict["outcome"] != "winner"
     )
+    assert printed["verdict"] == {k: verdict[k] for k in printed["verdict"]}  # the same fields in the YAML
     for arm in verdict["arms"]:
         if arm["label"] in printed:
             evidence = printed[arm["label"]]["evidence"]
