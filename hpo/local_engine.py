@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from hpo.arms import arm_plans
+from hpo.confirmations import stored_verdict
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
 from hpo.progress import ProgressView
@@ -27,7 +28,6 @@ from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.storage.engine import safe_url
 from hpo.study import Study
-from hpo.confirmations import stored_verdict
 from hpo.verdict import verdict_lines
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
@@ -81,10 +81,10 @@ def describe_plan(spec, runner) -> str:
     if spec.allow_unequal_arms:
         lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
     if spec.budget.sequential:
-        rounds = spec.budget.confirmation_rounds
-        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration in rounds of {rounds[0]} more "
-                     f"seeds until the verdict decides (winner, or equivalent within ±{100 * spec.verdict.margin:g} %), "
-                     f"at most {rounds[-1]}")  # fmt: skip
+        rounds, margin = spec.budget.confirmation_rounds, 100 * spec.verdict.margin
+        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration in rounds of {rounds[0]} "
+                     f"more seeds until the verdict decides (winner, or equivalent within ±{margin:g} %), at most "
+                     f"{rounds[-1]}")  # fmt: skip
     elif spec.budget.confirm_seeds:
         lines.append(f"  then, as soon as an arm's tuning is over, its best configuration {spec.budget.confirm_seeds} "
                      "more times with other seeds")  # fmt: skip

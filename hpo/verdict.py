@@ -259,8 +259,10 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
     short = next((a for a in arms if len(a.samples_to_target) < 2), None)
     hitting = [a for a in arms if any(s is not None for s in a.samples_to_target)]
     if short is not None or not hitting or len(arms) < 2:
-        why = (f"{short.label} has {len(short.samples_to_target)} run(s); a comparison needs at least 2 per arm"
-               if short else "no arm reached the target" if len(arms) > 1 else "one arm: nothing to compare")  # fmt: skip
+        if short is not None:
+            why = f"{short.label} has {len(short.samples_to_target)} run(s); a comparison needs at least 2 per arm"
+        else:
+            why = "no arm reached the target" if len(arms) > 1 else "one arm: nothing to compare"
         return Verdict(summaries, None, f"not yet: {why}", **common)
     leader = min(hitting, key=lambda a: statistics.fmean(_logs(a)))
     against = tuple(compare(leader, b, level) for b in arms if b is not leader)

@@ -224,8 +224,10 @@ class VerdictPublic(BaseModel):
     winner: str | None = Field(description="The winning arm's label; null unless the outcome is winner.")
     line: str = Field(description="The one-line verdict, with the difference, its interval and the margin.")
     margin: float = Field(description="verdict.margin: equivalent means within ±margin (a fraction, 0.05 = 5 %).")
-    confirm_seeds: int | Literal["auto"] = Field(description="budget.confirm_seeds: confirmation re-runs per arm's "
-                                                 "best configuration, or auto (rounds until the verdict decides).")  # fmt: skip
+    confirm_seeds: int | Literal["auto"] = Field(
+        description="budget.confirm_seeds: confirmation re-runs per arm's best configuration, or auto (rounds until "
+        "the verdict decides)."
+    )
     look: int = Field(description="The look (round of confirmations) the verdict is at.")
     looks: int = Field(description="Looks at most: 1 with a fixed confirm_seeds.")
     round: str = Field(description="Where the confirmation rounds stand, per arm.")

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpo.arms import arm_label, arms, params_key
+from hpo.confirmations import round_line, stored_curves, verdict_of
 from hpo.experiment import spec_from_stored
 from hpo.liveness import liveness
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
-from hpo.confirmations import round_line, stored_curves, verdict_of
 from hpo.verdict import ArmSummary, Verdict
 from trainer.config import config_from_dict
 

@@ -24,7 +24,6 @@ import scipy.stats
 import yaml
 
 from hpo.storage import SqlStorage
-from hpo.trials import TrialKind, TrialState
 from tests.hpo.evidence import arm_evidence
 from tests.hpo.test_report import EXPERIMENT, TARGET, Page, hpo, make_report_experiment
 from tests.server.conftest import Server, start_server, stop_server
