@@ -12,9 +12,9 @@ Quantity. Per run, samples to target *between* evaluation points: the run's `mlm
 interpolated between the last evaluation below the target and the first at or above it. The stored
 `samples_to_target` keeps MLPerf's meaning (the first evaluation at or above the target); runs that hit at the
 same evaluation are not identical measurements, and treating them so gave zero-width intervals. A run without
-an evaluation below the target before its hit (or without a stored curve) counts its stored value. An arm's
-spread is at least the resolution of one evaluation interval (every / √12, the spread of a uniform error over
-one interval), so runs that coincide never make an interval of zero width.
+an evaluation below the target before its hit (or without a stored curve) counts its stored value; in an arm
+with such a run, the spread is at least the resolution of one evaluation interval (every / √12, the spread of a
+uniform error over one interval), so runs that coincide at an evaluation never make an interval of zero width.
 
 Misses are censored. A run that missed the target (it used its whole sample budget, diverged, crashed or timed
 out) needed *more than the budget*: it enters as the budget, the least it would have needed. That can only make
@@ -348,11 +348,10 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
             evidence.append(ArmRuns(label, (), None))
             continue
         cfg = trial_config(spec, top.params)
-        runs = tuple(
-            _samples(t, curves.get(getattr(t, "id", None), ()), cfg.eval.target_mlm_accuracy)
-            for t in confirmations(top, trials)
-        )
-        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, cfg.eval.every_samples))
+        target, every = cfg.eval.target_mlm_accuracy, cfg.eval.every_samples
+        runs = tuple(_samples(t, curves.get(getattr(t, "id", None), ()), target) for t in confirmations(top, trials))
+        quantized = any(s is not None and s % every == 0 for s in runs)  # a hit not read between evaluations
+        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, every if quantized else 0))
     return evidence
 
 
