@@ -1,9 +1,9 @@
-"""Verdict calibration: how often does an ADAM-vs-LAMB experiment name the wrong winner?
+"""Verdict calibration: how often does an ADAM-vs-LAMB experiment give a wrong answer, and how often an answer?
 
 On the simulated cluster (`runner: simulated` over the learning-curve table, bench/curves/curves.jsonl), the
-whole `adam_vs_lamb_demo_cpu`-style experiment (5 tuning trials per arm + 2 confirmation seeds of each arm's
-best, the preset's tuner) runs `--reps` times through the real control plane (`hpo run`: Study, tuners, storage,
-verdict), each repetition with its own tuner seed and training seeds. Scenarios:
+whole `adam_vs_lamb_demo_cpu`-style experiment (5 tuning trials per arm, then confirmation runs of each arm's
+best: a fixed number, or `auto` in rounds up to a cap) runs `--reps` times through the real control plane
+(`hpo run`: Study, tuners, storage, verdict), each repetition with its own tuner seed and training seeds. Scenarios:
 
 - `real`: the table's AdamW against its LAMB. The truth of an arm is its best configuration's truth (the mean of
   its samples to target over the table's seeds, misses scored by the experiment's penalty), found by a dense
@@ -11,11 +11,17 @@ verdict), each repetition with its own tuner seed and training seeds. Scenarios:
 - `delay=D`: AdamW against "AdamW D samples later" (the second arm reads AdamW's curves, delayed by D samples:
   `runner.simulation.handicaps`), so AdamW is truly better by D samples; D = 0 is a true tie.
 
-Counted per scenario: right (the verdict names the truly better arm), wrong (it names the worse one; at a tie,
-any winner is wrong), no winner. A 95 % interval suggests a wrong-winner rate of at most 5 %.
+Counted per scenario: right (the verdict names the truly better arm; at a tie, "equivalent"), wrong winner (it
+names the worse arm; at a tie, any winner), equivalent (when the arms truly differ), not yet; and the
+confirmation runs per arm the experiment used. The rule allows at most 5 % of wrong winners.
 
-    python -m bench.verdict_calibration                               # 200 repetitions of each scenario
-    python -m bench.verdict_calibration --reps 20 --delays 0 2048     # a quick look
+The selected best tuning run: the verdict counts only confirmation runs. Each repetition is also judged with the
+arm's best tuning run added to its evidence (`with selected`: the same `decide`, the same look), so the two
+choices are compared on the same experiments.
+
+    python -m bench.verdict_calibration --tuner random                      # 200 repetitions of each scenario
+    python -m bench.verdict_calibration --tuner random --confirm auto --cap 12
+    python -m bench.verdict_calibration --reps 20 --delays 0 2048           # a quick look
 """
 
 from __future__ import annotations
@@ -25,21 +31,26 @@ import contextlib
 import io
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bench.curves.generate import cpu_model
 from hpo.cli import main as hpo_main
+from hpo.confirmations import look, stored_curves
 from hpo.experiment import spec_from_stored
 from hpo.local_engine import experiment_verdict
 from hpo.objective import objective_value
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
 from hpo.storage import SqlStorage
+from hpo.verdict import Outcome, arm_runs, decide, samples_between_evaluations
 from trainer.config import config_from_dict
 from trainer.result import TrainResult, TrainStatus
 
@@ -49,7 +60,8 @@ WARMUPS = [0, 40]
 
 
 def experiment(name: str, table: Path, tuner: str, seed: int, batch: int, lr: tuple[float, float], trials: int,
-               confirm: int, handicap: dict | None) -> dict[str, Any]:  # fmt: skip
+               confirm: int | str, handicap: dict | None, cap: int | None = None,
+               margin: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment file of one repetition: the demo preset's budget on the table's dimensions."""
     meta = load_table(table).meta["fixed"]
     return {
@@ -69,9 +81,11 @@ def experiment(name: str, table: Path, tuner: str, seed: int, batch: int, lr: tu
         },
         "compare": ["optimizer.name"],
         "tuner": {"name": tuner, "seed": seed},
-        "budget": {"trials": trials, "confirm_seeds": confirm, "max_parallel": 1},
+        "budget": {"trials": trials, "confirm_seeds": confirm, "max_parallel": 1,
+                   **({"max_confirm_seeds": cap} if cap and confirm == "auto" else {})},
         "resources": {"gpus_per_trial": 1},
         "runner": {"name": "simulated", "simulation": {"table": str(table), "handicaps": handicap or {}}},
+        **({"verdict": {"margin": margin}} if margin else {}),
     }  # fmt: skip
 
 
@@ -111,30 +125,96 @@ def run_objective(spec, cfg, curve) -> tuple[float, int | None]:
     return objective_value(spec, result, cfg), hit
 
 
+OUTCOMES = ("right", "wrong", "equivalent", "not_yet")
+
+
+def judged(winner: str | None, outcome: Outcome, better: str | None) -> str:
+    """right / wrong (a wrong winner) / equivalent (when the arms truly differ) / not_yet."""
+    if outcome is Outcome.WINNER:
+        return "right" if better is not None and winner == f"optimizer.name={better}" else "wrong"
+    if outcome is Outcome.EQUIVALENT:
+        return "right" if better is None else "equivalent"
+    return "not_yet"
+
+
+def with_selected(storage, record, spec) -> Outcome | tuple:
+    """The verdict at the same look with each arm's best tuning run added to its evidence (as (outcome, winner))."""
+    trials = storage.list_trials(record.id)
+    best = storage.best_per_arm(record.id)
+    curves = stored_curves(storage, trials) | {
+        t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy")] for t in best.values()
+    }
+    evidence = arm_runs(spec, best, trials, curves)
+    cfg = {label: t for label, t in best.items()}
+    added = []
+    for arm in evidence:
+        top = cfg.get(arm.label)
+        if top is None or top.budget < 1.0 - 1e-9:
+            added.append(arm)
+            continue
+        target = config_from_dict(spec.resolved_base()).eval.target_mlm_accuracy
+        value = None if top.samples_to_target is None else samples_between_evaluations(
+            curves[top.id], target, top.samples_to_target)  # fmt: skip
+        added.append(replace(arm, samples_to_target=(value, *arm.samples_to_target)))
+    at, looks = look(spec, trials)
+    verdict = decide(added, spec.verdict.margin, at, looks)
+    return verdict.outcome, verdict.winner
+
+
+def compared_truth(spec, best: dict, args) -> str | None:
+    """The truly better of the two configurations the verdict compared (each arm's best tuning trial): the lower
+    geometric mean, over the table's recorded seeds, of samples to target between evaluations (a miss at the
+    budget), the quantity the verdict estimates; None when they are equal (a true tie)."""
+    handicaps = {k: (h.curves_of, h.delay_samples) for k, h in spec.runner.simulation.handicaps.items()}
+    surrogate = Surrogate(load_table(args.table), handicaps)
+    cfg = config_from_dict(spec.resolved_base())
+    means = {}
+    for label, top in best.items():
+        config = Config(top.params["optimizer.name"], top.params["optimizer.lr"], top.params["schedule.warmup_steps"],
+                        args.batch)  # fmt: skip
+        logs = []
+        for curve in surrogate.curves(config):
+            evals = curve.evaluations(cfg.eval.every_samples, cfg.budget.max_samples)
+            hit = next((s for s, a in evals if a >= cfg.eval.target_mlm_accuracy), None)
+            value = cfg.budget.max_samples if hit is None else samples_between_evaluations(
+                evals, cfg.eval.target_mlm_accuracy, hit)  # fmt: skip
+            logs.append(math.log(value))
+        means[label] = statistics.fmean(logs)
+    (a, ma), (b, mb) = sorted(means.items())
+    return None if math.isclose(ma, mb, rel_tol=1e-12) else (a if ma < mb else b).split("=")[1]
+
+
 def run_scenario(label: str, handicap: dict | None, args, directory: Path) -> dict[str, Any]:
     url = f"sqlite:///{directory / f'{label}.db'}"
-    counts = {"right": 0, "wrong": 0, "none": 0}
+    counts = dict.fromkeys(OUTCOMES, 0)
+    selected = dict.fromkeys(OUTCOMES, 0)
+    configs = dict.fromkeys(OUTCOMES, 0)  # judged against the truth of the two configurations compared
+    runs_per_arm = []
     started = time.perf_counter()
     better: Any = ...  # not known yet
     for rep in range(args.reps):
         name = f"{label}-{rep}".replace("=", "-")
-        data = experiment(name, args.table, args.tuner, rep, args.batch, args.lr, args.trials, args.confirm, handicap)
+        data = experiment(name, args.table, args.tuner, rep, args.batch, args.lr, args.trials, args.confirm, handicap,
+                          args.cap, args.margin)  # fmt: skip
         run_quietly(name, data, directory, url)
         with SqlStorage(url) as storage:
             record = storage.get_experiment_by_name(name)
             spec = spec_from_stored(record)
-            winner = experiment_verdict(storage, record.id, spec).winner
-        if better is ...:
-            better = truly_better(spec, handicap, args)
-        if winner is None:
-            counts["none"] += 1
-        elif better is not None and winner == f"optimizer.name={better}":
-            counts["right"] += 1
-        else:
-            counts["wrong"] += 1
+            verdict = experiment_verdict(storage, record.id, spec)
+            if better is ...:
+                better = truly_better(spec, handicap, args)
+            counts[judged(verdict.winner, verdict.outcome, better)] += 1
+            best = storage.best_per_arm(record.id)
+            if len(best) == 2:
+                configs[judged(verdict.winner, verdict.outcome, compared_truth(spec, best, args))] += 1
+            outcome, winner = with_selected(storage, record, spec)
+            selected[judged(winner, outcome, better)] += 1
+            runs_per_arm.append(statistics.fmean(a.runs for a in verdict.arms))
         if (rep + 1) % 20 == 0:
             print(f"  {label}: {rep + 1}/{args.reps} ({counts})", file=sys.stderr)
     return {"scenario": label, "reps": args.reps, **counts, "truly_better": better,
+            "with_selected": selected, "against_the_configurations": configs,
+            "confirmation_runs_per_arm": round(statistics.fmean(runs_per_arm), 2),
             "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
 
 
@@ -160,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, nargs=2, default=(3.1623e-4, 0.1))
     parser.add_argument("--trials", type=int, default=10, help="tuning trials (both arms)")
-    parser.add_argument("--confirm", type=int, default=2, help="confirmation seeds per arm")
+    parser.add_argument("--confirm", type=_confirm, default=2, help="confirmation seeds per arm, or auto")
+    parser.add_argument("--cap", type=int, default=None, help="max_confirm_seeds with --confirm auto (default 12)")
+    parser.add_argument("--margin", type=float, default=None, help="verdict.margin (default 0.05)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     scenarios: list[tuple[str, dict | None]] = [] if args.no_real else [("real", None)]
@@ -170,17 +252,26 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="calibration-", dir=scratch) as tmp:
         for label, handicap in scenarios:
             rows.append(run_scenario(label, handicap, args, Path(tmp)))
-    print(f"\n{args.tuner}, {args.trials} tuning trials + {args.confirm} confirmation seeds per arm, "
-          f"batch {args.batch}, {args.reps} repetitions per scenario\n")  # fmt: skip
-    print("| scenario | truly better | right | wrong winner | no winner | seconds |")
-    print("|---|---|---|---|---|---|")
+    confirm = f"auto (cap {args.cap or 12})" if args.confirm == "auto" else args.confirm
+    print(f"\n{args.tuner}, {args.trials} tuning trials, confirmation runs per arm: {confirm}, batch {args.batch}, "
+          f"{args.reps} repetitions per scenario, CPU: {cpu_model()}\n")  # fmt: skip
+    print("| scenario | truly better | right | wrong winner | equivalent (arms differ) | not yet | confirmation runs "
+          "per arm (mean) | against the configurations compared: right / wrong winner | with the selected run: "
+          "right / wrong winner | seconds |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        n = r["reps"]
+        n, sel, conf = r["reps"], r["with_selected"], r["against_the_configurations"]
         print(f"| {r['scenario']} | {r['truly_better'] or 'tie'} | {r['right'] / n:.1%} | {r['wrong'] / n:.1%} | "
-              f"{r['none'] / n:.1%} | {r['seconds']:.0f} |")  # fmt: skip
+              f"{r['equivalent'] / n:.1%} | {r['not_yet'] / n:.1%} | {r['confirmation_runs_per_arm']:.1f} | "
+              f"{conf['right'] / n:.1%} / {conf['wrong'] / n:.1%} | {sel['right'] / n:.1%} / {sel['wrong'] / n:.1%} | "
+              f"{r['seconds']:.0f} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _confirm(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 if __name__ == "__main__":
