@@ -111,6 +111,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.arms import ArmPlan, arm_plans, trial_config
+from hpo.confirmations import stored_verdict
 from hpo.objective import objective_value
 from hpo.runners.simulated import trained_run
 from hpo.simulation.cost import Cost, experiment_cost
@@ -140,7 +141,8 @@ def trials_for(slots: int, per_slot: int = 2, minimum: int = 20) -> int:
 
 
 def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tuple[float, float], slots: int,
-               trials: int, confirm: int, compare: bool = True) -> dict[str, Any]:  # fmt: skip
+               trials: int, confirm: int | str, compare: bool = True,
+               cap: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The experiment file of one repetition: the table's dimensions on `slots` slots of 8 GPUs."""
     meta = load_table(table).meta["fixed"]
     space: dict[str, Any] = {
@@ -162,6 +164,7 @@ def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tup
         "compare": ["optimizer.name"] if compare else [],
         "tuner": {"name": tuner if tuner in OURS else "random", "seed": rep},
         "budget": {"trials": trials, "confirm_seeds": confirm, "max_parallel": slots,
+                   **({"max_confirm_seeds": cap} if cap and confirm == "auto" else {}),
                    # Hyperband's smallest trial must reach the first evaluation (1/9 of 12,288 samples does)
                    **({"min_budget": max(1 / 9, meta["eval.every_samples"] / meta["budget.max_samples"])}
                       if tuner == "smac_hyperband" else {})},
@@ -245,11 +248,12 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return median, ordered[best - 1], ordered[n - best], True
 
 
-def outcome_row(trials, spec, slots: int) -> dict[str, Any]:
-    """The figures of one repetition from its trials (stored ones, or a peer's SimTrials)."""
+def outcome_row(trials, spec, slots: int, verdict=None) -> dict[str, Any]:
+    """The figures of one repetition from its trials (stored ones, or a peer's SimTrials); `verdict`: the one `hpo`
+    gave from its storage (ours), else the rule over the trials (peers: samples to target at evaluations)."""
     hit = first_hit(trials, GPUS_PER_SLOT)
     cost: Cost | None = experiment_cost(trials, slots, GPUS_PER_SLOT)
-    verdict = decide(arm_runs(spec, best_per_arm(trials), trials))
+    verdict = verdict or decide(arm_runs(spec, best_per_arm(trials), trials), spec.verdict.margin)
     return {
         "first_hit_gpu_h": None if hit is None else hit[0],
         "first_hit_wall_h": None if hit is None else hit[1],
@@ -257,7 +261,9 @@ def outcome_row(trials, spec, slots: int) -> dict[str, Any]:
         "answer_wall_h": cost.wall_hours if cost else None,
         "idle_fraction": cost.idle_fraction if cost else None,
         "winner": verdict.winner,
+        "outcome": verdict.outcome.value,
         "trials": sum(t.kind is TrialKind.TUNING for t in trials),
+        "confirmation_runs": sum(t.kind is TrialKind.CONFIRMATION for t in trials),
     }
 
 
@@ -391,15 +397,17 @@ def run_ours(tuner: str, slots: int, rep: int, args, directory: Path) -> list[An
         slots,
         trials_for(slots, args.trials_per_slot, args.min_trials),
         args.confirm,
+        cap=args.cap,
     )
     url = f"sqlite:///{directory / f'{name}.db'}"
     run_quietly(name, data, directory, url)
     with SqlStorage(url) as storage:
         record = storage.get_experiment_by_name(name)
         trials, spec = storage.list_trials(record.id), spec_from_stored(record)
+        verdict = stored_verdict(storage, record.id, spec)
     for suffix in ("", "-wal", "-shm"):
         (directory / f"{name}.db{suffix}").unlink(missing_ok=True)
-    return [trials, spec]
+    return [trials, spec, verdict]
 
 
 # ------------------------------------------------------------------------------------------------ Optuna
@@ -690,8 +698,9 @@ def repetition(tuner: str, slots: int, rep: int, args) -> dict[str, Any]:
     cpu = time.process_time()
     with tempfile.TemporaryDirectory(prefix=f"cost-{tuner}-", dir=args.scratch) as tmp:
         directory = Path(tmp)
+        verdict = None
         if tuner in OURS:
-            trials, spec = run_ours(tuner, slots, rep, args, directory)
+            trials, spec, verdict = run_ours(tuner, slots, rep, args, directory)
         else:
             data = experiment(f"{tuner}-{slots}-{rep}", args.run_table, tuner, rep, args.batch, args.lr, slots,
                               trials_for(slots, args.trials_per_slot, args.min_trials), args.confirm)  # fmt: skip
@@ -703,9 +712,13 @@ def repetition(tuner: str, slots: int, rep: int, args) -> dict[str, Any]:
                 trials = run_optuna(tuner, spec, model, rep, slots)
             else:
                 trials = run_synetune(tuner, spec, model, rep, slots, directory)
-    row = {"tuner": tuner, "slots": slots, "seed": rep, **outcome_row(trials, spec, slots)}
+    row = {"tuner": tuner, "slots": slots, "seed": rep, **outcome_row(trials, spec, slots, verdict)}
     row["cpu_s"] = time.process_time() - cpu
     return row
+
+
+def _confirm(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 def _repetition(task: tuple[str, int, int, Any]) -> dict[str, Any]:
@@ -716,7 +729,8 @@ def run_setup(args) -> dict[str, Any]:
     """What a repetition's figures depend on besides (tuner, slots, seed): rows of another set-up are not reused."""
     return {"table_sha256": hashlib.sha256(args.table.read_bytes()).hexdigest()[:16], "batch": args.batch,
             "lr": list(args.lr), "trials_per_slot": args.trials_per_slot,
-            "min_trials": args.min_trials, "confirm": args.confirm, "full_records": args.full_records}  # fmt: skip
+            "min_trials": args.min_trials, "confirm": args.confirm, "full_records": args.full_records,
+            **({"cap": args.cap} if args.confirm == "auto" else {})}  # fmt: skip
 
 
 def read_rows(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
@@ -948,7 +962,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, nargs=2, default=(3.1623e-4, 0.1))
     parser.add_argument("--trials-per-slot", type=int, default=2)
     parser.add_argument("--min-trials", type=int, default=20)
-    parser.add_argument("--confirm", type=int, default=2, help="confirmation seeds per arm")
+    parser.add_argument("--confirm", type=_confirm, default=2, help="confirmation seeds per arm, or auto (ours only)")
+    parser.add_argument("--cap", type=int, default=None, help="max_confirm_seeds with --confirm auto (default 12)")
     parser.add_argument("--jobs", type=int, default=1, help="repetitions run in parallel processes")
     parser.add_argument("--full-records", action="store_true", help="keep the table's loss and noise-scale series")
     parser.add_argument(
@@ -969,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         "already holds for the same set-up (a run stopped half-way goes on where it stopped)",
     )
     args = parser.parse_args(argv)
+    if args.confirm == "auto" and set(args.tuners) - set(OURS):
+        parser.error(f"--confirm auto runs through hpo's own study loop: --tuners {' '.join(OURS)} only")
     caps: dict[tuple[str, int], int] = {}
     for text in args.seed_cap:
         try:

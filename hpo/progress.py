@@ -114,6 +114,8 @@ class ProgressView:
             line += f", about {_duration(elapsed / done * (total - done))} left"
         if "waiting:" in note and waiting:
             line += f" ({note.split('waiting: ', 1)[1]})"
+        if note.startswith("confirmations:"):  # sequential confirmations (hpo.study): the round and the verdict
+            line += f" | {note.split(';', 1)[0]}"
         if best:
             line += " | best: " + "; ".join(f"{arm}: trial {t.number} ({t.objective:,.4g})" for arm, t in best.items())
         return line

@@ -82,6 +82,7 @@ class Study:
         self.running: dict[int, Pending] = {}
         self.confirmed: set[str | None] = set()  # labels of the arms whose first confirmation round is queued
         self.rounds_over = False  # no further round of confirmations to queue (hpo.confirmations)
+        self.round_note = ""  # where sequential confirmations stand, for the heartbeat and the progress line
         self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
         self._stop_checked = 0.0
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
@@ -308,6 +309,8 @@ class Study:
         trials = self.storage.list_trials(self.experiment_id)
         verdict = stored_verdict(self.storage, self.experiment_id, self.spec)
         target = runs_to_queue(self.spec, trials, verdict)
+        self.round_note = (f"confirmations: round {verdict.look} of at most {verdict.looks} done, verdict "
+                           f"{verdict.outcome.value}")  # fmt: skip
         for arm in self.arms:
             created = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm.label)
             for _ in range(target - created if created else 0):
@@ -351,6 +354,8 @@ class Study:
         waiting = self.queue or self._arm_with_quota() is not None
         why = self.runner.why_waiting() if waiting else ""
         self.note = f"{len(self.running)} running, {len(self.queue)} queued" + (f"; waiting: {why}" if why else "")
+        if self.round_note:
+            self.note = f"{self.round_note}; {self.note}"
 
 
 def _history_events(records: list[TrialRecord]):

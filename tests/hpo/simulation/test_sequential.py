@@ -100,3 +100,17 @@ def test_a_tie_within_a_wide_margin_stops_as_equivalent(tmp_path):
     values = confirmation_values(storage, experiment_id)
     look, outcome = first_decision(values, 0.2)
     assert outcome == "equivalent" and [len(v) for v in values.values()] == [3 * look] * 2
+
+
+def test_the_progress_line_shows_the_round_and_the_verdict_so_far():
+    """The study's note (the heartbeat) carries where sequential confirmations stand; the progress line shows it."""
+    import io
+
+    from hpo.progress import ProgressView
+    from hpo.trials import TrialState
+
+    view = ProgressView(None, 0, total=10, stream=io.StringIO())
+    note = "confirmations: round 2 of at most 4 done, verdict not yet; 3 running, 3 queued"
+    line = view.status_line({TrialState.COMPLETED: 4, TrialState.RUNNING: 3}, {}, note)
+    assert line.endswith("| confirmations: round 2 of at most 4 done, verdict not yet")
+    assert "confirmations" not in view.status_line({TrialState.COMPLETED: 4}, {}, "3 running, 0 queued")
