@@ -90,7 +90,7 @@ class ProgressView:
         for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
             self._seen.add(trial.id)
             self.console.print(describe_trial(trial))
-        line = self.status_line(counts, best, note)
+        line = self.status_line(counts, best, note, final)
         if self._live is not None:
             self._live.update(self._table(line, best))
         elif not final and line != self._last_line and time.monotonic() - self._last_print >= self.interval_s:
@@ -102,11 +102,14 @@ class ProgressView:
         overall = self.storage.best_trial(self.experiment_id)
         return {"overall": overall} if overall else {}
 
-    def status_line(self, counts: dict[TrialState, int], best: dict[str, TrialRecord], note: str) -> str:
+    def status_line(self, counts: dict[TrialState, int], best: dict[str, TrialRecord], note: str,
+                    final: bool = False) -> str:  # fmt: skip
+        """The live status; `final`: the experiment ended, so what it created is its total (sequential
+        confirmations plan up to a cap and may stop earlier)."""
         done = sum(n for s, n in counts.items() if s.finished)
         running = counts.get(TrialState.RUNNING, 0)
         created = sum(counts.values())
-        total = max(self.total, created)
+        total = created if final else max(self.total, created)
         waiting = total - done - running
         elapsed = time.monotonic() - self.started
         line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {_duration(elapsed)}"

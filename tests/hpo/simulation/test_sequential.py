@@ -114,3 +114,7 @@ def test_the_progress_line_shows_the_round_and_the_verdict_so_far():
     line = view.status_line({TrialState.COMPLETED: 4, TrialState.RUNNING: 3}, {}, note)
     assert line.endswith("| confirmations: round 2 of at most 4 done, verdict not yet")
     assert "confirmations" not in view.status_line({TrialState.COMPLETED: 4}, {}, "3 running, 0 queued")
+    # once it ended before the cap, what it created is the total: nothing shows as waiting
+    assert view.status_line({TrialState.COMPLETED: 8}, {}, "", final=True).startswith(
+        "trials: 8/8 done, 0 running, 0 waiting"
+    )
