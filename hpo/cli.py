@@ -290,7 +290,7 @@ def cmd_best(args: argparse.Namespace) -> int:
                                           "samples_to_target_mean": arm.mean, "interval_95": interval}  # fmt: skip
     if verdict:
         out["verdict"] = verdict.as_dict()
-    print(yaml.safe_dump(out, sort_keys=False), end="")
+    print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")
     return 0

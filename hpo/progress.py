@@ -20,7 +20,7 @@ from rich.table import Table
 from hpo.arms import arms
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
-from hpo.storage.base import Storage, TrialRecord
+from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
 
 FINISHED = [s for s in TrialState if s.finished]
@@ -154,6 +154,8 @@ def experiment_progress(storage: Storage, record) -> str:
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
     confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
     budget, planned = _planned(record)
+    if record.status is ExperimentStatus.FINISHED:  # auto confirmations plan up to a cap and may end before it
+        planned = len(confirmations)
     return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
                        sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
 
