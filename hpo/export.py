@@ -9,8 +9,11 @@ Choosing the trial (overall, per arm, per batch size) is the caller's job, throu
 The exported config is the experiment's base config with its overrides, the trial's parameters, and the full
 training budget (a multi-fidelity trial may have run on a fraction of it). Nothing trial-specific is kept: the
 trial's report file and checkpoint directory are set by the controller, not by the stored spec, so they never
-appear. When the config runs on more ranks than micro batches fit into the global batch, the micro batch is
-reduced (the global batch, which is what the optimizer sees, never changes) and a comment says so.
+appear. Every exported config writes an MLPerf log (`log.mlperf`, MLPerf's mllog events from rank 0, see
+trainer/mlperf_log.py) to `mlperf/result_0.txt`, relative to the directory the trainer runs in, unless the
+experiment's config names a file of its own; the YAML says where in a comment. When the config runs on more
+ranks than micro batches fit into the global batch, the micro batch is reduced (the global batch, which is what
+the optimizer sees, never changes) and a comment says so.
 
 Formats: `yaml` (the config, with the provenance as comments: `python -m trainer --config FILE` runs it),
 `json` (`{"provenance": ..., "warnings": [...], "config": ...}`: JSON has no comments, so the runnable config is
@@ -27,6 +30,7 @@ import json
 import re
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import PurePath
 from typing import Any, Literal
 
 import yaml
@@ -38,6 +42,7 @@ Format = Literal["yaml", "json", "torchrun"]
 FORMATS: tuple[str, ...] = ("yaml", "json", "torchrun")
 MEDIA_TYPES = {"yaml": "application/yaml", "json": "application/json", "torchrun": "text/x-shellscript"}
 RENDEZVOUS_PORT = 29400
+MLPERF_LOG = "mlperf/result_0.txt"  # log.mlperf of an exported config: MLPerf's result file name for run 0
 
 # Characters that end a line for YAML (LF, CR, NEL, U+2028/9) or for Python's str.splitlines (also VT, FF,
 # U+001C-1E), and those YAML cannot carry at all (other C0/C1 controls, DEL, surrogates, U+FFFE/F).
@@ -107,6 +112,14 @@ def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any
     config["batch"]["micro_batch_size"] = micro_batch_for(
         config["batch"]["global_batch_size"], config["batch"]["micro_batch_size"], ranks
     )
+    return config
+
+
+def with_mlperf_log(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `log.mlperf` set to MLPERF_LOG where the experiment left it off (a file it names stays)."""
+    log = config.setdefault("log", {})
+    if not log.get("mlperf"):
+        log["mlperf"] = MLPERF_LOG
     return config
 
 
@@ -213,7 +226,7 @@ def render(
         raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     spec = spec or stored_spec(record)
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
-    config = production_config(spec, trial, nodes * gpus_per_node)
+    config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
     origin = provenance(record, spec, trial, config)
     warnings = warnings_for(origin)
     if fmt == "json":
@@ -241,5 +254,8 @@ def _comment_lines(origin: Provenance, tuned_micro: int, config: dict[str, Any],
     lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]
     if tuned_micro != config["batch"]["micro_batch_size"]:
         lines.append(f"batch.micro_batch_size lowered from {tuned_micro} so the global batch splits over the ranks")
+    mlperf = config["log"]["mlperf"]
+    where = "" if PurePath(mlperf).is_absolute() else ", relative to the directory the command runs in"
+    lines.append(f"MLPerf log (mllog events of rank 0): {mlperf}{where}")
     lines += ["", f"run: {command}"]
     return lines

@@ -131,12 +131,34 @@ class CheckpointConfig(Section):
     resume: bool = Field(True, description="Resume from the latest checkpoint in dir if one exists.")
 
 
+class MLPerfSubmissionConfig(Section):
+    org: str = Field("bert-hpo", min_length=1, description="submission_org: the organization that ran the run.")
+    division: Literal["open", "closed"] = Field(
+        "open", description="submission_division: open, or closed (MLPerf's fixed rules, target 0.720 accuracy)."
+    )
+    platform: str | None = Field(
+        None, min_length=1, description="submission_platform (None: '<ranks>x<device name>', e.g. 8xNVIDIA H100)."
+    )
+    status: Literal["onprem", "cloud", "research"] = Field(
+        "research", description="submission_status: onprem, cloud (available systems) or research (RDI)."
+    )
+    cache_cleared: bool = Field(
+        False, description="cache_clear: whether the launcher dropped the OS caches before this run (we do not)."
+    )
+
+
 class LogConfig(Section):
     every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
     jsonl: str | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
     noise_scale: bool = Field(True, description="Measure the gradient noise scale B_simple at every step.")
     noise_scale_decay: float = Field(
         0.95, ge=0.0, lt=1.0, description="EMA decay of the noise scale's numerator and denominator (~20 steps)."
+    )
+    mlperf: str | None = Field(
+        None, min_length=1, description="Write MLPerf mllog events to this file, rank 0 (None: off; see mlperf_log.py)."
+    )
+    mlperf_submission: MLPerfSubmissionConfig = Field(
+        default_factory=MLPerfSubmissionConfig, description="The submission_* values of the MLPerf log."
     )
 
 

@@ -28,6 +28,7 @@ from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalar, dist_env_from_environ, init_process_group, pick_device
 from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
+from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict
 from trainer.noise_probe import NormProbe
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
@@ -95,13 +96,14 @@ class Run:
     reporter: Reporter
     probe: NormProbe | None  # None: noise scale off or not measurable (one process, no accumulation)
     noise_scale: NoiseScaleEstimator
+    mlperf: MLPerfLog  # MLPerf's mllog events (does nothing unless log.mlperf names a file, and on ranks > 0)
 
     @property
     def module(self) -> torch.nn.Module:
         return self.ddp if self.ddp is not None else self.model
 
 
-def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter) -> Run:
+def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter, mlperf: MLPerfLog) -> Run:
     accumulation = accumulation_steps(cfg, env)
     autocast = resolve_autocast(cfg, device)
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model)
@@ -161,6 +163,7 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         reporter if env.is_main else NullReporter(),
         probe,
         NoiseScaleEstimator(cfg.log.noise_scale_decay),
+        mlperf,
     )
 
 
@@ -280,7 +283,9 @@ def epoch_steps(run: Run, state: TrainState):
 
 def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
     """Evaluate, record, and say whether the target is reached."""
+    run.mlperf.eval_start(state.samples)
     result = evaluate(run.model, run.eval_samples, run.cfg.eval.batch_size, run.device, run.env, run.autocast)
+    run.mlperf.eval_stop(state.samples, result.mlm_accuracy)
     record = {"samples": state.samples, "step": state.step, "time_s": round(elapsed, 3), **asdict(result)}
     state.evals.append(record)
     state.best_mlm_accuracy = max(state.best_mlm_accuracy, result.mlm_accuracy)
@@ -328,6 +333,7 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
     start = time.perf_counter() - state.train_time_s
     window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
     for micro_batches in epoch_steps(run, state):
+        run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches)
         tokens = all_gather_scalar(stats.tokens, run.device, run.env)
         sequences = all_gather_scalar(stats.sequences, run.device, run.env)
@@ -405,11 +411,14 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
     init_process_group(env, device)
+    mlperf = open_log(cfg, env, device)  # MLPerf's init_start and submission keys, when log.mlperf names a file
     try:
-        run = build_run(cfg, env, device, reporter)
+        run = build_run(cfg, env, device, reporter, mlperf)
     except DataError as e:  # bad data is refused before the first step, as a result of its own
+        mlperf.close()
         return refuse_data(cfg, env, reporter, e)
     state = restore(run)
+    mlperf.run_start(run.accumulation, run.total_steps, run.train_samples, run.eval_samples)
     log(
         env,
         f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
@@ -432,5 +441,6 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     finally:
         result = final_result(run, state, status, reason, error)
         run.reporter.final(result)
+        mlperf.run_stop(result)
     checkpoint(run, state)
     return result

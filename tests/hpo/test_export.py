@@ -18,6 +18,7 @@ from hpo.experiment import experiment_from_dict
 from hpo.export import (
     CONFIG_PATH_PATTERN,
     FORMATS,
+    MLPERF_LOG,
     ExportError,
     check_arm,
     micro_batch_for,
@@ -63,7 +64,9 @@ def test_yaml_is_base_plus_overrides_plus_params_at_full_budget_with_provenance(
     exported = render(record, trial, "yaml")
     config = yaml.safe_load(exported.text)
     spec = experiment_from_dict(record.spec["experiment"])
-    assert config == trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    expected = trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    expected["log"]["mlperf"] = "mlperf/result_0.txt"  # every export writes an MLPerf log
+    assert config == expected
     assert config["budget"]["max_samples"] == 480 and config["optimizer"] == {**config["optimizer"], "lr": 0.004}
     assert config["log"]["jsonl"] is None and config["checkpoint"]["dir"] is None  # nothing trial-specific
     comments = [line for line in exported.text.splitlines() if line.startswith("#")]
@@ -72,6 +75,21 @@ def test_yaml_is_base_plus_overrides_plus_params_at_full_budget_with_provenance(
     assert "# objective: samples_to_target = 160 (minimize)" in comments
     assert comments[-1] == "# run: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config best.yaml"
     assert exported.warnings == () and "WARNING" not in exported.text
+
+
+def test_every_export_writes_an_mlperf_log_unless_the_experiment_names_one(tmp_path):
+    record, trial = make_record(tmp_path), make_trial()
+    exported = render(record, trial, "yaml")
+    assert yaml.safe_load(exported.text)["log"]["mlperf"] == MLPERF_LOG == "mlperf/result_0.txt"
+    note = "# MLPerf log (mllog events of rank 0): mlperf/result_0.txt, relative to the directory the command runs in"
+    assert note in exported.text.splitlines()
+    assert json.loads(render(record, trial, "json").text)["config"]["log"]["mlperf"] == MLPERF_LOG
+    assert note in render(record, trial, "torchrun").text.splitlines()
+    own = tmp_path / "logs" / "lamb.txt"
+    named = make_record(tmp_path, overrides={**record.spec["experiment"]["overrides"], "log.mlperf": str(own)})
+    exported = render(named, trial, "yaml")
+    assert yaml.safe_load(exported.text)["log"]["mlperf"] == str(own)
+    assert f"# MLPerf log (mllog events of rank 0): {own}" in exported.text.splitlines()  # absolute: no "relative"
 
 
 def test_a_best_that_missed_the_target_warns_in_the_file(tmp_path):
@@ -166,6 +184,7 @@ def test_no_stored_text_breaks_the_exported_yaml_and_the_trainer_loads_it(tmp_pa
     config_path = f"my 'best' \"{text.isprintable() and text or 'x'}\" ü.yaml"
     exported = render(record, trial, "yaml", config_path=config_path)
     expected = trial_config(experiment_from_dict(record.spec["experiment"]), trial.params).model_dump(mode="json")
+    expected["log"]["mlperf"] = MLPERF_LOG
     assert yaml.safe_load(exported.text) == expected  # the comments are comments, the config round-trips
     assert expected["model"]["init_checkpoint"] == f"ckpt{text}.bin"
     lines = comment_block(exported.text, yaml.safe_dump(expected, sort_keys=False))
@@ -205,7 +224,12 @@ def test_an_export_with_line_breaks_in_its_data_path_trains(tmp_path):
     path = tmp_path / "best.yaml"
     path.write_text(render(record, make_trial(), "yaml").text)
     trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(path)], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+                             text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     final = json.loads([line for line in trained.stdout.splitlines() if line.startswith("{")][-1])
     assert final["status"] in ("reached_target", "budget_exhausted") and final["samples"] >= 16
+    # The exported config's MLPerf log, where the command ran, passes MLPerf's own checker (open division).
+    checked = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                              "--ruleset", "5.0.0", "--log_output", str(tmp_path / "checker.log"),
+                              str(tmp_path / MLPERF_LOG)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert checked.returncode == 0 and "SUCCESS" in checked.stderr, checked.stdout + checked.stderr

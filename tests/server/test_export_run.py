@@ -16,6 +16,7 @@ import yaml
 from hpo.arms import trial_config
 from hpo.cli import main
 from hpo.experiment import experiment_from_dict
+from hpo.export import MLPERF_LOG
 from hpo.storage import SqlStorage
 from tests.server.conftest import EXPERIMENT, hpo
 
@@ -38,14 +39,16 @@ def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
         record = storage.get_experiment_by_name(EXPERIMENT)
         best = storage.best_trial(record.id)
     expected = trial_config(experiment_from_dict(record.spec["experiment"]), best.params).model_dump(mode="json")
+    expected["log"]["mlperf"] = MLPERF_LOG  # every export writes an MLPerf log, relative to where the trainer runs
     assert yaml.safe_load(out.read_text()) == expected
     assert f"# trial {best.number}, arm {best.arm}" in out.read_text()
 
     trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(out), "budget.max_samples=16"],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     final = final_record(trained.stdout)
     assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 1
+    assert (tmp_path / MLPERF_LOG).read_text().count('"key": "run_stop"') == 1
 
 
 @pytest.mark.distributed
@@ -60,11 +63,13 @@ def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, t
     command = made[1].stdout.strip().splitlines()[-1]
     assert command == f"torchrun --standalone --nnodes 1 --nproc_per_node 2 -m trainer --config {config}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    ran = subprocess.run(["bash", "-c", made[1].stdout], capture_output=True, text=True, timeout=300, env=env)
+    ran = subprocess.run(["bash", "-c", made[1].stdout], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     final = final_record(ran.stdout)
     assert final["status"] in ("reached_target", "budget_exhausted") and final["world_size"] == 2
     assert ran.stderr.count("finished: ") == 1  # rank 0 alone says how the run ended
+    assert (tmp_path / MLPERF_LOG).read_text().count('"key": "run_stop"') == 1  # and writes the MLPerf log
 
 
 def test_export_to_a_file_name_with_a_line_break_is_refused_before_writing(finished_experiment, tmp_path, capsys):
