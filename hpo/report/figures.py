@@ -15,9 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from hpo.batch_scaling import WELL, BatchScaling
 from hpo.report.bands import Band, band_over_cost, band_over_trials
 from hpo.report.data import ArmData, Dimension, ExperimentData, TrialRow
-from hpo.report.scaling import ScalingPoint, optimizers
+from hpo.report.scaling import ScalingPoint, optimizers, scaling_fits
 
 DPI = 90
 FILE_DPI = 150
@@ -300,23 +301,28 @@ def _effect(ax, dim: Dimension, rows: Sequence[TrialRow], color: str, rng) -> No
 # --------------------------------------------------------------------------- several experiments
 
 
-def scaling_figure(points: Sequence[ScalingPoint]) -> Figure:
+def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling] | None = None) -> Figure:
     """Samples to target (mean, 95 % interval, hits/runs) and the measured noise scale against global batch size,
-    one line per optimizer."""
+    one line per optimizer; where an optimizer's runs could be fitted (hpo.batch_scaling; `fits` as
+    scaling.scaling_fits gives them), the fitted E(B) = E_min (1 + B / B_crit) dashed over its points, with a
+    diamond where it reaches 1.5 E_min (B = B_crit / 2)."""
     fig = Figure(figsize=(12, 4.4))
     stt, noise = fig.subplots(1, 2)
     names = optimizers(points)
     colors = arm_colors(names)
+    fits = scaling_fits(points) if fits is None else fits
+    batches = [p.global_batch_size for p in points]
     for name in names:
         mine = [p for p in points if p.optimizer == name]
         _scaling_line(stt, mine, colors[name], name)
+        if fits.get(name) is not None and fits[name].fitted:
+            _fitted_curve(stt, fits[name], (min(batches) / 1.5, max(batches) * 1.5), colors[name], name)
         measured = [p for p in mine if p.noise_scale is not None]
         if measured:
             xs = [p.global_batch_size for p in measured]
             ys = [p.noise_scale for p in measured]
             err = [[p.noise_scale - p.noise_low for p in measured], [p.noise_high - p.noise_scale for p in measured]]
             noise.errorbar(xs, ys, yerr=err, color=colors[name], marker="o", capsize=4, label=name)
-    batches = [p.global_batch_size for p in points]
     measured = [v for p in points for v in (p.noise_low, p.noise_high) if v is not None]
     if measured:
         _diagonal(noise, batches + measured)
@@ -355,3 +361,15 @@ def _scaling_line(ax, points: Sequence[ScalingPoint], color: str, name: str) -> 
     missed = [p.global_batch_size for p in points if p.evidence.mean is None]
     ax.scatter(missed, [1.02] * len(missed), marker="x", s=30, color=color, transform=ax.get_xaxis_transform(),
                clip_on=False)  # fmt: skip
+
+
+def _fitted_curve(ax, fit: BatchScaling, span: tuple[float, float], color: str, name: str) -> None:
+    """The fitted samples to target over `span` (dashed), and a diamond at B_crit / 2 where E = 1.5 E_min."""
+    xs = np.geomspace(*span, 100)
+    ys = [fit.samples(x) for x in xs]
+    crit = fit.b_crit.value
+    shown = "∞" if math.isinf(crit) else f"{crit:,.0f}" if crit >= 100 else f"{crit:.3g}"
+    ax.plot(xs, ys, color=color, linestyle="--", linewidth=1.2, label=f"{name}: fit, B_crit {shown}")
+    if span[0] <= fit.well.value <= span[1]:
+        ax.plot([fit.well.value], [fit.samples(fit.well.value)], marker="D", color=color, markersize=6,
+                linestyle="none", label=f"{name}: {WELL:g} × E_min at B_crit / 2")  # fmt: skip

@@ -8,11 +8,13 @@ the API path in the server.
 
 from __future__ import annotations
 
+import math
 import shlex
 import statistics
 from collections.abc import Callable, Sequence
 from html import escape
 
+from hpo.batch_scaling import WELL, BatchScaling, Estimate
 from hpo.liveness import liveness
 from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
@@ -27,7 +29,7 @@ from hpo.report.data import (
     load_experiment,
 )
 from hpo.report.importance import MIN_TRIALS, Importance, rank_importance
-from hpo.report.scaling import ScalingPoint, scaling_points
+from hpo.report.scaling import ScalingPoint, confirmation_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
 from hpo.verdict import Outcome
 
@@ -529,17 +531,27 @@ def _trial_row(t: TrialRow) -> str:
 
 def comparison_report(storage: Storage, names: Sequence[str], *, link: Link | None = None,
                       index: str | None = None) -> str:  # fmt: skip
-    """Several experiments: samples to target and the noise scale against global batch size per optimizer."""
+    """Several experiments: samples to target and the noise scale against global batch size per optimizer, and
+    per optimizer where the batch stops scaling (hpo.batch_scaling)."""
     experiments = [load_experiment(storage, name) for name in names]
-    points = scaling_points(experiments)
+    runs = {(name, label): samples for name in dict.fromkeys(names)
+            for label, samples in confirmation_runs(storage, name).items()}  # fmt: skip
+    return comparison_page(experiments, scaling_points(experiments, runs), link=link, index=index)
+
+
+def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[ScalingPoint], *,
+                    link: Link | None = None, index: str | None = None) -> str:  # fmt: skip
+    """The comparison page of `experiments` drawn from their scaling points (what `comparison_report` reads)."""
+    fits = scaling_fits(points)
     link = link or (lambda name: f"{name}.html")
     back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
     listing = "".join(f"<li><a href='{escape(link(d.name))}'>{escape(d.name)}</a> — {escape(d.liveness)}; "
                       f"{escape(d.verdict.line if d.verdict else 'no arms')}</li>" for d in experiments)  # fmt: skip
     body = (f"{back}<h1>Comparing {len(experiments)} experiments</h1><ul>{listing}</ul>"
             + _scaling_notes(experiments) + _scaling_table(points)
-            + (_img(figures.scaling_figure(points), "samples to target and noise scale against batch size")
-               if points else "<p>No arm has a best trial yet.</p>"))  # fmt: skip
+            + (_img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
+               if points else "<p>No arm has a best trial yet.</p>")
+            + (_fit_section(points, fits) if points else ""))  # fmt: skip
     return _page("comparison report", body)
 
 
@@ -573,6 +585,69 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
     head = ["optimizer", "global batch", "experiment", "arm", "reached target", "mean samples to target",
             "95 % interval", "noise scale", "batch / noise scale"]  # fmt: skip
     return _table(head, rows)
+
+
+def fmt_fit(value: float | None) -> str:
+    """A fitted quantity (samples, steps, batch sizes): whole numbers from 100 on, 3 significant digits below, ∞."""
+    return "–" if value is None else "∞" if math.isinf(value) else fmt_noise(value)
+
+
+def fmt_estimate(estimate: Estimate | None) -> str:
+    """`value (low to high)`, the 95 % interval; 0 or ∞ where it is open."""
+    if estimate is None:
+        return "–"
+    return f"{fmt_fit(estimate.value)} ({fmt_fit(estimate.low)} to {fmt_fit(estimate.high)})"
+
+
+def _fit_section(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]) -> str:
+    rows = []
+    for name, fit in fits.items():
+        mine = [p for p in points if p.optimizer == name]
+        fields = [("fit_runs", _fit_runs(fit)), ("fit_e_min", fmt_estimate(fit.e_min)),
+                  ("fit_b_crit", fmt_estimate(fit.b_crit)), ("fit_s_min", fmt_estimate(fit.s_min)),
+                  ("fit_well", fmt_estimate(fit.well)), ("fit_well_measured", _well_measured(fit)),
+                  ("fit_noise", _fit_noise(mine)), ("fit_note", fit.reason or fit.note or "")]  # fmt: skip
+        rows.append(_td(name, cls="l") + "".join(_td(text, field, name, "l" if field == "fit_note" else "")
+                                                 for field, text in fields))  # fmt: skip
+    head = ["optimizer", "runs fitted", "E_min: samples to target, small batch (95 %)", "B_crit (95 %)",
+            "S_min: steps to target, unlimited batch (95 %)", f"largest batch within {WELL:g}× E_min: B_crit / 2",
+            f"largest measured batch within {WELL:g}× the smallest mean", "measured noise scale", "note"]  # fmt: skip
+    return ("<h2>Where the batch stops scaling</h2><p>Per optimizer, samples to target E against global batch size B "
+            "fitted with E(B) = E_min (1 + B / B_crit) (McCandlish et al. 2018: steps to target S = E / B = S_min "
+            "(1 + B_crit / B), B_crit = E_min / S_min), by least squares on ln E over all its points' runs "
+            "(dashed in the figure). Intervals: 95 % profile likelihood; an end at 0 or ∞ means the measured batches "
+            f"do not bound it. Below B_crit / 2 a batch needs at most {WELL:g}× the samples of a small batch "
+            "(scaling well); far above B_crit, about as many steps as an unlimited one. Runs that missed the target "
+            "have no samples to target: they are left out and counted, which flatters the batch sizes where they "
+            "happened. The measured rule reads the means alone: the largest batch whose mean is within "
+            f"{WELL:g}× the smallest (with that mean's 95 % t interval). B_crit and the measured noise scale "
+            "B_simple answer the same question in two ways (they agree up to a curvature factor); the fit needs "
+            "runs at 3 or more batch sizes.</p>" + _table(head, rows, left=1))  # fmt: skip
+
+
+def _fit_runs(fit: BatchScaling) -> str:
+    hits = fit.runs - fit.misses
+    sizes = sum(1 for p in fit.points if p.hits)
+    missed = f"; {fit.misses} missed (left out)" if fit.misses else ""
+    return f"{hits} of {fit.runs} at {sizes} batch size(s){missed}"
+
+
+def _well_measured(fit: BatchScaling) -> str:
+    p, low = fit.well_measured, fit.smallest
+    if p is None:
+        return "–"
+    missed = f"; {p.misses} of {p.runs} missed" if p.misses else ""
+    return (f"{p.batch:,.0f}: {fmt_samples(p.mean)} ({fmt_interval(p.low, p.high)}), smallest {fmt_samples(low.mean)} "
+            f"at {low.batch:,.0f}{missed}")  # fmt: skip
+
+
+def _fit_noise(points: Sequence[ScalingPoint]) -> str:
+    """The points' median noise scales, per batch size: `16: 12.3; 64: 40.1`, `≥` where a lower bound."""
+    measured = [p for p in points if p.noise_scale is not None]
+    if not measured:
+        return "–"
+    return "; ".join(f"{p.global_batch_size:,}: {'≥ ' if p.noise_lower_bounds else ''}{fmt_noise(p.noise_scale)}"
+                     for p in measured)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the list of experiments

@@ -8,16 +8,29 @@ median, minimum and maximum over the arm's trials at that batch size of each tri
 (see data.py), flagged as a lower bound when any of those trials' estimates is one. Reading it: where the
 measured noise scale is far below the batch size, a larger batch buys little, and samples to target grows with
 the batch instead of staying flat.
+
+Per optimizer, the fit of hpo.batch_scaling to all its points' runs (E(B) = E_min (1 + B / B_crit), McCandlish et
+al. 2018): a point carries its runs' samples to target as the verdict counts them (`confirmation_runs`: the best
+configuration's confirmation runs, interpolated between evaluations, None for a miss), and its evidence is the
+verdict's summary of those very runs, so the table's means and the fit read the same numbers. Points of one
+optimizer from several experiments are pooled as runs at their batch sizes: the fit assumes the experiments differ
+in the batch size only (the same model, data and target).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hpo.batch_scaling import BatchScaling, fit_batch_scaling
+from hpo.confirmations import stored_curves
+from hpo.experiment import spec_from_stored
 from hpo.report.data import ExperimentData
-from hpo.verdict import ArmSummary
+from hpo.storage.base import Storage
+from hpo.verdict import ArmRuns, ArmSummary, arm_runs, summarize
+
+Runs = tuple[float | None, ...]  # samples to target per run, None for a miss
 
 
 @dataclass(frozen=True)
@@ -32,10 +45,24 @@ class ScalingPoint:
     noise_high: float | None
     noise_trials: int  # trials with a measured noise scale
     noise_lower_bounds: int = 0  # of those, the trials whose estimate is only a lower bound (see data.py)
+    runs: Runs = ()  # its runs' samples to target, as the verdict counts them (None: a miss); () when not read
 
 
-def scaling_points(experiments: Sequence[ExperimentData]) -> list[ScalingPoint]:
-    """Every arm with a global batch size and evidence, ordered by optimizer, then batch size."""
+def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
+    """Arm label -> the samples to target of its best configuration's confirmation runs, as the verdict reads them
+    (hpo.verdict.arm_runs on the stored trials and their evaluation curves)."""
+    record = storage.get_experiment_by_name(name)
+    spec = spec_from_stored(record)
+    trials = storage.list_trials(record.id)
+    best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
+    return {arm.label: arm.samples_to_target for arm in arm_runs(spec, best, trials, stored_curves(storage, trials))}
+
+
+def scaling_points(experiments: Sequence[ExperimentData],
+                   runs: Mapping[tuple[str, str], Runs] | None = None) -> list[ScalingPoint]:  # fmt: skip
+    """Every arm with a global batch size and evidence, ordered by optimizer, then batch size. `runs` maps
+    (experiment, arm label) to the arm's runs (`confirmation_runs`); a point with runs has the verdict's summary of
+    them as its evidence."""
     points = []
     for data in experiments:
         for arm in data.arms:
@@ -46,10 +73,18 @@ def scaling_points(experiments: Sequence[ExperimentData]) -> list[ScalingPoint]:
             noise = [t.noise_scale for t in rows]
             median = statistics.median(noise) if noise else None
             bounds = sum(1 for t in rows if t.noise_lower_bound)
-            points.append(ScalingPoint(data.name, arm.label, arm.optimizer or "?", batch, arm.evidence, median,
+            mine = tuple((runs or {}).get((data.name, arm.label), ()))
+            evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples)) if mine else arm.evidence
+            points.append(ScalingPoint(data.name, arm.label, arm.optimizer or "?", batch, evidence, median,
                                        min(noise, default=None), max(noise, default=None), len(noise),
-                                       bounds))  # fmt: skip
+                                       bounds, mine))  # fmt: skip
     return sorted(points, key=lambda p: (p.optimizer, p.global_batch_size, p.experiment, p.arm))
+
+
+def scaling_fits(points: Sequence[ScalingPoint]) -> dict[str, BatchScaling]:
+    """Optimizer -> hpo.batch_scaling's fit to the runs of all its points, each run at its point's batch size."""
+    return {name: fit_batch_scaling([(p.global_batch_size, s) for p in points if p.optimizer == name for s in p.runs])
+            for name in optimizers(points)}  # fmt: skip
 
 
 def optimizers(points: Sequence[ScalingPoint]) -> list[str]:

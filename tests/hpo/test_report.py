@@ -288,6 +288,105 @@ def test_comparison_report_shows_each_arm_at_its_batch_size(report_db, tmp_path)
     assert any(img["alt"].startswith("samples to target and noise scale") for img in page.images)
 
 
+def fmt_fitted(value: float) -> str:
+    """The page's text of a fitted quantity: ∞, whole numbers with commas from 100 on, 3 significant digits below."""
+    return "∞" if math.isinf(value) else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def fmt_noise(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def shown_estimate(estimate) -> str:
+    return "–" if estimate is None else (f"{fmt_fitted(estimate.value)} ({fmt_fitted(estimate.low)} to "
+                                         f"{fmt_fitted(estimate.high)})")  # fmt: skip
+
+
+def shown_fit(page: Page, optimizer: str, fit) -> None:
+    """The page's row of `optimizer` in the fit table shows `fit` (hpo.batch_scaling's result)."""
+    hits, sizes = fit.runs - fit.misses, sum(1 for p in fit.points if p.hits)
+    missed = f"; {fit.misses} missed (left out)" if fit.misses else ""
+    assert page.cells[(optimizer, "fit_runs")] == f"{hits} of {fit.runs} at {sizes} batch size(s){missed}"
+    for field, estimate in (("fit_e_min", fit.e_min), ("fit_b_crit", fit.b_crit), ("fit_s_min", fit.s_min),
+                            ("fit_well", fit.well)):  # fmt: skip
+        assert page.cells[(optimizer, field)] == shown_estimate(estimate), field
+    assert page.cells[(optimizer, "fit_note")] == (fit.reason or fit.note or "")
+    well, low = fit.well_measured, fit.smallest
+    if well is None:
+        assert page.cells[(optimizer, "fit_well_measured")] == "–"
+    else:
+        interval = "–" if well.low is None else f"{well.low:,.0f} to {well.high:,.0f}"
+        missed = f"; {well.misses} of {well.runs} missed" if well.misses else ""
+        assert page.cells[(optimizer, "fit_well_measured")] == (
+            f"{well.batch:,.0f}: {well.mean:,.0f} ({interval}), smallest {low.mean:,.0f} at {low.batch:,.0f}{missed}"
+        )
+
+
+def test_comparison_report_fits_each_optimizer_with_hpo_batch_scaling(report_db):
+    """Both arms ran at one batch size: the fit table says it cannot fit, and the measured rule reads that batch."""
+    from hpo.batch_scaling import fit_batch_scaling
+    from hpo.report.html import comparison_report
+
+    _, trials, _ = stored(report_db)
+    with SqlStorage(report_db) as storage:
+        html = comparison_report(storage, [EXPERIMENT])
+    page = Page(html)
+    assert "<h2>Where the batch stops scaling</h2>" in html
+    for arm, optimizer in (("optimizer.name=adamw", "adamw"), ("optimizer.name=lamb", "lamb")):
+        _, runs, hits, _, _ = expected_evidence(trials, arm)
+        fit = fit_batch_scaling([(16, s) for s in hits] + [(16, None)] * (len(runs) - len(hits)))
+        assert fit.reason.startswith("cannot fit")
+        shown_fit(page, optimizer, fit)
+
+
+def test_comparison_page_draws_and_tabulates_the_fit_of_each_optimizer(report_db):
+    """The real experiment's points moved to 5 batch sizes each, with runs drawn from E(B) = E_min (1 + B / B_crit)
+    (a miss at the largest): the page's fitted numbers are hpo.batch_scaling's on the same runs, the figure's dashed
+    curve is the fitted E(B), and the fits land near the truth."""
+    import dataclasses
+
+    import numpy as np
+
+    from hpo.batch_scaling import fit_batch_scaling
+    from hpo.report import figures
+    from hpo.report.data import load_experiment
+    from hpo.report.html import comparison_page
+    from hpo.report.scaling import scaling_points
+    from hpo.verdict import ArmRuns, summarize
+
+    with SqlStorage(report_db) as storage:
+        experiments = [load_experiment(storage, EXPERIMENT)]
+    rng = np.random.default_rng(11)
+    truth = {"adamw": (400.0, 64.0), "lamb": (300.0, 256.0)}  # E_min, B_crit
+    points = []
+    for real in scaling_points(experiments):
+        e_min, b_crit = truth[real.optimizer]
+        for batch in (16, 32, 64, 128, 256):
+            runs = tuple(e_min * (1 + batch / b_crit) * float(np.exp(rng.normal(0, 0.05))) for _ in range(3))
+            runs += (None,) if batch == 256 else ()
+            evidence = summarize(ArmRuns(real.arm, runs, real.evidence.max_samples))
+            points.append(dataclasses.replace(real, global_batch_size=batch, runs=runs, evidence=evidence))
+    page = Page(comparison_page(experiments, points))
+    fits = {}
+    for optimizer, (e_min, b_crit) in truth.items():
+        fit = fit_batch_scaling([(p.global_batch_size, s) for p in points if p.optimizer == optimizer for s in p.runs])
+        shown_fit(page, optimizer, fit)
+        assert fit.misses == 1 and fit.note is None
+        assert fit.e_min.value == pytest.approx(e_min, rel=0.1) and fit.b_crit.value == pytest.approx(b_crit, rel=0.25)
+        assert 0 < fit.b_crit.low < fit.b_crit.high < math.inf
+        noise = [f"{p.global_batch_size:,}: {'≥ ' if p.noise_lower_bounds else ''}{fmt_noise(p.noise_scale)}"
+                 for p in points if p.optimizer == optimizer and p.noise_scale is not None]  # fmt: skip
+        assert page.cells[(optimizer, "fit_noise")] == ("; ".join(noise) or "–")
+        fits[optimizer] = fit
+    fig = figures.scaling_figure(points, fits)
+    dashed = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    assert len(dashed) == 2
+    for line, optimizer in zip(dashed, sorted(truth), strict=True):
+        xs, ys = line.get_xdata(), line.get_ydata()
+        assert np.allclose(ys, [fits[optimizer].samples(x) for x in xs])
+    assert any(img["alt"].startswith("samples to target and noise scale") for img in page.images)
+
+
 def test_report_of_an_unknown_experiment_exits_2_and_writes_nothing(report_db, tmp_path, capsys):
     assert main(["--db", report_db, "report", EXPERIMENT, "nope", "-o", str(tmp_path / "out")]) == 2
     assert "no experiment named 'nope'" in capsys.readouterr().err
