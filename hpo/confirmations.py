@@ -5,8 +5,9 @@ training seeds: these confirmation runs are the verdict's evidence (`hpo.verdict
 is one round of N runs per arm. `budget.confirm_seeds: auto` runs rounds (`Budget.confirmation_rounds`: 3, 6, 9,
 12 runs per arm with the default cap of 12): when every arm has finished a round, the verdict is asked at that
 look; a winner or "equivalent" ends the confirmations, "not yet" queues the next round for every arm, up to the
-cap. Each look is tested at its share of the error (alpha spending, see `hpo.verdict`), so stopping early does
-not raise the wrong-answer rate.
+cap, unless more runs would not decide (no arm reached the target, or an arm's tuning found nothing that does).
+Each look is tested at its share of the error (alpha spending, see `hpo.verdict`), so stopping early does not
+raise the wrong-answer rate.
 
 Everything here is computed from the stored trials, so a resumed controller, `hpo status`, the report and the
 API all see the same round and the same verdict. The study loop and the NNI engine only queue what
@@ -80,6 +81,8 @@ def runs_to_queue(spec, trials: Sequence[TrialRecord], verdict: Verdict | None) 
     if current == 0:
         return rounds[0]
     if done < current or current >= len(rounds) or verdict is None or verdict.outcome is not Outcome.NOT_YET:
+        return rounds[current - 1]
+    if verdict.runs_needed is None:  # more confirmation runs would not decide (hpo.verdict)
         return rounds[current - 1]
     return rounds[current]
 

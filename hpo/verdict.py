@@ -37,12 +37,17 @@ Error control: at most `ALPHA` = 5 % over the whole experiment.
   `confirm_seeds` there is one look at the full ALPHA.
 
 The outcomes, in order:
+- not yet, before any test, when an arm's tuning found no configuration that reaches the target (its best tuning
+  trial missed it): the comparison would be between a tuned optimizer and an untuned one, so it says so and asks
+  for more tuning trials (or a larger sample budget); more confirmation runs would not help. Calibration found
+  most wrong winners on the real pair there (BENCHMARKS.md, "Verdict calibration").
 - winner: A reached the target in every one of at least 2 runs and, against every other arm B, the two-sided
   (1 - a) interval of A/B lies below 1. At a true tie this happens in at most a of the cases (either way).
 - equivalent within ±m: every arm reached the target in every one of at least 2 runs and, for every pair, the
   (1 - 2a) interval of the ratio lies within (1 - m, 1 + m): two one-sided tests at level a each (TOST).
 - not yet: otherwise, with the runs per arm that would likely decide (80 % power at this look's level, normal
-  approximation, at the observed spread and difference).
+  approximation, at the observed spread and difference); `runs_needed` is None where more confirmation runs
+  would not decide (no arm reached the target, or an arm's tuning found nothing that does).
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class ArmRuns:
     samples_to_target: tuple[float | None, ...]
     max_samples: int | None  # the runs' sample budget, which a miss used up (None: no run)
     resolution: float = 0.0  # samples between evaluations: the arm's spread is at least resolution / √12
+    found: bool = True  # the arm's tuning found a configuration that reached the target (its best tuning trial did)
 
 
 @dataclass(frozen=True)
@@ -256,13 +262,16 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
     pairs = max(1, len(arms) * (len(arms) - 1) // 2)
     level = look_level(look, looks) / pairs
     common = {"margin": margin, "look": look, "looks": looks}
+    unfound = [a.label for a in arms if not a.found]
+    if unfound:
+        return Verdict(summaries, None, f"not yet: {_not_found(unfound)}", **common)
     short = next((a for a in arms if len(a.samples_to_target) < 2), None)
+    if short is not None:
+        why = f"{short.label} has {len(short.samples_to_target)} run(s); a comparison needs at least 2 per arm"
+        return Verdict(summaries, None, f"not yet: {why}", runs_needed=2, **common)
     hitting = [a for a in arms if any(s is not None for s in a.samples_to_target)]
-    if short is not None or not hitting or len(arms) < 2:
-        if short is not None:
-            why = f"{short.label} has {len(short.samples_to_target)} run(s); a comparison needs at least 2 per arm"
-        else:
-            why = "no arm reached the target" if len(arms) > 1 else "one arm: nothing to compare"
+    if not hitting or len(arms) < 2:
+        why = "no arm reached the target" if len(arms) > 1 else "one arm: nothing to compare"
         return Verdict(summaries, None, f"not yet: {why}", **common)
     leader = min(hitting, key=lambda a: statistics.fmean(_logs(a)))
     against = tuple(compare(leader, b, level) for b in arms if b is not leader)
@@ -277,6 +286,13 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
     needed = _runs_needed(against, margin, level)
     return Verdict(summaries, None, _not_yet_line(leader, against, margin, needed), comparisons=against,
                    runs_needed=needed, **common)  # fmt: skip
+
+
+def _not_found(labels: Sequence[str]) -> str:
+    names = " and ".join(labels)
+    return (f"the tuning of {names} found no configuration that reaches the target (its best tuning trial missed "
+            "it): a claim against it would be about its tuning, not its optimizer; more tuning trials (budget.trials) "
+            "or a larger sample budget would decide, not more confirmation runs")  # fmt: skip
 
 
 def _always_hit(runs: ArmRuns) -> bool:
@@ -349,9 +365,10 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
             continue
         cfg = trial_config(spec, top.params)
         target, every = cfg.eval.target_mlm_accuracy, cfg.eval.every_samples
+        found = top.state is TrialState.COMPLETED and top.samples_to_target is not None
         runs = tuple(_samples(t, curves.get(getattr(t, "id", None), ()), target) for t in confirmations(top, trials))
         quantized = any(s is not None and s % every == 0 for s in runs)  # a hit not read between evaluations
-        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, every if quantized else 0))
+        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, every if quantized else 0, found))
     return evidence
 
 

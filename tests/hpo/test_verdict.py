@@ -126,6 +126,18 @@ def test_a_miss_is_censored_at_the_budget_and_never_wins():
     assert both_missed.outcome is Outcome.NOT_YET and both_missed.line == "not yet: no arm reached the target"
 
 
+def test_an_arm_whose_tuning_found_nothing_on_target_is_not_compared():
+    """Its best tuning trial missed: a winner against it would be about its tuning; the verdict says so, and that
+    more confirmation runs would not decide (runs_needed None: sequential confirmations stop)."""
+    budget = 12288
+    untuned = ArmRuns("lamb", (None, None, None), budget, found=False)
+    fast = ArmRuns("adamw", (6100.0, 6300.0, 5900.0), budget)
+    verdict = decide([fast, untuned])
+    assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None and not verdict.comparisons
+    assert "the tuning of lamb found no configuration that reaches the target" in verdict.line
+    assert decide([fast, ArmRuns("lamb", (None, None, None), budget)]).winner == "adamw"  # its best trial had hit
+
+
 def test_fewer_than_two_runs_in_an_arm_is_not_yet():
     verdict = decide([ArmRuns("a", (3000.0, 3100.0), 9000), ArmRuns("b", (3500.0,), 9000)])
     assert verdict.outcome is Outcome.NOT_YET and "b has 1 run(s); a comparison needs at least 2 per arm" in (
