@@ -135,7 +135,29 @@ def test_an_arm_whose_tuning_found_nothing_on_target_is_not_compared():
     verdict = decide([fast, untuned])
     assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None and not verdict.comparisons
     assert "the tuning of lamb found no configuration that reaches the target" in verdict.line
-    assert decide([fast, ArmRuns("lamb", (None, None, None), budget)]).winner == "adamw"  # its best trial had hit
+    assert decide([fast, ArmRuns("lamb", (None, None, None), budget)]).winner == "adamw"  # a trial of it had hit
+
+
+def test_found_is_a_hit_among_the_arms_tuning_trials_or_its_best_configurations_runs():
+    """Under asha every tuning trial may be short (no hit): the confirmations at the full budget show the arm's
+    best configuration reaches the target, so it is compared; with neither, it is not."""
+    from hpo.trials import TrialKind, TrialState
+    from hpo.verdict import arm_runs
+    from tests.hpo.test_objective import objective_spec
+
+    spec = objective_spec(metric="samples_to_target")
+
+    def trial(id, arm, hit, kind=TrialKind.TUNING, budget=1 / 3):
+        params = {"optimizer.name": arm, f"optimizer.lr@{arm}": 2e-3}
+        return SimpleNamespace(id=id, arm=f"optimizer.name={arm}", budget=budget, samples_to_target=hit, kind=kind,
+                               state=TrialState.COMPLETED, metrics={}, params=params)  # fmt: skip
+
+    best = {"optimizer.name=lamb": trial(1, "lamb", None), "optimizer.name=adamw": trial(2, "adamw", None)}
+    confirm = TrialKind.CONFIRMATION
+    runs = [trial(3, "lamb", 3000, confirm, 1.0), trial(4, "lamb", None, confirm, 1.0),
+            trial(5, "adamw", None, confirm, 1.0), trial(6, "adamw", None, confirm, 1.0)]  # fmt: skip
+    found = {a.label: a.found for a in arm_runs(spec, best, [*best.values(), *runs])}
+    assert found == {"optimizer.name=lamb": True, "optimizer.name=adamw": False}
 
 
 def test_fewer_than_two_runs_in_an_arm_is_not_yet():
