@@ -11,6 +11,9 @@
     hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN);
                                         a port in use exits 2 ("port N is in use")
     hpo webui NAME [--stop]             reopen an engine: nni experiment's NNI web UI, or close it
+    hpo import mlperf PATH... --name NAME [--compare optimizer,global_batch_size] [--optimizer O] [--target ACC]
+                                        MLPerf result files (result_*.txt) as an imported experiment, one trial per run
+    hpo import rcp FILE [--name NAME]   mlperf-logging's RCP file (rcps_bert.json) as reference arms by batch size
 
 Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, arguments; nothing written).
 """
@@ -153,6 +156,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     url = args.db or default_database_url()
     storage = open_storage(url, read_only=True)
     record = storage.get_experiment_by_name(args.name)
+    _refuse_imported(record, "resume")
     spec = spec_from_stored(record)
     host, pid = controller_identity()
     storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
@@ -177,6 +181,7 @@ def cmd_webui(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpo.liveness import liveness
+    from hpo.mlperf import imported, imported_line
     from hpo.progress import experiment_progress
 
     storage = open_storage(args.db, read_only=True)
@@ -190,6 +195,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     state = liveness(record)
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
+    if imported(record):
+        print(imported_line(imported(record)))
     counts = storage.count_trials_by_state(record.id)
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
     print(experiment_progress(storage, record))
@@ -377,6 +384,61 @@ def _write_pngs(storage, names: list[str], directory: Path) -> None:
             print(f"wrote {path}")
 
 
+# --------------------------------------------------------------------------- import
+
+
+def cmd_import_mlperf(args: argparse.Namespace) -> int:
+    from hpo.mlperf.importer import describe, plan_mlperf, write_plan
+    from hpo.mlperf.logs import read_result_files, result_files
+
+    runs = read_result_files(result_files(args.paths), args.optimizer)  # every file is read and checked first
+    plan = plan_mlperf(runs, args.name, args.compare.split(","), args.target)
+    written = write_plan(open_storage(args.db), plan)
+    print("\n".join(describe(plan, written)))
+    print(_after_import(args, plan.name))
+    return 0
+
+
+def cmd_import_rcp(args: argparse.Namespace) -> int:
+    from hpo.batch_scaling import WELL
+    from hpo.mlperf.importer import describe, plan_rcp, write_plan
+    from hpo.mlperf.rcp import read_rcp_file, ruleset
+    from hpo.report.html import fmt_estimate
+    from hpo.report.scaling import experiment_fits
+
+    records = read_rcp_file(args.file)
+    name = args.name or "rcp-bert" + (f"-{ruleset(args.file).replace('.', '-')}" if ruleset(args.file) else "")
+    plan = plan_rcp(records, args.file, name)
+    storage = open_storage(args.db)
+    written = write_plan(storage, plan)
+    print("\n".join(describe(plan, written)))
+    for series, fit in experiment_fits(storage, name).items() if written.added else ():  # the batch-size view's fit
+        if not fit.fitted:
+            print(f"fit of {series}: none ({fit.reason})")
+            continue
+        print(f"fit of {series} (hpo.batch_scaling, {fit.runs - fit.misses} runs at {len(fit.points)} batch "
+              f"sizes): E_min {fmt_estimate(fit.e_min)}, B_crit {fmt_estimate(fit.b_crit)}, S_min "
+              f"{fmt_estimate(fit.s_min)} steps; within {WELL:g}x E_min up to B_crit / 2 = {fmt_estimate(fit.well)} "
+              "(95 % intervals)")  # fmt: skip
+    print(_after_import(args, name) + f"  # beside your experiments: hpo report YOURS... {name}")
+    return 0
+
+
+def _after_import(args: argparse.Namespace, name: str) -> str:
+    import shlex
+
+    hpo_command = "hpo" + (f" --db {shlex.quote(_safe_url(args.db))}" if args.db else "")
+    return f"next: {hpo_command} status {name}; {hpo_command} best {name} --per-arm; {hpo_command} report {name}"
+
+
+def _refuse_imported(record, action: str) -> None:
+    from hpo.mlperf import imported
+
+    if imported(record):
+        raise HpoError(f"experiment {record.name} was imported (hpo import {imported(record).get('kind')}): there is "
+                       f"nothing to {action}; its runs ran elsewhere")  # fmt: skip
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -474,6 +536,27 @@ def build_parser() -> argparse.ArgumentParser:
     webui.add_argument("--stop", action="store_true", help="close the NNI web UI (stop its NNI managers)")
     webui.add_argument("--port", type=_positive, default=8080, help="first port tried for the web UI (default 8080)")
     webui.set_defaults(fn=cmd_webui)
+    imports = sub.add_parser("import", help="read runs made elsewhere into an experiment (MLPerf results, RCPs)")
+    kinds = imports.add_subparsers(dest="import_kind", required=True, metavar="mlperf|rcp")
+    mlperf = kinds.add_parser("mlperf", help="MLPerf training result files as an experiment of finished trials")
+    mlperf.add_argument("paths", nargs="+", metavar="PATH",
+                        help="result files, or directories searched for result_*.txt (MLCommons' layout, or "
+                             "what `log.mlperf` of our trainer wrote)")  # fmt: skip
+    mlperf.add_argument("--name", required=True, help="the experiment's name (a second import of the same files "
+                                                      "adds nothing)")  # fmt: skip
+    mlperf.add_argument("--compare", default="optimizer,global_batch_size",
+                        help="arms: comma-separated optimizer, global_batch_size, system, submitter "
+                             "(default optimizer,global_batch_size)")  # fmt: skip
+    mlperf.add_argument("--optimizer", choices=["adamw", "lamb"],
+                        help="the optimizer of runs whose log names none (no opt_name, no optimizer option on a "
+                             "logged command line); without it such a run is an error")  # fmt: skip
+    mlperf.add_argument("--target", type=float, help="the target masked-LM accuracy the runs trained to (default: "
+                                                     "the logged one, else MLPerf BERT's 0.720)")  # fmt: skip
+    mlperf.set_defaults(fn=cmd_import_mlperf)
+    rcp = kinds.add_parser("rcp", help="mlperf-logging's reference convergence points: arms by batch size")
+    rcp.add_argument("file", help="an RCP file, e.g. mlperf_logging/rcp_checker/training_5.0.0/rcps_bert.json")
+    rcp.add_argument("--name", help="the experiment's name (default rcp-bert-<ruleset>, from the file's folder)")
+    rcp.set_defaults(fn=cmd_import_rcp)
     return parser
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 from hpo.arms import arms
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
+from hpo.mlperf import imported
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
 
@@ -149,8 +150,15 @@ def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, 
 
 
 def experiment_progress(storage: Storage, record) -> str:
-    """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms."""
+    """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms; for an imported
+    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`."""
     trials = storage.list_trials(record.id)
+    info = imported(record)
+    if info:
+        hits = sum(1 for t in trials if t.samples_to_target is not None)
+        configurations = sum(1 for t in trials if t.kind is TrialKind.TUNING)
+        return (f"imported ({info.get('kind')}): {len(trials)} run(s) in {configurations} configuration(s), "
+                f"{hits} reached the target")  # fmt: skip
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
     confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
     budget, planned = _planned(record)

@@ -128,6 +128,16 @@ class TrialPublic(BaseModel):
         )
 
 
+class ImportedPublic(BaseModel):
+    """Where an imported experiment's runs came from (`hpo import mlperf` / `hpo import rcp`); they ran elsewhere."""
+
+    kind: str = Field(description="mlperf: MLPerf training result files; rcp: mlperf-logging's reference "
+                      "convergence points (arms by batch size, one run per seed).")  # fmt: skip
+    files: list[str] = Field(description="The files read.")
+    runs: int = Field(description="Runs imported: one trial each (per configuration the first is its tuning trial, "
+                      "the others its confirmation runs).")  # fmt: skip
+
+
 class ExperimentSummaryPublic(BaseModel):
     """One line of the experiment list."""
 
@@ -143,6 +153,9 @@ class ExperimentSummaryPublic(BaseModel):
     ended_at: datetime | None
     simulated: bool = Field(description="Whether its trials ran on a simulated cluster (runner: simulated: curves "
                             "read from a recorded table, simulated times), not real training.")  # fmt: skip
+    imported: ImportedPublic | None = Field(None, description="Set when the experiment was imported (MLPerf "
+                                            "results or RCPs: its trials are runs read from files, not run here); "
+                                            "null for an experiment that ran here.")  # fmt: skip
 
     @classmethod
     def from_record(cls, record: ExperimentRecord, status: str) -> ExperimentSummaryPublic:
@@ -159,7 +172,16 @@ class ExperimentSummaryPublic(BaseModel):
             created_at=record.created_at,
             ended_at=record.ended_at,
             simulated=(spec.get("runner") or {}).get("name") == "simulated",
+            imported=_imported(record.spec.get("imported")),
         )
+
+
+def _imported(value) -> ImportedPublic | None:
+    """The stored `imported` entry (hpo.mlperf.IMPORTED_KEY) of an imported experiment; None for one that ran here."""
+    if not isinstance(value, dict):
+        return None
+    return ImportedPublic(kind=str(value.get("kind", "")), files=[str(f) for f in value.get("files") or []],
+                          runs=int(value.get("runs") or 0))  # fmt: skip
 
 
 class BestTrialPublic(BaseModel):

@@ -45,6 +45,7 @@ from hpo.arms import arm_label, arms, params_key
 from hpo.confirmations import round_line, stored_curves, verdict_of
 from hpo.experiment import spec_from_stored
 from hpo.liveness import liveness
+from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, ExperimentRecord, MetricRecord, Storage, TrialRecord
@@ -160,6 +161,7 @@ class ExperimentData:
     rungs: dict[str, ArmRungs] = field(default_factory=dict)  # arm -> its rungs; empty unless multi-fidelity
     confirmation_plan: str = ""  # budget.confirm_seeds in words (Budget.confirmation_plan)
     confirmation_round: str = ""  # where the confirmation rounds stand (hpo.confirmations.round_line)
+    imported: dict[str, Any] | None = None  # an imported experiment's origin (hpo.mlperf.imported); None: ran here
 
     @property
     def to_target(self) -> bool:
@@ -215,6 +217,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         rungs=promotion_rungs(records, int(cfg.budget.max_samples), metric),
         confirmation_plan=spec.budget.confirmation_plan(),
         confirmation_round=round_line(spec, records) if spec.compare else "",
+        imported=imported(record),
     )
     _load_curves(storage, record, data)
     return data

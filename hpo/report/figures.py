@@ -309,12 +309,13 @@ def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]
     fig = Figure(figsize=(12, 4.4))
     stt, noise = fig.subplots(1, 2)
     names = optimizers(points)
-    colors = arm_colors(names)
+    reference = {p.optimizer for p in points if p.reference}  # MLPerf's reference curve (an RCP import): black
+    colors = arm_colors([n for n in names if n not in reference]) | dict.fromkeys(reference, "#000000")
     fits = scaling_fits(points) if fits is None else fits
     batches = [p.global_batch_size for p in points]
     for name in names:
         mine = [p for p in points if p.optimizer == name]
-        _scaling_line(stt, mine, colors[name], name)
+        _scaling_line(stt, mine, colors[name], name, "s" if name in reference else "o")
         if fits.get(name) is not None and fits[name].fitted:
             _fitted_curve(stt, fits[name], (min(batches) / 1.5, max(batches) * 1.5), colors[name], name)
         measured = [p for p in mine if p.noise_scale is not None]
@@ -330,6 +331,9 @@ def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]
         noise.text(0.5, 0.5, "no noise scale measured\n(needs several ranks or gradient accumulation)",
                    ha="center", va="center", transform=noise.transAxes)  # fmt: skip
     stt.set_xscale("log", base=2)
+    means = [p.evidence.mean for p in points if p.evidence.mean]
+    if means and max(means) > 100 * min(means):  # e.g. MLPerf's reference beside a tiny model: both readable
+        stt.set_yscale("log")
     if batches:  # the misses' x marks need the batch sizes on the axis even when nothing reached the target
         stt.set_xlim(min(batches) / 1.5, max(batches) * 1.5)
     if all(p.evidence.mean is None for p in points):
@@ -347,14 +351,14 @@ def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]
     return fig
 
 
-def _scaling_line(ax, points: Sequence[ScalingPoint], color: str, name: str) -> None:
+def _scaling_line(ax, points: Sequence[ScalingPoint], color: str, name: str, marker: str = "o") -> None:
     hits = [p for p in points if p.evidence.mean is not None]
     if hits:
         xs = [p.global_batch_size for p in hits]
         ys = [p.evidence.mean for p in hits]
         err = [[p.evidence.mean - p.evidence.low if p.evidence.low is not None else 0 for p in hits],
                [p.evidence.high - p.evidence.mean if p.evidence.high is not None else 0 for p in hits]]  # fmt: skip
-        ax.errorbar(xs, ys, yerr=err, color=color, marker="o", capsize=4, label=name)
+        ax.errorbar(xs, ys, yerr=err, color=color, marker=marker, capsize=4, label=name)
         for p in hits:
             ax.annotate(f"{p.evidence.hits}/{p.evidence.runs}", (p.global_batch_size, p.evidence.mean),
                         textcoords="offset points", xytext=(6, 4), fontsize=7, color=color)  # fmt: skip

@@ -16,6 +16,7 @@ from html import escape
 
 from hpo.batch_scaling import WELL, BatchScaling, Estimate
 from hpo.liveness import liveness
+from hpo.mlperf import imported_line
 from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
 from hpo.report.data import (
@@ -141,6 +142,7 @@ def _header(data: ExperimentData, index: str | None) -> str:
     simulated = (f"<p class=warn data-field=simulated><b>Simulated experiment</b>: its trials read learning curves "
                  f"from a recorded table instead of training; times are simulated. {escape(data.simulated)}.</p>"
                  if data.simulated else "")  # fmt: skip
+    simulated += _imported(data)
     return (f"{back}<h1>{escape(data.name)}</h1>{simulated}<p class=sub>{escape(data.description)}</p>"
             f"<p>Objective: <b>{escape(data.metric)}</b> ({escape(data.direction)}), target masked-LM accuracy "
             f"{data.target_mlm_accuracy:g}, at most {data.max_samples:,} training samples per trial. Tuner "
@@ -149,6 +151,17 @@ def _header(data: ExperimentData, index: str | None) -> str:
             f"{escape(data.liveness)}</b>, <span data-field=finished>{finished}</span> of "
             f"<span data-field=planned>{_planned(data)}</span> planned trials finished "
             f"(<span data-field=progress>{escape(_progress(data))}</span>).</p>{_nni_webui(data)}")  # fmt: skip
+
+
+def _imported(data: ExperimentData) -> str:
+    """An imported experiment (hpo.mlperf) says so first: its trials are runs read from files, not run here."""
+    if not data.imported:
+        return ""
+    files = data.imported.get("files") or []
+    shown = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (f"<p class=warn data-field=imported><b>Imported experiment</b>: {escape(imported_line(data.imported))}. "
+            "Per configuration its first run in file order is the tuning trial and the others are its confirmation "
+            f"runs, the verdict's evidence. Read from {escape(shown)}.</p>")  # fmt: skip
 
 
 def _nni_webui(data: ExperimentData) -> str:
@@ -562,6 +575,11 @@ def _scaling_notes(experiments: Sequence[ExperimentData]) -> str:
              "maximum). Where the noise scale sits far below the batch, a larger batch buys little."]  # fmt: skip
     if any(d.confirm_seeds != "auto" and d.confirm_seeds < 2 for d in experiments):
         notes.append("Some experiments ran fewer than 2 confirmation seeds: their points have no interval.")
+    if any(d.imported for d in experiments):
+        notes.append("Imported experiments (hpo import) are lines of their own, named after them, never pooled with "
+                     "the experiments that ran here. MLPerf's reference (an RCP import, black squares) is BERT-large "
+                     "on MLPerf's data to 0.720 masked-LM accuracy: its shape, not its numbers, is what compares with "
+                     "another model or data set.")  # fmt: skip
     return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
 
 

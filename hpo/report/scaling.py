@@ -15,6 +15,11 @@ configuration's confirmation runs, interpolated between evaluations, None for a 
 verdict's summary of those very runs, so the table's means and the fit read the same numbers. Points of one
 optimizer from several experiments are pooled as runs at their batch sizes: the fit assumes the experiments differ
 in the batch size only (the same model, data and target).
+
+An imported experiment (`hpo import`, hpo.mlperf) is a series of its own, never pooled with the experiments that ran
+here (other model, data and systems): `lamb (NAME, imported)`, and an RCP import (`hpo import rcp`: MLPerf's
+reference convergence points, BERT-large on MLPerf's data, target 0.720) `lamb (NAME, MLPerf reference)`, drawn as
+the reference curve beside the user's experiments (`reference` on its points).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from hpo.batch_scaling import BatchScaling, fit_batch_scaling
 from hpo.confirmations import stored_curves
 from hpo.experiment import spec_from_stored
-from hpo.report.data import ExperimentData
+from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
 from hpo.verdict import ArmRuns, ArmSummary, arm_runs, summarize
 
@@ -46,6 +51,7 @@ class ScalingPoint:
     noise_trials: int  # trials with a measured noise scale
     noise_lower_bounds: int = 0  # of those, the trials whose estimate is only a lower bound (see data.py)
     runs: Runs = ()  # its runs' samples to target, as the verdict counts them (None: a miss); () when not read
+    reference: bool = False  # an RCP import: MLPerf's reference curve
 
 
 def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
@@ -75,10 +81,28 @@ def scaling_points(experiments: Sequence[ExperimentData],
             bounds = sum(1 for t in rows if t.noise_lower_bound)
             mine = tuple((runs or {}).get((data.name, arm.label), ()))
             evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples)) if mine else arm.evidence
-            points.append(ScalingPoint(data.name, arm.label, arm.optimizer or "?", batch, evidence, median,
-                                       min(noise, default=None), max(noise, default=None), len(noise),
-                                       bounds, mine))  # fmt: skip
+            points.append(ScalingPoint(data.name, arm.label, series(data, arm.optimizer or "?"), batch, evidence,
+                                       median, min(noise, default=None), max(noise, default=None), len(noise),
+                                       bounds, mine, is_reference(data)))  # fmt: skip
     return sorted(points, key=lambda p: (p.optimizer, p.global_batch_size, p.experiment, p.arm))
+
+
+def is_reference(data: ExperimentData) -> bool:
+    """Whether an experiment is MLPerf's reference curve (an RCP import)."""
+    return bool(data.imported) and data.imported.get("kind") == "rcp"
+
+
+def series(data: ExperimentData, optimizer: str) -> str:
+    """The line an arm's point belongs to: its optimizer, or for an imported experiment one of its own."""
+    if not data.imported:
+        return optimizer
+    return f"{optimizer} ({data.name}, {'MLPerf reference' if is_reference(data) else 'imported'})"
+
+
+def experiment_fits(storage: Storage, name: str) -> dict[str, BatchScaling]:
+    """The fits the comparison page draws for one experiment's points (e.g. an RCP import's reference curve)."""
+    runs = {(name, label): samples for label, samples in confirmation_runs(storage, name).items()}
+    return scaling_fits(scaling_points([load_experiment(storage, name, with_noise=False)], runs))
 
 
 def scaling_fits(points: Sequence[ScalingPoint]) -> dict[str, BatchScaling]:

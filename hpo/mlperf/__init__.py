@@ -1,0 +1,71 @@
+"""Imported experiments: MLPerf training results (`hpo import mlperf`) and mlperf-logging's reference convergence
+points (`hpo import rcp`) read into the database as finished experiments, one trial per run.
+
+    hpo import mlperf PATH... --name NAME [--compare optimizer,global_batch_size] [--optimizer lamb] [--target 0.72]
+    hpo import rcp FILE [--name NAME]
+
+`hpo.mlperf.logs` reads result files (`result_*.txt`: MLCommons' published layout and what our trainer writes with
+`log.mlperf`), `hpo.mlperf.rcp` reads an RCP file (`rcps_bert.json` of a training ruleset), and
+`hpo.mlperf.importer` turns either into an experiment (a synthetic spec and its trials) and writes it. Reading is
+pure and checks every file before anything is written: a file that cannot be read is a `ResultFileError` naming
+the file, the line and what is missing, and nothing of any file is written.
+
+How runs are stored, and why. The verdict (`hpo.verdict`, shared by `hpo best --per-arm`, `hpo status`, the report
+and the API) reads, per arm, the confirmation trials of the configuration of the arm's best tuning trial
+(`storage.best_per_arm`), never that tuning trial itself: in an experiment that tuned, it was selected as the best
+of its arm, and its seed flatters the arm. An import stores its runs in that same shape, so every reader works on it
+unchanged and counts the same runs:
+
+- the runs are grouped into configurations: runs whose hyperparameters (and, when compared, system or submitter)
+  are all equal; an arm (`--compare`) may hold several configurations;
+- per configuration, one run is its tuning trial and every other run is a confirmation trial of exactly the same
+  parameters (with the run's seed). The tuning run is the first in file order (`result_0` before `result_1`, an RCP
+  list's first seed) among the runs that ended (a run_stop): it is never chosen by how fast it was, so the
+  confirmation runs that the verdict reads are not a selected sample; it has to have ended because an unfinished
+  (failed) run can never be its arm's best and its configuration would then have no evidence at all;
+- an arm's best configuration is the one whose tuning run needed the fewest samples (as in a tuned experiment), and
+  the verdict's evidence for the arm is that configuration's other runs.
+
+Why not all of an arm's runs: only through a second verdict path (verdict.py and confirmations.py belong to the
+verdict, not to imports), which the report, status and the API would not share. The price is one run per
+configuration: an MLPerf BERT submission's 10 runs give 9 runs of evidence, an RCP batch size's 20 seeds 19.
+
+What a run becomes: its hyperparameters from the logged keys (the optimizer from `opt_name`, else from an
+optimizer option on a logged command line, else `--optimizer`), the global batch size, samples to target
+(`train_samples` at a successful `run_stop`, which MLPerf's RCP checker reads for BERT; an aborted run is a miss,
+COMPLETED without samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its
+`eval_accuracy` curve as `mlm_accuracy` points at samples = epoch_num (BERT counts epochs in samples), the system as
+the trial's worker, and the system, submitter, file and content hash in its final record (`metrics`). The content
+hash (sha256 of the file's MLLOG lines; of the record and seed for an RCP) makes a second import of the same files
+add nothing.
+
+The stored spec is a synthetic experiment (`hpo.experiment.spec_from_stored` loads it): a `choice` parameter per
+hyperparameter over the values the runs used, `compare` from `--compare`, and a base config with the target
+(the log's, else MLPerf BERT's 0.720), the sample budget (per configuration, from the logged training steps x global
+batch size or a logged `--max_samples_termination`, at least what the runs trained) and the evaluation interval (from
+the curves). The model and data are not in an MLPerf log: the trainer's defaults (BERT-large) stand in, so `hpo
+export` of an imported experiment gives the hyperparameters, not the submission's system. Its `imported` entry
+(`IMPORTED_KEY` beside `experiment` and `run_dir`) says where it came from; status, the report and the API show it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+IMPORTED_KEY = "imported"  # the stored spec's entry of an imported experiment (beside `experiment`, `run_dir`)
+HASH_KEY = "import_sha256"  # a trial's final-record entry: the content hash of the run it was read from
+KINDS = {"mlperf": "MLPerf training results", "rcp": "MLPerf reference convergence points (RCP)"}
+
+
+def imported(record) -> dict[str, Any] | None:
+    """Where an imported experiment came from (its stored `imported` entry); None for an experiment that ran here."""
+    value = (getattr(record, "spec", None) or {}).get(IMPORTED_KEY)
+    return dict(value) if isinstance(value, dict) else None
+
+
+def imported_line(info: dict[str, Any]) -> str:
+    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`."""
+    kind = str(info.get("kind", "mlperf"))
+    files = info.get("files") or []
+    return (f"imported: {info.get('runs', 0)} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
+            f"(hpo import {kind}); nothing was tuned or trained here")  # fmt: skip

@@ -1,0 +1,433 @@
+"""Imported experiments planned and written: MLPerf runs (`plan_mlperf`) or RCP records (`plan_rcp`) become an
+`ImportPlan` (a synthetic spec and one finished trial per run; pure), and `write_plan` stores it.
+
+The package docstring (`hpo.mlperf`) says how runs are stored and why. Planning reads and checks everything: a
+file that cannot be read, a logged value the trainer cannot take, or runs that disagree on the target raise before
+the storage is opened. Writing adds only runs whose content hash the experiment does not hold yet, so importing the
+same files twice adds nothing; an experiment of that name that was not imported, or that holds an import of other
+files, is refused (an imported experiment's arms and configurations are fixed when it is created: import other
+files under another name).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hpo.arms import arm_label, arm_of, arms, trial_config
+from hpo.errors import HpoError, NotFoundError
+from hpo.experiment import ExperimentSpec, experiment_from_dict, stored_form
+from hpo.mlperf import HASH_KEY, IMPORTED_KEY, imported
+from hpo.mlperf.logs import ResultFileError, ResultRun
+from hpo.mlperf.rcp import RcpRecord
+from hpo.objective import trial_result
+from hpo.storage.base import ExperimentStatus, MetricPoint, Storage
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
+from trainer.config import ConfigError, config_from_dict, set_dotted
+from trainer.result import TrainResult, TrainStatus
+
+MLPERF_BERT_TARGET = 0.720  # MLPerf BERT's target masked-LM accuracy (closed division)
+# --compare names -> trainer keys
+COMPARE_KEYS = {
+    "optimizer": "optimizer.name",
+    "global_batch_size": "batch.global_batch_size",
+    "batch": "batch.global_batch_size",
+    "system": "log.mlperf_submission.platform",
+    "submitter": "log.mlperf_submission.org",
+}
+DEFAULT_COMPARE = ("optimizer", "global_batch_size")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run as it will be stored: a finished trial with its curve."""
+
+    key: str  # the content hash (stored under HASH_KEY in the trial's metrics)
+    source: str  # where it was read: a file, or an RCP file's record and seed
+    params: dict[str, Any]
+    arm: str | None
+    global_batch_size: int
+    seed: int | None
+    kind: TrialKind
+    result: TrialResult
+    points: tuple[MetricPoint, ...] = ()
+    started: datetime | None = None
+    finished: datetime | None = None
+    worker: str | None = None  # the system it ran on
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    kind: str  # "mlperf" or "rcp"
+    name: str
+    spec: ExperimentSpec
+    stored: dict[str, Any]  # what the experiments table keeps (the stored form and the `imported` entry)
+    runs: tuple[PlannedRun, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def configurations(self) -> int:
+        return sum(1 for r in self.runs if r.kind is TrialKind.TUNING)
+
+
+@dataclass(frozen=True)
+class Written:
+    experiment_id: int
+    added: int  # trials written now
+    present: int  # runs the experiment already held (a second import of the same files)
+
+
+@dataclass
+class _Run:
+    """A run before the spec exists: its configuration and its outcome in the trainer's vocabulary."""
+
+    key: str
+    source: str
+    params: dict[str, Any]
+    global_batch_size: int
+    seed: int | None
+    result: TrainResult
+    extra: dict[str, Any]
+    ended: bool = True  # it has an end (a run_stop); only such a run is its configuration's tuning trial
+    budget: int = 0
+    every: int | None = None
+    points: tuple[MetricPoint, ...] = ()
+    started: datetime | None = None
+    finished: datetime | None = None
+    worker: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ MLPerf results
+
+
+def compare_keys(names: Sequence[str]) -> list[str]:
+    """--compare names (optimizer, global_batch_size or batch, system, submitter) as trainer keys, in order."""
+    keys = []
+    for name in names:
+        key = COMPARE_KEYS.get(name.strip().lower())
+        if key is None:
+            raise HpoError(f"--compare {name!r}: compare by {', '.join(COMPARE_KEYS)}")
+        if key not in keys:
+            keys.append(key)
+    if not keys:
+        raise HpoError(f"--compare: name at least one of {', '.join(COMPARE_KEYS)}")
+    return keys
+
+
+def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] = DEFAULT_COMPARE,
+                target: float | None = None) -> ImportPlan:  # fmt: skip
+    """The experiment of MLPerf runs (read by hpo.mlperf.logs), arms by `compare` (names, see COMPARE_KEYS);
+    `target` overrides the logged target (else MLPerf BERT's 0.720)."""
+    if not results:
+        raise HpoError("no MLPerf result file to import")
+    keys = compare_keys(compare)
+    target = _target(results, target)
+    runs = [_mlperf_run(run, keys, target) for run in results]
+    files = [str(r.path) for r in results]
+    submitters = sorted({r.submitter for r in results if r.submitter})
+    systems = sorted({r.system for r in results if r.system})
+    description = (f"MLPerf results: {len(results)} run(s) of {_listed(submitters) or 'an unnamed submitter'} on "
+                   f"{_listed(systems) or 'an unnamed system'}")  # fmt: skip
+    return _plan("mlperf", name, description, runs, keys, target, files, _common_dir(files))
+
+
+def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
+    params: dict[str, Any] = {"optimizer.name": run.optimizer, "batch.global_batch_size": run.global_batch_size,
+                              **run.hyperparameters}  # fmt: skip
+    named = (
+        ("log.mlperf_submission.platform", run.system, "submission_platform (the system)"),
+        ("log.mlperf_submission.org", run.submitter, "submission_org (the submitter)"),
+    )
+    for key, value, what in named:
+        if key in keys:
+            if not value:
+                raise ResultFileError(f"{run.path}: no {what} event, which --compare needs")
+            params[key] = value
+    if run.reached:
+        status, reason = TrainStatus.REACHED_TARGET, None
+    elif run.status is not None:
+        status = TrainStatus.BUDGET_EXHAUSTED
+        reason = f"run_stop status {run.status}: the target was not reached ({run.samples:,} samples trained)"
+    else:
+        status, reason = TrainStatus.FAILED, f"unfinished: the log ends without run_stop (line {run.lines})"
+    start, stop = run.run_start_ms, run.run_stop_ms if run.run_stop_ms is not None else run.last_ms
+    seconds = (stop - start) / 1000 if start is not None and stop is not None else 0.0
+    result = TrainResult(
+        status=status,
+        reason=reason,
+        samples=run.samples,
+        steps=run.samples // run.global_batch_size,
+        samples_to_target=run.samples_to_target,
+        time_to_target_s=seconds if run.reached and run.run_stop_ms is not None and start is not None else None,
+        best_mlm_accuracy=run.best_accuracy,
+        final_mlm_accuracy=run.final_accuracy,
+        train_time_s=max(seconds, 0.0),
+        sequences_per_s=run.samples / seconds if seconds > 0 else 0.0,
+        global_batch_size=run.global_batch_size,
+        target_mlm_accuracy=target,
+    )
+    extra = {"mlperf": {"file": str(run.path), "submitter": run.submitter, "system": run.system,
+                        "status": run.status, "optimizer_named_by": run.optimizer_source,
+                        "logged": run.logged}}  # fmt: skip
+    return _Run(run.sha256, str(run.path), params, run.global_batch_size, run.seed, result, extra,
+                ended=run.status is not None, budget=run.budget, every=run.eval_every, points=_points(run),
+                started=_at(start), finished=_at(stop), worker=run.system)  # fmt: skip
+
+
+def _points(run: ResultRun) -> tuple[MetricPoint, ...]:
+    """The eval_accuracy curve as the trainer reports it: mlm_accuracy (and time_s) at samples = epoch_num."""
+    points, step = [], -1
+    for e in run.evaluations:
+        step = max(step + 1, e.samples // run.global_batch_size)
+        values = {"mlm_accuracy": e.accuracy}
+        if e.time_ms is not None and run.run_start_ms is not None:
+            values["time_s"] = round((e.time_ms - run.run_start_ms) / 1000, 3)
+        points.append(MetricPoint(step, e.samples, values, _at(e.time_ms)))
+    return tuple(points)
+
+
+def _target(results: Sequence[ResultRun], target: float | None) -> float:
+    if target is not None:
+        if not 0 < target <= 1:
+            raise HpoError(f"--target {target}: a masked-LM accuracy in (0, 1]")
+        return float(target)
+    logged = {r.target for r in results if r.target is not None}
+    if len(logged) > 1:
+        where = "; ".join(f"{r.path}: {r.target}" for r in results if r.target is not None)
+        raise ResultFileError(f"the runs name different targets ({where}): a comparison needs one target; import "
+                              "them separately, or give the one they trained to with --target")  # fmt: skip
+    return logged.pop() if logged else MLPERF_BERT_TARGET
+
+
+# ------------------------------------------------------------------------------------------------ RCP records
+
+
+def plan_rcp(records: Sequence[RcpRecord], path: str | Path, name: str) -> ImportPlan:
+    """The reference experiment of an RCP file's records: arms by global batch size, one run per seed."""
+    if not records:
+        raise HpoError(f"{path}: no RCP record to import")
+    runs = []
+    for record in records:
+        params = {"optimizer.name": record.optimizer, "batch.global_batch_size": record.global_batch_size,
+                  **record.hyperparameters}  # fmt: skip
+        total = record.hyperparameters.get("schedule.total_steps")
+        budget = max([*record.samples, *([total * record.global_batch_size] if total else [])])
+        for index, samples in enumerate(record.samples):
+            result = TrainResult(status=TrainStatus.REACHED_TARGET, samples=samples,
+                                 steps=samples // record.global_batch_size, samples_to_target=samples,
+                                 global_batch_size=record.global_batch_size,
+                                 target_mlm_accuracy=MLPERF_BERT_TARGET)  # fmt: skip
+            extra = {"rcp": {"file": str(path), "record": record.name, "seed_index": index, "creator": record.creator,
+                             "platform": record.platform, "when": record.when, "logged": record.logged}}  # fmt: skip
+            runs.append(_Run(record.run_hash(index), f"{path}: {record.name}[{index}]", dict(params),
+                             record.global_batch_size, index, result, extra, budget=budget,
+                             worker=record.platform))  # fmt: skip
+    batches = sorted({r.global_batch_size for r in records})
+    description = (f"MLPerf reference convergence points: {Path(path).name}, {len(batches)} batch sizes "
+                   f"({batches[0]:,} to {batches[-1]:,}), {len(runs)} runs that reached the target")  # fmt: skip
+    return _plan("rcp", name, description, runs, ["batch.global_batch_size"], MLPERF_BERT_TARGET, [str(path)],
+                 str(Path(path).resolve().parent))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: list[str], target: float,
+          files: list[str], run_dir: str) -> ImportPlan:  # fmt: skip
+    """Configurations, their budgets and evaluation intervals, the synthetic spec, and each run's trial."""
+    groups: dict[str, list[_Run]] = {}
+    for run in runs:
+        groups.setdefault(json.dumps(run.params, sort_keys=True), []).append(run)
+    configurations = []
+    for group in groups.values():
+        params = dict(group[0].params)
+        params["budget.max_samples"] = max(r.budget for r in group)
+        every = Counter(r.every for r in group if r.every)
+        if every:
+            params["eval.every_samples"] = min(e for e, n in every.items() if n == max(every.values()))
+        _check_values(group[0].source, params)
+        tuning = next((r for r in group if r.ended), group[0])
+        for run in group:
+            run.params, run.extra["configuration"] = params, len(configurations)
+        configurations.append((params, tuning, group))
+    spec = _spec(kind, name, description, [c[0] for c in configurations], compare, target,
+                 max(len(g) - 1 for _, _, g in configurations))  # fmt: skip
+    planned = []
+    for params, tuning, group in configurations:
+        cfg = trial_config(spec, params)
+        for run in group:
+            result = trial_result(spec, run.result, cfg, run.result.train_time_s or None)
+            metrics = {**result.metrics, **run.extra, HASH_KEY: run.key}
+            planned.append(PlannedRun(
+                run.key, run.source, params, arm_of(spec, params), run.global_batch_size, run.seed,
+                TrialKind.TUNING if run is tuning else TrialKind.CONFIRMATION, replace(result, metrics=metrics),
+                run.points, run.started, run.finished, run.worker))  # fmt: skip
+    order = {run.key: i for i, run in enumerate(runs)}
+    planned.sort(key=lambda r: order[r.key])
+    with_runs = {r.arm for r in planned}
+    empty = [arm_label(fixed) for fixed in arms(spec) if arm_label(fixed) not in with_runs]
+    notes = []
+    if empty:
+        notes.append(f"{len(empty)} of the {len(arms(spec))} arms of compare {', '.join(compare)} have no run "
+                     f"({'; '.join(empty)}): the verdict needs runs in every arm; compare by fewer keys "
+                     "(--compare optimizer) or import those arms' runs under another name")  # fmt: skip
+    info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
+            "compare": compare, "sha256": [r.key for r in planned]}  # fmt: skip
+    stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
+    return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
+
+
+def _check_values(source: str, params: Mapping[str, Any]) -> None:
+    """A logged value the trainer cannot take is an error of the file it came from."""
+    raw: dict[str, Any] = {}
+    for key, value in params.items():
+        set_dotted(raw, key, value)
+    try:
+        config_from_dict(raw, source)
+    except ConfigError as e:
+        raise ResultFileError(f"{source}: a logged value the trainer cannot take: {e}") from None
+
+
+def _spec(kind: str, name: str, description: str, configurations: Sequence[dict[str, Any]], compare: list[str],
+          target: float, confirm_seeds: int) -> ExperimentSpec:  # fmt: skip
+    """The synthetic experiment: a choice per hyperparameter over the values the runs used (see hpo.mlperf)."""
+    keys = list(dict.fromkeys(k for c in configurations for k in c))
+    space = {key: {"choice": _choices([c[key] for c in configurations if key in c])} for key in keys}
+    batches = [c["batch.global_batch_size"] for c in configurations]
+    first = configurations[0]
+    base = {
+        "optimizer": {"name": first["optimizer.name"]},
+        "batch": {"global_batch_size": batches[0], "micro_batch_size": math.gcd(*batches)},
+        "eval": {"target_mlm_accuracy": target,
+                 **({"every_samples": first["eval.every_samples"]} if "eval.every_samples" in first else {})},
+        "budget": {"max_samples": max(c["budget.max_samples"] for c in configurations)},
+    }  # fmt: skip
+    n_arms = math.prod(len(space[key]["choice"]) for key in compare)
+    data = {
+        "name": name, "description": description, "base_config": base, "space": space, "compare": compare,
+        "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": max(len(configurations), n_arms), "confirm_seeds": confirm_seeds},
+        "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    return experiment_from_dict(data, f"hpo import {kind} --name {name}", base_dir=Path.cwd(), check_arms=False)
+
+
+def _choices(values: Sequence[Any]) -> list[Any]:
+    unique = list(dict.fromkeys(values))
+    try:
+        return sorted(unique)
+    except TypeError:
+        return unique
+
+
+def _listed(names: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _common_dir(files: Sequence[str]) -> str:
+    try:
+        return os.path.commonpath([str(Path(f).resolve().parent) for f in files])
+    except ValueError:
+        return str(Path(files[0]).resolve().parent)
+
+
+def _at(time_ms: float | None) -> datetime | None:
+    if time_ms is None:
+        return None
+    try:
+        return datetime.fromtimestamp(time_ms / 1000, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def write_plan(storage: Storage, plan: ImportPlan) -> Written:
+    """Store the plan's experiment (FINISHED) and the runs it does not hold yet; see the module docstring."""
+    try:
+        record = storage.get_experiment_by_name(plan.name)
+    except NotFoundError:
+        record = None
+    if record is None:
+        experiment_id, present = storage.create_experiment(plan.name, plan.stored, plan.spec.direction), set()
+    else:
+        info = imported(record)
+        if info is None:
+            raise HpoError(f"experiment {plan.name!r} exists and was not imported (it ran here): import under "
+                           "another --name")  # fmt: skip
+        experiment_id = record.id
+        trials = storage.list_trials(record.id)
+        present = {t.metrics.get(HASH_KEY) for t in trials if t.state.finished}
+        missing = [r for r in plan.runs if r.key not in present]
+        if missing and (info.get("kind") != plan.kind or set(info.get("sha256") or []) != {r.key for r in plan.runs}):
+            held = len([t for t in trials if t.metrics.get(HASH_KEY)])
+            raise HpoError(f"experiment {plan.name!r} holds an import of other files ({held} run(s)); "
+                           f"{len(missing)} of these {len(plan.runs)} run(s) are not in it, e.g. {missing[0].source}: "
+                           "an imported experiment's arms and configurations are fixed when it is created, so import "
+                           "them under another --name")  # fmt: skip
+        for trial in trials:  # an earlier import of these very files that stopped between writing a trial's rows
+            if not trial.state.finished and trial.state is not TrialState.INTERRUPTED:
+                storage.interrupt_trial(trial.id, "an earlier import stopped before this run was complete; it was "
+                                                  "written again as another trial")  # fmt: skip
+    clock = _Clock()
+    storage.use_trial_clock(clock)
+    added = 0
+    try:
+        for run in plan.runs:
+            if run.key in present:
+                continue
+            _write_run(storage, experiment_id, run, clock)
+            added += 1
+    finally:
+        storage.use_trial_clock(_now)
+    storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)
+    return Written(experiment_id, added, len(plan.runs) - added)
+
+
+def _write_run(storage: Storage, experiment_id: int, run: PlannedRun, clock: _Clock) -> None:
+    clock.at = run.started
+    spec = TrialSpec(None, run.params, run.arm, 1.0, (), run.global_batch_size, run.kind, run.seed)
+    trial_id = storage.create_trial(experiment_id, spec)
+    storage.mark_trial_running(trial_id, None, worker=run.worker)
+    if run.points:
+        storage.add_metrics(trial_id, run.points)
+    clock.at = run.finished or run.started
+    storage.finish_trial(trial_id, run.result)
+
+
+class _Clock:
+    """The trial clock of an import: the run's own times where the log has them, else now."""
+
+    def __init__(self) -> None:
+        self.at: datetime | None = None
+
+    def __call__(self) -> datetime:
+        return self.at or _now()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def describe(plan: ImportPlan, written: Written) -> list[str]:
+    """What an import did, in lines: runs added or already there, arms, trials by kind, notes."""
+    tuning = plan.configurations
+    lines = [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
+             f"({plan.configurations} configuration(s): {tuning} tuning trial(s) and "
+             f"{len(plan.runs) - tuning} confirmation run(s))"]  # fmt: skip
+    for label in [arm_label(fixed) for fixed in arms(plan.spec)]:
+        mine = [r for r in plan.runs if r.arm == label]
+        hits = sum(1 for r in mine if r.result.samples_to_target is not None)
+        lines.append(f"  arm {label}: {len(mine)} run(s), {hits} reached the target")
+    lines += [f"note: {note}" for note in plan.notes]
+    return lines

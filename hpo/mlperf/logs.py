@@ -1,0 +1,434 @@
+"""MLPerf training result files read into typed runs: pure, nothing is written.
+
+A result file (`result_N.txt`) holds one run: `:::MLLOG {json}` lines (anything before the token on a line, such as
+`0: ` or `[1,0]<stdout>:`, is dropped, as MLPerf's own parser does) among lines that are not MLLOG (launcher output,
+the command line). Read as the published logs have them:
+
+- Ranks: an event repeated by several ranks (a `rank` in its metadata) counts once, from the lowest rank that logged
+  that key (every rank logs the same settings; rank 0's curve is the run's).
+- Repeated keys: a setting logged again with the same value is one setting; with another value it is an error
+  (which one the run used is unknown). `eval_accuracy` is the curve: one point per `epoch_num` (the same value
+  repeated is one point; another value at the same `epoch_num` is an error).
+- The optimizer: `opt_name`; closed BERT rules do not require it, so when it is absent an optimizer option on a
+  logged command line (`--optimizer=adam`, `--opt lamb`, `--distributed_lamb`), else the caller's default; none of
+  these is an error. MLPerf's `adam` and `adamw` are the trainer's `adamw` (BERT's Adam decays weights decoupled).
+- The target: a logged `eval_target` / `target_accuracy` event or a `--target_mlm_accuracy` on the command line,
+  else unknown (the importer then uses MLPerf BERT's 0.720).
+- The sample budget: the least of `opt_learning_rate_training_steps` x `global_batch_size` and a
+  `--max_samples_termination` on the command line, at least the samples the run trained and evaluated.
+- The end: `run_stop` with `status` "success" reached the target at `train_samples` (the last one logged; else at
+  the last evaluation before run_stop); any other status is a miss; no `run_stop` is an unfinished run. No
+  `run_start` is an error: the run never started. MLPerf runs stop at the target, so train_samples is the samples to
+  target; a run that trained on past it (our trainer with `eval.stop_at_target: false`) logs more than that.
+
+Every error is a `ResultFileError` whose message starts with `FILE:LINE:` (or `FILE:` for what is missing) and says
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hpo.errors import HpoError
+
+TOKEN = ":::MLLOG"
+RESULT_GLOB = "result_*.txt"
+
+
+class ResultFileError(HpoError):
+    """An MLPerf result or RCP file that cannot be read; the message names the file, the line and what is wrong."""
+
+
+# trainer key -> the MLPerf keys that carry it, the first one logged wins (LAMB's keys also carry ADAM's values in
+# published ADAM submissions to BERT, and in our trainer's logs)
+HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    "optimizer.lr": ("opt_base_learning_rate",),
+    "optimizer.eps": ("opt_lamb_epsilon", "opt_epsilon", "opt_adam_epsilon", "opt_adamw_epsilon"),
+    "optimizer.beta1": ("opt_lamb_beta_1", "opt_adam_beta_1", "opt_adamw_beta_1"),
+    "optimizer.beta2": ("opt_lamb_beta_2", "opt_adam_beta_2", "opt_adamw_beta_2"),
+    "optimizer.weight_decay": ("opt_lamb_weight_decay_rate", "opt_adamw_weight_decay", "opt_weight_decay"),
+    "schedule.power": ("opt_lamb_learning_rate_decay_poly_power",),
+    "schedule.warmup_steps": ("opt_learning_rate_warmup_steps", "num_warmup_steps"),
+    "schedule.start_warmup_step": ("start_warmup_step",),
+    "schedule.total_steps": ("opt_learning_rate_training_steps",),
+    "schedule.end_lr": ("opt_end_learning_rate",),
+}
+INTEGER_KEYS = {"schedule.warmup_steps", "schedule.start_warmup_step", "schedule.total_steps"}
+TARGET_KEYS = ("eval_target", "target_accuracy")
+OPTIMIZERS = {"lamb": "lamb", "adam": "adamw", "adamw": "adamw"}  # MLPerf's name -> the trainer's
+# other settings read once per run (repeated with another value: an error)
+OTHER_SETTINGS = ("global_batch_size", "seed", "opt_name", "gradient_accumulation_steps", "max_sequence_length",
+                  "submission_org", "submission_platform", "submission_division", "submission_benchmark",
+                  *TARGET_KEYS)  # fmt: skip
+SETTINGS = tuple(dict.fromkeys([k for keys in HYPERPARAMETERS.values() for k in keys] + list(OTHER_SETTINGS)))
+
+_OPTION = re.compile(r"--(?:optimizer|optim|opt|opt_name|optimizer_name|optimizer_type)[= ]+['\"]?([A-Za-z][\w-]*)")
+_FLAG = re.compile(r"(?<![\w-])--(?:distributed_|fused_|use_)?(lamb|adamw|adam)(?![\w-])")
+_TARGET = re.compile(r"--target_(?:mlm_)?accuracy[= ]+([0-9.eE+-]+)")
+_MAX_SAMPLES = re.compile(r"--max_samples_termination[= ]+([0-9.eE+]+)")
+
+
+@dataclass(frozen=True)
+class Event:
+    line: int
+    key: str
+    value: Any
+    metadata: dict[str, Any]
+    time_ms: float | None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    samples: int  # epoch_num: training samples at the evaluation (BERT counts epochs in samples)
+    accuracy: float
+    time_ms: float | None
+    line: int
+
+
+@dataclass(frozen=True)
+class ResultRun:
+    """One run of a result file, as the importer needs it."""
+
+    path: Path
+    sha256: str  # of the file's MLLOG lines: the same run read twice has the same hash
+    optimizer: str  # the trainer's name: adamw or lamb
+    optimizer_source: str  # where it was named: `opt_name (line 12)`, `command line (line 3)`, `--optimizer`
+    global_batch_size: int
+    seed: int | None
+    hyperparameters: dict[str, Any]  # trainer key -> value, for the keys the run logged
+    logged: dict[str, Any]  # every setting as logged (MLPerf key -> value)
+    submitter: str | None
+    system: str | None
+    status: str | None  # run_stop's status ("success", "aborted", ...); None: no run_stop (unfinished)
+    train_samples: int | None  # as logged
+    evaluations: tuple[Evaluation, ...]
+    run_start_ms: float | None
+    run_stop_ms: float | None
+    last_ms: float | None  # the last timestamp in the file
+    target: float | None  # the target the log names (None: not logged)
+    budget: int  # the run's sample budget (see the module docstring)
+    eval_every: int | None  # samples between evaluations (None: fewer than one evaluation)
+    lines: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def reached(self) -> bool:
+        return self.status == "success"
+
+    @property
+    def samples(self) -> int:
+        """Samples trained: train_samples, else the last evaluation's epoch_num (0: none)."""
+        if self.train_samples is not None:
+            return self.train_samples
+        return self.evaluations[-1].samples if self.evaluations else 0
+
+    @property
+    def samples_to_target(self) -> int | None:
+        """train_samples at a successful run_stop (else the last evaluation before it); None for a miss."""
+        return self.samples if self.reached else None
+
+    @property
+    def best_accuracy(self) -> float | None:
+        return max((e.accuracy for e in self.evaluations), default=None)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return self.evaluations[-1].accuracy if self.evaluations else None
+
+
+def result_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The result files of `paths`: a file as given, a directory's `result_*.txt` at any depth (natural order)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = sorted(path.rglob(RESULT_GLOB), key=_natural)
+            if not files:
+                raise ResultFileError(f"{path}: no {RESULT_GLOB} file in this directory (MLPerf results are "
+                                      "<system>/<benchmark>/result_N.txt)")  # fmt: skip
+            found.extend(files)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ResultFileError(f"{path}: no such file or directory")
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    return sorted(unique, key=_natural)
+
+
+def _natural(path: Path) -> list[Any]:
+    """`result_2.txt` before `result_10.txt`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ResultFileError(f"{path}: cannot read the file ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")  # as MLPerf's parser reads them
+
+
+def read_result_file(path: str | Path, default_optimizer: str | None = None) -> ResultRun:
+    """One run from its result file (see the module docstring); raises ResultFileError naming the file and line."""
+    path = Path(path)
+    text = read_text(path)
+    events, payloads, commands = _parse(path, text)
+    if not events:
+        raise ResultFileError(f"{path}: no {TOKEN} line: not an MLPerf result file")
+    by_key = _lowest_rank(events)
+    settings = {key: _setting(path, by_key[key]) for key in SETTINGS if key in by_key}
+    starts = by_key.get("run_start", [])
+    if not starts:
+        raise ResultFileError(f"{path}: no run_start event: the run never started, there is nothing to import")
+    if "global_batch_size" not in settings:
+        raise ResultFileError(f"{path}: no global_batch_size event: the run's global batch size is missing")
+    batch = _whole(path, settings["global_batch_size"], "global_batch_size")
+    if batch < 1:
+        raise ResultFileError(f"{path}:{settings['global_batch_size'].line}: global_batch_size {batch} is not positive")
+    optimizer, logged_name, source = _optimizer(path, settings.get("opt_name"), commands, default_optimizer)
+    hyper = {}
+    for trainer_key, mlperf_keys in HYPERPARAMETERS.items():
+        event = next((settings[k] for k in mlperf_keys if k in settings), None)
+        if event is not None:
+            hyper[trainer_key] = (_whole(path, event, event.key) if trainer_key in INTEGER_KEYS
+                                  else _number(path, event, event.key))  # fmt: skip
+    status, stop = _run_stop(path, by_key.get("run_stop", []))
+    evaluations = _evaluations(path, by_key.get("eval_accuracy", []), stop)
+    train = by_key.get("train_samples", [])
+    train_samples = _whole(path, train[-1], "train_samples") if train else None  # the last: samples at the end
+    if status == "success" and train_samples is None and not evaluations:
+        raise ResultFileError(f"{path}:{stop.line}: run_stop with status success, but neither train_samples nor an "
+                              "eval_accuracy says at how many samples the target was reached")  # fmt: skip
+    target = _target(path, settings, commands)
+    seed = _whole(path, settings["seed"], "seed") if "seed" in settings else None
+    times = [e.time_ms for e in events if e.time_ms is not None]
+    run = ResultRun(
+        path=path,
+        sha256=hashlib.sha256("\n".join(payloads).encode()).hexdigest(),
+        optimizer=optimizer,
+        optimizer_source=source,
+        global_batch_size=batch,
+        seed=seed,
+        hyperparameters=hyper,
+        logged={key: event.value for key, event in settings.items()},
+        submitter=_text(settings.get("submission_org")),
+        system=_text(settings.get("submission_platform")),
+        status=status,
+        train_samples=train_samples,
+        evaluations=evaluations,
+        run_start_ms=starts[0].time_ms,
+        run_stop_ms=stop.time_ms if stop else None,
+        last_ms=max(times) if times else None,
+        target=target,
+        budget=0,
+        eval_every=_every(evaluations),
+        lines=len(text.splitlines()),
+        notes=(f"optimizer {logged_name!r} named by {source}",) if logged_name else (),
+    )
+    return _with_budget(run, hyper, commands)
+
+
+def read_result_files(paths: Sequence[Path], default_optimizer: str | None = None) -> list[ResultRun]:
+    """Every file read (all are checked before the caller writes anything); the same run twice is an error."""
+    runs = [read_result_file(p, default_optimizer) for p in paths]
+    seen: dict[str, Path] = {}
+    for run in runs:
+        if run.sha256 in seen:
+            raise ResultFileError(f"{run.path}: the same run as {seen[run.sha256]} (the same MLLOG lines)")
+        seen[run.sha256] = run.path
+    return runs
+
+
+# ------------------------------------------------------------------------------------------------ lines
+
+
+def _parse(path: Path, text: str) -> tuple[list[Event], list[str], list[tuple[int, str]]]:
+    events, payloads, commands = [], [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        at = line.find(TOKEN)
+        if at < 0:
+            if "--" in line:
+                commands.append((number, line))
+            continue
+        payload = line[at + len(TOKEN) :].strip()
+        try:
+            data = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise ResultFileError(f"{path}:{number}: a broken {TOKEN} line: its JSON does not parse ({e.msg} at "
+                                  f"column {e.colno} of the JSON)") from None  # fmt: skip
+        if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+            raise ResultFileError(f"{path}:{number}: a {TOKEN} line without a key")
+        metadata = data.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ResultFileError(f"{path}:{number}: {data['key']}: its metadata is not a mapping")
+        stamp = data.get("time_ms")
+        time_ms = float(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
+        events.append(Event(number, data["key"], data.get("value"), metadata, time_ms))
+        payloads.append(payload)
+    return events, payloads, commands
+
+
+def _rank(event: Event) -> int | None:
+    rank = event.metadata.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return rank
+    if isinstance(rank, str) and rank.strip().isdigit():
+        return int(rank)
+    return None
+
+
+def _lowest_rank(events: Sequence[Event]) -> dict[str, list[Event]]:
+    """key -> its events, from the lowest rank that logged it (events without a rank are kept)."""
+    by_key: dict[str, list[Event]] = {}
+    for event in events:
+        by_key.setdefault(event.key, []).append(event)
+    for key, mine in by_key.items():
+        ranks = [r for r in map(_rank, mine) if r is not None]
+        if ranks:
+            lowest = min(ranks)
+            by_key[key] = [e for e in mine if _rank(e) in (None, lowest)]
+    return by_key
+
+
+def _setting(path: Path, events: Sequence[Event]) -> Event:
+    """The one value of a setting: repeats with the same value are one; another value is an error."""
+    first = events[0]
+    for other in events[1:]:
+        if other.value != first.value:
+            raise ResultFileError(f"{path}:{other.line}: {first.key} is logged again with another value "
+                                  f"({first.value!r} at line {first.line}, {other.value!r} here): which one the run "
+                                  "used is unknown")  # fmt: skip
+    return first
+
+
+def _number(path: Path, event: Event, key: str) -> float:
+    value = event.value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ResultFileError(f"{path}:{event.line}: {key} is {event.value!r}, not a number")
+    return float(value)
+
+
+def _whole(path: Path, event: Event, key: str) -> int:
+    value = _number(path, event, key)
+    if not value.is_integer():
+        raise ResultFileError(f"{path}:{event.line}: {key} is {event.value!r}, not a whole number")
+    return int(value)
+
+
+def _text(event: Event | None) -> str | None:
+    return None if event is None or event.value is None else str(event.value)
+
+
+def _optimizer(path: Path, event: Event | None, commands: Sequence[tuple[int, str]],
+               default: str | None) -> tuple[str, str | None, str]:  # fmt: skip
+    """(the trainer's optimizer, the name as logged, where it was named)."""
+    if event is not None:
+        name = str(event.value).strip().lower()
+        if name not in OPTIMIZERS:
+            raise ResultFileError(f"{path}:{event.line}: opt_name {event.value!r}: the trainer compares "
+                                  f"{', '.join(sorted(OPTIMIZERS))} (adam is its adamw)")  # fmt: skip
+        return OPTIMIZERS[name], name, f"opt_name (line {event.line})"
+    named = {}
+    for number, line in commands:
+        for match in (*_OPTION.finditer(line), *_FLAG.finditer(line)):
+            name = match.group(1).lower()
+            if name in OPTIMIZERS:
+                named.setdefault(OPTIMIZERS[name], (name, number))
+    if len(named) > 1:
+        where = ", ".join(f"{name} at line {line}" for name, line in named.values())
+        raise ResultFileError(f"{path}: no opt_name event, and the logged command lines name several optimizers "
+                              f"({where}): which one the run used is unknown")  # fmt: skip
+    if named:
+        optimizer, (name, number) = next(iter(named.items()))
+        return optimizer, name, f"the command line (line {number})"
+    if default is not None:
+        return default, None, "--optimizer"
+    raise ResultFileError(f"{path}: the optimizer is not named: no opt_name event and no optimizer option on a "
+                          "logged command line; give it with --optimizer (BERT's reference optimizer is "
+                          "lamb)")  # fmt: skip
+
+
+def _run_stop(path: Path, events: Sequence[Event]) -> tuple[str | None, Event | None]:
+    if not events:
+        return None, None
+    statuses = {str(e.metadata.get("status")).lower() for e in events}
+    if len(statuses) > 1:
+        raise ResultFileError(f"{path}:{events[1].line}: run_stop is logged again with another status "
+                              f"({', '.join(sorted(statuses))}): how the run ended is unknown")  # fmt: skip
+    return statuses.pop(), events[0]
+
+
+def _evaluations(path: Path, events: Sequence[Event], stop: Event | None) -> tuple[Evaluation, ...]:
+    """The curve: one point per epoch_num (up to run_stop), in order of samples."""
+    points: dict[int, Evaluation] = {}
+    for event in events:
+        if stop is not None and event.line > stop.line:
+            continue
+        epoch = event.metadata.get("epoch_num")
+        if isinstance(epoch, bool) or not isinstance(epoch, int | float) or not math.isfinite(epoch):
+            raise ResultFileError(f"{path}:{event.line}: eval_accuracy without a numeric epoch_num in its metadata "
+                                  "(the training samples at the evaluation)")  # fmt: skip
+        accuracy = _number(path, event, "eval_accuracy")
+        samples = round(epoch)
+        seen = points.get(samples)
+        if seen is not None and seen.accuracy != accuracy:
+            raise ResultFileError(f"{path}:{event.line}: eval_accuracy at epoch_num {samples} is logged again "
+                                  f"with another value ({seen.accuracy!r} at line {seen.line}, {accuracy!r} "
+                                  "here)")  # fmt: skip
+        if seen is None:
+            points[samples] = Evaluation(samples, accuracy, event.time_ms, event.line)
+    return tuple(points[s] for s in sorted(points))
+
+
+def _every(evaluations: Sequence[Evaluation]) -> int | None:
+    """Samples between evaluations: the most common gap (the smallest of equally common ones), else the first's."""
+    if not evaluations:
+        return None
+    gaps = Counter(b.samples - a.samples for a, b in zip(evaluations, evaluations[1:], strict=False))
+    if not gaps:
+        return evaluations[0].samples or None
+    most = max(gaps.values())
+    return min(gap for gap, n in gaps.items() if n == most) or None
+
+
+def _target(path: Path, settings: dict[str, Event], commands: Sequence[tuple[int, str]]) -> float | None:
+    for key in TARGET_KEYS:
+        if key in settings:
+            return _number(path, settings[key], key)
+    for _, line in commands:
+        match = _TARGET.search(line)
+        if match:
+            try:
+                return float(match.group(1))
+            except ValueError:
+                continue
+    return None
+
+
+def _with_budget(run: ResultRun, hyper: dict[str, Any], commands: Sequence[tuple[int, str]]) -> ResultRun:
+    limits = []
+    if "schedule.total_steps" in hyper:
+        limits.append(hyper["schedule.total_steps"] * run.global_batch_size)
+    for _, line in commands:
+        match = _MAX_SAMPLES.search(line)
+        if match:
+            with contextlib.suppress(ValueError):
+                limits.append(int(float(match.group(1))))
+    trained = max([run.samples, *(e.samples for e in run.evaluations)])
+    budget = max(min(limits), trained) if limits else trained
+    return replace(run, budget=max(budget, 1))
