@@ -17,6 +17,11 @@ SMAC 0.x.
 NNI's manager, its web UI and REST API, listens on; see `manager_host`), `population_size` (nni_evolution) and
 `n_initial_configs` (nni_smac). Anything else is refused.
 
+Confirmation runs (`budget.confirm_seeds`). Each arm's best configuration re-run with other training seeds is
+an NNI experiment of its own per arm and round (`confirmation_experiment_config`): NNI's GridSearch tuner over a
+space of single-value choices (the configuration, so the web UI shows it) and a choice of the round's seeds
+(`CONFIRMATION_SEED`), one trial per seed, without an assessor (every run is evidence, see `hpo.verdict`).
+
 Machines. Without `resources.machines` the trials run on this machine (NNI's local training service, with
 `gpuIndices` / `trialGpuNumber` / `maxTrialNumberPerGpu` from `resources`). With machines listed they run on
 those (NNI's remote training service over SSH with a key; per machine its GPU ids): each machine needs this
@@ -31,6 +36,7 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +77,6 @@ def check_nni_spec(spec: Any, source: str) -> None:
     if runner is not None and runner.name != "local":
         raise ExperimentFileError(f"{source}: runner.name: {runner.name} runs engine: local trials; NNI's own "
                                   "training service runs engine: nni trials (remove runner)")  # fmt: skip
-    if getattr(spec.budget, "confirm_seeds", 0):
-        raise ExperimentFileError(f"{source}: budget.confirm_seeds: engine: nni does not re-run the best "
-                                  "configurations with more seeds; set it to 0 or use engine: local")  # fmt: skip
     res = spec.resources
     if res.gpus_per_trial > 1 or res.cpu_ranks_per_trial > 1:
         raise ExperimentFileError(
@@ -166,6 +169,50 @@ def nni_experiment_config(
         start = int(spec.tuner.options.get("assessor_start_step", 2))
         config["assessor"] = {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": start}}
     return config
+
+
+CONFIRMATION_SEED = "confirmation_seed"  # the NNI parameter that carries a confirmation run's training seed
+CONFIRMATION_TUNER = "GridSearch"  # NNI's tuner that hands out each point of a finite space once, in order
+
+
+def confirmation_nni_id(experiment_id: int, arm: int, n: int) -> str:
+    """The NNI experiment id of an arm's `n`-th confirmation round (1, 2, ...; a resume starts another)."""
+    return f"{nni_id(experiment_id, arm)}-confirm{n}"
+
+
+def confirmation_search_space(params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
+    """The NNI search space of one arm's confirmation round: each parameter of the configuration as a choice of its
+    one value (the web UI shows the configuration), and the round's training seeds, so that GridSearch generates
+    one parameter set per seed, in the seeds' order."""
+    space: dict[str, Any] = {name: {"_type": "choice", "_value": [value]} for name, value in params.items()}
+    space[CONFIRMATION_SEED] = {"_type": "choice", "_value": list(seeds)}
+    return space
+
+
+def confirmation_experiment_config(spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool,
+                                   params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:  # fmt: skip
+    """NNI's experiment config of one arm's confirmation round: the arm's trial command, resources and time limit
+    (`nni_experiment_config`), the configuration and the seeds as its space (`confirmation_search_space`), NNI's
+    GridSearch tuner, one trial per seed, and no assessor (a confirmation run is evidence: it runs to its end)."""
+    if not seeds:
+        raise ValueError(f"a confirmation round of {plan.label or 'the experiment'} needs at least one seed")
+    config = nni_experiment_config(spec, plan, run_dir, command, code_dir, on_gpu)
+    config.pop("assessor", None)
+    config.update(
+        experimentName=f"{config['experimentName']} confirmations",
+        searchSpace=confirmation_search_space(params, seeds),
+        maxTrialNumber=len(seeds),
+        trialConcurrency=min(config["trialConcurrency"], len(seeds)),
+        tuner={"name": CONFIRMATION_TUNER},
+    )
+    return config
+
+
+def split_confirmation(generated: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The parameters NNI generated for a trial, as (the configuration, its confirmation seed): the seed is None
+    for a tuning trial (its tuner's space has no `CONFIRMATION_SEED`)."""
+    params = dict(generated)
+    return params, params.pop(CONFIRMATION_SEED, None)
 
 
 def _machine(machine: Any, trials_per_gpu: int) -> dict[str, Any]:

@@ -7,13 +7,24 @@ This module starts the NNI experiments, prints the web UI address, watches NNI's
 done, and reconciles the trials that could not record themselves: a trial that died before it asked for its
 parameters gets a row with the parameters NNI generated for it, a trial NNI ended (median-stop assessor, time
 limit, stop) gets its ending. A stop (Ctrl-C, SIGTERM, a stop request in the database) stops the NNI experiment;
-NNI cannot keep running trials across a restart, so they are recorded as failed with a reason starting
-"interrupted:", and not charged to their arm.
+NNI cannot keep running trials across a restart, so they are recorded as interrupted (as the local engine
+records the trials a stop ended), with a reason starting "interrupted:", and not charged to their arm.
+
+Confirmation runs (`budget.confirm_seeds`). Once every arm's tuning is over, the confirmation runs are created
+as the local engine creates them (`hpo.nni.confirm`: kind confirmation, the arm's best configuration, the seeds
+after its own) and each arm's queued runs are an NNI experiment of their own (`hpo<id>-arm<i>-confirm<n>`, NNI's
+GridSearch over the configuration and the seeds, `hpo.nni.config.confirmation_experiment_config`), so the NNI
+web UI shows them; its trials run those rows (`hpo.nni.trial`). Under `confirm_seeds: auto` the next round is
+created only when every arm finished the current one and the verdict at that look says "not yet".
 
 Resume. A resumed arm is a new NNI experiment (NNI cannot resume running trials) for the arm's share less its
 charged trials; its tuner gets another seed and, through NNI's import_data, the arm's completed trials with the
 parameters NNI generated for them (read from the earlier NNI experiments' own databases), so it neither repeats
-the first run's sequence nor re-runs a completed configuration it was told about.
+the first run's sequence nor re-runs a completed configuration it was told about. An interrupted tuning trial
+cannot be handed to a new NNI trial (the tuner generates every configuration): the resume records it as failed,
+its reason still starting "interrupted:" (never charged), and a new trial takes its place. An interrupted
+confirmation run is queued again (the same row, its next attempt) and runs in a new confirmation round; finished
+ones never run again.
 
 Start-up failures. When an arm's NNI experiment fails before any of its trials started (NNI's manager exits or
 does not answer, its tuner cannot be built, the manager stops answering), the error names the cause as NNI's
@@ -56,7 +67,18 @@ from hpo.arms import ArmPlan, arm_plans
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
 from hpo.local_engine import absolute_database_url, next_commands, print_summary
-from hpo.nni.config import database_url_file, manager_host, nni_experiment_config, nni_home, nni_id, trial_command
+from hpo.nni.config import (
+    confirmation_experiment_config,
+    confirmation_nni_id,
+    database_url_file,
+    manager_host,
+    nni_experiment_config,
+    nni_home,
+    nni_id,
+    split_confirmation,
+    trial_command,
+)
+from hpo.nni.confirm import queue_round, queued_confirmation, waiting
 from hpo.nni.manager import (
     NniEngineError,
     NniExperiment,
@@ -78,10 +100,10 @@ from hpo.nni.patch import require_patched
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.resources import discover_gpus
 from hpo.storage.base import NNI_WEBUI_KEY, ExperimentStatus
-from hpo.trials import TrialResult, TrialSpec, TrialState
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
 
-INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (not charged to its arm)
+INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (never charged to its arm)
 NNI_ERROR = "ended by an NNI error: "  # how `watch` says NNI ended an experiment itself
 FAILED_START = "failed-start"  # <run dir>/nni/failed-start/<NNI id>: files of an NNI experiment that ran no trial
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
@@ -207,42 +229,99 @@ def run_nni(
     nni_home(run_dir).mkdir(parents=True, exist_ok=True)
     write_database_url(run_dir, db_url)
     command = command or (lambda _url, eid, arm, rdir, home: trial_command(eid, arm, rdir, home))
+    home = None if spec.resources.machines else _user_home()  # remote trials keep their user's HOME
+
+    def shell(plan: ArmPlan) -> str:
+        return command_prefix + command(db_url, experiment_id, plan.index, run_dir, home)
+
     stop_all(run_dir)  # the managers of a controller that died go on running their NNI experiments: end them
-    _fail_leftovers(storage, experiment_id, INTERRUPTED + "NNI does not keep running trials across a restart")
+    _interrupt_leftovers(storage, experiment_id, INTERRUPTED + "NNI does not keep running trials across a restart")
+    _settle_interrupted(storage, experiment_id)
     on_gpu = _on_gpu(spec)
     for plan in arm_plans(spec):
         plan = dataclasses.replace(plan, quota=plan.quota - _charged(storage, experiment_id, plan))
         if plan.quota <= 0:
             continue
-        home = None if spec.resources.machines else _user_home()  # remote trials keep their user's HOME
-        shell = command_prefix + command(db_url, experiment_id, plan.index, run_dir, home)
-        restart = sum(e.arm == plan.index for e in load_experiments(run_dir))
-        config = nni_experiment_config(spec, plan, run_dir, shell, Path.cwd(), on_gpu, restart=restart)
+        restart = sum(e.arm == plan.index and not e.confirmation for e in load_experiments(run_dir))
+        config = nni_experiment_config(spec, plan, run_dir, shell(plan), Path.cwd(), on_gpu, restart=restart)
         history = finished_history(spec, storage, experiment_id, plan, run_dir)
-        try:
-            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
-        except NniStartError as e:
-            if not e.retry:
-                raise
-            _say(quiet, f"{e}; starting the arm's NNI experiment once more")
-            ending, jobs = run_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
+        ending, jobs = _start_arm(spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history)
         if ending != "done":
-            _record_stopped(storage, experiment_id, plan, jobs, f"{INTERRUPTED}the NNI experiment was {ending}")
-            if ending.startswith(NNI_ERROR):
-                print(f"error: {spec.name}{' ' + plan.label if plan.label else ''}: the NNI experiment {ending}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                return "failed"
-            return "stopped"
-    return "finished"
+            return _ended(spec, storage, experiment_id, plan, jobs, ending, confirmation=False)
+
+    def confirm(plan: ArmPlan, runs: list) -> str:  # one NNI experiment of the arm's queued confirmation runs
+        config = confirmation_experiment_config(spec, plan, run_dir, shell(plan), Path.cwd(), on_gpu, runs[0].params,
+                                                [run.seed for run in runs])  # fmt: skip
+        batch = dataclasses.replace(plan, quota=len(runs))
+        ending, jobs = _start_arm(spec, storage, experiment_id, run_dir, batch, config, port, tick, quiet,
+                                  confirmation=True)  # fmt: skip
+        return ending if ending == "done" else _ended(spec, storage, experiment_id, plan, jobs, ending, True)
+
+    return run_confirmations(spec, storage, experiment_id, confirm)
+
+
+def run_confirmations(spec, storage, experiment_id: int, confirm: Callable[[ArmPlan, list], str]) -> str:
+    """Once every arm's tuning is over: the confirmation runs `hpo.nni.confirm.queue_round` creates, round after
+    round, until no arm has a queued run left; `confirm(plan, runs)` runs an arm's queued runs of one configuration
+    (under `run_nni`, as one NNI experiment) and says how that ended: "done", or "stopped" / "failed", which ends
+    the experiment so. A queued run that was not run (its NNI experiment ended without a trial for that seed) is
+    recorded as failed, so every round ends. Returns "finished", "stopped" or "failed" as `run_nni`."""
+    while True:
+        queue_round(spec, storage, experiment_id)
+        ran = False
+        for plan in arm_plans(spec):
+            runs = waiting(storage, experiment_id, plan)
+            if not runs:
+                continue
+            ran = True
+            ending = confirm(plan, runs)
+            if ending != "done":
+                return ending
+            _fail_unrun(storage, runs)
+        if not ran:
+            return "finished"
+
+
+def _start_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, config: dict, port: int, tick,
+               quiet: bool, history: list | None = None, confirmation: bool = False) -> tuple[str, list]:  # fmt: skip
+    """`run_arm`, started once more when NNI only waited too little for its tuner (a busy machine)."""
+    args = (spec, storage, experiment_id, run_dir, plan, config, port, tick, quiet, history, confirmation)
+    try:
+        return run_arm(*args)
+    except NniStartError as e:
+        if not e.retry:
+            raise
+        _say(quiet, f"{e}; starting the arm's NNI experiment once more")
+        return run_arm(*args)
+
+
+def _ended(spec, storage, experiment_id: int, plan: ArmPlan, jobs: list, ending: str, confirmation: bool) -> str:
+    """An arm's NNI experiment that did not finish: its unfinished trials recorded as interrupted; "failed" when
+    NNI ended it with an error (said on stderr), else "stopped"."""
+    _record_stopped(storage, experiment_id, plan, jobs, f"{INTERRUPTED}the NNI experiment was {ending}", confirmation)
+    if ending.startswith(NNI_ERROR):
+        print(f"error: {spec.name}{' ' + plan.label if plan.label else ''}: the NNI experiment {ending}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return "failed"
+    return "stopped"
+
+
+def _fail_unrun(storage, runs: list) -> None:
+    """Queued confirmation runs that their NNI experiment ended without running: failed, with the reason."""
+    for run in runs:
+        with contextlib.suppress(HpoError):  # it ran (the usual case): its record is closed, or running
+            if storage.get_trial(run.id).state is TrialState.QUEUED:
+                reason = f"its NNI experiment ended without a trial for seed {run.seed}"
+                storage.finish_trial(run.id, TrialResult(TrialState.FAILED, reason))
 
 
 def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, config: dict, port: int, tick,
-            quiet: bool, history: list | None = None) -> tuple[str, list]:  # fmt: skip
-    """Start one arm's NNI experiment, give its tuner the arm's finished trials (`history`, a resume), watch it
-    to its end and stop its manager; returns how it ended (see `watch`) and, unless it is done, NNI's trial jobs
-    as last seen."""
-    experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index),
-                               host=manager_host(spec))  # fmt: skip
+            quiet: bool, history: list | None = None, confirmation: bool = False) -> tuple[str, list]:  # fmt: skip
+    """Start one arm's NNI experiment (its tuning, or with `confirmation` a round of its confirmation runs, as many
+    as `plan.quota`), give its tuner the arm's finished trials (`history`, a resume), watch it to its end and stop
+    its manager; returns how it ended (see `watch`) and, unless it is done, NNI's trial jobs as last seen."""
+    experiment = NniExperiment(plan.index, plan.label, _new_nni_id(run_dir, experiment_id, plan.index, confirmation),
+                               host=manager_host(spec), confirmation=confirmation)  # fmt: skip
     busy = port_taken(port, experiment.host)
     try:
         start_experiment(run_dir, experiment, config, port)
@@ -253,8 +332,9 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     record_webui(storage, experiment_id, run_dir)
     if busy:
         _say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
+    runs = f"{plan.quota} confirmation runs" if confirmation else f"{plan.quota} trials"
     _say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
-                f"(NNI experiment {experiment.nni_id}, {plan.quota} trials)")  # fmt: skip
+                f"(NNI experiment {experiment.nni_id}, {runs})")  # fmt: skip
     trials_before = storage.count_trials(experiment_id)
     logs = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "log"
     tuner = TunerLog(logs)
@@ -312,16 +392,32 @@ def _jobs_or_none(experiment: NniExperiment) -> list:
     return []
 
 
-def _record_stopped(storage, experiment_id: int, plan: ArmPlan, jobs: list, reason: str) -> None:
-    """After a stop: a trial NNI had started that had not recorded itself yet gets a row with NNI's parameters;
-    then every unfinished trial of NNI's is recorded as failed with the reason (NNI cannot resume them)."""
+def _record_stopped(storage, experiment_id: int, plan: ArmPlan, jobs: list, reason: str,
+                    confirmation: bool = False) -> None:  # fmt: skip
+    """After a stop: a trial NNI had started that had not recorded itself yet gets its row (`_adopt`); then every
+    unfinished trial of NNI's is recorded as interrupted with the reason (NNI cannot resume them)."""
     workers = {t.worker for t in storage.list_trials(experiment_id)}
     for job in jobs:
-        worker = WORKER_PREFIX + job["trialJobId"]
-        if job.get("status") == "RUNNING" and worker not in workers:
-            trial_id = storage.create_trial(experiment_id, TrialSpec(None, job_params(job, plan), plan.label))
-            storage.mark_trial_running(trial_id, worker=worker)
-    _fail_leftovers(storage, experiment_id, reason)
+        if job.get("status") == "RUNNING" and WORKER_PREFIX + job["trialJobId"] not in workers:
+            _adopt(storage, experiment_id, plan, job, confirmation)
+    _interrupt_leftovers(storage, experiment_id, reason)
+
+
+def _adopt(storage, experiment_id: int, plan: ArmPlan, job: dict, confirmation: bool) -> int | None:
+    """The trial of an NNI trial job that did not record itself, marked running under the job's worker: a new
+    tuning trial with the parameters NNI generated for it, or (a confirmation round) the queued confirmation run
+    with the seed and configuration NNI gave it; None when there is none (no parameters, or no longer queued)."""
+    if confirmation:
+        params, seed = split_confirmation(_generated(job))
+        run = queued_confirmation(storage, experiment_id, plan.label, seed, params) if seed is not None else None
+        if run is None:
+            return None
+        trial_id = run.id
+    else:
+        trial_id = storage.create_trial(experiment_id, TrialSpec(None, job_params(job, plan), plan.label))
+    with contextlib.suppress(HpoError):  # the trial claimed its confirmation run just now: it runs under the worker
+        storage.mark_trial_running(trial_id, worker=WORKER_PREFIX + job["trialJobId"])
+    return trial_id
 
 
 def write_database_url(run_dir: Path, db_url: str) -> Path:
@@ -336,16 +432,35 @@ def write_database_url(run_dir: Path, db_url: str) -> Path:
 
 
 def _charged(storage, experiment_id: int, plan: ArmPlan) -> int:
-    """The arm's trials that count against its share: finished, except those a stop interrupted (NNI cannot
-    resume them; a new trial takes the place of each)."""
+    """The arm's tuning trials that count against its share: finished, except those a stop interrupted (NNI
+    cannot resume them; a new trial takes the place of each)."""
     finished = [s for s in TrialState if s.finished]
     rows = storage.list_trials(experiment_id, state=finished, arm=plan.label)
-    return sum(not interrupted(row) for row in rows)
+    return sum(row.kind is TrialKind.TUNING and row.arm == plan.label and not interrupted(row) for row in rows)
 
 
 def interrupted(row) -> bool:
-    """Whether a trial of the NNI engine ended because its NNI experiment was stopped (not charged)."""
-    return row.state is TrialState.FAILED and (row.reason or "").startswith(INTERRUPTED)
+    """Whether a trial of the NNI engine was ended by a stop of its NNI experiment (never charged): INTERRUPTED,
+    or, a tuning trial a resume replaced by a new one, failed with a reason starting "interrupted: "."""
+    replaced = row.state is TrialState.FAILED and (row.reason or "").startswith(INTERRUPTED)
+    return row.state is TrialState.INTERRUPTED or replaced
+
+
+REPLACED = "; a resume replaced it by a new trial (NNI's tuner generates every configuration of an arm)"
+
+
+def _settle_interrupted(storage, experiment_id: int) -> None:
+    """What a resume does with the trials a stop interrupted (NNI cannot resume an NNI trial): a confirmation run
+    is queued again as its next attempt (the same configuration and seed: `run_confirmations` runs it); a tuning
+    trial cannot be handed to a new NNI trial, so it is recorded as failed with its reason ("interrupted: ...",
+    never charged to its arm, see `interrupted`) and a new trial of the arm's tuner takes its place."""
+    for row in storage.list_trials(experiment_id, state=TrialState.INTERRUPTED):
+        reason = row.reason if (row.reason or "").startswith(INTERRUPTED) else INTERRUPTED + (row.reason or "a stop")
+        with contextlib.suppress(HpoError):  # another controller settled it meanwhile
+            if row.kind is TrialKind.CONFIRMATION:
+                storage.requeue_trial(row.id, row.attempt, f"{reason}; re-queued")
+            else:
+                storage.finish_trial(row.id, TrialResult(TrialState.FAILED, reason + REPLACED))
 
 
 def finished_history(spec, storage, experiment_id: int, plan: ArmPlan, run_dir: Path) -> list[dict[str, Any]]:
@@ -356,19 +471,19 @@ def finished_history(spec, storage, experiment_id: int, plan: ArmPlan, run_dir: 
     for row in storage.list_trials(experiment_id, state=TrialState.COMPLETED, arm=plan.label):
         told = tuner_feedback(spec, row.state, row.objective, row.metrics)
         job = (row.worker or "").removeprefix(WORKER_PREFIX)
-        if told is None or told is NOT_TOLD or job not in generated:
+        if row.kind is not TrialKind.TUNING or told is None or told is NOT_TOLD or job not in generated:
             continue
         history.append({"parameter": generated[job], "value": row.objective})
     return history
 
 
 def generated_parameters(run_dir: Path, arm: int) -> dict[str, Any]:
-    """{NNI trial id: its parameters in NNI's form} over the arm's earlier NNI experiments, read from NNI's own
-    database of each (`<experiment working dir>/<NNI id>/db/nni.sqlite`; their managers are stopped)."""
+    """{NNI trial id: its parameters in NNI's form} over the arm's earlier tuning NNI experiments, read from NNI's
+    own database of each (`<experiment working dir>/<NNI id>/db/nni.sqlite`; their managers are stopped)."""
     found: dict[str, Any] = {}
     for experiment in load_experiments(run_dir):
         path = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "db" / "nni.sqlite"
-        if experiment.arm != arm or not path.exists():
+        if experiment.arm != arm or experiment.confirmation or not path.exists():
             continue
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             events = db.execute("SELECT trialJobId, data FROM TrialJobEvent WHERE data LIKE '%\"parameters\"%'")
@@ -395,11 +510,15 @@ def import_history(experiment: NniExperiment, history: list[dict[str, Any]], wai
             time.sleep(0.5)
 
 
-def _new_nni_id(run_dir: Path, experiment_id: int, arm: int) -> str:
-    """The arm's NNI experiment id; a resumed arm gets a new one (`-r1`, `-r2`, ...)."""
+def _new_nni_id(run_dir: Path, experiment_id: int, arm: int, confirmation: bool = False) -> str:
+    """The arm's NNI experiment id; a resumed arm gets a new one (`-r1`, `-r2`, ...), and each round of its
+    confirmation runs one of its own (`-confirm1`, `-confirm2`, ...)."""
     taken = {e.nni_id for e in load_experiments(run_dir)}
     base = nni_id(experiment_id, arm)
-    candidates = [base] + [f"{base}-r{n}" for n in range(1, len(taken) + 2)]
+    if confirmation:
+        candidates = [confirmation_nni_id(experiment_id, arm, n) for n in range(1, len(taken) + 2)]
+    else:
+        candidates = [base] + [f"{base}-r{n}" for n in range(1, len(taken) + 2)]
     return next(c for c in candidates if c not in taken)
 
 
@@ -409,11 +528,14 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
     the `tuner`'s log, an error of the tuner or the assessor ends it (NNI would go on RUNNING without them and
     start no more trials, or wait 10 s for a tuner that could not be built)."""
     reported = -1
+    what = plan.label or "trials"
+    if experiment.confirmation:
+        what = f"{plan.label} confirmation runs" if plan.label else "confirmation runs"
     while True:
         status = rest(experiment.port, "check-status")
         jobs = rest(experiment.port, "trial-jobs")
         done = reconcile(spec, storage, experiment_id, plan, experiment, jobs)
-        note = f"{plan.label or 'trials'}: {done}/{plan.quota} done, NNI {status['status'].lower()}"
+        note = f"{what}: {done}/{plan.quota} done, NNI {status['status'].lower()}"
         if tick is not None:
             tick(note)
         if done != reported:
@@ -433,7 +555,8 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
 
 
 def reconcile(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, jobs: list) -> int:
-    """Record NNI trials that ended without recording themselves; returns how many of the arm's trials ended."""
+    """Record NNI trials that ended without recording themselves (one that never recorded a row gets it from
+    `_adopt`); returns how many of the NNI experiment's trials ended."""
     by_worker = {t.worker: t for t in storage.list_trials(experiment_id) if t.worker}
     ended = 0
     for job in jobs:
@@ -444,13 +567,9 @@ def reconcile(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniE
         if record is not None and record.state.finished:
             continue
         result = TrialResult(*_ending(spec, job, record is not None))
-        if record is None:
-            params = job_params(job, plan)
-            trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label))
-            storage.mark_trial_running(trial_id, worker=WORKER_PREFIX + job["trialJobId"])
-        else:
-            trial_id = record.id
-        storage.finish_trial(trial_id, result)
+        trial_id = record.id if record else _adopt(storage, experiment_id, plan, job, experiment.confirmation)
+        if trial_id is not None:
+            storage.finish_trial(trial_id, result)
     return ended
 
 
@@ -469,26 +588,31 @@ def _ending(spec, job: dict, recorded: bool) -> tuple[TrialState, str]:
 
 
 def job_params(job: dict, plan: ArmPlan) -> dict[str, Any]:
-    """The parameters NNI recorded for a trial job, flattened to our names, with the arm's fixed values."""
-
-    raw = job.get("hyperParameters") or []
-    if not raw:
+    """The parameters NNI recorded for a trial job of a tuning NNI experiment, flattened to our names, with the
+    arm's fixed values."""
+    generated = _generated(job)
+    if not generated:
         return dict(plan.fixed)
-    generated = json.loads(raw[0])["parameters"]
     return {**plan.fixed, **from_nni_params(generated, plan.space)}
 
 
-def _fail_leftovers(storage, experiment_id: int, reason: str) -> None:
+def _generated(job: dict) -> dict[str, Any]:
+    """The parameters (in NNI's form) NNI generated for a trial job; {} when it recorded none."""
+    raw = job.get("hyperParameters") or []
+    return json.loads(raw[0])["parameters"] if raw else {}
+
+
+def _interrupt_leftovers(storage, experiment_id: int, reason: str) -> None:
     """Trials of NNI experiments that were stopped cannot go on: end what is left of those that ran on this
     machine (their NNI managers are stopped, but one that was killed leaves its trials running), then record
-    them as failed with the reason."""
+    them as interrupted with the reason, as the local engine records the trials a stop ended."""
     here = socket.gethostname()
     for record in storage.list_trials(experiment_id, state=[TrialState.QUEUED, TrialState.RUNNING]):
         if (record.worker or "").startswith(WORKER_PREFIX):
             if record.host in (None, here):  # None: it had not recorded itself (no pid either)
                 end_trial_processes(record.worker.removeprefix(WORKER_PREFIX), record.pid if record.host else None)
             with contextlib.suppress(HpoError):  # it may have finished meanwhile
-                storage.finish_trial(record.id, TrialResult(TrialState.FAILED, reason))
+                storage.interrupt_trial(record.id, reason)
 
 
 def _on_gpu(spec) -> bool:

@@ -1,7 +1,8 @@
 """The NNI managers of a run directory: start one (in a process whose HOME is the run directory's NNI
 directory), reopen them in view mode, stop them, and talk to their REST API (`/api/v1/nni/...`).
 
-`<run dir>/nni/experiments.json` lists the arms' NNI experiments with their ports, addresses and manager pids.
+`<run dir>/nni/experiments.json` lists the arms' NNI experiments (tuning and confirmation rounds) with their ports,
+addresses and manager pids.
 
 Address. NNI 3.0's manager listens on every interface and has no option for it; `listen_host.js` (loaded into
 its node process through NODE_OPTIONS) makes it listen on the experiment's address instead (`manager_host`).
@@ -44,7 +45,8 @@ class NniLaunchError(NniEngineError):
 
 @dataclass
 class NniExperiment:
-    """One arm's NNI experiment as recorded in `<run dir>/nni/experiments.json`."""
+    """One NNI experiment of an arm (its tuning, or a round of its confirmation runs) as recorded in
+    `<run dir>/nni/experiments.json`."""
 
     arm: int
     label: str | None
@@ -52,6 +54,7 @@ class NniExperiment:
     port: int | None = None
     pid: int | None = None  # the NNI manager's process while it runs
     host: str | None = "127.0.0.1"  # the address its manager listens on; None: every interface
+    confirmation: bool = False  # a round of the arm's confirmation runs (its best configuration, other seeds)
 
     @property
     def url(self) -> str:

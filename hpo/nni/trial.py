@@ -11,6 +11,11 @@ intermediate result (what the median-stop assessor reads). The final result NNI 
 our database, in the experiment's direction, when the tuner is to be told one (`hpo.objective.tuner_feedback`);
 otherwise the process exits non-zero and NNI tells its tuner the trial failed.
 
+Confirmation runs. In an NNI experiment of an arm's confirmation runs (`hpo.nni.confirm`) NNI's parameters are
+the arm's best configuration and a training seed (`hpo.nni.config.CONFIRMATION_SEED`): the trial records no new
+row, it runs the QUEUED confirmation run of its arm with that seed and configuration, which the engine created
+(kind confirmation, the seed), at that run's attempt.
+
 Process group. NNI's manager starts every trial in its own process group (NNI's launcher makes the manager a
 group leader; the trial, run by a shell the manager spawns, inherits it). The trial first leads a process group
 of its own (`lead_process_group`), so the `pid` it records (its process group, as under the local engine) holds
@@ -26,10 +31,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import arm_plans, trial_config
+from hpo.arms import ArmPlan, arm_plans, trial_config
 from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict
-from hpo.nni.config import database_url_file
+from hpo.nni.config import database_url_file, split_confirmation
+from hpo.nni.confirm import queued_confirmation
 from hpo.nni.engine import WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
@@ -67,21 +73,42 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
         stored = storage.get_experiment(experiment_id)
         spec = experiment_from_dict(stored.spec["experiment"], f"experiment {stored.name} (stored)")
         plan = arm_plans(spec)[arm]
-        params = {**plan.fixed, **from_nni_params(nni.get_next_parameter(), plan.space)}
-        try:
-            batch = trial_config(spec, params).batch.global_batch_size
-        except Exception:  # an invalid configuration: run_trial records it as failed
-            batch = None
-        trial_id = storage.create_trial(experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch))
+        generated, seed = split_confirmation(nni.get_next_parameter())
+        if seed is None:
+            trial_id, attempt = tuning_trial(storage, experiment_id, spec, plan, generated), 0
+        else:
+            trial_id, attempt = confirmation_run(storage, experiment_id, plan, seed, generated)
         number = storage.get_trial(trial_id).number
         os.environ[WORKER_ENV] = worker
-        result = run_trial(storage, trial_id, 0, Path(run_dir) / "trials" / f"{number:05d}", [NniReporter(number)])
+        workdir = Path(run_dir) / "trials" / f"{number:05d}"
+        result = run_trial(storage, trial_id, attempt, workdir, [NniReporter(number)])
     feedback = tuner_feedback(spec, result.state, result.objective, result.metrics)
     if feedback is None or feedback is NOT_TOLD:
         print(f"trial {number}: {result.state.value} ({result.reason})", file=sys.stderr)
         return 1
     nni.report_final_result({"default": result.objective, "trial": number})
     return 0
+
+
+def tuning_trial(storage, experiment_id: int, spec, plan: ArmPlan, generated: dict[str, Any]) -> int:
+    """Record a QUEUED tuning trial with the parameters NNI's tuner generated (flattened to our names, with the
+    arm's fixed values); returns its id."""
+    params = {**plan.fixed, **from_nni_params(generated, plan.space)}
+    try:
+        batch = trial_config(spec, params).batch.global_batch_size
+    except Exception:  # an invalid configuration: run_trial records it as failed
+        batch = None
+    return storage.create_trial(experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch))
+
+
+def confirmation_run(storage, experiment_id: int, plan: ArmPlan, seed: int, params: dict[str, Any]) -> tuple[int, int]:
+    """(id, attempt) of the queued confirmation run of the arm with the seed and configuration NNI gave this trial
+    (the engine created it; `hpo.nni.confirm`); HpoError when there is none."""
+    run = queued_confirmation(storage, experiment_id, plan.label, seed, params)
+    if run is None:
+        raise HpoError(f"experiment {experiment_id} has no queued confirmation run of {plan.label or 'its best'} "
+                       f"with seed {seed} and parameters {params}; it ran already or was recorded")  # fmt: skip
+    return run.id, run.attempt
 
 
 def lead_process_group() -> int:

@@ -127,7 +127,9 @@ def test_the_plan_shows_each_arms_dimensions_and_sample_budget():
         assert f"{spec.budget.trials // 2} trials of at most {max_samples:,} samples" in line
         for key in arm_dimensions(spec)[label.removeprefix("arm ")]:
             assert key in line
-    assert f"{spec.budget.confirm_seeds} more times with other seeds" in plan[-1]
+    rounds = spec.budget.confirmation_rounds  # the demo confirms with auto: rounds of 3 up to 6
+    assert f"in rounds of {rounds[0]} more seeds until the verdict decides" in plan[-1]
+    assert plan[-1].endswith(f"at most {rounds[-1]}") and "equivalent within ±5 %" in plan[-1]
     clipping = describe_plan(load_experiment(preset_path("clipping_strategies")), _Runner())
     assert "the arms tune different dimensions: strategy none clips nothing" in clipping
 

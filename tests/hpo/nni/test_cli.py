@@ -13,6 +13,7 @@ import yaml
 
 from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict, stored_form
+from hpo.nni.engine import REPLACED
 from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
@@ -90,14 +91,16 @@ def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_w
 @pytest.mark.slow
 def test_controller_sigkill_then_resume_under_nni(tmp_path):
     """NNI cannot keep trials running across a restart: `hpo resume` stops the dead controller's NNI manager,
-    records its unfinished trials as failed with the reason, and runs the rest in a new NNI experiment."""
+    records its unfinished trials as interrupted, then, as new trials replace them, as failed with that reason
+    (never charged), and runs the rest in a new NNI experiment."""
     import os
     import signal
     import time
 
     data = nni_experiment_data(tmp_path, "nni_random", trials=4, parallel=2)
-    # 200 steps and 4 evaluations: caught while training whatever the load, and well within the time limit
-    data["overrides"].update({"budget.max_samples": 1600, "eval.every_samples": 400})
+    # 600 steps and 4 evaluations: still training when the resume starts, even on a busy machine (at 200 steps
+    # the trials could finish before it), and well within the time limit
+    data["overrides"].update({"budget.max_samples": 4800, "eval.every_samples": 1200})
     data["budget"]["trial_timeout_s"] = 600
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
@@ -139,6 +142,7 @@ def test_controller_sigkill_then_resume_under_nni(tmp_path):
     assert sorted(t.number for t in rows) == list(range(len(rows)))  # no number twice
     interrupted = [t for t in rows if t.state.value == "failed" and t.reason.startswith("interrupted: NNI does not")]
     assert cut <= {t.id for t in interrupted}  # the trials the dead controller's NNI experiment was running
+    assert all(t.reason.endswith(REPLACED) for t in interrupted)  # replaced by new trials
     # interrupted trials are not charged: the resumed arm ran others in their place, up to the configured total
     assert len(rows) - len(interrupted) == 4
     assert all(t.state.value == "completed" for t in rows if t not in interrupted)

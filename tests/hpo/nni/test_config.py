@@ -11,7 +11,14 @@ import pytest
 from hpo.arms import arm_plans
 from hpo.errors import ExperimentFileError
 from hpo.experiment import experiment_from_dict
-from hpo.nni.config import nni_experiment_config, trial_command
+from hpo.nni.config import (
+    CONFIRMATION_SEED,
+    confirmation_experiment_config,
+    confirmation_search_space,
+    nni_experiment_config,
+    split_confirmation,
+    trial_command,
+)
 from search_spaces.nni import to_nni
 from tests.hpo.nni.conftest import CONDITIONAL_SPACE, nni_experiment_data
 
@@ -155,13 +162,58 @@ def test_manager_listens_on_loopback_unless_the_file_or_remote_machines_ask_othe
         ({"options": {"assessor": "curvefitting"}}, "tuner.options.assessor: 'curvefitting'; use medianstop or none"),
         ({"resources": {"cpu_ranks_per_trial": 2}}, "resources: engine: nni runs single-rank trials"),
         ({"resources": {"memory_limit_mb": 1000}}, "resources.memory_limit_mb: NNI's training service cannot"),
-        ({"budget": {"confirm_seeds": 2}}, "budget.confirm_seeds: engine: nni does not re-run"),
         ({"options": {"webui_host": ""}}, "tuner.options.webui_host: ''; use an address of this machine"),
     ],
 )
 def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, message):
     with pytest.raises(ExperimentFileError, match=f"^exp.yaml: {message}"):
         spec_of(tmp_path, **change)
+
+
+@pytest.mark.parametrize("budget", [{"confirm_seeds": 3}, {"confirm_seeds": "auto", "max_confirm_seeds": 6}])
+def test_confirmation_seeds_run_under_nni(tmp_path, budget):
+    spec = spec_of(tmp_path, space=ARM_SPACE, compare=["optimizer.name"], budget=budget)
+    assert spec.engine == "nni" and spec.budget.confirmation_rounds[0] == 3
+
+
+BEST = {"optimizer.name": "lamb", "optimizer.lr@lamb": 0.0031622776601683794}
+
+
+def test_a_confirmation_round_is_nni_grid_search_over_the_configuration_and_its_seeds(tmp_path):
+    spec = spec_of(tmp_path, tuner="nni_smac", parallel=4, space=ARM_SPACE, compare=["optimizer.name"],
+                   options={"assessor": "medianstop"}, budget={"confirm_seeds": 3})  # fmt: skip
+    lamb, seeds = arm_plans(spec)[1], [1235, 1236, 1237]
+    raw = confirmation_experiment_config(spec, lamb, tmp_path / "run", "true", tmp_path, False, BEST, seeds)
+    config = nni_validates(raw)
+    assert config["experimentName"] == "nniexp optimizer.name=lamb confirmations"
+    assert config["tuner"] == {"name": "GridSearch"} and "assessor" not in config  # every run is evidence
+    assert config["maxTrialNumber"] == 3 and config["trialConcurrency"] == 3  # one trial per seed, all at once
+    assert config["searchSpace"] == {
+        "optimizer.name": {"_type": "choice", "_value": ["lamb"]},
+        "optimizer.lr@lamb": {"_type": "choice", "_value": [BEST["optimizer.lr@lamb"]]},
+        CONFIRMATION_SEED: {"_type": "choice", "_value": [1235, 1236, 1237]},
+    }
+    tuning = nni_experiment_config(spec, lamb, tmp_path / "run", "true", tmp_path, False)
+    for key in ("trialCommand", "trainingService", "maxTrialDuration", "experimentWorkingDirectory"):
+        assert raw[key] == tuning[key]  # the arm's trials, resources and time limit
+    one = confirmation_experiment_config(spec, lamb, tmp_path / "run", "true", tmp_path, False, BEST, [1238])
+    assert nni_validates(one)["trialConcurrency"] == 1
+    with pytest.raises(ValueError, match="needs at least one seed"):
+        confirmation_experiment_config(spec, lamb, tmp_path / "run", "true", tmp_path, False, BEST, [])
+
+
+def test_nni_grid_search_hands_out_the_configuration_once_per_seed_in_order():
+    from nni import NoMoreTrialError
+    from nni.algorithms.hpo.gridsearch_tuner import GridSearchTuner
+
+    tuner = GridSearchTuner()
+    tuner.update_search_space(confirmation_search_space({**BEST, "schedule.warmup_steps": 12}, [1235, 1236, 1237]))
+    generated = [split_confirmation(tuner.generate_parameters(i)) for i in range(3)]
+    assert generated == [({**BEST, "schedule.warmup_steps": 12}, seed) for seed in (1235, 1236, 1237)]
+    assert isinstance(generated[0][0]["schedule.warmup_steps"], int)  # values come back as given
+    with pytest.raises(NoMoreTrialError):
+        tuner.generate_parameters(3)
+    assert split_confirmation({"optimizer.lr": 0.01}) == ({"optimizer.lr": 0.01}, None)  # a tuning trial's
 
 
 def test_nni_tuners_need_engine_nni(tmp_path):
@@ -194,7 +246,9 @@ def test_the_nni_demo_preset_is_the_cpu_demo_under_nni():
     from search_spaces import preset_path
 
     local, nni = (load_experiment(preset_path(n)) for n in ("adam_vs_lamb_demo_cpu", "adam_vs_lamb_demo_cpu_nni"))
-    assert nni.engine == "nni" and nni.tuner.name == "nni_smac" and nni.budget.confirm_seeds == 0
+    assert nni.engine == "nni" and nni.tuner.name == "nni_smac"
+    assert nni.budget.confirm_seeds == "auto"  # confirmation runs: the demo can name a winner
+    assert nni.budget.confirmation_rounds == local.budget.confirmation_rounds
     assert nni.space.to_dict() == local.space.to_dict() and nni.compare == local.compare
     assert nni.resolved_base() == local.resolved_base() and nni.budget.trials == local.budget.trials
     assert (nni.objective, nni.resources) == (local.objective, local.resources)

@@ -2,8 +2,9 @@
 
 NNI cannot resume an NNI experiment's running trials, so a resumed arm is a new NNI experiment. What must hold:
 its tuner gets the finished trials (NNI's import_data) and another seed, so no completed configuration runs
-twice; the trials the stop interrupted are not charged (others run in their place); and the arm ends with its
-planned number of completed-or-genuinely-failed trials. Real NNI manager, TPE, trainer trials, SQLite.
+twice; the trials the stop interrupted are recorded as interrupted, then, as the resume replaces them, as failed
+with their "interrupted:" reason, never charged (others run in their place); and the arm ends with its planned
+number of completed-or-genuinely-failed trials. Real NNI manager, TPE, trainer trials, SQLite.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sqlite3
 import pytest
 
 from hpo.nni.config import RESTART_SEED_STEP
-from hpo.nni.engine import run_nni
+from hpo.nni.engine import REPLACED, run_nni
 from hpo.nni.manager import load_experiments, rest
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
@@ -50,7 +51,7 @@ def test_resume_imports_finished_trials_reruns_interrupted_ones_and_repeats_no_c
     assert run_nni(spec, storage, eid, run_dir, url, port=PORT, quiet=True, tick=stop_midway) == "stopped"
     before = {t.id: t for t in storage.list_trials(eid)}
     done_before = [t for t in before.values() if t.state == TrialState.COMPLETED]
-    cut = [t for t in before.values() if t.state == TrialState.FAILED and t.reason.startswith("interrupted: ")]
+    cut = [t for t in before.values() if t.state == TrialState.INTERRUPTED and t.reason.startswith("interrupted: ")]
     assert len(done_before) >= 2 and cut, [(t.state, t.reason) for t in before.values()]
     assert len(done_before) < TRIALS
 
@@ -60,6 +61,7 @@ def test_resume_imports_finished_trials_reruns_interrupted_ones_and_repeats_no_c
     rows = storage.list_trials(eid)
     interrupted = [t for t in rows if t.state == TrialState.FAILED and t.reason.startswith("interrupted: ")]
     assert {t.id for t in interrupted} == {t.id for t in cut}  # the resume interrupted nothing more
+    assert all(t.reason.endswith(REPLACED) for t in interrupted)  # replaced by new trials
     charged = [t for t in rows if t not in interrupted]
     assert len(charged) == TRIALS  # the planned number of completed-or-genuinely-failed trials
     assert all(t.state.finished for t in charged)
