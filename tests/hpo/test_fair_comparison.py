@@ -24,6 +24,7 @@ from hpo.local_engine import describe_plan, experiment_verdict
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from search_spaces import list_presets, preset_path
+from tests.hpo.evidence import interpolated
 from tests.hpo.test_study import tiny_overrides
 from tests.trainer.conftest import make_samples
 from trainer.config import TrainerConfig
@@ -252,19 +253,8 @@ def independent_evidence(storage, experiment_id, target: float) -> dict[str, lis
     off its stored accuracy curve by linear interpolation between the evaluations around the target."""
     best = storage.best_per_arm(experiment_id)
     trials = storage.list_trials(experiment_id)
-
-    def interpolated(trial) -> float | None:
-        if trial.state is not TrialState.COMPLETED or trial.samples_to_target is None:  # a miss
-            return None
-        points = sorted((m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy"))
-        first = next(i for i, (s, a) in enumerate(points) if a >= target)
-        if first == 0:
-            return float(points[0][0])
-        (s0, a0), (s1, a1) = points[first - 1], points[first]
-        return float(np.interp(target, [a0, a1], [s0, s1]))
-
-    return {arm: [interpolated(t) for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm]
-            for arm, top in sorted(best.items())}  # fmt: skip
+    return {arm: [interpolated(storage, t, target) for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm]
+            for arm in sorted(best)}  # fmt: skip
 
 
 def test_the_per_arm_interval_and_the_verdict_follow_from_the_stored_runs(finished):
