@@ -117,7 +117,7 @@ def test_the_asha_demo_is_the_cpu_demo_with_rungs_of_4096_and_12288_samples():
     assert (base.budget.max_samples, base.eval.every_samples) == (12288, 1024)
     assert plan.samples == (4096, 12288) and plan.eta == 3 and plan.options.sampler == "model"
     assert (asha.budget.trials, asha.budget.max_parallel, asha.resources.cpu_slots) == (16, 2, 2)
-    assert asha.budget.confirm_seeds == 2
+    assert (asha.budget.confirm_seeds, asha.budget.confirmation_rounds) == ("auto", (3, 6))
     # the model needs 4 results at a rung, fewer than the 6 new configurations an arm draws in its 8 trials
     assert plan.options.min_points_in_model == 4 < len(arm_dimensions(asha)["optimizer.name=lamb"]) + 1
     params = asha.space.sample(0)
