@@ -16,15 +16,14 @@ import pytest
 import torch
 import yaml
 
-from tests.trainer.conftest import make_samples, make_train_overrides
+from tests.trainer.conftest import make_samples
+from tests.trainer.test_train import run
 from trainer.config import load_config
 from trainer.data.shards import write_shard
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError
 from trainer.mlperf_log import hyperparameters, open_log
-from trainer.report import JsonLinesReporter
 from trainer.result import TrainResult, TrainStatus
-from trainer.train import train
 
 RULESET = "5.0.0"
 CHECKER = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training", "--ruleset", RULESET]
@@ -61,12 +60,7 @@ def train_logged(directory: Path, **extra) -> tuple[TrainResult, Path]:
     """A seconds-long CPU run of the tiny model (2 evaluations, 4 steps) with log.mlperf set."""
     log = directory / "mlperf" / "result_0.txt"
     overrides = {"log.mlperf": str(log), "budget.max_samples": 32, "eval.every_samples": 16, **extra}
-    cfg = load_config(None, make_train_overrides(directory, **overrides))
-    reporter = JsonLinesReporter(cfg.log.jsonl)
-    try:
-        result = train(cfg, reporter)
-    finally:
-        reporter.close()
+    result, _ = run(directory, **overrides)
     return result, log
 
 
