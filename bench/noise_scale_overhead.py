@@ -48,7 +48,12 @@ def report(args, times) -> None:
 
 
 def main() -> None:
-    launch(worker, parse_args(__doc__.split("\n")[0]))
+    args = parse_args(__doc__.split("\n")[0])
+    if args.nproc * args.accumulation < 2:
+        raise SystemExit(
+            "error: the noise scale needs two gradients at least: --nproc 2, or --accumulation 2 on one rank"
+        )
+    launch(worker, args)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,19 @@ BEST_POINTS = (  # each optimizer's best point at batch 32 (README.md): where th
     {"optimizer": "lamb", "lr": LRS[3], "warmup_steps": 0, "global_batch_size": 32},
 )
 POWER_SEEDS = tuple(range(20))
+LARGE_TABLE = Path(__file__).resolve().parent / "large_batch.jsonl"
+# The large-batch table (--large-batch): per global batch its micro-batch, sample budget (grown with the batch so
+# that each optimizer's best rate reaches the target), evaluation interval, warmup (1/16 of the budget's samples,
+# so it grows with the batch) and learning rates: quarter-decade steps around where each optimizer learned in
+# the pilot runs (README.md), none far from it.
+LARGE_BATCHES = {
+    128: {"micro": 64, "max_samples": 32_768, "every": 2_048, "warmup_steps": 16,
+          "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3, 3.16e-3), "lamb": (5.62e-3, 1e-2, 1.78e-2, 3.16e-2)}},
+    512: {"micro": 64, "max_samples": 81_920, "every": 4_096, "warmup_steps": 10,
+          "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
+    1024: {"micro": 64, "max_samples": 163_840, "every": 8_192, "warmup_steps": 10,
+           "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
+}  # fmt: skip
 MAX_SAMPLES = 12_288
 EVAL_EVERY = 1_024
 FIXED = {
@@ -70,6 +83,19 @@ FIXED = {
     "eval.stop_at_target": False,
     "log.every_steps": 4,
 }
+LARGE_FIXED = {k: v for k, v in FIXED.items() if k not in ("budget.max_samples", "eval.every_samples")}
+
+
+def large_grid() -> list[dict[str, Any]]:
+    """The large-batch table's runs, seed by seed (a partly generated table holds whole seeds first), each seed's
+    batches smallest first."""
+    return [
+        {"optimizer": o, "lr": lr, "warmup_steps": plan["warmup_steps"], "global_batch_size": b, "seed": s}
+        for s in SEEDS
+        for b, plan in LARGE_BATCHES.items()
+        for o in OPTIMIZERS
+        for lr in plan["lr"][o]
+    ]
 
 
 def grid(seeds_table: bool = False) -> list[dict[str, Any]]:
@@ -106,7 +132,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def meta(fingerprint: str, seeds_table: bool = False) -> dict[str, Any]:
+def meta(fingerprint: str, seeds_table: bool = False, large_batch: bool = False) -> dict[str, Any]:
+    if large_batch:
+        plans = {str(b): {k: v for k, v in plan.items()} for b, plan in LARGE_BATCHES.items()}
+        return {"kind": "meta", "format": 1, "base_config": BASE_CONFIG, "fixed": LARGE_FIXED,
+                "grid": {"batches": plans, "seed": list(SEEDS)}, "data_sha256": fingerprint}  # fmt: skip
     if seeds_table:
         grid_record: dict[str, Any] = {"points": list(BEST_POINTS), "seed": list(POWER_SEEDS),
                                        "micro_batch_size": {"32": BATCHES[32]}}  # fmt: skip
@@ -129,25 +159,31 @@ def meta(fingerprint: str, seeds_table: bool = False) -> dict[str, Any]:
     }
 
 
-def overrides(run: dict[str, Any], jsonl: Path) -> list[str]:
-    values = FIXED | {
+def overrides(run: dict[str, Any], jsonl: Path, large_batch: bool = False) -> list[str]:
+    if large_batch:
+        plan = LARGE_BATCHES[run["global_batch_size"]]
+        fixed = LARGE_FIXED | {"budget.max_samples": plan["max_samples"], "eval.every_samples": plan["every"]}
+        micro = plan["micro"]
+    else:
+        fixed, micro = FIXED, BATCHES[run["global_batch_size"]]
+    values = fixed | {
         "optimizer.name": run["optimizer"],
         "optimizer.lr": run["lr"],
         "schedule.warmup_steps": run["warmup_steps"],
         "batch.global_batch_size": run["global_batch_size"],
-        "batch.micro_batch_size": BATCHES[run["global_batch_size"]],
+        "batch.micro_batch_size": micro,
         "seed": run["seed"],
         "log.jsonl": str(jsonl),
     }
     return [f"{k}={'null' if v is None else v}" for k, v in values.items()]
 
 
-def train(run: dict[str, Any], threads: int) -> dict[str, Any]:
+def train(run: dict[str, Any], threads: int, large_batch: bool = False) -> dict[str, Any]:
     """One real trainer run; its record for the table (the curve, samples to target, seconds, noise scale)."""
     with tempfile.TemporaryDirectory(prefix="curve-") as tmp:
         jsonl = Path(tmp) / "metrics.jsonl"
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        command = [sys.executable, "-m", "trainer", "--config", BASE_CONFIG, *overrides(run, jsonl)]
+        command = [sys.executable, "-m", "trainer", "--config", BASE_CONFIG, *overrides(run, jsonl, large_batch)]
         started = time.perf_counter()
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -196,19 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         "--table", type=Path, default=None, help=f"default {TABLE.name} ({SEEDS_TABLE.name} with --seeds-table)"
     )
     parser.add_argument("--seeds-table", action="store_true", help="20 seeds at each optimizer's best point")
+    parser.add_argument("--large-batch", action="store_true", help=f"global batches 128-1,024 ({LARGE_TABLE.name})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2: one per core)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many new runs")
     args = parser.parse_args(argv)
     if not (DATA / "meta.json").exists():
         subprocess.run([sys.executable, "-m", "trainer.data.demo_corpus", "--out", str(DATA)], cwd=ROOT, check=True)
-    args.table = args.table or (SEEDS_TABLE if args.seeds_table else TABLE)
-    done = load(args.table, meta(data_fingerprint(), args.seeds_table))
-    todo = [run for run in grid(args.seeds_table) if key(run) not in done][: args.limit]
+    if args.seeds_table and args.large_batch:
+        parser.error("--seeds-table and --large-batch are two tables: choose one")
+    args.table = args.table or (SEEDS_TABLE if args.seeds_table else LARGE_TABLE if args.large_batch else TABLE)
+    done = load(args.table, meta(data_fingerprint(), args.seeds_table, args.large_batch))
+    runs = large_grid() if args.large_batch else grid(args.seeds_table)
+    todo = [run for run in runs if key(run) not in done][: args.limit]
     print(f"{len(done)} runs in {args.table}, {len(todo)} to go", file=sys.stderr)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, args.table.open("a") as out:
-        futures = {pool.submit(train, run, args.threads): run for run in todo}
+        futures = {pool.submit(train, run, args.threads, args.large_batch): run for run in todo}
         for n, future in enumerate(concurrent.futures.as_completed(futures), 1):
             record = future.result()
             out.write(json.dumps(record) + "\n")
