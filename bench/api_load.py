@@ -6,9 +6,12 @@ arms) is bulk-loaded, `hpo serve` runs as one uvicorn worker in a subprocess, an
 it (`--concurrency` connections, `--seconds` per endpoint, after a warm-up): wrk (Debian's package, installed
 by `make bench-deps`) when present, else an async httpx client in Python.
 The client shares the machine's cores with the server, so the figures are a lower bound of the server alone.
-Goal (best config): >= 1,000 requests/s with p99 <= 20 ms.
+The trial list is asked for the same page half-way into the experiment two ways: by offset (`offset=N`, which
+pays a deep OFFSET and a count of the whole experiment) and by cursor (`after=N-1`, an index range, no count).
+Goals: best config >= 1,000 requests/s with p99 <= 20 ms; trial list by cursor >= 500 requests/s with p99 <= 50 ms.
 
     python -m bench.api_load [--trials 100000] [--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]
+    python -m bench.api_load --trials 2000 --seconds 1        # a smoke run: seconds, every figure printed
 """
 
 from __future__ import annotations
@@ -82,13 +85,23 @@ def _row(experiment_id: int, number: int, rng: random.Random, now: datetime) -> 
 
 
 def endpoints(trials: int) -> dict[str, str]:
-    middle = max(0, trials // 2 - 50)
+    deep = max(1, trials // 2 - 50)  # the first trial number of the trial-list page, half-way in
     return {
         "best config": f"/experiments/{EXPERIMENT}/best",
         "best config, one arm": f"/experiments/{EXPERIMENT}/best?arm=optimizer.name%3Dlamb",
-        "trial list, 50 per page": f"/experiments/{EXPERIMENT}/trials?limit=50&offset={middle}",
+        "trial list, by offset": f"/experiments/{EXPERIMENT}/trials?limit=50&offset={deep}",
+        "trial list, by cursor": f"/experiments/{EXPERIMENT}/trials?limit=50&after={deep - 1}",
         "trial list, filtered": f"/experiments/{EXPERIMENT}/trials?state=completed&arm=optimizer.name%3Dlamb&limit=50",
     }
+
+
+def check_trial_pages(base: str, paths: dict[str, str]) -> None:
+    """Both ways of paging must answer the same page (or the figures compare different work)."""
+    by_offset = httpx.get(base + paths["trial list, by offset"], timeout=30).json()
+    by_cursor = httpx.get(base + paths["trial list, by cursor"], timeout=30).json()
+    numbers = [trial["number"] for trial in by_offset["items"]]
+    assert numbers and numbers == [trial["number"] for trial in by_cursor["items"]], (by_offset, by_cursor)
+    assert by_cursor["total"] is None and by_cursor["next"] == by_offset["next"]
 
 
 def start_server(url: str) -> tuple[subprocess.Popen, str]:
@@ -164,7 +177,9 @@ def measure(url: str, trials: int, seconds: float, concurrency: int, client: str
     server, base = start_server(url)
     try:
         results = []
-        for name, path in endpoints(trials).items():
+        paths = endpoints(trials)
+        check_trial_pages(base, paths)
+        for name, path in paths.items():
             if client == "wrk":
                 results.append((name, drive_wrk(base + path, seconds, concurrency)))
                 print(f"  {name:<26} {_line(results[-1][1])}", flush=True)

@@ -4,7 +4,7 @@
     hpo run EXPERIMENT.yaml             run an experiment (the local engine) with a live progress display
     hpo resume NAME                     finish an experiment whose controller died or was stopped
     hpo status [NAME]                   experiments, or one experiment's trial counts and why trials wait
-    hpo trials NAME [--state S] [--arm A]
+    hpo trials NAME [--state S] [--arm A] [--after N] [--limit L]
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
     hpo export NAME --format yaml|json|torchrun [--arm A] [--batch-size N] [--nodes N --gpus-per-node G] [-o FILE]
     hpo report NAME [NAME ...] [-o DIR] [--png DIR]  HTML report(s): verdict, curves, noise scale, importance
@@ -256,10 +256,15 @@ def _last_seen(record) -> str:
 def cmd_trials(args: argparse.Namespace) -> int:
     from hpo.trials import TrialKind
 
+    if args.after is not None and args.offset:
+        raise HpoError("--after and --offset do not combine: --after N starts after trial number N")
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
+    more = None if args.limit is None else args.limit + 1  # one trial more: whether another page follows
     trials = storage.list_trials(record.id, state=_state(args.state) if args.state else None, arm=args.arm,
-                                 offset=args.offset, limit=args.limit)  # fmt: skip
+                                 offset=args.offset, limit=more, after=args.after)  # fmt: skip
+    next_page = trials[args.limit - 1].number if args.limit is not None and len(trials) > args.limit else None
+    trials = trials[: args.limit]
     print(f"{'#':>4} {'state':<10} {'arm':<24} {'budget':>6} {'objective':>12} {'acc':>7}  reason / params")
     for t in trials:
         objective = f"{t.objective:,.4g}" if t.objective is not None else "-"
@@ -270,6 +275,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
         print(
             f"{t.number:>4} {t.state.value:<10} {t.arm or '-':<24} {t.budget:>6.2f} {objective:>12} {acc:>7}  {detail}"
         )
+    if next_page is not None:
+        print(f"more trials follow: --after {next_page} --limit {args.limit} shows the next page", file=sys.stderr)
     return 0
 
 
@@ -495,8 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     trials.add_argument("name", help="the experiment's name")
     trials.add_argument("--state", help="only trials in this state (queued, running, completed, failed, ...)")
     trials.add_argument("--arm", help="only trials of this arm, e.g. optimizer.name=lamb")
-    trials.add_argument("--offset", type=int, default=0, help="skip this many trials (paging)")
-    trials.add_argument("--limit", type=int, help="show at most this many trials")
+    trials.add_argument("--offset", type=_non_negative, default=0, help="skip this many trials (paging)")
+    trials.add_argument("--after", type=_non_negative, metavar="N",
+                        help="only trials numbered above N (paging by key: fast however deep)")  # fmt: skip
+    trials.add_argument("--limit", type=_positive, help="show at most this many trials")
     trials.set_defaults(fn=cmd_trials)
     best = sub.add_parser("best", help="the best trial (overall, per arm, per batch size)")
     best.add_argument("name", help="the experiment's name")
@@ -572,6 +581,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
     return value
 
 

@@ -89,10 +89,14 @@ def is_rank_zero() -> bool:
 
 def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path | None):
     """The trainer config of one trial: the experiment's base + the trial's parameters at its budget, its
-    seed for a confirmation run, and a checkpoint directory shared by the budgets of one configuration
-    and training seed (Hyperband and ASHA continue a promoted configuration from its checkpoint)."""
+    seed for a confirmation run, its reports in its work directory (a relative `log.mlperf` too), and a
+    checkpoint directory shared by the budgets of one configuration and training seed (Hyperband and ASHA
+    continue a promoted configuration from its checkpoint)."""
     cfg = trial_config(spec, record.params, fidelity=min(record.budget, 1.0))
-    updates: dict[str, Any] = {"log": cfg.log.model_copy(update={"jsonl": str(workdir / "report.jsonl")})}
+    log = {"jsonl": str(workdir / "report.jsonl")}
+    if cfg.log.mlperf is not None and not Path(cfg.log.mlperf).is_absolute():
+        log["mlperf"] = str(workdir / cfg.log.mlperf)  # each trial its own MLPerf log, beside its report
+    updates: dict[str, Any] = {"log": cfg.log.model_copy(update=log)}
     if record.seed is not None:
         updates["seed"] = record.seed
     if continues_from_checkpoint(spec):

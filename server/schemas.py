@@ -128,6 +128,24 @@ class TrialPublic(BaseModel):
         )
 
 
+class TrialPage(BaseModel):
+    """One page of an experiment's trials. Deep pages by key: pass the page's `next` as `after` for the next one."""
+
+    items: list[TrialPublic]
+    total: int | None = Field(
+        description="How many trials match, over all pages; counted on pages asked without `after` (the first page "
+        "of a cursor walk, offset pages) and null on pages asked with `after`, which would pay a count of the "
+        "whole experiment on every page."
+    )
+    offset: int
+    limit: int
+    next: int | None = Field(
+        description="The cursor of the next page in number order: pass it as `after` (it is the number of this "
+        "page's last trial). Null on the last page (ask again with `after` = the last number seen for trials "
+        "created since) and with order_by=objective (page that with offset)."
+    )
+
+
 class ImportedPublic(BaseModel):
     """Where an imported experiment's runs came from (`hpo import mlperf` / `hpo import rcp`); they ran elsewhere."""
 

@@ -155,7 +155,10 @@ class LogConfig(Section):
         0.95, ge=0.0, lt=1.0, description="EMA decay of the noise scale's numerator and denominator (~20 steps)."
     )
     mlperf: str | None = Field(
-        None, min_length=1, description="Write MLPerf mllog events to this file, rank 0 (None: off; see mlperf_log.py)."
+        None,
+        min_length=1,
+        description="Write MLPerf mllog events to this file, rank 0 (None: off; see mlperf_log.py). In an HPO trial "
+        "a relative path is under the trial's directory (run_dir/trials/NNNNN/), one log per trial.",
     )
     mlperf_submission: MLPerfSubmissionConfig = Field(
         default_factory=MLPerfSubmissionConfig, description="The submission_* values of the MLPerf log."

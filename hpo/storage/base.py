@@ -283,9 +283,14 @@ class Storage(abc.ABC):
         offset: int = 0,
         limit: int | None = None,
         order_by: str = "number",
+        after: int | None = None,
     ) -> list[TrialRecord]:
         """The experiment's trials, filtered by state(s) and arm, one page of them: in number order, or with
-        `order_by="objective"` best objective first (ties by number), trials without an objective last."""
+        `order_by="objective"` best objective first (ties by number), trials without an objective last.
+
+        `after` pages by key: only trials numbered above it, in number order (`offset` then skips within those).
+        A page costs the same however deep it is, and trials created between pages are neither skipped nor
+        repeated (numbers only grow). `after` with `order_by="objective"` raises ValueError, as do negatives."""
 
     @abc.abstractmethod
     def count_trials(

@@ -399,12 +399,19 @@ class SqlStorage(Storage):
         offset: int = 0,
         limit: int | None = None,
         order_by: str = "number",
+        after: int | None = None,
     ) -> list[TrialRecord]:
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ValueError(f"offset and limit must not be negative, got offset={offset}, limit={limit}")
+        if offset < 0 or (limit is not None and limit < 0) or (after is not None and after < 0):
+            raise ValueError(
+                f"offset, limit and after must not be negative, got offset={offset}, limit={limit}, after={after}"
+            )
         if order_by not in ("number", "objective"):
             raise ValueError(f"order_by must be 'number' or 'objective', got {order_by!r}")
+        if after is not None and order_by != "number":
+            raise ValueError("after pages in number order; page order_by='objective' with offset")
         query = select(TrialModel).where(*_trial_filters(experiment_id, state, arm))
+        if after is not None:
+            query = query.where(TrialModel.number > after)  # a range of the (experiment_id, number) index
         with self._session() as session:
             if order_by == "objective":
                 best_first = TrialModel.objective.asc()
@@ -412,9 +419,11 @@ class SqlStorage(Storage):
                     best_first = TrialModel.objective.desc()
                 query = query.order_by(TrialModel.objective.is_(None), best_first, TrialModel.number)
             else:
-                _require_experiment(session, experiment_id)
                 query = query.order_by(TrialModel.number)
-            return [_trial_record(trial) for trial in session.scalars(query.offset(offset).limit(limit))]
+            trials = [_trial_record(trial) for trial in session.scalars(query.offset(offset).limit(limit))]
+            if not trials:  # only an empty page needs to tell a missing experiment from one without such trials
+                _require_experiment(session, experiment_id)
+            return trials
 
     def count_trials(
         self, experiment_id: int, *, state: TrialState | Collection[TrialState] | None = None, arm: str | None = None

@@ -2,34 +2,51 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 
 from hpo.trials import TrialState
 from server.deps import ExperimentRefDep, StorageDep
 from server.errors import ERROR_RESPONSES
-from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, Page, TrialPublic
+from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
 
 router = APIRouter(prefix="/experiments/{name}/trials", tags=["trials"], responses=ERROR_RESPONSES)
 
+AFTER_DOC = (
+    "Cursor: only trials numbered above this one, in number order (a previous page's `next`). A negative or "
+    "non-integer value is a 422 naming `after`."
+)
 TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's number within the experiment.")]
 
 
-@router.get("", response_model=Page[TrialPublic])
+@router.get("", response_model=TrialPage)
 def list_trials(
     record: ExperimentRefDep,
     storage: StorageDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
     arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
-    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many trials (for small offsets).")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    after: Annotated[int | None, Query(ge=0, le=MAX_INT, description=AFTER_DOC)] = None,
 ):
-    """The experiment's trials, filtered by state and arm, in number order or best objective first."""
+    """The experiment's trials, filtered by state and arm, in number order or best objective first. Page deep
+    experiments by key: `after` = the previous page's `next` (each page costs the same however deep it is, and
+    trials created meanwhile are neither skipped nor repeated); `total` is counted only on pages without `after`."""
+    if after is not None and (order_by != "number" or offset):
+        raise HTTPException(
+            422,
+            f"after={after} cannot be combined with order_by=objective or an offset: after pages in number order "
+            "from a trial number; page by objective with offset alone",
+        )
     states = list(state) if state else None
-    total = storage.count_trials(record.id, state=states, arm=arm)
-    trials = storage.list_trials(record.id, state=states, arm=arm, offset=offset, limit=limit, order_by=order_by)
-    items = [TrialPublic.from_record(t) for t in trials]
-    return Page[TrialPublic](items=items, total=total, offset=offset, limit=limit)
+    total = None if after is not None else storage.count_trials(record.id, state=states, arm=arm)
+    # One trial more than the page: whether another page follows, without a count.
+    trials = storage.list_trials(record.id, state=states, arm=arm, offset=offset, limit=limit + 1,
+                                 order_by=order_by, after=after)  # fmt: skip
+    more = len(trials) > limit
+    items = [TrialPublic.from_record(t) for t in trials[:limit]]
+    after_last = items[-1].number if more and order_by == "number" else None
+    return TrialPage(items=items, total=total, offset=offset, limit=limit, next=after_last)
 
 
 @router.get("/{number}", response_model=TrialPublic)

@@ -107,6 +107,33 @@ def test_tuner_options_that_would_be_ignored_are_refused(tmp_path):
     assert not db_file.exists()
 
 
+def test_trials_pages_by_number_with_after_and_says_where_the_next_page_starts(tmp_path, capsys):
+    from hpo.trials import TrialSpec
+
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment("e", {}, "minimize")
+        for number in (0, 1, 2, 4, 7):  # gaps: the key is a trial number, not a position
+            storage.create_trial(experiment_id, TrialSpec(number, {"optimizer.lr": 1e-3}))
+
+    def listed(*options: str) -> tuple[list[int], str]:
+        assert main(["--db", db, "trials", "e", *options]) == 0
+        out = capsys.readouterr()
+        return [int(line.split()[0]) for line in out.out.splitlines()[1:]], out.err
+
+    more = "more trials follow: --after {} --limit {} shows the next page\n"
+    assert listed("--after", "1", "--limit", "2") == ([2, 4], more.format(4, 2))
+    assert listed("--after", "4", "--limit", "2") == ([7], "")  # the last page says nothing more
+    assert listed("--after", "7") == ([], "")
+    assert listed("--offset", "1", "--limit", "3") == ([1, 2, 4], more.format(4, 3))
+    assert main(["--db", db, "trials", "e", "--after", "1", "--offset", "1"]) == 2
+    assert "--after and --offset do not combine" in capsys.readouterr().err
+    for bad in (["--after", "-1"], ["--after", "x"], ["--limit", "0"]):
+        with pytest.raises(SystemExit) as exit_code:
+            main(["--db", db, "trials", "e", *bad])
+        assert exit_code.value.code == 2 and bad[0] in capsys.readouterr().err, bad
+
+
 def test_every_command_and_option_has_help():
     from hpo.cli import build_parser
 

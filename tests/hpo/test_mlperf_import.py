@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpo.arms import trial_config
 from hpo.batch_scaling import fit_batch_scaling
 from hpo.cli import main
 from hpo.experiment import spec_from_stored
@@ -26,8 +27,10 @@ from hpo.mlperf.rcp import read_rcp_file
 from hpo.report.html import comparison_report, experiment_report, fmt_estimate
 from hpo.report.scaling import confirmation_runs
 from hpo.storage import SqlStorage
+from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialKind, TrialState
 from hpo.verdict import ArmRuns, decide, samples_between_evaluations
+from tests.hpo.test_study import make_spec, run_study
 from tests.trainer.conftest import make_train_overrides
 from tests.trainer.test_mlperf_log import majority_token_shards
 from trainer.config import load_config
@@ -125,6 +128,50 @@ def test_our_trainers_logs_import_as_their_reports_say(trainer_runs, tmp_path, c
     assert "was imported" in capsys.readouterr().err
     page = experiment_report(storage, "tiny")
     assert "data-field=imported" in page and "Imported experiment" in page
+
+
+def test_the_logs_of_three_hpo_trials_import_as_the_database_recorded_them(tmp_path, capsys):
+    # A real experiment (random search, local runner, 3 trials of the tiny model) with `log.mlperf` relative: each
+    # trial writes its own MLPerf log in its directory. Imported into another database, every run comes back with
+    # the samples to target, hyperparameters and accuracy curve the experiment recorded for that trial.
+    # On the majority-token data AdamW passes accuracy 0.5 within the 32 samples, sooner at a larger rate.
+    space = {"optimizer.lr": {"float": [1e-4, 3e-2], "log": True}, "optimizer.beta2": {"float": [0.95, 0.999]}}
+    overrides = {
+        **majority_token_shards(tmp_path / "majority"),
+        "optimizer.name": "adamw",
+        "budget.max_samples": 32,
+        "eval.every_samples": 16,
+        "eval.target_mlm_accuracy": 0.5,
+        "log.mlperf": "mlperf/result_0.txt",
+    }
+    spec = make_spec(tmp_path, tuner="random", trials=3, space=space, **overrides)  # fmt: skip
+    storage, experiment_id, status = run_study(tmp_path, spec)
+    trials = storage.list_trials(experiment_id)
+    assert status is ExperimentStatus.FINISHED and [t.state for t in trials] == [TrialState.COMPLETED] * 3
+    logs = {t.number: tmp_path / "run" / "trials" / f"{t.number:05d}" / "mlperf" / "result_0.txt" for t in trials}
+    assert all(log.is_file() for log in logs.values())
+    assert len({t.params["optimizer.lr"] for t in trials}) == 3
+    assert sorted(t.samples_to_target for t in trials) == [16, 32, 32]  # at the first and at the second evaluation
+
+    db = f"sqlite:///{tmp_path / 'imported.db'}"
+    target = str(spec.resolved_base()["eval"]["target_mlm_accuracy"])
+    assert main(["--db", db, "import", "mlperf", *map(str, logs.values()), "--name", "again", "--target", target]) == 0
+    assert "3 run(s) imported" in capsys.readouterr().out
+    again = SqlStorage(db)
+    by_path = {Path(t.metrics["mlperf"]["file"]).resolve(): t for t in again.list_trials(
+        again.get_experiment_by_name("again").id)}  # fmt: skip
+    assert len(by_path) == 3
+    for original in trials:
+        twin = by_path[logs[original.number].resolve()]
+        cfg = trial_config(spec, original.params)
+        assert twin.samples_to_target == original.samples_to_target
+        assert twin.best_mlm_accuracy == pytest.approx(original.best_mlm_accuracy, rel=1e-12)
+        assert twin.global_batch_size == cfg.batch.global_batch_size
+        assert twin.params["optimizer.name"] == "adamw"
+        assert twin.params["optimizer.lr"] == pytest.approx(original.params["optimizer.lr"], rel=1e-12)
+        assert twin.params["optimizer.beta2"] == pytest.approx(original.params["optimizer.beta2"], rel=1e-12)
+        recorded = [(m.samples, m.value) for m in storage.get_metrics(original.id, "mlm_accuracy")]
+        assert recorded and [(m.samples, m.value) for m in again.get_metrics(twin.id, "mlm_accuracy")] == recorded
 
 
 # --------------------------------------------------------------------------- hand-written result files

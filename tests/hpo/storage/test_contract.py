@@ -112,6 +112,7 @@ def test_missing_experiments_raise_not_found_naming_them(storage: SqlStorage):
         lambda: storage.is_stop_requested(999),
         lambda: storage.create_trial(999, make_spec(0)),
         lambda: storage.list_trials(999),
+        lambda: storage.list_trials(999, after=0),
         lambda: storage.count_trials(999),
         lambda: storage.count_trials_by_state(999),
         lambda: storage.next_trial_number(999),
@@ -263,6 +264,59 @@ def test_list_trials_filters_and_pages_in_number_order(storage: SqlStorage):
     assert storage.count_trials(experiment_id, arm="adam", state=TrialState.QUEUED) == 1
     with pytest.raises(ValueError):
         storage.list_trials(experiment_id, offset=-1)
+
+
+def test_list_trials_after_a_number_pages_by_key_with_filters(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    other_id = storage.create_experiment("other", {}, "minimize")
+    for number in [3, 0, 4, 1, 2, 5, 7]:  # out of order, and a gap (no 6)
+        storage.create_trial(experiment_id, make_spec(number, arm="lamb" if number % 2 else "adam"))
+        storage.create_trial(other_id, make_spec(number))  # interleaved ids: the key is the number, not the id
+    add_finished_trial(storage, experiment_id, 8, 1.0, arm="lamb")
+
+    def numbers(**paging):
+        return [trial.number for trial in storage.list_trials(experiment_id, **paging)]
+
+    assert numbers(after=1) == [2, 3, 4, 5, 7, 8]
+    assert numbers(after=1, limit=3) == [2, 3, 4]
+    assert numbers(after=5, limit=3) == [7, 8]
+    assert numbers(after=6) == [7, 8]  # a number that no trial has is a valid key
+    assert numbers(after=8) == numbers(after=2**31 - 1) == []
+    assert numbers(after=1, offset=2, limit=2) == [4, 5]  # offset skips within the keyed range
+    assert numbers(after=0, arm="lamb") == [1, 3, 5, 7, 8]
+    assert numbers(after=3, arm="lamb", state=TrialState.QUEUED) == [5, 7]
+    assert numbers(after=3, state=[TrialState.COMPLETED]) == [8]
+    with pytest.raises(ValueError, match="after"):
+        storage.list_trials(experiment_id, after=-1)
+    with pytest.raises(ValueError, match="number order"):
+        storage.list_trials(experiment_id, after=0, order_by="objective")
+
+
+def test_pages_by_key_cover_every_trial_exactly_once_while_trials_are_added(storage: SqlStorage):
+    """A reader pages through an experiment while a controller creates trials (next numbers, as `hpo run` does)
+    and finishes others between its pages: the pages hold every trial once, in number order."""
+    experiment_id = storage.create_experiment("growing", {}, "minimize")
+
+    def create_next() -> int:
+        return storage.create_trial(experiment_id, TrialSpec(number=None, params={"optimizer.lr": 1e-3}))
+
+    created = [create_next() for _ in range(5)]
+    seen: list[int] = []
+    after, pages = None, 0
+    while True:
+        page = storage.list_trials(experiment_id, after=after, limit=2)
+        if not page:
+            break
+        seen += [trial.number for trial in page]
+        after, pages = page[-1].number, pages + 1
+        if pages <= 4:  # between pages: two new trials, and an old one finishes
+            created += [create_next(), create_next()]
+            storage.mark_trial_running(created[pages])
+            storage.finish_trial(created[pages], TrialResult(TrialState.COMPLETED, objective=float(pages)))
+    everything = [trial.number for trial in storage.list_trials(experiment_id)]
+    assert len(everything) == 5 + 2 * 4 == storage.count_trials(experiment_id)
+    assert seen == everything == sorted(set(seen))  # every trial once, in number order
+    assert pages == 7  # ceil(13 / 2): the walk kept up with the growth
 
 
 def test_count_trials_by_state_lists_every_state(storage: SqlStorage):

@@ -1,0 +1,144 @@
+"""Paging the trial list by key (`after`, `next`) against a real `hpo serve`: over the finished tiny experiment, and
+over an experiment that grows between page requests. Expected values are read through the storage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from hpo.storage import SqlStorage
+from hpo.trials import TrialResult, TrialSpec, TrialState
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.server.conftest import BACKENDS, EXPERIMENT, start_server, stop_server
+
+URL = f"/experiments/{EXPERIMENT}/trials"
+
+
+@pytest.fixture(scope="module")
+def numbers(database_url) -> list[int]:
+    """The finished tiny experiment's trial numbers, read straight from the database."""
+    with SqlStorage(database_url) as storage:
+        return [trial.number for trial in storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)]
+
+
+def page_numbers(page: dict) -> list[int]:
+    return [trial["number"] for trial in page["items"]]
+
+
+def test_next_leads_from_the_first_page_to_the_last(api, numbers):
+    assert len(numbers) == 4
+    first = api.get(URL, params={"limit": 3}).json()
+    assert page_numbers(first) == numbers[:3] and first["total"] == 4 and first["next"] == numbers[2]
+    last = api.get(URL, params={"limit": 3, "after": first["next"]}).json()
+    assert page_numbers(last) == numbers[3:] and last["next"] is None
+    assert last["total"] is None  # no count over the experiment on pages asked with after
+
+    halves = api.get(URL, params={"limit": 2}).json(), api.get(URL, params={"limit": 2, "after": numbers[1]}).json()
+    assert [page["next"] for page in halves] == [numbers[1], None]  # null exactly at the end: no empty page to ask
+    assert page_numbers(halves[0]) + page_numbers(halves[1]) == numbers
+    assert api.get(URL, params={"after": numbers[-1]}).json() == {"items": [], "total": None, "offset": 0,
+                                                                   "limit": 50, "next": None}  # fmt: skip
+
+
+def test_offset_pages_still_work_and_carry_next_in_number_order(api, numbers):
+    first, second = api.get(URL, params={"limit": 3}).json(), api.get(URL, params={"offset": 3, "limit": 3}).json()
+    assert page_numbers(first) + page_numbers(second) == numbers
+    assert first["total"] == second["total"] == 4 and (first["next"], second["next"]) == (numbers[2], None)
+    # a client may switch from offset to cursor at any page
+    assert page_numbers(api.get(URL, params={"after": first["next"]}).json()) == numbers[3:]
+    ranked = api.get(URL, params={"order_by": "objective", "limit": 2}).json()
+    assert ranked["total"] == 4 and ranked["next"] is None  # objective order pages with offset only
+
+
+def test_the_cursor_keeps_the_filters(api, database_url, numbers):
+    with SqlStorage(database_url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)
+    lamb = [t.number for t in trials if t.arm == "optimizer.name=lamb"]
+    first = api.get(URL, params={"arm": "optimizer.name=lamb", "limit": 1}).json()
+    assert first["total"] == len(lamb) and page_numbers(first) == lamb[:1]
+    rest = api.get(URL, params={"arm": "optimizer.name=lamb", "after": first["next"]}).json()
+    assert page_numbers(rest) == lamb[1:] and rest["next"] is None
+    finished = [t.number for t in trials if t.state in (TrialState.COMPLETED, TrialState.DIVERGED)]
+    after = api.get(URL, params=[("state", "completed"), ("state", "diverged"), ("after", numbers[0])]).json()
+    assert page_numbers(after) == [n for n in finished if n > numbers[0]]
+
+
+def test_a_bad_cursor_is_a_422_naming_after(api):
+    for bad in ("-1", "x", "1.5", "", "0x10", str(2**31)):
+        answer = api.get(URL, params={"after": bad})
+        assert answer.status_code == 422, bad
+        [issue] = answer.json()["detail"]
+        assert issue["loc"] == ["query", "after"] and issue["msg"], bad
+    for combined in ({"after": 0, "order_by": "objective"}, {"after": 0, "offset": 1}):
+        answer = api.get(URL, params=combined)
+        assert answer.status_code == 422, combined
+        assert answer.json()["detail"].startswith("after=0 cannot be combined with order_by=objective or an offset")
+    assert api.get("/experiments/nope/trials", params={"after": 0}).status_code == 404
+
+
+def test_openapi_documents_the_cursor(api):
+    schema = api.get("/openapi.json").json()
+    operation = schema["paths"]["/api/v1/experiments/{name}/trials"]["get"]
+    [after] = [p for p in operation["parameters"] if p["name"] == "after"]
+    assert after["in"] == "query" and "next" in after["description"] and "422" in after["description"]
+    assert {"type": "integer", "minimum": 0, "maximum": 2**31 - 1} in after["schema"]["anyOf"]
+    ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    page = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+    assert set(page) == {"items", "total", "offset", "limit", "next"}
+    assert {"type": "null"} in page["next"]["anyOf"] and "`after`" in page["next"]["description"]
+    assert {"type": "null"} in page["total"]["anyOf"] and "without `after`" in page["total"]["description"]
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_database(request, tmp_path) -> Iterator[str]:
+    """A migrated database of its own on each backend (the shared one holds the finished experiment)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'hpo.db'}"
+        SqlStorage(url, upgrade=True).close()
+        yield url
+        return
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    for url in postgres_schema_url(base_url):
+        SqlStorage(url, upgrade=True).close()
+        yield url
+
+
+def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_database, tmp_path):
+    """A client pages with `next` while a controller creates trials (the next numbers, as `hpo run` does) and
+    finishes others between its requests: the pages hold every trial exactly once, in number order."""
+    storage = SqlStorage(empty_database)
+    experiment_id = storage.create_experiment("growing", {}, "minimize")
+
+    def create_next() -> int:
+        return storage.create_trial(experiment_id, TrialSpec(number=None, params={"optimizer.lr": 1e-3}))
+
+    created = [create_next() for _ in range(5)]
+    server = start_server(empty_database, tmp_path)
+    try:
+        with server.client() as api:
+            pages, params = [], {"limit": 2}
+            while True:
+                page = api.get("/experiments/growing/trials", params=params).json()
+                pages.append(page)
+                if page["next"] is None:
+                    break
+                params = {"limit": 2, "after": page["next"]}
+                if len(pages) <= 4:  # between requests: two new trials, and an older one finishes
+                    created += [create_next(), create_next()]
+                    storage.mark_trial_running(created[len(pages)])
+                    storage.finish_trial(created[len(pages)], TrialResult(TrialState.COMPLETED, objective=1.0))
+            recount = api.get("/experiments/growing/trials", params={"limit": 1}).json()
+            completed = api.get("/experiments/growing/trials", params={"state": "completed"}).json()
+        everything = [trial.number for trial in storage.list_trials(experiment_id)]
+    finally:
+        stop_server(server)
+        storage.close()
+    seen = [number for page in pages for number in page_numbers(page)]
+    assert len(everything) == 5 + 2 * 4 and seen == everything  # every trial once, in number order
+    assert len(pages) == 7  # ceil(13 / 2): no empty last page
+    assert pages[0]["total"] == 5 and all(page["total"] is None for page in pages[1:])
+    assert recount["total"] == 13 and completed["total"] == 4 == len(completed["items"])
