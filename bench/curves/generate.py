@@ -17,6 +17,7 @@ smaller than the global batch let the trainer measure the gradient noise scale o
     python -m bench.curves.generate                 # the whole grid, 2 runs at a time, one thread each
     python -m bench.curves.generate --jobs 1 --limit 4   # a few runs (resumes: finished runs are kept)
     python -m bench.curves.generate --seeds-table   # 20 seeds at each optimizer's best point (bench/curves/seeds.jsonl)
+    python -m bench.curves.generate --large-batch --jobs 1   # global batches 128-1,024 (bench/curves/large_batch.jsonl)
 
 The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_calibration.py --power): with 3
 seeds per point, more than 2 confirmation runs would re-read the same curves; at each optimizer's best point of
@@ -65,12 +66,12 @@ LARGE_TABLE = Path(__file__).resolve().parent / "large_batch.jsonl"
 # so it grows with the batch) and learning rates: quarter-decade steps around where each optimizer learned in
 # the pilot runs (README.md), none far from it.
 LARGE_BATCHES = {
-    128: {"micro": 64, "max_samples": 32_768, "every": 2_048, "warmup_steps": 16,
-          "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3, 3.16e-3), "lamb": (5.62e-3, 1e-2, 1.78e-2, 3.16e-2)}},
-    512: {"micro": 64, "max_samples": 81_920, "every": 4_096, "warmup_steps": 10,
+    128: {"micro": 64, "max_samples": 49_152, "every": 2_048, "warmup_steps": 24,
+          "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (5.62e-3, 1e-2, 1.78e-2, 3.16e-2)}},
+    512: {"micro": 64, "max_samples": 163_840, "every": 8_192, "warmup_steps": 20,
           "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
-    1024: {"micro": 64, "max_samples": 163_840, "every": 8_192, "warmup_steps": 10,
-           "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
+    1024: {"micro": 64, "max_samples": 327_680, "every": 16_384, "warmup_steps": 20,
+           "lr": {"adamw": (1e-3, 1.78e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
 }  # fmt: skip
 MAX_SAMPLES = 12_288
 EVAL_EVERY = 1_024

@@ -18,6 +18,7 @@ from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
+from hpo.simulation.table import RUN_LENGTH
 from search_spaces.space import CategoricalParam, FloatParam, trainer_key
 from trainer.config import ConfigError, TrainerConfig, config_from_dict, set_dotted
 
@@ -162,7 +163,8 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
 
 
 def _check_simulation(spec: ExperimentSpec, source: str) -> None:
-    """A simulated experiment tunes only what the curve table varies (nothing else would change its trials)."""
+    """A simulated experiment tunes only what the curve table varies, and may set the run length (budget, evaluation
+    interval) per arm, as a table with a budget per batch size needs; nothing else would change its trials."""
     simulated = spec.runner.name == "simulated"
     if simulated != (spec.runner.simulation is not None):
         raise ExperimentFileError(f"{source}: runner.simulation: " + (
@@ -172,12 +174,12 @@ def _check_simulation(spec: ExperimentSpec, source: str) -> None:
         return
     if spec.engine != "local":
         raise ExperimentFileError(f"{source}: engine: runner: simulated runs under engine: local")
-    ignored = [name for name in spec.space.names if trainer_key(name) not in TABLE_DIMENSIONS]
+    ignored = [name for name in spec.space.names if trainer_key(name) not in (*TABLE_DIMENSIONS, *RUN_LENGTH)]
     if ignored:
         raise ExperimentFileError(
             f"{source}: space.{ignored[0]}: the curve table does not vary {trainer_key(ignored[0])}, so a "
-            f"simulated trial could not depend on it; tune only {', '.join(TABLE_DIMENSIONS)} (fix the rest in "
-            "overrides)"
+            f"simulated trial could not depend on it; tune only {', '.join(TABLE_DIMENSIONS)} (and set "
+            f"{' and '.join(RUN_LENGTH)} per arm if need be; fix the rest in overrides)"
         )
 
 

@@ -14,6 +14,11 @@ samples takes n x scale / throughput simulated seconds. Under smac_hyperband and
 from its checkpoint (the real trials do too): a higher budget trains, and is charged, only the samples beyond what
 the same configuration and seed already trained. `poll` moves the simulated clock to the next end of an
 attempt, so an experiment of thousands of trials runs in seconds.
+
+Before anything is written, `check_table_covers` checks every trial the experiment can propose against the table:
+its grid points, learning rates and sample budget (against the budget of the trial's batch size, for a table with
+one per batch size, where an experiment sets budget.max_samples and eval.every_samples per batch size in its
+space), and the runs it reads, so a partial table is refused with the runs it still lacks.
 """
 
 from __future__ import annotations
@@ -33,11 +38,11 @@ from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.simulation.clock import SimulatedClock
 from hpo.simulation.surrogate import Config, Curve, Surrogate
-from hpo.simulation.table import DIMENSIONS, load_table
+from hpo.simulation.table import DIMENSIONS, load_table, point_label
 from hpo.storage.base import MetricPoint, Storage
 from hpo.trial_entry import trial_trainer_config
 from hpo.trials import TrialResult, TrialState
-from search_spaces.space import trainer_key
+from search_spaces.space import CategoricalParam, trainer_key
 from trainer.config import config_from_dict
 from trainer.result import TrainResult, TrainStatus
 
@@ -236,39 +241,92 @@ def _points(curve: Curve, evals, already: int, until: int):
 
 
 def check_table_covers(spec, table) -> None:
-    """Every trial the experiment can propose is in the table's ranges: the learning rates tuned or fixed, the
-    discrete dimensions' values, and the sample budget. Raises HpoError naming the field."""
-    cfg = config_from_dict(spec.resolved_base())
-    fixed = {key: _attribute(cfg, key) for key in DIMENSIONS}
-    for plan in arm_plans(spec):
-        values = dict(fixed) | {trainer_key(k): v for k, v in plan.fixed.items()}
-        for name in plan.space.names:
-            param, key = plan.space[name], trainer_key(name)
-            grid = table.values(key)
-            if hasattr(param, "choices"):
-                outside = [c for c in param.choices if c not in grid]
-            elif key == "optimizer.lr":
-                outside = [
-                    v for v in (param.low, param.high) if not min(grid) * (1 - 1e-9) <= v <= max(grid) * (1 + 1e-9)
-                ]
-            else:
-                outside = [v for v in range(int(param.low), int(param.high) + 1) if v not in grid]
+    """Every trial the experiment can propose is in the table, and the table has recorded the runs it reads.
+    Raises HpoError naming the field, or the arm, grid point and runs missing (see `table_gaps`)."""
+    gaps = table_gaps(spec, table)
+    if gaps:
+        listed = "\n  ".join(gaps)
+        raise HpoError(f"{spec.source}: the curve table {table.path} lacks runs this experiment needs "
+                       f"({table.resume_hint()}; or narrow the space to what it has):\n  {listed}")  # fmt: skip
+
+
+def table_gaps(spec, table) -> list[str]:
+    """The runs the experiment needs that the table has not recorded yet (a table still being generated), one
+    line per grid point: `<point>: seeds 1, 2 at lr 0.01, 0.0178`; [] when it has them all. Raises HpoError for
+    what the table's grid cannot serve at all: a combination of optimizer, warmup and global batch size of an arm
+    that is no point of the grid, a learning rate (tuned or fixed) outside the grid's range at that point, or a
+    sample budget beyond the table's at that batch size (a table may have one per batch size)."""
+    handicaps = spec.runner.simulation.handicaps if spec.runner.simulation else {}
+    gaps: list[str] = []
+    for arm, point in _arm_points(spec):
+        optimizer, _ = point["optimizer.name"]
+        optimizer = handicaps[optimizer].curves_of if optimizer in handicaps else optimizer
+        for warmup, batch in itertools.product(_ints(point["schedule.warmup_steps"][0]),
+                                               _ints(point["batch.global_batch_size"][0])):  # fmt: skip
+            outside = table.outside(optimizer, warmup, batch)
             if outside:
-                raise HpoError(f"{spec.source}: space.{name}: {outside[0]} is outside the curve table "
-                               f"({table.path}): {key} in {grid}")  # fmt: skip
-            values.pop(key, None)
-        for key, value in values.items():
-            grid = table.values(key)
-            if not (_within(float(value), grid) if key == "optimizer.lr" else value in grid):
-                raise HpoError(f"{spec.source}: {key} = {value} (base config + overrides) is outside the curve "
-                               f"table ({table.path}): {key} in {grid}")  # fmt: skip
-    if cfg.budget.max_samples > table.max_samples:
-        raise HpoError(f"{spec.source}: budget.max_samples {cfg.budget.max_samples} is beyond the curve table's "
-                       f"{table.max_samples} samples ({table.path})")  # fmt: skip
+                raise HpoError(f"{spec.source}: {arm}: {outside}")
+            low, high = _bounds(point["optimizer.lr"][0])
+            lrs = table.learning_rates(optimizer, warmup, batch)
+            if not lrs:  # a point of a product grid whose meta record lists no learning rates, not generated yet
+                gaps.append(f"{point_label(optimizer, warmup, batch)}: every run")
+                continue
+            if not lrs[0] * (1 - 1e-9) <= low <= high <= lrs[-1] * (1 + 1e-9):
+                raise HpoError(f"{spec.source}: {point['optimizer.lr'][1]}: optimizer.lr [{low:g}, {high:g}] is "
+                               f"outside the curve table's range [{lrs[0]:g}, {lrs[-1]:g}] at "
+                               f"{point_label(optimizer, warmup, batch)} ({arm}; {table.path})")  # fmt: skip
+            budget, budget_field = point["budget.max_samples"]
+            if _bounds(budget)[1] > table.max_samples_for(batch):
+                raise HpoError(f"{spec.source}: {budget_field}: budget.max_samples {_bounds(budget)[1]} is beyond the "
+                               f"curve table's {table.max_samples_for(batch)} samples at batch.global_batch_size="
+                               f"{batch} ({arm}; {table.path})")  # fmt: skip
+            gap = table.gaps(optimizer, warmup, batch, low, high)
+            line = f"{point_label(optimizer, warmup, batch)}: {gap}"
+            if gap and line not in gaps:
+                gaps.append(line)
+    return gaps
 
 
-def _within(value: float, grid: list[float]) -> bool:
-    return min(grid) * (1 - 1e-9) <= value <= max(grid) * (1 + 1e-9)
+READ = (*DIMENSIONS, "budget.max_samples")  # the keys of a trial's config that must fit the table
+
+
+@dataclass(frozen=True)
+class _Range:
+    """A tuned number's range."""
+
+    low: float
+    high: float
+
+
+def _arm_points(spec):
+    """(arm, setting) for every combination of the choices a trial of each arm can make, where a setting maps each
+    key of `READ` to (its value or tuned `_Range`, the field it comes from)."""
+    base = config_from_dict(spec.resolved_base())
+    for plan in arm_plans(spec):
+        arm, space = (f"arm {plan.label}" if plan.label else "the space"), plan.space
+        choices = [name for name in space.names if isinstance(space[name], CategoricalParam)]
+        seen: list[dict[str, tuple[Any, str]]] = []
+        for combo in itertools.product(*(space[name].choices for name in choices)):
+            picked = dict(zip(choices, combo, strict=True))
+            setting = {key: (_attribute(base, key), "base config + overrides") for key in READ}
+            setting |= {trainer_key(k): (v, f"compare {k}") for k, v in plan.fixed.items()}
+            for name in space.names:
+                if not space.is_active(name, picked):
+                    continue
+                param = space[name]
+                value = picked[name] if name in picked else _Range(param.low, param.high)
+                setting[trainer_key(name)] = (value, f"space.{name}")
+            if setting not in seen:
+                seen.append(setting)
+                yield arm, setting
+
+
+def _ints(value) -> list[int]:
+    return list(range(int(value.low), int(value.high) + 1)) if isinstance(value, _Range) else [value]
+
+
+def _bounds(value) -> tuple[float, float]:
+    return (value.low, value.high) if isinstance(value, _Range) else (value, value)
 
 
 def _attribute(cfg, key: str) -> Any:

@@ -12,7 +12,9 @@ A configuration is the table's dimensions (`hpo.simulation.table.DIMENSIONS`) pl
 - the training seed picks a recorded seed: `seeds[seed % len(seeds)]`, so another seed gives another recorded
   curve (with 3 recorded seeds, seeds s and s + 3 give the same one);
 - along samples, the accuracy between two evaluations is interpolated linearly, so an experiment may evaluate
-  at any multiple of the table's interval, up to the table's budget.
+  at any multiple of the table's interval, up to the table's budget. A table with a budget per global batch size
+  (bench/curves/large_batch.jsonl) has an interval and a budget per batch size: a curve at batch B ends at
+  `table.max_samples_for(B)`, its evaluations `table.eval_every_for(B)` apart.
 
 The truth of a configuration (`truths`) is its objective averaged over all recorded seeds; the truth of an arm is
 its best configuration's truth (computed by the benchmarks that need it).
@@ -25,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from hpo.errors import HpoError
-from hpo.simulation.table import CurveTable, Run, Series
+from hpo.simulation.table import CurveTable, Run, Series, point_label
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Config:
 
 @dataclass(frozen=True)
 class Curve:
-    """One simulated run to the table's full budget (or its divergence)."""
+    """One simulated run to the table's full budget at its batch size (or its divergence)."""
 
     evals: Series  # (samples, mlm_accuracy) at the table's evaluations
     loss: Series
@@ -91,18 +93,21 @@ class Surrogate:
         if config.optimizer in self.handicaps:
             source, delay = self.handicaps[config.optimizer]
             original = Config(source, config.lr, config.warmup_steps, config.global_batch_size, config.seed)
-            return _delayed(Surrogate(self.table).curve(original), delay, self.table.max_samples, self.table.eval_every)
-        line = self.table.line(config.optimizer, config.warmup_steps, config.global_batch_size)
+            batch = config.global_batch_size
+            budget, every = self.table.max_samples_for(batch), self.table.eval_every_for(batch)
+            return _delayed(Surrogate(self.table).curve(original), delay, budget, every)
+        point = (config.optimizer, config.warmup_steps, config.global_batch_size)
+        line = self.table.line(*point)
         lrs = sorted(line)
         low, high = lrs[0], lrs[-1]
         if not low * (1 - 1e-9) <= config.lr <= high * (1 + 1e-9):
-            raise HpoError(f"optimizer.lr {config.lr:g} is outside the curve table's range [{low:g}, {high:g}] "
-                           f"({self.table.path})")  # fmt: skip
+            raise HpoError(f"optimizer.lr {config.lr:g} is outside the curve table's range [{low:g}, {high:g}] at "
+                           f"{point_label(*point)} ({self.table.path})")  # fmt: skip
         seed = self.recorded_seed(config.seed)
         i = min(bisect.bisect_left(lrs, config.lr), len(lrs) - 1)
         if math.isclose(lrs[i], config.lr, rel_tol=1e-9) or i == 0:
-            return _recorded(self._run(line, lrs[i], seed))
-        left, right = self._run(line, lrs[i - 1], seed), self._run(line, lrs[i], seed)
+            return _recorded(self._run(line, lrs[i], seed, point))
+        left, right = self._run(line, lrs[i - 1], seed, point), self._run(line, lrs[i], seed, point)
         w = (math.log(config.lr) - math.log(left.lr)) / (math.log(right.lr) - math.log(left.lr))
         return _blend(left, right, w)
 
@@ -111,12 +116,12 @@ class Surrogate:
         return [self.curve(Config(config.optimizer, config.lr, config.warmup_steps, config.global_batch_size, s))
                 for s in range(len(self.seeds))]  # fmt: skip
 
-    def _run(self, line: dict[float, dict[int, Run]], lr: float, seed: int) -> Run:
+    def _run(self, line: dict[float, dict[int, Run]], lr: float, seed: int, point: tuple) -> Run:
         try:
             return line[lr][seed]
         except KeyError:
-            raise HpoError(f"{self.table.path}: no run at lr {lr:g} with seed {seed} (an incomplete table: "
-                           "`python -m bench.curves.generate` resumes it)") from None  # fmt: skip
+            raise HpoError(f"{self.table.path}: no run at {point_label(*point)}, optimizer.lr={lr:g} with seed {seed}; "
+                           f"{self.table.resume_hint()}") from None  # fmt: skip
 
 
 def _recorded(run: Run) -> Curve:
@@ -137,8 +142,8 @@ def _blend(left: Run, right: Run, w: float) -> Curve:
 
 def _delayed(curve: Curve, delay: int, budget: int, every: int) -> Curve:
     """`curve` as if training started `delay` samples late: the accuracy at s is the original's at s - delay (its
-    first evaluation before that), up to the table's budget; samples to target grow by exactly `delay` when it
-    is a multiple of the evaluation interval."""
+    first evaluation before that), up to the table's budget at its batch size; samples to target grow by exactly
+    `delay` when it is a multiple of the evaluation interval."""
     if delay == 0:
         return curve
     first = curve.evals[0][1] if curve.evals else 0.0

@@ -93,7 +93,7 @@ def test_presets_load_and_sampled_configurations_are_valid_trainer_configs(name)
 
 def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
     presets = list_presets()
-    assert len(presets) == 9  # the six above, adam_vs_lamb_demo_cpu_{nni,asha} and adam_vs_lamb_simulated
+    assert len(presets) == 10  # the six above, adam_vs_lamb_demo_cpu_{nni,asha}, the two *_simulated
     for name in ("adam_vs_lamb", "clipping_strategies", "batch_scaling"):
         full, demo = load_experiment(preset_path(name)), load_experiment(preset_path(f"{name}_demo_cpu"))
         assert set(demo.compare) == set(full.compare)
