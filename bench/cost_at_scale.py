@@ -44,9 +44,9 @@ among completed tuning trials, ties to the earliest) and the same confirmation r
 
 Per tuner, slots and repetition (simulated time starts when the first trial is created):
 
-- first hit: the first trial, in simulated finishing time, that reached the target (samples_to_target recorded):
-  wall-clock = its end - the start; GPU-hours = the busy slot-time of every trial up to that moment (trials still
-  running then count up to it) x 8 GPUs;
+- first hit (`hpo.plan.first_hit`, as `hpo plan`): the first trial, in simulated finishing time, that reached the
+  target (samples_to_target recorded): wall-clock = its end - the start; GPU-hours = the busy slot-time of every
+  trial up to that moment (trials still running then count up to it) x 8 GPUs;
 - answer (the verdict): the end of the experiment (the last confirmation run): GPU-hours, wall-clock, and the
   fraction of slot-time left idle (`hpo.simulation.cost`: slots x wall-clock - busy, over slots x wall-clock);
 - the verdict (which arm wins, or no winner) and the CPU seconds this process spent on the repetition (ours: the
@@ -113,6 +113,7 @@ from typing import Any
 from hpo.arms import ArmPlan, arm_plans, trial_config
 from hpo.confirmations import stored_verdict
 from hpo.objective import objective_value
+from hpo.plan import first_hit, without_progress_series  # shared with `hpo plan`
 from hpo.runners.simulated import trained_run
 from hpo.simulation.cost import Cost, experiment_cost
 from hpo.simulation.surrogate import Config, Surrogate
@@ -173,19 +174,6 @@ def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tup
     }  # fmt: skip
 
 
-def without_progress_series(table: Path, out: Path) -> Path:
-    """A copy of the table whose runs have no training-loss and noise-scale series (see the module docstring)."""
-    lines = []
-    for text in table.read_text().splitlines():
-        if text.strip():
-            record = json.loads(text)
-            if record.get("kind") == "run":
-                record["loss"], record["noise_scale"] = [], []
-            lines.append(json.dumps(record))
-    out.write_text("\n".join(lines) + "\n")
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ the figures
 @dataclass
 class SimTrial:
@@ -204,17 +192,6 @@ class SimTrial:
     samples_to_target: int | None = None
     samples: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def first_hit(trials, gpus_per_slot: int) -> tuple[float, float] | None:
-    """(GPU-hours, wall-clock hours) until the first trial that reached the target ended; None: none did."""
-    started = [t for t in trials if t.started_at is not None]
-    hits = [t.finished_at for t in started if t.samples_to_target is not None and t.finished_at is not None]
-    if not hits:
-        return None
-    moment, start = min(hits), min(t.created_at for t in started)
-    busy_s = sum(max((min(t.finished_at or moment, moment) - t.started_at).total_seconds(), 0.0) for t in started)
-    return busy_s * gpus_per_slot / 3600, (moment - start).total_seconds() / 3600
 
 
 def best_per_arm(trials) -> dict[str | None, Any]:

@@ -3,6 +3,10 @@
     hpo db upgrade                      create or migrate the database (HPO_DATABASE_URL, else ./.hpo/hpo.db)
     hpo run EXPERIMENT.yaml             run an experiment (the local engine) with a live progress display
     hpo resume NAME                     finish an experiment whose controller died or was stopped
+    hpo plan EXPERIMENT.yaml [--slots N] [--gpus-per-slot G] [--repetitions R] [--seed S]
+             [--gpu a100|h100 | --samples-per-s X]
+                                        forecast GPU-hours, wall-clock and the chance of an answer: R simulated runs,
+                                        each in a temporary database (the database is never opened)
     hpo status [NAME]                   experiments, or one experiment's trial counts and why trials wait
     hpo trials NAME [--state S] [--arm A] [--after N] [--limit L]
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
@@ -167,6 +171,39 @@ def cmd_resume(args: argparse.Namespace) -> int:
                          port=args.port)  # fmt: skip
     runner = build_runner(spec, args.runner, args.scheduler)
     return drive(spec, storage, record.id, Path(record.spec["run_dir"]), runner, url, args.quiet, resume=True)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import time
+
+    from hpo.plan import PlanOptions, forecast_lines, prepare_plan, run_plan
+
+    options = PlanOptions(args.repetitions, args.seed, args.slots, args.gpus_per_slot, args.gpu, args.samples_per_s)
+    plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
+    started = time.perf_counter()
+    try:
+        repetitions = run_plan(plan, progress=_plan_progress(args.repetitions))
+    except KeyboardInterrupt:
+        print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
+        return 130
+    print("\n".join(forecast_lines(plan, repetitions, time.perf_counter() - started)))
+    return 0
+
+
+def _plan_progress(total: int):
+    """A progress line on standard error: rewritten in place on a terminal, one line a repetition otherwise."""
+    live = sys.stderr.isatty()
+
+    def show(done: int, elapsed_s: float) -> None:
+        left = elapsed_s / done * (total - done)
+        line = f"plan: {done}/{total} repetitions, {elapsed_s:,.0f} s" + (f", about {left:,.0f} s left" if left else "")
+        print(f"\r{line}\x1b[K" if live else line, end="\n" if done == total or not live else "", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    return show
 
 
 # --------------------------------------------------------------------------- inspection
@@ -495,6 +532,42 @@ def build_parser() -> argparse.ArgumentParser:
     _runner_options(resume)
     resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     resume.set_defaults(fn=cmd_resume)
+    plan = sub.add_parser(
+        "plan",
+        help="forecast an experiment's GPU-hours, wall-clock and chance of an answer by "
+        "running it R times on the simulated runner (never touches the database)",
+    )
+    plan.add_argument(
+        "experiment",
+        help="the experiment YAML file: runner: simulated, or a real one whose space the "
+        "default learning-curve table (bench/curves/curves.jsonl) covers",
+    )
+    plan.add_argument(
+        "--slots", type=_positive, help="slots of the simulated cluster (default: the file's budget.max_parallel)"
+    )
+    plan.add_argument(
+        "--gpus-per-slot", type=_positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
+    )
+    plan.add_argument("--repetitions", type=_positive, default=20, help="simulated runs of the file (default 20)")
+    plan.add_argument(
+        "--seed",
+        type=_non_negative,
+        default=0,
+        help="repetition r uses tuner seed file + SEED + r and training seed file + 1000 (SEED + r) (default 0)",
+    )
+    speed = plan.add_mutually_exclusive_group()
+    speed.add_argument(
+        "--gpu",
+        choices=["a100", "h100"],
+        help="the GPU whose samples/s set simulated durations (default: the file's runner.simulation, else a100)",
+    )
+    speed.add_argument(
+        "--samples-per-s",
+        type=_positive_float,
+        metavar="X",
+        help="one GPU's BERT-large samples per second instead of a --gpu's",
+    )
+    plan.set_defaults(fn=cmd_plan)
     status = sub.add_parser("status", help="experiments (live/interrupted/finished), or one experiment's progress")
     status.add_argument("name", nargs="?", help="the experiment's name (default: list all)")
     status.set_defaults(fn=cmd_status)
@@ -581,6 +654,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
 
 

@@ -19,6 +19,11 @@ Formats: `yaml` (the config, with the provenance as comments: `python -m trainer
 `json` (`{"provenance": ..., "warnings": [...], "config": ...}`: JSON has no comments, so the runnable config is
 the `config` member), and `torchrun` (the command line, with the provenance as shell comments).
 
+An experiment of the simulated runner trained nothing: its trials' numbers were read from a learning-curve table.
+Its export says so where a user reads it: the first comment line, the `reached the target` line, a warning (in the
+file, on the console, in the JSON's `warnings` and the API's X-HPO-Warning header) and `simulated: true` in the
+JSON's provenance.
+
 No stored or user-supplied text can break the file: the config is written by the YAML dumper (which quotes and
 escapes any string), a comment shows the characters that would end its line or that YAML cannot carry as escapes,
 and a config path with such characters is refused (the torchrun line must name it as it is).
@@ -71,6 +76,7 @@ class Provenance:
     samples_to_target: int | None
     best_mlm_accuracy: float | None
     params: dict[str, Any]
+    simulated: bool = False  # runner: simulated: the numbers were read from a learning-curve table, not trained
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[
         samples_to_target=trial.samples_to_target,
         best_mlm_accuracy=trial.best_mlm_accuracy,
         params=dict(trial.params),
+        simulated=spec.runner.name == "simulated",
     )
 
 
@@ -162,13 +169,25 @@ def reached_target(trial: TrialRecord, target: float) -> bool:
 
 
 def warnings_for(origin: Provenance) -> tuple[str, ...]:
-    if origin.reached_target:
-        return ()
-    best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
-    return (
-        f"no trial of experiment {origin.experiment} reached the target mlm_accuracy {origin.target_mlm_accuracy}: "
-        f"trial {origin.trial} is only the best of the misses (it reached {best}); tune further before production",
-    )
+    """What a user must know before training the export: a best that missed the target, numbers that are simulated."""
+    warnings = []
+    if not origin.reached_target:
+        best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
+        warnings.append(
+            f"no trial of experiment {origin.experiment} reached the target mlm_accuracy "
+            f"{origin.target_mlm_accuracy}: trial {origin.trial} is only the best of the misses (it reached {best}); "
+            "tune further before production"
+        )
+    if origin.simulated:
+        warnings.append(SIMULATED.format(experiment=origin.experiment))
+    return tuple(warnings)
+
+
+# ASCII only: the API sends a warning as the X-HPO-Warning header too.
+SIMULATED = (
+    "experiment {experiment} ran on the simulated runner: no training happened; its objective, samples to target "
+    "and accuracy were read from a recorded learning-curve table, so this config is untested until you train it"
+)
 
 
 def check_config_path(config_path: str) -> None:
@@ -242,14 +261,16 @@ def render(
 
 def _comment_lines(origin: Provenance, tuned_micro: int, config: dict[str, Any], warnings, command: str) -> list[str]:
     objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
+    simulated = " (simulated: read from a learning-curve table, not trained)" if origin.simulated else ""
     lines = [
-        f"Best configuration of experiment {origin.experiment}, exported by `hpo export`.",
+        f"Best configuration of experiment {origin.experiment}, exported by `hpo export`."
+        + (" SIMULATED: no training happened." if origin.simulated else ""),
         f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
         f"objective: {origin.metric} = {objective} ({origin.direction})",
     ]
     if origin.reached_target:
         reached = f"after {origin.samples_to_target} samples" if origin.samples_to_target is not None else ""
-        lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip())
+        lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip() + simulated)
     lines += [f"WARNING: {warning}" for warning in warnings]
     lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]
     if tuned_micro != config["batch"]["micro_batch_size"]:

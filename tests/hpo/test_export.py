@@ -19,6 +19,7 @@ from hpo.export import (
     CONFIG_PATH_PATTERN,
     FORMATS,
     MLPERF_LOG,
+    SIMULATED,
     ExportError,
     check_arm,
     micro_batch_for,
@@ -98,6 +99,24 @@ def test_a_best_that_missed_the_target_warns_in_the_file(tmp_path):
     assert f"# WARNING: {exported.warnings[0]}" in exported.text.splitlines()
     as_json = json.loads(render(make_record(tmp_path), make_trial(reached=False), "json").text)
     assert as_json["warnings"] == list(exported.warnings) and as_json["provenance"]["reached_target"] is False
+
+
+def test_a_simulated_experiment_says_no_training_happened_wherever_its_export_is_read(tmp_path):
+    record = make_record(tmp_path, runner={"name": "simulated", "simulation": {"table": "curves.jsonl"}})
+    exported = render(record, make_trial(), "yaml")
+    comments = [line for line in exported.text.splitlines() if line.startswith("#")]
+    assert comments[0].endswith("exported by `hpo export`. SIMULATED: no training happened.")
+    simulated = "(simulated: read from a learning-curve table, not trained)"
+    assert f"# reached the target mlm_accuracy 0.008 after 160 samples {simulated}" in comments
+    assert exported.warnings == (SIMULATED.format(experiment="exp"),)  # the console and X-HPO-Warning say it too
+    assert f"# WARNING: {exported.warnings[0]}" in comments and exported.warnings[0].isascii()
+    body = json.loads(render(record, make_trial(), "json").text)
+    assert body["provenance"]["simulated"] is True and body["warnings"] == list(exported.warnings)
+    assert "SIMULATED" in render(record, make_trial(), "torchrun").text.splitlines()[0]
+    missed = render(record, make_trial(reached=False), "yaml").warnings  # a miss is still said first
+    assert len(missed) == 2 and missed[0].startswith("no trial of experiment exp reached the target")
+    trained = render(make_record(tmp_path), make_trial(), "json").text
+    assert json.loads(trained)["provenance"]["simulated"] is False and "simulated runner" not in trained
 
 
 def test_json_and_torchrun_formats(tmp_path):

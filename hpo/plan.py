@@ -1,0 +1,374 @@
+"""`hpo plan`: what an experiment will cost and how likely it ends with an answer, before it spends anything.
+
+    plan = prepare_plan("search_spaces/presets/adam_vs_lamb_simulated.yaml", PlanOptions(repetitions=20))
+    repetitions = run_plan(plan)                       # R simulated experiments, each in a temporary database
+    print("\\n".join(forecast_lines(plan, repetitions)))
+
+The experiment file runs R times on the simulated runner (`hpo.runners.simulated`: trials read their learning
+curves from a recorded table, at simulated times): the same study loop, tuner, confirmation runs
+(`confirm_seeds: auto` included) and verdict as `hpo run`. Each repetition has its own SQLite database in a
+temporary directory, deleted when the plan ends; the user's database (`--db`, HPO_DATABASE_URL) is never opened.
+
+Repetition r (0-based) under `--seed S`: tuner seed = the file's + S + r, training seed = the file's +
+SEED_STRIDE x (S + r) (the confirmation runs take the seeds after it; the stride keeps the repetitions' seeds
+apart). Repetition 0 of seed 0 is `hpo run FILE` itself.
+
+A real experiment (runner local or dask, or engine nni) is planned on the simulated runner over DEFAULT_TABLE when
+the table covers its space (the output says so); otherwise `PlanError` says what a plannable file needs. Durations
+are the simulated runner's model (runner.simulation: the GPU's samples per second x GPUs per slot, one table
+sample = `sample_scale` BERT-large samples): a conversion, not a measurement; `--gpu` and `--samples-per-s` change it.
+
+Figures of one repetition, from its stored trials:
+- first target-reaching configuration (`first_hit`): the first trial, in simulated finishing time, that reached
+  the target; wall-clock from the first trial's creation to its end, GPU-hours the busy slot-time of every trial
+  up to that moment x GPUs per slot;
+- the verdict: the end of the experiment (its last trial): GPU-hours, wall-clock and the idle share of the
+  slot-time (`hpo.simulation.cost`);
+- the outcome: the verdict's winner, equivalent, or not yet (`hpo.verdict`).
+
+Summaries over the R repetitions: the median and the 2.5th to 97.5th percentile (linear interpolation, numpy's
+default), the range 95 % of such experiments fall in (a repetition without a hit counts as never); each outcome's
+share with its 95 % Wilson interval (scipy).
+
+Speed: the repetitions read a copy of the table without its training-loss and noise-scale series
+(`without_progress_series`): the runner writes every point of them as a record, most of its time, and they change
+no duration, objective or decision.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import binomtest
+
+from hpo.arms import arm_labels
+from hpo.confirmations import stored_verdict
+from hpo.errors import HpoError
+from hpo.experiment import experiment_from_dict, load_experiment, stored_form
+from hpo.runners import build_runner
+from hpo.simulation.cost import experiment_cost
+from hpo.simulation.table import DIMENSIONS, load_table
+from hpo.storage import SqlStorage
+from hpo.study import Study
+from hpo.trials import TrialKind
+from trainer.config import config_from_dict
+
+DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "bench" / "curves" / "curves.jsonl"
+SEED_STRIDE = 1000  # training seeds between repetitions: more than any arm's confirmation runs
+LEVEL = 0.95
+
+
+class PlanError(HpoError):
+    """An experiment file `hpo plan` cannot forecast (a real experiment whose space the default table cannot serve)."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The command line's choices; None keeps the file's."""
+
+    repetitions: int = 20
+    seed: int = 0
+    slots: int | None = None  # budget.max_parallel: the simulated cluster's slots
+    gpus_per_slot: int | None = None  # resources.gpus_per_trial
+    gpu: str | None = None  # runner.simulation.gpu (a100, h100): its samples per second
+    samples_per_s: float | None = None  # runner.simulation.samples_per_s: one GPU's samples per second
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked experiment, ready to repeat on the simulated runner."""
+
+    source: str  # the experiment file
+    data: dict[str, Any]  # its self-contained form on the simulated runner, with the options applied
+    spec: Any  # repetition 0's validated spec (hpo.experiment.ExperimentSpec)
+    table: Path  # the learning-curve table the trials read
+    moved: str | None  # a real experiment's runner and engine, planned on the simulated runner; None: it is simulated
+    options: PlanOptions
+    file_seeds: tuple[int, int]  # the file's tuner seed and training seed
+
+    def seeds(self, index: int) -> tuple[int, int]:
+        """(tuner seed, training seed) of repetition `index`."""
+        return repetition_seeds(self.file_seeds, self.options.seed + index)
+
+
+def repetition_seeds(file_seeds: tuple[int, int], seed: int) -> tuple[int, int]:
+    """(tuner seed, training seed) of repetition `seed` (--seed + r) of a file with these (tuner, training) seeds."""
+    return file_seeds[0] + seed, file_seeds[1] + SEED_STRIDE * seed
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """One simulated run of the experiment: its cost and its outcome (hours are simulated)."""
+
+    index: int
+    tuner_seed: int
+    training_seed: int
+    first_hit_gpu_h: float | None  # None: no trial reached the target
+    first_hit_wall_h: float | None
+    answer_gpu_h: float
+    answer_wall_h: float
+    idle_fraction: float
+    outcome: str  # "winner", "equivalent", "not yet"; "" without compare arms
+    winner: str | None
+    tuning_trials: int
+    confirmation_runs: int
+
+
+# ------------------------------------------------------------------------------------------------ the file
+def prepare_plan(path: str, options: PlanOptions) -> Plan:
+    """The experiment file on the simulated runner, checked as `hpo run` checks it (the same errors for a bad file,
+    and the table must serve every trial); nothing is written."""
+    spec = load_experiment(path)  # a bad file: the errors `hpo run` gives
+    data = spec.self_contained()
+    moved = None if spec.runner.name == "simulated" else f"runner {spec.runner.name}, engine {spec.engine}"
+    if moved:
+        data.update(engine="local", runner={"name": "simulated", "simulation": {"table": str(DEFAULT_TABLE)}})
+        data["resources"] = {**data["resources"], "machines": []}
+    data = _with_options(data, options)
+    seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
+    try:
+        first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
+        build_runner(first).close()  # reads the table and checks that it covers every trial the file can propose
+    except HpoError as e:
+        if not moved:
+            raise
+        raise PlanError(_not_plannable(path, moved, e)) from None
+    table = Path(first.runner.simulation.table)
+    return Plan(path, data, first, table, moved, options, seeds)
+
+
+def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    simulation = data["runner"]["simulation"]
+    if options.slots is not None:
+        data["budget"]["max_parallel"] = options.slots
+    if options.gpus_per_slot is not None:
+        data["resources"]["gpus_per_trial"] = options.gpus_per_slot
+    if options.gpu is not None:
+        simulation.update(gpu=options.gpu, samples_per_s=None)
+    if options.samples_per_s is not None:
+        simulation["samples_per_s"] = options.samples_per_s
+    return data
+
+
+def _not_plannable(path: str, moved: str, error: HpoError) -> str:
+    reason = str(error).removeprefix(f"{path}: ")
+    return (f"{path}: cannot be planned: it is a real experiment ({moved}), and `hpo plan` runs it on the simulated "
+            f"runner over the learning-curve table {DEFAULT_TABLE}, which cannot serve it: {reason}\nA plannable file "
+            f"tunes only what a table varies ({', '.join(DIMENSIONS)}) within the table's grid, with its budget and "
+            "evaluations (see the table's meta line); or copy the file with `runner: {name: simulated, simulation: "
+            "{table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is one)")  # fmt: skip
+
+
+def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], table: Path | None = None):
+    """The validated spec of a repetition with these (tuner, training) seeds (table: the copy its trials read,
+    else the data's)."""
+    tuner_seed, training_seed = seeds
+    data = copy.deepcopy(data)
+    data["tuner"]["seed"] = tuner_seed
+    data["overrides"] = {"seed": training_seed}
+    if table is not None:
+        data["runner"]["simulation"]["table"] = str(table)
+    return experiment_from_dict(data, source)
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None) -> list[Repetition]:
+    """The plan's repetitions, one after another, each in a temporary database deleted when it ends; `progress`
+    is called with (repetitions done, seconds elapsed) after each."""
+    started = time.perf_counter()
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # SQLite's syncs cost nothing in memory
+    repetitions = []
+    with tempfile.TemporaryDirectory(prefix="hpo-plan-", dir=scratch) as tmp:
+        directory = Path(tmp)
+        table = without_progress_series(plan.table, directory / "curves.jsonl")
+        for r in range(plan.options.repetitions):
+            repetitions.append(run_repetition(plan, r, directory, table))
+            if progress:
+                progress(r + 1, time.perf_counter() - started)
+    return repetitions
+
+
+def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repetition:
+    """Repetition `index` through the study loop on the simulated runner, in its own database under `directory`
+    (deleted afterwards); its figures."""
+    spec = _repetition_spec(plan.data, plan.source, plan.seeds(index), table)
+    database = directory / f"repetition-{index}.db"
+    url, run_dir = f"sqlite:///{database}", directory / f"repetition-{index}"
+    runner, storage = build_runner(spec), SqlStorage(url, upgrade=True)
+    try:
+        experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+        runner.attach(storage, experiment_id)  # as `hpo run` drives it (hpo.local_engine.drive), without a display
+        Study(spec, storage, experiment_id, run_dir, runner, url).run()
+        trials = storage.list_trials(experiment_id)
+        verdict = _verdict(storage, experiment_id, spec)
+    finally:
+        runner.close()
+        storage.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{database}{suffix}").unlink(missing_ok=True)
+    return repetition_figures(index, plan.seeds(index), trials, spec, verdict)
+
+
+def _verdict(storage, experiment_id: int, spec):
+    return stored_verdict(storage, experiment_id, spec) if spec.compare else None
+
+
+def repetition_figures(index: int, seeds: tuple[int, int], trials, spec, verdict) -> Repetition:
+    """A repetition's figures from its stored trials (see the module docstring)."""
+    gpus = spec.resources.gpus_per_trial
+    hit = first_hit(trials, gpus)
+    cost = experiment_cost(trials, spec.budget.max_parallel, gpus)
+    if cost is None:
+        raise HpoError(f"{spec.source}: repetition {index} ended without a finished trial; `hpo run` it to see why")
+    return Repetition(
+        index, *seeds, hit[0] if hit else None, hit[1] if hit else None, cost.gpu_hours, cost.wall_hours,
+        cost.idle_fraction, verdict.outcome.value if verdict else "", verdict.winner if verdict else None,
+        sum(t.kind is TrialKind.TUNING for t in trials), sum(t.kind is TrialKind.CONFIRMATION for t in trials),
+    )  # fmt: skip
+
+
+def first_hit(trials, gpus_per_slot: int) -> tuple[float, float] | None:
+    """(GPU-hours, wall-clock hours) until the first trial that reached the target ended; None: none did."""
+    started = [t for t in trials if t.started_at is not None]
+    hits = [t.finished_at for t in started if t.samples_to_target is not None and t.finished_at is not None]
+    if not hits:
+        return None
+    moment, start = min(hits), min(t.created_at for t in started)
+    busy_s = sum(max((min(t.finished_at or moment, moment) - t.started_at).total_seconds(), 0.0) for t in started)
+    return busy_s * gpus_per_slot / 3600, (moment - start).total_seconds() / 3600
+
+
+def without_progress_series(table: Path, out: Path) -> Path:
+    """A copy of the table whose runs have no training-loss and noise-scale series (see the module docstring)."""
+    lines = []
+    for text in Path(table).read_text().splitlines():
+        if text.strip():
+            record = json.loads(text)
+            if record.get("kind") == "run":
+                record["loss"], record["noise_scale"] = [], []
+            lines.append(json.dumps(record))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the summary
+def percentile_range(values: Sequence[float | None], level: float = LEVEL) -> tuple[float, float, float]:
+    """(median, low, high): the median and the central `level` range of `values` (the (1 - level) / 2 and
+    (1 + level) / 2 quantiles, interpolated linearly as numpy's default); None counts as never (infinite)."""
+    ordered = sorted(math.inf if v is None else v for v in values)
+    if not ordered:
+        raise ValueError("no values")
+    tail = (1 - level) / 2
+    return _quantile(ordered, 0.5), _quantile(ordered, tail), _quantile(ordered, 1 - tail)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    low, high = ordered[below], ordered[min(below + 1, len(ordered) - 1)]
+    fraction = position - below
+    if fraction == 0 or low == high:
+        return low
+    return math.inf if math.isinf(high) else low + (high - low) * fraction
+
+
+def share_interval(count: int, total: int, level: float = LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of the share count / total (scipy's binomtest)."""
+    interval = binomtest(count, total).proportion_ci(confidence_level=level, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def outcome_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
+    """How many repetitions ended in each outcome: `winner ARM` for every arm, `equivalent`, `not yet`."""
+    counts = {f"winner {arm}": 0 for arm in arm_labels(plan.spec)} | {"equivalent": 0, "not yet": 0}
+    for r in repetitions:
+        counts[f"winner {r.winner}" if r.outcome == "winner" else r.outcome] += 1
+    return counts
+
+
+def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None) -> list[str]:
+    """What `hpo plan` prints: the set-up, the cost figures with their ranges, the outcomes with their intervals."""
+    spec, n = plan.spec, len(repetitions)
+    lines = _setup_lines(plan, n)
+    lines += ["", f"{'':<{WIDTH}}{'median':>10}   range of 95 % of the repetitions (2.5th to 97.5th percentile)"]
+    end = "to the verdict (the experiment's end)" if spec.compare else "to the experiment's end"
+    rows = [
+        ("to the first target-reaching configuration", None, ""),
+        ("  GPU-hours", [r.first_hit_gpu_h for r in repetitions], "{:,.1f}"),
+        ("  wall-clock", [r.first_hit_wall_h for r in repetitions], "{:,.2f} h"),
+        (end, None, ""),
+        ("  GPU-hours", [r.answer_gpu_h for r in repetitions], "{:,.1f}"),
+        ("  wall-clock", [r.answer_wall_h for r in repetitions], "{:,.2f} h"),
+        ("idle slot-time (of slots x wall-clock)", [r.idle_fraction for r in repetitions], "{:.1%}"),
+        ("confirmation runs", [r.confirmation_runs for r in repetitions], "{:,.0f}"),
+    ]
+    lines += [label if values is None else _figure_line(label, values, fmt) for label, values, fmt in rows]
+    misses = sum(r.first_hit_wall_h is None for r in repetitions)
+    if misses:
+        lines.append(f"({misses} of {n} repetitions had no trial that reached the target: counted as never)")
+    if spec.compare:
+        lines += ["", f"outcome (of {_repetitions(n)}; 95 % Wilson interval of the share)"]
+        for outcome, count in outcome_counts(plan, repetitions).items():
+            low, high = share_interval(count, n)
+            lines.append(f"  {outcome:<{WIDTH - 2}}{count:>4} {count / n:>6.0%}   {low:.0%} to {high:.0%}")
+    else:
+        lines += ["", "no compare arms: no verdict, only the cost"]
+    if seconds is not None:
+        lines += ["", f"planned in {seconds:,.0f} s ({seconds / max(n, 1):,.1f} s a repetition on this machine)"]
+    return lines
+
+
+WIDTH = 44  # the label column of the summary
+
+
+def _figure_line(label: str, values: Sequence[float | None], fmt: str) -> str:
+    median, low, high = percentile_range(values)
+
+    def shown(v: float) -> str:
+        return "never" if math.isinf(v) else fmt.format(v)
+
+    return f"{label:<{WIDTH}}{shown(median):>10}   {shown(low)} to {shown(high)}"
+
+
+def _setup_lines(plan: Plan, n: int) -> list[str]:
+    spec = plan.spec
+    simulation, slots, gpus = spec.runner.simulation, spec.budget.max_parallel, spec.resources.gpus_per_trial
+    rate = (f"{simulation.samples_per_s:,.0f} samples/s a GPU (samples_per_s)" if simulation.samples_per_s else
+            f"{simulation.gpu.upper()}, {simulation.gpu_samples_per_s:,.0f} samples/s a GPU")  # fmt: skip
+    tuner_seed, training_seed = plan.seeds(0)
+    confirm = spec.budget.confirm_seeds
+    confirm = f"auto (at most {spec.budget.most_confirm_seeds} per arm)" if confirm == "auto" else confirm
+    lines = [
+        f"plan of {spec.name} ({plan.source}): {_repetitions(n)} on the simulated runner; no training happens, every "
+        "figure is simulated",
+        f"  cluster: {slots} slot(s) of {gpus} GPU(s), {rate}; 1 table sample = {simulation.sample_scale:g} "
+        "samples (the simulated runner's duration model: a conversion, not a measurement)",
+        f"  learning curves: {plan.table}" + _table_data(plan.table),
+        f"  each: {spec.budget.trials} trials, tuner {spec.tuner.name}, confirm_seeds {confirm}; repetition r: "
+        f"tuner seed {tuner_seed} + r, training seed {training_seed} + {SEED_STRIDE} r",
+        "  each repetition ran in a temporary database, deleted after; your database was not opened",
+    ]
+    if plan.moved:
+        lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
+                        "the default learning-curve table, which covers its space")  # fmt: skip
+    return lines
+
+
+def _table_data(table: Path) -> str:
+
+    digest = load_table(table).meta.get("data_sha256")
+    return f" (data sha256 {str(digest)[:12]})" if digest else ""
+
+
+def _repetitions(n: int) -> str:
+    return f"{n} repetition" + ("" if n == 1 else "s")
