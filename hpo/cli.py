@@ -5,8 +5,11 @@
     hpo resume NAME                     finish an experiment whose controller died or was stopped
     hpo plan EXPERIMENT.yaml [--slots N] [--gpus-per-slot G] [--repetitions R] [--seed S]
              [--gpu a100|h100 | --samples-per-s X]
+             [--cv C --difference D | --like PILOT] [--power P] [--draws N] [--verdict-only]
                                         forecast GPU-hours, wall-clock and the chance of an answer: R simulated runs,
-                                        each in a temporary database (the database is never opened)
+                                        each in a temporary database (the database is never written); with a spread,
+                                        the verdict's chances over drawn confirmation runs and, with --power, the
+                                        fewest confirmation runs per arm that reach that chance
     hpo status [NAME]                   experiments, or one experiment's trial counts and why trials wait
     hpo trials NAME [--state S] [--arm A] [--after N] [--limit L]
     hpo best NAME [--per-arm] [--arm A] [--batch-size N]
@@ -181,16 +184,65 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from hpo.plan import PlanOptions, forecast_lines, prepare_plan, run_plan
 
-    options = PlanOptions(args.repetitions, args.seed, args.slots, args.gpus_per_slot, args.gpu, args.samples_per_s)
+    _check_plan_options(args)
+    if args.verdict_only:
+        from hpo.experiment import load_experiment
+
+        print("\n".join(_plan_chances(args, load_experiment(args.experiment))))  # a bad file: `hpo run`'s errors
+        return 0
+    options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
+                          args.samples_per_s)  # fmt: skip
     plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
+    chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
     started = time.perf_counter()
     try:
-        repetitions = run_plan(plan, progress=_plan_progress(args.repetitions))
+        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions))
     except KeyboardInterrupt:
         print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
         return 130
-    print("\n".join(forecast_lines(plan, repetitions, time.perf_counter() - started)))
+    lines = forecast_lines(plan, repetitions, time.perf_counter() - started, pilot=args.like)
+    print("\n".join(lines + ([""] + chances if chances else [])))
     return 0
+
+
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """Refuse what `hpo plan` would ignore: the verdict's options without a spread, the cluster's without a run."""
+    if (args.cv is None) != (args.difference is None):
+        raise HpoError("--cv and --difference go together: a stated spread is a coefficient of variation and the "
+                       "true difference to find (e.g. --cv 5% --difference 10%; --difference 0 for a tie)")  # fmt: skip
+    if args.cv == 0 or args.power == 0:
+        raise HpoError(f"--{'cv' if args.cv == 0 else 'power'} 0 means nothing here: give a fraction above 0 "
+                       "(e.g. --cv 5% --power 80%)")  # fmt: skip
+    spread = args.cv is not None or args.like is not None
+    needing = [name for name, value in (("--power", args.power), ("--draws", args.draws),
+                                        ("--verdict-only", args.verdict_only or None))
+               if value is not None]  # fmt: skip
+    if needing and not spread:
+        raise HpoError(f"{', '.join(needing)}: the verdict's chances need a spread: --cv and --difference, or --like "
+                       "EXPERIMENT (a pilot in the database)")  # fmt: skip
+    cluster = [name for name, value in (("--repetitions", args.repetitions), ("--slots", args.slots),
+                                        ("--gpus-per-slot", args.gpus_per_slot), ("--gpu", args.gpu),
+                                        ("--samples-per-s", args.samples_per_s)) if value is not None]  # fmt: skip
+    if args.verdict_only and cluster:
+        raise HpoError(f"{', '.join(cluster)}: --verdict-only runs nothing on the simulated cluster; drop "
+                       "--verdict-only to forecast the cost too")  # fmt: skip
+
+
+def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
+    """The verdict's chances (and with --power the advice) at the stated spread or the pilot's."""
+    from hpo.arms import arm_labels
+    from hpo.plan import DRAWS, chances_forecast, pilot_evidence, stated_evidence
+
+    labels = arm_labels(spec)
+    if args.like:
+        storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+        try:
+            evidence = pilot_evidence(storage, args.like, labels)
+        finally:
+            storage.close()
+    else:
+        evidence = stated_evidence(labels, args.cv, args.difference)
+    return chances_forecast(spec, evidence, args.draws or DRAWS, args.power, args.seed)
 
 
 def _plan_progress(total: int):
@@ -548,12 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--gpus-per-slot", type=_positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
     )
-    plan.add_argument("--repetitions", type=_positive, default=20, help="simulated runs of the file (default 20)")
+    plan.add_argument("--repetitions", type=_positive, help="simulated runs of the file (default 20)")
     plan.add_argument(
         "--seed",
         type=_non_negative,
         default=0,
-        help="repetition r uses tuner seed file + SEED + r and training seed file + 1000 (SEED + r) (default 0)",
+        help="repetition r uses tuner seed file + SEED + r and training seed file + 1000 (SEED + r); the verdict's "
+        "draws are seeded by it too (default 0)",
     )
     speed = plan.add_mutually_exclusive_group()
     speed.add_argument(
@@ -566,6 +619,51 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         metavar="X",
         help="one GPU's BERT-large samples per second instead of a --gpu's",
+    )
+    chances = plan.add_argument_group(
+        "the verdict's chances from a spread",
+        "draw the confirmation runs from a stated spread or a pilot experiment's and ask the verdict "
+        "(hpo.verdict.decide) with the file's margin and confirmation budget: how often it names the right arm, "
+        "says equivalent, not yet, or names a wrong one",
+    )
+    source = chances.add_mutually_exclusive_group()
+    source.add_argument(
+        "--cv",
+        type=_fraction,
+        metavar="C",
+        help="a stated spread: every arm's samples to target log-normal with this coefficient of variation "
+        "(0.05 or 5%%); with --difference",
+    )
+    source.add_argument(
+        "--like",
+        metavar="EXPERIMENT",
+        help="the spread, hit rates and difference of this experiment in the database (a pilot; read only): its "
+        "arms' confirmation runs (plus the best tuning run where fewer than 2), taken as the truth",
+    )
+    chances.add_argument(
+        "--difference",
+        type=_fraction,
+        metavar="D",
+        help="with --cv: the true difference, the file's first arm needing D fewer samples than the others "
+        "(10%% or 0.1; 0: a tie)",
+    )
+    chances.add_argument(
+        "--power",
+        type=_fraction,
+        metavar="P",
+        help="advice: the fewest confirmation runs per arm (confirm_seeds 2 to 12; auto with max_confirm_seeds "
+        "6, 9, 12) whose chance of a right answer reaches P (0.8 or 80%%), with each one's runs per arm",
+    )
+    chances.add_argument(
+        "--draws",
+        type=_positive,
+        metavar="N",
+        help="drawn experiments per confirmation budget (default 2,000; about 1 ms a verdict)",
+    )
+    chances.add_argument(
+        "--verdict-only",
+        action="store_true",
+        help="only the verdict's chances (and --power's advice): no simulated repetitions, no cost figures",
     )
     plan.set_defaults(fn=cmd_plan)
     status = sub.add_parser("status", help="experiments (live/interrupted/finished), or one experiment's progress")
@@ -664,6 +762,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """`0.05` or `5%`: a number from 0 to below 1."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to below 1 (0.05 or 5%), got {text}")
     return value
 
 

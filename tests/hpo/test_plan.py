@@ -12,16 +12,21 @@ import gc
 import io
 import json
 import math
+import re
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from scipy import stats
 
 from hpo.cli import main
+from hpo.experiment import experiment_from_dict, stored_form
 from hpo.plan import DEFAULT_TABLE, percentile_range, share_interval
 from hpo.storage import SqlStorage
+from hpo.storage.base import MetricPoint
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
@@ -235,3 +240,191 @@ def test_the_share_interval_is_wilsons(count, total):
     centre = (p + z * z / (2 * total)) / (1 + z * z / total)
     half = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
     assert share_interval(count, total) == pytest.approx((centre - half, centre + half))
+
+
+# --------------------------------------------------------------------------- the verdict's chances from a spread
+#
+# A pilot is written straight to storage as `hpo run` leaves one: per arm one tuning trial (its best) and its
+# confirmation runs (kind confirmation, other seeds) with known samples to target, and where given their curves.
+
+ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
+SEEDS_TABLE = ROOT / "bench" / "curves" / "seeds.jsonl"
+# BENCHMARKS.md, "Verdict power", part 1 (the seeds table, LAMB truly 23.8 % faster): the real pair named right in
+# 73.0 % / 66.3 % at 3 runs per arm and 87.6 % / 81.3 % at 4 ("same" / "independent" seeds): 4 reach 80 %.
+VERDICT_POWER_RUNS = 4
+
+
+def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float, list]]]) -> None:
+    """Experiment `name` in the database at db_file: per optimizer, a tuning trial (at the middle run's samples; 7,000
+    without runs) and one confirmation trial per (samples to target, curve [(samples, accuracy), ...] or []) of
+    `runs`."""
+    spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
+    with SqlStorage(f"sqlite:///{db_file}", upgrade=True) as storage:
+        eid = storage.create_experiment(name, stored_form(spec, db_file.parent / name), spec.direction)
+        for optimizer, values in runs.items():
+            params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
+            middle = values[len(values) // 2][0] if values else 7000  # the tuning trial's samples to target
+            for seed, (samples, curve) in [(None, (middle, []))] + list(enumerate(values, start=1001)):
+                kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
+                trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (),
+                                                               32, kind, seed))  # fmt: skip
+                storage.mark_trial_running(trial_id, pid=1, host="h")
+                if curve:
+                    storage.add_metrics(trial_id, [MetricPoint(i, s, {"mlm_accuracy": a})
+                                                   for i, (s, a) in enumerate(curve, 1)])  # fmt: skip
+                storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples),
+                                                           samples_to_target=int(samples), best_mlm_accuracy=0.13,
+                                                           metrics={"samples": 12288}))  # fmt: skip
+
+
+def exact_spread(log_mean: float, log_sd: float, n: int, every: int = 1024) -> list[tuple[float, list]]:
+    """n samples to target whose ln values have exactly this mean and standard deviation (normal quantiles,
+    standardized), rounded to whole samples and kept off the evaluation points (no resolution floor)."""
+    z = stats.norm.ppf((np.arange(n) + 0.5) / n)
+    z = (z - z.mean()) / z.std(ddof=1)
+    values = [round(math.exp(log_mean + log_sd * v)) for v in z]
+    return [(v + 1 if v % every == 0 else v, []) for v in values]
+
+
+def chances_table(out: str, heading: str) -> dict[str, tuple[int, float]]:
+    """The outcome rows below `heading`: label -> (count, share)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("  ") or line.strip().startswith("confirmation runs"):
+            break
+        label, rest = line[:44].strip(), line[44:].split()
+        rows[label] = (int(rest[0]), float(rest[1].rstrip("%")) / 100)
+    return rows
+
+
+def plan_out(capsys, *args: str) -> str:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out
+
+
+def test_like_a_pilot_with_a_known_spread_gives_the_power_of_the_t_test(tmp_path, capsys):
+    """Two arms, 6 runs per arm, ln samples ~ Normal(mu, 0.12) with LAMB 0.15 lower: the closed-form power of the
+    two-sample t test on ln values (noncentral t, df 2k - 2, two-sided 5 %), computed here with scipy."""
+    sigma, delta, k = 0.12, 0.15, 6
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "pilot", {"adamw": exact_spread(math.log(8000), sigma, 12),
+                                   "lamb": exact_spread(math.log(8000) - delta, sigma, 12)})  # fmt: skip
+    budget = {**small_preset()["budget"], "confirm_seeds": k}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--verdict-only",
+                   "--draws", "1000")  # fmt: skip
+    df, nc = 2 * k - 2, delta / (sigma * math.sqrt(2 / k))
+    critical = stats.t.ppf(0.975, df)
+    power = stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
+    rows = chances_table(out, "outcome with this file's confirm_seeds: 6 (one look)")
+    assert abs(rows["a right answer"][1] - power) < 0.10, (rows, power)
+    assert rows["right: optimizer.name=lamb named"] == rows["a right answer"]  # 15 % > the margin: only a winner
+    cv = f"CV {math.sqrt(math.expm1(sigma**2)):.1%} (sd of ln {sigma:.3f})"
+    assert f"  {ADAMW}: 12 of 12 confirmation runs reached the target; samples to target geometric mean 8,000, {cv}" \
+        in out  # fmt: skip
+    assert f"the truth: {LAMB} needs {-math.expm1(-delta):.1%} fewer than {ADAMW}" in out
+
+
+def seeds_runs() -> dict[str, list[tuple[float, list]]]:
+    """The seeds table's 20 runs of each optimizer at its best point: (stored samples to target, curve)."""
+    runs: dict[str, list[tuple[float, list]]] = {}
+    for line in SEEDS_TABLE.read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "run":
+            runs.setdefault(record["optimizer"], []).append((record["samples_to_target"], record["curve"]))
+    return runs
+
+
+def interpolated(samples: int, curve: list, target: float = 0.12) -> float:
+    """Samples to target between the last evaluation below the target and the first at or above it."""
+    i = next(i for i, (s, _) in enumerate(curve) if s == samples)
+    (s0, a0), (s1, a1) = curve[i - 1], curve[i]
+    return s0 + (target - a0) / (a1 - a0) * (s1 - s0)
+
+
+def test_power_advice_on_the_seeds_tables_spread_matches_the_verdict_power_study(tmp_path, capsys):
+    runs = seeds_runs()
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "seeds", runs)
+    budget = {**small_preset()["budget"], "confirm_seeds": VERDICT_POWER_RUNS}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "seeds", "--power", "0.8",
+                   "--verdict-only", "--draws", "600")  # fmt: skip
+    logs = {o: np.log([interpolated(s, c) for s, c in values]) for o, values in runs.items()}
+    for optimizer, x in logs.items():  # each arm's spread, as computed here from the table
+        cv = math.sqrt(math.expm1(x.var(ddof=1)))
+        assert f"optimizer.name={optimizer}: 20 of 20 confirmation runs reached the target; samples to target " \
+               f"geometric mean {math.exp(x.mean()):,.0f}, CV {cv:.1%}" in out  # fmt: skip
+    difference = -math.expm1(logs["lamb"].mean() - logs["adamw"].mean())
+    assert f"the truth: {LAMB} needs {difference:.1%} fewer than {ADAMW}" in out
+    assert 0.23 < difference < 0.245  # BENCHMARKS.md: LAMB needs 23.8 % fewer samples
+    fewest = re.search(r"^fewest fixed: confirm_seeds: (\d+)", out, re.M)
+    assert fewest and abs(int(fewest[1]) - VERDICT_POWER_RUNS) <= 1, out
+    advice = [line for line in out.splitlines() if line.startswith("  confirm_seeds: ")]
+    assert [line.split()[1:3] for line in advice[-3:]] == [["auto,", "max_confirm_seeds:"]] * 3
+    reached = [line for line in advice if line.endswith("reaches 80%")]
+    assert reached[0].split()[1] == fewest[1]  # the first fixed k marked is the one advised
+
+
+def test_a_stated_spread_gives_the_verdict_power_studys_figure(tmp_path, capsys):
+    """BENCHMARKS.md, "Verdict power", part 2: log-normal, CV 5 %, a 10 % difference, 5 runs per arm: 81.5 %."""
+    budget = {**small_preset()["budget"], "confirm_seeds": 5}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    out = plan_out(capsys, "plan", str(path), "--cv", "5%", "--difference", "10%", "--verdict-only", "--draws", "1000")
+    rows = chances_table(out, "outcome with this file's confirm_seeds: 5")
+    assert abs(rows["a right answer"][1] - 0.815) < 0.04
+    assert rows["right: optimizer.name=adamw named"] == rows["a right answer"]
+    assert rows["wrong: another arm named"][0] == 0
+    assert out == plan_out(capsys, "plan", str(path), "--cv", "0.05", "--difference", "0.1", "--verdict-only",
+                           "--draws", "1000")  # fmt: skip  # the same seed: the same draws
+
+
+def test_like_reads_the_users_database_and_writes_nothing(tmp_path, capsys):
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "pilot", {"adamw": exact_spread(math.log(8000), 0.1, 4),
+                                   "lamb": exact_spread(math.log(7000), 0.1, 4)})  # fmt: skip
+    gc.collect()
+    before = files_of(db_file)
+    path = write(tmp_path / "file.yaml", small_preset())
+    out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--repetitions", "1",
+                   "--draws", "100")  # fmt: skip
+    gc.collect()
+    assert files_of(db_file) == before  # byte for byte
+    assert "your database was only read (the pilot pilot, below)" in out
+    assert "to the verdict (the experiment's end)" in out  # the cost figures, then the chances
+    assert out.index("outcome (of 1 repetition") < out.index("the spread of experiment pilot in your database")
+
+
+def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "thin", {"adamw": exact_spread(math.log(8000), 0.1, 3), "lamb": []})
+    path = write(tmp_path / "file.yaml", small_preset())
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "thin", "--verdict-only"]) == 2
+    error = capsys.readouterr().err
+    assert f"--like thin: too little evidence for a spread: arm {LAMB} has 1 run(s) that reached the target of 1" \
+        in error  # fmt: skip  # its best tuning run only
+    assert "Run the pilot with `budget.confirm_seeds: 3` or more" in error
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--cv", "5%"], "--cv and --difference go together"),
+        (["--power", "0.8"], "--power: the verdict's chances need a spread"),
+        (
+            ["--cv", "5%", "--difference", "0.1", "--verdict-only", "--slots", "8"],
+            "--slots: --verdict-only runs nothing",
+        ),
+        (["--like", "nowhere", "--verdict-only"], "there is no database at"),
+    ],
+    ids=["cv-alone", "power-alone", "verdict-only-with-slots", "no-database"],
+)
+def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, capsys, args, message):
+    path = write(tmp_path / "file.yaml", small_preset())
+    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "none.db").exists()
