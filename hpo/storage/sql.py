@@ -346,16 +346,17 @@ class SqlStorage(Storage):
             "best_mlm_accuracy": _no_nan(result.best_mlm_accuracy),
             "duration_s": _no_nan(result.duration_s),
             "metrics": dict(result.metrics),
-            "finished_at": self._trial_clock(),
         }
         with self._session(write=True) as session:
+            values["finished_at"] = _stamp_locked(session, trial_id, self._trial_clock)
             if not _update_trial(session, trial_id, _UNFINISHED, values, attempt):
                 raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
 
     def interrupt_trial(self, trial_id: int, reason: str, *, attempt: int | None = None) -> None:
-        values = {"state": TrialState.INTERRUPTED.value, "reason": reason, "finished_at": self._trial_clock()}
+        values = {"state": TrialState.INTERRUPTED.value, "reason": reason}
         from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value]
         with self._session(write=True) as session:
+            values["finished_at"] = _stamp_locked(session, trial_id, self._trial_clock)
             if not _update_trial(session, trial_id, from_states, values, attempt):
                 raise _transition_error(session, trial_id, "interrupt", "it is neither queued nor running", attempt)
 
@@ -750,6 +751,14 @@ def _metric_rows(trial_id: int, points: Iterable[MetricPoint | tuple], now: date
 
 
 # -- values ----------------------------------------------------------------------------------------------------
+
+
+def _stamp_locked(session: Session, trial_id: int, clock: Callable[[], datetime]) -> datetime:
+    """The time a trial's record closes, read once the trial's row is locked (PostgreSQL; SQLite's write lock is
+    held from the transaction's start): a metric batch stamped under its share lock (`add_metrics`) is then never
+    dated after the close it came before."""
+    session.execute(select(TrialModel.id).where(TrialModel.id == trial_id).with_for_update())
+    return clock()
 
 
 def _now() -> datetime:
