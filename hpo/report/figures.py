@@ -2,7 +2,8 @@
 not safe in the server's worker threads) and returned as base64 PNG for an `<img src="data:...">`.
 
 Misses are drawn as misses: an `x` on a strip above the plotted values labelled "missed" (or at the sample
-budget), never at their penalty value, so a penalty never stretches an axis.
+budget), never at their penalty value, so a penalty never stretches an axis. Points are drawn for at most
+MAX_DRAWN trials per arm (hpo.report.data.drawn_positions); lines, bands and error bars use every trial.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from matplotlib.figure import Figure
 
 from hpo.batch_scaling import WELL, BatchScaling
 from hpo.report.bands import Band, band_over_cost, band_over_trials
-from hpo.report.data import ArmData, Dimension, ExperimentData, TrialRow
+from hpo.report.data import MAX_DRAWN, ArmData, Dimension, ExperimentData, TrialRow, drawn_positions
 from hpo.report.scaling import ScalingPoint, optimizers, scaling_fits
 
 DPI = 90
@@ -72,7 +73,7 @@ def best_so_far_figure(data: ExperimentData) -> Figure:
         costs = [(t.duration_s or 0) * t.gpus / 3600 if gpu else t.samples for t in rows]
         bands[by_trials].append((band_over_trials(values, data.direction), colors[arm.label], arm.label))
         bands[by_cost].append((band_over_cost(values, costs, data.direction), colors[arm.label], arm.label))
-        _draw_trials(by_trials, rows, colors[arm.label])
+        _draw_trials(by_trials, rows, drawn_positions(rows, data.direction), colors[arm.label])
     for ax, drawn in bands.items():
         _fit_limits(ax, [b for b, _, _ in drawn], [t.value for t in ran if t.value is not None])
         for band, color, label in drawn:
@@ -86,7 +87,15 @@ def best_so_far_figure(data: ExperimentData) -> Figure:
         ax.grid(alpha=0.3)
     by_trials.legend(loc="best", fontsize=8)
     fig.suptitle("Best so far per arm (line), 95 % bootstrap band over trial order (shaded); x: a missed trial")
+    _points_note(fig, data)
     return fig
+
+
+def _points_note(fig: Figure, data: ExperimentData) -> None:
+    """A line under the figure where some arm has more tuning trials than are drawn as points."""
+    if any(len(a.tuning) > MAX_DRAWN for a in data.arms):
+        fig.text(0.5, -0.02, f"points: at most {MAX_DRAWN:,} trials per arm, its best and a fixed stride over the rest",
+                 ha="center", va="top", fontsize=8, color="#555555")  # fmt: skip
 
 
 def _fit_limits(ax, bands: Sequence[Band], values: Sequence[float]) -> None:
@@ -111,13 +120,13 @@ def _draw_band(ax, band: Band, color: str, label: str) -> None:
     ax.set_ylim(bottom, top)
 
 
-def _draw_trials(ax, rows: Sequence[TrialRow], color: str) -> None:
-    """Each trial's own value as a faint dot; misses and failures as an x on the top strip."""
-    xs = np.arange(1, len(rows) + 1)
-    measured = [(x, t.value) for x, t in zip(xs, rows, strict=True) if t.value is not None]
+def _draw_trials(ax, rows: Sequence[TrialRow], shown: Sequence[int], color: str) -> None:
+    """The trials at positions `shown`, each at its place in the order, its value as a faint dot; misses and
+    failures as an x on the top strip."""
+    measured = [(i + 1, rows[i].value) for i in shown if rows[i].value is not None]
     if measured:
         ax.scatter(*zip(*measured, strict=True), s=12, color=color, alpha=0.45, linewidths=0)
-    missed = [x for x, t in zip(xs, rows, strict=True) if t.value is None]
+    missed = [i + 1 for i in shown if rows[i].value is None]
     ax.scatter(missed, [1.02] * len(missed), transform=ax.get_xaxis_transform(), marker="x", s=22,
                color=color, clip_on=False)  # fmt: skip
 
@@ -165,7 +174,7 @@ def outcomes_figure(data: ExperimentData) -> Figure:
     colors = arm_colors([a.label for a in data.arms])
     rng = np.random.default_rng(0)
     for i, arm in enumerate(data.arms):
-        _arm_strip(ax, i, arm, colors[arm.label], rng)
+        _arm_strip(ax, i, arm, colors[arm.label], rng, data.direction)
     ax.set_xticks(range(len(data.arms)), [a.label for a in data.arms], fontsize=8)
     ax.set_xlim(-0.6, len(data.arms) - 0.4)
     ax.set_ylabel(_value_label(data))
@@ -176,11 +185,14 @@ def outcomes_figure(data: ExperimentData) -> Figure:
     _miss_strip(ax)
     ax.grid(alpha=0.3, axis="y")
     fig.suptitle("Per arm: o tuning trial, ◆ confirmation seed, bar: mean and 95 % interval; x: missed/failed")
+    _points_note(fig, data)
     return fig
 
 
-def _arm_strip(ax, i: int, arm: ArmData, color: str, rng) -> None:
-    finished = [t for t in arm.trials if t.outcome not in ("unfinished", "bad data")]
+def _arm_strip(ax, i: int, arm: ArmData, color: str, rng, direction: str) -> None:
+    tuning = [t for t in arm.tuning if t.outcome not in ("unfinished", "bad data")]
+    confirmations = [t for t in arm.trials if t.kind != "tuning" and t.outcome not in ("unfinished", "bad data")]
+    finished = sorted([tuning[k] for k in drawn_positions(tuning, direction)] + confirmations, key=lambda t: t.number)
     for kind, marker in (("tuning", "o"), ("confirmation", "D")):
         points = [t.value for t in finished if t.kind == kind and t.value is not None]
         ax.scatter(i + rng.uniform(-0.18, 0.18, len(points)), points, marker=marker, s=18, color=color, alpha=0.6)
@@ -215,6 +227,7 @@ def noise_figure(data: ExperimentData) -> Figure | None:
         for batch in arm.global_batch_sizes:
             over_training.axhline(batch, color=color, linestyle="--", linewidth=1)
         mine = [t for t in rows if t.arm == arm.label and t.global_batch_size]
+        mine = [mine[k] for k in drawn_positions(mine, data.direction)]
         for bound, marker in ((False, "o"), (True, "^")):  # ^: only a lower bound (see data.py)
             some = [t for t in mine if bool(t.noise_lower_bound) is bound]
             if not some:
@@ -239,6 +252,7 @@ def noise_figure(data: ExperimentData) -> Figure | None:
     for ax in (over_training, per_trial):
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Gradient noise scale: dashed (left) / diagonal (right) = the global batch size; ^ a lower bound")
+    _points_note(fig, data)
     return fig
 
 
@@ -266,7 +280,7 @@ def effects_figure(data: ExperimentData) -> Figure | None:
     rng = np.random.default_rng(0)
     for ax, dim in zip(axes, dims, strict=False):
         for arm in data.arms:
-            _effect(ax, dim, arm.tuning, colors[arm.label], rng)
+            _effect(ax, dim, arm.tuning, colors[arm.label], rng, data.direction)
         ax.set_title(dim.name, fontsize=9)
         ax.set_ylabel(_value_label(data), fontsize=8)
         ax.grid(alpha=0.3)
@@ -278,11 +292,13 @@ def effects_figure(data: ExperimentData) -> Figure | None:
     axes[0].legend(loc="best", fontsize=7)
     fig.suptitle("Objective against each hyperparameter (tuning trials); x on top: missed or failed")
     fig.tight_layout()
+    _points_note(fig, data)
     return fig
 
 
-def _effect(ax, dim: Dimension, rows: Sequence[TrialRow], color: str, rng) -> None:
+def _effect(ax, dim: Dimension, rows: Sequence[TrialRow], color: str, rng, direction: str) -> None:
     rows = [t for t in rows if t.outcome not in ("unfinished", "bad data") and dim.name in t.params]
+    rows = [rows[k] for k in drawn_positions(rows, direction)]
     if dim.kind == "choice":
         xs = [dim.choices.index(t.params[dim.name]) + rng.uniform(-0.15, 0.15) for t in rows]
         ax.set_xticks(range(len(dim.choices)), [str(c) for c in dim.choices], fontsize=8)

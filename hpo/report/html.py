@@ -20,6 +20,8 @@ from hpo.mlperf import imported_line
 from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
 from hpo.report.data import (
+    BEST_DRAWN,
+    MAX_DRAWN,
     NOISE_CHECKED_RATIO,
     NOISE_UNDEFINED_SHARE,
     OUTCOMES,
@@ -28,13 +30,17 @@ from hpo.report.data import (
     RungStep,
     TrialRow,
     load_experiment,
+    top_trials,
 )
-from hpo.report.importance import MIN_TRIALS, Importance, rank_importance
-from hpo.report.scaling import ScalingPoint, confirmation_runs, scaling_fits, scaling_points
+from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
+from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
 from hpo.verdict import Outcome
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
+LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
+LISTED_BEST = 10  # tuning trials per arm listed then
+LISTED_CHAINS = 50  # promoted configurations listed per arm (multi-fidelity), those that went furthest first
 Link = Callable[[str], str]
 
 CSS = """
@@ -296,7 +302,27 @@ def _notes(data: ExperimentData) -> str:
         notes.append(f"The experiment is {data.liveness}: these numbers will change as trials finish.")
     if data.to_target:
         notes.append("A run that missed the target is shown as a miss (x), never at its penalized objective.")
+    large = _large_experiment(data)
+    if large:
+        notes.append(large)
     return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
+
+
+def _large_experiment(data: ExperimentData) -> str | None:
+    """What a large experiment's page shows of its trials (None when it shows all of them)."""
+    largest = max((len(a.tuning) for a in data.arms), default=0)
+    said = []
+    if largest > MAX_DRAWN:
+        said.append(f"figures draw at most {MAX_DRAWN:,} tuning trials per arm as points (its {BEST_DRAWN} best and "
+                    "a fixed stride over the rest)")  # fmt: skip
+    if largest > MAX_TRIALS:
+        said.append(f"the importance surrogate is fitted on {MAX_TRIALS:,} trials per arm (a fixed stride)")
+    if len(data.trials) > LISTED_TRIALS:
+        said.append(f"the trial table lists each arm's {LISTED_BEST} best tuning trials and every confirmation run")
+    if not said:
+        return None
+    return (f"Large experiment: {len(data.trials):,} trials. The verdict, the best configurations, the counts, the "
+            f"best-so-far lines and bands and the medians use every trial; {'; '.join(said)}.")  # fmt: skip
 
 
 def _verdict_section(data: ExperimentData) -> str:
@@ -388,12 +414,14 @@ def _arm_rungs(arm: ArmRungs) -> str:
     if not arm.chains:
         return table + "<p>No configuration was promoted.</p>"
     chains = []
-    for chain in arm.chains:
+    for chain in arm.chains[:LISTED_CHAINS]:
         rungs = " → ".join(f"{step.samples:,}" for step in chain)
         steps = " → ".join(_step(step, first=i == 0) for i, step in enumerate(chain))
         chains.append(_td(rungs, cls="l") + _td(steps, f"chain_{chain[0].number}", arm.arm, "l"))
     head = ["rungs (samples)", "trials, rung by rung (samples, outcome: objective)"]
-    return (f"{table}<details><summary>{len(chains)} promoted configuration(s)</summary>"
+    more = len(arm.chains) - len(chains)
+    listed = f"; {len(chains)} listed, those that reached the largest budget first" if more else ""
+    return (f"{table}<details><summary>{len(arm.chains):,} promoted configuration(s){listed}</summary>"
             f"{_table(head, chains, left=2)}</details>")  # fmt: skip
 
 
@@ -488,7 +516,9 @@ def _effects_section(data: ExperimentData, drawn: dict, importance: dict[str, Im
         rows = [_td(str(i + 1)) + _td(name, cls="l") + _td(f"{mean:.3f} ± {std:.3f}", "importance", arm.label)
                 + f"<td class=l><span class=bar style='width:{max(0.0, mean) / top * 200:.0f}px'></span></td>"
                 for i, (name, mean, std) in enumerate(imp.ranking)]  # fmt: skip
-        parts.append(f"<p>{imp.trials} trials; surrogate out-of-bag R² {imp.oob_r2:.2f}"
+        fitted = f"{imp.trials:,} of {imp.usable:,} usable trials (a fixed stride in trial order)" if imp.usable \
+            else f"{imp.trials} trials"  # fmt: skip
+        parts.append(f"<p>{fitted}; surrogate out-of-bag R² {imp.oob_r2:.2f}"
                      + (" — it explains nothing: do not read the ranking." if imp.oob_r2 <= 0 else ".") + "</p>"
                      + _table(["rank", "parameter", "R² drop", ""], rows, left=2))  # fmt: skip
     return "".join(parts)
@@ -523,11 +553,28 @@ def _slug(label: str) -> str:
 
 
 def _trials_section(data: ExperimentData) -> str:
-    rows = [_trial_row(t) for t in data.trials]
+    listed = listed_trials(data)
+    rows = [_trial_row(t) for t in listed]
     head = ["#", "arm", "kind", "seed", "outcome", "objective", "samples to target", "best accuracy",
             "samples", "global batch", "noise scale", "parameters", "reason"]  # fmt: skip
-    return (f"<h2>All trials</h2><details><summary>{len(rows)} trials</summary>"
-            f"{_table(head, rows, left=0)}</details>")  # fmt: skip
+    if len(listed) == len(data.trials):
+        return (f"<h2>All trials</h2><details><summary>{len(rows)} trials</summary>"
+                f"{_table(head, rows, left=0)}</details>")  # fmt: skip
+    every = f"hpo trials {shlex.quote(data.name)}"
+    return (f"<h2>Trials</h2><p data-field=listed>{len(rows):,} of {len(data.trials):,} trials listed: each arm's "
+            f"{LISTED_BEST} best tuning trials and every confirmation run. The counts per outcome are in the "
+            f"outcomes table above; <code>{escape(every)}</code> lists all of them (<code>--arm</code>, "
+            f"<code>--state</code>; <code>--after N --limit M</code> pages).</p><details><summary>{len(rows):,} "
+            f"trials</summary>{_table(head, rows, left=0)}</details>")  # fmt: skip
+
+
+def listed_trials(data: ExperimentData) -> list[TrialRow]:
+    """The trials the table lists, in number order: all of them up to LISTED_TRIALS; above, each arm's
+    LISTED_BEST best tuning trials (`top_trials`) and every confirmation run."""
+    if len(data.trials) <= LISTED_TRIALS:
+        return data.trials
+    numbers = {t.number for arm in data.arms for t in top_trials(arm.tuning, data.direction, LISTED_BEST)}
+    return [t for t in data.trials if t.number in numbers or t.kind == "confirmation"]
 
 
 def _trial_row(t: TrialRow) -> str:
@@ -547,9 +594,8 @@ def comparison_report(storage: Storage, names: Sequence[str], *, link: Link | No
     """Several experiments: samples to target and the noise scale against global batch size per optimizer, and
     per optimizer where the batch stops scaling (hpo.batch_scaling)."""
     experiments = [load_experiment(storage, name) for name in names]
-    runs = {(name, label): samples for name in dict.fromkeys(names)
-            for label, samples in confirmation_runs(storage, name).items()}  # fmt: skip
-    return comparison_page(experiments, scaling_points(experiments, runs), link=link, index=index)
+    return comparison_page(experiments, scaling_points(experiments, experiment_runs(experiments)), link=link,
+                           index=index)  # fmt: skip
 
 
 def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[ScalingPoint], *,

@@ -29,11 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpo.batch_scaling import BatchScaling, fit_batch_scaling
-from hpo.confirmations import stored_curves
-from hpo.experiment import spec_from_stored
 from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
-from hpo.verdict import ArmRuns, ArmSummary, arm_runs, summarize
+from hpo.verdict import ArmRuns, ArmSummary, summarize
 
 Runs = tuple[float | None, ...]  # samples to target per run, None for a miss
 
@@ -56,12 +54,8 @@ class ScalingPoint:
 
 def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
     """Arm label -> the samples to target of its best configuration's confirmation runs, as the verdict reads them
-    (hpo.verdict.arm_runs on the stored trials and their evaluation curves)."""
-    record = storage.get_experiment_by_name(name)
-    spec = spec_from_stored(record)
-    trials = storage.list_trials(record.id)
-    best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
-    return {arm.label: arm.samples_to_target for arm in arm_runs(spec, best, trials, stored_curves(storage, trials))}
+    (hpo.verdict.arm_runs on the stored trials and their evaluation curves; `ExperimentData.confirmation_runs`)."""
+    return load_experiment(storage, name, with_noise=False).confirmation_runs
 
 
 def scaling_points(experiments: Sequence[ExperimentData],
@@ -99,10 +93,16 @@ def series(data: ExperimentData, optimizer: str) -> str:
     return f"{optimizer} ({data.name}, {'MLPerf reference' if is_reference(data) else 'imported'})"
 
 
+def experiment_runs(experiments: Sequence[ExperimentData]) -> dict[tuple[str, str], Runs]:
+    """(experiment, arm label) -> the arm's runs as `confirmation_runs` gives them, from the experiments as
+    `load_experiment` read them (no second read of their trials and curves)."""
+    return {(data.name, label): runs for data in experiments for label, runs in data.confirmation_runs.items()}
+
+
 def experiment_fits(storage: Storage, name: str) -> dict[str, BatchScaling]:
     """The fits the comparison page draws for one experiment's points (e.g. an RCP import's reference curve)."""
-    runs = {(name, label): samples for label, samples in confirmation_runs(storage, name).items()}
-    return scaling_fits(scaling_points([load_experiment(storage, name, with_noise=False)], runs))
+    experiments = [load_experiment(storage, name, with_noise=False)]
+    return scaling_fits(scaling_points(experiments, experiment_runs(experiments)))
 
 
 def scaling_fits(points: Sequence[ScalingPoint]) -> dict[str, BatchScaling]:

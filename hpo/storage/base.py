@@ -323,6 +323,12 @@ class Storage(abc.ABC):
     def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:
         """The trial's stored values (or only those called `name`), ordered by step, then name."""
 
+    @abc.abstractmethod
+    def get_experiment_metrics(self, experiment_id: int, names: Collection[str]) -> dict[int, list[MetricRecord]]:
+        """The stored values called one of `names` of all the experiment's trials in one read: trial id -> its
+        values in `get_metrics` order (by step, then name); a trial without such a value is absent. For readers
+        of every trial (the report): a read per trial costs a round trip each."""
+
     # -- best trials ---------------------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -446,6 +446,28 @@ def test_metrics_of_trials_do_not_mix(storage: SqlStorage):
     assert [r.value for r in storage.get_metrics(b)] == [2.0, 1.5]
 
 
+def test_experiment_metrics_are_each_trials_get_metrics_in_one_read(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    other = storage.create_experiment("y", {}, "minimize")
+    a, b, quiet = (storage.create_trial(experiment_id, make_spec(n)) for n in (0, 1, 2))
+    elsewhere = storage.create_trial(other, make_spec(0))
+    storage.add_metrics(a, [(1, 8, {"noise_scale": 3.0, "loss": 1.0}), (0, 0, {"noise_scale": float("nan")})])
+    storage.add_metrics(b, [(0, 0, {"grad_sq_norm_big": 2.0, "noise_scale": 5.0})])
+    storage.add_metrics(quiet, [(0, 0, {"loss": 1.0})])
+    storage.add_metrics(elsewhere, [(0, 0, {"noise_scale": 9.0})])
+    names = ("noise_scale", "grad_sq_norm_big")
+    read = storage.get_experiment_metrics(experiment_id, names)
+    assert read.keys() == {a, b}  # a trial without such a value is absent; another experiment's never appear
+    for trial_id in (a, b):
+        expected = [r for r in storage.get_metrics(trial_id) if r.name in names]
+        assert [(r.step, r.samples, r.name, r.created_at) for r in read[trial_id]] == [
+            (r.step, r.samples, r.name, r.created_at) for r in expected
+        ]
+        assert [r.value for r in read[trial_id]] == pytest.approx([r.value for r in expected], nan_ok=True)
+    with pytest.raises(NotFoundError):
+        storage.get_experiment_metrics(999, names)
+
+
 # -- best trials ---------------------------------------------------------------------------------------------
 
 
