@@ -110,6 +110,8 @@ class Study:
             base = config_from_dict(self.spec.resolved_base())
             extra = {"plan": asha_plan(self.spec, base.budget.max_samples, base.eval.every_samples),
                      "reached_target_at_most": reached_target_at_most(self.spec, base)}  # fmt: skip
+        if name in ("smac_bo", "smac_hyperband"):
+            extra["save_history"] = self.spec.runner.name != "simulated"
         return build_controller(name, space, tuner.seed, quota, output_dir, dict(tuner.options), **extra)
 
     def _arm(self, label: str | None) -> Arm:

@@ -28,6 +28,7 @@ class SmacController:
         min_budget: float = 1 / 9,
         max_budget: float = 1.0,
         eta: int = 3,
+        save_history: bool = True,
     ):
         from smac import HyperbandFacade, HyperparameterOptimizationFacade, Scenario
 
@@ -52,6 +53,9 @@ class SmacController:
                                                          overwrite=True, logging_level=logging.WARNING)  # fmt: skip
         self.multi_fidelity = multi_fidelity
         self.worst_cost = None
+        # SMAC writes its whole run history as JSON after every tell: kept for real runs (a record beside ours),
+        # skipped on the simulated runner, where it was a tenth of a repetition's time (`hpo plan`).
+        self.save_history = save_history
 
     def ask(self) -> Suggestion:
         info = self.smac.ask()
@@ -64,10 +68,12 @@ class SmacController:
 
         if cost is not None:
             self.worst_cost = cost if self.worst_cost is None else max(self.worst_cost, cost)
-            self.smac.tell(suggestion.handle, TrialValue(cost=cost))
+            self.smac.tell(suggestion.handle, TrialValue(cost=cost), save=self.save_history)
         else:
             fallback = self.worst_cost if self.worst_cost is not None else 1e12
-            self.smac.tell(suggestion.handle, TrialValue(cost=fallback, status=StatusType.CRASHED))
+            self.smac.tell(
+                suggestion.handle, TrialValue(cost=fallback, status=StatusType.CRASHED), save=self.save_history
+            )
 
     def replay(self, params: dict[str, Any], budget: float, cost: float | None) -> None:
         from ConfigSpace import Configuration

@@ -228,3 +228,17 @@ def test_a_stopped_simulated_experiment_resumes_where_it_stopped(tmp_path):
     for n in interrupted:
         assert after[n].attempt == 1 and after[n].state is not TrialState.INTERRUPTED
         assert after[n].started_at >= stopped_at
+
+
+def test_smac_does_not_rewrite_its_run_history_after_every_tell_on_the_simulated_runner(tmp_path):
+    # SMAC writes its whole run history as JSON after every tell; on the simulated runner that was a tenth of a
+    # repetition's time (hpo plan), and nothing reads it there: the study replays the database's history. What
+    # is left is the empty history SMAC writes when it starts.
+    import json
+
+    path = experiment_file(tmp_path, "nohistory", "smac_bo", 8, 4)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    assert SqlStorage(url).count_trials(SqlStorage(url).get_experiment_by_name("nohistory").id) >= 8
+    saved = list((tmp_path / "run").rglob("runhistory.json"))
+    assert len(saved) == 2 and all(json.loads(p.read_text())["data"] == [] for p in saved)  # one per arm
