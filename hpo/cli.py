@@ -745,14 +745,23 @@ def _runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", help="the Dask scheduler address for --runner dask, e.g. tcp://HOST:8786")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
-    return value
+def _whole_number(minimum: int, wanted: str):
+    """An argparse type: a whole number of at least `minimum`, else a message that says `wanted`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _whole_number(1, "a positive whole number")
+_non_negative = _whole_number(0, "a whole number >= 0")
 
 
 def _positive_float(text: str) -> float:
@@ -773,16 +782,6 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 or 5%, got {text!r}") from None
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"expected a fraction from 0 to below 1 (0.05 or 5%), got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
     return value
 
 
