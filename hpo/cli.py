@@ -231,7 +231,7 @@ def _check_plan_options(args: argparse.Namespace) -> None:
 def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
     """The verdict's chances (and with --power the advice) at the stated spread or the pilot's."""
     from hpo.arms import arm_labels
-    from hpo.plan import DRAWS, chances_forecast, pilot_evidence, stated_evidence
+    from hpo.plan_chances import DRAWS, chances_forecast, pilot_evidence, stated_evidence
 
     labels = arm_labels(spec)
     if args.like:
