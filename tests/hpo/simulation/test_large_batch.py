@@ -132,7 +132,8 @@ def test_an_experiment_on_a_partial_table_is_refused_before_anything_is_written(
                                     keep=lambda optimizer, lr, batch, seed: batch < 1024 or seed == 0)  # fmt: skip
     spec = load_experiment(preset_on(table, tmp_path))
     assert table_gaps(spec, load_table(table)) == [
-        "optimizer.name=adamw, schedule.warmup_steps=20, batch.global_batch_size=1024: seeds 1, 2 at lr 0.001, 0.00178",
+        "optimizer.name=adamw, schedule.warmup_steps=20, batch.global_batch_size=1024: seeds 1, 2 at lr 0.001, "
+        "0.00178, 0.00316",
         "optimizer.name=lamb, schedule.warmup_steps=20, batch.global_batch_size=1024: seeds 1, 2 at lr 0.01, 0.0178, "
         "0.0316",
     ]

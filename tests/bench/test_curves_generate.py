@@ -1,0 +1,49 @@
+"""The curve generator's table file: a grid grown by learning rates keeps its runs; any other change is refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from bench.curves import generate
+
+
+def _table(tmp_path, meta, runs):
+    path = tmp_path / "table.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [meta, *runs]) + "\n")
+    return path
+
+
+def test_a_grid_grown_by_learning_rates_keeps_its_runs_and_takes_the_new_meta(tmp_path):
+    expected = generate.meta("f" * 64, large_batch=True)
+    older = copy.deepcopy(expected)
+    older["grid"]["batches"]["512"]["lr"]["adamw"] = [5.62e-4, 1e-3]
+    run = {"kind": "run", "optimizer": "adamw", "lr": 1e-3, "warmup_steps": 20, "global_batch_size": 512, "seed": 0}
+    path = _table(tmp_path, older, [run])
+
+    assert generate.load(path, expected) == {("adamw", 1e-3, 20, 512, 0)}
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0]) == expected and json.loads(lines[1]) == run
+    assert generate.load(path, expected) == {("adamw", 1e-3, 20, 512, 0)}  # and stays readable
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m["grid"]["batches"]["512"]["lr"]["adamw"].append(9.9),  # the table has a rate the grid dropped
+        lambda m: m["grid"]["batches"]["512"].update(max_samples=1),  # another budget
+        lambda m: m.update(data_sha256="0" * 64),  # other data
+    ],
+    ids=["rate dropped", "budget", "data"],
+)
+def test_any_other_change_of_the_grid_is_refused_and_the_table_is_untouched(tmp_path, change):
+    expected = generate.meta("f" * 64, large_batch=True)
+    older = copy.deepcopy(expected)
+    change(older)
+    path = _table(tmp_path, older, [{"kind": "run"}])
+    before = path.read_bytes()
+    with pytest.raises(SystemExit, match=r"table.jsonl was made for another grid or other data \(differs in: "):
+        generate.load(path, expected)
+    assert path.read_bytes() == before
