@@ -122,6 +122,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
                 status = ExperimentStatus.STOPPED
         storage.set_experiment_status(experiment_id, status)
     finally:
+        heartbeat.beat()  # the study's last note (the final round of confirmations) for the view's last line
         if view:
             view.stop()
         heartbeat.stop()

@@ -29,7 +29,7 @@ SPACE = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"choi
          "schedule.warmup_steps": {"choice": [0]}}  # fmt: skip
 
 
-def run(directory: Path, delay: int, margin: float) -> tuple[SqlStorage, int, str]:
+def run(directory: Path, delay: int, margin: float, quiet: bool = True) -> tuple[SqlStorage, int, str]:
     directory.mkdir(exist_ok=True)
     path = experiment_file(directory, "seq", "random", 4, 4, SPACE, ("optimizer.name",), None,
                            confirm_seeds="auto", max_confirm_seeds=12)  # fmt: skip
@@ -38,7 +38,8 @@ def run(directory: Path, delay: int, margin: float) -> tuple[SqlStorage, int, st
     spec["verdict"] = {"margin": margin}
     path.write_text(yaml.safe_dump(spec))
     url = f"sqlite:///{directory / 'hpo.db'}"
-    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")]) == 0
+    assert hpo_main(["--db", url, "run", str(path), *(["--quiet"] if quiet else []), "--run-dir",
+                     str(directory / "run")]) == 0  # fmt: skip
     storage = SqlStorage(url)
     return storage, storage.get_experiment_by_name("seq").id, url
 
@@ -83,9 +84,12 @@ def test_a_large_difference_stops_after_the_first_round(tmp_path):
 
 
 def test_a_tie_runs_every_round_to_the_cap_when_the_margin_is_too_tight(tmp_path, capsys):
-    storage, experiment_id, url = run(tmp_path / "tie", delay=0, margin=0.001)
+    storage, experiment_id, url = run(tmp_path / "tie", delay=0, margin=0.001, quiet=False)
     values = confirmation_values(storage, experiment_id)
     assert [len(v) for v in values.values()] == [12, 12]  # 4 rounds: never decided
+    progress = capsys.readouterr().err.splitlines()
+    final = next(line for line in reversed(progress) if "confirmations: round" in line)
+    assert "| confirmations: round 4 of at most 4 done, verdict not yet" in final, final
     assert first_decision(values, 0.001) == (4, "not yet")
     capsys.readouterr()
     assert hpo_main(["--db", url, "status", "seq"]) == 0
