@@ -14,13 +14,14 @@ from typing import Any
 from hpo.errors import StorageError
 from hpo.export import ExportError, production_config, stored_spec
 from hpo.storage import SqlStorage, Storage
-from hpo.storage.base import ExperimentRecord, TrialRecord
+from hpo.storage.base import ExperimentRecord, TrialRecord, TrialVersion
 from hpo.storage.engine import DATABASE_URL_ENV, safe_url
 from search_spaces.errors import SearchSpaceError
-from server.schemas import BestTrialPublic
+from server.schemas import BestTrialPublic, TrialPublic
 from trainer.errors import ConfigError
 
 CONFIG_CACHE_SIZE = 1024
+TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB each)
 
 
 class StorageHolder:
@@ -55,7 +56,8 @@ class StorageHolder:
 
 class SpecCache:
     """What never changes, computed once: experiments' ids, names and specs (experiments are never renamed or
-    deleted), the configs built from a spec and a finished trial's parameters, and best-trial responses."""
+    deleted), the configs built from a spec and a finished trial's parameters, best-trial responses and finished
+    trials' entries of the trial list."""
 
     def __init__(self) -> None:
         self._specs: dict[int, Any] = {}
@@ -63,6 +65,7 @@ class SpecCache:
         self._configs: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()
         self._best_json: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._verdicts: OrderedDict[tuple, Any] = OrderedDict()
+        self._trial_json: OrderedDict[TrialVersion, bytes] = OrderedDict()
         self._lock = threading.Lock()
 
     def known_experiment(self, name: str) -> ExperimentRecord | None:
@@ -87,6 +90,24 @@ class SpecCache:
                 self._best_json[key] = body
                 while len(self._best_json) > CONFIG_CACHE_SIZE:
                     self._best_json.popitem(last=False)
+        return body
+
+    def known_trial_json(self, version: TrialVersion) -> bytes | None:
+        """The JSON of a finished trial as the trial list shows it (`TrialPublic`), if kept for this version."""
+        return self._trial_json.get(version)
+
+    def trial_json(self, trial: TrialRecord) -> bytes:
+        """`TrialPublic` of `trial` as JSON; kept (by id, state and attempt) once the trial is finished, since a
+        finished trial is written once and a re-queue raises its attempt."""
+        version = TrialVersion(trial.id, trial.number, trial.state, trial.attempt)
+        body = self._trial_json.get(version)
+        if body is None:
+            body = TrialPublic.from_record(trial).model_dump_json().encode()
+            if trial.state.finished:
+                with self._lock:
+                    self._trial_json[version] = body
+                    while len(self._trial_json) > TRIAL_CACHE_SIZE:
+                        self._trial_json.popitem(last=False)
         return body
 
     def known_verdict(self, key: tuple) -> Any:

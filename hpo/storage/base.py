@@ -106,6 +106,17 @@ class TrialRecord:
         )
 
 
+class TrialVersion(NamedTuple):
+    """What says whether a trial changed: a trial with the same state and attempt is the same record once
+    finished (a finished trial is written once; a re-queue raises the attempt). The API keeps the responses of
+    finished trials by it."""
+
+    id: int
+    number: int
+    state: TrialState
+    attempt: int
+
+
 class MetricPoint(NamedTuple):
     """One intermediate report of a trial: several named values measured at the same step.
 
@@ -291,6 +302,26 @@ class Storage(abc.ABC):
         `after` pages by key: only trials numbered above it, in number order (`offset` then skips within those).
         A page costs the same however deep it is, and trials created between pages are neither skipped nor
         repeated (numbers only grow). `after` with `order_by="objective"` raises ValueError, as do negatives."""
+
+    @abc.abstractmethod
+    def list_trial_versions(
+        self,
+        experiment_id: int,
+        *,
+        state: TrialState | Collection[TrialState] | None = None,
+        arm: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+        order_by: str = "number",
+        after: int | None = None,
+    ) -> list[TrialVersion]:
+        """The page `list_trials` with the same arguments returns, as each trial's id, number, state and attempt (no
+        parameters, results or times to decode: the API's trial list reads these first and the rest only for the
+        trials it has not kept)."""
+
+    @abc.abstractmethod
+    def get_trials(self, trial_ids: Collection[int]) -> list[TrialRecord]:
+        """The trials with these ids, in that order (NotFoundError naming a missing id)."""
 
     @abc.abstractmethod
     def count_trials(

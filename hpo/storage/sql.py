@@ -34,6 +34,7 @@ from hpo.storage.base import (
     MetricRecord,
     Storage,
     TrialRecord,
+    TrialVersion,
 )
 from hpo.storage.engine import (
     WRITE_OPTION,
@@ -402,6 +403,47 @@ class SqlStorage(Storage):
         order_by: str = "number",
         after: int | None = None,
     ) -> list[TrialRecord]:
+        with self._session() as session:
+            query = self._page(session, select(TrialModel), experiment_id, state, arm, offset, limit, order_by, after)
+            trials = [_trial_record(trial) for trial in session.scalars(query)]
+            if not trials:  # only an empty page needs to tell a missing experiment from one without such trials
+                _require_experiment(session, experiment_id)
+            return trials
+
+    def list_trial_versions(
+        self,
+        experiment_id: int,
+        *,
+        state: TrialState | Collection[TrialState] | None = None,
+        arm: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+        order_by: str = "number",
+        after: int | None = None,
+    ) -> list[TrialVersion]:
+        columns = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
+        with self._session() as session:
+            query = self._page(session, columns, experiment_id, state, arm, offset, limit, order_by, after)
+            versions = [TrialVersion(id, number, TrialState(state), attempt or 0)
+                        for id, number, state, attempt in session.execute(query)]  # fmt: skip
+            if not versions:
+                _require_experiment(session, experiment_id)
+            return versions
+
+    def get_trials(self, trial_ids: Collection[int]) -> list[TrialRecord]:
+        if not trial_ids:
+            return []
+        query = select(TrialModel).where(TrialModel.id.in_(list(trial_ids)))
+        with self._session() as session:
+            found = {trial.id: _trial_record(trial) for trial in session.scalars(query)}
+        missing = [i for i in trial_ids if i not in found]
+        if missing:
+            raise NotFoundError(f"no trial with id {missing[0]}")
+        return [found[i] for i in trial_ids]
+
+    def _page(self, session: Session, query: Select, experiment_id: int, state, arm: str | None, offset: int,
+              limit: int | None, order_by: str, after: int | None) -> Select:  # fmt: skip
+        """`query` (trials, or some of their columns) filtered, ordered and paged as `list_trials` says."""
         if offset < 0 or (limit is not None and limit < 0) or (after is not None and after < 0):
             raise ValueError(
                 f"offset, limit and after must not be negative, got offset={offset}, limit={limit}, after={after}"
@@ -410,21 +452,17 @@ class SqlStorage(Storage):
             raise ValueError(f"order_by must be 'number' or 'objective', got {order_by!r}")
         if after is not None and order_by != "number":
             raise ValueError("after pages in number order; page order_by='objective' with offset")
-        query = select(TrialModel).where(*_trial_filters(experiment_id, state, arm))
+        query = query.where(*_trial_filters(experiment_id, state, arm))
         if after is not None:
             query = query.where(TrialModel.number > after)  # a range of the (experiment_id, number) index
-        with self._session() as session:
-            if order_by == "objective":
-                best_first = TrialModel.objective.asc()
-                if _direction(session, experiment_id) is Direction.MAXIMIZE:
-                    best_first = TrialModel.objective.desc()
-                query = query.order_by(TrialModel.objective.is_(None), best_first, TrialModel.number)
-            else:
-                query = query.order_by(TrialModel.number)
-            trials = [_trial_record(trial) for trial in session.scalars(query.offset(offset).limit(limit))]
-            if not trials:  # only an empty page needs to tell a missing experiment from one without such trials
-                _require_experiment(session, experiment_id)
-            return trials
+        if order_by == "objective":
+            best_first = TrialModel.objective.asc()
+            if self._direction(session, experiment_id) is Direction.MAXIMIZE:
+                best_first = TrialModel.objective.desc()
+            query = query.order_by(TrialModel.objective.is_(None), best_first, TrialModel.number)
+        else:
+            query = query.order_by(TrialModel.number)
+        return query.offset(offset).limit(limit)
 
     def count_trials(
         self, experiment_id: int, *, state: TrialState | Collection[TrialState] | None = None, arm: str | None = None

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
+from starlette.concurrency import run_in_threadpool
 
 from hpo.trials import TrialState
-from server.deps import ExperimentRefDep, StorageDep
+from server.deps import ExperimentRefDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
 
@@ -19,9 +21,10 @@ TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's num
 
 
 @router.get("", response_model=TrialPage)
-def list_trials(
+async def list_trials(
     record: ExperimentRefDep,
     storage: StorageDep,
+    specs: SpecsDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
     arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
@@ -39,14 +42,36 @@ def list_trials(
             "from a trial number; page by objective with offset alone",
         )
     states = list(state) if state else None
-    total = None if after is not None else storage.count_trials(record.id, state=states, arm=arm)
-    # One trial more than the page: whether another page follows, without a count.
-    trials = storage.list_trials(record.id, state=states, arm=arm, offset=offset, limit=limit + 1,
-                                 order_by=order_by, after=after)  # fmt: skip
-    more = len(trials) > limit
-    items = [TrialPublic.from_record(t) for t in trials[:limit]]
-    after_last = items[-1].number if more and order_by == "number" else None
-    return TrialPage(items=items, total=total, offset=offset, limit=limit, next=after_last)
+    page = {"state": states, "arm": arm, "offset": offset, "limit": limit + 1, "order_by": order_by, "after": after}
+    # The page's ids, states and attempts first (one index range, one more row than the page: whether another page
+    # follows), then only the trials whose list entry is not kept: a finished trial's is built once. A key page
+    # stays on the event loop, as the best config does (BENCHMARKS.md, "REST API under load"); a deep offset or a
+    # count of the whole experiment goes to the thread pool.
+    if after is None and offset:
+        versions = await run_in_threadpool(lambda: storage.list_trial_versions(record.id, **page))
+    else:
+        versions = storage.list_trial_versions(record.id, **page)
+    more, versions = len(versions) > limit, versions[:limit]
+    bodies = {v.id: specs.known_trial_json(v) for v in versions}
+    missing = [v.id for v in versions if bodies[v.id] is None]
+    total = None
+    if missing or after is None:
+
+        def read() -> tuple[int | None, list]:
+            count = None if after is not None else storage.count_trials(record.id, state=states, arm=arm)
+            return count, storage.get_trials(missing)
+
+        total, trials = await run_in_threadpool(read)
+        bodies.update((t.id, specs.trial_json(t)) for t in trials)
+    after_last = versions[-1].number if more and order_by == "number" else None
+    tail = {"total": total, "offset": offset, "limit": limit, "next": after_last}  # TrialPage's fields, in order
+    body = (
+        b'{"items":['
+        + b",".join(bodies[v.id] for v in versions)
+        + b"],"
+        + json.dumps(tail, separators=(",", ":"))[1:].encode()
+    )
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{number}", response_model=TrialPublic)

@@ -142,3 +142,52 @@ def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_databa
     assert len(pages) == 7  # ceil(13 / 2): no empty last page
     assert pages[0]["total"] == 5 and all(page["total"] is None for page in pages[1:])
     assert recount["total"] == 13 and completed["total"] == 4 == len(completed["items"])
+
+
+def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(empty_database, tmp_path):
+    """The list keeps the entries of finished trials (by id, state and attempt): each page, asked again after
+    trials started, finished and were re-queued, is byte for byte the page built from the storage's records then
+    (`TrialPage` of `TrialPublic`s, this test's own computation), on the first ask and on repeats."""
+    from server.schemas import TrialPage, TrialPublic
+
+    storage = SqlStorage(empty_database)
+    experiment_id = storage.create_experiment("kept", {}, "minimize")
+    ids = [storage.create_trial(experiment_id, TrialSpec(number=None, params={"optimizer.lr": 1e-3 * (i + 1)}))
+           for i in range(5)]  # fmt: skip
+
+    def expected(params: dict) -> bytes:
+        limit = params.get("limit", 50)
+        after = params.get("after")
+        trials = storage.list_trials(experiment_id, limit=limit + 1, after=after)
+        items = [TrialPublic.from_record(t) for t in trials[:limit]]
+        total = None if after is not None else storage.count_trials(experiment_id)
+        more = items[-1].number if len(trials) > limit else None
+        return TrialPage(items=items, total=total, offset=0, limit=limit, next=more).model_dump_json().encode()
+
+    server = start_server(empty_database, tmp_path)
+    try:
+        with server.client() as api:
+            asks = [{"limit": 3}, {"limit": 3, "after": 0}, {}]
+
+            def check() -> None:
+                for params in asks:
+                    for _ in range(2):  # the second ask reads kept entries
+                        answer = api.get("/experiments/kept/trials", params=params)
+                        assert answer.content == expected(params), params
+
+            check()
+            storage.mark_trial_running(ids[1], host="h", pid=1)
+            storage.finish_trial(ids[0], TrialResult(TrialState.COMPLETED, objective=2.0, samples_to_target=512))
+            check()
+            storage.finish_trial(ids[1], TrialResult(TrialState.FAILED, reason="crashed"))
+            storage.mark_trial_running(ids[2], host="h", pid=2)
+            storage.interrupt_trial(ids[2], "stopped")
+            check()
+            storage.requeue_trial(ids[2], attempt=0, reason="resumed")  # a kept entry of an older attempt
+            storage.mark_trial_running(ids[2], host="h", pid=3)
+            storage.finish_trial(ids[2], TrialResult(TrialState.COMPLETED, objective=1.0, samples_to_target=256))
+            check()
+            assert [t["attempt"] for t in api.get("/experiments/kept/trials").json()["items"]][:3] == [0, 0, 1]
+    finally:
+        stop_server(server)
+        storage.close()

@@ -9,6 +9,7 @@ import pytest
 
 from hpo.errors import NotFoundError, StaleAttemptError, StorageError, TrialClosedError
 from hpo.storage import Direction, ExperimentStatus, MetricPoint, SqlStorage
+from hpo.storage.base import TrialVersion
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.storage.conftest import add_finished_trial, make_spec
 
@@ -290,6 +291,30 @@ def test_list_trials_after_a_number_pages_by_key_with_filters(storage: SqlStorag
         storage.list_trials(experiment_id, after=-1)
     with pytest.raises(ValueError, match="number order"):
         storage.list_trials(experiment_id, after=0, order_by="objective")
+
+
+def test_trial_versions_are_list_trials_pages_in_brief_and_get_trials_reads_ids_in_order(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "maximize")
+    for number, objective in [(3, 0.5), (0, 0.1), (4, None), (1, 0.9), (2, 0.3)]:
+        if objective is None:
+            storage.create_trial(experiment_id, make_spec(number, arm="lamb"))
+        else:
+            add_finished_trial(storage, experiment_id, number, objective, arm="lamb" if number % 2 else "adam")
+    storage.requeue_trial(storage.get_trial_by_number(experiment_id, 4).id, attempt=0, reason="lost")
+    pagings = [{}, {"after": 1, "limit": 2}, {"order_by": "objective", "offset": 1, "limit": 3},
+               {"arm": "lamb"}, {"state": [TrialState.COMPLETED], "after": 0}]  # fmt: skip
+    for paging in pagings:
+        trials = storage.list_trials(experiment_id, **paging)
+        versions = storage.list_trial_versions(experiment_id, **paging)
+        assert versions == [TrialVersion(t.id, t.number, t.state, t.attempt) for t in trials], paging
+    assert [v.attempt for v in storage.list_trial_versions(experiment_id)] == [0, 0, 0, 0, 1]
+    ids = [v.id for v in storage.list_trial_versions(experiment_id)]
+    assert storage.get_trials(ids[::-1]) == storage.list_trials(experiment_id)[::-1]
+    assert storage.get_trials([]) == []
+    with pytest.raises(NotFoundError, match="no trial with id 12345"):
+        storage.get_trials([ids[0], 12345])
+    with pytest.raises(ValueError, match="after"):
+        storage.list_trial_versions(experiment_id, after=-1)
 
 
 def test_pages_by_key_cover_every_trial_exactly_once_while_trials_are_added(storage: SqlStorage):
