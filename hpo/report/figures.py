@@ -35,7 +35,9 @@ def png(fig: Figure) -> str:
 def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
     """The figure as PNG file contents (`hpo report --png` asks for FILE_DPI: sharp on slides and in papers)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    if fig.get_layout_engine() is None:  # laid out as it draws: bbox_inches="tight" would draw it twice (0.5 s of a
+        fig.set_layout_engine("tight")  # 10,000-trial report, BENCHMARKS.md "Comparison report: build time")
+    fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 

@@ -138,7 +138,7 @@ class MetricRecord:
     samples: int | None
     name: str
     value: float  # NaN is stored as NULL and read back as NaN (SQLite cannot store NaN)
-    created_at: datetime
+    created_at: datetime | None  # None only from get_experiment_metrics(..., times=False)
 
 
 class Storage(abc.ABC):
@@ -355,10 +355,13 @@ class Storage(abc.ABC):
         """The trial's stored values (or only those called `name`), ordered by step, then name."""
 
     @abc.abstractmethod
-    def get_experiment_metrics(self, experiment_id: int, names: Collection[str]) -> dict[int, list[MetricRecord]]:
+    def get_experiment_metrics(
+        self, experiment_id: int, names: Collection[str], *, times: bool = True
+    ) -> dict[int, list[MetricRecord]]:
         """The stored values called one of `names` of all the experiment's trials in one read: trial id -> its
         values in `get_metrics` order (by step, then name); a trial without such a value is absent. For readers
-        of every trial (the report): a read per trial costs a round trip each."""
+        of every trial (the report): a read per trial costs a round trip each. `times=False` leaves `created_at`
+        None: decoding 240,000 timestamps is half the read of a 10,000-trial report's noise scale."""
 
     # -- best trials ---------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -545,19 +545,23 @@ class SqlStorage(Storage):
             _require_trial(session, trial_id)
             return [_metric_record(row) for row in session.scalars(query)]
 
-    def get_experiment_metrics(self, experiment_id: int, names: Collection[str]) -> dict[int, list[MetricRecord]]:
+    def get_experiment_metrics(
+        self, experiment_id: int, names: Collection[str], *, times: bool = True
+    ) -> dict[int, list[MetricRecord]]:
         metric = TrialMetricModel
-        query = (select(metric.trial_id, metric.step, metric.samples, metric.name, metric.value, metric.created_at)
+        when = metric.created_at if times else literal(None)
+        query = (select(metric.trial_id, metric.step, metric.samples, metric.name, metric.value, when)
                  .join(TrialModel, TrialModel.id == metric.trial_id)
                  .where(TrialModel.experiment_id == experiment_id, metric.name.in_(list(names)))
                  .order_by(metric.trial_id, metric.step, metric.name, metric.id))  # fmt: skip
         by_trial: dict[int, list[MetricRecord]] = {}
+        nan = float("nan")
         with self._session() as session:
             _require_experiment(session, experiment_id)
             for trial_id, step, samples, name, value, created_at in session.execute(query):
-                value = float("nan") if value is None else value
-                by_trial.setdefault(trial_id, []).append(MetricRecord(trial_id, step, samples, name, value,
-                                                                      _utc(created_at)))  # fmt: skip
+                by_trial.setdefault(trial_id, []).append(MetricRecord(
+                    trial_id, step, samples, name, nan if value is None else value,
+                    _utc(created_at) if times else None))  # fmt: skip
         return by_trial
 
     # -- best trials ---------------------------------------------------------------------------------------

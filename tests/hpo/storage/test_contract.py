@@ -489,6 +489,10 @@ def test_experiment_metrics_are_each_trials_get_metrics_in_one_read(storage: Sql
             (r.step, r.samples, r.name, r.created_at) for r in expected
         ]
         assert [r.value for r in read[trial_id]] == pytest.approx([r.value for r in expected], nan_ok=True)
+    untimed = storage.get_experiment_metrics(experiment_id, names, times=False)  # the same, without the times
+    assert {k: [(r.step, r.samples, r.name, r.created_at) for r in v] for k, v in untimed.items()} == {
+        k: [(r.step, r.samples, r.name, None) for r in v] for k, v in read.items()
+    }
     with pytest.raises(NotFoundError):
         storage.get_experiment_metrics(999, names)
 
