@@ -12,6 +12,10 @@ Goals: best config >= 1,000 requests/s with p99 <= 20 ms; trial list by cursor >
 
     python -m bench.api_load [--trials 100000] [--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]
     python -m bench.api_load --trials 2000 --seconds 1        # a smoke run: seconds, every figure printed
+    python -m bench.api_load --no-sqlite --only 'trial list, by cursor' --postgres URL   # one endpoint, one database
+
+Before each endpoint the server is left to drain (a health check answering within 50 ms): the requests a slow
+endpoint leaves running when the client stops must not land in the next endpoint's figures.
 """
 
 from __future__ import annotations
@@ -172,7 +176,8 @@ def _wrk_ms(value: str) -> float:
     return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def measure(url: str, trials: int, seconds: float, concurrency: int, client: str) -> list[tuple[str, dict]]:
+def measure(url: str, trials: int, seconds: float, concurrency: int, client: str,
+            only: list[str] | None = None) -> list[tuple[str, dict]]:  # fmt: skip
     print(f"  loaded {trials:,} trials in {fill(url, trials):.1f} s", flush=True)
     server, base = start_server(url)
     try:
@@ -180,6 +185,9 @@ def measure(url: str, trials: int, seconds: float, concurrency: int, client: str
         paths = endpoints(trials)
         check_trial_pages(base, paths)
         for name, path in paths.items():
+            if only and name not in only:
+                continue
+            drain(base)
             if client == "wrk":
                 results.append((name, drive_wrk(base + path, seconds, concurrency)))
                 print(f"  {name:<26} {_line(results[-1][1])}", flush=True)
@@ -197,6 +205,18 @@ def measure(url: str, trials: int, seconds: float, concurrency: int, client: str
         server.wait(timeout=30)
 
 
+def drain(base: str, quiet_ms: float = 50.0, limit_s: float = 60.0) -> None:
+    """Wait until the server answers a health check within `quiet_ms`: requests of the previous endpoint that
+    the client abandoned (a slow page's thread-pool work) must not run into the next endpoint's figures."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        httpx.get(f"{base}/health", timeout=30)
+        if (time.perf_counter() - started) * 1e3 < quiet_ms:
+            return
+        time.sleep(0.5)
+
+
 def _line(r: dict) -> str:
     return f"{r['rps']:8.0f} req/s   p50 {r['p50_ms']:6.2f} ms   p99 {r['p99_ms']:6.2f} ms   ({r['errors']} errors)"
 
@@ -210,6 +230,14 @@ def main() -> None:
     parser.add_argument("--client", choices=["wrk", "httpx"], default="wrk" if shutil.which("wrk") else "httpx",
                         help="load generator: wrk (`make bench-deps`; the default when installed) or an async "
                              "httpx client in a separate Python process")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(endpoints(2)),
+        metavar="ENDPOINT",
+        help="measure only this endpoint (repeatable), e.g. --only 'trial list, by cursor'",
+    )
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only (with --postgres)")
     parser.add_argument("--drive", help=argparse.SUPPRESS)  # internal: run as the load process against this URL
     args = parser.parse_args()
     if args.drive:
@@ -218,13 +246,14 @@ def main() -> None:
     cores = os.cpu_count()
     print(f"API load: {args.trials:,} trials, one uvicorn worker, {args.concurrency} connections, {cores} cores, "
           f"client {args.client}")  # fmt: skip
-    print("sqlite:", flush=True)
-    with sqlite_database() as url:
-        measure(url, args.trials, args.seconds, args.concurrency, args.client)
+    if not args.no_sqlite:
+        print("sqlite:", flush=True)
+        with sqlite_database() as url:
+            measure(url, args.trials, args.seconds, args.concurrency, args.client, args.only)
     if args.postgres:
         print("postgresql:", flush=True)
         with postgres_database(args.postgres) as url:
-            measure(url, args.trials, args.seconds, args.concurrency, args.client)
+            measure(url, args.trials, args.seconds, args.concurrency, args.client, args.only)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import time
 
-    from hpo.plan import PlanOptions, forecast_lines, prepare_plan, run_plan
+    from hpo.plan import PlanOptions, forecast_data, forecast_lines, prepare_plan, run_plan
 
     _check_plan_options(args)
     if args.verdict_only:
@@ -200,7 +200,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
         return 130
-    lines = forecast_lines(plan, repetitions, time.perf_counter() - started, pilot=args.like)
+    seconds = time.perf_counter() - started
+    if args.json:
+        data = forecast_data(plan, repetitions, seconds) | ({"chances": chances} if chances else {})
+        print(json.dumps(data, indent=1))
+        return 0
+    lines = forecast_lines(plan, repetitions, seconds, pilot=args.like)
     print("\n".join(lines + ([""] + chances if chances else [])))
     return 0
 
@@ -223,6 +228,8 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     cluster = [name for name, value in (("--repetitions", args.repetitions), ("--slots", args.slots),
                                         ("--gpus-per-slot", args.gpus_per_slot), ("--gpu", args.gpu),
                                         ("--samples-per-s", args.samples_per_s)) if value is not None]  # fmt: skip
+    if args.verdict_only and args.json:
+        raise HpoError("--json: the JSON is the simulated forecast's; --verdict-only prints only the verdict's chances")
     if args.verdict_only and cluster:
         raise HpoError(f"{', '.join(cluster)}: --verdict-only runs nothing on the simulated cluster; drop "
                        "--verdict-only to forecast the cost too")  # fmt: skip
@@ -601,6 +608,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus-per-slot", type=_positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
     )
     plan.add_argument("--repetitions", type=_positive, help="simulated runs of the file (default 20)")
+    plan.add_argument(
+        "--json",
+        action="store_true",
+        help="print the forecast as JSON (figures with their ranges, outcomes with their intervals, the text lines; "
+        "the verdict's chances as `chances` lines); not with --verdict-only",
+    )
     plan.add_argument(
         "--seed",
         type=_non_negative,

@@ -335,6 +335,55 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
     return lines
 
 
+def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None) -> dict[str, Any]:
+    """The forecast as plain data (`hpo plan --json`, the API): each figure's median and the range of 95 % of the
+    repetitions (None: never, a repetition without a hit), each outcome's count and share with its Wilson
+    interval, the set-up; `simulated` is always true."""
+    spec, n = plan.spec, len(repetitions)
+
+    def figure(values: Sequence[float | None]) -> dict[str, float | None]:
+        median, low, high = percentile_range(values)
+        return {k: None if math.isinf(v) else v for k, v in (("median", median), ("low", low), ("high", high))}
+
+    outcomes = {}
+    if spec.compare:
+        for outcome, count in outcome_counts(plan, repetitions).items():
+            low, high = share_interval(count, n)
+            outcomes[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+    simulation = spec.runner.simulation
+    return {
+        "simulated": True,
+        "experiment": spec.name,
+        "source": plan.source,
+        "moved": plan.moved,
+        "repetitions": n,
+        "cluster": {
+            "slots": spec.budget.max_parallel,
+            "gpus_per_slot": spec.resources.gpus_per_trial,
+            "gpu": None if simulation.samples_per_s else simulation.gpu,
+            "samples_per_s": simulation.samples_per_s or simulation.gpu_samples_per_s,
+            "sample_scale": simulation.sample_scale,
+        },  # fmt: skip
+        "table": str(plan.table),
+        "trials": spec.budget.trials,
+        "tuner": spec.tuner.name,
+        "confirm_seeds": spec.budget.confirm_seeds,
+        "first_hit": {
+            "gpu_hours": figure([r.first_hit_gpu_h for r in repetitions]),
+            "wall_hours": figure([r.first_hit_wall_h for r in repetitions]),
+        },  # fmt: skip
+        "answer": {
+            "gpu_hours": figure([r.answer_gpu_h for r in repetitions]),
+            "wall_hours": figure([r.answer_wall_h for r in repetitions]),
+        },  # fmt: skip
+        "idle_fraction": figure([r.idle_fraction for r in repetitions]),
+        "confirmation_runs": figure([r.confirmation_runs for r in repetitions]),
+        "outcomes": outcomes,
+        "seconds": seconds,
+        "lines": forecast_lines(plan, repetitions, seconds),
+    }
+
+
 WIDTH = 44  # the label column of the summary
 
 

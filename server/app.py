@@ -14,7 +14,7 @@ from hpo.errors import HpoError
 from hpo.storage.engine import safe_url
 from server.docs import install_docs
 from server.errors import install_error_handlers
-from server.routes import best, experiments, export, health, reports, trials
+from server.routes import best, experiments, export, health, plan, reports, trials
 from server.settings import Settings
 from server.storage import SpecCache, StorageHolder
 
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.specs = SpecCache()
     install_error_handlers(app)
     install_docs(app, f"{API_PREFIX}/docs")
-    for module in (health, experiments, trials, best, export, reports):
+    for module in (health, experiments, trials, best, export, plan, reports):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(reports.home)  # `/`: the list of experiments, linking to each report
     return app

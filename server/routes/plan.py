@@ -1,0 +1,166 @@
+"""`hpo plan` over HTTP: the forecast of an experiment file (POST) or of a stored experiment (GET), run as the CLI
+runs it, in a child process (`python -m hpo plan FILE --json`): the planner drives SMAC and the simulated
+runner, which this server does not import (DESIGN.md's import direction), and a plan takes seconds to minutes of
+CPU. Both are actions: they need the API token, as a stop does, because they spend the server's CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from fastapi import APIRouter, Body, HTTPException, Query
+from pydantic import BaseModel, Field
+
+from server.deps import ExperimentDep, TokenDep
+from server.errors import ERROR_RESPONSES
+from server.schemas import ErrorPublic
+
+router = APIRouter(tags=["plan"], responses=ERROR_RESPONSES)
+
+MAX_REPETITIONS = 50
+PLAN_TIMEOUT_S = 600.0  # a plan of 50 repetitions of a 200-trial SMAC preset takes minutes on 2 cores
+ACTION = {
+    401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
+    403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+    422: {
+        "model": ErrorPublic,
+        "description": "The experiment file is not valid or cannot be planned; `detail` "
+        "is the error `hpo plan` gives (the file, the field and what to do).",
+    },  # fmt: skip
+    504: {
+        "model": ErrorPublic,
+        "description": f"The plan took longer than {PLAN_TIMEOUT_S:.0f} s: ask for fewer "
+        "repetitions, or run `hpo plan` on a machine of your own.",
+    },  # fmt: skip
+}
+Repetitions = Annotated[int, Query(ge=1, le=MAX_REPETITIONS, description="Simulated runs of the experiment.")]
+Slots = Annotated[int | None, Query(ge=1, le=1_000_000, description="Slots of the simulated cluster (default: the "
+                                    "file's budget.max_parallel).")]  # fmt: skip
+GpusPerSlot = Annotated[int | None, Query(ge=1, le=1024, description="GPUs per slot (default: the file's "
+                                          "resources.gpus_per_trial).")]  # fmt: skip
+Gpu = Annotated[Literal["a100", "h100"] | None, Query(description="The GPU whose samples/s set simulated durations.")]
+
+
+class FigurePublic(BaseModel):
+    median: float | None = Field(description="Over the repetitions; null: never (no repetition reached it).")
+    low: float | None = Field(description="2.5th percentile of the repetitions.")
+    high: float | None = Field(description="97.5th percentile of the repetitions.")
+
+
+class CostPublic(BaseModel):
+    gpu_hours: FigurePublic
+    wall_hours: FigurePublic
+
+
+class OutcomeSharePublic(BaseModel):
+    count: int
+    share: float
+    low: float = Field(description="95 % Wilson interval of the share.")
+    high: float
+
+
+class PlanPublic(BaseModel):
+    """What `hpo plan FILE --json` prints: every figure simulated (no training happens)."""
+
+    simulated: bool = Field(description="Always true: the figures come from the simulated runner.")
+    experiment: str
+    source: str = Field(description="The file planned (a temporary copy for a request's or a stored experiment).")
+    moved: str | None = Field(description="A real experiment's runner and engine, planned on the simulated runner.")
+    repetitions: int
+    cluster: dict[str, Any] = Field(description="slots, gpus_per_slot, gpu, samples_per_s, sample_scale.")
+    table: str = Field(description="The learning-curve table the simulated trials read.")
+    trials: int
+    tuner: str
+    confirm_seeds: int | str
+    first_hit: CostPublic = Field(description="Until the first trial that reached the target ended.")
+    answer: CostPublic = Field(description="Until the verdict (the experiment's end).")
+    idle_fraction: FigurePublic
+    confirmation_runs: FigurePublic
+    outcomes: dict[str, OutcomeSharePublic] = Field(description="`winner ARM`, `equivalent`, `not yet`: the share "
+                                                    "of the repetitions ending so.")  # fmt: skip
+    seconds: float | None = Field(description="How long the plan took on the server.")
+    lines: list[str] = Field(description="The forecast as `hpo plan` prints it.")
+
+
+EXPERIMENT_FILE = Body(
+    media_type="application/yaml",
+    description="The experiment file (YAML), as `hpo run` takes it. Relative paths in it (base_config, "
+    "runner.simulation.table) are read from the server's working directory.",
+    examples=["name: my_experiment\nbase_config: trainer/configs/demo_cpu.yaml\n..."],
+)
+
+
+@router.post("/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
+async def plan_file(
+    body: Annotated[str, EXPERIMENT_FILE],
+    repetitions: Repetitions = 10,
+    slots: Slots = None,
+    gpus_per_slot: GpusPerSlot = None,
+    gpu: Gpu = None,
+):
+    """Forecast an experiment file: GPU-hours and wall-clock to the first target-reaching configuration and to
+    the verdict, idle slot-time, and the share of repetitions ending in each outcome (`hpo plan --json`)."""
+    try:
+        data = yaml.safe_load(body)
+    except yaml.YAMLError as exc:
+        raise HTTPException(422, f"the request body is not YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPException(422, "the request body must be an experiment file: a YAML mapping with name, space, ...")
+    return await _plan(_absolute_paths(data), repetitions, slots, gpus_per_slot, gpu)
+
+
+@router.get("/experiments/{name}/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
+async def plan_stored(
+    record: ExperimentDep,
+    repetitions: Repetitions = 10,
+    slots: Slots = None,
+    gpus_per_slot: GpusPerSlot = None,
+    gpu: Gpu = None,
+):
+    """Forecast a stored experiment again, as its spec was stored (self-contained: its base config inline): what
+    it would cost and how likely an answer is, e.g. on more slots. Nothing is written."""
+    return await _plan(dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu)
+
+
+def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """Relative base_config and runner.simulation.table read from the server's working directory (the file is
+    planned from a temporary copy elsewhere)."""
+    if isinstance(data.get("base_config"), str):
+        data["base_config"] = os.path.abspath(data["base_config"])
+    simulation = (data.get("runner") or {}).get("simulation") if isinstance(data.get("runner"), dict) else None
+    if isinstance(simulation, dict) and isinstance(simulation.get("table"), str):
+        simulation["table"] = os.path.abspath(simulation["table"])
+    return data
+
+
+async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_per_slot: int | None,
+                gpu: str | None) -> dict[str, Any]:  # fmt: skip
+    """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422."""
+    with tempfile.TemporaryDirectory(prefix="hpo-api-plan-") as tmp:
+        path = Path(tmp) / f"{data.get('name') or 'experiment'}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        command = [sys.executable, "-m", "hpo", "plan", str(path), "--json", "--repetitions", str(repetitions)]
+        for flag, value in (("--slots", slots), ("--gpus-per-slot", gpus_per_slot), ("--gpu", gpu)):
+            if value is not None:
+                command += [flag, str(value)]
+        child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE, cwd=os.getcwd())  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(child.communicate(), PLAN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            child.kill()
+            await child.wait()
+            raise HTTPException(504, f"the plan took longer than {PLAN_TIMEOUT_S:.0f} s and was stopped: ask for "
+                                     "fewer repetitions") from None  # fmt: skip
+    if child.returncode != 0:
+        lines = err.decode(errors="replace").splitlines()
+        first = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
+        detail = "\n".join(lines[first:]) if first is not None else "\n".join(lines)[-2000:] or "hpo plan failed"
+        raise HTTPException(422, detail.replace(str(path), f"the experiment file ({path.name})"))
+    return json.loads(out)

@@ -1,0 +1,93 @@
+"""`POST /api/v1/plan` and `GET /api/v1/experiments/{name}/plan` against a real `hpo serve`: the forecast equals
+`hpo plan FILE --json` with the same options (run here in-process), actions need the token, a bad file is a 422
+with `hpo plan`'s error, and the database is not written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.cli import main as hpo_main
+from tests.hpo.simulation.test_simulated_runner import experiment_file
+from tests.server.conftest import TOKEN, start_server, stop_server
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+YAML = {"Content-Type": "application/yaml"}
+FIGURES = ("first_hit", "answer", "idle_fraction", "confirmation_runs", "outcomes", "repetitions", "cluster",
+           "trials", "tuner", "confirm_seeds", "simulated", "experiment")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """A small simulated experiment file (20 random trials on 8 slots, its table given by absolute path), an
+    empty database with that experiment run once, and `hpo serve` over it."""
+    directory = tmp_path_factory.mktemp("plan-api")
+    path = experiment_file(directory, "planned", "random", trials=20, slots=8)
+    data = yaml.safe_load(path.read_text())
+    data["runner"]["simulation"]["table"] = str(directory / "curves.jsonl")
+    path.write_text(yaml.safe_dump(data))
+    url = f"sqlite:///{directory / 'hpo.db'}"
+    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")]) == 0
+    server = start_server(url, directory)
+    yield path, directory / "hpo.db", server
+    stop_server(server)
+
+
+def cli_plan(capsys, path: Path, *options: str) -> dict:
+    capsys.readouterr()
+    assert hpo_main(["plan", str(path), "--json", *options]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
+    path, _, server = planned
+    expected = cli_plan(capsys, path, "--repetitions", "3", "--slots", "4")
+    with server.client() as api:
+        answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML,
+                          params={"repetitions": 3, "slots": 4})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert {k: got[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
+    assert got["simulated"] is True and got["cluster"]["slots"] == 4
+    assert sum(o["count"] for o in got["outcomes"].values()) == 3 == got["repetitions"]
+    gpu_hours = got["answer"]["gpu_hours"]
+    assert gpu_hours["low"] <= gpu_hours["median"] <= gpu_hours["high"]
+    assert any("no training happens, every figure is simulated" in line for line in got["lines"])
+
+
+def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_written(planned, capsys):
+    path, database, server = planned
+    before = database.read_bytes()
+    with server.client() as api:
+        answer = api.get("/experiments/planned/plan", headers=AUTH, params={"repetitions": 2})
+        missing = api.get("/experiments/nope/plan", headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    expected = cli_plan(capsys, path, "--repetitions", "2")  # the stored spec is the file's
+    assert {k: answer.json()[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
+    assert missing.status_code == 404
+    assert database.read_bytes() == before
+
+
+def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
+    path, _, server = planned
+    data = yaml.safe_load(path.read_text())
+    data["budget"]["trials"] = "many"
+    with server.client() as api:
+        anonymous = api.post("/plan", content=path.read_text(), headers=YAML)
+        wrong = api.post("/plan", content=path.read_text(), headers=YAML | {"Authorization": "Bearer nope"})
+        bad = api.post("/plan", content=yaml.safe_dump(data), headers=AUTH | YAML)
+        not_yaml = api.post("/plan", content="[1, 2", headers=AUTH | YAML)
+        too_many = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"repetitions": 51})
+        schema = api.get("/openapi.json").json()
+    assert (anonymous.status_code, wrong.status_code) == (401, 401)
+    assert bad.status_code == 422 and "budget.trials" in bad.json()["detail"], bad.text
+    assert "planned.yaml" in bad.json()["detail"] and "/tmp" not in bad.json()["detail"]
+    assert not_yaml.status_code == 422 and "not YAML" in not_yaml.json()["detail"]
+    assert too_many.status_code == 422
+    post = schema["paths"]["/api/v1/plan"]["post"]
+    assert "application/yaml" in post["requestBody"]["content"]
+    assert {"401", "403", "422", "504"} <= set(post["responses"])
+    assert "get" in schema["paths"]["/api/v1/experiments/{name}/plan"]
