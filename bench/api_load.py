@@ -14,8 +14,10 @@ Goals: best config >= 1,000 requests/s with p99 <= 20 ms; trial list by cursor >
     python -m bench.api_load --trials 2000 --seconds 1        # a smoke run: seconds, every figure printed
     python -m bench.api_load --no-sqlite --only 'trial list, by cursor' --postgres URL   # one endpoint, one database
 
-Before each endpoint the server is left to drain (a health check answering within 50 ms): the requests a slow
-endpoint leaves running when the client stops must not land in the next endpoint's figures.
+Before each endpoint the server is left to drain (3x the previous endpoint's p99, at least 2 s, then a health check
+answering within 50 ms): the requests a slow endpoint leaves running when the client stops must not land in the
+next endpoint's figures. After the load, the trials table is analyzed (PostgreSQL: VACUUM ANALYZE), as
+autovacuum would do within a minute, in the middle of some endpoint's measurement.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ def fill(url: str, trials: int) -> float:
         for first in range(0, trials, INSERT_CHUNK):
             numbers = range(first, min(first + INSERT_CHUNK, trials))
             connection.execute(TrialModel.__table__.insert(), [_row(experiment_id, n, rng, now) for n in numbers])
+    # What autovacuum would do to a table grown by 100,000 rows, done now rather than in the middle of a measurement
+    # (PostgreSQL's autovacuum otherwise starts within a minute of the load and its scan lands in whichever
+    # endpoint runs then); SQLite gets its statistics too.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.exec_driver_sql("VACUUM ANALYZE trials" if engine.dialect.name == "postgresql" else "ANALYZE")
     engine.dispose()
     return time.perf_counter() - start
 
@@ -187,7 +194,7 @@ def measure(url: str, trials: int, seconds: float, concurrency: int, client: str
         for name, path in paths.items():
             if only and name not in only:
                 continue
-            drain(base)
+            drain(base, results[-1][1] if results else None)
             if client == "wrk":
                 results.append((name, drive_wrk(base + path, seconds, concurrency)))
                 print(f"  {name:<26} {_line(results[-1][1])}", flush=True)
@@ -205,9 +212,11 @@ def measure(url: str, trials: int, seconds: float, concurrency: int, client: str
         server.wait(timeout=30)
 
 
-def drain(base: str, quiet_ms: float = 50.0, limit_s: float = 60.0) -> None:
-    """Wait until the server answers a health check within `quiet_ms`: requests of the previous endpoint that
-    the client abandoned (a slow page's thread-pool work) must not run into the next endpoint's figures."""
+def drain(base: str, previous: dict | None, quiet_ms: float = 50.0, limit_s: float = 60.0) -> None:
+    """Let the requests of the previous endpoint that the client abandoned when it stopped (a slow page's
+    thread-pool work and its database queries) end before the next endpoint is measured: a pause of 3x the
+    previous endpoint's p99 (at least 2 s), then a health check answering within `quiet_ms`."""
+    time.sleep(max(2.0, 3 * previous["p99_ms"] / 1e3) if previous else 0.0)
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         started = time.perf_counter()
