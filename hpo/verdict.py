@@ -270,11 +270,13 @@ def compare(a: ArmRuns, b: ArmRuns, level: float) -> Comparison:
                       b.samples_to_target.count(None))  # fmt: skip
 
 
-def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 1, looks: int = 1) -> Verdict:
-    """Each arm's summary and the verdict (see the module docstring for the rule)."""
+def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 1, looks: int = 1,
+           family: int = 1) -> Verdict:  # fmt: skip
+    """Each arm's summary and the verdict (see the module docstring for the rule). `family`: how many verdicts
+    share the error (e.g. one per batch size of a study): each is tested at 1 / family of the level (Bonferroni)."""
     summaries = tuple(summarize(a) for a in arms)
     pairs = max(1, len(arms) * (len(arms) - 1) // 2)
-    level = look_level(look, looks) / pairs
+    level = look_level(look, looks) / pairs / max(1, family)
     common = {"margin": margin, "look": look, "looks": looks}
     unfound = [a.label for a in arms if not a.found]
     if unfound:

@@ -35,7 +35,7 @@ from hpo.report.data import (
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
-from hpo.verdict import Outcome
+from hpo.verdict import DEFAULT_MARGIN, ArmRuns, Outcome, decide
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -125,6 +125,7 @@ def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", 
         _header(data, index),
         _notes(data),
         _verdict_section(data),
+        _batch_study(data),
         _outcomes_section(data, drawn),
         _rungs_section(data),
         _best_so_far_section(data, drawn),
@@ -610,7 +611,8 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
             + _scaling_notes(experiments) + _scaling_table(points)
             + (_img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
                if points else "<p>No arm has a best trial yet.</p>")
-            + (_fit_section(points, fits) if points else ""))  # fmt: skip
+            + (_fit_section(points, fits) if points else "")
+            + _batch_verdicts(points, DEFAULT_MARGIN))  # fmt: skip
     return _page("comparison report", body)
 
 
@@ -642,13 +644,55 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
             + (f"; lower bound: {p.noise_lower_bounds} of {p.noise_trials} estimates" if p.noise_lower_bounds else "")
         )
         ratio = "–" if p.noise_scale is None else f"{p.global_batch_size / p.noise_scale:.2g}×"
+        steps = "–" if ev.mean is None else fmt_fit(ev.mean / p.global_batch_size)
+        if ev.low is not None:
+            steps += f" ({fmt_fit(ev.low / p.global_batch_size)} to {fmt_fit(ev.high / p.global_batch_size)})"
         fields = [("batch", f"{p.global_batch_size:,}"), ("experiment", p.experiment), ("arm", p.arm),
                   ("hits", f"{ev.hits} of {ev.runs}"), ("mean", fmt_samples(ev.mean)),
-                  ("interval", fmt_interval(ev.low, ev.high)), ("noise", noise), ("ratio", ratio)]  # fmt: skip
+                  ("interval", fmt_interval(ev.low, ev.high)), ("steps", steps), ("noise", noise),
+                  ("ratio", ratio)]  # fmt: skip
         rows.append(_tagged(key, p.optimizer, fields))
     head = ["optimizer", "global batch", "experiment", "arm", "reached target", "mean samples to target",
-            "95 % interval", "noise scale", "batch / noise scale"]  # fmt: skip
+            "95 % interval", "optimizer steps to target (95 %)", "noise scale", "batch / noise scale"]  # fmt: skip
     return _table(head, rows)
+
+
+def _batch_verdicts(points: Sequence[ScalingPoint], margin: float) -> str:
+    """Per global batch size with two or more optimizers: the verdict between them on their runs (the same rule as
+    an experiment's, `hpo.verdict.decide`), the error shared over the batch sizes (Bonferroni)."""
+    by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}
+    for p in points:
+        if p.runs and not p.reference:
+            by_batch.setdefault(p.global_batch_size, {}).setdefault(p.optimizer, []).append(p)
+    compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
+    if not compared:
+        return ""
+    rows = []
+    for batch, groups in compared.items():
+        arms = [ArmRuns(name, tuple(s for p in mine for s in p.runs), max(p.evidence.max_samples or 0 for p in mine))
+                for name, mine in sorted(groups.items())]  # fmt: skip
+        verdict = decide(arms, margin, family=len(compared))
+        rows.append(_td(f"{batch:,}", "batch_verdict_batch", str(batch))
+                    + _td(verdict.outcome.value, "batch_verdict_outcome", str(batch))
+                    + _td(verdict.line, "batch_verdict_line", str(batch), "l"))  # fmt: skip
+    return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
+            "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
+            f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(compared)} batch sizes "
+            "(each tested at 1 / " + f"{len(compared)} of the 4 %), so all of them together name a wrong winner in "
+            "at most 5 %.</p>" + _table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
+
+
+def _batch_study(data: ExperimentData) -> str:
+    """An experiment whose arms ran at two or more global batch sizes (a batch-scaling study): the comparison
+    page's batch-size view of its own arms, and the verdict at each batch size."""
+    points = scaling_points([data], experiment_runs([data]))
+    if len({p.global_batch_size for p in points}) < 2:
+        return ""
+    fits = scaling_fits(points)
+    margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
+    return ("<h2>Batch sizes</h2>" + _scaling_notes([data]) + _scaling_table(points)
+            + _img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
+            + _fit_section(points, fits) + _batch_verdicts(points, margin))  # fmt: skip
 
 
 def fmt_fit(value: float | None) -> str:

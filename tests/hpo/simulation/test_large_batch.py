@@ -281,3 +281,35 @@ def test_a_simulated_space_may_set_the_run_length_but_nothing_else_the_table_doe
     with pytest.raises(ExperimentFileError, match=r"space.optimizer.weight_decay: the curve table does not vary "
                        r"optimizer.weight_decay.*budget.max_samples and eval.every_samples per arm"):  # fmt: skip
         experiment_from_dict(data, str(tmp_path / "decay.yaml"))
+
+
+def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(tmp_path):
+    """`hpo report` of the preset's experiment (random search on the formula table): a batch-size view of its own
+    arms, with optimizer steps to target (samples / batch), the fit per optimizer, and at each batch size the
+    verdict between AdamW and LAMB on their confirmation runs, the error shared over the 3 batch sizes."""
+    import re
+    from html import escape
+
+    from hpo.arms import arm_label
+    from hpo.report.html import experiment_report, fmt_fit
+    from hpo.report.scaling import confirmation_runs
+    from hpo.verdict import ArmRuns, decide
+
+    table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
+    url, _ = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
+    with SqlStorage(url) as storage:
+        page = experiment_report(storage, "batch_scaling_simulated")
+        runs = confirmation_runs(storage, "batch_scaling_simulated")
+    assert "<h2>Batch sizes</h2>" in page and "<h2>Where the batch stops scaling</h2>" in page
+    assert "optimizer steps to target (95 %)" in page and "<h2>The verdict at each batch size</h2>" in page
+    for batch in (128, 512, 1024):
+        arms = [ArmRuns(o, tuple(runs[arm_label({"optimizer.name": o, "batch.global_batch_size": batch})]),
+                        table.max_samples_for(batch)) for o in ("adamw", "lamb")]  # fmt: skip
+        expected = decide(arms, family=3)  # computed here from the stored runs: 3 batch sizes share the error
+        shown = re.search(rf'data-field="batch_verdict_line" data-arm="{batch}"[^>]*>([^<]*)<', page)
+        assert shown and shown[1] == escape(expected.line), (batch, shown and shown[1], expected.line)
+        assert f"{100 * (1 - 0.04 / 3):.3g} % interval" in expected.line or expected.outcome.value != "winner"
+        label = arm_label({"optimizer.name": "lamb", "batch.global_batch_size": batch})
+        hits = [s for s in runs[label] if s is not None]
+        steps = re.search(rf'data-field="steps" data-arm="batch_scaling_simulated/{re.escape(label)}">([^<]*)<', page)
+        assert hits and steps and steps[1].startswith(fmt_fit(sum(hits) / len(hits) / batch)), (batch, steps)
