@@ -53,7 +53,7 @@ def test_independent_seed_draws_match_an_exact_enumeration_judged_by_scipy():
     lamb = [7572, 7804, 7812, 7884, 7908, 8044]
     pairs = itertools.product(itertools.combinations(adamw, 3), itertools.combinations(lamb, 3))
     exact = rates_of([welch(a, b, LEVEL) for a, b in pairs])
-    assert exact["right"] > 0.1 and exact["equivalent"] > 0.2 and exact["not_yet"] > 0.4  # right 12.5 %, equivalent 24.8 %
+    assert exact["right"] > 0.1 and exact["equivalent"] > 0.2 and exact["not_yet"] > 0.4  # right 12.5 %, equiv. 24.8 %
 
     measured = power.run_seeds_cell(seeds_cell(adamw, lamb, "independent", 3), DRAWS, np.random.default_rng(0))
 
