@@ -196,7 +196,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
     started = time.perf_counter()
     try:
-        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions))
+        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions), jobs=args.jobs or 1)
     except KeyboardInterrupt:
         print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
         return 130
@@ -225,7 +225,8 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if needing and not spread:
         raise HpoError(f"{', '.join(needing)}: the verdict's chances need a spread: --cv and --difference, or --like "
                        "EXPERIMENT (a pilot in the database)")  # fmt: skip
-    cluster = [name for name, value in (("--repetitions", args.repetitions), ("--slots", args.slots),
+    cluster = [name for name, value in (("--repetitions", args.repetitions), ("--jobs", args.jobs),
+                                        ("--slots", args.slots),
                                         ("--gpus-per-slot", args.gpus_per_slot), ("--gpu", args.gpu),
                                         ("--samples-per-s", args.samples_per_s)) if value is not None]  # fmt: skip
     if args.verdict_only and args.json:
@@ -608,6 +609,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus-per-slot", type=_positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
     )
     plan.add_argument("--repetitions", type=_positive, help="simulated runs of the file (default 20)")
+    plan.add_argument(
+        "--jobs",
+        type=_positive,
+        help="repetitions run at a time, in worker processes (default 1; the figures do not depend on it)",
+    )
     plan.add_argument(
         "--json",
         action="store_true",

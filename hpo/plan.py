@@ -42,6 +42,7 @@ The verdict's chances from a spread (`--cv`, `--difference`, `--like`, `--power`
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
 import math
@@ -187,20 +188,31 @@ def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], 
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None) -> list[Repetition]:
-    """The plan's repetitions, one after another, each in a temporary database deleted when it ends; `progress`
-    is called with (repetitions done, seconds elapsed) after each."""
+def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, jobs: int = 1) -> list[Repetition]:
+    """The plan's repetitions, each in a temporary database deleted when it ends, `jobs` at a time in worker
+    processes (1: one after another in this process; the figures do not depend on it: each repetition has its own
+    seeds and database); `progress` is called with (repetitions done, seconds elapsed) after each."""
     started = time.perf_counter()
     scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # SQLite's syncs cost nothing in memory
-    repetitions = []
+    repetitions: list[Repetition] = []
     with tempfile.TemporaryDirectory(prefix="hpo-plan-", dir=scratch) as tmp:
         directory = Path(tmp)
         table = without_progress_series(plan.table, directory / "curves.jsonl")
-        for r in range(plan.options.repetitions):
-            repetitions.append(run_repetition(plan, r, directory, table))
-            if progress:
-                progress(r + 1, time.perf_counter() - started)
-    return repetitions
+        indices = range(plan.options.repetitions)
+        if jobs <= 1:
+            done = (run_repetition(plan, r, directory, table) for r in indices)
+            for repetition in done:
+                repetitions.append(repetition)
+                if progress:
+                    progress(len(repetitions), time.perf_counter() - started)
+            return repetitions
+        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(indices))) as pool:
+            futures = [pool.submit(run_repetition, plan, r, directory, table) for r in indices]
+            for future in concurrent.futures.as_completed(futures):
+                repetitions.append(future.result())
+                if progress:
+                    progress(len(repetitions), time.perf_counter() - started)
+    return sorted(repetitions, key=lambda r: r.index)
 
 
 def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repetition:

@@ -429,3 +429,17 @@ def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, 
     assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()
+
+
+def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys):
+    """`--jobs 2` runs the repetitions two at a time in worker processes: each has its own seeds and database, so the
+    figures are those of one after another."""
+    path = write(tmp_path / "file.yaml", small_preset())
+    forecasts = []
+    for jobs in ("1", "2"):
+        capsys.readouterr()
+        assert main(["plan", str(path), "--repetitions", "3", "--jobs", jobs, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        forecasts.append({k: v for k, v in data.items() if k not in ("seconds", "lines")})
+    assert forecasts[0] == forecasts[1]
+    assert sum(o["count"] for o in forecasts[0]["outcomes"].values()) == 3
