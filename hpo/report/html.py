@@ -35,7 +35,7 @@ from hpo.report.data import (
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
-from hpo.verdict import DEFAULT_MARGIN, ArmRuns, Outcome, decide
+from hpo.verdict import ALPHA, DEFAULT_MARGIN, ArmRuns, Outcome, decide
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -678,8 +678,8 @@ def _batch_verdicts(points: Sequence[ScalingPoint], margin: float) -> str:
     return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
             "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
             f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(compared)} batch sizes "
-            "(each tested at 1 / " + f"{len(compared)} of the 4 %), so all of them together name a wrong winner in "
-            "at most 5 %.</p>" + _table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
+            f"(each tested at 1 / {len(compared)} of the {100 * ALPHA:g} %), so all of them together name a wrong "
+            "winner in at most 5 %.</p>" + _table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
 
 
 def _batch_study(data: ExperimentData) -> str:

@@ -403,12 +403,8 @@ class SqlStorage(Storage):
         order_by: str = "number",
         after: int | None = None,
     ) -> list[TrialRecord]:
-        with self._session() as session:
-            query = self._page(session, select(TrialModel), experiment_id, state, arm, offset, limit, order_by, after)
-            trials = [_trial_record(trial) for trial in session.scalars(query)]
-            if not trials:  # only an empty page needs to tell a missing experiment from one without such trials
-                _require_experiment(session, experiment_id)
-            return trials
+        read = lambda result: [_trial_record(trial) for trial in result.scalars()]  # noqa: E731
+        return self._paged(select(TrialModel), read, experiment_id, state, arm, offset, limit, order_by, after)
 
     def list_trial_versions(
         self,
@@ -422,13 +418,9 @@ class SqlStorage(Storage):
         after: int | None = None,
     ) -> list[TrialVersion]:
         columns = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
-        with self._session() as session:
-            query = self._page(session, columns, experiment_id, state, arm, offset, limit, order_by, after)
-            versions = [TrialVersion(id, number, TrialState(state), attempt or 0)
-                        for id, number, state, attempt in session.execute(query)]  # fmt: skip
-            if not versions:
-                _require_experiment(session, experiment_id)
-            return versions
+        read = lambda result: [TrialVersion(id, number, TrialState(state), attempt or 0)  # noqa: E731
+                               for id, number, state, attempt in result]  # fmt: skip
+        return self._paged(columns, read, experiment_id, state, arm, offset, limit, order_by, after)
 
     def get_trials(self, trial_ids: Collection[int]) -> list[TrialRecord]:
         if not trial_ids:
@@ -440,6 +432,14 @@ class SqlStorage(Storage):
         if missing:
             raise NotFoundError(f"no trial with id {missing[0]}")
         return [found[i] for i in trial_ids]
+
+    def _paged(self, what: Select, read: Callable, experiment_id: int, *page) -> list:
+        """`read` of the result of `what` (trials, or some of their columns) paged as `list_trials` says."""
+        with self._session() as session:
+            rows = read(session.execute(self._page(session, what, experiment_id, *page)))
+            if not rows:  # only an empty page needs to tell a missing experiment from one without such trials
+                _require_experiment(session, experiment_id)
+            return rows
 
     def _page(self, session: Session, query: Select, experiment_id: int, state, arm: str | None, offset: int,
               limit: int | None, order_by: str, after: int | None) -> Select:  # fmt: skip

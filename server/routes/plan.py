@@ -1,7 +1,7 @@
 """`hpo plan` over HTTP: the forecast of an experiment file (POST) or of a stored experiment (GET), run as the CLI
 runs it, in a child process (`python -m hpo plan FILE --json`): the planner drives SMAC and the simulated
-runner, which this server does not import (DESIGN.md's import direction), and a plan takes seconds to minutes of
-CPU. Both are actions: they need the API token, as a stop does, because they spend the server's CPU."""
+runner, which this server does not import (docs/architecture.md, the import direction), and a plan takes seconds
+to minutes of CPU. Both are actions: they need the API token, as a stop does, because they spend the server's CPU."""
 
 from __future__ import annotations
 
