@@ -25,6 +25,7 @@ DPI = 90
 FILE_DPI = 150
 MISS_COLOR = "#b40426"
 MAX_EFFECT_PANELS = 12
+FIXED = "_hpo_fixed_margins"  # set on a figure laid out by `fixed_margins`
 
 
 def png(fig: Figure) -> str:
@@ -33,12 +34,32 @@ def png(fig: Figure) -> str:
 
 
 def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:
-    """The figure as PNG file contents (`hpo report --png` asks for FILE_DPI: sharp on slides and in papers)."""
+    """The figure as PNG file contents (`hpo report --png` asks for FILE_DPI: sharp on slides and in papers). A
+    figure without fixed margins (`fixed_margins`) is laid out as it draws (bbox_inches="tight" draws it twice)."""
     buffer = io.BytesIO()
-    if fig.get_layout_engine() is None:  # laid out as it draws: bbox_inches="tight" would draw it twice (0.5 s of a
-        fig.set_layout_engine("tight")  # 10,000-trial report, BENCHMARKS.md "Comparison report: build time")
+    if fig.get_layout_engine() is None and not getattr(fig, FIXED, False):
+        fig.set_layout_engine("tight")
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+def fixed_margins(
+    fig: Figure, *, note: bool = False, right: float = 0.65, top: float = 0.5, wspace: float = 1.3, hspace: float = 0.75
+) -> None:
+    """Margins in inches, the same at every figure size, instead of a tight layout: measuring the tick labels for
+    one costs as much as drawing the figure (about 0.9 s of the five figures of a 10,000-trial report). Room for
+    tick labels and an axis label on the left, the "missed" strip's label on the right (`right`), the title on
+    top (`top`), and with `note` a line of small text under the axes. `wspace`/`hspace`: inches between panels
+    (the left panel's "missed" label, the right one's tick labels and axis label)."""
+    width, height = fig.get_size_inches()
+    bottom = 0.65 + (0.15 if note else 0.0)
+    rows, cols = fig.axes[0].get_subplotspec().get_gridspec().get_geometry() if fig.axes else (1, 1)
+    left_in = 0.85
+    panel_w = (width - left_in - right - (cols - 1) * wspace) / cols
+    panel_h = (height - bottom - top - (rows - 1) * hspace) / rows
+    fig.subplots_adjust(left=left_in / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        wspace=wspace / panel_w, hspace=hspace / panel_h)  # fmt: skip
+    setattr(fig, FIXED, True)  # (set_layout_engine("none") leaves a figure without an engine as it is: None)
 
 
 def arm_colors(labels: Sequence[str]) -> dict[str, str]:
@@ -93,11 +114,14 @@ def best_so_far_figure(data: ExperimentData) -> Figure:
     return fig
 
 
-def _points_note(fig: Figure, data: ExperimentData) -> None:
-    """A line under the figure where some arm has more tuning trials than are drawn as points."""
-    if any(len(a.tuning) > MAX_DRAWN for a in data.arms):
-        fig.text(0.5, -0.02, f"points: at most {MAX_DRAWN:,} trials per arm, its best and a fixed stride over the rest",
-                 ha="center", va="top", fontsize=8, color="#555555")  # fmt: skip
+def _points_note(fig: Figure, data: ExperimentData, **margins) -> None:
+    """Lay the figure out (`fixed_margins`), with a line at its foot where some arm has more tuning trials than are
+    drawn as points."""
+    note = any(len(a.tuning) > MAX_DRAWN for a in data.arms)
+    fixed_margins(fig, note=note, **margins)
+    if note:
+        fig.text(0.5, 0.05 / fig.get_size_inches()[1], f"points: at most {MAX_DRAWN:,} trials per arm, its best and a "
+                 "fixed stride over the rest", ha="center", va="bottom", fontsize=8, color="#555555")  # fmt: skip
 
 
 def _fit_limits(ax, bands: Sequence[Band], values: Sequence[float]) -> None:
@@ -162,6 +186,7 @@ def learning_curves_figure(data: ExperimentData) -> Figure:
         ax.grid(alpha=0.3)
     by_samples.legend(loc="best", fontsize=7)
     fig.suptitle(f"Learning curves of the top {len(styles)} tuning trials per arm; dash-dot: the target")
+    fixed_margins(fig, right=0.3)
     return fig
 
 
@@ -171,7 +196,7 @@ def learning_curves_figure(data: ExperimentData) -> Figure:
 def outcomes_figure(data: ExperimentData) -> Figure:
     """Every finished run's measured value per arm (tuning o, confirmation ◆), the verdict's mean and 95 %
     interval, and the runs that missed (x above the budget line)."""
-    fig = Figure(figsize=(max(6, 2.2 * len(data.arms) + 2), 4.2))
+    fig = Figure(figsize=(max(8, 2.2 * len(data.arms) + 2), 4.2))
     ax = fig.subplots()
     colors = arm_colors([a.label for a in data.arms])
     rng = np.random.default_rng(0)
@@ -186,7 +211,9 @@ def outcomes_figure(data: ExperimentData) -> Figure:
                 color=MISS_COLOR)  # fmt: skip
     _miss_strip(ax)
     ax.grid(alpha=0.3, axis="y")
-    fig.suptitle("Per arm: o tuning trial, ◆ confirmation seed, bar: mean and 95 % interval; x: missed/failed")
+    fig.suptitle(
+        "Per arm: o tuning trial, ◆ confirmation seed, bar: mean and 95 % interval; x: missed/failed", fontsize=10
+    )
     _points_note(fig, data)
     return fig
 
@@ -293,8 +320,7 @@ def effects_figure(data: ExperimentData) -> Figure | None:
         axes[0].scatter([], [], color=colors[arm.label], label=arm.label)
     axes[0].legend(loc="best", fontsize=7)
     fig.suptitle("Objective against each hyperparameter (tuning trials); x on top: missed or failed")
-    fig.tight_layout()
-    _points_note(fig, data)
+    _points_note(fig, data, top=0.75, wspace=1.2, hspace=0.9)
     return fig
 
 

@@ -8,7 +8,7 @@ out. Log-scale parameters enter as log10, choices as their index, a parameter in
 as one value below its range.
 
 Importance of a parameter: how much the surrogate's R² on the trials drops when that parameter's column is
-shuffled (sklearn.inspection.permutation_importance, 5 repeats), with the spread over the repeats. The
+shuffled (scikit-learn's permutation importance, 5 repeats; `permutation_drops`), with the spread over the repeats. The
 surrogate's own out-of-bag R² says whether it explains anything: at or below 0 it does not, and the ranking
 is noise. With fewer than `MIN_TRIALS` usable trials (or 3 per parameter) there is no ranking at all.
 
@@ -70,18 +70,41 @@ def rank_importance(rows: Sequence[TrialRow], dims: Sequence[Dimension], directi
         return Importance((), None, len(rows), f"too few trials to rank: {len(rows)} usable, {needed} needed "
                                                f"({MIN_TRIALS} at least, {PER_DIMENSION} per parameter)")  # fmt: skip
     from sklearn.ensemble import RandomForestRegressor
-    from sklearn.inspection import permutation_importance
 
     x = np.array([[_encode(r.params.get(d.name), d) for d in varying] for r in rows], dtype=float)
     x = np.where(np.isnan(x), np.nanmin(x, axis=0, initial=np.inf) - 1.0, x)  # inactive: below the range
     y = _ranks([r.objective for r in rows], direction)
     forest = RandomForestRegressor(n_estimators=TREES, oob_score=True, random_state=0, min_samples_leaf=2)
     forest.fit(x, y)
-    result = permutation_importance(forest, x, y, n_repeats=REPEATS, random_state=0)
-    order = np.argsort(-result.importances_mean, kind="stable")
-    ranking = tuple((varying[i].name, float(result.importances_mean[i]), float(result.importances_std[i]))
-                    for i in order)  # fmt: skip
+    drops = permutation_drops(forest, x, y, REPEATS, seed=0)
+    mean, std = drops.mean(axis=1), drops.std(axis=1)
+    order = np.argsort(-mean, kind="stable")
+    ranking = tuple((varying[i].name, float(mean[i]), float(std[i])) for i in order)
     return Importance(ranking, float(forest.oob_score_), len(rows), usable=of)
+
+
+def permutation_drops(forest, x: np.ndarray, y: np.ndarray, repeats: int, seed: int) -> np.ndarray:
+    """The drop in the forest's R² when each column is shuffled, `repeats` times per column: an array (columns,
+    repeats) equal to `sklearn.inspection.permutation_importance(forest, x, y, n_repeats=repeats,
+    random_state=seed).importances` (the same shuffles: one seed drawn from `seed`, each column's shuffles drawn
+    from it again, each repeat shuffling the column further), with one `predict` over all the shuffled copies
+    instead of one per copy: a 100-tree forest's predict costs about 15 ms of overhead whatever the rows, and a
+    10,000-trial report asked 52 of them (tests/hpo/test_report_importance.py checks the equality)."""
+    from sklearn.metrics import r2_score
+
+    n, columns = x.shape
+    column_seed = np.random.RandomState(seed).randint(np.iinfo(np.int32).max + 1)
+    copies = []
+    for column in range(columns):
+        rng, shuffled, order = np.random.RandomState(column_seed), x.copy(), np.arange(n)
+        for _ in range(repeats):
+            rng.shuffle(order)
+            shuffled[:, column] = shuffled[order, column]
+            copies.append(shuffled.copy())
+    predicted = forest.predict(np.vstack([x, *copies])).reshape(-1, n)
+    baseline = r2_score(y, predicted[0])
+    scores = np.array([r2_score(y, p) for p in predicted[1:]]).reshape(columns, repeats)
+    return baseline - scores
 
 
 def _ranks(objectives: Sequence[float], direction: str) -> np.ndarray:

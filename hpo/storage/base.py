@@ -1,7 +1,7 @@
 """The storage interface: what every backend promises, and the records it hands out.
 
-Records are small frozen dataclasses, never ORM objects, so callers (controller, CLI, server) cannot touch
-the database behind the storage's back and never see a detached-instance error.
+Records are small frozen dataclasses (metric records: named tuples), never ORM objects, so callers (controller, CLI,
+server) cannot touch the database behind the storage's back and never see a detached-instance error.
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ class MetricPoint(NamedTuple):
     at: datetime | None = None  # when it was measured (a simulated trial's records); None: when it is stored
 
 
-@dataclass(frozen=True)
-class MetricRecord:
-    """One stored value: a point with three values is stored, and read back, as three records."""
+class MetricRecord(NamedTuple):
+    """One stored value: a point with three values is stored, and read back, as three records. A named tuple, not a
+    dataclass: a 10,000-trial report reads 240,000 of them, and a tuple is built five times faster."""
 
     trial_id: int
     step: int

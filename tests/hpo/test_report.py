@@ -422,3 +422,52 @@ def test_importance_ranks_the_parameter_that_drives_the_objective():
     assert result.reason is None and [name for name, _, _ in result.ranking] == ["a", "b"]
     assert result.oob_r2 > 0.5
     assert rank_importance(rows[:9], dims, "minimize").reason.startswith("too few trials to rank: 9 usable")
+
+
+def test_permutation_drops_equal_scikit_learns_permutation_importance():
+    """One predict over all the shuffled copies gives the same drops as scikit-learn's one predict per copy."""
+    import numpy as np
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.inspection import permutation_importance
+
+    from hpo.report.importance import permutation_drops
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (120, 4))
+    y = 3 * x[:, 0] + x[:, 2] ** 2 + rng.normal(0, 0.1, 120)
+    forest = RandomForestRegressor(n_estimators=20, random_state=0, min_samples_leaf=2).fit(x, y)
+    for seed, repeats in ((0, 5), (7, 3)):
+        expected = permutation_importance(forest, x, y, n_repeats=repeats, random_state=seed).importances
+        drops = permutation_drops(forest, x, y, repeats, seed)
+        assert drops.shape == (4, repeats)
+        np.testing.assert_allclose(drops, expected, rtol=0, atol=1e-12)
+        assert drops[0].mean() > drops[1].mean()  # the column that drives y matters more than one that does not
+
+
+def test_fixed_margins_keep_the_labels_and_the_points_note_on_the_canvas():
+    """A figure laid out by fixed margins (no tight layout) keeps every axis, its labels and the "points" note on
+    the canvas, the note below the axes without touching them (it fell off the canvas once)."""
+    from types import SimpleNamespace
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from hpo.report.data import MAX_DRAWN
+    from hpo.report.figures import _miss_strip, _points_note
+
+    fig = Figure(figsize=(12, 4.2))
+    for ax in fig.subplots(1, 2):
+        ax.plot([0, 5000], [2000, 120000])
+        ax.set_xlabel("tuning trials of the arm, in the order they ran")
+        ax.set_ylabel("best samples to target so far")
+        _miss_strip(ax)
+    fig.suptitle("a title")
+    _points_note(fig, SimpleNamespace(arms=[SimpleNamespace(tuning=[None] * (MAX_DRAWN + 1))]))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    canvas = fig.bbox
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]
+    note = next(t for t in fig.texts if t.get_text().startswith("points:")).get_window_extent(renderer)
+    for box in [*boxes, note]:
+        assert canvas.x0 <= box.x0 and box.x1 <= canvas.x1 and canvas.y0 <= box.y0 and box.y1 <= canvas.y1
+    assert all(note.y1 < box.y0 for box in boxes)  # below every axis, its tick labels and its x label
+    assert boxes[0].x1 < boxes[1].x0  # the left panel's "missed" label clears the right panel's y label
