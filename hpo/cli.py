@@ -191,7 +191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(_plan_chances(args, load_experiment(args.experiment))))  # a bad file: `hpo run`'s errors
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
-                          args.samples_per_s)  # fmt: skip
+                          args.samples_per_s, args.difference)  # fmt: skip
     plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
     chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
     started = time.perf_counter()
@@ -212,9 +212,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _check_plan_options(args: argparse.Namespace) -> None:
     """Refuse what `hpo plan` would ignore: the verdict's options without a spread, the cluster's without a run."""
-    if (args.cv is None) != (args.difference is None):
-        raise HpoError("--cv and --difference go together: a stated spread is a coefficient of variation and the "
-                       "true difference to find (e.g. --cv 5% --difference 10%; --difference 0 for a tie)")  # fmt: skip
+    if args.cv is not None and args.difference is None:
+        raise HpoError("--cv needs --difference: a stated spread is a coefficient of variation and the true "
+                       "difference to find (e.g. --cv 5% --difference 10%; --difference 0 for a tie)")  # fmt: skip
+    if args.like is not None and args.difference is not None:
+        raise HpoError("--like takes the pilot's own difference; drop --difference (or state a spread with --cv)")
     if args.cv == 0 or args.power == 0:
         raise HpoError(f"--{'cv' if args.cv == 0 else 'power'} 0 means nothing here: give a fraction above 0 "
                        "(e.g. --cv 5% --power 80%)")  # fmt: skip
@@ -663,8 +665,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--difference",
         type=_fraction,
         metavar="D",
-        help="with --cv: the true difference, the file's first arm needing D fewer samples than the others "
-        "(10%% or 0.1; 0: a tie)",
+        help="the true difference, the file's first arm needing D fewer samples than the others (10%% or 0.1; 0: a "
+        "tie): the simulated repetitions run at it (two arms comparing optimizers: the second reads the first's "
+        "curves, delayed) and are judged against it; with --cv the verdict's chances too (default: the table's own "
+        "truth)",
     )
     chances.add_argument(
         "--power",

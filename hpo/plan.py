@@ -50,7 +50,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from hpo.arms import arm_labels
 from hpo.confirmations import stored_verdict
 from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
+from hpo.plan_truth import JUDGED, Truth, stated_handicap, table_truth
 from hpo.runners import build_runner
 from hpo.simulation.cost import experiment_cost
 from hpo.simulation.table import DIMENSIONS, load_table
@@ -87,6 +88,7 @@ class PlanOptions:
     gpus_per_slot: int | None = None  # resources.gpus_per_trial
     gpu: str | None = None  # runner.simulation.gpu (a100, h100): its samples per second
     samples_per_s: float | None = None  # runner.simulation.samples_per_s: one GPU's samples per second
+    difference: float | None = None  # a stated true difference (hpo.plan_truth); None: the table's own truth
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Plan:
     moved: str | None  # a real experiment's runner and engine, planned on the simulated runner; None: it is simulated
     options: PlanOptions
     file_seeds: tuple[int, int]  # the file's tuner seed and training seed
+    truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
 
     def seeds(self, index: int) -> tuple[int, int]:
         """(tuner seed, training seed) of repetition `index`."""
@@ -143,13 +146,25 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
     try:
         first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
-        build_runner(first).close()  # reads the table and checks that it covers every trial the file can propose
+        runner = build_runner(first)  # reads the table and checks that it covers every trial the file can propose
     except HpoError as e:
         if not moved:
             raise
         raise PlanError(_not_plannable(path, moved, e)) from None
+    truth = None
+    if options.difference is not None:
+        data["runner"]["simulation"]["handicaps"] = stated_handicap(runner, first, options.difference)
+        runner.close()
+        first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
+        runner = build_runner(first)
+    if first.compare:
+        truth = table_truth(runner, first)
+        if options.difference is not None:
+            ((optimizer, handicap),) = data["runner"]["simulation"]["handicaps"].items()
+            truth = replace(truth, stated=options.difference, delay_samples=handicap["delay_samples"])
+    runner.close()
     table = Path(first.runner.simulation.table)
-    return Plan(path, data, first, table, moved, options, seeds)
+    return Plan(path, data, first, table, moved, options, seeds, truth)
 
 
 def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
@@ -313,6 +328,15 @@ def outcome_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, i
     return counts
 
 
+def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
+    """How many repetitions' outcomes were right, wrong, equivalent (where the arms truly differ), not yet, judged
+    against the plan's truth (`hpo.plan_truth`)."""
+    counts = dict.fromkeys(JUDGED, 0)
+    for r in repetitions:
+        counts[plan.truth.judged(r.outcome, r.winner)] += 1
+    return counts
+
+
 def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
                    pilot: str | None = None) -> list[str]:  # fmt: skip
     """What `hpo plan` prints: the set-up, the cost figures with their ranges, the outcomes with their intervals
@@ -340,6 +364,11 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
         for outcome, count in outcome_counts(plan, repetitions).items():
             low, high = share_interval(count, n)
             lines.append(f"  {outcome:<{WIDTH - 2}}{count:>4} {count / n:>6.0%}   {low:.0%} to {high:.0%}")
+        lines += ["", f"judged against the truth: {plan.truth.line()}"]
+        for judged, count in judged_counts(plan, repetitions).items():
+            low, high = share_interval(count, n)
+            label = "equivalent (the arms truly differ)" if judged == "equivalent" and plan.truth.better else judged
+            lines.append(f"  {label:<{WIDTH - 2}}{count:>4} {count / n:>6.0%}   {low:.0%} to {high:.0%}")
     else:
         lines += ["", "no compare arms: no verdict, only the cost"]
     if seconds is not None:
@@ -357,11 +386,24 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         median, low, high = percentile_range(values)
         return {k: None if math.isinf(v) else v for k, v in (("median", median), ("low", low), ("high", high))}
 
-    outcomes = {}
+    outcomes, judged, truth = {}, {}, None
     if spec.compare:
         for outcome, count in outcome_counts(plan, repetitions).items():
             low, high = share_interval(count, n)
             outcomes[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+        for outcome, count in judged_counts(plan, repetitions).items():
+            low, high = share_interval(count, n)
+            judged[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+        t = plan.truth
+        truth = {
+            "better": t.better,
+            "difference": t.difference(),
+            "stated": t.stated,
+            "delay_samples": t.delay_samples,
+            "metric": t.metric,
+            "line": t.line(),
+            "arms": {a.label: {"params": a.params, "objective": a.objective, "figure": a.figure} for a in t.arms},
+        }
     simulation = spec.runner.simulation
     return {
         "simulated": True,
@@ -391,6 +433,8 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         "idle_fraction": figure([r.idle_fraction for r in repetitions]),
         "confirmation_runs": figure([r.confirmation_runs for r in repetitions]),
         "outcomes": outcomes,
+        "truth": truth,
+        "judged": judged,
         "seconds": seconds,
         "lines": forecast_lines(plan, repetitions, seconds),
     }

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import arm_plans, continues_from_checkpoint, params_key
+from hpo.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
 from hpo.errors import HpoError
 from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
@@ -168,6 +168,17 @@ class SimulatedRunner(Runner):
         result = trial_result(self.spec, self._result(curve, cfg, train, already), cfg, seconds)
         code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
         return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
+
+    def full_run(self, params: dict[str, Any], seed: int) -> tuple[TrialResult, tuple[tuple[int, float], ...], Any]:
+        """(the stored result, the evaluations, the trainer config) of a trial of `params` at full budget trained
+        with `seed`, as an attempt of it would record them (the truth of a plan, `hpo.plan_truth`). Raises HpoError
+        where the table cannot serve it."""
+        cfg = trial_config(self.spec, params).model_copy(update={"seed": seed})
+        curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
+                                            cfg.batch.global_batch_size, seed))  # fmt: skip
+        train = trained_run(curve, cfg)
+        result = trial_result(self.spec, self._result(curve, cfg, train, 0), cfg, self._seconds(train.samples))
+        return result, train.evals, cfg
 
     def _result(self, curve: Curve, cfg, train: TrainedRun, already: int) -> TrainResult:
         target = cfg.eval.target_mlm_accuracy

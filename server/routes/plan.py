@@ -45,6 +45,16 @@ Slots = Annotated[int | None, Query(ge=1, le=1_000_000, description="Slots of th
 GpusPerSlot = Annotated[int | None, Query(ge=1, le=1024, description="GPUs per slot (default: the file's "
                                           "resources.gpus_per_trial).")]  # fmt: skip
 Gpu = Annotated[Literal["a100", "h100"] | None, Query(description="The GPU whose samples/s set simulated durations.")]
+Difference = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        lt=1,
+        description="A stated true difference (0.1: the first arm needs "
+        "10 % fewer samples; 0: a tie) the repetitions run at and are judged "
+        "against (`hpo plan --difference`); default: the table's own truth.",
+    ),
+]
 
 
 class FigurePublic(BaseModel):
@@ -84,6 +94,11 @@ class PlanPublic(BaseModel):
     confirmation_runs: FigurePublic
     outcomes: dict[str, OutcomeSharePublic] = Field(description="`winner ARM`, `equivalent`, `not yet`: the share "
                                                     "of the repetitions ending so.")  # fmt: skip
+    truth: dict[str, Any] | None = Field(description="What the outcomes are judged against: `better` (the truly "
+                                         "better arm; null: a tie), `difference`, `stated`, `line`, each arm's best "
+                                         "configuration on the table; null without compare arms.")  # fmt: skip
+    judged: dict[str, OutcomeSharePublic] = Field(description="`right`, `wrong`, `equivalent` (the arms truly "
+                                                  "differ), `not yet`: the outcomes against the truth.")  # fmt: skip
     seconds: float | None = Field(description="How long the plan took on the server.")
     lines: list[str] = Field(description="The forecast as `hpo plan` prints it.")
 
@@ -103,6 +118,7 @@ async def plan_file(
     slots: Slots = None,
     gpus_per_slot: GpusPerSlot = None,
     gpu: Gpu = None,
+    difference: Difference = None,
 ):
     """Forecast an experiment file: GPU-hours and wall-clock to the first target-reaching configuration and to
     the verdict, idle slot-time, and the share of repetitions ending in each outcome (`hpo plan --json`)."""
@@ -112,7 +128,7 @@ async def plan_file(
         raise HTTPException(422, f"the request body is not YAML: {exc}") from None
     if not isinstance(data, dict):
         raise HTTPException(422, "the request body must be an experiment file: a YAML mapping with name, space, ...")
-    return await _plan(_absolute_paths(data), repetitions, slots, gpus_per_slot, gpu)
+    return await _plan(_absolute_paths(data), repetitions, slots, gpus_per_slot, gpu, difference)
 
 
 @router.get("/experiments/{name}/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
@@ -122,10 +138,11 @@ async def plan_stored(
     slots: Slots = None,
     gpus_per_slot: GpusPerSlot = None,
     gpu: Gpu = None,
+    difference: Difference = None,
 ):
     """Forecast a stored experiment again, as its spec was stored (self-contained: its base config inline): what
     it would cost and how likely an answer is, e.g. on more slots. Nothing is written."""
-    return await _plan(dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu)
+    return await _plan(dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu, difference)
 
 
 def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
@@ -140,13 +157,14 @@ def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_per_slot: int | None,
-                gpu: str | None) -> dict[str, Any]:  # fmt: skip
+                gpu: str | None, difference: float | None = None) -> dict[str, Any]:  # fmt: skip
     """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422."""
     with tempfile.TemporaryDirectory(prefix="hpo-api-plan-") as tmp:
         path = Path(tmp) / f"{data.get('name') or 'experiment'}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         command = [sys.executable, "-m", "hpo", "plan", str(path), "--json", "--repetitions", str(repetitions)]
-        for flag, value in (("--slots", slots), ("--gpus-per-slot", gpus_per_slot), ("--gpu", gpu)):
+        options = (("--slots", slots), ("--gpus-per-slot", gpus_per_slot), ("--gpu", gpu), ("--difference", difference))
+        for flag, value in options:
             if value is not None:
                 command += [flag, str(value)]
         child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,

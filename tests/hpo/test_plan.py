@@ -160,6 +160,68 @@ def test_the_outcome_shares_add_up_to_the_repetitions_and_match_each_run(planned
     assert {k: v for k, v in rows.items() if v} == planned["outcomes"]
 
 
+def test_the_outcomes_are_judged_against_the_tables_truth(planned):
+    """Each repetition's outcome (as `hpo best --per-arm` says it) judged against the table's truth: LAMB is the
+    better optimizer there (the truth's own check: test_the_tables_truth_is_the_best_grid_point_of_each_arm)."""
+    lines = planned["out"].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("judged against the truth: "))
+    assert lines[start].startswith(f"judged against the truth: the table's: {LAMB} is better")
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        rows[line[:44].strip()] = int(line[44:].split()[0])
+    outcomes = planned["outcomes"]
+    assert rows == {"right": outcomes.get(f"winner {LAMB}", 0), "wrong": outcomes.get(f"winner {ADAMW}", 0),
+                    "equivalent (the arms truly differ)": outcomes.get("equivalent", 0),
+                    "not yet": outcomes.get("not yet", 0)}  # fmt: skip
+
+
+def test_the_tables_truth_is_the_best_grid_point_of_each_arm(tmp_path):
+    """The truth (hpo.plan_truth) against the table's own records: at each recorded learning rate and warmup, the
+    geometric mean over the recorded seeds of samples to target interpolated between the recorded evaluations (a
+    miss at the budget); the truth's best configuration is at least as good as the best of them, and within a grid
+    step of it."""
+    from hpo.plan import PlanOptions, prepare_plan
+    from hpo.verdict import samples_between_evaluations
+
+    meta, *runs = (json.loads(line) for line in DEFAULT_TABLE.read_text().splitlines())
+    budget, target = meta["fixed"]["budget.max_samples"], meta["fixed"]["eval.target_mlm_accuracy"]
+    plan = prepare_plan(str(write(tmp_path / "file.yaml", small_preset())), PlanOptions(repetitions=1))
+    for arm in plan.truth.arms:
+        points: dict[tuple, list] = {}
+        for run in runs:
+            if run["optimizer"] == arm.params["optimizer.name"] and run["global_batch_size"] == 32:
+                hit = run["samples_to_target"]
+                value = budget if hit is None else samples_between_evaluations(run["curve"], target, hit)
+                points.setdefault((run["lr"], run["warmup_steps"]), []).append(math.log(value))
+        figures = {p: math.exp(float(np.mean(v))) for p, v in points.items()}
+        (lr, warmup), best = min(figures.items(), key=lambda kv: kv[1])
+        assert arm.figure <= best * (1 + 1e-4)  # its grid passes within 1e-5 of each recorded rate
+        assert abs(math.log10(arm.params["optimizer.lr"] / lr)) <= 0.5 + 1e-9  # within a grid step (half a decade)
+    assert plan.truth.better == LAMB and plan.truth.stated is None
+
+
+@pytest.mark.parametrize("difference", [0.0, 0.05, 0.10])
+def test_a_stated_difference_is_made_true_on_the_table(tmp_path, difference):
+    """--difference D: the second arm reads the first's curves, delayed until the first needs D fewer samples (within
+    0.2 points), the truth each repetition is judged against; D = 0 is a true tie."""
+    from hpo.plan import PlanOptions, prepare_plan
+
+    plan = prepare_plan(str(write(tmp_path / "file.yaml", small_preset())), PlanOptions(1, difference=difference))
+    handicaps = plan.data["runner"]["simulation"]["handicaps"]
+    assert handicaps == {"lamb": {"curves_of": "adamw", "delay_samples": plan.truth.delay_samples}}
+    first, second = plan.truth.arms
+    assert (first.label, second.label) == (ADAMW, LAMB)
+    if difference == 0:
+        assert plan.truth.better is None and plan.truth.delay_samples == 0
+        assert plan.truth.judged("equivalent", None) == "right" and plan.truth.judged("winner", ADAMW) == "wrong"
+    else:
+        assert plan.truth.better == ADAMW
+        assert 1 - first.figure / second.figure == pytest.approx(difference, abs=0.002)
+        assert plan.truth.judged("winner", ADAMW) == "right" and plan.truth.judged("equivalent", None) == "equivalent"
+
+
 def test_the_plan_leaves_the_users_database_as_it_was(planned):
     assert planned["after"] == planned["before"]  # byte for byte: not even opened
     assert not planned["env_db"].parent.exists()  # HPO_DATABASE_URL's database is not created either
@@ -414,7 +476,9 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--cv", "5%"], "--cv and --difference go together"),
+        (["--cv", "5%"], "--cv needs --difference"),
+        (["--like", "pilot", "--difference", "10%"], "--like takes the pilot's own difference"),
+        (["--difference", "10%"], "--difference makes a true difference between two arms that compare optimizers"),
         (["--power", "0.8"], "--power: the verdict's chances need a spread"),
         (
             ["--cv", "5%", "--difference", "0.1", "--verdict-only", "--slots", "8"],
@@ -422,10 +486,20 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
         ),
         (["--like", "nowhere", "--verdict-only"], "there is no database at"),
     ],
-    ids=["cv-alone", "power-alone", "verdict-only-with-slots", "no-database"],
+    ids=[
+        "cv-alone",
+        "power-alone",
+        "like-with-difference",
+        "difference-without-optimizer-arms",
+        "verdict-only-with-slots",
+        "no-database",
+    ],
 )
 def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, capsys, args, message):
-    path = write(tmp_path / "file.yaml", small_preset())
+    data = small_preset()
+    if "--difference" in args and "--like" not in args:  # a file whose arms are not two optimizers
+        data["compare"] = []
+    path = write(tmp_path / "file.yaml", data)
     assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()

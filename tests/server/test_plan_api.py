@@ -58,6 +58,21 @@ def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
     assert any("no training happens, every figure is simulated" in line for line in got["lines"])
 
 
+def test_a_stated_difference_is_planned_as_hpo_plan_difference_plans_it(planned, capsys):
+    path, _, server = planned
+    expected = cli_plan(capsys, path, "--repetitions", "2", "--difference", "10%")
+    with server.client() as api:
+        answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML,
+                          params={"repetitions": 2, "difference": 0.1})  # fmt: skip
+        too_big = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"difference": 1})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert {k: got[k] for k in (*FIGURES, "truth", "judged")} == {k: expected[k] for k in (*FIGURES, "truth", "judged")}
+    assert got["truth"]["stated"] == 0.1 and abs(got["truth"]["difference"] - 0.1) <= 0.002
+    assert sum(o["count"] for o in got["judged"].values()) == 2
+    assert too_big.status_code == 422
+
+
 def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_written(planned, capsys):
     path, database, server = planned
     before = database.read_bytes()
