@@ -181,8 +181,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import time
+    from dataclasses import asdict
 
-    from hpo.plan import PlanOptions, forecast_data, forecast_lines, prepare_plan, run_plan
+    from hpo.plan import (
+        PlanOptions,
+        forecast_data,
+        forecast_lines,
+        prepare_plan,
+        run_plan,
+        trials_advice,
+        trials_advice_lines,
+    )
 
     _check_plan_options(args)
     if args.verdict_only:
@@ -201,13 +210,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
         return 130
     seconds = time.perf_counter() - started
+    advice = []
+    if args.power is not None and not chances and plan.spec.compare:  # --power alone: advice on tuning trials
+        advice = trials_advice(plan, repetitions, jobs=args.jobs or 1, progress=_advice_progress())
     if args.json:
         data = forecast_data(plan, repetitions, seconds) | ({"chances": chances} if chances else {})
+        if advice:
+            data["advice"] = [asdict(c) | {"reaches": c.right / c.repetitions >= args.power} for c in advice]
         print(json.dumps(data, indent=1))
         return 0
     lines = forecast_lines(plan, repetitions, seconds, pilot=args.like)
-    print("\n".join(lines + ([""] + chances if chances else [])))
+    extra = chances or (trials_advice_lines(advice, args.power, plan.spec.budget.confirm_seeds) if advice else [])
+    print("\n".join(lines + ([""] + extra if extra else [])))
     return 0
+
+
+def _advice_progress():
+    def show(done: int, total: int) -> None:
+        print(f"plan: tuning budget {done}/{total} of the advice done", file=sys.stderr, flush=True)
+
+    return show
 
 
 def _check_plan_options(args: argparse.Namespace) -> None:
@@ -221,12 +243,11 @@ def _check_plan_options(args: argparse.Namespace) -> None:
         raise HpoError(f"--{'cv' if args.cv == 0 else 'power'} 0 means nothing here: give a fraction above 0 "
                        "(e.g. --cv 5% --power 80%)")  # fmt: skip
     spread = args.cv is not None or args.like is not None
-    needing = [name for name, value in (("--power", args.power), ("--draws", args.draws),
-                                        ("--verdict-only", args.verdict_only or None))
+    needing = [name for name, value in (("--draws", args.draws), ("--verdict-only", args.verdict_only or None))
                if value is not None]  # fmt: skip
     if needing and not spread:
         raise HpoError(f"{', '.join(needing)}: the verdict's chances need a spread: --cv and --difference, or --like "
-                       "EXPERIMENT (a pilot in the database)")  # fmt: skip
+                       "EXPERIMENT (a pilot in the database); --power alone advises on tuning trials")  # fmt: skip
     cluster = [name for name, value in (("--repetitions", args.repetitions), ("--jobs", args.jobs),
                                         ("--slots", args.slots),
                                         ("--gpus-per-slot", args.gpus_per_slot), ("--gpu", args.gpu),
@@ -674,8 +695,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--power",
         type=_fraction,
         metavar="P",
-        help="advice: the fewest confirmation runs per arm (confirm_seeds 2 to 12; auto with max_confirm_seeds "
-        "6, 9, 12) whose chance of a right answer reaches P (0.8 or 80%%), with each one's runs per arm",
+        help="advice for a right answer in at least P of experiments (0.8 or 80%%): with --cv/--like the fewest "
+        "confirmation runs per arm (confirm_seeds 2 to 12; auto with max_confirm_seeds 6, 9, 12) and their runs per "
+        "arm; alone, the file planned again at 0.5x and 2x its tuning trials (the same repetitions each): the "
+        "fewest budget.trials whose right answers reach P, with its GPU-hours",
     )
     chances.add_argument(
         "--draws",

@@ -89,6 +89,7 @@ class PlanOptions:
     gpu: str | None = None  # runner.simulation.gpu (a100, h100): its samples per second
     samples_per_s: float | None = None  # runner.simulation.samples_per_s: one GPU's samples per second
     difference: float | None = None  # a stated true difference (hpo.plan_truth); None: the table's own truth
+    trials: int | None = None  # budget.trials: the tuning trials of all arms together (the trials advice)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,8 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
         simulation.update(gpu=options.gpu, samples_per_s=None)
     if options.samples_per_s is not None:
         simulation["samples_per_s"] = options.samples_per_s
+    if options.trials is not None:
+        data["budget"]["trials"] = options.trials
     return data
 
 
@@ -441,6 +444,67 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
 
 
 WIDTH = 44  # the label column of the summary
+TRIALS_FACTORS = (0.5, 1.0, 2.0)  # the trials advice's grid: the file's tuning trials times these
+
+
+@dataclass(frozen=True)
+class TrialsCell:
+    """The plan at one tuning budget: its repetitions' right answers and cost (the trials advice)."""
+
+    trials: int  # budget.trials (all arms together)
+    per_arm: float
+    right: int
+    repetitions: int
+    gpu_hours: float  # median to the verdict
+    wall_hours: float
+
+
+def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progress=None) -> list[TrialsCell]:
+    """The plan `base` (its repetitions `known`, already run) at TRIALS_FACTORS times its tuning trials (at least 2 per
+    arm), each budget with the same repetitions' seeds: how often it gives a right answer, and what it costs (`hpo
+    plan --power` without a spread). `progress(done, total)` after each budget run here."""
+    arms = max(len(arm_labels(base.spec)), 1)
+    budgets = sorted({max(round(base.spec.budget.trials * f), 2 * arms) for f in TRIALS_FACTORS})
+    cells = []
+    for i, trials in enumerate(budgets):
+        plan, repetitions = base, list(known)
+        if trials != base.spec.budget.trials:
+            plan = prepare_plan(base.source, replace(base.options, trials=trials))
+            repetitions = run_plan(plan, jobs=jobs)
+            if progress:
+                progress(i + 1, len(budgets))
+        judged = judged_counts(plan, repetitions) if plan.truth else {"right": 0}
+        cells.append(TrialsCell(trials, trials / arms, judged["right"], len(repetitions),
+                                percentile_range([r.answer_gpu_h for r in repetitions])[0],
+                                percentile_range([r.answer_wall_h for r in repetitions])[0]))  # fmt: skip
+    return cells
+
+
+def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm) -> list[str]:
+    """The --power table over tuning budgets, and the advice to copy into the experiment file."""
+    wanted = f"{power:.0%}"
+    lines = [f"advice for a right answer in at least {wanted} of experiments (judged against the truth above): the "
+             f"file planned at {', '.join(f'{f:g}x' for f in TRIALS_FACTORS)} its tuning trials, confirm_seeds "
+             f"{confirm} kept",
+             f"  {'budget.trials (per arm)':<{WIDTH - 2}}{'right':>14}{'95 % interval':>17}{'GPU-h':>10}"
+             f"{'wall h':>9}"]  # fmt: skip
+    for c in cells:
+        low, high = share_interval(c.right, c.repetitions)
+        mark = f"  reaches {wanted}" if c.right / c.repetitions >= power else ""
+        lines.append(f"  {f'{c.trials} ({c.per_arm:g})':<{WIDTH - 2}}{f'{c.right}/{c.repetitions}':>8}"
+                     f"{c.right / c.repetitions:>6.0%}{f'{low:.0%} to {high:.0%}':>17}{c.gpu_hours:>10,.1f}"
+                     f"{c.wall_hours:>9.2f}{mark}")  # fmt: skip
+    enough = [c for c in cells if c.right / c.repetitions >= power]
+    if enough:
+        c = enough[0]
+        lines.append(f"fewest: budget: {{trials: {c.trials}}}  ({c.per_arm:g} tuning trials per arm; median "
+                     f"{c.gpu_hours:,.1f} GPU-hours to the verdict)")  # fmt: skip
+    else:
+        best = max(cells, key=lambda c: c.right / c.repetitions)
+        lines.append(f"none of these budgets reaches {wanted} (at most {best.right / best.repetitions:.0%}, at "
+                     f"budget.trials {best.trials}): more confirmation runs (see --cv/--like with --power for their "
+                     "chances) or a larger budget than these")  # fmt: skip
+    return lines
 
 
 def _figure_line(label: str, values: Sequence[float | None], fmt: str) -> str:

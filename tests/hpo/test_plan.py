@@ -479,7 +479,7 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
         (["--cv", "5%"], "--cv needs --difference"),
         (["--like", "pilot", "--difference", "10%"], "--like takes the pilot's own difference"),
         (["--difference", "10%"], "--difference makes a true difference between two arms that compare optimizers"),
-        (["--power", "0.8"], "--power: the verdict's chances need a spread"),
+        (["--draws", "100"], "--draws: the verdict's chances need a spread"),
         (
             ["--cv", "5%", "--difference", "0.1", "--verdict-only", "--slots", "8"],
             "--slots: --verdict-only runs nothing",
@@ -488,9 +488,9 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
     ],
     ids=[
         "cv-alone",
-        "power-alone",
         "like-with-difference",
         "difference-without-optimizer-arms",
+        "draws-alone",
         "verdict-only-with-slots",
         "no-database",
     ],
@@ -517,3 +517,28 @@ def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys
         forecasts.append({k: v for k, v in data.items() if k not in ("seconds", "lines")})
     assert forecasts[0] == forecasts[1]
     assert sum(o["count"] for o in forecasts[0]["outcomes"].values()) == 3
+
+
+def test_power_alone_advises_the_fewest_tuning_trials_from_plans_at_each_budget(tmp_path, capsys):
+    """`--power` without a spread: the file planned at 0.5x, 1x and 2x its tuning trials; each row is what `hpo plan
+    --json` of the file with that budget says (right answers against the truth, median GPU-hours), and the advice
+    names the smallest budget whose right answers reach the wanted share."""
+    data = small_preset()
+    path = write(tmp_path / "file.yaml", data)
+    out = plan_out(capsys, "plan", str(path), "--repetitions", "3", "--power", "0.6", "--json")
+    advice = json.loads(out)["advice"]
+    assert [row["trials"] for row in advice] == [24, 48, 96]
+    for row in advice:
+        alone = json.loads(plan_out(capsys, "plan", str(write(tmp_path / f"t{row['trials']}.yaml",
+                                                                  {**data, "budget": {**data["budget"],
+                                                                                      "trials": row["trials"]}})),
+                                    "--repetitions", "3", "--json"))  # fmt: skip
+        assert row["right"] == alone["judged"]["right"]["count"] and row["repetitions"] == 3
+        assert row["gpu_hours"] == alone["answer"]["gpu_hours"]["median"]
+        assert row["per_arm"] == row["trials"] / 2 and row["reaches"] == (row["right"] / 3 >= 0.6)
+    text = plan_out(capsys, "plan", str(path), "--repetitions", "3", "--power", "0.6")
+    enough = [row for row in advice if row["reaches"]]
+    if enough:
+        assert f"fewest: budget: {{trials: {enough[0]['trials']}}}" in text
+    else:
+        assert "none of these budgets reaches 60%" in text
