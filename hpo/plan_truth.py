@@ -82,10 +82,14 @@ class Truth:
             return "the table's: a true tie between the arms' best configurations"
         unit = "samples to target (geometric mean over the table's seeds)" if self.metric == "samples_to_target" else (
             f"{self.metric} (mean over the table's seeds)")  # fmt: skip
-        others = ", ".join(f"{a.label} {a.figure:,.4g}" for a in self.arms if a.label != self.better)
+        others = ", ".join(f"{a.label} {_number(a.figure)}" for a in self.arms if a.label != self.better)
         best = next(a for a in self.arms if a.label == self.better)
         return (f"the table's: {self.better} is better, {self.difference():.1%} below the next arm at each arm's best "
-                f"configuration ({unit}: {best.figure:,.4g}; {others})")  # fmt: skip
+                f"configuration ({unit}: {_number(best.figure)}; {others})")  # fmt: skip
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
 def table_truth(runner, spec) -> Truth:
