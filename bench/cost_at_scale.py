@@ -141,23 +141,38 @@ def trials_for(slots: int, per_slot: int = 2, minimum: int = 20) -> int:
     return max(minimum, per_slot * slots)
 
 
-def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tuple[float, float], slots: int,
-               trials: int, confirm: int | str, compare: bool = True,
+def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tuple[float, float] | None,
+               slots: int, trials: int, confirm: int | str, compare: bool = True,
                cap: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """The experiment file of one repetition: the table's dimensions on `slots` slots of 8 GPUs."""
-    meta = load_table(table).meta["fixed"]
+    """The experiment file of one repetition: the table's dimensions on `slots` slots of 8 GPUs, at `batch` (its
+    sample budget, evaluation interval and warmups there); `lr` None: each optimizer over its own grid range at
+    `batch` (`--lr-from-table`, a large-batch table: `optimizer.lr@adamw`, `optimizer.lr@lamb`)."""
+    from bench.verdict_calibration import arm_ranges, warmups
+
+    loaded = load_table(table)
+    meta = loaded.meta["fixed"]
+    budget, every = loaded.max_samples_for(batch), loaded.eval_every_for(batch)
+    ranges = arm_ranges(table, batch, lr)
+    if ranges["adamw"] == ranges["lamb"]:
+        rates: dict[str, Any] = {"optimizer.lr": {"float": list(ranges["adamw"]), "log": True}}
+    else:
+        if tuner in SYNETUNE:
+            raise SystemExit(f"{tuner}: Syne Tune searches one space over both arms; with a learning-rate range per "
+                             "optimizer (--lr-from-table) run our tuners or Optuna's")  # fmt: skip
+        rates = {f"optimizer.lr@{o}": {"float": list(r), "log": True, "when": {"optimizer.name": o}}
+                 for o, r in ranges.items()}  # fmt: skip
     space: dict[str, Any] = {
         "optimizer.name": {"choice": ["adamw", "lamb"]},
-        "optimizer.lr": {"float": list(lr), "log": True},
-        "schedule.warmup_steps": {"choice": WARMUPS},
+        **rates,
+        "schedule.warmup_steps": {"choice": warmups(table, batch) if lr is None else WARMUPS},
     }
     return {
         "name": name,
         "base_config": str(ROOT / "trainer/configs/demo_cpu.yaml"),
         "overrides": {
             "seed": 1000 + rep,  # the training seed of the tuning trials; confirmations take the next ones
-            "budget.max_samples": meta["budget.max_samples"], "budget.max_time_s": None,
-            "eval.every_samples": meta["eval.every_samples"], "eval.max_samples": meta.get("eval.max_samples", 512),
+            "budget.max_samples": budget, "budget.max_time_s": None,
+            "eval.every_samples": every, "eval.max_samples": meta.get("eval.max_samples", 512),
             "eval.target_mlm_accuracy": meta["eval.target_mlm_accuracy"],
             "batch.global_batch_size": batch, "batch.micro_batch_size": max(1, batch // GPUS_PER_SLOT),
         },
@@ -167,7 +182,7 @@ def experiment(name: str, table: Path, tuner: str, rep: int, batch: int, lr: tup
         "budget": {"trials": trials, "confirm_seeds": confirm, "max_parallel": slots,
                    **({"max_confirm_seeds": cap} if cap and confirm == "auto" else {}),
                    # Hyperband's smallest trial must reach the first evaluation (1/9 of 12,288 samples does)
-                   **({"min_budget": max(1 / 9, meta["eval.every_samples"] / meta["budget.max_samples"])}
+                   **({"min_budget": max(1 / 9, every / budget)}
                       if tuner == "smac_hyperband" else {})},
         "resources": {"gpus_per_trial": GPUS_PER_SLOT},
         "runner": {"name": "simulated", "simulation": {"table": str(table), "gpu": "a100"}},
@@ -705,7 +720,7 @@ def _repetition(task: tuple[str, int, int, Any]) -> dict[str, Any]:
 def run_setup(args) -> dict[str, Any]:
     """What a repetition's figures depend on besides (tuner, slots, seed): rows of another set-up are not reused."""
     return {"table_sha256": hashlib.sha256(args.table.read_bytes()).hexdigest()[:16], "batch": args.batch,
-            "lr": list(args.lr), "trials_per_slot": args.trials_per_slot,
+            "lr": "table" if args.lr is None else list(args.lr), "trials_per_slot": args.trials_per_slot,
             "min_trials": args.min_trials, "confirm": args.confirm, "full_records": args.full_records,
             **({"cap": args.cap} if args.confirm == "auto" else {})}  # fmt: skip
 
@@ -937,6 +952,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=TUNERS)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, nargs=2, default=(3.1623e-4, 0.1))
+    parser.add_argument("--lr-from-table", action="store_true",
+                        help="each optimizer over its own learning-rate range of the table at --batch (a large-batch "
+                        "table: bench/curves/large_batch.jsonl), instead of --lr for both")  # fmt: skip
     parser.add_argument("--trials-per-slot", type=int, default=2)
     parser.add_argument("--min-trials", type=int, default=20)
     parser.add_argument("--confirm", type=_confirm, default=2, help="confirmation seeds per arm, or auto (ours only)")
@@ -961,6 +979,8 @@ def main(argv: list[str] | None = None) -> int:
         "already holds for the same set-up (a run stopped half-way goes on where it stopped)",
     )
     args = parser.parse_args(argv)
+    if args.lr_from_table:
+        args.lr = None  # each optimizer over its own range of the table at --batch (`experiment`)
     if args.confirm == "auto" and set(args.tuners) - set(OURS):
         parser.error(f"--confirm auto runs through hpo's own study loop: --tuners {' '.join(OURS)} only")
     caps: dict[tuple[str, int], int] = {}
@@ -1019,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.cost_at_scale " + shlex.join(argv if argv is not None else sys.argv[1:])
     print(f"\n`{command.strip()}` on {cpu_model()} ({os.cpu_count()} CPUs), {time.perf_counter() - started:,.0f} s; "
           f"table {args.table} (data {str(meta.get('data_sha256', '?'))[:12]}), batch {args.batch}, lr "
-          f"{args.lr[0]:g}-{args.lr[1]:g}, trials = max({args.min_trials}, {args.trials_per_slot} x slots) over 2 "
+          f"{'each optimizer its grid range' if args.lr is None else f'{args.lr[0]:g}-{args.lr[1]:g}'}, "
+          f"trials = max({args.min_trials}, {args.trials_per_slot} x slots) over 2 "
           f"arms + {args.confirm} confirmation seeds per arm; slot = {GPUS_PER_SLOT} A100s.\n")  # fmt: skip
     for line in skipped:
         print(f"not run: {line}")

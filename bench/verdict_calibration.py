@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -56,28 +57,61 @@ from trainer.result import TrainResult, TrainStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "bench/curves/curves.jsonl"
-WARMUPS = [0, 40]
+WARMUPS = [0, 40]  # the warmups of the batch-32 table (TABLE); a large-batch table has one per batch size
 
 
-def experiment(name: str, table: Path, tuner: str, seed: int, batch: int, lr: tuple[float, float], trials: int,
-               confirm: int | str, handicap: dict | None, cap: int | None = None,
+def arm_ranges(table: Path, batch: int, lr: tuple[float, float] | None, handicap: dict | None = None) -> dict:
+    """Each optimizer's learning-rate range: `lr` for both, else the table's grid range of that optimizer at `batch`
+    (a large-batch table has one per optimizer and batch size). Under a handicap LAMB's trials read AdamW's curves,
+    so both arms search AdamW's range."""
+    if lr is not None:
+        return {"adamw": tuple(lr), "lamb": tuple(lr)}
+    loaded = _table(table)
+    ranges = {}
+    for optimizer in ("adamw", "lamb"):
+        rates = [r for w in warmups(table, batch) for r in loaded.learning_rates(optimizer, w, batch)]
+        ranges[optimizer] = (min(rates), max(rates))
+    return {"adamw": ranges["adamw"], "lamb": ranges["adamw"]} if handicap else ranges
+
+
+def warmups(table: Path, batch: int) -> list[int]:
+    """The table's warmups at `batch` (0 and 40 at batch 32; a large-batch table has one per batch size)."""
+    return [int(w) for w in _table(table).grid_values("schedule.warmup_steps", batch)]
+
+
+@functools.cache
+def _table(path: Path):
+    return load_table(path)
+
+
+def experiment(name: str, table: Path, tuner: str, seed: int, batch: int, lr: tuple[float, float] | None,
+               trials: int, confirm: int | str, handicap: dict | None, cap: int | None = None,
                margin: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """The experiment file of one repetition: the demo preset's budget on the table's dimensions."""
-    meta = load_table(table).meta["fixed"]
+    """The experiment file of one repetition: the demo preset's budget on the table's dimensions at `batch` (its
+    sample budget and evaluation interval there; each optimizer's learning rates over `arm_ranges`, one shared
+    `optimizer.lr` where they are equal)."""
+    loaded = _table(table)
+    meta = loaded.meta["fixed"]
+    ranges = arm_ranges(table, batch, lr, handicap)
+    if ranges["adamw"] == ranges["lamb"]:
+        rates = {"optimizer.lr": {"float": list(ranges["adamw"]), "log": True}}
+    else:
+        rates = {f"optimizer.lr@{o}": {"float": list(r), "log": True, "when": {"optimizer.name": o}}
+                 for o, r in ranges.items()}  # fmt: skip
     return {
         "name": name,
         "base_config": str(ROOT / "trainer/configs/demo_cpu.yaml"),
         "overrides": {
             "seed": 1000 + seed,  # the training seeds of this repetition (tuning trials; confirmations go on)
-            "budget.max_samples": meta["budget.max_samples"], "budget.max_time_s": None,
-            "eval.every_samples": meta["eval.every_samples"], "eval.max_samples": meta.get("eval.max_samples", 512),
+            "budget.max_samples": loaded.max_samples_for(batch), "budget.max_time_s": None,
+            "eval.every_samples": loaded.eval_every_for(batch), "eval.max_samples": meta.get("eval.max_samples", 512),
             "eval.target_mlm_accuracy": meta["eval.target_mlm_accuracy"],
             "batch.global_batch_size": batch, "batch.micro_batch_size": batch,
         },
         "space": {
             "optimizer.name": {"choice": ["adamw", "lamb"]},
-            "optimizer.lr": {"float": list(lr), "log": True},
-            "schedule.warmup_steps": {"choice": WARMUPS},
+            **rates,
+            "schedule.warmup_steps": {"choice": warmups(table, batch)},
         },
         "compare": ["optimizer.name"],
         "tuner": {"name": tuner, "seed": seed},
@@ -106,7 +140,7 @@ def truth(surrogate: Surrogate, spec, optimizer: str, batch: int, lr: tuple[floa
     best = (math.inf, None)
     for k in range(points):
         value = math.exp(math.log(lr[0]) + (math.log(lr[1]) - math.log(lr[0])) * k / (points - 1))
-        for warmup in WARMUPS:
+        for warmup in warmups(surrogate.table.path, batch):
             scores = [run_objective(spec, cfg, c)[0] for c in surrogate.curves(Config(optimizer, value, warmup, batch))]
             mean = sum(scores) / len(scores)
             if mean < best[0]:
@@ -170,8 +204,8 @@ def compared_truth(spec, best: dict, args) -> str | None:
     cfg = config_from_dict(spec.resolved_base())
     means = {}
     for label, top in best.items():
-        config = Config(top.params["optimizer.name"], top.params["optimizer.lr"], top.params["schedule.warmup_steps"],
-                        args.batch)  # fmt: skip
+        values = spec.space.trainer_values(top.params)  # optimizer.lr@adamw -> optimizer.lr
+        config = Config(values["optimizer.name"], values["optimizer.lr"], values["schedule.warmup_steps"], args.batch)
         logs = []
         for curve in surrogate.curves(config):
             evals = curve.evaluations(cfg.eval.every_samples, cfg.budget.max_samples)
@@ -223,8 +257,9 @@ def truly_better(spec, handicap: dict | None, args) -> str | None:
     if handicap:
         return "adamw" if handicap["lamb"]["delay_samples"] > 0 else None
     surrogate = Surrogate(load_table(args.table))
-    adamw = truth(surrogate, spec, "adamw", args.batch, args.lr)
-    lamb = truth(surrogate, spec, "lamb", args.batch, args.lr)
+    ranges = arm_ranges(args.table, args.batch, args.lr)
+    adamw = truth(surrogate, spec, "adamw", args.batch, ranges["adamw"])
+    lamb = truth(surrogate, spec, "lamb", args.batch, ranges["lamb"])
     print(f"  truth: adamw {adamw[0]:,.0f} at lr {adamw[1][0]:.3g} warmup {adamw[1][1]}; "
           f"lamb {lamb[0]:,.0f} at lr {lamb[1][0]:.3g} warmup {lamb[1][1]}", file=sys.stderr)  # fmt: skip
     return None if adamw[0] == lamb[0] else ("adamw" if adamw[0] < lamb[0] else "lamb")
@@ -238,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-real", action="store_true", help="skip the table's real AdamW-vs-LAMB pair")
     parser.add_argument("--tuner", default="smac_bo")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, nargs=2, default=(3.1623e-4, 0.1))
+    parser.add_argument("--lr", type=float, nargs=2, default=None,
+                        help="one learning-rate range for both optimizers (default: each optimizer's grid range at "
+                        "--batch in the table; 3.16e-4 to 0.1 for both at batch 32)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=10, help="tuning trials (both arms)")
     parser.add_argument("--confirm", type=_confirm, default=2, help="confirmation seeds per arm, or auto")
     parser.add_argument("--cap", type=int, default=None, help="max_confirm_seeds with --confirm auto (default 12)")
