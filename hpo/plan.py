@@ -161,7 +161,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     if first.compare:
         truth = table_truth(runner, first)
         if options.difference is not None:
-            ((optimizer, handicap),) = data["runner"]["simulation"]["handicaps"].items()
+            (handicap,) = data["runner"]["simulation"]["handicaps"].values()
             truth = replace(truth, stated=options.difference, delay_samples=handicap["delay_samples"])
     runner.close()
     table = Path(first.runner.simulation.table)
@@ -340,6 +340,20 @@ def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, in
     return counts
 
 
+def _shares(counts: dict[str, int], n: int) -> dict[str, dict[str, float]]:
+    """Each outcome's count, share of the n repetitions and the share's Wilson interval."""
+    shares = {}
+    for outcome, count in counts.items():
+        low, high = share_interval(count, n)
+        shares[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+    return shares
+
+
+def _share_line(label: str, share: dict[str, float]) -> str:
+    return (f"  {label:<{WIDTH - 2}}{share['count']:>4} {share['share']:>6.0%}   {share['low']:.0%} to "
+            f"{share['high']:.0%}")  # fmt: skip
+
+
 def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
                    pilot: str | None = None) -> list[str]:  # fmt: skip
     """What `hpo plan` prints: the set-up, the cost figures with their ranges, the outcomes with their intervals
@@ -364,14 +378,11 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
         lines.append(f"({misses} of {n} repetitions had no trial that reached the target: counted as never)")
     if spec.compare:
         lines += ["", f"outcome (of {_repetitions(n)}; 95 % Wilson interval of the share)"]
-        for outcome, count in outcome_counts(plan, repetitions).items():
-            low, high = share_interval(count, n)
-            lines.append(f"  {outcome:<{WIDTH - 2}}{count:>4} {count / n:>6.0%}   {low:.0%} to {high:.0%}")
+        lines += [_share_line(outcome, s) for outcome, s in _shares(outcome_counts(plan, repetitions), n).items()]
         lines += ["", f"judged against the truth: {plan.truth.line()}"]
-        for judged, count in judged_counts(plan, repetitions).items():
-            low, high = share_interval(count, n)
+        for judged, share in _shares(judged_counts(plan, repetitions), n).items():
             label = "equivalent (the arms truly differ)" if judged == "equivalent" and plan.truth.better else judged
-            lines.append(f"  {label:<{WIDTH - 2}}{count:>4} {count / n:>6.0%}   {low:.0%} to {high:.0%}")
+            lines.append(_share_line(label, share))
     else:
         lines += ["", "no compare arms: no verdict, only the cost"]
     if seconds is not None:
@@ -391,12 +402,8 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
 
     outcomes, judged, truth = {}, {}, None
     if spec.compare:
-        for outcome, count in outcome_counts(plan, repetitions).items():
-            low, high = share_interval(count, n)
-            outcomes[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
-        for outcome, count in judged_counts(plan, repetitions).items():
-            low, high = share_interval(count, n)
-            judged[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+        outcomes = _shares(outcome_counts(plan, repetitions), n)
+        judged = _shares(judged_counts(plan, repetitions), n)
         t = plan.truth
         truth = {
             "better": t.better,
