@@ -139,7 +139,12 @@ def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
 
 
 # Options each tuner understands (tuner.options); anything else would be ignored, so it is refused.
-TUNER_OPTIONS: dict[str, tuple[str, ...]] = {"smac_bo": ("n_initial_configs",), "nni_evolution": ("population_size",)}
+# smac_bo: its Sobol design's size, and how many proposals SMAC3 makes between fits of its model (hpo.controllers.smac).
+TUNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "smac_bo": ("n_initial_configs", "retrain_after"),
+    "nni_evolution": ("population_size",),
+}
+WHOLE_NUMBER_OPTIONS = ("n_initial_configs", "retrain_after")
 # Options of NNI's manager (assessor, web UI), which no in-process NNI tuner has.
 NNI_MANAGER_OPTIONS = ("assessor", "assessor_start_step", "webui_host")
 
@@ -201,6 +206,9 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
         if key not in allowed:
             known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
             raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
+        value = spec.tuner.options[key]
+        if key in WHOLE_NUMBER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: expected a whole number >= 1 (got {value!r})")
     if spec.tuner.name == "smac_hyperband":
         if spec.budget.min_budget >= spec.budget.max_budget:
             raise ExperimentFileError(f"{source}: budget.min_budget: must be < budget.max_budget")

@@ -346,6 +346,18 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ("unknown_tuner", {"tuner": {"name": "hyperopt"}}, "tuner.name", "smac_bo"),
     ("nni_tuner_on_local_engine", {"tuner": {"name": "nni_tpe"}}, "tuner.name", "engine: nni"),
     ("unknown_tuner_option_field", {"tuner": {"name": "random", "sed": 1}}, "tuner.sed", "did you mean seed"),
+    (
+        "smac_retrain_after_zero",
+        {"tuner": {"name": "smac_bo", "options": {"retrain_after": 0}}},
+        "tuner.options.retrain_after",
+        "a whole number >= 1",
+    ),
+    (
+        "smac_initial_configs_not_a_number",
+        {"tuner": {"name": "smac_bo", "options": {"n_initial_configs": "ten"}}},
+        "tuner.options.n_initial_configs",
+        "a whole number >= 1 (got 'ten')",
+    ),
     ("unknown_engine", {"engine": "ray"}, "engine", "'local' or 'nni'"),
     ("unknown_objective_metric", {"objective": {"metric": "loss"}}, "objective.metric", "samples_to_target"),
     (
