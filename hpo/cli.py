@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -180,18 +181,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    import time
-    from dataclasses import asdict
-
-    from hpo.plan import (
-        PlanOptions,
-        forecast_data,
-        forecast_lines,
-        prepare_plan,
-        run_plan,
-        trials_advice,
-        trials_advice_lines,
-    )
+    from hpo.plan import PlanOptions
 
     _check_plan_options(args)
     if args.verdict_only:
@@ -201,7 +191,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
                           args.samples_per_s, args.difference)  # fmt: skip
-    plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
+    with tempfile.TemporaryDirectory(prefix="hpo-plan-") as scratch:
+        return _plan(args, options, Path(scratch))
+
+
+def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
+    import time
+    from dataclasses import asdict, replace
+
+    from hpo.plan import forecast_data, forecast_lines, prepare_plan, run_plan, trials_advice, trials_advice_lines
+
+    curves = None
+    if args.like:  # the pilot's curves, where they make a table that serves the file
+        options, curves = _pilot_curves(args, options, scratch)
+    try:
+        plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
+    except HpoError as e:
+        if options.table is None:
+            raise
+        reason = str(e).removeprefix(f"{args.experiment}: ").replace(options.table, f"the pilot {args.like}'s table")
+        curves = f"not used: they cannot serve {args.experiment}: {reason}"
+        plan = prepare_plan(args.experiment, replace(options, table=None))
     chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
     started = time.perf_counter()
     try:
@@ -214,15 +224,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.power is not None and not chances and plan.spec.compare:  # --power alone: advice on tuning trials
         advice = trials_advice(plan, repetitions, jobs=args.jobs or 1, progress=_advice_progress())
     if args.json:
-        data = forecast_data(plan, repetitions, seconds) | ({"chances": chances} if chances else {})
+        data = forecast_data(plan, repetitions, seconds, args.like, curves) | ({"chances": chances} if chances else {})
+        if args.like:
+            data["pilot_curves"] = {"used": plan.options.table is not None, "note": curves}
         if advice:
             data["advice"] = [asdict(c) | {"reaches": c.right / c.repetitions >= args.power} for c in advice]
         print(json.dumps(data, indent=1))
         return 0
-    lines = forecast_lines(plan, repetitions, seconds, pilot=args.like)
+    lines = forecast_lines(plan, repetitions, seconds, pilot=args.like, curves=curves)
     extra = chances or (trials_advice_lines(advice, args.power, plan.spec.budget.confirm_seeds) if advice else [])
     print("\n".join(lines + ([""] + extra if extra else [])))
     return 0
+
+
+def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
+    """(options planning over the pilot's curves as a table, what they are), or the options unchanged and why not."""
+    from dataclasses import replace
+
+    from hpo.pilot_table import PilotTableError, pilot_table, write_table
+
+    storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+    try:
+        meta, runs = pilot_table(storage, args.like)
+    except PilotTableError as e:
+        return options, f"not used: {e}"
+    finally:
+        storage.close()
+    if meta["fixed"]["eval.stop_at_target"]:
+        return options, (f"not used: experiment {args.like} ran with eval.stop_at_target: true, so its curves end at "
+                         "the target and blends between its learning rates would fall short of it; run the pilot with "
+                         "eval.stop_at_target: false for curves to the full budget")  # fmt: skip
+    path = scratch / f"{args.like}.jsonl"
+    write_table(path, meta, runs)
+    seeds = ", ".join(map(str, meta["grid"]["seed"]))
+    return replace(options, table=str(path)), (f"the pilot {args.like}'s {len(runs)} runs (seeds {seeds}), as "
+                                               f"`hpo table {args.like}` writes them")  # fmt: skip
 
 
 def _advice_progress():
@@ -461,6 +497,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
         print(f"run it with: {command}", file=sys.stderr)
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from hpo.pilot_table import pilot_table, write_table
+
+    out = Path(args.output)
+    if out.exists():
+        raise HpoError(f"{out}: exists; give -o a new file (hpo table never replaces one)")
+    storage = open_storage(args.db, read_only=True)
+    meta, runs = pilot_table(storage, args.name)
+    write_table(out, meta, runs)
+    points = {(r["optimizer"], r["warmup_steps"], r["global_batch_size"]) for r in runs}
+    lrs = {(r["optimizer"], r["lr"]) for r in runs}
+    print(f"wrote {len(runs)} runs of experiment {args.name} to {out}: {len(points)} point(s) of optimizer, warmup and "
+          f"batch size, {len(lrs)} learning rate(s), seeds {', '.join(map(str, meta['grid']['seed']))}; plan over it "
+          f"with `runner: {{name: simulated, simulation: {{table: {out}}}}}` or `hpo plan FILE --like {args.name}`",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -743,6 +797,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--config-path", help="the config file the torchrun command names (default: -o, else "
                                               "best.yaml)")  # fmt: skip
     export.set_defaults(fn=cmd_export)
+    table = sub.add_parser("table", help="a pilot experiment's learning curves as a curve table (for hpo plan and "
+                                         "runner: simulated)")  # fmt: skip
+    table.add_argument("name", help="the experiment's name (read only)")
+    table.add_argument("-o", "--output", required=True, help="the table file to write (JSON lines; must not exist)")
+    table.set_defaults(fn=cmd_table)
     report = sub.add_parser("report", help="self-contained HTML comparison report(s); several names: compare.html too")
     report.add_argument("names", nargs="+", metavar="NAME",
                         help="the experiment(s); with several, compare.html plots samples to target and the noise "

@@ -90,6 +90,7 @@ class PlanOptions:
     samples_per_s: float | None = None  # runner.simulation.samples_per_s: one GPU's samples per second
     difference: float | None = None  # a stated true difference (hpo.plan_truth); None: the table's own truth
     trials: int | None = None  # budget.trials: the tuning trials of all arms together (the trials advice)
+    table: str | None = None  # a curve table to plan over instead of the file's (a pilot's curves: `--like`)
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,8 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
         simulation["samples_per_s"] = options.samples_per_s
     if options.trials is not None:
         data["budget"]["trials"] = options.trials
+    if options.table is not None:
+        simulation["table"] = options.table
     return data
 
 
@@ -355,11 +358,11 @@ def _share_line(label: str, share: dict[str, float]) -> str:
 
 
 def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
-                   pilot: str | None = None) -> list[str]:  # fmt: skip
+                   pilot: str | None = None, curves: str | None = None) -> list[str]:  # fmt: skip
     """What `hpo plan` prints: the set-up, the cost figures with their ranges, the outcomes with their intervals
-    (`pilot`: the experiment --like read from the user's database)."""
+    (`pilot`: the experiment --like read from the user's database; `curves`: what became of its curves)."""
     spec, n = plan.spec, len(repetitions)
-    lines = _setup_lines(plan, n, pilot)
+    lines = _setup_lines(plan, n, pilot, curves)
     lines += ["", f"{'':<{WIDTH}}{'median':>10}   range of 95 % of the repetitions (2.5th to 97.5th percentile)"]
     end = "to the verdict (the experiment's end)" if spec.compare else "to the experiment's end"
     rows = [
@@ -390,7 +393,8 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
     return lines
 
 
-def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None) -> dict[str, Any]:
+def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
+                  pilot: str | None = None, curves: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The forecast as plain data (`hpo plan --json`, the API): each figure's median and the range of 95 % of the
     repetitions (None: never, a repetition without a hit), each outcome's count and share with its Wilson
     interval, the set-up; `simulated` is always true."""
@@ -446,7 +450,7 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         "truth": truth,
         "judged": judged,
         "seconds": seconds,
-        "lines": forecast_lines(plan, repetitions, seconds),
+        "lines": forecast_lines(plan, repetitions, seconds, pilot, curves),
     }
 
 
@@ -523,7 +527,7 @@ def _figure_line(label: str, values: Sequence[float | None], fmt: str) -> str:
     return f"{label:<{WIDTH}}{shown(median):>10}   {shown(low)} to {shown(high)}"
 
 
-def _setup_lines(plan: Plan, n: int, pilot: str | None = None) -> list[str]:
+def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | None = None) -> list[str]:
     spec = plan.spec
     simulation, slots, gpus = spec.runner.simulation, spec.budget.max_parallel, spec.resources.gpus_per_trial
     rate = (f"{simulation.samples_per_s:,.0f} samples/s a GPU (samples_per_s)" if simulation.samples_per_s else
@@ -536,15 +540,20 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None) -> list[str]:
         "figure is simulated",
         f"  cluster: {slots} slot(s) of {gpus} GPU(s), {rate}; 1 table sample = {simulation.sample_scale:g} "
         "samples (the simulated runner's duration model: a conversion, not a measurement)",
-        f"  learning curves: {plan.table}" + _table_data(plan.table),
+        f"  learning curves: {curves}"
+        if plan.options.table and curves
+        else f"  learning curves: {plan.table}" + _table_data(plan.table),
         f"  each: {spec.budget.trials} trials, tuner {spec.tuner.name}, confirm_seeds {confirm}; repetition r: "
         f"tuner seed {tuner_seed} + r, training seed {training_seed} + {SEED_STRIDE} r",
         "  each repetition ran in a temporary database, deleted after; your database was "
         + (f"only read (the pilot {pilot}, below)" if pilot else "not opened"),
     ]
+    if curves and not plan.options.table:
+        lines.insert(3, f"  the pilot's curves: {curves}")
     if plan.moved:
+        over = "the pilot's curves" if plan.options.table else "the default learning-curve table"
         lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
-                        "the default learning-curve table, which covers its space")  # fmt: skip
+                        f"{over}, which cover(s) its space")  # fmt: skip
     return lines
 
 

@@ -32,7 +32,7 @@ from hpo.arms import arm_labels, trial_config
 from hpo.confirmations import stored_curves
 from hpo.experiment import Budget, spec_from_stored
 from hpo.plan import WIDTH, PlanError, share_interval
-from hpo.trials import TrialState
+from hpo.trials import TrialKind, TrialState
 from hpo.verdict import (
     ALPHA,
     ArmRuns,
@@ -44,6 +44,7 @@ from hpo.verdict import (
     samples_between_evaluations,
     t_quantile,
 )
+from search_spaces.space import trainer_key
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
     arms, pilot_runs = [], {}
     lines = [f"the spread of experiment {name} in your database (read only), taken as the truth:"]
     for label in labels:
-        values, origin = _pilot_values(storage, spec, runs[label], best.get(label))
+        values, origin = _pilot_values(storage, spec, runs[label], best.get(label), trials)
         hits = [v for v in values if v is not None]
         if len(hits) < 2:
             raise PilotError(_too_little(name, label, len(values), len(hits)))
@@ -211,15 +212,28 @@ class PilotError(PlanError):
     """An experiment `--like` cannot take a spread from (too few runs that reached the target, other arms)."""
 
 
-def _pilot_values(storage, spec, runs: ArmRuns, top) -> tuple[list[float | None], str]:
-    """An arm's runs: its confirmation runs, and its best tuning run when there are fewer than 2 and it hit."""
+def _pilot_values(storage, spec, runs: ArmRuns, top, trials) -> tuple[list[float | None], str]:
+    """An arm's runs: its confirmation runs; when there are fewer than 2, its best tuning run too (when it hit),
+    with the tuning runs of the same configuration with other training seeds (a grid pilot over `seed`)."""
     values = list(runs.samples_to_target)
     if len(values) >= 2 or top is None or top.state is not TrialState.COMPLETED or top.samples_to_target is None:
         return values, "confirmation runs"
+    seeded = _without_seed(top.params) != top.params  # the training seed is a tuned parameter (a grid pilot)
+    same = [t for t in trials if seeded and t.id != top.id and t.kind is TrialKind.TUNING and t.budget >= 1.0
+            and t.state.finished and _without_seed(t.params) == _without_seed(top.params)]  # fmt: skip
     target = trial_config(spec, top.params).eval.target_mlm_accuracy
-    curve = [(m.samples, m.value) for m in storage.get_metrics(top.id, "mlm_accuracy") if m.samples is not None]
-    tuning = samples_between_evaluations(curve, target, top.samples_to_target)
-    return [*values, tuning], "runs (its best tuning run too)"
+    for trial in [top, *same]:
+        if trial.state is not TrialState.COMPLETED or trial.samples_to_target is None:
+            values.append(None)  # a miss of the configuration: counts in its hit rate
+            continue
+        curve = [(m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy") if m.samples is not None]
+        values.append(samples_between_evaluations(curve, target, trial.samples_to_target))
+    origin = f"runs (its best tuning run{' and its other seeds' if same else ''} too)"
+    return values, origin
+
+
+def _without_seed(params: dict) -> dict:
+    return {k: v for k, v in params.items() if trainer_key(k) != "seed"}
 
 
 def _too_little(name: str, label: str, runs: int, hits: int) -> str:

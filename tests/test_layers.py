@@ -35,7 +35,16 @@ HPO_LAYERS = (
     ("hpo.controllers", "hpo.nni.tuners"),
     ("hpo.runners", "hpo.trial_entry", "hpo.export", "hpo.mlperf"),
     ("hpo.verdict", "hpo.batch_scaling", "hpo.confirmations", "hpo.study", "hpo.report", "hpo.progress"),
-    ("hpo.local_engine", "hpo.plan", "hpo.plan_chances", "hpo.plan_truth", "hpo.nni", "hpo.cli", "hpo.__main__"),
+    (
+        "hpo.local_engine",
+        "hpo.plan",
+        "hpo.plan_chances",
+        "hpo.plan_truth",
+        "hpo.pilot_table",
+        "hpo.nni",
+        "hpo.cli",
+        "hpo.__main__",
+    ),
 )
 
 

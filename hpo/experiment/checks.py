@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from hpo.arms import arm_dimensions, arms, unequal_dimensions
+from hpo.arms import arm_dimensions, arm_plans, arms, unequal_dimensions
 from hpo.errors import ExperimentFileError
 from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
+from search_spaces.grid import grid_points, not_a_choice
 from search_spaces.space import CategoricalParam, FloatParam, trainer_key
 from trainer.config import ConfigError, TrainerConfig, config_from_dict, set_dotted
 
@@ -153,7 +154,7 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
     if spec.engine == "nni" and not _nni_engine_available():
         raise ExperimentFileError(
             f"{source}: engine: the nni engine is not available in this version; use engine: local "
-            "(tuners random, smac_bo, smac_hyperband, asha)"
+            "(tuners random, grid, smac_bo, smac_hyperband, asha)"
         )
     if spec.runner.name == "dask" and not spec.runner.scheduler:
         raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
@@ -179,12 +180,13 @@ def _check_simulation(spec: ExperimentSpec, source: str) -> None:
         return
     if spec.engine != "local":
         raise ExperimentFileError(f"{source}: engine: runner: simulated runs under engine: local")
-    ignored = [name for name in spec.space.names if trainer_key(name) not in (*TABLE_DIMENSIONS, *RUN_LENGTH)]
+    read = (*TABLE_DIMENSIONS, *RUN_LENGTH, "seed")  # the training seed picks one of the table's recorded seeds
+    ignored = [name for name in spec.space.names if trainer_key(name) not in read]
     if ignored:
         raise ExperimentFileError(
             f"{source}: space.{ignored[0]}: the curve table does not vary {trainer_key(ignored[0])}, so a "
             f"simulated trial could not depend on it; tune only {', '.join(TABLE_DIMENSIONS)} (and set "
-            f"{' and '.join(RUN_LENGTH)} per arm if need be; fix the rest in overrides)"
+            f"{' and '.join(RUN_LENGTH)} per arm, or the training seed, if need be; fix the rest in overrides)"
         )
 
 
@@ -209,6 +211,8 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
         value = spec.tuner.options[key]
         if key in WHOLE_NUMBER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ExperimentFileError(f"{source}: tuner.options.{key}: expected a whole number >= 1 (got {value!r})")
+    if spec.tuner.name == "grid":
+        _check_grid(spec, source)
     if spec.tuner.name == "smac_hyperband":
         if spec.budget.min_budget >= spec.budget.max_budget:
             raise ExperimentFileError(f"{source}: budget.min_budget: must be < budget.max_budget")
@@ -218,6 +222,23 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
                 f"{source}: budget.min_budget: the smallest trial ({smallest:.0f} samples) ends before the first "
                 f"evaluation (eval.every_samples = {cfg.eval.every_samples}); raise min_budget"
             )
+
+
+def _check_grid(spec: ExperimentSpec, source: str) -> None:
+    """A grid runs each arm's combinations once: every parameter a choice, and each arm's share of budget.trials
+    its grid's size (so every combination runs, and none twice)."""
+    name = not_a_choice(spec.space)
+    if name is not None:
+        raise ExperimentFileError(f"{source}: space.{name}: tuner grid needs every parameter a choice (a list of "
+                                  "values, e.g. {choice: [0.001, 0.00178, 0.00316]})")  # fmt: skip
+    plans = arm_plans(spec)
+    sizes = [len(grid_points(plan.space)) if len(plan.space) else 1 for plan in plans]
+    if any(plan.quota != size for plan, size in zip(plans, sizes, strict=True)):
+        per_arm = ", ".join(f"{plan.label or 'the experiment'} {size}" for plan, size in zip(plans, sizes, strict=True))
+        fits = f"set budget.trials: {sum(sizes)}" if len(set(sizes)) == 1 else "give every arm a grid of one size"
+        raise ExperimentFileError(f"{source}: budget.trials: tuner grid runs each combination once, and the "
+                                  f"grids have {per_arm} combination(s) ({spec.budget.trials} trials asked); "
+                                  f"{fits}")  # fmt: skip
 
 
 def _check_nni_in_process(spec: ExperimentSpec, source: str) -> None:

@@ -16,7 +16,16 @@ from search_spaces.space import SearchSpace
 
 MetricName = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
 TunerName = Literal[
-    "random", "smac_bo", "smac_hyperband", "asha", "nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac"
+    "random",
+    "grid",
+    "smac_bo",
+    "smac_hyperband",
+    "asha",
+    "nni_tpe",
+    "nni_random",
+    "nni_anneal",
+    "nni_evolution",
+    "nni_smac",
 ]
 NATURAL_DIRECTION = {
     "samples_to_target": "minimize",

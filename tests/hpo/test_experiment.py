@@ -347,6 +347,23 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ("nni_tuner_on_local_engine", {"tuner": {"name": "nni_tpe"}}, "tuner.name", "engine: nni"),
     ("unknown_tuner_option_field", {"tuner": {"name": "random", "sed": 1}}, "tuner.sed", "did you mean seed"),
     (
+        "grid_over_a_range",
+        {"tuner": {"name": "grid"}},
+        "space.optimizer.lr@",
+        "tuner grid needs every parameter a choice",
+    ),
+    (
+        "grid_with_other_trials_than_its_size",
+        {
+            "tuner": {"name": "grid"},
+            "budget": {"trials": 5},
+            "allow_unequal_arms": None,
+            "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"choice": [0.001, 0.01]}},
+        },
+        "budget.trials",
+        "optimizer.name=lamb 2 combination(s) (5 trials asked); set budget.trials: 4",
+    ),
+    (
         "smac_retrain_after_zero",
         {"tuner": {"name": "smac_bo", "options": {"retrain_after": 0}}},
         "tuner.options.retrain_after",
