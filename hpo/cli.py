@@ -263,7 +263,7 @@ def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
 
 def _advice_progress():
     def show(done: int, total: int) -> None:
-        print(f"plan: tuning budget {done}/{total} of the advice done", file=sys.stderr, flush=True)
+        print(f"plan: advice {done}/{total} (tuning trials x confirmation cap) done", file=sys.stderr, flush=True)
 
     return show
 

@@ -519,19 +519,20 @@ def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys
     assert sum(o["count"] for o in forecasts[0]["outcomes"].values()) == 3
 
 
-def test_power_alone_advises_the_fewest_tuning_trials_from_plans_at_each_budget(tmp_path, capsys):
-    """`--power` without a spread: the file planned at 0.5x, 1x and 2x its tuning trials; each row is what `hpo plan
-    --json` of the file with that budget says (right answers against the truth, median GPU-hours), and the advice
-    names the smallest budget whose right answers reach the wanted share."""
+def test_power_alone_advises_tuning_trials_and_cap_from_plans_at_each_cell(tmp_path, capsys):
+    """`--power` without a spread: the file planned at 0.5x, 1x and 2x its tuning trials, each with confirmation caps
+    6, 9 and 12 (it confirms with auto); each row is what `hpo plan --json` of the file with that budget says (right
+    answers against the truth, median GPU-hours), and the advice names the cheapest cell whose right answers reach
+    the wanted share."""
     data = small_preset()
     path = write(tmp_path / "file.yaml", data)
     out = plan_out(capsys, "plan", str(path), "--repetitions", "3", "--power", "0.6", "--json")
     advice = json.loads(out)["advice"]
-    assert [row["trials"] for row in advice] == [24, 48, 96]
+    assert [(row["trials"], row["max_confirm_seeds"]) for row in advice] == [
+        (t, c) for t in (24, 48, 96) for c in (6, 9, 12)]  # fmt: skip
     for row in advice:
-        alone = json.loads(plan_out(capsys, "plan", str(write(tmp_path / f"t{row['trials']}.yaml",
-                                                                  {**data, "budget": {**data["budget"],
-                                                                                      "trials": row["trials"]}})),
+        budget = {**data["budget"], "trials": row["trials"], "max_confirm_seeds": row["max_confirm_seeds"]}
+        alone = json.loads(plan_out(capsys, "plan", str(write(tmp_path / "cell.yaml", {**data, "budget": budget})),
                                     "--repetitions", "3", "--json"))  # fmt: skip
         assert row["right"] == alone["judged"]["right"]["count"] and row["repetitions"] == 3
         assert row["gpu_hours"] == alone["answer"]["gpu_hours"]["median"]
@@ -539,6 +540,10 @@ def test_power_alone_advises_the_fewest_tuning_trials_from_plans_at_each_budget(
     text = plan_out(capsys, "plan", str(path), "--repetitions", "3", "--power", "0.6")
     enough = [row for row in advice if row["reaches"]]
     if enough:
-        assert f"fewest: budget: {{trials: {enough[0]['trials']}}}" in text
+        cheapest = min(enough, key=lambda row: (row["gpu_hours"], row["trials"]))
+        assert (
+            f"cheapest that reaches it: budget: {{trials: {cheapest['trials']}, confirm_seeds: auto, "
+            f"max_confirm_seeds: {cheapest['max_confirm_seeds']}}}"
+        ) in text
     else:
         assert "none of these budgets reaches 60%" in text
