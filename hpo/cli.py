@@ -734,7 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--like",
         metavar="EXPERIMENT",
         help="the spread, hit rates and difference of this experiment in the database (a pilot; read only): its "
-        "arms' confirmation runs (plus the best tuning run where fewer than 2), taken as the truth",
+        "arms' confirmation runs (plus the best tuning run and its other seeds where fewer than 2), taken as the "
+        "truth; and its curves, as `hpo table` writes them, where they serve the file (a grid pilot run with "
+        "eval.stop_at_target: false), else the plan says why not",
     )
     chances.add_argument(
         "--difference",

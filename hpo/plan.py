@@ -153,7 +153,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     except HpoError as e:
         if not moved:
             raise
-        raise PlanError(_not_plannable(path, moved, e)) from None
+        raise PlanError(_not_plannable(path, moved, e, options.table or str(DEFAULT_TABLE))) from None
     truth = None
     if options.difference is not None:
         data["runner"]["simulation"]["handicaps"] = stated_handicap(runner, first, options.difference)
@@ -190,10 +190,10 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
     return data
 
 
-def _not_plannable(path: str, moved: str, error: HpoError) -> str:
+def _not_plannable(path: str, moved: str, error: HpoError, table: str) -> str:
     reason = str(error).removeprefix(f"{path}: ")
     return (f"{path}: cannot be planned: it is a real experiment ({moved}), and `hpo plan` runs it on the simulated "
-            f"runner over the learning-curve table {DEFAULT_TABLE}, which cannot serve it: {reason}\nA plannable file "
+            f"runner over the learning-curve table {table}, which cannot serve it: {reason}\nA plannable file "
             f"tunes only what a table varies ({', '.join(DIMENSIONS)}) within the table's grid, with its budget and "
             "evaluations (see the table's meta line); or copy the file with `runner: {name: simulated, simulation: "
             "{table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is one)")  # fmt: skip
