@@ -503,8 +503,9 @@ def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progre
 def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm) -> list[str]:
     """The --power table over tuning budgets (and confirmation caps), and the advice to copy into the file."""
     wanted = f"{power:.0%}"
-    capped = any(c.max_confirm_seeds is not None for c in cells)
-    over = (f"its tuning trials x the confirmation cap (max_confirm_seeds {', '.join(str(c) for c in _caps(cells))})"
+    caps = sorted({c.max_confirm_seeds for c in cells if c.max_confirm_seeds is not None})
+    capped = bool(caps)
+    over = (f"its tuning trials x the confirmation cap (max_confirm_seeds {', '.join(map(str, caps))})"
             if capped else f"its tuning trials, confirm_seeds {confirm} kept")  # fmt: skip
     head = "budget.trials (per arm), cap" if capped else "budget.trials (per arm)"
     lines = [f"advice for a right answer in at least {wanted} of experiments (judged against the truth above): the "
@@ -530,10 +531,6 @@ def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm) -> l
                      f"{where}): more confirmation runs (see --cv/--like with --power for their chances) or a larger "
                      "budget than these")  # fmt: skip
     return lines
-
-
-def _caps(cells: Sequence[TrialsCell]) -> list[int]:
-    return sorted({c.max_confirm_seeds for c in cells if c.max_confirm_seeds is not None})
 
 
 def _figure_line(label: str, values: Sequence[float | None], fmt: str) -> str:

@@ -232,7 +232,7 @@ def _check_grid(spec: ExperimentSpec, source: str) -> None:
         raise ExperimentFileError(f"{source}: space.{name}: tuner grid needs every parameter a choice (a list of "
                                   "values, e.g. {choice: [0.001, 0.00178, 0.00316]})")  # fmt: skip
     plans = arm_plans(spec)
-    sizes = [len(grid_points(plan.space)) if len(plan.space) else 1 for plan in plans]
+    sizes = [len(grid_points(plan.space)) for plan in plans]  # an arm with nothing to tune: one combination
     if any(plan.quota != size for plan, size in zip(plans, sizes, strict=True)):
         per_arm = ", ".join(f"{plan.label or 'the experiment'} {size}" for plan, size in zip(plans, sizes, strict=True))
         fits = f"set budget.trials: {sum(sizes)}" if len(set(sizes)) == 1 else "give every arm a grid of one size"
