@@ -17,7 +17,7 @@ smaller than the global batch let the trainer measure the gradient noise scale o
     python -m bench.curves.generate                 # the whole grid, 2 runs at a time, one thread each
     python -m bench.curves.generate --jobs 1 --limit 4   # a few runs (resumes: finished runs are kept)
     python -m bench.curves.generate --seeds-table   # 20 seeds at each optimizer's best point (bench/curves/seeds.jsonl)
-    python -m bench.curves.generate --large-batch --jobs 1   # global batches 128-1,024 (bench/curves/large_batch.jsonl)
+    python -m bench.curves.generate --large-batch --jobs 1   # global batches 128-2,048 (bench/curves/large_batch.jsonl)
 
 The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_calibration.py --power): with 3
 seeds per point, more than 2 confirmation runs would re-read the same curves; at each optimizer's best point of
@@ -26,7 +26,8 @@ batch 32 (AdamW lr 1e-3, LAMB lr 1e-2, warmup 0) it records seeds 0-19, in the s
 The table is `bench/curves/curves.jsonl`: a first line `{"kind": "meta", ...}` (grid, budget, data fingerprint,
 CPU), then one `{"kind": "run", ...}` line per finished run, appended as each ends, so an interrupted
 generation resumes where it stopped. A table whose meta differs (another grid, other data) is refused, except a
-grid grown by learning rates (nothing else changed): its runs stay valid, so its meta line is updated.
+grid grown by learning rates or (the large-batch table) by batch sizes, nothing else changed: its runs stay valid,
+so its meta line is updated.
 """
 
 from __future__ import annotations
@@ -66,13 +67,17 @@ LARGE_TABLE = Path(__file__).resolve().parent / "large_batch.jsonl"
 # that each optimizer's best rate reaches the target), evaluation interval, warmup (1/16 of the budget's samples,
 # so it grows with the batch) and learning rates: quarter-decade steps around where each optimizer learned in
 # the pilot runs (README.md), none far from it. AdamW's 3.16e-3 at 512 and 1,024 came later (seed 0 was best at the
-# top of the first grid there): a grown grid keeps the runs already made (`load`).
+# top of the first grid there), and batch 2,048 later still (1,024 is under 4x the noise scale measured near the
+# target; 2,048's budget is 1.2x 1,024's, as its samples to target extrapolate to about 200-230k): a grown grid
+# keeps the runs already made (`load`).
 LARGE_BATCHES = {
     128: {"micro": 64, "max_samples": 49_152, "every": 2_048, "warmup_steps": 24,
           "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3), "lamb": (5.62e-3, 1e-2, 1.78e-2, 3.16e-2)}},
     512: {"micro": 64, "max_samples": 163_840, "every": 8_192, "warmup_steps": 20,
           "lr": {"adamw": (5.62e-4, 1e-3, 1.78e-3, 3.16e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
     1024: {"micro": 64, "max_samples": 327_680, "every": 16_384, "warmup_steps": 20,
+           "lr": {"adamw": (1e-3, 1.78e-3, 3.16e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
+    2048: {"micro": 64, "max_samples": 393_216, "every": 16_384, "warmup_steps": 12,
            "lr": {"adamw": (1e-3, 1.78e-3, 3.16e-3), "lamb": (1e-2, 1.78e-2, 3.16e-2)}},
 }  # fmt: skip
 MAX_SAMPLES = 12_288
@@ -213,12 +218,13 @@ def train(run: dict[str, Any], threads: int, large_batch: bool = False) -> dict[
     }
 
 
-def _grown_by_rates(found: Any, expected: Any, rates: bool = False) -> bool:
-    """Whether `expected` is `found` with learning rates added (under an "lr" key) and nothing else changed."""
+def _grown(found: Any, expected: Any, rates: bool = False, batches: bool = False) -> bool:
+    """Whether `expected` is `found` with learning rates added (under an "lr" key) or batch sizes added (under the
+    "batches" key) and nothing else changed."""
     if isinstance(found, dict) and isinstance(expected, dict):
-        return found.keys() == expected.keys() and all(
-            _grown_by_rates(found[k], expected[k], rates or k == "lr") for k in found
-        )
+        if not (found.keys() <= expected.keys() if batches else found.keys() == expected.keys()):
+            return False
+        return all(_grown(found[k], expected[k], rates or k == "lr", k == "batches") for k in found)
     if rates and isinstance(found, list) and isinstance(expected, list):
         return set(found) <= set(expected)
     return found == expected
@@ -231,8 +237,9 @@ def load(table: Path, expected: dict[str, Any]) -> set[tuple]:
         return set()
     lines = table.read_text().splitlines()
     found = json.loads(lines[0]) if lines else {}
-    if found != expected and _grown_by_rates(found, expected):
-        print(f"{table}: the grid grew by learning rates; its {len(lines) - 1} runs are kept", file=sys.stderr)
+    if found != expected and _grown(found, expected):
+        print(f"{table}: the grid grew (learning rates or batch sizes); its {len(lines) - 1} runs are kept",
+              file=sys.stderr)  # fmt: skip
         lines[0] = json.dumps(expected)
         tmp = table.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "--table", type=Path, default=None, help=f"default {TABLE.name} ({SEEDS_TABLE.name} with --seeds-table)"
     )
     parser.add_argument("--seeds-table", action="store_true", help="20 seeds at each optimizer's best point")
-    parser.add_argument("--large-batch", action="store_true", help=f"global batches 128-1,024 ({LARGE_TABLE.name})")
+    parser.add_argument("--large-batch", action="store_true", help=f"global batches 128-2,048 ({LARGE_TABLE.name})")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2: one per core)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many new runs")

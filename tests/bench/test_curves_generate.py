@@ -1,4 +1,5 @@
-"""The curve generator's table file: a grid grown by learning rates keeps its runs; any other change is refused."""
+"""The curve generator's table file: a grid grown by learning rates or batch sizes keeps its runs; any other change
+is refused."""
 
 from __future__ import annotations
 
@@ -29,14 +30,29 @@ def test_a_grid_grown_by_learning_rates_keeps_its_runs_and_takes_the_new_meta(tm
     assert generate.load(path, expected) == {("adamw", 1e-3, 20, 512, 0)}  # and stays readable
 
 
+def test_a_grid_grown_by_a_batch_size_keeps_its_runs(tmp_path):
+    expected = generate.meta("f" * 64, large_batch=True)
+    older = copy.deepcopy(expected)
+    del older["grid"]["batches"]["2048"]
+    run = {"kind": "run", "optimizer": "lamb", "lr": 1e-2, "warmup_steps": 20, "global_batch_size": 1024, "seed": 1}
+    path = _table(tmp_path, older, [run])
+
+    assert generate.load(path, expected) == {("lamb", 1e-2, 20, 1024, 1)}
+    assert json.loads(path.read_text().splitlines()[0]) == expected
+    todo = [r for r in generate.large_grid() if generate.key(r) not in {generate.key(run)}]
+    assert [r["seed"] for r in todo] == sorted(r["seed"] for r in todo)  # whole seeds first, the new batch in each
+    assert {r["global_batch_size"] for r in todo if r["seed"] == 0} == {128, 512, 1024, 2048}
+
+
 @pytest.mark.parametrize(
     "change",
     [
         lambda m: m["grid"]["batches"]["512"]["lr"]["adamw"].append(9.9),  # the table has a rate the grid dropped
         lambda m: m["grid"]["batches"]["512"].update(max_samples=1),  # another budget
         lambda m: m.update(data_sha256="0" * 64),  # other data
+        lambda m: m["grid"]["batches"].update({"4096": {}}),  # the table has a batch size the grid dropped
     ],
-    ids=["rate dropped", "budget", "data"],
+    ids=["rate dropped", "budget", "data", "batch dropped"],
 )
 def test_any_other_change_of_the_grid_is_refused_and_the_table_is_untouched(tmp_path, change):
     expected = generate.meta("f" * 64, large_batch=True)

@@ -69,11 +69,13 @@ LARGE_PLAN = {
           "lr": {"adamw": [0.000562, 0.001, 0.00178, 0.00316], "lamb": [0.01, 0.0178, 0.0316]}},
     1024: {"micro": 64, "max_samples": 327_680, "every": 16_384, "warmup_steps": 20,
            "lr": {"adamw": [0.001, 0.00178, 0.00316], "lamb": [0.01, 0.0178, 0.0316]}},
+    2048: {"micro": 64, "max_samples": 393_216, "every": 16_384, "warmup_steps": 12,
+           "lr": {"adamw": [0.001, 0.00178, 0.00316], "lamb": [0.01, 0.0178, 0.0316]}},
 }  # fmt: skip
 
 
 def large_speed(batch: int) -> int:
-    return 16_384 * (1 + batch // 256)  # 16,384, 49,152, 81,920 samples to the plateau
+    return 16_384 * (1 + batch // 256)  # 16,384, 49,152, 81,920, 147,456 samples to the plateau
 
 
 def large_accuracy(optimizer: str, lr: float, batch: int, seed: int, samples: int) -> float:

@@ -69,12 +69,12 @@ def expected_curve(optimizer: str, lr: float, batch: int, seed: int) -> list[tup
 # ------------------------------------------------------------------------------------------------ the table
 def test_each_batch_size_has_its_own_budget_and_evaluation_interval(tmp_path):
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
-    assert table.per_batch and table.batch_sizes() == [128, 512, 1024]
-    assert [table.max_samples_for(b) for b in (128, 512, 1024)] == [49_152, 163_840, 327_680]
-    assert [table.eval_every_for(b) for b in (128, 512, 1024)] == [2_048, 8_192, 16_384]
-    with pytest.raises(HpoError, match=r"budget.max_samples per global batch size .*\[128, 512, 1024\]"):
+    assert table.per_batch and table.batch_sizes() == [128, 512, 1024, 2048]
+    assert [table.max_samples_for(b) for b in (128, 512, 1024, 2048)] == [49_152, 163_840, 327_680, 393_216]
+    assert [table.eval_every_for(b) for b in (128, 512, 1024, 2048)] == [2_048, 8_192, 16_384, 16_384]
+    with pytest.raises(HpoError, match=r"budget.max_samples per global batch size .*\[128, 512, 1024, 2048\]"):
         table.max_samples  # noqa: B018 (there is no single budget to give)
-    with pytest.raises(HpoError, match=r"no batch.global_batch_size=256; .* in \[128, 512, 1024\]"):
+    with pytest.raises(HpoError, match=r"no batch.global_batch_size=256; .* in \[128, 512, 1024, 2048\]"):
         table.max_samples_for(256)
     one = load_table(write_table(tmp_path / "curves.jsonl"))  # the one-budget format: the same at every batch
     assert not one.per_batch and one.max_samples == MAX_SAMPLES and one.eval_every == EVERY
@@ -82,7 +82,7 @@ def test_each_batch_size_has_its_own_budget_and_evaluation_interval(tmp_path):
     assert {one.eval_every_for(b) for b in (32, 128, 4096)} == {EVERY}
 
 
-@pytest.mark.parametrize("batch", [128, 512, 1024])
+@pytest.mark.parametrize("batch", [128, 512, 1024, 2048])
 def test_a_curve_at_a_grid_point_is_the_recorded_one_at_every_batch_size(tmp_path, batch):
     surrogate = Surrogate(load_table(write_large_batch_table(tmp_path / "large.jsonl")))
     plan = LARGE_PLAN[batch]
@@ -118,7 +118,7 @@ def test_a_point_the_table_lacks_is_refused_by_name(tmp_path):
                        r"batch.global_batch_size=512"):  # fmt: skip
         surrogate.curve(Config("adamw", 1e-3, 24, 512))
     with pytest.raises(HpoError, match=r"batch.global_batch_size=256; the table has batch.global_batch_size in "
-                       r"\[128, 512, 1024\]"):  # fmt: skip
+                       r"\[128, 512, 1024, 2048\]"):  # fmt: skip
         surrogate.curve(Config("adamw", 1e-3, 20, 256))
     # what an experiment over a range still needs there: the grid rates in it and the neighbours beyond its bounds
     assert partial.gaps("adamw", 24, 128, 5.62e-4, 1.78e-3) == "seed 2 at lr 0.000562, 0.001, 0.00178"
@@ -129,7 +129,7 @@ def test_a_point_the_table_lacks_is_refused_by_name(tmp_path):
 
 def test_an_experiment_on_a_partial_table_is_refused_before_anything_is_written(tmp_path):
     table = write_large_batch_table(tmp_path / "partial.jsonl",
-                                    keep=lambda optimizer, lr, batch, seed: batch < 1024 or seed == 0)  # fmt: skip
+                                    keep=lambda optimizer, lr, batch, seed: batch != 1024 or seed == 0)  # fmt: skip
     spec = load_experiment(preset_on(table, tmp_path))
     assert table_gaps(spec, load_table(table)) == [
         "optimizer.name=adamw, schedule.warmup_steps=20, batch.global_batch_size=1024: seeds 1, 2 at lr 0.001, "
@@ -184,7 +184,7 @@ def test_the_preset_compares_optimizer_by_batch_size_at_the_tables_settings(tmp_
     shipped = load_experiment(PRESET)  # validates as shipped (reading no table)
     assert shipped.compare == ["optimizer.name", "batch.global_batch_size"] and shipped.budget.confirm_seeds == "auto"
     spec = load_experiment(preset_on(table.path, tmp_path))
-    assert len(arm_plans(spec)) == 6 and spec.budget.trials % 6 == 0
+    assert len(arm_plans(spec)) == 8 and spec.budget.trials % 8 == 0
     assert_preset_follows(spec, table.meta["grid"]["batches"])
     # the arms tune optimizer.lr alike; what allow_unequal_arms admits is only the table's one-value settings
     dims = arm_dimensions(spec)
@@ -236,16 +236,16 @@ def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path):
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
     url, trials = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
-    assert len(tuning) == 96 and all(t.state is TrialState.COMPLETED for t in trials)
+    assert len(tuning) == 128 and all(t.state is TrialState.COMPLETED for t in trials)
     assert {t.arm for t in tuning} == {f"optimizer.name={o},batch.global_batch_size={b}"
-                                       for o in ("adamw", "lamb") for b in (128, 512, 1024)}  # fmt: skip
+                                       for o in ("adamw", "lamb") for b in (128, 512, 1024, 2048)}  # fmt: skip
     check_trials_read_their_batch_sizes_settings(url, trials, table)
     for trial in tuning:
         p, batch = trial.params, trial.params["batch.global_batch_size"]
         lr = p[f"optimizer.lr@{p['optimizer.name']}_b{batch}"]
         curve = expected_curve(p["optimizer.name"], lr, batch, 1234 % 3)  # the demo config's seed
         assert trial.samples_to_target == next((s for s, a in curve if a >= TARGET), None)
-    assert sum(t.kind is TrialKind.CONFIRMATION for t in trials) >= 6 * 3  # auto: at least one round of 3 per arm
+    assert sum(t.kind is TrialKind.CONFIRMATION for t in trials) >= 8 * 3  # auto: at least one round of 3 per arm
     assert hpo_main(["--db", url, "best", "batch_scaling_simulated", "--per-arm"]) == 0
 
 
@@ -268,7 +268,7 @@ def test_the_preset_runs_end_to_end_on_the_real_table(tmp_path):
         pytest.skip(f"{REAL_TABLE.name} is still being generated ({runs} run(s) so far); the preset needs: "
                     + " | ".join(gaps))  # fmt: skip
     url, trials = run_preset(snapshot, tmp_path)
-    assert len([t for t in trials if t.kind is TrialKind.TUNING]) == 96
+    assert len([t for t in trials if t.kind is TrialKind.TUNING]) == 128
     assert all(t.state in (TrialState.COMPLETED, TrialState.DIVERGED) for t in trials)
     check_trials_read_their_batch_sizes_settings(url, trials, table)
 
@@ -286,7 +286,7 @@ def test_a_simulated_space_may_set_the_run_length_but_nothing_else_the_table_doe
 def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(tmp_path):
     """`hpo report` of the preset's experiment (random search on the formula table): a batch-size view of its own
     arms, with optimizer steps to target (samples / batch), the fit per optimizer, and at each batch size the
-    verdict between AdamW and LAMB on their confirmation runs, the error shared over the 3 batch sizes."""
+    verdict between AdamW and LAMB on their confirmation runs, the error shared over the 4 batch sizes."""
     import re
     from html import escape
 
@@ -302,13 +302,13 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
         runs = confirmation_runs(storage, "batch_scaling_simulated")
     assert "<h2>Batch sizes</h2>" in page and "<h2>Where the batch stops scaling</h2>" in page
     assert "optimizer steps to target (95 %)" in page and "<h2>The verdict at each batch size</h2>" in page
-    for batch in (128, 512, 1024):
+    for batch in (128, 512, 1024, 2048):
         arms = [ArmRuns(o, tuple(runs[arm_label({"optimizer.name": o, "batch.global_batch_size": batch})]),
                         table.max_samples_for(batch)) for o in ("adamw", "lamb")]  # fmt: skip
-        expected = decide(arms, family=3)  # computed here from the stored runs: 3 batch sizes share the error
+        expected = decide(arms, family=4)  # computed here from the stored runs: 4 batch sizes share the error
         shown = re.search(rf'data-field="batch_verdict_line" data-arm="{batch}"[^>]*>([^<]*)<', page)
         assert shown and shown[1] == escape(expected.line), (batch, shown and shown[1], expected.line)
-        assert f"{100 * (1 - 0.04 / 3):.3g} % interval" in expected.line or expected.outcome.value != "winner"
+        assert f"{100 * (1 - 0.04 / 4):.3g} % interval" in expected.line or expected.outcome.value != "winner"
         label = arm_label({"optimizer.name": "lamb", "batch.global_batch_size": batch})
         hits = [s for s in runs[label] if s is not None]
         steps = re.search(rf'data-field="steps" data-arm="batch_scaling_simulated/{re.escape(label)}">([^<]*)<', page)
