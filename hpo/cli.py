@@ -526,7 +526,9 @@ def _config_file(args: argparse.Namespace) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     import shlex
 
-    from hpo.report.html import comparison_report, experiment_report
+    from hpo.report.data import load_experiment
+    from hpo.report.html import comparison_report, experiment_page
+    from hpo.report.text import study_lines
 
     storage = open_storage(args.db, read_only=True)
     names = list(dict.fromkeys(args.names))
@@ -536,16 +538,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     hpo_command = "hpo" + (f" --db {shlex.quote(_safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
+    studies = []
     for name in names:
+        data = load_experiment(storage, name)
         path = out / f"{name}.html"
-        path.write_text(experiment_report(storage, name, hpo_command=hpo_command, index=index))
+        path.write_text(experiment_page(data, hpo_command=hpo_command, index=index))
         print(f"wrote {path}")
+        studies += study_lines(data)  # an experiment whose arms span batch sizes: its batch-size view as text
     if len(names) > 1:
         path = out / "compare.html"
         path.write_text(comparison_report(storage, names))
         print(f"wrote {path} (links to the reports above)")
     if args.png:
         _write_pngs(storage, names, Path(args.png))
+    print("\n".join(studies), end="\n" if studies else "")
     return 0
 
 
@@ -581,11 +587,10 @@ def cmd_import_mlperf(args: argparse.Namespace) -> int:
 
 
 def cmd_import_rcp(args: argparse.Namespace) -> int:
-    from hpo.batch_scaling import WELL
     from hpo.mlperf.importer import describe, plan_rcp, write_plan
     from hpo.mlperf.rcp import read_rcp_file, ruleset
-    from hpo.report.html import fmt_estimate
     from hpo.report.scaling import experiment_fits
+    from hpo.report.text import fit_line
 
     records = read_rcp_file(args.file)
     name = args.name or "rcp-bert" + (f"-{ruleset(args.file).replace('.', '-')}" if ruleset(args.file) else "")
@@ -594,13 +599,7 @@ def cmd_import_rcp(args: argparse.Namespace) -> int:
     written = write_plan(storage, plan)
     print("\n".join(describe(plan, written)))
     for series, fit in experiment_fits(storage, name).items() if written.added else ():  # the batch-size view's fit
-        if not fit.fitted:
-            print(f"fit of {series}: none ({fit.reason})")
-            continue
-        print(f"fit of {series} (hpo.batch_scaling, {fit.runs - fit.misses} runs at {len(fit.points)} batch "
-              f"sizes): E_min {fmt_estimate(fit.e_min)}, B_crit {fmt_estimate(fit.b_crit)}, S_min "
-              f"{fmt_estimate(fit.s_min)} steps; within {WELL:g}x E_min up to B_crit / 2 = {fmt_estimate(fit.well)} "
-              "(95 % intervals)")  # fmt: skip
+        print(fit_line(series, fit))
     print(_after_import(args, name) + f"  # beside your experiments: hpo report YOURS... {name}")
     return 0
 

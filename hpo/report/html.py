@@ -33,9 +33,9 @@ from hpo.report.data import (
     top_trials,
 )
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
-from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
+from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
-from hpo.verdict import ALPHA, DEFAULT_MARGIN, ArmRuns, Outcome, decide
+from hpo.verdict import ALPHA, DEFAULT_MARGIN, Outcome
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -118,7 +118,11 @@ def _page(title: str, body: str) -> str:
 
 def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", index: str | None = None) -> str:
     """The report of one experiment (see the package docstring)."""
-    data = load_experiment(storage, name)
+    return experiment_page(load_experiment(storage, name), hpo_command=hpo_command, index=index)
+
+
+def experiment_page(data: ExperimentData, *, hpo_command: str = "hpo", index: str | None = None) -> str:
+    """The report of one experiment as `load_experiment` read it."""
     importance = {arm.label: rank_importance(arm.tuning, _tuned(data), data.direction) for arm in data.arms}
     drawn = report_figures(data)
     parts = [
@@ -658,27 +662,18 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
 
 
 def _batch_verdicts(points: Sequence[ScalingPoint], margin: float) -> str:
-    """Per global batch size with two or more optimizers: the verdict between them on their runs (the same rule as
-    an experiment's, `hpo.verdict.decide`), the error shared over the batch sizes (Bonferroni)."""
-    by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}
-    for p in points:
-        if p.runs and not p.reference:
-            by_batch.setdefault(p.global_batch_size, {}).setdefault(p.optimizer, []).append(p)
-    compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
-    if not compared:
+    """Per global batch size with two or more optimizers: the verdict between them (`scaling.batch_verdicts`)."""
+    verdicts = batch_verdicts(points, margin)
+    if not verdicts:
         return ""
-    rows = []
-    for batch, groups in compared.items():
-        arms = [ArmRuns(name, tuple(s for p in mine for s in p.runs), max(p.evidence.max_samples or 0 for p in mine))
-                for name, mine in sorted(groups.items())]  # fmt: skip
-        verdict = decide(arms, margin, family=len(compared))
-        rows.append(_td(f"{batch:,}", "batch_verdict_batch", str(batch))
-                    + _td(verdict.outcome.value, "batch_verdict_outcome", str(batch))
-                    + _td(verdict.line, "batch_verdict_line", str(batch), "l"))  # fmt: skip
+    rows = [_td(f"{batch:,}", "batch_verdict_batch", str(batch))
+            + _td(verdict.outcome.value, "batch_verdict_outcome", str(batch))
+            + _td(verdict.line, "batch_verdict_line", str(batch), "l")
+            for batch, verdict in verdicts.items()]  # fmt: skip
     return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
             "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
-            f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(compared)} batch sizes "
-            f"(each tested at 1 / {len(compared)} of the {100 * ALPHA:g} %), so all of them together name a wrong "
+            f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(verdicts)} batch sizes "
+            f"(each tested at 1 / {len(verdicts)} of the {100 * ALPHA:g} %), so all of them together name a wrong "
             "winner in at most 5 %.</p>" + _table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
 
 
@@ -713,7 +708,7 @@ def _fit_section(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]) 
         mine = [p for p in points if p.optimizer == name]
         fields = [("fit_runs", _fit_runs(fit)), ("fit_e_min", fmt_estimate(fit.e_min)),
                   ("fit_b_crit", fmt_estimate(fit.b_crit)), ("fit_s_min", fmt_estimate(fit.s_min)),
-                  ("fit_well", fmt_estimate(fit.well)), ("fit_well_measured", _well_measured(fit)),
+                  ("fit_well", fmt_estimate(fit.well)), ("fit_well_measured", well_measured(fit)),
                   ("fit_noise", _fit_noise(mine)), ("fit_note", fit.reason or fit.note or "")]  # fmt: skip
         rows.append(_td(name, cls="l") + "".join(_td(text, field, name, "l" if field == "fit_note" else "")
                                                  for field, text in fields))  # fmt: skip
@@ -740,7 +735,7 @@ def _fit_runs(fit: BatchScaling) -> str:
     return f"{hits} of {fit.runs} at {sizes} batch size(s){missed}"
 
 
-def _well_measured(fit: BatchScaling) -> str:
+def well_measured(fit: BatchScaling) -> str:
     p, low = fit.well_measured, fit.smallest
     if p is None:
         return "–"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from hpo.batch_scaling import BatchScaling, fit_batch_scaling
 from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
-from hpo.verdict import ArmRuns, ArmSummary, summarize
+from hpo.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, decide, summarize
 
 Runs = tuple[float | None, ...]  # samples to target per run, None for a miss
 
@@ -113,3 +113,19 @@ def scaling_fits(points: Sequence[ScalingPoint]) -> dict[str, BatchScaling]:
 
 def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
     return sorted({p.optimizer for p in points})
+
+
+def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
+    """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
+    reference), by the verdict's rule (`hpo.verdict.decide`) on their runs, the error shared over the batch sizes
+    compared (Bonferroni: each at 1 / their number of the level), so together they name a wrong winner in at most
+    5 %. Ascending by batch size."""
+    by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}
+    for p in points:
+        if p.runs and not p.reference:
+            by_batch.setdefault(p.global_batch_size, {}).setdefault(p.optimizer, []).append(p)
+    compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
+    return {batch: decide([ArmRuns(name, tuple(s for p in mine for s in p.runs),
+                                   max(p.evidence.max_samples or 0 for p in mine))
+                           for name, mine in sorted(groups.items())], margin, family=len(compared))
+            for batch, groups in compared.items()}  # fmt: skip

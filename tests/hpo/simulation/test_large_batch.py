@@ -283,7 +283,7 @@ def test_a_simulated_space_may_set_the_run_length_but_nothing_else_the_table_doe
         experiment_from_dict(data, str(tmp_path / "decay.yaml"))
 
 
-def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(tmp_path):
+def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(tmp_path, capsys):
     """`hpo report` of the preset's experiment (random search on the formula table): a batch-size view of its own
     arms, with optimizer steps to target (samples / batch), the fit per optimizer, and at each batch size the
     verdict between AdamW and LAMB on their confirmation runs, the error shared over the 4 batch sizes."""
@@ -291,7 +291,8 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
     from html import escape
 
     from hpo.arms import arm_label
-    from hpo.report.html import experiment_report, fmt_fit
+    from hpo.batch_scaling import fit_batch_scaling
+    from hpo.report.html import experiment_report, fmt_estimate, fmt_fit
     from hpo.report.scaling import confirmation_runs
     from hpo.verdict import ArmRuns, decide
 
@@ -302,10 +303,12 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
         runs = confirmation_runs(storage, "batch_scaling_simulated")
     assert "<h2>Batch sizes</h2>" in page and "<h2>Where the batch stops scaling</h2>" in page
     assert "optimizer steps to target (95 %)" in page and "<h2>The verdict at each batch size</h2>" in page
+    lines = []
     for batch in (128, 512, 1024, 2048):
         arms = [ArmRuns(o, tuple(runs[arm_label({"optimizer.name": o, "batch.global_batch_size": batch})]),
                         table.max_samples_for(batch)) for o in ("adamw", "lamb")]  # fmt: skip
         expected = decide(arms, family=4)  # computed here from the stored runs: 4 batch sizes share the error
+        lines.append(f"  verdict at batch {batch:,} (the error shared over 4 batch sizes): {expected.line}")
         shown = re.search(rf'data-field="batch_verdict_line" data-arm="{batch}"[^>]*>([^<]*)<', page)
         assert shown and shown[1] == escape(expected.line), (batch, shown and shown[1], expected.line)
         assert f"{100 * (1 - 0.04 / 4):.3g} % interval" in expected.line or expected.outcome.value != "winner"
@@ -313,3 +316,17 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
         hits = [s for s in runs[label] if s is not None]
         steps = re.search(rf'data-field="steps" data-arm="batch_scaling_simulated/{re.escape(label)}">([^<]*)<', page)
         assert hits and steps and steps[1].startswith(fmt_fit(sum(hits) / len(hits) / batch)), (batch, steps)
+    # the terminal prints the same view: each batch size's verdict and each optimizer's fit, as computed here
+    assert hpo_main(["--db", url, "report", "batch_scaling_simulated", "-o", str(tmp_path / "reports")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(line in out for line in lines), (lines, out)
+    for optimizer in ("adamw", "lamb"):
+        fit = fit_batch_scaling(
+            [
+                (b, s)
+                for b in (128, 512, 1024, 2048)
+                for s in runs[arm_label({"optimizer.name": optimizer, "batch.global_batch_size": b})]
+            ]
+        )
+        (printed,) = [line for line in out if line.startswith(f"  fit of {optimizer} ")]
+        assert f"B_crit {fmt_estimate(fit.b_crit)}, S_min {fmt_estimate(fit.s_min)}" in printed, printed
