@@ -182,7 +182,7 @@ def assert_preset_follows(spec, plans: dict) -> None:
 def test_the_preset_compares_optimizer_by_batch_size_at_the_tables_settings(tmp_path):
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
     shipped = load_experiment(PRESET)  # validates as shipped (reading no table)
-    assert shipped.compare == ["optimizer.name", "batch.global_batch_size"] and shipped.budget.confirm_seeds == "auto"
+    assert shipped.compare == ["optimizer.name", "batch.global_batch_size"] and shipped.budget.confirm_seeds == 3
     spec = load_experiment(preset_on(table.path, tmp_path))
     assert len(arm_plans(spec)) == 8 and spec.budget.trials % 8 == 0
     assert_preset_follows(spec, table.meta["grid"]["batches"])
@@ -245,7 +245,10 @@ def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path):
         lr = p[f"optimizer.lr@{p['optimizer.name']}_b{batch}"]
         curve = expected_curve(p["optimizer.name"], lr, batch, 1234 % 3)  # the demo config's seed
         assert trial.samples_to_target == next((s for s, a in curve if a >= TARGET), None)
-    assert sum(t.kind is TrialKind.CONFIRMATION for t in trials) >= 8 * 3  # auto: at least one round of 3 per arm
+    confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION]
+    assert len(confirmations) == 8 * 3  # each arm's best once on each of the table's 3 seeds: no copies
+    for arm in {t.arm for t in confirmations}:
+        assert sorted(t.seed % 3 for t in confirmations if t.arm == arm) == [0, 1, 2]
     assert hpo_main(["--db", url, "best", "batch_scaling_simulated", "--per-arm"]) == 0
 
 
