@@ -12,7 +12,8 @@ Definitions (the README's):
   every seed reaching it;
 - the **noise scale near the target** of a run: the last gradient noise scale (B_simple, as the trainer logs it)
   at or before the samples at which the run first reached the target; per batch size, over each optimizer's best
-  learning rate and every seed;
+  learning rate and every seed, and pooled over the batch sizes (B_simple is a property of the model at a loss,
+  not of the batch that measures it: the pooled median is the model's one figure near the target);
 - **CPU time**: the runs' `train_time_s` and `wall_s` summed (each run is one process, one torch thread here).
 
 Reads only; a partly generated table is summarized as far as it goes (the "runs" column says how far).
@@ -121,12 +122,18 @@ def markdown(meta: dict[str, Any], points: list[Point], seeds: list[int] | None 
         lines.append(f"| {p.batch:,} | {p.optimizer} | {p.warmup} | {lr} | " + " | ".join(cells)
                      + f" | {f'{mean:,.0f}' if mean else ''} |")  # fmt: skip
     lines += ["", "Noise scale near the target (B_simple where each optimizer's best learning rate reached it, every "
-              "seed):", "", "| global batch | runs | median | range | batch / median |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for batch, values in sorted(noise_by_batch(points, seeds).items()):
+              "seed; `all`: every batch size's pooled, the model's one figure):", "",
+              "| global batch | runs | median | range | batch / median | batch / pooled median |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    noise = noise_by_batch(points, seeds)
+    pooled = [v for values in noise.values() for v in values]
+    for batch, values in sorted(noise.items()):
         median = statistics.median(values)
         lines.append(f"| {batch:,} | {len(values)} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | "
-                     f"{batch / median:.1f} |")  # fmt: skip
+                     f"{batch / median:.1f} | {batch / statistics.median(pooled):.1f} |")  # fmt: skip
+    if pooled:
+        lines.append(f"| all | {len(pooled)} | {statistics.median(pooled):,.0f} | {min(pooled):,.0f}-"
+                     f"{max(pooled):,.0f} | | |")  # fmt: skip
     lines += ["", "Best learning rate with every seed at the target:", ""]
     for (batch, optimizer, warmup), p in sorted(best.items()):
         point = [q for q in points if (q.batch, q.optimizer, q.warmup) == (batch, optimizer, warmup)]

@@ -46,7 +46,8 @@ def test_best_rates_noise_near_the_target_and_cpu_time(tmp_path):
     # the last value at or before each hit: adamw 80 (at 2,000) and 120 (at 3,000 <= 3,200); lamb 30 and 40
     assert summary.noise_by_batch(points, seeds) == {64: [80.0, 120.0, 30.0, 40.0]}
     text = "\n".join(summary.markdown(meta, points))
-    assert "| 64 | 4 | 60 | 30-120 | 1.1 |" in text  # median of 30, 40, 80, 120 = 60; 64 / 60
+    assert "| 64 | 4 | 60 | 30-120 | 1.1 | 1.1 |" in text  # median of 30, 40, 80, 120 = 60; 64 / 60
+    assert "| all | 4 | 60 | 30-120 | | |" in text  # one batch size: pooled is the same
     assert "| 64 | adamw | 0 | **0.001** | 2,000 | 3,200 | 2,530 |" in text
     assert "| 64 | adamw | 0 | 0.003 | 1,000 | miss (0.0900) |  |" in text
     assert "batch 256, lamb, warmup 0: none yet (runs still missing)" in text
@@ -58,3 +59,6 @@ def test_a_subset_of_seeds_summarizes_what_is_generated_so_far(tmp_path):
     text = "\n".join(summary.markdown(meta, points, seeds=[0]))
     assert "batch 256, lamb, warmup 0: lr 0.01, 5,000 samples (1 seeds)" in text
     assert "| 64 | adamw | 0 | **0.003** | 1,000 | 1,000 |" in text  # on seed 0 alone the faster rate is best
+    # near the target on seed 0: adamw 3e-3 10 and lamb 30 at 64, lamb 200 at 256; pooled median 30
+    assert "| 64 | 2 | 20 | 10-30 | 3.2 | 2.1 |" in text and "| 256 | 1 | 200 | 200-200 | 1.3 | 8.5 |" in text
+    assert "| all | 3 | 30 | 10-200 | | |" in text
