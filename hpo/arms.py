@@ -22,7 +22,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,21 @@ def arm_of(spec: ExperimentSpec, params: Mapping[str, Any]) -> str | None:
     if missing:
         raise SearchSpaceError(missing[0], "a compare key has no value in the trial's parameters")
     return arm_label({k: params[k] for k in spec.compare})
+
+
+BATCH_KEY = "batch.global_batch_size"
+
+
+def batch_study(compare: Sequence[str]) -> bool:
+    """Whether arms of these compare keys are a batch-size study: the global batch size and something else (an
+    optimizer). Its experiment-wide verdict compares arms across batch sizes too, where a smaller batch needs fewer
+    samples by construction; the question it asks is answered at each batch size (`report.scaling.batch_verdicts`)."""
+    return BATCH_KEY in compare and len(compare) > 1
+
+
+BATCH_STUDY_NOTE = ("a batch-size study: this verdict compares every arm with every other, across batch sizes too, "
+                    "where a smaller batch needs fewer samples by construction; which optimizer is faster at each "
+                    "batch size is the verdict at each batch size")  # fmt: skip
 
 
 def arm_subspace(space: SearchSpace, fixed: Mapping[str, Any]) -> SearchSpace:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from hpo.arms import arm_plans
+from hpo.arms import BATCH_STUDY_NOTE, arm_plans, batch_study
 from hpo.confirmations import stored_verdict
 from hpo.errors import HpoError
 from hpo.liveness import Heartbeat
@@ -182,6 +182,8 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
     if spec.compare:
         verdict = experiment_verdict(storage, experiment_id, spec)
         print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirmation_plan())))
+        if batch_study(spec.compare):
+            print(f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)")
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")

@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from html import escape
 
+from hpo.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.batch_scaling import WELL, BatchScaling, Estimate
 from hpo.liveness import liveness
 from hpo.mlperf import imported_line
@@ -342,6 +343,8 @@ def _verdict_section(data: ExperimentData) -> str:
             f"<span data-field=round>{escape(data.confirmation_round)}</span>"
             + (f"; about <span data-field=runs_needed>{verdict.runs_needed}</span> runs per arm would likely decide"
                if verdict.runs_needed else "") + ".</p>")  # fmt: skip
+    if batch_study(data.compare):
+        line += f"<p class=note data-field=batch_study_note>This is {escape(BATCH_STUDY_NOTE)}, below.</p>"
     return _evidence_table(data, f"<h2>Verdict</h2>{line}")
 
 

@@ -189,6 +189,7 @@ def test_report_numbers_match_the_database(report_db, report_html):
     page = Page(report_html)
     arms = ["optimizer.name=adamw", "optimizer.name=lamb"]
     assert sum(t.kind is TrialKind.CONFIRMATION for t in trials) == 6  # 3 seeds x 2 arms really ran
+    assert "batch_study_note" not in report_html  # one batch size: the verdict is the question's answer
     for arm in arms:
         tuning = [t for t in trials if t.arm == arm and t.kind is TrialKind.TUNING]
         assert page.cells[(arm, "tuning")] == str(len(tuning))

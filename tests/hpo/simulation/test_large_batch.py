@@ -20,7 +20,8 @@ import yaml
 from hpo.arms import arm_dimensions, arm_plans, trial_config
 from hpo.cli import main as hpo_main
 from hpo.errors import HpoError
-from hpo.experiment import experiment_from_dict, load_experiment
+from hpo.experiment import experiment_from_dict, load_experiment, spec_from_stored
+from hpo.local_engine import print_summary
 from hpo.runners.simulated import SimulatedRunner, table_gaps
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import CurveTable, load_table
@@ -229,12 +230,16 @@ def check_trials_read_their_batch_sizes_settings(url: str, trials: list, table) 
             assert evals and all(s % table.eval_every_for(batch) == 0 for s in evals)
 
 
-def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path):
+def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path, capsys):
     """Random search instead of SMAC (seconds instead of minutes); everything else as shipped. Each trial records
     what the formulas say at its batch size: its evaluations every interval of that batch size, its samples to
     target the first of them at or above the target."""
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
     url, trials = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
+    with SqlStorage(url) as storage:  # the summary `hpo run` prints (--quiet above leaves it out) says where to look
+        record = storage.get_experiment_by_name("batch_scaling_simulated")
+        print_summary(storage, record.id, spec_from_stored(record), database_url=url)
+    assert "(a batch-size study: this verdict compares every arm" in capsys.readouterr().out
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
     assert len(tuning) == 128 and all(t.state is TrialState.COMPLETED for t in trials)
     assert {t.arm for t in tuning} == {f"optimizer.name={o},batch.global_batch_size={b}"
@@ -305,6 +310,7 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
         page = experiment_report(storage, "batch_scaling_simulated")
         runs = confirmation_runs(storage, "batch_scaling_simulated")
     assert "<h2>Batch sizes</h2>" in page and "<h2>Where the batch stops scaling</h2>" in page
+    assert "data-field=batch_study_note>This is a batch-size study: this verdict compares every arm" in page
     assert "optimizer steps to target (95 %)" in page and "<h2>The verdict at each batch size</h2>" in page
     lines = []
     for batch in (128, 512, 1024, 2048):
