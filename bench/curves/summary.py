@@ -127,13 +127,13 @@ def markdown(meta: dict[str, Any], points: list[Point], seeds: list[int] | None 
               "|---|---|---|---|---|---|"]  # fmt: skip
     noise = noise_by_batch(points, seeds)
     pooled = [v for values in noise.values() for v in values]
+    pooled_median = statistics.median(pooled) if pooled else None
     for batch, values in sorted(noise.items()):
         median = statistics.median(values)
         lines.append(f"| {batch:,} | {len(values)} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | "
-                     f"{batch / median:.1f} | {batch / statistics.median(pooled):.1f} |")  # fmt: skip
+                     f"{batch / median:.1f} | {batch / pooled_median:.1f} |")  # fmt: skip
     if pooled:
-        lines.append(f"| all | {len(pooled)} | {statistics.median(pooled):,.0f} | {min(pooled):,.0f}-"
-                     f"{max(pooled):,.0f} | | |")  # fmt: skip
+        lines.append(f"| all | {len(pooled)} | {pooled_median:,.0f} | {min(pooled):,.0f}-{max(pooled):,.0f} | | |")
     lines += ["", "Best learning rate with every seed at the target:", ""]
     for (batch, optimizer, warmup), p in sorted(best.items()):
         point = [q for q in points if (q.batch, q.optimizer, q.warmup) == (batch, optimizer, warmup)]

@@ -36,7 +36,7 @@ from hpo.report.data import (
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
-from hpo.verdict import ALPHA, DEFAULT_MARGIN, Outcome
+from hpo.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary, Outcome
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -651,9 +651,7 @@ def _scaling_table(points: Sequence[ScalingPoint]) -> str:
             + (f"; lower bound: {p.noise_lower_bounds} of {p.noise_trials} estimates" if p.noise_lower_bounds else "")
         )
         ratio = "–" if p.noise_scale is None else f"{p.global_batch_size / p.noise_scale:.2g}×"
-        steps = "–" if ev.mean is None else fmt_fit(ev.mean / p.global_batch_size)
-        if ev.low is not None:
-            steps += f" ({fmt_fit(ev.low / p.global_batch_size)} to {fmt_fit(ev.high / p.global_batch_size)})"
+        steps = fmt_steps(ev, p.global_batch_size)
         fields = [("batch", f"{p.global_batch_size:,}"), ("experiment", p.experiment), ("arm", p.arm),
                   ("hits", f"{ev.hits} of {ev.runs}"), ("mean", fmt_samples(ev.mean)),
                   ("interval", fmt_interval(ev.low, ev.high)), ("steps", steps), ("noise", noise),
@@ -691,6 +689,16 @@ def _batch_study(data: ExperimentData) -> str:
     return ("<h2>Batch sizes</h2>" + _scaling_notes([data]) + _scaling_table(points)
             + _img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
             + _fit_section(points, fits) + _batch_verdicts(points, margin))  # fmt: skip
+
+
+def fmt_steps(evidence: ArmSummary, batch: int) -> str:
+    """Mean optimizer steps to target (samples / batch) with the interval's: `96.7 (90.1 to 103)`, `–` without."""
+    if evidence.mean is None:
+        return "–"
+    steps = fmt_fit(evidence.mean / batch)
+    if evidence.low is None:
+        return steps
+    return f"{steps} ({fmt_fit(evidence.low / batch)} to {fmt_fit(evidence.high / batch)})"
 
 
 def fmt_fit(value: float | None) -> str:

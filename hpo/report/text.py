@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hpo.batch_scaling import WELL, BatchScaling
 from hpo.report.data import ExperimentData
-from hpo.report.html import fmt_estimate, fmt_fit, fmt_interval, fmt_noise, fmt_samples, well_measured
+from hpo.report.html import fmt_estimate, fmt_interval, fmt_noise, fmt_samples, fmt_steps, well_measured
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
 from hpo.verdict import DEFAULT_MARGIN
 
@@ -19,11 +19,8 @@ def point_line(p: ScalingPoint) -> str:
     ev = p.evidence
     text = f"{p.optimizer} at batch {p.global_batch_size:,}: {ev.hits} of {ev.runs} run(s) reached the target"
     if ev.mean is not None:
-        text += f"; samples to target {fmt_samples(ev.mean)} ({fmt_interval(ev.low, ev.high)})"
-        steps = fmt_fit(ev.mean / p.global_batch_size)
-        if ev.low is not None:
-            steps += f" ({fmt_fit(ev.low / p.global_batch_size)} to {fmt_fit(ev.high / p.global_batch_size)})"
-        text += f", optimizer steps {steps}"
+        text += (f"; samples to target {fmt_samples(ev.mean)} ({fmt_interval(ev.low, ev.high)}), optimizer steps "
+                 f"{fmt_steps(ev, p.global_batch_size)}")  # fmt: skip
     if p.noise_scale is not None:
         bound = "≥ " if p.noise_lower_bounds else ""
         text += (f"; noise scale {bound}{fmt_noise(p.noise_scale)} ({fmt_noise(p.noise_low)} to "
