@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +95,15 @@ FIXED = {
 LARGE_FIXED = {k: v for k, v in FIXED.items() if k not in ("budget.max_samples", "eval.every_samples")}
 
 
-def large_grid() -> list[dict[str, Any]]:
+def large_grid(batches: Iterable[int] | None = None) -> list[dict[str, Any]]:
     """The large-batch table's runs, seed by seed (a partly generated table holds whole seeds first), each seed's
-    batches smallest first."""
+    batches smallest first; with `batches`, only those batch sizes' runs (one batch finished on every seed first)."""
+    batches = LARGE_BATCHES.keys() if batches is None else set(batches)
     return [
         {"optimizer": o, "lr": lr, "warmup_steps": plan["warmup_steps"], "global_batch_size": b, "seed": s}
         for s in SEEDS
         for b, plan in LARGE_BATCHES.items()
+        if b in batches
         for o in OPTIMIZERS
         for lr in plan["lr"][o]
     ]
@@ -264,14 +267,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2: one per core)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many new runs")
+    parser.add_argument(
+        "--batches", type=int, nargs="+", default=None, metavar="B",
+        help="with --large-batch: only these global batch sizes' runs, e.g. to finish one batch on every seed first",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.batches and not args.large_batch:
+        parser.error("--batches picks batch sizes of the large-batch table: add --large-batch")
+    unknown = sorted(set(args.batches or ()) - LARGE_BATCHES.keys())
+    if unknown:
+        parser.error(f"--batches: no batch size {unknown} in the large-batch grid (it has {sorted(LARGE_BATCHES)})")
     if not (DATA / "meta.json").exists():
         subprocess.run([sys.executable, "-m", "trainer.data.demo_corpus", "--out", str(DATA)], cwd=ROOT, check=True)
     if args.seeds_table and args.large_batch:
         parser.error("--seeds-table and --large-batch are two tables: choose one")
     args.table = args.table or (SEEDS_TABLE if args.seeds_table else LARGE_TABLE if args.large_batch else TABLE)
     done = load(args.table, meta(data_fingerprint(), args.seeds_table, args.large_batch))
-    runs = large_grid() if args.large_batch else grid(args.seeds_table)
+    runs = large_grid(args.batches) if args.large_batch else grid(args.seeds_table)
     todo = [run for run in runs if key(run) not in done][: args.limit]
     print(f"{len(done)} runs in {args.table}, {len(todo)} to go", file=sys.stderr)
     started = time.perf_counter()

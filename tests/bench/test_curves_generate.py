@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -62,4 +63,29 @@ def test_any_other_change_of_the_grid_is_refused_and_the_table_is_untouched(tmp_
     before = path.read_bytes()
     with pytest.raises(SystemExit, match=r"table.jsonl was made for another grid or other data \(differs in: "):
         generate.load(path, expected)
+    assert path.read_bytes() == before
+
+
+def test_batches_pick_one_batch_size_on_every_seed():
+    runs = generate.large_grid([2048])
+    assert {r["global_batch_size"] for r in runs} == {2048}
+    assert {r["seed"] for r in runs} == set(generate.SEEDS)
+    assert len(runs) == len(generate.SEEDS) * sum(len(lrs) for lrs in generate.LARGE_BATCHES[2048]["lr"].values())
+    assert [r for r in generate.large_grid() if r["global_batch_size"] == 2048] == runs
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--large-batch", "--batches", "2048", "4096"], r"no batch size \[4096\] in the large-batch grid"),
+        (["--batches", "2048"], r"add --large-batch"),
+    ],
+)
+def test_batches_the_grid_lacks_are_refused_by_name_before_any_work(tmp_path, capsys, argv, message):
+    path = _table(tmp_path, {"kind": "meta"}, [])
+    before = path.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        generate.main([*argv, "--table", str(path)])
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
     assert path.read_bytes() == before
