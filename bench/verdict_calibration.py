@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=None, help="verdict.margin (default 0.05)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
+    args.table = args.table.resolve()  # the experiment files live in a temporary directory
     scenarios: list[tuple[str, dict | None]] = [] if args.no_real else [("real", None)]
     scenarios += [(f"delay={d}", {"lamb": {"curves_of": "adamw", "delay_samples": d}}) for d in args.delays]
     rows = []
