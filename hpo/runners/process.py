@@ -234,23 +234,21 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-def exiting(pid: int, started: str | None) -> bool:
-    """Whether the process `pid` (started at `started`, its /proc start time) still runs: a SIGKILLed process gives
-    up its memory, and with it the environment `tagged_processes` reads, before it turns zombie, so until then it is
-    found only by its pid. A pid reused by another process (another start time) does not count."""
+def process_state(pid: int) -> tuple[str, str] | None:
+    """The state letter and start time of process `pid` (fields 3 and 22 of /proc/PID/stat), None when it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return False
-    return fields[0] not in ("Z", "X") and fields[19] == started
-
-
-def start_time(pid: int) -> str | None:
-    """The start time of process `pid` (field 22 of /proc/PID/stat), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
         return None
+    return fields[0], fields[19]
+
+
+def exiting(pid: int, started: str) -> bool:
+    """Whether the process `pid` (started at `started`, its /proc start time) still runs: a SIGKILLed process gives
+    up its memory, and with it the environment `tagged_processes` reads, before it turns zombie, so until then it is
+    found only by its pid. A pid reused by another process (another start time) does not count."""
+    state = process_state(pid)
+    return state is not None and state[0] not in ("Z", "X") and state[1] == started
 
 
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
@@ -258,13 +256,14 @@ def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_
     left (one started by torchrun between a look and the kill is found by the next look) and every process killed
     has finished exiting."""
     deadline = time.monotonic() + timeout_s
-    killed: dict[int, str | None] = {}
+    killed: dict[int, str] = {}  # pid: start time
     while True:
         if group:
             kill_process_group(group)
         pids = tagged_processes(tag) if tag else []
         for pid in pids:
-            killed.setdefault(pid, start_time(pid))
+            if pid not in killed and (state := process_state(pid)):
+                killed[pid] = state[1]
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         still = [pid for pid, started in killed.items() if exiting(pid, started)]
