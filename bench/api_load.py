@@ -39,10 +39,10 @@ import httpx
 
 from bench.storage import INSERT_CHUNK, postgres_database, sqlite_database
 from hpo.experiment import experiment_from_dict
-from hpo.launch import free_port
 from hpo.storage import SqlStorage
 from hpo.storage.engine import create_storage_engine
 from hpo.storage.models import TrialModel
+from hpo.trial.launch import free_port
 
 EXPERIMENT = "api-load"
 ARMS = ("adamw", "lamb")

@@ -41,11 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpo.engine.study import Study
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.launch import LaunchSpec, build_launch
 from hpo.runners import build_runner
 from hpo.storage import SqlStorage
-from hpo.study import Study
+from hpo.trial.launch import LaunchSpec, build_launch
 from hpo.trials import TrialState
 
 
@@ -94,7 +94,7 @@ def dummy_nni_command(seconds: float):
 
 def nni_ideal(spec, slots: int, seconds: float) -> float:
     """The ideal time under the NNI engine: its arms run one after another, each on all slots."""
-    from hpo.arms import arm_plans
+    from hpo.experiment.arms import arm_plans
 
     return sum(math.ceil(plan.quota / slots) for plan in arm_plans(spec)) * seconds
 

@@ -1,6 +1,7 @@
 """Cost to an answer at scale: simulated GPU-hours and wall-clock of an ADAM-vs-LAMB answer on 8, 64 and 1,024 slots.
 
-On the simulated cluster (`runner: simulated` over the learning-curve table, bench/curves/curves.jsonl; a slot is
+On the simulated cluster (`runner: simulated` over the learning-curve table, hpo/simulation/tables/curves.jsonl; a
+slot is
 8 A100s, one table sample stands for 256 BERT-large samples: the runner's duration model, a conversion and not a
 GPU measurement), one `adam_vs_lamb_simulated`-style experiment per repetition:
 
@@ -18,7 +19,7 @@ samples, new configurations from SMAC3's random forest); under the multi-fidelit
 continue from their checkpoint: only new samples are charged. Peers, on the same surrogate, the same duration
 model, the same arms, budgets and training seeds, the same rule for the best configuration (lowest objective
 among completed tuning trials, ties to the earliest) and the same confirmation runs and verdict rule
-(`hpo.verdict`):
+(`hpo.evidence.verdict`):
 
 - `optuna_tpe_median`, `optuna_tpe_sh`: Optuna's TPE sampler (seeded with the tuner seed, defaults otherwise)
   with its MedianPruner (defaults) / SuccessiveHalvingPruner (reduction factor 3 from the first evaluation, as
@@ -44,7 +45,8 @@ among completed tuning trials, ties to the earliest) and the same confirmation r
 
 Per tuner, slots and repetition (simulated time starts when the first trial is created):
 
-- first hit (`hpo.plan.first_hit`, as `hpo plan`): the first trial, in simulated finishing time, that reached the
+- first hit (`hpo.plan.forecast.first_hit`, as `hpo plan`): the first trial, in simulated finishing time, that reached
+the
   target (samples_to_target recorded): wall-clock = its end - the start; GPU-hours = the busy slot-time of every
   trial up to that moment (trials still running then count up to it) x 8 GPUs;
 - answer (the verdict): the end of the experiment (the last confirmation run): GPU-hours, wall-clock, and the
@@ -110,21 +112,21 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import ArmPlan, arm_plans, trial_config
-from hpo.confirmations import stored_verdict
+from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.verdict import arm_runs, decide
+from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.objective import objective_value
-from hpo.plan import first_hit, without_progress_series  # shared with `hpo plan`
+from hpo.plan.forecast import first_hit, without_progress_series  # shared with `hpo plan`
 from hpo.runners.simulated import trained_run
 from hpo.simulation.cost import Cost, experiment_cost
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import arm_runs, decide
 from search_spaces.space import CategoricalParam, FloatParam
 from trainer.result import TrainResult, TrainStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "bench/curves/curves.jsonl"
+TABLE = ROOT / "hpo/simulation/tables/curves.jsonl"
 OURS = ("random", "smac_bo", "smac_hyperband", "asha")
 OPTUNA = ("optuna_tpe_median", "optuna_tpe_sh")
 SYNETUNE = ("synetune_asha", "synetune_bohb", "synetune_tpe", "synetune_cqr")
@@ -273,7 +275,7 @@ class Plan:
 
 class TrialModel:
     """The simulated runner's trial (hpo/runners/simulated.py) for the peers: the same trainer config
-    (`hpo.arms.trial_config`), curve (the surrogate), stopping rule, objective and duration."""
+    (`hpo.experiment.arms.trial_config`), curve (the surrogate), stopping rule, objective and duration."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -285,7 +287,7 @@ class TrialModel:
         self._configs: dict[tuple, Any] = {}
 
     def config(self, params: dict[str, Any]):
-        """The trainer config of a trial with these parameters (`hpo.arms.trial_config`, cached)."""
+        """The trainer config of a trial with these parameters (`hpo.experiment.arms.trial_config`, cached)."""
         key = tuple(sorted(params.items()))
         if key not in self._configs:
             self._configs[key] = trial_config(self.spec, params)
@@ -799,10 +801,10 @@ class _TimedRunner:
 def controller_cpu(tuner: str, trials: int, args, directory: Path) -> dict[str, Any]:
     """Our study loop alone on the simulated runner, one arm over the whole space: CPU per trial and per decision
     as the history grows (see the module docstring); stopped after `args.cpu_limit_s` CPU seconds."""
+    from hpo.engine.study import Study
     from hpo.experiment import experiment_from_dict, stored_form
     from hpo.runners import build_runner
     from hpo.storage import SqlStorage
-    from hpo.study import Study
 
     name, slots = f"cpu-{tuner}-{trials}", args.cpu_slots
     data = experiment(name, args.run_table, tuner, 0, args.batch, args.lr, slots, trials, 0, compare=False)
@@ -954,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, nargs=2, default=(3.1623e-4, 0.1))
     parser.add_argument("--lr-from-table", action="store_true",
                         help="each optimizer over its own learning-rate range of the table at --batch (a large-batch "
-                        "table: bench/curves/large_batch.jsonl), instead of --lr for both")  # fmt: skip
+                        "table: hpo/simulation/tables/large_batch.jsonl), instead of --lr for both")  # fmt: skip
     parser.add_argument("--trials-per-slot", type=int, default=2)
     parser.add_argument("--min-trials", type=int, default=20)
     parser.add_argument("--confirm", type=_confirm, default=2, help="confirmation seeds per arm, or auto (ours only)")
@@ -1060,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("PYTHONHASHSEED") != "0":  # SMAC3/ConfigSpace iterate over sets of strings (hpo.cli.entry)
+    if os.environ.get("PYTHONHASHSEED") != "0":  # SMAC3/ConfigSpace iterate over sets of strings (hpo.cli.main.entry)
         os.execve(sys.executable, [sys.executable, "-m", "bench.cost_at_scale", *sys.argv[1:]],
                   {**os.environ, "PYTHONHASHSEED": "0"})  # fmt: skip
     sys.exit(main())

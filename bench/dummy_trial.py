@@ -1,7 +1,7 @@
 """A 1-second dummy trial for the controller-overhead benchmark: it ends `--seconds` after it was launched.
 
 Four ways it runs:
-- with `--db --trial-id`, like the trial entry (`hpo.trial_entry`): it claims its QUEUED trial and records a
+- with `--db --trial-id`, like the trial entry (`hpo.trial.entry`): it claims its QUEUED trial and records a
   result in the database (so the benchmark exercises the real control plane of our runners);
 - with `--db --experiment-id --arm --run-dir`, like the NNI trial entry (`hpo.nni.trial`), under NNI's manager:
   it takes its parameters from NNI (`nni.get_next_parameter()`), creates its QUEUED trial with worker
@@ -61,8 +61,8 @@ def run_nni(db: str, experiment_id: int, arm: int, launched_at: float, seconds: 
     the result and report it to NNI."""
     import nni
 
-    from hpo.arms import arm_plans
     from hpo.experiment import spec_from_stored
+    from hpo.experiment.arms import arm_plans
     from hpo.nni.engine import WORKER_PREFIX
     from hpo.storage import SqlStorage
     from search_spaces.nni import from_nni_params
@@ -105,7 +105,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from hpo.trial_exit import exit_recorded
+    from hpo.trial.exit import exit_recorded
 
     main()
     exit_recorded(0)

@@ -1,14 +1,16 @@
 """Forecast against outcome: does `hpo plan` predict what the experiments it plans then do?
 
-For each experiment shape and slot count: `hpo plan` with R repetitions (`hpo.plan.run_plan`, seed 0: what a user
+For each experiment shape and slot count: `hpo plan` with R repetitions (`hpo.plan.forecast.run_plan`, seed 0: what a
+user
 reads before spending) against R other simulated runs of the same file with other seeds (`--seed` = R, so no
 tuner or training seed is shared with the forecast; each is the study loop of `hpo run` on the simulated runner in
 a database of its own, as a plan's repetition is: repetition 0 of seed 0 is `hpo run FILE` itself,
-tests/hpo/test_plan.py). Compared: the median GPU-hours to the verdict (within 20 % is the goal) and the share of
+tests/hpo/plan/test_plan.py). Compared: the median GPU-hours to the verdict (within 20 % is the goal) and the share of
 right answers (the truly better optimizer named; on the table LAMB needs about a quarter fewer samples than AdamW
 at its best; goal: within 10 points).
 
-Shapes, all on the learning-curve table `bench/curves/curves.jsonl` (batch 32, the table's dimensions: optimizer,
+Shapes, all on the learning-curve table `hpo/simulation/tables/curves.jsonl` (batch 32, the table's dimensions:
+optimizer,
 learning rate, warmup):
 - `demo`: the CPU demo's budget (10 SMAC trials, `confirm_seeds: auto` up to 6). The demo presets themselves
   tune beta1, beta2 and weight decay, which the table does not vary, so `hpo plan` refuses them (it says so); this
@@ -36,7 +38,7 @@ from typing import Any
 import yaml
 
 from bench.curves.generate import cpu_model
-from hpo.plan import PlanOptions, prepare_plan, run_plan
+from hpo.plan.forecast import PlanOptions, prepare_plan, run_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpo.arms import arm_of
 from hpo.experiment import load_experiment, stored_form
+from hpo.experiment.arms import arm_of
 from hpo.storage import MetricPoint, SqlStorage
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 

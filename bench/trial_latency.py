@@ -1,6 +1,6 @@
 """Where a short trial's time goes outside the controller: how long a trial process takes from its start to
 having the storage imported (exec'd, or forked by the preloaded launcher of `hpo.runners.preload`), how long
-the kernel takes to tear down a trial process after its last write (what `hpo.trial_exit`'s exit pipe saves the
+the kernel takes to tear down a trial process after its last write (what `hpo.trial.exit`'s exit pipe saves the
 runner from waiting for), and the latency of one task through an idle Dask `LocalCluster` (2 worker processes,
 as in `bench.controller_overhead`).
 

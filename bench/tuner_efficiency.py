@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from hpo.arms import arm_subspace, params_key, trial_config
 from hpo.experiment import experiment_from_dict
+from hpo.experiment.arms import arm_subspace, params_key, trial_config
 from search_spaces import preset_path
 
 TUNERS = ("smac_bo", "smac_hyperband", "random", "nni_tpe", "optuna_tpe")

@@ -1,6 +1,6 @@
 """Verdict calibration: how often does an ADAM-vs-LAMB experiment give a wrong answer, and how often an answer?
 
-On the simulated cluster (`runner: simulated` over the learning-curve table, bench/curves/curves.jsonl), the
+On the simulated cluster (`runner: simulated` over the learning-curve table, hpo/simulation/tables/curves.jsonl), the
 whole `adam_vs_lamb_demo_cpu`-style experiment (5 tuning trials per arm, then confirmation runs of each arm's
 best: a fixed number, or `auto` in rounds up to a cap) runs `--reps` times through the real control plane
 (`hpo run`: Study, tuners, storage, verdict), each repetition with its own tuner seed and training seeds. Scenarios:
@@ -43,20 +43,20 @@ from typing import Any
 import yaml
 
 from bench.curves.generate import cpu_model
-from hpo.cli import main as hpo_main
-from hpo.confirmations import look, stored_curves
+from hpo.cli.main import main as hpo_main
+from hpo.engine.local import experiment_verdict
+from hpo.evidence.confirmations import look, stored_curves
+from hpo.evidence.verdict import Outcome, arm_runs, decide, samples_between_evaluations
 from hpo.experiment import spec_from_stored
-from hpo.local_engine import experiment_verdict
 from hpo.objective import objective_value
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
 from hpo.storage import SqlStorage
-from hpo.verdict import Outcome, arm_runs, decide, samples_between_evaluations
 from trainer.config import config_from_dict
 from trainer.result import TrainResult, TrainStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "bench/curves/curves.jsonl"
+TABLE = ROOT / "hpo/simulation/tables/curves.jsonl"
 WARMUPS = [0, 40]  # the warmups of the batch-32 table (TABLE); a large-batch table has one per batch size
 
 

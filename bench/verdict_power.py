@@ -1,6 +1,7 @@
 """Verdict power: how many confirmation runs an ADAM-vs-LAMB answer needs, and how often it is wrong.
 
-The verdict (`hpo.verdict.decide`, whose module docstring is the rule: Welch on ln samples to target of each arm's
+The verdict (`hpo.evidence.verdict.decide`, whose module docstring is the rule: Welch on ln samples to target of each
+arm's
 *confirmation* runs, a winner when the interval of the ratio excludes 1, "equivalent within ±margin" by two
 one-sided tests, else "not yet"; alpha spent over the looks of `confirm_seeds: auto`) is a pure function of each
 arm's runs, so its power is measured here by drawing runs and asking `decide` itself (never a copy of the rule).
@@ -17,12 +18,13 @@ A cell is either a fixed number k of confirmation runs per arm (one look, `confi
 asked as `decide(..., look=j, looks=J)`, stopping at the first look that is not "not yet"; the mean runs per arm
 used is reported).
 
-1. **The seeds table, the real pair** (bench/curves/seeds.jsonl: 20 training seeds at each optimizer's best point
+1. **The seeds table, the real pair** (hpo/simulation/tables/seeds.jsonl: 20 training seeds at each optimizer's best
+point
    of batch 32, AdamW lr 1e-3 and LAMB lr 1e-2, warmup 0; every run reached the target). Each run's samples to
    target are interpolated between evaluation points on its recorded curve (`samples_between_evaluations`), as
    the service reads a confirmation run. Each arm's k runs are k of its 20 seeds drawn without replacement: the
    same seeds for both arms ("same", as `hpo run` gives both arms the same training seeds) or each arm its own
-   draw ("independent"). The resolution floor is the service's (`hpo.verdict.arm_runs`: the evaluation interval
+   draw ("independent"). The resolution floor is the service's (`hpo.evidence.verdict.arm_runs`: the evaluation interval
    when a value lies on an evaluation point, else 0; every value here is interpolated, so 0) unless
    `--seeds-resolution` sets one. LAMB is the truly better arm: over the 20 seeds its geometric mean samples to
    target is 24 % below AdamW's.
@@ -32,7 +34,8 @@ used is reported).
    resolution 0 (continuous draws: no evaluation interval), every run a hit. True differences d = 0, 2, 5, 10,
    25 %; margin 0.05, and 0.075 for the tie cells as well.
 3. **Random search's chance of a good pick**: how often an arm's best of n tuning trials lies at a configuration
-   that reaches the target on every recorded seed of the learning-curve table (bench/curves/curves.jsonl) with a
+   that reaches the target on every recorded seed of the learning-curve table (hpo/simulation/tables/curves.jsonl)
+   with a
    truth (mean samples to target over its seeds) within `--near` samples of the arm's best truth: the
    configurations where parts 1-2 apply. Each trial draws its learning rate log-uniformly and its warmup from
    {0, 40}, trains with the repetition's training seed (as `hpo run` gives every tuning trial the same seed) and
@@ -41,7 +44,7 @@ used is reported).
    (`--e2e-delays`: AdamW against AdamW's own curves D samples later, the surrogate's handicap; D = 0 is a true
    tie) through `hpo run` on the seeds table, `--e2e-reps` times (the space is the optimizer with lr fixed at
    AdamW's best and warmup 0: 1 tuning trial per arm, then the confirmation runs with training seeds
-   1001 + r, 1002 + r, ...). Each repetition's stored verdict (`hpo.local_engine.experiment_verdict`) must equal
+   1001 + r, 1002 + r, ...). Each repetition's stored verdict (`hpo.engine.local.experiment_verdict`) must equal
    `decide` over the same confirmation seeds' interpolated values (seed s reads recorded seed s mod 20), at the
    same look: a check that parts 1-2 compute what the service does.
 
@@ -78,17 +81,17 @@ import numpy as np
 
 from bench.curves.generate import cpu_model
 from bench.verdict_calibration import TABLE, WARMUPS, experiment, run_objective, run_quietly, truth
+from hpo.engine.local import experiment_verdict
+from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, decide, samples_between_evaluations, t_quantile
 from hpo.experiment import experiment_from_dict, spec_from_stored
 from hpo.experiment.schema import Budget
-from hpo.local_engine import experiment_verdict
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
 from hpo.storage import SqlStorage
-from hpo.verdict import ArmRuns, Outcome, Verdict, decide, samples_between_evaluations, t_quantile
 from trainer.config import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS_TABLE = ROOT / "bench/curves/seeds.jsonl"
+SEEDS_TABLE = ROOT / "hpo/simulation/tables/seeds.jsonl"
 BEST = {"adamw": 0.001, "lamb": 0.01}  # each optimizer's best point of batch 32 (bench/curves/README.md)
 LR_RANGE = (3.1623e-4, 0.1)
 BATCH = 32
@@ -202,7 +205,7 @@ def seed_values(surrogate: Surrogate, spec, optimizer: str, lr: float,
 
 
 def service_resolution(values: Runs, every: int) -> int:
-    """The resolution `hpo.verdict.arm_runs` gives an arm: the evaluation interval when a value lies on an
+    """The resolution `hpo.evidence.verdict.arm_runs` gives an arm: the evaluation interval when a value lies on an
     evaluation point (a hit not read between evaluations), else 0."""
     return every if any(v is not None and v % every == 0 for v in values) else 0
 

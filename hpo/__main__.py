@@ -1,3 +1,3 @@
-from hpo.cli import entry
+from hpo.cli.main import entry
 
 entry()

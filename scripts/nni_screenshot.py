@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpo.cli import open_storage
+from hpo.cli.common import open_storage
 from hpo.nni.manager import is_answering, load_experiments, stop_all, view
 
 PAGES = ("oview", "detail")  # NNI 3.0's routes: the overview and the trial details

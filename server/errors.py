@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse
 
 from hpo.errors import HpoError, NotFoundError, StorageError
-from hpo.export import ExportError
+from hpo.export.production import ExportError
 from server.schemas import ErrorPublic, InvalidRequestPublic
 
 log = logging.getLogger("server")

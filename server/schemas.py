@@ -11,10 +11,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from hpo.export import reached_target
+from hpo.evidence.verdict import Verdict, verdict_lines
+from hpo.export.production import reached_target
 from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord
 from hpo.trials import TrialState
-from hpo.verdict import Verdict, verdict_lines
 
 # Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -258,7 +258,7 @@ class DifferencePublic(BaseModel):
 
 class VerdictPublic(BaseModel):
     """Which compare arm reaches the target in fewer samples, whether the arms are equivalent, or not yet, as
-    `hpo run` and the report say (hpo.verdict)."""
+    `hpo run` and the report say (hpo.evidence.verdict)."""
 
     outcome: Literal["winner", "equivalent", "not yet"] = Field(description="The verdict's answer.")
     winner: str | None = Field(description="The winning arm's label; null unless the outcome is winner.")

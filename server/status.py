@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpo.liveness import liveness
+from hpo.engine.liveness import liveness
 from hpo.storage.base import ExperimentRecord
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import StorageError
-from hpo.export import ExportError, production_config, stored_spec
+from hpo.export.production import ExportError, production_config, stored_spec
 from hpo.storage import SqlStorage, Storage
 from hpo.storage.base import ExperimentRecord, TrialRecord, TrialVersion
 from hpo.storage.engine import DATABASE_URL_ENV, safe_url
@@ -129,7 +129,7 @@ class SpecCache:
         return spec
 
     def config(self, record: ExperimentRecord, trial: TrialRecord) -> dict[str, Any]:
-        """The production config of a finished trial (see hpo.export.production_config)."""
+        """The production config of a finished trial (see hpo.export.production.production_config)."""
         key = (record.id, trial.id)
         config = self._configs.get(key)
         if config is None:

@@ -16,14 +16,16 @@ smaller than the global batch let the trainer measure the gradient noise scale o
 
     python -m bench.curves.generate                 # the whole grid, 2 runs at a time, one thread each
     python -m bench.curves.generate --jobs 1 --limit 4   # a few runs (resumes: finished runs are kept)
-    python -m bench.curves.generate --seeds-table   # 20 seeds at each optimizer's best point (bench/curves/seeds.jsonl)
-    python -m bench.curves.generate --large-batch --jobs 1   # global batches 128-2,048 (bench/curves/large_batch.jsonl)
+    # 20 seeds at each optimizer's best point (hpo/simulation/tables/seeds.jsonl)
+    python -m bench.curves.generate --seeds-table
+    # global batches 128-2,048 (hpo/simulation/tables/large_batch.jsonl)
+    python -m bench.curves.generate --large-batch --jobs 1
 
 The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_calibration.py --power): with 3
 seeds per point, more than 2 confirmation runs would re-read the same curves; at each optimizer's best point of
 batch 32 (AdamW lr 1e-3, LAMB lr 1e-2, warmup 0) it records seeds 0-19, in the same format and set-up.
 
-The table is `bench/curves/curves.jsonl`: a first line `{"kind": "meta", ...}` (grid, budget, data fingerprint,
+The table is `hpo/simulation/tables/curves.jsonl`: a first line `{"kind": "meta", ...}` (grid, budget, data fingerprint,
 CPU), then one `{"kind": "run", ...}` line per finished run, appended as each ends, so an interrupted
 generation resumes where it stopped. A table whose meta differs (another grid, other data) is refused, except a
 grid grown by learning rates or (the large-batch table) by batch sizes, nothing else changed: its runs stay valid,
@@ -47,8 +49,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hpo.simulation.table import TABLES
+
 ROOT = Path(__file__).resolve().parents[2]
-TABLE = Path(__file__).resolve().parent / "curves.jsonl"
+TABLE = TABLES / "curves.jsonl"
 DATA = ROOT / "data/demo"
 BASE_CONFIG = "trainer/configs/demo_cpu.yaml"
 
@@ -57,13 +61,13 @@ LRS = tuple(round(10 ** (-3.5 + k / 2), 8) for k in range(6))  # 3.16e-4, 1e-3, 
 WARMUPS = (0, 40)
 BATCHES = {32: 16, 128: 32}  # global batch -> micro batch
 SEEDS = (0, 1, 2)
-SEEDS_TABLE = Path(__file__).resolve().parent / "seeds.jsonl"
+SEEDS_TABLE = TABLES / "seeds.jsonl"
 BEST_POINTS = (  # each optimizer's best point at batch 32 (README.md): where the power study re-runs seeds
     {"optimizer": "adamw", "lr": LRS[1], "warmup_steps": 0, "global_batch_size": 32},
     {"optimizer": "lamb", "lr": LRS[3], "warmup_steps": 0, "global_batch_size": 32},
 )
 POWER_SEEDS = tuple(range(20))
-LARGE_TABLE = Path(__file__).resolve().parent / "large_batch.jsonl"
+LARGE_TABLE = TABLES / "large_batch.jsonl"
 # The large-batch table (--large-batch): per global batch its micro-batch, sample budget (grown with the batch so
 # that each optimizer's best rate reaches the target), evaluation interval, warmup (1/16 of the budget's samples,
 # so it grows with the batch) and learning rates: quarter-decade steps around where each optimizer learned in

@@ -1,8 +1,8 @@
 """What a learning-curve table holds, as the tables of bench/curves/README.md: grid and budgets, samples to target
 per point and seed, each optimizer's best learning rate per batch size, the noise scale near the target, CPU time.
 
-    python -m bench.curves.summary                                   # bench/curves/large_batch.jsonl
-    python -m bench.curves.summary --table bench/curves/curves.jsonl
+    python -m bench.curves.summary                                   # hpo/simulation/tables/large_batch.jsonl
+    python -m bench.curves.summary --table hpo/simulation/tables/curves.jsonl
     python -m bench.curves.summary --seeds 0 1                       # the seeds generated so far
 
 Definitions (the README's):
@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-LARGE_TABLE = Path(__file__).with_name("large_batch.jsonl")
+from hpo.simulation.table import TABLES
+
+LARGE_TABLE = TABLES / "large_batch.jsonl"
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from hpo.arms import arm_dimensions, arm_plans, arms, unequal_dimensions
 from hpo.errors import ExperimentFileError
+from hpo.experiment.arms import arm_dimensions, arm_plans, arms, unequal_dimensions
 from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION
 from hpo.nni.config import check_nni_spec

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from hpo.errors import ExperimentFileError
 from hpo.experiment.checks import check_spec, check_trainer_key, did_you_mean, error_line
 from hpo.experiment.schema import ExperimentSpec
+from hpo.simulation.table import shipped_table
 from trainer.config import ConfigError, config_from_dict, set_dotted
 
 
@@ -55,13 +56,15 @@ def experiment_from_dict(
 
 
 def _absolute_table(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """`runner.simulation.table` made absolute against the experiment file's directory (it is stored so)."""
+    """`runner.simulation.table` made absolute (it is stored so): a shipped table's name (`curves`) to its file in
+    the package, a relative path against the experiment file's directory."""
     runner = data.get("runner")
     simulation = runner.get("simulation") if isinstance(runner, Mapping) else None
     table = simulation.get("table") if isinstance(simulation, Mapping) else None
     if not isinstance(table, str) or Path(table).expanduser().is_absolute():
         return data
-    absolute = str((base_dir / Path(table)).resolve())
+    shipped = shipped_table(table)
+    absolute = str(shipped if shipped else (base_dir / Path(table)).resolve())
     return {**data, "runner": {**runner, "simulation": {**simulation, "table": absolute}}}
 
 

@@ -167,8 +167,9 @@ class Handicap(_Section):
 class Simulation(_Section):
     """runner: simulated: trials read their learning curves from a recorded table instead of training."""
 
-    table: str = Field(description="The learning-curve table (JSON lines, e.g. bench/curves/curves.jsonl; a "
-                       "relative path is read from the experiment file's directory).")  # fmt: skip
+    table: str = Field(description="The learning-curve table: the name of one shipped with hpo (curves, large_batch, "
+                       "seeds), or a JSON lines file (a relative path is read from the experiment file's "
+                       "directory).")  # fmt: skip
     gpu: Literal["a100", "h100"] = Field("a100", description="The GPU whose throughput sets simulated durations.")
     samples_per_s: float | None = Field(None, gt=0, description="Samples per second of one GPU (default: the "
                                         "gpu's, from public MLPerf BERT-large figures).")  # fmt: skip

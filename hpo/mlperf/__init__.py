@@ -10,7 +10,8 @@ points (`hpo import rcp`) read into the database as finished experiments, one tr
 pure and checks every file before anything is written: a file that cannot be read is a `ResultFileError` naming
 the file, the line and what is missing, and nothing of any file is written.
 
-How runs are stored, and why. The verdict (`hpo.verdict`, shared by `hpo best --per-arm`, `hpo status`, the report
+How runs are stored, and why. The verdict (`hpo.evidence.verdict`, shared by `hpo best --per-arm`, `hpo status`, the
+report
 and the API) reads, per arm, the confirmation trials of the configuration of the arm's best tuning trial
 (`storage.best_per_arm`), never that tuning trial itself: in an experiment that tuned, it was selected as the best
 of its arm, and its seed flatters the arm. An import stores its runs in that same shape, so every reader works on it

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import arm_label, arm_of, arms, trial_config
 from hpo.errors import HpoError, NotFoundError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, stored_form
+from hpo.experiment.arms import arm_label, arm_of, arms, trial_config
 from hpo.mlperf import HASH_KEY, IMPORTED_KEY, imported
 from hpo.mlperf.logs import ResultFileError, ResultRun
 from hpo.mlperf.rcp import RcpRecord

@@ -20,7 +20,7 @@ NNI's manager, its web UI and REST API, listens on; see `manager_host`), `popula
 Confirmation runs (`budget.confirm_seeds`). Each arm's best configuration re-run with other training seeds is
 an NNI experiment of its own per arm and round (`confirmation_experiment_config`): NNI's GridSearch tuner over a
 space of single-value choices (the configuration, so the web UI shows it) and a choice of the round's seeds
-(`CONFIRMATION_SEED`), one trial per seed, without an assessor (every run is evidence, see `hpo.verdict`).
+(`CONFIRMATION_SEED`), one trial per seed, without an assessor (every run is evidence, see `hpo.evidence.verdict`).
 
 Machines. Without `resources.machines` the trials run on this machine (NNI's local training service, with
 `gpuIndices` / `trialGpuNumber` / `maxTrialNumberPerGpu` from `resources`). With machines listed they run on
@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import hpo
-from hpo.arms import ArmPlan
 from hpo.errors import ExperimentFileError, ResourceError
+from hpo.experiment.arms import ArmPlan
 from search_spaces.nni import to_nni
 
 NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")

@@ -1,6 +1,7 @@
 """Confirmation runs under engine: nni: the rows the engine creates, and which of them an NNI trial runs.
 
-The rule is the local engine's (`hpo.study`, `hpo.confirmations`): once an arm's tuning is over, its best
+The rule is the local engine's (`hpo.engine.study`, `hpo.evidence.confirmations`): once an arm's tuning is over, its
+best
 configuration (as the storage names it) is re-run with the training seeds after the configuration's own (its
 seed + 1, + 2, ..., continuing after the existing confirmation runs of that configuration), as QUEUED trials of
 kind confirmation created by the controller, `runs_to_queue` of them per arm (one round with a fixed
@@ -20,15 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpo.arms import ArmPlan, arm_plans, trial_config
-from hpo.confirmations import runs_to_queue, stored_verdict
+from hpo.evidence.confirmations import runs_to_queue, stored_verdict
+from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.storage.base import Storage, TrialRecord
 from hpo.trials import TrialKind, TrialSpec, TrialState
 
 
 def next_seeds(spec, best: TrialRecord, trials: Sequence[TrialRecord], count: int) -> list[int]:
     """The training seeds of `count` more confirmation runs of `best`'s configuration: after the highest seed of
-    its existing confirmation runs, else after the configuration's own seed (as `hpo.study` queues them)."""
+    its existing confirmation runs, else after the configuration's own seed (as `hpo.engine.study` queues them)."""
     seeds = [t.seed for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == best.arm
              and t.params == best.params and t.seed is not None]  # fmt: skip
     last = max(seeds, default=trial_config(spec, best.params).seed)
@@ -36,7 +37,8 @@ def next_seeds(spec, best: TrialRecord, trials: Sequence[TrialRecord], count: in
 
 
 def queue_round(spec, storage: Storage, experiment_id: int) -> list[TrialRecord]:
-    """Create the confirmation runs every arm should have by now (`hpo.confirmations.runs_to_queue`, asked with the
+    """Create the confirmation runs every arm should have by now (`hpo.evidence.confirmations.runs_to_queue`, asked
+    with the
     verdict at the current look under `confirm_seeds: auto`); returns the new rows. An arm without a completed
     tuning trial gets none (there is nothing to confirm; the verdict says so)."""
     trials = storage.list_trials(experiment_id)

@@ -63,10 +63,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import ArmPlan, arm_plans
+from hpo.engine.liveness import Heartbeat
+from hpo.engine.local import absolute_database_url, next_commands, print_summary
 from hpo.errors import HpoError
-from hpo.liveness import Heartbeat
-from hpo.local_engine import absolute_database_url, next_commands, print_summary
+from hpo.experiment.arms import ArmPlan, arm_plans
 from hpo.nni.config import (
     confirmation_experiment_config,
     confirmation_nni_id,
@@ -98,7 +98,7 @@ from hpo.nni.manager import (
 )
 from hpo.nni.patch import require_patched
 from hpo.objective import NOT_TOLD, tuner_feedback
-from hpo.resources import discover_gpus
+from hpo.runners.resources import discover_gpus
 from hpo.storage.base import NNI_WEBUI_KEY, ExperimentStatus
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params

@@ -5,7 +5,7 @@
 The database URL comes from `<run dir>/nni/database.url` (mode 0600, written by the engine) unless `--db` is
 given: NNI shows a trial's command line in its web UI and REST API, and `ps` shows it to everyone.
 It takes its parameters from NNI (`nni.get_next_parameter()`), records a QUEUED trial in our database with
-worker `nni:<NNI trial id>` (the number is assigned atomically), and runs it through `hpo.trial_entry.run_trial`
+worker `nni:<NNI trial id>` (the number is assigned atomically), and runs it through `hpo.trial.entry.run_trial`
 exactly like the local engine's trials, with one more reporter that sends each evaluated accuracy to NNI as an
 intermediate result (what the median-stop assessor reads). The final result NNI gets is the objective stored in
 our database, in the experiment's direction, when the tuner is to be told one (`hpo.objective.tuner_feedback`);
@@ -31,15 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import ArmPlan, arm_plans, trial_config
 from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict
+from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.nni.config import database_url_file, split_confirmation
 from hpo.nni.confirm import queued_confirmation
 from hpo.nni.engine import WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
-from hpo.trial_entry import WORKER_ENV, run_trial
+from hpo.trial.entry import WORKER_ENV, run_trial
 from hpo.trials import TrialSpec
 from search_spaces.nni import from_nni_params
 
@@ -141,6 +141,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from hpo.trial_exit import exit_recorded
+    from hpo.trial.exit import exit_recorded
 
     exit_recorded(main())

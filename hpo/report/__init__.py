@@ -6,7 +6,7 @@ from what the database holds.
     bands.py       best-so-far curves and their bootstrap band over trial order
     importance.py  hyperparameter importance: permutation importance on a random-forest surrogate
     scaling.py     several experiments: samples to target and the noise scale against global batch size, and per
-                   optimizer the fit of hpo.batch_scaling (B_crit, E_min, the largest batch within 1.5x E_min)
+                   optimizer the fit of hpo.evidence.batch_scaling (B_crit, E_min, the largest batch within 1.5x E_min)
     figures.py     matplotlib figures (Agg, object API: safe in the server's threads) as base64 PNG
     html.py        the pages
 

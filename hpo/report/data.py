@@ -33,7 +33,7 @@ of the steps gave no estimate at all (smoothed |G|^2 not positive), so the media
 biased low. A trial's value is therefore flagged as a lower bound, not a value, when it exceeds
 NOISE_CHECKED_RATIO x its big batch, or when at least NOISE_UNDEFINED_SHARE of its measured late steps gave no
 estimate (the lowest share seen in that regime). On simulated gradients with a known answer (the trainer's own
-estimator, tests/hpo/test_report_edges.py) the rule flags no run at 1x the big batch and 0 to 2 % at 2x, and 92
+estimator, tests/hpo/report/test_report_edges.py) the rule flags no run at 1x the big batch and 0 to 2 % at 2x, and 92
 to 100 % of the runs at 16x, where the median run reads 0.5x the truth; the runs it misses there read so low,
 with so few empty steps, that nothing in the record tells them apart.
 """
@@ -47,16 +47,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from hpo.arms import arm_label, arms, params_key
-from hpo.confirmations import round_line, stored_curves, verdict_of
+from hpo.engine.liveness import liveness
+from hpo.evidence.confirmations import round_line, stored_curves, verdict_of
+from hpo.evidence.verdict import ArmSummary, Verdict, arm_runs
 from hpo.experiment import spec_from_stored
-from hpo.liveness import liveness
+from hpo.experiment.arms import arm_label, arms, params_key
 from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import ArmSummary, Verdict, arm_runs
 from trainer.config import config_from_dict
 
 TO_TARGET_METRICS = ("samples_to_target", "time_to_target_s")
@@ -169,10 +169,10 @@ class ExperimentData:
     nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
     rungs: dict[str, ArmRungs] = field(default_factory=dict)  # arm -> its rungs; empty unless multi-fidelity
     confirmation_plan: str = ""  # budget.confirm_seeds in words (Budget.confirmation_plan)
-    confirmation_round: str = ""  # where the confirmation rounds stand (hpo.confirmations.round_line)
+    confirmation_round: str = ""  # where the confirmation rounds stand (hpo.evidence.confirmations.round_line)
     imported: dict[str, Any] | None = None  # an imported experiment's origin (hpo.mlperf.imported); None: ran here
     # arm label -> the samples to target of its best configuration's confirmation runs, as the verdict counts them
-    # (hpo.verdict.arm_runs; None for a miss): what `scaling.confirmation_runs` reads, from the same read
+    # (hpo.evidence.verdict.arm_runs; None for a miss): what `scaling.confirmation_runs` reads, from the same read
     confirmation_runs: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
 
     @property
@@ -407,7 +407,7 @@ def _arm_rungs(arm: str, trials: Sequence[TrialRecord], max_samples: int, metric
 
 
 def _samples(budget: float, max_samples: int) -> int:
-    """The samples of a trial at `budget`, as its trainer config gets them (hpo.arms.trial_config)."""
+    """The samples of a trial at `budget`, as its trainer config gets them (hpo.experiment.arms.trial_config)."""
     return max(1, round(max_samples * budget))
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from hpo.batch_scaling import WELL, BatchScaling
+from hpo.evidence.batch_scaling import WELL, BatchScaling
 from hpo.report.bands import Band, band_over_cost, band_over_trials
 from hpo.report.data import MAX_DRAWN, ArmData, Dimension, ExperimentData, TrialRow, drawn_positions
 from hpo.report.scaling import ScalingPoint, optimizers, scaling_fits
@@ -347,7 +347,7 @@ def _effect(ax, dim: Dimension, rows: Sequence[TrialRow], color: str, rng, direc
 
 def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling] | None = None) -> Figure:
     """Samples to target (mean, 95 % interval, hits/runs) and the measured noise scale against global batch size,
-    one line per optimizer; where an optimizer's runs could be fitted (hpo.batch_scaling; `fits` as
+    one line per optimizer; where an optimizer's runs could be fitted (hpo.evidence.batch_scaling; `fits` as
     scaling.scaling_fits gives them), the fitted E(B) = E_min (1 + B / B_crit) dashed over its points, with a
     diamond where it reaches 1.5 E_min (B = B_crit / 2)."""
     fig = Figure(figsize=(12, 4.4))

@@ -14,11 +14,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from html import escape
 
-from hpo.arms import BATCH_STUDY_NOTE, batch_study
-from hpo.batch_scaling import WELL, BatchScaling, Estimate
-from hpo.liveness import liveness
+from hpo.engine.liveness import liveness
+from hpo.engine.progress import experiment_progress, trials_done
+from hpo.evidence.batch_scaling import WELL, BatchScaling, Estimate
+from hpo.evidence.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary, Outcome
+from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.mlperf import imported_line
-from hpo.progress import experiment_progress, trials_done
 from hpo.report import figures
 from hpo.report.data import (
     BEST_DRAWN,
@@ -36,7 +37,6 @@ from hpo.report.data import (
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
-from hpo.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary, Outcome
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -600,7 +600,7 @@ def _trial_row(t: TrialRow) -> str:
 def comparison_report(storage: Storage, names: Sequence[str], *, link: Link | None = None,
                       index: str | None = None) -> str:  # fmt: skip
     """Several experiments: samples to target and the noise scale against global batch size per optimizer, and
-    per optimizer where the batch stops scaling (hpo.batch_scaling)."""
+    per optimizer where the batch stops scaling (hpo.evidence.batch_scaling)."""
     experiments = [load_experiment(storage, name) for name in names]
     return comparison_page(experiments, scaling_points(experiments, experiment_runs(experiments)), link=link,
                            index=index)  # fmt: skip

@@ -9,7 +9,8 @@ median, minimum and maximum over the arm's trials at that batch size of each tri
 measured noise scale is far below the batch size, a larger batch buys little, and samples to target grows with
 the batch instead of staying flat.
 
-Per optimizer, the fit of hpo.batch_scaling to all its points' runs (E(B) = E_min (1 + B / B_crit), McCandlish et
+Per optimizer, the fit of hpo.evidence.batch_scaling to all its points' runs (E(B) = E_min (1 + B / B_crit),
+McCandlish et
 al. 2018): a point carries its runs' samples to target as the verdict counts them (`confirmation_runs`: the best
 configuration's confirmation runs, interpolated between evaluations, None for a miss), and its evidence is the
 verdict's summary of those very runs, so the table's means and the fit read the same numbers. Points of one
@@ -28,10 +29,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hpo.batch_scaling import BatchScaling, fit_batch_scaling
+from hpo.evidence.batch_scaling import BatchScaling, fit_batch_scaling
+from hpo.evidence.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, decide, summarize
 from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
-from hpo.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, decide, summarize
 
 Runs = tuple[float | None, ...]  # samples to target per run, None for a miss
 
@@ -54,7 +55,8 @@ class ScalingPoint:
 
 def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
     """Arm label -> the samples to target of its best configuration's confirmation runs, as the verdict reads them
-    (hpo.verdict.arm_runs on the stored trials and their evaluation curves; `ExperimentData.confirmation_runs`)."""
+    (hpo.evidence.verdict.arm_runs on the stored trials and their evaluation curves;
+    `ExperimentData.confirmation_runs`)."""
     return load_experiment(storage, name, with_noise=False).confirmation_runs
 
 
@@ -106,7 +108,8 @@ def experiment_fits(storage: Storage, name: str) -> dict[str, BatchScaling]:
 
 
 def scaling_fits(points: Sequence[ScalingPoint]) -> dict[str, BatchScaling]:
-    """Optimizer -> hpo.batch_scaling's fit to the runs of all its points, each run at its point's batch size."""
+    """Optimizer -> hpo.evidence.batch_scaling's fit to the runs of all its points, each run at its point's batch
+    size."""
     return {name: fit_batch_scaling([(p.global_batch_size, s) for p in points if p.optimizer == name for s in p.runs])
             for name in optimizers(points)}  # fmt: skip
 
@@ -117,7 +120,8 @@ def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
 
 def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
     """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
-    reference), by the verdict's rule (`hpo.verdict.decide`) on their runs, the error shared over the batch sizes
+    reference), by the verdict's rule (`hpo.evidence.verdict.decide`) on their runs, the error shared over the batch
+    sizes
     compared (Bonferroni: each at 1 / their number of the level), so together they name a wrong winner in at most
     5 %. Ascending by batch size."""
     by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}

@@ -7,11 +7,11 @@ curve. The numbers are the page's (`scaling.scaling_points`, `scaling_fits`, `ba
 
 from __future__ import annotations
 
-from hpo.batch_scaling import WELL, BatchScaling
+from hpo.evidence.batch_scaling import WELL, BatchScaling
+from hpo.evidence.verdict import DEFAULT_MARGIN
 from hpo.report.data import ExperimentData
 from hpo.report.html import fmt_estimate, fmt_interval, fmt_noise, fmt_samples, fmt_steps, well_measured
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
-from hpo.verdict import DEFAULT_MARGIN
 
 
 def point_line(p: ScalingPoint) -> str:
@@ -36,7 +36,7 @@ def fit_line(series: str, fit: BatchScaling) -> str:
         return f"fit of {series}: none ({fit.reason})"
     note = f"; {fit.note}" if fit.note else ""
     missed = f", {fit.misses} missed (left out)" if fit.misses else ""
-    return (f"fit of {series} (hpo.batch_scaling, {fit.runs - fit.misses} runs at {len(fit.points)} batch "
+    return (f"fit of {series} (hpo.evidence.batch_scaling, {fit.runs - fit.misses} runs at {len(fit.points)} batch "
             f"sizes{missed}): E_min {fmt_estimate(fit.e_min)}, B_crit "
             f"{fmt_estimate(fit.b_crit)}, S_min {fmt_estimate(fit.s_min)} steps; within {WELL:g}x E_min up to "
             f"B_crit / 2 = {fmt_estimate(fit.well)} (95 % intervals); measured, the largest batch within {WELL:g}x "

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hpo.errors import HpoError
-from hpo.launch import build_launch
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
+from hpo.trial.launch import build_launch
 
 __all__ = ["Runner", "TrialExit", "TrialLaunch", "build_runner", "classify_exit"]
 

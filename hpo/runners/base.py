@@ -2,7 +2,7 @@
 gets `TrialExit`s back; the trial itself records its metrics and result in the database.
 
 Implementations: `local` (GPU/CPU slots on this machine) and `dask` (a Dask distributed cluster). Both launch
-the same command, built by the pure `hpo.launch.build_launch`. How an attempt ended when it left no final
+the same command, built by the pure `hpo.trial.launch.build_launch`. How an attempt ended when it left no final
 record is decided by `classify_exit`, a pure function: failures are data, never exceptions.
 """
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpo.errors import ResourceError
-from hpo.launch import LaunchSpec, build_launch, free_port
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, end_trial, wait_any
-from hpo.trial_entry import EXIT_NOT_CLAIMED, WORKER_ENV
+from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
+from hpo.trial.launch import LaunchSpec, build_launch, free_port
 
 CONNECT_TIMEOUT_S = 10
 WORKER_CHECK_S = 0.25

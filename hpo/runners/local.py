@@ -1,6 +1,6 @@
 """The local runner: GPU allocations (or CPU slots) of this machine, one process (group) per attempt.
 
-GPUs are discovered through NVML and carved into slots of `gpus_per_trial` (hpo/resources.py); each attempt
+GPUs are discovered through NVML and carved into slots of `gpus_per_trial` (hpo/runners/resources.py); each attempt
 gets a slot's GPUs through CUDA_VISIBLE_DEVICES and, with several ranks, its own rendezvous port. Without
 GPUs, CPU slots run side by side with the machine's cores shared between their ranks.
 """
@@ -12,12 +12,12 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpo.launch import LaunchSpec, build_launch, free_port
-from hpo.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, end_trial, wait_any
-from hpo.trial_entry import WORKER_ENV
+from hpo.runners.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
+from hpo.trial.entry import WORKER_ENV
+from hpo.trial.launch import LaunchSpec, build_launch, free_port
 
 LaunchBuilder = Callable[[LaunchSpec, dict[str, str]], tuple[list[str], dict[str, str]]]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
-from hpo.trial_exit import EXIT_PIPE_ENV
+from hpo.trial.exit import EXIT_PIPE_ENV
 
 # Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
 # which runs as `__main__`).

@@ -1,5 +1,5 @@
 """A trial attempt as a local process: started, polled, ended with every process it started, its stderr tail read.
-The thin process-handling part of the runners; the command comes from the pure `hpo.launch.build_launch`.
+The thin process-handling part of the runners; the command comes from the pure `hpo.trial.launch.build_launch`.
 
 Ending all of a trial: torchrun starts each rank in a session of its own (`start_new_session=True`), so a signal
 to torchrun's process group does not reach the ranks, and a rank whose torchrun is killed is reparented to init
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from hpo.trial_exit import EXIT_PIPE_ENV
+from hpo.trial.exit import EXIT_PIPE_ENV
 
 PR_SET_PDEATHSIG = 1
 TRIAL_TAG_ENV = "HPO_TRIAL_TAG"  # in the environment of every process of an attempt (see the module docstring)
@@ -85,7 +85,7 @@ class TrialProcess:
         if tag is not None:
             env = {**env, TRIAL_TAG_ENV: tag}
         stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
-        # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial_exit).
+        # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial.exit).
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         try:

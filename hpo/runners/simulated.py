@@ -1,7 +1,7 @@
 """The simulated runner: a cluster of `budget.max_parallel` slots whose trials read their curves from a table.
 
 No process runs. A submitted attempt is claimed (host `simulated`, worker `sim-slot-K`), its trainer config is
-built exactly as the trial entry builds it (`hpo.trial_entry.trial_trainer_config`), and the surrogate
+built exactly as the trial entry builds it (`hpo.trial.entry.trial_trainer_config`), and the surrogate
 (`hpo.simulation.surrogate`) gives the curve of that configuration and training seed. The attempt's evaluations
 are those the trainer would make (every `eval.every_samples`, stopping at the target unless
 `eval.stop_at_target` is off, or where the run diverges); its records (each evaluation's accuracy, the loss and
@@ -32,15 +32,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from hpo.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
 from hpo.errors import HpoError
+from hpo.experiment.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
 from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.simulation.clock import SimulatedClock
 from hpo.simulation.surrogate import Config, Curve, Surrogate
 from hpo.simulation.table import DIMENSIONS, load_table, point_label
 from hpo.storage.base import MetricPoint, Storage
-from hpo.trial_entry import trial_trainer_config
+from hpo.trial.entry import trial_trainer_config
 from hpo.trials import TrialResult, TrialState
 from search_spaces.space import CategoricalParam, trainer_key
 from trainer.config import config_from_dict
@@ -171,7 +171,7 @@ class SimulatedRunner(Runner):
 
     def full_run(self, params: dict[str, Any], seed: int) -> tuple[TrialResult, tuple[tuple[int, float], ...], Any]:
         """(the stored result, the evaluations, the trainer config) of a trial of `params` at full budget trained
-        with `seed`, as an attempt of it would record them (the truth of a plan, `hpo.plan_truth`). Raises HpoError
+        with `seed`, as an attempt of it would record them (the truth of a plan, `hpo.plan.truth`). Raises HpoError
         where the table cannot serve it."""
         cfg = trial_config(self.spec, params).model_copy(update={"seed": seed})
         curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,

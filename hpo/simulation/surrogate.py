@@ -13,7 +13,7 @@ A configuration is the table's dimensions (`hpo.simulation.table.DIMENSIONS`) pl
   curve (with 3 recorded seeds, seeds s and s + 3 give the same one);
 - along samples, the accuracy between two evaluations is interpolated linearly, so an experiment may evaluate
   at any multiple of the table's interval, up to the table's budget. A table with a budget per global batch size
-  (bench/curves/large_batch.jsonl) has an interval and a budget per batch size: a curve at batch B ends at
+  (hpo/simulation/tables/large_batch.jsonl) has an interval and a budget per batch size: a curve at batch B ends at
   `table.max_samples_for(B)`, its evaluations `table.eval_every_for(B)` apart.
 
 The truth of a configuration (`truths`) is its objective averaged over all recorded seeds; the truth of an arm is

@@ -1,4 +1,5 @@
-"""The learning-curve table: recorded runs of our trainer over a grid (bench/curves/curves.jsonl), read and checked.
+"""The learning-curve table: recorded runs of our trainer over a grid (hpo/simulation/tables/curves.jsonl), read and
+checked.
 
 The file is JSON lines: a first `{"kind": "meta", ...}` line (the grid, the fixed trainer settings, the data's
 fingerprint), then one `{"kind": "run", ...}` line per run: its grid point (`optimizer`, `lr`, `warmup_steps`,
@@ -37,6 +38,9 @@ DIMENSIONS = {
 # A table with a budget per batch size needs them set per batch size (per arm), so an experiment may set them
 # in its space as well as in its overrides.
 RUN_LENGTH = ("budget.max_samples", "eval.every_samples")
+# The tables that ship with hpo (package data; bench/curves/generate.py writes them and bench/curves/README.md
+# documents their grids): an experiment file names one by its name (`table: curves`) instead of a path.
+TABLES = Path(__file__).with_name("tables")
 _BUDGET_KEYS = {"budget.max_samples": "max_samples", "eval.every_samples": "every"}  # fixed key -> per-batch key
 Series = tuple[tuple[int, float], ...]
 
@@ -347,3 +351,9 @@ def _distinct(values: list[float]) -> list[float]:
 def _listed(values: list, word: str) -> str:
     """`seed 1` or `seeds 1, 2`."""
     return f"{word}{'s' if len(values) != 1 else ''} {', '.join(map(str, values))}"
+
+
+def shipped_table(name: str) -> Path | None:
+    """The shipped table called `name` (`curves`, `large_batch`, `seeds`), or None when `name` names none."""
+    path = TABLES / f"{name}.jsonl"
+    return path if name.isidentifier() and path.is_file() else None

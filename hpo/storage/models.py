@@ -56,7 +56,7 @@ class ExperimentModel(Base):
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    # Liveness: the controller driving the experiment, and when it last said so (see hpo/liveness.py).
+    # Liveness: the controller driving the experiment, and when it last said so (see hpo/engine/liveness.py).
     controller_host: Mapped[str | None] = mapped_column(String(255))
     controller_pid: Mapped[int | None] = mapped_column(Integer)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

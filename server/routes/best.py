@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from hpo.export import check_arm
+from hpo.export.production import check_arm
 from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialState
 from search_spaces.space import trainer_key
@@ -81,7 +81,7 @@ def _best_with(
     storage: Storage, specs: SpecCache, record: ExperimentRecord, global_batch_size: int, optimizer: str
 ) -> TrialRecord | None:
     """The experiment's best trial that trains with `optimizer` at `global_batch_size`, if any."""
-    from hpo.arms import arm_label, arms  # builds the trainer config models: on first use, not at start-up
+    from hpo.experiment.arms import arm_label, arms  # builds the trainer config models: on first use, not at start-up
 
     spec = specs.spec(record)
     tuned = [name for name in spec.space if trainer_key(name) == "optimizer.name"]

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from hpo.export import arm_labels
+from hpo.export.production import arm_labels
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord, ExperimentStatus, TrialRecord
 from server.deps import ExperimentDep, SpecsDep, StorageDep, TokenDep
@@ -85,7 +85,7 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
 def experiment_verdict(
     record: ExperimentRecord, storage: Storage, specs: SpecCache, best_per_arm: dict, counts: dict
 ) -> VerdictPublic | None:
-    """The verdict of a compare experiment as `hpo run` prints it (hpo.verdict over the stored trials); None
+    """The verdict of a compare experiment as `hpo run` prints it (hpo.evidence.verdict over the stored trials); None
     without compare arms. Kept while no controller drives the experiment and its trial counts stay the same."""
     spec = specs.spec(record)
     if not spec.compare:
@@ -97,7 +97,7 @@ def experiment_verdict(
         if known is not None:
             return known
     # the trainer config models and scipy: loaded on first use, not at start-up
-    from hpo.confirmations import round_line, stored_curves, verdict_of
+    from hpo.evidence.confirmations import round_line, stored_curves, verdict_of
 
     trials = storage.list_trials(record.id)
     verdict = verdict_of(spec, best_per_arm, trials, stored_curves(storage, trials))

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from hpo.export import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, render
+from hpo.export.production import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, render
 from server.deps import ExperimentRefDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.best import Arm, BatchSize, no_best_message

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.arms import trial_config
+from hpo.experiment.arms import trial_config
 from hpo.objective import NOT_TOLD, objective_value, trial_result, tuner_cost, tuner_feedback
 from hpo.trials import TrialState
-from tests.hpo.test_experiment import objective_spec
+from tests.hpo.experiment.test_experiment import objective_spec
 from trainer.config import TrainerConfig
 from trainer.result import TrainResult, TrainStatus
 

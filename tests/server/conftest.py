@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from hpo.launch import free_port
+from hpo.trial.launch import free_port
+from tests.hpo.engine.test_study import tiny_overrides as hpo_tiny_overrides
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
-from tests.hpo.test_study import tiny_overrides as hpo_tiny_overrides
 
 TOKEN = "s3cret-test-token"
 EXPERIMENT = "api-demo"

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import yaml
 
-from hpo.arms import trial_config
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.export import MLPERF_LOG
+from hpo.experiment.arms import trial_config
+from hpo.export.production import MLPERF_LOG
 from hpo.storage import SqlStorage
 from hpo.storage.base import NNI_WEBUI_KEY
 from hpo.trials import TrialState

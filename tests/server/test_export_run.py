@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.arms import trial_config
-from hpo.cli import main
+from hpo.cli.main import main
 from hpo.experiment import experiment_from_dict
-from hpo.export import MLPERF_LOG
+from hpo.experiment.arms import trial_config
+from hpo.export.production import MLPERF_LOG
 from hpo.storage import SqlStorage
 from tests.server.conftest import EXPERIMENT, hpo
 

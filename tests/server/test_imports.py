@@ -12,7 +12,7 @@ HEAVY = ("torch", "smac", "nni", "ConfigSpace")
 
 def test_importing_server_does_not_import_torch_smac_nni_or_configspace():
     code = (
-        "import sys, server; from hpo import export; "
+        "import sys, server; from hpo.export import production; "
         "server.create_app(server.Settings(database_url='sqlite:////nonexistent/hpo.db')); "
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )

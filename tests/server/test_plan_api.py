@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
 

@@ -1,5 +1,5 @@
 """The report pages from the running API (`hpo serve` in a subprocess) over the tiny experiment of
-tests/hpo/test_report.py, and the same page in headless Chromium: it renders, every image loads, and no request
+tests/hpo/report/test_report.py, and the same page in headless Chromium: it renders, every image loads, and no request
 leaves the machine (requests to other hosts are recorded and failed unsent by scripts/report_screenshot.py).
 The experiment's JSON carries the same verdict, and the API docs page renders offline.
 """
@@ -24,8 +24,8 @@ import scipy.stats
 import yaml
 
 from hpo.storage import SqlStorage
-from tests.hpo.evidence import arm_evidence
-from tests.hpo.test_report import EXPERIMENT, TARGET, Page, hpo, make_report_experiment
+from tests.hpo.evidence.independent import arm_evidence
+from tests.hpo.report.test_report import EXPERIMENT, TARGET, Page, hpo, make_report_experiment
 from tests.server.conftest import Server, start_server, stop_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -96,7 +96,7 @@ def test_the_chromium_check_catches_a_broken_image_and_an_outside_request(tmp_pa
 
 def stored_evidence(url: str, trials, label: str) -> tuple[int, list[float]]:
     """(runs, samples to target of the hits) of one arm, computed here from the stored trials and curves
-    (tests/hpo/evidence.py): the confirmation runs of its best tuning trial."""
+    (tests/hpo/evidence/independent.py): the confirmation runs of its best tuning trial."""
     with SqlStorage(url) as storage:
         _, runs, hits = arm_evidence(storage, trials, label, TARGET)
     return len(runs), hits

@@ -42,7 +42,7 @@ def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
     """By default with accumulation only: the trainer under torchrun with bucket-wise clipping and local presorting.
     Without accumulation (slow) the bucket hook also measures the noise scale's norms; that, on 2 gloo ranks under
     every strategy, is tests/trainer/test_noise_scale.py::test_ranks_recover_the_closed_form_noise_scale
-    [*-2ranks-ranks], and the trainer without accumulation under torchrun runs in tests/hpo/test_stop.py."""
+    [*-2ranks-ranks], and the trainer without accumulation under torchrun runs in tests/hpo/engine/test_stop.py."""
     overrides = make_train_overrides(
         tmp_path,
         **{

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpo.experiment import experiment_from_dict
-from tests.hpo.test_study import tiny_overrides
+from tests.hpo.engine.test_study import tiny_overrides
 
 # clipping.max_norm exists only when clipping is on: a conditional space.
 CONDITIONAL_SPACE = {

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hpo.arms import arm_plans
 from hpo.errors import ExperimentFileError
 from hpo.experiment import experiment_from_dict
+from hpo.experiment.arms import arm_plans
 from hpo.nni.config import (
     CONFIRMATION_SEED,
     confirmation_experiment_config,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.arms import arm_plans, trial_config
-from hpo.confirmations import stored_verdict
+from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.verdict import Outcome
 from hpo.experiment import experiment_from_dict
+from hpo.experiment.arms import arm_plans, trial_config
 from hpo.nni.confirm import next_seeds, queue_round, queued_confirmation, waiting
 from hpo.nni.engine import INTERRUPTED, REPLACED, _charged, _settle_interrupted, interrupted, run_confirmations
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
-from hpo.verdict import Outcome
 from tests.hpo.nni.conftest import make_nni_spec
 
 SPACE = {

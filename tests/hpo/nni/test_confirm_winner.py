@@ -1,4 +1,5 @@
-"""Confirmation runs under a real NNI manager that end in a winner: the seeds table's pair (bench/curves/seeds.jsonl:
+"""Confirmation runs under a real NNI manager that end in a winner: the seeds table's pair
+(hpo/simulation/tables/seeds.jsonl:
 AdamW lr 1e-3 and LAMB lr 1e-2 at batch 32, warmup 0, on the demo corpus) as an `engine: nni` experiment, one
 tuning trial per arm at training seed 0, then `confirm_seeds: auto` (rounds of 3, at most 6). The table recorded
 these runs: seeds 1-3 of each (the confirmation seeds) already decide, LAMB about 20 % faster (verdict at the first
@@ -16,12 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpo.evidence.verdict import ArmRuns, Outcome, decide, samples_between_evaluations
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind
-from hpo.verdict import ArmRuns, Outcome, decide, samples_between_evaluations
 
 ROOT = Path(__file__).resolve().parents[3]
-SEEDS_TABLE = ROOT / "bench" / "curves" / "seeds.jsonl"
+SEEDS_TABLE = ROOT / "hpo" / "simulation" / "tables" / "seeds.jsonl"
 ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
 BEST = {"adamw": 1e-3, "lamb": 1e-2}
 

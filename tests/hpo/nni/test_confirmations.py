@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.arms import trial_config
-from hpo.confirmations import stored_verdict
+from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.verdict import Outcome
 from hpo.experiment import experiment_from_dict, spec_from_stored
+from hpo.experiment.arms import trial_config
 from hpo.nni.config import CONFIRMATION_SEED
 from hpo.nni.engine import run_nni
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import Outcome
 from tests.hpo.nni.conftest import nni_experiment_data
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]

@@ -130,7 +130,7 @@ def test_missing_node_then_a_manager_exit_are_named_then_a_port_taken_on_ipv6_is
 
 
 def test_resume_takes_port_like_run(tmp_path):
-    from hpo.cli import build_parser
+    from hpo.cli.main import build_parser
 
     args = build_parser().parse_args(["resume", "nniexp", "--port", "18123"])
     assert args.port == 18123

@@ -1,11 +1,11 @@
-"""A small learning-curve table in the format of bench/curves/curves.jsonl, with known curves.
+"""A small learning-curve table in the format of hpo/simulation/tables/curves.jsonl, with known curves.
 
 The accuracy of a run rises linearly from 0.05 towards a plateau that depends on log10(lr): best at the
 optimizer's sweet spot (adamw 1e-3, lamb 1e-2), lower away from it; each seed adds its own offset; warmup 40 is a
 little slower; lr 1e-1 diverges at 3,072 samples. Every number is a formula, so tests can compute what the
 surrogate must return independently.
 
-`write_large_batch_table` writes the format of bench/curves/large_batch.jsonl (a budget, interval, warmup and
+`write_large_batch_table` writes the format of hpo/simulation/tables/large_batch.jsonl (a budget, interval, warmup and
 learning rates per global batch size) with curves from formulas of the same kind, whole or in part.
 """
 
@@ -58,7 +58,8 @@ def write_table(path: Path, seeds=SEEDS, lrs=LRS) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ large batch
-# A table in the format of bench/curves/large_batch.jsonl: a plan per global batch size (budget, evaluation interval,
+# A table in the format of hpo/simulation/tables/large_batch.jsonl: a plan per global batch size (budget, evaluation
+# interval,
 # warmup, learning rates: those of the real table's meta line, which the batch_scaling_simulated preset mirrors), no
 # budget in `fixed`. The accuracy rises linearly to a plateau at `large_speed(batch)` samples (later at a larger
 # batch), the plateau as above.

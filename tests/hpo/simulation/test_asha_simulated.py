@@ -11,8 +11,8 @@ from datetime import datetime
 import pytest
 import yaml
 
-from hpo import local_engine
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
+from hpo.engine import local as local_engine
 from hpo.simulation.cost import experiment_cost
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState

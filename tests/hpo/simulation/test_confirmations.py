@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo import local_engine
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
+from hpo.engine import local as local_engine
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.simulation.conftest import MAX_SAMPLES

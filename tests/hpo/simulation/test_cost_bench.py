@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bench import cost_at_scale as bench
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
 from hpo.experiment import experiment_from_dict
 from hpo.simulation.cost import experiment_cost
 from hpo.storage import SqlStorage

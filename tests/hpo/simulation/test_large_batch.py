@@ -3,7 +3,8 @@ simulated cluster: read exactly at grid points at every batch size, partial tabl
 the batch_scaling_simulated preset (optimizer x global batch size) validated and run through `hpo run`.
 
 Everything runs on the hand-written table of conftest (`write_large_batch_table`, the real table's plan with
-formula curves). Only the last test reads bench/curves/large_batch.jsonl, which is still being generated: it checks
+formula curves). Only the last test reads hpo/simulation/tables/large_batch.jsonl, which is still being generated: it
+checks
 that the preset follows the table's plan, runs the preset there when the table has every run the preset needs, and
 is skipped, naming what is missing, before.
 """
@@ -17,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.arms import arm_dimensions, arm_plans, trial_config
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
+from hpo.engine.local import print_summary
 from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict, load_experiment, spec_from_stored
-from hpo.local_engine import print_summary
+from hpo.experiment.arms import arm_dimensions, arm_plans, trial_config
 from hpo.runners.simulated import SimulatedRunner, table_gaps
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import CurveTable, load_table
@@ -38,7 +39,7 @@ from tests.hpo.simulation.conftest import (
 )
 
 PRESET = preset_path("batch_scaling_simulated")
-REAL_TABLE = Path(__file__).resolve().parents[3] / "bench/curves/large_batch.jsonl"
+REAL_TABLE = Path(__file__).resolve().parents[3] / "hpo/simulation/tables/large_batch.jsonl"
 TARGET = 0.12
 
 
@@ -258,7 +259,7 @@ def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path, capsys):
 
 
 def test_the_preset_runs_end_to_end_on_the_real_table(tmp_path):
-    """The preset as shipped (SMAC: about 10 s on 2 cores) on bench/curves/large_batch.jsonl (a snapshot of its
+    """The preset as shipped (SMAC: about 10 s on 2 cores) on hpo/simulation/tables/large_batch.jsonl (a snapshot of its
     finished lines). The preset must follow the table's plan (its meta line) at once; the table is generated in the
     background, seed by seed, and until it holds every run the preset reads this test is skipped, naming them."""
     if not REAL_TABLE.exists():
@@ -298,11 +299,11 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
     import re
     from html import escape
 
-    from hpo.arms import arm_label
-    from hpo.batch_scaling import fit_batch_scaling
+    from hpo.evidence.batch_scaling import fit_batch_scaling
+    from hpo.evidence.verdict import ArmRuns, decide
+    from hpo.experiment.arms import arm_label
     from hpo.report.html import experiment_report, fmt_estimate, fmt_fit
     from hpo.report.scaling import confirmation_runs
-    from hpo.verdict import ArmRuns, decide
 
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
     url, _ = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})

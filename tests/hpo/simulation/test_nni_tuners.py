@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
 from hpo.errors import ExperimentFileError
 from hpo.experiment import load_experiment
 from hpo.storage import SqlStorage

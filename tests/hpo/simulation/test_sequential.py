@@ -16,12 +16,12 @@ import numpy as np
 import yaml
 from scipy import stats
 
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
+from hpo.evidence.verdict import look_level
 from hpo.experiment.schema import Budget
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind
-from hpo.verdict import look_level
-from tests.hpo.evidence import interpolated
+from tests.hpo.evidence.independent import interpolated
 from tests.hpo.simulation.test_simulated_runner import TARGET, experiment_file
 
 ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
@@ -110,7 +110,7 @@ def test_the_progress_line_shows_the_round_and_the_verdict_so_far():
     """The study's note (the heartbeat) carries where sequential confirmations stand; the progress line shows it."""
     import io
 
-    from hpo.progress import ProgressView
+    from hpo.engine.progress import ProgressView
     from hpo.trials import TrialState
 
     view = ProgressView(None, 0, total=10, stream=io.StringIO())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.cli import main as hpo_main
+from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.simulation.conftest import EVERY, MAX_SAMPLES, accuracy, write_table
@@ -51,7 +51,7 @@ def experiment_file(directory: Path, name: str, tuner: str = "random", trials: i
 def hpo_run_stopped_after(url: str, path: Path, run_dir: Path, stop_after: int | None) -> int:
     """`hpo run` in this process; with `stop_after`, the study stops (as SIGTERM asks it) once that many trials
     have finished. Returns its exit code."""
-    from hpo import local_engine
+    from hpo.engine import local as local_engine
 
     original = local_engine.Study.run
 

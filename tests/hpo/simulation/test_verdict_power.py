@@ -12,13 +12,13 @@ import pytest
 from scipy import stats
 
 from bench import verdict_power as power
+from hpo.evidence.verdict import ArmRuns, Outcome, decide, look_level
 from hpo.simulation.surrogate import Config, Surrogate
 from hpo.simulation.table import load_table
-from hpo.verdict import ArmRuns, Outcome, decide, look_level
 from trainer.config import config_from_dict
 
 DRAWS = 4000
-LEVEL = 0.04  # the verdict's tests (hpo.verdict: 4 % for a promise of at most 5 % wrong winners)
+LEVEL = 0.04  # the verdict's tests (hpo.evidence.verdict: 4 % for a promise of at most 5 % wrong winners)
 # alpha spending over 2 looks, by hand: spent(t) = 0.04 ln(1 + (e - 1) t); spent(1/2) = 0.04 ln(1.859141) = 0.0248046
 LOOK_1_OF_2, LOOK_2_OF_2 = 0.0248046, 0.0151954
 

@@ -1,0 +1,57 @@
+"""`hpo export`: the best trial as a complete trainer config, its JSON, or the `torchrun` line. It only reads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hpo.cli.common import open_storage, positive
+from hpo.errors import HpoError
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hpo.export.production import check_arm, render, stored_spec
+
+    storage = open_storage(args.db, read_only=True)
+    record = storage.get_experiment_by_name(args.name)
+    spec = stored_spec(record)
+    check_arm(spec, args.arm)
+    trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
+    if trial is None:
+        raise HpoError(f"experiment {args.name} has no completed trial to export; `hpo trials {args.name}` says why")
+    exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                      config_path=args.config_path or _config_file(args), spec=spec)  # fmt: skip
+    for warning in exported.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not args.output:
+        print(exported.text, end="")
+        return 0
+    Path(args.output).write_text(exported.text)
+    print(f"wrote {args.format} of trial {trial.number} to {args.output}", file=sys.stderr)
+    if args.format == "yaml":
+        command = exported.text.split("# run: ", 1)[1].splitlines()[0]
+        print(f"run it with: {command}", file=sys.stderr)
+    return 0
+
+
+def _config_file(args: argparse.Namespace) -> str:
+    """The config file a torchrun command names: the YAML being written, else best.yaml."""
+    return args.output if args.format == "yaml" and args.output else "best.yaml"
+
+
+def add_export(sub) -> None:
+    """`hpo export`."""
+    export = sub.add_parser("export", help="the best trial as a complete trainer config or a torchrun command")
+    export.add_argument("name", help="the experiment's name")
+    export.add_argument("--format", choices=["yaml", "json", "torchrun"], default="yaml",
+                        help="yaml: a trainer config (python -m trainer --config FILE runs it); json: provenance + "
+                             "config; torchrun: the command line (default yaml)")  # fmt: skip
+    export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: overall)")
+    export.add_argument("--batch-size", type=int, help="the best trial with this global batch size")
+    export.add_argument("--nodes", type=positive, default=1, help="nodes of the production run (default 1)")
+    export.add_argument("--gpus-per-node", type=positive, default=1, help="GPUs (ranks) per node (default 1)")
+    export.add_argument("-o", "--output", help="write to this file instead of standard output")
+    export.add_argument("--config-path", help="the config file the torchrun command names (default: -o, else "
+                                              "best.yaml)")  # fmt: skip
+    export.set_defaults(fn=cmd_export)

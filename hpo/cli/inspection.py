@@ -1,0 +1,183 @@
+"""`hpo status`, `hpo trials` and `hpo best`: what the database says about experiments. They only read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from hpo.cli.common import non_negative, open_storage, parse_state, positive
+from hpo.errors import HpoError
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hpo.engine.liveness import liveness
+    from hpo.engine.progress import experiment_progress
+    from hpo.mlperf import imported, imported_line
+
+    storage = open_storage(args.db, read_only=True)
+    if not args.name:
+        experiments = storage.list_experiments()
+        if not experiments:
+            print("no experiments yet; start one with `hpo run EXPERIMENT.yaml`")
+        for e in experiments:
+            print(f"{e.name:<32} {liveness(e):<11} {experiment_progress(storage, e)}{_last_seen(e)}")
+        return 0
+    record = storage.get_experiment_by_name(args.name)
+    state = liveness(record)
+    print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
+    if imported(record):
+        print(imported_line(imported(record)))
+    counts = storage.count_trials_by_state(record.id)
+    print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
+    print(experiment_progress(storage, record))
+    for line in _verdict_status(storage, record):
+        print(line)
+    simulated = _simulated_line(record, storage)
+    if simulated:
+        print(simulated)
+    if state == "live" and record.controller_note:
+        print(f"controller on {record.controller_host} (pid {record.controller_pid}): {record.controller_note}")
+    if state == "interrupted":
+        print(f"the controller stopped heartbeating; `hpo resume {record.name}` takes the experiment over")
+    for trial in storage.list_trials(record.id, state=parse_state("running")):
+        where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
+        print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")
+    return 0
+
+
+def _verdict_status(storage, record) -> list[str]:
+    """Where a compare experiment's confirmations stand and what the verdict would be now."""
+    from hpo.engine.local import experiment_verdict
+    from hpo.evidence.confirmations import round_line
+    from hpo.experiment import spec_from_stored
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        return []
+    if not spec.compare:
+        return []
+    verdict = experiment_verdict(storage, record.id, spec)
+    look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
+    return [round_line(spec, storage.list_trials(record.id)), f"verdict now{look}: {verdict.line}"]
+
+
+def _simulated_line(record, storage) -> str | None:
+    """What a simulated experiment cost (simulated GPU-hours and wall-clock); None for a real one."""
+    from hpo.experiment import spec_from_stored
+    from hpo.simulation.cost import simulated_line
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        return None
+    return simulated_line(spec, storage.list_trials(record.id))
+
+
+def _last_seen(record) -> str:
+    from hpo.engine.liveness import liveness
+
+    if liveness(record) != "interrupted" or record.heartbeat_at is None:
+        return ""
+    return f" (controller {record.controller_host} pid {record.controller_pid} last seen " \
+           f"{record.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"  # fmt: skip
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    from hpo.trials import TrialKind
+
+    if args.after is not None and args.offset:
+        raise HpoError("--after and --offset do not combine: --after N starts after trial number N")
+    storage = open_storage(args.db, read_only=True)
+    record = storage.get_experiment_by_name(args.name)
+    more = None if args.limit is None else args.limit + 1  # one trial more: whether another page follows
+    trials = storage.list_trials(record.id, state=parse_state(args.state) if args.state else None, arm=args.arm,
+                                 offset=args.offset, limit=more, after=args.after)  # fmt: skip
+    next_page = trials[args.limit - 1].number if args.limit is not None and len(trials) > args.limit else None
+    trials = trials[: args.limit]
+    print(f"{'#':>4} {'state':<10} {'arm':<24} {'budget':>6} {'objective':>12} {'acc':>7}  reason / params")
+    for t in trials:
+        objective = f"{t.objective:,.4g}" if t.objective is not None else "-"
+        acc = f"{t.best_mlm_accuracy:.4f}" if t.best_mlm_accuracy is not None else "-"
+        detail = t.reason or json.dumps(t.params, default=str)
+        if t.kind is not TrialKind.TUNING:  # a re-run of its arm's best configuration with another seed
+            detail = f"{t.kind.value} (seed {t.seed}): {detail}"
+        print(
+            f"{t.number:>4} {t.state.value:<10} {t.arm or '-':<24} {t.budget:>6.2f} {objective:>12} {acc:>7}  {detail}"
+        )
+    if next_page is not None:
+        print(f"more trials follow: --after {next_page} --limit {args.limit} shows the next page", file=sys.stderr)
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    storage = open_storage(args.db, read_only=True)
+    record = storage.get_experiment_by_name(args.name)
+    if args.per_arm:
+        best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
+    else:
+        trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
+        best = {args.arm or "overall": trial} if trial else {}
+    if not best:
+        print("no completed trial matches", file=sys.stderr)
+        return 1
+    out: dict[str, Any] = {
+        arm: {"trial": t.number, "objective": t.objective, "samples_to_target": t.samples_to_target,
+              "best_mlm_accuracy": t.best_mlm_accuracy, "params": t.params}
+        for arm, t in best.items()
+    }  # fmt: skip
+    verdict = _per_arm_verdict(storage, record) if args.per_arm else None
+    for arm in verdict.arms if verdict else ():
+        if arm.label in out:
+            interval = [arm.low, arm.high] if arm.low is not None else None
+            out[arm.label]["evidence"] = {"runs": arm.runs, "reached_target": arm.hits,
+                                          "samples_to_target_mean": arm.mean, "interval_95": interval}  # fmt: skip
+    if verdict:
+        out["verdict"] = verdict.as_dict()
+    print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
+    if verdict:
+        print(f"# verdict: {verdict.line}")
+    return 0
+
+
+def _per_arm_verdict(storage, record):
+    """The verdict of a compare experiment (None without compare arms)."""
+    from hpo.engine.local import experiment_verdict
+    from hpo.experiment import spec_from_stored
+
+    spec = spec_from_stored(record)
+    return experiment_verdict(storage, record.id, spec) if spec.compare else None
+
+
+def add_status(sub) -> None:
+    """`hpo status`."""
+    status = sub.add_parser("status", help="experiments (live/interrupted/finished), or one experiment's progress")
+    status.add_argument("name", nargs="?", help="the experiment's name (default: list all)")
+    status.set_defaults(fn=cmd_status)
+
+
+def add_trials(sub) -> None:
+    """`hpo trials`."""
+    trials = sub.add_parser("trials", help="list an experiment's trials")
+    trials.add_argument("name", help="the experiment's name")
+    trials.add_argument("--state", help="only trials in this state (queued, running, completed, failed, ...)")
+    trials.add_argument("--arm", help="only trials of this arm, e.g. optimizer.name=lamb")
+    trials.add_argument("--offset", type=non_negative, default=0, help="skip this many trials (paging)")
+    trials.add_argument("--after", type=non_negative, metavar="N",
+                        help="only trials numbered above N (paging by key: fast however deep)")  # fmt: skip
+    trials.add_argument("--limit", type=positive, help="show at most this many trials")
+    trials.set_defaults(fn=cmd_trials)
+
+
+def add_best(sub) -> None:
+    """`hpo best`."""
+    best = sub.add_parser("best", help="the best trial (overall, per arm, per batch size)")
+    best.add_argument("name", help="the experiment's name")
+    best.add_argument("--per-arm", action="store_true", help="the best trial of every arm, with the verdict")
+    best.add_argument("--arm", help="only this arm, e.g. optimizer.name=lamb")
+    best.add_argument("--batch-size", type=int, help="only trials with this global batch size")
+    best.set_defaults(fn=cmd_best)

@@ -1,0 +1,108 @@
+"""`hpo`: run, resume and inspect experiments. The parser and the entry point; each command lives in the module of
+its group (run, plan, inspection, export, report, serve, imports) with its own parser.
+
+    hpo db upgrade                      create or migrate the database (HPO_DATABASE_URL, else ./.hpo/hpo.db)
+    hpo run EXPERIMENT.yaml             run an experiment (the local engine) with a live progress display
+    hpo resume NAME                     finish an experiment whose controller died or was stopped
+    hpo plan EXPERIMENT.yaml [--slots N] [--gpus-per-slot G] [--repetitions R] [--seed S]
+             [--gpu a100|h100 | --samples-per-s X]
+             [--cv C --difference D | --like PILOT] [--power P] [--draws N] [--verdict-only]
+                                        forecast GPU-hours, wall-clock and the chance of an answer: R simulated runs,
+                                        each in a temporary database (the database is never written); with a spread,
+                                        the verdict's chances over drawn confirmation runs and, with --power, the
+                                        fewest confirmation runs per arm that reach that chance
+    hpo status [NAME]                   experiments, or one experiment's trial counts and why trials wait
+    hpo trials NAME [--state S] [--arm A] [--after N] [--limit L]
+    hpo best NAME [--per-arm] [--arm A] [--batch-size N]
+    hpo export NAME --format yaml|json|torchrun [--arm A] [--batch-size N] [--nodes N --gpus-per-node G] [-o FILE]
+    hpo report NAME [NAME ...] [-o DIR] [--png DIR]  HTML report(s): verdict, curves, noise scale, importance
+    hpo serve [--host 127.0.0.1] [--port 8000]   the REST API (HPO_API_HOST, HPO_API_PORT, HPO_API_TOKEN);
+                                        a port in use exits 2 ("port N is in use")
+    hpo webui NAME [--stop]             reopen an engine: nni experiment's NNI web UI, or close it
+    hpo import mlperf PATH... --name NAME [--compare optimizer,global_batch_size] [--optimizer O] [--target ACC]
+                                        MLPerf result files (result_*.txt) as an imported experiment, one trial per run
+    hpo import rcp FILE [--name NAME]   mlperf-logging's RCP file (rcps_bert.json) as reference arms by batch size
+
+Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, arguments; nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hpo.cli.export import add_export
+from hpo.cli.imports import add_import
+from hpo.cli.inspection import add_best, add_status, add_trials
+from hpo.cli.plan import add_plan, add_table
+from hpo.cli.report import add_report
+from hpo.cli.run import add_db, add_resume, add_run
+from hpo.cli.serve import add_serve, add_webui
+from hpo.errors import HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
+
+# The order of `hpo --help`. Each command imports what it uses when it runs, so `hpo status` or `hpo --help` does not
+# load the study loop, SMAC, Dask, matplotlib, the server or the trainer's config models.
+COMMANDS = (
+    add_db,
+    add_run,
+    add_resume,
+    add_plan,
+    add_status,
+    add_trials,
+    add_best,
+    add_export,
+    add_table,
+    add_report,
+    add_serve,
+    add_webui,
+    add_import,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
+    parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SchemaOutOfDateError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except NotFoundError as e:
+        print(f"error: {e}; `hpo status` lists the experiments", file=sys.stderr)
+        return 2
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ResourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except HpoError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+# SMAC3 and ConfigSpace iterate over sets of strings, whose order follows Python's per-process hash seed: the
+# same experiment and tuner seed would propose different trials in another process. A controller therefore
+# runs with a fixed seed, which only an interpreter's start can set.
+FIXED_HASH_SEED = "0"
+
+
+def entry() -> None:
+    """The `hpo` command: `main` in an interpreter whose hash seed is fixed (re-started once if it is not)."""
+    if os.environ.get("PYTHONHASHSEED") != FIXED_HASH_SEED:
+        env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED}
+        os.execve(sys.executable, [sys.executable, "-m", "hpo", *sys.argv[1:]], env)
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,299 @@
+"""`hpo plan` and `hpo table`: forecasts on the simulated runner, and a pilot's curves as a curve table. Both only
+read the database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from hpo.cli.common import fraction, non_negative, open_storage, positive, positive_float
+from hpo.errors import HpoError
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from hpo.plan.forecast import PlanOptions
+
+    _check_plan_options(args)
+    if args.verdict_only:
+        from hpo.experiment import load_experiment
+
+        print("\n".join(_plan_chances(args, load_experiment(args.experiment))))  # a bad file: `hpo run`'s errors
+        return 0
+    options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
+                          args.samples_per_s, args.difference)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="hpo-plan-") as scratch:
+        return _plan(args, options, Path(scratch))
+
+
+def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
+    import time
+    from dataclasses import asdict, replace
+
+    from hpo.plan.forecast import (
+        forecast_data,
+        forecast_lines,
+        prepare_plan,
+        run_plan,
+        trials_advice,
+        trials_advice_lines,
+    )
+
+    curves = None
+    if args.like:  # the pilot's curves, where they make a table that serves the file
+        options, curves = _pilot_curves(args, options, scratch)
+    try:
+        plan = prepare_plan(args.experiment, options)  # a bad file: the errors `hpo run` gives; nothing is written
+    except HpoError as e:
+        if options.table is None:
+            raise
+        reason = str(e).removeprefix(f"{args.experiment}: ").replace(options.table, f"the pilot {args.like}'s table")
+        curves = f"not used: they cannot serve {args.experiment}: {reason}"
+        plan = prepare_plan(args.experiment, replace(options, table=None))
+    chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
+    started = time.perf_counter()
+    try:
+        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions), jobs=args.jobs or 1)
+    except KeyboardInterrupt:
+        print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - started
+    advice = []
+    if args.power is not None and not chances and plan.spec.compare:  # --power alone: advice on tuning trials
+        advice = trials_advice(plan, repetitions, jobs=args.jobs or 1, progress=_advice_progress())
+    if args.json:
+        data = forecast_data(plan, repetitions, seconds, args.like, curves) | ({"chances": chances} if chances else {})
+        if args.like:
+            data["pilot_curves"] = {"used": plan.options.table is not None, "note": curves}
+        if advice:
+            data["advice"] = [asdict(c) | {"reaches": c.right / c.repetitions >= args.power} for c in advice]
+        print(json.dumps(data, indent=1))
+        return 0
+    lines = forecast_lines(plan, repetitions, seconds, pilot=args.like, curves=curves)
+    extra = chances or (trials_advice_lines(advice, args.power, plan.spec.budget.confirm_seeds) if advice else [])
+    print("\n".join(lines + ([""] + extra if extra else [])))
+    return 0
+
+
+def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
+    """(options planning over the pilot's curves as a table, what they are), or the options unchanged and why not."""
+    from dataclasses import replace
+
+    from hpo.plan.pilot_table import PilotTableError, pilot_table, write_table
+
+    storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+    try:
+        meta, runs = pilot_table(storage, args.like)
+    except PilotTableError as e:
+        return options, f"not used: {e}"
+    finally:
+        storage.close()
+    if meta["fixed"]["eval.stop_at_target"]:
+        return options, (f"not used: experiment {args.like} ran with eval.stop_at_target: true, so its curves end at "
+                         "the target and blends between its learning rates would fall short of it; run the pilot with "
+                         "eval.stop_at_target: false for curves to the full budget")  # fmt: skip
+    path = scratch / f"{args.like}.jsonl"
+    write_table(path, meta, runs)
+    seeds = ", ".join(map(str, meta["grid"]["seed"]))
+    return replace(options, table=str(path)), (f"the pilot {args.like}'s {len(runs)} runs (seeds {seeds}), as "
+                                               f"`hpo table {args.like}` writes them")  # fmt: skip
+
+
+def _advice_progress():
+    def show(done: int, total: int) -> None:
+        print(f"plan: advice {done}/{total} (tuning trials x confirmation cap) done", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """Refuse what `hpo plan` would ignore: the verdict's options without a spread, the cluster's without a run."""
+    if args.cv is not None and args.difference is None:
+        raise HpoError("--cv needs --difference: a stated spread is a coefficient of variation and the true "
+                       "difference to find (e.g. --cv 5% --difference 10%; --difference 0 for a tie)")  # fmt: skip
+    if args.like is not None and args.difference is not None:
+        raise HpoError("--like takes the pilot's own difference; drop --difference (or state a spread with --cv)")
+    if args.cv == 0 or args.power == 0:
+        raise HpoError(f"--{'cv' if args.cv == 0 else 'power'} 0 means nothing here: give a fraction above 0 "
+                       "(e.g. --cv 5% --power 80%)")  # fmt: skip
+    spread = args.cv is not None or args.like is not None
+    needing = [name for name, value in (("--draws", args.draws), ("--verdict-only", args.verdict_only or None))
+               if value is not None]  # fmt: skip
+    if needing and not spread:
+        raise HpoError(f"{', '.join(needing)}: the verdict's chances need a spread: --cv and --difference, or --like "
+                       "EXPERIMENT (a pilot in the database); --power alone advises on tuning trials")  # fmt: skip
+    cluster = [name for name, value in (("--repetitions", args.repetitions), ("--jobs", args.jobs),
+                                        ("--slots", args.slots),
+                                        ("--gpus-per-slot", args.gpus_per_slot), ("--gpu", args.gpu),
+                                        ("--samples-per-s", args.samples_per_s)) if value is not None]  # fmt: skip
+    if args.verdict_only and args.json:
+        raise HpoError("--json: the JSON is the simulated forecast's; --verdict-only prints only the verdict's chances")
+    if args.verdict_only and cluster:
+        raise HpoError(f"{', '.join(cluster)}: --verdict-only runs nothing on the simulated cluster; drop "
+                       "--verdict-only to forecast the cost too")  # fmt: skip
+
+
+def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
+    """The verdict's chances (and with --power the advice) at the stated spread or the pilot's."""
+    from hpo.experiment.arms import arm_labels
+    from hpo.plan.chances import DRAWS, chances_forecast, pilot_evidence, stated_evidence
+
+    labels = arm_labels(spec)
+    if args.like:
+        storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+        try:
+            evidence = pilot_evidence(storage, args.like, labels)
+        finally:
+            storage.close()
+    else:
+        evidence = stated_evidence(labels, args.cv, args.difference)
+    return chances_forecast(spec, evidence, args.draws or DRAWS, args.power, args.seed)
+
+
+def _plan_progress(total: int):
+    """A progress line on standard error: rewritten in place on a terminal, one line a repetition otherwise."""
+    live = sys.stderr.isatty()
+
+    def show(done: int, elapsed_s: float) -> None:
+        left = elapsed_s / done * (total - done)
+        line = f"plan: {done}/{total} repetitions, {elapsed_s:,.0f} s" + (f", about {left:,.0f} s left" if left else "")
+        print(f"\r{line}\x1b[K" if live else line, end="\n" if done == total or not live else "", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    return show
+
+
+# --------------------------------------------------------------------------- inspection
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from hpo.plan.pilot_table import pilot_table, write_table
+
+    out = Path(args.output)
+    if out.exists():
+        raise HpoError(f"{out}: exists; give -o a new file (hpo table never replaces one)")
+    storage = open_storage(args.db, read_only=True)
+    meta, runs = pilot_table(storage, args.name)
+    write_table(out, meta, runs)
+    points = {(r["optimizer"], r["warmup_steps"], r["global_batch_size"]) for r in runs}
+    lrs = {(r["optimizer"], r["lr"]) for r in runs}
+    print(f"wrote {len(runs)} runs of experiment {args.name} to {out}: {len(points)} point(s) of optimizer, warmup and "
+          f"batch size, {len(lrs)} learning rate(s), seeds {', '.join(map(str, meta['grid']['seed']))}; plan over it "
+          f"with `runner: {{name: simulated, simulation: {{table: {out}}}}}` or `hpo plan FILE --like {args.name}`",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def add_plan(sub) -> None:
+    """`hpo plan`."""
+    plan = sub.add_parser(
+        "plan",
+        help="forecast an experiment's GPU-hours, wall-clock and chance of an answer by "
+        "running it R times on the simulated runner (never touches the database)",
+    )
+    plan.add_argument(
+        "experiment",
+        help="the experiment YAML file: runner: simulated, or a real one whose space the "
+        "default learning-curve table (hpo/simulation/tables/curves.jsonl) covers",
+    )
+    plan.add_argument(
+        "--slots", type=positive, help="slots of the simulated cluster (default: the file's budget.max_parallel)"
+    )
+    plan.add_argument(
+        "--gpus-per-slot", type=positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
+    )
+    plan.add_argument("--repetitions", type=positive, help="simulated runs of the file (default 20)")
+    plan.add_argument(
+        "--jobs",
+        type=positive,
+        help="repetitions run at a time, in worker processes (default 1; the figures do not depend on it)",
+    )
+    plan.add_argument(
+        "--json",
+        action="store_true",
+        help="print the forecast as JSON (figures with their ranges, outcomes with their intervals, the text lines; "
+        "the verdict's chances as `chances` lines); not with --verdict-only",
+    )
+    plan.add_argument(
+        "--seed",
+        type=non_negative,
+        default=0,
+        help="repetition r uses tuner seed file + SEED + r and training seed file + 1000 (SEED + r); the verdict's "
+        "draws are seeded by it too (default 0)",
+    )
+    speed = plan.add_mutually_exclusive_group()
+    speed.add_argument(
+        "--gpu",
+        choices=["a100", "h100"],
+        help="the GPU whose samples/s set simulated durations (default: the file's runner.simulation, else a100)",
+    )
+    speed.add_argument(
+        "--samples-per-s",
+        type=positive_float,
+        metavar="X",
+        help="one GPU's BERT-large samples per second instead of a --gpu's",
+    )
+    chances = plan.add_argument_group(
+        "the verdict's chances from a spread",
+        "draw the confirmation runs from a stated spread or a pilot experiment's and ask the verdict "
+        "(hpo.evidence.verdict.decide) with the file's margin and confirmation budget: how often it names the right "
+        "arm, "
+        "says equivalent, not yet, or names a wrong one",
+    )
+    source = chances.add_mutually_exclusive_group()
+    source.add_argument(
+        "--cv",
+        type=fraction,
+        metavar="C",
+        help="a stated spread: every arm's samples to target log-normal with this coefficient of variation "
+        "(0.05 or 5%%); with --difference",
+    )
+    source.add_argument(
+        "--like",
+        metavar="EXPERIMENT",
+        help="the spread, hit rates and difference of this experiment in the database (a pilot; read only): its "
+        "arms' confirmation runs (plus the best tuning run and its other seeds where fewer than 2), taken as the "
+        "truth; and its curves, as `hpo table` writes them, where they serve the file (a grid pilot run with "
+        "eval.stop_at_target: false), else the plan says why not",
+    )
+    chances.add_argument(
+        "--difference",
+        type=fraction,
+        metavar="D",
+        help="the true difference, the file's first arm needing D fewer samples than the others (10%% or 0.1; 0: a "
+        "tie): the simulated repetitions run at it (two arms comparing optimizers: the second reads the first's "
+        "curves, delayed) and are judged against it; with --cv the verdict's chances too (default: the table's own "
+        "truth)",
+    )
+    chances.add_argument(
+        "--power",
+        type=fraction,
+        metavar="P",
+        help="advice for a right answer in at least P of experiments (0.8 or 80%%): with --cv/--like the fewest "
+        "confirmation runs per arm (confirm_seeds 2 to 12; auto with max_confirm_seeds 6, 9, 12) and their runs per "
+        "arm; alone, the file planned again at 0.5x and 2x its tuning trials (the same repetitions each): the "
+        "fewest budget.trials whose right answers reach P, with its GPU-hours",
+    )
+    chances.add_argument(
+        "--draws",
+        type=positive,
+        metavar="N",
+        help="drawn experiments per confirmation budget (default 2,000; about 1 ms a verdict)",
+    )
+    chances.add_argument(
+        "--verdict-only",
+        action="store_true",
+        help="only the verdict's chances (and --power's advice): no simulated repetitions, no cost figures",
+    )
+    plan.set_defaults(fn=cmd_plan)
+
+
+def add_table(sub) -> None:
+    """`hpo table`."""
+    table = sub.add_parser("table", help="a pilot experiment's learning curves as a curve table (for hpo plan and "
+                                         "runner: simulated)")  # fmt: skip
+    table.add_argument("name", help="the experiment's name (read only)")
+    table.add_argument("-o", "--output", required=True, help="the table file to write (JSON lines; must not exist)")
+    table.set_defaults(fn=cmd_table)

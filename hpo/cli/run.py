@@ -1,0 +1,151 @@
+"""`hpo db upgrade`, `hpo run` and `hpo resume`: the commands that write an experiment and drive it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from hpo.cli.common import open_storage, positive, refuse_imported, runner_options, safe_url
+from hpo.errors import HpoError, NotFoundError
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from hpo.storage import current_revision, default_database_url, upgrade_database
+
+    url = args.db or default_database_url()
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    upgrade_database(url)
+    print(f"database {safe_url(url)} is at revision {current_revision(url)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hpo.engine.local import check_trial_data, describe_plan, drive
+    from hpo.experiment import stored_form
+    from hpo.runners import build_runner
+    from hpo.storage import default_database_url
+
+    spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
+    # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
+    if spec.engine == "nni" and (args.runner or args.scheduler):
+        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine == "nni":
+        from hpo.nni.engine import preflight
+
+        preflight()  # NNI installed and patched, before anything is written
+    if _trials_run_here(spec, args.runner):
+        check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
+    runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
+    try:
+        url = args.db or default_database_url()
+        if spec.engine == "nni":
+            from hpo.nni.config import check_remote
+
+            check_remote(spec, url)  # remote trials need a server database and an SSH key, before any write
+        storage = open_storage(url)
+        if _experiment_exists(storage, spec.name):
+            existing = storage.get_experiment_by_name(spec.name)
+            raise HpoError(
+                f"experiment {spec.name!r} already exists (status {existing.status.value}); "
+                f"use `hpo resume {spec.name}` to finish it, or change `name:` in {args.experiment}"
+            )
+    except BaseException:
+        if runner is not None:
+            runner.close()
+        raise
+    run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
+    if not args.quiet and runner is not None:
+        print(describe_plan(spec, runner), file=sys.stderr)
+    experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    if spec.engine == "nni":
+        from hpo.nni.engine import drive_nni
+
+        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
+    return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def _trials_run_here(spec, runner: str | None) -> bool:
+    """Whether the trials read this machine's files (the local runner, or NNI's local training service)."""
+    if spec.engine == "nni":
+        return not spec.resources.machines
+    return (runner or spec.runner.name) == "local"
+
+
+def _load_spec(path: str, engine: str | None):
+    """The experiment file, validated as if it said `engine: ENGINE` when --engine is given."""
+    from hpo.experiment import experiment_from_dict, load_experiment
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) if engine else None
+    except (OSError, yaml.YAMLError):
+        data = None
+    if not isinstance(data, dict):
+        return load_experiment(path)  # its errors name the file and what is wrong
+    return experiment_from_dict({**data, "engine": engine}, path, base_dir=Path(path).parent)
+
+
+def _experiment_exists(storage, name: str) -> bool:
+    try:
+        storage.get_experiment_by_name(name)
+    except NotFoundError:
+        return False
+    return True
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from hpo.engine.liveness import controller_identity, stale_after_s
+    from hpo.engine.local import drive
+    from hpo.experiment import spec_from_stored
+    from hpo.runners import build_runner
+    from hpo.storage import default_database_url
+
+    url = args.db or default_database_url()
+    storage = open_storage(url, read_only=True)
+    record = storage.get_experiment_by_name(args.name)
+    refuse_imported(record, "resume")
+    spec = spec_from_stored(record)
+    host, pid = controller_identity()
+    storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
+    if spec.engine == "nni":
+        from hpo.nni.engine import drive_nni
+
+        return drive_nni(spec, storage, record.id, Path(record.spec["run_dir"]), url, args.quiet, resume=True,
+                         port=args.port)  # fmt: skip
+    runner = build_runner(spec, args.runner, args.scheduler)
+    return drive(spec, storage, record.id, Path(record.spec["run_dir"]), runner, url, args.quiet, resume=True)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def add_db(sub) -> None:
+    """`hpo db upgrade`."""
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True,
+                                                                      metavar="upgrade")  # fmt: skip
+    db.add_parser("upgrade", help="create or migrate the schema to the current version").set_defaults(fn=cmd_db_upgrade)
+
+
+def add_run(sub) -> None:
+    """`hpo run`."""
+    run = sub.add_parser("run", help="run an experiment file (live progress; Ctrl-C stops, resume finishes)")
+    run.add_argument("experiment", help="the experiment YAML file (see search_spaces/presets/)")
+    run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
+    run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
+    run.add_argument("--port", type=positive, default=8080, help="engine nni: first port tried for its web UI")
+    runner_options(run)
+    run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
+    run.set_defaults(fn=cmd_run)
+
+
+def add_resume(sub) -> None:
+    """`hpo resume`."""
+    resume = sub.add_parser("resume", help="finish an experiment whose controller died or was stopped")
+    resume.add_argument("name", help="the experiment's name")
+    resume.add_argument("--port", type=positive, default=8080, help="engine nni: first port tried for its web UI")
+    runner_options(resume)
+    resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
+    resume.set_defaults(fn=cmd_resume)

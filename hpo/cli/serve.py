@@ -1,0 +1,50 @@
+"""`hpo serve` (the REST API) and `hpo webui` (an NNI experiment's web UI). The only module of `hpo` that imports
+the server: the command line is the top of everything."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpo.cli.common import open_storage, positive
+from hpo.errors import HpoError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from server.app import serve
+    from server.settings import Settings
+
+    overrides = {"database_url": args.db, "api_host": args.host, "api_port": args.port}
+    try:
+        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+    except ValidationError as e:
+        where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
+        raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
+    serve(settings)
+    return 0
+
+
+def cmd_webui(args: argparse.Namespace) -> int:
+    from hpo.nni.engine import webui
+
+    storage = open_storage(args.db, read_only=True)  # no new database; the web UI's address is stored
+    return webui(storage.get_experiment_by_name(args.name), stop=args.stop, port=args.port, storage=storage)
+
+
+def add_serve(sub) -> None:
+    """`hpo serve`."""
+    serve = sub.add_parser("serve", help="the REST API (FastAPI under uvicorn) over the database")
+    serve.add_argument("--host", help="address to bind (default HPO_API_HOST, else 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=positive,
+                       help="port to listen on (default HPO_API_PORT, else 8000; busy: exit 2)")  # fmt: skip
+    serve.set_defaults(fn=cmd_serve)
+
+
+def add_webui(sub) -> None:
+    """`hpo webui`."""
+    webui = sub.add_parser("webui", help="reopen an engine: nni experiment's NNI web UI (view mode), or close it")
+    webui.add_argument("name", help="the experiment's name")
+    webui.add_argument("--stop", action="store_true", help="close the NNI web UI (stop its NNI managers)")
+    webui.add_argument("--port", type=positive, default=8080, help="first port tried for the web UI (default 8080)")
+    webui.set_defaults(fn=cmd_webui)

@@ -1,0 +1,227 @@
+"""The local engine: `hpo run` / `hpo resume` with our own study loop.
+
+It puts the parts together in the order that keeps failures clean: check the resources (build the runner) and
+the data the trials will read (`check_trial_data`) before anything is written, create or claim the experiment
+(one live controller per experiment), then run the study loop with a heartbeat and a progress view beside it,
+and leave the experiment with its final status. SIGTERM and SIGINT (Ctrl-C) stop the experiment as the API's
+stop does: the loop ends every process of the running trials, records them as interrupted and leaves; `hpo
+resume` runs them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from hpo.engine.liveness import Heartbeat
+from hpo.engine.progress import ProgressView
+from hpo.engine.study import Study
+from hpo.errors import HpoError
+from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.verdict import verdict_lines
+from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study
+from hpo.simulation.cost import simulated_line
+from hpo.storage import default_database_url
+from hpo.storage.base import ExperimentStatus, Storage
+from hpo.storage.engine import safe_url
+from search_spaces.space import trainer_key
+from trainer.config import config_from_dict
+from trainer.data.checks import load_checked_samples
+from trainer.errors import DataError
+
+
+def absolute_database_url(url: str) -> str:
+    """The URL trial processes get: a relative SQLite path made absolute (workers may start elsewhere)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
+        return prefix + str(Path(url.removeprefix(prefix)).resolve())
+    return url
+
+
+DATA_ROWS_CHECKED = 256  # rows of each data set checked at the start; every trial checks all before its first step
+
+
+def check_trial_data(spec) -> None:
+    """Refuse an experiment whose trials could only fail on their data (`bad data`, one after another): the base
+    config's data.train and data.eval must name shards that exist, are BERT shards, and whose first rows fit the
+    model (the trainer's own checks, on DATA_ROWS_CHECKED rows). Relative paths are read from the working
+    directory, as the trials read them. Data keys the space tunes are checked by each trial."""
+    cfg = config_from_dict(spec.resolved_base())
+    tuned = {trainer_key(name) for name in spec.space.names}
+    for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        if key in tuned:
+            continue
+        try:
+            load_checked_samples(path, key, cfg.model, limit=DATA_ROWS_CHECKED)
+        except DataError as e:
+            raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
+                           f"{_data_hint(path)}") from None  # fmt: skip
+
+
+def _data_hint(path: str) -> str:
+    if Path(path).parts[:2] == ("data", "demo"):
+        return "; the demo corpus is made with `make demo-data` (python -m trainer.data.demo_corpus --out data/demo)"
+    return "; point the base config (or `overrides:`) at your shards"
+
+
+def describe_plan(spec, runner) -> str:
+    """What is about to run: each arm's tuned dimensions and trial budget, the runner, the confirmations."""
+    lines = [f"experiment {spec.name}: {spec.budget.trials} trials, tuner {spec.tuner.name} (seed {spec.tuner.seed}), "
+             f"at most {spec.budget.max_parallel} at once; {runner.describe()}"]  # fmt: skip
+    max_samples = spec.resolved_base()["budget"]["max_samples"]
+    for plan in arm_plans(spec):
+        dims = ", ".join(f"{name} {_range(plan.space[name])}" for name in plan.space.names) or "-"
+        lines.append(f"  arm {plan.label or 'all'}: {plan.quota} trials of at most {max_samples:,} samples, "
+                     f"{len(plan.space)} dimension(s): {dims}")  # fmt: skip
+    if spec.allow_unequal_arms:
+        lines.append(f"  the arms tune different dimensions: {spec.allow_unequal_arms}")
+    if spec.budget.sequential:
+        rounds, margin = spec.budget.confirmation_rounds, 100 * spec.verdict.margin
+        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration in rounds of {rounds[0]} "
+                     f"more seeds until the verdict decides (winner, or equivalent within ±{margin:g} %), at most "
+                     f"{rounds[-1]}")  # fmt: skip
+    elif spec.budget.confirm_seeds:
+        lines.append(f"  then, as soon as an arm's tuning is over, its best configuration {spec.budget.confirm_seeds} "
+                     "more times with other seeds")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _range(param) -> str:
+    """`[0.001, 0.02] log`, `[0, 40]` or `{a, b}`: what one dimension spans."""
+    if hasattr(param, "choices"):
+        return "{" + ", ".join(map(str, param.choices)) + "}"
+    return f"[{param.low:g}, {param.high:g}]" + (" log" if param.log else "")
+
+
+def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, database_url: str, quiet: bool,
+          resume: bool) -> int:  # fmt: skip
+    """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runner.attach(storage, experiment_id)
+    study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
+    total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
+    view = None if quiet else ProgressView(storage, experiment_id, total)
+    try:
+        with stop_on_signals(study):
+            if resume:
+                storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+                study.restore()
+            if view:
+                view.start()
+            try:
+                status = study.run()
+            except KeyboardInterrupt:  # before the handlers were in place, or from a thread's wait
+                study.stop(STOP_REASONS[signal.SIGINT])
+                status = ExperimentStatus.STOPPED
+        storage.set_experiment_status(experiment_id, status)
+    finally:
+        heartbeat.beat()  # the study's last note (the final round of confirmations) for the view's last line
+        if view:
+            view.stop()
+        heartbeat.stop()
+        runner.close()
+    if status is ExperimentStatus.STOPPED:
+        print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
+    if not quiet:
+        print_summary(storage, experiment_id, spec, database_url=database_url)
+    return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+STOP_REASONS = {
+    signal.SIGINT: "interrupted by the user (Ctrl-C); `hpo resume` runs it again",
+    signal.SIGTERM: "the controller was terminated (SIGTERM); `hpo resume` runs it again",
+}
+
+
+@contextlib.contextmanager
+def stop_on_signals(study):
+    """While inside: SIGTERM and SIGINT ask `study` to stop at the loop's next turn (within a poll interval)
+    rather than raise wherever the controller happens to be (between starting a trial process and noting it, a
+    process would be lost)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can take signals
+        yield
+        return
+
+    def ask_to_stop(signum: int, _frame) -> None:
+        study.stop_reason = study.stop_reason or STOP_REASONS[signal.Signals(signum)]
+
+    previous = {sig: signal.signal(sig, ask_to_stop) for sig in STOP_REASONS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def print_summary(storage: Storage, experiment_id: int, spec, database_url: str | None = None) -> None:
+    """The counts, the best configuration per arm (or overall), the verdict, and the commands to go on (as they
+    run from this directory: with this run's database, and this interpreter when `hpo` is not on PATH)."""
+    counts = storage.count_trials_by_state(experiment_id)
+    print(f"\nexperiment {spec.name}: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
+    simulated = simulated_line(spec, storage.list_trials(experiment_id))
+    if simulated:
+        print(simulated)
+    best = storage.best_per_arm(experiment_id) if spec.compare else {}
+    overall = storage.best_trial(experiment_id)
+    for arm, trial in sorted(best.items()):
+        print(f"\nbest for {arm}: trial {trial.number}, {describe_best(trial, spec)}")
+        print(_indent(yaml.safe_dump(trial.params, sort_keys=False)))
+    if not best and overall is not None:
+        print(f"\nbest: trial {overall.number}, {describe_best(overall, spec)}")
+        print(_indent(yaml.safe_dump(overall.params, sort_keys=False)))
+    if overall is None:
+        print(f"no trial completed; `hpo trials {spec.name}` shows why")
+        return
+    if spec.compare:
+        verdict = experiment_verdict(storage, experiment_id, spec)
+        print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirmation_plan())))
+        if batch_study(spec.compare):
+            print(f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)")
+    hpo, python = next_commands(database_url)
+    print("next:")
+    print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")
+    print(f"  {hpo} best {spec.name} --per-arm  # the winners and the verdict again, as YAML")
+    print(f"  {hpo} export {spec.name} -o best.yaml && {python} -m trainer --config best.yaml  # train the best")
+
+
+def next_commands(database_url: str | None) -> tuple[str, str]:
+    """How to call `hpo` (with `--db` unless the URL is the default one) and Python from this directory."""
+    import os
+    import shlex
+    import shutil
+
+    python = Path(sys.executable).absolute()  # not resolved: a virtualenv's python is a link to the system's
+    found = {name: shutil.which(name) for name in ("python", "hpo")}
+    on_path = found["python"] and Path(found["python"]).absolute() == python and found["hpo"] and (
+        Path(found["hpo"]).absolute() == python.parent / "hpo"
+    )  # fmt: skip
+    here = shlex.quote(os.path.relpath(python) if python.is_relative_to(Path.cwd()) else str(python))
+    python, hpo = ("python", "hpo") if on_path else (here, f"{here} -m hpo")
+    if database_url and absolute_database_url(database_url) != absolute_database_url(default_database_url()):
+        hpo += f" --db {shlex.quote(safe_url(database_url))}"
+    return hpo, python
+
+
+def experiment_verdict(storage: Storage, experiment_id: int, spec):
+    """The verdict of a compare experiment from its stored trials (see hpo/evidence/verdict.py)."""
+    return stored_verdict(storage, experiment_id, spec)
+
+
+def describe_best(trial, spec) -> str:
+    parts = [f"{spec.objective.metric} {trial.objective:,.6g}"]
+    if trial.samples_to_target is None and spec.objective.metric in ("samples_to_target", "time_to_target_s"):
+        parts.append("(target not reached: penalized)")
+    if trial.best_mlm_accuracy is not None:
+        parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
+    return ", ".join(parts)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.strip().splitlines())

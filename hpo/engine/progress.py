@@ -1,0 +1,180 @@
+"""What `hpo run` shows while an experiment runs: a line per finished trial and a live status (trials done,
+running and waiting of the total, the best so far per arm, elapsed time and an estimate of what remains).
+
+The view reads the database in its own thread, so the study loop never prints. On a terminal it is a rich
+`Live` display; otherwise (a log file, CI) it prints plain lines: each finished trial, and the status line
+when it changes, at most every `interval_s` seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from hpo.errors import HpoError, StorageError
+from hpo.experiment import spec_from_stored
+from hpo.experiment.arms import arms
+from hpo.mlperf import imported
+from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.trials import TrialKind, TrialState
+
+FINISHED = [s for s in TrialState if s.finished]
+
+
+def describe_trial(trial: TrialRecord) -> str:
+    """One line about a finished trial: state, target, accuracy, samples, reason, objective."""
+    parts = [trial.state.value]
+    if trial.samples_to_target is not None:
+        parts.append(f"target at {trial.samples_to_target:,} samples")
+    if trial.best_mlm_accuracy is not None:
+        parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
+    if trial.metrics.get("samples"):
+        parts.append(f"{trial.metrics['samples']:,} samples")
+    if trial.reason:
+        parts.append(trial.reason)
+    if trial.objective is not None:
+        parts.append(f"objective {trial.objective:,.4g}")
+    label = f"trial {trial.number}" + (f" [{trial.arm}]" if trial.arm else "")
+    label += f" (budget {trial.budget:.2f})" if trial.budget < 1 else ""
+    label += f" (confirmation, seed {trial.seed})" if trial.kind.value == "confirmation" else ""
+    return f"{label}: {', '.join(parts)}"
+
+
+class ProgressView:
+    def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
+                 interval_s: float = 5.0, refresh_s: float = 0.5):  # fmt: skip
+        self.storage, self.experiment_id, self.total = storage, experiment_id, total
+        self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
+        self.interval_s, self.refresh_s = interval_s, refresh_s
+        self.started = time.monotonic()
+        self._seen: set[int] = set()
+        self._last_line, self._last_print = "", 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpo-progress", daemon=True)
+        self._live: Live | None = None
+
+    def start(self) -> ProgressView:
+        if self.console.is_terminal:
+            self._live = Live(self._table(""), console=self.console, refresh_per_second=4, transient=True)
+            self._live.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._tick(final=True)
+        if self._live is not None:
+            self._live.stop()
+        self.console.print(self._last_line)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self._tick()
+
+    def _tick(self, final: bool = False) -> None:
+        try:
+            counts = self.storage.count_trials_by_state(self.experiment_id)
+            done = sum(n for s, n in counts.items() if s.finished)
+            # Read the finished trials only when some are new (a large experiment is not re-read every tick).
+            finished = self.storage.list_trials(self.experiment_id, state=FINISHED) if done > len(self._seen) else []
+            best = self.storage.best_per_arm(self.experiment_id) or self._overall()
+            note = self.storage.get_experiment(self.experiment_id).controller_note or ""
+        except StorageError:
+            return  # the database is busy or away for a moment; the next tick tries again
+        for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
+            self._seen.add(trial.id)
+            self.console.print(describe_trial(trial))
+        line = self.status_line(counts, best, note, final)
+        if self._live is not None:
+            self._live.update(self._table(line, best))
+        elif not final and line != self._last_line and time.monotonic() - self._last_print >= self.interval_s:
+            self.console.print(line)
+            self._last_print = time.monotonic()
+        self._last_line = line
+
+    def _overall(self) -> dict[str, TrialRecord]:
+        overall = self.storage.best_trial(self.experiment_id)
+        return {"overall": overall} if overall else {}
+
+    def status_line(self, counts: dict[TrialState, int], best: dict[str, TrialRecord], note: str,
+                    final: bool = False) -> str:  # fmt: skip
+        """The live status; `final`: the experiment ended, so what it created is its total (sequential
+        confirmations plan up to a cap and may stop earlier)."""
+        done = sum(n for s, n in counts.items() if s.finished)
+        running = counts.get(TrialState.RUNNING, 0)
+        created = sum(counts.values())
+        total = created if final else max(self.total, created)
+        waiting = total - done - running
+        elapsed = time.monotonic() - self.started
+        line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {_duration(elapsed)}"
+        if 0 < done < total:
+            line += f", about {_duration(elapsed / done * (total - done))} left"
+        if "waiting:" in note and waiting:
+            line += f" ({note.split('waiting: ', 1)[1]})"
+        if note.startswith("confirmations:"):  # sequential confirmations (hpo.engine.study): the round and the verdict
+            line += f" | {note.split(';', 1)[0]}"
+        if best:
+            line += " | best: " + "; ".join(f"{arm}: trial {t.number} ({t.objective:,.4g})" for arm, t in best.items())
+        return line
+
+    def _table(self, line: str, best: dict[str, TrialRecord] | None = None) -> Table:
+        table = Table(show_header=False, box=None, pad_edge=False)
+        table.add_row(line.split(" | best:")[0] or "starting ...")
+        for arm, trial in (best or {}).items():
+            table.add_row(f"  best {arm}: trial {trial.number}, objective {trial.objective:,.4g}")
+        return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, confirmations_planned: int) -> str:
+    """`3/3 tuning trials done, 1/2 confirmation runs`: tuning trials against the tuning budget and the
+    confirmation runs (budget.confirm_seeds per arm, the cap with auto) against their own plan, never one against
+    the other's."""
+    line = f"{tuning_done}/{tuning_planned} tuning trials done"
+    if confirmations_planned or confirmations_done:
+        line += f", {confirmations_done}/{confirmations_planned} confirmation runs"
+    return line
+
+
+def experiment_progress(storage: Storage, record) -> str:
+    """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms; for an imported
+    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`."""
+    trials = storage.list_trials(record.id)
+    info = imported(record)
+    if info:
+        hits = sum(1 for t in trials if t.samples_to_target is not None)
+        configurations = sum(1 for t in trials if t.kind is TrialKind.TUNING)
+        return (f"imported ({info.get('kind')}): {len(trials)} run(s) in {configurations} configuration(s), "
+                f"{hits} reached the target")  # fmt: skip
+    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
+    budget, planned = _planned(record)
+    if record.status is ExperimentStatus.FINISHED:  # auto confirmations plan up to a cap and may end before it
+        planned = len(confirmations)
+    return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
+                       sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
+
+
+def _planned(record) -> tuple[int, int]:
+    """(tuning trials, confirmation runs) a stored experiment plans; from the raw stored budget when the stored
+    spec no longer validates (a listing must not fail on one old experiment)."""
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        budget = record.spec.get("experiment", {}).get("budget", {})
+        seeds = budget.get("confirm_seeds", 0)
+        return int(budget.get("trials", 0)), int(seeds) if str(seeds).isdigit() else 0
+    return spec.budget.trials, spec.budget.most_confirm_seeds * len(arms(spec))

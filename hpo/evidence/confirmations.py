@@ -1,0 +1,102 @@
+"""Confirmation runs: how many each arm gets, in which rounds, and the verdict over the stored trials.
+
+When an arm's tuning is over, its best configuration (as the storage names it then) is re-run with other
+training seeds: these confirmation runs are the verdict's evidence (`hpo.evidence.verdict`). `budget.confirm_seeds: N`
+is one round of N runs per arm. `budget.confirm_seeds: auto` runs rounds (`Budget.confirmation_rounds`: 3, 6, 9,
+12 runs per arm with the default cap of 12): when every arm has finished a round, the verdict is asked at that
+look; a winner or "equivalent" ends the confirmations, "not yet" queues the next round for every arm, up to the
+cap, unless more runs would not decide (no arm reached the target, or an arm's tuning found nothing that does).
+Each look is tested at its share of the error (alpha spending, see `hpo.evidence.verdict`), so stopping early does not
+raise the wrong-answer rate.
+
+Everything here is computed from the stored trials, so a resumed controller, `hpo status`, the report and the
+API all see the same round and the same verdict. The study loop and the NNI engine only queue what
+`runs_to_queue` says.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide
+from hpo.experiment.arms import arm_label, arms
+from hpo.storage.base import Storage, TrialRecord
+from hpo.trials import TrialKind, TrialState
+
+
+def arm_keys(spec) -> list[str | None]:
+    """The arm label of every arm (None: an experiment without compare)."""
+    return [arm_label(fixed) if fixed else None for fixed in arms(spec)]
+
+
+def _per_arm(trials: Sequence[TrialRecord], finished: bool) -> Counter:
+    return Counter(t.arm for t in trials if t.kind is TrialKind.CONFIRMATION and (t.state.finished or not finished))
+
+
+def completed_rounds(spec, trials: Sequence[TrialRecord]) -> int:
+    """How many rounds every arm has finished (all their runs ended, whatever the outcome)."""
+    done = _per_arm(trials, finished=True)
+    keys = arm_keys(spec)
+    return sum(1 for runs in spec.budget.confirmation_rounds if all(done[key] >= runs for key in keys))
+
+
+def look(spec, trials: Sequence[TrialRecord]) -> tuple[int, int]:
+    """(look, looks) of the verdict over these trials: the last finished round (at least the first) of all."""
+    looks = max(1, len(spec.budget.confirmation_rounds))
+    return max(1, min(completed_rounds(spec, trials), looks)), looks
+
+
+def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict) -> Verdict:
+    """The verdict at the current look (`curves`: trial id -> its (samples, mlm_accuracy) evaluations)."""
+    at, looks = look(spec, trials)
+    return decide(arm_runs(spec, best, trials, curves), spec.verdict.margin, at, looks)
+
+
+def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
+    """The verdict of a compare experiment from its stored trials and their curves."""
+    trials = storage.list_trials(experiment_id)
+    return verdict_of(spec, storage.best_per_arm(experiment_id), trials, stored_curves(storage, trials))
+
+
+def stored_curves(storage: Storage, trials: Sequence[TrialRecord]) -> dict[int, list[tuple[int, float]]]:
+    """The evaluations of the completed confirmation runs (the only runs whose curves the verdict reads)."""
+    return {
+        t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy") if m.samples is not None]
+        for t in trials
+        if t.kind is TrialKind.CONFIRMATION and t.state is TrialState.COMPLETED
+    }
+
+
+def runs_to_queue(spec, trials: Sequence[TrialRecord], verdict: Verdict | None) -> int:
+    """Confirmation runs every arm should have created by now: the first round once tuning is over; with auto, the
+    next round when every arm finished the current one and `verdict` (asked at that look) is "not yet"."""
+    rounds = spec.budget.confirmation_rounds
+    if not rounds:
+        return 0
+    created = _per_arm(trials, finished=False)
+    done = completed_rounds(spec, trials)
+    current = max((k + 1 for k, runs in enumerate(rounds) if all(created[key] >= runs for key in arm_keys(spec))),
+                  default=0)  # fmt: skip
+    if current == 0:
+        return rounds[0]
+    if done < current or current >= len(rounds) or verdict is None or verdict.outcome is not Outcome.NOT_YET:
+        return rounds[current - 1]
+    if verdict.runs_needed is None:  # more confirmation runs would not decide (hpo.evidence.verdict)
+        return rounds[current - 1]
+    return rounds[current]
+
+
+def round_line(spec, trials: Sequence[TrialRecord]) -> str:
+    """Where the confirmations stand: `round 2 of at most 4 (6 of up to 12 runs per arm)`."""
+    rounds = spec.budget.confirmation_rounds
+    if not rounds:
+        return "no confirmation runs (budget.confirm_seeds: 0)"
+    created = _per_arm(trials, finished=False)
+    per_arm = ", ".join(f"{key or 'all'} {created[key]}" for key in arm_keys(spec))
+    current = sum(1 for runs in rounds if all(created[key] >= runs for key in arm_keys(spec)))
+    finished = completed_rounds(spec, trials)
+    if not spec.budget.sequential:
+        return f"confirmation runs per arm: {per_arm} of {rounds[0]}"
+    return (f"confirmations round {max(current, 1)} of at most {len(rounds)} ({finished} finished); runs per arm: "
+            f"{per_arm} of up to {rounds[-1]}")  # fmt: skip

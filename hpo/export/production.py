@@ -1,0 +1,284 @@
+"""Exporting a best trial as a production run: a complete trainer config, and the `torchrun` line that runs it.
+
+    text = render(record, trial, "yaml")                      # -> Export(text, warnings, media_type)
+    render(record, trial, "torchrun", nodes=2, gpus_per_node=8, config_path="best.yaml")
+
+Everything here is pure: an experiment record (its stored, self-contained spec) and a trial record in, text out.
+Choosing the trial (overall, per arm, per batch size) is the caller's job, through the storage.
+
+The exported config is the experiment's base config with its overrides, the trial's parameters, and the full
+training budget (a multi-fidelity trial may have run on a fraction of it). Nothing trial-specific is kept: the
+trial's report file and checkpoint directory are set by the controller, not by the stored spec, so they never
+appear. Every exported config writes an MLPerf log (`log.mlperf`, MLPerf's mllog events from rank 0, see
+trainer/mlperf_log.py) to `mlperf/result_0.txt`, relative to the directory the trainer runs in, unless the
+experiment's config names a file of its own; the YAML says where in a comment. When the config runs on more
+ranks than micro batches fit into the global batch, the micro batch is reduced (the global batch, which is what
+the optimizer sees, never changes) and a comment says so.
+
+Formats: `yaml` (the config, with the provenance as comments: `python -m trainer --config FILE` runs it),
+`json` (`{"provenance": ..., "warnings": [...], "config": ...}`: JSON has no comments, so the runnable config is
+the `config` member), and `torchrun` (the command line, with the provenance as shell comments).
+
+An experiment of the simulated runner trained nothing: its trials' numbers were read from a learning-curve table.
+Its export says so where a user reads it: the first comment line, the `reached the target` line, a warning (in the
+file, on the console, in the JSON's `warnings` and the API's X-HPO-Warning header) and `simulated: true` in the
+JSON's provenance.
+
+No stored or user-supplied text can break the file: the config is written by the YAML dumper (which quotes and
+escapes any string), a comment shows the characters that would end its line or that YAML cannot carry as escapes,
+and a config path with such characters is refused (the torchrun line must name it as it is).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import PurePath
+from typing import Any, Literal
+
+import yaml
+
+from hpo.errors import HpoError
+from hpo.storage.base import ExperimentRecord, TrialRecord
+
+Format = Literal["yaml", "json", "torchrun"]
+FORMATS: tuple[str, ...] = ("yaml", "json", "torchrun")
+MEDIA_TYPES = {"yaml": "application/yaml", "json": "application/json", "torchrun": "text/x-shellscript"}
+RENDEZVOUS_PORT = 29400
+MLPERF_LOG = "mlperf/result_0.txt"  # log.mlperf of an exported config: MLPerf's result file name for run 0
+
+# Characters that end a line for YAML (LF, CR, NEL, U+2028/9) or for Python's str.splitlines (also VT, FF,
+# U+001C-1E), and those YAML cannot carry at all (other C0/C1 controls, DEL, surrogates, U+FFFE/F).
+_LINE_UNSAFE = r"\x00-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff"
+LINE_UNSAFE = re.compile(rf"[{_LINE_UNSAFE}\ud800-\udfff]")
+# The same rule as a JSON-schema pattern for the API's config_path (a query string never holds a surrogate).
+CONFIG_PATH_PATTERN = f"^[^{_LINE_UNSAFE}]+$"
+
+
+class ExportError(HpoError):
+    """A best config cannot be exported as asked (an unknown arm, a batch that cannot be split over the ranks)."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an exported config comes from."""
+
+    experiment: str
+    trial: int
+    arm: str | None
+    metric: str  # the experiment's objective metric
+    direction: str
+    objective: float | None
+    reached_target: bool
+    target_mlm_accuracy: float
+    samples_to_target: int | None
+    best_mlm_accuracy: float | None
+    params: dict[str, Any]
+    simulated: bool = False  # runner: simulated: the numbers were read from a learning-curve table, not trained
+
+
+@dataclass(frozen=True)
+class Export:
+    text: str
+    warnings: tuple[str, ...]
+    media_type: str
+
+
+def stored_spec(record: ExperimentRecord):
+    """The experiment's validated spec, from the self-contained copy stored when it was created."""
+    from hpo.experiment import experiment_from_dict  # the trainer config models: built on first use, not at start-up
+
+    return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)")
+
+
+def arm_labels(spec) -> list[str]:
+    """The experiment's arms as stored on trials (`optimizer.name=lamb`); [] when it compares nothing."""
+    from hpo.experiment.arms import (
+        arm_labels as labels,  # the trainer config models: built on first use, not at start-up
+    )
+
+    return labels(spec)
+
+
+def check_arm(spec, arm: str | None) -> None:
+    """Refuse an arm the experiment does not have, naming the ones it has."""
+    if arm is None:
+        return
+    known = arm_labels(spec)
+    if arm not in known:
+        hint = f"its arms are {', '.join(known)}" if known else "it compares nothing, so it has no arms"
+        raise ExportError(f"experiment {spec.name} has no arm {arm!r}: {hint}")
+
+
+def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
+    """The complete trainer config (a plain mapping) of `trial` at the full budget, fit for `ranks` ranks."""
+    from hpo.experiment.arms import trial_config  # the trainer config models: built on first use, not at start-up
+
+    config = trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    config["batch"]["micro_batch_size"] = micro_batch_for(
+        config["batch"]["global_batch_size"], config["batch"]["micro_batch_size"], ranks
+    )
+    return config
+
+
+def with_mlperf_log(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `log.mlperf` set to MLPERF_LOG where the experiment left it off (a file it names stays)."""
+    log = config.setdefault("log", {})
+    if not log.get("mlperf"):
+        log["mlperf"] = MLPERF_LOG
+    return config
+
+
+def micro_batch_for(global_batch: int, micro_batch: int, ranks: int) -> int:
+    """The largest micro batch <= `micro_batch` that `global_batch` splits into evenly over `ranks` ranks."""
+    if ranks < 1:
+        raise ExportError(f"the number of ranks must be at least 1, got {ranks}")
+    if global_batch % ranks:
+        raise ExportError(
+            f"batch.global_batch_size {global_batch} cannot be split evenly over {ranks} ranks; "
+            "choose --nodes x --gpus-per-node that divides it"
+        )
+    per_rank = global_batch // ranks
+    return next(m for m in range(min(micro_batch, per_rank), 0, -1) if per_rank % m == 0)
+
+
+def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any]) -> Provenance:
+    """Where the exported `config` (from `production_config`) comes from."""
+    target = float(config["eval"]["target_mlm_accuracy"])
+    return Provenance(
+        experiment=record.name,
+        trial=trial.number,
+        arm=trial.arm,
+        metric=spec.objective.metric,
+        direction=spec.direction,
+        objective=trial.objective,
+        reached_target=reached_target(trial, target),
+        target_mlm_accuracy=target,
+        samples_to_target=trial.samples_to_target,
+        best_mlm_accuracy=trial.best_mlm_accuracy,
+        params=dict(trial.params),
+        simulated=spec.runner.name == "simulated",
+    )
+
+
+def reached_target(trial: TrialRecord, target: float) -> bool:
+    """Whether the trial reached the experiment's target accuracy (the trainer reports samples_to_target then)."""
+    if trial.samples_to_target is not None or trial.metrics.get("status") == "reached_target":
+        return True
+    return trial.best_mlm_accuracy is not None and trial.best_mlm_accuracy >= target
+
+
+def warnings_for(origin: Provenance) -> tuple[str, ...]:
+    """What a user must know before training the export: a best that missed the target, numbers that are simulated."""
+    warnings = []
+    if not origin.reached_target:
+        best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
+        warnings.append(
+            f"no trial of experiment {origin.experiment} reached the target mlm_accuracy "
+            f"{origin.target_mlm_accuracy}: trial {origin.trial} is only the best of the misses (it reached {best}); "
+            "tune further before production"
+        )
+    if origin.simulated:
+        warnings.append(SIMULATED.format(experiment=origin.experiment))
+    return tuple(warnings)
+
+
+# ASCII only: the API sends a warning as the X-HPO-Warning header too.
+SIMULATED = (
+    "experiment {experiment} ran on the simulated runner: no training happened; its objective, samples to target "
+    "and accuracy were read from a recorded learning-curve table, so this config is untested until you train it"
+)
+
+
+def check_config_path(config_path: str) -> None:
+    """Refuse a config path the torchrun line cannot name on one line (see LINE_UNSAFE); quotes, spaces and
+    other Unicode text are fine: the line quotes the path for the shell."""
+    if not config_path:
+        raise ExportError("the config path is empty: name the YAML file the torchrun command runs")
+    bad = LINE_UNSAFE.search(config_path)
+    if bad:
+        raise ExportError(
+            f"config path {config_path!r} holds the control or line-break character {bad.group()!r} "
+            f"(position {bad.start()}), which would break the exported file's `run:` line; name a file without "
+            "control characters (`hpo export --config-path` / `-o`, or the API's config_path)"
+        )
+
+
+def comment_text(text: str) -> str:
+    r"""`text` fit for one comment line: characters in LINE_UNSAFE as Python escapes (`\x85`, `\u2028`)."""
+    return LINE_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def torchrun_command(config_path: str, nodes: int = 1, gpus_per_node: int = 1, run_id: str = "hpo") -> str:
+    """`torchrun --nnodes N --nproc_per_node G [rendezvous] -m trainer --config FILE` as one shell line.
+
+    One node rendezvouses on a free local port (`--standalone`); several use the c10d rendezvous at
+    `$MASTER_ADDR:$MASTER_PORT` (default port 29400), and the same line is run on every node.
+    The path is quoted for the shell; one that cannot stay on the line is refused (`check_config_path`).
+    """
+    check_config_path(config_path)
+    if nodes < 1 or gpus_per_node < 1:
+        raise ExportError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpus_per_node}")
+    parts = ["torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(gpus_per_node)]
+    if nodes == 1:
+        parts.insert(1, "--standalone")
+    else:
+        endpoint = f'"${{MASTER_ADDR:?set MASTER_ADDR to the first node}}:${{MASTER_PORT:-{RENDEZVOUS_PORT}}}"'
+        run_id = shlex.quote(comment_text(run_id))
+        parts += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id]
+    return " ".join([*parts, "-m", "trainer", "--config", shlex.quote(config_path)])
+
+
+def render(
+    record: ExperimentRecord,
+    trial: TrialRecord,
+    fmt: Format | str,
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    config_path: str = "best.yaml",
+    spec=None,
+) -> Export:
+    """The best config of `record` taken from `trial`, in `fmt`, for `nodes` x `gpus_per_node` ranks
+    (`spec`: the experiment's parsed spec when the caller has it already)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    spec = spec or stored_spec(record)
+    command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
+    config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
+    origin = provenance(record, spec, trial, config)
+    warnings = warnings_for(origin)
+    if fmt == "json":
+        body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}
+        text = json.dumps(body, indent=2) + "\n"
+    else:
+        tuned_micro = production_config(spec, trial)["batch"]["micro_batch_size"]
+        comments = _comment_lines(origin, tuned_micro, config, warnings, command)
+        body = command + "\n" if fmt == "torchrun" else yaml.safe_dump(config, sort_keys=False)
+        text = "\n".join(f"# {comment_text(line)}" if line else "#" for line in comments) + "\n" + body
+    return Export(text, warnings, MEDIA_TYPES[fmt])
+
+
+def _comment_lines(origin: Provenance, tuned_micro: int, config: dict[str, Any], warnings, command: str) -> list[str]:
+    objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
+    simulated = " (simulated: read from a learning-curve table, not trained)" if origin.simulated else ""
+    lines = [
+        f"Best configuration of experiment {origin.experiment}, exported by `hpo export`."
+        + (" SIMULATED: no training happened." if origin.simulated else ""),
+        f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
+        f"objective: {origin.metric} = {objective} ({origin.direction})",
+    ]
+    if origin.reached_target:
+        reached = f"after {origin.samples_to_target} samples" if origin.samples_to_target is not None else ""
+        lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip() + simulated)
+    lines += [f"WARNING: {warning}" for warning in warnings]
+    lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]
+    if tuned_micro != config["batch"]["micro_batch_size"]:
+        lines.append(f"batch.micro_batch_size lowered from {tuned_micro} so the global batch splits over the ranks")
+    mlperf = config["log"]["mlperf"]
+    where = "" if PurePath(mlperf).is_absolute() else ", relative to the directory the command runs in"
+    lines.append(f"MLPerf log (mllog events of rank 0): {mlperf}{where}")
+    lines += ["", f"run: {command}"]
+    return lines

@@ -1,0 +1,414 @@
+"""`hpo plan`'s verdict chances: how many confirmation runs per arm an answer needs, from a spread.
+
+The verdict's chances from a spread (`--cv C --difference D`, or `--like PILOT`; `chances_forecast`): how many
+confirmation runs per arm an answer needs, from evidence rather than the curve table. Each arm's confirmation runs
+are drawn: ln samples to target ~ Normal(log_mean, log_sd), a miss (censored at the budget) with probability
+1 - hit rate. A stated spread is log-normal at CV C in every arm (sigma² = ln(1 + C²)), the file's first arm at
+(1 - D) x the others' geometric mean, every run a hit (as bench/verdict_power.py part 2 draws it). A pilot
+(`pilot_evidence`, an experiment in the user's database, only read) gives each arm the mean and standard deviation
+of ln samples to target of its best configuration's confirmation runs (plus its best tuning run when it has fewer
+than 2), interpolated between evaluations as the verdict reads them, at least the verdict's floor of one evaluation
+interval; its hit rate; and its difference, taken as the truth (its own 95 % interval is printed beside it).
+The runs are independent across arms (the service gives both arms the same seeds; on the seeds table that makes
+answers a little likelier than drawn here). Every drawn experiment is asked of `hpo.evidence.verdict.decide` itself as
+the
+service asks it: a fixed k at one look, or auto's rounds, look j of J, stopping at an answer or where more runs
+would not decide (`confirmation_verdict`). It is judged as bench/verdict_power.py judges: right (the truly better
+arm named; "equivalent" where every pair's true ratio lies within the margin), wrong winner, equivalent, not yet.
+Each confirmation budget has its own generator seeded by (--seed, fixed or auto, its most runs per arm): the same
+command prints the same numbers. `--power P` (`advise`) searches fixed k from 2 upwards to the first whose chance
+of a right answer reaches P (at most 12), and auto at caps 6, 9 and 12, with each one's mean runs per arm.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hpo.evidence.confirmations import stored_curves
+from hpo.evidence.verdict import (
+    ALPHA,
+    ArmRuns,
+    Outcome,
+    Verdict,
+    arm_runs,
+    compare,
+    decide,
+    samples_between_evaluations,
+    t_quantile,
+)
+from hpo.experiment import Budget, spec_from_stored
+from hpo.experiment.arms import arm_labels, trial_config
+from hpo.plan.forecast import WIDTH, PlanError, share_interval
+from hpo.trials import TrialKind, TrialState
+from search_spaces.space import trainer_key
+
+
+@dataclass(frozen=True)
+class ArmSpread:
+    """How one arm's confirmation runs are drawn: ln samples to target ~ Normal(log_mean, log_sd), each run a miss
+    (censored at max_samples, as the verdict counts one) with probability 1 - hit_rate."""
+
+    label: str
+    log_mean: float
+    log_sd: float
+    hit_rate: float = 1.0
+    max_samples: int | None = None  # a miss's sample budget (None: every run reaches the target)
+    resolution: float = 0.0  # the verdict's spread floor for such runs (hpo.evidence.verdict.ArmRuns.resolution)
+
+    @property
+    def cv(self) -> float:
+        """The coefficient of variation of samples to target under this log-normal law."""
+        return math.sqrt(math.expm1(self.log_sd**2))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Every arm's spread, taken as the truth, and where it came from."""
+
+    arms: tuple[ArmSpread, ...]
+    source: tuple[str, ...]  # the lines that say so
+
+    @property
+    def better(self) -> str | None:
+        """The truly better arm: the lowest geometric mean samples to target (None: all arms tie exactly)."""
+        best = min(self.arms, key=lambda a: a.log_mean)
+        return None if all(a.log_mean == best.log_mean for a in self.arms) else best.label
+
+    def within(self, margin: float) -> bool:
+        """The truth is "equivalent within ±margin": every pair's true ratio, in the verdict's order, lies inside."""
+        return all(1 - margin < math.exp(a.log_mean - b.log_mean) < 1 + margin
+                   for i, a in enumerate(self.arms) for b in self.arms[i + 1 :])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Confirmations:
+    """A confirmation budget: a fixed k (one look), or auto with a cap (a look after each round)."""
+
+    k: int | None  # confirm_seeds: k; None: auto
+    cap: int | None = None  # auto's max_confirm_seeds
+
+    @property
+    def rounds(self) -> tuple[int, ...]:
+        budget = Budget(trials=2, confirm_seeds=self.k if self.k is not None else "auto", max_confirm_seeds=self.cap)
+        return budget.confirmation_rounds
+
+    def __str__(self) -> str:
+        if self.k is not None:
+            return f"confirm_seeds: {self.k}"
+        return f"confirm_seeds: auto, max_confirm_seeds: {self.cap}"
+
+
+@dataclass(frozen=True)
+class Chances:
+    """The verdict's outcomes over drawn experiments with one confirmation budget."""
+
+    choice: Confirmations
+    draws: int
+    right_winner: int  # the truly better arm named
+    wrong_winner: int  # another arm named (at a true tie: any arm)
+    equivalent: int
+    not_yet: int
+    runs: int  # confirmation runs per arm used, summed over the draws
+    within: bool  # the truth is within the margin: "equivalent" is a right answer
+
+    @property
+    def right(self) -> int:
+        return self.right_winner + (self.equivalent if self.within else 0)
+
+    @property
+    def power(self) -> float:
+        """The chance of a right answer."""
+        return self.right / self.draws
+
+    @property
+    def wrong(self) -> int:
+        """Wrong answers: another arm named, or "equivalent" where the truth is not within the margin."""
+        return self.wrong_winner + (0 if self.within else self.equivalent)
+
+    @property
+    def runs_per_arm(self) -> float:
+        return self.runs / self.draws
+
+
+def file_confirmations(spec) -> Confirmations | None:
+    """The file's confirmation budget (None: confirm_seeds 0, no verdict)."""
+    budget = spec.budget
+    if budget.sequential:
+        return Confirmations(None, budget.most_confirm_seeds)
+    return Confirmations(budget.confirm_seeds) if budget.confirm_seeds else None
+
+
+def stated_evidence(labels: Sequence[str], cv: float, difference: float) -> Evidence:
+    """Every arm log-normal at this coefficient of variation, the first arm's samples (1 - difference) x the others'
+    (the ratio of geometric means, as bench/verdict_power.py states it), every run a hit."""
+    if len(labels) < 2:
+        raise PlanError("a stated spread needs an experiment with compare arms: the verdict compares arms")
+    sigma = math.sqrt(math.log1p(cv * cv))
+    base = math.log(STATED_SAMPLES) - sigma * sigma / 2
+    arms = tuple(ArmSpread(label, base + (math.log1p(-difference) if i == 0 else 0.0), sigma)
+                 for i, label in enumerate(labels))  # fmt: skip
+    truth = ("the tie: every arm needs the same samples" if difference == 0 else
+             f"{labels[0]} needs {difference:.1%} fewer samples than {' and '.join(labels[1:])}")  # fmt: skip
+    return Evidence(arms, (f"a stated spread: samples to target log-normal with a CV of {cv:.1%} in every arm, every "
+                           f"run reaching the target; the truth: {truth}",))  # fmt: skip
+
+
+STATED_SAMPLES = 10_000  # a stated spread's slower arms' mean samples to target (the verdict is free of scale)
+
+
+def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
+    """The spread of experiment `name` (read only): per arm, ln samples to target of its best configuration's
+    confirmation runs, plus its best tuning run when it has fewer than 2, interpolated between evaluations as the
+    verdict reads them; its hit rate; the floor of one evaluation interval where the verdict would apply it.
+    `PilotError` when an arm has fewer than 2 runs that reached the target, or the arms are not the file's."""
+    record = storage.get_experiment_by_name(name)
+    spec = spec_from_stored(record)
+    pilot_labels = arm_labels(spec)
+    if sorted(pilot_labels) != sorted(labels):
+        raise PilotError(f"--like {name}: it compares {_names(pilot_labels)}, the file {_names(labels)}: a pilot "
+                         "must have the file's arms (the same compare keys and values)")  # fmt: skip
+    trials = storage.list_trials(record.id)
+    best = storage.best_per_arm(record.id)
+    runs = {r.label: r for r in arm_runs(spec, best, trials, stored_curves(storage, trials))}
+    arms, pilot_runs = [], {}
+    lines = [f"the spread of experiment {name} in your database (read only), taken as the truth:"]
+    for label in labels:
+        values, origin = _pilot_values(storage, spec, runs[label], best.get(label), trials)
+        hits = [v for v in values if v is not None]
+        if len(hits) < 2:
+            raise PilotError(_too_little(name, label, len(values), len(hits)))
+        logs = [math.log(v) for v in hits]
+        floor = (
+            runs[label].resolution / math.sqrt(12) / math.exp(statistics.fmean(logs))
+        )  # hpo.evidence.verdict's floor
+        arm = ArmSpread(label, statistics.fmean(logs), max(statistics.stdev(logs), floor), len(hits) / len(values),
+                        runs[label].max_samples, runs[label].resolution)  # fmt: skip
+        arms.append(arm)
+        pilot_runs[label] = ArmRuns(label, tuple(values), runs[label].max_samples, runs[label].resolution)
+        lines.append(f"  {label}: {len(hits)} of {len(values)} {origin} reached the target; samples to target "
+                     f"geometric mean {math.exp(arm.log_mean):,.0f}, CV {arm.cv:.1%} (sd of ln "
+                     f"{arm.log_sd:.3f})")  # fmt: skip
+    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_runs)))
+
+
+def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns]) -> list[str]:
+    """The pilot's difference, taken as the truth, with its own 95 % interval (hpo.evidence.verdict.compare): how sure
+    it is."""
+    top = min(arms, key=lambda a: a.log_mean)
+    rest = [a for a in arms if a.log_mean != top.log_mean]
+    if not rest:
+        return ["  the truth: the arms tie exactly"]
+    parts = []
+    for arm in rest:
+        c = compare(runs[top.label], runs[arm.label], ALPHA)
+        parts.append(f"{-math.expm1(top.log_mean - arm.log_mean):.1%} fewer than {arm.label} (the pilot's 95 % "
+                     f"interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
+    caveat = "  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"
+    return [f"  the truth: {top.label} needs {'; '.join(parts)}", caveat]
+
+
+class PilotError(PlanError):
+    """An experiment `--like` cannot take a spread from (too few runs that reached the target, other arms)."""
+
+
+def _pilot_values(storage, spec, runs: ArmRuns, top, trials) -> tuple[list[float | None], str]:
+    """An arm's runs: its confirmation runs; when there are fewer than 2, its best tuning run too (when it hit),
+    with the tuning runs of the same configuration with other training seeds (a grid pilot over `seed`)."""
+    values = list(runs.samples_to_target)
+    if len(values) >= 2 or top is None or top.state is not TrialState.COMPLETED or top.samples_to_target is None:
+        return values, "confirmation runs"
+    seeded = _without_seed(top.params) != top.params  # the training seed is a tuned parameter (a grid pilot)
+    same = [t for t in trials if seeded and t.id != top.id and t.kind is TrialKind.TUNING and t.budget >= 1.0
+            and t.state.finished and _without_seed(t.params) == _without_seed(top.params)]  # fmt: skip
+    target = trial_config(spec, top.params).eval.target_mlm_accuracy
+    for trial in [top, *same]:
+        if trial.state is not TrialState.COMPLETED or trial.samples_to_target is None:
+            values.append(None)  # a miss of the configuration: counts in its hit rate
+            continue
+        curve = [(m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy") if m.samples is not None]
+        values.append(samples_between_evaluations(curve, target, trial.samples_to_target))
+    origin = f"runs (its best tuning run{' and its other seeds' if same else ''} too)"
+    return values, origin
+
+
+def _without_seed(params: dict) -> dict:
+    return {k: v for k, v in params.items() if trainer_key(k) != "seed"}
+
+
+def _too_little(name: str, label: str, runs: int, hits: int) -> str:
+    return (f"--like {name}: too little evidence for a spread: arm {label} has {hits} run(s) that reached the target "
+            f"of {runs} (its best configuration's confirmation runs, and its best tuning run when there are fewer "
+            "than 2); a spread needs at least 2 per arm. Run the pilot with `budget.confirm_seeds: 3` or more, or "
+            "state a spread with --cv and --difference")  # fmt: skip
+
+
+def _names(labels: Sequence[str]) -> str:
+    return " and ".join(labels) if labels else "no arms"
+
+
+def confirmation_verdict(arms: Sequence[ArmRuns], rounds: Sequence[int], margin: float) -> tuple[Verdict, int]:
+    """The verdict the service reaches over these runs (each arm's runs in the order they would finish): look j
+    of J over the first rounds[j - 1] runs, stopping at an answer or where more runs would not decide (the rule of
+    `hpo.evidence.confirmations.runs_to_queue`); (that verdict, the runs per arm it used)."""
+    for look, n in enumerate(rounds, 1):
+        verdict = decide([replace(a, samples_to_target=a.samples_to_target[:n]) for a in arms], margin, look,
+                         len(rounds))  # fmt: skip
+        if verdict.outcome is not Outcome.NOT_YET or verdict.runs_needed is None:
+            return verdict, n
+    return verdict, rounds[-1]
+
+
+def verdict_chances(evidence: Evidence, margin: float, choice: Confirmations, draws: int, seed: int = 0) -> Chances:
+    """The verdict's outcomes over `draws` experiments whose confirmation runs are drawn from `evidence`, each
+    asked of `hpo.evidence.verdict.decide` as the service asks it under `choice`. Seeded by (seed, choice): the same
+    arguments give the same counts."""
+    rounds = choice.rounds
+    rng = np.random.default_rng([seed, 0 if choice.k is not None else 1, rounds[-1]])
+    columns = [_draw_runs(rng, arm, draws, rounds[-1]) for arm in evidence.arms]
+    better, counts, runs = evidence.better, dict.fromkeys(("right", "wrong", "equivalent", "not yet"), 0), 0
+    for d in range(draws):
+        arms = [ArmRuns(a.label, column[d], a.max_samples, a.resolution)
+                for a, column in zip(evidence.arms, columns, strict=True)]  # fmt: skip
+        verdict, used = confirmation_verdict(arms, rounds, margin)
+        runs += used
+        if verdict.outcome is Outcome.WINNER:
+            counts["right" if verdict.winner == better else "wrong"] += 1
+        else:
+            counts[verdict.outcome.value] += 1
+    t_quantile.cache_clear()  # continuous degrees of freedom rarely repeat: do not keep thousands of quantiles
+    return Chances(choice, draws, counts["right"], counts["wrong"], counts["equivalent"], counts["not yet"], runs,
+                   evidence.within(margin))  # fmt: skip
+
+
+def _draw_runs(rng: np.random.Generator, arm: ArmSpread, draws: int, n: int) -> list[tuple[float | None, ...]]:
+    """`draws` rows of n runs of one arm: samples to target, None for a miss."""
+    samples = np.exp(rng.normal(arm.log_mean, arm.log_sd, (draws, n)))
+    hits = rng.random((draws, n)) < arm.hit_rate
+    return [tuple(float(s) if hit else None for s, hit in zip(row, hit_row, strict=True))
+            for row, hit_row in zip(samples, hits, strict=True)]  # fmt: skip
+
+
+ADVICE_FIXED = tuple(range(2, 13))  # confirm_seeds: k searched for --power
+ADVICE_CAPS = (6, 9, 12)  # confirm_seeds: auto with these max_confirm_seeds
+DRAWS = 2000  # drawn experiments a confirmation budget (one standard error of an 80 % chance: 0.9 points)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """For a wanted chance of a right answer: the fixed k searched upwards until one reaches it, and auto's caps."""
+
+    power: float
+    fixed: tuple[Chances, ...]
+    auto: tuple[Chances, ...]
+
+    @property
+    def fewest_fixed(self) -> Chances | None:
+        return next((c for c in self.fixed if c.power >= self.power), None)
+
+    @property
+    def smallest_cap(self) -> Chances | None:
+        return next((c for c in self.auto if c.power >= self.power), None)
+
+
+def advise(evidence: Evidence, margin: float, power: float, draws: int, seed: int = 0,
+           known: Sequence[Chances] = ()) -> Advice:  # fmt: skip
+    """The fewest fixed confirmation runs per arm (2 to 12) whose chance of a right answer reaches `power`, and
+    auto at caps 6, 9 and 12 (`known`: chances already computed, reused where their budget is searched)."""
+    done = {c.choice: c for c in known if c.draws == draws}
+
+    def chances(choice: Confirmations) -> Chances:
+        return done.get(choice) or verdict_chances(evidence, margin, choice, draws, seed)
+
+    fixed = []
+    for k in ADVICE_FIXED:
+        fixed.append(chances(Confirmations(k)))
+        if fixed[-1].power >= power:
+            break
+    auto = tuple(chances(Confirmations(None, cap)) for cap in ADVICE_CAPS)
+    return Advice(power, tuple(fixed), auto)
+
+
+def chances_forecast(spec, evidence: Evidence, draws: int = DRAWS, power: float | None = None,
+                     seed: int = 0) -> list[str]:  # fmt: skip
+    """The verdict's chances with the file's confirmation budget and, for a wanted `power`, the advice: printed."""
+    margin, choice = spec.verdict.margin, file_confirmations(spec)
+    mine = verdict_chances(evidence, margin, choice, draws, seed) if choice else None
+    advice = advise(evidence, margin, power, draws, seed, [mine] if mine else []) if power else None
+    return chances_lines(evidence, spec, mine, advice, draws, seed)
+
+
+def chances_lines(evidence: Evidence, spec, mine: Chances | None, advice: Advice | None, draws: int,
+                  seed: int = 0) -> list[str]:  # fmt: skip
+    """What `hpo plan --cv/--like` prints: where the spread comes from, the verdict's chances with the file's
+    confirmation budget, and with --power the advice table."""
+    margin = spec.verdict.margin
+    lines = [f"the verdict's chances: {draws:,} drawn experiments a confirmation budget (seed {seed}), each arm's "
+             "confirmation runs drawn log-normally from the spread below and judged by the verdict itself "
+             f"(hpo.evidence.verdict.decide, margin ±{margin:.0%}) as `hpo run` asks it; no training, no simulated "
+             "cluster"]  # fmt: skip
+    lines += [f"  {line}" if not line.startswith("  ") else line for line in evidence.source]
+    if mine is None:
+        lines += ["", "this file has no confirmation runs (budget.confirm_seeds: 0): its verdict has no evidence"]
+    else:
+        lines += ["", f"outcome with this file's {_budget_words(mine.choice)} (of {draws:,} draws; 95 % Wilson "
+                      "interval of the share)"]  # fmt: skip
+        lines += [_share_line(label, count, draws) for label, count in _outcome_rows(evidence, mine, margin)]
+        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.runs_per_arm:>11.1f}")
+    if advice is not None:
+        lines += [""] + advice_lines(advice, len(evidence.arms))
+    return lines
+
+
+def _budget_words(choice: Confirmations) -> str:
+    if choice.k is not None:
+        return f"confirm_seeds: {choice.k} (one look)"
+    return f"confirm_seeds: auto (looks after {', '.join(map(str, choice.rounds))} runs per arm)"
+
+
+def _outcome_rows(evidence: Evidence, chances: Chances, margin: float) -> list[tuple[str, int]]:
+    better = evidence.better
+    equivalent = f"equivalent within ±{margin:.0%}" + (" (right)" if chances.within else " (wrong)")
+    rows = [(f"right: {better} named", chances.right_winner)] if better else []
+    rows += [("wrong: another arm named" if better else "wrong: an arm named", chances.wrong_winner),
+             (equivalent, chances.equivalent), ("not yet", chances.not_yet),
+             ("a right answer", chances.right)]  # fmt: skip
+    return rows
+
+
+def _share_line(label: str, count: int, total: int) -> str:
+    low, high = share_interval(count, total)
+    return f"  {label:<{WIDTH - 2}}{count:>5} {count / total:>6.1%}   {low:.1%} to {high:.1%}"
+
+
+def advice_lines(advice: Advice, arms: int) -> list[str]:
+    """The --power table: each searched budget's chance of a right answer and its cost, and the advice to copy."""
+    wanted = f"{advice.power:.0%}"
+    lines = [f"advice for a right answer in at least {wanted} of experiments: fixed confirm_seeds searched from 2 up "
+             f"to the first that reaches it, and auto at max_confirm_seeds {', '.join(map(str, ADVICE_CAPS))}",
+             f"  {'under budget: in the experiment file':<{WIDTH}}{'right':>7}{'not yet':>9}{'wrong':>7}"
+             f"{'runs per arm':>14}{'runs in all':>13}"]  # fmt: skip
+    for c in (*advice.fixed, *advice.auto):
+        mark = f"  reaches {wanted}" if c.power >= advice.power else ""
+        lines.append(f"  {str(c.choice):<{WIDTH}}{c.power:>7.1%}{c.not_yet / c.draws:>9.1%}{c.wrong / c.draws:>7.1%}"
+                     f"{c.runs_per_arm:>14.1f}{c.runs_per_arm * arms:>13.1f}{mark}")  # fmt: skip
+    fixed, auto = advice.fewest_fixed, advice.smallest_cap
+    if fixed:
+        k = fixed.choice.k
+        lines.append(f"fewest fixed: confirm_seeds: {k}  ({k} runs per arm, {k * arms} confirmation runs in all; a "
+                     f"right answer in {fixed.power:.1%})")  # fmt: skip
+    else:
+        lines.append(f"no fixed confirm_seeds up to {ADVICE_FIXED[-1]} reaches {wanted} (at {ADVICE_FIXED[-1]}: "
+                     f"{advice.fixed[-1].power:.1%}): the spread is too wide for the difference; more tuning, a "
+                     "larger margin, or accepting a lower chance")  # fmt: skip
+    if auto:
+        lines.append(f"smallest auto cap: confirm_seeds: auto + max_confirm_seeds: {auto.choice.cap}  "
+                     f"({auto.runs_per_arm:.1f} runs per arm on average, at most {auto.choice.cap}; a right answer "
+                     f"in {auto.power:.1%})")  # fmt: skip
+    else:
+        lines.append(f"no auto cap up to {ADVICE_CAPS[-1]} reaches {wanted}")
+    return lines

@@ -1,0 +1,582 @@
+"""`hpo plan`: what an experiment will cost and how likely it ends with an answer, before it spends anything.
+
+    plan = prepare_plan("search_spaces/presets/adam_vs_lamb_simulated.yaml", PlanOptions(repetitions=20))
+    repetitions = run_plan(plan)                       # R simulated experiments, each in a temporary database
+    print("\\n".join(forecast_lines(plan, repetitions)))
+    evidence = stated_evidence(arm_labels(plan.spec), cv=0.05, difference=0.10)   # or pilot_evidence(storage, ...)
+    print("\\n".join(chances_forecast(plan.spec, evidence, power=0.8)))   # the verdict's chances, the advice
+
+The experiment file runs R times on the simulated runner (`hpo.runners.simulated`: trials read their learning
+curves from a recorded table, at simulated times): the same study loop, tuner, confirmation runs
+(`confirm_seeds: auto` included) and verdict as `hpo run`. Each repetition has its own SQLite database in a
+temporary directory, deleted when the plan ends; the user's database (`--db`, HPO_DATABASE_URL) is never opened
+there (only `--like` reads a pilot from it).
+
+Repetition r (0-based) under `--seed S`: tuner seed = the file's + S + r, training seed = the file's +
+SEED_STRIDE x (S + r) (the confirmation runs take the seeds after it; the stride keeps the repetitions' seeds
+apart). Repetition 0 of seed 0 is `hpo run FILE` itself.
+
+A real experiment (runner local or dask, or engine nni) is planned on the simulated runner over DEFAULT_TABLE when
+the table covers its space (the output says so); otherwise `PlanError` says what a plannable file needs. Durations
+are the simulated runner's model (runner.simulation: the GPU's samples per second x GPUs per slot, one table
+sample = `sample_scale` BERT-large samples): a conversion, not a measurement; `--gpu` and `--samples-per-s` change it.
+
+Figures of one repetition, from its stored trials:
+- first target-reaching configuration (`first_hit`): the first trial, in simulated finishing time, that reached
+  the target; wall-clock from the first trial's creation to its end, GPU-hours the busy slot-time of every trial
+  up to that moment x GPUs per slot;
+- the verdict: the end of the experiment (its last trial): GPU-hours, wall-clock and the idle share of the
+  slot-time (`hpo.simulation.cost`);
+- the outcome: the verdict's winner, equivalent, or not yet (`hpo.evidence.verdict`).
+
+Summaries over the R repetitions: the median and the 2.5th to 97.5th percentile (linear interpolation, numpy's
+default), the range 95 % of such experiments fall in (a repetition without a hit counts as never); each outcome's
+share with its 95 % Wilson interval (scipy).
+
+Speed: the repetitions read a copy of the table without its training-loss and noise-scale series
+(`without_progress_series`): the runner writes every point of them as a record, most of its time, and they change
+no duration, objective or decision.
+
+The verdict's chances from a spread (`--cv`, `--difference`, `--like`, `--power`) are in `hpo.plan.chances`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import binomtest
+
+from hpo.engine.study import Study
+from hpo.errors import HpoError
+from hpo.evidence.confirmations import stored_verdict
+from hpo.experiment import experiment_from_dict, load_experiment, stored_form
+from hpo.experiment.arms import arm_labels
+from hpo.plan.truth import JUDGED, Truth, stated_handicap, table_truth
+from hpo.runners import build_runner
+from hpo.simulation.cost import experiment_cost
+from hpo.simulation.table import DIMENSIONS, TABLES, load_table
+from hpo.storage import SqlStorage
+from hpo.trials import TrialKind
+from trainer.config import config_from_dict
+
+DEFAULT_TABLE = TABLES / "curves.jsonl"
+SEED_STRIDE = 1000  # training seeds between repetitions: more than any arm's confirmation runs
+LEVEL = 0.95
+
+
+class PlanError(HpoError):
+    """An experiment file `hpo plan` cannot forecast (a real experiment whose space the default table cannot serve)."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The command line's choices; None keeps the file's."""
+
+    repetitions: int = 20
+    seed: int = 0
+    slots: int | None = None  # budget.max_parallel: the simulated cluster's slots
+    gpus_per_slot: int | None = None  # resources.gpus_per_trial
+    gpu: str | None = None  # runner.simulation.gpu (a100, h100): its samples per second
+    samples_per_s: float | None = None  # runner.simulation.samples_per_s: one GPU's samples per second
+    difference: float | None = None  # a stated true difference (hpo.plan.truth); None: the table's own truth
+    trials: int | None = None  # budget.trials: the tuning trials of all arms together (the trials advice)
+    table: str | None = None  # a curve table to plan over instead of the file's (a pilot's curves: `--like`)
+    max_confirm_seeds: int | None = None  # budget.max_confirm_seeds (confirm_seeds: auto): the trials advice's caps
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked experiment, ready to repeat on the simulated runner."""
+
+    source: str  # the experiment file
+    data: dict[str, Any]  # its self-contained form on the simulated runner, with the options applied
+    spec: Any  # repetition 0's validated spec (hpo.experiment.ExperimentSpec)
+    table: Path  # the learning-curve table the trials read
+    moved: str | None  # a real experiment's runner and engine, planned on the simulated runner; None: it is simulated
+    options: PlanOptions
+    file_seeds: tuple[int, int]  # the file's tuner seed and training seed
+    truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
+
+    def seeds(self, index: int) -> tuple[int, int]:
+        """(tuner seed, training seed) of repetition `index`."""
+        return repetition_seeds(self.file_seeds, self.options.seed + index)
+
+
+def repetition_seeds(file_seeds: tuple[int, int], seed: int) -> tuple[int, int]:
+    """(tuner seed, training seed) of repetition `seed` (--seed + r) of a file with these (tuner, training) seeds."""
+    return file_seeds[0] + seed, file_seeds[1] + SEED_STRIDE * seed
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """One simulated run of the experiment: its cost and its outcome (hours are simulated)."""
+
+    index: int
+    tuner_seed: int
+    training_seed: int
+    first_hit_gpu_h: float | None  # None: no trial reached the target
+    first_hit_wall_h: float | None
+    answer_gpu_h: float
+    answer_wall_h: float
+    idle_fraction: float
+    outcome: str  # "winner", "equivalent", "not yet"; "" without compare arms
+    winner: str | None
+    tuning_trials: int
+    confirmation_runs: int
+
+
+# ------------------------------------------------------------------------------------------------ the file
+def prepare_plan(path: str, options: PlanOptions) -> Plan:
+    """The experiment file on the simulated runner, checked as `hpo run` checks it (the same errors for a bad file,
+    and the table must serve every trial); nothing is written."""
+    spec = load_experiment(path)  # a bad file: the errors `hpo run` gives
+    data = spec.self_contained()
+    moved = None if spec.runner.name == "simulated" else f"runner {spec.runner.name}, engine {spec.engine}"
+    if moved:
+        data.update(engine="local", runner={"name": "simulated", "simulation": {"table": str(DEFAULT_TABLE)}})
+        data["resources"] = {**data["resources"], "machines": []}
+    data = _with_options(data, options)
+    seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
+    try:
+        first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
+        runner = build_runner(first)  # reads the table and checks that it covers every trial the file can propose
+    except HpoError as e:
+        if not moved:
+            raise
+        raise PlanError(_not_plannable(path, moved, e, options.table or str(DEFAULT_TABLE))) from None
+    truth = None
+    if options.difference is not None:
+        data["runner"]["simulation"]["handicaps"] = stated_handicap(runner, first, options.difference)
+        runner.close()
+        first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
+        runner = build_runner(first)
+    if first.compare:
+        truth = table_truth(runner, first)
+        if options.difference is not None:
+            (handicap,) = data["runner"]["simulation"]["handicaps"].values()
+            truth = replace(truth, stated=options.difference, delay_samples=handicap["delay_samples"])
+    runner.close()
+    table = Path(first.runner.simulation.table)
+    return Plan(path, data, first, table, moved, options, seeds, truth)
+
+
+def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    simulation = data["runner"]["simulation"]
+    if options.slots is not None:
+        data["budget"]["max_parallel"] = options.slots
+    if options.gpus_per_slot is not None:
+        data["resources"]["gpus_per_trial"] = options.gpus_per_slot
+    if options.gpu is not None:
+        simulation.update(gpu=options.gpu, samples_per_s=None)
+    if options.samples_per_s is not None:
+        simulation["samples_per_s"] = options.samples_per_s
+    if options.trials is not None:
+        data["budget"]["trials"] = options.trials
+    if options.table is not None:
+        simulation["table"] = options.table
+    if options.max_confirm_seeds is not None:
+        data["budget"]["max_confirm_seeds"] = options.max_confirm_seeds
+    return data
+
+
+def _not_plannable(path: str, moved: str, error: HpoError, table: str) -> str:
+    reason = str(error).removeprefix(f"{path}: ")
+    return (f"{path}: cannot be planned: it is a real experiment ({moved}), and `hpo plan` runs it on the simulated "
+            f"runner over the learning-curve table {table}, which cannot serve it: {reason}\nA plannable file "
+            f"tunes only what a table varies ({', '.join(DIMENSIONS)}) within the table's grid, with its budget and "
+            "evaluations (see the table's meta line); or copy the file with `runner: {name: simulated, simulation: "
+            "{table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is one)")  # fmt: skip
+
+
+def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], table: Path | None = None):
+    """The validated spec of a repetition with these (tuner, training) seeds (table: the copy its trials read,
+    else the data's)."""
+    tuner_seed, training_seed = seeds
+    data = copy.deepcopy(data)
+    data["tuner"]["seed"] = tuner_seed
+    data["overrides"] = {"seed": training_seed}
+    if table is not None:
+        data["runner"]["simulation"]["table"] = str(table)
+    return experiment_from_dict(data, source)
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, jobs: int = 1) -> list[Repetition]:
+    """The plan's repetitions, each in a temporary database deleted when it ends, `jobs` at a time in worker
+    processes (1: one after another in this process; the figures do not depend on it: each repetition has its own
+    seeds and database); `progress` is called with (repetitions done, seconds elapsed) after each."""
+    started = time.perf_counter()
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # SQLite's syncs cost nothing in memory
+    repetitions: list[Repetition] = []
+    with tempfile.TemporaryDirectory(prefix="hpo-plan-", dir=scratch) as tmp:
+        directory = Path(tmp)
+        table = without_progress_series(plan.table, directory / "curves.jsonl")
+        indices = range(plan.options.repetitions)
+        if jobs <= 1:
+            done = (run_repetition(plan, r, directory, table) for r in indices)
+            for repetition in done:
+                repetitions.append(repetition)
+                if progress:
+                    progress(len(repetitions), time.perf_counter() - started)
+            return repetitions
+        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(indices))) as pool:
+            futures = [pool.submit(run_repetition, plan, r, directory, table) for r in indices]
+            for future in concurrent.futures.as_completed(futures):
+                repetitions.append(future.result())
+                if progress:
+                    progress(len(repetitions), time.perf_counter() - started)
+    return sorted(repetitions, key=lambda r: r.index)
+
+
+def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repetition:
+    """Repetition `index` through the study loop on the simulated runner, in its own database under `directory`
+    (deleted afterwards); its figures."""
+    spec = _repetition_spec(plan.data, plan.source, plan.seeds(index), table)
+    database = directory / f"repetition-{index}.db"
+    url, run_dir = f"sqlite:///{database}", directory / f"repetition-{index}"
+    runner, storage = build_runner(spec), SqlStorage(url, upgrade=True)
+    try:
+        experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+        runner.attach(storage, experiment_id)  # as `hpo run` drives it (hpo.engine.local.drive), without a display
+        Study(spec, storage, experiment_id, run_dir, runner, url).run()
+        trials = storage.list_trials(experiment_id)
+        verdict = _verdict(storage, experiment_id, spec)
+    finally:
+        runner.close()
+        storage.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{database}{suffix}").unlink(missing_ok=True)
+    return repetition_figures(index, plan.seeds(index), trials, spec, verdict)
+
+
+def _verdict(storage, experiment_id: int, spec):
+    return stored_verdict(storage, experiment_id, spec) if spec.compare else None
+
+
+def repetition_figures(index: int, seeds: tuple[int, int], trials, spec, verdict) -> Repetition:
+    """A repetition's figures from its stored trials (see the module docstring)."""
+    gpus = spec.resources.gpus_per_trial
+    hit = first_hit(trials, gpus)
+    cost = experiment_cost(trials, spec.budget.max_parallel, gpus)
+    if cost is None:
+        raise HpoError(f"{spec.source}: repetition {index} ended without a finished trial; `hpo run` it to see why")
+    return Repetition(
+        index, *seeds, hit[0] if hit else None, hit[1] if hit else None, cost.gpu_hours, cost.wall_hours,
+        cost.idle_fraction, verdict.outcome.value if verdict else "", verdict.winner if verdict else None,
+        sum(t.kind is TrialKind.TUNING for t in trials), sum(t.kind is TrialKind.CONFIRMATION for t in trials),
+    )  # fmt: skip
+
+
+def first_hit(trials, gpus_per_slot: int) -> tuple[float, float] | None:
+    """(GPU-hours, wall-clock hours) until the first trial that reached the target ended; None: none did."""
+    started = [t for t in trials if t.started_at is not None]
+    hits = [t.finished_at for t in started if t.samples_to_target is not None and t.finished_at is not None]
+    if not hits:
+        return None
+    moment, start = min(hits), min(t.created_at for t in started)
+    busy_s = sum(max((min(t.finished_at or moment, moment) - t.started_at).total_seconds(), 0.0) for t in started)
+    return busy_s * gpus_per_slot / 3600, (moment - start).total_seconds() / 3600
+
+
+def without_progress_series(table: Path, out: Path) -> Path:
+    """A copy of the table whose runs have no training-loss and noise-scale series (see the module docstring)."""
+    lines = []
+    for text in Path(table).read_text().splitlines():
+        if text.strip():
+            record = json.loads(text)
+            if record.get("kind") == "run":
+                record["loss"], record["noise_scale"] = [], []
+            lines.append(json.dumps(record))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the summary
+def percentile_range(values: Sequence[float | None], level: float = LEVEL) -> tuple[float, float, float]:
+    """(median, low, high): the median and the central `level` range of `values` (the (1 - level) / 2 and
+    (1 + level) / 2 quantiles, interpolated linearly as numpy's default); None counts as never (infinite)."""
+    ordered = sorted(math.inf if v is None else v for v in values)
+    if not ordered:
+        raise ValueError("no values")
+    tail = (1 - level) / 2
+    return _quantile(ordered, 0.5), _quantile(ordered, tail), _quantile(ordered, 1 - tail)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    low, high = ordered[below], ordered[min(below + 1, len(ordered) - 1)]
+    fraction = position - below
+    if fraction == 0 or low == high:
+        return low
+    return math.inf if math.isinf(high) else low + (high - low) * fraction
+
+
+def share_interval(count: int, total: int, level: float = LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of the share count / total (scipy's binomtest)."""
+    interval = binomtest(count, total).proportion_ci(confidence_level=level, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def outcome_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
+    """How many repetitions ended in each outcome: `winner ARM` for every arm, `equivalent`, `not yet`."""
+    counts = {f"winner {arm}": 0 for arm in arm_labels(plan.spec)} | {"equivalent": 0, "not yet": 0}
+    for r in repetitions:
+        counts[f"winner {r.winner}" if r.outcome == "winner" else r.outcome] += 1
+    return counts
+
+
+def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
+    """How many repetitions' outcomes were right, wrong, equivalent (where the arms truly differ), not yet, judged
+    against the plan's truth (`hpo.plan.truth`)."""
+    counts = dict.fromkeys(JUDGED, 0)
+    for r in repetitions:
+        counts[plan.truth.judged(r.outcome, r.winner)] += 1
+    return counts
+
+
+def _shares(counts: dict[str, int], n: int) -> dict[str, dict[str, float]]:
+    """Each outcome's count, share of the n repetitions and the share's Wilson interval."""
+    shares = {}
+    for outcome, count in counts.items():
+        low, high = share_interval(count, n)
+        shares[outcome] = {"count": count, "share": count / n, "low": low, "high": high}
+    return shares
+
+
+def _share_line(label: str, share: dict[str, float]) -> str:
+    return (f"  {label:<{WIDTH - 2}}{share['count']:>4} {share['share']:>6.0%}   {share['low']:.0%} to "
+            f"{share['high']:.0%}")  # fmt: skip
+
+
+def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
+                   pilot: str | None = None, curves: str | None = None) -> list[str]:  # fmt: skip
+    """What `hpo plan` prints: the set-up, the cost figures with their ranges, the outcomes with their intervals
+    (`pilot`: the experiment --like read from the user's database; `curves`: what became of its curves)."""
+    spec, n = plan.spec, len(repetitions)
+    lines = _setup_lines(plan, n, pilot, curves)
+    lines += ["", f"{'':<{WIDTH}}{'median':>10}   range of 95 % of the repetitions (2.5th to 97.5th percentile)"]
+    end = "to the verdict (the experiment's end)" if spec.compare else "to the experiment's end"
+    rows = [
+        ("to the first target-reaching configuration", None, ""),
+        ("  GPU-hours", [r.first_hit_gpu_h for r in repetitions], "{:,.1f}"),
+        ("  wall-clock", [r.first_hit_wall_h for r in repetitions], "{:,.2f} h"),
+        (end, None, ""),
+        ("  GPU-hours", [r.answer_gpu_h for r in repetitions], "{:,.1f}"),
+        ("  wall-clock", [r.answer_wall_h for r in repetitions], "{:,.2f} h"),
+        ("idle slot-time (of slots x wall-clock)", [r.idle_fraction for r in repetitions], "{:.1%}"),
+        ("confirmation runs", [r.confirmation_runs for r in repetitions], "{:,.0f}"),
+    ]
+    lines += [label if values is None else _figure_line(label, values, fmt) for label, values, fmt in rows]
+    misses = sum(r.first_hit_wall_h is None for r in repetitions)
+    if misses:
+        lines.append(f"({misses} of {n} repetitions had no trial that reached the target: counted as never)")
+    if spec.compare:
+        lines += ["", f"outcome (of {_repetitions(n)}; 95 % Wilson interval of the share)"]
+        lines += [_share_line(outcome, s) for outcome, s in _shares(outcome_counts(plan, repetitions), n).items()]
+        lines += ["", f"judged against the truth: {plan.truth.line()}"]
+        for judged, share in _shares(judged_counts(plan, repetitions), n).items():
+            label = "equivalent (the arms truly differ)" if judged == "equivalent" and plan.truth.better else judged
+            lines.append(_share_line(label, share))
+    else:
+        lines += ["", "no compare arms: no verdict, only the cost"]
+    if seconds is not None:
+        lines += ["", f"planned in {seconds:,.0f} s ({seconds / max(n, 1):,.1f} s a repetition on this machine)"]
+    return lines
+
+
+def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
+                  pilot: str | None = None, curves: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The forecast as plain data (`hpo plan --json`, the API): each figure's median and the range of 95 % of the
+    repetitions (None: never, a repetition without a hit), each outcome's count and share with its Wilson
+    interval, the set-up; `simulated` is always true."""
+    spec, n = plan.spec, len(repetitions)
+
+    def figure(values: Sequence[float | None]) -> dict[str, float | None]:
+        median, low, high = percentile_range(values)
+        return {k: None if math.isinf(v) else v for k, v in (("median", median), ("low", low), ("high", high))}
+
+    outcomes, judged, truth = {}, {}, None
+    if spec.compare:
+        outcomes = _shares(outcome_counts(plan, repetitions), n)
+        judged = _shares(judged_counts(plan, repetitions), n)
+        t = plan.truth
+        truth = {
+            "better": t.better,
+            "difference": t.difference(),
+            "stated": t.stated,
+            "delay_samples": t.delay_samples,
+            "metric": t.metric,
+            "line": t.line(),
+            "arms": {a.label: {"params": a.params, "objective": a.objective, "figure": a.figure} for a in t.arms},
+        }
+    simulation = spec.runner.simulation
+    return {
+        "simulated": True,
+        "experiment": spec.name,
+        "source": plan.source,
+        "moved": plan.moved,
+        "repetitions": n,
+        "cluster": {
+            "slots": spec.budget.max_parallel,
+            "gpus_per_slot": spec.resources.gpus_per_trial,
+            "gpu": None if simulation.samples_per_s else simulation.gpu,
+            "samples_per_s": simulation.samples_per_s or simulation.gpu_samples_per_s,
+            "sample_scale": simulation.sample_scale,
+        },  # fmt: skip
+        "table": str(plan.table),
+        "trials": spec.budget.trials,
+        "tuner": spec.tuner.name,
+        "confirm_seeds": spec.budget.confirm_seeds,
+        "first_hit": {
+            "gpu_hours": figure([r.first_hit_gpu_h for r in repetitions]),
+            "wall_hours": figure([r.first_hit_wall_h for r in repetitions]),
+        },  # fmt: skip
+        "answer": {
+            "gpu_hours": figure([r.answer_gpu_h for r in repetitions]),
+            "wall_hours": figure([r.answer_wall_h for r in repetitions]),
+        },  # fmt: skip
+        "idle_fraction": figure([r.idle_fraction for r in repetitions]),
+        "confirmation_runs": figure([r.confirmation_runs for r in repetitions]),
+        "outcomes": outcomes,
+        "truth": truth,
+        "judged": judged,
+        "seconds": seconds,
+        "lines": forecast_lines(plan, repetitions, seconds, pilot, curves),
+    }
+
+
+WIDTH = 44  # the label column of the summary
+TRIALS_FACTORS = (0.5, 1.0, 2.0)  # the trials advice's grid: the file's tuning trials times these
+CONFIRM_CAPS = (6, 9, 12)  # and, for confirm_seeds: auto, these caps (budget.max_confirm_seeds)
+
+
+@dataclass(frozen=True)
+class TrialsCell:
+    """The plan at one tuning budget and confirmation cap: its repetitions' right answers and cost (the advice)."""
+
+    trials: int  # budget.trials (all arms together)
+    per_arm: float
+    max_confirm_seeds: int | None  # budget.max_confirm_seeds (confirm_seeds: auto); None: the file's fixed count
+    right: int
+    repetitions: int
+    gpu_hours: float  # median to the verdict
+    wall_hours: float
+
+
+def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progress=None) -> list[TrialsCell]:
+    """The plan `base` (its repetitions `known`, already run) over a small grid: TRIALS_FACTORS times its tuning trials
+    (at least 2 per arm) and, when it confirms with `auto`, each cap of CONFIRM_CAPS; every cell with the same
+    repetitions' seeds: how often it gives a right answer, and what it costs (`hpo plan --power` without a spread).
+    `progress(done, total)` after each cell run here."""
+    budget = base.spec.budget
+    arms = max(len(arm_labels(base.spec)), 1)
+    budgets = sorted({max(round(budget.trials * f), 2 * arms) for f in TRIALS_FACTORS})
+    caps: list[int | None] = sorted({*CONFIRM_CAPS, budget.most_confirm_seeds}) if budget.sequential else [None]
+    grid = [(trials, cap) for trials in budgets for cap in caps]
+    cells = []
+    for i, (trials, cap) in enumerate(grid):
+        plan, repetitions = base, list(known)
+        if trials != budget.trials or cap not in (None, budget.most_confirm_seeds):
+            plan = prepare_plan(base.source, replace(base.options, trials=trials, max_confirm_seeds=cap))
+            repetitions = run_plan(plan, jobs=jobs)
+        if progress:
+            progress(i + 1, len(grid))
+        judged = judged_counts(plan, repetitions) if plan.truth else {"right": 0}
+        cells.append(TrialsCell(trials, trials / arms, cap, judged["right"], len(repetitions),
+                                percentile_range([r.answer_gpu_h for r in repetitions])[0],
+                                percentile_range([r.answer_wall_h for r in repetitions])[0]))  # fmt: skip
+    return cells
+
+
+def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm) -> list[str]:
+    """The --power table over tuning budgets (and confirmation caps), and the advice to copy into the file."""
+    wanted = f"{power:.0%}"
+    caps = sorted({c.max_confirm_seeds for c in cells if c.max_confirm_seeds is not None})
+    capped = bool(caps)
+    over = (f"its tuning trials x the confirmation cap (max_confirm_seeds {', '.join(map(str, caps))})"
+            if capped else f"its tuning trials, confirm_seeds {confirm} kept")  # fmt: skip
+    head = "budget.trials (per arm), cap" if capped else "budget.trials (per arm)"
+    lines = [f"advice for a right answer in at least {wanted} of experiments (judged against the truth above): the "
+             f"file planned at {', '.join(f'{f:g}x' for f in TRIALS_FACTORS)} {over}",
+             f"  {head:<{WIDTH - 2}}{'right':>14}{'95 % interval':>17}{'GPU-h':>10}{'wall h':>9}"]  # fmt: skip
+    for c in cells:
+        low, high = share_interval(c.right, c.repetitions)
+        mark = f"  reaches {wanted}" if c.right / c.repetitions >= power else ""
+        label = f"{c.trials} ({c.per_arm:g})" + (f", {c.max_confirm_seeds}" if capped else "")
+        lines.append(f"  {label:<{WIDTH - 2}}{f'{c.right}/{c.repetitions}':>8}"
+                     f"{c.right / c.repetitions:>6.0%}{f'{low:.0%} to {high:.0%}':>17}{c.gpu_hours:>10,.1f}"
+                     f"{c.wall_hours:>9.2f}{mark}")  # fmt: skip
+    enough = [c for c in cells if c.right / c.repetitions >= power]
+    if enough:
+        c = min(enough, key=lambda c: (c.gpu_hours, c.trials))
+        cap = f", confirm_seeds: auto, max_confirm_seeds: {c.max_confirm_seeds}" if capped else ""
+        lines.append(f"cheapest that reaches it: budget: {{trials: {c.trials}{cap}}}  ({c.per_arm:g} tuning trials "
+                     f"per arm; median {c.gpu_hours:,.1f} GPU-hours to the verdict)")  # fmt: skip
+    else:
+        best = max(cells, key=lambda c: c.right / c.repetitions)
+        where = f"budget.trials {best.trials}" + (f", max_confirm_seeds {best.max_confirm_seeds}" if capped else "")
+        lines.append(f"none of these budgets reaches {wanted} (at most {best.right / best.repetitions:.0%}, at "
+                     f"{where}): more confirmation runs (see --cv/--like with --power for their chances) or a larger "
+                     "budget than these")  # fmt: skip
+    return lines
+
+
+def _figure_line(label: str, values: Sequence[float | None], fmt: str) -> str:
+    median, low, high = percentile_range(values)
+
+    def shown(v: float) -> str:
+        return "never" if math.isinf(v) else fmt.format(v)
+
+    return f"{label:<{WIDTH}}{shown(median):>10}   {shown(low)} to {shown(high)}"
+
+
+def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | None = None) -> list[str]:
+    spec = plan.spec
+    simulation, slots, gpus = spec.runner.simulation, spec.budget.max_parallel, spec.resources.gpus_per_trial
+    rate = (f"{simulation.samples_per_s:,.0f} samples/s a GPU (samples_per_s)" if simulation.samples_per_s else
+            f"{simulation.gpu.upper()}, {simulation.gpu_samples_per_s:,.0f} samples/s a GPU")  # fmt: skip
+    tuner_seed, training_seed = plan.seeds(0)
+    confirm = spec.budget.confirm_seeds
+    confirm = f"auto (at most {spec.budget.most_confirm_seeds} per arm)" if confirm == "auto" else confirm
+    lines = [
+        f"plan of {spec.name} ({plan.source}): {_repetitions(n)} on the simulated runner; no training happens, every "
+        "figure is simulated",
+        f"  cluster: {slots} slot(s) of {gpus} GPU(s), {rate}; 1 table sample = {simulation.sample_scale:g} "
+        "samples (the simulated runner's duration model: a conversion, not a measurement)",
+        f"  learning curves: {curves}"
+        if plan.options.table and curves
+        else f"  learning curves: {plan.table}" + _table_data(plan.table),
+        f"  each: {spec.budget.trials} trials, tuner {spec.tuner.name}, confirm_seeds {confirm}; repetition r: "
+        f"tuner seed {tuner_seed} + r, training seed {training_seed} + {SEED_STRIDE} r",
+        "  each repetition ran in a temporary database, deleted after; your database was "
+        + (f"only read (the pilot {pilot}, below)" if pilot else "not opened"),
+    ]
+    if curves and not plan.options.table:
+        lines.insert(3, f"  the pilot's curves: {curves}")
+    if plan.moved:
+        over = "the pilot's curves" if plan.options.table else "the default learning-curve table"
+        lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
+                        f"{over}, which cover(s) its space")  # fmt: skip
+    return lines
+
+
+def _table_data(table: Path) -> str:
+
+    digest = load_table(table).meta.get("data_sha256")
+    return f" (data sha256 {str(digest)[:12]})" if digest else ""
+
+
+def _repetitions(n: int) -> str:
+    return f"{n} repetition" + ("" if n == 1 else "s")

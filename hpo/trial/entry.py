@@ -1,0 +1,193 @@
+"""The trial side: run one trial attempt and record it straight into the experiment's database.
+
+    python -m hpo.trial.entry --db URL --trial-id ID --attempt N --workdir DIR
+
+Every runner launches this (under torchrun when a trial has several ranks). Rank 0 claims the QUEUED trial
+for its attempt (recording host, process group, worker and GPUs), builds the trainer config from the stored
+experiment and the trial's parameters, trains with a reporter that writes each intermediate record into the
+trial's metrics, and records the final result. The controller never reads the working directory (it holds
+`trial.yaml` and `report.jsonl` for people, and checkpoints); only trials that die without a final record
+are reconciled by the controller. A process whose attempt was replaced (its worker was lost), or whose record
+was closed under it (finished or interrupted by a stop), is refused by the storage, records nothing more and
+leaves with one line on stderr. Under torchrun each rank dies with torchrun (`die_with_launcher`), and only
+rank 0 records and prints the outcome.
+
+Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
+rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpo.errors import HpoError, StorageError
+from hpo.experiment import spec_from_stored
+from hpo.experiment.arms import checkpoint_name, continues_from_checkpoint, trial_config
+from hpo.objective import trial_result
+from hpo.storage import SqlStorage
+from hpo.storage.base import MetricPoint, Storage, TrialRecord
+from hpo.trials import TrialResult, TrialState
+
+EXIT_NOT_CLAIMED = 4
+# Intermediate values kept in the database (the trainer's progress and eval records).
+METRIC_KEYS = (
+    "loss", "train_mlm_accuracy", "lr", "sequences_per_s", "tokens_per_s", "token_imbalance",
+    "mlm_accuracy", "mlm_loss", "nsp_accuracy", "time_s", "noise_scale", "grad_sq_norm_small", "grad_sq_norm_big",
+)  # fmt: skip
+WORKER_ENV = "HPO_WORKER"  # set by the runner: where this trial runs (a Dask worker address, a slot)
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun in each rank's environment
+
+
+class DatabaseReporter:
+    """A trainer `Reporter` that appends each intermediate record to the trial's metrics."""
+
+    def __init__(self, storage: Storage, trial_id: int, attempt: int):
+        self.storage, self.trial_id, self.attempt = storage, trial_id, attempt
+        self.result = None
+
+    def intermediate(self, metrics: dict[str, Any]) -> None:
+        values = {k: float(v) for k in METRIC_KEYS if _is_number(v := metrics.get(k))}
+        if values:
+            point = MetricPoint(int(metrics.get("step", 0)), metrics.get("samples"), values)
+            self.storage.add_metrics(self.trial_id, [point], attempt=self.attempt)
+
+    def final(self, result) -> None:
+        self.result = result
+
+
+class FanOutReporter:
+    """Sends every record to several reporters (the database, a JSON-lines file, NNI)."""
+
+    def __init__(self, reporters: Sequence[Any]):
+        self.reporters = list(reporters)
+
+    def intermediate(self, metrics: dict[str, Any]) -> None:
+        for reporter in self.reporters:
+            reporter.intermediate(metrics)
+
+    def final(self, result) -> None:
+        for reporter in self.reporters:
+            reporter.final(result)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path | None):
+    """The trainer config of one trial: the experiment's base + the trial's parameters at its budget, its
+    seed for a confirmation run, its reports in its work directory (a relative `log.mlperf` too), and a
+    checkpoint directory shared by the budgets of one configuration and training seed (Hyperband and ASHA
+    continue a promoted configuration from its checkpoint)."""
+    cfg = trial_config(spec, record.params, fidelity=min(record.budget, 1.0))
+    log = {"jsonl": str(workdir / "report.jsonl")}
+    if cfg.log.mlperf is not None and not Path(cfg.log.mlperf).is_absolute():
+        log["mlperf"] = str(workdir / cfg.log.mlperf)  # each trial its own MLPerf log, beside its report
+    updates: dict[str, Any] = {"log": cfg.log.model_copy(update=log)}
+    if record.seed is not None:
+        updates["seed"] = record.seed
+    if continues_from_checkpoint(spec):
+        seed = updates.get("seed", cfg.seed)
+        ckpt = (run_dir or workdir) / "checkpoints" / checkpoint_name(record.params, seed)
+        updates["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": str(ckpt), "resume": True})
+    return cfg.model_copy(update=updates)
+
+
+def run_trial(
+    storage: Storage, trial_id: int, attempt: int, workdir: Path, extra_reporters: Sequence[Any] = ()
+) -> TrialResult:
+    """Claim, train and record one attempt of a trial; returns what was recorded."""
+    # The trainer imports torch: loaded by the trial that trains, not by the preloaded launcher (hpo.runners.preload).
+    from trainer.errors import ConfigError
+    from trainer.report import JsonLinesReporter
+    from trainer.train import train
+
+    started = time.monotonic()
+    record = storage.get_trial(trial_id)
+    experiment = storage.get_experiment(record.experiment_id)
+    spec = spec_from_stored(experiment)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rank0 = is_rank_zero()
+    if rank0:
+        storage.mark_trial_running(trial_id, _visible_gpus(), pid=os.getpgrp(), host=socket.gethostname(),
+                                   worker=os.environ.get(WORKER_ENV), attempt=attempt)  # fmt: skip
+    run_dir = Path(experiment.spec["run_dir"]) if experiment.spec.get("run_dir") else None
+    try:
+        cfg = trial_trainer_config(spec, record, workdir, run_dir)
+    except (ConfigError, HpoError, ValueError) as e:  # a configuration the trainer rejects: a failed trial
+        result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
+        if rank0:
+            storage.finish_trial(trial_id, result, attempt=attempt)
+        return result
+    (workdir / "trial.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    database = DatabaseReporter(storage, trial_id, attempt)
+    jsonl = JsonLinesReporter(cfg.log.jsonl)
+    try:
+        # train's own return value: only rank 0 reports a final record (database.result is None on the others)
+        trained = train(cfg, FanOutReporter([database, jsonl, *extra_reporters]))
+        result = trial_result(spec, trained, cfg, time.monotonic() - started)
+    except ConfigError as e:  # valid on paper, refused on this machine (e.g. fp16 without a GPU)
+        result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
+    finally:
+        jsonl.close()
+    if rank0:
+        storage.finish_trial(trial_id, result, attempt=attempt)
+    return result
+
+
+def _visible_gpus() -> list[int] | None:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not visible:
+        return None
+    try:
+        return [int(g) for g in visible.split(",")]
+    except ValueError:
+        return None  # UUIDs: keep the planned ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpo.trial.entry", description=__doc__.split("\n")[0])
+    parser.add_argument("--db", required=True, help="the experiment's database URL")
+    parser.add_argument("--trial-id", type=int, required=True, help="the trial's id in that database")
+    parser.add_argument("--attempt", type=int, required=True, help="the attempt this process runs")
+    parser.add_argument("--workdir", type=Path, required=True, help="where trial.yaml, logs and checkpoints go")
+    args = parser.parse_args(argv)
+    if TORCHRUN_ENV in os.environ:  # a rank: it must not outlive torchrun
+        from hpo.runners.process import die_with_launcher
+
+        die_with_launcher()
+    from trainer.distributed import cleanup  # torch: see run_trial
+
+    try:
+        with SqlStorage(args.db) as storage:
+            result = run_trial(storage, args.trial_id, args.attempt, args.workdir)
+    except StorageError as e:
+        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+        return EXIT_NOT_CLAIMED
+    finally:
+        cleanup()
+    if is_rank_zero():
+        print(f"trial {args.trial_id}: {result.state.value}" + (f" ({result.reason})" if result.reason else ""),
+              file=sys.stderr)  # fmt: skip
+    if result.metrics.get("error") == "config":
+        return 2
+    return {"completed": 0, "diverged": 3}.get(result.state.value, 1)
+
+
+if __name__ == "__main__":
+    from hpo.trial.exit import exit_recorded
+
+    exit_recorded(main())

@@ -1,0 +1,236 @@
+"""The `hpo` command line: bad input writes nothing; inspection commands read what the engine stored."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.cli.main import main
+from hpo.storage import SqlStorage
+from tests.hpo.engine.test_study import tiny_overrides
+from tests.trainer.conftest import make_shards
+
+
+def hpo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_malformed_experiment_file_exits_2_and_writes_nothing(tmp_path):
+    db_file = tmp_path / "hpo.db"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nbase_config: {}\nspace: {optimizer.lrr: {float: [1.0e-4, 1.0e-2]}}\nbudget: {trials: 2}\n")
+    result = hpo("--db", f"sqlite:///{db_file}", "run", str(bad))
+    assert result.returncode == 2
+    assert "bad.yaml" in result.stderr and "optimizer.lrr" in result.stderr and "optimizer.lr" in result.stderr
+    assert not db_file.exists()  # validation happens before the database is even opened
+
+
+def test_run_then_inspect(tmp_path, capsys):
+    spec = {
+        "name": "cli-demo", "base_config": {}, "overrides": tiny_overrides(tmp_path / "data"),
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                  "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
+        "compare": ["optimizer.name"], "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 2, "max_parallel": 2}, "resources": {"gpus": "none", "cpu_slots": 2},
+    }  # fmt: skip
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", db, "run", str(path), "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr()
+    assert "best for optimizer.name=adamw" in out.out and "best for optimizer.name=lamb" in out.out
+    assert "trial 0" in out.err and "trials: 2/2 done" in out.err
+
+    assert main(["--db", db, "status", "cli-demo"]) == 0
+    status = capsys.readouterr().out
+    assert "cli-demo: finished" in status and "2 completed" in status
+
+    assert main(["--db", db, "best", "cli-demo", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    assert best.pop("verdict")["outcome"] in ("winner", "equivalent", "not yet")
+    assert set(best) == {"optimizer.name=adamw", "optimizer.name=lamb"}
+    stored = SqlStorage(db).best_per_arm(SqlStorage(db).get_experiment_by_name("cli-demo").id)
+    assert {arm: t.number for arm, t in stored.items()} == {arm: b["trial"] for arm, b in best.items()}
+
+    assert main(["--db", db, "run", str(path)]) == 2  # the same name again: refused, pointing to resume
+    assert "hpo resume cli-demo" in capsys.readouterr().err
+    assert main(["--db", db, "trials", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def small_experiment(tmp_path, **changes) -> str:
+    spec = {
+        "name": "clean", "base_config": {}, "overrides": tiny_overrides(tmp_path / "data"),
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}}, "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 2, "max_parallel": 1}, "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    spec.update(changes)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_read_only_commands_never_create_a_database_or_directory(tmp_path, capsys):
+    missing = tmp_path / "typo" / "dir" / "x.db"
+    for command in (["status"], ["status", "e"], ["trials", "e"], ["best", "e"], ["export", "e"]):
+        assert main(["--db", f"sqlite:///{missing}", *command]) == 2, command
+        assert f"there is no database at {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """In this process, with a 1 s connection timeout instead of the runner's 10 s (Dask retries until then)."""
+    import hpo.runners.dask
+    from hpo.trial.launch import free_port
+
+    monkeypatch.setattr(hpo.runners.dask, "CONNECT_TIMEOUT_S", 1)
+    db_file = tmp_path / "hpo.db"
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    code = main(["--db", f"sqlite:///{db_file}", "run", small_experiment(tmp_path), "--runner", "dask",
+                 "--scheduler", address])  # fmt: skip
+    assert code == 2
+    assert f"cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
+    assert not db_file.exists()
+
+
+def test_tuner_options_that_would_be_ignored_are_refused(tmp_path):
+    db_file = tmp_path / "hpo.db"
+    path = small_experiment(tmp_path, tuner={"name": "random", "seed": 0, "options": {"n_initial_configs": 3}})
+    result = hpo("--db", f"sqlite:///{db_file}", "run", path)
+    assert result.returncode == 2
+    assert "tuner.options.n_initial_configs: not an option of random (it takes no options)" in result.stderr
+    assert not db_file.exists()
+
+
+def test_trials_pages_by_number_with_after_and_says_where_the_next_page_starts(tmp_path, capsys):
+    from hpo.trials import TrialSpec
+
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment("e", {}, "minimize")
+        for number in (0, 1, 2, 4, 7):  # gaps: the key is a trial number, not a position
+            storage.create_trial(experiment_id, TrialSpec(number, {"optimizer.lr": 1e-3}))
+
+    def listed(*options: str) -> tuple[list[int], str]:
+        assert main(["--db", db, "trials", "e", *options]) == 0
+        out = capsys.readouterr()
+        return [int(line.split()[0]) for line in out.out.splitlines()[1:]], out.err
+
+    more = "more trials follow: --after {} --limit {} shows the next page\n"
+    assert listed("--after", "1", "--limit", "2") == ([2, 4], more.format(4, 2))
+    assert listed("--after", "4", "--limit", "2") == ([7], "")  # the last page says nothing more
+    assert listed("--after", "7") == ([], "")
+    assert listed("--offset", "1", "--limit", "3") == ([1, 2, 4], more.format(4, 3))
+    assert main(["--db", db, "trials", "e", "--after", "1", "--offset", "1"]) == 2
+    assert "--after and --offset do not combine" in capsys.readouterr().err
+    for bad in (["--after", "-1"], ["--after", "x"], ["--limit", "0"]):
+        with pytest.raises(SystemExit) as exit_code:
+            main(["--db", db, "trials", "e", *bad])
+        assert exit_code.value.code == 2 and bad[0] in capsys.readouterr().err, bad
+
+
+def test_every_command_and_option_has_help():
+    from hpo.cli.main import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if action.dest != "help" and action.__class__.__name__ != "_SubParsersAction":
+                assert action.help, f"{' '.join(path)}: {action.dest} has no help text"
+            if action.__class__.__name__ == "_SubParsersAction":
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for name, sub in action.choices.items():
+                    assert helps.get(name), f"{' '.join(path)} {name} has no help text"
+                    walk(sub, [*path, name])
+
+    walk(build_parser(), ["hpo"])
+
+
+# --------------------------------------------------------------------------- refused before the first trial
+
+PRESETS = Path(__file__).resolve().parents[3] / "search_spaces" / "presets"
+
+
+def hpo_in(cwd, *args: str) -> subprocess.CompletedProcess:
+    """`hpo` started in `cwd`, with this checkout first on the path (relative data paths are read from `cwd`)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PRESETS.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)  # fmt: skip
+
+
+def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_data(tmp_path):
+    """adam_vs_lamb.yaml as shipped, started where data/mlperf does not exist: refused, no experiment row."""
+    db_file = tmp_path / "hpo.db"
+    result = hpo_in(tmp_path, "--db", f"sqlite:///{db_file}", "run", str(PRESETS / "adam_vs_lamb.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert "adam_vs_lamb.yaml: base_config data.train = 'data/mlperf/train'" in result.stderr
+    assert "no shard files found for 'data/mlperf/train'" in result.stderr
+    assert not db_file.exists()
+
+
+def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_naming_the_gpus(tmp_path):
+    """adam_vs_lamb.yaml (gpus: all, 8 per trial) with data present: refused for its GPUs, no experiment row."""
+    from hpo.runners.resources import discover_gpus
+
+    gpus = discover_gpus()
+    preset = yaml.safe_load((PRESETS / "adam_vs_lamb.yaml").read_text())
+    train_dir, eval_dir = make_shards(tmp_path / "data")
+    preset.update(base_config=str(PRESETS / preset["base_config"]),
+                  overrides={"data.train": str(train_dir), "data.eval": str(eval_dir)})  # fmt: skip
+    per_trial = max(preset["resources"]["gpus_per_trial"], len(gpus) + 1)  # 8 unless this machine has 8 or more
+    preset["resources"]["gpus_per_trial"] = per_trial
+    path = tmp_path / "adam_vs_lamb.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    result = hpo_in(tmp_path, "--db", db, "run", str(path))
+    assert result.returncode == 2, result.stderr
+    if not gpus:  # the case of the issue: a CPU machine
+        assert "resources.gpus is 'all' but this machine has no GPU" in result.stderr
+        assert "set `resources.gpus: none` with `cpu_slots`" in result.stderr
+    else:
+        assert f"resources.gpus_per_trial is {per_trial} but only {len(gpus)} usable GPU(s)" in result.stderr
+    assert not (tmp_path / "hpo.db").exists()
+
+
+def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_path):
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    result = hpo_in(tmp_path, "--db", db, "run", str(PRESETS / "adam_vs_lamb_demo_cpu.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert "base_config data.train = 'data/demo/train'" in result.stderr
+    assert "`make demo-data`" in result.stderr
+    assert not (tmp_path / "hpo.db").exists()
+
+
+def test_bad_shards_are_refused_before_the_first_trial(tmp_path):
+    """Shards that exist but do not fit the model (token ids past model.vocab_size) fail the trainer's own data
+    check at the start, naming the file, the key and the row, with no experiment row."""
+    db_file = tmp_path / "hpo.db"
+    path = small_experiment(tmp_path, overrides=tiny_overrides(tmp_path / "data", **{"model.vocab_size": 50}))
+    result = hpo("--db", f"sqlite:///{db_file}", "run", path)
+    assert result.returncode == 2, result.stderr
+    assert "base_config data.train" in result.stderr
+    assert "HDF5 key 'input_ids'" in result.stderr and "model.vocab_size = 50" in result.stderr
+    assert not db_file.exists()
+
+
+@pytest.mark.parametrize(
+    "preset", sorted(p.name for p in [*PRESETS.glob("*_demo_cpu.yaml"), PRESETS / "adam_vs_lamb_demo_cpu_asha.yaml"])
+)
+def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(preset, tmp_path, monkeypatch):
+    from hpo.engine.local import check_trial_data
+    from hpo.experiment import load_experiment
+    from hpo.runners import build_runner
+
+    make_shards(tmp_path / "data" / "demo")  # where the demo presets' base config reads data/demo/{train,eval}
+    monkeypatch.chdir(tmp_path)
+    spec = load_experiment(PRESETS / preset)
+    check_trial_data(spec)
+    runner = build_runner(spec)
+    try:
+        assert "cpu slot 0" in runner.describe()
+    finally:
+        runner.close()

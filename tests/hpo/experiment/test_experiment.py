@@ -1,0 +1,511 @@
+"""The experiment file: presets load, trials become valid trainer configs, and malformed files fail clearly
+(naming the file and the dotted field) without touching anything."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpo.errors import ExperimentFileError
+from hpo.experiment import ExperimentSpec, experiment_from_dict, load_experiment
+from hpo.experiment.arms import arm_dimensions, arm_of, arms, trial_config
+from hpo.experiment.rungs import asha_plan
+from search_spaces import SearchSpaceError, list_presets, preset_path
+from trainer.config import TrainerConfig
+
+TINY_BASE = {
+    "device": "cpu",
+    "model": {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    },
+    "optimizer": {"name": "lamb", "lr": 1e-3},
+    "batch": {"global_batch_size": 32, "micro_batch_size": 16},
+    "eval": {"every_samples": 256, "target_mlm_accuracy": 0.5},
+    "budget": {"max_samples": 2048},
+}
+
+
+def make_experiment(**changes: Any) -> dict[str, Any]:
+    """A small valid experiment (as parsed YAML) with top-level `changes` applied."""
+    data = {
+        "name": "tiny",
+        "base_config": "base.yaml",
+        "overrides": {"budget.max_samples": 4096},
+        "space": {
+            "optimizer.name": {"choice": ["adamw", "lamb"]},
+            "optimizer.lr@lamb": {"float": [1e-3, 1e-2], "log": True, "when": {"optimizer.name": "lamb"}},
+            "optimizer.lr@adamw": {"float": [1e-4, 1e-3], "log": True, "when": {"optimizer.name": "adamw"}},
+            "optimizer.beta2": {"float": [0.7, 0.999], "when": {"optimizer.name": "lamb"}},
+            "clipping.strategy": {"choice": ["none", "after_allreduce"]},
+            "clipping.max_norm": {"float": [0.1, 10.0], "log": True, "when": {"clipping.strategy": {"not": "none"}}},
+            "schedule.warmup_steps": {"int": [0, 20]},
+        },
+        "objective": {"metric": "samples_to_target", "direction": "minimize"},
+        "compare": ["optimizer.name"],
+        "allow_unequal_arms": "beta2 is tuned for LAMB only, to exercise a parameter of one arm",
+        "tuner": {"name": "random", "seed": 1},
+        "budget": {"trials": 4, "max_parallel": 2},
+        "resources": {"gpus": "none", "cpu_slots": 2},
+    }
+    data.update(copy.deepcopy(changes))
+    return data
+
+
+def write_experiment(directory: Path, data: Any, name: str = "exp.yaml") -> Path:
+    """Write base.yaml (a tiny trainer config) and the experiment file into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "base.yaml").write_text(yaml.safe_dump(TINY_BASE))
+    path = directory / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(dict(data), sort_keys=False))
+    return path
+
+
+def files_under(directory: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in directory.rglob("*")}
+
+
+# ------------------------------------------------------------------------------------------------ presets
+@pytest.mark.parametrize("name", list_presets())
+def test_presets_load_and_sampled_configurations_are_valid_trainer_configs(name):
+    spec = load_experiment(preset_path(name))
+    assert spec.name == name and spec.source == str(preset_path(name))
+    labels = {arm_of(spec, a) for a in arms(spec)}
+    assert len(labels) == len(arms(spec)) >= 2
+    assert spec.budget.trials >= len(labels)
+    for seed in range(20):
+        params = spec.space.sample(seed)
+        cfg = trial_config(spec, params)
+        assert isinstance(cfg, TrainerConfig)
+        for key, value in spec.space.trainer_values(params).items():
+            section, leaf = key.split(".")
+            assert getattr(getattr(cfg, section), leaf) == value
+        assert arm_of(spec, params) in labels
+
+
+def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
+    presets = list_presets()
+    assert len(presets) == 10  # the six above, adam_vs_lamb_demo_cpu_{nni,asha}, the two *_simulated
+    for name in ("adam_vs_lamb", "clipping_strategies", "batch_scaling"):
+        full, demo = load_experiment(preset_path(name)), load_experiment(preset_path(f"{name}_demo_cpu"))
+        assert set(demo.compare) == set(full.compare)
+        base = TrainerConfig.model_validate(demo.resolved_base())
+        assert (base.model.hidden_size, base.model.num_hidden_layers, base.device) == (128, 2, "cpu")
+        assert base.budget.max_time_s is None and 8 <= demo.budget.trials <= 12  # trials end by samples
+        assert demo.resources.gpus == "none"
+        assert TrainerConfig.model_validate(full.resolved_base()).model.hidden_size == 1024
+
+
+def test_the_asha_demo_is_the_cpu_demo_with_rungs_of_4096_and_12288_samples():
+    demo, asha = (
+        load_experiment(preset_path("adam_vs_lamb_demo_cpu")),
+        load_experiment(preset_path("adam_vs_lamb_demo_cpu_asha")),
+    )
+    assert asha.resolved_base() == demo.resolved_base() and asha.space == demo.space  # only the tuner differs
+    assert (asha.objective, asha.compare) == (demo.objective, demo.compare)
+    base = TrainerConfig.model_validate(asha.resolved_base())
+    plan = asha_plan(asha, base.budget.max_samples, base.eval.every_samples)
+    # 12,288 / 3 = 4,096 is a multiple of eval.every_samples (1,024); 12,288 / 9 = 1,365 is below min_samples
+    assert (base.budget.max_samples, base.eval.every_samples) == (12288, 1024)
+    assert plan.samples == (4096, 12288) and plan.eta == 3 and plan.options.sampler == "model"
+    assert (asha.budget.trials, asha.budget.max_parallel, asha.resources.cpu_slots) == (16, 2, 2)
+    assert (asha.budget.confirm_seeds, asha.budget.confirmation_rounds) == ("auto", (3, 6))
+    # the model needs 4 results at a rung, fewer than the 6 new configurations an arm draws in its 8 trials
+    assert plan.options.min_points_in_model == 4 < len(arm_dimensions(asha)["optimizer.name=lamb"]) + 1
+    params = asha.space.sample(0)
+    low, top = trial_config(asha, params, fidelity=plan.budgets[0]), trial_config(asha, params)
+    assert low.budget.max_samples == 4096 and top.budget.max_samples == 12288
+    assert low.schedule.total_steps == 12288 // 32 and top.schedule.total_steps is None  # one LR schedule
+
+
+def test_adam_vs_lamb_uses_arm_specific_learning_rates():
+    spec = load_experiment(preset_path("adam_vs_lamb"))
+    lamb = {"optimizer.name": "lamb", "optimizer.lr@lamb": 4e-3, "schedule.warmup_steps": 100}
+    adamw = {"optimizer.name": "adamw", "optimizer.lr@adamw": 1.5e-3, "optimizer.beta2": 0.82}
+    adamw["schedule.warmup_steps"] = 0
+    assert trial_config(spec, lamb).optimizer.lr == 4e-3
+    assert trial_config(spec, adamw).optimizer.lr == 1.5e-3 and trial_config(spec, adamw).optimizer.beta2 == 0.82
+    assert arm_of(spec, lamb) == "optimizer.name=lamb"
+    assert spec.space["optimizer.lr@lamb"].low == 3e-4 and spec.space["optimizer.lr@adamw"].high == 2e-3
+
+
+# ------------------------------------------------------------------------------------------------ the spec
+def test_relative_base_config_resolves_against_the_experiment_file(tmp_path, monkeypatch):
+    path = write_experiment(tmp_path / "experiments", make_experiment())
+    monkeypatch.chdir(tmp_path)  # the working directory must not matter
+    spec = load_experiment(Path("experiments") / "exp.yaml")
+    assert spec.resolved_base()["model"]["hidden_size"] == 32
+    assert spec.resolved_base()["budget"]["max_samples"] == 4096  # the override
+    assert spec.direction == "minimize"
+    assert path.is_file()
+
+
+def test_inline_base_config_and_self_contained_round_trip():
+    spec = experiment_from_dict(make_experiment(base_config=TINY_BASE), "<test>")
+    again = experiment_from_dict(spec.self_contained(), "<stored>")
+    assert again.resolved_base() == spec.resolved_base()
+    assert again.space == spec.space and again.compare == spec.compare
+    assert isinstance(again, ExperimentSpec)
+
+
+def test_trial_config_applies_parameters_on_base_and_overrides(tmp_path):
+    spec = load_experiment(write_experiment(tmp_path, make_experiment()))
+    params = {
+        "optimizer.name": "adamw",
+        "optimizer.lr@adamw": 5e-4,
+        "clipping.strategy": "after_allreduce",
+        "clipping.max_norm": 2.0,
+        "schedule.warmup_steps": 7,
+    }
+    cfg = trial_config(spec, params)
+    assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.clipping.max_norm) == ("adamw", 5e-4, 2.0)
+    assert cfg.schedule.warmup_steps == 7 and cfg.budget.max_samples == 4096
+    assert cfg.optimizer.beta2 == 0.999  # inactive for adamw: the base value
+    assert arm_of(spec, params) == "optimizer.name=adamw"
+    with pytest.raises(SearchSpaceError, match="optimizer.lrr"):
+        trial_config(spec, {**params, "optimizer.lrr": 1.0})
+
+
+def test_trial_config_fidelity_shortens_the_run_but_keeps_the_schedule(tmp_path):
+    spec = load_experiment(write_experiment(tmp_path, make_experiment()))
+    params = {"optimizer.name": "lamb", "optimizer.lr@lamb": 2e-3, "optimizer.beta2": 0.9}
+    params |= {"clipping.strategy": "none", "schedule.warmup_steps": 0}
+    full, third = trial_config(spec, params), trial_config(spec, params, fidelity=1 / 3)
+    assert full.budget.max_samples == 4096 and full.schedule.total_steps is None
+    assert third.budget.max_samples == 1365
+    assert third.schedule.total_steps == 4096 // 32  # the full run's decay horizon
+    with pytest.raises(ValueError, match="fidelity"):
+        trial_config(spec, params, fidelity=0)
+
+
+def test_arms_cover_every_combination_of_compare_keys():
+    spec = experiment_from_dict(
+        make_experiment(base_config=TINY_BASE, compare=["optimizer.name", "clipping.strategy"]), "<test>"
+    )
+    labels = [arm_of(spec, a) for a in arms(spec)]
+    assert labels == [
+        "optimizer.name=adamw,clipping.strategy=none",
+        "optimizer.name=adamw,clipping.strategy=after_allreduce",
+        "optimizer.name=lamb,clipping.strategy=none",
+        "optimizer.name=lamb,clipping.strategy=after_allreduce",
+    ]
+    no_compare = make_experiment(base_config=TINY_BASE, compare=[], allow_unequal_arms=None)
+    no_compare = experiment_from_dict(no_compare, "<test>")
+    assert arms(no_compare) == [{}] and arm_of(no_compare, {"optimizer.name": "lamb"}) is None
+
+
+# ------------------------------------------------------------------------------------------------ objective
+def objective_spec(**objective: Any) -> ExperimentSpec:
+    data = make_experiment(base_config=TINY_BASE, objective=objective, budget={"trials": 4, "trial_timeout_s": 100})
+    return experiment_from_dict(data, "<test>")
+
+
+# ------------------------------------------------------------------------------------------------ bad files
+def space_with(**params: Any) -> dict[str, Any]:
+    space = make_experiment()["space"]
+    space.update(params)
+    return {"space": space}
+
+
+class Whole(dict):
+    """A complete experiment document (rather than top-level changes to the valid one)."""
+
+
+def without(key: str) -> Whole:
+    return Whole({k: v for k, v in make_experiment().items() if k != key})
+
+
+LAMB_ONLY = {"optimizer.name": "lamb"}
+
+# (id, the file's content: top-level changes to the valid experiment, a `Whole` document or a text, the field
+# the message names, and a fragment of what it says)
+MALFORMED: list[tuple[str, Any, str, str]] = [
+    ("bad_yaml", "name: tiny\nspace: {optimizer.lr: [1, 2\n", "line 3", "not valid YAML"),
+    ("tab_indentation", "name: tiny\nspace:\n\toptimizer.lr: 1\n", "line 3", "not valid YAML"),
+    ("top_level_list", "- name\n- tiny\n", "top level", "must be a mapping"),
+    ("empty_file", "", "top level", "must be a mapping"),
+    ("unknown_top_level_key", {"tunner": {"name": "random"}}, "tunner", "did you mean tuner"),
+    ("missing_name", without("name"), "name", "required"),
+    ("name_not_a_slug", {"name": "My Experiment!"}, "name", "expected a slug"),
+    ("missing_space", without("space"), "space", "required"),
+    ("missing_budget", without("budget"), "budget", "required"),
+    ("empty_space", {"space": {}}, "space", "non-empty mapping"),
+    ("unknown_space_key", space_with(**{"foo.bar": {"float": [0, 1]}}), "space.foo.bar", "not a trainer config key"),
+    (
+        "misspelled_trainer_key",
+        space_with(**{"optimizer.lrr": {"float": [0.1, 1]}}),
+        "space.optimizer.lrr",
+        "did you mean optimizer.lr",
+    ),
+    ("space_key_is_a_section", space_with(optimizer={"float": [0.1, 1]}), "space.optimizer", "is a section"),
+    (
+        "wrong_type_bound",
+        space_with(**{"optimizer.lr": {"float": ["a", 1]}}),
+        "space.optimizer.lr",
+        "not a finite number",
+    ),
+    (
+        "range_not_a_list",
+        space_with(**{"optimizer.eps": {"float": 0.1}}),
+        "space.optimizer.eps",
+        "expected [low, high]",
+    ),
+    ("empty_range", space_with(**{"optimizer.eps": {"float": []}}), "space.optimizer.eps", "expected [low, high]"),
+    (
+        "low_above_high",
+        space_with(**{"schedule.warmup_steps": {"int": [20, 0]}}),
+        "space.schedule.warmup_steps",
+        "low must be < high",
+    ),
+    (
+        "low_equals_high",
+        space_with(**{"optimizer.eps": {"float": [1e-6, 1e-6]}}),
+        "space.optimizer.eps",
+        "low must be < high",
+    ),
+    (
+        "log_range_not_positive",
+        space_with(**{"optimizer.weight_decay": {"float": [0.0, 0.1], "log": True}}),
+        "space.optimizer.weight_decay",
+        "log range needs low > 0",
+    ),
+    ("empty_choices", space_with(**{"balance.method": {"choice": []}}), "space.balance.method", "empty"),
+    (
+        "invalid_choice_for_trainer",
+        space_with(**{"optimizer.name": {"choice": ["adamw", "lamb", "sgd"]}}),
+        "space.optimizer.name",
+        "choice 'sgd' is not valid",
+    ),
+    (
+        "bound_invalid_for_trainer",
+        space_with(**{"optimizer.beta1": {"float": [0.5, 1.0]}}),
+        "space.optimizer.beta1",
+        "bound 1.0 is not valid",
+    ),
+    (
+        "float_range_on_int_field",
+        space_with(**{"schedule.warmup_steps": {"float": [0, 20]}}),
+        "space.schedule.warmup_steps",
+        "is an integer",
+    ),
+    (
+        "unknown_param_field",
+        space_with(**{"optimizer.eps": {"float": [1e-9, 1e-6], "lg": True}}),
+        "space.optimizer.eps",
+        "unknown field 'lg'",
+    ),
+    (
+        "condition_on_unknown_key",
+        space_with(**{"optimizer.beta1": {"float": [0.6, 0.9], "when": {"optimizer.nam": "lamb"}}}),
+        "space.optimizer.beta1",
+        "did you mean 'optimizer.name'",
+    ),
+    (
+        "condition_on_non_categorical",
+        space_with(**{"optimizer.beta1": {"float": [0.6, 0.9], "when": {"schedule.warmup_steps": 3}}}),
+        "space.optimizer.beta1",
+        "not categorical",
+    ),
+    (
+        "condition_value_not_a_choice",
+        space_with(**{"optimizer.beta1": {"float": [0.6, 0.9], "when": {"optimizer.name": "sgd"}}}),
+        "space.optimizer.beta1",
+        "'sgd' is not among the choices",
+    ),
+    (
+        "condition_bad_operator",
+        space_with(**{"optimizer.beta1": {"float": [0.6, 0.9], "when": {"optimizer.name": {"ne": "lamb"}}}}),
+        "space.optimizer.beta1",
+        "{not: value}",
+    ),
+    (
+        "condition_cycle",
+        space_with(
+            **{
+                "balance.method": {"choice": ["none", "stratified"], "when": {"precision.dtype": "fp32"}},
+                "precision.dtype": {"choice": ["fp32", "bf16"], "when": {"balance.method": "none"}},
+            }
+        ),
+        "space.balance.method",
+        "cycle",
+    ),
+    (
+        "overlapping_arm_ranges",
+        space_with(**{"optimizer.lr@all": {"float": [1e-4, 1e-2]}}),
+        "space.optimizer.lr@all",
+        "same trainer key optimizer.lr",
+    ),
+    ("unknown_tuner", {"tuner": {"name": "hyperopt"}}, "tuner.name", "smac_bo"),
+    ("nni_tuner_on_local_engine", {"tuner": {"name": "nni_tpe"}}, "tuner.name", "engine: nni"),
+    ("unknown_tuner_option_field", {"tuner": {"name": "random", "sed": 1}}, "tuner.sed", "did you mean seed"),
+    (
+        "grid_over_a_range",
+        {"tuner": {"name": "grid"}},
+        "space.optimizer.lr@",
+        "tuner grid needs every parameter a choice",
+    ),
+    (
+        "grid_with_other_trials_than_its_size",
+        {
+            "tuner": {"name": "grid"},
+            "budget": {"trials": 5},
+            "allow_unequal_arms": None,
+            "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"choice": [0.001, 0.01]}},
+        },
+        "budget.trials",
+        "optimizer.name=lamb 2 combination(s) (5 trials asked); set budget.trials: 4",
+    ),
+    (
+        "smac_retrain_after_zero",
+        {"tuner": {"name": "smac_bo", "options": {"retrain_after": 0}}},
+        "tuner.options.retrain_after",
+        "a whole number >= 1",
+    ),
+    (
+        "smac_initial_configs_not_a_number",
+        {"tuner": {"name": "smac_bo", "options": {"n_initial_configs": "ten"}}},
+        "tuner.options.n_initial_configs",
+        "a whole number >= 1 (got 'ten')",
+    ),
+    ("unknown_engine", {"engine": "ray"}, "engine", "'local' or 'nni'"),
+    ("unknown_objective_metric", {"objective": {"metric": "loss"}}, "objective.metric", "samples_to_target"),
+    (
+        "bad_direction",
+        {"objective": {"metric": "samples_to_target", "direction": "down"}},
+        "objective.direction",
+        "'minimize' or 'maximize'",
+    ),
+    (
+        "direction_against_metric",
+        {"objective": {"metric": "samples_to_target", "direction": "maximize"}},
+        "objective.direction",
+        "must be minimized",
+    ),
+    (
+        "penalty_factor_not_above_one",
+        {"objective": {"penalty_factor": 1.0}},
+        "objective.penalty_factor",
+        "greater than 1",
+    ),
+    ("time_objective_without_cap", {"objective": {"metric": "time_to_target_s"}}, "objective.metric", "time cap"),
+    ("compare_key_not_in_space", {"compare": ["optimizer.nme"]}, "compare[0]", "did you mean optimizer.name"),
+    ("compare_non_categorical", {"compare": ["schedule.warmup_steps"]}, "compare[0]", "categorical"),
+    ("compare_conditional", {"compare": ["optimizer.name", "clipping.max_norm"]}, "compare[1]", "categorical"),
+    (
+        "compare_key_with_condition",
+        {
+            **space_with(**{"balance.method": {"choice": ["none", "stratified"], "when": LAMB_ONLY}}),
+            "compare": ["balance.method"],
+        },
+        "compare[0]",
+        "has a `when` condition",
+    ),
+    ("compare_listed_twice", {"compare": ["optimizer.name", "optimizer.name"]}, "compare", "listed twice"),
+    ("negative_trials", {"budget": {"trials": -3}}, "budget.trials", "greater than or equal to 1"),
+    ("trials_fewer_than_arms", {"budget": {"trials": 1}}, "budget.trials", "2 arms"),
+    ("misspelled_budget_field", {"budget": {"trials": 4, "trails": 5}}, "budget.trails", "did you mean trials"),
+    (
+        "hyperband_min_not_below_max",
+        {"tuner": {"name": "smac_hyperband"}, "budget": {"trials": 4, "min_budget": 1.0}},
+        "budget.min_budget",
+        "< budget.max_budget",
+    ),
+    (
+        "hyperband_min_before_first_eval",
+        {"tuner": {"name": "smac_hyperband"}, "budget": {"trials": 4, "min_budget": 0.05}},
+        "budget.min_budget",
+        "before the first evaluation",
+    ),
+    (
+        "gpus_per_trial_zero",
+        {"resources": {"gpus_per_trial": 0}},
+        "resources.gpus_per_trial",
+        "greater than or equal to 1",
+    ),
+    ("gpus_not_a_list", {"resources": {"gpus": "some"}}, "resources.gpus", "expected all, none"),
+    ("gpus_duplicated", {"resources": {"gpus": [0, 0]}}, "resources.gpus", "distinct"),
+    (
+        "more_gpus_per_trial_than_listed",
+        {"resources": {"gpus": [0, 1], "gpus_per_trial": 4}},
+        "resources.gpus_per_trial",
+        "only 2 listed",
+    ),
+    (
+        "gpu_sharing_with_multi_gpu_trials",
+        {"resources": {"gpus": [0, 1], "gpus_per_trial": 2, "trials_per_gpu": 2}},
+        "resources.trials_per_gpu",
+        "gpus_per_trial: 1",
+    ),
+    (
+        "batch_not_divisible_by_ranks",
+        {"resources": {"gpus": "none", "cpu_ranks_per_trial": 3}},
+        "base_config",
+        "not a multiple",
+    ),
+    (
+        "arm_batch_not_divisible",
+        space_with(**{"batch.global_batch_size": {"choice": [32, 40]}}),
+        "space.batch.global_batch_size",
+        "40 is not a multiple",
+    ),
+    ("base_config_missing", {"base_config": "nowhere.yaml"}, "base_config", "does not exist"),
+    ("base_config_invalid", {"base_config": {"optimizer": {"lr": -1.0}}}, "base_config", "optimizer.lr"),
+    ("base_config_unknown_key", {"base_config": {"optimiser": {"lr": 1.0}}}, "base_config", "optimiser"),
+    ("base_config_wrong_type", {"base_config": 3}, "base_config", "path to a trainer YAML"),
+    (
+        "override_unknown_key",
+        {"overrides": {"optimizer.lrr": 1e-3}},
+        "overrides.optimizer.lrr",
+        "did you mean optimizer.lr",
+    ),
+    (
+        "override_invalid_value",
+        {"overrides": {"budget.max_samples": -5}},
+        "overrides.budget.max_samples",
+        "greater than or equal to 1",
+    ),
+    ("overrides_not_a_mapping", {"overrides": ["budget.max_samples=5"]}, "overrides", "valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(("content", "field", "fragment"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_experiment_files_name_the_file_and_the_field(tmp_path, content, field, fragment):
+    data = content if isinstance(content, (str, Whole)) else make_experiment(**content)
+    path = write_experiment(tmp_path, data)
+    before = files_under(tmp_path)
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: "), message
+    assert f"{field}" in message, message
+    assert fragment in message, message
+    assert files_under(tmp_path) == before  # loading is pure: nothing written
+
+
+def test_there_are_at_least_thirty_malformed_cases():
+    assert len(MALFORMED) >= 30
+
+
+def test_a_missing_experiment_file_is_named(tmp_path):
+    with pytest.raises(ExperimentFileError, match=f"{tmp_path / 'nope.yaml'}: the experiment file does not exist"):
+        load_experiment(tmp_path / "nope.yaml")
+
+
+def test_experiment_from_dict_names_its_source():
+    with pytest.raises(ExperimentFileError, match=r"^<api>: budget.trials: "):
+        experiment_from_dict(make_experiment(base_config=TINY_BASE, budget={"trials": 0}), "<api>")
+
+
+def test_loading_a_valid_file_writes_nothing(tmp_path):
+    path = write_experiment(tmp_path, make_experiment())
+    before = files_under(tmp_path)
+    load_experiment(path)
+    assert files_under(tmp_path) == before

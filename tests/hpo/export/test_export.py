@@ -1,0 +1,255 @@
+"""hpo.export.production: a best trial as a complete trainer config (YAML/JSON) or a torchrun line; pure, no
+processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from hpo.experiment import experiment_from_dict
+from hpo.experiment.arms import trial_config
+from hpo.export.production import (
+    CONFIG_PATH_PATTERN,
+    FORMATS,
+    MLPERF_LOG,
+    SIMULATED,
+    ExportError,
+    check_arm,
+    micro_batch_for,
+    render,
+    torchrun_command,
+)
+from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, TrialRecord
+from hpo.trials import TrialState
+from tests.server.conftest import tiny_overrides
+from trainer.config import load_config
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def make_record(tmp_path, **spec_fields) -> ExperimentRecord:
+    data = {
+        "name": "exp", "base_config": {},
+        "overrides": {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2]}},
+        "compare": ["optimizer.name"], "tuner": {"name": "random"}, "budget": {"trials": 2},
+        "resources": {"gpus": "none"}, **spec_fields,
+    }  # fmt: skip
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    stored = {"experiment": spec.self_contained(), "run_dir": str(tmp_path / "run")}
+    return ExperimentRecord(1, "exp", Direction.MINIMIZE, ExperimentStatus.FINISHED, stored, False, NOW, NOW)
+
+
+def make_trial(number=3, params=None, reached=True, budget=1.0) -> TrialRecord:
+    params = params or {"optimizer.name": "lamb", "optimizer.lr": 0.004}
+    return TrialRecord(
+        id=7, experiment_id=1, number=number, state=TrialState.COMPLETED, params=params,
+        arm=f"optimizer.name={params['optimizer.name']}", budget=budget, gpus=(), global_batch_size=8, reason=None,
+        objective=160.0 if reached else 1900.0, samples_to_target=160 if reached else None,
+        time_to_target_s=1.5 if reached else None, best_mlm_accuracy=0.01 if reached else 0.005, duration_s=3.0,
+        metrics={"status": "reached_target" if reached else "budget_exhausted"}, host="h", pid=1, created_at=NOW,
+        started_at=NOW, finished_at=NOW,
+    )  # fmt: skip
+
+
+def test_yaml_is_base_plus_overrides_plus_params_at_full_budget_with_provenance(tmp_path):
+    record = make_record(tmp_path)
+    trial = make_trial(budget=1 / 3)  # a multi-fidelity trial: the export trains the full budget
+    exported = render(record, trial, "yaml")
+    config = yaml.safe_load(exported.text)
+    spec = experiment_from_dict(record.spec["experiment"])
+    expected = trial_config(spec, trial.params, fidelity=1.0).model_dump(mode="json")
+    expected["log"]["mlperf"] = "mlperf/result_0.txt"  # every export writes an MLPerf log
+    assert config == expected
+    assert config["budget"]["max_samples"] == 480 and config["optimizer"] == {**config["optimizer"], "lr": 0.004}
+    assert config["log"]["jsonl"] is None and config["checkpoint"]["dir"] is None  # nothing trial-specific
+    comments = [line for line in exported.text.splitlines() if line.startswith("#")]
+    assert comments[0] == "# Best configuration of experiment exp, exported by `hpo export`."
+    assert "# trial 3, arm optimizer.name=lamb" in comments
+    assert "# objective: samples_to_target = 160 (minimize)" in comments
+    assert comments[-1] == "# run: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config best.yaml"
+    assert exported.warnings == () and "WARNING" not in exported.text
+
+
+def test_every_export_writes_an_mlperf_log_unless_the_experiment_names_one(tmp_path):
+    record, trial = make_record(tmp_path), make_trial()
+    exported = render(record, trial, "yaml")
+    assert yaml.safe_load(exported.text)["log"]["mlperf"] == MLPERF_LOG == "mlperf/result_0.txt"
+    note = "# MLPerf log (mllog events of rank 0): mlperf/result_0.txt, relative to the directory the command runs in"
+    assert note in exported.text.splitlines()
+    assert json.loads(render(record, trial, "json").text)["config"]["log"]["mlperf"] == MLPERF_LOG
+    assert note in render(record, trial, "torchrun").text.splitlines()
+    own = tmp_path / "logs" / "lamb.txt"
+    named = make_record(tmp_path, overrides={**record.spec["experiment"]["overrides"], "log.mlperf": str(own)})
+    exported = render(named, trial, "yaml")
+    assert yaml.safe_load(exported.text)["log"]["mlperf"] == str(own)
+    assert f"# MLPerf log (mllog events of rank 0): {own}" in exported.text.splitlines()  # absolute: no "relative"
+
+
+def test_a_best_that_missed_the_target_warns_in_the_file(tmp_path):
+    exported = render(make_record(tmp_path), make_trial(reached=False), "yaml")
+    assert len(exported.warnings) == 1 and "no trial of experiment exp reached the target" in exported.warnings[0]
+    assert f"# WARNING: {exported.warnings[0]}" in exported.text.splitlines()
+    as_json = json.loads(render(make_record(tmp_path), make_trial(reached=False), "json").text)
+    assert as_json["warnings"] == list(exported.warnings) and as_json["provenance"]["reached_target"] is False
+
+
+def test_a_simulated_experiment_says_no_training_happened_wherever_its_export_is_read(tmp_path):
+    record = make_record(tmp_path, runner={"name": "simulated", "simulation": {"table": "curves.jsonl"}})
+    exported = render(record, make_trial(), "yaml")
+    comments = [line for line in exported.text.splitlines() if line.startswith("#")]
+    assert comments[0].endswith("exported by `hpo export`. SIMULATED: no training happened.")
+    simulated = "(simulated: read from a learning-curve table, not trained)"
+    assert f"# reached the target mlm_accuracy 0.008 after 160 samples {simulated}" in comments
+    assert exported.warnings == (SIMULATED.format(experiment="exp"),)  # the console and X-HPO-Warning say it too
+    assert f"# WARNING: {exported.warnings[0]}" in comments and exported.warnings[0].isascii()
+    body = json.loads(render(record, make_trial(), "json").text)
+    assert body["provenance"]["simulated"] is True and body["warnings"] == list(exported.warnings)
+    assert "SIMULATED" in render(record, make_trial(), "torchrun").text.splitlines()[0]
+    missed = render(record, make_trial(reached=False), "yaml").warnings  # a miss is still said first
+    assert len(missed) == 2 and missed[0].startswith("no trial of experiment exp reached the target")
+    trained = render(make_record(tmp_path), make_trial(), "json").text
+    assert json.loads(trained)["provenance"]["simulated"] is False and "simulated runner" not in trained
+
+
+def test_json_and_torchrun_formats(tmp_path):
+    record, trial = make_record(tmp_path), make_trial()
+    body = json.loads(render(record, trial, "json", nodes=2, gpus_per_node=4).text)
+    assert body["provenance"]["trial"] == 3 and body["provenance"]["objective"] == 160.0
+    assert body["config"]["batch"] == {"global_batch_size": 8, "micro_batch_size": 1}  # 8 ranks share 8 sequences
+    line = render(record, trial, "torchrun", gpus_per_node=2, config_path="my best.yaml").text.splitlines()[-1]
+    assert line == "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m trainer --config 'my best.yaml'"
+    with pytest.raises(ExportError, match="unknown export format"):
+        render(record, trial, "xml")
+
+
+def test_torchrun_command_for_several_nodes():
+    line = torchrun_command("best.yaml", nodes=4, gpus_per_node=8, run_id="adam_vs_lamb")
+    assert line.startswith("torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ")
+    assert '"${MASTER_ADDR:?set MASTER_ADDR to the first node}:${MASTER_PORT:-29400}"' in line
+    assert line.endswith("--rdzv_id adam_vs_lamb -m trainer --config best.yaml")
+    with pytest.raises(ExportError):
+        torchrun_command("best.yaml", nodes=0)
+
+
+@pytest.mark.parametrize(
+    "global_batch, micro, ranks, expected",
+    [(8, 8, 1, 8), (8, 8, 2, 4), (65536, 64, 512, 64), (65536, 256, 512, 128), (24, 8, 4, 6), (96, 5, 2, 4)],
+)
+def test_micro_batch_is_the_largest_that_splits_the_global_batch(global_batch, micro, ranks, expected):
+    got = micro_batch_for(global_batch, micro, ranks)
+    assert got == expected and (global_batch // ranks) % got == 0 and got <= micro
+
+
+def test_bad_ranks_and_arms_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(ExportError, match="cannot be split evenly over 3 ranks"):
+        micro_batch_for(8, 8, 3)
+    record = make_record(tmp_path)
+    spec = experiment_from_dict(record.spec["experiment"])
+    check_arm(spec, "optimizer.name=lamb")
+    with pytest.raises(ExportError, match="its arms are optimizer.name=adamw, optimizer.name=lamb"):
+        check_arm(spec, "optimizer.name=sgd")
+
+
+# --------------------------------------------------------------------------- text that must not break the file
+
+# Every character that ends a line for YAML or Python's str.splitlines, ones YAML cannot carry, and YAML syntax.
+NASTY = ["\x85", "\x96", "\u2028", "\u2029", "\x00", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x7f", "\t", "\ufeff",
+         "\udc80", "'", '"', " # not a comment", ": x", "- [", "&a *a !!python/object"]  # fmt: skip
+# Those a comment shows as escapes: all but U+FEFF (which YAML carries, and no one splits a line at) and syntax.
+ESCAPED = "\x85\x96\u2028\u2029\x00\n\r\x0b\x0c\x1c\x7f\t\udc80"
+
+
+def nasty_record(tmp_path, text: str) -> ExperimentRecord:
+    """An experiment whose stored text carries `text` everywhere a user can put it: a path in the overrides, the
+    choices of a tuned string field, and (as if read from an older database) the experiment's name."""
+    in_path = text.replace("\x00", "0")  # a file name cannot hold NUL; a string field can
+    record = make_record(
+        tmp_path,
+        overrides={**tiny_overrides(tmp_path / "data"), "budget.max_samples": 480, "log.jsonl": f"log{in_path}.jsonl"},
+        space={
+            "optimizer.name": {"choice": ["adamw", "lamb"]},
+            "optimizer.lr": {"float": [1e-4, 1e-2]},
+            "model.init_checkpoint": {"choice": ["plain.bin", f"ckpt{text}.bin"]},
+        },
+    )
+    return dataclasses.replace(record, name=f"exp{text}name")
+
+
+def nasty_trial(text: str) -> TrialRecord:
+    params = {"optimizer.name": "lamb", "optimizer.lr": 0.004, "model.init_checkpoint": f"ckpt{text}.bin"}
+    return dataclasses.replace(make_trial(params=params, reached=False), arm=f"optimizer.name=lamb{text}")
+
+
+def comment_block(text: str, body: str) -> list[str]:
+    """The lines before `body` in `text`, split wherever YAML or Python would end a line."""
+    assert text.endswith(body)
+    head = text[: len(text) - len(body)]
+    lines = head.splitlines()
+    assert len(lines) == head.count("\n")  # no line break but "\n": neither Python nor YAML sees another line
+    return lines
+
+
+@pytest.mark.parametrize("text", NASTY, ids=ascii)
+def test_no_stored_text_breaks_the_exported_yaml_and_the_trainer_loads_it(tmp_path, text):
+    record, trial = nasty_record(tmp_path, text), nasty_trial(text)
+    config_path = f"my 'best' \"{text.isprintable() and text or 'x'}\" ü.yaml"
+    exported = render(record, trial, "yaml", config_path=config_path)
+    expected = trial_config(experiment_from_dict(record.spec["experiment"]), trial.params).model_dump(mode="json")
+    expected["log"]["mlperf"] = MLPERF_LOG
+    assert yaml.safe_load(exported.text) == expected  # the comments are comments, the config round-trips
+    assert expected["model"]["init_checkpoint"] == f"ckpt{text}.bin"
+    lines = comment_block(exported.text, yaml.safe_dump(expected, sort_keys=False))
+    assert all(line.startswith("#") for line in lines)
+    shown = "".join(ascii(c)[1:-1] if c in ESCAPED else c for c in text)
+    assert f"# trial 3, arm optimizer.name=lamb{shown}" in lines
+    run = lines[-1].removeprefix("# run: ")
+    assert shlex.split(run)[-1] == config_path  # the run line names the path exactly, quoted for the shell
+
+    path = tmp_path / "best.yaml"
+    path.write_text(exported.text)
+    assert load_config(path).model_dump(mode="json") == expected  # what `python -m trainer --config` reads
+
+    body = json.loads(render(record, trial, "json", config_path=config_path).text)
+    assert body["config"] == expected and body["provenance"]["experiment"] == record.name
+    command = render(record, trial, "torchrun", nodes=2, config_path=config_path).text
+    assert all(line.startswith("#") for line in comment_block(command, command.splitlines(True)[-1]))
+    tokens = shlex.split(command, comments=True)
+    assert tokens[0] == "torchrun" and tokens[-2:] == ["--config", config_path]
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1e", "\x7f", "\x85", "\x96",
+                                 "\u2028", "\u2029", "\t", "\udc80", "\uffff"], ids=ascii)  # fmt: skip
+def test_a_config_path_with_control_or_line_break_characters_is_refused(tmp_path, bad):
+    record = make_record(tmp_path)
+    for fmt in FORMATS:
+        with pytest.raises(ExportError, match=rf"config path .* character {re.escape(repr(bad))} \(position 4\)"):
+            render(record, make_trial(), fmt, config_path=f"best{bad}.yaml")
+    if bad != "\udc80":  # the API's pattern says the same (a query string, decoded from UTF-8, has no surrogate)
+        assert re.fullmatch(CONFIG_PATH_PATTERN, f"best{bad}.yaml") is None
+    assert re.fullmatch(CONFIG_PATH_PATTERN, "runs/my best 'ü' \"x\".yaml")
+
+
+def test_an_export_with_line_breaks_in_its_data_path_trains(tmp_path):
+    text = "\u2028\x85\x96\n'\" # :"
+    record = make_record(tmp_path, overrides=tiny_overrides(tmp_path / f"da{text}ta", **{"budget.max_samples": 16}))
+    path = tmp_path / "best.yaml"
+    path.write_text(render(record, make_trial(), "yaml").text)
+    trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(path)], capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    final = json.loads([line for line in trained.stdout.splitlines() if line.startswith("{")][-1])
+    assert final["status"] in ("reached_target", "budget_exhausted") and final["samples"] >= 16
+    # The exported config's MLPerf log, where the command ran, passes MLPerf's own checker (open division).
+    checked = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                              "--ruleset", "5.0.0", "--log_output", str(tmp_path / "checker.log"),
+                              str(tmp_path / MLPERF_LOG)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert checked.returncode == 0 and "SUCCESS" in checked.stderr, checked.stdout + checked.stderr

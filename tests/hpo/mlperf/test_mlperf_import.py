@@ -1,0 +1,464 @@
+"""`hpo import mlperf` and `hpo import rcp` (hpo/mlperf/): MLPerf result files and mlperf-logging's RCP file read into
+imported experiments that status, trials, best --per-arm (with the verdict), the report, the batch-size view and the
+API read like any other.
+
+The result files are our own trainer's logs (three seconds-long CPU runs with `log.mlperf`, checked against their
+JSON-lines reports) and hand-written files in tmp_path (ranks, repeated keys, misses, an optimizer named only on the
+command line, a broken line); the RCP file is the one mlperf-logging ships. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.cli.main import main
+from hpo.evidence.batch_scaling import fit_batch_scaling
+from hpo.evidence.verdict import ArmRuns, decide, samples_between_evaluations
+from hpo.experiment import spec_from_stored
+from hpo.experiment.arms import trial_config
+from hpo.mlperf import HASH_KEY, imported
+from hpo.mlperf.logs import ResultFileError, read_result_file
+from hpo.mlperf.rcp import read_rcp_file
+from hpo.report.html import comparison_report, experiment_report, fmt_estimate
+from hpo.report.scaling import confirmation_runs
+from hpo.storage import SqlStorage
+from hpo.storage.base import ExperimentStatus
+from hpo.trials import TrialKind, TrialState
+from tests.hpo.engine.test_study import make_spec, run_study
+from tests.trainer.conftest import make_train_overrides
+from tests.trainer.test_mlperf_log import majority_token_shards
+from trainer.config import load_config
+from trainer.report import JsonLinesReporter, read_jsonl
+from trainer.train import train
+
+RCP_DIR = Path(importlib.util.find_spec("mlperf_logging.rcp_checker").submodule_search_locations[0])
+RCP_BERT = RCP_DIR / "training_5.0.0" / "rcps_bert.json"
+T0 = 1_700_000_000_000  # time_ms of the hand-written runs' first line
+
+
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'hpo.db'}"
+
+
+def trials_by_file(storage: SqlStorage, name: str) -> dict[str, object]:
+    record = storage.get_experiment_by_name(name)
+    return {Path(t.metrics["mlperf"]["file"]).name: t for t in storage.list_trials(record.id)}
+
+
+# --------------------------------------------------------------------------- our trainer's logs
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory) -> tuple[Path, list[tuple[Path, Path, object]]]:
+    """Three real CPU runs of the tiny model (AdamW seeds 1 and 2, LAMB seed 1), each writing its MLPerf log into
+    results/1xCPU/bert/result_N.txt and its JSON-lines report: (results dir, [(log, report, config)])."""
+    root = tmp_path_factory.mktemp("trainer-runs")
+    runs = []
+    for i, (optimizer, seed) in enumerate([("adamw", 1), ("adamw", 2), ("lamb", 1)]):
+        directory = root / f"run{i}"
+        log = root / "results" / "1xCPU" / "bert" / f"result_{i}.txt"
+        overrides = {**majority_token_shards(directory), "optimizer.name": optimizer, "optimizer.lr": 1e-2,
+                     "seed": seed, "eval.target_mlm_accuracy": 0.5, "budget.max_samples": 32,
+                     "eval.every_samples": 16, "log.mlperf": str(log)}  # fmt: skip
+        cfg = load_config(None, make_train_overrides(directory, **overrides))
+        reporter = JsonLinesReporter(cfg.log.jsonl)
+        try:
+            train(cfg, reporter)
+        finally:
+            reporter.close()
+        runs.append((log, Path(cfg.log.jsonl), cfg))
+    return root / "results", runs
+
+
+def test_our_trainers_logs_import_as_their_reports_say(trainer_runs, tmp_path, capsys):
+    results, runs = trainer_runs
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(results), "--name", "tiny", "--target", "0.5"]) == 0
+    assert "3 run(s) imported" in capsys.readouterr().out
+    storage = SqlStorage(db)
+    record = storage.get_experiment_by_name("tiny")
+    spec = spec_from_stored(record)  # the stored spec loads like any experiment's
+    assert spec.compare == ["optimizer.name", "batch.global_batch_size"]
+    assert imported(record)["kind"] == "mlperf" and imported(record)["runs"] == 3
+    by_file = trials_by_file(storage, "tiny")
+    for log, report, cfg in runs:
+        final = next(r for r in read_jsonl(report) if r["kind"] == "final")
+        evals = [(r["samples"], r["mlm_accuracy"]) for r in read_jsonl(report) if r.get("event") == "eval"]
+        trial = by_file[log.name]
+        assert trial.state is TrialState.COMPLETED and final["status"] in ("reached_target", "budget_exhausted")
+        assert trial.samples_to_target == final["samples_to_target"]
+        assert trial.best_mlm_accuracy == final["best_mlm_accuracy"]
+        assert trial.global_batch_size == cfg.batch.global_batch_size and trial.seed == cfg.seed
+        assert trial.params["optimizer.name"] == cfg.optimizer.name
+        for key in ("lr", "eps", "beta1", "beta2", "weight_decay"):
+            assert trial.params[f"optimizer.{key}"] == getattr(cfg.optimizer, key)
+        assert trial.params["schedule.total_steps"] == 4 and trial.params["budget.max_samples"] == 32
+        curve = [(m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy")]
+        assert curve == evals and curve  # mlm_accuracy at samples = epoch_num, as the trial's own reports
+        assert trial.worker.startswith("1xCPU-")  # the system it ran on (submission_platform)
+    # per configuration the first file is the tuning trial, the other seed its confirmation run
+    assert [by_file[f"result_{i}.txt"].kind for i in range(3)] == [TrialKind.TUNING, TrialKind.CONFIRMATION,
+                                                                    TrialKind.TUNING]  # fmt: skip
+    assert by_file["result_1.txt"].params == by_file["result_0.txt"].params
+
+    # the same files again add nothing
+    assert main(["--db", db, "import", "mlperf", str(results), "--name", "tiny", "--target", "0.5"]) == 0
+    assert "0 run(s) imported, 3 already there" in capsys.readouterr().out
+    assert storage.count_trials(record.id) == 3
+
+    # status, trials, best --per-arm, report work on it and say it was imported
+    assert main(["--db", db, "status"]) == 0
+    assert "imported (mlperf): 3 run(s) in 2 configuration(s)" in capsys.readouterr().out
+    assert main(["--db", db, "status", "tiny"]) == 0
+    status = capsys.readouterr().out
+    assert "tiny: finished" in status and "imported: 3 run(s) from 3 file(s)" in status and "verdict now" in status
+    assert main(["--db", db, "trials", "tiny"]) == 0
+    assert "confirmation (seed 2)" in capsys.readouterr().out
+    assert main(["--db", db, "best", "tiny", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    assert best["verdict"]["outcome"] == "not yet"  # one confirmation run for AdamW, none for LAMB
+    assert best["optimizer.name=adamw,batch.global_batch_size=8"]["evidence"]["runs"] == 1
+    assert main(["--db", db, "resume", "tiny"]) == 2
+    assert "was imported" in capsys.readouterr().err
+    page = experiment_report(storage, "tiny")
+    assert "data-field=imported" in page and "Imported experiment" in page
+
+
+def test_the_logs_of_three_hpo_trials_import_as_the_database_recorded_them(tmp_path, capsys):
+    # A real experiment (random search, local runner, 3 trials of the tiny model) with `log.mlperf` relative: each
+    # trial writes its own MLPerf log in its directory. Imported into another database, every run comes back with
+    # the samples to target, hyperparameters and accuracy curve the experiment recorded for that trial.
+    # On the majority-token data AdamW passes accuracy 0.5 within the 32 samples, sooner at a larger rate.
+    space = {"optimizer.lr": {"float": [1e-4, 3e-2], "log": True}, "optimizer.beta2": {"float": [0.95, 0.999]}}
+    overrides = {
+        **majority_token_shards(tmp_path / "majority"),
+        "optimizer.name": "adamw",
+        "budget.max_samples": 32,
+        "eval.every_samples": 16,
+        "eval.target_mlm_accuracy": 0.5,
+        "log.mlperf": "mlperf/result_0.txt",
+    }
+    spec = make_spec(tmp_path, tuner="random", trials=3, space=space, **overrides)  # fmt: skip
+    storage, experiment_id, status = run_study(tmp_path, spec)
+    trials = storage.list_trials(experiment_id)
+    assert status is ExperimentStatus.FINISHED and [t.state for t in trials] == [TrialState.COMPLETED] * 3
+    logs = {t.number: tmp_path / "run" / "trials" / f"{t.number:05d}" / "mlperf" / "result_0.txt" for t in trials}
+    assert all(log.is_file() for log in logs.values())
+    assert len({t.params["optimizer.lr"] for t in trials}) == 3
+    assert sorted(t.samples_to_target for t in trials) == [16, 32, 32]  # at the first and at the second evaluation
+
+    db = f"sqlite:///{tmp_path / 'imported.db'}"
+    target = str(spec.resolved_base()["eval"]["target_mlm_accuracy"])
+    assert main(["--db", db, "import", "mlperf", *map(str, logs.values()), "--name", "again", "--target", target]) == 0
+    assert "3 run(s) imported" in capsys.readouterr().out
+    again = SqlStorage(db)
+    by_path = {Path(t.metrics["mlperf"]["file"]).resolve(): t for t in again.list_trials(
+        again.get_experiment_by_name("again").id)}  # fmt: skip
+    assert len(by_path) == 3
+    for original in trials:
+        twin = by_path[logs[original.number].resolve()]
+        cfg = trial_config(spec, original.params)
+        assert twin.samples_to_target == original.samples_to_target
+        assert twin.best_mlm_accuracy == pytest.approx(original.best_mlm_accuracy, rel=1e-12)
+        assert twin.global_batch_size == cfg.batch.global_batch_size
+        assert twin.params["optimizer.name"] == "adamw"
+        assert twin.params["optimizer.lr"] == pytest.approx(original.params["optimizer.lr"], rel=1e-12)
+        assert twin.params["optimizer.beta2"] == pytest.approx(original.params["optimizer.beta2"], rel=1e-12)
+        recorded = [(m.samples, m.value) for m in storage.get_metrics(original.id, "mlm_accuracy")]
+        assert recorded and [(m.samples, m.value) for m in again.get_metrics(twin.id, "mlm_accuracy")] == recorded
+
+
+# --------------------------------------------------------------------------- hand-written result files
+
+
+def mllog(key: str, value=None, *, t: int = 0, event: str = "POINT_IN_TIME", prefix: str = "", **metadata) -> str:
+    body = {"namespace": "", "time_ms": T0 + t, "event_type": event, "key": key, "value": value,
+            "metadata": {"file": "run_pretraining.py", "lineno": 1, **metadata}}  # fmt: skip
+    return prefix + ":::MLLOG " + json.dumps(body)
+
+
+def run_lines(*, optimizer: str | None = "lamb", batch: int = 256, lr: float = 0.002, seed: int = 1,
+              evals=((1000, 0.70), (2000, 0.73)), status: str | None = "success", train_samples: int | None = None,
+              org: str = "ACME", platform: str = "8xA100", steps: int = 40, **metadata) -> list[str]:  # fmt: skip
+    """The MLLOG lines of one BERT run (as MLPerf's reference writes them); `metadata` goes on every line."""
+    lines = [mllog("cache_clear", True, **metadata), mllog("init_start", event="INTERVAL_START", **metadata)]
+    settings = {"submission_benchmark": "bert", "submission_org": org, "submission_platform": platform,
+                "submission_division": "closed", "seed": seed, "global_batch_size": batch,
+                "opt_base_learning_rate": lr, "opt_lamb_epsilon": 1e-6, "opt_lamb_beta_1": 0.9,
+                "opt_lamb_beta_2": 0.999, "opt_lamb_weight_decay_rate": 0.01, "opt_learning_rate_warmup_steps": 0,
+                "num_warmup_steps": 0, "start_warmup_step": 0, "opt_learning_rate_training_steps": steps}  # fmt: skip
+    if optimizer is not None:
+        settings["opt_name"] = optimizer
+    lines += [mllog(key, value, t=1, **metadata) for key, value in settings.items()]
+    lines += [mllog("init_stop", event="INTERVAL_END", t=2, **metadata),
+              mllog("run_start", event="INTERVAL_START", t=10, **metadata)]  # fmt: skip
+    for i, (samples, accuracy) in enumerate(evals):
+        lines.append(mllog("eval_accuracy", accuracy, t=1000 * (i + 1), epoch_num=samples, **metadata))
+    if status is not None:
+        end = 1000 * len(evals) + 1
+        lines += [mllog("run_stop", event="INTERVAL_END", t=end, status=status, **metadata),
+                  mllog("train_samples", train_samples or evals[-1][0], t=end, **metadata)]  # fmt: skip
+    return lines
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_several_ranks_repeated_keys_and_other_lines_are_read_as_published(tmp_path, capsys):
+    # every event from ranks 2, 0 and 1; the ranks' curves differ, rank 0's is the run's
+    ranks = [
+        line
+        for rank in (2, 0, 1)
+        for line in run_lines(rank=rank, evals=((1000, 0.70 + rank / 100), (2000, 0.73 + rank / 100)))
+    ]
+    noise = ["Beginning trial 1 of 1", "vm.drop_caches = 3", "+ torchrun --nproc_per_node=8 run_pretraining.py "
+             "--train_batch_size=32 --learning_rate=0.002 --max_samples_termination=4500000"]  # fmt: skip
+    repeated = [mllog("opt_base_learning_rate", 0.002, t=3, rank=0), mllog("global_batch_size", 256, t=3)]
+    prefixed = [f"0: {line}" for line in ranks]  # `srun -l` puts the task id before every line
+    path = write(tmp_path / "r" / "result_0.txt", noise + prefixed + repeated)
+    run = read_result_file(path)
+    assert [(e.samples, e.accuracy) for e in run.evaluations] == [(1000, 0.70), (2000, 0.73)]  # rank 0's curve
+    assert run.reached and run.samples_to_target == 2000 and run.optimizer == "lamb" and run.seed == 1
+    assert run.hyperparameters["optimizer.lr"] == 0.002 and run.global_batch_size == 256
+    assert run.budget == 40 * 256  # the training steps are less than --max_samples_termination
+    assert run.system == "8xA100" and run.submitter == "ACME"
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(tmp_path / "r"), "--name", "ranks"]) == 0
+    storage = SqlStorage(db)
+    (trial,) = storage.list_trials(storage.get_experiment_by_name("ranks").id)
+    assert [m.value for m in storage.get_metrics(trial.id, "mlm_accuracy")] == [0.70, 0.73]
+    assert [m.value for m in storage.get_metrics(trial.id, "time_s")] == [0.99, 1.99]  # from run_start
+    assert trial.duration_s == pytest.approx(1.991) and trial.time_to_target_s == pytest.approx(1.991)
+
+
+def test_a_setting_logged_twice_with_different_values_is_a_named_error(tmp_path):
+    path = write(tmp_path / "result_0.txt", [*run_lines(), mllog("global_batch_size", 512, t=5)])
+    with pytest.raises(ResultFileError, match=r"result_0\.txt:\d+: global_batch_size is logged again with another"):
+        read_result_file(path)
+
+
+def test_aborted_and_unfinished_runs_are_misses(tmp_path, capsys):
+    d = tmp_path / "runs"
+    write(d / "result_0.txt", run_lines(seed=1))
+    aborted = run_lines(seed=2, status="aborted", evals=((1000, 0.6), (2000, 0.65)), train_samples=10240)
+    write(d / "result_1.txt", aborted)
+    write(d / "result_2.txt", run_lines(seed=3, status=None, evals=((1000, 0.6),)))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "misses"]) == 0
+    storage = SqlStorage(db)
+    trials = trials_by_file(storage, "misses")
+    aborted, unfinished = trials["result_1.txt"], trials["result_2.txt"]
+    assert aborted.state is TrialState.COMPLETED and aborted.samples_to_target is None
+    assert "aborted" in aborted.reason and aborted.objective > 40 * 256  # a miss ranks after every hit
+    assert unfinished.state is TrialState.FAILED and unfinished.samples_to_target is None
+    assert "without run_stop" in unfinished.reason
+    assert trials["result_0.txt"].kind is TrialKind.TUNING  # the first run that ended is the tuning trial
+    assert {aborted.kind, unfinished.kind} == {TrialKind.CONFIRMATION}
+    assert confirmation_runs(storage, "misses") == {"optimizer.name=lamb,batch.global_batch_size=256": (None, None)}
+
+
+def test_an_unfinished_first_run_is_not_its_configurations_tuning_trial(tmp_path, capsys):
+    d = tmp_path / "runs"
+    write(d / "result_0.txt", run_lines(seed=1, status=None))
+    write(d / "result_1.txt", run_lines(seed=2))
+    assert main(["--db", db_url(tmp_path), "import", "mlperf", str(d), "--name", "late"]) == 0
+    trials = trials_by_file(SqlStorage(db_url(tmp_path)), "late")
+    assert (trials["result_0.txt"].kind, trials["result_1.txt"].kind) == (TrialKind.CONFIRMATION, TrialKind.TUNING)
+
+
+def test_an_adam_run_named_only_on_its_command_line(tmp_path, capsys):
+    d = tmp_path / "runs"
+    command = "+ python run_pretraining.py --train_batch_size=32 --optimizer=adam --opt_lamb_beta_1=0.9"
+    write(d / "result_0.txt", [command, *run_lines(optimizer=None, seed=1)])
+    run = read_result_file(d / "result_0.txt")
+    assert run.optimizer == "adamw" and run.optimizer_source == "the command line (line 1)"
+    write(d / "result_1.txt", run_lines(optimizer=None, seed=2))  # named nowhere
+    with pytest.raises(ResultFileError, match=r"result_1\.txt: the optimizer is not named.*--optimizer"):
+        read_result_file(d / "result_1.txt")
+    assert read_result_file(d / "result_1.txt", default_optimizer="lamb").optimizer == "lamb"
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "adam", "--optimizer", "lamb"]) == 0
+    trials = trials_by_file(SqlStorage(db), "adam")
+    assert trials["result_0.txt"].params["optimizer.name"] == "adamw"
+    assert trials["result_0.txt"].arm == "optimizer.name=adamw,batch.global_batch_size=256"
+    assert trials["result_0.txt"].metrics["mlperf"]["logged"].get("opt_name") is None
+
+
+def test_a_broken_line_is_a_named_error_and_nothing_is_written(tmp_path, capsys):
+    d = tmp_path / "runs"
+    write(d / "result_0.txt", run_lines(seed=1))
+    lines = run_lines(seed=2)
+    lines[7] = lines[7][:-5]  # a line cut short
+    write(d / "result_1.txt", lines)
+    db_file = tmp_path / "hpo.db"
+    assert main(["--db", f"sqlite:///{db_file}", "import", "mlperf", str(d), "--name", "broken"]) == 2
+    err = capsys.readouterr().err
+    assert "result_1.txt:8: a broken :::MLLOG line" in err
+    assert not db_file.exists()  # every file is read before the database is opened
+    write(d / "result_1.txt", [line for line in run_lines(seed=2) if '"global_batch_size"' not in line])
+    assert main(["--db", f"sqlite:///{db_file}", "import", "mlperf", str(d), "--name", "broken"]) == 2
+    assert "result_1.txt: no global_batch_size event" in capsys.readouterr().err
+    assert not db_file.exists()
+
+
+def test_a_second_import_adds_nothing_and_other_files_are_refused(tmp_path, capsys):
+    d = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write(d / f"result_{seed}.txt", run_lines(seed=seed))
+    db = db_url(tmp_path)
+    args = ["--db", db, "import", "mlperf", str(d), "--name", "twice"]
+    assert main(args) == 0 and main(args) == 0
+    assert "0 run(s) imported, 3 already there" in capsys.readouterr().out
+    storage = SqlStorage(db)
+    record = storage.get_experiment_by_name("twice")
+    assert storage.count_trials(record.id) == 3
+    assert len({t.metrics[HASH_KEY] for t in storage.list_trials(record.id)}) == 3
+    write(d / "result_4.txt", run_lines(seed=4))
+    assert main(args) == 2
+    assert "holds an import of other files" in capsys.readouterr().err
+    assert storage.count_trials(record.id) == 3
+
+
+def test_the_verdict_reads_each_arms_confirmation_runs(tmp_path, capsys):
+    """Three ADAM and three LAMB runs: per arm the first file is the tuning trial and the verdict's evidence is the
+    other two, interpolated between evaluations as for any experiment."""
+    d = tmp_path / "runs"
+    curves = {"adam": [((1000, 0.60), (2000, 0.70), (3000, 0.721)), ((1000, 0.61), (2000, 0.69), (3000, 0.73)),
+                       ((1000, 0.60), (2000, 0.71), (3000, 0.725))],
+              "lamb": [((1000, 0.70), (2000, 0.74)), ((1000, 0.69), (2000, 0.73)),
+                       ((1000, 0.71), (2000, 0.722))]}  # fmt: skip
+    for optimizer, runs in curves.items():
+        for seed, evals in enumerate(runs, 1):
+            write(d / optimizer / f"result_{seed}.txt", run_lines(optimizer=optimizer, seed=seed, evals=evals))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "verdict"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "best", "verdict", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    evidence = [ArmRuns(f"optimizer.name={name},batch.global_batch_size=256",
+                        tuple(samples_between_evaluations(evals, 0.72, evals[-1][0]) for evals in runs[1:]), 40 * 256)
+                for name, runs in (("adamw", curves["adam"]), ("lamb", curves["lamb"]))]  # fmt: skip
+    expected = decide(evidence)
+    assert best["verdict"]["line"] == expected.line
+    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw,batch.global_batch_size=256": 2,
+                                               "optimizer.name=lamb,batch.global_batch_size=256": 2}  # fmt: skip
+    for name in ("adamw", "lamb"):
+        arm = best[f"optimizer.name={name},batch.global_batch_size=256"]
+        assert arm["trial"] in (0, 3)  # the first file of each arm
+    storage = SqlStorage(db)
+    comparison = comparison_report(storage, ["verdict"])
+    assert "adamw (verdict, imported)" in comparison  # a line of its own in the batch-size view
+
+
+def test_compare_by_system_and_arms_without_runs(tmp_path, capsys):
+    d = tmp_path / "runs"
+    write(d / "a" / "result_0.txt", run_lines(platform="8xA100", batch=256))
+    write(d / "b" / "result_0.txt", run_lines(platform="8xH100", batch=512))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "systems", "--compare", "system"]) == 0
+    storage = SqlStorage(db)
+    spec = spec_from_stored(storage.get_experiment_by_name("systems"))
+    assert spec.compare == ["log.mlperf_submission.platform"]
+    assert {t.arm for t in storage.list_trials(storage.get_experiment_by_name("systems").id)} == {
+        "log.mlperf_submission.platform=8xA100", "log.mlperf_submission.platform=8xH100"}  # fmt: skip
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "cells"]) == 0  # optimizer x batch: 2 of 2 arms
+    assert "note:" not in capsys.readouterr().out
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "bad", "--compare", "colour"]) == 2
+    assert "--compare 'colour'" in capsys.readouterr().err
+
+
+def test_the_api_marks_an_imported_experiment(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    write(tmp_path / "runs" / "result_0.txt", run_lines())
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(tmp_path / "runs"), "--name", "api"]) == 0
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        body = client.get("/api/v1/experiments/api").json()
+        listed = client.get("/api/v1/experiments").json()["items"]
+        schema = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
+    assert body["imported"] == {"kind": "mlperf", "files": [str((tmp_path / "runs" / "result_0.txt").resolve())],
+                                "runs": 1}  # fmt: skip
+    assert body["status"] == "finished" and listed[0]["imported"]["kind"] == "mlperf"
+    assert "imported" in schema["ExperimentSummaryPublic"]["properties"]
+
+
+# --------------------------------------------------------------------------- mlperf-logging's RCP file
+
+
+def test_the_bert_rcp_file_imports_as_reference_arms_by_batch_size(tmp_path, capsys):
+    records = read_rcp_file(RCP_BERT)
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "rcp", str(RCP_BERT)]) == 0
+    out = capsys.readouterr().out
+    assert "fit of lamb (rcp-bert-5-0-0, MLPerf reference)" in out and "B_crit" in out
+    storage = SqlStorage(db)
+    record = storage.get_experiment_by_name("rcp-bert-5-0-0")
+    assert imported(record)["kind"] == "rcp"
+    spec = spec_from_stored(record)
+    assert spec.compare == ["batch.global_batch_size"]
+    trials = storage.list_trials(record.id)
+    assert len(trials) == sum(len(r.samples) for r in records)
+    for rcp in records:  # one arm per batch size, one run per seed, in the file's order
+        mine = sorted((t for t in trials if t.arm == f"batch.global_batch_size={rcp.global_batch_size}"),
+                      key=lambda t: t.seed)  # fmt: skip
+        assert [t.samples_to_target for t in mine] == list(rcp.samples)
+        assert [t.kind for t in mine] == [TrialKind.TUNING] + [TrialKind.CONFIRMATION] * (len(rcp.samples) - 1)
+        assert mine[0].params["optimizer.lr"] == rcp.logged["opt_base_learning_rate"]
+    # the batch-size view's fit (printed by the import) is hpo.evidence.batch_scaling's on the runs the verdict
+    # counts: every
+    # seed of a batch size but its tuning trial's
+    direct = fit_batch_scaling([(r.global_batch_size, s) for r in records for s in r.samples[1:]])
+    assert direct.fitted and direct.runs == sum(len(r.samples) - 1 for r in records)
+    assert direct.b_crit.low < direct.b_crit.value < direct.b_crit.high < math.inf
+    assert direct.e_min.low < direct.e_min.value < direct.e_min.high
+    assert f"{direct.runs} runs at {len(records)} batch sizes" in out
+    assert f"E_min {fmt_estimate(direct.e_min)}, B_crit {fmt_estimate(direct.b_crit)}" in out
+    assert main(["--db", db, "import", "rcp", str(RCP_BERT)]) == 0  # again: nothing added
+    assert "0 run(s) imported" in capsys.readouterr().out and storage.count_trials(record.id) == len(trials)
+
+
+def rcp_record(batch: int, samples: list[int], lr: float = 0.002, benchmark: str = "bert") -> dict:
+    return {"Benchmark": benchmark, "Creator": "test", "When": "now", "Platform": "TPU", "BS": batch,
+            "Hyperparams": {"opt_base_learning_rate": lr, "opt_epsilon": 1e-6, "opt_learning_rate_training_steps": 100,
+                            "num_warmup_steps": 0, "start_warmup_step": 0, "opt_lamb_beta_1": 0.9,
+                            "opt_lamb_beta_2": 0.999, "opt_lamb_weight_decay_rate": 0.01,
+                            "gradient_accumulation_steps": 1},
+            "Epochs to converge": samples}  # fmt: skip
+
+
+def test_the_reference_curve_beside_an_experiment_on_the_comparison_page(tmp_path, capsys):
+    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
+    rcp.parent.mkdir()
+    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, [s, round(s * 1.05), round(s * 0.97)])
+                               for b, s in ((256, 2_500_000), (2048, 2_700_000), (8192, 4_200_000))}))  # fmt: skip
+    write(tmp_path / "runs" / "result_0.txt", run_lines())
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "rcp", str(rcp)]) == 0
+    assert main(["--db", db, "import", "mlperf", str(tmp_path / "runs"), "--name", "mine"]) == 0
+    storage = SqlStorage(db)
+    page = comparison_report(storage, ["mine", "rcp-bert-9-9-9"])
+    assert "lamb (rcp-bert-9-9-9, MLPerf reference)" in page and "lamb (mine, imported)" in page
+    assert 'data-field="fit_b_crit" data-arm="lamb (rcp-bert-9-9-9, MLPerf reference)"' in page  # its fit row
+    assert "MLPerf&#x27;s reference (an RCP import, black squares)" in page
+
+
+def test_an_rcp_file_of_another_benchmark_is_a_named_error(tmp_path, capsys):
+    rcp = tmp_path / "rcps_resnet.json"
+    rcp.write_text(json.dumps({"resnet_ref_256": rcp_record(256, [40, 41], benchmark="resnet")}))
+    db_file = tmp_path / "hpo.db"
+    assert main(["--db", f"sqlite:///{db_file}", "import", "rcp", str(rcp)]) == 2
+    assert "rcps_resnet.json: record resnet_ref_256: Benchmark is 'resnet'" in capsys.readouterr().err
+    assert not db_file.exists()

@@ -1,0 +1,314 @@
+"""The report, `hpo report --png` and `hpo status` where there is little or nothing to show: no finished trial,
+an arm whose runs all missed, confirmation runs beside the tuning budget, and noise-scale estimates that are
+only lower bounds. Experiments are written straight through the storage API (no trainer runs), so every
+count the pages should show is known here by construction.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime
+from html import unescape
+
+import numpy as np
+import pytest
+
+from hpo.cli.main import main
+from hpo.experiment import experiment_from_dict, stored_form
+from hpo.report.data import (
+    NOISE_CHECKED_RATIO,
+    NOISE_UNDEFINED_SHARE,
+    big_batch,
+    late_noise,
+    lower_bound_reason,
+)
+from hpo.report.html import experiment_report
+from hpo.storage import SqlStorage
+from hpo.storage.base import MetricPoint, MetricRecord
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
+from tests.hpo.report.test_report import Page
+
+MAX_SAMPLES = 512
+ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
+
+
+def make_experiment(tmp_path, name="edge", trials=4, confirm_seeds=1, compare=True) -> tuple[SqlStorage, int, str]:
+    """An experiment row exactly as `hpo run` writes it (no trial yet): tiny trainer, accumulation 16 = 2 x 8."""
+    space = {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}}
+    if compare:
+        space["optimizer.name"] = {"choice": ["adamw", "lamb"]}
+    data = {
+        "name": name, "base_config": {}, "description": "edge cases",
+        "overrides": {"batch.global_batch_size": 16, "batch.micro_batch_size": 8, "eval.target_mlm_accuracy": 0.5,
+                      "budget.max_samples": MAX_SAMPLES, "device": "cpu"},
+        "space": space, "compare": ["optimizer.name"] if compare else [], "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": trials, "max_parallel": 1, "confirm_seeds": confirm_seeds},
+        "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    spec = experiment_from_dict(data, f"{name}.yaml", base_dir=tmp_path)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    return storage, storage.create_experiment(name, stored_form(spec, tmp_path / "run"), spec.direction), url
+
+
+def add_trial(storage, eid, arm, outcome, lr=1e-3, kind=TrialKind.TUNING, points=()) -> int:
+    """One trial: `reached` (at 256 samples), `missed`, `failed`, `running` or `queued`; `points` its metrics."""
+    params = {"optimizer.lr": lr} | ({"optimizer.name": arm.split("=")[1]} if arm else {})
+    seed = 7 if kind is TrialKind.CONFIRMATION else None
+    spec = TrialSpec(None, params, arm=arm, global_batch_size=16, kind=kind, seed=seed)
+    trial_id = storage.create_trial(eid, spec)
+    if outcome == "queued":
+        return trial_id
+    storage.mark_trial_running(trial_id, pid=1, host="h")
+    if points:
+        storage.add_metrics(trial_id, list(points))
+    if outcome == "reached":
+        result = TrialResult(TrialState.COMPLETED, objective=256.0, samples_to_target=256, best_mlm_accuracy=0.55,
+                             metrics={"samples": 256})  # fmt: skip
+    elif outcome == "missed":
+        result = TrialResult(TrialState.COMPLETED, objective=2.0 * MAX_SAMPLES, best_mlm_accuracy=0.3,
+                             metrics={"samples": MAX_SAMPLES})  # fmt: skip
+    elif outcome == "failed":
+        result = TrialResult(TrialState.FAILED, reason="crashed")
+    else:
+        return trial_id
+    storage.finish_trial(trial_id, result)
+    return trial_id
+
+
+def report(storage, name="edge") -> tuple[str, Page]:
+    html = experiment_report(storage, name)
+    return html, Page(html)
+
+
+def curve(noise: list[float | None], accuracy: float = 0.55) -> list[MetricPoint]:
+    """One point per step (16 samples each): an evaluation every 4 steps and the noise-scale estimator's record;
+    None: a measured step without an estimate (only the big batch's norm reported)."""
+    points = []
+    for step, value in enumerate(noise, start=1):
+        values = {"grad_sq_norm_big": 1.0, "grad_sq_norm_small": 2.0}
+        if value is not None:
+            values["noise_scale"] = value
+        if step % 4 == 0:
+            values["mlm_accuracy"] = accuracy * step / len(noise)
+        points.append(MetricPoint(step, 16 * step, values))
+    return points
+
+
+# --------------------------------------------------------------------------- nothing finished yet
+
+
+def test_nothing_finished_says_so_instead_of_empty_plots_and_counts_what_is_planned(tmp_path):
+    storage, eid, _ = make_experiment(tmp_path, trials=4, confirm_seeds=1)  # 4 tuning + 1 per arm: 6 planned
+    add_trial(storage, eid, ADAMW, "running")
+    html, page = report(storage)
+    assert page.images == []
+    assert page.cells[(None, "finished")] == "0" and page.cells[(None, "planned")] == "6"
+    assert page.cells[(None, "progress")] == "0/4 tuning trials done, 0/2 confirmation runs"
+    said = "Nothing to draw yet: no trial has finished (0 of 6 planned; 1 created and queued or running)."
+    assert html.count(said) == 5  # outcomes, best so far, learning curves, noise scale, hyperparameters
+    assert page.cells[(None, "noise")] == said
+    assert "reported a noise scale" not in html and "it needs two batch sizes" not in html
+
+
+def test_png_export_of_nothing_finished_writes_no_file_and_says_why(tmp_path, capsys):
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, LAMB, "queued")
+    out = tmp_path / "png"
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 0
+    assert "no figure for edge: Nothing to draw yet: no trial has finished (0 of 6 planned" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- arms with nothing measured
+
+
+def test_an_arm_whose_runs_all_missed_is_named_in_words(tmp_path):
+    storage, eid, _ = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    add_trial(storage, eid, ADAMW, "missed", lr=2e-3)
+    add_trial(storage, eid, LAMB, "missed")
+    add_trial(storage, eid, LAMB, "missed", lr=2e-3)
+    html, page = report(storage)
+    assert html.count(f"{LAMB}: all 2 runs missed the target.") == 3  # under each figure of measured values
+    assert f"{ADAMW}: all" not in html
+    alts = [img["alt"] for img in page.images]
+    assert alts == [
+        "samples to target per arm",
+        "best objective so far per arm",
+        "objective against each hyperparameter",
+    ]  # fmt: skip  (no evaluations stored: no curves)
+    assert "No top trial reported an evaluation: there is no learning curve to draw." in html
+
+
+def test_when_no_arm_has_a_measured_value_no_figure_of_values_is_drawn(tmp_path):
+    storage, eid, _ = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "missed")
+    add_trial(storage, eid, ADAMW, "failed", lr=2e-3)
+    add_trial(storage, eid, LAMB, "missed")
+    add_trial(storage, eid, LAMB, "missed", lr=2e-3)
+    add_trial(storage, eid, LAMB, "missed", lr=3e-3)
+    html, page = report(storage)
+    assert page.images == []
+    assert html.count(f"{LAMB}: all 3 runs missed the target: nothing to draw.") == 3
+    assert html.count(f"{ADAMW}: none of its 2 finished runs has a measured samples_to_target (1 missed, 1 failed)"
+                      ": nothing to draw.") == 3  # fmt: skip
+    assert page.cells[(None, "progress")] == "5/5 tuning trials done, 0/2 confirmation runs"
+
+
+# --------------------------------------------------------------------------- hpo status
+
+
+def test_status_counts_tuning_trials_against_the_budget_and_confirmations_apart(tmp_path, capsys):
+    storage, eid, url = make_experiment(tmp_path, trials=3, confirm_seeds=2, compare=False)
+    for lr in (1e-3, 2e-3, 3e-3):
+        add_trial(storage, eid, None, "reached", lr=lr)
+    add_trial(storage, eid, None, "reached", kind=TrialKind.CONFIRMATION)
+    add_trial(storage, eid, None, "running", kind=TrialKind.CONFIRMATION)
+    assert main(["--db", url, "status"]) == 0
+    listing = capsys.readouterr().out
+    assert "3/3 tuning trials done, 1/2 confirmation runs" in listing and "4/3" not in listing
+    assert main(["--db", url, "status", "edge"]) == 0
+    one = capsys.readouterr().out
+    assert "trials: 1 running, 4 completed" in one and "3/3 tuning trials done, 1/2 confirmation runs" in one
+    page = Page(experiment_report(storage, "edge"))
+    assert page.cells[(None, "finished")] == "4" and page.cells[(None, "planned")] == "5"
+
+
+# --------------------------------------------------------------------------- the noise scale's lower bound
+
+
+def test_big_batch_is_one_ranks_accumulated_batch_under_accumulation_else_the_global_batch():
+    assert big_batch(256, 32, 2) == 128  # accumulation 4 on each of 2 ranks: each rank's 128 is the big batch
+    assert big_batch(256, 128, 2) == 256  # no accumulation: the all-reduced gradient over both ranks
+    assert big_batch(16, 8, 1) == 16  # one process, accumulation 2
+    assert big_batch(None, 8, 1) is None
+
+
+def test_lower_bound_flag_on_and_off_against_constructed_estimates():
+    big = 64
+    assert lower_bound_reason(NOISE_CHECKED_RATIO * big, big, 0.0) is None  # at the checked limit: a value
+    assert lower_bound_reason(10.0, big, NOISE_UNDEFINED_SHARE - 0.01) is None
+    above = lower_bound_reason(NOISE_CHECKED_RATIO * big + 1, big, 0.0)
+    assert above.startswith("4.0x its big batch of 64")
+    sparse = lower_bound_reason(10.0, big, NOISE_UNDEFINED_SHARE)
+    assert sparse == f"{NOISE_UNDEFINED_SHARE:.0%} of its late steps gave no estimate"
+    assert lower_bound_reason(None, big, 0.9) is None
+
+
+def _records(points: list[MetricPoint], name: str) -> list[MetricRecord]:
+    now = datetime.now(UTC)
+    return [MetricRecord(1, p.step, p.samples, name, p.values[name], now) for p in points if name in p.values]
+
+
+def test_late_noise_median_and_share_of_steps_without_an_estimate():
+    noise = [5.0, None, 1.0, 2.0, None, 3.0, 40.0, None, 5.0, None]  # steps 1..10, 16 samples each
+    points = curve(noise)
+    late = late_noise(_records(points, "noise_scale"), _records(points, "grad_sq_norm_big"))
+    # the estimates' second half: from half the last estimate's samples (step 9: 144 -> 72, so steps 5 on)
+    assert late.value == statistics.median([3.0, 40.0, 5.0])
+    # the measured steps' second half: from half of step 10's 160 samples (steps 5..10), 3 of 6 without one
+    assert late.undefined == pytest.approx(3 / 6)
+
+
+def test_report_shows_a_lower_bound_as_at_least_with_its_reason(tmp_path):
+    storage, eid, _ = make_experiment(tmp_path)
+    # big batch 16 (one process, accumulation 2): 30 is within 4x; 200 is 12.5x; the third misses every other step
+    add_trial(storage, eid, ADAMW, "reached", points=curve([30.0] * 8))
+    add_trial(storage, eid, LAMB, "reached", points=curve([200.0] * 8))
+    add_trial(storage, eid, LAMB, "reached", lr=2e-3, points=curve([20.0, None] * 4))
+    html, page = report(storage)
+    trials = next(t for t in page.tables if t and "noise scale" in t[0] and "#" in t[0])
+    shown = {int(row[0]): row[trials[0].index("noise scale")] for row in trials[1:]}
+    assert shown[0] == "30"
+    assert shown[1] == "≥ 200 (lower bound: 12.5x its big batch of 16, where the estimate is checked only up to 4x " \
+                       "and reads low)"  # fmt: skip
+    # its measured late steps: 64 to 128 samples, steps 4..8, of which 4, 6 and 8 have no estimate: 3 of 5
+    assert shown[2] == "≥ 20 (lower bound: 60% of its late steps gave no estimate)"
+    assert page.cells[(ADAMW, "noise_median")] == "30"
+    lamb = statistics.median([200.0, 20.0])
+    bounds = "(lower bound: 2 of 2 trials' estimates are lower bounds)"
+    assert page.cells[(LAMB, "noise_median")] == f"≥ {lamb:.0f} {bounds}"
+    text = unescape(html)
+    assert "under gradient accumulation one rank's accumulated batch" in text
+    assert "averaged over masked tokens" in text
+
+
+# --------------------------------------------------------------------------- PNG export
+
+
+def test_png_export_writes_the_figures_the_page_embeds_as_valid_pngs(tmp_path, capsys):
+    from PIL import Image
+
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached", points=curve([30.0] * 8))
+    add_trial(storage, eid, ADAMW, "missed", lr=2e-3, points=curve([25.0] * 8, accuracy=0.3))
+    add_trial(storage, eid, LAMB, "reached", points=curve([40.0] * 8))
+    add_trial(storage, eid, LAMB, "reached", lr=3e-3, points=curve([35.0] * 8))
+    out = tmp_path / "png"
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 0
+    page = Page((tmp_path / "html" / "edge.html").read_text())
+    slugs = {"samples to target per arm": "outcomes", "best objective so far per arm": "best-so-far",
+             "learning curves": "learning-curves", "gradient noise scale": "noise-scale",
+             "objective against each hyperparameter": "hyperparameters"}  # fmt: skip
+    assert sorted(img["alt"] for img in page.images) == sorted(slugs)  # every figure is drawn here
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(f"edge-{slug}.png" for slug in slugs.values())
+    printed = capsys.readouterr().out
+    for name in written:
+        path = out / name
+        assert f"wrote {path}" in printed
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            width, height = image.size
+            assert width > 500 and height > 300  # 150 dpi: larger than the page's 90 dpi images
+            assert len(image.convert("L").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 10  # not blank
+    assert len(written) == len(page.images)
+
+
+def simulated_run(rng, dims: int, ratio: float, b_small: int = 8, accumulation: int = 2, steps: int = 200):
+    """The trainer's estimator on Gaussian gradients whose noise scale is known: |G|² = 1, tr(Σ) = ratio x B_big,
+    so B_simple = ratio x B_big; `dims` dimensions (few: heavy-tailed norms). Returns (estimate / truth, flag)."""
+    from trainer.noise_scale import NoiseScaleEstimator
+
+    big = b_small * accumulation
+    truth = ratio * big
+    gradient = np.ones(dims) / np.sqrt(dims)
+    estimator, estimates, measured = NoiseScaleEstimator(0.95), [], []
+    now = datetime.now(UTC)
+    for step in range(1, steps + 1):
+        micro = gradient + rng.normal(0.0, np.sqrt(truth / dims / b_small), size=(accumulation, dims))
+        small_sq, big_sq = float((micro * micro).sum(1).mean()), float((micro.mean(0) ** 2).sum())
+        value = estimator.update(small_sq, big_sq, b_small, big).noise_scale
+        measured.append(MetricRecord(1, step, big * step, "grad_sq_norm_big", big_sq, now))
+        if value is not None:
+            estimates.append(MetricRecord(1, step, big * step, "noise_scale", value, now))
+    late = late_noise(estimates, measured)
+    return late.value / truth, lower_bound_reason(late.value, big, late.undefined)
+
+
+@pytest.mark.parametrize("dims", [4, 16])
+def test_the_flag_is_off_where_the_estimate_holds_and_on_far_above_the_big_batch(dims):
+    """40 runs per case of the trainer's own estimator with a known answer. Measured with 50 runs (seeded as
+    here): flagged 0 % at 1x the big batch, 0 to 2 % at 2x, 92 to 100 % at 16x and 98 to 100 % at 32x, where the
+    median run reads 0.25 to 0.5x the truth. With margin: at most 5 % at 1x and 2x, at least 85 % at 16x and 32x."""
+    rng = np.random.default_rng(dims)
+    for ratio, at_most, at_least in ((1, 2, 0), (2, 2, 0), (16, 40, 34), (32, 40, 34)):
+        runs = [simulated_run(rng, dims, ratio) for _ in range(40)]
+        flagged = sum(bool(flag) for _, flag in runs)
+        assert at_least <= flagged <= at_most, (ratio, flagged)
+    assert statistics.median(read for read, _ in runs) < 0.6  # at 32x: biased low, as the flag says
+
+
+def test_status_lists_an_experiment_whose_stored_spec_no_longer_validates_from_its_raw_budget(tmp_path, capsys):
+    storage, _, url = make_experiment(tmp_path)
+    old = {"experiment": {"name": "old", "field_of_an_older_version": 1, "budget": {"trials": 3, "confirm_seeds": 2}},
+           "run_dir": str(tmp_path / "old")}  # fmt: skip
+    storage.create_experiment("old", old, "minimize")
+    assert main(["--db", url, "status"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("old ") and "0/3 tuning trials done, 0/2 confirmation runs" in line for line in listing)
+    assert any(line.startswith("edge ") and "0/4 tuning trials done, 0/2 confirmation runs" in line for line in listing)

@@ -1,0 +1,195 @@
+"""The preloaded launcher forks a trial that behaves as the same command exec'd: arguments, environment,
+process group, standard streams, limits, exit code (announced or not), exit handlers and threads; it is killed
+as a process group, and dies with the launcher where asked. Commands of another shape are exec'd."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpo.runners.preload import ForkedProcess, Launcher
+from hpo.runners.process import TrialProcess, wait_any
+
+# Prints what a trial could tell apart between being exec'd and forked, then ends as argv[1] says.
+PROBE = """
+import atexit, json, os, resource, sys, threading, time
+mode = sys.argv[1]
+print(json.dumps({
+    "argv": sys.argv[1:], "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
+    "var": os.environ.get("PROBE_VAR"), "own_group": os.getpgrp() == os.getpid(), "stdin": sys.stdin.read(),
+    "limit": resource.getrlimit(resource.RLIMIT_AS)[0], "dirty": "_probe_dirty" in globals(),
+}), flush=True)
+print("to stderr", file=sys.stderr)
+atexit.register(lambda: print("exit handler ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
+_probe_dirty = True
+if mode == "raise":
+    raise RuntimeError("probe failed")
+if mode == "announce":
+    from hpo.trial.exit import exit_recorded
+    exit_recorded(3)
+if mode == "sleep":
+    time.sleep(60)
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def probe_env(tmp_path) -> dict[str, str]:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "preload_probe.py").write_text(PROBE)
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "pkg"), "PYTHONUNBUFFERED": "1", "PROBE_VAR": "x"}
+
+
+@pytest.fixture
+def launcher(probe_env):
+    launcher = Launcher(env=probe_env)
+    assert launcher.wait_ready(60)
+    yield launcher
+    launcher.close()
+
+
+def run(cmd, env, workdir: Path, launcher=None, memory_limit_mb=None) -> tuple[TrialProcess, int]:
+    process = TrialProcess.start(cmd, env, workdir, None, memory_limit_mb, launcher=launcher)
+    deadline = time.monotonic() + 60
+    while (code := process.poll()) is None and time.monotonic() < deadline:
+        wait_any([process], 0.5)
+    return process, code
+
+
+def outputs(workdir: Path) -> tuple[str, str]:
+    return (workdir / "stdout.log").read_text(), (workdir / "stderr.log").read_text()
+
+
+@pytest.mark.parametrize("mode", ["0", "5", "raise", "announce"])
+def test_a_forked_trial_behaves_as_the_exec_d_one(tmp_path, probe_env, launcher, mode, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the runner's directory now, not the launcher's when it started
+    cmd = [sys.executable, "-m", "preload_probe", mode]
+    limit = 4096
+    forked, forked_code = run(cmd, probe_env, tmp_path / "forked", launcher, limit)
+    execd, execd_code = run(cmd, probe_env, tmp_path / "execd", None, limit)
+    assert isinstance(forked.popen, ForkedProcess) and isinstance(execd.popen, subprocess.Popen)
+    expected = {"0": 0, "5": 5, "raise": 1, "announce": 3}[mode]
+    assert forked_code == execd_code == expected
+    # The status the launcher reaped; the process is gone, so its output is complete.
+    assert forked.popen.wait(30) == execd.popen.wait(30) == expected
+    (forked_out, forked_err), (execd_out, execd_err) = outputs(tmp_path / "forked"), outputs(tmp_path / "execd")
+    assert forked_out == execd_out
+    first = json.loads(forked_out.splitlines()[0])
+    assert first["argv"] == [mode] and first["name"] == "__main__" and first["var"] == "x"
+    assert first["cwd"] == first["path0"] == str(tmp_path)
+    assert first["own_group"] and first["stdin"] == "" and first["limit"] == limit << 20 and not first["dirty"]
+    if mode == "announce":  # exit_recorded leaves at once, without exit handlers, forked or not
+        assert "exit handler ran" not in forked_out
+    else:
+        assert forked_out.splitlines()[1:] == ["thread finished", "exit handler ran"]
+    assert forked_err.splitlines()[0] == execd_err.splitlines()[0] == "to stderr"
+    if mode == "raise":
+        assert forked_err.splitlines()[-1] == execd_err.splitlines()[-1] == "RuntimeError: probe failed"
+
+
+def test_the_launcher_preloads_the_trial_side(tmp_path, probe_env, launcher):
+    """The fork starts with the storage imported: the trial's own imports of it cost nothing."""
+    (tmp_path / "pkg" / "preloaded.py").write_text("import sys\nprint('sqlalchemy' in sys.modules)\n")
+    run([sys.executable, "-m", "preloaded"], probe_env, tmp_path / "forked", launcher)
+    run([sys.executable, "-m", "preloaded"], probe_env, tmp_path / "execd", None)
+    assert (tmp_path / "forked" / "stdout.log").read_text() == "True\n"
+    assert (tmp_path / "execd" / "stdout.log").read_text() == "False\n"
+
+
+def test_a_forked_trial_is_killed_as_a_process_group(tmp_path, probe_env, launcher):
+    process = TrialProcess.start([sys.executable, "-m", "preload_probe", "sleep"], probe_env, tmp_path, None,
+                                 launcher=launcher)  # fmt: skip
+    assert isinstance(process.popen, ForkedProcess)
+    assert os.getpgid(process.popen.pid) == process.popen.pid
+    process.kill()
+    assert process.popen.wait(30) == -signal.SIGKILL
+    assert process.poll() == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("die_with_parent", [True, False])
+def test_forked_trials_die_with_the_launcher_only_where_asked(tmp_path, probe_env, launcher, die_with_parent):
+    process = TrialProcess.start([sys.executable, "-m", "preload_probe", "sleep"], probe_env, tmp_path, None,
+                                 die_with_parent=die_with_parent, launcher=launcher)  # fmt: skip
+    pid = process.popen.pid
+    launcher.server.kill()  # SIGKILL: the launcher's process is lost, as with its Dask worker
+    launcher.server.wait(30)
+    deadline = time.monotonic() + 30
+    while process.poll() is None and time.monotonic() < deadline:
+        wait_any([process], 0.5)
+        if not die_with_parent:
+            break
+    try:
+        if die_with_parent:
+            assert process.poll() == -signal.SIGKILL  # gone; its status went with the launcher
+        else:
+            assert process.poll() is None and os.getpgid(pid) == pid  # still running, in its own group
+    finally:
+        process.kill()
+
+
+def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
+    other_path = {**probe_env, "PYTHONPATH": str(tmp_path)}  # the interpreter would start differently
+    buffered = {k: v for k, v in probe_env.items() if k != "PYTHONUNBUFFERED"}
+    assert launcher.accepts([sys.executable, "-m", "preload_probe", "0"], probe_env)
+    assert not launcher.accepts([sys.executable, "-m", "preload_probe", "0"], other_path)
+    assert not launcher.accepts([sys.executable, "-m", "preload_probe", "0"], buffered)
+    assert not launcher.accepts([sys.executable, "-c", "pass"], probe_env)
+    assert not launcher.accepts(["/bin/sh", "-m", "x"], probe_env)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hpo.trial.entry"]
+    assert not launcher.accepts(torchrun, probe_env)  # its ranks check their parent's environment as exec'd
+    process, code = run([sys.executable, "-c", "print('hi')"], probe_env, tmp_path, launcher)
+    assert isinstance(process.popen, subprocess.Popen) and code == 0
+
+
+# A runner's process (as a Dask worker is): starts a launcher and a sleeping trial that dies with its parent.
+RUNNER = """
+import os, sys
+from pathlib import Path
+from hpo.runners.preload import Launcher
+from hpo.runners.process import TrialProcess
+env = dict(os.environ)
+launcher = Launcher(env=env)
+assert launcher.wait_ready(60)
+process = TrialProcess.start([sys.executable, "-m", "preload_probe", "sleep"], env, Path(sys.argv[1]), None,
+                             die_with_parent=True, launcher=launcher)
+print(type(process.popen).__name__, process.popen.pid, launcher.server.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_runner_killed_takes_its_launcher_and_the_trials_that_die_with_it(tmp_path, probe_env):
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path)], env=probe_env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    trial = None
+    try:
+        kind, trial, server = runner.stdout.readline().split()
+        assert kind == "ForkedProcess"
+        runner.kill()  # SIGKILL: no clean-up runs in the runner
+        runner.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in (int(trial), int(server))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(int(server)) and not alive(int(trial))
+    finally:
+        runner.kill()
+        if trial is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(trial), signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,255 @@
+"""The runners with real trials: a Dask `LocalCluster` whose workers declare GPUs (CPU trials under the hood),
+a worker SIGKILLed mid-trial, and a trial whose working directory the controller never sees.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpo.engine.study import Study
+from hpo.errors import ResourceError
+from hpo.experiment import stored_form
+from hpo.runners import build_runner
+from hpo.runners.dask import SEND_INTERVAL_S
+from hpo.storage import SqlStorage
+from hpo.storage.base import ExperimentStatus
+from hpo.trial.launch import build_launch
+from hpo.trials import TrialState
+from tests.hpo.engine.test_study import make_spec
+
+distributed = pytest.importorskip("distributed")
+
+
+def drive(tmp_path: Path, spec, runner, during=None):
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    if during:
+        threading.Thread(target=during, args=(storage, eid), daemon=True).start()
+    try:
+        status = Study(spec, storage, eid, tmp_path / "run", runner, url).run()
+    finally:
+        runner.close()
+    return storage, eid, status
+
+
+def max_overlap(trials) -> int:
+    """The most trials that ran at the same moment, from their recorded start and finish times."""
+    events = sorted([(t.started_at, 1) for t in trials] + [(t.finished_at, -1) for t in trials])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def start_gpu_cluster():
+    return distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, resources={"GPU": 2},
+                                    dashboard_address=None, worker_dashboard_address=None)  # fmt: skip
+
+
+@pytest.fixture
+def gpu_cluster():
+    """A cluster of its own, for a test that kills one of its workers."""
+    cluster = start_gpu_cluster()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One cluster for the tests that leave its workers as they found them (each runs its own experiment)."""
+    cluster = start_gpu_cluster()
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.parametrize(
+    "worker_check_s",
+    [0.25, pytest.param(30.0, marks=pytest.mark.slow)],  # the second path costs as much again
+    ids=["runner-sees-the-loss", "dask-reruns-first"],
+)
+def test_dask_runs_trials_on_declared_gpus_and_requeues_the_trial_of_a_lost_worker(
+    tmp_path, gpu_cluster, monkeypatch, worker_check_s
+):
+    """With a slow check of the workers, Dask re-runs the lost attempt on the other worker before the runner
+    notices; the database refuses that re-run, and the trial is still re-queued once, not failed."""
+    import hpo.runners.dask
+
+    monkeypatch.setattr(hpo.runners.dask, "WORKER_CHECK_S", worker_check_s)
+    spec = make_spec(tmp_path, trials=6, budget={"max_parallel": 6, "trial_timeout_s": 300},
+                     resources={"gpus": "all", "gpus_per_trial": 1}, runner={"name": "dask",
+                     "scheduler": gpu_cluster.scheduler_address}, **{"budget.max_samples": 400})  # fmt: skip
+    killed: dict[str, object] = {}
+
+    def kill_a_busy_worker(storage, eid):
+        with distributed.Client(gpu_cluster.scheduler_address) as client:
+            pids = client.run(os.getpid)
+            deadline = time.time() + 240
+            while time.time() < deadline and not killed:
+                running = storage.list_trials(eid, state=TrialState.RUNNING)
+                for trial in running:
+                    if trial.worker in pids and storage.get_metrics(trial.id):  # mid-training
+                        os.kill(pids[trial.worker], signal.SIGKILL)
+                        on_it = {t.id for t in running if t.worker == trial.worker}
+                        killed.update(worker=trial.worker, trials=on_it)
+                        break
+                time.sleep(0.1)
+
+    storage, eid, status = drive(tmp_path, spec, build_runner(spec), during=kill_a_busy_worker)
+    trials = storage.list_trials(eid)
+    assert status == ExperimentStatus.FINISHED and killed
+    assert [t.number for t in trials] == list(range(6))  # none lost, none twice
+    assert [t.state for t in trials] == [TrialState.COMPLETED] * 6, [(t.number, t.attempt, t.reason) for t in trials]
+    assert max_overlap(trials) <= 4  # 2 workers x GPU=2, one GPU per trial
+    assert all(t.worker and t.worker.startswith("tcp://") and len(t.gpus) == 1 for t in trials)
+    for trial in trials:  # the killed worker's trials were re-queued once and finished elsewhere
+        lost = trial.id in killed["trials"]
+        assert trial.attempt == (1 if lost else 0)
+        assert not lost or trial.worker != killed["worker"]
+    for a in trials:  # trials side by side on one worker hold different GPUs
+        for b in trials:
+            same_time = a.id < b.id and a.started_at < b.finished_at and b.started_at < a.finished_at
+            if same_time and a.worker == b.worker:
+                assert a.gpus != b.gpus
+
+
+def test_dask_refuses_more_gpus_per_trial_than_any_worker_has(tmp_path, shared_cluster):
+    spec = make_spec(tmp_path, resources={"gpus": "all", "gpus_per_trial": 4}, **{"batch.micro_batch_size": 2},
+                     runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
+    with pytest.raises(ResourceError, match="no worker of the Dask cluster .* declares GPU >= 4"):
+        build_runner(spec)
+
+
+def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(tmp_path, shared_cluster):
+    spec = make_spec(tmp_path, resources={"gpus": "all", "gpus_per_trial": 1}, **{"batch.micro_batch_size": 2},
+                     runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
+    runner = build_runner(spec)
+    try:  # Dask's default is 0.01 s; if Dask renames what the runner lowers, this says so
+        assert runner.client.scheduler_comm.interval == SEND_INTERVAL_S == 0.001
+    finally:
+        runner.close()
+
+
+def test_two_experiments_on_one_cluster_run_their_own_trials_although_their_trial_ids_are_the_same(
+    tmp_path, shared_cluster
+):
+    """Task keys are global to a Dask scheduler: two experiments (two databases, so trial 1 in both) running at
+    once must each run their own trials, not share the other's task and its result."""
+    studies, statuses = {}, {}
+    for name in ("a", "b"):  # set up here: h5py (the tiny data) and Alembic (the schema) are not thread-safe
+        spec = make_spec(tmp_path / name, name=name, trials=2, **{"batch.micro_batch_size": 2},
+                         runner={"name": "dask", "scheduler": shared_cluster.scheduler_address})  # fmt: skip
+        url = f"sqlite:///{tmp_path / name / 'hpo.db'}"
+        storage = SqlStorage(url, upgrade=True)
+        eid = storage.create_experiment(name, stored_form(spec, tmp_path / name / "run"), spec.direction)
+        studies[name] = Study(spec, storage, eid, tmp_path / name / "run", build_runner(spec), url)
+
+    def run(name: str) -> None:
+        try:
+            statuses[name] = studies[name].run()
+        finally:
+            studies[name].runner.close()
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in studies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, study in studies.items():
+        storage, eid, status = study.storage, study.experiment_id, statuses.get(name)
+        trials = storage.list_trials(eid)
+        assert status == ExperimentStatus.FINISHED
+        assert [t.id for t in trials] == [1, 2]  # the same ids in both databases
+        assert [t.state for t in trials] == [TrialState.COMPLETED] * 2, [(t.number, t.reason) for t in trials]
+        assert all(t.worker and t.worker.startswith("tcp://") for t in trials)  # each claimed by its own process
+
+
+def test_an_attempt_announces_how_it_ended_on_the_runners_event_topic(tmp_path, shared_cluster):
+    """The runner learns an attempt's end from the scheduler's event log; the announcement is the task's value."""
+    from hpo.runners.base import TrialLaunch
+    from hpo.runners.dask import run_attempt
+
+    def exits_with_three(spec, env):
+        return ["/bin/sh", "-c", "echo failing >&2; exit 3"], env
+
+    events = []
+    got = threading.Event()
+    with distributed.Client(shared_cluster.scheduler_address) as client:
+        client.subscribe_topic("hpo-exits-test", lambda event: (events.append(event[1]), got.set()))
+        launch = TrialLaunch(7, 0, 1, "sqlite://", tmp_path / "trial")
+        value = client.submit(run_attempt, launch, 1, exits_with_three, "hpo-exits-test", pure=False).result()
+        assert got.wait(30)
+    assert value["returncode"] == 3 and "failing" in value["stderr_tail"] and value["worker"].startswith("tcp://")
+    assert [{k: e[k] for k in ("trial_id", "attempt", "ended")} for e in events] == [
+        {"trial_id": 7, "attempt": 1, "ended": value}
+    ]
+
+
+def test_results_arrive_in_the_database_although_the_controller_never_reads_the_trial_directory(tmp_path):
+    def removing_workdir(launch, env):
+        """The trial's directory disappears as soon as the trial exits: nothing is left to read."""
+        cmd, env = build_launch(launch, env)
+        workdir = launch.entry_args[launch.entry_args.index("--workdir") + 1]
+        return ["/bin/sh", "-c", '"$@"; code=$?; rm -rf "$0"; exit $code', workdir, *cmd], env
+
+    spec = make_spec(tmp_path, trials=2)
+    storage, eid, status = drive(tmp_path, spec, build_runner(spec, launch_builder=removing_workdir))
+    assert status == ExperimentStatus.FINISHED
+    assert not list((tmp_path / "run" / "trials").glob("*"))
+    for trial in storage.list_trials(eid):
+        assert trial.state == TrialState.COMPLETED and trial.metrics["samples"] == 48
+        evals = storage.get_metrics(trial.id, "mlm_accuracy")
+        assert [m.samples for m in evals] == [16, 32, 48]
+        assert max(m.value for m in evals) == pytest.approx(trial.best_mlm_accuracy)
+        assert [m.value > 0 for m in storage.get_metrics(trial.id, "time_s")] == [True] * 3  # curves against time
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from hpo.runners import process
+if sys.argv[1] == "pre-exec":
+    process.death_signal_wrapper = lambda: None
+trial = process.TrialProcess.start(["sleep", "300"], {}, Path(sys.argv[2]), None, die_with_parent=True)
+print(trial.popen.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux only: PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("how", ["setpriv", "pre-exec"])
+def test_a_trial_started_to_die_with_its_parent_dies_when_the_parent_is_killed(tmp_path, how):
+    import subprocess
+    import sys
+
+    from hpo.runners.process import death_signal_wrapper
+
+    if how == "setpriv" and death_signal_wrapper() is None:
+        pytest.skip("util-linux's setpriv with --pdeathsig is not installed")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, how, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" and time.monotonic() < deadline:
+        time.sleep(0.01)  # setpriv execs the command in the same process
+    assert _alive(child) and Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), f"trial process {child} outlived its killed parent ({how})"
