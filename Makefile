@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 DEMO_DATA ?= data/demo
 
-.PHONY: setup system-deps bench-deps demo train-demo demo-data test test-all fuzz lint format bench clean
+.PHONY: setup system-deps bench-deps demo train-demo demo-data test test-all fuzz lint docs format bench clean
 
 # Debian packages the tests use: docker-compose validates docker-compose.yml, chromium renders pages headless.
 DEBIAN_PACKAGES ?= docker-compose chromium
@@ -75,7 +75,12 @@ format: $(VENV)/.installed
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: lint system-deps
+# The documentation site (MkDocs, Material theme) from docs/ into site/; --strict fails on a broken link or a page
+# missing from the navigation.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs system-deps
 	$(BIN)/python -m pytest
 
 test-all: lint
@@ -100,4 +105,4 @@ bench: $(VENV)/.installed bench-deps
 	$(BIN)/python -m bench.report
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache
