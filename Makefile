@@ -21,7 +21,7 @@ system-deps:
 
 # Debian packages only the benchmarks use: wrk drives the REST API in bench/api_load.py.
 BENCH_DEBIAN_PACKAGES ?= wrk
-# Python packages only the benchmarks use: Syne Tune, a peer in bench/cost_at_scale.py. Installed without their
+# Python packages only the benchmarks use: Syne Tune, a peer in bench/cost_at_scale/. Installed without their
 # declared dependencies: syne-tune 0.16 requires xgboost, whose Linux wheel requires nvidia-nccl-cu12 (a 350 MB wheel
 # for multi-GPU training, never loaded here). ASHA, TPE and the simulator backend need none of it; CQR imports xgboost
 # (installed, without NCCL). What they do need (numpy, pandas, scikit-learn, tqdm, psutil, sortedcontainers) is in the

@@ -50,10 +50,10 @@ point
 
 Every cell has its own generator seeded by (`--seed`, part, cell index), so the tables do not depend on `--jobs`.
 
-    python -m bench.verdict_power --json bench/verdict_power.rows.json   # parts 1-3, 4,000 draws a cell
+    python -m bench.verdict_power --json bench/results/verdict_power.rows.json   # parts 1-3, 4,000 draws a cell
     python -m bench.verdict_power --draws 400 --reps 100                # a quick look
     python -m bench.verdict_power --parts --end-to-end 6 auto           # part 4 only, 100 experiments a scenario
-    python -m bench.verdict_power --tables-from bench/verdict_power.rows.json   # the tables again, no computing
+    python -m bench.verdict_power --tables-from bench/results/verdict_power.rows.json   # the tables again, no computing
 
 The cost is `decide` itself (about 1 ms a call, most of it in scipy's quantile functions): parts 1-2 ask it about
 1.7 million times with the defaults, about 33 CPU-minutes; `--jobs` (default: every CPU) shares the cells out.

@@ -223,7 +223,7 @@ class TrainedRun:
 
 def trained_run(curve: Curve, cfg, already: int = 0) -> TrainedRun:
     """Where a run of `cfg` on `curve` stops: at the first evaluation at or above the target (when it stops at
-    the target), where it diverges, or at its budget. The peers of bench/cost_at_scale.py train by it too."""
+    the target), where it diverges, or at its budget. The peers of bench/cost_at_scale/ train by it too."""
     budget = cfg.budget.max_samples
     evals = curve.evaluations(cfg.eval.every_samples, budget)
     if cfg.eval.stop_at_target:
