@@ -63,7 +63,7 @@ def run_nni(db: str, experiment_id: int, arm: int, launched_at: float, seconds: 
 
     from hpo.experiment import spec_from_stored
     from hpo.experiment.arms import arm_plans
-    from hpo.nni.engine import WORKER_PREFIX
+    from hpo.nni.jobs import WORKER_PREFIX
     from hpo.storage import SqlStorage
     from search_spaces.nni import from_nni_params
 

@@ -36,7 +36,7 @@ from hpo.experiment import experiment_from_dict
 from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.nni.config import database_url_file, split_confirmation
 from hpo.nni.confirm import queued_confirmation
-from hpo.nni.engine import WORKER_PREFIX
+from hpo.nni.jobs import WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
 from hpo.trial.entry import WORKER_ENV, run_trial

@@ -13,7 +13,7 @@ import yaml
 
 from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.nni.engine import REPLACED
+from hpo.nni.jobs import REPLACED
 from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState

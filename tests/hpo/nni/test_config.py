@@ -224,7 +224,7 @@ def test_nni_tuners_need_engine_nni(tmp_path):
 
 
 def test_nni_trials_that_ended_without_a_record_get_the_right_reason(tmp_path):
-    from hpo.nni.engine import _ending
+    from hpo.nni.jobs import _ending
     from hpo.trials import TrialState
 
     def job(status, seconds):

@@ -14,7 +14,8 @@ from hpo.evidence.verdict import Outcome
 from hpo.experiment import experiment_from_dict
 from hpo.experiment.arms import arm_plans, trial_config
 from hpo.nni.confirm import next_seeds, queue_round, queued_confirmation, waiting
-from hpo.nni.engine import INTERRUPTED, REPLACED, _charged, _settle_interrupted, interrupted, run_confirmations
+from hpo.nni.engine import run_confirmations
+from hpo.nni.jobs import INTERRUPTED, REPLACED, charged, interrupted, settle_interrupted
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from tests.hpo.nni.conftest import make_nni_spec
@@ -205,15 +206,15 @@ def test_a_resume_requeues_interrupted_confirmation_runs_and_replaces_interrupte
     storage.finish_trial(done.id, TrialResult(TrialState.COMPLETED, objective=31.0))
     storage.mark_trial_running(stopped.id, worker="nni:conf2")
     storage.interrupt_trial(stopped.id, INTERRUPTED + "the NNI experiment was stopped by SIGTERM")
-    assert interrupted(storage.get_trial(cut)) and _charged(storage, eid, plans[ADAMW]) == 2  # not charged
+    assert interrupted(storage.get_trial(cut)) and charged(storage, eid, plans[ADAMW]) == 2  # not charged
 
-    _settle_interrupted(storage, eid)
+    settle_interrupted(storage, eid)
 
     replaced = storage.get_trial(cut)
     assert replaced.state is TrialState.FAILED and replaced.reason.startswith(INTERRUPTED)
     assert replaced.reason.endswith(REPLACED) and interrupted(replaced)
-    assert _charged(storage, eid, plans[ADAMW]) == 2  # still not charged: a new trial takes its place
-    assert _charged(storage, eid, plans[LAMB]) == 2  # confirmation runs are never charged to tuning
+    assert charged(storage, eid, plans[ADAMW]) == 2  # still not charged: a new trial takes its place
+    assert charged(storage, eid, plans[LAMB]) == 2  # confirmation runs are never charged to tuning
     again = storage.get_trial(stopped.id)
     assert (again.state, again.attempt, again.seed, again.worker) == (TrialState.QUEUED, 1, stopped.seed, None)
     assert [t.id for t in waiting(storage, eid, plans[LAMB])] == [stopped.id]  # only it runs again
@@ -226,6 +227,6 @@ def test_an_interrupted_tuning_trial_keeps_a_reason_starting_interrupted(tmp_pat
     spec, storage, eid = experiment(tmp_path, {})
     cut = storage.create_trial(eid, TrialSpec(None, {"optimizer.name": "lamb", "optimizer.lr@lamb": 2e-3}, LAMB))
     storage.interrupt_trial(cut, reason or "")
-    _settle_interrupted(storage, eid)
+    settle_interrupted(storage, eid)
     record = storage.get_trial(cut)
     assert record.state is TrialState.FAILED and record.reason.startswith(INTERRUPTED) and interrupted(record)

@@ -15,7 +15,8 @@ import sqlite3
 import pytest
 
 from hpo.nni.config import RESTART_SEED_STEP
-from hpo.nni.engine import REPLACED, run_nni
+from hpo.nni.engine import run_nni
+from hpo.nni.jobs import REPLACED
 from hpo.nni.manager import load_experiments, rest
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState

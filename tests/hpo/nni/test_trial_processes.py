@@ -4,7 +4,7 @@ NNI's launcher makes the manager a process-group leader, and the manager runs ea
 `/bin/bash -c` with NNI_TRIAL_JOB_ID in its environment, so without `lead_process_group` a trial's process group
 (what it records as its pid) is the manager's. Here a stand-in manager does exactly that (no NNI needed): it
 starts two trials that lead their groups as `hpo.nni.trial` does, each with a child, one child without NNI's
-variables (only its process group finds it). Then the engine's stop path (`_interrupt_leftovers`) ends them: a record
+variables (only its process group finds it). Then the engine's stop path (`interrupt_leftovers`) ends them: a record
 with the trial's own group, and an old-style record naming the manager's group; the manager stays alive.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.nni.engine import _interrupt_leftovers
+from hpo.nni.jobs import interrupt_leftovers
 from hpo.storage import SqlStorage
 from hpo.trials import TrialSpec, TrialState
 
@@ -106,7 +106,7 @@ def test_a_trial_leads_its_own_group_and_a_stop_ends_it_but_never_the_manager(tm
         pid = manager_pid if job == "aaaaa" else group
         storage.mark_trial_running(records[job], pid=pid, host=host, worker=f"nni:{job}")
 
-    _interrupt_leftovers(storage, eid, "interrupted: the NNI experiment was stopped on request")
+    interrupt_leftovers(storage, eid, "interrupted: the NNI experiment was stopped on request")
 
     assert alive(manager_pid), "the NNI manager was ended"
     trial_b = list(trials["bbbbb"])

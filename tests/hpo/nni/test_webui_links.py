@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.nni.config import nni_home
-from hpo.nni.engine import record_webui
+from hpo.nni.jobs import record_webui
 from hpo.nni.manager import NniExperiment, load_experiments
 from hpo.report.html import experiment_report
 from hpo.storage import SqlStorage
