@@ -164,7 +164,12 @@ def runs(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="module", params=WORLDS, ids=[f"{w}ranks" for w in WORLDS])
+# 4 ranks (13 s, a launch of their own) are slow; 2 ranks check every strategy in the default suite
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(w, marks=pytest.mark.slow) if w == 4 else w for w in WORLDS],
+    ids=[f"{w}ranks" for w in WORLDS],
+)
 def rank_results(request, runs):
     return runs(request.param)
 

@@ -140,7 +140,12 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("world", "accumulation"), CASES, ids=CASE_IDS)
+# 4 ranks take 20 s (a torchrun of their own): slow; 2 ranks cover ranks and micro-batches in the default suite
+@pytest.mark.parametrize(
+    ("world", "accumulation"),
+    [pytest.param(*case, marks=pytest.mark.slow) if case[0] == 4 else case for case in CASES],
+    ids=CASE_IDS,
+)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_ranks_recover_the_closed_form_noise_scale(runs, world, strategy, accumulation):
     result = runs(world)[(strategy, accumulation)]
@@ -156,7 +161,12 @@ def test_ranks_recover_the_closed_form_noise_scale(runs, world, strategy, accumu
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("world", "accumulation"), CASES, ids=CASE_IDS)
+# 4 ranks take 20 s (a torchrun of their own): slow; 2 ranks cover ranks and micro-batches in the default suite
+@pytest.mark.parametrize(
+    ("world", "accumulation"),
+    [pytest.param(*case, marks=pytest.mark.slow) if case[0] == 4 else case for case in CASES],
+    ids=CASE_IDS,
+)
 def test_norms_are_taken_before_the_clip(runs, world, accumulation):
     results = runs(world)
     reference = torch.tensor(results[("none", accumulation)]["norms"], dtype=torch.float64)

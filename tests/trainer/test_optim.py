@@ -192,6 +192,7 @@ class LargeNet(nn.Module):
         self.bias = nn.Parameter(torch.randn(1024, generator=gen))
 
 
+@pytest.mark.slow  # 22 s: BERT-large-sized tensors; the same update on small ones is tested above
 def test_lamb_on_bert_large_sized_tensors_matches_float64_reference():
     # torch's float32 CPU norm of the 33 M-element tensor is ~0.1 % off; through the trust ratio that moves every
     # weight by ~lr * |w| * 1e-3 = 2e-5, twenty times the tolerance. Clipped: the global norm matters too.

@@ -69,6 +69,7 @@ def check_promotion(tmp_path: Path, storage, eid):
     return best, promoted
 
 
+@pytest.mark.slow  # 19 s: two real trainings; promotions on the simulated runner are in the default suite
 def test_a_promoted_trial_continues_bit_for_bit_as_the_same_configuration_trained_straight(tmp_path):
     storage, eid, status = run_study(tmp_path, asha_spec(tmp_path))
     assert status == ExperimentStatus.FINISHED

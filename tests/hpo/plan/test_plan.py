@@ -519,6 +519,7 @@ def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys
     assert sum(o["count"] for o in forecasts[0]["outcomes"].values()) == 3
 
 
+@pytest.mark.slow  # 45 s: the plan again at 0.5x and 2x its trials; the advice's parts are tested below
 def test_power_alone_advises_tuning_trials_and_cap_from_plans_at_each_cell(tmp_path, capsys):
     """`--power` without a spread: the file planned at 0.5x, 1x and 2x its tuning trials, each with confirmation caps
     6, 9 and 12 (it confirms with auto); each row is what `hpo plan --json` of the file with that budget says (right

@@ -137,6 +137,7 @@ def test_dask_runner_sends_to_the_scheduler_without_the_clients_10_ms_batching(t
         runner.close()
 
 
+@pytest.mark.slow  # 10 s: a second Dask cluster run; the lost-worker test above covers the runner
 def test_two_experiments_on_one_cluster_run_their_own_trials_although_their_trial_ids_are_the_same(
     tmp_path, shared_cluster
 ):
