@@ -1,0 +1,33 @@
+"""The user-facing docs (README.md, BENCHMARKS.md, docs/) speak to users: no path of a development machine, no
+words about how the work was organized. Each rule is checked on a line that breaks it, so the check can fail."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home/\w+|tmp/pytest-of-\w+)/")
+PROCESS_WORDS = re.compile(r"\b(?:the issue's|this issue|issue #?\d+|this session|in this sitting|this checkout)\b",
+                           re.IGNORECASE)  # fmt: skip
+
+
+def offending(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if MACHINE_PATH.search(line) or PROCESS_WORDS.search(line)]
+
+
+def test_the_rules_catch_what_they_are_for():
+    assert offending("see /work/main/runs/x\nran in this session\nthe issue's question\nfine /usr/bin/x") == [
+        "see /work/main/runs/x",
+        "ran in this session",
+        "the issue's question",
+    ]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_machine_path_or_process_word(doc: Path):
+    assert offending(doc.read_text()) == []

@@ -1,0 +1,25 @@
+"""Every shipped preset loads as `hpo run` would read it, and every preset that compares arms gathers evidence for
+its verdict: without confirmation runs the verdict has nothing to decide on, so such a preset could never answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpo.experiment import load_experiment
+
+PRESETS = sorted((Path(__file__).resolve().parents[2] / "search_spaces" / "presets").glob("*.yaml"))
+
+
+def test_the_presets_are_found():
+    names = {p.stem for p in PRESETS}
+    assert {"adam_vs_lamb", "batch_scaling", "clipping_strategies", "adam_vs_lamb_demo_cpu"} <= names
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_a_preset_loads_and_a_comparing_one_has_confirmations(preset: Path):
+    spec = load_experiment(preset)
+    assert spec.name == preset.stem  # `hpo status NAME` after `hpo run FILE` names what the file is called
+    if spec.compare:
+        assert spec.budget.confirm_seeds != 0, f"{preset.name} compares {spec.compare} without confirmation runs"
