@@ -181,6 +181,7 @@ def _check_simulation(spec: ExperimentSpec, source: str) -> None:
     if spec.engine != "local":
         raise ExperimentFileError(f"{source}: engine: runner: simulated runs under engine: local")
     read = (*TABLE_DIMENSIONS, *RUN_LENGTH, "seed")  # the training seed picks one of the table's recorded seeds
+    read = (*read, *spec.runner.simulation.assume_no_effect)  # stated as changing nothing (a plan's assumption)
     ignored = [name for name in spec.space.names if trainer_key(name) not in read]
     if ignored:
         raise ExperimentFileError(

@@ -175,6 +175,9 @@ class Simulation(_Section):
                                         "gpu's, from public MLPerf BERT-large figures).")  # fmt: skip
     sample_scale: float = Field(256.0, gt=0, description="BERT-large samples one table sample stands for (256: "
                                 "the table's 12,288-sample budget is about MLPerf BERT's 3.1 M samples).")  # fmt: skip
+    assume_no_effect: list[str] = Field([], description="Dotted trainer keys the table does not vary, tuned or "
+                                        "compared all the same and taken as changing nothing: every value reads the "
+                                        "same curves (`hpo plan` sets it when it plans a real file).")  # fmt: skip
 
     handicaps: dict[str, Handicap] = Field(default_factory=dict, description="Calibration benchmarks only: an "
                                            "optimizer whose trials read another optimizer's curves, delayed, so "

@@ -61,6 +61,7 @@ from hpo.errors import HpoError
 from hpo.evidence.confirmations import stored_verdict
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import arm_labels
+from hpo.plan.proxy import table_proxy
 from hpo.plan.truth import JUDGED, Truth, stated_handicap, table_truth
 from hpo.runners import build_runner
 from hpo.simulation.cost import experiment_cost
@@ -106,6 +107,7 @@ class Plan:
     options: PlanOptions
     file_seeds: tuple[int, int]  # the file's tuner seed and training seed
     truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
+    assumptions: tuple[str, ...] = ()  # how a real file the table cannot serve as it is was moved onto it
 
     def seeds(self, index: int) -> tuple[int, int]:
         """(tuner seed, training seed) of repetition `index`."""
@@ -147,13 +149,16 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         data["resources"] = {**data["resources"], "machines": []}
     data = _with_options(data, options)
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
+    assumptions: list[str] = []
     try:
         first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
         runner = build_runner(first)  # reads the table and checks that it covers every trial the file can propose
     except HpoError as e:
         if not moved:
             raise
-        raise PlanError(_not_plannable(path, moved, e, options.table or str(DEFAULT_TABLE))) from None
+        data, assumptions = _on_a_table(spec, options, e)  # the file's shape on the table, its moves stated
+        first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
+        runner = build_runner(first)
     truth = None
     if options.difference is not None:
         data["runner"]["simulation"]["handicaps"] = stated_handicap(runner, first, options.difference)
@@ -167,7 +172,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
             truth = replace(truth, stated=options.difference, delay_samples=handicap["delay_samples"])
     runner.close()
     table = Path(first.runner.simulation.table)
-    return Plan(path, data, first, table, moved, options, seeds, truth)
+    return Plan(path, data, first, table, moved, options, seeds, truth, tuple(assumptions))
 
 
 def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
@@ -188,6 +193,27 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
     if options.max_confirm_seeds is not None:
         data["budget"]["max_confirm_seeds"] = options.max_confirm_seeds
     return data
+
+
+def _on_a_table(spec, options: PlanOptions, error: HpoError) -> tuple[dict[str, Any], list[str]]:
+    """A real file the table cannot serve as it is, moved onto the given table (`--like`'s), else the default one,
+    else the large-batch one (more batch sizes); PlanError naming why not when none can keep its shape."""
+    tables = [options.table] if options.table else [DEFAULT_TABLE, TABLES / "large_batch.jsonl"]
+    reasons = [str(error)]
+    for table in tables:
+        try:
+            data, assumptions = table_proxy(spec, spec.self_contained(), load_table(table))
+            data = _with_options(data, options)
+            build_runner(_repetition_spec(data, spec.source, (0, 0))).close()  # the table serves the moved file
+            return data, assumptions
+        except HpoError as e:
+            reasons.append(str(e))
+    moved = f"runner {spec.runner.name}, engine {spec.engine}"
+    why = "; and ".join(
+        f"over {table}: {reason.removeprefix(f'{spec.source}: ')}"
+        for table, reason in zip(tables, reasons[1:], strict=True)
+    )
+    raise PlanError(_not_plannable(spec.source, moved, HpoError(f"{reasons[0]} (as it is); {why}"), str(tables[0])))
 
 
 def _not_plannable(path: str, moved: str, error: HpoError, table: str) -> str:
@@ -427,6 +453,7 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         "experiment": spec.name,
         "source": plan.source,
         "moved": plan.moved,
+        "assumptions": list(plan.assumptions),
         "repetitions": n,
         "cluster": {
             "slots": spec.budget.max_parallel,
@@ -565,7 +592,11 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
     ]
     if curves and not plan.options.table:
         lines.insert(3, f"  the pilot's curves: {curves}")
-    if plan.moved:
+    if plan.moved and plan.assumptions:
+        lines[1:1] = [f"  {plan.source} is a real experiment ({plan.moved}) the table cannot serve as it is: planned "
+                      "on the simulated runner under these assumptions:"]  # fmt: skip
+        lines[2:2] = [f"    assumption: {a}" for a in plan.assumptions]
+    elif plan.moved:
         over = "the pilot's curves" if plan.options.table else "the default learning-curve table"
         lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
                         f"{over}, which cover(s) its space")  # fmt: skip

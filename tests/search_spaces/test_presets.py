@@ -1,5 +1,6 @@
-"""Every shipped preset loads as `hpo run` would read it, and every preset that compares arms gathers evidence for
-its verdict: without confirmation runs the verdict has nothing to decide on, so such a preset could never answer."""
+"""Every shipped preset loads as `hpo run` would read it, `hpo plan` accepts it (a GPU preset under the
+assumptions it states), and every preset that compares arms gathers evidence for its verdict: without
+confirmation runs the verdict has nothing to decide on, so such a preset could never answer."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpo.experiment import load_experiment
+from hpo.plan.forecast import PlanOptions, prepare_plan
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "search_spaces" / "presets").glob("*.yaml"))
 
@@ -23,3 +25,15 @@ def test_a_preset_loads_and_a_comparing_one_has_confirmations(preset: Path):
     assert spec.name == preset.stem  # `hpo status NAME` after `hpo run FILE` names what the file is called
     if spec.compare:
         assert spec.budget.confirm_seeds != 0, f"{preset.name} compares {spec.compare} without confirmation runs"
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_hpo_plan_accepts_every_preset(preset: Path):
+    plan = prepare_plan(str(preset), PlanOptions(repetitions=1))  # checks the table serves every trial it proposes
+    assert plan.spec.compare == load_experiment(preset).compare  # the arms are the file's
+    assert bool(plan.assumptions) == (plan.moved is not None and plan.source.endswith(tuple(MOVED)))
+
+
+MOVED = [f"{name}.yaml" for name in ("adam_vs_lamb", "batch_scaling", "clipping_strategies", "adam_vs_lamb_demo_cpu",
+         "adam_vs_lamb_demo_cpu_asha", "adam_vs_lamb_demo_cpu_nni", "batch_scaling_demo_cpu",
+         "clipping_strategies_demo_cpu")]  # fmt: skip

@@ -275,13 +275,17 @@ def test_a_real_experiment_runs_on_the_default_table_when_it_covers_the_space(tm
     assert "2 slot(s) of 8 GPU(s), H100, 1,100 samples/s a GPU" in out
 
 
-def test_a_real_experiment_the_table_cannot_serve_is_refused_saying_what_a_plannable_file_needs(tmp_path, capsys):
-    preset = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_demo_cpu.yaml"  # it tunes beta1, beta2, ...
-    assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "plan", str(preset)]) == 2
+def test_a_real_experiment_whose_shape_no_table_keeps_is_refused_saying_why(tmp_path, capsys):
+    preset = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_demo_cpu.yaml"
+    data = yaml.safe_load(preset.read_text())
+    data["base_config"] = str((preset.parent / data["base_config"]).resolve())
+    data["space"]["batch.global_batch_size"] = {"choice": [32, 64, 96, 128, 160]}  # the tables record 2 and 4
+    path = write(tmp_path / "five.yaml", data)
+    assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "plan", str(path)]) == 2
     error = capsys.readouterr().err
-    assert "adam_vs_lamb_demo_cpu.yaml: cannot be planned: it is a real experiment (runner local" in error
-    assert "space.optimizer.beta1: the curve table does not vary optimizer.beta1" in error
-    assert "A plannable file tunes only what a table varies" in error
+    assert "five.yaml: cannot be planned: it is a real experiment (runner local" in error
+    assert "the file has 5 batch sizes [32, 64, 96, 128, 160]" in error
+    assert "records 4 ([128, 512, 1024, 2048])" in error
     assert not (tmp_path / "hpo.db").exists()
 
 

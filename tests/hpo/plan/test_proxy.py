@@ -1,0 +1,85 @@
+"""hpo.plan.proxy: a GPU preset moved onto a learning-curve table keeps its shape (arms, tuner, trials,
+confirmations, slots, GPUs per trial) and states what it moved. The expected values are read here from the
+files themselves (the preset's YAML, the base config, the table's meta line), not from the module."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpo.cli.main import main
+from hpo.experiment import load_experiment
+from hpo.plan.proxy import table_proxy
+from hpo.simulation.table import TABLES, load_table
+
+ROOT = Path(__file__).resolve().parents[3]
+PRESETS = ROOT / "search_spaces" / "presets"
+
+
+def meta(table: str) -> dict:
+    return json.loads((TABLES / f"{table}.jsonl").read_text().splitlines()[0])
+
+
+def moved(preset: str, table: str) -> tuple[dict, list[str], dict]:
+    spec = load_experiment(PRESETS / f"{preset}.yaml")
+    data, assumptions = table_proxy(spec, spec.self_contained(), load_table(TABLES / f"{table}.jsonl"))
+    return data, assumptions, yaml.safe_load((PRESETS / f"{preset}.yaml").read_text())
+
+
+def test_adam_vs_lamb_keeps_its_shape_and_holds_what_the_table_does_not_vary():
+    data, assumptions, file = moved("adam_vs_lamb", "curves")
+    grid = meta("curves")["grid"]
+    assert set(data["space"]) == {"optimizer.name", "optimizer.lr@lamb", "optimizer.lr@adamw", "schedule.warmup_steps"}
+    for label in ("optimizer.lr@lamb", "optimizer.lr@adamw"):
+        assert data["space"][label]["float"] == [min(grid["lr"]), max(grid["lr"])]
+        assert data["space"][label]["when"] == file["space"][label]["when"]
+    assert data["space"]["schedule.warmup_steps"] == {"choice": grid["warmup_steps"]}
+    assert data["compare"] == file["compare"] and data["tuner"]["name"] == file["tuner"]["name"] == "smac_hyperband"
+    assert data["budget"]["trials"] == file["budget"]["trials"] and data["budget"]["confirm_seeds"] == "auto"
+    assert data["resources"]["gpus_per_trial"] == file["resources"]["gpus_per_trial"] == 8
+    bert_large = yaml.safe_load((ROOT / "trainer/configs/bert_large.yaml").read_text())
+    scale = data["runner"]["simulation"]["sample_scale"]
+    assert scale == pytest.approx(bert_large["budget"]["max_samples"] / meta("curves")["fixed"]["budget.max_samples"])
+    assert data["base_config"]["budget"]["max_samples"] == meta("curves")["fixed"]["budget.max_samples"]
+    assert data["base_config"]["batch"]["global_batch_size"] == min(grid["global_batch_size"])
+    assert data["runner"]["simulation"]["assume_no_effect"] == []
+    assert any("optimizer.beta1, optimizer.beta2, optimizer.weight_decay" in a for a in assumptions)
+    assert any(f"stands for {scale:,.0f} of the file's 8,000,000 samples" in a for a in assumptions)
+
+
+def test_compared_arms_the_table_does_not_vary_stay_and_read_the_same_curves():
+    data, assumptions, file = moved("clipping_strategies", "curves")
+    assert data["compare"] == ["clipping.strategy"] and data["space"]["clipping.strategy"] == file["space"][
+        "clipping.strategy"]  # fmt: skip
+    assert "clipping.max_norm" not in data["space"] and "allow_unequal_arms" not in data
+    assert data["runner"]["simulation"]["assume_no_effect"] == ["clipping.strategy"]
+    assert data["base_config"]["optimizer"]["name"] == "lamb"  # the file's base optimizer, which it does not tune
+    assert any("truly equal" in a for a in assumptions)
+
+
+def test_compared_batch_sizes_read_the_tables_smallest_to_smallest_with_its_run_length_at_each():
+    data, assumptions, file = moved("batch_scaling", "large_batch")
+    plans = meta("large_batch")["grid"]["batches"]
+    ours = sorted(int(b) for b in plans)
+    assert data["space"]["batch.global_batch_size"]["choice"] == ours
+    for theirs, b in zip(file["space"]["batch.global_batch_size"]["choice"], ours, strict=True):
+        lr = data["space"][f"optimizer.lr@lamb_b{theirs}"]
+        assert lr["when"] == {"optimizer.name": "lamb", "batch.global_batch_size": b}
+        assert lr["float"] == [min(plans[str(b)]["lr"]["lamb"]), max(plans[str(b)]["lr"]["lamb"])]
+        assert data["space"][f"budget.max_samples@b{b}"]["choice"] == [plans[str(b)]["max_samples"]]
+    assert any("448 -> 128, 896 -> 512, 1,792 -> 1,024, 3,584 -> 2,048" in a for a in assumptions)
+
+
+def test_the_plan_of_a_gpu_preset_prints_its_assumptions_its_cost_and_its_chances(capsys):
+    assert main(["plan", str(PRESETS / "adam_vs_lamb.yaml"), "--repetitions", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the table cannot serve as it is: planned on the simulated runner under these assumptions:" in out
+    assert "assumption: held at their best, assumed not to change samples to target" in out
+    assert re.search(r"  GPU-hours +[\d,.]+", out) and "wall-clock" in out and "winner optimizer.name=lamb" in out
+    assert math.isclose(float(re.search(r"1 table sample = ([\d.]+) samples", out).group(1)), 8_000_000 / 12288,
+                        rel_tol=1e-5)  # fmt: skip
