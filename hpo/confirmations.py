@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from hpo.arms import arm_label, arms
 from hpo.storage.base import Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
-from hpo.verdict import Outcome, Verdict, arm_runs, decide
+from hpo.verdict import Outcome, Verdict, arm_runs, decide, unselected
 
 
 def arm_keys(spec) -> list[str | None]:
@@ -60,11 +60,12 @@ def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord]) -> dict[int, list[tuple[int, float]]]:
-    """The evaluations of the completed confirmation runs (the only runs whose curves the verdict reads)."""
+    """The evaluations of the completed confirmation runs and unselected tuning runs (the only runs whose curves the
+    verdict reads)."""
     return {
         t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy") if m.samples is not None]
         for t in trials
-        if t.kind is TrialKind.CONFIRMATION and t.state is TrialState.COMPLETED
+        if (t.kind is TrialKind.CONFIRMATION or unselected(t)) and t.state is TrialState.COMPLETED
     }
 
 

@@ -54,6 +54,7 @@ from typing import Any
 
 IMPORTED_KEY = "imported"  # the stored spec's entry of an imported experiment (beside `experiment`, `run_dir`)
 HASH_KEY = "import_sha256"  # a trial's final-record entry: the content hash of the run it was read from
+UNSELECTED_KEY = "unselected"  # a tuning trial's final-record entry: True where nothing picked it on its outcome
 KINDS = {"mlperf": "MLPerf training results", "rcp": "MLPerf reference convergence points (RCP)"}
 
 
