@@ -65,8 +65,31 @@ def imported(record) -> dict[str, Any] | None:
 
 
 def imported_line(info: dict[str, Any]) -> str:
-    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`."""
+    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`, and what a
+    run cost per arm where the runs logged it (`cost_line`)."""
     kind = str(info.get("kind", "mlperf"))
     files = info.get("files") or []
+    cost = info.get("cost") or {}
+    costs = "".join(f"; arm {arm}: {cost_line(c)}" for arm, c in cost.items() if isinstance(c, dict) and cost_line(c))
     return (f"imported: {info.get('runs', 0)} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
-            f"(hpo import {kind}); nothing was tuned or trained here")  # fmt: skip
+            f"(hpo import {kind}); nothing was tuned or trained here{costs}")  # fmt: skip
+
+
+def cost_line(cost: dict[str, Any] | None) -> str:
+    """`per run 22.3 s on 1,024 accelerators: 6.35 accelerator-hours` (means over an arm's runs, as
+    `hpo.mlperf.importer.cost_per_arm` keeps them); '' without a cost."""
+    if not cost or cost.get("wall_clock_s") is None:
+        return ""
+    counts = "/".join(f"{n:,}" for n in cost.get("accelerators") or [])
+    line = f"per run {duration(cost['wall_clock_s'])}" + (f" on {counts} accelerators" if counts else "")
+    hours = cost.get("accelerator_hours")
+    return line + (f": {hours:,.3g} accelerator-hours" if hours is not None else " (accelerators unknown)")
+
+
+def duration(seconds: float) -> str:
+    """`42.0 s`, `17.5 min`, `3.25 h`."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
