@@ -29,7 +29,7 @@ from hpo.arms import arm_label, arm_of, arms, trial_config
 from hpo.errors import HpoError, NotFoundError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, stored_form
 from hpo.mlperf import HASH_KEY, IMPORTED_KEY, UNSELECTED_KEY, cost_line, imported
-from hpo.mlperf.logs import CURVE_SOURCES, ResultFileError, ResultRun
+from hpo.mlperf.logs import CURVE_SOURCES, HYPERPARAMETERS, ResultFileError, ResultRun
 from hpo.mlperf.rcp import RcpRecord
 from hpo.objective import trial_result
 from hpo.storage.base import ExperimentStatus, MetricPoint, Storage
@@ -154,8 +154,9 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
 
 
 def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
+    hyperparameters, left_out = _takeable(run)
     params: dict[str, Any] = {"optimizer.name": run.optimizer, "batch.global_batch_size": run.global_batch_size,
-                              **run.hyperparameters}  # fmt: skip
+                              **hyperparameters}  # fmt: skip
     named = (
         ("log.mlperf_submission.platform", run.system, "submission_platform (the system)"),
         ("log.mlperf_submission.org", run.submitter, "submission_org (the submitter)"),
@@ -195,8 +196,28 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
                         "accelerator_hours": run.accelerator_hours, "notes": list(run.notes)}}  # fmt: skip
     return _Run(run.sha256, str(run.path), params, run.global_batch_size, run.seed, result, extra,
                 ended=run.status is not None, budget=run.budget, every=run.eval_every, points=_points(run),
-                started=_at(start), finished=_at(stop), worker=run.system, notes=_run_notes(run),
+                started=_at(start), finished=_at(stop), worker=run.system, notes=left_out + _run_notes(run),
                 wall_clock_s=run.wall_clock_s, accelerators=run.hardware.accelerators)  # fmt: skip
+
+
+def _takeable(run: ResultRun) -> tuple[dict[str, Any], list[str]]:
+    """The logged hyperparameters the trainer can take; a value it cannot (Baidu's and Graphcore's PaddlePaddle logs
+    of training 2.0 say opt_learning_rate_training_steps 0) is left out of the run's configuration, with a note: the
+    run itself, its curve and samples to target, stands."""
+    kept, notes = {}, []
+    for key, value in run.hyperparameters.items():
+        raw: dict[str, Any] = {}
+        set_dotted(raw, key, value)
+        try:
+            config_from_dict(raw, str(run.path))
+        except ConfigError as e:
+            why = str(e).splitlines()[-1].strip()
+            logged = next((k for k in HYPERPARAMETERS[key] if k in run.logged), key)
+            notes.append(f"{logged} {run.logged.get(logged, value)!r} is not a value the trainer takes ({why}): left "
+                         "out of the configuration")  # fmt: skip
+            continue
+        kept[key] = value
+    return kept, notes
 
 
 def _run_notes(run: ResultRun) -> list[str]:

@@ -687,3 +687,38 @@ def test_opt_name_and_a_command_line_that_disagree_are_an_error(tmp_path):
         ResultFileError, match=r"names different optimizers \(lamb by opt_name.*FusedAdam by the command"
     ):
         read_result_file(path)
+
+
+def test_a_logged_value_the_trainer_cannot_take_is_left_out_with_a_note(tmp_path, capsys):
+    """Baidu's PaddlePaddle logs of training 2.0 say opt_learning_rate_training_steps 0 (they trained ~900 steps): the
+    run imports, that value is left out of its configuration, and the import says so."""
+    baidu = V20 / "Baidu" / "results" / "IPU_POD16_PaddlePaddle" / "bert" / "result_0.txt"
+    assert [e["value"] for e in raw_events(baidu) if e["key"] == "opt_learning_rate_training_steps"] == [0]
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(baidu), "--name", "baidu", "--optimizer", "lamb"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 run(s): opt_learning_rate_training_steps 0 is not a value the trainer takes" in out
+    (trial,) = trials_by_file(SqlStorage(db), "baidu").values()
+    assert "schedule.total_steps" not in trial.params and trial.params["optimizer.lr"] == 0.0035
+    assert trial.samples_to_target == raw_run(baidu)["end"]
+
+
+def test_evaluations_that_carry_their_own_samples(tmp_path):
+    """Google's open-division JAX logs of training 1.1 give every evaluation epoch_num 1 and its samples in its own
+    metadata (train_samples_since_beginning), with train_samples only before run_start."""
+    jax = PUBLISHED / "training_results_v1.1/Google/results/tpu-v4-2048-JAX/bert/result_0.txt"
+    evals = [e for e in raw_events(jax) if e["key"] == "eval_accuracy"]
+    assert {e["metadata"]["epoch_num"] for e in evals} == {1}
+    run = read_result_file(jax, "lamb")
+    expected = [(e["metadata"]["train_samples_since_beginning"], e["value"]) for e in evals]
+    assert [(e.samples, e.accuracy) for e in run.evaluations] == expected and run.curve == "metadata"
+    assert run.samples_to_target == expected[-1][0] and run.train_samples is None
+
+
+def test_equal_intervals_when_no_schedule_fits_are_said_to_be_approximate(tmp_path, capsys):
+    # epoch_num 1 at every evaluation, and train_samples 2,000: MLPerf's interval at batch 256 (150,000) does not fit
+    lines = run_lines(evals=((1, 0.70), (1, 0.71), (1, 0.73)), train_samples=2_000)
+    run = read_result_file(write(tmp_path / "runs" / "result_0.txt", lines))
+    assert [e.samples for e in run.evaluations] == [667, 1333, 2000] and run.curve == "equal intervals"
+    assert main(["--db", db_url(tmp_path), "import", "mlperf", str(tmp_path / "runs"), "--name", "eq"]) == 0
+    assert "equal intervals in evaluation order up to train_samples (approximate)" in capsys.readouterr().out
