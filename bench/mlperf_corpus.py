@@ -235,15 +235,17 @@ def _verdict(d: Directory) -> str:
 def markdown(summary: list[tuple[str, list[Directory]]]) -> list[str]:
     """The per-round table: directories, imported (runs), refused, files the checker passes, and the imported
     directories with a file the checker fails."""
-    head = ("round", "BERT result directories", "imported (runs)", "refused", "files the checker passes",
+    head = ("round", "BERT result directories", "imported (runs)", "refused",
+            "of them ending with run_stop and train_samples", "files the checker passes",
             "imported directories with a file the checker fails")  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for version, dirs in summary:
         imported = [d for d in dirs if d.refused is None]
         files, passing = sum(len(d.files) for d in dirs), sum(ok for d in dirs for ok, _ in d.checks)
         failing = sum(1 for d in imported if not all(ok for ok, _ in d.checks))
+        takeable = sum(1 for d in dirs if d.refused and d.takeable)
         lines.append(f"| {version} | {len(dirs)} | {len(imported)} ({sum(d.runs for d in imported):,}) | "
-                     f"{len(dirs) - len(imported)} | {passing:,} of {files:,} | {failing} |")  # fmt: skip
+                     f"{len(dirs) - len(imported)} | {takeable} | {passing:,} of {files:,} | {failing} |")  # fmt: skip
     return lines
 
 
