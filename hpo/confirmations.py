@@ -31,7 +31,9 @@ def arm_keys(spec) -> list[str | None]:
 
 
 def _per_arm(trials: Sequence[TrialRecord], finished: bool) -> Counter:
-    return Counter(t.arm for t in trials if t.kind is TrialKind.CONFIRMATION and (t.state.finished or not finished))
+    """Per arm its confirmation runs and unselected tuning runs (`hpo.verdict.unselected`: evidence as well)."""
+    return Counter(t.arm for t in trials if (t.kind is TrialKind.CONFIRMATION or unselected(t))
+                   and (t.state.finished or not finished))  # fmt: skip
 
 
 def completed_rounds(spec, trials: Sequence[TrialRecord]) -> int:
