@@ -304,16 +304,19 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
         for run in group:
             run.params, run.extra["configuration"] = params, len(configurations)
         configurations.append((params, tuning, group))
+    # an arm with one configuration picked nothing: all its runs are evidence; with several, each one's first run
+    # picks the best, and is left out of it
+    shared = Counter(_arm_key(params, compare) for params, _, _ in configurations)
+    alone = [shared[_arm_key(params, compare)] == 1 for params, _, _ in configurations]
     spec = _spec(kind, name, description, [c[0] for c in configurations], compare, target,
-                 max(len(g) - 1 for _, _, g in configurations))  # fmt: skip
-    shared = Counter(arm_of(spec, params) for params, _, _ in configurations)
+                 max(len(g) - (not one) for (_, _, g), one in zip(configurations, alone, strict=True)))  # fmt: skip
     planned = []
-    for params, tuning, group in configurations:
+    for (params, tuning, group), one in zip(configurations, alone, strict=True):
         cfg = trial_config(spec, params)
         for run in group:
             result = trial_result(spec, run.result, cfg, run.result.train_time_s or None)
             metrics = {**result.metrics, **run.extra, HASH_KEY: run.key}
-            if run is tuning and shared[arm_of(spec, params)] == 1:  # nothing was picked: it is evidence too
+            if run is tuning and one:  # nothing was picked on its outcome: it is evidence too
                 metrics[UNSELECTED_KEY] = True
             planned.append(PlannedRun(
                 run.key, run.source, params, arm_of(spec, params), run.global_batch_size, run.seed,
@@ -321,16 +324,21 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
                 run.points, run.started, run.finished, run.worker, run.wall_clock_s, run.accelerators))  # fmt: skip
     order = {run.key: i for i, run in enumerate(runs)}
     planned.sort(key=lambda r: order[r.key])
-    notes = _arm_notes(spec, compare, planned, shared) + _counted([n for r in runs for n in r.notes])
+    notes = _arm_notes(spec, compare, planned) + _counted([n for r in runs for n in r.notes])
     info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
             "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned)}  # fmt: skip
     stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
     return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
 
 
-def _arm_notes(spec: ExperimentSpec, compare: Sequence[str], planned: Sequence[PlannedRun],
-               shared: Counter) -> list[str]:  # fmt: skip
+def _arm_key(params: Mapping[str, Any], compare: Sequence[str]) -> str:
+    """The values of the compare keys of a configuration: its arm, before the spec exists."""
+    return json.dumps([params.get(key) for key in compare], sort_keys=True)
+
+
+def _arm_notes(spec: ExperimentSpec, compare: Sequence[str], planned: Sequence[PlannedRun]) -> list[str]:
     """Arms without a run, and arms whose best configuration is picked among several (its first run left out)."""
+    shared = Counter(r.arm for r in planned if r.kind is TrialKind.TUNING)
     with_runs = {r.arm for r in planned}
     empty = [arm_label(fixed) for fixed in arms(spec) if arm_label(fixed) not in with_runs]
     notes = []

@@ -575,7 +575,9 @@ def test_samsungs_adam_against_nvidias_lamb_at_16384_in_one_import(tmp_path, cap
         hours = sum(h for _, h in runs[arm]) / len(runs[arm])
         assert f"arm {arm}: 10 run(s), 10 reached the target" in out and f": {hours:,.3g} accelerator-hours" in out
     assert main(["--db", db, "status", "bert16k"]) == 0
-    assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in capsys.readouterr().out
+    status = capsys.readouterr().out
+    assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in status
+    assert f"runs per arm: {ADAM_16K} 10, {LAMB_16K} 10 of 10" in status  # every run counts, as the verdict reads
 
 
 def test_the_epoch_num_1_convention_places_evaluations_by_the_schedule(tmp_path):
