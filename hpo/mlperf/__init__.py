@@ -11,33 +11,33 @@ pure and checks every file before anything is written: a file that cannot be rea
 the file, the line and what is missing, and nothing of any file is written.
 
 How runs are stored, and why. The verdict (`hpo.verdict`, shared by `hpo best --per-arm`, `hpo status`, the report
-and the API) reads, per arm, the confirmation trials of the configuration of the arm's best tuning trial
-(`storage.best_per_arm`), never that tuning trial itself: in an experiment that tuned, it was selected as the best
-of its arm, and its seed flatters the arm. An import stores its runs in that same shape, so every reader works on it
-unchanged and counts the same runs:
+and the API) reads, per arm, the runs of the configuration of the arm's best tuning trial (`storage.best_per_arm`):
+its confirmation trials and, where nothing picked it on its outcome, that tuning trial itself (`UNSELECTED_KEY`). An
+import stores its runs in that same shape, so every reader works on it unchanged and counts the same runs:
 
 - the runs are grouped into configurations: runs whose hyperparameters (and, when compared, system or submitter)
   are all equal; an arm (`--compare`) may hold several configurations;
 - per configuration, one run is its tuning trial and every other run is a confirmation trial of exactly the same
   parameters (with the run's seed). The tuning run is the first in file order (`result_0` before `result_1`, an RCP
-  list's first seed) among the runs that ended (a run_stop): it is never chosen by how fast it was, so the
-  confirmation runs that the verdict reads are not a selected sample; it has to have ended because an unfinished
-  (failed) run can never be its arm's best and its configuration would then have no evidence at all;
-- an arm's best configuration is the one whose tuning run needed the fewest samples (as in a tuned experiment), and
-  the verdict's evidence for the arm is that configuration's other runs.
+  list's first seed) among the runs that ended (a run_stop): it is never chosen by how fast it was; it has to have
+  ended because an unfinished (failed) run can never be its arm's best and its configuration would then have no
+  evidence at all;
+- every run is evidence: a configuration alone in its arm was picked by nothing, so its tuning trial carries
+  `UNSELECTED_KEY` and the verdict counts it with the others (an MLPerf BERT submission's 10 runs are 10 runs of
+  evidence, an RCP batch size's 20 seeds 20). Only in an arm with several configurations is the best one picked, on
+  each one's tuning run (the fewest samples, as in a tuned experiment); those tuning runs are then left out of the
+  evidence, as a tuned experiment's are, and the import says so.
 
-Why not all of an arm's runs: only through a second verdict path (verdict.py and confirmations.py belong to the
-verdict, not to imports), which the report, status and the API would not share. The price is one run per
-configuration: an MLPerf BERT submission's 10 runs give 9 runs of evidence, an RCP batch size's 20 seeds 19.
-
-What a run becomes: its hyperparameters from the logged keys (the optimizer from `opt_name`, else from an
-optimizer option on a logged command line, else `--optimizer`), the global batch size, samples to target
-(`train_samples` at a successful `run_stop`, which MLPerf's RCP checker reads for BERT; an aborted run is a miss,
-COMPLETED without samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its
-`eval_accuracy` curve as `mlm_accuracy` points at samples = epoch_num (BERT counts epochs in samples), the system as
-the trial's worker, and the system, submitter, file and content hash in its final record (`metrics`). The content
-hash (sha256 of the file's MLLOG lines; of the record and seed for an RCP) makes a second import of the same files
-add nothing.
+What a run becomes: its hyperparameters from the logged keys (a value the trainer cannot take is left out, with a
+note), the optimizer (`hpo.mlperf.logs`: `opt_name` and the logged command lines, named as submitters name them,
+else `--optimizer`), the global batch size, samples to target (`train_samples` at a successful `run_stop`, which
+MLPerf's RCP checker reads for BERT, else the last evaluation's position; an aborted run is a miss, COMPLETED without
+samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its `eval_accuracy` curve as
+`mlm_accuracy` points at their positions in samples (`epoch_num`, or where that is not samples the evaluation
+schedule, see `hpo.mlperf.logs`), the system as the trial's worker, and in its final record (`metrics`) the system,
+submitter, file, how the curve was placed, its wall-clock (run_start to run_stop), its system description's
+accelerators and accelerator-hours, and the content hash. The content hash (sha256 of the file's MLLOG lines; of the
+record and seed for an RCP) makes a second import of the same files add nothing.
 
 The stored spec is a synthetic experiment (`hpo.experiment.spec_from_stored` loads it): a `choice` parameter per
 hyperparameter over the values the runs used, `compare` from `--compare`, and a base config with the target

@@ -724,3 +724,24 @@ def test_equal_intervals_when_no_schedule_fits_are_said_to_be_approximate(tmp_pa
     assert [e.samples for e in run.evaluations] == [667, 1333, 2000] and run.curve == "equal intervals"
     assert main(["--db", db_url(tmp_path), "import", "mlperf", str(tmp_path / "runs"), "--name", "eq"]) == 0
     assert "equal intervals in evaluation order up to train_samples (approximate)" in capsys.readouterr().out
+
+
+def test_an_arm_with_several_configurations_leaves_out_the_runs_that_picked_its_best(tmp_path, capsys):
+    # ADAM at two learning rates in one arm (compare by optimizer): each rate's first run is its tuning trial, the
+    # arm's best is picked on them (2,000 against 3,000 samples), so neither counts; LAMB's one rate: all three count
+    d = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write(d / "adam_a" / f"result_{seed}.txt", run_lines(optimizer="adam", lr=0.001, seed=seed))
+        write(d / "lamb" / f"result_{seed}.txt", run_lines(seed=seed))
+    slower = ((1000, 0.70), (2000, 0.71), (3000, 0.73))
+    for seed in (1, 2):
+        write(d / "adam_b" / f"result_{seed}.txt", run_lines(optimizer="adam", lr=0.003, seed=seed, evals=slower))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "two", "--compare", "optimizer"]) == 0
+    assert "note: arm optimizer.name=adamw holds 2 configurations" in capsys.readouterr().out
+    trials = SqlStorage(db).list_trials(SqlStorage(db).get_experiment_by_name("two").id)
+    assert [t.metrics.get(UNSELECTED_KEY) for t in trials if t.kind is TrialKind.TUNING] == [None, None, True]
+    assert main(["--db", db, "best", "two", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    assert best["optimizer.name=adamw"]["params"]["optimizer.lr"] == 0.001
+    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw": 2, "optimizer.name=lamb": 3}
