@@ -246,6 +246,12 @@ def markdown(summary: list[tuple[str, list[Directory]]]) -> list[str]:
         takeable = sum(1 for d in dirs if d.refused and d.takeable)
         lines.append(f"| {version} | {len(dirs)} | {len(imported)} ({sum(d.runs for d in imported):,}) | "
                      f"{len(dirs) - len(imported)} | {takeable} | {passing:,} of {files:,} | {failing} |")  # fmt: skip
+    every = [d for _, dirs in summary for d in dirs]
+    kept = [d for d in every if d.refused is None]
+    checked = [ok for d in every for ok, _ in d.checks]
+    lines.append(f"| all | {len(every)} | {len(kept)} ({sum(d.runs for d in kept):,}) | {len(every) - len(kept)} | "
+                 f"{sum(1 for d in every if d.refused and d.takeable)} | {sum(checked):,} of {len(checked):,} | "
+                 f"{sum(1 for d in kept if not all(ok for ok, _ in d.checks))} |")  # fmt: skip
     return lines
 
 

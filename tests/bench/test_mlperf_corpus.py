@@ -27,7 +27,7 @@ def test_a_round_of_published_results_imported_beside_the_checker(tmp_path, caps
            "accelerators 8; checker 0/1 pass (" in nvidia  # fmt: skip
     google = next(line for line in out.splitlines() if line.startswith("  Google/results/tpu-v3-8192-TF:"))
     assert "refused: Google/results/tpu-v3-8192-TF/bert/result_0.txt:" in google and "epoch_num counts" in google
-    assert "| 0.7 | 2 | 1 (1) | 1 | 0 | 0 of 2 | 1 |" in out
+    assert "| 0.7 | 2 | 1 (1) | 1 | 0 | 0 of 2 | 1 |" in out and "| all | 2 | 1 (1) | 1 | 0 | 0 of 2 | 1 |" in out
     assert len(json.loads(cache.read_text())) == 2  # one checker answer per file, kept for the next run
 
 
