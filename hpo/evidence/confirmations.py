@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide
+from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide, unselected
 from hpo.experiment.arms import arm_label, arms
 from hpo.storage.base import Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
@@ -31,7 +31,10 @@ def arm_keys(spec) -> list[str | None]:
 
 
 def _per_arm(trials: Sequence[TrialRecord], finished: bool) -> Counter:
-    return Counter(t.arm for t in trials if t.kind is TrialKind.CONFIRMATION and (t.state.finished or not finished))
+    """Per arm its confirmation runs and unselected tuning runs (`hpo.evidence.verdict.unselected`: evidence as
+    well)."""
+    return Counter(t.arm for t in trials if (t.kind is TrialKind.CONFIRMATION or unselected(t))
+                   and (t.state.finished or not finished))  # fmt: skip
 
 
 def completed_rounds(spec, trials: Sequence[TrialRecord]) -> int:
@@ -60,11 +63,12 @@ def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord]) -> dict[int, list[tuple[int, float]]]:
-    """The evaluations of the completed confirmation runs (the only runs whose curves the verdict reads)."""
+    """The evaluations of the completed confirmation runs and unselected tuning runs (the only runs whose curves the
+    verdict reads)."""
     return {
         t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy") if m.samples is not None]
         for t in trials
-        if t.kind is TrialKind.CONFIRMATION and t.state is TrialState.COMPLETED
+        if (t.kind is TrialKind.CONFIRMATION or unselected(t)) and t.state is TrialState.COMPLETED
     }
 
 

@@ -5,8 +5,10 @@ Evidence. An arm's runs are its best configuration's confirmation trials (`budge
 configuration its tuner picked, re-run with other training seeds). The best tuning trial itself is not a run
 here: it was selected as the best of its arm's trials, so its seed was lucky as well as its configuration good,
 and it flatters its arm by an amount that depends on the arm's spread and trial count (measured in BENCHMARKS.md,
-"Verdict calibration"); the confirmation runs are not selected at all. A run that failed on bad data says nothing
-about the arm and is left out.
+"Verdict calibration"); the confirmation runs are not selected at all. Unless nothing selected it: a tuning trial
+whose final record says `unselected` (`UNSELECTED_KEY`: an imported run whose configuration is the only one of its
+arm, hpo.mlperf) is a run of the evidence like its confirmation runs, and no pick is judged for its arm. A run that
+failed on bad data says nothing about the arm and is left out.
 
 Quantity. Per run, samples to target *between* evaluation points: the run's `mlm_accuracy` curve, linearly
 interpolated between the last evaluation below the target and the first at or above it. The stored
@@ -74,6 +76,7 @@ from itertools import combinations
 from scipy import stats
 
 from hpo.experiment.arms import arm_label, arms, trial_config
+from hpo.mlperf import UNSELECTED_KEY
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.trials import TrialKind, TrialState
 
@@ -415,15 +418,22 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
         tuned = any(_reached(t) is not None for t in trials if t.kind is TrialKind.TUNING and t.arm == top.arm)
         found = tuned or any(s is not None for s in runs)
         picked = _samples(top, curves.get(getattr(top, "id", None), ()), target)
-        picked = math.inf if picked is None else picked
+        picked = None if unselected(top) else math.inf if picked is None else picked
         evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, every if quantized else 0, found, picked))
     return evidence
 
 
 def confirmations(top, trials: Sequence[object]) -> list:
-    """The finished confirmation trials of the configuration of `top` (a best tuning trial), bad data left out."""
-    return [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == top.arm and t.params == top.params
+    """The finished confirmation trials of the configuration of `top` (a best tuning trial), and `top` itself where
+    nothing selected it (`UNSELECTED_KEY`), bad data left out."""
+    runs = [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == top.arm and t.params == top.params
             and t.state.finished and not _bad_data(t)]  # fmt: skip
+    return [top, *runs] if unselected(top) and top.state.finished and not _bad_data(top) else runs
+
+
+def unselected(trial) -> bool:
+    """Whether nothing picked this trial on its outcome (`UNSELECTED_KEY` in its final record): it is evidence."""
+    return (trial.metrics or {}).get(UNSELECTED_KEY) is True
 
 
 def _samples(trial, curve: Sequence[tuple[float, float]], target: float) -> float | None:

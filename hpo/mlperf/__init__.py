@@ -12,33 +12,33 @@ the file, the line and what is missing, and nothing of any file is written.
 
 How runs are stored, and why. The verdict (`hpo.evidence.verdict`, shared by `hpo best --per-arm`, `hpo status`, the
 report
-and the API) reads, per arm, the confirmation trials of the configuration of the arm's best tuning trial
-(`storage.best_per_arm`), never that tuning trial itself: in an experiment that tuned, it was selected as the best
-of its arm, and its seed flatters the arm. An import stores its runs in that same shape, so every reader works on it
-unchanged and counts the same runs:
+and the API) reads, per arm, the runs of the configuration of the arm's best tuning trial (`storage.best_per_arm`):
+its confirmation trials and, where nothing picked it on its outcome, that tuning trial itself (`UNSELECTED_KEY`). An
+import stores its runs in that same shape, so every reader works on it unchanged and counts the same runs:
 
 - the runs are grouped into configurations: runs whose hyperparameters (and, when compared, system or submitter)
   are all equal; an arm (`--compare`) may hold several configurations;
 - per configuration, one run is its tuning trial and every other run is a confirmation trial of exactly the same
   parameters (with the run's seed). The tuning run is the first in file order (`result_0` before `result_1`, an RCP
-  list's first seed) among the runs that ended (a run_stop): it is never chosen by how fast it was, so the
-  confirmation runs that the verdict reads are not a selected sample; it has to have ended because an unfinished
-  (failed) run can never be its arm's best and its configuration would then have no evidence at all;
-- an arm's best configuration is the one whose tuning run needed the fewest samples (as in a tuned experiment), and
-  the verdict's evidence for the arm is that configuration's other runs.
+  list's first seed) among the runs that ended (a run_stop): it is never chosen by how fast it was; it has to have
+  ended because an unfinished (failed) run can never be its arm's best and its configuration would then have no
+  evidence at all;
+- every run is evidence: a configuration alone in its arm was picked by nothing, so its tuning trial carries
+  `UNSELECTED_KEY` and the verdict counts it with the others (an MLPerf BERT submission's 10 runs are 10 runs of
+  evidence, an RCP batch size's 20 seeds 20). Only in an arm with several configurations is the best one picked, on
+  each one's tuning run (the fewest samples, as in a tuned experiment); those tuning runs are then left out of the
+  evidence, as a tuned experiment's are, and the import says so.
 
-Why not all of an arm's runs: only through a second verdict path (verdict.py and confirmations.py belong to the
-verdict, not to imports), which the report, status and the API would not share. The price is one run per
-configuration: an MLPerf BERT submission's 10 runs give 9 runs of evidence, an RCP batch size's 20 seeds 19.
-
-What a run becomes: its hyperparameters from the logged keys (the optimizer from `opt_name`, else from an
-optimizer option on a logged command line, else `--optimizer`), the global batch size, samples to target
-(`train_samples` at a successful `run_stop`, which MLPerf's RCP checker reads for BERT; an aborted run is a miss,
-COMPLETED without samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its
-`eval_accuracy` curve as `mlm_accuracy` points at samples = epoch_num (BERT counts epochs in samples), the system as
-the trial's worker, and the system, submitter, file and content hash in its final record (`metrics`). The content
-hash (sha256 of the file's MLLOG lines; of the record and seed for an RCP) makes a second import of the same files
-add nothing.
+What a run becomes: its hyperparameters from the logged keys (a value the trainer cannot take is left out, with a
+note), the optimizer (`hpo.mlperf.logs`: `opt_name` and the logged command lines, named as submitters name them,
+else `--optimizer`), the global batch size, samples to target (`train_samples` at a successful `run_stop`, which
+MLPerf's RCP checker reads for BERT, else the last evaluation's position; an aborted run is a miss, COMPLETED without
+samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its `eval_accuracy` curve as
+`mlm_accuracy` points at their positions in samples (`epoch_num`, or where that is not samples the evaluation
+schedule, see `hpo.mlperf.logs`), the system as the trial's worker, and in its final record (`metrics`) the system,
+submitter, file, how the curve was placed, its wall-clock (run_start to run_stop), its system description's
+accelerators and accelerator-hours, and the content hash. The content hash (sha256 of the file's MLLOG lines; of the
+record and seed for an RCP) makes a second import of the same files add nothing.
 
 The stored spec is a synthetic experiment (`hpo.experiment.spec_from_stored` loads it): a `choice` parameter per
 hyperparameter over the values the runs used, `compare` from `--compare`, and a base config with the target
@@ -55,6 +55,7 @@ from typing import Any
 
 IMPORTED_KEY = "imported"  # the stored spec's entry of an imported experiment (beside `experiment`, `run_dir`)
 HASH_KEY = "import_sha256"  # a trial's final-record entry: the content hash of the run it was read from
+UNSELECTED_KEY = "unselected"  # a tuning trial's final-record entry: True where nothing picked it on its outcome
 KINDS = {"mlperf": "MLPerf training results", "rcp": "MLPerf reference convergence points (RCP)"}
 
 
@@ -65,8 +66,31 @@ def imported(record) -> dict[str, Any] | None:
 
 
 def imported_line(info: dict[str, Any]) -> str:
-    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`."""
+    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`, and what a
+    run cost per arm where the runs logged it (`cost_line`)."""
     kind = str(info.get("kind", "mlperf"))
     files = info.get("files") or []
+    cost = info.get("cost") or {}
+    costs = "".join(f"; arm {arm}: {cost_line(c)}" for arm, c in cost.items() if isinstance(c, dict) and cost_line(c))
     return (f"imported: {info.get('runs', 0)} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
-            f"(hpo import {kind}); nothing was tuned or trained here")  # fmt: skip
+            f"(hpo import {kind}); nothing was tuned or trained here{costs}")  # fmt: skip
+
+
+def cost_line(cost: dict[str, Any] | None) -> str:
+    """`per run 22.3 s on 1,024 accelerators: 6.35 accelerator-hours` (means over an arm's runs, as
+    `hpo.mlperf.importer.cost_per_arm` keeps them); '' without a cost."""
+    if not cost or cost.get("wall_clock_s") is None:
+        return ""
+    counts = "/".join(f"{n:,}" for n in cost.get("accelerators") or [])
+    line = f"per run {duration(cost['wall_clock_s'])}" + (f" on {counts} accelerators" if counts else "")
+    hours = cost.get("accelerator_hours")
+    return line + (f": {hours:,.3g} accelerator-hours" if hours is not None else " (accelerators unknown)")
+
+
+def duration(seconds: float) -> str:
+    """`42.0 s`, `17.5 min`, `3.25 h`."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"

@@ -1,7 +1,10 @@
 """Imported experiments planned and written: MLPerf runs (`plan_mlperf`) or RCP records (`plan_rcp`) become an
 `ImportPlan` (a synthetic spec and one finished trial per run; pure), and `write_plan` stores it.
 
-The package docstring (`hpo.mlperf`) says how runs are stored and why. Planning reads and checks everything: a
+The package docstring (`hpo.mlperf`) says how runs are stored and why. `describe` says what an import did: per arm
+its runs, how many reached the target, samples to target, and what a run cost (wall-clock from run_start to
+run_stop, the system description's accelerators and their product, accelerator-hours), which the stored `imported`
+entry keeps too (`cost`, shown by `hpo status`). Planning reads and checks everything: a
 file that cannot be read, a logged value the trainer cannot take, or runs that disagree on the target raise before
 the storage is opened. Writing adds only runs whose content hash the experiment does not hold yet, so importing the
 same files twice adds nothing; an experiment of that name that was not imported, or that holds an import of other
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,8 +28,8 @@ from typing import Any
 from hpo.errors import HpoError, NotFoundError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, stored_form
 from hpo.experiment.arms import arm_label, arm_of, arms, trial_config
-from hpo.mlperf import HASH_KEY, IMPORTED_KEY, imported
-from hpo.mlperf.logs import ResultFileError, ResultRun
+from hpo.mlperf import HASH_KEY, IMPORTED_KEY, UNSELECTED_KEY, cost_line, imported
+from hpo.mlperf.logs import CURVE_SOURCES, HYPERPARAMETERS, ResultFileError, ResultRun
 from hpo.mlperf.rcp import RcpRecord
 from hpo.objective import trial_result
 from hpo.storage.base import ExperimentStatus, MetricPoint, Storage
@@ -61,6 +65,14 @@ class PlannedRun:
     started: datetime | None = None
     finished: datetime | None = None
     worker: str | None = None  # the system it ran on
+    wall_clock_s: float | None = None  # run_start to run_stop
+    accelerators: int | None = None  # of its system description
+
+    @property
+    def accelerator_hours(self) -> float | None:
+        if self.wall_clock_s is None or self.accelerators is None:
+            return None
+        return self.accelerators * self.wall_clock_s / 3600
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,8 @@ class _Run:
     finished: datetime | None = None
     worker: str | None = None
     notes: list[str] = field(default_factory=list)
+    wall_clock_s: float | None = None
+    accelerators: int | None = None
 
 
 # ------------------------------------------------------------------------------------------------ MLPerf results
@@ -140,8 +154,9 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
 
 
 def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
+    hyperparameters, left_out = _takeable(run)
     params: dict[str, Any] = {"optimizer.name": run.optimizer, "batch.global_batch_size": run.global_batch_size,
-                              **run.hyperparameters}  # fmt: skip
+                              **hyperparameters}  # fmt: skip
     named = (
         ("log.mlperf_submission.platform", run.system, "submission_platform (the system)"),
         ("log.mlperf_submission.org", run.submitter, "submission_org (the submitter)"),
@@ -175,11 +190,42 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
         target_mlm_accuracy=target,
     )
     extra = {"mlperf": {"file": str(run.path), "submitter": run.submitter, "system": run.system,
-                        "status": run.status, "optimizer_named_by": run.optimizer_source,
-                        "logged": run.logged}}  # fmt: skip
+                        "status": run.status, "optimizer_named_by": run.optimizer_source, "logged": run.logged,
+                        "curve": CURVE_SOURCES[run.curve], "wall_clock_s": run.wall_clock_s,
+                        "accelerators": run.hardware.accelerators, "accelerator": run.hardware.accelerator,
+                        "accelerator_hours": run.accelerator_hours, "notes": list(run.notes)}}  # fmt: skip
     return _Run(run.sha256, str(run.path), params, run.global_batch_size, run.seed, result, extra,
                 ended=run.status is not None, budget=run.budget, every=run.eval_every, points=_points(run),
-                started=_at(start), finished=_at(stop), worker=run.system)  # fmt: skip
+                started=_at(start), finished=_at(stop), worker=run.system, notes=left_out + _run_notes(run),
+                wall_clock_s=run.wall_clock_s, accelerators=run.hardware.accelerators)  # fmt: skip
+
+
+def _takeable(run: ResultRun) -> tuple[dict[str, Any], list[str]]:
+    """The logged hyperparameters the trainer can take; a value it cannot (Baidu's and Graphcore's PaddlePaddle logs
+    of training 2.0 say opt_learning_rate_training_steps 0) is left out of the run's configuration, with a note: the
+    run itself, its curve and samples to target, stands."""
+    kept, notes = {}, []
+    for key, value in run.hyperparameters.items():
+        raw: dict[str, Any] = {}
+        set_dotted(raw, key, value)
+        try:
+            config_from_dict(raw, str(run.path))
+        except ConfigError as e:
+            why = str(e).splitlines()[-1].strip()
+            logged = next((k for k in HYPERPARAMETERS[key] if k in run.logged), key)
+            notes.append(f"{logged} {run.logged.get(logged, value)!r} is not a value the trainer takes ({why}): left "
+                         "out of the configuration")  # fmt: skip
+            continue
+        kept[key] = value
+    return kept, notes
+
+
+def _run_notes(run: ResultRun) -> list[str]:
+    """What the plan says about a run beyond its numbers: positions not read from epoch_num, no accelerator count."""
+    notes = [] if run.curve == "epoch_num" else [f"evaluation positions from {CURVE_SOURCES[run.curve]}"]
+    if run.hardware.note:
+        notes.append(f"no accelerator count: {run.hardware.note}")
+    return notes
 
 
 def _points(run: ResultRun) -> tuple[MetricPoint, ...]:
@@ -258,20 +304,41 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
         for run in group:
             run.params, run.extra["configuration"] = params, len(configurations)
         configurations.append((params, tuning, group))
+    # an arm with one configuration picked nothing: all its runs are evidence; with several, each one's first run
+    # picks the best, and is left out of it
+    shared = Counter(_arm_key(params, compare) for params, _, _ in configurations)
+    alone = [shared[_arm_key(params, compare)] == 1 for params, _, _ in configurations]
     spec = _spec(kind, name, description, [c[0] for c in configurations], compare, target,
-                 max(len(g) - 1 for _, _, g in configurations))  # fmt: skip
+                 max(len(g) - (not one) for (_, _, g), one in zip(configurations, alone, strict=True)))  # fmt: skip
     planned = []
-    for params, tuning, group in configurations:
+    for (params, tuning, group), one in zip(configurations, alone, strict=True):
         cfg = trial_config(spec, params)
         for run in group:
             result = trial_result(spec, run.result, cfg, run.result.train_time_s or None)
             metrics = {**result.metrics, **run.extra, HASH_KEY: run.key}
+            if run is tuning and one:  # nothing was picked on its outcome: it is evidence too
+                metrics[UNSELECTED_KEY] = True
             planned.append(PlannedRun(
                 run.key, run.source, params, arm_of(spec, params), run.global_batch_size, run.seed,
                 TrialKind.TUNING if run is tuning else TrialKind.CONFIRMATION, replace(result, metrics=metrics),
-                run.points, run.started, run.finished, run.worker))  # fmt: skip
+                run.points, run.started, run.finished, run.worker, run.wall_clock_s, run.accelerators))  # fmt: skip
     order = {run.key: i for i, run in enumerate(runs)}
     planned.sort(key=lambda r: order[r.key])
+    notes = _arm_notes(spec, compare, planned) + _counted([n for r in runs for n in r.notes])
+    info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
+            "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned)}  # fmt: skip
+    stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
+    return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
+
+
+def _arm_key(params: Mapping[str, Any], compare: Sequence[str]) -> str:
+    """The values of the compare keys of a configuration: its arm, before the spec exists."""
+    return json.dumps([params.get(key) for key in compare], sort_keys=True)
+
+
+def _arm_notes(spec: ExperimentSpec, compare: Sequence[str], planned: Sequence[PlannedRun]) -> list[str]:
+    """Arms without a run, and arms whose best configuration is picked among several (its first run left out)."""
+    shared = Counter(r.arm for r in planned if r.kind is TrialKind.TUNING)
     with_runs = {r.arm for r in planned}
     empty = [arm_label(fixed) for fixed in arms(spec) if arm_label(fixed) not in with_runs]
     notes = []
@@ -279,10 +346,33 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
         notes.append(f"{len(empty)} of the {len(arms(spec))} arms of compare {', '.join(compare)} have no run "
                      f"({'; '.join(empty)}): the verdict needs runs in every arm; compare by fewer keys "
                      "(--compare optimizer) or import those arms' runs under another name")  # fmt: skip
-    info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
-            "compare": compare, "sha256": [r.key for r in planned]}  # fmt: skip
-    stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
-    return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
+    for arm, n in sorted((a, n) for a, n in shared.items() if n > 1):
+        notes.append(f"arm {arm} holds {n} configurations: its best is picked on each one's first run (its tuning "
+                     "trial), which is left out of the verdict's evidence; every other run of it counts")  # fmt: skip
+    return notes
+
+
+def _counted(notes: Sequence[str]) -> list[str]:
+    """Each distinct note once, with how many runs it is about."""
+    return [f"{n} run(s): {note}" for note, n in Counter(notes).items()]
+
+
+def cost_per_arm(runs: Sequence[PlannedRun]) -> dict[str, dict[str, Any]]:
+    """Arm -> what a run cost, over its runs that logged run_start and run_stop: runs, mean wall-clock seconds, the
+    accelerator counts, mean accelerator-hours (None where a run's count is unknown)."""
+    cost = {}
+    for arm in dict.fromkeys(r.arm for r in runs):
+        timed = [r for r in runs if r.arm == arm and r.wall_clock_s is not None]
+        if not timed:
+            continue
+        hours = [r.accelerator_hours for r in timed]
+        cost[str(arm)] = {
+            "runs": len(timed),
+            "wall_clock_s": statistics.fmean(r.wall_clock_s for r in timed),
+            "accelerators": sorted({r.accelerators for r in timed if r.accelerators is not None}),
+            "accelerator_hours": statistics.fmean(hours) if None not in hours else None,
+        }
+    return cost
 
 
 def _check_values(source: str, params: Mapping[str, Any]) -> None:
@@ -420,14 +510,18 @@ def _now() -> datetime:
 
 
 def describe(plan: ImportPlan, written: Written) -> list[str]:
-    """What an import did, in lines: runs added or already there, arms, trials by kind, notes."""
-    tuning = plan.configurations
+    """What an import did, in lines: runs added or already there, trials by kind, per arm its runs, hits, samples to
+    target and cost per run, notes."""
     lines = [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
-             f"({plan.configurations} configuration(s): {tuning} tuning trial(s) and "
-             f"{len(plan.runs) - tuning} confirmation run(s))"]  # fmt: skip
+             f"({plan.configurations} configuration(s) in {len({r.arm for r in plan.runs})} arm(s))"]  # fmt: skip
+    cost = cost_per_arm(plan.runs)
     for label in [arm_label(fixed) for fixed in arms(plan.spec)]:
         mine = [r for r in plan.runs if r.arm == label]
-        hits = sum(1 for r in mine if r.result.samples_to_target is not None)
-        lines.append(f"  arm {label}: {len(mine)} run(s), {hits} reached the target")
+        hits = [r.result.samples_to_target for r in mine if r.result.samples_to_target is not None]
+        mean = f" (samples to target {statistics.fmean(hits):,.0f} on average)" if hits else ""
+        spent = cost_line(cost.get(label))
+        lines.append(
+            f"  arm {label}: {len(mine)} run(s), {len(hits)} reached the target{mean}" + (f"; {spent}" if spent else "")
+        )
     lines += [f"note: {note}" for note in plan.notes]
     return lines

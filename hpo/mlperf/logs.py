@@ -2,24 +2,48 @@
 
 A result file (`result_N.txt`) holds one run: `:::MLLOG {json}` lines (anything before the token on a line, such as
 `0: ` or `[1,0]<stdout>:`, is dropped, as MLPerf's own parser does) among lines that are not MLLOG (launcher output,
-the command line). Read as the published logs have them:
+the command line). Read as MLCommons published them (training rounds 0.7 to 5.0, every submitter):
 
 - Ranks: an event repeated by several ranks (a `rank` in its metadata) counts once, from the lowest rank that logged
   that key (every rank logs the same settings; rank 0's curve is the run's).
 - Repeated keys: a setting logged again with the same value is one setting; with another value it is an error
-  (which one the run used is unknown). `eval_accuracy` is the curve: one point per `epoch_num` (the same value
-  repeated is one point; another value at the same `epoch_num` is an error).
-- The optimizer: `opt_name`; closed BERT rules do not require it, so when it is absent an optimizer option on a
-  logged command line (`--optimizer=adam`, `--opt lamb`, `--distributed_lamb`), else the caller's default; none of
-  these is an error. MLPerf's `adam` and `adamw` are the trainer's `adamw` (BERT's Adam decays weights decoupled).
+  (which one the run used is unknown). A number logged as a one-element list (`[3872218]`) is that number.
+- The optimizer: `opt_name`, and an optimizer option on a logged command line (`--optimizer=FusedAdam`,
+  `--opt lamb`, `--distributed_lamb`); closed BERT rules require neither, so a run that names none takes the caller's
+  default (`--optimizer`). Names are read as submitters write them (`OPTIMIZERS`: apex's FusedAdam, FusedLAMB,
+  DistributedFusedLAMB, torch's AdamW, lamb, adam, ...; case, `_`, `-` and a module path do not matter). A name
+  the importer does not know is an error naming it, never replaced by the default, and so are two sources that
+  name different optimizers. MLPerf's `adam` and apex's FusedAdam are the trainer's `adamw` (BERT's Adam decays
+  weights decoupled).
 - The target: a logged `eval_target` / `target_accuracy` event or a `--target_mlm_accuracy` on the command line,
   else unknown (the importer then uses MLPerf BERT's 0.720).
+- The end: `run_stop` with `status` "success" reached the target; any other status is a miss; no `run_stop` is an
+  unfinished run. No `run_start` is an error: the run never started. Samples at the end: a `train_samples` logged
+  after the last evaluation (at run_stop; the last one), else the last evaluation's position (what MLPerf's RCP
+  checker reads). A `train_samples` logged before the evaluations is the run's planned samples (Google's, Habana's,
+  tinycorp's logs), not what it trained: it is not read, and a note says so. MLPerf runs stop at the target, so the
+  samples at the end are the samples to target; a run that trained on past it (our trainer with
+  `eval.stop_at_target: false`) logs more than that.
+- The curve: `eval_accuracy` events in log order (a line repeated with the same `epoch_num`, value and time is one
+  evaluation), each at a position in training samples (`CURVE_SOURCES`):
+  - `epoch_num`, where it counts samples (BERT's rule from training 1.0 on; our trainer's logs);
+  - where it does not (many logs of training 0.7 to 2.0, NVIDIA's and Samsung's among them, give every evaluation
+    `epoch_num` 1; others count steps): an evaluation can come no sooner than one step, so `epoch_num` counts
+    epochs or steps when the largest is below the global batch size or at most the logged training steps. Then
+    the positions come from each evaluation's own `train_samples` metadata where every one has it (Google's
+    open-division JAX logs of 1.1), else from the evaluation schedule, checked against the samples at the end
+    (the run evaluated exactly as often as the schedule allows up to them): the logged command line's
+    `--eval_iter_start_samples` and `--eval_iter_samples` (NVIDIA's code: evaluation k at the first step at or past
+    start + k x interval), else MLPerf BERT's rule for the batch size B (every floor(0.05 x (230.23 B + 3,000,000) /
+    25,000) x 25,000 samples), else, approximate, equal intervals in evaluation order ending at the samples at the
+    end. Without a `train_samples` after the evaluations such a run is an error: at how many samples it reached
+    the target is unknown. Another value at the same sample-counting `epoch_num` is an error (which one is the
+    run's is unknown).
 - The sample budget: the least of `opt_learning_rate_training_steps` x `global_batch_size` and a
   `--max_samples_termination` on the command line, at least the samples the run trained and evaluated.
-- The end: `run_stop` with `status` "success" reached the target at `train_samples` (the last one logged; else at
-  the last evaluation before run_stop); any other status is a miss; no `run_stop` is an unfinished run. No
-  `run_start` is an error: the run never started. MLPerf runs stop at the target, so train_samples is the samples to
-  target; a run that trained on past it (our trainer with `eval.stop_at_target: false`) logs more than that.
+- The cost: wall-clock from `run_start` to `run_stop` (MLPerf's time to train), and the accelerators of the result
+  directory's system description (`<submitter>/systems/<system>.json` beside `<submitter>/results/<system>/`:
+  `number_of_nodes` x `accelerators_per_node`), where there is one that says it (else none, with a note).
 
 Every error is a `ResultFileError` whose message starts with `FILE:LINE:` (or `FILE:` for what is missing) and says
 what is wrong.
@@ -64,17 +88,34 @@ HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 }
 INTEGER_KEYS = {"schedule.warmup_steps", "schedule.start_warmup_step", "schedule.total_steps"}
 TARGET_KEYS = ("eval_target", "target_accuracy")
-OPTIMIZERS = {"lamb": "lamb", "adam": "adamw", "adamw": "adamw"}  # MLPerf's name -> the trainer's
+# an optimizer's name as submitters log it or pass it on a command line, normalized by `optimizer_key` -> the trainer's
+# (apex's classes are how NVIDIA-based submissions name them: FusedAdam decays weights decoupled, adam_w_mode)
+OPTIMIZERS = {
+    "lamb": "lamb", "fusedlamb": "lamb", "distributedfusedlamb": "lamb", "fusedmixedprecisionlamb": "lamb",
+    "adam": "adamw", "adamw": "adamw", "fusedadam": "adamw", "distributedfusedadam": "adamw",
+}  # fmt: skip
+KNOWN_OPTIMIZERS = "FusedAdam, DistributedFusedAdam, Adam, AdamW (adamw); FusedLAMB, DistributedFusedLAMB, " \
+                   "FusedMixedPrecisionLamb, LAMB (lamb)"  # fmt: skip
+# how the evaluations' positions were read (ResultRun.curve): the first is the logged epoch_num
+CURVE_SOURCES = {
+    "epoch_num": "epoch_num (samples)",
+    "command line": "the logged command line's evaluation schedule (--eval_iter_start_samples, --eval_iter_samples)",
+    "metadata": "eval_accuracy's own train_samples metadata",
+    "mlperf rule": "MLPerf BERT's evaluation interval for the global batch size",
+    "equal intervals": "equal intervals in evaluation order up to train_samples (approximate)",
+}
 # other settings read once per run (repeated with another value: an error)
 OTHER_SETTINGS = ("global_batch_size", "seed", "opt_name", "gradient_accumulation_steps", "max_sequence_length",
                   "submission_org", "submission_platform", "submission_division", "submission_benchmark",
                   *TARGET_KEYS)  # fmt: skip
 SETTINGS = tuple(dict.fromkeys([k for keys in HYPERPARAMETERS.values() for k in keys] + list(OTHER_SETTINGS)))
 
-_OPTION = re.compile(r"--(?:optimizer|optim|opt|opt_name|optimizer_name|optimizer_type)[= ]+['\"]?([A-Za-z][\w-]*)")
+_OPTION = re.compile(r"--(?:optimizer|optim|opt|opt_name|optimizer_name|optimizer_type)[= ]+['\"]?([A-Za-z][\w.-]*)")
 _FLAG = re.compile(r"(?<![\w-])--(?:distributed_|fused_|use_)?(lamb|adamw|adam)(?![\w-])")
 _TARGET = re.compile(r"--target_(?:mlm_)?accuracy[= ]+([0-9.eE+-]+)")
 _MAX_SAMPLES = re.compile(r"--max_samples_termination[= ]+([0-9.eE+]+)")
+_EVAL_START = re.compile(r"--eval_iter_start_samples[= ]+([0-9]+)(?![\w.])")
+_EVAL_EVERY = re.compile(r"--eval_iter_samples[= ]+([0-9]+)(?![\w.])")
 
 
 @dataclass(frozen=True)
@@ -88,10 +129,20 @@ class Event:
 
 @dataclass(frozen=True)
 class Evaluation:
-    samples: int  # epoch_num: training samples at the evaluation (BERT counts epochs in samples)
+    samples: int  # training samples at the evaluation (see the module docstring: the curve)
     accuracy: float
     time_ms: float | None
     line: int
+
+
+@dataclass(frozen=True)
+class System:
+    """What the result directory's system description says (None where it says nothing)."""
+
+    accelerators: int | None  # number_of_nodes x accelerators_per_node
+    accelerator: str | None  # accelerator_model_name
+    file: Path | None  # the description read (None: none found)
+    note: str | None = None  # why there is no accelerator count
 
 
 @dataclass(frozen=True)
@@ -109,7 +160,7 @@ class ResultRun:
     submitter: str | None
     system: str | None
     status: str | None  # run_stop's status ("success", "aborted", ...); None: no run_stop (unfinished)
-    train_samples: int | None  # as logged
+    train_samples: int | None  # logged after the last evaluation (the samples at the end)
     evaluations: tuple[Evaluation, ...]
     run_start_ms: float | None
     run_stop_ms: float | None
@@ -118,6 +169,8 @@ class ResultRun:
     budget: int  # the run's sample budget (see the module docstring)
     eval_every: int | None  # samples between evaluations (None: fewer than one evaluation)
     lines: int
+    curve: str = "epoch_num"  # how the evaluations' positions were read: a key of CURVE_SOURCES
+    hardware: System = field(default=System(None, None, None))
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -126,14 +179,14 @@ class ResultRun:
 
     @property
     def samples(self) -> int:
-        """Samples trained: train_samples, else the last evaluation's epoch_num (0: none)."""
+        """Samples trained: train_samples, else the last evaluation's position (0: none)."""
         if self.train_samples is not None:
             return self.train_samples
         return self.evaluations[-1].samples if self.evaluations else 0
 
     @property
     def samples_to_target(self) -> int | None:
-        """train_samples at a successful run_stop (else the last evaluation before it); None for a miss."""
+        """The samples at the end of a successful run; None for a miss."""
         return self.samples if self.reached else None
 
     @property
@@ -143,6 +196,19 @@ class ResultRun:
     @property
     def final_accuracy(self) -> float | None:
         return self.evaluations[-1].accuracy if self.evaluations else None
+
+    @property
+    def wall_clock_s(self) -> float | None:
+        """run_start to run_stop in seconds (MLPerf's time to train); None without both."""
+        if self.run_start_ms is None or self.run_stop_ms is None:
+            return None
+        return max(self.run_stop_ms - self.run_start_ms, 0.0) / 1000
+
+    @property
+    def accelerator_hours(self) -> float | None:
+        """Accelerators x wall-clock hours; None where either is unknown."""
+        seconds, accelerators = self.wall_clock_s, self.hardware.accelerators
+        return None if seconds is None or accelerators is None else accelerators * seconds / 3600
 
 
 def result_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -192,28 +258,19 @@ def read_result_file(path: str | Path, default_optimizer: str | None = None) -> 
     starts = by_key.get("run_start", [])
     if not starts:
         raise ResultFileError(f"{path}: no run_start event: the run never started, there is nothing to import")
-    if "global_batch_size" not in settings:
-        raise ResultFileError(f"{path}: no global_batch_size event: the run's global batch size is missing")
-    batch = _whole(path, settings["global_batch_size"], "global_batch_size")
-    if batch < 1:
-        raise ResultFileError(f"{path}:{settings['global_batch_size'].line}: global_batch_size {batch} is not positive")
+    batch = _batch(path, settings)
     optimizer, logged_name, source = _optimizer(path, settings.get("opt_name"), commands, default_optimizer)
-    hyper = {}
-    for trainer_key, mlperf_keys in HYPERPARAMETERS.items():
-        event = next((settings[k] for k in mlperf_keys if k in settings), None)
-        if event is not None:
-            hyper[trainer_key] = (_whole(path, event, event.key) if trainer_key in INTEGER_KEYS
-                                  else _number(path, event, event.key))  # fmt: skip
+    hyper = _hyperparameters(path, settings)
     status, stop = _run_stop(path, by_key.get("run_stop", []))
-    evaluations = _evaluations(path, by_key.get("eval_accuracy", []), stop)
-    train = by_key.get("train_samples", [])
-    train_samples = _whole(path, train[-1], "train_samples") if train else None  # the last: samples at the end
+    logged_evals = _logged_evaluations(path, by_key.get("eval_accuracy", []), stop)
+    train_samples, notes = _end_samples(path, by_key.get("train_samples", []), logged_evals, starts[0])
+    evaluations, curve = _curve(path, logged_evals, train_samples, batch, hyper, commands, starts[0])
     if status == "success" and train_samples is None and not evaluations:
         raise ResultFileError(f"{path}:{stop.line}: run_stop with status success, but neither train_samples nor an "
                               "eval_accuracy says at how many samples the target was reached")  # fmt: skip
-    target = _target(path, settings, commands)
     seed = _whole(path, settings["seed"], "seed") if "seed" in settings else None
     times = [e.time_ms for e in events if e.time_ms is not None]
+    system = _text(settings.get("submission_platform"))
     run = ResultRun(
         path=path,
         sha256=hashlib.sha256("\n".join(payloads).encode()).hexdigest(),
@@ -224,18 +281,20 @@ def read_result_file(path: str | Path, default_optimizer: str | None = None) -> 
         hyperparameters=hyper,
         logged={key: event.value for key, event in settings.items()},
         submitter=_text(settings.get("submission_org")),
-        system=_text(settings.get("submission_platform")),
+        system=system,
         status=status,
         train_samples=train_samples,
         evaluations=evaluations,
         run_start_ms=starts[0].time_ms,
         run_stop_ms=stop.time_ms if stop else None,
         last_ms=max(times) if times else None,
-        target=target,
+        target=_target(path, settings, commands),
         budget=0,
         eval_every=_every(evaluations),
         lines=len(text.splitlines()),
-        notes=(f"optimizer {logged_name!r} named by {source}",) if logged_name else (),
+        curve=curve,
+        hardware=system_description(path),
+        notes=(*((f"optimizer {logged_name!r} named by {source}",) if logged_name else ()), *notes),
     )
     return _with_budget(run, hyper, commands)
 
@@ -315,6 +374,8 @@ def _setting(path: Path, events: Sequence[Event]) -> Event:
 
 def _number(path: Path, event: Event, key: str) -> float:
     value = event.value
+    if isinstance(value, list) and len(value) == 1:  # Graphcore's train_samples: [3872218]
+        value = value[0]
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = float(value)
@@ -334,28 +395,61 @@ def _text(event: Event | None) -> str | None:
     return None if event is None or event.value is None else str(event.value)
 
 
+def _batch(path: Path, settings: dict[str, Event]) -> int:
+    if "global_batch_size" not in settings:
+        raise ResultFileError(f"{path}: no global_batch_size event: the run's global batch size is missing")
+    batch = _whole(path, settings["global_batch_size"], "global_batch_size")
+    if batch < 1:
+        raise ResultFileError(f"{path}:{settings['global_batch_size'].line}: global_batch_size {batch} is not positive")
+    return batch
+
+
+def _hyperparameters(path: Path, settings: dict[str, Event]) -> dict[str, Any]:
+    hyper = {}
+    for trainer_key, mlperf_keys in HYPERPARAMETERS.items():
+        event = next((settings[k] for k in mlperf_keys if k in settings), None)
+        if event is not None:
+            hyper[trainer_key] = (_whole(path, event, event.key) if trainer_key in INTEGER_KEYS
+                                  else _number(path, event, event.key))  # fmt: skip
+    return hyper
+
+
+def optimizer_key(name: Any) -> str:
+    """A logged optimizer name as OPTIMIZERS keys it: `apex.optimizers.FusedAdam` -> `fusedadam`."""
+    return re.sub(r"[\s_-]", "", str(name).strip().rsplit(".", 1)[-1]).lower()
+
+
+def trainer_optimizer(name: Any) -> str | None:
+    """The trainer's optimizer of a logged name (see OPTIMIZERS); None for a name the importer does not know."""
+    return OPTIMIZERS.get(optimizer_key(name))
+
+
 def _optimizer(path: Path, event: Event | None, commands: Sequence[tuple[int, str]],
                default: str | None) -> tuple[str, str | None, str]:  # fmt: skip
-    """(the trainer's optimizer, the name as logged, where it was named)."""
+    """(the trainer's optimizer, the name as logged, where it was named); every name the log gives must be known and
+    all must agree, else an error; a log that names none takes `default`."""
+    named: dict[str, tuple[str, str]] = {}  # trainer's name -> (name as logged, where)
     if event is not None:
-        name = str(event.value).strip().lower()
-        if name not in OPTIMIZERS:
-            raise ResultFileError(f"{path}:{event.line}: opt_name {event.value!r}: the trainer compares "
-                                  f"{', '.join(sorted(OPTIMIZERS))} (adam is its adamw)")  # fmt: skip
-        return OPTIMIZERS[name], name, f"opt_name (line {event.line})"
-    named = {}
+        optimizer = trainer_optimizer(event.value)
+        if optimizer is None:
+            raise ResultFileError(f"{path}:{event.line}: opt_name {event.value!r} is not an optimizer the importer "
+                                  f"knows ({KNOWN_OPTIMIZERS})")  # fmt: skip
+        named[optimizer] = (str(event.value), f"opt_name (line {event.line})")
     for number, line in commands:
         for match in (*_OPTION.finditer(line), *_FLAG.finditer(line)):
-            name = match.group(1).lower()
-            if name in OPTIMIZERS:
-                named.setdefault(OPTIMIZERS[name], (name, number))
+            optimizer = trainer_optimizer(match.group(1))
+            if optimizer is None:
+                raise ResultFileError(f"{path}:{number}: the logged command line names optimizer {match.group(1)!r} "
+                                      f"({match.group(0)}), which the importer does not know ({KNOWN_OPTIMIZERS}); "
+                                      "--optimizer applies only to runs that name none")  # fmt: skip
+            named.setdefault(optimizer, (match.group(1), f"the command line (line {number})"))
     if len(named) > 1:
-        where = ", ".join(f"{name} at line {line}" for name, line in named.values())
-        raise ResultFileError(f"{path}: no opt_name event, and the logged command lines name several optimizers "
-                              f"({where}): which one the run used is unknown")  # fmt: skip
+        where = ", ".join(f"{name} by {source}" for name, source in named.values())
+        raise ResultFileError(f"{path}: the log names different optimizers ({where}): which one the run used is "
+                              "unknown")  # fmt: skip
     if named:
-        optimizer, (name, number) = next(iter(named.items()))
-        return optimizer, name, f"the command line (line {number})"
+        optimizer, (name, source) = next(iter(named.items()))
+        return optimizer, name, source
     if default is not None:
         return default, None, "--optimizer"
     raise ResultFileError(f"{path}: the optimizer is not named: no opt_name event and no optimizer option on a "
@@ -373,9 +467,11 @@ def _run_stop(path: Path, events: Sequence[Event]) -> tuple[str | None, Event | 
     return statuses.pop(), events[0]
 
 
-def _evaluations(path: Path, events: Sequence[Event], stop: Event | None) -> tuple[Evaluation, ...]:
-    """The curve: one point per epoch_num (up to run_stop), in order of samples."""
-    points: dict[int, Evaluation] = {}
+def _logged_evaluations(path: Path, events: Sequence[Event], stop: Event | None) -> list[tuple[float, Event]]:
+    """(epoch_num, event) of every evaluation up to run_stop, in log order; a line repeated with the same epoch_num,
+    value and time is one evaluation (the same value at another time is another evaluation: a run whose accuracy
+    stays put)."""
+    seen, evaluations = set(), []
     for event in events:
         if stop is not None and event.line > stop.line:
             continue
@@ -384,15 +480,97 @@ def _evaluations(path: Path, events: Sequence[Event], stop: Event | None) -> tup
             raise ResultFileError(f"{path}:{event.line}: eval_accuracy without a numeric epoch_num in its metadata "
                                   "(the training samples at the evaluation)")  # fmt: skip
         accuracy = _number(path, event, "eval_accuracy")
-        samples = round(epoch)
-        seen = points.get(samples)
-        if seen is not None and seen.accuracy != accuracy:
+        if (epoch, accuracy, event.time_ms) not in seen:
+            seen.add((epoch, accuracy, event.time_ms))
+            evaluations.append((float(epoch), replace(event, value=accuracy)))
+    return evaluations
+
+
+def _end_samples(path: Path, events: Sequence[Event], evaluations: Sequence[tuple[float, Event]],
+                 start: Event) -> tuple[int | None, list[str]]:  # fmt: skip
+    """train_samples logged after the last evaluation (after run_start without one), the last of them; notes for
+    those logged before (the planned samples, not read)."""
+    after = evaluations[-1][1].line if evaluations else start.line
+    end = [e for e in events if e.line > after]
+    notes = [f"train_samples {e.value} at line {e.line} precedes the evaluations (the planned samples, not those "
+             "trained): not read" for e in events if e.line <= after][-1:]  # fmt: skip
+    return (_whole(path, end[-1], "train_samples") if end else None), notes
+
+
+def _curve(path: Path, logged: Sequence[tuple[float, Event]], end: int | None, batch: int, hyper: dict[str, Any],
+           commands: Sequence[tuple[int, str]], start: Event) -> tuple[tuple[Evaluation, ...], str]:  # fmt: skip
+    """The evaluations at their positions in samples and how those were read (a key of CURVE_SOURCES)."""
+    epochs = [epoch for epoch, _ in logged]
+    steps = hyper.get("schedule.total_steps")
+    if not epochs or (max(epochs) >= batch and (steps is None or max(epochs) > steps)):
+        return _by_epoch_num(path, logged), "epoch_num"
+    carried = [_carried(e) for _, e in logged]
+    if None not in carried:
+        return tuple(
+            Evaluation(s, e.value, e.time_ms, e.line) for s, (_, e) in zip(carried, logged, strict=True)
+        ), "metadata"
+    if end is None:
+        raise ResultFileError(f"{path}:{logged[-1][1].line}: eval_accuracy's epoch_num counts epochs or steps, not "
+                              f"samples (the largest is {max(epochs):g}: below the global batch size {batch} or at "
+                              "most the logged training steps), and no train_samples follows the evaluations: at how "
+                              "many samples the run reached the target is unknown")  # fmt: skip
+    trained = [e for _, e in logged if e.line > start.line]
+    before = [Evaluation(0, e.value, e.time_ms, e.line) for _, e in logged if e.line < start.line]
+    positions, source = _scheduled(len(trained), end, batch, commands)
+    placed = [Evaluation(s, e.value, e.time_ms, e.line) for s, e in zip(positions, trained, strict=True)]
+    return tuple(before + placed), source
+
+
+def _carried(event: Event) -> int | None:
+    """The samples an evaluation's own metadata gives (`train_samples`, `train_samples_since_beginning`), if any."""
+    for key in ("train_samples", "train_samples_since_beginning"):
+        value = event.metadata.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return round(value)
+    return None
+
+
+def _by_epoch_num(path: Path, logged: Sequence[tuple[float, Event]]) -> tuple[Evaluation, ...]:
+    """One point per epoch_num, in order of samples; another value at the same epoch_num is an error."""
+    points: dict[int, Evaluation] = {}
+    for epoch, event in logged:
+        samples, seen = round(epoch), points.get(round(epoch))
+        if seen is not None and seen.accuracy != event.value:
             raise ResultFileError(f"{path}:{event.line}: eval_accuracy at epoch_num {samples} is logged again "
-                                  f"with another value ({seen.accuracy!r} at line {seen.line}, {accuracy!r} "
+                                  f"with another value ({seen.accuracy!r} at line {seen.line}, {event.value!r} "
                                   "here)")  # fmt: skip
-        if seen is None:
-            points[samples] = Evaluation(samples, accuracy, event.time_ms, event.line)
+        points.setdefault(samples, Evaluation(samples, event.value, event.time_ms, event.line))
     return tuple(points[s] for s in sorted(points))
+
+
+def mlperf_eval_interval(batch: int) -> int:
+    """MLPerf BERT's evaluation interval in samples for global batch size `batch` (training rules from 1.0)."""
+    return max(math.floor(0.05 * (230.23 * batch + 3_000_000) / 25_000) * 25_000, 25_000)
+
+
+def _scheduled(n: int, end: int, batch: int, commands: Sequence[tuple[int, str]]) -> tuple[list[int], str]:
+    """Positions of n evaluations of a run that trained `end` samples: the first schedule that fits, else equal
+    intervals (see the module docstring)."""
+    schedules = []
+    logged = _logged_schedule(commands)
+    if logged is not None:
+        schedules.append((*logged, "command line"))
+    rule = mlperf_eval_interval(batch)
+    schedules.append((rule, rule, "mlperf rule"))
+    for first, every, source in schedules:
+        positions = [math.ceil((first + k * every) / batch) * batch for k in range(n + 1)]
+        if n and positions[n - 1] <= end < positions[n]:
+            return positions[:n], source
+    return [round(end * (k + 1) / n) for k in range(n)], "equal intervals"
+
+
+def _logged_schedule(commands: Sequence[tuple[int, str]]) -> tuple[int, int] | None:
+    """(--eval_iter_start_samples, --eval_iter_samples) of the logged command line, where it gives a positive pair."""
+    for _, line in commands:
+        first, every = _EVAL_START.search(line), _EVAL_EVERY.search(line)
+        if first and every and int(every.group(1)) > 0:
+            return int(first.group(1)), int(every.group(1))
+    return None
 
 
 def _every(evaluations: Sequence[Evaluation]) -> int | None:
@@ -404,6 +582,42 @@ def _every(evaluations: Sequence[Evaluation]) -> int | None:
         return evaluations[0].samples or None
     most = max(gaps.values())
     return min(gap for gap, n in gaps.items() if n == most) or None
+
+
+def system_description(path: Path) -> System:
+    """The accelerators of a result file's system: `<submitter>/systems/<system>.json` for a file under
+    `<submitter>/results/<system>/...` (MLCommons' layout). A missing or unreadable description, or one without both
+    counts, is no count (with a note): the run itself is read as it is."""
+    parts = path.resolve().parts
+    if "results" not in parts[:-1]:
+        return System(None, None, None)
+    at = len(parts) - 2 - parts[:-1][::-1].index("results")
+    if at + 1 >= len(parts) - 1:
+        return System(None, None, None)
+    file = Path(*parts[:at], "systems", f"{parts[at + 1]}.json")
+    if not file.is_file():
+        return System(None, None, None, f"no system description {file}")
+    try:
+        data = json.loads(read_text(file))
+    except (json.JSONDecodeError, ResultFileError) as e:
+        return System(None, None, file, f"{file}: not readable JSON ({getattr(e, 'msg', e)})")
+    data = data if isinstance(data, dict) else {}
+    nodes, per_node = _count(data.get("number_of_nodes")), _count(data.get("accelerators_per_node"))
+    model = data.get("accelerator_model_name")
+    model = (str(model).strip() or None) if model is not None else None
+    if nodes is None or per_node is None:
+        said = ", ".join(f"{key} {data.get(key)!r}" for key in ("number_of_nodes", "accelerators_per_node"))
+        return System(None, model, file, f"{file}: {said}: no accelerator count")
+    return System(nodes * per_node, model, file)
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole count as system descriptions write it ("128", 4, 1.0); None otherwise."""
+    with contextlib.suppress(TypeError, ValueError):
+        number = float(str(value).strip())
+        if number.is_integer() and number > 0:
+            return int(number)
+    return None
 
 
 def _target(path: Path, settings: dict[str, Event], commands: Sequence[tuple[int, str]]) -> float | None:

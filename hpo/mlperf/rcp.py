@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpo.mlperf.logs import HYPERPARAMETERS, INTEGER_KEYS, OPTIMIZERS, ResultFileError, read_text
+from hpo.mlperf.logs import (
+    HYPERPARAMETERS,
+    INTEGER_KEYS,
+    KNOWN_OPTIMIZERS,
+    ResultFileError,
+    read_text,
+    trainer_optimizer,
+)
 
 SAMPLES_KEYS = ("Epochs to converge", "samples to converge")
 
@@ -93,10 +100,11 @@ def _record(path: Path, name: str, body: Any, benchmark: str) -> RcpRecord:
         mlperf_key = next((k for k in mlperf_keys if k in hyper), None)
         if mlperf_key is not None:
             values[trainer_key] = _value(where, mlperf_key, hyper[mlperf_key], trainer_key in INTEGER_KEYS)
-    optimizer = str(hyper.get("opt_name", "lamb")).lower()
-    if optimizer not in OPTIMIZERS:
-        raise ResultFileError(f"{where}: opt_name {optimizer!r}: the trainer compares {', '.join(sorted(OPTIMIZERS))}")
-    return RcpRecord(name, benchmark, batch, OPTIMIZERS[optimizer], values, dict(hyper),
+    optimizer = trainer_optimizer(hyper.get("opt_name", "lamb"))
+    if optimizer is None:
+        raise ResultFileError(f"{where}: opt_name {hyper['opt_name']!r} is not an optimizer the importer knows "
+                              f"({KNOWN_OPTIMIZERS})")  # fmt: skip
+    return RcpRecord(name, benchmark, batch, optimizer, values, dict(hyper),
                      tuple(round(v) for v in samples), _text(body.get("Creator")), _text(body.get("Platform")),
                      _text(body.get("When")))  # fmt: skip
 

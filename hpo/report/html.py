@@ -173,7 +173,8 @@ def _imported(data: ExperimentData) -> str:
     shown = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     return (f"<p class=warn data-field=imported><b>Imported experiment</b>: {escape(imported_line(data.imported))}. "
             "Per configuration its first run in file order is the tuning trial and the others are its confirmation "
-            f"runs, the verdict's evidence. Read from {escape(shown)}.</p>")  # fmt: skip
+            "runs; all of them are the verdict's evidence where the configuration is alone in its arm (nothing was "
+            f"picked). Read from {escape(shown)}.</p>")  # fmt: skip
 
 
 def _nni_webui(data: ExperimentData) -> str:

@@ -38,6 +38,6 @@ def test_a_port_in_use_is_named_with_the_fix_and_exit_code_2(tmp_path: Path):
         env = {**os.environ, "HPO_DATABASE_URL": f"sqlite:///{tmp_path / 'absent.db'}"}
         result = subprocess.run([sys.executable, "-m", "hpo", "serve", "--port", str(port)], capture_output=True,
                                 text=True, timeout=60, env=env)  # fmt: skip
-    assert result.returncode == 2, result.stderr  # hpo's exit code for bad input (hpo/cli.py)
+    assert result.returncode == 2, result.stderr  # hpo's exit code for bad input (hpo/cli/main.py)
     assert f"error: port {port} is in use on 127.0.0.1" in result.stderr and "--port" in result.stderr
     assert "Traceback" not in result.stderr and "serving" not in result.stdout

@@ -3,8 +3,11 @@ imported experiments that status, trials, best --per-arm (with the verdict), the
 API read like any other.
 
 The result files are our own trainer's logs (three seconds-long CPU runs with `log.mlperf`, checked against their
-JSON-lines reports) and hand-written files in tmp_path (ranks, repeated keys, misses, an optimizer named only on the
-command line, a broken line); the RCP file is the one mlperf-logging ships. Nothing is downloaded.
+JSON-lines reports), hand-written files in tmp_path (ranks, repeated keys, misses, an optimizer named only on the
+command line, a broken line), and excerpts of MLCommons' published BERT results (`tests/hpo/mlperf/results/`, its
+README says which and from where: Samsung's ADAM and NVIDIA's LAMB at global batch 16,384, the epoch_num 1
+convention of training 0.7 to 2.0, a planned train_samples, a refused log), checked against what the test reads from
+their lines itself; the RCP file is the one mlperf-logging ships. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -12,17 +15,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hpo.cli.main import main
+from hpo.cli import main
 from hpo.evidence.batch_scaling import fit_batch_scaling
-from hpo.evidence.verdict import ArmRuns, decide, samples_between_evaluations
+from hpo.evidence.verdict import ArmRuns, decide
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import trial_config
-from hpo.mlperf import HASH_KEY, imported
+from hpo.mlperf import HASH_KEY, UNSELECTED_KEY, imported
 from hpo.mlperf.logs import ResultFileError, read_result_file
 from hpo.mlperf.rcp import read_rcp_file
 from hpo.report.html import comparison_report, experiment_report, fmt_estimate
@@ -102,10 +106,12 @@ def test_our_trainers_logs_import_as_their_reports_say(trainer_runs, tmp_path, c
         curve = [(m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy")]
         assert curve == evals and curve  # mlm_accuracy at samples = epoch_num, as the trial's own reports
         assert trial.worker.startswith("1xCPU-")  # the system it ran on (submission_platform)
-    # per configuration the first file is the tuning trial, the other seed its confirmation run
+    # per configuration the first file is the tuning trial, the other seed its confirmation run; each arm holds one
+    # configuration, so nothing was picked on a run's outcome: its tuning trial is evidence too (`unselected`)
     assert [by_file[f"result_{i}.txt"].kind for i in range(3)] == [TrialKind.TUNING, TrialKind.CONFIRMATION,
                                                                     TrialKind.TUNING]  # fmt: skip
     assert by_file["result_1.txt"].params == by_file["result_0.txt"].params
+    assert [by_file[f"result_{i}.txt"].metrics.get(UNSELECTED_KEY) for i in range(3)] == [True, None, True]
 
     # the same files again add nothing
     assert main(["--db", db, "import", "mlperf", str(results), "--name", "tiny", "--target", "0.5"]) == 0
@@ -122,8 +128,9 @@ def test_our_trainers_logs_import_as_their_reports_say(trainer_runs, tmp_path, c
     assert "confirmation (seed 2)" in capsys.readouterr().out
     assert main(["--db", db, "best", "tiny", "--per-arm"]) == 0
     best = yaml.safe_load(capsys.readouterr().out)
-    assert best["verdict"]["outcome"] == "not yet"  # one confirmation run for AdamW, none for LAMB
-    assert best["optimizer.name=adamw,batch.global_batch_size=8"]["evidence"]["runs"] == 1
+    assert best["verdict"]["outcome"] == "not yet"  # two runs for AdamW, one for LAMB
+    assert best["optimizer.name=adamw,batch.global_batch_size=8"]["evidence"]["runs"] == 2
+    assert best["optimizer.name=lamb,batch.global_batch_size=8"]["evidence"]["runs"] == 1
     assert main(["--db", db, "resume", "tiny"]) == 2
     assert "was imported" in capsys.readouterr().err
     page = experiment_report(storage, "tiny")
@@ -207,6 +214,15 @@ def run_lines(*, optimizer: str | None = "lamb", batch: int = 256, lr: float = 0
     return lines
 
 
+def interpolated(curve, target: float = 0.72) -> float:
+    """Samples to target between the last evaluation below it and the first at or above it (the verdict's reading,
+    written out here)."""
+    for (s0, a0), (s1, a1) in zip(curve, curve[1:], strict=False):
+        if a0 < target <= a1:
+            return s0 + (target - a0) / (a1 - a0) * (s1 - s0)
+    raise AssertionError(f"the curve {curve} does not cross {target}")
+
+
 def write(path: Path, lines: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -263,7 +279,10 @@ def test_aborted_and_unfinished_runs_are_misses(tmp_path, capsys):
     assert "without run_stop" in unfinished.reason
     assert trials["result_0.txt"].kind is TrialKind.TUNING  # the first run that ended is the tuning trial
     assert {aborted.kind, unfinished.kind} == {TrialKind.CONFIRMATION}
-    assert confirmation_runs(storage, "misses") == {"optimizer.name=lamb,batch.global_batch_size=256": (None, None)}
+    # all three are evidence: the hit read between its evaluations (0.70 at 1,000, 0.73 at 2,000), two misses
+    hit = 1000 + 1000 * (0.72 - 0.70) / (0.73 - 0.70)
+    (runs,) = confirmation_runs(storage, "misses").values()
+    assert runs[0] == pytest.approx(hit, rel=1e-12) and runs[1:] == (None, None)
 
 
 def test_an_unfinished_first_run_is_not_its_configurations_tuning_trial(tmp_path, capsys):
@@ -328,9 +347,10 @@ def test_a_second_import_adds_nothing_and_other_files_are_refused(tmp_path, caps
     assert storage.count_trials(record.id) == 3
 
 
-def test_the_verdict_reads_each_arms_confirmation_runs(tmp_path, capsys):
-    """Three ADAM and three LAMB runs: per arm the first file is the tuning trial and the verdict's evidence is the
-    other two, interpolated between evaluations as for any experiment."""
+def test_the_verdict_reads_every_run_of_each_arm(tmp_path, capsys):
+    """Three ADAM and three LAMB runs: per arm the first file is stored as the tuning trial, but nothing picked it
+    (its arm holds one configuration), so the verdict's evidence is all three runs, interpolated between
+    evaluations as for any experiment."""
     d = tmp_path / "runs"
     curves = {"adam": [((1000, 0.60), (2000, 0.70), (3000, 0.721)), ((1000, 0.61), (2000, 0.69), (3000, 0.73)),
                        ((1000, 0.60), (2000, 0.71), (3000, 0.725))],
@@ -345,12 +365,12 @@ def test_the_verdict_reads_each_arms_confirmation_runs(tmp_path, capsys):
     assert main(["--db", db, "best", "verdict", "--per-arm"]) == 0
     best = yaml.safe_load(capsys.readouterr().out)
     evidence = [ArmRuns(f"optimizer.name={name},batch.global_batch_size=256",
-                        tuple(samples_between_evaluations(evals, 0.72, evals[-1][0]) for evals in runs[1:]), 40 * 256)
+                        tuple(interpolated(evals) for evals in runs), 40 * 256)
                 for name, runs in (("adamw", curves["adam"]), ("lamb", curves["lamb"]))]  # fmt: skip
     expected = decide(evidence)
     assert best["verdict"]["line"] == expected.line
-    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw,batch.global_batch_size=256": 2,
-                                               "optimizer.name=lamb,batch.global_batch_size=256": 2}  # fmt: skip
+    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw,batch.global_batch_size=256": 3,
+                                               "optimizer.name=lamb,batch.global_batch_size=256": 3}  # fmt: skip
     for name in ("adamw", "lamb"):
         arm = best[f"optimizer.name={name},batch.global_batch_size=256"]
         assert arm["trial"] in (0, 3)  # the first file of each arm
@@ -419,9 +439,9 @@ def test_the_bert_rcp_file_imports_as_reference_arms_by_batch_size(tmp_path, cap
         assert mine[0].params["optimizer.lr"] == rcp.logged["opt_base_learning_rate"]
     # the batch-size view's fit (printed by the import) is hpo.evidence.batch_scaling's on the runs the verdict
     # counts: every
-    # seed of a batch size but its tuning trial's
-    direct = fit_batch_scaling([(r.global_batch_size, s) for r in records for s in r.samples[1:]])
-    assert direct.fitted and direct.runs == sum(len(r.samples) - 1 for r in records)
+    # seed of every batch size (one record per batch size: nothing was picked)
+    direct = fit_batch_scaling([(r.global_batch_size, s) for r in records for s in r.samples])
+    assert direct.fitted and direct.runs == sum(len(r.samples) for r in records) == 263
     assert direct.b_crit.low < direct.b_crit.value < direct.b_crit.high < math.inf
     assert direct.e_min.low < direct.e_min.value < direct.e_min.high
     assert f"{direct.runs} runs at {len(records)} batch sizes" in out
@@ -462,3 +482,267 @@ def test_an_rcp_file_of_another_benchmark_is_a_named_error(tmp_path, capsys):
     assert main(["--db", f"sqlite:///{db_file}", "import", "rcp", str(rcp)]) == 2
     assert "rcps_resnet.json: record resnet_ref_256: Benchmark is 'resnet'" in capsys.readouterr().err
     assert not db_file.exists()
+
+
+# --------------------------------------------------------------------------- published results (excerpts)
+
+PUBLISHED = Path(__file__).parent / "results"
+V20 = PUBLISHED / "training_results_v2.0"
+SAMSUNG_16K = V20 / "Samsung" / "results" / "samsung_supercomputer21_dgxa100_n128_pytorch" / "bert"
+NVIDIA_16K = V20 / "NVIDIA" / "results" / "dgxa100_n512_ngc22.04_pytorch" / "bert"
+ADAM_16K, LAMB_16K = (
+    "optimizer.name=adamw,batch.global_batch_size=16384",
+    "optimizer.name=lamb,batch.global_batch_size=16384",
+)
+
+
+def raw_events(path: Path) -> list[dict]:
+    """Every MLLOG line of an excerpt as its JSON (an excerpt holds one rank's lines), read here without hpo."""
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in path.read_text().splitlines() if ":::MLLOG" in line]
+
+
+def raw_run(path: Path) -> dict:
+    """What the test reads from an excerpt itself: batch, accuracies in order with their epoch_num, train_samples
+    after the last evaluation, run_start/run_stop times, and the command line's evaluation schedule."""
+    events = raw_events(path)
+    value = {e["key"]: e["value"] for e in events if e["key"] in ("global_batch_size", "train_samples")}
+    times = {e["key"]: e["time_ms"] for e in events if e["key"] in ("run_start", "run_stop")}
+    evals = [(e["metadata"]["epoch_num"], e["value"]) for e in events if e["key"] == "eval_accuracy"]
+    command = next((line for line in path.read_text().splitlines() if "--eval_iter_samples" in line), "")
+    keys = ("eval_iter_start_samples", "eval_iter_samples")
+    schedule = [int(re.search(rf"--{k}=(\d+)", command).group(1)) for k in keys] if command else None
+    return {"batch": value["global_batch_size"], "end": value.get("train_samples"), "evals": evals,
+            "seconds": (times["run_stop"] - times["run_start"]) / 1000, "schedule": schedule}  # fmt: skip
+
+
+def scheduled(run: dict, first: int, every: int) -> list[tuple[int, float]]:
+    """The curve of an epoch_num-1 run: evaluation k at the first step (of `batch` samples) at or past first + k x
+    every (NVIDIA's run_pretraining.py)."""
+    batch = run["batch"]
+    return [(-(-(first + k * every) // batch) * batch, acc) for k, (_, acc) in enumerate(run["evals"])]
+
+
+def stored_curve(storage: SqlStorage, trial) -> list[tuple[int, float]]:
+    return [(m.samples, m.value) for m in storage.get_metrics(trial.id, "mlm_accuracy")]
+
+
+def test_samsungs_adam_against_nvidias_lamb_at_16384_in_one_import(tmp_path, capsys):
+    """Samsung's 10 ADAM runs (open division, `--optimizer=FusedAdam`, every evaluation at epoch_num 1) and NVIDIA's 10
+    LAMB runs (closed division, no optimizer named) in one command with --optimizer lamb: Samsung's stay ADAM, every
+    run is evidence (10 per arm), the verdict is the one the runs' own lines give, and each run carries its
+    wall-clock and its system's accelerators."""
+    db = db_url(tmp_path)
+    args = [
+        "--db",
+        db,
+        "import",
+        "mlperf",
+        str(SAMSUNG_16K),
+        str(NVIDIA_16K),
+        "--name",
+        "bert16k",
+        "--optimizer",
+        "lamb",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    storage = SqlStorage(db)
+    trials = storage.list_trials(storage.get_experiment_by_name("bert16k").id)
+    samsung = [t for t in trials if "Samsung" in t.metrics["mlperf"]["file"]]
+    nvidia = [t for t in trials if "NVIDIA" in t.metrics["mlperf"]["file"]]
+    assert len(samsung) == len(nvidia) == 10
+    assert {t.arm for t in samsung} == {ADAM_16K} and {t.arm for t in nvidia} == {LAMB_16K}
+    assert {t.metrics["mlperf"]["optimizer_named_by"] for t in samsung} == {"the command line (line 1)"}
+    assert {t.metrics["mlperf"]["optimizer_named_by"] for t in nvidia} == {"--optimizer"}
+
+    runs = {}
+    for trial in trials:
+        run = raw_run(Path(trial.metrics["mlperf"]["file"]))
+        curve = scheduled(run, *run["schedule"]) if run["schedule"] else run["evals"]
+        assert stored_curve(storage, trial) == curve
+        assert trial.samples_to_target == run["end"] == curve[-1][0]  # the last evaluation is at train_samples
+        accelerators = 1024 if trial in samsung else 4096  # 128 and 512 DGX A100 of 8 GPUs (systems/*.json)
+        assert trial.metrics["mlperf"]["accelerators"] == accelerators
+        assert trial.metrics["mlperf"]["wall_clock_s"] == pytest.approx(run["seconds"], abs=1e-9)
+        assert trial.metrics["mlperf"]["accelerator_hours"] == pytest.approx(accelerators * run["seconds"] / 3600)
+        runs.setdefault(trial.arm, []).append((interpolated(curve), accelerators * run["seconds"] / 3600))
+
+    assert main(["--db", db, "best", "bert16k", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    assert best["verdict"]["runs_per_arm"] == {ADAM_16K: 10, LAMB_16K: 10}
+    expected = decide([ArmRuns(arm, tuple(s for s, _ in runs[arm]), 1) for arm in (ADAM_16K, LAMB_16K)])
+    assert best["verdict"]["line"] == expected.line and expected.winner == ADAM_16K
+    for arm in (ADAM_16K, LAMB_16K):  # the summary's accelerator-hours per run: the mean over the arm's runs
+        hours = sum(h for _, h in runs[arm]) / len(runs[arm])
+        assert f"arm {arm}: 10 run(s), 10 reached the target" in out and f": {hours:,.3g} accelerator-hours" in out
+    assert main(["--db", db, "status", "bert16k"]) == 0
+    status = capsys.readouterr().out
+    assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in status
+    assert f"runs per arm: {ADAM_16K} 10, {LAMB_16K} 10 of 10" in status  # every run counts, as the verdict reads
+
+
+def test_the_epoch_num_1_convention_places_evaluations_by_the_schedule(tmp_path):
+    """Logs whose every eval_accuracy says epoch_num 1 (training 0.7 to 2.0) import: samples to target from
+    train_samples at run_stop, the evaluations placed by the command line's schedule (0.7: from 3,000,000 every
+    500,000) or, without one, by MLPerf BERT's interval for the batch size (1.1 at batch 448: floor(0.05 x (230.23 x
+    448 + 3,000,000) / 25,000) x 25,000 = 150,000 samples)."""
+    v07 = PUBLISHED / "training_results_v0.7" / "NVIDIA" / "results" / "dgx1_ngc20.06_pytorch" / "bert" / "result_0.txt"
+    v11 = (
+        PUBLISHED
+        / "training_results_v1.1"
+        / "NVIDIA"
+        / "results"
+        / "dgxa100_ngc21.09_pytorch"
+        / "bert"
+        / "result_0.txt"
+    )
+    for path, schedule, source in (
+        (v07, (3_000_000, 500_000), "command line"),
+        (v11, (150_000, 150_000), "mlperf rule"),
+    ):
+        raw = raw_run(path)
+        assert {epoch for epoch, _ in raw["evals"]} == {1} and len(raw["evals"]) > 1
+        assert (raw["schedule"] is not None) == (source == "command line")
+        run = read_result_file(path, default_optimizer="lamb")
+        expected = scheduled(raw, *schedule)
+        assert [(e.samples, e.accuracy) for e in run.evaluations] == expected and run.curve == source
+        assert run.samples_to_target == raw["end"] == expected[-1][0]
+    assert read_result_file(v11, "lamb").hardware.accelerators == 8
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(v07), str(v11), "--name", "epoch1", "--optimizer", "lamb"]) == 0
+    storage = SqlStorage(db)
+    for trial in storage.list_trials(storage.get_experiment_by_name("epoch1").id):
+        raw = raw_run(Path(trial.metrics["mlperf"]["file"]))
+        assert stored_curve(storage, trial) == scheduled(raw, *(raw["schedule"] or (150_000, 150_000)))
+        assert trial.metrics["mlperf"]["curve"].startswith("the logged command line" if raw["schedule"] else "MLPerf")
+
+
+def test_a_planned_train_samples_is_not_the_samples_at_the_end(tmp_path):
+    """Google logs train_samples before run_start (the planned 6,508,544 samples); its samples to target is the last
+    evaluation's epoch_num (what MLPerf's RCP checker reads). Graphcore logs train_samples as a one-element list."""
+    google = V20 / "Google" / "results" / "cloud-tpu-v4-8192-TF" / "bert" / "result_0.txt"
+    raw = raw_run(google)
+    run = read_result_file(google, "lamb")
+    assert raw["end"] == 6_508_544 and run.train_samples is None
+    assert run.samples_to_target == raw["evals"][-1][0] == 4_780_367
+    assert any("train_samples 6508544 at line" in note and "not read" in note for note in run.notes)
+    graphcore = PUBLISHED / "training_results_v1.1/Graphcore/results/ipu-pod128-POPART-closed/bert/result_0.txt"
+    (value,) = raw_run(graphcore)["end"]
+    assert read_result_file(graphcore, "lamb").samples_to_target == value == 3_872_218
+
+
+def test_a_log_without_the_samples_at_the_target_is_refused_by_name(tmp_path, capsys):
+    google = PUBLISHED / "training_results_v0.7/Google/results/tpu-v3-8192-TF/bert/result_0.txt"
+    db_file = tmp_path / "hpo.db"
+    assert (
+        main(["--db", f"sqlite:///{db_file}", "import", "mlperf", str(google), "--name", "g", "--optimizer", "lamb"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert re.search(r"tpu-v3-8192-TF/bert/result_0\.txt:\d+: eval_accuracy's epoch_num counts epochs or steps", err)
+    assert "no train_samples follows the evaluations" in err and not db_file.exists()
+
+
+def test_an_optimizer_name_the_importer_does_not_know_is_an_error_and_nothing_is_written(tmp_path, capsys):
+    """Samsung's runs with FusedAdam swapped for a name the importer does not know, imported with NVIDIA's and
+    --optimizer lamb: the name is an error naming file, line and name, never read as LAMB, and nothing is written."""
+    copy = tmp_path / "samsung"
+    for path in SAMSUNG_16K.glob("result_*.txt"):
+        write(
+            copy / path.name,
+            path.read_text().replace("--optimizer=FusedAdam", "--optimizer=FusedNovoGrad").splitlines(),
+        )
+    db_file = tmp_path / "hpo.db"
+    args = [
+        "--db",
+        f"sqlite:///{db_file}",
+        "import",
+        "mlperf",
+        str(copy),
+        str(NVIDIA_16K),
+        "--name",
+        "x",
+        "--optimizer",
+        "lamb",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"samsung/result_0\.txt:1: the logged command line names optimizer 'FusedNovoGrad'", err)
+    assert not db_file.exists()
+
+
+@pytest.mark.parametrize(("name", "trainer"), [("FusedAdam", "adamw"), ("apex.optimizers.FusedAdam", "adamw"),
+                                               ("AdamW", "adamw"), ("adam", "adamw"), ("FusedLAMB", "lamb"),
+                                               ("DistributedFusedLAMB", "lamb"), ("Lamb", "lamb"), ("LAMB", "lamb"),
+                                               ("fused_lamb", "lamb"), ("SGD", None), ("Adafactor", None)])  # fmt: skip
+def test_optimizer_names_as_submitters_write_them(tmp_path, name, trainer):
+    path = write(tmp_path / "result_0.txt", run_lines(optimizer=name))
+    if trainer is None:
+        with pytest.raises(ResultFileError, match=rf"result_0\.txt:\d+: opt_name '{name}' is not an optimizer"):
+            read_result_file(path, default_optimizer="lamb")
+    else:
+        assert read_result_file(path, default_optimizer="lamb").optimizer == trainer
+
+
+def test_opt_name_and_a_command_line_that_disagree_are_an_error(tmp_path):
+    path = write(tmp_path / "result_0.txt", ["+ python run_pretraining.py --optimizer=FusedAdam", *run_lines()])
+    with pytest.raises(
+        ResultFileError, match=r"names different optimizers \(lamb by opt_name.*FusedAdam by the command"
+    ):
+        read_result_file(path)
+
+
+def test_a_logged_value_the_trainer_cannot_take_is_left_out_with_a_note(tmp_path, capsys):
+    """Baidu's PaddlePaddle logs of training 2.0 say opt_learning_rate_training_steps 0 (they trained ~900 steps): the
+    run imports, that value is left out of its configuration, and the import says so."""
+    baidu = V20 / "Baidu" / "results" / "IPU_POD16_PaddlePaddle" / "bert" / "result_0.txt"
+    assert [e["value"] for e in raw_events(baidu) if e["key"] == "opt_learning_rate_training_steps"] == [0]
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(baidu), "--name", "baidu", "--optimizer", "lamb"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 run(s): opt_learning_rate_training_steps 0 is not a value the trainer takes" in out
+    (trial,) = trials_by_file(SqlStorage(db), "baidu").values()
+    assert "schedule.total_steps" not in trial.params and trial.params["optimizer.lr"] == 0.0035
+    assert trial.samples_to_target == raw_run(baidu)["end"]
+
+
+def test_evaluations_that_carry_their_own_samples(tmp_path):
+    """Google's open-division JAX logs of training 1.1 give every evaluation epoch_num 1 and its samples in its own
+    metadata (train_samples_since_beginning), with train_samples only before run_start."""
+    jax = PUBLISHED / "training_results_v1.1/Google/results/tpu-v4-2048-JAX/bert/result_0.txt"
+    evals = [e for e in raw_events(jax) if e["key"] == "eval_accuracy"]
+    assert {e["metadata"]["epoch_num"] for e in evals} == {1}
+    run = read_result_file(jax, "lamb")
+    expected = [(e["metadata"]["train_samples_since_beginning"], e["value"]) for e in evals]
+    assert [(e.samples, e.accuracy) for e in run.evaluations] == expected and run.curve == "metadata"
+    assert run.samples_to_target == expected[-1][0] and run.train_samples is None
+
+
+def test_equal_intervals_when_no_schedule_fits_are_said_to_be_approximate(tmp_path, capsys):
+    # epoch_num 1 at every evaluation, and train_samples 2,000: MLPerf's interval at batch 256 (150,000) does not fit
+    lines = run_lines(evals=((1, 0.70), (1, 0.71), (1, 0.73)), train_samples=2_000)
+    run = read_result_file(write(tmp_path / "runs" / "result_0.txt", lines))
+    assert [e.samples for e in run.evaluations] == [667, 1333, 2000] and run.curve == "equal intervals"
+    assert main(["--db", db_url(tmp_path), "import", "mlperf", str(tmp_path / "runs"), "--name", "eq"]) == 0
+    assert "equal intervals in evaluation order up to train_samples (approximate)" in capsys.readouterr().out
+
+
+def test_an_arm_with_several_configurations_leaves_out_the_runs_that_picked_its_best(tmp_path, capsys):
+    # ADAM at two learning rates in one arm (compare by optimizer): each rate's first run is its tuning trial, the
+    # arm's best is picked on them (2,000 against 3,000 samples), so neither counts; LAMB's one rate: all three count
+    d = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write(d / "adam_a" / f"result_{seed}.txt", run_lines(optimizer="adam", lr=0.001, seed=seed))
+        write(d / "lamb" / f"result_{seed}.txt", run_lines(seed=seed))
+    slower = ((1000, 0.70), (2000, 0.71), (3000, 0.73))
+    for seed in (1, 2):
+        write(d / "adam_b" / f"result_{seed}.txt", run_lines(optimizer="adam", lr=0.003, seed=seed, evals=slower))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "two", "--compare", "optimizer"]) == 0
+    assert "note: arm optimizer.name=adamw holds 2 configurations" in capsys.readouterr().out
+    trials = SqlStorage(db).list_trials(SqlStorage(db).get_experiment_by_name("two").id)
+    assert [t.metrics.get(UNSELECTED_KEY) for t in trials if t.kind is TrialKind.TUNING] == [None, None, True]
+    assert main(["--db", db, "best", "two", "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    assert best["optimizer.name=adamw"]["params"]["optimizer.lr"] == 0.001
+    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw": 2, "optimizer.name=lamb": 3}
