@@ -8,7 +8,10 @@ from what the database holds.
     scaling.py     several experiments: samples to target and the noise scale against global batch size, and per
                    optimizer the fit of hpo.evidence.batch_scaling (B_crit, E_min, the largest batch within 1.5x E_min)
     figures.py     matplotlib figures (Agg, object API: safe in the server's threads) as base64 PNG
-    html.py        the pages
+    markup.py      the page frame and CSS, tagged table cells, figures as data: URIs, number formatting
+    batch_view.py  the batch-size view (an experiment's arms at several batch sizes; the comparison page)
+    html.py        the pages: one experiment, several compared, the list of experiments
+    text.py        the batch-size view as terminal lines (`hpo report`, `hpo import rcp`)
 
 `hpo.report.html` has the entry points: `experiment_report(storage, name)`, `comparison_report(storage, names)`
 and `index_page(storage)` return the HTML text. Importing this package imports nothing heavy.

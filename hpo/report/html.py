@@ -8,19 +8,18 @@ the API path in the server.
 
 from __future__ import annotations
 
-import math
 import shlex
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from html import escape
 
 from hpo.engine.liveness import liveness
 from hpo.engine.progress import experiment_progress, trials_done
-from hpo.evidence.batch_scaling import WELL, BatchScaling, Estimate
-from hpo.evidence.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary, Outcome
+from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.mlperf import imported_line
 from hpo.report import figures
+from hpo.report.batch_view import batch_study_view, fit_section, scaling_notes, scaling_table, verdicts_by_batch
 from hpo.report.data import (
     BEST_DRAWN,
     MAX_DRAWN,
@@ -35,84 +34,27 @@ from hpo.report.data import (
     top_trials,
 )
 from hpo.report.importance import MAX_TRIALS, MIN_TRIALS, Importance, rank_importance
-from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
+from hpo.report.markup import (
+    Link,
+    cell,
+    fmt_accuracy,
+    fmt_interval,
+    fmt_noise,
+    fmt_objective,
+    fmt_samples,
+    fmt_trial_noise,
+    html_table,
+    img,
+    page,
+    tagged,
+)
+from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
 LISTED_BEST = 10  # tuning trials per arm listed then
 LISTED_CHAINS = 50  # promoted configurations listed per arm (multi-fidelity), those that went furthest first
-Link = Callable[[str], str]
-
-CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1240px;color:#1b1b1b;
-padding:0 16px;line-height:1.4}
-h1{margin-bottom:2px}h2{margin-top:34px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.sub{color:#555;margin-top:0}.verdict{font-size:1.25em;padding:12px 16px;border-left:6px solid #3b75af;
-background:#f2f6fb;margin:16px 0}.verdict.none{border-color:#b40426;background:#fbf2f2}
-.note{padding:8px 12px;background:#fff8e1;border-left:4px solid #e0a800;margin:8px 0}
-table{border-collapse:collapse;margin:8px 0;font-size:0.92em}th,td{border:1px solid #ddd;padding:4px 8px;
-text-align:right;vertical-align:top}th{background:#f5f5f5}td.l,th.l{text-align:left}
-img{max-width:100%;height:auto;display:block;margin:8px 0}code,pre{background:#f5f5f5;padding:2px 5px}
-pre{padding:8px;overflow-x:auto}.bar{background:#3b75af;height:10px;display:inline-block}
-details summary{cursor:pointer;font-weight:600}.muted{color:#777}
-"""
-
-
-# --------------------------------------------------------------------------- formatting
-
-
-def fmt_samples(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.0f}"
-
-
-def fmt_objective(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.6g}"
-
-
-def fmt_accuracy(value: float | None) -> str:
-    return "–" if value is None else f"{value:.4f}"
-
-
-def fmt_noise(value: float | None) -> str:
-    """Noise scales span orders of magnitude: whole numbers from 100 on, 3 significant digits below."""
-    return "–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def fmt_trial_noise(t: TrialRow) -> str:
-    """A trial's noise scale: the value, or `≥ value (lower bound: why)` where it is only a lower bound."""
-    reason = t.noise_lower_bound
-    return fmt_noise(t.noise_scale) if reason is None else f"≥ {fmt_noise(t.noise_scale)} (lower bound: {reason})"
-
-
-def fmt_interval(low: float | None, high: float | None) -> str:
-    return "–" if low is None or high is None else f"{low:,.0f} to {high:,.0f}"
-
-
-def _td(text: str, field: str | None = None, arm: str | None = None, cls: str = "") -> str:
-    attrs = (f' data-field="{escape(field)}"' if field else "") + (f' data-arm="{escape(arm)}"' if arm else "")
-    return f"<td{attrs}{f' class={cls!r}' if cls else ''}>{escape(text)}</td>"
-
-
-def _tagged(arm: str, label: str, fields: Sequence[tuple[str, str]]) -> str:
-    """A row: the arm's label, then one cell per (field, text), each tagged with the arm and its field."""
-    return _td(label, cls="l") + "".join(_td(text, field, arm) for field, text in fields)
-
-
-def _table(head: Sequence[str], rows: Sequence[str], left: int = 1) -> str:
-    cells = "".join(f"<th{' class=l' if i < left else ''}>{escape(h)}</th>" for i, h in enumerate(head))
-    return f"<table><tr>{cells}</tr>{''.join(f'<tr>{r}</tr>' for r in rows)}</table>"
-
-
-def _img(fig, alt: str) -> str:
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{figures.png(fig)}">' if fig is not None else ""
-
-
-def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
-            f"<meta name=viewport content='width=device-width,initial-scale=1'><style>{CSS}</style></head>"
-            f"<body>{body}</body></html>")  # fmt: skip
-
 
 # --------------------------------------------------------------------------- one experiment
 
@@ -130,7 +72,7 @@ def experiment_page(data: ExperimentData, *, hpo_command: str = "hpo", index: st
         _header(data, index),
         _notes(data),
         _verdict_section(data),
-        _batch_study(data),
+        batch_study_view(data),
         _outcomes_section(data, drawn),
         _rungs_section(data),
         _best_so_far_section(data, drawn),
@@ -140,7 +82,7 @@ def experiment_page(data: ExperimentData, *, hpo_command: str = "hpo", index: st
         _best_configs_section(data, hpo_command),
         _trials_section(data),
     ]
-    return _page(f"{data.name}: comparison report", "".join(parts))
+    return page(f"{data.name}: comparison report", "".join(parts))
 
 
 def _tuned(data: ExperimentData):
@@ -287,7 +229,7 @@ def _figure_or_words(data: ExperimentData, drawn: dict, slug: str) -> str:
     if slug not in drawn:
         return "".join(f"<p class=note data-field=empty>{escape(line)}: nothing to draw.</p>" for line in empty)
     notes = "".join(f"<p class=note data-field=empty>{escape(line)}.</p>" for line in empty)
-    return _img(drawn[slug], FIGURES[slug][0]) + notes
+    return img(drawn[slug], FIGURES[slug][0]) + notes
 
 
 def _notes(data: ExperimentData) -> str:
@@ -365,8 +307,8 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
             ("interval", fmt_interval(ev.low, ev.high)),
             ("runs_trials", ", ".join(map(str, runs)) or "–"),
         ]
-        rows.append(_tagged(arm.label, arm.label, fields))
-    table = _table(["arm", "runs", "reached target", "hit rate", "mean samples to target", "95 % interval",
+        rows.append(tagged(arm.label, arm.label, fields))
+    table = html_table(["arm", "runs", "reached target", "hit rate", "mean samples to target", "95 % interval",
                     "trials"], rows)  # fmt: skip
     return (f"{head}<p>Per arm, from the confirmation runs of its best configuration ({escape(data.confirmation_plan)}"
             f"; the best tuning trial itself was selected, so it is not evidence). Samples to target interpolated "
@@ -383,14 +325,14 @@ def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
         best_text = "–" if best is None else "missed" if best.value is None else fmt_objective(best.value)
         fields = [("tuning", str(len(arm.tuning)))] + [(o.replace(" ", "_"), str(counts[o])) for o in OUTCOMES]
         fields += [("best_objective", best_text), ("best_trial", "–" if best is None else str(best.number))]
-        rows.append(_tagged(arm.label, arm.label, fields))
+        rows.append(tagged(arm.label, arm.label, fields))
     head = ["arm", "tuning trials", *OUTCOMES, f"best {data.metric}", "best trial"]
     return (f"<h2>Samples to target and outcomes</h2>"
             f"<p>Tuning trials per outcome: reached the target, missed it (used the whole sample budget), diverged, "
             f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished. The best is the "
             f"storage's best tuning trial of the arm (what <code>hpo export</code> exports); a miss there means no "
             f"trial of the arm reached the target and its objective is the penalty.</p>"
-            f"{_table(head, rows)}"
+            f"{html_table(head, rows)}"
             f"{_figure_or_words(data, drawn, 'outcomes')}")  # fmt: skip
 
 
@@ -418,20 +360,20 @@ def _arm_rungs(arm: ArmRungs) -> str:
         key = f"rung_{rung.samples}"
         fields = [(f"{key}_budget", f"{rung.budget:.4g}"), (f"{key}_trials", str(rung.trials)),
                   (f"{key}_promoted", str(rung.promoted))]  # fmt: skip
-        rows.append(_tagged(arm.arm, f"{rung.samples:,}", fields))
-    table = _table(["rung (samples)", "budget (fraction)", "trials", "promoted to a larger budget"], rows)
+        rows.append(tagged(arm.arm, f"{rung.samples:,}", fields))
+    table = html_table(["rung (samples)", "budget (fraction)", "trials", "promoted to a larger budget"], rows)
     if not arm.chains:
         return table + "<p>No configuration was promoted.</p>"
     chains = []
     for chain in arm.chains[:LISTED_CHAINS]:
         rungs = " → ".join(f"{step.samples:,}" for step in chain)
         steps = " → ".join(_step(step, first=i == 0) for i, step in enumerate(chain))
-        chains.append(_td(rungs, cls="l") + _td(steps, f"chain_{chain[0].number}", arm.arm, "l"))
+        chains.append(cell(rungs, cls="l") + cell(steps, f"chain_{chain[0].number}", arm.arm, "l"))
     head = ["rungs (samples)", "trials, rung by rung (samples, outcome: objective)"]
     more = len(arm.chains) - len(chains)
     listed = f"; {len(chains)} listed, those that reached the largest budget first" if more else ""
     return (f"{table}<details><summary>{len(arm.chains):,} promoted configuration(s){listed}</summary>"
-            f"{_table(head, chains, left=2)}</details>")  # fmt: skip
+            f"{html_table(head, chains, left=2)}</details>")  # fmt: skip
 
 
 def _step(step: RungStep, first: bool) -> str:
@@ -460,7 +402,7 @@ def _curves_or_words(data: ExperimentData, drawn: dict) -> str:
     if "learning-curves" not in drawn:
         said = _nothing_finished(data) or "No top trial reported an evaluation: there is no learning curve to draw."
         return f"<p class=note data-field=nothing>{escape(said)}</p>"
-    return _img(drawn["learning-curves"], FIGURES["learning-curves"][0])
+    return img(drawn["learning-curves"], FIGURES["learning-curves"][0])
 
 
 def _noise_section(data: ExperimentData, drawn: dict) -> str:
@@ -476,7 +418,7 @@ def _noise_section(data: ExperimentData, drawn: dict) -> str:
     for arm in data.arms:
         measured = [t for t in arm.trials if t.noise_scale is not None]
         if not measured:
-            rows.append(_td(arm.label, cls="l") + _td("–") * 4)
+            rows.append(cell(arm.label, cls="l") + cell("–") * 4)
             continue
         median = statistics.median(t.noise_scale for t in measured)
         bounds = sum(1 for t in measured if t.noise_lower_bound)
@@ -486,14 +428,14 @@ def _noise_section(data: ExperimentData, drawn: dict) -> str:
             " trials' estimates are lower bounds)"  # fmt: skip
         fields = [("noise_trials", str(len(measured))), ("noise_median", shown),
                   ("batch", ", ".join(f"{b:,}" for b in batches)), ("batch_ratio", ratio)]  # fmt: skip
-        rows.append(_tagged(arm.label, arm.label, fields))
-    table = _table(["arm", "trials measured", "noise scale (median)", "global batch", "batch / noise scale"], rows)
+        rows.append(tagged(arm.label, arm.label, fields))
+    table = html_table(["arm", "trials measured", "noise scale (median)", "global batch", "batch / noise scale"], rows)
     return (head + "<p>B_simple = tr(Σ)/|G|² (McCandlish et al. 2018), estimated from the gradient norms at two batch "
             "sizes and smoothed over steps; a trial's value is the median over the second half of its training "
             "(it is noisiest early). A batch several times the noise scale buys diminishing returns: more samples "
             "per step no longer mean proportionally fewer steps. B_simple differs from the critical batch size by a "
             "curvature factor, and short runs measure it early in training: read it as an order of magnitude.</p>"
-            f"<p class=note>{escape(NOISE_TRUST)}</p>" + table + _img(fig, FIGURES["noise-scale"][0]))  # fmt: skip
+            f"<p class=note>{escape(NOISE_TRUST)}</p>" + table + img(fig, FIGURES["noise-scale"][0]))  # fmt: skip
 
 
 NOISE_TRUST = (
@@ -522,14 +464,14 @@ def _effects_section(data: ExperimentData, drawn: dict, importance: dict[str, Im
             parts.append(f"<p data-field=importance data-arm='{escape(arm.label)}'>{escape(imp.reason)}.</p>")
             continue
         top = max((m for _, m, _ in imp.ranking), default=0.0) or 1.0
-        rows = [_td(str(i + 1)) + _td(name, cls="l") + _td(f"{mean:.3f} ± {std:.3f}", "importance", arm.label)
+        rows = [cell(str(i + 1)) + cell(name, cls="l") + cell(f"{mean:.3f} ± {std:.3f}", "importance", arm.label)
                 + f"<td class=l><span class=bar style='width:{max(0.0, mean) / top * 200:.0f}px'></span></td>"
                 for i, (name, mean, std) in enumerate(imp.ranking)]  # fmt: skip
         fitted = f"{imp.trials:,} of {imp.usable:,} usable trials (a fixed stride in trial order)" if imp.usable \
             else f"{imp.trials} trials"  # fmt: skip
         parts.append(f"<p>{fitted}; surrogate out-of-bag R² {imp.oob_r2:.2f}"
                      + (" — it explains nothing: do not read the ranking." if imp.oob_r2 <= 0 else ".") + "</p>"
-                     + _table(["rank", "parameter", "R² drop", ""], rows, left=2))  # fmt: skip
+                     + html_table(["rank", "parameter", "R² drop", ""], rows, left=2))  # fmt: skip
     return "".join(parts)
 
 
@@ -544,11 +486,11 @@ def _best_configs_section(data: ExperimentData, hpo_command: str) -> str:
         status = (f"reached the target at {fmt_samples(best.samples_to_target)} samples" if best.value is not None
                   else f"missed the target (best accuracy {fmt_accuracy(best.best_mlm_accuracy)}; objective "
                        f"{fmt_objective(best.objective)} is the penalty)")  # fmt: skip
-        rows = [_td(k, cls="l") + _td(_param(v), cls="l") for k, v in best.params.items()]
+        rows = [cell(k, cls="l") + cell(_param(v), cls="l") for k, v in best.params.items()]
         arm_flag = f" --arm {shlex.quote(arm.label)}" if data.compare else ""
         out = f"best-{_slug(arm.label)}.yaml" if data.compare else "best.yaml"
         command = f"{hpo_command} export {shlex.quote(data.name)}{arm_flag} -o {out}"
-        parts.append(f"<p>Trial {best.number}: {escape(status)}.</p>{_table(['parameter', 'value'], rows, left=2)}"
+        parts.append(f"<p>Trial {best.number}: {escape(status)}.</p>{html_table(['parameter', 'value'], rows, left=2)}"
                      f"<pre data-field=export data-arm='{escape(arm.label)}'>{escape(command)}</pre>")  # fmt: skip
     return "".join(parts)
 
@@ -568,13 +510,13 @@ def _trials_section(data: ExperimentData) -> str:
             "samples", "global batch", "noise scale", "parameters", "reason"]  # fmt: skip
     if len(listed) == len(data.trials):
         return (f"<h2>All trials</h2><details><summary>{len(rows)} trials</summary>"
-                f"{_table(head, rows, left=0)}</details>")  # fmt: skip
+                f"{html_table(head, rows, left=0)}</details>")  # fmt: skip
     every = f"hpo trials {shlex.quote(data.name)}"
     return (f"<h2>Trials</h2><p data-field=listed>{len(rows):,} of {len(data.trials):,} trials listed: each arm's "
             f"{LISTED_BEST} best tuning trials and every confirmation run. The counts per outcome are in the "
             f"outcomes table above; <code>{escape(every)}</code> lists all of them (<code>--arm</code>, "
             f"<code>--state</code>; <code>--after N --limit M</code> pages).</p><details><summary>{len(rows):,} "
-            f"trials</summary>{_table(head, rows, left=0)}</details>")  # fmt: skip
+            f"trials</summary>{html_table(head, rows, left=0)}</details>")  # fmt: skip
 
 
 def listed_trials(data: ExperimentData) -> list[TrialRow]:
@@ -591,8 +533,8 @@ def _trial_row(t: TrialRow) -> str:
     left = [t.arm, t.kind, "–" if t.seed is None else str(t.seed), t.outcome]
     right = [fmt_objective(t.objective), fmt_samples(t.samples_to_target), fmt_accuracy(t.best_mlm_accuracy),
              fmt_samples(t.samples), fmt_samples(t.global_batch_size), fmt_trial_noise(t)]  # fmt: skip
-    return (_td(str(t.number)) + "".join(_td(v, cls="l") for v in left) + "".join(_td(v) for v in right)
-            + _td(params, cls="l") + _td(t.reason or "", cls="l"))  # fmt: skip
+    return (cell(str(t.number)) + "".join(cell(v, cls="l") for v in left) + "".join(cell(v) for v in right)
+            + cell(params, cls="l") + cell(t.reason or "", cls="l"))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- several experiments
@@ -616,153 +558,12 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
     listing = "".join(f"<li><a href='{escape(link(d.name))}'>{escape(d.name)}</a> — {escape(d.liveness)}; "
                       f"{escape(d.verdict.line if d.verdict else 'no arms')}</li>" for d in experiments)  # fmt: skip
     body = (f"{back}<h1>Comparing {len(experiments)} experiments</h1><ul>{listing}</ul>"
-            + _scaling_notes(experiments) + _scaling_table(points)
-            + (_img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
+            + scaling_notes(experiments) + scaling_table(points)
+            + (img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
                if points else "<p>No arm has a best trial yet.</p>")
-            + (_fit_section(points, fits) if points else "")
-            + _batch_verdicts(points, DEFAULT_MARGIN))  # fmt: skip
-    return _page("comparison report", body)
-
-
-def _scaling_notes(experiments: Sequence[ExperimentData]) -> str:
-    notes = ["One point per arm: its optimizer and global batch size, the mean samples to target over its runs that "
-             "reached the target (the best configuration's confirmation seeds) with the 95 % t interval, the "
-             "hit rate, and the noise scale measured by the arm's trials at that batch size (median, minimum to "
-             "maximum). Where the noise scale sits far below the batch, a larger batch buys little."]  # fmt: skip
-    if any(d.confirm_seeds != "auto" and d.confirm_seeds < 2 for d in experiments):
-        notes.append("Some experiments ran fewer than 2 confirmation seeds: their points have no interval.")
-    if any(d.imported for d in experiments):
-        notes.append("Imported experiments (hpo import) are lines of their own, named after them, never pooled with "
-                     "the experiments that ran here. MLPerf's reference (an RCP import, black squares) is BERT-large "
-                     "on MLPerf's data to 0.720 masked-LM accuracy: its shape, not its numbers, is what compares with "
-                     "another model or data set.")  # fmt: skip
-    return "".join(f"<p class=note>{escape(n)}</p>" for n in notes)
-
-
-def _scaling_table(points: Sequence[ScalingPoint]) -> str:
-    rows = []
-    for p in points:
-        key = f"{p.experiment}/{p.arm}"
-        ev = p.evidence
-        noise = (
-            "–"
-            if p.noise_scale is None
-            else f"{'≥ ' if p.noise_lower_bounds else ''}{fmt_noise(p.noise_scale)} ({fmt_noise(p.noise_low)} to "
-            f"{fmt_noise(p.noise_high)})"
-            + (f"; lower bound: {p.noise_lower_bounds} of {p.noise_trials} estimates" if p.noise_lower_bounds else "")
-        )
-        ratio = "–" if p.noise_scale is None else f"{p.global_batch_size / p.noise_scale:.2g}×"
-        steps = fmt_steps(ev, p.global_batch_size)
-        fields = [("batch", f"{p.global_batch_size:,}"), ("experiment", p.experiment), ("arm", p.arm),
-                  ("hits", f"{ev.hits} of {ev.runs}"), ("mean", fmt_samples(ev.mean)),
-                  ("interval", fmt_interval(ev.low, ev.high)), ("steps", steps), ("noise", noise),
-                  ("ratio", ratio)]  # fmt: skip
-        rows.append(_tagged(key, p.optimizer, fields))
-    head = ["optimizer", "global batch", "experiment", "arm", "reached target", "mean samples to target",
-            "95 % interval", "optimizer steps to target (95 %)", "noise scale", "batch / noise scale"]  # fmt: skip
-    return _table(head, rows)
-
-
-def _batch_verdicts(points: Sequence[ScalingPoint], margin: float) -> str:
-    """Per global batch size with two or more optimizers: the verdict between them (`scaling.batch_verdicts`)."""
-    verdicts = batch_verdicts(points, margin)
-    if not verdicts:
-        return ""
-    rows = [_td(f"{batch:,}", "batch_verdict_batch", str(batch))
-            + _td(verdict.outcome.value, "batch_verdict_outcome", str(batch))
-            + _td(verdict.line, "batch_verdict_line", str(batch), "l")
-            for batch, verdict in verdicts.items()]  # fmt: skip
-    return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
-            "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
-            f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(verdicts)} batch sizes "
-            f"(each tested at 1 / {len(verdicts)} of the {100 * ALPHA:g} %), so all of them together name a wrong "
-            "winner in at most 5 %.</p>" + _table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
-
-
-def _batch_study(data: ExperimentData) -> str:
-    """An experiment whose arms ran at two or more global batch sizes (a batch-scaling study): the comparison
-    page's batch-size view of its own arms, and the verdict at each batch size."""
-    points = scaling_points([data], experiment_runs([data]))
-    if len({p.global_batch_size for p in points}) < 2:
-        return ""
-    fits = scaling_fits(points)
-    margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
-    return ("<h2>Batch sizes</h2>" + _scaling_notes([data]) + _scaling_table(points)
-            + _img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
-            + _fit_section(points, fits) + _batch_verdicts(points, margin))  # fmt: skip
-
-
-def fmt_steps(evidence: ArmSummary, batch: int) -> str:
-    """Mean optimizer steps to target (samples / batch) with the interval's: `96.7 (90.1 to 103)`, `–` without."""
-    if evidence.mean is None:
-        return "–"
-    steps = fmt_fit(evidence.mean / batch)
-    if evidence.low is None:
-        return steps
-    return f"{steps} ({fmt_fit(evidence.low / batch)} to {fmt_fit(evidence.high / batch)})"
-
-
-def fmt_fit(value: float | None) -> str:
-    """A fitted quantity (samples, steps, batch sizes): whole numbers from 100 on, 3 significant digits below, ∞."""
-    return "–" if value is None else "∞" if math.isinf(value) else fmt_noise(value)
-
-
-def fmt_estimate(estimate: Estimate | None) -> str:
-    """`value (low to high)`, the 95 % interval; 0 or ∞ where it is open."""
-    if estimate is None:
-        return "–"
-    return f"{fmt_fit(estimate.value)} ({fmt_fit(estimate.low)} to {fmt_fit(estimate.high)})"
-
-
-def _fit_section(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]) -> str:
-    rows = []
-    for name, fit in fits.items():
-        mine = [p for p in points if p.optimizer == name]
-        fields = [("fit_runs", _fit_runs(fit)), ("fit_e_min", fmt_estimate(fit.e_min)),
-                  ("fit_b_crit", fmt_estimate(fit.b_crit)), ("fit_s_min", fmt_estimate(fit.s_min)),
-                  ("fit_well", fmt_estimate(fit.well)), ("fit_well_measured", well_measured(fit)),
-                  ("fit_noise", _fit_noise(mine)), ("fit_note", fit.reason or fit.note or "")]  # fmt: skip
-        rows.append(_td(name, cls="l") + "".join(_td(text, field, name, "l" if field == "fit_note" else "")
-                                                 for field, text in fields))  # fmt: skip
-    head = ["optimizer", "runs fitted", "E_min: samples to target, small batch (95 %)", "B_crit (95 %)",
-            "S_min: steps to target, unlimited batch (95 %)", f"largest batch within {WELL:g}× E_min: B_crit / 2",
-            f"largest measured batch within {WELL:g}× the smallest mean", "measured noise scale", "note"]  # fmt: skip
-    return ("<h2>Where the batch stops scaling</h2><p>Per optimizer, samples to target E against global batch size B "
-            "fitted with E(B) = E_min (1 + B / B_crit) (McCandlish et al. 2018: steps to target S = E / B = S_min "
-            "(1 + B_crit / B), B_crit = E_min / S_min), by least squares on ln E over all its points' runs "
-            "(dashed in the figure). Intervals: 95 % profile likelihood; an end at 0 or ∞ means the measured batches "
-            f"do not bound it. Below B_crit / 2 a batch needs at most {WELL:g}× the samples of a small batch "
-            "(scaling well); far above B_crit, about as many steps as an unlimited one. Runs that missed the target "
-            "have no samples to target: they are left out and counted, which flatters the batch sizes where they "
-            "happened. The measured rule reads the means alone: the largest batch whose mean is within "
-            f"{WELL:g}× the smallest (with that mean's 95 % t interval). B_crit and the measured noise scale "
-            "B_simple answer the same question in two ways (they agree up to a curvature factor); the fit needs "
-            "runs at 3 or more batch sizes.</p>" + _table(head, rows, left=1))  # fmt: skip
-
-
-def _fit_runs(fit: BatchScaling) -> str:
-    hits = fit.runs - fit.misses
-    sizes = sum(1 for p in fit.points if p.hits)
-    missed = f"; {fit.misses} missed (left out)" if fit.misses else ""
-    return f"{hits} of {fit.runs} at {sizes} batch size(s){missed}"
-
-
-def well_measured(fit: BatchScaling) -> str:
-    p, low = fit.well_measured, fit.smallest
-    if p is None:
-        return "–"
-    missed = f"; {p.misses} of {p.runs} missed" if p.misses else ""
-    return (f"{p.batch:,.0f}: {fmt_samples(p.mean)} ({fmt_interval(p.low, p.high)}), smallest {fmt_samples(low.mean)} "
-            f"at {low.batch:,.0f}{missed}")  # fmt: skip
-
-
-def _fit_noise(points: Sequence[ScalingPoint]) -> str:
-    """The points' median noise scales, per batch size: `16: 12.3; 64: 40.1`, `≥` where a lower bound."""
-    measured = [p for p in points if p.noise_scale is not None]
-    if not measured:
-        return "–"
-    return "; ".join(f"{p.global_batch_size:,}: {'≥ ' if p.noise_lower_bounds else ''}{fmt_noise(p.noise_scale)}"
-                     for p in measured)  # fmt: skip
+            + (fit_section(points, fits) if points else "")
+            + verdicts_by_batch(points, DEFAULT_MARGIN))  # fmt: skip
+    return page("comparison report", body)
 
 
 # --------------------------------------------------------------------------- the list of experiments
@@ -775,10 +576,10 @@ def index_page(storage: Storage, *, link: Link, compare_action: str) -> str:
     for record in storage.list_experiments():
         rows.append(f"<td class=l><input type=checkbox name=name value='{escape(record.name)}'></td>"
                     + f"<td class=l><a href='{escape(link(record.name))}'>{escape(record.name)}</a></td>"
-                    + _td(liveness(record), cls="l") + _td(experiment_progress(storage, record), cls="l")
-                    + _td(record.spec.get("experiment", {}).get("description", ""), cls="l"))  # fmt: skip
-    table = _table(["", "experiment", "status", "trials", "description"], rows, left=4)
+                    + cell(liveness(record), cls="l") + cell(experiment_progress(storage, record), cls="l")
+                    + cell(record.spec.get("experiment", {}).get("description", ""), cls="l"))  # fmt: skip
+    table = html_table(["", "experiment", "status", "trials", "description"], rows, left=4)
     body = ("<h1>Experiments</h1>" + (f"<form method=get action='{escape(compare_action)}'>{table}"
             "<p><button type=submit>Compare the selected experiments</button></p></form>" if rows
             else "<p>No experiments yet: start one with <code>hpo run EXPERIMENT.yaml</code>.</p>"))  # fmt: skip
-    return _page("experiments", body)
+    return page("experiments", body)

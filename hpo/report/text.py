@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from hpo.evidence.batch_scaling import WELL, BatchScaling
 from hpo.evidence.verdict import DEFAULT_MARGIN
+from hpo.report.batch_view import fmt_estimate, fmt_steps, well_measured
 from hpo.report.data import ExperimentData
-from hpo.report.html import fmt_estimate, fmt_interval, fmt_noise, fmt_samples, fmt_steps, well_measured
+from hpo.report.markup import fmt_interval, fmt_noise, fmt_samples
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
 
 

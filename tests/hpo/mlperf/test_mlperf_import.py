@@ -29,7 +29,8 @@ from hpo.experiment.arms import trial_config
 from hpo.mlperf import HASH_KEY, UNSELECTED_KEY, imported
 from hpo.mlperf.logs import ResultFileError, read_result_file
 from hpo.mlperf.rcp import read_rcp_file
-from hpo.report.html import comparison_report, experiment_report, fmt_estimate
+from hpo.report.batch_view import fmt_estimate
+from hpo.report.html import comparison_report, experiment_report
 from hpo.report.scaling import confirmation_runs
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus

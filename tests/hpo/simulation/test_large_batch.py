@@ -302,7 +302,8 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
     from hpo.evidence.batch_scaling import fit_batch_scaling
     from hpo.evidence.verdict import ArmRuns, decide
     from hpo.experiment.arms import arm_label
-    from hpo.report.html import experiment_report, fmt_estimate, fmt_fit
+    from hpo.report.batch_view import fmt_estimate, fmt_fit
+    from hpo.report.html import experiment_report
     from hpo.report.scaling import confirmation_runs
 
     table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
