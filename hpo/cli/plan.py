@@ -32,14 +32,8 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     import time
     from dataclasses import asdict, replace
 
-    from hpo.plan.forecast import (
-        forecast_data,
-        forecast_lines,
-        prepare_plan,
-        run_plan,
-        trials_advice,
-        trials_advice_lines,
-    )
+    from hpo.plan.advice import trials_advice, trials_advice_lines
+    from hpo.plan.forecast import forecast_data, forecast_lines, prepare_plan, run_plan
 
     curves = None
     if args.like:  # the pilot's curves, where they make a table that serves the file

@@ -63,6 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import HpoError
+from hpo.mlperf.optimizers import KNOWN_OPTIMIZERS, trainer_optimizer
+from hpo.mlperf.systems import System, system_description
 
 TOKEN = ":::MLLOG"
 RESULT_GLOB = "result_*.txt"
@@ -88,14 +90,6 @@ HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
 }
 INTEGER_KEYS = {"schedule.warmup_steps", "schedule.start_warmup_step", "schedule.total_steps"}
 TARGET_KEYS = ("eval_target", "target_accuracy")
-# an optimizer's name as submitters log it or pass it on a command line, normalized by `optimizer_key` -> the trainer's
-# (apex's classes are how NVIDIA-based submissions name them: FusedAdam decays weights decoupled, adam_w_mode)
-OPTIMIZERS = {
-    "lamb": "lamb", "fusedlamb": "lamb", "distributedfusedlamb": "lamb", "fusedmixedprecisionlamb": "lamb",
-    "adam": "adamw", "adamw": "adamw", "fusedadam": "adamw", "distributedfusedadam": "adamw",
-}  # fmt: skip
-KNOWN_OPTIMIZERS = "FusedAdam, DistributedFusedAdam, Adam, AdamW (adamw); FusedLAMB, DistributedFusedLAMB, " \
-                   "FusedMixedPrecisionLamb, LAMB (lamb)"  # fmt: skip
 # how the evaluations' positions were read (ResultRun.curve): the first is the logged epoch_num
 CURVE_SOURCES = {
     "epoch_num": "epoch_num (samples)",
@@ -133,16 +127,6 @@ class Evaluation:
     accuracy: float
     time_ms: float | None
     line: int
-
-
-@dataclass(frozen=True)
-class System:
-    """What the result directory's system description says (None where it says nothing)."""
-
-    accelerators: int | None  # number_of_nodes x accelerators_per_node
-    accelerator: str | None  # accelerator_model_name
-    file: Path | None  # the description read (None: none found)
-    note: str | None = None  # why there is no accelerator count
 
 
 @dataclass(frozen=True)
@@ -414,16 +398,6 @@ def _hyperparameters(path: Path, settings: dict[str, Event]) -> dict[str, Any]:
     return hyper
 
 
-def optimizer_key(name: Any) -> str:
-    """A logged optimizer name as OPTIMIZERS keys it: `apex.optimizers.FusedAdam` -> `fusedadam`."""
-    return re.sub(r"[\s_-]", "", str(name).strip().rsplit(".", 1)[-1]).lower()
-
-
-def trainer_optimizer(name: Any) -> str | None:
-    """The trainer's optimizer of a logged name (see OPTIMIZERS); None for a name the importer does not know."""
-    return OPTIMIZERS.get(optimizer_key(name))
-
-
 def _optimizer(path: Path, event: Event | None, commands: Sequence[tuple[int, str]],
                default: str | None) -> tuple[str, str | None, str]:  # fmt: skip
     """(the trainer's optimizer, the name as logged, where it was named); every name the log gives must be known and
@@ -582,42 +556,6 @@ def _every(evaluations: Sequence[Evaluation]) -> int | None:
         return evaluations[0].samples or None
     most = max(gaps.values())
     return min(gap for gap, n in gaps.items() if n == most) or None
-
-
-def system_description(path: Path) -> System:
-    """The accelerators of a result file's system: `<submitter>/systems/<system>.json` for a file under
-    `<submitter>/results/<system>/...` (MLCommons' layout). A missing or unreadable description, or one without both
-    counts, is no count (with a note): the run itself is read as it is."""
-    parts = path.resolve().parts
-    if "results" not in parts[:-1]:
-        return System(None, None, None)
-    at = len(parts) - 2 - parts[:-1][::-1].index("results")
-    if at + 1 >= len(parts) - 1:
-        return System(None, None, None)
-    file = Path(*parts[:at], "systems", f"{parts[at + 1]}.json")
-    if not file.is_file():
-        return System(None, None, None, f"no system description {file}")
-    try:
-        data = json.loads(read_text(file))
-    except (json.JSONDecodeError, ResultFileError) as e:
-        return System(None, None, file, f"{file}: not readable JSON ({getattr(e, 'msg', e)})")
-    data = data if isinstance(data, dict) else {}
-    nodes, per_node = _count(data.get("number_of_nodes")), _count(data.get("accelerators_per_node"))
-    model = data.get("accelerator_model_name")
-    model = (str(model).strip() or None) if model is not None else None
-    if nodes is None or per_node is None:
-        said = ", ".join(f"{key} {data.get(key)!r}" for key in ("number_of_nodes", "accelerators_per_node"))
-        return System(None, model, file, f"{file}: {said}: no accelerator count")
-    return System(nodes * per_node, model, file)
-
-
-def _count(value: Any) -> int | None:
-    """A positive whole count as system descriptions write it ("128", 4, 1.0); None otherwise."""
-    with contextlib.suppress(TypeError, ValueError):
-        number = float(str(value).strip())
-        if number.is_integer() and number > 0:
-            return int(number)
-    return None
 
 
 def _target(path: Path, settings: dict[str, Event], commands: Sequence[tuple[int, str]]) -> float | None:

@@ -22,14 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpo.mlperf.logs import (
-    HYPERPARAMETERS,
-    INTEGER_KEYS,
-    KNOWN_OPTIMIZERS,
-    ResultFileError,
-    read_text,
-    trainer_optimizer,
-)
+from hpo.mlperf.logs import HYPERPARAMETERS, INTEGER_KEYS, ResultFileError, read_text
+from hpo.mlperf.optimizers import KNOWN_OPTIMIZERS, trainer_optimizer
 
 SAMPLES_KEYS = ("Epochs to converge", "samples to converge")
 
