@@ -5,8 +5,9 @@ points (`hpo import rcp`) read into the database as finished experiments, one tr
     hpo import rcp FILE [--name NAME]
 
 `hpo.mlperf.logs` reads result files (`result_*.txt`: MLCommons' published layout and what our trainer writes with
-`log.mlperf`), `hpo.mlperf.rcp` reads an RCP file (`rcps_bert.json` of a training ruleset), and
-`hpo.mlperf.importer` turns either into an experiment (a synthetic spec and its trials) and writes it. Reading is
+`log.mlperf`; with `optimizers`, the names submitters give optimizers, and `systems`, their hardware),
+`hpo.mlperf.rcp` reads an RCP file (`rcps_bert.json` of a training ruleset), and `hpo.mlperf.importer` turns
+either into an experiment (a synthetic spec and its trials) and writes it. Reading is
 pure and checks every file before anything is written: a file that cannot be read is a `ResultFileError` naming
 the file, the line and what is missing, and nothing of any file is written.
 
