@@ -15,7 +15,9 @@ at the bound, and after the bound every call tries once and fails at once. Any a
 or a refusal such as NotFoundError) ends the outage.
 
 `without_waiting()` makes the calls inside it try once (the progress view and the heartbeat, which try again at
-their next tick anyway; a trial's intermediate metrics, which it keeps until a later write gets through).
+their next tick anyway; a trial's intermediate metrics, which it keeps until a later write gets through). A call
+made on a running asyncio event loop (the API's fastest routes) never waits either: a pause there would stall
+every other request the loop serves.
 `replaying()` is true inside a retried call: the write's first try may have committed just before the connection
 broke, so the writes that are not idempotent by themselves (creating an experiment or a trial) look for their own
 work first. A caller may also give up early (`stop`): a controller asked to stop (SIGTERM, Ctrl-C) does not wait
@@ -24,6 +26,7 @@ for the database to come back first.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -142,7 +145,7 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
                 result = call()
         except DatabaseUnavailableError as exc:
             waited = outage.failed(started)
-            if _no_wait.get() or bound_s <= 0:
+            if bound_s <= 0 or not _may_wait():
                 raise
             if waited >= bound_s:
                 raise DatabaseUnavailableError(
@@ -157,6 +160,17 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
             raise
         outage.ended()
         return result
+
+
+def _may_wait() -> bool:
+    """Whether the current call may pause: not inside `without_waiting()`, not on a running event loop."""
+    if _no_wait.get():
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def _pause(seconds: float, stop: Callable[[], str | None], sleep: Callable[[float], None],

@@ -8,6 +8,7 @@ arithmetic (no test asserts a duration measured on the wall clock).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import sqlite3
@@ -290,3 +291,15 @@ def test_a_storage_gives_up_at_its_bound(short_sqlite_waits, tmp_path: Path):
             release.set()
             holder.join()
         assert storage.list_experiments() == []
+
+
+def test_a_call_on_a_running_event_loop_never_waits():
+    time = FakeTime()
+    away = Away(time, back_at=float("inf"))
+
+    async def on_the_loop():
+        retry(away, time, bound_s=600)
+
+    with pytest.raises(DatabaseUnavailableError, match="connection refused"):
+        asyncio.run(on_the_loop())
+    assert away.tries == [False] and time.slept == []
