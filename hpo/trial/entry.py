@@ -74,7 +74,10 @@ class DatabaseReporter:
     def intermediate(self, metrics: dict[str, Any]) -> None:
         values = {k: float(v) for k in METRIC_KEYS if _is_number(v := metrics.get(k))}
         if values:
-            self.pending.append(MetricPoint(int(metrics.get("step", 0)), metrics.get("samples"), values))
+            point = MetricPoint(int(metrics.get("step", 0)), metrics.get("samples"), values)
+            if self._failed_at is not None:  # the database is away: kept, with the time it was measured
+                point = point._replace(at=datetime.now(timezone.utc))
+            self.pending.append(point)
             if self._failed_at is None or time.monotonic() - self._failed_at >= KEPT_RETRY_S:
                 with contextlib.suppress(DatabaseUnavailableError), without_waiting():
                     self.flush()
