@@ -16,6 +16,13 @@ class StorageError(HpoError):
     """The database could not be read or written (connection, schema, constraint); never a raw SQLAlchemy error."""
 
 
+class DatabaseUnavailableError(StorageError):
+    """The database cannot be reached for now (its server down or restarting, the connection lost, an SQLite file
+    locked by another process): transient, unlike a bad URL or a refused change. Raised once retrying has gone on
+    for the bound (`database.outage_s`) or a caller that does not wait asked just once; the message says for how
+    long it has been unreachable."""
+
+
 class NotFoundError(StorageError):
     """An experiment or trial id/name that does not exist."""
 

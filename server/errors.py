@@ -1,5 +1,9 @@
 """The project's errors as HTTP answers: a missing experiment or trial is 404, a database that cannot be
-reached (or has an old schema) is 503, a request the export cannot serve is 422; the message always says why."""
+reached (or has an old schema) is 503, a request the export cannot serve is 422; the message always says why.
+
+A 503 carries `Retry-After` (RETRY_AFTER_S seconds): a database that is away (restarting, failing over) comes back
+by itself, and the server answers again without a restart (server.storage waits briefly, then answers 503 at once
+for as long as it stays away)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from hpo.export.production import ExportError
 from server.schemas import ErrorPublic, InvalidRequestPublic
 
 log = logging.getLogger("server")
+RETRY_AFTER_S = 5  # what a 503 asks clients to wait before they ask again
 
 # Every route that reads the database answers these, each with its body's schema in the OpenAPI document.
 ERROR_RESPONSES = {
@@ -32,8 +37,13 @@ JSON_ERROR_RESPONSES = {
 }
 
 
-def _answer(code: int, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=code)
+def _answer(code: int, exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
+
+
+def retry_after() -> dict[str, str]:
+    """The headers of a 503: when to ask again."""
+    return {"Retry-After": str(RETRY_AFTER_S)}
 
 
 async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
@@ -42,7 +52,7 @@ async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc)
-    return _answer(status.HTTP_503_SERVICE_UNAVAILABLE, exc)
+    return _answer(status.HTTP_503_SERVICE_UNAVAILABLE, exc, retry_after())
 
 
 async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:

@@ -1,7 +1,10 @@
 """The server's view of the database: one storage opened on first use, and the experiments' parsed specs.
 
 Opening is lazy so the server starts (and answers health checks with 503) while the database is still down,
-and a read endpoint never creates a database: a missing SQLite file is reported, not made.
+and a read endpoint never creates a database: a missing SQLite file is reported, not made. A database that goes
+away later is waited for briefly (WAIT_S, counted from the start of the outage: hpo.storage.retry), then every
+request answers 503 at once until it is back; opening never waits, so a server started before its database
+answers 503 without delay.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from search_spaces.errors import SearchSpaceError
 from server.schemas import BestTrialPublic, TrialPublic
 from trainer.errors import ConfigError
 
+WAIT_S = 2.0  # how long requests wait for a database that went away (a restart's blip) before answering 503
 CONFIG_CACHE_SIZE = 1024
 TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB each)
 
@@ -47,7 +51,9 @@ class StorageHolder:
                     f"the SQLite database {path} does not exist: run `hpo db upgrade` (or an experiment) with "
                     f"{DATABASE_URL_ENV}={safe_url(self.url)} first"
                 )
-        return SqlStorage(self.url)
+        storage = SqlStorage(self.url)
+        storage.wait_for_outages(WAIT_S)
+        return storage
 
     def close(self) -> None:
         if self._storage is not None:

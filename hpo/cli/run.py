@@ -30,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.storage import default_database_url
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
+    _check_outage_bound(spec)
     # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
     if spec.engine == "nni" and (args.runner or args.scheduler):
         raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
@@ -66,6 +67,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def _check_outage_bound(spec) -> None:
+    """HPO_DATABASE_OUTAGE_S, when set, must be a number of seconds: refused before anything is written."""
+    from hpo.storage.retry import outage_bound
+
+    outage_bound(spec.database.outage_s)
 
 
 def _trials_run_here(spec, runner: str | None) -> bool:
@@ -108,6 +116,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     refuse_imported(record, "resume")
     spec = spec_from_stored(record)
+    _check_outage_bound(spec)
     host, pid = controller_identity()
     storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
     if spec.engine == "nni":

@@ -4,7 +4,8 @@ A controller claims its experiment (`Storage.claim_controller`), then a `Heartbe
 `heartbeat_at` every `heartbeat_interval_s()` seconds, with a one-line note of what it sees. A RUNNING
 experiment whose last heartbeat is older than `STALE_AFTER` intervals has lost its controller: it shows as
 `interrupted`, and `hpo resume` may take it over. The thread, not the study loop, beats, so a tuner that thinks
-for a few seconds does not look dead.
+for a few seconds does not look dead. A beat tries the database once (`without_waiting`): while it is away the
+thread tries every `OUTAGE_BEAT_S` seconds, so the claim is fresh again right after it returns.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from hpo.errors import StorageError
+from hpo.storage.retry import without_waiting
 
 HEARTBEAT_ENV = "HPO_HEARTBEAT_S"
 DEFAULT_HEARTBEAT_S = 5.0
 STALE_AFTER = 1.5  # intervals without a heartbeat before a controller counts as dead
+OUTAGE_BEAT_S = 1.0  # how often a beat is tried while the database is away
 
 
 def heartbeat_interval_s() -> float:
@@ -69,12 +72,16 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(heartbeat_interval_s()):
+        while not self._stop.wait(self._next_beat_s()):
             self.beat()
+
+    def _next_beat_s(self) -> float:
+        away = self.storage.unreachable_for() is not None
+        return min(heartbeat_interval_s(), OUTAGE_BEAT_S) if away else heartbeat_interval_s()
 
     def beat(self) -> None:
         """One beat now: the claim refreshed and the note stored (the thread beats every interval)."""
-        with contextlib.suppress(StorageError):  # a database hiccup: the next beat tries again
+        with contextlib.suppress(StorageError), without_waiting():  # the database away: the next beat tries again
             self.lost = not self.storage.heartbeat(self.experiment_id, self.host, self.pid, self.note())
 
     def stop(self) -> None:

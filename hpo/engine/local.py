@@ -6,6 +6,11 @@ the data the trials will read (`check_trial_data`) before anything is written, c
 and leave the experiment with its final status. SIGTERM and SIGINT (Ctrl-C) stop the experiment as the API's
 stop does: the loop ends every process of the running trials, records them as interrupted and leaves; `hpo
 resume` runs them again.
+
+While the database is away the controller waits for it, up to `database.outage_s` (HPO_DATABASE_OUTAGE_S wins;
+`hpo.storage.retry`), and the progress line says so ("database unreachable for 42 s, retrying"); a signal still
+stops it at once. Past the bound it stops as on SIGTERM and says that `hpo resume` continues the experiment once
+the database is back (exit code 1).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import yaml
 from hpo.engine.liveness import Heartbeat
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
-from hpo.errors import HpoError
+from hpo.errors import DatabaseUnavailableError, HpoError
 from hpo.evidence.confirmations import stored_verdict
 from hpo.evidence.verdict import verdict_lines
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study
@@ -29,6 +34,7 @@ from hpo.simulation.cost import simulated_line
 from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.storage.engine import safe_url
+from hpo.storage.retry import outage_bound
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
 from trainer.data.checks import load_checked_samples
@@ -105,9 +111,11 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     run_dir.mkdir(parents=True, exist_ok=True)
     runner.attach(storage, experiment_id)
     study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    bound = outage_bound(spec.database.outage_s)
+    storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
-    view = None if quiet else ProgressView(storage, experiment_id, total)
+    view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound)
     try:
         with stop_on_signals(study):
             if resume:
@@ -120,13 +128,21 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             except KeyboardInterrupt:  # before the handlers were in place, or from a thread's wait
                 study.stop(STOP_REASONS[signal.SIGINT])
                 status = ExperimentStatus.STOPPED
-        storage.set_experiment_status(experiment_id, status)
+        try:
+            storage.set_experiment_status(experiment_id, status)
+        except DatabaseUnavailableError as exc:  # still away: it stays RUNNING, and shows as interrupted
+            study.database_error = study.database_error or str(exc)
     finally:
         heartbeat.beat()  # the study's last note (the final round of confirmations) for the view's last line
         if view:
             view.stop()
         heartbeat.stop()
         runner.close()
+    if study.database_error:
+        then = f"`hpo resume {spec.name}` stores what they kept and finishes the experiment"
+        print(f"stopped: {study.database_error}\nIts running trials were ended; once the database is back, {then}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if status is ExperimentStatus.STOPPED:
         print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
     if not quiet:

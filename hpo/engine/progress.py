@@ -3,7 +3,9 @@ running and waiting of the total, the best so far per arm, elapsed time and an e
 
 The view reads the database in its own thread, so the study loop never prints. On a terminal it is a rich
 `Live` display; otherwise (a log file, CI) it prints plain lines: each finished trial, and the status line
-when it changes, at most every `interval_s` seconds.
+when it changes, at most every `interval_s` seconds. While the database is away (the view's reads try once; the
+storage counts since when it has been unreachable) the status line says so, "database unreachable for 42 s,
+retrying", and once it is back, for how long it was away.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arms
 from hpo.mlperf import imported
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.storage.retry import without_waiting
 from hpo.trials import TrialKind, TrialState
 
 FINISHED = [s for s in TrialState if s.finished]
@@ -48,8 +51,10 @@ def describe_trial(trial: TrialRecord) -> str:
 
 class ProgressView:
     def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
-                 interval_s: float = 5.0, refresh_s: float = 0.5):  # fmt: skip
+                 interval_s: float = 5.0, refresh_s: float = 0.5, outage_s: float | None = None):  # fmt: skip
         self.storage, self.experiment_id, self.total = storage, experiment_id, total
+        self.outage_s = outage_s  # how long the controller waits for the database (for the outage line)
+        self._away_s: float | None = None  # how long the database had been away at the last tick
         self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
         self.interval_s, self.refresh_s = interval_s, refresh_s
         self.started = time.monotonic()
@@ -80,18 +85,34 @@ class ProgressView:
 
     def _tick(self, final: bool = False) -> None:
         try:
-            counts = self.storage.count_trials_by_state(self.experiment_id)
-            done = sum(n for s, n in counts.items() if s.finished)
-            # Read the finished trials only when some are new (a large experiment is not re-read every tick).
-            finished = self.storage.list_trials(self.experiment_id, state=FINISHED) if done > len(self._seen) else []
-            best = self.storage.best_per_arm(self.experiment_id) or self._overall()
-            note = self.storage.get_experiment(self.experiment_id).controller_note or ""
+            with without_waiting():  # the next tick tries again; meanwhile the line says the database is away
+                counts = self.storage.count_trials_by_state(self.experiment_id)
+                done = sum(n for s, n in counts.items() if s.finished)
+                # Read the finished trials only when some are new (a large experiment is not re-read every tick).
+                finished = (self.storage.list_trials(self.experiment_id, state=FINISHED)
+                            if done > len(self._seen) else [])  # fmt: skip
+                best = self.storage.best_per_arm(self.experiment_id) or self._overall()
+                note = self.storage.get_experiment(self.experiment_id).controller_note or ""
         except StorageError:
-            return  # the database is busy or away for a moment; the next tick tries again
+            away = self.storage.unreachable_for()
+            if away is not None:
+                self._away_s = away
+                self._show(self.outage_line(away), final)
+            return  # busy or away for a moment: the next tick tries again
+        if self._away_s is not None:
+            self.console.print(f"database reachable again (it was away for at least {self._away_s:.0f} s)")
+            self._away_s = None
         for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
             self._seen.add(trial.id)
             self.console.print(describe_trial(trial))
-        line = self.status_line(counts, best, note, final)
+        self._show(self.status_line(counts, best, note, final), final, best)
+
+    def outage_line(self, away_s: float) -> str:
+        """The status line while the database is away."""
+        bound = f" (the controller waits up to {self.outage_s:g} s: database.outage_s)" if self.outage_s else ""
+        return f"database unreachable for {away_s:.0f} s, retrying{bound}"
+
+    def _show(self, line: str, final: bool, best: dict[str, TrialRecord] | None = None) -> None:
         if self._live is not None:
             self._live.update(self._table(line, best))
         elif not final and line != self._last_line and time.monotonic() - self._last_print >= self.interval_s:

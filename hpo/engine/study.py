@@ -20,6 +20,14 @@ new attempt; finished trials are told to the new controllers in the order they f
 `tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run; nothing finished
 runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them queued: they are
 neither queued twice nor forgotten.
+
+A database that is away: the storage waits for it inside each call, retrying, up to `database.outage_s`
+(`hpo.storage.retry`), so the loop stays where it is (its running trials keep running, nothing new starts) and
+goes on once the database is back. Past the bound, or when a stop is asked for while it waits, the loop stops as
+on SIGTERM: it ends every running attempt and leaves (`database_error` says why); the records it could not write
+stay RUNNING, which a resume re-queues. An attempt that ended without a result in the database may have kept its
+outcome in its directory (`hpo.trial.outcome`): the loop stores that before anything else (and a resume does, for
+every unfinished trial); an attempt that gave up on the database before it had an outcome is re-queued.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.controllers import Controller, Suggestion, build_controller
-from hpo.errors import StorageError
+from hpo.errors import DatabaseUnavailableError, StorageError
 from hpo.evidence.confirmations import runs_to_queue, stored_verdict
 from hpo.experiment import ExperimentSpec
 from hpo.experiment.arms import arm_plans, trial_config
@@ -40,6 +48,7 @@ from hpo.experiment.rungs import asha_plan
 from hpo.objective import NOT_TOLD, objective_value, reached_target_at_most, tuner_feedback
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, store_kept_outcome
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
 from trainer.config import config_from_dict
@@ -86,6 +95,7 @@ class Study:
         self.note = ""  # what the controller sees, for the heartbeat (and so `hpo status`)
         self._stop_checked = 0.0
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
+        self.database_error: str | None = None  # why the loop stopped when the database stayed away
 
     # -- set-up ------------------------------------------------------------------------------------------
 
@@ -128,6 +138,7 @@ class Study:
         unfinished = (TrialState.QUEUED, TrialState.RUNNING, TrialState.INTERRUPTED)
         for record in self.storage.list_trials(self.experiment_id, state=unfinished):  # queued: maybe started
             self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag)
+            store_kept_outcome(self.storage, self._launch_of(record).workdir, record.id, record.attempt)
         self.storage.requeue_interrupted(self.experiment_id)
         records = self.storage.list_trials(self.experiment_id)
         suggestions: dict[int, Suggestion | None] = {}
@@ -158,7 +169,19 @@ class Study:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> ExperimentStatus:
-        """Run trials until every arm has used its share and its confirmations ran; how the experiment ended."""
+        """Run trials until every arm has used its share and its confirmations ran; how the experiment ended
+        (STOPPED also when the database stayed away for longer than the bound: see `database_error`)."""
+        try:
+            return self._run()
+        except DatabaseUnavailableError as exc:
+            self.database_error = str(exc)
+            self.stop_reason = self.stop_reason or (
+                "the database was unreachable for longer than database.outage_s; `hpo resume` runs it again"
+            )
+            self.stop(self.stop_reason)
+            return ExperimentStatus.STOPPED
+
+    def _run(self) -> ExperimentStatus:
         while True:
             if self.stop_reason is None and self._stop_requested():
                 self.stop_reason = "experiment stopped by request"
@@ -240,8 +263,12 @@ class Study:
             if pending is None or pending.attempt != exit.attempt:
                 continue
             record = self.storage.get_trial(exit.trial_id)
-            if exit.lost and not record.state.finished and record.attempt < MAX_REQUEUES:
-                record = self.storage.requeue_trial(record.id, record.attempt, f"interrupted: {exit.lost}; re-queued")
+            if not record.state.finished and self._store_kept(pending, exit.attempt):
+                record = self.storage.get_trial(exit.trial_id)  # its outcome, kept while the database was away
+            lost = exit.lost and record.attempt < MAX_REQUEUES
+            if not record.state.finished and (lost or exit.returncode == EXIT_DATABASE_UNREACHABLE):
+                why = exit.lost if lost else "the database was unreachable before it had a result"
+                record = self.storage.requeue_trial(record.id, record.attempt, f"interrupted: {why}; re-queued")
                 self.queue.insert(0, replace(pending, attempt=record.attempt))
                 continue
             if not record.state.finished:
@@ -249,6 +276,10 @@ class Study:
             ended.append((pending, record))
         for pending, record in sorted(ended, key=lambda e: _finish_order(e[1])):
             self._tell(pending.suggestion, record)
+
+    def _store_kept(self, pending: Pending, attempt: int) -> bool:
+        """Store the outcome the attempt kept in its directory (hpo.trial.outcome); whether there was one."""
+        return store_kept_outcome(self.storage, self._launch(pending).workdir, pending.trial_id, attempt)
 
     def _reconcile(self, record: TrialRecord, exit: TrialExit) -> TrialRecord:
         """Record an attempt that ended without a final record (killed, timed out, crashed, lost)."""
@@ -346,8 +377,10 @@ class Study:
             pending = self.running.pop(exit.trial_id, None)
             if pending is None:
                 continue
-            with contextlib.suppress(StorageError):  # it recorded its own result just before
-                self.storage.interrupt_trial(exit.trial_id, reason, attempt=exit.attempt)
+            # it recorded its own result just before, or the database is away (the record stays for a resume)
+            with contextlib.suppress(StorageError):
+                if not self._store_kept(pending, exit.attempt):  # it finished while the database was away
+                    self.storage.interrupt_trial(exit.trial_id, reason, attempt=exit.attempt)
 
     def _update_note(self, every_s: float = 1.0) -> None:
         now = time.monotonic()

@@ -113,6 +113,13 @@ class VerdictSettings(_Section):
                           "fraction are equivalent (0.05: within ±5 %), when the evidence shows it.")  # fmt: skip
 
 
+class DatabaseSettings(_Section):
+    outage_s: float = Field(600.0, ge=0, allow_inf_nan=False, description="How long the controller and the trials "
+                            "wait for a database that is away (server down or restarting, file locked), retrying, "
+                            "before the experiment stops as on SIGTERM (`hpo resume` continues it); "
+                            "HPO_DATABASE_OUTAGE_S overrides it.")  # fmt: skip
+
+
 class Machine(_Section):
     """A machine of NNI's remote training service (engine: nni): NNI reaches it over SSH with a key."""
 
@@ -227,6 +234,7 @@ class ExperimentSpec(_Section):
     resources: Resources = Field(default_factory=Resources)
     engine: Literal["local", "nni"] = Field("local", description="local: our study loop; nni: an NNI experiment.")
     runner: Runner = Field(default_factory=Runner, description="Where the local engine runs trials.")
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings, description="Waiting out database outages.")
     allow_unequal_arms: str | None = Field(
         None, description="Why the compare arms may tune different hyperparameters (refused without a reason)."
     )

@@ -23,7 +23,6 @@ space), and the runs it reads, so a partial table is refused with the runs it st
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import signal
@@ -32,7 +31,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from hpo.errors import HpoError
+from hpo.errors import DatabaseUnavailableError, HpoError
 from hpo.experiment.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
 from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
@@ -197,12 +196,16 @@ class SimulatedRunner(Runner):
 
     def _record(self, attempt: _Attempt) -> TrialExit:
         storage = self.storage
-        with contextlib.suppress(HpoError):  # its record was closed under it (a stop): it records nothing more
+        try:
             start = attempt.started
             points = [point._replace(at=start + timedelta(seconds=offset)) for offset, point in attempt.points]
             if points:  # one transaction, each point stamped at its own simulated time
                 storage.add_metrics(attempt.trial_id, points, attempt=attempt.attempt)
             storage.finish_trial(attempt.trial_id, attempt.result, attempt=attempt.attempt)
+        except DatabaseUnavailableError:
+            raise  # away for longer than the bound: the study stops, and a resume runs the attempt again
+        except HpoError:
+            pass  # its record was closed under it (a stop): it records nothing more
         self.free.append(attempt.slot)
         self.free.sort()
         return TrialExit(attempt.trial_id, attempt.attempt, attempt.returncode, worker=f"sim-slot-{attempt.slot}",

@@ -175,6 +175,15 @@ class Storage(abc.ABC):
     - NaN is not a value a database can store everywhere: NaN objectives and accuracies are stored as None,
       NaN/inf inside JSON (params, metrics, spec) as null.
     - Timestamps are timezone-aware UTC. Records are frozen snapshots, not live views.
+    - A database that is away for now (its server down or restarting, the connection lost, an SQLite file locked)
+      raises DatabaseUnavailableError, a StorageError. After `wait_for_outages(s)` a method that meets one runs
+      again, whole, until the database has been away for s seconds (hpo/storage/retry.py), and only then raises.
+    - Writing twice leaves one, so a write retried after its first commit landed (the connection broke before
+      the answer) does no harm: a metric value is identified by (trial, name, step, samples) and one already
+      stored is not stored again (a value without samples is not identified); finishing or interrupting a trial
+      again with the very outcome it has changes nothing; heartbeats, claims and status changes are plain updates.
+      A retried `create_experiment`, `create_trial`, `mark_trial_running`, `requeue_trial` or
+      `delete_experiment` finds the work of its first try and returns as if it had done it.
     """
 
     # -- experiments ---------------------------------------------------------------------------------------
@@ -260,8 +269,9 @@ class Storage(abc.ABC):
     def finish_trial(self, trial_id: int, result: TrialResult, *, attempt: int | None = None) -> None:
         """Record how a queued or running trial ended; `result.state` must be a finished state.
 
-        Finishing an already finished trial raises StorageError and changes nothing; with `attempt`, a trial
-        that has moved on to another attempt raises StaleAttemptError.
+        Finishing an already finished trial raises StorageError and changes nothing, unless it ended with this
+        very result (state, reason, objective, samples to target, duration): then the call is a repeat and does
+        nothing. With `attempt`, a trial that has moved on to another attempt raises StaleAttemptError.
         """
 
     @abc.abstractmethod
@@ -346,7 +356,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def add_metrics(self, trial_id: int, points: Iterable[MetricPoint | tuple], *, attempt: int | None = None) -> int:
-        """Append a batch of intermediate reports in one transaction; returns how many values were stored.
+        """Append a batch of intermediate reports in one transaction; returns how many values the batch holds (a
+        value already stored, same trial, name, step and samples, is kept as it is and not stored again).
         A finished or INTERRUPTED trial raises TrialClosedError; with `attempt`, a trial that has moved on to
         another attempt raises StaleAttemptError. Either way nothing is stored."""
 
@@ -389,6 +400,16 @@ class Storage(abc.ABC):
         """Stamp trial events (created, started, finished, metrics) with `clock()` (timezone-aware UTC) instead of
         the wall clock: a simulated experiment's trials carry simulated times. Experiment and controller times
         (heartbeats) stay on the wall clock."""
+
+    def wait_for_outages(self, outage_s: float, stop: Callable[[], str | None] | None = None) -> None:  # noqa: B027
+        """From now on wait up to `outage_s` seconds for a database that is away before a method raises
+        DatabaseUnavailableError (0, the default: raise at once); `stop()` returning a reason gives up earlier (a
+        controller asked to stop). Backends that are never away need not override it."""
+
+    def unreachable_for(self) -> float | None:
+        """For how many seconds the database has been unreachable, or None when it answered last: what a progress
+        line says while the controller waits."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, backends without resources need not override it
         """Release connections; the storage must not be used afterwards."""

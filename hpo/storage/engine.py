@@ -20,9 +20,16 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 
-from hpo.errors import StorageError
+from hpo.errors import DatabaseUnavailableError, StorageError
 
 DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
@@ -134,6 +141,49 @@ def is_locked_error(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) and ("database is locked" in text or "database is busy" in text)
 
 
+# What a database that is away for a while says, in the driver's words (psycopg/libpq and sqlite3): the server is
+# down or restarting, the connection broke, the file is locked or its disk full. A wrong host name, user,
+# password or database name is not among them: retrying those only delays the message that says what to fix.
+TRANSIENT_MESSAGES = (
+    "connection refused",
+    "connection reset",
+    "connection timed out",
+    "timeout expired",
+    "server closed the connection unexpectedly",
+    "terminating connection",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is not yet accepting connections",
+    "the database system is in recovery mode",
+    "sorry, too many clients already",
+    "consuming input failed",
+    "could not receive data from server",
+    "could not send data to server",
+    "ssl connection has been closed unexpectedly",
+    "the connection is lost",
+    "the connection is closed",
+    "no route to host",
+    "network is unreachable",
+    "broken pipe",
+    "deadlock detected",
+    "database is locked",
+    "database is busy",
+    "database or disk is full",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether `exc` (a SQLAlchemy error) says the database is away for now, so the same call may succeed later: a
+    connection refused, reset or lost mid-transaction, a server shutting down or starting up, SQLite's "database is
+    locked" and "database or disk is full". Not: refused changes, bad SQL, wrong credentials or database names."""
+    if isinstance(exc, IntegrityError):
+        return False
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return isinstance(exc, OperationalError | DBAPIError) and any(message in text for message in TRANSIENT_MESSAGES)
+
+
 def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     """The project's error for a database-library error: what failed, on which database, what to do."""
     reason = _first_line(getattr(exc, "orig", None) or exc)
@@ -141,12 +191,14 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     if isinstance(exc, IntegrityError):
         return StorageError(f"the database {where} refused the change (a constraint was violated): {reason}")
     if is_locked_error(exc):
-        return StorageError(
+        return DatabaseUnavailableError(
             f"the SQLite database {where} stayed locked by another writer: {reason}. Use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
         )
     if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
-        return StorageError(
+        # The database is away for now (DatabaseUnavailableError: callers may wait and retry) or misnamed.
+        error = DatabaseUnavailableError if is_transient(exc) else StorageError
+        return error(
             f"cannot use the database {where}: {reason}. Check that the database server is running and "
             f"reachable, and that {DATABASE_URL_ENV} names the right host, port, database and user."
         )

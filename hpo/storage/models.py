@@ -107,13 +107,20 @@ class TrialModel(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
+# What identifies a stored metric value: a trial reports one value of a name at a step (and sample count), so the
+# same value written twice (a write retried after its commit landed, a trial's kept records written again) is
+# stored once. A value without `samples` (NULL) is never equal to another, so only those can repeat.
+METRIC_KEY = ("trial_id", "name", "step", "samples")
+
+
 class TrialMetricModel(Base):
     """One named value of one intermediate report (long format: a report of 3 values is 3 rows)."""
 
     __tablename__ = "trial_metrics"
     __table_args__ = (
-        # The foreign-key index, which also serves "the curve of one metric" in step order.
-        Index("ix_trial_metrics_trial_name_step", "trial_id", "name", "step"),
+        # The foreign-key index, which also serves "the curve of one metric" in step order; unique on METRIC_KEY
+        # (migration 0003_unique_metric_rows).
+        Index("ix_trial_metrics_trial_name_step", *METRIC_KEY, unique=True),
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True)

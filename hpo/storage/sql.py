@@ -9,19 +9,26 @@ Where the default database lives: `HPO_DATABASE_URL` when set, else the SQLite f
 Opening checks that the schema is at the newest migration and raises SchemaOutOfDateError ("run
 `hpo db upgrade`") otherwise; `SqlStorage(url, upgrade=True)` migrates first (tests and `hpo db upgrade`).
 Every public method runs in one transaction through `_session`, the only place that talks to SQLAlchemy's
-session machinery and the only place database errors are turned into StorageError.
+session machinery and the only place database errors are turned into StorageError (DatabaseUnavailableError
+when the database is away for now). Every method of the interface is wrapped once, at the end of this module,
+in the retry of `hpo.storage.retry`: with `outage_s` > 0 (`SqlStorage(url, outage_s=600)`, what controllers and
+trial processes open) a method that meets an unreachable database runs again, whole, until it has been away for
+`outage_s` seconds; with the default 0 (read-only commands, the server) it raises at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import random
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, func, literal, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -40,12 +47,14 @@ from hpo.storage.engine import (
     WRITE_OPTION,
     create_storage_engine,
     default_database_url,
+    dumps_json,
     is_locked_error,
     safe_url,
     storage_error,
 )
 from hpo.storage.migrate import check_schema, upgrade_database
-from hpo.storage.models import ExperimentModel, TrialMetricModel, TrialModel
+from hpo.storage.models import METRIC_KEY, ExperimentModel, TrialMetricModel, TrialModel
+from hpo.storage.retry import Outage, call_with_retry, replaying
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 __all__ = ["SqlStorage", "default_database_url"]
@@ -62,9 +71,13 @@ _UNFINISHED = (TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INT
 class SqlStorage(Storage):
     """The storage on an SQL database reached through SQLAlchemy (see the module docstring)."""
 
-    def __init__(self, url: str | None = None, *, upgrade: bool = False) -> None:
+    def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0) -> None:
         self.url = url or default_database_url()
         self._trial_clock: Callable[[], datetime] = _now
+        self.outage_s = outage_s  # how long a call waits for a database that is away (hpo.storage.retry)
+        self._outage = Outage()
+        self._rng = random.Random()  # jitter: differs between processes on purpose
+        self._stop_waiting: Callable[[], str | None] = lambda: None
         if upgrade:
             upgrade_database(self.url)
         self._engine = create_storage_engine(self.url)
@@ -77,11 +90,14 @@ class SqlStorage(Storage):
         if self._engine.dialect.name != "sqlite":
             self._read_engine = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         try:
-            with self._session() as session:
-                check_schema(session.connection(), self.url)
+            self._retry(self._check_schema)
         except BaseException:
             self._engine.dispose()
             raise
+
+    def _check_schema(self) -> None:
+        with self._session() as session:
+            check_schema(session.connection(), self.url)
 
     def __repr__(self) -> str:
         return f"SqlStorage({safe_url(self.url)!r})"
@@ -91,6 +107,17 @@ class SqlStorage(Storage):
 
     def use_trial_clock(self, clock: Callable[[], datetime]) -> None:
         self._trial_clock = clock
+
+    def wait_for_outages(self, outage_s: float, stop: Callable[[], str | None] | None = None) -> None:
+        self.outage_s = outage_s
+        self._stop_waiting = stop or (lambda: None)
+
+    def unreachable_for(self) -> float | None:
+        return self._outage.unreachable_for()
+
+    def _retry(self, call: Callable[[], Any]) -> Any:
+        """`call()` under the retry of hpo.storage.retry (this storage's bound, outage clock and stop)."""
+        return call_with_retry(call, self._outage, self.outage_s, self._rng, self._stop_waiting)
 
     # -- the session helper --------------------------------------------------------------------------------
 
@@ -138,6 +165,8 @@ class SqlStorage(Storage):
             stop_requested=False,
             created_at=_now(),
         )
+        if replaying() and (earlier := self._created_experiment(name, experiment)) is not None:
+            return earlier  # the first try's commit landed before the connection broke
         with self._session(write=True) as session:
             session.add(experiment)
             try:
@@ -148,6 +177,18 @@ class SqlStorage(Storage):
                     "choose another name, or resume that experiment"
                 ) from exc
             return experiment.id
+
+    def _created_experiment(self, name: str, wanted: ExperimentModel) -> int | None:
+        """The id of the experiment `name` if it is the one `wanted` describes, just created (running, no trial)."""
+        with self._session() as session:
+            found = session.scalars(select(ExperimentModel).where(ExperimentModel.name == name)).first()
+            if found is None or (found.direction, found.status) != (wanted.direction, wanted.status):
+                return None
+            if found.spec != _as_stored(wanted.spec) or session.scalar(
+                select(TrialModel.id).where(TrialModel.experiment_id == found.id).limit(1)
+            ):
+                return None
+            return found.id
 
     def get_experiment(self, experiment_id: int) -> ExperimentRecord:
         with self._session() as session:
@@ -187,6 +228,8 @@ class SqlStorage(Storage):
 
     def delete_experiment(self, experiment_id: int) -> None:
         with self._session(write=True) as session:
+            if replaying() and session.get(ExperimentModel, experiment_id) is None:
+                return  # the first try's delete landed
             experiment = _experiment(session, experiment_id)
             trials = session.scalar(select(func.count()).where(TrialModel.experiment_id == experiment_id))
             if trials:
@@ -265,6 +308,8 @@ class SqlStorage(Storage):
     # -- trials --------------------------------------------------------------------------------------------
 
     def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
+        if replaying() and (earlier := self._created_trial(experiment_id, spec)) is not None:
+            return earlier  # the first try's commit landed before the connection broke
         with self._session(write=True) as session:
             # Lock the experiment row (PostgreSQL; SQLite's write transaction is already exclusive), so the next
             # number is computed by one creator at a time.
@@ -302,6 +347,22 @@ class SqlStorage(Storage):
                 ) from exc
             return trial.id
 
+    def _created_trial(self, experiment_id: int, spec: TrialSpec) -> int | None:
+        """The id of the trial `spec` describes if a retried `create_trial` finds it just created: the trial with
+        `spec.number`, or without one the experiment's newest trial, queued at attempt 0 with the same parameters,
+        arm, budget, kind and seed."""
+        query = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
+        if spec.number is None:
+            query = query.order_by(TrialModel.number.desc()).limit(1)
+        else:
+            query = query.where(TrialModel.number == spec.number)
+        with self._session() as session:
+            found = session.scalars(query).first()
+            if found is None or (found.state, found.attempt) != (TrialState.QUEUED.value, 0):
+                return None
+            wanted = (_as_stored(dict(spec.params)), spec.arm, spec.budget, TrialKind(spec.kind).value, spec.seed)
+            return found.id if (found.params, found.arm, found.budget, found.kind, found.seed) == wanted else None
+
     def next_trial_number(self, experiment_id: int) -> int:
         with self._session() as session:
             _require_experiment(session, experiment_id)
@@ -332,7 +393,8 @@ class SqlStorage(Storage):
         with self._session(write=True) as session:
             # One conditional UPDATE: of two workers claiming the same queued trial, exactly one wins.
             claimed = _update_trial(session, trial_id, [TrialState.QUEUED.value], values, attempt)
-            if not claimed:
+            if not claimed and not (replaying() and _is_as(session, trial_id, attempt, state=TrialState.RUNNING.value,
+                                                           pid=pid, host=host, worker=worker)):  # fmt: skip
                 raise _transition_error(session, trial_id, "start", "it is not queued", attempt)
 
     def finish_trial(self, trial_id: int, result: TrialResult, *, attempt: int | None = None) -> None:
@@ -348,18 +410,25 @@ class SqlStorage(Storage):
             "duration_s": _no_nan(result.duration_s),
             "metrics": dict(result.metrics),
         }
+        outcome = {key: values[key] for key in ("state", "reason", "objective", "samples_to_target", "duration_s")}
         with self._session(write=True) as session:
             values["finished_at"] = _stamp_locked(session, trial_id, self._trial_clock)
-            if not _update_trial(session, trial_id, _UNFINISHED, values, attempt):
-                raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
+            if _update_trial(session, trial_id, _UNFINISHED, values, attempt) or _is_as(
+                session, trial_id, attempt, **outcome
+            ):  # finished with this very result already: a repeated write leaves one
+                return
+            raise _transition_error(session, trial_id, "finish", "a finished trial is never changed", attempt)
 
     def interrupt_trial(self, trial_id: int, reason: str, *, attempt: int | None = None) -> None:
         values = {"state": TrialState.INTERRUPTED.value, "reason": reason}
         from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value]
         with self._session(write=True) as session:
             values["finished_at"] = _stamp_locked(session, trial_id, self._trial_clock)
-            if not _update_trial(session, trial_id, from_states, values, attempt):
-                raise _transition_error(session, trial_id, "interrupt", "it is neither queued nor running", attempt)
+            if _update_trial(session, trial_id, from_states, values, attempt) or _is_as(
+                session, trial_id, attempt, state=TrialState.INTERRUPTED.value, reason=reason
+            ):  # interrupted for this very reason already: a repeated write leaves one
+                return
+            raise _transition_error(session, trial_id, "interrupt", "it is neither queued nor running", attempt)
 
     def requeue_trial(self, trial_id: int, attempt: int, reason: str) -> TrialRecord:
         values = {
@@ -375,6 +444,8 @@ class SqlStorage(Storage):
         from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value]
         with self._session(write=True) as session:
             if not _update_trial(session, trial_id, from_states, values, attempt):
+                if replaying() and _is_as(session, trial_id, attempt + 1, state=TrialState.QUEUED.value):
+                    return _trial_record(_trial(session, trial_id))  # the first try's re-queue landed
                 raise _transition_error(session, trial_id, "re-queue", "it has finished", attempt)
             session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id == trial_id))
             return _trial_record(_trial(session, trial_id))
@@ -542,8 +613,10 @@ class SqlStorage(Storage):
                 )
             # stamped under the lock: never after a finish that follows
             rows = _metric_rows(trial_id, points, self._trial_clock())
-            if rows:
-                session.execute(insert(TrialMetricModel), rows)
+            if rows:  # a value already stored (same trial, name, step and samples) stays as it is: no duplicate
+                dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+                new_only = dialect.insert(TrialMetricModel).on_conflict_do_nothing(index_elements=METRIC_KEY)
+                session.execute(new_only, rows)
         return len(rows)
 
     def get_metrics(self, trial_id: int, name: str | None = None) -> list[MetricRecord]:
@@ -622,6 +695,16 @@ class SqlStorage(Storage):
             return {trial.arm: _trial_record(trial) for trial in trials}
 
 
+def _retried(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` under its storage's retry: run again, whole, while the database is away (hpo.storage.retry)."""
+
+    @functools.wraps(method)
+    def retried(self: SqlStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._retry(lambda: method(self, *args, **kwargs))
+
+    return retried
+
+
 # -- queries ---------------------------------------------------------------------------------------------------
 
 
@@ -680,6 +763,22 @@ def _transition_error(
     if attempt is not None and row.attempt != attempt:
         return _stale(trial_id, attempt, row.attempt)
     return StorageError(f"cannot {action} trial {trial_id}: it is {row.state} ({why})")
+
+
+def _is_as(session: Session, trial_id: int, attempt: int | None, **wanted: Any) -> bool:
+    """Whether the trial (at `attempt`, when given) has these column values: the state a write would leave, found
+    already there when the write is repeated."""
+    conditions = [TrialModel.id == trial_id, *(getattr(TrialModel, key) == value for key, value in wanted.items()
+                                               if value is not None)]  # fmt: skip
+    conditions += [getattr(TrialModel, key).is_(None) for key, value in wanted.items() if value is None]
+    if attempt is not None:
+        conditions.append(TrialModel.attempt == attempt)
+    return session.scalar(select(TrialModel.id).where(*conditions)) is not None
+
+
+def _as_stored(value: Any) -> Any:
+    """`value` as a JSON column hands it back (NaN as None, tuples as lists, numpy scalars as numbers)."""
+    return json.loads(dumps_json(value))
 
 
 def _stale(trial_id: int, attempt: int, current: int) -> StaleAttemptError:
@@ -858,3 +957,9 @@ def _utc(moment: datetime | None) -> datetime | None:
 def _no_nan(value: float | None) -> float | None:
     """None for NaN: SQLite turns NaN into NULL anyway, and PostgreSQL would sort it above every number."""
     return None if value is None or value != value else value
+
+
+# Every method of the interface waits out an unreachable database (see the module docstring); the trial clock and
+# the helpers above are not database calls.
+for _name in sorted(Storage.__abstractmethods__ - {"use_trial_clock"}):
+    setattr(SqlStorage, _name, _retried(getattr(SqlStorage, _name)))

@@ -5,36 +5,46 @@
 Every runner launches this (under torchrun when a trial has several ranks). Rank 0 claims the QUEUED trial
 for its attempt (recording host, process group, worker and GPUs), builds the trainer config from the stored
 experiment and the trial's parameters, trains with a reporter that writes each intermediate record into the
-trial's metrics, and records the final result. The controller never reads the working directory (it holds
-`trial.yaml` and `report.jsonl` for people, and checkpoints); only trials that die without a final record
-are reconciled by the controller. A process whose attempt was replaced (its worker was lost), or whose record
-was closed under it (finished or interrupted by a stop), is refused by the storage, records nothing more and
-leaves with one line on stderr. Under torchrun each rank dies with torchrun (`die_with_launcher`), and only
-rank 0 records and prints the outcome.
+trial's metrics, and records the final result. The working directory holds `trial.yaml` and `report.jsonl`
+for people, and checkpoints; only trials that die without a final record are reconciled by the controller. A
+process whose attempt was replaced (its worker was lost), or whose record was closed under it (finished or
+interrupted by a stop), is refused by the storage, records nothing more and leaves with one line on stderr.
+Under torchrun each rank dies with torchrun (`die_with_launcher`), and only rank 0 records and prints the outcome.
+
+A database that is away: every call waits for it, retrying, up to `database.outage_s` (HPO_DATABASE_OUTAGE_S;
+`hpo.storage.retry`), except the intermediate metrics, which are tried once and kept in memory while it is away
+(training goes on; the next record tries them again, at most every `KEPT_RETRY_S` seconds). The outcome is written
+to `outcome.json` in the working directory before it is stored and removed once it is (`hpo.trial.outcome`), so a
+trial that gives up on the database, or is killed while it waits, leaves it for the controller or `hpo resume`.
 
 Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
-rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed).
+rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed),
+5 when the database stayed unreachable for longer than the bound (the outcome, if any, kept in `outcome.json`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hpo.errors import HpoError, StorageError
+from hpo.errors import DatabaseUnavailableError, HpoError, StorageError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import checkpoint_name, continues_from_checkpoint, trial_config
 from hpo.objective import trial_result
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, Storage, TrialRecord
+from hpo.storage.retry import outage_bound, without_waiting
+from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, OUTCOME_FILE, forget_outcome, keep_outcome
 from hpo.trials import TrialResult, TrialState
 
 EXIT_NOT_CLAIMED = 4
@@ -47,18 +57,44 @@ WORKER_ENV = "HPO_WORKER"  # set by the runner: where this trial runs (a Dask wo
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun in each rank's environment
 
 
+KEPT_RETRY_S = 5.0  # while the database is away, kept metric points are tried again at most this often
+
+
 class DatabaseReporter:
-    """A trainer `Reporter` that appends each intermediate record to the trial's metrics."""
+    """A trainer `Reporter` that appends each intermediate record to the trial's metrics. While the database is
+    away the points are kept (`pending`, each with the time it was measured) and training goes on; a later
+    record, or `flush`, stores them."""
 
     def __init__(self, storage: Storage, trial_id: int, attempt: int):
         self.storage, self.trial_id, self.attempt = storage, trial_id, attempt
         self.result = None
+        self.pending: list[MetricPoint] = []
+        self._failed_at: float | None = None  # when the last try met an unreachable database
 
     def intermediate(self, metrics: dict[str, Any]) -> None:
         values = {k: float(v) for k in METRIC_KEYS if _is_number(v := metrics.get(k))}
         if values:
             point = MetricPoint(int(metrics.get("step", 0)), metrics.get("samples"), values)
-            self.storage.add_metrics(self.trial_id, [point], attempt=self.attempt)
+            if self._failed_at is not None:  # the database is away: kept, with the time it was measured
+                point = point._replace(at=datetime.now(timezone.utc))
+            self.pending.append(point)
+            if self._failed_at is None or time.monotonic() - self._failed_at >= KEPT_RETRY_S:
+                with contextlib.suppress(DatabaseUnavailableError), without_waiting():
+                    self.flush()
+
+    def flush(self) -> None:
+        """Store the kept points (waiting for the database as the storage does); DatabaseUnavailableError keeps
+        them, stamped with the time they were measured."""
+        if not self.pending:
+            return
+        try:
+            self.storage.add_metrics(self.trial_id, self.pending, attempt=self.attempt)
+        except DatabaseUnavailableError:
+            now = datetime.now(timezone.utc)
+            self.pending = [p if p.at else p._replace(at=now) for p in self.pending]
+            self._failed_at = time.monotonic()
+            raise
+        self.pending, self._failed_at = [], None
 
     def final(self, result) -> None:
         self.result = result
@@ -119,6 +155,7 @@ def run_trial(
     record = storage.get_trial(trial_id)
     experiment = storage.get_experiment(record.experiment_id)
     spec = spec_from_stored(experiment)
+    storage.wait_for_outages(outage_bound(spec.database.outage_s))
     workdir.mkdir(parents=True, exist_ok=True)
     rank0 = is_rank_zero()
     if rank0:
@@ -130,7 +167,7 @@ def run_trial(
     except (ConfigError, HpoError, ValueError) as e:  # a configuration the trainer rejects: a failed trial
         result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
         if rank0:
-            storage.finish_trial(trial_id, result, attempt=attempt)
+            record_outcome(DatabaseReporter(storage, trial_id, attempt), workdir, result)
         return result
     (workdir / "trial.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     database = DatabaseReporter(storage, trial_id, attempt)
@@ -144,8 +181,17 @@ def run_trial(
     finally:
         jsonl.close()
     if rank0:
-        storage.finish_trial(trial_id, result, attempt=attempt)
+        record_outcome(database, workdir, result)
     return result
+
+
+def record_outcome(database: DatabaseReporter, workdir: Path, result: TrialResult) -> None:
+    """Keep the outcome in `workdir` (hpo.trial.outcome), store the kept metric points and the result (waiting for
+    the database up to the bound), then drop the file. DatabaseUnavailableError leaves it for the controller."""
+    keep_outcome(workdir, database.trial_id, database.attempt, result, database.pending)
+    database.flush()
+    database.storage.finish_trial(database.trial_id, result, attempt=database.attempt)
+    forget_outcome(workdir)
 
 
 def _visible_gpus() -> list[int] | None:
@@ -172,8 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.distributed import cleanup  # torch: see run_trial
 
     try:
-        with SqlStorage(args.db) as storage:
+        # the bound of the environment or the default until the stored experiment says its own (run_trial)
+        with SqlStorage(args.db, outage_s=outage_bound()) as storage:
             result = run_trial(storage, args.trial_id, args.attempt, args.workdir)
+    except DatabaseUnavailableError as e:
+        kept = args.workdir / OUTCOME_FILE
+        where = f"; its outcome is kept in {kept} for the controller or `hpo resume`" if kept.exists() else ""
+        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}{where}", file=sys.stderr)
+        return EXIT_DATABASE_UNREACHABLE
     except StorageError as e:
         print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_NOT_CLAIMED

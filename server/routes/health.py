@@ -3,8 +3,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from hpo.errors import NotFoundError, StorageError
+from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
 from hpo.storage.engine import safe_url
+from hpo.storage.retry import without_waiting
+from server.errors import retry_after
 from server.schemas import HealthPublic
 
 router = APIRouter(tags=["health"])
@@ -16,14 +18,17 @@ router = APIRouter(tags=["health"])
     responses={503: {"model": HealthPublic, "description": "The database cannot be reached."}},
 )
 def health(request: Request):
-    """Whether the server can reach its database (503 with the reason when it cannot)."""
+    """Whether the server can reach its database (503 with the reason, "the database is down: ..." while it is
+    away, and Retry-After when it cannot). Never waits for the database."""
     holder = request.app.state.storage
     database = safe_url(holder.url)
     try:
-        holder.get().get_experiment_by_name("-")  # one indexed lookup; no experiment has this name
+        with without_waiting():
+            holder.get().get_experiment_by_name("-")  # one indexed lookup; no experiment has this name
     except NotFoundError:
         pass
     except StorageError as exc:
-        body = HealthPublic(status="unavailable", database=database, detail=str(exc))
-        return JSONResponse(body.model_dump(), status_code=503)
+        detail = f"the database is down: {exc}" if isinstance(exc, DatabaseUnavailableError) else str(exc)
+        body = HealthPublic(status="unavailable", database=database, detail=detail)
+        return JSONResponse(body.model_dump(), status_code=503, headers=retry_after())
     return HealthPublic(status="ok", database=database)

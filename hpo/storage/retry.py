@@ -1,0 +1,187 @@
+"""Waiting out a database that is away: how long between tries, for how long, and what a retried write may find.
+
+A storage method that meets a transient error (`hpo.storage.engine.is_transient`: the server down or restarting,
+the connection refused or lost, SQLite's "database is locked") runs again, whole: each method is one transaction,
+so a failed try left nothing behind. The pause before each new try doubles from `BASE_DELAY_S` up to
+`MAX_DELAY_S`, and each is drawn between half and all of that (jitter: the trial processes of an experiment do not
+all come back at the same instant). Once the database has been unreachable for the bound, the call raises
+DatabaseUnavailableError saying for how long.
+
+The bound is `database.outage_s` of the experiment file (default `DEFAULT_OUTAGE_S`, 10 minutes), or
+`HPO_DATABASE_OUTAGE_S` when set: the environment wins, so an operator can change it for an experiment that is
+already stored (a resume reads the stored file) without editing anything. The outage is counted from the first
+failure any caller of the same storage saw, not per call: a controller whose threads each meet it gives up once,
+at the bound, and after the bound every call tries once and fails at once. Any answer from the database (a row,
+or a refusal such as NotFoundError) ends the outage.
+
+`without_waiting()` makes the calls inside it try once (the progress view and the heartbeat, which try again at
+their next tick anyway; a trial's intermediate metrics, which it keeps until a later write gets through). A call
+made on a running asyncio event loop (the API's fastest routes) never waits either: a pause there would stall
+every other request the loop serves.
+`replaying()` is true inside a retried call: the write's first try may have committed just before the connection
+broke, so the writes that are not idempotent by themselves (creating an experiment or a trial) look for their own
+work first. A caller may also give up early (`stop`): a controller asked to stop (SIGTERM, Ctrl-C) does not wait
+for the database to come back first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import TypeVar
+
+from hpo.errors import DatabaseUnavailableError, HpoError, StorageError
+
+OUTAGE_ENV = "HPO_DATABASE_OUTAGE_S"
+DEFAULT_OUTAGE_S = 600.0
+BASE_DELAY_S = 0.25  # the first pause: a lock or a dropped connection is often gone by then
+MAX_DELAY_S = 5.0  # the longest pause: a database that is back is noticed within this
+STOP_CHECK_S = 0.2  # how often a pause looks whether its caller has given up
+
+T = TypeVar("T")
+
+_no_wait: ContextVar[bool] = ContextVar("hpo_storage_no_wait", default=False)
+_replay: ContextVar[bool] = ContextVar("hpo_storage_replay", default=False)
+
+
+def outage_bound(configured: float | None = None) -> float:
+    """Seconds to wait for a database that is away: HPO_DATABASE_OUTAGE_S when set, else `configured` (the
+    experiment file's `database.outage_s`), else DEFAULT_OUTAGE_S. A value that is not a number >= 0 raises
+    HpoError naming the variable."""
+    raw = os.environ.get(OUTAGE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_OUTAGE_S if configured is None else float(configured)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise HpoError(f"{OUTAGE_ENV}={raw!r}: expected the seconds to wait for an unreachable database, a number "
+                       f">= 0 (0: do not wait); unset it to use the experiment file's database.outage_s")  # fmt: skip
+    return value
+
+
+def backoff(rng: random.Random, base_s: float = BASE_DELAY_S, cap_s: float = MAX_DELAY_S) -> Iterator[float]:
+    """The pauses between tries: the n-th is drawn uniformly from [d/2, d] with d = min(cap_s, base_s * 2**n)."""
+    ceiling = base_s
+    while True:
+        yield rng.uniform(ceiling / 2, ceiling)
+        ceiling = min(cap_s, ceiling * 2)
+
+
+@contextlib.contextmanager
+def without_waiting() -> Iterator[None]:
+    """Storage calls inside try once: a transient error raises DatabaseUnavailableError at once (and still counts
+    as the start of an outage for `Outage.unreachable_for`)."""
+    token = _no_wait.set(True)
+    try:
+        yield
+    finally:
+        _no_wait.reset(token)
+
+
+def replaying() -> bool:
+    """Whether the current storage call is a retry of one that failed: its earlier try may have committed."""
+    return _replay.get()
+
+
+@contextlib.contextmanager
+def as_replay() -> Iterator[None]:
+    """Run the calls inside as retries (`replaying()` true): how the retry loop runs every try after the first, and
+    how tests reach the case where a first try's commit landed but its answer was lost."""
+    token = _replay.set(True)
+    try:
+        yield
+    finally:
+        _replay.reset(token)
+
+
+class Outage:
+    """Since when the database has been unreachable, shared by every thread of one storage (thread-safe)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, started: float) -> float:
+        """A try that began at `started` (clock seconds) failed: how long the database has now been unreachable."""
+        with self._lock:
+            if self._since is None:
+                self._since = started
+            return self._clock() - self._since
+
+    def ended(self) -> None:
+        """The database answered."""
+        with self._lock:
+            self._since = None
+
+    def unreachable_for(self) -> float | None:
+        """Seconds since the outage began, or None when the database answered last."""
+        since = self._since
+        return None if since is None else self._clock() - since
+
+
+def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: random.Random,
+                    stop: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> T:  # fmt: skip
+    """`call()`, run again after each DatabaseUnavailableError until the database has been unreachable for
+    `bound_s` (see the module docstring); `stop()` returns a reason to give up early, or None."""
+    pauses = backoff(rng)
+    replay = False
+    while True:
+        started = clock()
+        try:
+            if replay:
+                with as_replay():
+                    result = call()
+            else:
+                result = call()
+        except DatabaseUnavailableError as exc:
+            waited = outage.failed(started)
+            if bound_s <= 0 or not _may_wait():
+                raise
+            if waited >= bound_s:
+                raise DatabaseUnavailableError(
+                    f"{exc} It has been unreachable for {waited:.0f} s, the longest this process waits "
+                    f"(database.outage_s = {bound_s:g} s; {OUTAGE_ENV} sets it)."
+                ) from exc
+            _pause(min(next(pauses), bound_s - waited), stop, sleep, clock, exc)
+            replay = True
+            continue
+        except StorageError:
+            outage.ended()  # the database answered, with a refusal
+            raise
+        outage.ended()
+        return result
+
+
+def _may_wait() -> bool:
+    """Whether the current call may pause: not inside `without_waiting()`, not on a running event loop."""
+    if _no_wait.get():
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _pause(seconds: float, stop: Callable[[], str | None], sleep: Callable[[float], None],
+           clock: Callable[[], float], exc: DatabaseUnavailableError) -> None:  # fmt: skip
+    """Sleep `seconds`, in short steps that look at `stop()`; a reason to stop raises DatabaseUnavailableError."""
+    deadline = clock() + seconds
+    while True:
+        reason = stop()
+        if reason:
+            raise DatabaseUnavailableError(f"{exc} Stopped waiting for it: {reason}.") from exc
+        left = deadline - clock()
+        if left <= 0:
+            return
+        sleep(min(left, STOP_CHECK_S))

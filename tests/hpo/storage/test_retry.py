@@ -1,0 +1,305 @@
+"""Waiting out an unreachable database (hpo/storage/retry.py): which errors count as an outage, the pauses between
+tries, the bound, and a storage that waits through a real lock of its SQLite file.
+
+The errors classified are real ones: a TCP port nobody listens on, a database name the PostgreSQL server does not
+have, a SQLite file another connection holds locked. The retry loop runs on a clock of its own in the tests of its
+arithmetic (no test asserts a duration measured on the wall clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from hpo.errors import DatabaseUnavailableError, HpoError, NotFoundError, StorageError
+from hpo.storage import SqlStorage
+from hpo.storage import engine as engine_module
+from hpo.storage import sql as sql_module
+from hpo.storage.engine import is_transient, storage_error
+from hpo.storage.retry import (
+    DEFAULT_OUTAGE_S,
+    MAX_DELAY_S,
+    OUTAGE_ENV,
+    Outage,
+    as_replay,
+    backoff,
+    call_with_retry,
+    outage_bound,
+    replaying,
+    without_waiting,
+)
+from hpo.trial.launch import free_port
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
+
+# -- which errors are an outage ----------------------------------------------------------------------------------
+
+
+def connect_error(url: str) -> OperationalError:
+    engine = create_engine(url, connect_args={"connect_timeout": 5} if url.startswith("postgresql") else {})
+    try:
+        with pytest.raises(OperationalError) as raised, engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
+    return raised.value
+
+
+def test_a_server_that_refuses_connections_is_an_outage():
+    error = connect_error(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/hpo")
+    assert "connection refused" in str(error.orig).lower()
+    assert is_transient(error)
+    translated = storage_error(error, "postgresql+psycopg://postgres:secret@127.0.0.1/hpo")
+    assert isinstance(translated, DatabaseUnavailableError) and "secret" not in str(translated)
+
+
+@pytest.mark.postgres
+def test_a_database_name_the_server_does_not_have_is_not_an_outage():
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    error = connect_error(make_url(base_url).set(database="no_such_database_here").render_as_string(False))
+    assert "does not exist" in str(error.orig)
+    assert not is_transient(error)
+    translated = storage_error(error, base_url)
+    assert type(translated) is StorageError and "names the right host, port, database and user" in str(translated)
+
+
+def test_a_locked_sqlite_file_is_an_outage_and_a_missing_table_is_not(tmp_path: Path):
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    holder.execute("BEGIN EXCLUSIVE")
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.05})
+    try:
+        with pytest.raises(OperationalError) as locked, engine.begin() as connection:
+            connection.execute(text("INSERT INTO t VALUES (1)"))
+        holder.execute("ROLLBACK")
+        with pytest.raises(OperationalError) as missing, engine.begin() as connection:
+            connection.execute(text("SELECT * FROM no_such_table"))
+        with pytest.raises(IntegrityError) as refused, engine.begin() as connection:
+            connection.execute(text("INSERT INTO t VALUES (1), (1)"))
+    finally:
+        engine.dispose()
+        holder.close()
+    assert "database is locked" in str(locked.value) and is_transient(locked.value)
+    assert not is_transient(missing.value) and not is_transient(refused.value)
+
+
+# -- the pauses and the bound ------------------------------------------------------------------------------------
+
+
+def test_pauses_double_up_to_the_cap_each_drawn_between_half_and_all_of_it():
+    pauses = backoff(random.Random(7), base_s=0.25, cap_s=MAX_DELAY_S)
+    drawn = [next(pauses) for _ in range(9)]
+    ceilings = [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0]
+    again = random.Random(7)
+    assert drawn == [again.uniform(c / 2, c) for c in ceilings]
+    assert all(c / 2 <= d <= c for d, c in zip(drawn, ceilings, strict=True))
+
+
+def test_the_bound_comes_from_the_environment_first_then_the_file_then_the_default(monkeypatch):
+    monkeypatch.delenv(OUTAGE_ENV, raising=False)
+    assert outage_bound() == DEFAULT_OUTAGE_S == 600
+    assert outage_bound(45) == 45
+    monkeypatch.setenv(OUTAGE_ENV, "12.5")
+    assert outage_bound(45) == 12.5
+    monkeypatch.setenv(OUTAGE_ENV, "0")
+    assert outage_bound(45) == 0
+    for bad in ("ten minutes", "-1", "inf"):
+        monkeypatch.setenv(OUTAGE_ENV, bad)
+        with pytest.raises(HpoError, match=f"{OUTAGE_ENV}={bad!r}: expected the seconds"):
+            outage_bound(45)
+
+
+class FakeTime:
+    """The retry loop's clock and sleep: sleeping moves the clock (the loop's arithmetic, not the wall clock)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class Away:
+    """A call whose database is away until `back_at` (clock seconds); records whether each try was a replay."""
+
+    def __init__(self, time: FakeTime, back_at: float) -> None:
+        self.time, self.back_at = time, back_at
+        self.tries: list[bool] = []
+
+    def __call__(self) -> str:
+        self.tries.append(replaying())
+        if self.time.now < self.back_at:
+            raise DatabaseUnavailableError("cannot use the database: connection refused")
+        return "stored"
+
+
+def retry(call, time: FakeTime, bound_s: float, outage: Outage | None = None, stop=lambda: None):
+    return call_with_retry(call, outage or Outage(time.clock), bound_s, random.Random(0), stop, time.sleep, time.clock)
+
+
+def test_a_call_is_retried_until_the_database_is_back_and_later_tries_are_replays():
+    time = FakeTime()
+    outage = Outage(time.clock)
+    away = Away(time, back_at=time.now + 20)
+    assert retry(away, time, bound_s=600, outage=outage) == "stored"
+    assert away.tries[0] is False and set(away.tries[1:]) == {True} and len(away.tries) > 2
+    assert 20 <= time.now - 1000 <= 20 + MAX_DELAY_S  # back within one pause of its return
+    assert outage.unreachable_for() is None  # it answered: the outage is over
+
+
+def test_past_the_bound_a_call_raises_saying_for_how_long():
+    time = FakeTime()
+    away = Away(time, back_at=float("inf"))
+    with pytest.raises(DatabaseUnavailableError, match=r"unreachable for 30 s, the longest this process waits "
+                                                       r"\(database.outage_s = 30 s"):  # fmt: skip
+        retry(away, time, bound_s=30)
+    assert time.now - 1000 == pytest.approx(30)  # the last pause ends at the bound: no wait beyond it
+
+
+def test_the_bound_counts_from_the_first_failure_of_any_call_on_the_storage():
+    time = FakeTime()
+    outage = Outage(time.clock)
+    outage.failed(started=time.now - 25)  # another thread met the outage 25 s ago
+    away = Away(time, back_at=float("inf"))
+    with pytest.raises(DatabaseUnavailableError, match="unreachable for 30 s"):
+        retry(away, time, bound_s=30, outage=outage)
+    assert time.now - 1000 == pytest.approx(5)
+
+
+def test_without_waiting_a_call_tries_once_and_the_outage_still_counts():
+    time = FakeTime()
+    outage = Outage(time.clock)
+    away = Away(time, back_at=float("inf"))
+    with without_waiting(), pytest.raises(DatabaseUnavailableError, match="connection refused"):
+        retry(away, time, bound_s=600, outage=outage)
+    assert away.tries == [False] and time.slept == []
+    time.now += 42
+    assert outage.unreachable_for() == 42
+
+
+def test_a_stop_gives_up_waiting_at_once():
+    time = FakeTime()
+    away = Away(time, back_at=float("inf"))
+    stop = lambda: "the controller was terminated (SIGTERM)" if time.now >= 1003 else None  # noqa: E731
+    with pytest.raises(DatabaseUnavailableError, match=r"Stopped waiting for it: the controller was terminated"):
+        retry(away, time, bound_s=600, stop=stop)
+    assert 1003 <= time.now < 1003.5  # within one look at stop()
+
+
+def test_a_refusal_is_an_answer_it_ends_the_outage_and_is_not_retried():
+    time = FakeTime()
+    outage = Outage(time.clock)
+    outage.failed(started=time.now)
+    tries = []
+
+    def refused():
+        tries.append(1)
+        raise NotFoundError("experiment 7 does not exist")
+
+    with pytest.raises(NotFoundError):
+        retry(refused, time, bound_s=600, outage=outage)
+    assert tries == [1] and outage.unreachable_for() is None
+
+
+def test_replaying_is_false_outside_a_retry():
+    assert replaying() is False
+    with as_replay():
+        assert replaying() is True
+    assert replaying() is False
+
+
+# -- a storage through a real lock -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_sqlite_waits(monkeypatch):
+    """SQLite waits 50 ms for a lock instead of 30 s, and its own lock retries take 0.35 s: past that, the lock is an
+    outage for the storage's retry."""
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.05)
+
+
+def hold_lock(path: Path, release: threading.Event) -> threading.Thread:
+    """Another process's view: a connection that holds the SQLite write lock until `release` is set."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        connection = sqlite3.connect(path, isolation_level=None)
+        connection.execute("BEGIN IMMEDIATE")
+        locked.set()
+        release.wait(timeout=60)
+        connection.execute("ROLLBACK")
+        connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    locked.wait()
+    return thread
+
+
+def test_a_storage_waits_for_a_locked_database_and_says_for_how_long(short_sqlite_waits, tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        storage.wait_for_outages(60)
+        release = threading.Event()
+        holder = hold_lock(path, release)
+        seen: list[float | None] = []
+
+        def release_once_waiting() -> None:  # the writer below is then in its retry, not in SQLite's busy wait
+            while (waited := storage.unreachable_for()) is None:
+                threading.Event().wait(0.01)
+            seen.append(waited)
+            release.set()
+
+        watcher = threading.Thread(target=release_once_waiting)
+        watcher.start()
+        experiment_id = storage.create_experiment("patient", {}, "minimize")
+        watcher.join()
+        holder.join()
+        assert [e.name for e in storage.list_experiments()] == ["patient"]
+        assert storage.get_experiment(experiment_id).name == "patient"
+        assert seen and seen[0] >= 0 and storage.unreachable_for() is None
+
+
+def test_a_storage_gives_up_at_its_bound(short_sqlite_waits, tmp_path: Path):
+    path = tmp_path / "hpo.db"
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        storage.wait_for_outages(1.0)
+        release = threading.Event()
+        holder = hold_lock(path, release)
+        try:
+            gives_up = r"stayed locked by another writer.*unreachable for \d+ s"
+            with pytest.raises(DatabaseUnavailableError, match=gives_up):
+                storage.create_experiment("impatient", {}, "minimize")
+        finally:
+            release.set()
+            holder.join()
+        assert storage.list_experiments() == []
+
+
+def test_a_call_on_a_running_event_loop_never_waits():
+    time = FakeTime()
+    away = Away(time, back_at=float("inf"))
+
+    async def on_the_loop():
+        retry(away, time, bound_s=600)
+
+    with pytest.raises(DatabaseUnavailableError, match="connection refused"):
+        asyncio.run(on_the_loop())
+    assert away.tries == [False] and time.slept == []

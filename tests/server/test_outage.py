@@ -1,0 +1,70 @@
+"""The API while its PostgreSQL server is away: only 503s with a JSON reason and Retry-After, never a 500 or a hang;
+the same answers as before once the database is back, without restarting the API.
+
+A cluster of the test's own (tests/pgcluster.py) holds the tiny experiment of the API tests, written by `hpo run`;
+`hpo serve` runs in a subprocess; the cluster is stopped with `pg_ctl stop -m immediate` and started again. The
+client gives up on a request after 30 s, so a request that hangs fails the test with httpx's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.pgcluster import PostgresCluster, why_no_cluster
+from tests.polling import wait_for
+from tests.server.conftest import EXPERIMENT, TOKEN, hpo, make_experiment_file, start_server, stop_server
+
+READS = (
+    "/health",
+    "/experiments",
+    f"/experiments/{EXPERIMENT}",
+    f"/experiments/{EXPERIMENT}/trials",
+    f"/experiments/{EXPERIMENT}/trials?after=0&limit=1",
+    f"/experiments/{EXPERIMENT}/trials/0",
+    f"/experiments/{EXPERIMENT}/trials/0/metrics",
+    f"/experiments/{EXPERIMENT}/best",
+    f"/experiments/{EXPERIMENT}/best/arms",
+    "/best?global_batch_size=8&optimizer=lamb",
+    f"/experiments/{EXPERIMENT}/export",
+)
+ROUNDS = 3  # every endpoint asked this many times while the database is away
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_api_answers_503_with_retry_after_while_postgres_is_away_and_200_after(tmp_path):
+    reason = why_no_cluster()
+    if reason:
+        pytest.skip(reason)
+    with PostgresCluster.create() as cluster:
+        url = cluster.url
+        env = {**os.environ, "HPO_DATABASE_URL": url}
+        for args in (["db", "upgrade"], ["run", str(make_experiment_file(tmp_path)), "--run-dir",
+                                         str(tmp_path / "run"), "--quiet"]):  # fmt: skip
+            result = hpo(*args, env=env)
+            assert result.returncode == 0, result.stderr
+        server = start_server(url, tmp_path)
+        try:
+            with server.client() as api:
+                before = {path: api.get(path) for path in READS}
+                assert {path: r.status_code for path, r in before.items()} == dict.fromkeys(READS, 200)
+                cluster.stop()
+                away = [(path, api.get(path)) for _ in range(ROUNDS) for path in READS]
+                away.append(("stop", api.post(f"/experiments/{EXPERIMENT}/stop",
+                                              headers={"Authorization": f"Bearer {TOKEN}"})))  # fmt: skip
+                cluster.start()
+                wait_for(lambda: api.get("/health").status_code == 200, timeout_s=60)
+                after = {path: api.get(path) for path in READS}
+        finally:
+            stop_server(server)
+    assert [(path, r.status_code) for path, r in away if r.status_code != 503] == []
+    assert all(r.headers.get("retry-after", "").isdigit() for _, r in away)
+    for path, response in away:
+        detail = response.json()["detail"]
+        assert "cannot use the database" in detail and "127.0.0.1" in detail, (path, detail)
+    health = next(r for path, r in away if path == "/health")
+    assert health.json()["status"] == "unavailable" and health.json()["detail"].startswith("the database is down:")
+    assert {path: r.status_code for path, r in after.items()} == dict.fromkeys(READS, 200)
+    assert {path: r.content for path, r in after.items()} == {path: r.content for path, r in before.items()}
