@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TextIO
 
 from rich.console import Console
@@ -21,7 +22,7 @@ from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arms
 from hpo.mlperf import imported
-from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
 FINISHED = [s for s in TrialState if s.finished]
@@ -53,7 +54,8 @@ class ProgressView:
         self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
         self.interval_s, self.refresh_s = interval_s, refresh_s
         self.started = time.monotonic()
-        self._seen: set[int] = set()
+        self._seen: set[int] = set()  # the numbers of the finished trials printed
+        self._below = 0  # every trial numbered below it is finished and printed
         self._last_line, self._last_print = "", 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-progress", daemon=True)
@@ -82,15 +84,20 @@ class ProgressView:
         try:
             counts = self.storage.count_trials_by_state(self.experiment_id)
             done = sum(n for s, n in counts.items() if s.finished)
-            # Read the finished trials only when some are new (a large experiment is not re-read every tick).
-            finished = self.storage.list_trials(self.experiment_id, state=FINISHED) if done > len(self._seen) else []
+            # Read the finished trials only when some are new, and only those numbered from the first not yet
+            # printed (a large experiment is not re-read every tick).
+            after = self._below - 1 if self._below else None
+            new = done > len(self._seen)
+            finished = self.storage.list_trials(self.experiment_id, state=FINISHED, after=after) if new else []
             best = self.storage.best_per_arm(self.experiment_id) or self._overall()
             note = self.storage.get_experiment(self.experiment_id).controller_note or ""
         except StorageError:
             return  # the database is busy or away for a moment; the next tick tries again
-        for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
-            self._seen.add(trial.id)
+        for trial in sorted((t for t in finished if t.number not in self._seen), key=lambda t: t.number):
+            self._seen.add(trial.number)
             self.console.print(describe_trial(trial))
+        while self._below in self._seen:
+            self._below += 1
         line = self.status_line(counts, best, note, final)
         if self._live is not None:
             self._live.update(self._table(line, best))
@@ -149,23 +156,28 @@ def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, 
     return line
 
 
-def experiment_progress(storage: Storage, record) -> str:
+def experiment_progress(storage: Storage, record, tallies: Sequence[TrialTally] | None = None) -> str:
     """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms; for an imported
-    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`."""
-    trials = storage.list_trials(record.id)
+    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`.
+    From the trials' counts (`Storage.tally_trials`, read here unless given), not the trials."""
+    tallies = storage.tally_trials(record.id) if tallies is None else tallies
+    tuning = [t for t in tallies if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in tallies if t.kind is not TrialKind.TUNING]
     info = imported(record)
     if info:
-        hits = sum(1 for t in trials if t.samples_to_target is not None)
-        configurations = sum(1 for t in trials if t.kind is TrialKind.TUNING)
-        return (f"imported ({info.get('kind')}): {len(trials)} run(s) in {configurations} configuration(s), "
+        runs, hits = sum(t.trials for t in tallies), sum(t.reached for t in tallies)
+        return (f"imported ({info.get('kind')}): {runs} run(s) in {sum(t.trials for t in tuning)} configuration(s), "
                 f"{hits} reached the target")  # fmt: skip
-    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
-    confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
+    created = sum(t.trials for t in confirmations)
     budget, planned = _planned(record)
     if record.status is ExperimentStatus.FINISHED:  # auto confirmations plan up to a cap and may end before it
-        planned = len(confirmations)
-    return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
-                       sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
+        planned = created
+    return trials_done(_finished(tuning), max(budget, sum(t.trials for t in tuning)),
+                       _finished(confirmations), max(planned, created))  # fmt: skip
+
+
+def _finished(tallies: Sequence[TrialTally]) -> int:
+    return sum(t.trials for t in tallies if t.state.finished)
 
 
 def _planned(record) -> tuple[int, int]:
