@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any
 
-import yaml
-
 from hpo.cli.common import non_negative, open_storage, parse_state, positive
 from hpo.errors import HpoError
 
@@ -121,6 +119,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
+    import yaml
+
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     if args.per_arm:

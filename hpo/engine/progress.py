@@ -12,11 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TextIO
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+from typing import TYPE_CHECKING, TextIO
 
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
@@ -24,6 +20,10 @@ from hpo.experiment.arms import arms
 from hpo.mlperf import imported
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
 
 FINISHED = [s for s in TrialState if s.finished]
 
@@ -50,6 +50,8 @@ def describe_trial(trial: TrialRecord) -> str:
 class ProgressView:
     def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
                  interval_s: float = 5.0, refresh_s: float = 0.5):  # fmt: skip
+        from rich.console import Console  # here, not at the top: `hpo status` reads `experiment_progress` only
+
         self.storage, self.experiment_id, self.total = storage, experiment_id, total
         self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
         self.interval_s, self.refresh_s = interval_s, refresh_s
@@ -63,6 +65,8 @@ class ProgressView:
 
     def start(self) -> ProgressView:
         if self.console.is_terminal:
+            from rich.live import Live
+
             self._live = Live(self._table(""), console=self.console, refresh_per_second=4, transient=True)
             self._live.start()
         self._thread.start()
@@ -132,6 +136,8 @@ class ProgressView:
         return line
 
     def _table(self, line: str, best: dict[str, TrialRecord] | None = None) -> Table:
+        from rich.table import Table
+
         table = Table(show_header=False, box=None, pad_edge=False)
         table.add_row(line.split(" | best:")[0] or "starting ...")
         for arm, trial in (best or {}).items():
