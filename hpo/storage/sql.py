@@ -538,10 +538,12 @@ class SqlStorage(Storage):
         return sorted(tallies, key=lambda t: (t.kind.value, t.state.value, t.arm is not None, t.arm or ""))
 
     def list_confirmations(self, experiment_id: int) -> list[TrialRecord]:
-        query = select(TrialModel).where(TrialModel.experiment_id == experiment_id,
-                                         TrialModel.kind == TrialKind.CONFIRMATION.value)  # fmt: skip
+        query = select(TrialModel.__table__).where(TrialModel.experiment_id == experiment_id,
+                                                   TrialModel.kind == TrialKind.CONFIRMATION.value)  # fmt: skip
         with self._session() as session:
-            trials = [_trial_record(trial) for trial in session.scalars(query.order_by(TrialModel.number))]
+            # sorted here: ORDER BY number would have SQLite walk every trial in number order instead of the
+            # kind index
+            trials = sorted((_trial_record(row) for row in session.execute(query)), key=lambda t: t.number)
             if not trials:
                 _require_experiment(session, experiment_id)
             return trials

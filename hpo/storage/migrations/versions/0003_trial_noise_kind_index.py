@@ -1,4 +1,5 @@
-"""The late-training noise scale kept on each trial when it finishes; an index on trials by kind.
+"""The late-training noise scale kept on each trial when it finishes; an index on trials by kind, state and arm
+(the confirmation trials, and the counts of `Storage.tally_trials` from the index alone).
 
 Trials finished before this revision keep NULL in both columns: readers compute their noise scale from the stored
 metric records, as before (hpo/report/data.py), so an upgraded database reports the same numbers.
@@ -23,11 +24,12 @@ def upgrade() -> None:
     with op.batch_alter_table("trials") as batch:
         batch.add_column(sa.Column("late_noise_scale", sa.Float(), nullable=True))
         batch.add_column(sa.Column("late_noise_undefined", sa.Float(), nullable=True))
-    op.create_index("ix_trials_experiment_kind_number", "trials", ["experiment_id", "kind", "number"])
+    op.create_index("ix_trials_experiment_kind_state_arm_target", "trials",
+                    ["experiment_id", "kind", "state", "arm", "samples_to_target"])  # fmt: skip
 
 
 def downgrade() -> None:
-    op.drop_index("ix_trials_experiment_kind_number", table_name="trials")
+    op.drop_index("ix_trials_experiment_kind_state_arm_target", table_name="trials")
     with op.batch_alter_table("trials") as batch:
         batch.drop_column("late_noise_undefined")
         batch.drop_column("late_noise_scale")
