@@ -16,8 +16,9 @@ cache) and `--repeats` times timed, one after the other:
 
 Goals at 10,000 trials: status, best --per-arm and trials --limit 50 at most 1 s, the report at most 5 s with a
 page of at most 1 MB; at 100,000 trials status and best at most 2 s and the report at most 15 s. The commands run
-this checkout's code (`python -m hpo` with it first on PYTHONPATH) and PYTHONHASHSEED unset, as the `hpo` command
-starts. The table printed says the CPU, the cores and the load average before and after.
+this checkout's code (`python -m hpo` with it first on PYTHONPATH) with PYTHONHASHSEED unset, as the `hpo` command
+starts, and its bytecode cached (PYTHONDONTWRITEBYTECODE unset: the warm-up run writes it, as an installed package
+has it). The table printed says the CPU, the cores and the load average before and after.
 
     python -m bench.commands --trials 2000                                   # SQLite in a temporary directory
     python -m bench.commands --trials 10000 --db sqlite:///runs/commands/hpo-10000.db      # kept for the next run
@@ -74,7 +75,8 @@ def experiment_file(trials: int, directory: Path) -> tuple[str, Path]:
 
 def hpo(url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """`hpo --db URL ARGS` as a process of its own, with this checkout's code and the hash seed unset."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    # the hash seed unset as in a shell (`hpo` fixes it by starting again); bytecode cached as an installed package's
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     command = [sys.executable, "-m", "hpo", *(["--db", url] if url else []), *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, check=check)
