@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any
 
-import yaml
-
 from hpo.cli.common import non_negative, open_storage, parse_state, positive
 from hpo.errors import HpoError
 
@@ -17,6 +15,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from hpo.engine.liveness import liveness
     from hpo.engine.progress import experiment_progress
     from hpo.mlperf import imported, imported_line
+    from hpo.trials import TrialState
 
     storage = open_storage(args.db, read_only=True)
     if not args.name:
@@ -31,12 +30,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
     if imported(record):
         print(imported_line(imported(record)))
-    counts = storage.count_trials_by_state(record.id)
+    # Counts, progress, rounds, verdict and cost come from aggregates: a few queries however many trials it has.
+    tallies = storage.tally_trials(record.id)
+    counts = {s: sum(t.trials for t in tallies if t.state is s) for s in TrialState}
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
-    print(experiment_progress(storage, record))
-    for line in _verdict_status(storage, record):
+    print(experiment_progress(storage, record, tallies))
+    spec = _stored_spec(record)
+    for line in _verdict_status(storage, record, spec, tallies):
         print(line)
-    simulated = _simulated_line(record, storage)
+    simulated = _simulated_line(storage, record, spec)
     if simulated:
         print(simulated)
     if state == "live" and record.controller_note:
@@ -49,33 +51,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verdict_status(storage, record) -> list[str]:
-    """Where a compare experiment's confirmations stand and what the verdict would be now."""
-    from hpo.engine.local import experiment_verdict
-    from hpo.evidence.confirmations import round_line
+def _stored_spec(record):
+    """The experiment's stored spec; None where it no longer validates (status still shows the rest)."""
     from hpo.experiment import spec_from_stored
 
     try:
-        spec = spec_from_stored(record)
-    except HpoError:
-        return []
-    if not spec.compare:
-        return []
-    verdict = experiment_verdict(storage, record.id, spec)
-    look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
-    return [round_line(spec, storage.list_trials(record.id)), f"verdict now{look}: {verdict.line}"]
-
-
-def _simulated_line(record, storage) -> str | None:
-    """What a simulated experiment cost (simulated GPU-hours and wall-clock); None for a real one."""
-    from hpo.experiment import spec_from_stored
-    from hpo.simulation.cost import simulated_line
-
-    try:
-        spec = spec_from_stored(record)
+        return spec_from_stored(record)
     except HpoError:
         return None
-    return simulated_line(spec, storage.list_trials(record.id))
+
+
+def _verdict_status(storage, record, spec, tallies) -> list[str]:
+    """Where a compare experiment's confirmations stand and what the verdict would be now."""
+    from hpo.evidence.confirmations import round_line, stored_evidence
+
+    if spec is None or not spec.compare:
+        return []
+    evidence = stored_evidence(storage, record.id, tallies)
+    verdict = evidence.verdict(spec)
+    look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
+    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}"]
+
+
+def _simulated_line(storage, record, spec) -> str | None:
+    """What a simulated experiment cost (simulated GPU-hours and wall-clock); None for a real one."""
+    from hpo.simulation.cost import simulated_line
+
+    if spec is None or spec.runner.name != "simulated":
+        return None
+    return simulated_line(spec, storage.trial_span(record.id))
 
 
 def _last_seen(record) -> str:
@@ -115,6 +119,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
+    import yaml
+
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     if args.per_arm:
@@ -146,11 +152,11 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 def _per_arm_verdict(storage, record):
     """The verdict of a compare experiment (None without compare arms)."""
-    from hpo.engine.local import experiment_verdict
+    from hpo.evidence.confirmations import stored_verdict
     from hpo.experiment import spec_from_stored
 
     spec = spec_from_stored(record)
-    return experiment_verdict(storage, record.id, spec) if spec.compare else None
+    return stored_verdict(storage, record.id, spec) if spec.compare else None
 
 
 def add_status(sub) -> None:

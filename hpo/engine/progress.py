@@ -13,21 +13,22 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TextIO
 
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arms
 from hpo.mlperf import imported
-from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
+from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.storage.retry import without_waiting
 from hpo.trials import TrialKind, TrialState
 
 FINISHED = [s for s in TrialState if s.finished]
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
 
 
 def describe_trial(trial: TrialRecord) -> str:
@@ -52,13 +53,16 @@ def describe_trial(trial: TrialRecord) -> str:
 class ProgressView:
     def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
                  interval_s: float = 5.0, refresh_s: float = 0.5, outage_s: float | None = None):  # fmt: skip
+        from rich.console import Console  # here, not at the top: `hpo status` reads `experiment_progress` only
+
         self.storage, self.experiment_id, self.total = storage, experiment_id, total
         self.outage_s = outage_s  # how long the controller waits for the database (for the outage line)
         self._away_s: float | None = None  # how long the database had been away at the last tick
         self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
         self.interval_s, self.refresh_s = interval_s, refresh_s
         self.started = time.monotonic()
-        self._seen: set[int] = set()
+        self._seen: set[int] = set()  # the numbers of the finished trials printed
+        self._below = 0  # every trial numbered below it is finished and printed
         self._last_line, self._last_print = "", 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-progress", daemon=True)
@@ -66,6 +70,8 @@ class ProgressView:
 
     def start(self) -> ProgressView:
         if self.console.is_terminal:
+            from rich.live import Live
+
             self._live = Live(self._table(""), console=self.console, refresh_per_second=4, transient=True)
             self._live.start()
         self._thread.start()
@@ -88,9 +94,11 @@ class ProgressView:
             with without_waiting():  # the next tick tries again; meanwhile the line says the database is away
                 counts = self.storage.count_trials_by_state(self.experiment_id)
                 done = sum(n for s, n in counts.items() if s.finished)
-                # Read the finished trials only when some are new (a large experiment is not re-read every tick).
-                finished = (self.storage.list_trials(self.experiment_id, state=FINISHED)
-                            if done > len(self._seen) else [])  # fmt: skip
+                # Read the finished trials only when some are new, and only those numbered from the first not yet
+                # printed (a large experiment is not re-read every tick).
+                after = self._below - 1 if self._below else None
+                new = done > len(self._seen)
+                finished = self.storage.list_trials(self.experiment_id, state=FINISHED, after=after) if new else []
                 best = self.storage.best_per_arm(self.experiment_id) or self._overall()
                 note = self.storage.get_experiment(self.experiment_id).controller_note or ""
         except StorageError:
@@ -102,9 +110,11 @@ class ProgressView:
         if self._away_s is not None:
             self.console.print(f"database reachable again (it was away for at least {self._away_s:.0f} s)")
             self._away_s = None
-        for trial in sorted((t for t in finished if t.id not in self._seen), key=lambda t: t.number):
-            self._seen.add(trial.id)
+        for trial in sorted((t for t in finished if t.number not in self._seen), key=lambda t: t.number):
+            self._seen.add(trial.number)
             self.console.print(describe_trial(trial))
+        while self._below in self._seen:
+            self._below += 1
         self._show(self.status_line(counts, best, note, final), final, best)
 
     def outage_line(self, away_s: float) -> str:
@@ -146,6 +156,8 @@ class ProgressView:
         return line
 
     def _table(self, line: str, best: dict[str, TrialRecord] | None = None) -> Table:
+        from rich.table import Table
+
         table = Table(show_header=False, box=None, pad_edge=False)
         table.add_row(line.split(" | best:")[0] or "starting ...")
         for arm, trial in (best or {}).items():
@@ -170,23 +182,28 @@ def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, 
     return line
 
 
-def experiment_progress(storage: Storage, record) -> str:
+def experiment_progress(storage: Storage, record, tallies: Sequence[TrialTally] | None = None) -> str:
     """`trials_done` of a stored experiment: its tuning budget, and confirm_seeds for each of its arms; for an imported
-    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`."""
-    trials = storage.list_trials(record.id)
+    experiment (hpo.mlperf) what it holds: `imported (mlperf): 3 runs in 2 configurations, 2 reached the target`.
+    From the trials' counts (`Storage.tally_trials`, read here unless given), not the trials."""
+    tallies = storage.tally_trials(record.id) if tallies is None else tallies
+    tuning = [t for t in tallies if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in tallies if t.kind is not TrialKind.TUNING]
     info = imported(record)
     if info:
-        hits = sum(1 for t in trials if t.samples_to_target is not None)
-        configurations = sum(1 for t in trials if t.kind is TrialKind.TUNING)
-        return (f"imported ({info.get('kind')}): {len(trials)} run(s) in {configurations} configuration(s), "
+        runs, hits = sum(t.trials for t in tallies), sum(t.reached for t in tallies)
+        return (f"imported ({info.get('kind')}): {runs} run(s) in {sum(t.trials for t in tuning)} configuration(s), "
                 f"{hits} reached the target")  # fmt: skip
-    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
-    confirmations = [t for t in trials if t.kind is not TrialKind.TUNING]
+    created = sum(t.trials for t in confirmations)
     budget, planned = _planned(record)
     if record.status is ExperimentStatus.FINISHED:  # auto confirmations plan up to a cap and may end before it
-        planned = len(confirmations)
-    return trials_done(sum(t.state.finished for t in tuning), max(budget, len(tuning)),
-                       sum(t.state.finished for t in confirmations), max(planned, len(confirmations)))  # fmt: skip
+        planned = created
+    return trials_done(_finished(tuning), max(budget, sum(t.trials for t in tuning)),
+                       _finished(confirmations), max(planned, created))  # fmt: skip
+
+
+def _finished(tallies: Sequence[TrialTally]) -> int:
+    return sum(t.trials for t in tallies if t.state.finished)
 
 
 def _planned(record) -> tuple[int, int]:

@@ -60,7 +60,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import special  # the t and F quantiles of scipy.stats (stdtrit, fdtri), without its import time
 
 LEVEL = 0.95  # the intervals' confidence
 WELL = 1.5  # "scaling well": E(B) <= WELL · E_min
@@ -184,7 +184,7 @@ def _point(batch: float, samples: list[float | None], level: float) -> BatchPoin
     mean = statistics.fmean(hits) if hits else None
     low = high = None
     if len(hits) >= 2:
-        half = float(stats.t.ppf(0.5 + level / 2, len(hits) - 1)) * statistics.stdev(hits) / math.sqrt(len(hits))
+        half = float(special.stdtrit(len(hits) - 1, 0.5 + level / 2)) * statistics.stdev(hits) / math.sqrt(len(hits))
         low, high = mean - half, mean + half
     return BatchPoint(batch, len(samples), len(hits), mean, low, high)
 
@@ -207,13 +207,13 @@ class _Profile:
         elif i == len(grid) - 1:
             c_hat, ssr_min = math.inf, self.flat_ssr
         else:
-            best = optimize.minimize_scalar(lambda c: float(self.ssr(np.array([c]))[0]), method="bounded",
+            best = _optimize().minimize_scalar(lambda c: float(self.ssr(np.array([c]))[0]), method="bounded",
                                             bounds=(grid[i - 1], grid[i + 1]), options={"xatol": 1e-10})  # fmt: skip
             c_hat, ssr_min = (float(best.x), float(best.fun)) if best.fun <= ssr[i] else (float(grid[i]), float(ssr[i]))
         if ssr_min <= n * EXACT**2:  # an exact fit (rounding aside): a region of one point
             ssr_min = 0.0
         self.sigma = math.sqrt(ssr_min / df)
-        self.threshold = ssr_min * (1 + float(stats.f.ppf(level, 1, df)) / df)
+        self.threshold = ssr_min * (1 + float(special.fdtri(1, df, level)) / df)
         self.n, self.grid, self.grid_ssr, self.c_hat = n, grid, ssr, c_hat
         lo, hi = self._c_range()
         self.c_low, self.c_high = lo, hi
@@ -259,14 +259,14 @@ class _Profile:
             first = min(grid[inside[0]] if len(inside) else math.inf, c_hat)
             first = grid[-1] if first == math.inf else first
             outer = grid[np.searchsorted(grid, first) - 1]
-            low = float(optimize.brentq(excess, outer, first, xtol=1e-12)) if excess(first) < 0 else float(first)
+            low = float(_optimize().brentq(excess, outer, first, xtol=1e-12)) if excess(first) < 0 else float(first)
         if c_hat == math.inf or (len(inside) and inside[-1] == len(grid) - 1):
             high = math.inf
         else:
             last = max(grid[inside[-1]] if len(inside) else -math.inf, c_hat)
             last = grid[0] if last == -math.inf else last
             outer = grid[np.searchsorted(grid, last, side="right")]
-            high = float(optimize.brentq(excess, last, outer, xtol=1e-12)) if excess(last) < 0 else float(last)
+            high = float(_optimize().brentq(excess, last, outer, xtol=1e-12)) if excess(last) < 0 else float(last)
         return low, high
 
     def _range(self, steps: bool) -> tuple[float, float]:
@@ -293,7 +293,7 @@ class _Profile:
                 best = float(values[j])
                 left, right = cs[max(j - 1, 0)], cs[min(j + 1, len(cs) - 1)]
                 if right > left:
-                    found = optimize.minimize_scalar(lambda c, s=sign: float(-s * bound(np.array([c]), s)[0]),
+                    found = _optimize().minimize_scalar(lambda c, s=sign: float(-s * bound(np.array([c]), s)[0]),
                                                      method="bounded", bounds=(left, right),
                                                      options={"xatol": 1e-10})  # fmt: skip
                     if self.ssr(np.array([found.x]))[0] <= self.threshold:
@@ -317,6 +317,13 @@ class _Profile:
         if not finite:
             return value
         return min(finite) if sign < 0 else max(finite)
+
+
+def _optimize():
+    """scipy.optimize, imported when a fit first needs it: every report imports this module, few fit a batch size."""
+    from scipy import optimize
+
+    return optimize
 
 
 def _exp(v: float) -> float:

@@ -11,17 +11,20 @@ raise the wrong-answer rate.
 
 Everything here is computed from the stored trials, so a resumed controller, `hpo status`, the report and the
 API all see the same round and the same verdict. The study loop and the NNI engine only queue what
-`runs_to_queue` says.
+`runs_to_queue` says. The rounds and the verdict read only the confirmation trials, each arm's best trial and
+whether an arm's tuning reached the target (`stored_evidence`: queries that do not grow with the tuning trials):
+the functions that take `trials` answer the same for the confirmation trials alone (the verdict with `reached`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide, unselected
 from hpo.experiment.arms import arm_label, arms
-from hpo.storage.base import Storage, TrialRecord
+from hpo.storage.base import Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
 
@@ -50,16 +53,44 @@ def look(spec, trials: Sequence[TrialRecord]) -> tuple[int, int]:
     return max(1, min(completed_rounds(spec, trials), looks)), looks
 
 
-def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict) -> Verdict:
-    """The verdict at the current look (`curves`: trial id -> its (samples, mlm_accuracy) evaluations)."""
+def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
+               reached: Collection[str | None] | None = None) -> Verdict:  # fmt: skip
+    """The verdict at the current look (`curves`: trial id -> its (samples, mlm_accuracy) evaluations; `reached`:
+    the arms whose tuning reached the target, where `trials` are only the confirmation trials, see `arm_runs`)."""
     at, looks = look(spec, trials)
-    return decide(arm_runs(spec, best, trials, curves), spec.verdict.margin, at, looks)
+    return decide(arm_runs(spec, best, trials, curves, reached), spec.verdict.margin, at, looks)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the rounds and the verdict of a stored compare experiment read (`stored_evidence`)."""
+
+    best: dict[str, TrialRecord]  # each arm's best tuning trial (`Storage.best_per_arm`)
+    confirmations: list[TrialRecord]  # every confirmation trial, in number order
+    reached: frozenset[str | None]  # the arms with a completed tuning trial that reached the target
+    curves: dict[int, list[tuple[int, float]]]  # `stored_curves` of the confirmation trials
+
+    def verdict(self, spec) -> Verdict:
+        return verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
+
+
+def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[TrialTally] | None = None) -> Evidence:
+    """The evidence of a compare experiment in a few queries, however many tuning trials it has (`tallies`: its
+    `Storage.tally_trials`, read here unless given)."""
+    confirmations = storage.list_confirmations(experiment_id)
+    reached = reached_arms(storage.tally_trials(experiment_id) if tallies is None else tallies)
+    return Evidence(storage.best_per_arm(experiment_id), confirmations, reached, stored_curves(storage, confirmations))
+
+
+def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
+    """The arms with a completed tuning trial that reached the target (`Storage.tally_trials`)."""
+    return frozenset(t.arm for t in tallies
+                     if t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED and t.reached)  # fmt: skip
 
 
 def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
     """The verdict of a compare experiment from its stored trials and their curves."""
-    trials = storage.list_trials(experiment_id)
-    return verdict_of(spec, storage.best_per_arm(experiment_id), trials, stored_curves(storage, trials))
+    return stored_evidence(storage, experiment_id).verdict(spec)
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord]) -> dict[int, list[tuple[int, float]]]:

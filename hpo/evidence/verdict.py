@@ -68,12 +68,12 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import combinations
 
-from scipy import stats
+from scipy import special  # scipy.stats's quantiles are these functions; importing it costs 0.5 s more
 
 from hpo.experiment.arms import arm_label, arms, trial_config
 from hpo.mlperf import UNSELECTED_KEY
@@ -204,9 +204,9 @@ class Verdict:
 
 @functools.cache
 def t_quantile(p: float, df: float) -> float:
-    """The p quantile of Student's t with df degrees of freedom (scipy; cached: the power benchmark asks for the
-    same few quantiles many thousand times)."""
-    return float(stats.t.ppf(p, df))
+    """The p quantile of Student's t with df degrees of freedom (scipy's `stdtrit`, which `scipy.stats.t.ppf`
+    evaluates; cached: the power benchmark asks for the same few quantiles many thousand times)."""
+    return float(special.stdtrit(df, p))
 
 
 def look_level(look: int, looks: int, alpha: float = ALPHA) -> float:
@@ -350,13 +350,13 @@ def _always_hit(runs: ArmRuns) -> bool:
 def _runs_needed(against: Sequence[Comparison], margin: float, level: float) -> int:
     """Runs per arm at which the hardest pair would likely decide (a winner or equivalence, whichever needs fewer):
     n = 2 ((z + z_power) s / distance)², s the spread of one run (√(n/2) se), at this look's level."""
-    z_power = stats.norm.ppf(POWER)
+    z_power = special.ndtri(POWER)  # the normal quantile (scipy.stats.norm.ppf)
     needed = 0
     for c in against:
         n = min(c.runs)
         spread, d = c.se * math.sqrt(n / 2), abs(math.log(c.ratio))
         bound = math.log1p(margin) if c.ratio >= 1 else -math.log1p(-margin)
-        distances = [(d, stats.norm.ppf(1 - level / 2)), (bound - d, stats.norm.ppf(1 - level))]
+        distances = [(d, special.ndtri(1 - level / 2)), (bound - d, special.ndtri(1 - level))]
         options = [2 * ((z + z_power) * spread / gap) ** 2 for gap, z in distances if gap > 0]
         needed = max(needed, math.ceil(min(options)) if options else n + 1)
     return max(needed, min(min(c.runs) for c in against) + 1)
@@ -399,11 +399,14 @@ def _not_yet_line(leader: ArmRuns, against: Sequence[Comparison], margin: float,
 
 
 def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
-             curves: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> list[ArmRuns]:  # fmt: skip
+             curves: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+             reached: Collection[str | None] | None = None) -> list[ArmRuns]:  # fmt: skip
     """The evidence of every arm of `spec` from its stored trials: the finished confirmation trials of the best
     tuning trial of each arm as the storage chose it (`best` maps an arm's label to it, as `best_per_arm` does;
     None is the key without compare). `curves` maps a trial's id to its (samples, mlm_accuracy) evaluations,
-    for samples to target between evaluations; a trial without one counts its stored samples to target."""
+    for samples to target between evaluations; a trial without one counts its stored samples to target.
+    `reached`: the arms with a completed tuning trial that reached the target, where the caller counted them (then
+    `trials` need only be the confirmation trials); None: from the tuning trials among `trials`."""
     evidence, curves = [], curves or {}
     for fixed in arms(spec):
         key = arm_label(fixed) if fixed else None
@@ -415,7 +418,11 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
         target, every = cfg.eval.target_mlm_accuracy, cfg.eval.every_samples
         runs = tuple(_samples(t, curves.get(getattr(t, "id", None), ()), target) for t in confirmations(top, trials))
         quantized = any(s is not None and s % every == 0 for s in runs)  # a hit not read between evaluations
-        tuned = any(_reached(t) is not None for t in trials if t.kind is TrialKind.TUNING and t.arm == top.arm)
+        tuned = (
+            top.arm in reached
+            if reached is not None
+            else any(_reached(t) is not None for t in trials if t.kind is TrialKind.TUNING and t.arm == top.arm)
+        )
         found = tuned or any(s is not None for s in runs)
         picked = _samples(top, curves.get(getattr(top, "id", None), ()), target)
         picked = None if unselected(top) else math.inf if picked is None else picked

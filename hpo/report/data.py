@@ -18,7 +18,9 @@ points (`drawn_positions`: the arm's BEST_DRAWN best and a fixed stride over the
 the page names the other subsets it uses (the trials it lists, the importance surrogate's trials).
 
 The noise scale of a trial is the median of its reported B_simple over the second half of its training samples:
-the estimate is smoothed over steps and lags, and is noisiest at the start (see trainer/noise_scale.py).
+the estimate is smoothed over steps and lags, and is noisiest at the start (see trainer/noise_scale.py). The storage
+keeps it on each trial when the trial finishes (hpo/storage/noise.py), so a report reads two numbers per trial, not
+every noise-scale record; only trials finished before the storage kept it are read from their records.
 
 Rungs. Under a multi-fidelity tuner (smac_hyperband) tuning trials run at several budgets (fractions of
 budget.max_samples): a rung is one budget, and a configuration promoted to the next rung is a new trial with the
@@ -41,7 +43,6 @@ with so few empty steps, that nothing in the record tells them apart.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -56,6 +57,7 @@ from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord
+from hpo.storage.noise import NOISE_METRICS, LateNoise, late_noise_of
 from hpo.trials import TrialKind, TrialState
 from trainer.config import config_from_dict
 
@@ -66,7 +68,6 @@ NOISE_UNDEFINED_SHARE = 0.2  # far above it, 20 to 45 % of the steps had no esti
 TOP_TRIALS = 3  # learning curves and noise-scale curves drawn per arm
 MAX_DRAWN = 1000  # trials per arm drawn as points in a figure (see `drawn_positions`)
 BEST_DRAWN = 100  # of them, the arm's best; the rest a fixed stride over its other trials
-NOISE_METRICS = ("noise_scale", "grad_sq_norm_big")  # what a trial's late noise scale is read from
 NO_ARM = "all"  # the arm label of an experiment that compares nothing
 
 
@@ -191,7 +192,8 @@ class ExperimentData:
 
 def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> ExperimentData:
     """Read one experiment: its spec, trials, the verdict, and the curves of each arm's top trials. The trials are
-    listed once; the noise-scale metrics of all of them are one bulk read where the storage has one."""
+    listed once, with the noise scale the storage kept on each (the records of trials finished before it kept it are
+    one bulk read)."""
     record = storage.get_experiment_by_name(name)
     spec = spec_from_stored(record)
     records = storage.list_trials(record.id)
@@ -414,51 +416,22 @@ def _samples(budget: float, max_samples: int) -> int:
 # --------------------------------------------------------------------------- metrics
 
 
-@dataclass(frozen=True)
-class LateNoise:
-    """A trial's late-training noise scale: the median estimate and the share of measured steps without one."""
-
-    value: float | None
-    undefined: float = 0.0
-
-
 def _noise_by_trial(storage: Storage, experiment_id: int, records: Sequence[TrialRecord]) -> dict[int, LateNoise]:
-    """The late-training noise scale of every finished trial."""
+    """The late-training noise scale of every finished trial: as the storage kept it, else from its records."""
     finished = [t for t in records if t.state.finished]
-    metrics = _noise_metrics(storage, experiment_id, finished)
-    return {t.id: late_noise([m for m in metrics.get(t.id, ()) if m.name == NOISE_METRICS[0]],
-                             [m for m in metrics.get(t.id, ()) if m.name == NOISE_METRICS[1]])
-            for t in finished}  # fmt: skip
+    kept = {t.id: LateNoise(t.late_noise_scale, t.late_noise_undefined)
+            for t in finished if t.late_noise_undefined is not None}  # fmt: skip
+    older = [t for t in finished if t.id not in kept]
+    metrics = _noise_metrics(storage, experiment_id, older) if older else {}
+    return kept | {t.id: late_noise_of(metrics.get(t.id, ())) for t in older}
 
 
 def _noise_metrics(storage: Storage, experiment_id: int, trials: Sequence[TrialRecord]) -> dict[int, list]:
     """Trial id -> its NOISE_METRICS records, in one read for the whole experiment (a read per trial costs about
-    a millisecond: 10 s at 10,000 trials). Trials not in `trials` (unfinished ones) are left out."""
+    a millisecond: 10 s at 10,000 trials). Trials not in `trials` are left out."""
     wanted = {t.id for t in trials}
     read = storage.get_experiment_metrics(experiment_id, NOISE_METRICS, times=False)
     return {k: v for k, v in read.items() if k in wanted}
-
-
-def late_noise(estimates: Sequence[MetricRecord], measured: Sequence[MetricRecord] = ()) -> LateNoise:
-    """The median of the positive, finite estimates over the second half of the samples, and the share of the
-    measured steps there (those that reported the big batch's gradient norm) without such an estimate."""
-    value = late_noise_scale(estimates)
-    steps = [(r.step, r.samples) for r in measured if r.samples is not None]
-    if value is None or not steps:
-        return LateNoise(value)
-    half = max(s for _, s in steps) / 2
-    late = {step for step, s in steps if s >= half}
-    estimated = {r.step for r in estimates if _positive(r.value)}
-    return LateNoise(value, len(late - estimated) / len(late))
-
-
-def late_noise_scale(records: Sequence[MetricRecord]) -> float | None:
-    """The median of the positive, finite noise-scale values reported over the second half of the samples."""
-    points = [(r.samples, r.value) for r in records if r.samples is not None and _positive(r.value)]
-    if not points:
-        return None
-    half = max(s for s, _ in points) / 2
-    return statistics.median(v for s, v in points if s >= half)
 
 
 def lower_bound_reason(value: float | None, big_batch: int | None, undefined: float) -> str | None:

@@ -82,6 +82,10 @@ class TrialRecord:
     attempt: int = 0  # how many times it was re-queued (a lost worker, a dead controller)
     kind: TrialKind = TrialKind.TUNING
     seed: int | None = None  # the training seed when it differs from the config's
+    # Its late-training noise scale (hpo/storage/noise.py), kept when it finished; the share of its late steps
+    # without an estimate is None while it is unfinished, and for a trial finished before the storage kept it
+    late_noise_scale: float | None = None
+    late_noise_undefined: float | None = None
 
     @property
     def spec(self) -> TrialSpec:
@@ -115,6 +119,27 @@ class TrialVersion(NamedTuple):
     number: int
     state: TrialState
     attempt: int
+
+
+class TrialTally(NamedTuple):
+    """How many of an experiment's trials have one kind, state and arm, and how many of those reached the target
+    (have samples to target). An experiment has a few of these whatever its number of trials."""
+
+    kind: TrialKind
+    state: TrialState
+    arm: str | None
+    trials: int
+    reached: int
+
+
+class TrialSpan(NamedTuple):
+    """The trials that started and ended (a start and a finish time): how many, their time from start to finish
+    added up (exact to the microsecond), the first creation time among them and the last finish time."""
+
+    ended: int
+    busy_s: float
+    first_created: datetime | None
+    last_finished: datetime | None
 
 
 class MetricPoint(NamedTuple):
@@ -172,6 +197,8 @@ class Storage(abc.ABC):
       "minimize" experiment, the highest in a "maximize" one; ties go to the lowest trial number. Trials
       without an objective, trials that diverged, failed or timed out, and confirmation trials (re-runs of a
       best configuration with other seeds) are never the best.
+    - `finish_trial` keeps the trial's late-training noise scale (`hpo.storage.noise.late_noise` of its stored
+      records) on the record, in the same transaction: the records of a finished trial never change.
     - NaN is not a value a database can store everywhere: NaN objectives and accuracies are stored as None,
       NaN/inf inside JSON (params, metrics, spec) as null.
     - Timestamps are timezone-aware UTC. Records are frozen snapshots, not live views.
@@ -342,6 +369,21 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def count_trials_by_state(self, experiment_id: int) -> dict[TrialState, int]:
         """Trial counts for every state (zeros included)."""
+
+    @abc.abstractmethod
+    def tally_trials(self, experiment_id: int) -> list[TrialTally]:
+        """The experiment's trials counted by kind, state and arm, with how many reached the target (one
+        aggregate: progress lines, status and the verdict read counts without listing trials)."""
+
+    @abc.abstractmethod
+    def list_confirmations(self, experiment_id: int) -> list[TrialRecord]:
+        """The experiment's confirmation trials in number order (the verdict's evidence), without reading its
+        tuning trials."""
+
+    @abc.abstractmethod
+    def trial_span(self, experiment_id: int) -> TrialSpan:
+        """The span of the experiment's trials that started and ended (one aggregate: what a simulated experiment
+        cost, hpo.simulation.cost)."""
 
     @abc.abstractmethod
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:

@@ -78,6 +78,11 @@ class TrialModel(Base):
             "objective",
             "number",
         ),
+        # A kind's trials (the confirmation runs the verdict reads) without reading the others, and the counts by
+        # kind, state and arm with how many reached the target from the index alone (`tally_trials`).
+        Index(
+            "ix_trials_experiment_kind_state_arm_target", "experiment_id", "kind", "state", "arm", "samples_to_target"
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -102,6 +107,9 @@ class TrialModel(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # +1 on every re-queue
     kind: Mapped[str] = mapped_column(String(16), default="tuning", server_default="tuning")
     seed: Mapped[int | None] = mapped_column(Integer)  # the training seed when it differs from the config's
+    # Its late-training noise scale, kept when it finishes (hpo/storage/noise.py); the share is NULL until then.
+    late_noise_scale: Mapped[float | None] = mapped_column(Float)
+    late_noise_undefined: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -27,7 +27,20 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, bindparam, delete, func, literal, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Select,
+    bindparam,
+    cast,
+    delete,
+    extract,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -41,6 +54,8 @@ from hpo.storage.base import (
     MetricRecord,
     Storage,
     TrialRecord,
+    TrialSpan,
+    TrialTally,
     TrialVersion,
 )
 from hpo.storage.engine import (
@@ -54,6 +69,7 @@ from hpo.storage.engine import (
 )
 from hpo.storage.migrate import check_schema, upgrade_database
 from hpo.storage.models import METRIC_KEY, ExperimentModel, TrialMetricModel, TrialModel
+from hpo.storage.noise import NOISE_METRICS, late_noise_of
 from hpo.storage.retry import Outage, call_with_retry, replaying
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
@@ -413,6 +429,9 @@ class SqlStorage(Storage):
         outcome = {key: values[key] for key in ("state", "reason", "objective", "samples_to_target", "duration_s")}
         with self._session(write=True) as session:
             values["finished_at"] = _stamp_locked(session, trial_id, self._trial_clock)
+            # read under the row lock: no record of this trial can be added after it, so the summary is final
+            noise = late_noise_of(_noise_records(session, trial_id))
+            values.update(late_noise_scale=noise.value, late_noise_undefined=noise.undefined)
             if _update_trial(session, trial_id, _UNFINISHED, values, attempt) or _is_as(
                 session, trial_id, attempt, **outcome
             ):  # finished with this very result already: a repeated write leaves one
@@ -474,8 +493,12 @@ class SqlStorage(Storage):
         order_by: str = "number",
         after: int | None = None,
     ) -> list[TrialRecord]:
-        read = lambda result: [_trial_record(trial) for trial in result.scalars()]  # noqa: E731
-        return self._paged(select(TrialModel), read, experiment_id, state, arm, offset, limit, order_by, after)
+        # Rows, not ORM objects: a trial record reads the same attributes from either, three times faster (a
+        # 10,000-trial report lists every trial).
+        read = lambda result: [_trial_record(row) for row in result]  # noqa: E731
+        return self._paged(
+            select(TrialModel.__table__), read, experiment_id, state, arm, offset, limit, order_by, after
+        )
 
     def list_trial_versions(
         self,
@@ -563,6 +586,49 @@ class SqlStorage(Storage):
             _require_experiment(session, experiment_id)
             counts = {TrialState(state): count for state, count in session.execute(query)}
         return {state: counts.get(state, 0) for state in TrialState}
+
+    def tally_trials(self, experiment_id: int) -> list[TrialTally]:
+        query = (
+            select(
+                TrialModel.kind,
+                TrialModel.state,
+                TrialModel.arm,
+                func.count(),
+                func.count(TrialModel.samples_to_target),
+            )
+            .where(TrialModel.experiment_id == experiment_id)
+            .group_by(TrialModel.kind, TrialModel.state, TrialModel.arm)
+        )
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            rows = session.execute(query).all()
+        tallies = [TrialTally(TrialKind(kind or TrialKind.TUNING.value), TrialState(state), arm, trials, reached)
+                   for kind, state, arm, trials, reached in rows]  # fmt: skip
+        # the same order on every backend (they sort NULL arms differently)
+        return sorted(tallies, key=lambda t: (t.kind.value, t.state.value, t.arm is not None, t.arm or ""))
+
+    def list_confirmations(self, experiment_id: int) -> list[TrialRecord]:
+        query = select(TrialModel.__table__).where(TrialModel.experiment_id == experiment_id,
+                                                   TrialModel.kind == TrialKind.CONFIRMATION.value)  # fmt: skip
+        with self._session() as session:
+            # sorted here: ORDER BY number would have SQLite walk every trial in number order instead of the
+            # kind index
+            trials = sorted((_trial_record(row) for row in session.execute(query)), key=lambda t: t.number)
+            if not trials:
+                _require_experiment(session, experiment_id)
+            return trials
+
+    def trial_span(self, experiment_id: int) -> TrialSpan:
+        ended = [TrialModel.experiment_id == experiment_id, TrialModel.started_at.is_not(None),
+                 TrialModel.finished_at.is_not(None)]  # fmt: skip
+        with self._session() as session:
+            _require_experiment(session, experiment_id)
+            busy = _microseconds(session, TrialModel.finished_at) - _microseconds(session, TrialModel.started_at)
+            query = select(
+                func.count(), func.sum(busy), func.min(TrialModel.created_at), func.max(TrialModel.finished_at)
+            )
+            count, busy_us, first, last = session.execute(query.where(*ended)).one()
+        return TrialSpan(count, int(busy_us or 0) / 1e6, _utc(first), _utc(last))
 
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
         interrupted = (TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
@@ -845,6 +911,26 @@ def _versions_statement(by_arm: bool, by_after: bool, limited: bool) -> Select:
     return query.limit(bindparam("limit")) if limited else query
 
 
+def _noise_records(session: Session, trial_id: int) -> list[MetricRecord]:
+    """The trial's records of NOISE_METRICS (hpo/storage/noise.py), without times; NaN for NULL."""
+    metric = TrialMetricModel
+    query = select(metric.step, metric.samples, metric.name, metric.value).where(
+        metric.trial_id == trial_id, metric.name.in_(NOISE_METRICS)
+    )
+    nan = float("nan")
+    return [MetricRecord(trial_id, step, samples, name, nan if value is None else value, None)
+            for step, samples, name, value in session.execute(query)]  # fmt: skip
+
+
+def _microseconds(session: Session, moment) -> ColumnElement[int]:
+    """A stored time as whole microseconds since 1970 (differences of two are exact): SQLite keeps times as text
+    `YYYY-MM-DD HH:MM:SS.ffffff` (its own date functions keep only milliseconds), PostgreSQL's epoch is exact."""
+    if session.get_bind().dialect.name == "sqlite":
+        seconds = cast(func.strftime("%s", moment), BigInteger)
+        return seconds * 1_000_000 + cast(func.substr(moment, 21, 6), BigInteger)
+    return cast(extract("epoch", moment) * 1_000_000, BigInteger)
+
+
 def _arms(session: Session, experiment_id: int) -> list[str]:
     """The experiment's distinct arms in one statement: a recursive "loose index scan", one index lookup per arm
     (SELECT DISTINCT would read an index entry per trial)."""
@@ -902,6 +988,8 @@ def _trial_record(trial: TrialModel) -> TrialRecord:
         attempt=trial.attempt or 0,
         kind=TrialKind(trial.kind or TrialKind.TUNING.value),
         seed=trial.seed,
+        late_noise_scale=trial.late_noise_scale,
+        late_noise_undefined=trial.late_noise_undefined,
     )
 
 

@@ -1,44 +1,52 @@
-"""The progress view while the database is away: its status line says so, and says when it is back.
-
-The database is away for real: another connection holds the SQLite file in exclusive locking mode, which shuts out
-readers too (SQLite's waits shortened so the lock outlasts them within milliseconds).
-"""
+"""The progress view of `hpo run` prints each finished trial once, whatever order trials finish in, and reads only
+the trials numbered from the first it has not printed; `experiment_progress` counts what the trials say."""
 
 from __future__ import annotations
 
 import io
-import re
-import sqlite3
-from pathlib import Path
 
-from hpo.engine.progress import ProgressView
+from hpo.engine.progress import ProgressView, experiment_progress
 from hpo.storage import SqlStorage
-from hpo.storage import engine as engine_module
-from hpo.storage import sql as sql_module
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 
-def test_the_status_line_says_the_database_is_unreachable_and_when_it_is_back(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 20)
-    monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.01)
-    path = tmp_path / "hpo.db"
-    storage = SqlStorage(f"sqlite:///{path}", upgrade=True)
-    experiment_id = storage.create_experiment("x", {}, "minimize")
-    storage.close()  # no pooled connection of its own: the lock below shuts it out
-    out = io.StringIO()
-    view = ProgressView(storage, experiment_id, total=4, stream=out, interval_s=0, outage_s=600)
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
-    holder.execute("BEGIN EXCLUSIVE")
-    holder.execute("UPDATE experiments SET controller_note = 'held'")
-    try:
-        view._tick()  # tries once: the view never waits for the database
-    finally:
-        holder.execute("COMMIT")
-        holder.close()
-    view._tick()
-    lines = out.getvalue().splitlines()
-    assert re.fullmatch(r"database unreachable for \d+ s, retrying \(the controller waits up to 600 s: "
-                        r"database\.outage_s\)", lines[0])  # fmt: skip
-    assert re.fullmatch(r"database reachable again \(it was away for at least \d+ s\)", lines[1])
-    assert lines[2].startswith("trials: 0/4 done, 0 running, 4 waiting")
+def finish(storage: SqlStorage, trial_ids: list[int], *numbers: int) -> None:
+    for number in numbers:
+        storage.mark_trial_running(trial_ids[number])
+        storage.finish_trial(trial_ids[number], TrialResult(TrialState.COMPLETED, objective=float(number)))
+
+
+def printed(stream: io.StringIO) -> list[int]:
+    """The numbers of the trials printed so far, in order."""
+    return [int(line.split()[1].rstrip(":")) for line in stream.getvalue().splitlines() if line.startswith("trial ")]
+
+
+def test_each_finished_trial_is_printed_once_in_any_order_of_finishing(tmp_path):
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    experiment_id = storage.create_experiment("progress", {}, "minimize")
+    trial_ids = [storage.create_trial(experiment_id, TrialSpec(n, {"x": n})) for n in range(6)]
+    stream = io.StringIO()
+    view = ProgressView(storage, experiment_id, total=6, stream=stream)
+    steps = [((1, 2), [1, 2], 0), ((0, 4), [1, 2, 0, 4], 3), ((), [1, 2, 0, 4], 3), ((3, 5), [1, 2, 0, 4, 3, 5], 6)]
+    for numbers, expected, below in steps:
+        finish(storage, trial_ids, *numbers)
+        view._tick()
+        assert printed(stream) == expected
+        assert view._below == below  # every trial numbered below it is printed: the next read starts there
+    storage.close()
+
+
+def test_progress_counts_tuning_trials_and_confirmation_runs(tmp_path):
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    spec = {"experiment": {"budget": {"trials": 5, "confirm_seeds": 2}}}  # not a valid file: the raw budget counts
+    experiment_id = storage.create_experiment("counts", spec, "minimize")
+    kinds = [TrialKind.TUNING] * 3 + [TrialKind.CONFIRMATION] * 2
+    trial_ids = [storage.create_trial(experiment_id, TrialSpec(n, {"x": n}, kind=kind)) for n, kind in enumerate(kinds)]
+    finish(storage, trial_ids, 0, 2, 4)
+    record = storage.get_experiment(experiment_id)
+    trials = storage.list_trials(experiment_id)
+    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION]
+    assert (sum(t.state.finished for t in tuning), sum(t.state.finished for t in confirmations)) == (2, 1)
+    assert experiment_progress(storage, record) == "2/5 tuning trials done, 1/2 confirmation runs"
     storage.close()

@@ -15,16 +15,11 @@ import pytest
 
 from hpo.cli.main import main
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.report.data import (
-    NOISE_CHECKED_RATIO,
-    NOISE_UNDEFINED_SHARE,
-    big_batch,
-    late_noise,
-    lower_bound_reason,
-)
+from hpo.report.data import NOISE_CHECKED_RATIO, NOISE_UNDEFINED_SHARE, big_batch, lower_bound_reason
 from hpo.report.html import experiment_report
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, MetricRecord
+from hpo.storage.noise import late_noise
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from tests.hpo.report.test_report import Page
 

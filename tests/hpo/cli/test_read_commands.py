@@ -1,0 +1,203 @@
+"""The read commands on an experiment stored by `hpo run` (the simulated preset, small): `hpo status`, `hpo best
+--per-arm` and the report's data print the numbers computed here from every trial (`list_trials`, `get_metrics`), as
+they did when the commands listed every trial themselves; and no read command writes to the database."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+
+from hpo.cli.main import main
+from hpo.evidence.confirmations import round_line, verdict_of
+from hpo.experiment import spec_from_stored
+from hpo.report.data import load_experiment
+from hpo.storage import SqlStorage, upgrade_database
+from hpo.trials import TrialKind, TrialState
+from tests.hpo.plan.test_plan import small_preset, write
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+
+NAME = "stored"
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stored(request, tmp_path_factory):
+    """(database URL, storage) of the simulated preset run by `hpo run`: 60 random-search trials on 16 slots and
+    its confirmation rounds, on each backend."""
+    directory = tmp_path_factory.mktemp("stored")
+    if request.param == "sqlite":
+        urls = iter([f"sqlite:///{directory / 'hpo.db'}"])
+    else:
+        if not os.environ.get(POSTGRES_URL_ENV):
+            pytest.skip(POSTGRES_SKIP_REASON)
+        urls = postgres_schema_url(os.environ[POSTGRES_URL_ENV])
+    url = next(urls)
+    if request.param != "sqlite":
+        upgrade_database(url)  # `hpo db upgrade`: a database server's schema is created by hand
+    path = write(directory / "stored.yaml", small_preset(name=NAME, budget={"trials": 60, "max_parallel": 16,
+                                                                          "confirm_seeds": "auto"}))  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--db", url, "run", str(path), "--run-dir", str(directory / "run")]) == 0
+    storage = SqlStorage(url)
+    yield url, storage
+    storage.close()
+    for _ in urls:  # drops the PostgreSQL schema
+        pass
+
+
+def run(url: str, *args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--db", url, *args]) == 0
+    return out.getvalue()
+
+
+def best_by_arm(trials) -> dict:
+    """Each arm's best trial as the storage contract defines it: the completed tuning trial with the lowest
+    objective (minimize), ties to the lowest number."""
+    best = {}
+    rivals = [t for t in trials if t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED and t.objective]
+    for t in sorted(rivals, key=lambda t: t.number):
+        if t.arm not in best or t.objective < best[t.arm].objective:
+            best[t.arm] = t
+    return best
+
+
+def verdict_from_every_trial(storage: SqlStorage, spec, trials):
+    """The verdict over every trial, as the commands computed it before they read aggregates."""
+    curves = {t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy") if m.samples is not None]
+              for t in trials if t.kind is TrialKind.CONFIRMATION and t.state is TrialState.COMPLETED}  # fmt: skip
+    return verdict_of(spec, best_by_arm(trials), trials, curves)
+
+
+def test_status_prints_the_counts_rounds_verdict_and_cost_of_every_trial(stored):
+    url, storage = stored
+    record = storage.get_experiment_by_name(NAME)
+    spec = spec_from_stored(record)
+    trials = storage.list_trials(record.id)
+    states = Counter(t.state for t in trials)
+    tuning = [t for t in trials if t.kind is TrialKind.TUNING]
+    confirmations = [t for t in trials if t.kind is TrialKind.CONFIRMATION]
+    assert len(tuning) == 60 and len(confirmations) >= 6 and all(t.state.finished for t in trials)
+    verdict = verdict_from_every_trial(storage, spec, trials)
+    busy_s = sum((t.finished_at - t.started_at).total_seconds() for t in trials)
+    wall_s = (max(t.finished_at for t in trials) - min(t.created_at for t in trials)).total_seconds()
+    expected = [
+        f"{NAME}: finished",
+        "trials: " + ", ".join(f"{n} {s.value}" for s in TrialState if (n := states[s])),
+        f"60/60 tuning trials done, {len(confirmations)}/{len(confirmations)} confirmation runs",
+        round_line(spec, trials),
+        f"verdict now (look {verdict.look} of 4): {verdict.line}",
+        f"simulated on 16 slot(s) of A100 GPUs: {busy_s * 8 / 3600:,.1f} GPU-hours, {wall_s / 3600:,.2f} h "
+        f"wall-clock, {1 - busy_s / (16 * wall_s):.1%} of slot-time idle",
+    ]
+    assert run(url, "status", NAME).splitlines() == expected
+    assert run(url, "status").splitlines() == [f"{NAME:<32} {'finished':<11} {expected[2]}"]
+
+
+def test_best_per_arm_prints_the_best_trials_and_the_verdict_of_every_trial(stored):
+    url, storage = stored
+    record = storage.get_experiment_by_name(NAME)
+    trials = storage.list_trials(record.id)
+    best = best_by_arm(trials)
+    verdict = verdict_from_every_trial(storage, spec_from_stored(record), trials)
+    printed = run(url, "best", NAME, "--per-arm")
+    out = yaml.safe_load(printed)
+    assert out.pop("verdict") == yaml.safe_load(yaml.safe_dump(verdict.as_dict()))
+    assert printed.endswith(f"# verdict: {verdict.line}\n")
+    assert sorted(out) == sorted(best) == ["optimizer.name=adamw", "optimizer.name=lamb"]
+    for arm, trial in best.items():
+        runs = [t for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm and t.params == trial.params]
+        assert out[arm]["trial"] == trial.number and out[arm]["objective"] == trial.objective
+        assert out[arm]["params"] == trial.params
+        assert out[arm]["evidence"]["runs"] == len(runs)
+        assert out[arm]["evidence"]["reached_target"] == sum(t.samples_to_target is not None for t in runs)
+
+
+def late_median(storage: SqlStorage, trial_id: int) -> float | None:
+    """The median of the positive, finite noise-scale values over the second half of the samples (computed here)."""
+    points = [(m.samples, m.value) for m in storage.get_metrics(trial_id, "noise_scale")
+              if m.samples is not None and math.isfinite(m.value) and m.value > 0]  # fmt: skip
+    if not points:
+        return None
+    half = max(s for s, _ in points) / 2
+    return statistics.median(v for s, v in points if s >= half)
+
+
+def test_the_report_reads_the_noise_scale_of_every_trial_kept_or_from_its_records(stored, tmp_path):
+    url, storage = stored
+    record = storage.get_experiment_by_name(NAME)
+    trials = storage.list_trials(record.id)
+    expected = {t.number: late_median(storage, t.id) for t in trials}
+    assert sum(v is not None for v in expected.values()) == len(trials)  # every simulated trial reports one
+    data = load_experiment(storage, NAME)
+    assert {r.number: r.noise_scale for r in data.trials} == expected
+    assert {r.number: r.noise_undefined for r in data.trials} == dict.fromkeys(expected, 0.0)  # no big-batch norms
+    assert data.verdict == verdict_from_every_trial(storage, spec_from_stored(record), trials)
+    if not url.startswith("sqlite"):
+        return
+    # A database upgraded from before the noise scale was kept: its older trials are read from their records.
+    older = copy_database(url, tmp_path / "older.db")
+    engine = create_engine(f"sqlite:///{older}")
+    with engine.begin() as connection:
+        forget = "UPDATE trials SET late_noise_scale = NULL, late_noise_undefined = NULL WHERE number % 2 = 0"
+        connection.execute(text(forget))
+    engine.dispose()
+    with SqlStorage(f"sqlite:///{older}") as upgraded:
+        forgotten = [t.number for t in upgraded.list_trials(record.id) if t.late_noise_undefined is None]
+        assert forgotten == [t.number for t in trials if t.number % 2 == 0] and forgotten
+        again = load_experiment(upgraded, NAME)
+    assert [(r.number, r.noise_scale, r.noise_undefined, r.outcome) for r in again.trials] == [
+        (r.number, r.noise_scale, r.noise_undefined, r.outcome) for r in data.trials
+    ]
+
+
+def copy_database(url: str, path: Path) -> Path:
+    """A copy of the SQLite database at `url` with everything committed (its WAL file's pages included)."""
+    source, copy = sqlite3.connect(url.removeprefix("sqlite:///")), sqlite3.connect(path)
+    source.backup(copy)
+    source.close()
+    copy.close()
+    return path
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file in the directory: its bytes' hash and modification time."""
+    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in directory.iterdir()}
+
+
+def hpo(url: str, *args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "hpo", "--db", url, *args], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("commands", [
+    [["status"], ["status", NAME], ["trials", NAME, "--limit", "5"]],
+    [["best", NAME], ["best", NAME, "--per-arm"]],
+    pytest.param([["report", NAME, "-o", "{reports}"]], marks=pytest.mark.slow),  # imports the plotting: 3 s
+], ids=["status-trials", "best", "report"])  # fmt: skip
+def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands):
+    url, _ = stored
+    if not url.startswith("sqlite"):
+        pytest.skip("a SQLite file shows every write")
+    directory = tmp_path / "db"
+    directory.mkdir()
+    copy_database(url, directory / "hpo.db")
+    before = snapshot(directory)
+    for command in commands:
+        hpo(f"sqlite:///{directory / 'hpo.db'}", *(a.format(reports=tmp_path / "reports") for a in command))
+    assert snapshot(directory) == before  # the same bytes and times, and no new file (no -wal or -shm left)
