@@ -8,6 +8,10 @@ SQLite connections get WAL mode (readers never block the writer), a 30 s busy ti
 `synchronous=NORMAL` (in WAL mode this cannot corrupt the file; a power loss may drop the last commits).
 Write transactions start with `BEGIN IMMEDIATE` so two writers queue on the busy timeout instead of failing
 when one upgrades a read lock. PostgreSQL connection attempts give up after 10 s (`CONNECT_TIMEOUT_S`).
+
+Errors that say the database is away for now (`is_transient`: refused or cut connections, a server shutting down
+or starting up, SQLite's "database is locked" or "database or disk is full") become DatabaseUnavailableError,
+which callers may retry (hpo/storage/retry.py); a wrong host, user or database name stays a plain StorageError.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ session machinery and the only place database errors are turned into StorageErro
 when the database is away for now). Every method of the interface is wrapped once, at the end of this module,
 in the retry of `hpo.storage.retry`: with `outage_s` > 0 (`SqlStorage(url, outage_s=600)`, what controllers and
 trial processes open) a method that meets an unreachable database runs again, whole, until it has been away for
-`outage_s` seconds; with the default 0 (read-only commands, the server) it raises at once.
+`outage_s` seconds; with the default 0 (read-only commands) it raises at once, and the API server waits briefly
+(server/storage.py).
 """
 
 from __future__ import annotations

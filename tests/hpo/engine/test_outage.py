@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -224,3 +225,26 @@ def test_an_sqlite_file_locked_by_another_process_for_20_s_is_waited_out(tmp_pat
             controller.kill()
     assert code == 0, output[-3000:]
     check_recorded_once(SqlStorage(url), url, run_dir, reruns_allowed=False)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_sigterm_while_waiting_for_the_database_stops_at_once_and_resume_completes_it(cluster, tmp_path):
+    url, run_dir = cluster.url, tmp_path / "run"
+    storage = SqlStorage(url, upgrade=True)
+    controller = hpo(url, "run", str(experiment_file(tmp_path)), "--run-dir", str(run_dir))
+    try:
+        assert wait_for(lambda: running_trials(storage, at_least_finished=SLOTS), timeout_s=600)
+        cluster.stop()
+        time.sleep(5)  # within the bound (600 s): it waits
+        controller.send_signal(signal.SIGTERM)
+        code, output = finish(controller, timeout_s=120)
+        assert code == 1, output[-3000:]
+        assert "Stopped waiting for it: the controller was terminated (SIGTERM)" in output
+        assert processes_naming(str(run_dir)) == {}
+    finally:
+        cluster.start()
+    code, output = finish(hpo(url, "resume", NAME))
+    assert code == 0, output[-3000:]
+    check_recorded_once(storage, url, run_dir, reruns_allowed=True)
+    storage.close()
