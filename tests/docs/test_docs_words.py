@@ -31,3 +31,9 @@ def test_the_rules_catch_what_they_are_for():
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_machine_path_or_process_word(doc: Path):
     assert offending(doc.read_text()) == []
+
+
+def test_the_example_experiment_file_is_the_shipped_preset():
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert example == (ROOT / "search_spaces" / "presets" / "adam_vs_lamb.yaml").read_text()
