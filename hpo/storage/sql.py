@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, func, insert, literal, or_, select, union_all, update
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -300,6 +300,7 @@ class SqlStorage(Storage):
                     f"experiment {experiment_id} already has a trial number {number}: "
                     "number new trials from next_trial_number(), or pass number=None"
                 ) from exc
+            _count_change(session, experiment_id)
             return trial.id
 
     def next_trial_number(self, experiment_id: int) -> int:
@@ -419,11 +420,15 @@ class SqlStorage(Storage):
     ) -> list[TrialVersion]:
         read = lambda result: [TrialVersion(id, number, TrialState(state), attempt or 0)  # noqa: E731
                                for id, number, state, attempt in result]  # fmt: skip
-        if order_by == "number" and not offset and state is None and (after or 0) >= 0 and (limit or 0) >= 0:
+        states = _state_values(state)
+        one_state = states[0] if states and len(states) == 1 else None
+        simple = order_by == "number" and not offset and (after or 0) >= 0 and (limit or 0) >= 0
+        if simple and (states is None or one_state is not None):
             # A key page, the API's deep page (BENCHMARKS.md "REST API under load"): its prebuilt statement
             # skips building and hashing a new one on every request (about a quarter of its time on PostgreSQL).
-            params = {"experiment_id": experiment_id, "arm": arm, "after": after, "limit": limit}
-            statement = _versions_statement(arm is not None, after is not None, limit is not None)
+            params = {"experiment_id": experiment_id, "arm": arm, "state": one_state, "after": after, "limit": limit}
+            used = (arm is not None, one_state is not None, after is not None, limit is not None)
+            statement = _versions_statement(*used)
             with self._session() as session:
                 rows = read(session.execute(statement, {k: v for k, v in params.items() if v is not None}))
                 if not rows:
@@ -462,9 +467,12 @@ class SqlStorage(Storage):
             raise ValueError(f"order_by must be 'number' or 'objective', got {order_by!r}")
         if after is not None and order_by != "number":
             raise ValueError("after pages in number order; page order_by='objective' with offset")
+        states = _state_values(state)
+        if order_by == "number" and limit is not None and states and len(states) > 1:
+            return _merged_page(query, experiment_id, states, arm, offset, limit, after)
         query = query.where(*_trial_filters(experiment_id, state, arm))
         if after is not None:
-            query = query.where(TrialModel.number > after)  # a range of the (experiment_id, number) index
+            query = query.where(TrialModel.number > after)  # a range of an (experiment, [arm,] [state,] number) index
         if order_by == "objective":
             best_first = TrialModel.objective.asc()
             if self._direction(session, experiment_id) is Direction.MAXIMIZE:
@@ -493,6 +501,13 @@ class SqlStorage(Storage):
             counts = {TrialState(state): count for state, count in session.execute(query)}
         return {state: counts.get(state, 0) for state in TrialState}
 
+    def trials_version(self, experiment_id: int) -> int:
+        with self._session() as session:
+            version = session.execute(_VERSION, {"experiment_id": experiment_id}).scalar()
+        if version is None:
+            raise _experiment_not_found(experiment_id)
+        return version
+
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
         interrupted = (TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
         requeue = (
@@ -517,6 +532,7 @@ class SqlStorage(Storage):
             trial_ids = list(session.scalars(requeue))
             if not trial_ids:
                 return []
+            _count_change(session, experiment_id)
             session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trial_ids)))
             trials = session.scalars(select(TrialModel).where(TrialModel.id.in_(trial_ids)).order_by(TrialModel.number))
             return [_trial_record(trial) for trial in trials]
@@ -663,12 +679,34 @@ def _experiment_not_found(experiment_id: int) -> NotFoundError:
 def _update_trial(
     session: Session, trial_id: int, from_states: Collection[str], values: dict[str, Any], attempt: int | None = None
 ) -> bool:
-    """Apply `values` if the trial is in one of `from_states` (and at `attempt`, when given); whether it was."""
+    """Apply `values` if the trial is in one of `from_states` (and at `attempt`, when given), counting the change in
+    its experiment's `trials_version` in the same transaction; whether it was applied."""
     conditions = [TrialModel.id == trial_id, TrialModel.state.in_(from_states)]
     if attempt is not None:
         conditions.append(TrialModel.attempt == attempt)
-    statement = update(TrialModel).where(*conditions).values(**values).execution_options(synchronize_session=False)
-    return session.execute(statement).rowcount == 1
+    statement = (update(TrialModel).where(*conditions).values(**values).returning(TrialModel.experiment_id)
+                 .execution_options(synchronize_session=False))  # fmt: skip
+    experiment_id = session.execute(statement).scalar()
+    if experiment_id is None:
+        return False
+    _count_change(session, experiment_id)
+    return True
+
+
+def _count_change(session: Session, experiment_id: int) -> None:
+    """One more in the experiment's `trials_version`. A change of an existing trial locks the experiment's row
+    after the trial's (PostgreSQL), and `create_trial`, which locks it first, waits on no trial's row: two such
+    transactions never wait on each other in a cycle."""
+    session.execute(_COUNT_CHANGE, {"experiment_id": experiment_id})
+
+
+_VERSION = select(ExperimentModel.trials_version).where(ExperimentModel.id == bindparam("experiment_id"))
+_COUNT_CHANGE = (
+    update(ExperimentModel)
+    .where(ExperimentModel.id == bindparam("experiment_id"))
+    .values(trials_version=ExperimentModel.trials_version + 1)
+    .execution_options(synchronize_session=False)
+)
 
 
 def _transition_error(
@@ -732,13 +770,39 @@ def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool, id
     return query.with_only_columns(TrialModel.id) if id_only else query
 
 
+def _state_values(state: TrialState | Collection[TrialState] | None) -> list[str] | None:
+    """The distinct values a state filter allows, sorted; None without a state filter."""
+    if state is None:
+        return None
+    return sorted({TrialState(state).value} if isinstance(state, str) else {TrialState(s).value for s in state})
+
+
+def _merged_page(query: Select, experiment_id: int, states: list[str], arm: str | None, offset: int, limit: int,
+                 after: int | None) -> Select:  # fmt: skip
+    """`query` paged in number order among trials in any of several `states`: the first `offset + limit` of each
+    state from its own index range (experiment, [arm,] state, number), merged. `state IN (...) ORDER BY number`
+    would read and sort every matching trial of the experiment."""
+    branches = []
+    for state in states:
+        branch = select(TrialModel.id, TrialModel.number).where(*_trial_filters(experiment_id, TrialState(state), arm))
+        if after is not None:
+            branch = branch.where(TrialModel.number > after)
+        first = branch.order_by(TrialModel.number).limit(offset + limit).subquery()
+        branches.append(select(first.c.id, first.c.number))  # SQLite takes no LIMIT inside a UNION member itself
+    merged = union_all(*branches).subquery("merged")
+    return query.join(merged, TrialModel.id == merged.c.id).order_by(merged.c.number).offset(offset).limit(limit)
+
+
 @functools.cache
-def _versions_statement(by_arm: bool, by_after: bool, limited: bool) -> Select:
+def _versions_statement(by_arm: bool, by_state: bool, by_after: bool, limited: bool) -> Select:
     """The trial versions (id, number, state, attempt) of an experiment in number order, with bound parameters
-    `experiment_id` (and `arm`, `after`: numbers above it, `limit`): `_page` of the same filters, prebuilt."""
+    `experiment_id` (and `arm`, `state`: one state, `after`: numbers above it, `limit`): `_page` of the same filters,
+    prebuilt."""
     conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
     if by_arm:
         conditions.append(TrialModel.arm == bindparam("arm"))
+    if by_state:
+        conditions.append(TrialModel.state == bindparam("state"))
     if by_after:
         conditions.append(TrialModel.number > bindparam("after"))
     query = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt).where(*conditions)
@@ -773,6 +837,7 @@ def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
         controller_pid=experiment.controller_pid,
         heartbeat_at=_utc(experiment.heartbeat_at),
         controller_note=experiment.controller_note,
+        trials_version=experiment.trials_version or 0,
     )
 
 
