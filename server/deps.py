@@ -1,4 +1,5 @@
-"""Dependencies the routes declare with `Annotated`: the storage, an experiment by name, the action token."""
+"""Dependencies the routes declare with `Annotated`: the storage, the kept answers, an experiment by name, the action
+token."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord
+from server.caching import AnswerCache
 from server.schemas import NAME_PATTERN
 from server.settings import Settings
 from server.storage import SpecCache
@@ -18,7 +20,7 @@ from server.storage import SpecCache
 _bearer = HTTPBearer(auto_error=False, description="The token set in HPO_API_TOKEN on the server.")
 
 
-# The three below never block (the storage opens once), so they are `async def`: FastAPI runs a plain `def`
+# The four below never block (the storage opens once), so they are `async def`: FastAPI runs a plain `def`
 # dependency in its thread pool, a round trip that costs more than these functions do.
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
@@ -32,9 +34,14 @@ async def get_specs(request: Request) -> SpecCache:
     return request.app.state.specs
 
 
+async def get_answers(request: Request) -> AnswerCache:
+    return request.app.state.answers
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StorageDep = Annotated[Storage, Depends(get_storage)]
 SpecsDep = Annotated[SpecCache, Depends(get_specs)]
+AnswersDep = Annotated[AnswerCache, Depends(get_answers)]
 ExperimentName = Annotated[str, Path(pattern=NAME_PATTERN, description="The experiment's name.")]
 
 
