@@ -9,7 +9,9 @@ Where the default database lives: `HPO_DATABASE_URL` when set, else the SQLite f
 Opening checks that the schema is at the newest migration and raises SchemaOutOfDateError ("run
 `hpo db upgrade`") otherwise; `SqlStorage(url, upgrade=True)` migrates first (tests and `hpo db upgrade`).
 Every public method runs in one transaction through `_session`, the only place that talks to SQLAlchemy's
-session machinery and the only place database errors are turned into StorageError.
+session machinery and the only place database errors are turned into StorageError; the API's two hottest reads
+(`trials_version` and a key page of `list_trial_versions`), one prebuilt statement each, go through its light
+sibling `_rows` instead (a pooled connection without a Session, errors turned the same way).
 """
 
 from __future__ import annotations
@@ -126,6 +128,16 @@ class SqlStorage(Storage):
                     raise
                 session.close()
                 time.sleep(LOCK_BACKOFF_S * 2**attempt)
+
+    def _rows(self, statement: Select, params: dict[str, Any]) -> list:
+        """The rows of one read-only statement, on a pooled connection without a Session: a Session's own set-up and
+        teardown are most of the time of a one-row read (BENCHMARKS.md, "REST API under load"). One statement
+        needs no transaction around it; database errors leave as StorageError, as from `_session`."""
+        try:
+            with self._read_engine.connect() as connection:
+                return connection.execute(statement, params).all()
+        except SQLAlchemyError as exc:
+            raise storage_error(exc, self.url) from exc
 
     # -- experiments ---------------------------------------------------------------------------------------
 
@@ -429,11 +441,11 @@ class SqlStorage(Storage):
             params = {"experiment_id": experiment_id, "arm": arm, "state": one_state, "after": after, "limit": limit}
             used = (arm is not None, one_state is not None, after is not None, limit is not None)
             statement = _versions_statement(*used)
-            with self._session() as session:
-                rows = read(session.execute(statement, {k: v for k, v in params.items() if v is not None}))
-                if not rows:
+            rows = read(self._rows(statement, {k: v for k, v in params.items() if v is not None}))
+            if not rows:  # only an empty page needs to tell a missing experiment from one without such trials
+                with self._session() as session:
                     _require_experiment(session, experiment_id)
-                return rows
+            return rows
         columns = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
         return self._paged(columns, read, experiment_id, state, arm, offset, limit, order_by, after)
 
@@ -502,11 +514,10 @@ class SqlStorage(Storage):
         return {state: counts.get(state, 0) for state in TrialState}
 
     def trials_version(self, experiment_id: int) -> int:
-        with self._session() as session:
-            version = session.execute(_VERSION, {"experiment_id": experiment_id}).scalar()
-        if version is None:
+        rows = self._rows(_VERSION, {"experiment_id": experiment_id})
+        if not rows:
             raise _experiment_not_found(experiment_id)
-        return version
+        return rows[0][0]
 
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
         interrupted = (TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
