@@ -18,7 +18,8 @@ Endpoints (the trial-list pages are asked half-way into the experiment, the same
 dashboard polls; its finished trials' entries are kept by the server after the first ask):
 best config; best config of one arm; best config of every arm (`/best/arms`); trial list by offset (a deep
 OFFSET and a count of the whole experiment, no goal); trial list by cursor (`after`); by cursor filtered by
-state (completed), by arm, and by both; the first page of the failed trials (with `total`).
+state (completed), by arm, by both, and by two states (completed or failed); the first page of the failed trials
+(with `total`).
 Goals: best configs >= 1,000 requests/s with p99 <= 20 ms; trial lists (but the offset page) >= 500
 requests/s with p99 <= 50 ms.
 
@@ -139,6 +140,7 @@ def endpoints(trials: int) -> dict[str, str]:
         "trial list, by state": f"{trials_path}&state=completed&after={deep - 1}",
         "trial list, by arm": f"{trials_path}&{lamb}&after={deep - 1}",
         "trial list, by state and arm": f"{trials_path}&state=completed&{lamb}&after={deep - 1}",
+        "trial list, completed or failed": f"{trials_path}&state=completed&state=failed&after={deep - 1}",
         "trial list, failed, first page": f"{trials_path}&state=failed",
     }
 

@@ -432,15 +432,14 @@ class SqlStorage(Storage):
     ) -> list[TrialVersion]:
         read = lambda result: [TrialVersion(id, number, TrialState(state), attempt or 0)  # noqa: E731
                                for id, number, state, attempt in result]  # fmt: skip
-        states = _state_values(state)
-        one_state = states[0] if states and len(states) == 1 else None
+        states = _state_values(state) or []  # [] for none, or an empty filter (which the general path answers)
         simple = order_by == "number" and not offset and (after or 0) >= 0 and (limit or 0) >= 0
-        if simple and (states is None or one_state is not None):
+        if simple and (state is None or len(states) == 1 or (len(states) > 1 and limit is not None)):
             # A key page, the API's deep page (BENCHMARKS.md "REST API under load"): its prebuilt statement
             # skips building and hashing a new one on every request (about a quarter of its time on PostgreSQL).
-            params = {"experiment_id": experiment_id, "arm": arm, "state": one_state, "after": after, "limit": limit}
-            used = (arm is not None, one_state is not None, after is not None, limit is not None)
-            statement = _versions_statement(*used)
+            params = {"experiment_id": experiment_id, "arm": arm, "after": after, "limit": limit}
+            params.update((f"state_{i}", value) for i, value in enumerate(states))
+            statement = _versions_statement(arm is not None, len(states), after is not None, limit is not None)
             rows = read(self._rows(statement, {k: v for k, v in params.items() if v is not None}))
             if not rows:  # only an empty page needs to tell a missing experiment from one without such trials
                 with self._session() as session:
@@ -805,20 +804,26 @@ def _merged_page(query: Select, experiment_id: int, states: list[str], arm: str 
 
 
 @functools.cache
-def _versions_statement(by_arm: bool, by_state: bool, by_after: bool, limited: bool) -> Select:
+def _versions_statement(by_arm: bool, states: int, by_after: bool, limited: bool) -> Select:
     """The trial versions (id, number, state, attempt) of an experiment in number order, with bound parameters
-    `experiment_id` (and `arm`, `state`: one state, `after`: numbers above it, `limit`): `_page` of the same filters,
-    prebuilt."""
-    conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
-    if by_arm:
-        conditions.append(TrialModel.arm == bindparam("arm"))
-    if by_state:
-        conditions.append(TrialModel.state == bindparam("state"))
-    if by_after:
-        conditions.append(TrialModel.number > bindparam("after"))
-    query = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt).where(*conditions)
-    query = query.order_by(TrialModel.number)
-    return query.limit(bindparam("limit")) if limited else query
+    `experiment_id` (and `arm`, `state_0` ... for `states` states, `after`: numbers above it, `limit`, which
+    several states need): `_page` of the same filters, prebuilt (several states merged as `_merged_page` does)."""
+
+    def conditions(state: str | None) -> list[ColumnElement[bool]]:
+        where = [TrialModel.experiment_id == bindparam("experiment_id")]
+        where += [TrialModel.arm == bindparam("arm")] if by_arm else []
+        where += [TrialModel.state == bindparam(state)] if state else []
+        return where + ([TrialModel.number > bindparam("after")] if by_after else [])
+
+    columns = (TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
+    if states < 2:
+        query = select(*columns).where(*conditions("state_0" if states else None)).order_by(TrialModel.number)
+        return query.limit(bindparam("limit")) if limited else query
+    firsts = [select(TrialModel.id, TrialModel.number).where(*conditions(f"state_{i}")).order_by(TrialModel.number)
+              .limit(bindparam("limit")).subquery() for i in range(states)]  # fmt: skip
+    merged = union_all(*(select(first.c.id, first.c.number) for first in firsts)).subquery("merged")
+    query = select(*columns).join(merged, TrialModel.id == merged.c.id).order_by(merged.c.number)
+    return query.limit(bindparam("limit"))
 
 
 def _arms(session: Session, experiment_id: int) -> list[str]:
