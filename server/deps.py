@@ -1,9 +1,10 @@
-"""Dependencies the routes declare with `Annotated`: the storage, the kept answers, an experiment by name, the action
-token."""
+"""Dependencies the routes declare with `Annotated`: the storage, an experiment by name (alone, or with the storage and
+the kept answers for the hot reads), the action token."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
@@ -20,7 +21,7 @@ from server.storage import SpecCache
 _bearer = HTTPBearer(auto_error=False, description="The token set in HPO_API_TOKEN on the server.")
 
 
-# The four below never block (the storage opens once), so they are `async def`: FastAPI runs a plain `def`
+# The three below never block (the storage opens once), so they are `async def`: FastAPI runs a plain `def`
 # dependency in its thread pool, a round trip that costs more than these functions do.
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
@@ -34,14 +35,9 @@ async def get_specs(request: Request) -> SpecCache:
     return request.app.state.specs
 
 
-async def get_answers(request: Request) -> AnswerCache:
-    return request.app.state.answers
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StorageDep = Annotated[Storage, Depends(get_storage)]
 SpecsDep = Annotated[SpecCache, Depends(get_specs)]
-AnswersDep = Annotated[AnswerCache, Depends(get_answers)]
 ExperimentName = Annotated[str, Path(pattern=NAME_PATTERN, description="The experiment's name.")]
 
 
@@ -63,6 +59,27 @@ async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: S
 
 
 ExperimentRefDep = Annotated[ExperimentRecord, Depends(get_experiment_ref)]
+
+
+@dataclass(frozen=True)
+class HotRead:
+    """What the hot reads (best configs, trial lists) need, from one dependency: FastAPI's resolution costs about
+    10 us a request per dependency, a tenth of what such a request's own work takes (BENCHMARKS.md, "REST API under
+    load")."""
+
+    record: ExperimentRecord  # as ExperimentRefDep: only its fixed fields are current
+    storage: Storage
+    specs: SpecCache
+    answers: AnswerCache
+
+
+async def get_hot_read(name: ExperimentName, request: Request) -> HotRead:
+    state = request.app.state
+    storage, specs = state.storage.get(), state.specs
+    return HotRead(await get_experiment_ref(name, storage, specs), storage, specs, state.answers)
+
+
+HotReadDep = Annotated[HotRead, Depends(get_hot_read)]
 
 
 def require_token(

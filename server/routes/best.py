@@ -11,7 +11,7 @@ from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialState
 from search_spaces.space import trainer_key
 from server.caching import MISSING, NOT_MODIFIED, cached_json, etag_of
-from server.deps import AnswersDep, ExperimentRefDep, SpecsDep, StorageDep
+from server.deps import HotReadDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.experiments import best_public
 from server.schemas import ARM_PATTERN, MAX_INT, BestAcrossPublic, BestTrialPublic
@@ -25,17 +25,10 @@ Metric = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "
 
 
 @router.get("/experiments/{name}/best", response_model=BestTrialPublic, responses=NOT_MODIFIED)
-async def best_config(
-    request: Request,
-    record: ExperimentRefDep,
-    storage: StorageDep,
-    specs: SpecsDep,
-    answers: AnswersDep,
-    arm: Arm = None,
-    global_batch_size: BatchSize = None,
-):
+async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global_batch_size: BatchSize = None):
     """The best completed trial (optionally within one arm or global batch size) and its complete config. With
     an `ETag`: asked again with `If-None-Match`, an unchanged answer is a 304."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     check_arm(specs.spec(record), arm)
     # The hot path of the API, so it stays on the event loop: one primary-key read (the experiment's trials_version,
     # read before the answer it guards), less than a round trip through the thread pool and the GIL hand-offs it
@@ -55,10 +48,9 @@ async def best_config(
 
 
 @router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic], responses=NOT_MODIFIED)
-async def best_config_per_arm(
-    request: Request, record: ExperimentRefDep, storage: StorageDep, specs: SpecsDep, answers: AnswersDep
-):
+async def best_config_per_arm(request: Request, hot: HotReadDep):
     """The best trial of every arm that has a completed trial, keyed by arm. With an `ETag`, as the best config."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     version = storage.trials_version(record.id)  # as for the best config: on the event loop, before the answer
     key = ("best per arm", record.id)
     kept = answers.get(key, version)

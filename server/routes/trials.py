@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.trials import TrialState
 from server.caching import MISSING, NOT_MODIFIED, cached_json
-from server.deps import AnswersDep, ExperimentRefDep, SpecsDep, StorageDep
+from server.deps import ExperimentRefDep, HotReadDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
 
@@ -24,10 +24,7 @@ TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's num
 @router.get("", response_model=TrialPage, responses=NOT_MODIFIED)
 async def list_trials(
     request: Request,
-    record: ExperimentRefDep,
-    storage: StorageDep,
-    specs: SpecsDep,
-    answers: AnswersDep,
+    hot: HotReadDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
     arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
@@ -40,6 +37,7 @@ async def list_trials(
     however few trials match the filters, and trials created meanwhile are neither skipped nor repeated); `total`
     is counted only on pages without `after`. With an `ETag`: asked again with `If-None-Match`, an unchanged page
     is a 304."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     if after is not None and (order_by != "number" or offset):
         raise HTTPException(
             422,
