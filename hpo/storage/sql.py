@@ -56,7 +56,7 @@ __all__ = ["SqlStorage", "default_database_url"]
 # writer holds it longer (e.g. a checkpoint of a large WAL file on a slow disk).
 LOCK_RETRIES = 4
 LOCK_BACKOFF_S = 0.2
-_STATES = {state.value: state for state in TrialState}  # a dict lookup: TrialState(value) costs 10x more (0.35 us a row)
+_STATES = {state.value: state for state in TrialState}  # a dict lookup; TrialState(value) costs 10x more
 REQUEUE_REASON = "interrupted: the controller stopped while the trial ran; re-queued on resume"
 DEFINITION_KEYS = ("experiment", "run_dir")  # what `annotate_experiment` never changes
 _UNFINISHED = (TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
