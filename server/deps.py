@@ -63,9 +63,8 @@ ExperimentRefDep = Annotated[ExperimentRecord, Depends(get_experiment_ref)]
 
 @dataclass(frozen=True)
 class HotRead:
-    """What the hot reads (best configs, trial lists) need, from one dependency: FastAPI's resolution costs about
-    10 us a request per dependency, a tenth of what such a request's own work takes (BENCHMARKS.md, "REST API under
-    load")."""
+    """What the hot reads (best configs, trial lists) need, from one dependency instead of four: FastAPI resolves
+    every dependency on every request, about 10 us apiece in process (BENCHMARKS.md, "REST API under load")."""
 
     record: ExperimentRecord  # as ExperimentRefDep: only its fixed fields are current
     storage: Storage
