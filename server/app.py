@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from hpo.errors import HpoError
 from hpo.storage.engine import safe_url
+from server.caching import AnswerCache
 from server.docs import install_docs
 from server.errors import install_error_handlers
 from server.routes import best, experiments, export, health, plan, reports, trials
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.storage = StorageHolder(settings.database_url)
     app.state.specs = SpecCache()
+    app.state.answers = AnswerCache()
     install_error_handlers(app)
     install_docs(app, f"{API_PREFIX}/docs")
     for module in (health, experiments, trials, best, export, plan, reports):

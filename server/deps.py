@@ -1,8 +1,10 @@
-"""Dependencies the routes declare with `Annotated`: the storage, an experiment by name, the action token."""
+"""Dependencies the routes declare with `Annotated`: the storage, an experiment by name (alone, or with the storage and
+the kept answers for the hot reads), the action token."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
@@ -11,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord
+from server.caching import AnswerCache
 from server.schemas import NAME_PATTERN
 from server.settings import Settings
 from server.storage import SpecCache
@@ -56,6 +59,26 @@ async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: S
 
 
 ExperimentRefDep = Annotated[ExperimentRecord, Depends(get_experiment_ref)]
+
+
+@dataclass(frozen=True)
+class HotRead:
+    """What the hot reads (best configs, trial lists) need, from one dependency instead of four: FastAPI resolves
+    every dependency on every request, about 10 us apiece in process (BENCHMARKS.md, "REST API under load")."""
+
+    record: ExperimentRecord  # as ExperimentRefDep: only its fixed fields are current
+    storage: Storage
+    specs: SpecCache
+    answers: AnswerCache
+
+
+async def get_hot_read(name: ExperimentName, request: Request) -> HotRead:
+    state = request.app.state
+    storage, specs = state.storage.get(), state.specs
+    return HotRead(await get_experiment_ref(name, storage, specs), storage, specs, state.answers)
+
+
+HotReadDep = Annotated[HotRead, Depends(get_hot_read)]
 
 
 def require_token(

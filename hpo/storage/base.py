@@ -44,6 +44,7 @@ class ExperimentRecord:
     controller_pid: int | None = None
     heartbeat_at: datetime | None = None  # the controller's last heartbeat
     controller_note: str | None = None  # what the controller last said: progress and why trials wait
+    trials_version: int = 0  # see Storage.trials_version
 
     @property
     def nni_webui(self) -> list[dict[str, Any]]:
@@ -189,6 +190,9 @@ class Storage(abc.ABC):
       outlives its attempt cannot add to its curve after `finished_at`.
     - `interrupt_trial` (a controller stopped while the trial ran) moves a QUEUED or RUNNING trial to
       INTERRUPTED with its reason and `finished_at` (the moment its attempt ended); a resume re-queues it.
+    - Every change of a trial record (created, started, finished, interrupted, re-queued) adds one to its
+      experiment's `trials_version` in the same transaction, so an unchanged version means unchanged trial
+      records (metric rows are not part of a record).
     - Trial numbers are assigned atomically when a TrialSpec has `number=None`: concurrent creators (several
       controllers, NNI trial processes) never collide.
     - One live controller per experiment: `claim_controller` succeeds for a free experiment, for one whose
@@ -337,8 +341,9 @@ class Storage(abc.ABC):
         `order_by="objective"` best objective first (ties by number), trials without an objective last.
 
         `after` pages by key: only trials numbered above it, in number order (`offset` then skips within those).
-        A page costs the same however deep it is, and trials created between pages are neither skipped nor
-        repeated (numbers only grow). `after` with `order_by="objective"` raises ValueError, as do negatives."""
+        A page costs the same however deep it is and however few trials match the filters, and trials created
+        between pages are neither skipped nor repeated (numbers only grow). `after` with `order_by="objective"`
+        raises ValueError, as do negatives."""
 
     @abc.abstractmethod
     def list_trial_versions(
@@ -384,6 +389,12 @@ class Storage(abc.ABC):
     def trial_span(self, experiment_id: int) -> TrialSpan:
         """The span of the experiment's trials that started and ended (one aggregate: what a simulated experiment
         cost, hpo.simulation.cost)."""
+
+    @abc.abstractmethod
+    def trials_version(self, experiment_id: int) -> int:
+        """How many times one of the experiment's trial records changed (see the class docstring); it only grows.
+        One primary-key read: a reader that keeps an answer with the version it read *before* computing it knows
+        from this read alone whether the answer still holds (the API's best configs and counts)."""
 
     @abc.abstractmethod
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:

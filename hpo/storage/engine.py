@@ -12,6 +12,10 @@ when one upgrades a read lock. PostgreSQL connection attempts give up after 10 s
 Errors that say the database is away for now (`is_transient`: refused or cut connections, a server shutting down
 or starting up, SQLite's "database is locked" or "database or disk is full") become DatabaseUnavailableError,
 which callers may retry (hpo/storage/retry.py); a wrong host, user or database name stays a plain StorageError.
+
+A pooled connection that sat idle for a second or more (`PING_AFTER_IDLE_S`) is pinged before it is handed out, so
+one that the server closed meanwhile (a restart) is replaced instead of failing the caller; a connection in
+steady use is not pinged (a ping is a round trip, as long as the API's hottest reads themselves).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
+    DisconnectionError,
     IntegrityError,
     NoSuchModuleError,
     OperationalError,
@@ -40,6 +46,7 @@ HOME_ENV = "HPO_HOME"
 DEFAULT_HOME = ".hpo"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long a connection attempt may take
+PING_AFTER_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle this long is pinged before it is handed out
 # Execution option that asks for `BEGIN IMMEDIATE` on SQLite (ignored by other backends).
 WRITE_OPTION = "hpo_write"
 
@@ -67,9 +74,9 @@ def create_storage_engine(url: str) -> Engine:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed)
-        return create_engine(
-            parsed, json_serializer=dumps_json, pool_pre_ping=True, connect_args=server_connect_args(parsed)
-        )
+        engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))
+        _ping_idle_connections(engine)
+        return engine
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StorageError(
             f"cannot use the database URL {safe_url(url)}: {exc}. Expected e.g. sqlite:///path/hpo.db or "
@@ -83,6 +90,27 @@ def server_connect_args(url: URL) -> dict[str, Any]:
     if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
         return {"connect_timeout": CONNECT_TIMEOUT_S}
     return {}
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """SQLAlchemy's pre-ping (`pool_pre_ping`), for connections idle PING_AFTER_IDLE_S or more only: a dead one is
+    replaced, as the pool retries a checkout that raises DisconnectionError (a replaced connection's `info` starts
+    empty, so it is not pinged again)."""
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return  # new, or in steady use
+        try:
+            engine.dialect.do_ping(dbapi_connection)  # the dialect's own ping (psycopg's keeps autocommit as it was)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"a pooled connection idle for a while no longer answers: {exc}") from exc
+
+    event.listen(engine, "checkin", checked_in)
+    event.listen(engine, "checkout", checked_out)
 
 
 def _sqlite_engine(url: URL) -> Engine:

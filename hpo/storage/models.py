@@ -3,7 +3,9 @@
 Indices exist from day one for every foreign key, every state/status filter, and the best-trial queries:
 the best trial is the first objective in an index whose prefix is the filter
 (experiment, [arm | batch size,] state), then the lowest trial number with that objective, so both steps are
-index lookups however many trials an experiment has.
+index lookups however many trials an experiment has. A trial list filtered by state, arm or both pages by key
+through an index whose prefix is that filter followed by the trial number (experiment, [arm,] [state,] number),
+so a page is one index range however many trials the experiment has and however few of them match.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class ExperimentModel(Base):
     controller_pid: Mapped[int | None] = mapped_column(Integer)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     controller_note: Mapped[str | None] = mapped_column(Text)  # what the controller sees: why trials wait
+    # One more on every change of one of its trial records (created, started, finished, interrupted, re-queued),
+    # in the transaction that makes it: readers that kept an answer know with one primary-key read that it holds.
+    trials_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class TrialModel(Base):
@@ -83,6 +88,10 @@ class TrialModel(Base):
         Index(
             "ix_trials_experiment_kind_state_arm_target", "experiment_id", "kind", "state", "arm", "samples_to_target"
         ),
+        # Filtered trial lists paged by key (number order within the filter).
+        Index("ix_trials_experiment_state_number", "experiment_id", "state", "number"),
+        Index("ix_trials_experiment_arm_number", "experiment_id", "arm", "number"),
+        Index("ix_trials_experiment_arm_state_number", "experiment_id", "arm", "state", "number"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

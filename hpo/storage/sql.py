@@ -14,7 +14,9 @@ when the database is away for now). Every method of the interface is wrapped onc
 in the retry of `hpo.storage.retry`: with `outage_s` > 0 (`SqlStorage(url, outage_s=600)`, what controllers and
 trial processes open) a method that meets an unreachable database runs again, whole, until it has been away for
 `outage_s` seconds; with the default 0 (read-only commands) it raises at once, and the API server waits briefly
-(server/storage.py).
+(server/storage.py). The API's two hottest reads
+(`trials_version` and a key page of `list_trial_versions`), one prebuilt statement each, go through the session's
+light sibling `_rows` instead (a pooled connection without a Session, errors turned the same way).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -80,6 +83,7 @@ __all__ = ["SqlStorage", "default_database_url"]
 # writer holds it longer (e.g. a checkpoint of a large WAL file on a slow disk).
 LOCK_RETRIES = 4
 LOCK_BACKOFF_S = 0.2
+_STATES = {state.value: state for state in TrialState}  # a dict lookup; TrialState(value) costs 10x more
 REQUEUE_REASON = "interrupted: the controller stopped while the trial ran; re-queued on resume"
 DEFINITION_KEYS = ("experiment", "run_dir")  # what `annotate_experiment` never changes
 _UNFINISHED = (TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
@@ -170,6 +174,16 @@ class SqlStorage(Storage):
                     raise
                 session.close()
                 time.sleep(LOCK_BACKOFF_S * 2**attempt)
+
+    def _rows(self, statement: Select, params: dict[str, Any]) -> list:
+        """The rows of one read-only statement, on a pooled connection without a Session: a Session's own set-up and
+        teardown are most of the time of a one-row read (BENCHMARKS.md, "REST API under load"). One statement
+        needs no transaction around it; database errors leave as StorageError, as from `_session`."""
+        try:
+            with self._read_engine.connect() as connection:
+                return connection.execute(statement, params).all()
+        except SQLAlchemyError as exc:
+            raise storage_error(exc, self.url) from exc
 
     # -- experiments ---------------------------------------------------------------------------------------
 
@@ -362,6 +376,7 @@ class SqlStorage(Storage):
                     f"experiment {experiment_id} already has a trial number {number}: "
                     "number new trials from next_trial_number(), or pass number=None"
                 ) from exc
+            _count_change(session, experiment_id)
             return trial.id
 
     def _created_trial(self, experiment_id: int, spec: TrialSpec) -> int | None:
@@ -512,18 +527,21 @@ class SqlStorage(Storage):
         order_by: str = "number",
         after: int | None = None,
     ) -> list[TrialVersion]:
-        read = lambda result: [TrialVersion(id, number, TrialState(state), attempt or 0)  # noqa: E731
+        read = lambda result: [TrialVersion(id, number, _STATES[state], attempt or 0)  # noqa: E731
                                for id, number, state, attempt in result]  # fmt: skip
-        if order_by == "number" and not offset and state is None and (after or 0) >= 0 and (limit or 0) >= 0:
+        states = _state_values(state) or []  # [] for none, or an empty filter (which the general path answers)
+        simple = order_by == "number" and not offset and (after or 0) >= 0 and (limit or 0) >= 0
+        if simple and (state is None or len(states) == 1 or (len(states) > 1 and limit is not None)):
             # A key page, the API's deep page (BENCHMARKS.md "REST API under load"): its prebuilt statement
             # skips building and hashing a new one on every request (about a quarter of its time on PostgreSQL).
             params = {"experiment_id": experiment_id, "arm": arm, "after": after, "limit": limit}
-            statement = _versions_statement(arm is not None, after is not None, limit is not None)
-            with self._session() as session:
-                rows = read(session.execute(statement, {k: v for k, v in params.items() if v is not None}))
-                if not rows:
+            params.update((f"state_{i}", value) for i, value in enumerate(states))
+            statement = _versions_statement(arm is not None, len(states), after is not None, limit is not None)
+            rows = read(self._rows(statement, {k: v for k, v in params.items() if v is not None}))
+            if not rows:  # only an empty page needs to tell a missing experiment from one without such trials
+                with self._session() as session:
                     _require_experiment(session, experiment_id)
-                return rows
+            return rows
         columns = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
         return self._paged(columns, read, experiment_id, state, arm, offset, limit, order_by, after)
 
@@ -557,9 +575,12 @@ class SqlStorage(Storage):
             raise ValueError(f"order_by must be 'number' or 'objective', got {order_by!r}")
         if after is not None and order_by != "number":
             raise ValueError("after pages in number order; page order_by='objective' with offset")
+        states = _state_values(state)
+        if order_by == "number" and limit is not None and states and len(states) > 1:
+            return _merged_page(query, experiment_id, states, arm, offset, limit, after)
         query = query.where(*_trial_filters(experiment_id, state, arm))
         if after is not None:
-            query = query.where(TrialModel.number > after)  # a range of the (experiment_id, number) index
+            query = query.where(TrialModel.number > after)  # a range of an (experiment, [arm,] [state,] number) index
         if order_by == "objective":
             best_first = TrialModel.objective.asc()
             if self._direction(session, experiment_id) is Direction.MAXIMIZE:
@@ -631,6 +652,12 @@ class SqlStorage(Storage):
             count, busy_us, first, last = session.execute(query.where(*ended)).one()
         return TrialSpan(count, int(busy_us or 0) / 1e6, _utc(first), _utc(last))
 
+    def trials_version(self, experiment_id: int) -> int:
+        rows = self._rows(_VERSION, {"experiment_id": experiment_id})
+        if not rows:
+            raise _experiment_not_found(experiment_id)
+        return rows[0][0]
+
     def requeue_interrupted(self, experiment_id: int) -> list[TrialRecord]:
         interrupted = (TrialState.RUNNING.value, TrialState.INTERRUPTED.value)
         requeue = (
@@ -655,6 +682,7 @@ class SqlStorage(Storage):
             trial_ids = list(session.scalars(requeue))
             if not trial_ids:
                 return []
+            _count_change(session, experiment_id)
             session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trial_ids)))
             trials = session.scalars(select(TrialModel).where(TrialModel.id.in_(trial_ids)).order_by(TrialModel.number))
             return [_trial_record(trial) for trial in trials]
@@ -813,12 +841,34 @@ def _experiment_not_found(experiment_id: int) -> NotFoundError:
 def _update_trial(
     session: Session, trial_id: int, from_states: Collection[str], values: dict[str, Any], attempt: int | None = None
 ) -> bool:
-    """Apply `values` if the trial is in one of `from_states` (and at `attempt`, when given); whether it was."""
+    """Apply `values` if the trial is in one of `from_states` (and at `attempt`, when given), counting the change in
+    its experiment's `trials_version` in the same transaction; whether it was applied."""
     conditions = [TrialModel.id == trial_id, TrialModel.state.in_(from_states)]
     if attempt is not None:
         conditions.append(TrialModel.attempt == attempt)
-    statement = update(TrialModel).where(*conditions).values(**values).execution_options(synchronize_session=False)
-    return session.execute(statement).rowcount == 1
+    statement = (update(TrialModel).where(*conditions).values(**values).returning(TrialModel.experiment_id)
+                 .execution_options(synchronize_session=False))  # fmt: skip
+    experiment_id = session.execute(statement).scalar()
+    if experiment_id is None:
+        return False
+    _count_change(session, experiment_id)
+    return True
+
+
+def _count_change(session: Session, experiment_id: int) -> None:
+    """One more in the experiment's `trials_version`. A change of an existing trial locks the experiment's row
+    after the trial's (PostgreSQL), and `create_trial`, which locks it first, waits on no trial's row: two such
+    transactions never wait on each other in a cycle."""
+    session.execute(_COUNT_CHANGE, {"experiment_id": experiment_id})
+
+
+_VERSION = select(ExperimentModel.trials_version).where(ExperimentModel.id == bindparam("experiment_id"))
+_COUNT_CHANGE = (
+    update(ExperimentModel)
+    .where(ExperimentModel.id == bindparam("experiment_id"))
+    .values(trials_version=ExperimentModel.trials_version + 1)
+    .execution_options(synchronize_session=False)
+)
 
 
 def _transition_error(
@@ -898,18 +948,50 @@ def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool, id
     return query.with_only_columns(TrialModel.id) if id_only else query
 
 
+def _state_values(state: TrialState | Collection[TrialState] | None) -> list[str] | None:
+    """The distinct values a state filter allows, sorted; None without a state filter."""
+    if state is None:
+        return None
+    return sorted({TrialState(state).value} if isinstance(state, str) else {TrialState(s).value for s in state})
+
+
+def _merged_page(query: Select, experiment_id: int, states: list[str], arm: str | None, offset: int, limit: int,
+                 after: int | None) -> Select:  # fmt: skip
+    """`query` paged in number order among trials in any of several `states`: the first `offset + limit` of each
+    state from its own index range (experiment, [arm,] state, number), merged. `state IN (...) ORDER BY number`
+    would read and sort every matching trial of the experiment."""
+    branches = []
+    for state in states:
+        branch = select(TrialModel.id, TrialModel.number).where(*_trial_filters(experiment_id, TrialState(state), arm))
+        if after is not None:
+            branch = branch.where(TrialModel.number > after)
+        first = branch.order_by(TrialModel.number).limit(offset + limit).subquery()
+        branches.append(select(first.c.id, first.c.number))  # SQLite takes no LIMIT inside a UNION member itself
+    merged = union_all(*branches).subquery("merged")
+    return query.join(merged, TrialModel.id == merged.c.id).order_by(merged.c.number).offset(offset).limit(limit)
+
+
 @functools.cache
-def _versions_statement(by_arm: bool, by_after: bool, limited: bool) -> Select:
+def _versions_statement(by_arm: bool, states: int, by_after: bool, limited: bool) -> Select:
     """The trial versions (id, number, state, attempt) of an experiment in number order, with bound parameters
-    `experiment_id` (and `arm`, `after`: numbers above it, `limit`): `_page` of the same filters, prebuilt."""
-    conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
-    if by_arm:
-        conditions.append(TrialModel.arm == bindparam("arm"))
-    if by_after:
-        conditions.append(TrialModel.number > bindparam("after"))
-    query = select(TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt).where(*conditions)
-    query = query.order_by(TrialModel.number)
-    return query.limit(bindparam("limit")) if limited else query
+    `experiment_id` (and `arm`, `state_0` ... for `states` states, `after`: numbers above it, `limit`, which
+    several states need): `_page` of the same filters, prebuilt (several states merged as `_merged_page` does)."""
+
+    def conditions(state: str | None) -> list[ColumnElement[bool]]:
+        where = [TrialModel.experiment_id == bindparam("experiment_id")]
+        where += [TrialModel.arm == bindparam("arm")] if by_arm else []
+        where += [TrialModel.state == bindparam(state)] if state else []
+        return where + ([TrialModel.number > bindparam("after")] if by_after else [])
+
+    columns = (TrialModel.id, TrialModel.number, TrialModel.state, TrialModel.attempt)
+    if states < 2:
+        query = select(*columns).where(*conditions("state_0" if states else None)).order_by(TrialModel.number)
+        return query.limit(bindparam("limit")) if limited else query
+    firsts = [select(TrialModel.id, TrialModel.number).where(*conditions(f"state_{i}")).order_by(TrialModel.number)
+              .limit(bindparam("limit")).subquery() for i in range(states)]  # fmt: skip
+    merged = union_all(*(select(first.c.id, first.c.number) for first in firsts)).subquery("merged")
+    query = select(*columns).join(merged, TrialModel.id == merged.c.id).order_by(merged.c.number)
+    return query.limit(bindparam("limit"))
 
 
 def _noise_records(session: Session, trial_id: int) -> list[MetricRecord]:
@@ -959,6 +1041,7 @@ def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
         controller_pid=experiment.controller_pid,
         heartbeat_at=_utc(experiment.heartbeat_at),
         controller_note=experiment.controller_note,
+        trials_version=experiment.trials_version or 0,
     )
 
 

@@ -1,15 +1,17 @@
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from hpo.export.production import check_arm
 from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialState
 from search_spaces.space import trainer_key
-from server.deps import ExperimentRefDep, SpecsDep, StorageDep
+from server.caching import MISSING, NOT_MODIFIED, cached_json, etag_of
+from server.deps import HotReadDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.experiments import best_public
 from server.schemas import ARM_PATTERN, MAX_INT, BestAcrossPublic, BestTrialPublic
@@ -22,29 +24,46 @@ BatchSize = Annotated[int | None, Query(ge=1, le=MAX_INT, description="Only tria
 Metric = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
 
 
-@router.get("/experiments/{name}/best", response_model=BestTrialPublic)
-async def best_config(
-    record: ExperimentRefDep, storage: StorageDep, specs: SpecsDep, arm: Arm = None, global_batch_size: BatchSize = None
-):
-    """The best completed trial (optionally within one arm or global batch size) and its complete config."""
+@router.get("/experiments/{name}/best", response_model=BestTrialPublic, responses=NOT_MODIFIED)
+async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global_batch_size: BatchSize = None):
+    """The best completed trial (optionally within one arm or global batch size) and its complete config. With
+    an `ETag`: asked again with `If-None-Match`, an unchanged answer is a 304."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     check_arm(specs.spec(record), arm)
-    # The hot path of the API, so it stays on the event loop: the query reads one id through two index lookups
-    # (about 0.1 ms), less than a round trip through the thread pool and the GIL hand-offs it brings (BENCHMARKS.md,
-    # "REST API under load": 1,200 -> 2,900 requests/s, p99 at 16 connections 40 -> 10 ms).
-    trial_id = storage.best_trial_id(record.id, arm=arm, global_batch_size=global_batch_size)
-    if trial_id is None:
+    # The hot path of the API, so it stays on the event loop: one primary-key read (the experiment's trials_version,
+    # read before the answer it guards), less than a round trip through the thread pool and the GIL hand-offs it
+    # brings (BENCHMARKS.md, "REST API under load"). Only when a trial changed is the best trial looked up again.
+    version = storage.trials_version(record.id)
+    key = ("best", record.id, arm, global_batch_size)
+    kept = answers.get(key, version)
+    if kept is MISSING:
+        trial_id = storage.best_trial_id(record.id, arm=arm, global_batch_size=global_batch_size)
+        body = None if trial_id is None else specs.known_best_json(record, trial_id)
+        if trial_id is not None and body is None:  # a finished trial never changes: its response is built once
+            body = await run_in_threadpool(lambda: specs.best_json(record, storage.get_trial(trial_id)))
+        kept = answers.put(key, version, body and (body, etag_of(body)))
+    if kept is None:
         raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
-    # A finished trial never changes: its response is built once (validated against the model then) and kept.
-    body = specs.known_best_json(record, trial_id)
-    if body is None:
-        body = await run_in_threadpool(lambda: specs.best_json(record, storage.get_trial(trial_id)))
-    return Response(body, media_type="application/json")
+    return cached_json(request, *kept)
 
 
-@router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic])
-def best_config_per_arm(record: ExperimentRefDep, storage: StorageDep, specs: SpecsDep):
-    """The best trial of every arm that has a completed trial, keyed by arm."""
-    return {arm: best_public(record, trial, specs) for arm, trial in storage.best_per_arm(record.id).items()}
+@router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic], responses=NOT_MODIFIED)
+async def best_config_per_arm(request: Request, hot: HotReadDep):
+    """The best trial of every arm that has a completed trial, keyed by arm. With an `ETag`, as the best config."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
+    version = storage.trials_version(record.id)  # as for the best config: on the event loop, before the answer
+    key = ("best per arm", record.id)
+    kept = answers.get(key, version)
+    if kept is MISSING:
+
+        def build() -> bytes:
+            bests = storage.best_per_arm(record.id)
+            entries = [json.dumps(arm).encode() + b":" + specs.best_json(record, trial) for arm, trial in bests.items()]
+            return b"{" + b",".join(entries) + b"}"
+
+        body = await run_in_threadpool(build)
+        kept = answers.put(key, version, (body, etag_of(body)))
+    return cached_json(request, *kept)
 
 
 @router.get("/best", response_model=BestAcrossPublic)

@@ -3,11 +3,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from hpo.trials import TrialState
-from server.deps import ExperimentRefDep, SpecsDep, StorageDep
+from server.caching import MISSING, NOT_MODIFIED, cached_json
+from server.deps import ExperimentRefDep, HotReadDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
 
@@ -20,11 +21,10 @@ AFTER_DOC = (
 TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's number within the experiment.")]
 
 
-@router.get("", response_model=TrialPage)
+@router.get("", response_model=TrialPage, responses=NOT_MODIFIED)
 async def list_trials(
-    record: ExperimentRefDep,
-    storage: StorageDep,
-    specs: SpecsDep,
+    request: Request,
+    hot: HotReadDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
     arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
@@ -33,8 +33,11 @@ async def list_trials(
     after: Annotated[int | None, Query(ge=0, le=MAX_INT, description=AFTER_DOC)] = None,
 ):
     """The experiment's trials, filtered by state and arm, in number order or best objective first. Page deep
-    experiments by key: `after` = the previous page's `next` (each page costs the same however deep it is, and
-    trials created meanwhile are neither skipped nor repeated); `total` is counted only on pages without `after`."""
+    experiments by key: `after` = the previous page's `next` (each page costs the same however deep it is and
+    however few trials match the filters, and trials created meanwhile are neither skipped nor repeated); `total`
+    is counted only on pages without `after`. With an `ETag`: asked again with `If-None-Match`, an unchanged page
+    is a 304."""
+    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     if after is not None and (order_by != "number" or offset):
         raise HTTPException(
             422,
@@ -43,6 +46,10 @@ async def list_trials(
         )
     states = list(state) if state else None
     page = {"state": states, "arm": arm, "offset": offset, "limit": limit + 1, "order_by": order_by, "after": after}
+    # A page without `after` shows `total`: the count is kept under the experiment's trials_version, read first.
+    counted = ("count", record.id, tuple(sorted({s.value for s in states})) if states else None, arm)
+    version = storage.trials_version(record.id) if after is None else None
+    total = None if after is not None else answers.get(counted, version)
     # The page's ids, states and attempts first (one index range, one more row than the page: whether another page
     # follows), then only the trials whose list entry is not kept: a finished trial's is built once. A key page
     # stays on the event loop, as the best config does (BENCHMARKS.md, "REST API under load"); a deep offset or a
@@ -54,14 +61,16 @@ async def list_trials(
     more, versions = len(versions) > limit, versions[:limit]
     bodies = {v.id: specs.known_trial_json(v) for v in versions}
     missing = [v.id for v in versions if bodies[v.id] is None]
-    total = None
-    if missing or after is None:
+    count_now = total is MISSING
+    if missing or count_now:
 
         def read() -> tuple[int | None, list]:
-            count = None if after is not None else storage.count_trials(record.id, state=states, arm=arm)
+            count = storage.count_trials(record.id, state=states, arm=arm) if count_now else None
             return count, storage.get_trials(missing)
 
-        total, trials = await run_in_threadpool(read)
+        count, trials = await run_in_threadpool(read)
+        if count_now:
+            total = answers.put(counted, version, count)
         bodies.update((t.id, specs.trial_json(t)) for t in trials)
     after_last = versions[-1].number if more and order_by == "number" else None
     tail = {"total": total, "offset": offset, "limit": limit, "next": after_last}  # TrialPage's fields, in order
@@ -71,7 +80,7 @@ async def list_trials(
         + b"],"
         + json.dumps(tail, separators=(",", ":"))[1:].encode()
     )
-    return Response(body, media_type="application/json")
+    return cached_json(request, body)
 
 
 @router.get("/{number}", response_model=TrialPublic)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from hpo.storage import SqlStorage
 from hpo.trial.launch import free_port
 from tests.hpo.engine.test_study import tiny_overrides as hpo_tiny_overrides
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
@@ -132,6 +133,22 @@ def finished_experiment(tmp_path_factory) -> Iterator:
     for schema in cleanups:
         for _ in schema:  # runs the generator's cleanup: DROP SCHEMA
             pass
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_database(request, tmp_path) -> Iterator[str]:
+    """A migrated database of its own on each backend (the shared one holds the finished experiment)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'hpo.db'}"
+        SqlStorage(url, upgrade=True).close()
+        yield url
+        return
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    for url in postgres_schema_url(base_url):
+        SqlStorage(url, upgrade=True).close()
+        yield url
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -3,15 +3,11 @@ over an experiment that grows between page requests. Expected values are read th
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 
 from hpo.storage import SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
-from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
-from tests.server.conftest import BACKENDS, EXPERIMENT, start_server, stop_server
+from tests.server.conftest import EXPERIMENT, start_server, stop_server
 
 URL = f"/experiments/{EXPERIMENT}/trials"
 
@@ -89,22 +85,6 @@ def test_openapi_documents_the_cursor(api):
     assert set(page) == {"items", "total", "offset", "limit", "next"}
     assert {"type": "null"} in page["next"]["anyOf"] and "`after`" in page["next"]["description"]
     assert {"type": "null"} in page["total"]["anyOf"] and "without `after`" in page["total"]["description"]
-
-
-@pytest.fixture(params=BACKENDS)
-def empty_database(request, tmp_path) -> Iterator[str]:
-    """A migrated database of its own on each backend (the shared one holds the finished experiment)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'hpo.db'}"
-        SqlStorage(url, upgrade=True).close()
-        yield url
-        return
-    base_url = os.environ.get(POSTGRES_URL_ENV)
-    if not base_url:
-        pytest.skip(POSTGRES_SKIP_REASON)
-    for url in postgres_schema_url(base_url):
-        SqlStorage(url, upgrade=True).close()
-        yield url
 
 
 def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_database, tmp_path):
@@ -191,3 +171,48 @@ def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(em
     finally:
         stop_server(server)
         storage.close()
+
+
+def test_filtered_cursor_pages_cover_the_matching_trials_once_while_trials_are_added(empty_database, tmp_path):
+    """A dashboard pages the completed trials of one arm with `next` while a controller creates trials and finishes
+    them between its requests (some completed, some failed, in both arms): the pages hold exactly the trials that
+    match, each once, in number order (this test's own record of what it made), and `total` is counted anew on
+    a first page asked after trials finished."""
+    storage = SqlStorage(empty_database)
+    experiment_id = storage.create_experiment("filtered", {}, "minimize")
+    made: dict[int, tuple[str, TrialState]] = {}  # number -> (arm, state), as this test set them
+
+    def add() -> None:
+        number = len(made)
+        arm, state = ("lamb", "adam")[number % 2], (TrialState.COMPLETED, TrialState.FAILED)[number % 3 == 2]
+        trial_id = storage.create_trial(experiment_id, TrialSpec(None, {"optimizer.lr": 1e-3}, arm))
+        storage.mark_trial_running(trial_id)
+        storage.finish_trial(trial_id, TrialResult(state, objective=float(number)))
+        made[number] = (arm, state)
+
+    def matching() -> list[int]:
+        return [n for n, (arm, state) in sorted(made.items()) if arm == "lamb" and state is TrialState.COMPLETED]
+
+    for _ in range(8):
+        add()
+    url, filters = "/experiments/filtered/trials", {"state": "completed", "arm": "lamb", "limit": 2}
+    server = start_server(empty_database, tmp_path)
+    try:
+        with server.client() as api:
+            first = api.get(url, params=filters).json()
+            assert first["total"] == len(matching()) == 3
+            pages, page = [first], first
+            while page["next"] is not None:
+                if len(pages) <= 3:
+                    for _ in range(6):  # between requests: six more trials, all finished, two of them matching
+                        add()
+                page = api.get(url, params={**filters, "after": page["next"]}).json()
+                pages.append(page)
+            again = api.get(url, params=filters).json()
+    finally:
+        stop_server(server)
+        storage.close()
+    seen = [number for page in pages for number in page_numbers(page)]
+    assert len(made) == 26 and len(pages) == 5  # the walk lasted through the three rounds of new trials
+    assert seen == matching()  # every matching trial once, in number order, none other
+    assert again["total"] == len(matching()) > first["total"]

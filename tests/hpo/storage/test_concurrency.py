@@ -57,6 +57,9 @@ def test_parallel_trials_write_every_row(storage: SqlStorage):
     assert outcomes == {number: None for number in range(WRITERS)}
     trials = storage.list_trials(experiment_id)
     assert [trial.state for trial in trials] == [TrialState.COMPLETED] * WRITERS
+    # created, started, finished: three changes each, none lost, and no deadlock between creators (which lock the
+    # experiment's row first) and finishers (which lock it after their trial's)
+    assert storage.trials_version(experiment_id) == 3 * WRITERS
     for trial in trials:
         curve = storage.get_metrics(trial.id)
         assert [row.step for row in curve] == list(range(ROWS_PER_TRIAL))
@@ -87,6 +90,7 @@ def test_concurrent_creators_get_distinct_trial_numbers(storage: SqlStorage):
     assert not errors and len(outcomes) == CREATORS
     trials = storage.list_trials(experiment_id)
     assert sorted(t.number for t in trials) == list(range(CREATORS * TRIALS_PER_CREATOR))
+    assert storage.trials_version(experiment_id) == CREATORS * TRIALS_PER_CREATOR  # no creation counted twice or lost
     for creator, ids in outcomes.items():  # each creator's trials are numbered in the order it created them
         numbers = [storage.get_trial(i).number for i in ids]
         assert numbers == sorted(numbers) and all(storage.get_trial(i).params["creator"] == creator for i in ids)

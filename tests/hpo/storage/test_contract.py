@@ -344,6 +344,140 @@ def test_pages_by_key_cover_every_trial_exactly_once_while_trials_are_added(stor
     assert pages == 7  # ceil(13 / 2): the walk kept up with the growth
 
 
+def _walk(storage: SqlStorage, experiment_id: int, limit: int, between=None, versions: bool = False, **filters):
+    """The numbers a reader sees paging by key with `filters`, `limit` a page; `between(page_index)` runs between
+    pages."""
+    read = storage.list_trial_versions if versions else storage.list_trials
+    seen: list[int] = []
+    after, pages = None, 0
+    while page := read(experiment_id, after=after, limit=limit, **filters):
+        seen += [trial.number for trial in page]
+        after, pages = page[-1].number, pages + 1
+        if between is not None:
+            between(pages)
+    return seen
+
+
+FILTERS = [{}, {"state": TrialState.COMPLETED}, {"state": [TrialState.FAILED]}, {"arm": "lamb"},
+           {"state": TrialState.COMPLETED, "arm": "lamb"}, {"state": [TrialState.QUEUED, TrialState.FAILED]},
+           {"state": [TrialState.FAILED, TrialState.COMPLETED, TrialState.RUNNING], "arm": "adam"},
+           {"state": [TrialState.DIVERGED]}, {"state": []}]  # fmt: skip
+
+
+def test_filtered_pages_by_key_hold_exactly_the_matching_trials_in_number_order(storage: SqlStorage):
+    """Every filter (one state, several, an arm, both) paged by key at several page sizes, through `list_trials`
+    and `list_trial_versions`, gives the trials this test put in those states and arms, in number order."""
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    other_id = storage.create_experiment("other", {}, "minimize")
+    made: dict[int, tuple[str, TrialState]] = {}  # number -> (arm, state), as this test set them
+    states = [TrialState.QUEUED, TrialState.RUNNING, TrialState.COMPLETED, TrialState.FAILED, TrialState.COMPLETED]
+    for number in [*range(0, 30, 2), *range(29, 0, -2)]:  # out of order
+        arm, state = ("lamb", "adam", "lamb")[number % 3], states[number * 7 % 5]
+        trial_id = storage.create_trial(experiment_id, make_spec(number, arm=arm))
+        storage.create_trial(other_id, make_spec(number, arm=arm))  # same numbers and arms in another experiment
+        if state is not TrialState.QUEUED:
+            storage.mark_trial_running(trial_id)
+        if state.finished:
+            storage.finish_trial(trial_id, TrialResult(state, objective=float(number)))
+        made[number] = (arm, state)
+
+    def expected(state=None, arm=None) -> list[int]:
+        allowed = None if state is None else {state} if isinstance(state, TrialState) else set(state)
+        return [n for n, (a, s) in sorted(made.items()) if (allowed is None or s in allowed) and arm in (None, a)]
+
+    for filters in FILTERS:
+        for limit in (1, 4, 50):
+            for versions in (False, True):
+                assert _walk(storage, experiment_id, limit, versions=versions, **filters) == expected(**filters), (
+                    filters, limit, versions)  # fmt: skip
+        assert storage.count_trials(experiment_id, **filters) == len(expected(**filters))
+    several = {"state": [TrialState.COMPLETED, TrialState.FAILED], "arm": "lamb"}  # an offset within a merged page
+    page = storage.list_trials(experiment_id, after=5, offset=2, limit=3, **several)
+    assert [t.number for t in page] == [n for n in expected(**several) if n > 5][2:5]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{"state": TrialState.COMPLETED, "arm": "lamb"}, {"state": [TrialState.COMPLETED, TrialState.FAILED]}],
+    ids=["completed-of-one-arm", "completed-or-failed"],
+)
+def test_filtered_pages_by_key_cover_the_matching_trials_once_while_trials_are_added(storage: SqlStorage, filters):
+    """A reader pages a filtered list (the completed trials of one arm; the completed or failed ones) while a
+    controller creates trials and finishes most of them between its pages, and starts a queued one (which matches
+    neither filter, before or after): every trial that matches at the end, each once, in number order (this test's
+    own record of what it made)."""
+    experiment_id = storage.create_experiment("growing", {}, "minimize")
+    made: dict[int, tuple[str, TrialState]] = {}  # number -> (arm, state), as this test set them
+    queued: list[tuple[int, int]] = []  # (id, number) of the queued trials, oldest first
+    outcomes = [
+        TrialState.COMPLETED,
+        TrialState.FAILED,
+        TrialState.COMPLETED,
+        TrialState.DIVERGED,
+        TrialState.COMPLETED,
+    ]
+
+    def add(finish: bool) -> None:
+        number, arm, state = len(made), ("lamb", "adam")[len(made) % 2], TrialState.QUEUED
+        trial_id = storage.create_trial(experiment_id, TrialSpec(None, {"optimizer.lr": 1e-3}, arm))
+        if finish:
+            state = outcomes[number % 5]
+            storage.mark_trial_running(trial_id)
+            storage.finish_trial(trial_id, TrialResult(state, objective=float(number)))
+        else:
+            queued.append((trial_id, number))
+        made[number] = (arm, state)
+
+    def between(page: int) -> None:
+        if page <= 5:
+            for finish in (True, True, True, False):  # new trials above the reader, most of them finished
+                add(finish)
+            trial_id, number = queued.pop(0)
+            storage.mark_trial_running(trial_id)
+            made[number] = (made[number][0], TrialState.RUNNING)
+
+    for n in range(20):
+        add(finish=n % 4 != 3)
+    seen = _walk(storage, experiment_id, 2, between, **filters)
+    allowed = {filters["state"]} if isinstance(filters["state"], TrialState) else set(filters["state"])
+    expected = [n for n, (arm, state) in sorted(made.items()) if state in allowed and filters.get("arm") in (None, arm)]
+    assert len(made) == 40 and len(expected) >= 12  # the walk lasted all five rounds; 12 and 24 trials match
+    assert seen == expected
+
+
+def test_every_change_of_a_trial_record_adds_one_to_its_experiments_version(storage: SqlStorage):
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    other_id = storage.create_experiment("other", {}, "minimize")
+    version = lambda: storage.trials_version(experiment_id)  # noqa: E731
+    assert version() == 0 == storage.get_experiment(experiment_id).trials_version
+    first = storage.create_trial(experiment_id, make_spec(0))
+    second = storage.create_trial(experiment_id, make_spec(1))
+    assert version() == 2
+    storage.mark_trial_running(first, pid=1)
+    storage.add_metrics(first, [MetricPoint(1, 64, {"loss": 2.0})])  # a metric row is not the trial's record
+    storage.heartbeat(experiment_id, "h", 1)  # nor is the experiment's own state
+    storage.annotate_experiment(experiment_id, "nni_webui", [])
+    assert version() == 3
+    storage.finish_trial(first, TrialResult(TrialState.COMPLETED, objective=1.0))
+    assert version() == 4
+    with pytest.raises(StorageError):
+        storage.finish_trial(first, TrialResult(TrialState.COMPLETED, objective=0.5))  # refused: nothing changed
+    with pytest.raises(StaleAttemptError):
+        storage.mark_trial_running(second, attempt=3)
+    assert version() == 4
+    storage.mark_trial_running(second)
+    storage.interrupt_trial(second, "stopped")
+    assert version() == 6
+    storage.requeue_trial(second, attempt=0, reason="lost")
+    storage.mark_trial_running(second, attempt=1)
+    assert version() == 8
+    assert [t.number for t in storage.requeue_interrupted(experiment_id)] == [1]
+    assert version() == 9 == storage.get_experiment(experiment_id).trials_version
+    assert storage.trials_version(other_id) == 0  # another experiment's trials are not this one's
+    with pytest.raises(NotFoundError, match="experiment 999"):
+        storage.trials_version(999)
+
+
 def test_count_trials_by_state_lists_every_state(storage: SqlStorage):
     experiment_id = storage.create_experiment("x", {}, "minimize")
     storage.create_trial(experiment_id, make_spec(0))

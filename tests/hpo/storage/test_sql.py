@@ -154,3 +154,33 @@ def test_a_database_locked_for_too_long_is_a_storage_error(short_sqlite_waits, t
             storage.create_experiment("impatient", {}, "minimize")
         assert storage.list_experiments() == []  # readers are never blocked by the writer (WAL)
         holder.join()
+
+
+@pytest.mark.postgres
+def test_a_pooled_connection_that_idled_is_pinged_and_replaced_when_the_server_closed_it(monkeypatch):
+    """PostgreSQL ends the storage's pooled connections (a restart does so); the next read, after the pool sat idle
+    past PING_AFTER_IDLE_S, pings its connection, finds it gone and reads on a new one. (A connection in steady use
+    is not pinged: a ping costs a round trip.)"""
+    import os
+
+    from sqlalchemy.engine import make_url
+
+    from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+
+    base_url = os.environ.get(POSTGRES_URL_ENV) or pytest.skip(POSTGRES_SKIP_REASON)
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 0.2)
+    for schema_url in postgres_schema_url(base_url):
+        url = make_url(schema_url).update_query_dict({"application_name": "hpo-ping-test"})
+        with SqlStorage(url.render_as_string(hide_password=False), upgrade=True) as storage:
+            experiment_id = storage.create_experiment("x", {}, "minimize")
+            assert storage.trials_version(experiment_id) == 0  # both engines' connections are now in the pool
+            admin = create_storage_engine(base_url)
+            with admin.connect() as connection:
+                ended = connection.exec_driver_sql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'hpo-ping-test'"
+                ).scalar()
+            admin.dispose()
+            assert ended >= 1
+            time.sleep(0.3)
+            assert storage.trials_version(experiment_id) == 0 and storage.list_experiments()[0].name == "x"
