@@ -66,7 +66,7 @@ class Evidence:
     """What the rounds and the verdict of a stored compare experiment read (`stored_evidence`)."""
 
     best: dict[str, TrialRecord]  # each arm's best tuning trial (`Storage.best_per_arm`)
-    confirmations: list[TrialRecord]  # every confirmation trial, in number order
+    confirmations: list[TrialRecord]  # every confirmation trial and each arm's unselected best, in number order
     reached: frozenset[str | None]  # the arms with a completed tuning trial that reached the target
     curves: dict[int, list[tuple[int, float]]]  # `stored_curves` of the confirmation trials
 
@@ -77,9 +77,12 @@ class Evidence:
 def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[TrialTally] | None = None) -> Evidence:
     """The evidence of a compare experiment in a few queries, however many tuning trials it has (`tallies`: its
     `Storage.tally_trials`, read here unless given)."""
-    confirmations = storage.list_confirmations(experiment_id)
+    best = storage.best_per_arm(experiment_id)
+    # an arm's best tuning trial that nothing picked on its outcome (an imported run) is evidence as well
+    runs = [*storage.list_confirmations(experiment_id), *(t for t in best.values() if unselected(t))]
+    runs.sort(key=lambda t: t.number)
     reached = reached_arms(storage.tally_trials(experiment_id) if tallies is None else tallies)
-    return Evidence(storage.best_per_arm(experiment_id), confirmations, reached, stored_curves(storage, confirmations))
+    return Evidence(best, runs, reached, stored_curves(storage, runs))
 
 
 def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
