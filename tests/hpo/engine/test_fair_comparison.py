@@ -210,6 +210,7 @@ def finished(tmp_path_factory) -> Finished:
     return hpo_run(tmp_path_factory.mktemp("tiny-compare"))
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_confirm_seeds_rerun_each_arms_best_configuration_with_further_seeds(finished):
     trials = finished.storage.list_trials(finished.experiment_id)
     tuning = [t for t in trials if t.kind is TrialKind.TUNING]
@@ -233,6 +234,7 @@ def test_confirm_seeds_rerun_each_arms_best_configuration_with_further_seeds(fin
     assert {t.number for t in best.values()} <= {t.number for t in tuning}  # confirmations never count as best
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_smac_gives_each_arm_an_equal_share_and_only_its_own_conditional_dimensions(finished):
     """SMAC3 (smac_bo) over a conditional space: every arm gets the same number of tuning trials, each trial carries
     its arm's learning rate only, trained what it was given (its trial.yaml) and streamed its learning curve."""
@@ -257,6 +259,7 @@ def independent_evidence(storage, experiment_id, target: float) -> dict[str, lis
             for arm in sorted(best)}  # fmt: skip
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_the_per_arm_interval_and_the_verdict_follow_from_the_stored_runs(finished):
     cfg = TrainerConfig.model_validate(finished.spec.resolved_base())
     evidence = independent_evidence(finished.storage, finished.experiment_id, cfg.eval.target_mlm_accuracy)
@@ -283,6 +286,7 @@ def test_the_per_arm_interval_and_the_verdict_follow_from_the_stored_runs(finish
         assert summary.describe() in finished.summary
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_hpo_best_per_arm_shows_the_evidence_and_the_verdict(finished, capsys):
     db = f"sqlite:///{finished.directory / 'hpo.db'}"
     assert main(["--db", db, "best", "tiny-compare", "--per-arm"]) == 0
@@ -295,6 +299,7 @@ def test_hpo_best_per_arm_shows_the_evidence_and_the_verdict(finished, capsys):
     assert out.rstrip().endswith(f"# verdict: {verdict.line}")
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_hpo_trials_marks_the_confirmation_runs_and_their_seeds(finished, capsys):
     assert main(["--db", f"sqlite:///{finished.directory / 'hpo.db'}", "trials", "tiny-compare"]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
@@ -303,6 +308,7 @@ def test_hpo_trials_marks_the_confirmation_runs_and_their_seeds(finished, capsys
         assert (f"confirmation (seed {t.seed}):" in row) == (t.kind is TrialKind.CONFIRMATION), row
 
 
+@pytest.mark.slow  # the module's real compare experiment (about 30 s on 2 cores) runs once for these
 def test_the_train_the_best_line_runs_as_printed(finished):
     (line,) = [line for line in finished.summary.splitlines() if line.endswith("# train the best")]
     command = line.rsplit("#", 1)[0].strip()

@@ -197,6 +197,7 @@ def stop_controller_then_resume(tmp_path: Path, sig: signal.Signals, trials: int
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # 15 s: two torchrun ranks, a SIGTERM, a resume; the API stop below ends both ranks too
 def test_sigterm_to_hpo_run_ends_every_rank_and_resume_finishes_the_experiment(tmp_path):
     stop_controller_then_resume(tmp_path, signal.SIGTERM, trials=1)
 
