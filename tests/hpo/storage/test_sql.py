@@ -184,3 +184,38 @@ def test_a_pooled_connection_that_idled_is_pinged_and_replaced_when_the_server_c
             assert ended >= 1
             time.sleep(0.3)
             assert storage.trials_version(experiment_id) == 0 and storage.list_experiments()[0].name == "x"
+
+
+def test_filtered_key_pages_read_one_index_range_not_the_experiment(tmp_path: Path):
+    """SQLite's plan of every key page `list_trial_versions` reads, filtered by state, arm, both or two states: an
+    index search on (experiment, [arm,] [state,] number), never a scan of the trials table nor a sort of it (two
+    states: one range each, only their first `limit` rows merged and sorted)."""
+    from hpo.trials import TrialState
+
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    experiment_id = storage.create_experiment("x", {}, "minimize")
+    statements: list[tuple[str, tuple]] = []
+    event.listen(storage._engine, "before_cursor_execute",
+                 lambda _c, _cur, sql, params, *_: statements.append((sql, params)))  # fmt: skip
+    pages = {
+        "state": {"state": TrialState.COMPLETED},
+        "arm": {"arm": "lamb"},
+        "state and arm": {"state": [TrialState.FAILED], "arm": "lamb"},
+        "two states": {"state": [TrialState.COMPLETED, TrialState.FAILED]},
+    }
+    plans = {}
+    for name, filters in pages.items():
+        statements.clear()
+        storage.list_trial_versions(experiment_id, after=10, limit=51, **filters)
+        sql, params = next((sql, params) for sql, params in statements if sql.lstrip().startswith("SELECT"))
+        with storage._engine.connect() as connection:
+            plans[name] = [row[-1] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)]
+    storage.close()
+    index = {"state": "ix_trials_experiment_state_number", "arm": "ix_trials_experiment_arm_number",
+             "state and arm": "ix_trials_experiment_arm_state_number",
+             "two states": "ix_trials_experiment_state_number"}  # fmt: skip
+    for name, plan in plans.items():
+        assert any(step.startswith("SEARCH trials USING") and index[name] in step for step in plan), (name, plan)
+        assert not any(step.startswith("SCAN trials") for step in plan), (name, plan)
+        if name != "two states":
+            assert not any("TEMP B-TREE" in step for step in plan), (name, plan)
