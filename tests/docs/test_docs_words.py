@@ -12,8 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home/\w+|tmp/pytest-of-\w+)/")
-PROCESS_WORDS = re.compile(r"\b(?:the issue's|this issue|issue #?\d+|this session|in this sitting|this checkout)\b",
-                           re.IGNORECASE)  # fmt: skip
+PROCESS_WORDS = re.compile(
+    r"\b(?:the issue's|this issue|issue #?\d+|(?:this|first|second|third|fourth|next|previous) session|in this sitting"
+    r"|this checkout)\b",
+    re.IGNORECASE,
+)
 
 
 def offending(text: str) -> list[str]:
@@ -21,10 +24,12 @@ def offending(text: str) -> list[str]:
 
 
 def test_the_rules_catch_what_they_are_for():
-    assert offending("see /work/main/runs/x\nran in this session\nthe issue's question\nfine /usr/bin/x") == [
+    text = "see /work/main/runs/x\nran in this session\nthe issue's question\nfine /usr/bin/x\n(third session)"
+    assert offending(text) == [
         "see /work/main/runs/x",
         "ran in this session",
         "the issue's question",
+        "(third session)",
     ]
 
 
