@@ -58,7 +58,7 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
         arms=arm_labels(specs.spec(record)),
         best=best_public(record, best, specs) if best else None,
         best_per_arm={arm: best_public(record, t, specs) for arm, t in best_per_arm.items()},
-        verdict=experiment_verdict(record, storage, specs, best_per_arm, counts),
+        verdict=experiment_verdict(record, storage, specs, counts),
         nni_webui=[NniWebUiPublic(**link) for link in record.nni_webui],
     )
 
@@ -83,10 +83,11 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
 
 
 def experiment_verdict(
-    record: ExperimentRecord, storage: Storage, specs: SpecCache, best_per_arm: dict, counts: dict
+    record: ExperimentRecord, storage: Storage, specs: SpecCache, counts: dict
 ) -> VerdictPublic | None:
-    """The verdict of a compare experiment as `hpo run` prints it (hpo.evidence.verdict over the stored trials); None
-    without compare arms. Kept while no controller drives the experiment and its trial counts stay the same."""
+    """The verdict of a compare experiment as `hpo run` prints it (hpo.evidence.verdict over the stored evidence:
+    the confirmation runs and a few aggregates, however many tuning trials there are); None without compare arms.
+    Kept while no controller drives the experiment and its trial counts stay the same."""
     spec = specs.spec(record)
     if not spec.compare:
         return None
@@ -97,12 +98,12 @@ def experiment_verdict(
         if known is not None:
             return known
     # the trainer config models and scipy: loaded on first use, not at start-up
-    from hpo.evidence.confirmations import round_line, stored_curves, verdict_of
+    from hpo.evidence.confirmations import round_line, stored_evidence
 
-    trials = storage.list_trials(record.id)
-    verdict = verdict_of(spec, best_per_arm, trials, stored_curves(storage, trials))
+    evidence = stored_evidence(storage, record.id)
+    verdict = evidence.verdict(spec)
     public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds, spec.budget.confirmation_plan(),
-                                        round_line(spec, trials))  # fmt: skip
+                                        round_line(spec, evidence.confirmations))  # fmt: skip
     if key is not None:
         specs.remember_verdict(key, public)
     return public
