@@ -36,6 +36,17 @@ class ModelConfig(Section):
     layer_norm_eps: float = Field(1e-12, gt=0.0, description="LayerNorm epsilon (HF BERT: 1e-12).")
     initializer_range: float = Field(0.02, gt=0.0, description="Std of the normal init of weights.")
     init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
+    attention: Literal["auto", "padded", "jagged", "varlen"] = Field(
+        "auto",
+        description="Attention kernel over the packed stream: varlen (CUDA, half precision, no attention dropout), "
+        "jagged (nested-tensor SDPA; flash with dropout on CUDA), padded (a [B, longest] grid). auto: varlen where it "
+        "applies, else jagged on CUDA, padded on the CPU.",
+    )
+    compile: bool = Field(
+        False,
+        description="Compile the per-token parts of each encoder layer (bias + GELU, dropout + residual + LayerNorm) "
+        "with torch.compile; the first steps take longer while it compiles.",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelConfig:

@@ -3,11 +3,18 @@
 Parameter names are those of Hugging Face `BertForPreTraining`, so HF checkpoints load as they are and outputs
 can be checked against HF. The forward pass takes a `PackedBatch`: all valid tokens of the micro-batch in one
 [T, hidden] tensor, sequences delimited by `cu_seqlens`. Linear layers, LayerNorm and GELU are per token, so
-they only ever see real tokens; attention is the one place that needs sequence boundaries:
+they only ever see real tokens; attention is the one place that needs sequence boundaries (`model.attention`):
 
-- CUDA with bf16/fp16 and no attention dropout: `torch.nn.attention.varlen.varlen_attn` on the packed stream;
-- otherwise (CPU, fp32, dropout): scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding
-  mask, gather back. Exact, and padding only up to the longest sequence of the batch.
+- `varlen`: `torch.nn.attention.varlen.varlen_attn` on the packed stream (CUDA, bf16/fp16, no attention dropout);
+- `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
+  CUDA it runs the flash kernel with attention dropout, elsewhere PyTorch's per-sequence math;
+- `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
+  padding only up to the longest sequence of the batch; the reference the other two are tested against.
+
+`auto` picks varlen where it applies, jagged on other CUDA runs (BERT's attention dropout) and padded on the CPU.
+With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
++ LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
+are the reference, and parameter names do not change.
 
 The MLM head (transform + vocab projection, the most expensive per-token layer) runs only on masked tokens,
 as MLPerf's "dense sequence output" does.
@@ -15,6 +22,7 @@ as MLPerf's "dense sequence output" does.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +32,10 @@ from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.data.batch import PackedBatch
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, ConfigError
+
+# PyTorch's CPU math path for jagged attention builds a strided nested tensor internally and warns about that layout
+warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
 
 # --------------------------------------------------------------------------- attention over packed sequences
 
@@ -69,13 +80,31 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return GatherRows.apply(x, index)
 
 
-def packed_attention(q, k, v, batch: PackedBatch, layout: PaddingLayout | None, dropout_p: float) -> torch.Tensor:
-    """Attention of q, k, v [T, heads, head_dim] within each packed sequence; returns [T, heads, head_dim]."""
+@dataclass
+class JaggedLayout:
+    """The packed stream's sequence offsets, for viewing [T, heads, head_dim] as a jagged [B, heads, j, head_dim]."""
+
+    offsets: torch.Tensor  # int64 [B + 1]
+    max_seqlen: int
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        nested = torch.nested.nested_tensor_from_jagged(t, offsets=self.offsets, max_seqlen=self.max_seqlen)
+        return nested.transpose(1, 2)
+
+
+def packed_attention(
+    q, k, v, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
+) -> torch.Tensor:
+    """Attention of q, k, v [T, heads, head_dim] within each packed sequence; returns [T, heads, head_dim].
+    `layout`: None for the varlen kernel, else the jagged view or the padded grid (see the module's doc)."""
     if layout is None:  # the varlen kernel works on the packed stream directly
         from torch.nn.attention.varlen import varlen_attn
 
         cu = batch.cu_seqlens
         return varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen)
+    if isinstance(layout, JaggedLayout):
+        out = F.scaled_dot_product_attention(layout.view(q), layout.view(k), layout.view(v), dropout_p=dropout_p)
+        return out.transpose(1, 2).values()
     T, heads, head_dim = q.shape
     grid = []
     for t in (q, k, v):
@@ -87,10 +116,25 @@ def packed_attention(q, k, v, batch: PackedBatch, layout: PaddingLayout | None, 
     return gather_rows(out, layout.slots)
 
 
-def use_varlen_kernel(x: torch.Tensor, dropout_p: float) -> bool:
-    """varlen_attn is a flash kernel: CUDA, half precision, no dropout."""
+def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
+    """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    return x.is_cuda and half and dropout_p == 0.0
+    varlen_fits = x.is_cuda and half and dropout_p == 0.0  # varlen_attn is a flash kernel without dropout
+    if choice == "auto":
+        return "varlen" if varlen_fits else "jagged" if x.is_cuda else "padded"
+    if choice == "varlen" and not varlen_fits:
+        raise ConfigError("model.attention: varlen needs CUDA, bf16 or fp16 and no attention dropout in training "
+                          "(model.attention_probs_dropout_prob: 0); use auto, jagged or padded")  # fmt: skip
+    return choice
+
+
+def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedLayout | None:
+    """What `packed_attention` needs for `kernel`, built once per batch and shared by all layers."""
+    if kernel == "varlen":
+        return None
+    if kernel == "jagged":
+        return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen)
+    return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
 
 
 # --------------------------------------------------------------------------- encoder
@@ -203,14 +247,13 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
         self.attention_dropout = cfg.attention_probs_dropout_prob
+        self.attention = cfg.attention
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]."""
         x = self.embeddings(batch)
         dropout_p = self.attention_dropout if self.training else 0.0
-        layout = None
-        if not use_varlen_kernel(x, dropout_p):
-            layout = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
+        layout = attention_layout(attention_kernel(self.attention, x, dropout_p), batch)
         x = self.encoder(x, batch, layout)
         first_tokens = gather_rows(x, batch.cu_seqlens[:-1].long())
         return x, self.pooler(first_tokens)
@@ -270,6 +313,17 @@ class BertForPreTraining(nn.Module):
         self.cls = BertPreTrainingHeads(cfg)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         self.apply(self._init_weights)
+        if cfg.compile:
+            self.compile_token_layers()
+
+    def compile_token_layers(self) -> None:
+        """Compile, in place, the per-token parts of every encoder layer and the MLM transform (`model.compile`):
+        `torch.compile` fuses bias + GELU and dropout + residual + LayerNorm into the matrix products' neighbours.
+        Compiled on first use; dynamic in the number of tokens, so batches of any size reuse the same kernels."""
+        for layer in self.bert.encoder.layer:
+            for part in (layer.attention.output, layer.intermediate, layer.output):
+                part.compile(dynamic=True)
+        self.cls.predictions.transform.compile(dynamic=True)
 
     def _init_weights(self, module: nn.Module) -> None:
         # Same init as HF BERT: N(0, initializer_range) weights, zero biases, unit LayerNorm.

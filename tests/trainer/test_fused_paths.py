@@ -1,0 +1,124 @@
+"""Each fast path of the model against its eager reference on the CPU, float32: the jagged attention against the
+padded grid, and the compiled per-token layers (`model.compile`) against the eager modules, losses and gradients
+within 1e-5 relative over a few optimizer steps of a tiny model with BERT's dropout, seeded."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+from tests.trainer.conftest import make_model_config, make_samples
+from trainer.config import OptimizerConfig
+from trainer.data.batch import pack_batch
+from trainer.errors import ConfigError
+from trainer.model import BertForPreTraining, JaggedLayout, PaddingLayout, packed_attention, pretraining_loss
+from trainer.optim import build_optimizer
+
+LENGTHS = [7, 33, 64, 12, 50, 5, 64, 21]
+RTOL = 1e-5
+
+
+def assert_close(ours: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+    scale = reference.abs().max().item()
+    error = (ours - reference).abs().max().item()
+    assert error <= RTOL * scale, f"{what}: largest difference {error:.3g} against a scale of {scale:.3g}"
+
+
+def assert_gradients_close(grads: dict, reference: dict) -> None:
+    """Every gradient within RTOL; the key biases' gradients are zero in exact arithmetic (softmax does not see a
+    constant added to every key of a query), so both must be rounding noise, far below the other gradients."""
+    assert grads.keys() == reference.keys()
+    largest = max(g.abs().max().item() for g in reference.values())
+    for name, grad in grads.items():
+        if name.endswith("attention.self.key.bias"):
+            assert max(grad.abs().max().item(), reference[name].abs().max().item()) < 1e-6 * largest, name
+        else:
+            assert_close(grad, reference[name], name)
+
+
+def train_steps(model: BertForPreTraining, samples, steps: int = 3, seed: int = 1) -> tuple[list[float], dict]:
+    """`steps` AdamW steps over rotating micro-batches, dropout drawn from `seed`; the losses and last gradients."""
+    optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3))
+    torch.manual_seed(seed)
+    losses = []
+    for step in range(steps):
+        batch = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), step)[:6])
+        loss = pretraining_loss(model(batch), batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.total.backward()
+        losses.append(loss.total.item())
+        if step < steps - 1:
+            optimizer.step()
+    return losses, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_jagged_attention_matches_the_padded_grid_forward_and_backward():
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    padded = BertForPreTraining(make_model_config(attention="padded"))
+    jagged = BertForPreTraining(make_model_config(attention="jagged"))
+    jagged.load_state_dict(padded.state_dict())
+    reference_losses, reference_grads = train_steps(padded, samples)
+    losses, grads = train_steps(jagged, samples)
+    assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
+    assert_gradients_close(grads, reference_grads)
+
+
+def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
+    """Inverted dropout on the attention weights: every draw differs from the output without dropout, their mean
+    over 400 seeded draws is that output within 4 standard errors everywhere; p = 0 is the padded grid's output."""
+    batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch.num_tokens, 4, 8, generator=generator) for _ in range(3))
+    jagged = JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen)
+    grid = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
+    exact = packed_attention(q, k, v, batch, grid, 0.0)
+    assert_close(packed_attention(q, k, v, batch, jagged, 0.0), exact, "jagged output without dropout")
+    draws = []
+    for seed in range(400):
+        torch.manual_seed(seed)
+        draws.append(packed_attention(q, k, v, batch, jagged, 0.1))
+    draws = torch.stack(draws)
+    assert all((d - exact).abs().max() > 1e-3 for d in draws[:20])
+    standard_error = draws.std(0) / 400**0.5
+    assert ((draws.mean(0) - exact).abs() <= 4 * standard_error + 1e-6).float().mean() > 0.999
+    assert (draws.mean(0) - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+def test_auto_attention_is_the_padded_grid_on_the_cpu_and_varlen_is_refused_there():
+    cfg = make_model_config(attention="varlen", attention_probs_dropout_prob=0.1)
+    batch = pack_batch(make_samples(LENGTHS), np.arange(4))
+    with pytest.raises(ConfigError, match="model.attention: varlen needs CUDA"):
+        BertForPreTraining(cfg)(batch)
+    auto, padded = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config(attention="padded"))
+    padded.load_state_dict(auto.state_dict())
+    assert torch.equal(auto(batch).mlm_logits, padded(batch).mlm_logits)
+
+
+@pytest.fixture
+def inductor_uses_eager_random():
+    """Compiled dropout draws its masks from the eager generator, so a seeded compiled step is the eager step."""
+    with inductor_config.patch(fallback_random=True):
+        torch._dynamo.reset()
+        yield
+    torch._dynamo.reset()
+
+
+def test_compiled_layers_match_the_eager_model_over_optimizer_steps(inductor_uses_eager_random):
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    eager = BertForPreTraining(cfg)
+    compiled = BertForPreTraining(cfg.model_copy(update={"compile": True}))
+    compiled.load_state_dict(eager.state_dict())
+    assert sorted(compiled.state_dict()) == sorted(eager.state_dict())  # checkpoints keep their names
+    reference_losses, reference_grads = train_steps(eager, samples)
+    losses, grads = train_steps(compiled, samples)
+    assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
+    assert losses != train_steps(copy.deepcopy(eager), samples, seed=2)[0]  # the dropout draws matter
+    assert_gradients_close(grads, reference_grads)
+    assert compiled.bert.encoder.layer[0].intermediate._compiled_call_impl is not None
