@@ -35,16 +35,17 @@ def evaluate(
     was_training = model.training
     model.eval()
     mine = np.arange(env.rank, len(samples), env.world_size)
-    correct = count = loss_sum = nsp_correct = 0.0
+    count = 0
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss sum, NSP correct: read once at the end
     for start in range(0, len(mine), batch_size):
         batch = pack_batch(samples, mine[start : start + batch_size]).to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             out = model(batch)
         loss = pretraining_loss(out, batch)
-        correct += loss.mlm_correct.item()
+        nsp = (out.nsp_logits.argmax(-1) == batch.next_sentence_labels).sum()
+        sums += torch.stack([loss.mlm_correct, loss.mlm * loss.mlm_count, nsp]).double()
         count += loss.mlm_count
-        loss_sum += loss.mlm.item() * loss.mlm_count
-        nsp_correct += (out.nsp_logits.argmax(-1) == batch.next_sentence_labels).sum().item()
+    correct, loss_sum, nsp_correct = sums.tolist()
     correct, count, loss_sum, nsp_correct = all_reduce_sum([correct, count, loss_sum, nsp_correct], device, env)
     model.train(was_training)
     return EvalResult(

@@ -3,6 +3,8 @@
 Read top to bottom: build the components (data, model, optimizer, schedule, sampler), optionally resume,
 then loop: a step is `accumulation` micro-batches (DDP `no_sync` on all but the last), clipping, one optimizer
 step; evaluate every `eval.every_samples`; stop at the target accuracy, at the budget, or on a NaN/inf loss.
+The host never waits for the device inside a step: losses stay on the device and are read back every
+`log.every_steps` steps (and at evaluations, checkpoints and the end), so a NaN ends the run at the next read.
 Only rank 0 prints and reports. The result says how the run ended and how fast it got to the target.
 """
 
@@ -203,12 +205,31 @@ def checkpoint(run: Run, state: TrainState) -> None:
 
 @dataclass
 class StepStats:
-    loss: float
-    mlm_correct: float
+    loss_sum: torch.Tensor  # on the device: the step's loss summed over its masked tokens (read back in batches)
+    mlm_correct: torch.Tensor  # on the device: masked tokens predicted right
     mlm_count: int
     sequences: int  # this rank
     tokens: int  # this rank
     grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) before any clip, if measured
+
+
+@dataclass
+class Reading:
+    """A step's numbers once read back to the host (`read_back`)."""
+
+    step: int
+    loss: float  # per masked token
+    mlm_accuracy: float  # on the step's masked tokens
+
+
+def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
+    """The loss and MLM accuracy of the steps since the last read, in one device-to-host copy: the loop does not
+    wait for the device between steps, only every `log.every_steps` steps, at evaluations and at the end."""
+    if not pending:
+        return []
+    values = torch.stack([torch.stack([s.loss_sum.float(), s.mlm_correct.float()]) for _, s in pending]).tolist()
+    return [Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1))
+            for (step, s), (loss, correct) in zip(pending, values, strict=True)]  # fmt: skip
 
 
 def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,8 +263,8 @@ def train_step(run: Run, micro_batches: list) -> StepStats:
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return StepStats(
-        loss=loss_sum.item() / max(masked, 1),
-        mlm_correct=correct.item(),
+        loss_sum=loss_sum,
+        mlm_correct=correct,
         mlm_count=masked,
         sequences=sum(b.num_sequences for b in batches),
         tokens=sum(b.num_tokens for b in batches),
@@ -302,15 +323,15 @@ def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
 
 
 def progress(
-    run: Run, state: TrainState, window: dict[str, float], stats: StepStats, imbalance: float, noise: NoiseScale
+    run: Run, state: TrainState, window: dict[str, float], reading: Reading, imbalance: float, noise: NoiseScale
 ) -> None:
     seconds = max(time.perf_counter() - window["t0"], 1e-9)
     record = {
         "event": "progress",
         "step": state.step,
         "samples": state.samples,
-        "loss": stats.loss,
-        "train_mlm_accuracy": stats.mlm_correct / max(stats.mlm_count, 1),
+        "loss": reading.loss,
+        "train_mlm_accuracy": reading.mlm_accuracy,
         "lr": run.optimizer.param_groups[0]["lr"],
         "sequences_per_s": window["sequences"] / seconds,
         "tokens_per_s": window["tokens"] / seconds,
@@ -320,7 +341,7 @@ def progress(
     run.reporter.intermediate(record)
     log(
         run.env,
-        f"step {state.step:>6} | samples {state.samples:>9,} | loss {stats.loss:7.4f} | "
+        f"step {state.step:>6} | samples {state.samples:>9,} | loss {reading.loss:7.4f} | "
         f"mlm_acc {record['train_mlm_accuracy']:.3f} | lr {record['lr']:.2e} | "
         f"{record['sequences_per_s']:8.1f} seq/s | {record['tokens_per_s']:10,.0f} tok/s | "
         f"imbalance {imbalance:.3f}" + (f" | noise scale {noise.noise_scale:,.0f}" if noise.noise_scale else ""),
@@ -332,6 +353,7 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
     cfg = run.cfg
     start = time.perf_counter() - state.train_time_s
     window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+    pending: list[tuple[int, StepStats]] = []  # steps whose loss is still on the device
     for micro_batches in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches)
@@ -345,23 +367,31 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         window["sequences"] += sum(sequences)
         window["tokens"] += sum(tokens)
         noise = measure_noise_scale(run, stats, sequences)
-        if not math.isfinite(stats.loss) or state.step % cfg.log.every_steps == 0:
-            progress(run, state, window, stats, max(tokens) / max(sum(tokens) / len(tokens), 1e-9), noise)
-            window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
-        if not math.isfinite(stats.loss):
-            log(run.env, f"loss is {stats.loss} at step {state.step}: diverged")
-            return TrainStatus.DIVERGED
+        pending.append((state.step, stats))
         out_of_budget = state.samples >= cfg.budget.max_samples or (
             cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
         )
+        every = cfg.checkpoint.every_samples
+        checkpoint_due = every and state.samples // every != (state.samples - int(sum(sequences))) // every
+        logged = state.step % cfg.log.every_steps == 0
+        if logged or out_of_budget or checkpoint_due or state.samples >= state.next_eval_samples:
+            readings = read_back(pending)
+            pending.clear()
+            bad = next((r for r in readings if not math.isfinite(r.loss)), None)
+            if logged or bad is not None:
+                imbalance = max(tokens) / max(sum(tokens) / len(tokens), 1e-9)
+                progress(run, state, window, bad or readings[-1], imbalance, noise)
+                window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+            if bad is not None:
+                log(run.env, f"loss is {bad.loss} at step {bad.step} (read at step {state.step}): diverged")
+                return TrainStatus.DIVERGED
         if state.samples >= state.next_eval_samples or out_of_budget:
             while state.next_eval_samples <= state.samples:
                 state.next_eval_samples += cfg.eval.every_samples
             if run_eval(run, state, time.perf_counter() - start) and cfg.eval.stop_at_target:
                 return TrainStatus.REACHED_TARGET
             state.train_time_s = time.perf_counter() - start
-        every = cfg.checkpoint.every_samples
-        if every and state.samples // every != (state.samples - int(sum(sequences))) // every:
+        if checkpoint_due:
             checkpoint(run, state)
         if out_of_budget:  # with eval.stop_at_target off, a run that reached the target on the way says so
             return TrainStatus.BUDGET_EXHAUSTED if state.samples_to_target is None else TrainStatus.REACHED_TARGET

@@ -76,6 +76,26 @@ def test_nan_loss_ends_the_run_as_diverged(tmp_path):
     assert not all(math.isfinite(x) for x in losses(records))
 
 
+def test_losses_read_back_every_few_steps_are_those_of_every_step(tmp_path):
+    """The loss stays on the device between reads: reading every 5 steps reports, at steps 5 and 10, the losses a
+    run that reads every step reports there, and the run ends the same way."""
+    every, records_every = run(tmp_path / "each")
+    fifth, records_fifth = run(tmp_path / "fifth", **{"log.every_steps": 5})
+    assert [r["step"] for r in records_fifth if r.get("event") == "progress"] == [5, 10]
+    by_step = {r["step"]: r for r in records_every if r.get("event") == "progress"}
+    for record in (r for r in records_fifth if r.get("event") == "progress"):
+        assert record["loss"] == by_step[record["step"]]["loss"]
+        assert record["train_mlm_accuracy"] == by_step[record["step"]]["train_mlm_accuracy"]
+    assert (fifth.status, fifth.samples, fifth.steps) == (every.status, every.samples, every.steps)
+
+
+def test_a_nan_between_reads_ends_the_run_as_diverged_at_the_next_read(tmp_path, capfd):
+    result, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30,
+                                       "log.every_steps": 4})  # fmt: skip
+    assert result.status == "diverged" and result.steps % 4 == 0 and result.steps < 12
+    assert f"(read at step {result.steps}): diverged" in capfd.readouterr().err
+
+
 def test_resume_continues_the_same_loss_sequence(tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()

@@ -38,10 +38,14 @@ class PackedBatch:
         return self.input_ids.numel()
 
     def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch on `device`; to a GPU from pinned memory, so the copies do not make the host wait."""
+        pin = torch.device(device).type == "cuda"
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            moved[f.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                value = (value.pin_memory() if pin else value).to(device, non_blocking=True)
+            moved[f.name] = value
         return PackedBatch(**moved)
 
 
