@@ -1,18 +1,26 @@
 """Full training step (forward, backward, optimizer) of our unpadded BERT vs Hugging Face `BertForPreTraining`.
 
-Both models have the same size and weights, get the same batches (MLPerf-like lengths: many short sequences,
-a bump at the maximum) and the same optimizer. HF runs padded with SDPA attention, twice: padded to the shard
-width (how MLPerf shards are stored) and padded to the longest sequence of each batch (dynamic padding). Steps
-are interleaved so both see the same machine state. Prints tokens/s (valid tokens) of each and the ratios.
+Both models have the same size and weights, BERT's dropout (0.1 on hidden states and attention weights), the same
+batches (MLPerf-like lengths: many short sequences, a bump at the maximum) and the same optimizer. HF runs padded
+with SDPA attention, twice: padded to the shard width (how MLPerf shards are stored) and padded to the longest
+sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
+(`model.attention`: padded, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`).
+Steps are interleaved so all see the same machine state. Prints valid tokens/s and sequences/s of each, the
+ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
-    python bench/trainer_throughput.py                 # CPU default size
-    python bench/trainer_throughput.py --device cuda --size large --dtype bf16 --batch 32 --steps 20
+With `--breakdown`, one more step of each runs under the PyTorch profiler: its time split into attention kernels,
+matrix products, the optimizer step and the rest, and the host time in which the device had nothing to run.
+
+    python -m bench.trainer_throughput                 # CPU default size
+    python -m bench.trainer_throughput --device cuda --size large --dtype bf16 --batch 32 --steps 20 \
+        --variants padded,jagged,jagged+compile --breakdown
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -74,7 +82,25 @@ def hf_inputs(samples: PretrainingSamples, index: np.ndarray, pad_to: int | None
     )
 
 
-def build_models(cfg: ModelConfig, device, seed: int):
+# `--variants` entries: an attention kernel of ours (model.attention), `+compile` for model.compile
+ATTENTION_KERNELS = ("padded", "jagged", "varlen", "auto")
+# kernel (GPU) or operator (CPU) names by what they compute, for --breakdown; the first match wins
+CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "scaled_dot_product", "softmax")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "sm80", "aten::mm", "aten::addmm", "aten::bmm")),
+)
+
+
+def parse_variant(text: str) -> dict:
+    """`jagged+compile` -> {"attention": "jagged", "compile": True}."""
+    kernel, *flags = text.split("+")
+    if kernel not in ATTENTION_KERNELS or any(f != "compile" for f in flags):
+        raise SystemExit(f"--variants: {text!r} is not KERNEL[+compile] with KERNEL one of {ATTENTION_KERNELS}")
+    return {"attention": kernel, "compile": "compile" in flags}
+
+
+def build_models(cfg: ModelConfig, device, seed: int, variants: list[str]):
+    """Ours once per variant and HF's, all with the same weights."""
     import transformers
 
     torch.manual_seed(seed)
@@ -85,30 +111,83 @@ def build_models(cfg: ModelConfig, device, seed: int):
         num_attention_heads=cfg.num_attention_heads,
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position_embeddings,
+        hidden_dropout_prob=cfg.hidden_dropout_prob,
+        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
         attn_implementation="sdpa",
     )
     hf = transformers.BertForPreTraining(hf_cfg).to(device).train()
-    ours = BertForPreTraining(cfg)
-    load_hf_state_dict(ours, {k: v.cpu() for k, v in hf.state_dict().items()})
-    return ours.to(device).train(), hf
+    weights = {k: v.cpu() for k, v in hf.state_dict().items()}
+    ours = {}
+    for variant in variants:
+        model = BertForPreTraining(cfg.model_copy(update=parse_variant(variant)))
+        load_hf_state_dict(model, weights)
+        ours[variant] = model.to(device).train()
+    return ours, hf
 
 
-def step_ours(model, opt, samples, index, device, autocast):
+def synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def optimizer_step(opt, device, timing: dict | None) -> None:
+    """`opt.step()`; with `timing`, its wall time (device included) goes to timing["optimizer"]."""
+    if timing is not None:
+        synchronize(device)
+        t0 = time.perf_counter()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if timing is not None:
+        synchronize(device)
+        timing["optimizer"] = time.perf_counter() - t0
+
+
+def step_ours(model, opt, samples, index, device, autocast, timing=None):
     batch = pack_batch(samples, index).to(device)
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         loss = pretraining_loss(model(batch), batch).total
     loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    optimizer_step(opt, device, timing)
 
 
-def step_hf(model, opt, samples, index, device, autocast, pad_to):
+def step_hf(model, opt, samples, index, device, autocast, pad_to, timing=None):
     inputs = hf_inputs(samples, index, pad_to, device)
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         loss = model(**inputs).loss
     loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    optimizer_step(opt, device, timing)
+
+
+def breakdown(run, device) -> dict[str, float]:
+    """One step of `run(timing)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
+    operators), of the optimizer step, of other device work, and of host time with the device idle."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    timing: dict = {}
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        synchronize(device)
+        t0 = time.perf_counter()
+        run(timing=timing)
+        synchronize(device)
+        wall = time.perf_counter() - t0
+    if cuda:
+        work = [(e.name, e.time_range.elapsed_us() / 1e6) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    else:
+        work = [(e.name, e.self_cpu_time_total / 1e6) for e in prof.events() if e.device_type == DeviceType.CPU]
+    split = {"attention": 0.0, "matmul": 0.0}
+    busy = 0.0
+    for name, seconds in work:
+        busy += seconds
+        lowered = name.lower()
+        for category, needles in CATEGORIES:
+            if any(n in lowered for n in needles):
+                split[category] += seconds
+                break
+    other = max(busy - split["attention"] - split["matmul"], 0.0)
+    return {"wall": wall, **split, "optimizer": timing.get("optimizer", 0.0), "other device": other,
+            "host, device idle": max(wall - busy, 0.0) if cuda else float("nan")}  # fmt: skip
 
 
 def main() -> None:
@@ -121,46 +200,70 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
+    ap.add_argument("--variants", default="auto", help="ours, comma-separated: KERNEL[+compile] (default: auto)")
+    ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
+    ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
     device = torch.device(args.device)
     autocast = torch.bfloat16 if args.dtype == "bf16" else None
-    cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, **SIZES[args.size])
-    samples = make_samples(args.batch * (args.steps + args.warmup), args.seq_len, args.max_pred, 30522, args.seed)
-    ours, hf = build_models(cfg, device, args.seed)
+    dropout = {"hidden_dropout_prob": args.dropout, "attention_probs_dropout_prob": args.dropout}
+    cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, **SIZES[args.size], **dropout)
+    variants = args.variants.split(",")
+    for variant in variants:
+        parse_variant(variant)
+    samples = make_samples(args.batch * (args.steps + args.warmup + 1), args.seq_len, args.max_pred, 30522, args.seed)
+    ours, hf = build_models(cfg, device, args.seed, variants)
+    parameters = sum(p.numel() for p in hf.parameters())
     opt_cfg = OptimizerConfig(name="lamb", lr=1e-4)
-    runners = {
-        "ours (unpadded)": (lambda o, idx: step_ours(ours, o, samples, idx, device, autocast), ours),
-        "HF padded to seq-len": (lambda o, idx: step_hf(hf, o, samples, idx, device, autocast, args.seq_len), hf),
-        "HF padded to batch max": (lambda o, idx: step_hf(hf, o, samples, idx, device, autocast, None), hf),
-    }
+    runners = {}
+    for variant, model in ours.items():
+        runners[f"ours {variant}"] = (partial(step_ours, model, samples=samples, device=device, autocast=autocast),
+                                      model)  # fmt: skip
+    if not args.no_hf:
+        runners["HF padded to seq-len"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
+                                                   pad_to=args.seq_len), hf)  # fmt: skip
+        runners["HF padded to batch max"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
+                                                     pad_to=None), hf)  # fmt: skip
     optimizers = {name: build_optimizer(model, opt_cfg) for name, (_, model) in runners.items()}
     seconds = dict.fromkeys(runners, 0.0)
     tokens = 0
     for step in range(args.warmup + args.steps):
         index = np.arange(step * args.batch, (step + 1) * args.batch)
         for name, (run, _) in runners.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(device)
             t0 = time.perf_counter()
-            run(optimizers[name], index)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            run(opt=optimizers[name], index=index)
+            synchronize(device)
             if step >= args.warmup:
                 seconds[name] += time.perf_counter() - t0
         if step >= args.warmup:
             tokens += int(samples.lengths[index].sum())
     padding = 1 - tokens / (args.batch * args.steps * args.seq_len)
     print(
-        f"size={args.size} seq_len={args.seq_len} batch={args.batch} steps={args.steps} device={device} "
-        f"dtype={args.dtype} threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
+        f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch} "
+        f"steps={args.steps} device={device} dtype={args.dtype} dropout={args.dropout} "
+        f"threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
     )
-    base = tokens / seconds["ours (unpadded)"]
+    first = next(iter(seconds))
+    base = tokens / seconds[first]
+    hf_padded = seconds.get("HF padded to seq-len")
     for name, secs in seconds.items():
         tps = tokens / secs
         seq_s = args.batch * args.steps / secs
-        print(f"  {name:<24} {tps:12,.0f} tokens/s  {seq_s:8.2f} seq/s  ours/this = {base / tps:5.2f}x")
+        peak = 6 * parameters * tps / (args.peak_tflops * 1e12)
+        versus_hf = f"  HF seq-len/this = {hf_padded / secs:5.2f}x" if hf_padded else ""
+        print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s:8.2f} seq/s  {peak:6.1%} of peak  "
+              f"{first}/this = {base / tps:5.2f}x{versus_hf}")  # fmt: skip
+    if args.breakdown:
+        index = np.arange((args.warmup + args.steps) * args.batch, (args.warmup + args.steps + 1) * args.batch)
+        print("  breakdown of one step, ms: wall | attention | matmul | optimizer | other device | host, device idle")
+        for name, (run, _) in runners.items():
+            parts = breakdown(partial(run, opt=optimizers[name], index=index), device)
+            print(f"  {name:<26} " + " | ".join(f"{v * 1e3:8.1f}" for v in parts.values()))
 
 
 if __name__ == "__main__":
