@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in order of value: the gpu-marked tests, then the GPU rows of BENCHMARKS.md
-# (trainer throughput against Hugging Face, the LAMB step, clipping and noise-scale overhead with NCCL).
-# Each writes its output to $OUT (default: gpu_checks/) as one file; a failing step does not stop the rest.
+# The checks that need a CUDA GPU, in order of value, sized for about 8 minutes of one H100:
+#   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
+#   throughput   BERT-large, bf16, BERT's dropout, batch 32: our attention kernels and compiled layers beside
+#                Hugging Face's padded model, with the per-step breakdown; then ours alone at larger micro-batches
+#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the closed-division MLPerf log)
+#   clipping, noise_scale   their overhead on one NCCL rank
+#   optimizer_step          our LAMB step against the per-parameter loop
+# Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, the
+# experiment's own files stay in /tmp/gpu_experiment); a failing step does not stop the rest; the time limits add up
+# to under 10 minutes. Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 set -u
 OUT=${OUT:-gpu_checks}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the trials' trainer processes import this checkout too
 run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the terminal
   local name=$1 secs=$2; shift 2
-  echo "=== $name: $*" | tee "$OUT/$name.txt"
+  { echo "=== $name: $*"; cat "$OUT/machine.txt"; } | tee "$OUT/$name.txt"
+  local t0=$SECONDS
   timeout "$secs" "$@" 2>&1 | tee -a "$OUT/$name.txt"
-  echo "=== $name exit ${PIPESTATUS[0]}" | tee -a "$OUT/$name.txt"
+  echo "=== $name exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$OUT/$name.txt"
 }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; lscpu | grep "Model name";
-  $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$OUT/machine.txt" 2>&1
+{ date -u +"%Y-%m-%d %H:%M UTC"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+  lscpu | grep "Model name"; $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+} > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-run tests 150 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
-run throughput 150 $PY -m bench.trainer_throughput --device cuda --size large --dtype bf16 --batch 32 --steps 20 --warmup 3
-run optimizer_step 60 $PY -m bench.optimizer_step --device cuda --steps 30 --warmup 5
-run clipping 90 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 --batch 8 --rounds 15
-run noise_scale 90 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 --batch 8 --rounds 15
+LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
+run experiment 200 env OUT=/tmp/gpu_experiment PYTHON="$PY" bash scripts/gpu_experiment.sh
+run throughput 130 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 12 --warmup 4 \
+  --variants padded,jagged,jagged+compile --breakdown
+run throughput_batch 50 sh -c "for b in 64 128; do $PY -m bench.trainer_throughput $LARGE --batch \$b --steps 8 \
+  --warmup 3 --variants jagged+compile --no-hf; done"
+run tests 100 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
+  --batch 8 --rounds 10
+run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
+  --dtype bf16 --batch 8 --rounds 10
+run optimizer_step 25 $PY -m bench.optimizer_step --device cuda --steps 20 --warmup 5

@@ -35,5 +35,6 @@ def test_hpo_plan_accepts_every_preset(preset: Path):
 
 
 MOVED = [f"{name}.yaml" for name in ("adam_vs_lamb", "batch_scaling", "clipping_strategies", "adam_vs_lamb_demo_cpu",
+         "adam_vs_lamb_gpu_check",
          "adam_vs_lamb_demo_cpu_asha", "adam_vs_lamb_demo_cpu_nni", "batch_scaling_demo_cpu",
          "clipping_strategies_demo_cpu")]  # fmt: skip

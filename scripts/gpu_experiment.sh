@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# An HPO experiment end to end on this machine's GPU(s), as a user runs it: the demo corpus generated here (once),
+# `hpo run` of the GPU preset on a SQLite file (trials placed on the GPUs by the allocator, each recorded by its
+# own process), `hpo status`, the trials and the best per arm with the verdict, every trial's MLPerf log through
+# the MLPerf compliance checker (open division: a synthetic corpus; the closed division's 0.720 target is checked
+# by the gpu-marked trainer test), `hpo export` of the best config and a few hundred samples of training from it.
+#     OUT=/tmp/gpu bash scripts/gpu_experiment.sh
+#     PRESET=my_experiment.yaml bash scripts/gpu_experiment.sh        # another experiment file
+set -euo pipefail
+OUT=${OUT:-gpu_checks}
+PY=${PYTHON:-python3}
+PRESET=${PRESET:-search_spaces/presets/adam_vs_lamb_gpu_check.yaml}
+DATA=${DATA:-data/demo}
+NAME=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$PRESET")
+DB="sqlite:///$OUT/experiment.db"
+RUN_DIR="$OUT/experiment"
+hpo() { $PY -m hpo --db "$DB" "$@"; }
+step() { echo; echo "--- $*"; }
+
+mkdir -p "$OUT"
+rm -rf "$RUN_DIR" "$OUT/experiment.db"
+if [ ! -f "$DATA/meta.json" ]; then
+  step "generating the demo corpus into $DATA"
+  $PY -m trainer.data.demo_corpus --out "$DATA"
+fi
+step "hpo run $PRESET"
+hpo run "$PRESET" --run-dir "$RUN_DIR"
+step "hpo status $NAME"
+hpo status "$NAME"
+step "hpo trials $NAME"
+hpo trials "$NAME"
+step "hpo best $NAME --per-arm"
+hpo best "$NAME" --per-arm
+step "the MLPerf compliance checker (training 5.0.0) on every trial's log"
+passed=0
+logs=0
+for log in "$RUN_DIR"/trials/*/mlperf.log; do
+  [ -f "$log" ] || continue
+  logs=$((logs + 1))
+  if $PY -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 --log_output "$log.checked" "$log" \
+      > "$log.checker.txt" 2>&1; then
+    passed=$((passed + 1)); echo "$log: SUCCESS"
+  else
+    echo "$log: FAILED"; tail -5 "$log.checker.txt"
+  fi
+done
+echo "compliance checker: $passed of $logs trial logs passed"
+step "hpo export $NAME"
+hpo export "$NAME" -o "$OUT/best.yaml"
+cat "$OUT/best.yaml"
+step "training from the exported config for 2,048 samples"
+$PY -m trainer --config "$OUT/best.yaml" budget.max_samples=2048 eval.every_samples=1024 log.mlperf=null \
+  log.every_steps=8 checkpoint.dir=null
+[ "$logs" -gt 0 ] && [ "$passed" -eq "$logs" ]
