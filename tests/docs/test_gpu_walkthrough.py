@@ -36,6 +36,8 @@ def check(argv: list[str]) -> None:
         prepare_args(argv[3:])
     elif argv[0] == "cp":
         assert (ROOT / argv[1]).is_file(), argv
+    elif argv[0] == "bash" and len(argv) == 2:
+        assert (ROOT / argv[1]).is_file() and argv[1].startswith("scripts/"), argv
     else:
         raise AssertionError(f"docs/gpu.md: a command this test does not know how to check: {shlex.join(argv)}")
 
