@@ -52,10 +52,14 @@ def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, b
     return ddp, clipper, optimizer, probe
 
 
-def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: int = 1) -> None:
+def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: int = 1, measured: bool = True) -> None:
+    """One training step; with a probe, measured or not (`log.noise_scale_every`: the trainer measures every k-th)."""
+    if probe is not None:
+        probe.measure(measured)
+        probe = probe if measured else None
     for i in range(accumulation):  # the same batch every micro-batch: only the time matters here
-        measured = probe.micro_batch(1 / accumulation, 1.0) if probe is not None and accumulation > 1 else nullcontext()
-        with clipper.backward_context(last_micro_batch=i == accumulation - 1), measured:
+        around = probe.micro_batch(1 / accumulation, 1.0) if probe is not None and accumulation > 1 else nullcontext()
+        with clipper.backward_context(last_micro_batch=i == accumulation - 1), around:
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 loss = pretraining_loss(ddp(batch), batch).total
             (loss / accumulation).backward()
@@ -105,7 +109,8 @@ class Rank:
                 if use_cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                step(*runs[k], self.batch, self.device, self.autocast, self.args.accumulation)
+                measured = round_ % getattr(self.args, "every", 1) == 0  # noise_scale_overhead --every
+                step(*runs[k], self.batch, self.device, self.autocast, self.args.accumulation, measured)
                 if use_cuda:
                     torch.cuda.synchronize()
                 if round_ >= self.args.warmup:
@@ -134,9 +139,11 @@ def report(args, clipper, times: dict[str, list[float]]) -> None:
         print(f"  {s:<17} {1e3 * med:9.1f} ms/step   x{med / base:5.3f} vs none")
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """The options of the DDP step benchmarks (this one and bench/noise_scale_overhead.py)."""
+def parse_args(description: str, every: bool = False) -> argparse.Namespace:
+    """The options of the DDP step benchmarks (this one and bench/noise_scale_overhead.py, which has `--every`)."""
     ap = argparse.ArgumentParser(description=description)
+    if every:
+        ap.add_argument("--every", type=int, default=1, help="the probe measures every this-many-th round")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--size", choices=SIZES, default="cpu")
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank per step")

@@ -3,10 +3,13 @@
 For each clipping strategy, a training step with the measurement (NormProbe: per-bucket norms before and after
 the all-reduce, one all-reduce of a few scalars, the host reading them) is timed against the same step
 without it. Runs are interleaved round by round in a rotated order so both see the same machine state.
-Prints medians and the ratio (goal: <= 1.02).
+Prints medians and the ratio (goal: <= 1.02). With `--every K` the probe measures every K-th round only (as
+`log.noise_scale_every: K` in the trainer); the ratio is then of the means over the rounds, which include the
+measured ones (use a multiple of K rounds).
 
     python -m bench.noise_scale_overhead                      # 2 CPU ranks
     python -m bench.noise_scale_overhead --accumulation 2     # micro-batches against a rank's batch
+    python -m bench.noise_scale_overhead --accumulation 2 --every 8 --rounds 16
     python -m bench.noise_scale_overhead --device cuda --size base
 """
 
@@ -42,13 +45,15 @@ def report(args, times) -> None:
         f"seq_len={args.seq_len} bucket_cap_mb={args.bucket_cap_mb} accumulation={args.accumulation} "
         f"rounds={args.rounds}"
     )
+    average = statistics.median if args.every == 1 else statistics.mean
+    print(f"  the {average.__name__} of {args.rounds} rounds; the probe measures every {args.every} round(s)")
     for s in STRATEGIES:
-        off, on = statistics.median(times[(s, False)]), statistics.median(times[(s, True)])
+        off, on = average(times[(s, False)]), average(times[(s, True)])
         print(f"  {s:<17} off {1e3 * off:9.1f} ms/step   on {1e3 * on:9.1f} ms/step   x{on / off:5.3f}")
 
 
 def main() -> None:
-    args = parse_args(__doc__.split("\n")[0])
+    args = parse_args(__doc__.split("\n")[0], every=True)
     if args.nproc * args.accumulation < 2:
         raise SystemExit(
             "error: the noise scale needs two gradients at least: --nproc 2, or --accumulation 2 on one rank"

@@ -4,7 +4,7 @@
 #   throughput   BERT-large, bf16, BERT's dropout, batch 32: our attention kernels and compiled layers beside
 #                Hugging Face's padded model, with the per-step breakdown; then ours alone at larger micro-batches
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the closed-division MLPerf log)
-#   clipping, noise_scale   their overhead on one NCCL rank
+#   clipping, noise_scale   their overhead on one NCCL rank (the noise scale measured every 8th step)
 #   optimizer_step          our LAMB step against the per-parameter loop
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, the
 # experiment's own files stay in /tmp/gpu_experiment); a failing step does not stop the rest; the time limits add up
@@ -37,9 +37,9 @@ run throughput 130 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 12 
   --variants padded,jagged,jagged+compile --breakdown
 run throughput_batch 50 sh -c "for b in 64 128; do $PY -m bench.trainer_throughput $LARGE --batch \$b --steps 8 \
   --warmup 3 --variants jagged+compile --no-hf; done"
-run tests 100 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run tests 90 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 8 --rounds 10
-run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
-  --dtype bf16 --batch 8 --rounds 10
-run optimizer_step 25 $PY -m bench.optimizer_step --device cuda --steps 20 --warmup 5
+run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
+  --dtype bf16 --batch 8 --rounds 16 --every 8
+run optimizer_step 20 $PY -m bench.optimizer_step --device cuda --steps 20 --warmup 5

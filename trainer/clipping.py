@@ -86,9 +86,11 @@ class BucketClipState:
 
 
 def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_buckets: int) -> torch.futures.Future:
-    buf, index, probe, scale = bucket.buffer(), bucket.index(), state.probe, state.loss_scale()
-    norm = global_norm([buf])
+    buf, index, scale = bucket.buffer(), bucket.index(), state.loss_scale()
+    probe = state.probe if state.probe is not None and state.probe.active else None
     coef = 1.0
+    if state.max_norm is not None or probe is not None:
+        norm = global_norm([buf])
     if state.max_norm is not None:
         coef = clip_coefficient(norm, state.max_norm / math.sqrt(num_buckets) * scale)
         buf.mul_(coef.to(buf.dtype))
@@ -193,19 +195,20 @@ class GradientClipper:
         if not grads:
             return
         scale = self.loss_scale()
-        one_process_probe = self.probe if self.probe is not None and not self.env.enabled else None
+        probe = self.probe if self.probe is not None and self.probe.active else None  # None: step not measured
+        one_process_probe = probe if not self.env.enabled else None
         if self.local_clip:
             norm = global_norm(grads)
             coef = clip_coefficient(norm, self.cfg.max_norm * scale)
             if one_process_probe is not None:
                 one_process_probe.record_big(norm, scale)
-            elif self.probe is not None:
-                self.probe.record_local(0, norm, coef, scale)
+            elif probe is not None:
+                probe.record_local(0, norm, coef, scale)
             torch._foreach_mul_(grads, coef)
             if self.env.enabled:
                 self._all_reduce_mean(grads)
-                if self.probe is not None:
-                    self.probe.record_mean(0, global_norm(grads), scale)
+                if probe is not None:
+                    probe.record_mean(0, global_norm(grads), scale)
             return
         if one_process_probe is not None:
             one_process_probe.record_big(global_norm(grads), scale)

@@ -10,6 +10,9 @@ The clipping code calls it where the gradients pass anyway, so it costs no extra
 Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight, so they are in the units of
 a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
 accumulating) sums the ranks' numbers.
+
+The probe measures only the steps it is switched on for (`measure`, every `log.noise_scale_every` steps): on the
+others it records nothing, its per-parameter hooks are removed, and the host reads nothing back.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ class NormProbe:
         self.micro_sq: list[torch.Tensor] = []  # one process: |g_i|² of each micro-batch
         self.big_sq: torch.Tensor | None = None  # one process: |accumulated gradient|² before any clip
         self._micro_grads: list[torch.Tensor] = []  # this micro-batch's incoming gradients, until it ends
+        self.active = True  # this step is measured (`measure`)
+        self._watched: list[torch.nn.Parameter] = []
+        self._hooks: list = []  # the per-parameter hooks' handles while the step is measured
+
+    def measure(self, active: bool) -> None:
+        """Measure the coming step or not; an unmeasured step runs no hook of the probe's and records nothing."""
+        self.active = active
+        if self.watching and active and not self._hooks:
+            self._hooks = [p.register_hook(self._add_micro) for p in self._watched]
+        elif not active and self._hooks:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
 
     def record_local(self, index: int, norm: torch.Tensor, coef, scale) -> None:
         """This rank's bucket `index` before the all-reduce: its norm (loss-scaled) and its clip coefficient."""
@@ -54,8 +70,8 @@ class NormProbe:
     def watch_micro_batches(self, params: list[torch.nn.Parameter]) -> None:
         """Sum each parameter's incoming gradient norm² per backward (one process, gradient accumulation)."""
         self.watching = True
-        for p in params:
-            p.register_hook(self._add_micro)
+        self._watched = list(params)
+        self.measure(self.active)
 
     def _add_micro(self, grad: torch.Tensor) -> None:
         # Kept, not reduced here: one norm launch per parameter cost a 340 M-parameter BERT-large 70 % of its step

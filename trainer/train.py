@@ -243,8 +243,12 @@ def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.
     return loss.total.detach() * batch.masked_labels.numel(), loss.mlm_correct
 
 
-def train_step(run: Run, micro_batches: list) -> StepStats:
+def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
+    """Optimizer step number `step` (from 1) over `micro_batches`."""
     run.model.train()
+    measured = run.probe is not None and step % run.cfg.log.noise_scale_every == 0
+    if run.probe is not None:
+        run.probe.measure(measured)
     batches = [pack_batch(run.train_samples, idx).to(run.device) for idx in micro_batches]
     masked = sum(b.masked_labels.numel() for b in batches)
     loss_sum = torch.zeros((), device=run.device)
@@ -252,12 +256,13 @@ def train_step(run: Run, micro_batches: list) -> StepStats:
     for i, batch in enumerate(batches):
         # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
         weight = batch.num_sequences / max(1, sum(b.num_sequences for b in batches))
-        with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1), micro_batch_probe(run, weight):
+        probe = micro_batch_probe(run, weight) if measured else nullcontext()
+        with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1), probe:
             loss, ok = forward_backward(run, batch, weight)
         loss_sum += loss
         correct += ok
     run.clipper.before_step(run.optimizer)
-    grad_sq_norms = run.probe.take() if run.probe is not None else None
+    grad_sq_norms = run.probe.take() if measured else None
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.scheduler.step()
@@ -356,7 +361,7 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
     pending: list[tuple[int, StepStats]] = []  # steps whose loss is still on the device
     for micro_batches in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
-        stats = train_step(run, micro_batches)
+        stats = train_step(run, micro_batches, state.step + 1)
         tokens = all_gather_scalar(stats.tokens, run.device, run.env)
         sequences = all_gather_scalar(stats.sequences, run.device, run.env)
         state.step += 1

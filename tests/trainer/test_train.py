@@ -96,6 +96,28 @@ def test_a_nan_between_reads_ends_the_run_as_diverged_at_the_next_read(tmp_path,
     assert f"(read at step {result.steps}): diverged" in capfd.readouterr().err
 
 
+def test_the_noise_scale_measured_every_third_step_is_the_every_step_measurement_at_those_steps(tmp_path):
+    """With accumulation (micro-batches are the small batches), `log.noise_scale_every: 3` measures steps 3, 6, 9
+    and 12 only, with the norms the every-step run measured there; training is the same, and its noise scale is
+    the EMA (decay 0.5) of those four measurements, computed here from the formulas of the two-batch estimate."""
+    _, each = run(tmp_path / "each", **{"log.noise_scale_decay": 0.5})
+    _, third = run(tmp_path / "third", **{"log.noise_scale_decay": 0.5, "log.noise_scale_every": 3})
+    each, third = ([r for r in records if r.get("event") == "progress"] for records in (each, third))
+    assert [r["loss"] for r in third] == [r["loss"] for r in each]
+    assert [r["step"] for r in third if r["grad_sq_norm_small"] is not None] == [3, 6, 9, 12]
+    grad_ema = trace_ema = 0.0
+    for mine, every in zip(third, each, strict=True):
+        if mine["step"] % 3:
+            continue
+        assert (mine["grad_sq_norm_small"], mine["grad_sq_norm_big"]) == (every["grad_sq_norm_small"],
+                                                                          every["grad_sq_norm_big"])  # fmt: skip
+        small, big = every["grad_sq_norm_small"], every["grad_sq_norm_big"]  # micro-batch 4, batch 8
+        grad_sq, trace = (8 * big - 4 * small) / 4, (small - big) / (1 / 4 - 1 / 8)
+        grad_ema, trace_ema = 0.5 * grad_ema + 0.5 * grad_sq, 0.5 * trace_ema + 0.5 * trace
+        expected = trace_ema / grad_ema if grad_ema > 0 else None
+        assert mine["noise_scale"] == (pytest.approx(expected, rel=1e-9) if expected is not None else None)
+
+
 def test_resume_continues_the_same_loss_sequence(tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()
