@@ -93,10 +93,11 @@ def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_bucket
         norm = global_norm([buf])
     if state.max_norm is not None:
         coef = clip_coefficient(norm, state.max_norm / math.sqrt(num_buckets) * scale)
-        buf.mul_(coef.to(buf.dtype))
+        buf.mul_((coef / state.world_size).to(buf.dtype))  # clip and average in one pass over the bucket
+    else:
+        buf.div_(state.world_size)
     if probe is not None:
         probe.record_local(index, norm, coef, scale)
-    buf.div_(state.world_size)
     if state.timeline is not None:
         state.timeline.append(("allreduce", index, time.perf_counter_ns()))
     work = dist.all_reduce(buf, group=state.process_group, async_op=True)

@@ -34,6 +34,8 @@ def tensor_norms(tensors: Sequence[Tensor]) -> Tensor:
 def global_norm(tensors: Sequence[Tensor]) -> Tensor:
     """‖concat(tensors)‖₂ as a 0-dim tensor on the first tensor's device; no host synchronization."""
     device, acc = tensors[0].device, _accumulate_dtype(tensors)
+    if len(tensors) == 1 and device.type != "cpu":  # one tree reduction, one launch (a DDP bucket, say)
+        return torch.linalg.vector_norm(tensors[0], dtype=acc)
     by_device: dict[torch.device, list[Tensor]] = {}
     for t in tensors:
         by_device.setdefault(t.device, []).append(t)
