@@ -43,3 +43,9 @@ run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumul
 run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 8 --rounds 16 --every 8
 run optimizer_step 20 $PY -m bench.optimizer_step --device cuda --steps 20 --warmup 5
+echo "=== summary (the full output of each check is in $OUT/)"
+grep -h "=== .* exit" "$OUT"/*.txt
+grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
+grep -h "^size=\|^  ours \|^  HF \|^  breakdown" "$OUT"/throughput*.txt
+grep -h " passed\| failed" "$OUT/tests.txt" | tail -1
+grep -h " x[0-9]\|[0-9]x$" "$OUT/clipping.txt" "$OUT/noise_scale.txt" "$OUT/optimizer_step.txt"
