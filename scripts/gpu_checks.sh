@@ -15,9 +15,9 @@ OUT=${OUT:-gpu_checks}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
+if [ -d .whl ]; then  # made for Python 3.12 on x86-64 (the GPU image's); elsewhere the installed packages serve
+  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  then export PYTHONPATH=/tmp/site; else echo "the wheels in .whl/ do not install here: using the installed packages"; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the trials' trainer processes import this checkout too
 run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the terminal
