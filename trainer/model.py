@@ -54,7 +54,8 @@ class PaddingLayout:
         starts = cu_seqlens[:-1].long()
         lengths = cu_seqlens[1:].long() - starts
         batch = lengths.numel()
-        seq_of_token = torch.repeat_interleave(torch.arange(batch, device=cu_seqlens.device), lengths)
+        seq_of_token = torch.repeat_interleave(torch.arange(batch, device=cu_seqlens.device), lengths,
+                                               output_size=position_ids.numel())  # fmt: skip
         slots = seq_of_token * max_seqlen + position_ids
         key_mask = torch.arange(max_seqlen, device=cu_seqlens.device)[None, :] < lengths[:, None]
         return PaddingLayout(slots, key_mask[:, None, None, :], batch, max_seqlen)
@@ -86,9 +87,11 @@ class JaggedLayout:
 
     offsets: torch.Tensor  # int64 [B + 1]
     max_seqlen: int
+    min_seqlen: int  # both given, so that no kernel reads them back from the device
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
-        nested = torch.nested.nested_tensor_from_jagged(t, offsets=self.offsets, max_seqlen=self.max_seqlen)
+        nested = torch.nested.nested_tensor_from_jagged(t, offsets=self.offsets, max_seqlen=self.max_seqlen,
+                                                        min_seqlen=self.min_seqlen)  # fmt: skip
         return nested.transpose(1, 2)
 
 
@@ -133,7 +136,7 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
     if kernel == "varlen":
         return None
     if kernel == "jagged":
-        return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen)
+        return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
     return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
 
 

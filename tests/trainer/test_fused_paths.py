@@ -74,7 +74,7 @@ def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
     batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch.num_tokens, 4, 8, generator=generator) for _ in range(3))
-    jagged = JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen)
+    jagged = JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
     grid = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
     exact = packed_attention(q, k, v, batch, grid, 0.0)
     assert_close(packed_attention(q, k, v, batch, jagged, 0.0), exact, "jagged output without dropout")

@@ -25,6 +25,7 @@ class PackedBatch:
     position_ids: torch.Tensor  # int64 [T], 0..len-1 inside each sequence
     cu_seqlens: torch.Tensor  # int32 [B + 1], cu_seqlens[i] = first token of sequence i
     max_seqlen: int  # longest sequence in the batch
+    min_seqlen: int  # shortest sequence in the batch (kernels that would otherwise read it from the device)
     masked_positions: torch.Tensor  # int64 [M], indices into the [T] stream
     masked_labels: torch.Tensor  # int64 [M], original token ids at those positions
     next_sentence_labels: torch.Tensor  # int64 [B], 0 = IsNext, 1 = NotNext
@@ -71,6 +72,7 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
         position_ids=torch.from_numpy(position_ids.astype(np.int64)),
         cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
         max_seqlen=int(lengths.max()) if len(index) else 0,
+        min_seqlen=int(lengths.min()) if len(index) else 0,
         masked_positions=torch.from_numpy(masked_positions.astype(np.int64)),
         masked_labels=torch.from_numpy(masked_labels.astype(np.int64)),
         next_sentence_labels=torch.from_numpy(samples.next_sentence_labels[index].astype(np.int64)),
