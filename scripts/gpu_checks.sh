@@ -47,5 +47,5 @@ echo "=== summary (the full output of each check is in $OUT/)"
 grep -h "=== .* exit" "$OUT"/*.txt
 grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
 grep -h "^size=\|^  ours \|^  HF \|^  breakdown" "$OUT"/throughput*.txt
-grep -h " passed\| failed" "$OUT/tests.txt" | tail -1
+grep -h " passed\| failed\| skipped" "$OUT/tests.txt" | tail -1
 grep -h " x[0-9]\|[0-9]x$" "$OUT/clipping.txt" "$OUT/noise_scale.txt" "$OUT/optimizer_step.txt"
