@@ -93,7 +93,7 @@ def test_presets_load_and_sampled_configurations_are_valid_trainer_configs(name)
 
 def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
     presets = list_presets()
-    assert len(presets) == 10  # the six above, adam_vs_lamb_demo_cpu_{nni,asha}, the two *_simulated
+    assert len(presets) == 11  # the six above, adam_vs_lamb_demo_cpu_{nni,asha}, the two *_simulated, the GPU check
     for name in ("adam_vs_lamb", "clipping_strategies", "batch_scaling"):
         full, demo = load_experiment(preset_path(name)), load_experiment(preset_path(f"{name}_demo_cpu"))
         assert set(demo.compare) == set(full.compare)
@@ -102,6 +102,16 @@ def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
         assert base.budget.max_time_s is None and 8 <= demo.budget.trials <= 12  # trials end by samples
         assert demo.resources.gpus == "none"
         assert TrainerConfig.model_validate(full.resolved_base()).model.hidden_size == 1024
+
+
+def test_the_gpu_check_is_a_small_bert_with_dropout_two_trials_to_a_gpu_each_writing_its_mlperf_log():
+    spec = load_experiment(preset_path("adam_vs_lamb_gpu_check"))
+    base = TrainerConfig.model_validate(spec.resolved_base())
+    assert spec.compare == ["optimizer.name"] and spec.budget.confirm_seeds == 2 and spec.budget.trials == 4
+    assert (spec.resources.gpus, spec.resources.gpus_per_trial, spec.resources.trials_per_gpu) == ("all", 1, 2)
+    assert (base.model.num_hidden_layers, base.model.hidden_size, base.precision.dtype) == (4, 256, "bf16")
+    assert base.model.attention_probs_dropout_prob == base.model.hidden_dropout_prob == 0.1
+    assert base.log.mlperf == "mlperf.log" and base.budget.max_time_s is None  # trials end by samples
 
 
 def test_the_asha_demo_is_the_cpu_demo_with_rungs_of_4096_and_12288_samples():
