@@ -66,14 +66,14 @@ def all_reduce_sum(values: list[float], device: torch.device, env: DistEnv) -> l
     return t.tolist()
 
 
-def all_gather_scalar(value: float, device: torch.device, env: DistEnv) -> list[float]:
-    """One number from every rank, in rank order."""
+def all_gather_scalars(values: list[float], device: torch.device, env: DistEnv) -> list[list[float]]:
+    """A few numbers from every rank, in rank order, in one collective: [rank][value] (one process: [values])."""
     if not env.enabled:
-        return [value]
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    out = [torch.zeros_like(t) for _ in range(env.world_size)]
-    dist.all_gather(out, t)
-    return [o.item() for o in out]
+        return [list(values)]
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = torch.zeros(env.world_size * len(values), dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(out, t)
+    return out.view(env.world_size, len(values)).tolist()
 
 
 def cleanup() -> None:

@@ -27,7 +27,7 @@ from trainer.config import TrainerConfig, dump_config
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples
-from trainer.distributed import DistEnv, all_gather_scalar, dist_env_from_environ, init_process_group, pick_device
+from trainer.distributed import DistEnv, all_gather_scalars, dist_env_from_environ, init_process_group, pick_device
 from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.mlperf_log import MLPerfLog, open_log
@@ -362,8 +362,8 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
     for micro_batches in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches, state.step + 1)
-        tokens = all_gather_scalar(stats.tokens, run.device, run.env)
-        sequences = all_gather_scalar(stats.sequences, run.device, run.env)
+        per_rank = all_gather_scalars([stats.tokens, stats.sequences], run.device, run.env)  # one wait per step
+        tokens, sequences = [r[0] for r in per_rank], [r[1] for r in per_rank]
         state.step += 1
         state.batch_in_epoch += len(micro_batches)
         state.samples += int(sum(sequences))
