@@ -58,6 +58,18 @@ def resolve_autocast(cfg: TrainerConfig, device: torch.device) -> torch.dtype | 
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
+def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
+    """`model.attention: varlen` only where the kernel runs, said before any work (the model would say it later)."""
+    if cfg.model.attention != "varlen":
+        return
+    if device.type != "cuda" or autocast is None or cfg.model.attention_probs_dropout_prob > 0:
+        raise ConfigError(
+            f"model.attention: varlen needs CUDA, bf16 or fp16 and model.attention_probs_dropout_prob 0 (this run: "
+            f"{device.type}, {'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, dropout "
+            f"{cfg.model.attention_probs_dropout_prob}); use auto, jagged or padded"
+        )
+
+
 def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
     per_step = cfg.batch.micro_batch_size * env.world_size
     if cfg.batch.global_batch_size % per_step:
@@ -108,6 +120,7 @@ class Run:
 def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter, mlperf: MLPerfLog) -> Run:
     accumulation = accumulation_steps(cfg, env)
     autocast = resolve_autocast(cfg, device)
+    check_attention(cfg, device, autocast)
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model)
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, limit=cfg.eval.max_samples)
     model = build_model(cfg, device)

@@ -149,6 +149,14 @@ def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
     assert final["kind"] == "final" and final["status"] == "budget_exhausted"
 
 
+def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path):
+    overrides = make_train_overrides(tmp_path, **{"model.attention": "varlen"})
+    done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "error: model.attention: varlen needs CUDA" in done.stderr and "(this run: cpu, fp32, dropout 0.1)" in done.stderr
+    assert "training BERT" not in done.stderr
+
+
 def test_cli_diverged_exit_code(tmp_path):
     overrides = make_train_overrides(
         tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30}
