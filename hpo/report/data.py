@@ -42,6 +42,7 @@ with so few empty steps, that nothing in the record tells them apart.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ from hpo.simulation.cost import simulated_line
 from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord
 from hpo.storage.noise import NOISE_METRICS, LateNoise, late_noise_of
 from hpo.trials import TrialKind, TrialState
+from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
 
 TO_TARGET_METRICS = ("samples_to_target", "time_to_target_s")
@@ -121,8 +123,9 @@ class ArmData:
     evidence: ArmSummary | None  # the verdict's numbers for this arm
     optimizer: str | None = None  # the optimizer of its best trial (of its first trial when none is best)
 
-    @property
+    @cached_property
     def tuning(self) -> tuple[TrialRow, ...]:
+        """The tuning trials, in number order (read by every table and figure: kept after the first read)."""
         return tuple(t for t in self.trials if t.kind == TrialKind.TUNING.value)
 
     def counts(self, kind: str | None = TrialKind.TUNING.value) -> dict[str, int]:
@@ -205,10 +208,12 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     metric = spec.objective.metric
     base = spec.resolved_base()
     cfg = config_from_dict(base)
+    micro_names = [name for name in spec.space.params if trainer_key(name) == "batch.micro_batch_size"]
     arm_data = []
     for label in labels:
         mine = [t for t in records if t.arm == label]
-        rows = tuple(_row(t, metric, noise.get(t.id), _big_batch(spec, cfg.batch.micro_batch_size, t)) for t in mine)
+        rows = tuple(_row(t, metric, noise.get(t.id), _big_batch(spec, cfg.batch.micro_batch_size, t, micro_names))
+                     for t in mine)  # fmt: skip
         top = best.get(label)
         evidence = _evidence(verdict, label or NO_ARM)
         optimizer = _optimizer(spec, base, top.params if top else rows[0].params if rows else {})
@@ -274,9 +279,10 @@ def measured_value(trial: TrialRecord, metric: str) -> float | None:
     return trial.objective
 
 
-def _big_batch(spec, base_micro: int, trial: TrialRecord) -> int | None:
-    """The big batch of the trial's noise-scale estimator, from its configuration and ranks."""
-    micro = spec.space.trainer_values(trial.params).get("batch.micro_batch_size", base_micro)
+def _big_batch(spec, base_micro: int, trial: TrialRecord, micro_names: Sequence[str] = ()) -> int | None:
+    """The big batch of the trial's noise-scale estimator, from its configuration and ranks (`micro_names`: the
+    space's parameters that set batch.micro_batch_size, found once for all trials)."""
+    micro = next((trial.params[name] for name in micro_names if name in trial.params), base_micro)
     ranks = len(trial.gpus) or spec.resources.cpu_ranks_per_trial
     return big_batch(trial.global_batch_size, int(micro), ranks)
 
@@ -309,10 +315,13 @@ def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_bat
 def top_trials(rows: Sequence[TrialRow], direction: str, k: int) -> list[TrialRow]:
     """The k best rows: measured values best first (ties by number), then the rest by best accuracy."""
     sign = -1.0 if direction == Direction.MAXIMIZE.value else 1.0
-    measured = sorted((r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.number))
-    others = sorted((r for r in rows if r.value is None and r.outcome != "unfinished"),
-                    key=lambda r: (-(r.best_mlm_accuracy or 0.0), r.number))  # fmt: skip
-    return (measured + others)[:k]
+    # the k smallest in one pass each (numbers are unique, so the order is total: the same as sorting all rows)
+    measured = heapq.nsmallest(k, (r for r in rows if r.value is not None), key=lambda r: (sign * r.value, r.number))
+    if len(measured) >= k:
+        return measured
+    others = heapq.nsmallest(k - len(measured), (r for r in rows if r.value is None and r.outcome != "unfinished"),
+                             key=lambda r: (-(r.best_mlm_accuracy or 0.0), r.number))  # fmt: skip
+    return measured + others
 
 
 def drawn_positions(rows: Sequence[TrialRow], direction: str, most: int = MAX_DRAWN) -> list[int]:
