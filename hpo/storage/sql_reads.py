@@ -27,6 +27,7 @@ from hpo.storage.models import TrialMetricModel, TrialModel
 from hpo.storage.statements import (
     _STATES,
     _VERSION,
+    TRIAL_RECORD_COLUMNS,
     _arms,
     _best_trial_query,
     _best_trial_statement,
@@ -41,6 +42,7 @@ from hpo.storage.statements import (
     _trial,
     _trial_filters,
     _trial_record,
+    _trial_records,
     _utc,
     _versions_statement,
 )
@@ -74,11 +76,9 @@ class TrialReads:
         order_by: str = "number",
         after: int | None = None,
     ) -> list[TrialRecord]:
-        # Rows, not ORM objects: a trial record reads the same attributes from either, three times faster (a
-        # 10,000-trial report lists every trial).
-        read = lambda result: [_trial_record(row) for row in result]  # noqa: E731
+        # Rows, not ORM objects, unpacked by position (a 100,000-trial report lists every trial)
         return self._paged(
-            select(TrialModel.__table__), read, experiment_id, state, arm, offset, limit, order_by, after
+            select(*TRIAL_RECORD_COLUMNS), _trial_records, experiment_id, state, arm, offset, limit, order_by, after
         )
 
     def list_trial_versions(

@@ -121,3 +121,14 @@ def test_a_trial_keeps_its_late_noise_scale_when_it_finishes(storage: SqlStorage
     quiet = storage.create_trial(experiment_id, make_spec(1))
     storage.finish_trial(quiet, TrialResult(TrialState.FAILED, reason="crashed"))  # never ran: no records
     assert (storage.get_trial(quiet).late_noise_scale, storage.get_trial(quiet).late_noise_undefined) == (None, 0.0)
+
+
+def test_listed_trials_are_the_records_read_one_by_one(storage: SqlStorage):
+    """`list_trials` builds its records from rows by position; `get_trials` from ORM objects by name: the same
+    records, field for field, for trials in every state and kind (with and without results, times, arms)."""
+    experiment_id = store(storage)
+    listed = storage.list_trials(experiment_id)
+    assert len(listed) == len(TRIALS)
+    assert listed == storage.get_trials([t.id for t in listed])
+    assert {t.state for t in listed} == {state for _, state, _, _ in TRIALS}
+    assert all(t.created_at.tzinfo is not None for t in listed)
