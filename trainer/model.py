@@ -119,13 +119,19 @@ def packed_attention(
     return gather_rows(out, layout.slots)
 
 
+def varlen_runs(cuda: bool, half: bool, dropout_p: float) -> bool:
+    """Whether `varlen_attn` can run: it is a flash kernel, CUDA and half precision only, without dropout."""
+    return cuda and half and dropout_p == 0.0
+
+
 def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
-    """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc)."""
+    """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc).
+    The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    varlen_fits = x.is_cuda and half and dropout_p == 0.0  # varlen_attn is a flash kernel without dropout
+    fits = varlen_runs(x.is_cuda, half, dropout_p)
     if choice == "auto":
-        return "varlen" if varlen_fits else "jagged" if x.is_cuda else "padded"
-    if choice == "varlen" and not varlen_fits:
+        return "varlen" if fits else "jagged" if x.is_cuda else "padded"
+    if choice == "varlen" and not fits:
         raise ConfigError("model.attention: varlen needs CUDA, bf16 or fp16 and no attention dropout in training "
                           "(model.attention_probs_dropout_prob: 0); use auto, jagged or padded")  # fmt: skip
     return choice

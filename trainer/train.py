@@ -31,7 +31,7 @@ from trainer.distributed import DistEnv, all_gather_scalars, dist_env_from_envir
 from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.mlperf_log import MLPerfLog, open_log
-from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict
+from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict, varlen_runs
 from trainer.noise_probe import NormProbe
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
@@ -62,7 +62,7 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
     """`model.attention: varlen` only where the kernel runs, said before any work (the model would say it later)."""
     if cfg.model.attention != "varlen":
         return
-    if device.type != "cuda" or autocast is None or cfg.model.attention_probs_dropout_prob > 0:
+    if not varlen_runs(device.type == "cuda", autocast is not None, cfg.model.attention_probs_dropout_prob):
         raise ConfigError(
             f"model.attention: varlen needs CUDA, bf16 or fp16 and model.attention_probs_dropout_prob 0 (this run: "
             f"{device.type}, {'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, dropout "
@@ -238,8 +238,6 @@ class Reading:
 def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
     """The loss and MLM accuracy of the steps since the last read, in one device-to-host copy: the loop does not
     wait for the device between steps, only every `log.every_steps` steps, at evaluations and at the end."""
-    if not pending:
-        return []
     values = torch.stack([torch.stack([s.loss_sum.float(), s.mlm_correct.float()]) for _, s in pending]).tolist()
     return [Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1))
             for (step, s), (loss, correct) in zip(pending, values, strict=True)]  # fmt: skip

@@ -279,7 +279,7 @@ def measured_value(trial: TrialRecord, metric: str) -> float | None:
     return trial.objective
 
 
-def _big_batch(spec, base_micro: int, trial: TrialRecord, micro_names: Sequence[str] = ()) -> int | None:
+def _big_batch(spec, base_micro: int, trial: TrialRecord, micro_names: Sequence[str]) -> int | None:
     """The big batch of the trial's noise-scale estimator, from its configuration and ranks (`micro_names`: the
     space's parameters that set batch.micro_batch_size, found once for all trials)."""
     micro = next((trial.params[name] for name in micro_names if name in trial.params), base_micro)

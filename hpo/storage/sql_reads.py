@@ -195,12 +195,12 @@ class TrialReads:
         return sorted(tallies, key=lambda t: (t.kind.value, t.state.value, t.arm is not None, t.arm or ""))
 
     def list_confirmations(self, experiment_id: int) -> list[TrialRecord]:
-        query = select(TrialModel.__table__).where(TrialModel.experiment_id == experiment_id,
-                                                   TrialModel.kind == TrialKind.CONFIRMATION.value)  # fmt: skip
+        query = select(*TRIAL_RECORD_COLUMNS).where(TrialModel.experiment_id == experiment_id,
+                                                    TrialModel.kind == TrialKind.CONFIRMATION.value)  # fmt: skip
         with self._session() as session:
             # sorted here: ORDER BY number would have SQLite walk every trial in number order instead of the
             # kind index
-            trials = sorted((_trial_record(row) for row in session.execute(query)), key=lambda t: t.number)
+            trials = sorted(_trial_records(session.execute(query)), key=lambda t: t.number)
             if not trials:
                 _require_experiment(session, experiment_id)
             return trials

@@ -295,35 +295,8 @@ def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
 
 
 def _trial_record(trial: TrialModel) -> TrialRecord:
-    return TrialRecord(
-        id=trial.id,
-        experiment_id=trial.experiment_id,
-        number=trial.number,
-        state=TrialState(trial.state),
-        params=dict(trial.params or {}),
-        arm=trial.arm,
-        budget=trial.budget,
-        gpus=tuple(trial.gpus or ()),
-        global_batch_size=trial.global_batch_size,
-        reason=trial.reason,
-        objective=trial.objective,
-        samples_to_target=trial.samples_to_target,
-        time_to_target_s=trial.time_to_target_s,
-        best_mlm_accuracy=trial.best_mlm_accuracy,
-        duration_s=trial.duration_s,
-        metrics=dict(trial.metrics or {}),
-        host=trial.host,
-        pid=trial.pid,
-        created_at=_utc(trial.created_at),
-        started_at=_utc(trial.started_at),
-        finished_at=_utc(trial.finished_at),
-        worker=trial.worker,
-        attempt=trial.attempt or 0,
-        kind=TrialKind(trial.kind or TrialKind.TUNING.value),
-        seed=trial.seed,
-        late_noise_scale=trial.late_noise_scale,
-        late_noise_undefined=trial.late_noise_undefined,
-    )
+    """The record of one trial, an ORM object or a row with TrialModel's column names."""
+    return _trial_records([tuple(getattr(trial, column.key) for column in TRIAL_RECORD_COLUMNS)])[0]
 
 
 _KINDS = {kind.value: kind for kind in TrialKind}
@@ -340,8 +313,8 @@ TRIAL_RECORD_COLUMNS = (
 
 
 def _trial_records(rows: Iterable[tuple]) -> list[TrialRecord]:
-    """`_trial_record` of rows of TRIAL_RECORD_COLUMNS, unpacked by position with a dict lookup per enum: a report
-    lists 100,000 trials, and reading each row's columns by name cost it more than fetching them."""
+    """The records of rows of TRIAL_RECORD_COLUMNS, unpacked by position with a dict lookup per enum: a report lists
+    100,000 trials, and reading each row's columns by name cost it more than fetching them."""
     states, kinds, tuning = _STATES, _KINDS, TrialKind.TUNING
     return [
         TrialRecord(id, experiment_id, number, states[state], dict(params or {}), arm, budget, tuple(gpus or ()),
