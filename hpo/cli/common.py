@@ -8,10 +8,26 @@ from pathlib import Path
 
 from hpo.errors import HpoError
 
+_OPENED: list = []  # the storages a command opened, closed by `close_storages` when it returns
+
 
 def open_storage(url: str | None, *, read_only: bool = False):
     """The storage at `url` (default: HPO_DATABASE_URL or the embedded SQLite file). A new embedded database is
-    created at the current schema, except for read-only commands, which never create a file or directory."""
+    created at the current schema, except for read-only commands, which never create a file or directory. It
+    stays open until the command returns (`close_storages`)."""
+    storage = _open_storage(url, read_only)
+    _OPENED.append(storage)
+    return storage
+
+
+def close_storages() -> None:
+    """Close what the command opened: SQLite's write-ahead log is folded into the file by the command that wrote
+    it, when it returns, not later by whichever connection happens to close last (a reader, for one)."""
+    while _OPENED:
+        _OPENED.pop().close()
+
+
+def _open_storage(url: str | None, read_only: bool):
     from hpo.storage import SqlStorage, default_database_url
 
     url = url or default_database_url()

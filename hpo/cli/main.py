@@ -32,6 +32,7 @@ import argparse
 import os
 import sys
 
+from hpo.cli.common import close_storages
 from hpo.cli.export import add_export
 from hpo.cli.imports import add_import
 from hpo.cli.inspection import add_best, add_status, add_trials
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except HpoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        close_storages()
 
 
 # SMAC3 and ConfigSpace iterate over sets of strings, whose order follows Python's per-process hash seed: the
