@@ -1,6 +1,12 @@
 """Each fast path of the model against its eager reference on the CPU, float32: the jagged attention against the
 padded grid, and the compiled per-token layers (`model.compile`) against the eager modules, losses and gradients
-within 1e-5 relative over a few optimizer steps of a tiny model with BERT's dropout, seeded."""
+within 1e-5 relative over a few optimizer steps of a tiny model with BERT's dropout, seeded.
+
+A few gradients cannot be known to 1e-5 in float32 at all: the next-sentence head's (pooler, classifier) sum six
+sequences' terms that nearly cancel (every [CLS] starts from the same embedding), and the eager float32 model is
+itself a few 1e-5 away from the exact gradient there. The exact gradient is the eager model run in float64 (the same
+dropout masks: the draws do not depend on the dtype); a fast path's gradient must be within 1e-5 of the eager one,
+or, where the eager float32 gradient is farther than that from the exact one, within that distance."""
 
 from __future__ import annotations
 
@@ -28,16 +34,28 @@ def assert_close(ours: torch.Tensor, reference: torch.Tensor, what: str) -> None
     assert error <= RTOL * scale, f"{what}: largest difference {error:.3g} against a scale of {scale:.3g}"
 
 
-def assert_gradients_close(grads: dict, reference: dict) -> None:
-    """Every gradient within RTOL; the key biases' gradients are zero in exact arithmetic (softmax does not see a
-    constant added to every key of a query), so both must be rounding noise, far below the other gradients."""
-    assert grads.keys() == reference.keys()
+def assert_gradients_close(grads: dict, reference: dict, exact: dict) -> None:
+    """Every gradient within RTOL of the eager one, or within the eager float32 gradient's own distance from the
+    exact (float64) one where that is larger; the key biases' gradients are zero in exact arithmetic (softmax does
+    not see a constant added to every key of a query), so both must be rounding noise, far below the others."""
+    assert grads.keys() == reference.keys() == exact.keys()
     largest = max(g.abs().max().item() for g in reference.values())
     for name, grad in grads.items():
         if name.endswith("attention.self.key.bias"):
             assert max(grad.abs().max().item(), reference[name].abs().max().item()) < 1e-6 * largest, name
-        else:
-            assert_close(grad, reference[name], name)
+            continue
+        scale = reference[name].abs().max().item()
+        float32_error = (reference[name].double() - exact[name]).abs().max().item()
+        error = (grad - reference[name]).abs().max().item()
+        assert error <= max(RTOL * scale, float32_error), (
+            f"{name}: largest difference {error:.3g} against a scale of {scale:.3g} (float32's own error there: "
+            f"{float32_error:.3g})"
+        )
+
+
+def exact_gradients(model: BertForPreTraining, samples, steps: int = 3) -> dict:
+    """The gradients of `train_steps` on a float64 copy of `model` (taken before it trains)."""
+    return train_steps(copy.deepcopy(model).double(), samples, steps)[1]
 
 
 def train_steps(model: BertForPreTraining, samples, steps: int = 3, seed: int = 1) -> tuple[list[float], dict]:
@@ -62,10 +80,11 @@ def test_jagged_attention_matches_the_padded_grid_forward_and_backward():
     padded = BertForPreTraining(make_model_config(attention="padded"))
     jagged = BertForPreTraining(make_model_config(attention="jagged"))
     jagged.load_state_dict(padded.state_dict())
+    exact = exact_gradients(padded, samples)
     reference_losses, reference_grads = train_steps(padded, samples)
     losses, grads = train_steps(jagged, samples)
     assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
-    assert_gradients_close(grads, reference_grads)
+    assert_gradients_close(grads, reference_grads, exact)
 
 
 def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
@@ -116,11 +135,12 @@ def test_compiled_layers_match_the_eager_model_over_optimizer_steps(inductor_use
     compiled = BertForPreTraining(cfg.model_copy(update={"compile": True}))
     compiled.load_state_dict(eager.state_dict())
     assert sorted(compiled.state_dict()) == sorted(eager.state_dict())  # checkpoints keep their names
+    exact = exact_gradients(eager, samples)
     reference_losses, reference_grads = train_steps(eager, samples)
     losses, grads = train_steps(compiled, samples)
     assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
     assert losses != train_steps(copy.deepcopy(eager), samples, seed=2)[0]  # the dropout draws matter
-    assert_gradients_close(grads, reference_grads)
+    assert_gradients_close(grads, reference_grads, exact)
     assert compiled.bert.encoder.layer[0].intermediate._compiled_call_impl is not None
 
 
