@@ -80,8 +80,10 @@ format: $(VENV)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# Two workers (the machines have two cores; most tests wait on subprocesses, servers and databases), a test file per
+# worker so that a module's fixtures are built once; `pytest` alone runs the same tests in one process.
 test: lint docs system-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-all: lint
 	$(BIN)/python -m pytest -m "not gpu"
