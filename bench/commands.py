@@ -1,5 +1,5 @@
 """Read commands as the user runs them: the wall time of each `hpo` read command as a whole process (interpreter
-start, imports, the hash-seed re-exec and the database included), median of several runs, on an experiment that
+start, imports and the database included), median of several runs, on an experiment that
 `hpo run` made.
 
 The experiment is the simulated preset (`search_spaces/presets/adam_vs_lamb_simulated.yaml`: AdamW vs LAMB over the
@@ -75,7 +75,8 @@ def experiment_file(trials: int, directory: Path) -> tuple[str, Path]:
 
 def hpo(url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """`hpo --db URL ARGS` as a process of its own, with this checkout's code and the hash seed unset."""
-    # the hash seed unset as in a shell (`hpo` fixes it by starting again); bytecode cached as an installed package's
+    # the hash seed unset as in a shell (`hpo` fixes it by starting again for the commands that run a tuner);
+    # bytecode cached as an installed package's
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     command = [sys.executable, "-m", "hpo", *(["--db", url] if url else []), *args]
