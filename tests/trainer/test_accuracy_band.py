@@ -1,5 +1,13 @@
 """A 2-rank run with bucket-wise clipping and local presorting learns as well as one process with the same
-global batch (the distributed methods must not cost accuracy). Minutes of CPU: marked slow.
+global batch (the distributed methods must not cost accuracy). About 22 minutes of CPU: marked slow.
+
+Each run is judged where it has stopped learning: at 98,304 samples (the learning rate decays over the budget) the
+tiny model's masked-LM accuracy moves by less than 0.01 over the last quarter of training. Where it stops is a
+matter of the seed: measured on a 2-core AMD EPYC, one process ended at 0.441 (seed 1234) and 0.376 (seed 7), two
+ranks at 0.420 and 0.410. A single seed's difference (-0.021, +0.034) is as much the seed's as the method's, so the
+test asks for the mean over both seeds: the two ranks' accuracy at most 0.03 below one process's. Earlier in
+training the curve is steep and the runs differ in when they take off (at 24,576 samples one process was still at
+0.07 for seed 1234), which says nothing about how well they learn.
 
     .venv/bin/pytest -m slow tests/trainer/test_accuracy_band.py -s
 """
@@ -8,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -18,7 +27,8 @@ from trainer.report import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-SAMPLES = 24_576
+SAMPLES = 98_304
+PLATEAU = 0.01  # the last two evaluations of a run that has stopped learning differ by less
 
 
 def run_trainer(tmp_path, name: str, nproc: int, extra: list[str]) -> dict:
@@ -35,22 +45,32 @@ def run_trainer(tmp_path, name: str, nproc: int, extra: list[str]) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, 2 // nproc))}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_jsonl(report)[-1]
+    records = read_jsonl(report)
+    return {**records[-1], "evals": [r["mlm_accuracy"] for r in records if r.get("event") == "eval"]}
 
 
-@pytest.mark.parametrize("seed", [1234, 7])
-def test_two_ranks_bucketwise_local_presort_match_one_process(tmp_path, seed):
+SEEDS = (1234, 7)
+MARGIN = 0.03  # the two ranks' mean accuracy over SEEDS may be at most this much below one process's
+
+
+def test_two_ranks_bucketwise_local_presort_learn_as_well_as_one_process(tmp_path):
     meta = make_demo_data(tmp_path / "data", documents=4000, log=lambda *_: None)
-    single = run_trainer(tmp_path, "single", 1, [f"seed={seed}", "batch.micro_batch_size=32"])
-    dist = run_trainer(tmp_path, "two_ranks", 2, [
-        f"seed={seed}",
-        "batch.micro_batch_size=16", "clipping.strategy=bucketwise", "clipping.max_norm=1.0",
-        "balance.method=local_presort", "balance.bins=[32,64,96,127,128]",
-    ])  # fmt: skip
-    baseline = meta["baseline_mlm_accuracy"]
-    print(json.dumps({"seed": seed, "baseline": baseline, "single": single["final_mlm_accuracy"],
-                      "two_ranks": dist["final_mlm_accuracy"]}))  # fmt: skip
-    # An epoch's last step may be smaller, so the runs can stop a few samples apart; both must use the budget.
-    assert SAMPLES <= single["samples"] < SAMPLES + 32 and SAMPLES <= dist["samples"] < SAMPLES + 32
-    assert single["final_mlm_accuracy"] > 1.5 * baseline
-    assert abs(single["final_mlm_accuracy"] - dist["final_mlm_accuracy"]) < 0.03
+    finals = {"single": [], "two_ranks": []}
+    for seed in SEEDS:
+        single = run_trainer(tmp_path, f"single-{seed}", 1, [f"seed={seed}", "batch.micro_batch_size=32"])
+        dist = run_trainer(tmp_path, f"two_ranks-{seed}", 2, [
+            f"seed={seed}",
+            "batch.micro_batch_size=16", "clipping.strategy=bucketwise", "clipping.max_norm=1.0",
+            "balance.method=local_presort", "balance.bins=[32,64,96,127,128]",
+        ])  # fmt: skip
+        print(json.dumps({"seed": seed, "baseline": meta["baseline_mlm_accuracy"], "single": single["evals"],
+                          "two_ranks": dist["evals"]}))  # fmt: skip
+        for run in (single, dist):
+            # An epoch's last step may be smaller, so the runs can stop a few samples apart; each uses the budget.
+            assert SAMPLES <= run["samples"] < SAMPLES + 32
+            # on the plateau, so that the final accuracy says how well it learned, not when
+            assert len(run["evals"]) == 4 and abs(run["evals"][-1] - run["evals"][-2]) < PLATEAU, run["evals"]
+        assert single["final_mlm_accuracy"] > 3 * meta["baseline_mlm_accuracy"]  # it learned
+        finals["single"].append(single["final_mlm_accuracy"])
+        finals["two_ranks"].append(dist["final_mlm_accuracy"])
+    assert statistics.mean(finals["two_ranks"]) > statistics.mean(finals["single"]) - MARGIN, finals
