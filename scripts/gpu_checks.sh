@@ -2,7 +2,9 @@
 # The checks that need a CUDA GPU, in order of value, sized for about 8 minutes of one H100:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput   BERT-large, bf16, BERT's dropout, batch 32: our attention kernels and compiled layers beside
-#                Hugging Face's padded model, with the per-step breakdown; then ours alone at larger micro-batches
+#                Hugging Face's padded model, with the per-step breakdown
+#   micro_batch  batch.micro_batch_size auto for BERT-large: the micro-batch it chooses from the GPU's memory, the
+#                peak of a step at it against the prediction, its speed beside micro-batch 32
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the closed-division MLPerf log)
 #   clipping, noise_scale   their overhead on one NCCL rank (the noise scale measured every 8th step)
 #   optimizer_step          our LAMB step against the per-parameter loop
@@ -35,8 +37,8 @@ LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 run experiment 200 env OUT=/tmp/gpu_experiment PYTHON="$PY" bash scripts/gpu_experiment.sh
 run throughput 130 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 12 --warmup 4 \
   --variants padded,jagged,jagged+compile --breakdown
-run throughput_batch 50 sh -c "for b in 64 128; do $PY -m bench.trainer_throughput $LARGE --batch \$b --steps 8 \
-  --warmup 3 --variants jagged+compile --no-hf; done"
+run micro_batch 45 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
+  --steps 2
 run tests 90 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 8 --rounds 10
@@ -47,5 +49,6 @@ echo "=== summary (the full output of each check is in $OUT/)"
 grep -h "=== .* exit" "$OUT"/*.txt
 grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
 grep -h "^size=\|^  ours \|^  HF \|^  breakdown" "$OUT"/throughput*.txt
+grep -h "^batch.micro_batch_size\|^one step at\|^  micro-batch" "$OUT/micro_batch.txt"
 grep -h " passed\| failed\| skipped" "$OUT/tests.txt" | tail -1
 grep -h " x[0-9]\|[0-9]x$" "$OUT/clipping.txt" "$OUT/noise_scale.txt" "$OUT/optimizer_step.txt"

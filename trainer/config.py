@@ -8,10 +8,10 @@ and out-of-range values raise `ConfigError` naming the dotted key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.errors import ConfigError
 
@@ -100,7 +100,18 @@ class ClippingConfig(Section):
 
 class BatchConfig(Section):
     global_batch_size: int = Field(32, ge=1, description="Sequences per optimizer step over all ranks.")
-    micro_batch_size: int = Field(32, ge=1, description="Sequences per forward/backward on one rank.")
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        32,
+        description="Sequences per forward/backward on one rank. auto: the largest divisor of the per-rank batch "
+        "that fits the device's free memory, measured before the first step (trainer/memory.py).",
+    )
+
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _whole_or_auto(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("must be a whole number >= 1, or auto (the largest that fits the device's memory)")
 
 
 class BalanceConfig(Section):
@@ -206,7 +217,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid trainer config ({source}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; check the spelling against trainer/config.py"
         lines.append(f"  {key}: {msg} (got {e.get('input')!r})")

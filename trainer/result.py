@@ -48,6 +48,7 @@ class TrainResult:
     tokens_per_s: float = 0.0
     world_size: int = 1
     global_batch_size: int | None = None
+    micro_batch_size: int | None = None  # sequences per forward/backward on a rank (`auto`: the one chosen)
     target_mlm_accuracy: float | None = None
     error: str | None = None  # the kind of failure: "data", "oom" or "crash" (None unless FAILED)
 

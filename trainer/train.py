@@ -30,6 +30,7 @@ from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalars, dist_env_from_environ, init_process_group, pick_device
 from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
+from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict, varlen_runs
 from trainer.noise_probe import NormProbe
@@ -71,6 +72,11 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
 
 
 def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
+    if cfg.batch.micro_batch_size == "auto":  # chosen later (resolve_micro_batch) among the divisors of a rank's batch
+        if cfg.batch.global_batch_size % env.world_size:
+            raise ConfigError(f"batch.global_batch_size ({cfg.batch.global_batch_size}) must be a multiple of the "
+                              f"world size ({env.world_size})")  # fmt: skip
+        return 0
     per_step = cfg.batch.micro_batch_size * env.world_size
     if cfg.batch.global_batch_size % per_step:
         raise ConfigError(
@@ -78,6 +84,19 @@ def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
             f"batch.micro_batch_size x world size ({cfg.batch.micro_batch_size} x {env.world_size})"
         )
     return cfg.batch.global_batch_size // per_step
+
+
+def resolve_micro_batch(
+    cfg: TrainerConfig, env: DistEnv, device: torch.device, autocast: torch.dtype | None, model, samples
+) -> TrainerConfig:
+    """`batch.micro_batch_size: auto` made a number by measuring the device's memory (trainer/memory.py), the
+    smallest of the ranks' choices on every rank; a config with a number is returned as it is."""
+    if cfg.batch.micro_batch_size != "auto":
+        return cfg
+    fit = choose_micro_batch(model, samples, cfg.batch.global_batch_size // env.world_size, device, autocast)
+    chosen = int(min(r[0] for r in all_gather_scalars([fit.micro_batch_size], device, env)))
+    log(env, fit.describe() + (f"; {chosen} on every rank, another's choice" if chosen != fit.micro_batch_size else ""))
+    return cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": chosen})})
 
 
 def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
@@ -118,12 +137,14 @@ class Run:
 
 
 def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter, mlperf: MLPerfLog) -> Run:
-    accumulation = accumulation_steps(cfg, env)
+    accumulation_steps(cfg, env)  # a batch that does not split is refused before any work
     autocast = resolve_autocast(cfg, device)
     check_attention(cfg, device, autocast)
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model)
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, limit=cfg.eval.max_samples)
     model = build_model(cfg, device)
+    cfg = resolve_micro_batch(cfg, env, device, autocast, model, train_samples)
+    accumulation = accumulation_steps(cfg, env)
     ddp = None
     if env.enabled:
         ddp = DistributedDataParallel(
@@ -432,6 +453,7 @@ def final_result(
         tokens_per_s=state.tokens / seconds,
         world_size=run.env.world_size,
         global_batch_size=run.cfg.batch.global_batch_size,
+        micro_batch_size=run.cfg.batch.micro_batch_size,
         target_mlm_accuracy=run.cfg.eval.target_mlm_accuracy,
         error=error,
     )
@@ -444,6 +466,7 @@ def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: Dat
         reason=str(error),
         world_size=env.world_size,
         global_batch_size=cfg.batch.global_batch_size,
+        micro_batch_size=cfg.batch.micro_batch_size if cfg.batch.micro_batch_size != "auto" else None,
         target_mlm_accuracy=cfg.eval.target_mlm_accuracy,
         error="data",
     )
@@ -468,7 +491,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     log(
         env,
         f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
-        f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {cfg.batch.micro_batch_size} x "
+        f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {run.cfg.batch.micro_batch_size} x "
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
         f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}",
     )

@@ -282,6 +282,13 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
         )
     if res.trials_per_gpu > 1 and res.gpus_per_trial > 1:
         raise ExperimentFileError(f"{source}: resources.trials_per_gpu: sharing a GPU needs gpus_per_trial: 1")
+    micro = _candidates(spec, cfg, "batch.micro_batch_size")
+    if res.trials_per_gpu > 1 and res.gpus != "none" and micro is not None and "auto" in micro[1]:
+        raise ExperimentFileError(
+            f"{source}: {micro[0] or 'base_config'}: batch.micro_batch_size auto fills the memory a GPU "
+            f"has free when a trial starts, and resources.trials_per_gpu {res.trials_per_gpu} has trials share one: "
+            "set a number, or trials_per_gpu: 1"
+        )
     _check_batch_divisibility(spec, cfg, source)
 
 
@@ -308,7 +315,12 @@ def _check_batch_divisibility(spec: ExperimentSpec, cfg: TrainerConfig, source: 
     for on_gpu in devices:
         ranks = spec.resources.ranks_per_trial(on_gpu)
         for g, m in itertools.product(global_[1], micro[1]):
-            if g % (m * ranks):
+            if m == "auto" and g % ranks:
+                raise ExperimentFileError(
+                    f"{source}: {field}: batch.global_batch_size {g} is not a multiple of the ranks per trial "
+                    f"({ranks} {'GPU' if on_gpu else 'CPU'} ranks)"
+                )
+            if m != "auto" and g % (m * ranks):
                 raise ExperimentFileError(
                     f"{source}: {field}: batch.global_batch_size {g} is not a multiple of batch.micro_batch_size "
                     f"x ranks per trial ({m} x {ranks} {'GPU' if on_gpu else 'CPU'} ranks)"

@@ -131,8 +131,9 @@ def with_mlperf_log(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def micro_batch_for(global_batch: int, micro_batch: int, ranks: int) -> int:
-    """The largest micro batch <= `micro_batch` that `global_batch` splits into evenly over `ranks` ranks."""
+def micro_batch_for(global_batch: int, micro_batch: int | str, ranks: int) -> int | str:
+    """The largest micro batch <= `micro_batch` that `global_batch` splits into evenly over `ranks` ranks (`auto`
+    stays: the trainer chooses among the divisors of a rank's batch)."""
     if ranks < 1:
         raise ExportError(f"the number of ranks must be at least 1, got {ranks}")
     if global_batch % ranks:
@@ -141,6 +142,8 @@ def micro_batch_for(global_batch: int, micro_batch: int, ranks: int) -> int:
             "choose --nodes x --gpus-per-node that divides it"
         )
     per_rank = global_batch // ranks
+    if micro_batch == "auto":
+        return micro_batch
     return next(m for m in range(min(micro_batch, per_rank), 0, -1) if per_rank % m == 0)
 
 
@@ -261,7 +264,9 @@ def render(
     return Export(text, warnings, MEDIA_TYPES[fmt])
 
 
-def _comment_lines(origin: Provenance, tuned_micro: int, config: dict[str, Any], warnings, command: str) -> list[str]:
+def _comment_lines(
+    origin: Provenance, tuned_micro: int | str, config: dict[str, Any], warnings, command: str
+) -> list[str]:
     objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
     simulated = " (simulated: read from a learning-curve table, not trained)" if origin.simulated else ""
     lines = [

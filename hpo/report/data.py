@@ -279,10 +279,14 @@ def measured_value(trial: TrialRecord, metric: str) -> float | None:
     return trial.objective
 
 
-def _big_batch(spec, base_micro: int, trial: TrialRecord, micro_names: Sequence[str]) -> int | None:
+def _big_batch(spec, base_micro: int | str, trial: TrialRecord, micro_names: Sequence[str]) -> int | None:
     """The big batch of the trial's noise-scale estimator, from its configuration and ranks (`micro_names`: the
     space's parameters that set batch.micro_batch_size, found once for all trials)."""
-    micro = next((trial.params[name] for name in micro_names if name in trial.params), base_micro)
+    micro = (trial.metrics or {}).get("micro_batch_size")  # the trainer's, `auto` resolved (older results lack it)
+    if micro is None:
+        micro = next((trial.params[name] for name in micro_names if name in trial.params), base_micro)
+    if micro == "auto":
+        return None
     ranks = len(trial.gpus) or spec.resources.cpu_ranks_per_trial
     return big_batch(trial.global_batch_size, int(micro), ranks)
 

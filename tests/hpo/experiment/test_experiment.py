@@ -455,6 +455,25 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "gpus_per_trial: 1",
     ),
     (
+        "auto_micro_batch_on_a_shared_gpu",
+        {"resources": {"gpus": [0], "trials_per_gpu": 2}, "overrides": {"batch.micro_batch_size": "auto"}},
+        "base_config",
+        "trials_per_gpu 2 has trials share one",
+    ),
+    (
+        "auto_micro_batch_in_the_space_on_a_shared_gpu",
+        {**space_with(**{"batch.micro_batch_size": {"choice": [8, "auto"]}}),
+         "resources": {"gpus": [0], "trials_per_gpu": 2}},  # fmt: skip
+        "space.batch.micro_batch_size",
+        "set a number, or trials_per_gpu: 1",
+    ),
+    (
+        "auto_micro_batch_not_divisible_by_ranks",
+        {"resources": {"gpus": "none", "cpu_ranks_per_trial": 3}, "overrides": {"batch.micro_batch_size": "auto"}},
+        "base_config",
+        "not a multiple of the ranks per trial (3 CPU ranks)",
+    ),
+    (
         "batch_not_divisible_by_ranks",
         {"resources": {"gpus": "none", "cpu_ranks_per_trial": 3}},
         "base_config",
@@ -519,3 +538,9 @@ def test_loading_a_valid_file_writes_nothing(tmp_path):
     before = files_under(tmp_path)
     load_experiment(path)
     assert files_under(tmp_path) == before
+
+
+def test_an_auto_micro_batch_loads_where_each_trial_has_its_device_to_itself(tmp_path):
+    data = make_experiment(overrides={"batch.micro_batch_size": "auto"}, resources={"gpus": [0, 1], "gpus_per_trial": 2})
+    spec = load_experiment(write_experiment(tmp_path, data))
+    assert spec.overrides["batch.micro_batch_size"] == "auto"

@@ -180,6 +180,23 @@ def test_big_batch_is_one_ranks_accumulated_batch_under_accumulation_else_the_gl
     assert big_batch(None, 8, 1) is None
 
 
+def test_the_big_batch_reads_the_micro_batch_the_trainer_recorded_over_the_configured_one(tmp_path):
+    """A trial of `batch.micro_batch_size: auto` records the number its trainer chose; a result without one (older
+    trainers) is read from the configuration, and `auto` with nothing recorded has no big batch to show."""
+    from dataclasses import replace
+
+    from hpo.experiment import spec_from_stored
+    from hpo.report.data import _big_batch
+
+    storage, eid, _ = make_experiment(tmp_path)
+    spec = spec_from_stored(storage.get_experiment_by_name("edge"))
+    trial = replace(storage.get_trial(add_trial(storage, eid, "optimizer.name=lamb", "reached")), gpus=(0, 1))
+    assert _big_batch(spec, 8, trial, []) == 16  # 16 = 8 x 2 ranks: no accumulation, the global batch
+    recorded = replace(trial, metrics={**trial.metrics, "micro_batch_size": 4})
+    assert _big_batch(spec, "auto", recorded, []) == 8  # 4 x 2 ranks x accumulation 2: one rank's batch
+    assert _big_batch(spec, "auto", trial, []) is None
+
+
 def test_lower_bound_flag_on_and_off_against_constructed_estimates():
     big = 64
     assert lower_bound_reason(NOISE_CHECKED_RATIO * big, big, 0.0) is None  # at the checked limit: a value

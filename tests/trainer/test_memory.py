@@ -1,0 +1,93 @@
+"""`batch.micro_batch_size: auto`: what the memory probes count, the line they fit, the choice, and that a run with
+`auto` trains as one configured with the number it chose (CPU; the CUDA allocator's peaks are checked on a GPU by
+`bench/micro_batch_fit.py` in scripts/gpu_checks.sh)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.test_train import losses, run
+from trainer.memory import OPTIMIZER_COPIES, SavedBytes, choose_micro_batch, largest_fitting_divisor, measure
+from trainer.model import BertForPreTraining
+
+CPU = torch.device("cpu")
+
+
+def test_the_saved_bytes_are_the_tensors_backward_keeps_parameters_excepted():
+    """A linear layer keeps its input (its weight is a parameter: not counted) and GELU keeps its input: 10 x 16
+    and 10 x 32 float32 numbers, counted by hand."""
+    layer = torch.nn.Linear(16, 32)
+    x = torch.randn(10, 16)
+    with SavedBytes(layer) as saved:
+        F.gelu(layer(x)).sum().backward()
+    assert saved.bytes == (10 * 16 + 10 * 32) * 4
+
+
+def tiny_model() -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(make_model_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+
+
+def test_the_measured_bytes_grow_along_the_line_the_two_probes_fit():
+    """Fitted at 1 and 4 sequences of 64 tokens, the line predicts what 12 such sequences measure (dropout on: its
+    masks are kept too), to 1 %."""
+    model, samples = tiny_model(), make_samples([64] * 16)
+    fit = choose_micro_batch(model, samples, 16, CPU, None, budget_bytes=1e12)
+    optimizer = OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters())
+    measured = measure(model, samples, np.arange(12), CPU, None)
+    predicted = fit.bytes_for(12) - optimizer
+    assert measured == pytest.approx(predicted, rel=0.01)
+    assert fit.bytes_per_token > 0 and [p.sequences for p in fit.probes] == [1, 4]
+
+
+@pytest.mark.parametrize(("budget_for", "delta", "chosen"), [(6, 0, 6), (6, -1, 4), (24, 0, 24), (1, -1, 1)])
+def test_the_choice_is_the_largest_divisor_of_a_ranks_batch_whose_worst_case_fits(budget_for, delta, chosen):
+    """Divisors of 24: ..., 4, 6, 8, ...; every sequence counted at the longest length (64, though most are
+    shorter); with no divisor fitting, 1 (the step then fails as out of memory, recorded as such)."""
+    model, samples = tiny_model(), make_samples([20, 64, 33, 12, 64, 40] * 4)
+    line = choose_micro_batch(model, samples, 24, CPU, None, budget_bytes=1e12)
+    assert line.longest == 64 and line.micro_batch_size == 24
+    fit = choose_micro_batch(model, samples, 24, CPU, None, budget_bytes=line.bytes_for(budget_for) + delta)
+    assert fit.micro_batch_size == chosen
+
+
+def test_largest_fitting_divisor():
+    assert largest_fitting_divisor(48, lambda d: d <= 20) == 16
+    assert largest_fitting_divisor(7, lambda d: d <= 6) == 1
+    assert largest_fitting_divisor(1, lambda d: False) == 1
+
+
+def test_the_probes_leave_no_gradients_the_weights_and_the_random_numbers_as_they_were():
+    model, samples = tiny_model(), make_samples([64, 30, 50, 64])
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    choose_micro_batch(model, samples, 4, CPU, None)
+    assert torch.equal(torch.rand(3), expected)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+def test_a_run_with_auto_trains_as_one_configured_with_the_micro_batch_it_chose(tmp_path):
+    """On this machine a rank's batch of 8 tiny sequences fits: auto chooses 8 and trains step for step as
+    micro_batch_size 8 does (BERT's dropout on: the probes restore the random numbers it draws)."""
+    auto, auto_records = run(tmp_path / "auto", **{"batch.micro_batch_size": "auto"})
+    fixed, fixed_records = run(tmp_path / "fixed", **{"batch.micro_batch_size": 8})
+    assert auto.micro_batch_size == 8 and fixed.micro_batch_size == 8
+    assert losses(auto_records) == losses(fixed_records) and len(losses(auto_records)) == 12
+
+
+def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_refused_before_any_work():
+    from trainer.config import load_config
+    from trainer.distributed import DistEnv
+    from trainer.errors import ConfigError
+    from trainer.train import accumulation_steps
+
+    cfg = load_config(None, ["batch.global_batch_size=10", "batch.micro_batch_size=auto"])
+    with pytest.raises(ConfigError, match=r"global_batch_size \(10\) must be a multiple of the world size \(4\)"):
+        accumulation_steps(cfg, DistEnv(world_size=4, local_world_size=4))

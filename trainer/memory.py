@@ -1,0 +1,190 @@
+"""How many sequences fit in one forward/backward on this device: `batch.micro_batch_size: auto`.
+
+The micro-batch only sets how a step's sequences are split into forward/backward passes (accumulation adds the
+gradients up exactly), so the fastest choice is the largest that fits. Before the first step the trainer measures
+one forward + backward on the training set's longest sequences at two small micro-batches, fits
+
+    bytes = fixed + per_token x tokens
+
+adds the optimizer's state (two float32 moments per parameter and the step's temporaries, made at the first step)
+and takes the largest divisor of the per-rank batch whose worst case, every sequence as long as the longest one,
+fits in the device's free memory less a margin. All ranks take the smallest of their choices.
+
+What is measured: on CUDA, the caching allocator's peak above what was allocated before (activations, gradients,
+workspaces: everything the pass allocates), against the free memory the driver reports; on the CPU, which keeps no
+allocator statistics, the bytes autograd saves for the backward pass plus the gradients, against half the memory
+the kernel reports available. The probes leave no trace: gradients are dropped and the random number generators
+restored, so a run with `auto` trains exactly as one configured with the micro-batch it chose.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer.data.batch import pack_batch
+from trainer.data.shards import PretrainingSamples
+from trainer.model import pretraining_loss
+
+GIB = 2**30
+CUDA_MARGIN = 0.9  # of the free device memory: fragmentation, the eval pass, the NCCL buffers
+CPU_SHARE = 0.5  # of the available host memory: the estimate misses the backward pass's transient tensors
+OPTIMIZER_COPIES = 3  # float32 copies of the parameters the optimizer adds: two moments, one of temporaries
+
+
+@dataclass(frozen=True)
+class Probe:
+    sequences: int
+    tokens: int
+    bytes: int  # what the forward + backward needed beyond what was allocated before it
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The measurement behind a chosen micro-batch, and the choice."""
+
+    probes: tuple[Probe, ...]
+    fixed_bytes: float  # what does not grow with the tokens, the optimizer's state included
+    bytes_per_token: float
+    longest: int  # tokens of the longest training sequence: every sequence is assumed this long
+    budget_bytes: float
+    per_rank_batch: int
+    micro_batch_size: int
+
+    def bytes_for(self, sequences: int) -> float:
+        """The predicted peak of a micro-batch of `sequences` sequences of the longest length."""
+        return self.fixed_bytes + self.bytes_per_token * sequences * self.longest
+
+    def describe(self) -> str:
+        need = self.bytes_for(self.micro_batch_size)
+        probes = ", ".join(f"{p.sequences} x {p.tokens // p.sequences} tokens {size(p.bytes)}" for p in self.probes)
+        return (
+            f"batch.micro_batch_size auto: {self.micro_batch_size} of {self.per_rank_batch} sequences a rank "
+            f"({self.micro_batch_size} x {self.longest} tokens need {size(need)} of {size(self.budget_bytes)}; "
+            f"measured {probes}: {self.bytes_per_token / 2**10:.1f} KiB a token + {size(self.fixed_bytes)})"
+        )
+
+
+def size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def largest_fitting_divisor(per_rank: int, fits) -> int:
+    """The largest divisor d of `per_rank` with fits(d); 1 when none fits (the step then fails as out of memory)."""
+    return next((d for d in range(per_rank, 0, -1) if per_rank % d == 0 and fits(d)), 1)
+
+
+def fit_line(probes: tuple[Probe, ...]) -> tuple[float, float]:
+    """(fixed, per_token) of the line through the first and last probe."""
+    first, last = probes[0], probes[-1]
+    if last.tokens == first.tokens:
+        return 0.0, first.bytes / max(first.tokens, 1)
+    per_token = max((last.bytes - first.bytes) / (last.tokens - first.tokens), 0.0)
+    return first.bytes - per_token * first.tokens, per_token
+
+
+def choose_micro_batch(
+    model: torch.nn.Module,
+    samples: PretrainingSamples,
+    per_rank: int,
+    device: torch.device,
+    autocast: torch.dtype | None,
+    budget_bytes: float | None = None,
+) -> MemoryFit:
+    """Measure and choose (see the module's doc). `budget_bytes`: the memory to fit in (None: the device's)."""
+    lengths = samples.lengths
+    longest_first = np.argsort(-lengths, kind="stable")
+    if device.type == "cuda":  # a first pass allocates the libraries' workspaces: not a cost of the tokens
+        measure(model, samples, longest_first[:1], device, autocast)
+    sizes = sorted({1, min(4, per_rank)})
+    probes = tuple(
+        Probe(m, int(lengths[longest_first[:m]].sum()), measure(model, samples, longest_first[:m], device, autocast))
+        for m in sizes
+    )
+    fixed, per_token = fit_line(probes)
+    fixed += OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    budget = device_budget(device) if budget_bytes is None else budget_bytes
+    longest = int(lengths.max())
+    chosen = largest_fitting_divisor(per_rank, lambda m: fixed + per_token * m * longest <= budget)
+    return MemoryFit(probes, fixed, per_token, longest, budget, per_rank, chosen)
+
+
+def measure(model: torch.nn.Module, samples, index, device: torch.device, autocast: torch.dtype | None) -> int:
+    """Bytes one forward + backward of the rows `index` needs beyond what is allocated now (see the module's doc);
+    leaves no gradients and the random number generators as they were."""
+    batch = pack_batch(samples, index).to(device)
+    cuda = device.type == "cuda"
+    rng = torch.get_rng_state(), torch.cuda.get_rng_state(device) if cuda else None
+    was_training = model.training
+    model.train()
+    counter = SavedBytes(model) if not cuda else None
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    try:
+        with counter or nullcontext():
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = pretraining_loss(model(batch), batch).total
+            loss.backward()
+        if cuda:
+            torch.cuda.synchronize(device)
+            used = torch.cuda.max_memory_allocated(device) - before
+        else:
+            used = counter.bytes + sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        torch.set_rng_state(rng[0])
+        if cuda:
+            torch.cuda.set_rng_state(rng[1], device)
+            torch.cuda.empty_cache()
+    return int(used)
+
+
+class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
+    """Counts the bytes of the distinct tensors autograd saves for the backward pass, parameters excepted."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.bytes = 0
+        skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: set[int] = set()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key not in skip and key not in seen:
+                seen.add(key)
+                self.bytes += storage.nbytes()
+            return t
+
+        super().__init__(pack, lambda t: t)
+
+    def __enter__(self) -> SavedBytes:
+        super().__enter__()
+        return self
+
+
+def device_budget(device: torch.device) -> float:
+    """The memory a run on `device` may plan for: CUDA_MARGIN of the free device memory, CPU_SHARE of the host's."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(device)
+        return CUDA_MARGIN * free
+    return CPU_SHARE * available_host_memory()
+
+
+def available_host_memory() -> float:
+    """MemAvailable of /proc/meminfo (bytes); elsewhere the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
