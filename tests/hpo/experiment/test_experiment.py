@@ -462,8 +462,10 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ),
     (
         "auto_micro_batch_in_the_space_on_a_shared_gpu",
-        {**space_with(**{"batch.micro_batch_size": {"choice": [8, "auto"]}}),
-         "resources": {"gpus": [0], "trials_per_gpu": 2}},  # fmt: skip
+        {
+            **space_with(**{"batch.micro_batch_size": {"choice": [8, "auto"]}}),
+            "resources": {"gpus": [0], "trials_per_gpu": 2},
+        },
         "space.batch.micro_batch_size",
         "set a number, or trials_per_gpu: 1",
     ),
@@ -541,6 +543,7 @@ def test_loading_a_valid_file_writes_nothing(tmp_path):
 
 
 def test_an_auto_micro_batch_loads_where_each_trial_has_its_device_to_itself(tmp_path):
-    data = make_experiment(overrides={"batch.micro_batch_size": "auto"}, resources={"gpus": [0, 1], "gpus_per_trial": 2})
+    resources = {"gpus": [0, 1], "gpus_per_trial": 2}
+    data = make_experiment(overrides={"batch.micro_batch_size": "auto"}, resources=resources)
     spec = load_experiment(write_experiment(tmp_path, data))
     assert spec.overrides["batch.micro_batch_size"] == "auto"
