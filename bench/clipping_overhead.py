@@ -65,7 +65,7 @@ def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: 
             (loss / accumulation).backward()
     clipper.before_step(optimizer)
     if probe is not None:
-        probe.take()  # includes the scalar all-reduce and the host reading it, as in the trainer
+        probe.take()  # the scalar all-reduce, as in the trainer (which reads the numbers back with the loss)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

@@ -9,7 +9,8 @@ The clipping code calls it where the gradients pass anyway, so it costs no extra
   so the measurement is exact under every clipping strategy and any number of ranks.
 Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight, so they are in the units of
 a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
-accumulating) sums the ranks' numbers.
+accumulating) sums the ranks' numbers; they stay on the device (`PendingNorms`) until the trainer reads them back
+with the step's loss, so a measured step does not make the host wait for the device either.
 
 The probe measures only the steps it is switched on for (`measure`, every `log.noise_scale_every` steps): on the
 others it records nothing, its per-parameter hooks are removed, and the host reads nothing back.
@@ -17,13 +18,28 @@ others it records nothing, its per-parameter hooks are removed, and the host rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from trainer.noise_scale import BucketSums, two_batch_norms
 from trainer.norms import squared_norm
+
+
+@dataclass
+class PendingNorms:
+    """A measured step's norms, still on the device: `values` is read back with the step's loss (one copy for all
+    the steps since the last read), and `finish` turns the numbers read into (|G_small|², |G_big|²), or None."""
+
+    values: torch.Tensor  # float64, 1-D
+    finish: Callable[[list[float]], tuple[float, float] | None]
+
+    def read(self) -> tuple[float, float] | None:
+        """Read back now (the host waits for the device)."""
+        return self.finish(self.values.tolist())
 
 
 class NormProbe:
@@ -88,8 +104,9 @@ class NormProbe:
             self.micro_sq.append(sq.double() / (weight * weight) / (scale * scale))
         self._micro_grads = []
 
-    def take(self) -> tuple[float, float] | None:
-        """(|G_small|², |G_big|²) of this step, or None when not measurable; clears the records."""
+    def take(self) -> PendingNorms | None:
+        """This step's norms (|G_small|², |G_big|²), to read back later, or None when not measurable; clears the
+        records. Nothing here reads a device value: what decides is known on the host."""
         if self.watching:
             return self._take_micro()
         if not self.local:
@@ -99,35 +116,48 @@ class NormProbe:
         if self.world_size > 1:
             dist.all_reduce(sums, group=self.process_group)
         mean_sq = torch.stack([self.mean_sq[i] for i in indices]).to(sums.device)
-        rows, means = sums.tolist(), mean_sq.tolist()
         self.local.clear()
         self.mean_sq.clear()
-        buckets = [BucketSums(*row, mean_sq=m) for row, m in zip(rows, means, strict=True)]
-        return _finite(two_batch_norms(buckets, self.world_size))
+        world, count = self.world_size, len(indices)
 
-    def _take_micro(self) -> tuple[float, float] | None:
+        def finish(values: list[float]) -> tuple[float, float] | None:
+            rows = [values[4 * i : 4 * i + 4] for i in range(count)]
+            buckets = [BucketSums(*row, mean_sq=m) for row, m in zip(rows, values[4 * count :], strict=True)]
+            return _finite(two_batch_norms(buckets, world))
+
+        return PendingNorms(torch.cat([sums.reshape(-1), mean_sq]), finish)
+
+    def _take_micro(self) -> PendingNorms:
         """Micro-batch (small) and this rank's accumulated batch (big), averaged over ranks. Every rank joins
         the all-reduce, also one that has nothing to report (its `valid` is 0 and the step is skipped)."""
-        micro = torch.stack(self.micro_sq).tolist() if self.micro_sq else []
         if self.big_sq is not None:  # one process: the accumulated gradient's norm
-            big_sq = float(self.big_sq)
+            big_sq = self.big_sq
         elif self.local:  # DDP: the sum over buckets of this rank's local norms before the all-reduce
-            big_sq = float(sum(row[3] for row in torch.stack(list(self.local.values())).tolist()))
+            big_sq = torch.stack(list(self.local.values()))[:, 3].sum()
         else:
             big_sq = None
+        if big_sq is not None and len(self.micro_sq) >= 2:
+            micro = torch.stack(self.micro_sq).to(big_sq.device)
+            sums = torch.stack(
+                [micro.mean(), big_sq.double(), torch.ones((), dtype=torch.float64, device=big_sq.device)]
+            )
+        else:
+            sums = torch.zeros(3, dtype=torch.float64)
         self.micro_sq.clear()
         self.local.clear()
         self.mean_sq.clear()
         self.big_sq = None
-        valid = big_sq is not None and len(micro) >= 2
-        sums = [sum(micro) / len(micro), big_sq, 1.0] if valid else [0.0, 0.0, 0.0]
         if self.world_size > 1:
-            reduced = torch.tensor(sums, dtype=torch.float64, device=self.device)
-            dist.all_reduce(reduced, group=self.process_group)
-            sums = reduced.tolist()
-        if sums[2] != self.world_size:
-            return None
-        return _finite((sums[0] / self.world_size, sums[1] / self.world_size))
+            sums = sums.to(self.device)
+            dist.all_reduce(sums, group=self.process_group)
+        world = self.world_size
+
+        def finish(values: list[float]) -> tuple[float, float] | None:
+            if values[2] != world:
+                return None
+            return _finite((values[0] / world, values[1] / world))
+
+        return PendingNorms(sums, finish)
 
 
 def _finite(pair: tuple[float, float]) -> tuple[float, float] | None:

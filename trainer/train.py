@@ -14,7 +14,7 @@ import math
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict, varlen_runs
-from trainer.noise_probe import NormProbe
+from trainer.noise_probe import NormProbe, PendingNorms
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
 from trainer.report import NullReporter, Reporter
@@ -244,7 +244,8 @@ class StepStats:
     mlm_count: int
     sequences: int  # this rank
     tokens: int  # this rank
-    grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) before any clip, if measured
+    grad_sq_norms: PendingNorms | None  # (|G_small|², |G_big|²) before any clip, on the device, if measured
+    sequences_per_rank: list[float] = field(default_factory=list)  # every rank's sequences this step (the loop's)
 
 
 @dataclass
@@ -254,14 +255,28 @@ class Reading:
     step: int
     loss: float  # per masked token
     mlm_accuracy: float  # on the step's masked tokens
+    grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) of a measured step
 
 
 def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
-    """The loss and MLM accuracy of the steps since the last read, in one device-to-host copy: the loop does not
-    wait for the device between steps, only every `log.every_steps` steps, at evaluations and at the end."""
-    values = torch.stack([torch.stack([s.loss_sum.float(), s.mlm_correct.float()]) for _, s in pending]).tolist()
-    return [Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1))
-            for (step, s), (loss, correct) in zip(pending, values, strict=True)]  # fmt: skip
+    """The loss, MLM accuracy and noise-scale norms of the steps since the last read, in one device-to-host copy:
+    the loop does not wait for the device between steps, only every `log.every_steps` steps, at evaluations and
+    at the end."""
+    parts = []
+    for _, s in pending:
+        parts.append(torch.stack([s.loss_sum.double(), s.mlm_correct.double()]))
+        if s.grad_sq_norms is not None:
+            parts.append(s.grad_sq_norms.values.to(s.loss_sum.device))
+    values = torch.cat(parts).tolist()
+    readings, at = [], 0
+    for step, s in pending:
+        (loss, correct), at = values[at : at + 2], at + 2
+        norms = None
+        if s.grad_sq_norms is not None:
+            width = s.grad_sq_norms.values.numel()
+            norms, at = s.grad_sq_norms.finish(values[at : at + width]), at + width
+        readings.append(Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1), norms))
+    return readings
 
 
 def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,14 +331,14 @@ def micro_batch_probe(run: Run, weight: float):
     return run.probe.micro_batch(weight, run.clipper.loss_scale())
 
 
-def measure_noise_scale(run: Run, stats: StepStats, sequences: list[float]) -> NoiseScale:
-    """Feed this step's norms to the estimator: small = a micro-batch and big = a rank's batch when accumulating,
-    else small = a rank's batch and big = the global batch (DDP)."""
-    if stats.grad_sq_norms is None or min(sequences) != max(sequences):  # unequal batches: B_small undefined
+def measure_noise_scale(run: Run, norms: tuple[float, float] | None, sequences: list[float]) -> NoiseScale:
+    """Feed a step's norms, once read back, to the estimator: small = a micro-batch and big = a rank's batch when
+    accumulating, else small = a rank's batch and big = the global batch (DDP)."""
+    if norms is None or min(sequences) != max(sequences):  # unequal batches: B_small undefined
         return NoiseScale(run.noise_scale.value(), None, None, None, None) if run.probe else NOT_MEASURED
     if run.accumulation > 1:
-        return run.noise_scale.update(*stats.grad_sq_norms, sequences[0] / run.accumulation, sequences[0])
-    return run.noise_scale.update(*stats.grad_sq_norms, sequences[0], sum(sequences))
+        return run.noise_scale.update(*norms, sequences[0] / run.accumulation, sequences[0])
+    return run.noise_scale.update(*norms, sequences[0], sum(sequences))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -403,7 +418,7 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         state.train_time_s = time.perf_counter() - start
         window["sequences"] += sum(sequences)
         window["tokens"] += sum(tokens)
-        noise = measure_noise_scale(run, stats, sequences)
+        stats.sequences_per_rank = sequences
         pending.append((state.step, stats))
         out_of_budget = state.samples >= cfg.budget.max_samples or (
             cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
@@ -413,6 +428,9 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         logged = state.step % cfg.log.every_steps == 0
         if logged or out_of_budget or checkpoint_due or state.samples >= state.next_eval_samples:
             readings = read_back(pending)
+            noise = NOT_MEASURED
+            for reading, (_, stats) in zip(readings, pending, strict=True):  # in step order: the estimator smooths
+                noise = measure_noise_scale(run, reading.grad_sq_norms, stats.sequences_per_rank)
             pending.clear()
             bad = next((r for r in readings if not math.isfinite(r.loss)), None)
             if logged or bad is not None:

@@ -94,7 +94,7 @@ def measure(strategy: str, rank: int, world: int, accumulation: int = 1) -> dict
                 x, y = batch(step, rank * accumulation + micro)
                 (loss(ddp or model, x, y) / accumulation).backward()
         clipper.before_step(optimizer)
-        small_sq, big_sq = probe.take()
+        small_sq, big_sq = probe.take().read()
         norms.append((small_sq, big_sq))
         estimator.update(small_sq, big_sq, BATCH, BATCH * (accumulation if accumulation > 1 else world))
         optimizer.zero_grad(set_to_none=True)
