@@ -232,6 +232,13 @@ class RankBatchSampler:
         for step in self._plan(self.method, epoch):
             yield step[self.rank]
 
+    def loads(self, epoch: int) -> np.ndarray:
+        """[micro-batch, rank, (tokens, sequences)] of every rank's micro-batches of `epoch`, in step order: what
+        each rank's `batches(epoch)` holds, computed here from the epoch's plan without asking the other ranks."""
+        plan = self._plan(self.method, epoch)
+        return np.array([[(int(self.lengths[b].sum()), len(b)) for b in step] for step in plan],
+                        dtype=np.int64).reshape(len(plan), self.world_size, 2)  # fmt: skip
+
     def _plan(self, method: str, epoch: int) -> Plan:
         layout = (self.micro_batch_size, self.world_size, self.local_world_size)
         return plan_epoch(self.lengths, method, self.bins, *layout, self.seed, epoch, self.shuffle)

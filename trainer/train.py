@@ -345,11 +345,13 @@ def measure_noise_scale(run: Run, norms: tuple[float, float] | None, sequences: 
 
 
 def epoch_steps(run: Run, state: TrainState):
-    """Yield lists of micro-batch indices, one list per optimizer step, from the current position on."""
+    """Yield, one per optimizer step from the current position on, this rank's micro-batches (index lists) and
+    every rank's [tokens, sequences] in the step, known from the epoch's plan: no rank waits for another's count."""
     while True:
         micro = list(run.sampler.batches(state.epoch))[state.batch_in_epoch :]
+        loads = run.sampler.loads(state.epoch)[state.batch_in_epoch :]
         for start in range(0, len(micro), run.accumulation):
-            yield micro[start : start + run.accumulation]
+            yield micro[start : start + run.accumulation], loads[start : start + run.accumulation].sum(axis=0).tolist()
         state.epoch += 1
         state.batch_in_epoch = 0
 
@@ -406,11 +408,11 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
     start = time.perf_counter() - state.train_time_s
     window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
     pending: list[tuple[int, StepStats]] = []  # steps whose loss is still on the device
-    for micro_batches in epoch_steps(run, state):
+    for micro_batches, per_rank in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches, state.step + 1)
-        per_rank = all_gather_scalars([stats.tokens, stats.sequences], run.device, run.env)  # one wait per step
         tokens, sequences = [r[0] for r in per_rank], [r[1] for r in per_rank]
+        assert (tokens[run.env.rank], sequences[run.env.rank]) == (stats.tokens, stats.sequences), "plan != batches"
         state.step += 1
         state.batch_in_epoch += len(micro_batches)
         state.samples += int(sum(sequences))

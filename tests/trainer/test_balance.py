@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from trainer.balance import (
+    RankBatchSampler,
     assign_bins,
     batch_bin_counts,
     build_batch_sampler,
@@ -226,6 +227,19 @@ def test_sampler_without_exchange_equals_plan(method, world_size, local_world_si
         assert all(np.array_equal(g, step[rank]) for g, step in zip(got, plan, strict=True))
 
 
+@pytest.mark.parametrize("method", ["none", "stratified", "local_presort"])
+def test_the_loads_are_every_ranks_tokens_and_sequences_of_each_micro_batch(method):
+    """231 samples over 4 ranks of micro-batch 16 (2 nodes of 2): the last step's batches differ in size. What
+    ranks receive in local_presort's exchange is checked over gloo below."""
+    lengths = make_shard_lengths()[:231]
+    plan = make_plan(lengths, method, 4, 2, seed=3, epoch=1)
+    sampler = RankBatchSampler(lengths, method, BINS, 16, seed=3, rank=1, world_size=4, local_world_size=2)
+    loads = sampler.loads(1)
+    assert loads.shape == (len(plan), 4, 2)
+    assert loads.tolist() == [[[int(lengths[b].sum()), len(b)] for b in step] for step in plan]
+    assert len(set(loads[-1, :, 1].tolist())) > 1 and loads[:, :, 1].sum() == len(lengths)
+
+
 def _sampler_worker(rank: int, world_size: int, init_method: str, out_dir: str, lengths: np.ndarray) -> None:
     import torch.distributed as dist
 
@@ -238,6 +252,7 @@ def _sampler_worker(rank: int, world_size: int, init_method: str, out_dir: str, 
             for epoch in (0, 1):
                 batches = list(sampler.batches(epoch))
                 np.savez(f"{out_dir}/r{rank}_l{local_world_size}_e{epoch}.npz", *batches)
+                np.save(f"{out_dir}/loads_r{rank}_l{local_world_size}_e{epoch}.npy", sampler.loads(epoch))
     finally:
         dist.destroy_process_group()
 
@@ -258,3 +273,8 @@ def test_sampler_all_gather_over_gloo_equals_plan(tmp_path):
                     got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
                 assert len(got) == len(plan)
                 assert all(np.array_equal(g, step[rank]) for g, step in zip(got, plan, strict=True))
+                # every rank's own count of the loads (no exchange) is what each rank received in the exchange
+                counts = [(int(lengths[g].sum()), len(g)) for g in got]
+                for counter in range(world_size):
+                    loads = np.load(tmp_path / f"loads_r{counter}_l{local_world_size}_e{epoch}.npy")
+                    assert loads[:, rank].tolist() == [list(c) for c in counts]

@@ -189,11 +189,11 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     env, device = dist_env_from_environ(), torch.device("cuda")
     run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))
     steps = epoch_steps(run, TrainState())
-    train_step(run, next(steps), 1)  # the first step allocates and initializes
+    train_step(run, next(steps)[0], 1)  # the first step allocates and initializes
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stats = train_step(run, next(steps), 2)
+        stats = train_step(run, next(steps)[0], 2)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     (reading,) = read_back([(2, stats)])
