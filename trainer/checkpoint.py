@@ -64,6 +64,19 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], TrainState]:
     return payload, state
 
 
+def saved_micro_batch(path: str | Path) -> int | None:
+    """The micro-batch the checkpoint's run trained with (its resolved config), reading no weights (memory-mapped);
+    None for a checkpoint that does not say."""
+    import yaml
+
+    try:
+        config = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("config")
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
+    micro = (yaml.safe_load(config) or {}).get("batch", {}).get("micro_batch_size") if config else None
+    return micro if isinstance(micro, int) else None
+
+
 def latest_checkpoint(directory: str | Path | None) -> Path | None:
     if directory is None:
         return None

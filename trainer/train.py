@@ -21,14 +21,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.balance import build_batch_sampler, make_node_groups
-from trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from trainer.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+    saved_micro_batch,
+)
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalars, dist_env_from_environ, init_process_group, pick_device
-from trainer.errors import ConfigError, DataError, TrainerError
+from trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
@@ -90,12 +97,18 @@ def resolve_micro_batch(
     cfg: TrainerConfig, env: DistEnv, device: torch.device, autocast: torch.dtype | None, model, samples
 ) -> TrainerConfig:
     """`batch.micro_batch_size: auto` made a number by measuring the device's memory (trainer/memory.py), the
-    smallest of the ranks' choices on every rank; a config with a number is returned as it is."""
+    smallest of the ranks' choices on every rank; a run that resumes takes its checkpoint's (the loop's position
+    counts micro-batches). A config with a number is returned as it is."""
     if cfg.batch.micro_batch_size != "auto":
         return cfg
-    fit = choose_micro_batch(model, samples, cfg.batch.global_batch_size // env.world_size, device, autocast)
-    chosen = int(min(r[0] for r in all_gather_scalars([fit.micro_batch_size], device, env)))
-    log(env, fit.describe() + (f"; {chosen} on every rank, another's choice" if chosen != fit.micro_batch_size else ""))
+    path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    chosen = saved_micro_batch(path) if path is not None else None
+    if chosen is not None:
+        log(env, f"batch.micro_batch_size auto: {chosen}, as checkpoint {path} trained (resumed runs keep it)")
+    else:
+        fit = choose_micro_batch(model, samples, cfg.batch.global_batch_size // env.world_size, device, autocast)
+        chosen = int(min(r[0] for r in all_gather_scalars([fit.micro_batch_size], device, env)))
+        log(env, fit.describe() + (f"; {chosen} on every rank, another's" if chosen != fit.micro_batch_size else ""))
     return cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": chosen})})
 
 
@@ -208,6 +221,13 @@ def restore(run: Run) -> TrainState:
     path = latest_checkpoint(run.cfg.checkpoint.dir) if run.cfg.checkpoint.resume else None
     if path is None:
         return TrainState(next_eval_samples=run.cfg.eval.every_samples)
+    saved = saved_micro_batch(path)
+    if saved is not None and saved != run.cfg.batch.micro_batch_size:
+        raise CheckpointError(
+            f"checkpoint {path} was trained with batch.micro_batch_size {saved}, this run has "
+            f"{run.cfg.batch.micro_batch_size}: the position it resumes from counts micro-batches; set {saved} (or "
+            "auto, which keeps the checkpoint's) or start without it (checkpoint.resume: false)"
+        )
     payload, state = load_checkpoint(path)
     run.model.load_state_dict(payload["model"])
     run.optimizer.load_state_dict(payload["optimizer"])

@@ -82,6 +82,27 @@ def test_a_run_with_auto_trains_as_one_configured_with_the_micro_batch_it_chose(
     assert losses(auto_records) == losses(fixed_records) and len(losses(auto_records)) == 12
 
 
+def test_a_run_that_resumes_with_auto_keeps_its_checkpoints_micro_batch_and_continues_the_same_losses(tmp_path):
+    """Trained 40 samples with micro-batch 4 (accumulation 2), resumed with auto: auto would take 8 here, but the
+    loop's position counts micro-batches, so the resumed run keeps 4 and continues the uninterrupted losses."""
+    common = {"batch.micro_batch_size": 4, "checkpoint.every_samples": 40, "schedule.total_steps": 12}
+    _, uninterrupted = run(tmp_path / "full", **common)
+    ck = str(tmp_path / "part" / "ck")
+    _, part1 = run(tmp_path / "part", **common, **{"budget.max_samples": 40, "checkpoint.dir": ck})
+    second, records = run(tmp_path / "part", **{**common, "batch.micro_batch_size": "auto", "checkpoint.dir": ck})
+    assert second.micro_batch_size == 4 and second.samples == 96
+    assert losses(part1) + losses(records)[len(losses(part1)) :] == pytest.approx(losses(uninterrupted), abs=1e-6)
+
+
+def test_resuming_with_another_micro_batch_is_refused_naming_both(tmp_path):
+    from trainer.errors import CheckpointError
+
+    ck = str(tmp_path / "ck")
+    run(tmp_path, **{"batch.micro_batch_size": 4, "budget.max_samples": 40, "checkpoint.dir": ck})
+    with pytest.raises(CheckpointError, match=r"trained with batch.micro_batch_size 4, this run has 8: .* set 4"):
+        run(tmp_path, **{"batch.micro_batch_size": 8, "checkpoint.dir": ck})
+
+
 def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_refused_before_any_work():
     from trainer.config import load_config
     from trainer.distributed import DistEnv
