@@ -7,6 +7,7 @@ and out-of-range values raise `ConfigError` naming the dotted key.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -109,8 +110,10 @@ class BatchConfig(Section):
     @field_validator("micro_batch_size", mode="before")
     @classmethod
     def _whole_or_auto(cls, value: Any) -> Any:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto":
             return value
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+            return int(value)  # NumPy's integers too (a tuner's sampled values)
         raise ValueError("must be a whole number >= 1, or auto (the largest that fits the device's memory)")
 
 

@@ -44,6 +44,8 @@ def test_dump_round_trips(tmp_path):
         ("clipping.strategy=sometimes", "clipping.strategy"),
         ("eval.target_mlm_accuracy=1.5", "eval.target_mlm_accuracy"),
         ("batch.micro_batch_size=0", "batch.micro_batch_size"),
+        ("batch.micro_batch_size=automatic", "batch.micro_batch_size"),
+        ("batch.micro_batch_size=1.5", "batch.micro_batch_size"),
         ("model.num_attention_heads=5", "model.num_attention_heads"),
     ],
 )
@@ -75,3 +77,16 @@ def test_cli_exits_2_and_trains_nothing_on_a_bad_key(tmp_path):
     assert proc.returncode == 2
     assert "optimizer.wd" in proc.stderr and "unknown key" in proc.stderr
     assert not ckpt.exists()
+
+
+def test_the_micro_batch_is_a_whole_number_or_auto_in_one_message():
+    import numpy as np
+
+    assert load_config(None, ["batch.micro_batch_size=auto"]).batch.micro_batch_size == "auto"
+    assert load_config(None, [f"batch.micro_batch_size={np.int64(8)}"]).batch.micro_batch_size == 8
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["batch.micro_batch_size=true"])
+    assert str(err.value).splitlines()[1:] == [
+        "  batch.micro_batch_size: must be a whole number >= 1, or auto (the largest that fits the device's memory) "
+        "(got True)"
+    ]
