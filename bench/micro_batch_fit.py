@@ -4,9 +4,10 @@ memory a real step takes, and the speed at the chosen micro-batch beside a fixed
 BERT of `--size` with BERT's dropout on the MLPerf-like length mix of bench/trainer_throughput.py. The trainer's
 choice (trainer/memory.py) is made for a rank's batch of `--per-rank` sequences; then one training step (forward,
 backward, LAMB) runs at the chosen micro-batch on the longest sequences, the worst case the choice plans for, and
-its peak memory is printed beside the prediction (on CUDA the caching allocator's peak; on the CPU only the
-prediction exists). Last, `--steps` steps at the chosen micro-batch and at `--baseline` sequences, interleaved, give
-sequences/s of each.
+its peak memory is printed beside the prediction (on CUDA the caching allocator's peak; on the CPU the growth of
+the process's peak resident memory over the step, against the prediction less the weights, resident before).
+Last, `--steps` steps at the chosen micro-batch and at `--baseline` sequences, interleaved, give sequences/s of
+each.
 
     python -m bench.micro_batch_fit                                   # CPU, the small model
     python -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448
@@ -15,6 +16,8 @@ sequences/s of each.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import time
 
 import numpy as np
@@ -25,6 +28,16 @@ from trainer.config import ModelConfig, OptimizerConfig
 from trainer.memory import choose_micro_batch, size
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
@@ -58,14 +71,21 @@ def main() -> None:
     longest = np.argsort(-samples.lengths, kind="stable")[:micro]
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    before = max(resident_bytes(), peak_resident_bytes())
     step_ours(model, optimizer, samples, longest, device, autocast)
     synchronize(device)
+    predicted = fit.bytes_for(micro)
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
-        print(f"one step at {micro} x {fit.longest} tokens: peak {size(peak)}, predicted {size(fit.bytes_for(micro))} "
-              f"(peak/predicted {peak / fit.bytes_for(micro):.3f}), budget {size(fit.budget_bytes)}")  # fmt: skip
-    else:
-        print(f"one step at {micro} x {fit.longest} tokens ran (the CPU keeps no allocator peak to compare)")
+        what = "allocator peak"
+    else:  # the CPU: what the step added to the process's peak; the weights were resident before it
+        peak = peak_resident_bytes() - before
+        predicted -= sum(p.numel() * p.element_size() for p in model.parameters())
+        what = "peak resident memory growth"
+    print(
+        f"one step at {micro} x {fit.longest} tokens: {what} {size(peak)}, predicted {size(predicted)} "
+        f"(measured/predicted {peak / predicted:.3f}), budget {size(fit.budget_bytes)}"
+    )
 
     rng = np.random.default_rng(1)
     seconds = {micro: 0.0, args.baseline: 0.0}

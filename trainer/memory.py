@@ -1,8 +1,9 @@
 """How many sequences fit in one forward/backward on this device: `batch.micro_batch_size: auto`.
 
-The micro-batch only sets how a step's sequences are split into forward/backward passes (accumulation adds the
-gradients up exactly), so the fastest choice is the largest that fits. Before the first step the trainer measures
-one forward + backward on the training set's longest sequences at two small micro-batches, fits
+The micro-batch only sets how a step's sequences are split into forward/backward passes (accumulation makes the
+step's gradient the same mean whatever the split), and on a GPU the fastest is usually the largest that fits (on
+the CPU it is not: BENCHMARKS.md). Before the first step the trainer measures one forward + backward on the
+training set's longest sequences at two small micro-batches, fits
 
     bytes = fixed + per_token x tokens
 
@@ -33,7 +34,7 @@ from trainer.model import pretraining_loss
 
 GIB = 2**30
 CUDA_MARGIN = 0.9  # of the free device memory: fragmentation, the eval pass, the NCCL buffers
-CPU_SHARE = 0.5  # of the available host memory: the estimate misses the backward pass's transient tensors
+CPU_SHARE = 0.5  # of the available host memory: the estimate misses the backward's transients (up to 28 % measured)
 OPTIMIZER_COPIES = 3  # float32 copies of the parameters the optimizer adds: two moments, one of temporaries
 
 
