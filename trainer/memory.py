@@ -9,7 +9,8 @@ training set's longest sequences at two small micro-batches, fits
 
 adds the optimizer's state (two float32 moments per parameter and the step's temporaries, made at the first step)
 and takes the largest divisor of the per-rank batch whose worst case, every sequence as long as the longest one,
-fits in the device's free memory less a margin. All ranks take the smallest of their choices.
+fits in the device's free memory less a margin (on the CPU, shared by the host's ranks). All ranks take the
+smallest of their choices.
 
 What is measured: on CUDA, the caching allocator's peak above what was allocated before (activations, gradients,
 workspaces: everything the pass allocates), against the free memory the driver reports; on the CPU, which keeps no
@@ -96,8 +97,10 @@ def choose_micro_batch(
     device: torch.device,
     autocast: torch.dtype | None,
     budget_bytes: float | None = None,
+    sharing: int = 1,
 ) -> MemoryFit:
-    """Measure and choose (see the module's doc). `budget_bytes`: the memory to fit in (None: the device's)."""
+    """Measure and choose (see the module's doc). `budget_bytes`: the memory to fit in (None: the device's, divided
+    among `sharing` processes that plan on the same memory: the ranks of one host on the CPU)."""
     lengths = samples.lengths
     longest_first = np.argsort(-lengths, kind="stable")
     if device.type == "cuda":  # a first pass allocates the libraries' workspaces: not a cost of the tokens
@@ -109,7 +112,7 @@ def choose_micro_batch(
     )
     fixed, per_token = fit_line(probes)
     fixed += OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
-    budget = device_budget(device) if budget_bytes is None else budget_bytes
+    budget = device_budget(device) / sharing if budget_bytes is None else budget_bytes
     longest = int(lengths.max())
     chosen = largest_fitting_divisor(per_rank, lambda m: fixed + per_token * m * longest <= budget)
     return MemoryFit(probes, fixed, per_token, longest, budget, per_rank, chosen)

@@ -106,7 +106,11 @@ def resolve_micro_batch(
     if chosen is not None:
         log(env, f"batch.micro_batch_size auto: {chosen}, as checkpoint {path} trained (resumed runs keep it)")
     else:
-        fit = choose_micro_batch(model, samples, cfg.batch.global_batch_size // env.world_size, device, autocast)
+        per_rank, sharing = (
+            cfg.batch.global_batch_size // env.world_size,
+            1 if device.type == "cuda" else env.local_world_size,
+        )
+        fit = choose_micro_batch(model, samples, per_rank, device, autocast, sharing=sharing)
         chosen = int(min(r[0] for r in all_gather_scalars([fit.micro_batch_size], device, env)))
         log(env, fit.describe() + (f"; {chosen} on every rank, another's" if chosen != fit.micro_batch_size else ""))
     return cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": chosen})})

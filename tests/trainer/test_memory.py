@@ -55,6 +55,16 @@ def test_the_choice_is_the_largest_divisor_of_a_ranks_batch_whose_worst_case_fit
     assert fit.micro_batch_size == chosen
 
 
+def test_ranks_that_plan_on_one_hosts_memory_share_it(monkeypatch):
+    """On the CPU the ranks of a host plan on the same memory: each gets its share of it."""
+    import trainer.memory
+
+    monkeypatch.setattr(trainer.memory, "device_budget", lambda device: 8e9)
+    model, samples = tiny_model(), make_samples([64] * 8)
+    assert choose_micro_batch(model, samples, 8, CPU, None).budget_bytes == 8e9
+    assert choose_micro_batch(model, samples, 8, CPU, None, sharing=4).budget_bytes == 2e9
+
+
 def test_largest_fitting_divisor():
     assert largest_fitting_divisor(48, lambda d: d <= 20) == 16
     assert largest_fitting_divisor(7, lambda d: d <= 6) == 1
