@@ -1,6 +1,6 @@
 """`batch.micro_batch_size: auto`: what the memory probes count, the line they fit, the choice, and that a run with
-`auto` trains as one configured with the number it chose (CPU; the CUDA allocator's peaks are checked on a GPU by
-`bench/micro_batch_fit.py` in scripts/gpu_checks.sh)."""
+`auto` trains as one configured with the number it chose, also when it resumes. On a GPU the CUDA allocator's peaks
+are checked by the gpu-marked test at the end and by `bench/micro_batch_fit.py` in scripts/gpu_checks.sh."""
 
 from __future__ import annotations
 
