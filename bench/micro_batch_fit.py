@@ -72,7 +72,12 @@ def main() -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     before = max(resident_bytes(), peak_resident_bytes())
-    step_ours(model, optimizer, samples, longest, device, autocast)
+    try:
+        step_ours(model, optimizer, samples, longest, device, autocast)
+    except torch.OutOfMemoryError as e:  # the prediction was too low: say by how much the device was short
+        need, budget = size(fit.bytes_for(micro)), size(fit.budget_bytes)
+        raise SystemExit(f"one step at {micro} x {fit.longest} tokens ran out of memory, predicted {need} of a "
+                         f"{budget} budget: {e}") from None  # fmt: skip
     synchronize(device)
     predicted = fit.bytes_for(micro)
     if cuda:
