@@ -128,9 +128,14 @@ def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
     """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc).
     The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    fits = varlen_runs(x.is_cuda, half, dropout_p)
+    return resolve_attention(choice, x.is_cuda, half, dropout_p)
+
+
+def resolve_attention(choice: str, cuda: bool, half: bool, dropout_p: float) -> str:
+    """`attention_kernel` from what decides it: a CUDA device, half precision, the attention dropout."""
+    fits = varlen_runs(cuda, half, dropout_p)
     if choice == "auto":
-        return "varlen" if fits else "jagged" if x.is_cuda else "padded"
+        return "varlen" if fits else "jagged" if cuda else "padded"
     if choice == "varlen" and not fits:
         raise ConfigError("model.attention: varlen needs CUDA, bf16 or fp16 and no attention dropout in training "
                           "(model.attention_probs_dropout_prob: 0); use auto, jagged or padded")  # fmt: skip

@@ -39,7 +39,14 @@ from trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
-from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict, varlen_runs
+from trainer.model import (
+    BertForPreTraining,
+    load_hf_state_dict,
+    pretraining_loss,
+    read_state_dict,
+    resolve_attention,
+    varlen_runs,
+)
 from trainer.noise_probe import NormProbe, PendingNorms
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
@@ -76,6 +83,15 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
             f"{device.type}, {'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, dropout "
             f"{cfg.model.attention_probs_dropout_prob}); use auto, jagged or padded"
         )
+
+
+def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
+    """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
+    kernel = resolve_attention(
+        cfg.model.attention, device.type == "cuda", autocast is not None, cfg.model.attention_probs_dropout_prob
+    )
+    return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 
 
 def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
@@ -537,7 +553,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
         f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {run.cfg.batch.micro_batch_size} x "
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
-        f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}",
+        f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
     )
     status, reason, error = TrainStatus.FAILED, None, None
     try:

@@ -199,3 +199,16 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     (reading,) = read_back([(2, stats)])
     assert math.isfinite(reading.loss)
     assert (reading.grad_sq_norms is not None) == (noise_every == 1)
+
+
+def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers():
+    import torch
+
+    from trainer.train import execution
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    dropout = load_config(None, [])  # BERT's attention dropout 0.1
+    no_dropout = load_config(None, ["model.attention_probs_dropout_prob=0.0", "model.compile=true"])
+    assert execution(dropout, cpu, None) == "fp32, attention padded"
+    assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention jagged"  # flash with dropout
+    assert execution(no_dropout, cuda, torch.float16) == "fp16, attention varlen, compiled layers"
