@@ -20,7 +20,7 @@ iterates; for `local_presort` it really all-gathers the local batches within the
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -210,6 +210,7 @@ class RankBatchSampler:
     world_size: int = 1
     local_world_size: int = 1
     node_group: Any = None  # this rank's node process group (`make_node_groups`); local_presort only
+    _last_plan: tuple | None = field(default=None, init=False, repr=False, compare=False)  # ((method, epoch), plan)
 
     def __post_init__(self) -> None:
         _check_layout(self.method, self.micro_batch_size, self.world_size, self.local_world_size)
@@ -240,8 +241,12 @@ class RankBatchSampler:
                         dtype=np.int64).reshape(len(plan), self.world_size, 2)  # fmt: skip
 
     def _plan(self, method: str, epoch: int) -> Plan:
-        layout = (self.micro_batch_size, self.world_size, self.local_world_size)
-        return plan_epoch(self.lengths, method, self.bins, *layout, self.seed, epoch, self.shuffle)
+        """The epoch's plan, made once: the trainer asks for an epoch's batches and then for its loads."""
+        if self._last_plan is None or self._last_plan[0] != (method, epoch):
+            layout = (self.micro_batch_size, self.world_size, self.local_world_size)
+            plan = plan_epoch(self.lengths, method, self.bins, *layout, self.seed, epoch, self.shuffle)
+            self._last_plan = ((method, epoch), plan)
+        return self._last_plan[1]
 
     def _exchanged_batches(self, epoch: int) -> Iterator[np.ndarray]:
         import torch.distributed as dist

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +113,8 @@ def choose_micro_batch(
     fixed, per_token = fit_line(probes)
     fixed += OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     budget = device_budget(device) / sharing if budget_bytes is None else budget_bytes
-    longest = int(lengths.max())
-    chosen = largest_fitting_divisor(per_rank, lambda m: fixed + per_token * m * longest <= budget)
-    return MemoryFit(probes, fixed, per_token, longest, budget, per_rank, chosen)
+    line = MemoryFit(probes, fixed, per_token, int(lengths.max()), budget, per_rank, micro_batch_size=1)
+    return replace(line, micro_batch_size=largest_fitting_divisor(per_rank, lambda m: line.bytes_for(m) <= budget))
 
 
 def measure(model: torch.nn.Module, samples, index, device: torch.device, autocast: torch.dtype | None) -> int:
