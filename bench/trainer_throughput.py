@@ -158,6 +158,50 @@ def step_hf(model, opt, samples, index, device, autocast, pad_to, timing=None):
     optimizer_step(opt, device, timing)
 
 
+def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int, steps: int, device):
+    """Seconds of each runner over `steps` timed steps after `warmup`, interleaved step by step so that all see
+    the same machine state, and the valid tokens of the timed steps. A runner whose step runs out of device memory
+    leaves `runners` (said so); none left is an error."""
+    seconds = dict.fromkeys(runners, 0.0)
+    tokens = 0
+    for step in range(warmup + steps):
+        index = np.arange(step * batch, (step + 1) * batch)
+        for name, (run, _) in list(runners.items()):
+            synchronize(device)
+            t0 = time.perf_counter()
+            if not fits(run, opt=optimizers[name], index=index):
+                drop_out_of_memory(name, runners, optimizers, seconds, device, batch)
+                continue
+            synchronize(device)
+            if step >= warmup:
+                seconds[name] += time.perf_counter() - t0
+        if step >= warmup:
+            tokens += int(samples.lengths[index].sum())
+    if not runners:
+        raise SystemExit(f"every model ran out of device memory at batch {batch}: try a smaller --batch")
+    return seconds, tokens
+
+
+def fits(run, **kwargs) -> bool:
+    """Runs one step; False where it ran out of device memory (its activations are freed when this returns)."""
+    try:
+        run(**kwargs)
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+def drop_out_of_memory(name, runners, optimizers, seconds, device, batch: int) -> None:
+    """A model whose step ran out of device memory leaves the comparison (said so), and its memory is freed, so
+    the others still run: at large batches Hugging Face's padded model needs several times our activations."""
+    print(f"  {name}: out of device memory at batch {batch}; left out of the comparison")
+    runners.pop(name)
+    optimizers.pop(name).zero_grad(set_to_none=True)
+    seconds.pop(name)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def breakdown(run, device) -> dict[str, float]:
     """One step of `run(timing)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
     operators), of the optimizer step, of other device work, and of host time with the device idle."""
@@ -229,19 +273,7 @@ def main() -> None:
         runners["HF padded to batch max"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
                                                      pad_to=None), hf)  # fmt: skip
     optimizers = {name: build_optimizer(model, opt_cfg) for name, (_, model) in runners.items()}
-    seconds = dict.fromkeys(runners, 0.0)
-    tokens = 0
-    for step in range(args.warmup + args.steps):
-        index = np.arange(step * args.batch, (step + 1) * args.batch)
-        for name, (run, _) in runners.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            run(opt=optimizers[name], index=index)
-            synchronize(device)
-            if step >= args.warmup:
-                seconds[name] += time.perf_counter() - t0
-        if step >= args.warmup:
-            tokens += int(samples.lengths[index].sum())
+    seconds, tokens = time_steps(runners, optimizers, samples, args.batch, args.warmup, args.steps, device)
     padding = 1 - tokens / (args.batch * args.steps * args.seq_len)
     print(
         f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch} "
@@ -250,12 +282,13 @@ def main() -> None:
     )
     first = next(iter(seconds))
     base = tokens / seconds[first]
-    hf_padded = seconds.get("HF padded to seq-len")
+    hf_name = next((n for n in ("HF padded to seq-len", "HF padded to batch max") if n in seconds), None)
+    hf_label = {"HF padded to seq-len": "HF seq-len", "HF padded to batch max": "HF batch max"}.get(hf_name)
     for name, secs in seconds.items():
         tps = tokens / secs
         seq_s = args.batch * args.steps / secs
         peak = 6 * parameters * tps / (args.peak_tflops * 1e12)
-        versus_hf = f"  HF seq-len/this = {hf_padded / secs:5.2f}x" if hf_padded else ""
+        versus_hf = f"  {hf_label}/this = {seconds[hf_name] / secs:5.2f}x" if hf_name else ""
         print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s:8.2f} seq/s  {peak:6.1%} of peak  "
               f"{first}/this = {base / tps:5.2f}x{versus_hf}")  # fmt: skip
     if args.breakdown:

@@ -1,0 +1,64 @@
+"""bench.trainer_throughput's timing loop: every model steps on the same batches, the valid tokens counted are those
+of the timed steps, and a model whose step runs out of device memory leaves the comparison without stopping the
+others (at large batches Hugging Face's padded model needs several times our activations, and a GPU is lent for
+minutes). The allocator failing is stood in for by a step that raises PyTorch's own `OutOfMemoryError`."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from bench.trainer_throughput import step_ours, time_steps
+from tests.trainer.conftest import make_model_config, make_samples
+from trainer.config import OptimizerConfig
+from trainer.model import BertForPreTraining
+from trainer.optim import build_optimizer
+
+LENGTHS = [7, 33, 64, 12, 50, 5, 64, 21]
+
+
+def runner(model, samples):
+    return partial(step_ours, model, samples=samples, device=torch.device("cpu"), autocast=None), model
+
+
+def test_a_model_out_of_memory_leaves_the_comparison_and_the_others_are_timed(capsys):
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    ours, other = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config())
+    seen = []
+
+    def runs_out_at_its_second_step(opt, index):
+        seen.append(list(index))
+        if len(seen) == 2:
+            for p in other.parameters():  # a step that failed half-way leaves gradients behind: they must go
+                p.grad = torch.ones_like(p)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        runner(other, samples)[0](opt=opt, index=index)
+
+    runners = {"ours": runner(ours, samples), "big": (runs_out_at_its_second_step, other)}
+    optimizers = {name: build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4)) for name, (_, model) in
+                  runners.items()}  # fmt: skip
+    before = {name: p.detach().clone() for name, p in ours.named_parameters()}
+    seconds, tokens = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=3, device=torch.device("cpu"))
+
+    assert list(seconds) == list(runners) == ["ours"] and seconds["ours"] > 0
+    assert "big" not in optimizers and all(p.grad is None for p in other.parameters())
+    assert tokens == sum(LENGTHS[2:8])  # steps 1-3 (batches of 2) are timed, step 0 is the warm-up
+    assert seen == [[0, 1], [2, 3]]  # the same batches as every other model, and no step after the failure
+    assert any((p - before[name]).abs().max() > 0 for name, p in ours.named_parameters())  # ours kept training
+    assert "big: out of device memory at batch 2; left out of the comparison" in capsys.readouterr().out
+
+
+def test_every_model_out_of_memory_is_an_error_that_says_to_lower_the_batch():
+    samples = make_samples(LENGTHS)
+    model = BertForPreTraining(make_model_config())
+
+    def out_of_memory(opt, index):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    runners = {"only": (out_of_memory, model)}
+    optimizers = {"only": build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4))}
+    with pytest.raises(SystemExit, match="every model ran out of device memory at batch 4: try a smaller --batch"):
+        time_steps(runners, optimizers, samples, batch=4, warmup=0, steps=1, device=torch.device("cpu"))
