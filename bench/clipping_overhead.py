@@ -5,7 +5,7 @@ round times one step of every strategy, in a rotated order), so all of them see 
 the median step time of each strategy and its ratio to `none`.
 
     python bench/clipping_overhead.py                      # 2 CPU ranks
-    python bench/clipping_overhead.py --device cuda --nproc 2 --size base
+    python bench/clipping_overhead.py --device cuda --nproc 2 --size base --breakdown   # + one profiled step of each
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.trainer_throughput import SIZES, make_samples
+from bench.trainer_throughput import BREAKDOWN_HEADER, SIZES, breakdown, format_breakdown, make_samples
 from trainer.clipping import GradientClipper
 from trainer.config import ClippingConfig, ModelConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
@@ -117,6 +117,19 @@ class Rank:
                     times[k].append(time.perf_counter() - t0)
         return times
 
+    def print_breakdowns(self, runs: dict) -> None:
+        """One more step of every run under the profiler (every rank steps, rank 0 prints): where its time goes
+        and how many kernels it launched, to tell the clip's own device work from host time."""
+        if self.env.rank == 0:
+            print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
+        for k, run in runs.items():
+            dist.barrier()
+            parts = breakdown(lambda timing, run=run: step(*run, self.batch, self.device, self.autocast,
+                                                           self.args.accumulation), self.device)  # fmt: skip
+            if self.env.rank == 0:
+                label = k if isinstance(k, str) else f"{k[0]} {'on' if k[1] else 'off'}"
+                print(f"  {label:<22} {format_breakdown(parts)}")
+
 
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     r = Rank.start(rank, args, init_file)
@@ -124,6 +137,8 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     times = r.time_interleaved(runs)
     if rank == 0:
         report(args, runs["bucketwise"][1], times)
+    if args.breakdown:
+        r.print_breakdowns(runs)
     dist.destroy_process_group()
 
 
@@ -155,6 +170,7 @@ def parse_args(description: str, every: bool = False) -> argparse.Namespace:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CPU threads shared by the ranks")
+    ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
     return ap.parse_args()
 
 

@@ -10,7 +10,7 @@ measured ones (use a multiple of K rounds).
     python -m bench.noise_scale_overhead                      # 2 CPU ranks
     python -m bench.noise_scale_overhead --accumulation 2     # micro-batches against a rank's batch
     python -m bench.noise_scale_overhead --accumulation 2 --every 8 --rounds 16
-    python -m bench.noise_scale_overhead --device cuda --size base
+    python -m bench.noise_scale_overhead --device cuda --size base --breakdown    # + one profiled measured step
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     times = r.time_interleaved(runs)
     if rank == 0:
         report(args, times)
+    if args.breakdown:  # a measured step of each (the probe on)
+        r.print_breakdowns(runs)
     dist.destroy_process_group()
 
 

@@ -204,7 +204,8 @@ def drop_out_of_memory(name, runners, optimizers, seconds, device, batch: int) -
 
 def breakdown(run, device) -> dict[str, float]:
     """One step of `run(timing)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
-    operators), of the optimizer step, of other device work, and of host time with the device idle."""
+    operators), of the optimizer step, of other device work, and of host time with the device idle; and the number
+    of kernels (CPU: operators) the step ran, which is what costs host time when the device outruns the host."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -231,7 +232,16 @@ def breakdown(run, device) -> dict[str, float]:
                 break
     other = max(busy - split["attention"] - split["matmul"], 0.0)
     return {"wall": wall, **split, "optimizer": timing.get("optimizer", 0.0), "other device": other,
-            "host, device idle": max(wall - busy, 0.0) if cuda else float("nan")}  # fmt: skip
+            "host, device idle": max(wall - busy, 0.0) if cuda else float("nan"), "kernels": len(work)}  # fmt: skip
+
+
+BREAKDOWN_HEADER = "wall | attention | matmul | optimizer | other device | host, device idle (ms) | kernels"
+
+
+def format_breakdown(parts: dict[str, float]) -> str:
+    """`breakdown`'s numbers in the order of BREAKDOWN_HEADER: milliseconds, then the kernel count."""
+    times = [f"{v * 1e3:8.1f}" for k, v in parts.items() if k != "kernels"]
+    return " | ".join(times) + f" | {parts['kernels']:7d}"
 
 
 def main() -> None:
@@ -293,10 +303,10 @@ def main() -> None:
               f"{first}/this = {base / tps:5.2f}x{versus_hf}")  # fmt: skip
     if args.breakdown:
         index = np.arange((args.warmup + args.steps) * args.batch, (args.warmup + args.steps + 1) * args.batch)
-        print("  breakdown of one step, ms: wall | attention | matmul | optimizer | other device | host, device idle")
+        print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
         for name, (run, _) in runners.items():
             parts = breakdown(partial(run, opt=optimizers[name], index=index), device)
-            print(f"  {name:<26} " + " | ".join(f"{v * 1e3:8.1f}" for v in parts.values()))
+            print(f"  {name:<26} {format_breakdown(parts)}")
 
 
 if __name__ == "__main__":
