@@ -416,7 +416,3 @@ def load_hf_state_dict(model: BertForPreTraining, state: dict[str, torch.Tensor]
     if missing:
         raise CheckpointError(f"weights lack {len(missing)} keys, e.g. {sorted(missing)[:3]}")
     model.load_state_dict(converted, strict=False)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

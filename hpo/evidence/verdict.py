@@ -119,10 +119,6 @@ class ArmSummary:
     def hit_rate(self) -> float | None:
         return self.hits / self.runs if self.runs else None
 
-    @property
-    def always_hit(self) -> bool:
-        return self.runs >= 2 and self.hits == self.runs
-
     def describe(self) -> str:
         """`optimizer.name=lamb: 3 of 3 runs reached the target; samples to target 4,779 (95 % interval ...)`."""
         if not self.runs:
