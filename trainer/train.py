@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -442,12 +442,34 @@ def progress(
     )
 
 
+def read_pending(run: Run, pending: list[tuple[int, StepStats]]) -> tuple[list[Reading], NoiseScale]:
+    """Read back the steps since the last read and feed their noise-scale norms to the estimator, in step order (it
+    smooths); the estimate after the last of them is returned with the readings."""
+    readings = read_back(pending)
+    noise = NOT_MEASURED
+    for reading, (_, stats) in zip(readings, pending, strict=True):
+        noise = measure_noise_scale(run, reading.grad_sq_norms, stats.sequences_per_rank)
+    pending.clear()
+    return readings, noise
+
+
 def loop(run: Run, state: TrainState) -> TrainStatus:
-    """Train until a stop condition; returns the final status."""
+    """Train until a stop condition; returns the final status. A run that fails (out of memory, say) still feeds
+    the estimator the norms its last steps measured, so that the checkpoint written after the failure holds them."""
+    pending: list[tuple[int, StepStats]] = []  # steps whose loss is still on the device
+    try:
+        return steps_until_stop(run, state, pending)
+    except BaseException:
+        if pending:
+            with suppress(Exception):  # the device itself may be what failed
+                read_pending(run, pending)
+        raise
+
+
+def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepStats]]) -> TrainStatus:
     cfg = run.cfg
     start = time.perf_counter() - state.train_time_s
     window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
-    pending: list[tuple[int, StepStats]] = []  # steps whose loss is still on the device
     for micro_batches, per_rank in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches, state.step + 1)
@@ -469,11 +491,7 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         checkpoint_due = every and state.samples // every != (state.samples - int(sum(sequences))) // every
         logged = state.step % cfg.log.every_steps == 0
         if logged or out_of_budget or checkpoint_due or state.samples >= state.next_eval_samples:
-            readings = read_back(pending)
-            noise = NOT_MEASURED
-            for reading, (_, stats) in zip(readings, pending, strict=True):  # in step order: the estimator smooths
-                noise = measure_noise_scale(run, reading.grad_sq_norms, stats.sequences_per_rank)
-            pending.clear()
+            readings, noise = read_pending(run, pending)
             bad = next((r for r in readings if not math.isfinite(r.loss)), None)
             if logged or bad is not None:
                 imbalance = max(tokens) / max(sum(tokens) / len(tokens), 1e-9)

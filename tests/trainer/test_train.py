@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
+import trainer.train as train_module
 from tests.trainer.conftest import make_train_overrides
+from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_config
+from trainer.errors import TrainerError
 from trainer.report import JsonLinesReporter, read_jsonl
 from trainer.train import train
 
@@ -87,6 +90,30 @@ def test_losses_read_back_every_few_steps_are_those_of_every_step(tmp_path):
         assert record["loss"] == by_step[record["step"]]["loss"]
         assert record["train_mlm_accuracy"] == by_step[record["step"]]["train_mlm_accuracy"]
     assert (fifth.status, fifth.samples, fifth.steps) == (every.status, every.samples, every.steps)
+
+
+def test_a_run_that_fails_between_reads_checkpoints_the_noise_scale_of_every_step_it_finished(tmp_path, monkeypatch):
+    """A step that fails (here the 4th, with a trainer error) ends the run with its norms of steps 1-3 still on the
+    device when reads come every 5 steps: they are read back on the way out, so the checkpoint written after the
+    failure holds the noise-scale estimate that a run reading every step holds."""
+    real_step = train_module.train_step
+
+    def fails_at_step_4(run_, micro_batches, step):
+        if step == 4:
+            raise TrainerError("a step that fails")
+        return real_step(run_, micro_batches, step)
+
+    monkeypatch.setattr(train_module, "train_step", fails_at_step_4)
+    saved = {}
+    for every in (1, 5):
+        directory = tmp_path / f"every{every}"
+        result, _ = run(directory, **{"log.every_steps": every, "checkpoint.dir": str(directory / "ck")})
+        assert (result.status, result.error, result.steps) == ("failed", "crash", 3)
+        payload, state = load_checkpoint(latest_checkpoint(directory / "ck"))
+        assert state.step == 3
+        saved[every] = payload["noise_scale"]
+    assert saved[1]["weight"] > 0  # steps 1-3 were measured (2 micro-batches a step)
+    assert saved[5] == saved[1]
 
 
 def test_a_nan_between_reads_ends_the_run_as_diverged_at_the_next_read(tmp_path, capfd):
