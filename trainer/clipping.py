@@ -60,9 +60,10 @@ def effective_optimizer_config(optimizer: OptimizerConfig, clipping: ClippingCon
 
 
 def clip_coefficient(norm: torch.Tensor, threshold) -> torch.Tensor:
-    """min(1, threshold / (norm + eps)); 1 where the norm is not finite (an fp16 overflow must stay visible): a
-    non-finite norm is read as 0, whose coefficient is 1. Four small kernels, run once per DDP bucket."""
-    return (threshold / (torch.nan_to_num(norm, nan=0.0, posinf=0.0, neginf=0.0) + EPS)).clamp_(max=1.0)
+    """min(1, threshold / (norm + eps)); exactly 1 where the norm is not finite (an fp16 overflow must stay visible),
+    whatever the threshold: a non-finite norm is read as -eps, so the quotient is threshold / 0 = inf, clamped to 1.
+    Four small kernels, run once per DDP bucket."""
+    return (threshold / (torch.nan_to_num(norm, nan=-EPS, posinf=-EPS, neginf=-EPS) + EPS)).clamp_(max=1.0)
 
 
 # --------------------------------------------------------------------------- the bucket-wise DDP hook

@@ -347,8 +347,9 @@ def test_loss_scaled_gradients_are_clipped_in_unscaled_units():
     unscaled = grads * clip_coefficient(torch.linalg.vector_norm(grads), 1.0)
     scaled_grads = (grads * scale) * clip_coefficient(torch.linalg.vector_norm(grads * scale), 1.0 * scale)
     torch.testing.assert_close(scaled_grads / scale, unscaled)
-    assert clip_coefficient(torch.tensor(float("inf")), 1.0).item() == 1.0  # overflow stays visible to the scaler
-    assert clip_coefficient(torch.tensor(float("nan")), 1.0).item() == 1.0
+    for threshold in (1.0, 1e-7, 1e-3 * 2.0**-14, torch.tensor(1e-9)):  # also below eps (a shrunk loss scale)
+        for bad in (float("inf"), float("nan"), float("-inf")):  # an overflow stays visible to the scaler
+            assert clip_coefficient(torch.tensor(bad), threshold).item() == 1.0, (bad, threshold)
     norms = torch.tensor([0.0, 0.5, 1.0, 3.0, 1e30])
     expected = [min(1.0, 2.0 / (n + EPS)) for n in norms.tolist()]
     assert clip_coefficient(norms, 2.0).tolist() == pytest.approx(expected, rel=1e-7)
