@@ -113,6 +113,16 @@ def test_resuming_with_another_micro_batch_is_refused_naming_both(tmp_path):
         run(tmp_path, **{"batch.micro_batch_size": 8, "checkpoint.dir": ck})
 
 
+def test_resuming_with_auto_and_a_batch_the_checkpoints_micro_batch_does_not_divide_says_so(tmp_path):
+    from trainer.errors import ConfigError
+
+    ck = str(tmp_path / "ck")
+    run(tmp_path, **{"batch.micro_batch_size": 4, "budget.max_samples": 40, "checkpoint.dir": ck})
+    with pytest.raises(ConfigError, match=r"auto resumes with checkpoint .*'s micro-batch, 4, which does not divide "
+                                          r"this run's batch \(batch.global_batch_size 6 over 1 rank"):  # fmt: skip
+        run(tmp_path, **{"batch.micro_batch_size": "auto", "batch.global_batch_size": 6, "checkpoint.dir": ck})
+
+
 def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_refused_before_any_work():
     from trainer.config import load_config
     from trainer.distributed import DistEnv
