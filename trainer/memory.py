@@ -15,8 +15,9 @@ smallest of their choices.
 What is measured: on CUDA, the caching allocator's peak above what was allocated before (activations, gradients,
 workspaces: everything the pass allocates), against the free memory the driver reports; on the CPU, which keeps no
 allocator statistics, the bytes autograd saves for the backward pass plus the gradients, against half the memory
-the kernel reports available. The probes leave no trace: gradients are dropped and the random number generators
-restored, so a run with `auto` trains exactly as one configured with the micro-batch it chose.
+the kernel reports available (or half of what the process's address-space limit leaves, if that is less). The
+probes leave no trace: gradients are dropped and the random number generators restored, so a run with `auto`
+trains exactly as one configured with the micro-batch it chose.
 """
 
 from __future__ import annotations
@@ -174,12 +175,30 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 
 
 def device_budget(device: torch.device) -> float:
-    """The memory a run on `device` may plan for: CUDA_MARGIN of the free device memory, CPU_SHARE of the host's."""
+    """The memory a run on `device` may plan for: CUDA_MARGIN of the free device memory; on the CPU, CPU_SHARE of
+    the host's available memory or of what the process's address-space limit leaves (an HPO trial's
+    `resources.memory_limit_mb`), whichever is less."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
         return CUDA_MARGIN * free
-    return CPU_SHARE * available_host_memory()
+    return CPU_SHARE * min(available_host_memory(), address_space_left())
+
+
+def address_space_left() -> float:
+    """Bytes the soft address-space limit (RLIMIT_AS) leaves above the process's present size; inf without one."""
+    import resource
+
+    limit, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        return float("inf")
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return max(float(limit) - float(line.split()[1]) * 1024, 0.0)
+    except OSError:
+        pass
+    return float(limit)
 
 
 def available_host_memory() -> float:

@@ -289,6 +289,12 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
             f"has free when a trial starts, and resources.trials_per_gpu {res.trials_per_gpu} has trials share one: "
             "set a number, or trials_per_gpu: 1"
         )
+    if res.cpu_slots > 1 and res.gpus == "none" and micro is not None and "auto" in micro[1]:
+        raise ExperimentFileError(
+            f"{source}: {micro[0] or 'base_config'}: batch.micro_batch_size auto plans for the host's memory as if "
+            f"its trial were alone, and resources.cpu_slots {res.cpu_slots} runs trials side by side: set a number "
+            "(on the CPU a small one is also the faster), or cpu_slots: 1"
+        )
     _check_batch_divisibility(spec, cfg, source)
 
 

@@ -470,6 +470,12 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "set a number, or trials_per_gpu: 1",
     ),
     (
+        "auto_micro_batch_on_cpu_slots_side_by_side",
+        {"resources": {"gpus": "none", "cpu_slots": 2}, "overrides": {"batch.micro_batch_size": "auto"}},
+        "base_config",
+        "resources.cpu_slots 2 runs trials side by side: set a number",
+    ),
+    (
         "auto_micro_batch_not_divisible_by_ranks",
         {"resources": {"gpus": "none", "cpu_ranks_per_trial": 3}, "overrides": {"batch.micro_batch_size": "auto"}},
         "base_config",
