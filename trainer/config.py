@@ -112,8 +112,13 @@ class BatchConfig(Section):
     def _whole_or_auto(cls, value: Any) -> Any:
         if value == "auto":
             return value
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
-            return int(value)  # NumPy's integers too (a tuner's sampled values)
+        whole = None  # what the other integer fields accept: whole numbers, also as 8.0 or "8", NumPy's integers
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+            whole = int(value)
+        elif isinstance(value, str) and value.strip().isdigit():
+            whole = int(value.strip())
+        if whole is not None and whole >= 1:
+            return whole
         raise ValueError("must be a whole number >= 1, or auto (the largest that fits the device's memory)")
 
 

@@ -78,8 +78,10 @@ def _trainer_error(resolved: dict[str, Any], key: str, value: Any) -> str | None
 
 
 def _is_int_field(info: Any) -> bool:
+    """An integer field, also one that takes a word besides (`batch.micro_batch_size`: a number or auto)."""
     ann = info.annotation
     args = set(typing.get_args(ann)) - {type(None)} if typing.get_args(ann) else {ann}
+    args = {typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args}
     return int in args and float not in args
 
 

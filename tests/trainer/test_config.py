@@ -86,6 +86,12 @@ def test_the_micro_batch_is_a_whole_number_or_auto_in_one_message():
     from trainer.config import BatchConfig
 
     assert BatchConfig(micro_batch_size=np.int64(8)).micro_batch_size == 8  # a tuner's sampled integer
+    for written in (8.0, "8"):  # as the other integer fields take them (global_batch_size: 8.0 and "8" are 8)
+        assert BatchConfig(micro_batch_size=written).micro_batch_size == 8
+        assert BatchConfig(global_batch_size=written).global_batch_size == 8
+    for wrong in (8.5, "8.5", 0, "0", "x"):
+        with pytest.raises(ValueError, match="must be a whole number >= 1, or auto"):
+            BatchConfig(micro_batch_size=wrong)
     with pytest.raises(ConfigError) as err:
         load_config(None, ["batch.micro_batch_size=true"])
     assert str(err.value).splitlines()[1:] == [

@@ -307,6 +307,12 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "is an integer",
     ),
     (
+        "float_range_on_the_micro_batch",  # an integer field that also takes auto
+        space_with(**{"batch.micro_batch_size": {"float": [4, 16]}}),
+        "space.batch.micro_batch_size",
+        "is an integer; use int: [low, high]",
+    ),
+    (
         "unknown_param_field",
         space_with(**{"optimizer.eps": {"float": [1e-9, 1e-6], "lg": True}}),
         "space.optimizer.eps",
