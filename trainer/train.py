@@ -133,9 +133,17 @@ def resolve_micro_batch(
             cfg.batch.global_batch_size // env.world_size,
             1 if device.type == "cuda" else env.local_world_size,
         )
-        fit = choose_micro_batch(model, samples, per_rank, device, autocast, sharing=sharing)
-        chosen = int(min(r[0] for r in all_gather_scalars([fit.micro_batch_size], device, env)))
-        log(env, fit.describe() + (f"; {chosen} on every rank, another's" if chosen != fit.micro_batch_size else ""))
+        try:
+            fit = choose_micro_batch(model, samples, per_rank, device, autocast, sharing=sharing)
+            mine, line = fit.micro_batch_size, fit.describe()
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+            if not out_of_memory(e):
+                raise
+            # Still join the ranks' choice (no rank waits for one that left); a step at 1 then trains, or fails as
+            # out of memory like any other step.
+            mine, line = 1, f"batch.micro_batch_size auto: 1 (measuring the longest sequences ran out of memory: {e})"
+        chosen = int(min(r[0] for r in all_gather_scalars([mine], device, env)))
+        log(env, line + (f"; {chosen} on every rank, another's" if chosen != mine else ""))
     return cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": chosen})})
 
 
@@ -544,6 +552,11 @@ def final_result(
     )
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """CUDA's out-of-memory error, Python's, or the CPU allocator's (a RuntimeError that says so)."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)
+
+
 def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: DataError) -> TrainResult:
     """The result of a run whose data was refused before any step: failed, with the data error as its reason."""
     result = TrainResult(
@@ -584,10 +597,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     try:
         status = loop(run, state)
         reason = "loss became NaN or inf" if status is TrainStatus.DIVERGED else None
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        reason, error = f"out of memory: {e}", "oom"
-    except RuntimeError as e:
-        if "can't allocate memory" not in str(e):  # the CPU allocator's out-of-memory error
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
             raise
         reason, error = f"out of memory: {e}", "oom"
     except TrainerError as e:

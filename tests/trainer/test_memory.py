@@ -169,3 +169,37 @@ def test_on_the_cpu_auto_plans_within_the_address_space_limit_of_the_process():
     unlimited, limited = map(float, done.stdout.split())
     assert unlimited > 2**30  # the host's half is more than the limit leaves: the limit is what binds
     assert 0.45 * 2**30 < limited <= 0.5 * 2**30
+
+
+class RunsOutAtFourSequences(BertForPreTraining):
+    """The tiny model on a device that holds fewer than 4 of the longest sequences: its forward raises PyTorch's
+    own out-of-memory error there, as CUDA's allocator does."""
+
+    def forward(self, batch):
+        if batch.num_sequences >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(batch)
+
+
+def test_a_probe_that_runs_out_of_memory_leaves_auto_at_one_sequence_and_the_run_goes_on(capfd):
+    """The rank still joins the ranks' choice (none waits for a rank that left), at 1; a step there trains or fails
+    as out of memory like any other. Another error of the probe is not taken for one."""
+    from trainer.config import load_config
+    from trainer.distributed import DistEnv
+    from trainer.train import resolve_micro_batch
+
+    cfg = load_config(None, ["batch.global_batch_size=8", "batch.micro_batch_size=auto"])
+    samples = make_samples([7, 33, 64, 12, 50, 5, 64, 21])
+    torch.manual_seed(0)
+    model = RunsOutAtFourSequences(make_model_config())
+    resolved = resolve_micro_batch(cfg, DistEnv(), torch.device("cpu"), None, model, samples)
+    assert resolved.batch.micro_batch_size == 1
+    assert "auto: 1 (measuring the longest sequences ran out of memory: CUDA out of memory" in capfd.readouterr().err
+    assert all(p.grad is None for p in model.parameters())
+
+    class Broken(BertForPreTraining):
+        def forward(self, batch):
+            raise RuntimeError("a bug, not the memory")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        resolve_micro_batch(cfg, DistEnv(), torch.device("cpu"), None, Broken(make_model_config()), samples)
