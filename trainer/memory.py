@@ -8,8 +8,9 @@ training set's longest sequences at two small micro-batches, fits
     bytes = fixed + per_token x tokens
 
 adds the optimizer's state (two float32 moments per parameter and the step's temporaries, made at the first step)
-and takes the largest divisor of the per-rank batch whose worst case, every sequence as long as the longest one,
-fits in the device's free memory less a margin (on the CPU, shared by the host's ranks). All ranks take the
+and, with several ranks, the gradient's copies in DDP's buckets (and before_allreduce's flat copy), and takes the
+largest divisor of the per-rank batch whose worst case, every sequence as long as the longest one, fits in the
+device's free memory less a margin (on the CPU, shared by the host's ranks). All ranks take the
 smallest of their choices.
 
 What is measured: on CUDA, the caching allocator's peak above what was allocated before (activations, gradients,
@@ -99,9 +100,11 @@ def choose_micro_batch(
     autocast: torch.dtype | None,
     budget_bytes: float | None = None,
     sharing: int = 1,
+    gradient_copies: int = 0,
 ) -> MemoryFit:
     """Measure and choose (see the module's doc). `budget_bytes`: the memory to fit in (None: the device's, divided
-    among `sharing` processes that plan on the same memory: the ranks of one host on the CPU)."""
+    among `sharing` processes that plan on the same memory: the ranks of one host on the CPU). `gradient_copies`:
+    float32 copies of the gradient that data parallelism adds (DDP's buckets; before_allreduce's flat copy)."""
     lengths = samples.lengths
     longest_first = np.argsort(-lengths, kind="stable")
     if device.type == "cuda":  # a first pass allocates the libraries' workspaces: not a cost of the tokens
@@ -112,7 +115,7 @@ def choose_micro_batch(
         for m in sizes
     )
     fixed, per_token = fit_line(probes)
-    fixed += OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    fixed += (OPTIMIZER_COPIES + gradient_copies) * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     budget = device_budget(device) / sharing if budget_bytes is None else budget_bytes
     line = MemoryFit(probes, fixed, per_token, int(lengths.max()), budget, per_rank, micro_batch_size=1)
     return replace(line, micro_batch_size=largest_fitting_divisor(per_rank, lambda m: line.bytes_for(m) <= budget))

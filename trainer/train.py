@@ -134,7 +134,9 @@ def resolve_micro_batch(
             1 if device.type == "cuda" else env.local_world_size,
         )
         try:
-            fit = choose_micro_batch(model, samples, per_rank, device, autocast, sharing=sharing)
+            copies = (1 + (cfg.clipping.strategy == "before_allreduce")) if env.enabled else 0  # DDP's buckets
+            fit = choose_micro_batch(model, samples, per_rank, device, autocast, sharing=sharing,
+                                     gradient_copies=copies)  # fmt: skip
             mine, line = fit.micro_batch_size, fit.describe()
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
             if not out_of_memory(e):

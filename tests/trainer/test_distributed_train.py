@@ -70,6 +70,21 @@ def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
     assert proc.stderr.count("training BERT") == 1  # only rank 0 prints
 
 
+def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_path):
+    """batch.micro_batch_size auto on 2 gloo ranks of one host: each measures and plans for its share of the host's
+    memory, with DDP's bucket copy of the gradient; the ranks take the smallest choice (here a whole rank's batch,
+    8), and the run trains with it and records it."""
+    overrides = make_train_overrides(
+        tmp_path, **{"batch.global_batch_size": 16, "batch.micro_batch_size": "auto", "budget.max_samples": 32}
+    )
+    proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("batch.micro_batch_size auto: 8 of 8 sequences a rank") == 1  # rank 0 says it
+    assert "global batch 16 = 8 x 1 accumulation x 2 ranks" in proc.stderr
+    finals = [r for r in read_jsonl(tmp_path / "report.jsonl") if r["kind"] == "final"]
+    assert [(f["micro_batch_size"], f["samples"], f["status"]) for f in finals] == [(8, 32, "budget_exhausted")]
+
+
 def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, "eval.every_samples": 10**7})
     proc = subprocess.Popen(

@@ -48,6 +48,9 @@ def test_the_measured_bytes_grow_along_the_line_the_two_probes_fit():
     predicted = fit.bytes_for(12) - optimizer
     assert measured == pytest.approx(predicted, rel=0.01)
     assert fit.bytes_per_token > 0 and [p.sequences for p in fit.probes] == [1, 4]
+    # Several ranks: DDP's buckets hold a float32 copy of the gradient (before_allreduce's flat copy another)
+    parallel = choose_micro_batch(model, samples, 16, CPU, None, budget_bytes=1e12, gradient_copies=2)
+    assert parallel.fixed_bytes - fit.fixed_bytes == 2 * sum(p.numel() * 4 for p in model.parameters())
 
 
 @pytest.mark.parametrize(("budget_for", "delta", "chosen"), [(6, 0, 6), (6, -1, 4), (24, 0, 24), (1, -1, 1)])
