@@ -152,7 +152,12 @@ class EvalConfig(Section):
 
 class BudgetConfig(Section):
     max_samples: int = Field(1_000_000, ge=1, description="Stop after this many training samples.")
-    max_time_s: float | None = Field(None, gt=0.0, description="Stop after this many seconds of training.")
+    max_time_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="Stop after this many seconds of training (with several ranks, checked where they read back "
+        "their losses: every log.every_steps steps, at evaluations and checkpoints, so that all stop together).",
+    )
 
 
 class CheckpointConfig(Section):

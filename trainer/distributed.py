@@ -76,6 +76,13 @@ def all_gather_scalars(values: list[float], device: torch.device, env: DistEnv) 
     return out.view(env.world_size, len(values)).tolist()
 
 
+def any_rank(flags: list[bool], device: torch.device, env: DistEnv) -> list[bool]:
+    """Whether any rank raised each flag, the same answer on every rank (one collective): for decisions that must
+    not split the ranks, such as stopping."""
+    rows = all_gather_scalars([float(flag) for flag in flags], device, env)
+    return [any(row[i] for row in rows) for i in range(len(flags))]
+
+
 def cleanup() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

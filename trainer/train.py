@@ -34,7 +34,14 @@ from trainer.config import TrainerConfig, dump_config
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples
-from trainer.distributed import DistEnv, all_gather_scalars, dist_env_from_environ, init_process_group, pick_device
+from trainer.distributed import (
+    DistEnv,
+    all_gather_scalars,
+    any_rank,
+    dist_env_from_environ,
+    init_process_group,
+    pick_device,
+)
 from trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
@@ -501,22 +508,28 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
         window["tokens"] += sum(tokens)
         stats.sequences_per_rank = sequences
         pending.append((state.step, stats))
-        out_of_budget = state.samples >= cfg.budget.max_samples or (
-            cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
-        )
+        out_of_samples = state.samples >= cfg.budget.max_samples
+        out_of_time = cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s  # my clock
         every = cfg.checkpoint.every_samples
         checkpoint_due = every and state.samples // every != (state.samples - int(sum(sequences))) // every
         logged = state.step % cfg.log.every_steps == 0
-        if logged or out_of_budget or checkpoint_due or state.samples >= state.next_eval_samples:
+        read_due = logged or out_of_samples or checkpoint_due or state.samples >= state.next_eval_samples
+        if read_due or (out_of_time and not run.env.enabled):  # the same steps on every rank (one process: also time)
             readings, noise = read_pending(run, pending)
             bad = next((r for r in readings if not math.isfinite(r.loss)), None)
-            if logged or bad is not None:
+            # Decisions that must not split the ranks: their clocks differ, and a NaN may show on one rank first
+            out_of_time, diverged = any_rank([out_of_time, bad is not None], run.device, run.env)
+            if logged or diverged:
                 imbalance = max(tokens) / max(sum(tokens) / len(tokens), 1e-9)
                 progress(run, state, window, bad or readings[-1], imbalance, noise)
                 window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
-            if bad is not None:
-                log(run.env, f"loss is {bad.loss} at step {bad.step} (read at step {state.step}): diverged")
+            if diverged:
+                what = f"loss is {bad.loss} at step {bad.step}" if bad else "another rank's loss is not finite"
+                log(run.env, f"{what} (read at step {state.step}): diverged")
                 return TrainStatus.DIVERGED
+        else:
+            out_of_time = False  # several ranks: the time budget is decided together, where they read back
+        out_of_budget = out_of_samples or out_of_time
         if state.samples >= state.next_eval_samples or out_of_budget:
             while state.next_eval_samples <= state.samples:
                 state.next_eval_samples += cfg.eval.every_samples

@@ -85,6 +85,18 @@ def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_p
     assert [(f["micro_batch_size"], f["samples"], f["status"]) for f in finals] == [(8, 32, "budget_exhausted")]
 
 
+def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
+    """The ranks' clocks differ, so the time budget is decided together where they read back their losses (every
+    3 steps here): both stop at step 3, although each was out of time after its first step."""
+    overrides = make_train_overrides(
+        tmp_path, **{"budget.max_time_s": 1e-6, "log.every_steps": 3, "budget.max_samples": 10**6}
+    )
+    proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finals = [r for r in read_jsonl(tmp_path / "report.jsonl") if r["kind"] == "final"]
+    assert [(f["status"], f["steps"], f["samples"]) for f in finals] == [("budget_exhausted", 3, 24)]
+
+
 def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, "eval.every_samples": 10**7})
     proc = subprocess.Popen(

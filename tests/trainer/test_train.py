@@ -116,6 +116,12 @@ def test_a_run_that_fails_between_reads_checkpoints_the_noise_scale_of_every_ste
     assert saved[5] == saved[1]
 
 
+def test_one_process_stops_at_the_step_its_time_budget_runs_out_even_between_reads(tmp_path):
+    result, records = run(tmp_path, **{"budget.max_time_s": 1e-6, "log.every_steps": 5})
+    assert (result.status, result.steps, result.samples) == ("budget_exhausted", 1, 8)
+    assert [r["samples"] for r in records if r.get("event") == "eval"] == [8]  # the final evaluation
+
+
 def test_a_nan_between_reads_ends_the_run_as_diverged_at_the_next_read(tmp_path, capfd):
     result, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30,
                                        "log.every_steps": 4})  # fmt: skip
