@@ -310,6 +310,7 @@ class StepStats:
     tokens: int  # this rank
     grad_sq_norms: PendingNorms | None  # (|G_small|², |G_big|²) before any clip, on the device, if measured
     sequences_per_rank: list[float] = field(default_factory=list)  # every rank's sequences this step (the loop's)
+    micro_batch_sizes: list[int] = field(default_factory=list)  # this rank's micro-batches' sequences
 
 
 @dataclass
@@ -385,6 +386,7 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
         sequences=sum(b.num_sequences for b in batches),
         tokens=sum(b.num_tokens for b in batches),
         grad_sq_norms=grad_sq_norms,
+        micro_batch_sizes=[b.num_sequences for b in batches],
     )
 
 
@@ -395,13 +397,16 @@ def micro_batch_probe(run: Run, weight: float):
     return run.probe.micro_batch(weight, run.clipper.loss_scale())
 
 
-def measure_noise_scale(run: Run, norms: tuple[float, float] | None, sequences: list[float]) -> NoiseScale:
+def measure_noise_scale(run: Run, norms: tuple[float, float] | None, stats: StepStats) -> NoiseScale:
     """Feed a step's norms, once read back, to the estimator: small = a micro-batch and big = a rank's batch when
-    accumulating, else small = a rank's batch and big = the global batch (DDP)."""
-    if norms is None or min(sequences) != max(sequences):  # unequal batches: B_small undefined
+    accumulating, else small = a rank's batch and big = the global batch (DDP). A step whose small batches differ
+    in size (an epoch's uneven last step) is not measured: B_small is undefined there."""
+    sequences, micro = stats.sequences_per_rank, stats.micro_batch_sizes
+    accumulating = run.accumulation > 1
+    if norms is None or min(sequences) != max(sequences) or (accumulating and min(micro) != max(micro)):
         return NoiseScale(run.noise_scale.value(), None, None, None, None) if run.probe else NOT_MEASURED
-    if run.accumulation > 1:
-        return run.noise_scale.update(*norms, sequences[0] / run.accumulation, sequences[0])
+    if accumulating:  # the micro-batches' own size: an epoch's last step may have fewer of them
+        return run.noise_scale.update(*norms, micro[0], sequences[0])
     return run.noise_scale.update(*norms, sequences[0], sum(sequences))
 
 
@@ -472,7 +477,7 @@ def read_pending(run: Run, pending: list[tuple[int, StepStats]]) -> tuple[list[R
     readings = read_back(pending)
     noise = NOT_MEASURED
     for reading, (_, stats) in zip(readings, pending, strict=True):
-        noise = measure_noise_scale(run, reading.grad_sq_norms, stats.sequences_per_rank)
+        noise = measure_noise_scale(run, reading.grad_sq_norms, stats)
     pending.clear()
     return readings, noise
 

@@ -151,6 +151,28 @@ def test_the_noise_scale_measured_every_third_step_is_the_every_step_measurement
         assert mine["noise_scale"] == (pytest.approx(expected, rel=1e-9) if expected is not None else None)
 
 
+def test_an_epochs_short_last_step_measures_the_noise_scale_with_its_micro_batches_own_size(tmp_path):
+    """96 sequences in micro-batches of 8, 5 to a step: the epoch's steps have 5, 5 and 2 micro-batches. The small
+    batch of every step is a micro-batch, 8 sequences (not the step's sequences / 5, which the last step is not):
+    the estimator the run saves holds the EMAs (decay 0.5) of the three steps' two-batch estimates, computed here
+    from their norms."""
+    ck = tmp_path / "ck"
+    _, records = run(tmp_path, **{"batch.global_batch_size": 40, "batch.micro_batch_size": 8,
+                                  "log.noise_scale_decay": 0.5, "checkpoint.dir": str(ck)})  # fmt: skip
+    steps = [r for r in records if r.get("event") == "progress"]
+    samples = [0] + [r["samples"] for r in steps]
+    big_batches = [b - a for a, b in zip(samples, samples[1:], strict=False)]
+    assert big_batches == [40, 40, 16]
+    grad_ema = trace_ema = 0.0
+    for record, b_big in zip(steps, big_batches, strict=True):
+        small, big, b_small = record["grad_sq_norm_small"], record["grad_sq_norm_big"], 8
+        grad_sq = (b_big * big - b_small * small) / (b_big - b_small)
+        trace = (small - big) / (1 / b_small - 1 / b_big)
+        grad_ema, trace_ema = 0.5 * grad_ema + 0.5 * grad_sq, 0.5 * trace_ema + 0.5 * trace
+    saved = load_checkpoint(latest_checkpoint(ck))[0]["noise_scale"]
+    assert (saved["grad_sq"], saved["trace"]) == (pytest.approx(grad_ema, rel=1e-9), pytest.approx(trace_ema, rel=1e-9))
+
+
 def test_resume_continues_the_same_loss_sequence(tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()
