@@ -524,7 +524,7 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
             bad = next((r for r in readings if not math.isfinite(r.loss)), None)
             # Decisions that must not split the ranks: their clocks differ, and a NaN may show on one rank first
             out_of_time, diverged = any_rank([out_of_time, bad is not None], run.device, run.env)
-            if logged or diverged:
+            if logged or diverged or out_of_samples or out_of_time:  # the last step is reported too
                 imbalance = max(tokens) / max(sum(tokens) / len(tokens), 1e-9)
                 progress(run, state, window, bad or readings[-1], imbalance, noise)
                 window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}

@@ -80,11 +80,11 @@ def test_nan_loss_ends_the_run_as_diverged(tmp_path):
 
 
 def test_losses_read_back_every_few_steps_are_those_of_every_step(tmp_path):
-    """The loss stays on the device between reads: reading every 5 steps reports, at steps 5 and 10, the losses a
-    run that reads every step reports there, and the run ends the same way."""
+    """The loss stays on the device between reads: reading every 5 steps reports, at steps 5 and 10 and at the last
+    one (12), the losses a run that reads every step reports there, and the run ends the same way."""
     every, records_every = run(tmp_path / "each")
     fifth, records_fifth = run(tmp_path / "fifth", **{"log.every_steps": 5})
-    assert [r["step"] for r in records_fifth if r.get("event") == "progress"] == [5, 10]
+    assert [r["step"] for r in records_fifth if r.get("event") == "progress"] == [5, 10, 12]
     by_step = {r["step"]: r for r in records_every if r.get("event") == "progress"}
     for record in (r for r in records_fifth if r.get("event") == "progress"):
         assert record["loss"] == by_step[record["step"]]["loss"]
