@@ -27,12 +27,11 @@ from trainer.noise_probe import NormProbe
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     r = Rank.start(rank, args, init_file)
     keys = [(s, m) for s in STRATEGIES for m in (False, True)]
-    runs = {
-        (s, m): build(
-            s, r.cfg, r.env, r.device, args.bucket_cap_mb, NormProbe(r.env.world_size) if m else None, args.accumulation
-        )  # fmt: skip
-        for s, m in keys
-    }
+
+    def probe(measured: bool) -> NormProbe | None:  # its scalars go where the backend reduces them (cuda for NCCL)
+        return NormProbe(r.env.world_size, device=r.device) if measured else None
+
+    runs = {(s, m): build(s, r.cfg, r.env, r.device, args.bucket_cap_mb, probe(m), args.accumulation) for s, m in keys}
     times = r.time_interleaved(runs)
     if rank == 0:
         report(args, times)

@@ -35,17 +35,17 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
-run experiment 200 env OUT=/tmp/gpu_experiment PYTHON="$PY" bash scripts/gpu_experiment.sh
+run experiment 190 env OUT=/tmp/gpu_experiment PYTHON="$PY" bash scripts/gpu_experiment.sh
 run throughput 80 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
   --variants padded,jagged+compile --breakdown
 run throughput_128 70 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants padded,jagged,jagged+compile --breakdown
 run micro_batch 45 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
   --steps 2
-run tests 75 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run tests 80 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
 run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 32 --rounds 8 --breakdown
-run noise_scale 65 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
+run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 32 --rounds 16 --every 8
 echo "=== summary (the full output of each check is in $OUT/)"
 grep -h "=== .* exit" "$OUT"/*.txt

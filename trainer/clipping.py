@@ -125,7 +125,8 @@ def bucketwise_clip_hook(state: BucketClipState, bucket: dist.GradBucket) -> tor
             state.bucket_params.clear()
         state.bucket_params.append(list(bucket.parameters()))
     if state.num_buckets is None:  # layout not final yet: wait for the last bucket to know the count
-        fut: torch.futures.Future = torch.futures.Future()
+        buffer = bucket.buffer()  # a CUDA future syncs the streams: DDP must not read the bucket before NCCL wrote it
+        fut: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
         state.pending.append((bucket, fut))
         if bucket.is_last():
             _launch_pending(state)

@@ -1,6 +1,7 @@
 """scripts/gpu_checks.sh, read on the CPU: a GPU machine is lent for minutes, so a check whose command line its
 program refuses would cost a lease. Every benchmark the script runs parses the script's arguments with its own
-parser, every file it names exists, and its time limits fit in one command of the device machine (600 s)."""
+parser, every file it names exists, and its time limits, with its set-up, fit in one command of the device machine
+(600 s)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_checks.sh"
 DEVICE_COMMAND_LIMIT_S = 600
+SETUP_S = 20  # before the first check: the wheels' install, nvidia-smi and a torch import for the machine's line
 
 
 def checks() -> list[tuple[str, int, list[str]]]:
@@ -50,7 +52,7 @@ def bench_commands() -> list[tuple[str, str, list[str]]]:
 def test_the_script_runs_its_checks_within_one_device_command():
     names = [name for name, _, _ in checks()]
     assert {"experiment", "throughput", "micro_batch", "tests", "clipping", "noise_scale"} <= set(names)
-    assert sum(seconds for _, seconds, _ in checks()) < DEVICE_COMMAND_LIMIT_S
+    assert SETUP_S + sum(seconds for _, seconds, _ in checks()) <= DEVICE_COMMAND_LIMIT_S
 
 
 class Parsed(Exception):

@@ -170,8 +170,8 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
     results = {}
     variants = [{"attention": "jagged"}, {"attention": "jagged", "compile": True}]
-    if dtype is torch.bfloat16:  # varlen is a half-precision flash kernel
-        variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True}]
+    if dtype is torch.bfloat16:  # varlen is a half-precision flash kernel (compiled layers: as jagged's above)
+        variants.append({"attention": "varlen"})
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
