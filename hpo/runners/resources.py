@@ -51,9 +51,12 @@ def discover_gpus() -> list[Gpu]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            try:
+                foreign = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            except pynvml.NVMLError:  # some virtualized GPUs and containers do not list processes: taken as free
+                foreign = 0
             name = pynvml.nvmlDeviceGetName(handle)
-            gpus.append(Gpu(i, str(name), mem.total >> 20, mem.free >> 20, len(procs)))
+            gpus.append(Gpu(i, str(name), mem.total >> 20, mem.free >> 20, foreign))
         return gpus
     finally:
         pynvml.nvmlShutdown()

@@ -110,3 +110,34 @@ def test_bad_launch_specs_are_rejected():
     with pytest.raises(ValueError, match="master_port"):
         build_launch(LaunchSpec(ARGS, nproc=2), {})
     assert 0 < free_port() < 65536
+
+
+class NvmlError(Exception):
+    pass
+
+
+def stand_in_nvml(list_processes):
+    """NVML as a GPU machine whose driver answers everything but, in some containers and virtual GPUs, the list of
+    processes on a device (`list_processes` raises there)."""
+    import types
+
+    memory = types.SimpleNamespace(total=141 << 30, free=140 << 30)
+    return types.SimpleNamespace(
+        NVMLError=NvmlError, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetMemoryInfo=lambda h: memory,
+        nvmlDeviceGetComputeRunningProcesses=list_processes, nvmlDeviceGetName=lambda h: "NVIDIA H200",
+    )  # fmt: skip
+
+
+def test_a_gpu_whose_driver_does_not_list_processes_is_found_and_taken_as_free(monkeypatch):
+    import sys
+
+    from hpo.runners.resources import discover_gpus
+
+    def not_supported(handle):
+        raise NvmlError("Not Supported")
+
+    monkeypatch.setitem(sys.modules, "pynvml", stand_in_nvml(not_supported))
+    assert discover_gpus() == [Gpu(0, "NVIDIA H200", 141 << 10, 140 << 10, 0)]
+    monkeypatch.setitem(sys.modules, "pynvml", stand_in_nvml(lambda handle: ["another process"]))
+    assert discover_gpus()[0].foreign_processes == 1
