@@ -9,8 +9,9 @@
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the closed-division MLPerf log)
 #   clipping, noise_scale   their overhead on one NCCL rank, at micro-batches of 32 (at 8, BERT-large's step is
 #                mostly host time: 2026-11-26's 1.16x was measured there); the noise scale measured every 8th step
-# Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, the
-# experiment's own files stay in /tmp/gpu_experiment); a failing step does not stop the rest; the time limits add up
+# Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, and one
+# trial's MLPerf log and the exported config of the experiment, whose other files stay in /tmp/gpu_experiment); a
+# failing step does not stop the rest; the time limits add up
 # to under 10 minutes. Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 set -u
@@ -36,6 +37,10 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
 cat "$OUT/machine.txt"
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 run experiment 190 env OUT=/tmp/gpu_experiment PYTHON="$PY" bash scripts/gpu_experiment.sh
+for log in /tmp/gpu_experiment/experiment/trials/*/mlperf.log; do  # one trial's MLPerf log and the exported config
+  [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
+done
+cp /tmp/gpu_experiment/best.yaml "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput 80 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
   --variants padded,jagged+compile --breakdown
 run throughput_128 70 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
