@@ -192,8 +192,9 @@ def fits(run, **kwargs) -> bool:
 
 
 def drop_out_of_memory(name, runners, optimizers, seconds, device, batch: int) -> None:
-    """A model whose step ran out of device memory leaves the comparison (said so), and its memory is freed, so
-    the others still run: at large batches Hugging Face's padded model needs several times our activations."""
+    """A model whose step ran out of device memory leaves the comparison (said so), with its gradients, optimizer
+    state and cached blocks freed, so the others still run: at large batches Hugging Face's padded model needs
+    several times our activations."""
     print(f"  {name}: out of device memory at batch {batch}; left out of the comparison")
     runners.pop(name)
     optimizers.pop(name).zero_grad(set_to_none=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in order of value, sized for about 8 minutes of one H100:
+# The checks that need a CUDA GPU, in order of value, sized for at most 10 minutes of one H100 or H200:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput   BERT-large, bf16, BERT's dropout, at batch 32 and at batch 128 (the GPU busier, its host overhead
 #                spread over 4x the tokens): our attention kernels and compiled layers beside Hugging Face's padded

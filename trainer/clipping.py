@@ -61,8 +61,8 @@ def effective_optimizer_config(optimizer: OptimizerConfig, clipping: ClippingCon
 
 def clip_coefficient(norm: torch.Tensor, threshold) -> torch.Tensor:
     """min(1, threshold / (norm + eps)); exactly 1 where the norm is not finite (an fp16 overflow must stay visible),
-    whatever the threshold: a non-finite norm is read as -eps, so the quotient is threshold / 0 = inf, clamped to 1.
-    Four small kernels, run once per DDP bucket."""
+    however small the threshold (if not 0 in the norm's precision): a non-finite norm is read as -eps, so the
+    quotient is threshold / 0 = inf, clamped to 1. Four small kernels, run once per DDP bucket."""
     return (threshold / (torch.nan_to_num(norm, nan=-EPS, posinf=-EPS, neginf=-EPS) + EPS)).clamp_(max=1.0)
 
 

@@ -116,7 +116,7 @@ def choose_micro_batch(
     )
     fixed, per_token = fit_line(probes)
     fixed += (OPTIMIZER_COPIES + gradient_copies) * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
-    budget = device_budget(device) / sharing if budget_bytes is None else budget_bytes
+    budget = device_budget(device, sharing) if budget_bytes is None else budget_bytes
     line = MemoryFit(probes, fixed, per_token, int(lengths.max()), budget, per_rank, micro_batch_size=1)
     return replace(line, micro_batch_size=largest_fitting_divisor(per_rank, lambda m: line.bytes_for(m) <= budget))
 
@@ -177,15 +177,16 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return self
 
 
-def device_budget(device: torch.device) -> float:
+def device_budget(device: torch.device, sharing: int = 1) -> float:
     """The memory a run on `device` may plan for: CUDA_MARGIN of the free device memory; on the CPU, CPU_SHARE of
-    the host's available memory or of what the process's address-space limit leaves (an HPO trial's
-    `resources.memory_limit_mb`), whichever is less."""
+    the host's available memory divided among the `sharing` processes that plan on it, or of what this process's
+    address-space limit leaves (an HPO trial's `resources.memory_limit_mb`, a limit of each process), whichever is
+    less."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
-        return CUDA_MARGIN * free
-    return CPU_SHARE * min(available_host_memory(), address_space_left())
+        return CUDA_MARGIN * free / sharing
+    return CPU_SHARE * min(available_host_memory() / sharing, address_space_left())
 
 
 def address_space_left() -> float:

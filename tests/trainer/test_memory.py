@@ -64,14 +64,19 @@ def test_the_choice_is_the_largest_divisor_of_a_ranks_batch_whose_worst_case_fit
     assert fit.micro_batch_size == chosen
 
 
-def test_ranks_that_plan_on_one_hosts_memory_share_it(monkeypatch):
-    """On the CPU the ranks of a host plan on the same memory: each gets its share of it."""
+def test_ranks_that_plan_on_one_hosts_memory_share_it_but_each_has_its_own_address_space(monkeypatch):
+    """On the CPU the ranks of a host plan on the same memory: each gets its share of half of it (16 GB available:
+    8 GB, 2 GB for each of 4 ranks). An address-space limit is each process's own: it is not divided."""
     import trainer.memory
 
-    monkeypatch.setattr(trainer.memory, "device_budget", lambda device: 8e9)
+    monkeypatch.setattr(trainer.memory, "available_host_memory", lambda: 16e9)
+    monkeypatch.setattr(trainer.memory, "address_space_left", lambda: float("inf"))
     model, samples = tiny_model(), make_samples([64] * 8)
     assert choose_micro_batch(model, samples, 8, CPU, None).budget_bytes == 8e9
     assert choose_micro_batch(model, samples, 8, CPU, None, sharing=4).budget_bytes == 2e9
+    monkeypatch.setattr(trainer.memory, "address_space_left", lambda: 3e9)  # less than the host's share: it binds
+    assert choose_micro_batch(model, samples, 8, CPU, None, sharing=4).budget_bytes == 1.5e9
+    assert choose_micro_batch(model, samples, 8, CPU, None, sharing=8).budget_bytes == 1e9  # the host's share binds
 
 
 def test_largest_fitting_divisor():
