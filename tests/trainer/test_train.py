@@ -173,6 +173,24 @@ def test_an_epochs_short_last_step_measures_the_noise_scale_with_its_micro_batch
     assert (saved["grad_sq"], saved["trace"]) == (pytest.approx(grad_ema, rel=1e-9), pytest.approx(trace_ema, rel=1e-9))
 
 
+def test_a_step_whose_micro_batches_differ_in_size_is_not_measured(tmp_path):
+    """96 sequences in micro-batches of 7, 5 to a step: the epoch's last step has micro-batches of 7, 7, 7 and 5, for
+    which B_small is undefined: it reports no norms, and the estimator the run saves holds steps 1 and 2 only."""
+    ck = tmp_path / "ck"
+    _, records = run(tmp_path, **{"batch.global_batch_size": 35, "batch.micro_batch_size": 7,
+                                  "log.noise_scale_decay": 0.5, "checkpoint.dir": str(ck)})  # fmt: skip
+    steps = [r for r in records if r.get("event") == "progress"]
+    assert [r["samples"] for r in steps] == [35, 70, 96]
+    assert steps[2]["grad_sq_norm_small"] is None and steps[2]["grad_sq_norm_big"] is None
+    grad_ema = trace_ema = 0.0
+    for record in steps[:2]:
+        small, big = record["grad_sq_norm_small"], record["grad_sq_norm_big"]
+        grad_sq, trace = (35 * big - 7 * small) / (35 - 7), (small - big) / (1 / 7 - 1 / 35)
+        grad_ema, trace_ema = 0.5 * grad_ema + 0.5 * grad_sq, 0.5 * trace_ema + 0.5 * trace
+    saved = load_checkpoint(latest_checkpoint(ck))[0]["noise_scale"]
+    assert (saved["grad_sq"], saved["trace"]) == (pytest.approx(grad_ema, rel=1e-9), pytest.approx(trace_ema, rel=1e-9))
+
+
 def test_resume_continues_the_same_loss_sequence(tmp_path):
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()
