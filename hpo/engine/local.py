@@ -114,6 +114,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     bound = outage_bound(spec.database.outage_s)
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
+    study.claim_lost = lambda: heartbeat.lost
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound)
     try:
@@ -129,7 +130,8 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
                 study.stop(STOP_REASONS[signal.SIGINT])
                 status = ExperimentStatus.STOPPED
         try:
-            storage.set_experiment_status(experiment_id, status)
+            if not heartbeat.lost:  # else the experiment is the other controller's now
+                storage.set_experiment_status(experiment_id, status)
         except DatabaseUnavailableError as exc:  # still away: it stays RUNNING, and shows as interrupted
             study.database_error = study.database_error or str(exc)
     finally:
@@ -138,6 +140,11 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             view.stop()
         heartbeat.stop()
         runner.close()
+    if heartbeat.lost:
+        print(f"stopped: another controller took {spec.name!r} over (`hpo resume` while this one seemed gone: paused "
+              "or cut off from the database for longer than its heartbeat allows); this one ended its trials' "
+              "processes and left the experiment to it", file=sys.stderr)  # fmt: skip
+        return 1
     if study.database_error:
         then = f"`hpo resume {spec.name}` stores what they kept and finishes the experiment"
         print(f"stopped: {study.database_error}\nIts running trials were ended; once the database is back, {then}",

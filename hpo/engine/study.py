@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -96,6 +97,7 @@ class Study:
         self._stop_checked = 0.0
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
         self.database_error: str | None = None  # why the loop stopped when the database stayed away
+        self.claim_lost: Callable[[], bool] = lambda: False  # the heartbeat's: another controller took over
 
     # -- set-up ------------------------------------------------------------------------------------------
 
@@ -183,6 +185,9 @@ class Study:
 
     def _run(self) -> ExperimentStatus:
         while True:
+            if self.claim_lost():
+                self.abandon()
+                return ExperimentStatus.RUNNING  # under the other controller
             if self.stop_reason is None and self._stop_requested():
                 self.stop_reason = "experiment stopped by request"
             if self.stop_reason is not None:
@@ -381,6 +386,15 @@ class Study:
             with contextlib.suppress(StorageError):
                 if not self._store_kept(pending, exit.attempt):  # it finished while the database was away
                     self.storage.interrupt_trial(exit.trial_id, reason, attempt=exit.attempt)
+
+    def abandon(self) -> None:
+        """Another controller took the experiment over (`hpo resume` while this one looked dead: paused, or cut off
+        from the database): end this one's trial processes, whose attempts the other re-runs, and leave the trial
+        records, the queue and the experiment's status to it."""
+        self.stop_reason = "another controller took the experiment over"
+        self.runner.cancel_all()
+        self.running.clear()
+        self.queue.clear()
 
     def _update_note(self, every_s: float = 1.0) -> None:
         now = time.monotonic()

@@ -131,7 +131,8 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
                 failed_start, ending = e, "failed"
         status = ExperimentStatus(ending)
     finally:
-        storage.set_experiment_status(experiment_id, status)
+        if not heartbeat.lost:  # else another controller took the experiment over: its status is the other's
+            storage.set_experiment_status(experiment_id, status)
         heartbeat.stop()
     if failed_start is not None:
         raise start_failure(spec, storage, experiment_id, failed_start, resume)

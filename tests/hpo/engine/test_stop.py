@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpo.engine.liveness import Heartbeat
 from hpo.engine.local import STOP_REASONS
 from hpo.engine.study import Study
 from hpo.experiment import stored_form
@@ -123,6 +124,36 @@ def test_an_api_stop_ends_both_ranks_of_a_torchrun_trial_and_closes_its_record(t
     (trial,) = storage.list_trials(eid)
     assert (trial.state, trial.reason) == (TrialState.INTERRUPTED, "experiment stopped by request")
     assert_closed_and_silent(storage, trial.id)
+
+
+def test_a_controller_that_lost_its_claim_ends_its_trials_processes_and_leaves_the_experiment_alone(tmp_path):
+    """`hpo resume` took the experiment over while this controller seemed gone (paused, or cut off from the
+    database): at its next heartbeat it learns so, ends its trial's processes (the other runs the attempt again)
+    and stops without writing the trial's record or the experiment's status, which are the other's now."""
+    spec = make_spec(tmp_path, trials=1, resources={"cpu_slots": 1}, budget={"max_parallel": 1}, **ENDLESS)
+    storage, eid, run_dir, study = start_study(tmp_path, spec)
+    status_before = storage.get_experiment(eid).status
+    heartbeat = Heartbeat(storage, eid).start()
+    study.claim_lost = lambda: heartbeat.lost
+
+    def take_over_once_training() -> None:
+        wait_for(lambda: any(storage.get_metrics(t.id) for t in storage.list_trials(eid, state=TrialState.RUNNING)))
+        storage.claim_controller(eid, "another-host", 4242, stale_after_s=0.0)  # `hpo resume` elsewhere
+        heartbeat.beat()
+        time.sleep(60)  # a controller that went on regardless is stopped here, and the test fails on its status
+        storage.request_stop(eid)
+
+    threading.Thread(target=take_over_once_training, daemon=True).start()
+    try:
+        assert study.run() is ExperimentStatus.RUNNING
+    finally:
+        study.runner.close()
+        heartbeat.stop()
+    assert processes_naming(str(run_dir)) == {}
+    (trial,) = storage.list_trials(eid)
+    assert trial.state is TrialState.RUNNING and trial.finished_at is None  # the other controller settles it
+    record = storage.get_experiment(eid)
+    assert (record.controller_host, record.controller_pid, record.status) == ("another-host", 4242, status_before)
 
 
 @pytest.mark.slow
