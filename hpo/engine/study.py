@@ -139,7 +139,7 @@ class Study:
         very configurations it proposed before and is told their results in the same order."""
         unfinished = (TrialState.QUEUED, TrialState.RUNNING, TrialState.INTERRUPTED)
         for record in self.storage.list_trials(self.experiment_id, state=unfinished):  # queued: maybe started
-            self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag)
+            self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag, record.started_at)
             store_kept_outcome(self.storage, self._launch_of(record).workdir, record.id, record.attempt)
         self.storage.requeue_interrupted(self.experiment_id)
         records = self.storage.list_trials(self.experiment_id)

@@ -12,6 +12,7 @@ import abc
 import signal
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from hpo.trials import TrialState
@@ -98,9 +99,11 @@ class Runner(abc.ABC):
     def cancel_all(self) -> list[TrialExit]:
         """Kill every running attempt and return how they ended."""
 
-    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:  # noqa: B027 - optional
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str,  # noqa: B027 - optional
+                      claimed_at: datetime | None = None) -> None:  # fmt: skip
         """End every process of an attempt a dead controller left running (resume), where the runner can: its
-        process group `pid` on `host` and the processes carrying its `tag` (`TrialLaunch.tag`)."""
+        process group `pid` on `host` (unless a process that started after the attempt claimed its trial at
+        `claimed_at` holds that pid now: `leftover_group`) and the processes carrying its `tag` (`TrialLaunch.tag`)."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release the runner's resources."""

@@ -27,12 +27,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from hpo.errors import ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
-from hpo.runners.process import TrialProcess, end_trial, wait_any
+from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
 
@@ -237,8 +238,8 @@ class DaskRunner(Runner):
             exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
         return exits
 
-    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:
-        self.client.run(_kill_on_host, host, pid, tag)  # every worker: a trial not yet started records no host
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str, claimed_at: datetime | None = None) -> None:
+        self.client.run(_kill_on_host, host, pid, tag, claimed_at)  # every worker: a trial not started has no host
 
     def close(self) -> None:
         self.client.close()
@@ -324,6 +325,6 @@ def _kill_trials(attempts: list[tuple[int, int]]) -> None:
             process.kill()
 
 
-def _kill_on_host(host: str | None, pid: int | None, tag: str) -> None:
+def _kill_on_host(host: str | None, pid: int | None, tag: str, claimed_at: datetime | None = None) -> None:
     if host is None or socket.gethostname() == host:
-        end_trial(tag, pid if host else None)
+        end_trial(tag, leftover_group(pid, claimed_at) if host else None)

@@ -11,10 +11,11 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
-from hpo.runners.process import TrialProcess, end_trial, wait_any
+from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.runners.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.trial.entry import WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
@@ -91,9 +92,9 @@ class LocalRunner(Runner):
             ended.append(self._ended(trial_id, run.process.popen.wait()))
         return ended
 
-    def kill_leftover(self, host: str | None, pid: int | None, tag: str) -> None:
+    def kill_leftover(self, host: str | None, pid: int | None, tag: str, claimed_at: datetime | None = None) -> None:
         if host is None or host == socket.gethostname():  # no host: killed before it recorded one
-            end_trial(tag, pid if host else None)
+            end_trial(tag, leftover_group(pid, claimed_at) if host else None)
 
     def close(self) -> None:
         if self.launcher is not None:

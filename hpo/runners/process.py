@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +35,7 @@ from hpo.trial.exit import EXIT_PIPE_ENV
 PR_SET_PDEATHSIG = 1
 TRIAL_TAG_ENV = "HPO_TRIAL_TAG"  # in the environment of every process of an attempt (see the module docstring)
 END_TRIAL_S = 10.0  # how long `end_trial` keeps looking for processes of the attempt
+CLOCK_SLACK_S = 2.0  # /proc's start times count from a boot time known to the second
 # Its own process group, so a signal to the group reaches torchrun (or the single trial process) and the children
 # that stay in its group; not torchrun's ranks, which start sessions of their own (`end_trial` finds those by their
 # tag). `process_group=0` (Python 3.11+) lets subprocess use vfork; `start_new_session` forces a full fork, 2 to 5
@@ -249,6 +251,33 @@ def exiting(pid: int, started: str) -> bool:
     found only by its pid. A pid reused by another process (another start time) does not count."""
     state = process_state(pid)
     return state is not None and state[0] not in ("Z", "X") and state[1] == started
+
+
+def leftover_group(pid: int | None, claimed_at: datetime | None) -> int | None:
+    """The process group `pid` an attempt recorded when it claimed its trial at `claimed_at`, to end on resume; None
+    where a process that started after that claim holds the pid now (a pid reused after the attempt ended, after a
+    reboot say): it is not the trial's, and killing its group would kill another program. Without a leader the
+    group's survivors are the attempt's (a new group needs a leader with that pid)."""
+    if pid is None:
+        return None
+    started = process_started_at(pid)
+    if started is None or claimed_at is None:
+        return pid
+    claimed = claimed_at if claimed_at.tzinfo else claimed_at.replace(tzinfo=timezone.utc)
+    return pid if started.timestamp() <= claimed.timestamp() + CLOCK_SLACK_S else None
+
+
+def process_started_at(pid: int) -> datetime | None:
+    """When process `pid` started (its /proc start time after the boot time), None when it is gone."""
+    state = process_state(pid)
+    if state is None:
+        return None
+    try:
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))  # fmt: skip
+    except (OSError, StopIteration):
+        return None
+    return datetime.fromtimestamp(boot + int(state[1]) / os.sysconf("SC_CLK_TCK"), timezone.utc)
 
 
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
