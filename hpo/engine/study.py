@@ -56,7 +56,7 @@ from trainer.config import config_from_dict
 from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
-MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails
+MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails (attempts a resume made not counted)
 
 
 @dataclass
@@ -98,6 +98,7 @@ class Study:
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
         self.database_error: str | None = None  # why the loop stopped when the database stayed away
         self.claim_lost: Callable[[], bool] = lambda: False  # the heartbeat's: another controller took over
+        self.lost_workers: dict[int, int] = {}  # trial id -> attempts of it whose worker was lost (not resumes)
 
     # -- set-up ------------------------------------------------------------------------------------------
 
@@ -270,9 +271,11 @@ class Study:
             record = self.storage.get_trial(exit.trial_id)
             if not record.state.finished and self._store_kept(pending, exit.attempt):
                 record = self.storage.get_trial(exit.trial_id)  # its outcome, kept while the database was away
-            lost = exit.lost and record.attempt < MAX_REQUEUES
+            lost = exit.lost and self.lost_workers.get(record.id, 0) < MAX_REQUEUES
             if not record.state.finished and (lost or exit.returncode == EXIT_DATABASE_UNREACHABLE):
                 why = exit.lost if lost else "the database was unreachable before it had a result"
+                if lost:
+                    self.lost_workers[record.id] = self.lost_workers.get(record.id, 0) + 1
                 record = self.storage.requeue_trial(record.id, record.attempt, f"interrupted: {why}; re-queued")
                 self.queue.insert(0, replace(pending, attempt=record.attempt))
                 continue
@@ -290,7 +293,7 @@ class Study:
         """Record an attempt that ended without a final record (killed, timed out, crashed, lost)."""
         state, reason = classify_exit(exit)
         if exit.lost:
-            reason = f"{reason} (after {record.attempt + 1} attempts)"
+            reason = f"{reason} (its worker lost {self.lost_workers.get(record.id, 0) + 1} times)"
         result = TrialResult(state, reason, self._missed_objective(record), duration_s=exit.duration_s)
         with contextlib.suppress(StorageError):  # it recorded itself at this very moment: its own record wins
             self.storage.finish_trial(record.id, result, attempt=exit.attempt)
