@@ -35,6 +35,11 @@ class TrialClosedError(StorageError):
     """A trial process writes metrics for a trial whose record is closed (finished, or interrupted by a stop)."""
 
 
+class TrialStateError(StorageError):
+    """A trial is not in the state an action on it needs (an attempt cannot start a trial that is not queued: Dask
+    ran the attempt again after its worker was lost, say)."""
+
+
 class ControllerBusyError(HpoError):
     """Another live controller drives the experiment; the message names its host and pid."""
 

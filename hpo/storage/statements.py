@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from hpo.errors import NotFoundError, StaleAttemptError, StorageError
+from hpo.errors import NotFoundError, StaleAttemptError, StorageError, TrialStateError
 from hpo.storage.base import (
     Direction,
     ExperimentRecord,
@@ -128,7 +128,7 @@ def _transition_error(
         return NotFoundError(f"trial {trial_id} does not exist")
     if attempt is not None and row.attempt != attempt:
         return _stale(trial_id, attempt, row.attempt)
-    return StorageError(f"cannot {action} trial {trial_id}: it is {row.state} ({why})")
+    return TrialStateError(f"cannot {action} trial {trial_id}: it is {row.state} ({why})")
 
 
 def _is_as(session: Session, trial_id: int, attempt: int | None, **wanted: Any) -> bool:

@@ -19,7 +19,8 @@ trial that gives up on the database, or is killed while it waits, leaves it for 
 
 Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
 rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed),
-5 when the database stayed unreachable for longer than the bound (the outcome, if any, kept in `outcome.json`).
+5 when the database stayed unreachable for longer than the bound (the outcome, if any, kept in `outcome.json`),
+6 for another database error (no such trial, a schema that needs `hpo db upgrade`), which the message names.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from typing import Any
 
 import yaml
 
-from hpo.errors import DatabaseUnavailableError, HpoError, StorageError
+from hpo.errors import (
+    DatabaseUnavailableError,
+    HpoError,
+    StaleAttemptError,
+    StorageError,
+    TrialClosedError,
+    TrialStateError,
+)
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import checkpoint_name, continues_from_checkpoint, trial_config
 from hpo.objective import trial_result
@@ -48,6 +56,7 @@ from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, OUTCOME_FILE, forget_ou
 from hpo.trials import TrialResult, TrialState
 
 EXIT_NOT_CLAIMED = 4
+EXIT_STORAGE_ERROR = 6
 # Intermediate values kept in the database (the trainer's progress and eval records).
 METRIC_KEYS = (
     "loss", "train_mlm_accuracy", "lr", "sequences_per_s", "tokens_per_s", "token_imbalance",
@@ -226,9 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         where = f"; its outcome is kept in {kept} for the controller or `hpo resume`" if kept.exists() else ""
         print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}{where}", file=sys.stderr)
         return EXIT_DATABASE_UNREACHABLE
-    except StorageError as e:
+    except (StaleAttemptError, TrialClosedError, TrialStateError) as e:  # the trial is not this attempt's (now)
         print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_NOT_CLAIMED
+    except StorageError as e:  # another database error (no such trial, a schema to upgrade): said, not taken for one
+        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+        return EXIT_STORAGE_ERROR
     finally:
         cleanup()
     if is_rank_zero():

@@ -129,3 +129,16 @@ def test_resume_stores_a_kept_outcome_instead_of_running_the_trial_again(tmp_pat
     assert len(storage.get_metrics(first.id)) == 3
     assert (second.state, second.attempt) == (TrialState.QUEUED, 1)  # without a kept outcome: runs again
     assert [p.number for p in study.queue] == [1]
+
+
+def test_a_database_error_other_than_a_refused_claim_is_not_taken_for_one(tmp_path, capsys):
+    """Exit 4 says "this attempt may not run the trial (now)", which a Dask runner reads as a re-run after a lost
+    worker; a trial that does not exist (or a schema to upgrade) exits 6 with the database's message instead."""
+    from hpo.storage import SqlStorage
+    from hpo.trial.entry import EXIT_STORAGE_ERROR, main
+
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    SqlStorage(url, upgrade=True).close()
+    code = main(["--db", url, "--trial-id", "999", "--attempt", "0", "--workdir", str(tmp_path / "w")])
+    assert code == EXIT_STORAGE_ERROR == 6
+    assert "error: trial 999 attempt 0: trial 999 does not exist" in capsys.readouterr().err
