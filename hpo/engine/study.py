@@ -17,9 +17,10 @@ trials (the tuners' next questions wait on them).
 Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
 the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
 new attempt; finished trials are told to the new controllers in the order they finished, through the same
-`tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run; nothing finished
-runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them queued: they are
-neither queued twice nor forgotten.
+`tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run (with one trial in
+flight; with several, a trial that finished while a tuner was asked replays before that ask: see `restore`);
+nothing finished runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them
+queued: they are neither queued twice nor forgotten.
 
 A database that is away: the storage waits for it inside each call, retrying, up to `database.outage_s`
 (`hpo.storage.retry`), so the loop stays where it is (its running trials keep running, nothing new starts) and
@@ -135,9 +136,13 @@ class Study:
     def restore(self) -> None:
         """Bring fresh controllers to where the dead one was, and queue the trials it left behind.
 
-        The controllers see the same history as live: the asks and tells of the stored trials are replayed in
-        the order they happened (asks at creation, tells at finishing), so a tuner asked again proposes the
-        very configurations it proposed before and is told their results in the same order."""
+        The controllers see the history they saw live: the asks and tells of the stored trials are replayed in
+        the order of their times (asks at creation, tells at finishing), so a tuner asked again proposes the
+        very configurations it proposed before and is told their results in the same order. That is the live
+        order with one trial in flight; with several, the live loop told a trial that finished while a tuner was
+        being asked after that ask (the creation time is stamped once the tuner answered), and the replay tells
+        it before: the tuner may then propose other configurations than live. Storing the loop's own sequence
+        of asks and tells would make it exact."""
         unfinished = (TrialState.QUEUED, TrialState.RUNNING, TrialState.INTERRUPTED)
         for record in self.storage.list_trials(self.experiment_id, state=unfinished):  # queued: maybe started
             self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag, record.started_at)
