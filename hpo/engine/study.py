@@ -188,6 +188,10 @@ class Study:
             )
             self.stop(self.stop_reason)
             return ExperimentStatus.STOPPED
+        except Exception as exc:  # a trial that cannot start, a tuner's error: its running trials end first
+            with contextlib.suppress(Exception):
+                self.stop(f"the controller failed ({type(exc).__name__}: {exc}); `hpo resume` runs it again")
+            raise
 
     def _run(self) -> ExperimentStatus:
         while True:

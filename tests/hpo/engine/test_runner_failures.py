@@ -1,10 +1,12 @@
-"""A trial whose worker is lost (a Dask worker that died under it) runs once more, then fails; the attempts a
-resume made do not count against that allowance. The runner here is a stand-in whose every worker is lost right
-after the attempt claimed its trial."""
+"""The study loop when its runner fails it, with stand-in runners: a trial whose worker is lost (a Dask worker that
+died under it) runs once more, then fails, and the attempts a resume made do not count against that allowance; a
+trial that cannot start ends the running ones, recorded as interrupted, before the error leaves the loop."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from hpo.engine.study import Study
 from hpo.experiment import stored_form
@@ -60,3 +62,36 @@ def test_a_lost_worker_reruns_a_trial_once_also_after_a_resume(tmp_path: Path):
     trial = storage.get_trial(left)
     assert (trial.state, trial.attempt) == (TrialState.FAILED, 2)  # 1 (the resume's) lost, re-run once, lost again
     assert trial.reason.endswith("(its worker lost 2 times)")
+
+
+class SecondStartFails(EveryWorkerLost):
+    """Its first attempt runs (and never ends by itself); starting a second one fails, as a fork can."""
+
+    def free_slots(self) -> int:
+        return 2 - len(self.started)
+
+    def submit(self, launch) -> None:
+        if self.started:
+            raise OSError("cannot start a process: out of file descriptors")
+        super().submit(launch)
+
+    def poll(self) -> list[TrialExit]:
+        return []
+
+    def cancel_all(self) -> list[TrialExit]:
+        ended = [TrialExit(launch.trial_id, launch.attempt, returncode=-9) for launch in self.started]
+        self.started = []
+        return ended
+
+
+def test_a_controller_error_ends_the_running_trials_and_records_them_before_it_is_raised(tmp_path: Path):
+    spec = make_spec(tmp_path, trials=2, budget={"max_parallel": 2})
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    eid = storage.create_experiment("e", stored_form(spec, tmp_path / "run"), spec.direction)
+    runner = SecondStartFails(storage)
+    with pytest.raises(OSError, match="out of file descriptors"):
+        Study(spec, storage, eid, tmp_path / "run", runner, "sqlite://").run()
+    assert runner.started == []  # ended
+    first = storage.list_trials(eid)[0]
+    assert first.state is TrialState.INTERRUPTED
+    assert first.reason.startswith("the controller failed (OSError: cannot start a process: out of file descriptors)")
