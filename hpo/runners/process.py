@@ -74,6 +74,7 @@ class TrialProcess:
     exit_pipe: int | None = None  # where the trial writes its exit code just before it exits (read end)
     announced: int | None = None  # the exit code the trial wrote there
     tag: str | None = None  # carried by every process of the attempt (TRIAL_TAG_ENV)
+    stderr_from: int = 0  # where this attempt's lines start in stderr.log (an earlier attempt's come before)
 
     @classmethod
     def start(
@@ -87,6 +88,7 @@ class TrialProcess:
         if tag is not None:
             env = {**env, TRIAL_TAG_ENV: tag}
         stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
+        stderr_from = stderr_path.stat().st_size if stderr_path.exists() else 0  # appended: earlier attempts' first
         # The pipe on which the trial announces its exit code before the kernel tears it down (hpo.trial.exit).
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
@@ -102,7 +104,7 @@ class TrialProcess:
         finally:
             os.close(write_end)
         return cls(process, stderr_path, time.monotonic(), timeout_s, pidfd=_open_pidfd(process.pid),
-                   exit_pipe=read_end, tag=tag)  # fmt: skip
+                   exit_pipe=read_end, tag=tag, stderr_from=stderr_from)  # fmt: skip
 
     def poll(self) -> int | None:
         """The exit code once the process has announced it (and is leaving) or has ended; kills it when its time
@@ -149,9 +151,10 @@ class TrialProcess:
         end_trial(self.tag, self.popen.pid)
 
     def stderr_tail(self, size: int = 4000) -> str:
+        """The last `size` bytes this attempt wrote to stderr (never an earlier attempt's)."""
         try:
             with open(self.stderr_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                f.seek(max(self.stderr_from, f.seek(0, os.SEEK_END) - size))
                 return f.read().decode(errors="replace")
         except FileNotFoundError:
             return ""

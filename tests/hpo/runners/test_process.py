@@ -1,4 +1,6 @@
-"""On resume the controller ends the processes a dead controller's attempts left running: the process group each
+"""hpo/runners/process.py: what a resume ends and what a failed attempt is said to have printed.
+
+On resume the controller ends the processes a dead controller's attempts left running: the process group each
 recorded when it claimed its trial. A pid is reused once its process has gone (after a reboot, within minutes): a
 process that started after the claim holds it then, and is another program's, never killed for the trial's."""
 
@@ -47,3 +49,16 @@ def test_a_gone_leader_or_an_unknown_claim_still_ends_the_group():
     done.wait()
     assert leftover_group(done.pid, datetime.now(timezone.utc) - timedelta(days=1)) == done.pid  # its survivors
     assert leftover_group(12345, None) == 12345
+
+
+def test_an_attempts_stderr_tail_holds_its_own_lines_only(tmp_path):
+    """stderr.log is appended to by every attempt of a trial: the reason given for an attempt that failed quotes its
+    own lines, never an earlier attempt's (an out-of-memory message there would misname the cause)."""
+    from hpo.runners.process import TrialProcess
+
+    first = TrialProcess.start(["sh", "-c", "echo 'CUDA out of memory' >&2; exit 1"], {}, tmp_path, None)
+    assert first.popen.wait() == 1 and "out of memory" in first.stderr_tail()
+    second = TrialProcess.start(["sh", "-c", "echo 'a rank failed' >&2; exit 1"], {}, tmp_path, None)
+    assert second.popen.wait() == 1
+    assert second.stderr_tail().strip() == "a rank failed"
+    assert "out of memory" in (tmp_path / "stderr.log").read_text()  # the file keeps both
