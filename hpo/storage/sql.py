@@ -290,7 +290,7 @@ class SqlStorage(TrialReads, Storage):
             if session.execute(claim).rowcount == 1:
                 return
             experiment = _experiment(session, experiment_id)
-            age = (now - _utc(experiment.heartbeat_at)).total_seconds()
+            age = max((now - _utc(experiment.heartbeat_at)).total_seconds(), 0.0)  # its clock may run a little ahead
             holder = f"host {experiment.controller_host}, pid {experiment.controller_pid}"
         raise ControllerBusyError(
             f"experiment {experiment.name!r} is driven by a live controller ({holder}, last heartbeat {age:.0f} s "
