@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.export.production import check_arm
 from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
-from hpo.trials import TrialState
+from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
 from server.caching import MISSING, NOT_MODIFIED, cached_json, etag_of
 from server.deps import HotReadDep, SpecsDep, StorageDep
@@ -113,12 +113,14 @@ def _best_with(
         labels = [arm_label(values) for values in arms(spec) if values[compared[0]] == optimizer]
         found = [storage.best_trial(record.id, arm=label, global_batch_size=global_batch_size) for label in labels]
         return _best_of([t for t in found if t is not None], record.direction)
-    # Tuned but not compared: read the completed trials at this batch size and keep this optimizer's.
+    # Tuned but not compared: read the completed tuning trials at this batch size and keep this optimizer's (a
+    # confirmation run re-runs a best configuration with another seed: a lucky seed is not a better configuration,
+    # as `best_trial` has it too).
     completed = storage.list_trials(record.id, state=TrialState.COMPLETED)
     mine = [
         t
         for t in completed
-        if t.global_batch_size == global_batch_size and t.objective is not None
+        if t.kind is TrialKind.TUNING and t.global_batch_size == global_batch_size and t.objective is not None
         and any(t.params.get(name) == optimizer for name in tuned)
     ]  # fmt: skip
     return _best_of(mine, record.direction)
