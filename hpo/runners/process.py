@@ -7,8 +7,12 @@ and trains on. So every process of an attempt carries a tag in its environment (
 torchrun, its ranks and whatever they start, from the moment each is exec'd or forked), and `end_trial` kills the
 attempt's process group and every process whose environment carries its tag, again until none is left. The tag
 is made from the trial's id, attempt and directory, so a resumed controller that lost everything (SIGKILL) can
-end a leftover attempt from its database record alone. Ranks also die with their torchrun (`die_with_launcher`,
-PR_SET_PDEATHSIG), which covers the one case nobody is left to kill them: a Dask worker that dies with its trials.
+end a leftover attempt from its database record alone. A single-process trial forked by the preloaded launcher
+(`hpo.runners.preload`) has the tag in its environment, but /proc shows the launcher's: it is ended through its
+process group (the runner's handle, or the group its record names once it claimed its trial); one that had not
+claimed its trial when a resume re-queued it finds another attempt there and leaves (`StaleAttemptError`). Ranks
+also die with their torchrun (`die_with_launcher`, PR_SET_PDEATHSIG), which covers the one case nobody is left to
+kill them: a Dask worker that dies with its trials.
 Without /proc (not Linux), only the process group is killed.
 """
 
