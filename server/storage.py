@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import StorageError
-from hpo.export.production import ExportError, production_config, stored_spec
+from hpo.export.production import ExportError, production_config
 from hpo.storage import SqlStorage, Storage
 from hpo.storage.base import ExperimentRecord, TrialRecord, TrialVersion
 from hpo.storage.engine import DATABASE_URL_ENV, safe_url
@@ -60,10 +60,19 @@ class StorageHolder:
             self._storage.close()
 
 
+def lasting(record: ExperimentRecord) -> bool:
+    """Whether the experiment has had a trial: it can no longer be removed, so what it is can be kept. A trial's
+    creation moves `trials_version` on, and trials are never removed."""
+    return record.trials_version > 0
+
+
 class SpecCache:
-    """What never changes, computed once: experiments' ids, names and specs (experiments are never renamed or
-    deleted), the configs built from a spec and a finished trial's parameters, best-trial responses and finished
-    trials' entries of the trial list."""
+    """What never changes, computed once: experiments' ids, names and specs, the configs built from a spec and a
+    finished trial's parameters, best-trial responses and finished trials' entries of the trial list.
+
+    Experiments are never renamed, and removed only before their first trial (an engine that could not start, see
+    `Storage.delete_experiment`); the next `hpo run` may record the name again, with another spec and, on SQLite,
+    the same id. So an experiment's record, spec and verdict are kept only once it has a trial (`lasting`)."""
 
     def __init__(self) -> None:
         self._specs: dict[int, Any] = {}
@@ -79,6 +88,8 @@ class SpecCache:
         return self._experiments.get(name)
 
     def remember_experiment(self, record: ExperimentRecord) -> None:
+        if not lasting(record):
+            return
         with self._lock:
             self._experiments[record.name] = record
 
@@ -129,7 +140,11 @@ class SpecCache:
     def spec(self, record: ExperimentRecord):
         spec = self._specs.get(record.id)
         if spec is None:
-            spec = stored_spec(record)
+            from hpo.experiment import spec_from_stored  # the trainer config models: built on first use
+
+            spec = spec_from_stored(record)
+            if not lasting(record):
+                return spec
             with self._lock:
                 self._specs[record.id] = spec
         return spec

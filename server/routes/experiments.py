@@ -22,7 +22,7 @@ from server.schemas import (
     VerdictPublic,
 )
 from server.status import experiment_status
-from server.storage import SpecCache
+from server.storage import SpecCache, lasting
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
 
@@ -87,12 +87,12 @@ def experiment_verdict(
 ) -> VerdictPublic | None:
     """The verdict of a compare experiment as `hpo run` prints it (hpo.evidence.verdict over the stored evidence:
     the confirmation runs and a few aggregates, however many tuning trials there are); None without compare arms.
-    Kept while no controller drives the experiment and its trial counts stay the same."""
+    Kept while no controller drives the experiment and its trial counts stay the same (once it has a trial)."""
     spec = specs.spec(record)
     if not spec.compare:
         return None
     key = None
-    if record.status is not ExperimentStatus.RUNNING:
+    if record.status is not ExperimentStatus.RUNNING and lasting(record):
         key = (record.id, record.status, tuple(sorted((state.value, n) for state, n in counts.items())))
         known = specs.known_verdict(key)
         if known is not None:

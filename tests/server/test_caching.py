@@ -96,3 +96,41 @@ def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answ
     finally:
         stop_server(server)
         storage.close()
+
+
+def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_afresh(empty_database, tmp_path):
+    """An engine that could not start removes the experiment it had just recorded (no trial yet), and the next `hpo
+    run` records it again under the same name, perhaps with the same id (SQLite reuses the highest). A server that
+    answered about the first must answer about the second: its id, its spec, its trials."""
+    storage = SqlStorage(empty_database)
+    first = served_spec()
+    first_id = storage.create_experiment(NAME, first, "minimize")
+    server = start_server(empty_database, tmp_path)
+    best, arms, trials = f"/experiments/{NAME}/best", f"/experiments/{NAME}/best/arms", f"/experiments/{NAME}/trials"
+    try:
+        with server.client() as api:
+            assert api.get(best, params={"arm": LAMB}).status_code == 404  # no trial yet
+            assert ask(api, arms).json() == {} and ask(api, trials).json()["total"] == 0
+            assert sum(api.get(f"/experiments/{NAME}").json()["trials"].values()) == 0
+            storage.delete_experiment(first_id)
+
+            second = served_spec()
+            second["experiment"]["overrides"]["batch.global_batch_size"] = 64
+            second_id = storage.create_experiment(NAME, second, "minimize")
+            trial_id = storage.create_trial(second_id, TrialSpec(None, {"optimizer.name": "lamb", "optimizer.lr": 1e-3},
+                                                                 LAMB, global_batch_size=64))  # fmt: skip
+            storage.mark_trial_running(trial_id)
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=3.0, samples_to_target=512))
+
+            answer = ask(api, best, arm=LAMB)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["config"]["batch"]["global_batch_size"] == 64  # the second spec's
+            assert list(ask(api, arms).json()) == [LAMB]
+            assert ask(api, trials).json()["total"] == 1
+            counts = api.get(f"/experiments/{NAME}").json()["trials"]
+            assert counts["completed"] == sum(counts.values()) == 1
+            exported = api.get(f"/experiments/{NAME}/export")
+            assert exported.status_code == 200 and "global_batch_size: 64" in exported.text, exported.text
+    finally:
+        stop_server(server)
+        storage.close()
