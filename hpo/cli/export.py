@@ -11,11 +11,12 @@ from hpo.errors import HpoError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hpo.export.production import check_arm, render, stored_spec
+    from hpo.experiment import spec_from_stored
+    from hpo.export.production import check_arm, render
 
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
-    spec = stored_spec(record)
+    spec = spec_from_stored(record)
     check_arm(spec, args.arm)
     trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
     if trial is None:

@@ -148,5 +148,7 @@ def stored_form(spec: ExperimentSpec, run_dir: str | Path) -> dict[str, Any]:
 
 
 def spec_from_stored(record) -> ExperimentSpec:
-    """The spec of a stored experiment record (see `stored_form`)."""
-    return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)", check_arms=False)
+    """The spec of a stored experiment record (see `stored_form`), read as it ran: without the rules of newer
+    versions that it may predate (equal arms)."""
+    stored = record.spec.get("experiment") if isinstance(record.spec, Mapping) else None
+    return experiment_from_dict(stored, f"experiment {record.name} (stored)", check_arms=False)

@@ -86,13 +86,6 @@ class Export:
     media_type: str
 
 
-def stored_spec(record: ExperimentRecord):
-    """The experiment's validated spec, from the self-contained copy stored when it was created."""
-    from hpo.experiment import experiment_from_dict  # the trainer config models: built on first use, not at start-up
-
-    return experiment_from_dict(record.spec["experiment"], f"experiment {record.name} (stored)")
-
-
 def arm_labels(spec) -> list[str]:
     """The experiment's arms as stored on trials (`optimizer.name=lamb`); [] when it compares nothing."""
     from hpo.experiment.arms import (
@@ -248,7 +241,10 @@ def render(
     (`spec`: the experiment's parsed spec when the caller has it already)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
-    spec = spec or stored_spec(record)
+    if spec is None:
+        from hpo.experiment import spec_from_stored  # the trainer config models: built on first use, not at start-up
+
+        spec = spec_from_stored(record)
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
     config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
     origin = provenance(record, spec, trial, config)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import HpoError
-from hpo.experiment import experiment_from_dict
+from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.nni.config import database_url_file, split_confirmation
 from hpo.nni.confirm import queued_confirmation
@@ -71,7 +71,7 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
     worker = WORKER_PREFIX + nni.get_trial_id()
     with SqlStorage(db_url) as storage:
         stored = storage.get_experiment(experiment_id)
-        spec = experiment_from_dict(stored.spec["experiment"], f"experiment {stored.name} (stored)")
+        spec = spec_from_stored(stored)
         plan = arm_plans(spec)[arm]
         generated, seed = split_confirmation(nni.get_next_parameter())
         if seed is None:

@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from hpo.experiment import experiment_from_dict
+from hpo.errors import ExperimentFileError
+from hpo.experiment import experiment_from_dict, spec_from_stored
 from hpo.experiment.arms import trial_config
 from hpo.export.production import (
     CONFIG_PATH_PATTERN,
@@ -29,13 +30,14 @@ from hpo.export.production import (
 )
 from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, TrialRecord
 from hpo.trials import TrialState
+from server.storage import SpecCache
 from tests.server.conftest import tiny_overrides
 from trainer.config import load_config
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def make_record(tmp_path, **spec_fields) -> ExperimentRecord:
+def make_record(tmp_path, check_arms: bool = True, **spec_fields) -> ExperimentRecord:
     data = {
         "name": "exp", "base_config": {},
         "overrides": {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480},
@@ -43,7 +45,7 @@ def make_record(tmp_path, **spec_fields) -> ExperimentRecord:
         "compare": ["optimizer.name"], "tuner": {"name": "random"}, "budget": {"trials": 2},
         "resources": {"gpus": "none"}, **spec_fields,
     }  # fmt: skip
-    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path, check_arms=check_arms)
     stored = {"experiment": spec.self_contained(), "run_dir": str(tmp_path / "run")}
     return ExperimentRecord(1, "exp", Direction.MINIMIZE, ExperimentStatus.FINISHED, stored, False, NOW, NOW)
 
@@ -92,6 +94,28 @@ def test_every_export_writes_an_mlperf_log_unless_the_experiment_names_one(tmp_p
     exported = render(named, trial, "yaml")
     assert yaml.safe_load(exported.text)["log"]["mlperf"] == str(own)
     assert f"# MLPerf log (mllog events of rank 0): {own}" in exported.text.splitlines()  # absolute: no "relative"
+
+
+def test_an_experiment_stored_before_the_equal_arms_rule_exports_from_the_command_line_and_the_api(tmp_path):
+    """An experiment recorded by a version that allowed arms tuning different hyperparameters without a reason
+    (`allow_unequal_arms`) is read as it ran, as every other reader of stored experiments reads it."""
+    space = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2]},
+             "optimizer.beta2": {"float": [0.9, 0.999], "when": {"optimizer.name": "lamb"}}}  # fmt: skip
+    record = make_record(tmp_path, check_arms=False, space=space)
+    with pytest.raises(ExperimentFileError, match="do not tune the same hyperparameters"):
+        experiment_from_dict(record.spec["experiment"], "today's rule")
+    trial = make_trial(params={"optimizer.name": "lamb", "optimizer.lr": 0.004, "optimizer.beta2": 0.95})
+    config = yaml.safe_load(render(record, trial, "yaml").text)  # `hpo export` and GET /export
+    assert (config["optimizer"]["name"], config["optimizer"]["beta2"]) == ("lamb", 0.95)
+    specs = SpecCache()
+    assert check_arm(specs.spec(record), "optimizer.name=lamb") is None  # the API's arms
+    assert specs.config(record, trial)["optimizer"]["beta2"] == 0.95  # GET /best
+
+
+def test_a_stored_experiment_that_is_not_a_mapping_is_named_in_the_error(tmp_path):
+    record = dataclasses.replace(make_record(tmp_path), spec=None)
+    with pytest.raises(ExperimentFileError, match=r"^experiment exp \(stored\): .*mapping"):
+        spec_from_stored(record)
 
 
 def test_a_best_that_missed_the_target_warns_in_the_file(tmp_path):
