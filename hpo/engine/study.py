@@ -20,7 +20,7 @@ new attempt; finished trials are told to the new controllers in the order they f
 `tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run (with one trial in
 flight; with several, a trial that finished while a tuner was asked replays before that ask: see `restore`);
 nothing finished runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them
-queued: they are neither queued twice nor forgotten.
+queued: they are neither queued twice nor forgotten, and a round the dead controller left short is completed.
 
 A database that is away: the storage waits for it inside each call, retrying, up to `database.outage_s`
 (`hpo.storage.retry`), so the loop stays where it is (its running trials keep running, nothing new starts) and
@@ -156,9 +156,8 @@ class Study:
                 suggestions[record.id] = self._ask_again(arm, record)
             else:
                 self._tell(suggestions[record.id], record)
-        for record in records:
-            if record.kind is not TrialKind.TUNING:
-                self.confirmed.add(self._arm(record.arm).label)
+        for record in records:  # an arm with confirmations has them topped up to its first round (a controller
+            # that died while creating them), as `_queue_confirmations` does once its tuning is over
             if record.state == TrialState.QUEUED:
                 arm = self._arm(record.arm)
                 self.queue.append(Pending(record.id, record.number, record.attempt, suggestions.get(record.id), arm,
@@ -350,7 +349,7 @@ class Study:
             if arm.label in self.confirmed or not self._tuning_over(arm):
                 continue
             self.confirmed.add(arm.label)
-            for _ in range(first[0] if first else 0):
+            for _ in range(first[0] - self._confirmations_created(arm) if first else 0):  # a resume may find some
                 self._queue_confirmation(arm)
         if self.rounds_over or not self._all_confirmed_started() or self._confirmations_pending():
             return
@@ -367,6 +366,10 @@ class Study:
             for _ in range(target - created if created else 0):
                 self.rounds_over = False
                 self._queue_confirmation(arm)
+
+    def _confirmations_created(self, arm: Arm) -> int:
+        return sum(1 for t in self.storage.list_trials(self.experiment_id, arm=arm.label)
+                   if t.kind is TrialKind.CONFIRMATION)  # fmt: skip
 
     def _all_confirmed_started(self) -> bool:
         return all(arm.label in self.confirmed for arm in self.arms)

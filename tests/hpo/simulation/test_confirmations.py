@@ -158,3 +158,39 @@ def test_a_resumed_study_neither_repeats_nor_forgets_an_arms_confirmations(tmp_p
     assert {t.number: t.attempt for t in after if t.number in again} == dict.fromkeys(again, 1)
     assert {t.number: t.attempt for t in after if t.number not in again} == {t.number: 0 for t in after
                                                                              if t.number not in again}  # fmt: skip
+
+
+@pytest.mark.parametrize("confirm_seeds", [CONFIRM, "auto"])
+def test_a_controller_that_died_between_a_rounds_confirmations_leaves_none_short(tmp_path, confirm_seeds):
+    """The controller dies after creating the first of an arm's first round of confirmations (killed between two
+    writes): `hpo resume` creates the rest of the round, with the next seeds, as an uninterrupted run has it."""
+    directory = tmp_path / "died"
+    directory.mkdir()
+    path = experiment_file(directory, "died")
+    data = yaml.safe_load(path.read_text())
+    data["budget"]["confirm_seeds"] = confirm_seeds
+    path.write_text(yaml.safe_dump(data))
+    url = f"sqlite:///{directory / 'hpo.db'}"
+    original = local_engine.Study._queue_confirmation
+
+    def create_one_then_die(study, arm):
+        original(study, arm)
+        raise KeyboardInterrupt  # as if killed: what the loop does on its way out does not matter to the rows
+
+    local_engine.Study._queue_confirmation = create_one_then_die
+    try:
+        assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(directory / "run")]) != 0
+    finally:
+        local_engine.Study._queue_confirmation = original
+    with SqlStorage(url) as storage:
+        before = storage.list_trials(storage.get_experiment_by_name("died").id)
+    assert Counter(t.arm for t in before if t.kind is TrialKind.CONFIRMATION) == {LAMB: 1}
+    assert hpo_main(["--db", url, "resume", "died", "--quiet"]) == 0
+    with SqlStorage(url) as storage:
+        after = storage.list_trials(storage.get_experiment_by_name("died").id)
+    rounds = (CONFIRM,) if confirm_seeds == CONFIRM else (3, 6, 9, 12)  # auto: rounds of 3, with the cap of 12
+    confirms = Counter((t.arm, t.seed) for t in after if t.kind is TrialKind.CONFIRMATION)
+    runs = Counter(arm for arm, _ in confirms.elements())
+    assert runs[LAMB] == runs[ADAMW] and runs[LAMB] in rounds
+    assert confirms == {(arm, BASE_SEED + 1 + k): 1 for arm in (ADAMW, LAMB) for k in range(runs[LAMB])}
+    assert all(t.state.finished for t in after)
