@@ -4,7 +4,6 @@ types and options used by several commands, and the checks that name what is wro
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hpo.errors import HpoError
 
@@ -29,9 +28,10 @@ def close_storages() -> None:
 
 def _open_storage(url: str | None, read_only: bool):
     from hpo.storage import SqlStorage, default_database_url
+    from hpo.storage.engine import sqlite_file
 
     url = url or default_database_url()
-    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    path = sqlite_file(url)
     if path is not None and not path.exists():
         if read_only:
             raise HpoError(
@@ -39,7 +39,7 @@ def _open_storage(url: str | None, read_only: bool):
                 "or start one with `hpo run EXPERIMENT.yaml`"
             )
         return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
-    return SqlStorage(url)
+    return SqlStorage(url, read_only=read_only)
 
 
 def safe_url(url: str) -> str:

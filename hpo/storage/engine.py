@@ -68,12 +68,13 @@ def safe_url(url: str | URL) -> str:
         return "<unparsable database URL>"
 
 
-def create_storage_engine(url: str) -> Engine:
-    """An engine for `url` with the project's connection settings; a bad URL raises StorageError."""
+def create_storage_engine(url: str, read_only: bool = False) -> Engine:
+    """An engine for `url` with the project's connection settings; a bad URL raises StorageError. `read_only`: for
+    readers that must leave a SQLite file as they found it (no directory made, its journal mode kept)."""
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(parsed)
+            return _sqlite_engine(parsed, read_only)
         engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))
         _ping_idle_connections(engine)
         return engine
@@ -113,8 +114,20 @@ def _ping_idle_connections(engine: Engine) -> None:
     event.listen(engine, "checkout", checked_out)
 
 
-def _sqlite_engine(url: URL) -> Engine:
-    if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (`sqlite:///`, `sqlite+pysqlite:///`, ...); None for another database, an
+    in-memory one, a `file:` URI or a URL that does not parse (opening it says what is wrong)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return None if parsed.database.startswith("file:") else Path(parsed.database)
+
+
+def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
+    if not read_only and url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         directory = Path(url.database).parent
         try:
             directory.mkdir(parents=True, exist_ok=True)  # SQLite creates the file but not its directory
@@ -124,21 +137,28 @@ def _sqlite_engine(url: URL) -> Engine:
                 f"{DATABASE_URL_ENV} to a writable place."
             ) from exc
     engine = create_engine(url, json_serializer=dumps_json, connect_args={"check_same_thread": False})
-    event.listen(engine, "connect", _configure_sqlite_connection)
+    configure = _configure_sqlite_reader if read_only else _configure_sqlite_connection
+    event.listen(engine, "connect", configure)
     event.listen(engine, "begin", _begin_sqlite_transaction)
     return engine
 
 
-def _configure_sqlite_connection(dbapi_connection: Any, _record: Any) -> None:
+def _configure_sqlite_connection(dbapi_connection: Any, _record: Any, journal: bool = True) -> None:
     # Autocommit at the driver level: pysqlite's own implicit BEGIN would defeat BEGIN IMMEDIATE
     # (and make DDL non-transactional); `_begin_sqlite_transaction` emits BEGIN itself.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode = WAL")
+    if journal:  # WAL, so readers and the writer do not block each other; the mode is kept in the file
+        cursor.execute("PRAGMA journal_mode = WAL")
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()
+
+
+def _configure_sqlite_reader(dbapi_connection: Any, record: Any) -> None:
+    """As `_configure_sqlite_connection`, but the file's journal mode is left as it is: setting it writes."""
+    _configure_sqlite_connection(dbapi_connection, record, journal=False)
 
 
 def _begin_sqlite_transaction(connection: Any) -> None:

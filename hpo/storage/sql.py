@@ -96,7 +96,8 @@ __all__ = ["SqlStorage", "default_database_url"]
 class SqlStorage(TrialReads, Storage):
     """The storage on an SQL database reached through SQLAlchemy (see the module docstring)."""
 
-    def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0) -> None:
+    def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0,
+                 read_only: bool = False) -> None:  # fmt: skip
         self.url = url or default_database_url()
         self._trial_clock: Callable[[], datetime] = _now
         self.outage_s = outage_s  # how long a call waits for a database that is away (hpo.storage.retry)
@@ -105,7 +106,7 @@ class SqlStorage(TrialReads, Storage):
         self._stop_waiting: Callable[[], str | None] = lambda: None
         if upgrade:
             upgrade_database(self.url)
-        self._engine = create_storage_engine(self.url)
+        self._engine = create_storage_engine(self.url, read_only)  # read_only: a SQLite file stays as it was
         # Both share the engine's connection pool. Writes take SQLite's write lock up front. Reads on PostgreSQL
         # skip BEGIN/COMMIT (two round trips): at READ COMMITTED every statement has its own snapshot anyway,
         # while SQLite's read transaction does give all statements of a method one snapshot, so it stays.

@@ -190,14 +190,27 @@ def hpo(url: str, *args: str) -> None:
     [["best", NAME], ["best", NAME, "--per-arm"]],
     pytest.param([["report", NAME, "-o", "{reports}"]], marks=pytest.mark.slow),  # imports the plotting: 3 s
 ], ids=["status-trials", "best", "report"])  # fmt: skip
-def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands):
+@pytest.mark.parametrize("journal", ["wal", "delete"])  # hpo's own files are WAL; another tool may have changed it
+def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands, journal):
     url, _ = stored
     if not url.startswith("sqlite"):
         pytest.skip("a SQLite file shows every write")
     directory = tmp_path / "db"
     directory.mkdir()
     copy_database(url, directory / "hpo.db")
+    connection = sqlite3.connect(directory / "hpo.db")
+    assert connection.execute(f"PRAGMA journal_mode = {journal}").fetchone() == (journal,)
+    connection.close()
     before = snapshot(directory)
     for command in commands:
         hpo(f"sqlite:///{directory / 'hpo.db'}", *(a.format(reports=tmp_path / "reports") for a in command))
     assert snapshot(directory) == before  # the same bytes and times, and no new file (no -wal or -shm left)
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "sqlite+pysqlite"])
+def test_a_read_command_on_a_missing_sqlite_file_creates_neither_file_nor_directory(tmp_path, scheme):
+    path = tmp_path / "nowhere" / "hpo.db"
+    result = subprocess.run([sys.executable, "-m", "hpo", "--db", f"{scheme}:///{path}", "status"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and f"there is no database at {path}" in result.stderr, result.stderr
+    assert not (tmp_path / "nowhere").exists()
