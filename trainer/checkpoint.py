@@ -64,6 +64,14 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], TrainState]:
     return payload, state
 
 
+def saved_state(path: str | Path) -> TrainState:
+    """Where the checkpoint's run was, reading no weights (memory-mapped)."""
+    try:
+        return TrainState(**torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state"])
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
+
+
 def saved_micro_batch(path: str | Path) -> int | None:
     """The micro-batch the checkpoint's run trained with (its resolved config), reading no weights (memory-mapped);
     None for a checkpoint that does not say."""

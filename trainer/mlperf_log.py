@@ -36,7 +36,8 @@ The events, in the order they are written (BERT counts epochs in training sample
 
 What the log does not make MLPerf-compliant by itself: the shards are read and checked before `run_start`
 (inside the init interval), while MLPerf's closed rules start the clock when the data is first touched; a
-resumed run writes a new log from its resume point (MLPerf results come from uninterrupted runs); and the closed
+resumed run writes a new log from its resume point (MLPerf results come from uninterrupted runs), except a
+finished run's command run again, which trains nothing and keeps the run's log; and the closed
 division needs eval_accuracy >= 0.720 with MLPerf's data, model and hyperparameter rules, which is the
 submitter's job. `submission_division` "open" (the default) is what a run of this trainer honestly is.
 """

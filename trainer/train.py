@@ -15,6 +15,7 @@ import sys
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from trainer.checkpoint import (
     restore_rng_state,
     save_checkpoint,
     saved_micro_batch,
+    saved_state,
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config
@@ -284,6 +286,23 @@ def restore(run: Run) -> TrainState:
     return state
 
 
+def finished_status(cfg: TrainerConfig, state: TrainState) -> TrainStatus | None:
+    """How a run that got to `state` ended, when it has nothing left to train under `cfg` (its target reached, or its
+    budget spent); None while it has. A finished run's command run again resumes at its end."""
+    if state.samples_to_target is not None and cfg.eval.stop_at_target:
+        return TrainStatus.REACHED_TARGET
+    spent_time = cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
+    if state.samples >= cfg.budget.max_samples or spent_time:
+        return TrainStatus.BUDGET_EXHAUSTED if state.samples_to_target is None else TrainStatus.REACHED_TARGET
+    return None
+
+
+def finished_checkpoint(cfg: TrainerConfig) -> Path | None:
+    """The checkpoint this run would resume from, when it is one of a finished run (`finished_status`)."""
+    path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    return path if path is not None and finished_status(cfg, saved_state(path)) is not None else None
+
+
 def checkpoint(run: Run, state: TrainState) -> None:
     if run.cfg.checkpoint.dir is None or not run.env.is_main:
         return
@@ -499,6 +518,8 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
     cfg = run.cfg
     start = time.perf_counter() - state.train_time_s
     window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+    if (finished := finished_status(cfg, state)) is not None:  # resumed at the end of a finished run
+        return finished
     for micro_batches, per_rank in epoch_steps(run, state):
         run.mlperf.training(state.samples, state.next_eval_samples)
         stats = train_step(run, micro_batches, state.step + 1)
@@ -598,7 +619,11 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
     init_process_group(env, device)
-    mlperf = open_log(cfg, env, device)  # MLPerf's init_start and submission keys, when log.mlperf names a file
+    if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is
+        log(env, f"{done} is the checkpoint of a finished run: nothing is left to train (its MLPerf log is kept)")
+        mlperf = MLPerfLog(cfg, None)
+    else:
+        mlperf = open_log(cfg, env, device)  # MLPerf's init_start and submission keys, when log.mlperf names a file
     try:
         run = build_run(cfg, env, device, reporter, mlperf)
     except DataError as e:  # bad data is refused before the first step, as a result of its own

@@ -213,6 +213,22 @@ def test_resume_continues_the_same_loss_sequence(tmp_path):
     assert len(resumed) == 7
 
 
+@pytest.mark.parametrize("extra", [{}, {"eval.target_mlm_accuracy": 1e-6}], ids=["budget", "target"])
+def test_the_same_command_again_after_the_run_finished_trains_nothing_and_keeps_its_mlperf_log(tmp_path, extra):
+    """With checkpoint.dir (resume is on by default) a finished run's command run again resumes from its final
+    checkpoint: it has nothing left to train, so it takes no step and its MLPerf log stays as the run wrote it."""
+    overrides = {"checkpoint.dir": str(tmp_path / "ck"), "log.mlperf": str(tmp_path / "result_0.txt"), **extra}
+    first, before = run(tmp_path, **overrides)
+    log = (tmp_path / "result_0.txt").read_bytes()
+    again, records = run(tmp_path, **overrides)
+    records = records[len(before) :]  # the report appends
+    assert (again.status, again.samples, again.steps) == (first.status, first.samples, first.steps)
+    expected = ("reached_target", 32) if extra else ("budget_exhausted", 96)  # the first evaluation, the budget
+    assert (first.status, first.samples) == expected
+    assert again.samples_to_target == first.samples_to_target
+    assert losses(records) == [] and (tmp_path / "result_0.txt").read_bytes() == log
+
+
 def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16})
     proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
