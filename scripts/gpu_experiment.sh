@@ -32,23 +32,12 @@ hpo trials "$NAME"
 step "hpo best $NAME --per-arm"
 hpo best "$NAME" --per-arm
 step "the MLPerf compliance checker (training 5.0.0) on every trial's log"
-passed=0
-logs=0
-for log in "$RUN_DIR"/trials/*/mlperf.log; do
-  [ -f "$log" ] || continue
-  logs=$((logs + 1))
-  if $PY -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 --log_output "$log.checked" "$log" \
-      > "$log.checker.txt" 2>&1; then
-    passed=$((passed + 1)); echo "$log: SUCCESS"
-  else
-    echo "$log: FAILED"; tail -5 "$log.checker.txt"
-  fi
-done
-echo "compliance checker: $passed of $logs trial logs passed"
+checks=0
+PYTHON=$PY bash scripts/check_mlperf_logs.sh "$RUN_DIR/trials" || checks=$?
 step "hpo export $NAME"
 hpo export "$NAME" -o "$OUT/best.yaml"
 cat "$OUT/best.yaml"
 step "training from the exported config for 2,048 samples"
 $PY -m trainer --config "$OUT/best.yaml" budget.max_samples=2048 eval.every_samples=1024 log.mlperf=null \
   log.every_steps=8 checkpoint.dir=null
-[ "$logs" -gt 0 ] && [ "$passed" -eq "$logs" ]
+[ "$checks" -eq 0 ]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The MLPerf compliance checker (training 5.0.0, open division) on every trial's MLPerf log under a run directory:
+#     bash scripts/check_mlperf_logs.sh RUN_DIR/trials
+# A trial that stopped before its first evaluation (diverged, out of memory, stopped) has no eval_accuracy, which
+# the rules require of a result: its log is listed as not checked, and does not fail the check. Exit 0 when at least
+# one log was checked and every checked log passed.
+set -uo pipefail
+PY=${PYTHON:-python3}
+passed=0
+checked=0
+for log in "$1"/*/mlperf.log; do
+  [ -f "$log" ] || continue
+  if ! grep -q '"key": "eval_accuracy"' "$log"; then
+    stop=$(grep -o '"key": "run_stop".*"status": "[a-z]*"' "$log" | grep -o '"status": "[a-z]*"' | cut -d'"' -f4)
+    echo "$log: not checked: the trial stopped before its first evaluation (run_stop ${stop:-not logged})"
+    continue
+  fi
+  checked=$((checked + 1))
+  if $PY -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 --log_output "$log.checked" "$log" \
+      > "$log.checker.txt" 2>&1; then
+    passed=$((passed + 1)); echo "$log: SUCCESS"
+  else
+    echo "$log: FAILED"; tail -5 "$log.checker.txt"
+  fi
+done
+echo "compliance checker: $passed of $checked trial logs passed"
+[ "$checked" -gt 0 ] && [ "$passed" -eq "$checked" ]
