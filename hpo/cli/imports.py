@@ -11,7 +11,8 @@ def cmd_import_mlperf(args: argparse.Namespace) -> int:
     from hpo.mlperf.importer import describe, plan_mlperf, write_plan
     from hpo.mlperf.logs import read_result_files, result_files
 
-    runs = read_result_files(result_files(args.paths), args.optimizer)  # every file is read and checked first
+    # every file is read and checked first; a directory's files of other benchmarks are skipped, each with a note
+    runs = read_result_files(result_files(args.paths, note=print), args.optimizer)
     plan = plan_mlperf(runs, args.name, args.compare.split(","), args.target)
     written = write_plan(open_storage(args.db), plan)
     print("\n".join(describe(plan, written)))

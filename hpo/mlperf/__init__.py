@@ -32,13 +32,15 @@ import stores its runs in that same shape, so every reader works on it unchanged
 
 What a run becomes: its hyperparameters from the logged keys (a value the trainer cannot take is left out, with a
 note), the optimizer (`hpo.mlperf.logs`: `opt_name` and the logged command lines, named as submitters name them,
-else `--optimizer`), the global batch size, samples to target (`train_samples` at a successful `run_stop`, which
-MLPerf's RCP checker reads for BERT, else the last evaluation's position; an aborted run is a miss, COMPLETED without
-samples to target; a run without `run_stop` is FAILED, also a miss for the verdict), its `eval_accuracy` curve as
-`mlm_accuracy` points at their positions in samples (`epoch_num`, or where that is not samples the evaluation
-schedule, see `hpo.mlperf.logs`), the system as the trial's worker, and in its final record (`metrics`) the system,
-submitter, file, how the curve was placed, its wall-clock (run_start to run_stop), its system description's
-accelerators and accelerator-hours, and the content hash. The content hash (sha256 of the file's MLLOG lines; of the
+else `--optimizer`), the global batch size, samples to target (of a successful `run_stop`, the first evaluation at
+or above the import's target; where that is the last one, `train_samples` at `run_stop`, which MLPerf's RCP checker
+reads for BERT, else the last evaluation's position; an aborted run, and a success that never evaluated at the
+import's target, is a miss, COMPLETED without samples to target; a run without `run_stop` is FAILED, also a miss for
+the verdict), its `eval_accuracy` curve as `mlm_accuracy` points at their positions in samples (`epoch_num` in
+samples or in steps, or where it is neither the evaluation schedule, see `hpo.mlperf.logs`), the system as the
+trial's worker, and in its final record (`metrics`) the system, submitter, file, how the curve was placed, its
+wall-clock (run_start to run_stop), its system description's accelerators and accelerator-hours, and the content
+hash. The content hash (sha256 of the file's MLLOG lines; of the
 record and seed for an RCP) makes a second import of the same files add nothing.
 
 The stored spec is a synthetic experiment (`hpo.experiment.spec_from_stored` loads it): a `choice` parameter per

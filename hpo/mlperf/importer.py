@@ -6,10 +6,13 @@ its runs, how many reached the target, samples to target, and what a run cost (w
 run_stop, the system description's accelerators and their product, accelerator-hours), which the stored `imported`
 entry keeps too (`cost`, shown by `hpo status`). Planning reads and checks everything: a
 file that cannot be read, a logged value the trainer cannot take, or runs that disagree on the target raise before
-the storage is opened. Writing adds only runs whose content hash the experiment does not hold yet, so importing the
-same files twice adds nothing; an experiment of that name that was not imported, or that holds an import of other
-files, is refused (an imported experiment's arms and configurations are fixed when it is created: import other
-files under another name).
+the storage is opened. A run reaches the import's target (`--target`, else the logged one, else MLPerf BERT's 0.720)
+at its first evaluation at or above it (`ResultRun.samples_to`); a run that logged run_stop success but never
+evaluated at the target is a miss, and the plan's notes name it with its best accuracy. Writing adds only runs
+whose content hash the experiment does not hold yet, so importing the same files twice adds nothing; an experiment
+of that name that was not imported, that holds an import of other files, or that was imported with other options
+(--compare, --target, the --optimizer of runs whose log names none) is refused (an imported experiment's arms,
+target and configurations are fixed when it is created: import under another name).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from hpo.errors import HpoError, NotFoundError
-from hpo.experiment import ExperimentSpec, experiment_from_dict, stored_form
+from hpo.experiment import ExperimentSpec, experiment_from_dict, spec_from_stored, stored_form
 from hpo.experiment.arms import arm_label, arm_of, arms, trial_config
 from hpo.mlperf import HASH_KEY, IMPORTED_KEY, UNSELECTED_KEY, cost_line, imported
 from hpo.mlperf.logs import CURVE_SOURCES, HYPERPARAMETERS, ResultFileError, ResultRun
 from hpo.mlperf.rcp import RcpRecord
 from hpo.objective import trial_result
-from hpo.storage.base import ExperimentStatus, MetricPoint, Storage
+from hpo.storage.base import ExperimentRecord, ExperimentStatus, MetricPoint, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from trainer.config import ConfigError, config_from_dict, set_dotted
 from trainer.result import TrainResult, TrainStatus
@@ -143,6 +146,7 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
     if not results:
         raise HpoError("no MLPerf result file to import")
     keys = compare_keys(compare)
+    given = target
     target = _target(results, target)
     runs = [_mlperf_run(run, keys, target) for run in results]
     files = [str(r.path) for r in results]
@@ -150,7 +154,23 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
     systems = sorted({r.system for r in results if r.system})
     description = (f"MLPerf results: {len(results)} run(s) of {_listed(submitters) or 'an unnamed submitter'} on "
                    f"{_listed(systems) or 'an unnamed system'}")  # fmt: skip
-    return _plan("mlperf", name, description, runs, keys, target, files, _common_dir(files))
+    below = _below_target(results, target, given is not None)
+    return _plan("mlperf", name, description, runs, keys, target, files, _common_dir(files), below)
+
+
+def _below_target(results: Sequence[ResultRun], target: float, given: bool, most: int = 5) -> list[str]:
+    """Notes on the runs that logged run_stop success but whose evaluations never reach the import's target (a run
+    of another target: our trainer's logs do not name theirs): each is counted as not reaching it."""
+    below = [r for r in results if r.reached and r.evaluations and r.samples_to(target) is None]
+    whose = "--target" if given else ("the logged one" if any(r.target is not None for r in results) else
+                                      "MLPerf BERT's: the logs name none")  # fmt: skip
+    notes = [f"{r.path} logged run_stop success, but its best eval_accuracy {r.best_accuracy:g} is below the target "
+             f"{target:g} ({whose}): counted as not reaching it; if it trained to another target, give that with "
+             "--target (import under another --name)" for r in below[:most]]  # fmt: skip
+    if len(below) > most:
+        notes.append(f"{len(below) - most} more run(s) logged run_stop success below the target {target:g}: counted "
+                     "as not reaching it")  # fmt: skip
+    return notes
 
 
 def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
@@ -166,8 +186,13 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
             if not value:
                 raise ResultFileError(f"{run.path}: no {what} event, which --compare needs")
             params[key] = value
-    if run.reached:
+    hit = run.samples_to(target)
+    if hit is not None:
         status, reason = TrainStatus.REACHED_TARGET, None
+    elif run.reached:  # success at a target of its own that the import's target is above
+        status = TrainStatus.BUDGET_EXHAUSTED
+        reason = (f"run_stop status success, but its best eval_accuracy {run.best_accuracy:g} is below the target "
+                  f"{target:g}: the target was not reached ({run.samples:,} samples trained)")  # fmt: skip
     elif run.status is not None:
         status = TrainStatus.BUDGET_EXHAUSTED
         reason = f"run_stop status {run.status}: the target was not reached ({run.samples:,} samples trained)"
@@ -175,13 +200,17 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
         status, reason = TrainStatus.FAILED, f"unfinished: the log ends without run_stop (line {run.lines})"
     start, stop = run.run_start_ms, run.run_stop_ms if run.run_stop_ms is not None else run.last_ms
     seconds = (stop - start) / 1000 if start is not None and stop is not None else 0.0
+    notes = left_out + _run_notes(run)
+    if hit is not None and hit < run.samples:
+        notes.append("trained on past the target (train_samples at its run_stop is the samples at its end): samples "
+                     "to target is its first evaluation at or above the target")  # fmt: skip
     result = TrainResult(
         status=status,
         reason=reason,
         samples=run.samples,
         steps=run.samples // run.global_batch_size,
-        samples_to_target=run.samples_to_target,
-        time_to_target_s=seconds if run.reached and run.run_stop_ms is not None and start is not None else None,
+        samples_to_target=hit,
+        time_to_target_s=_time_to(run, target) if hit is not None else None,
         best_mlm_accuracy=run.best_accuracy,
         final_mlm_accuracy=run.final_accuracy,
         train_time_s=max(seconds, 0.0),
@@ -196,8 +225,17 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
                         "accelerator_hours": run.accelerator_hours, "notes": list(run.notes)}}  # fmt: skip
     return _Run(run.sha256, str(run.path), params, run.global_batch_size, run.seed, result, extra,
                 ended=run.status is not None, budget=run.budget, every=run.eval_every, points=_points(run),
-                started=_at(start), finished=_at(stop), worker=run.system, notes=left_out + _run_notes(run),
+                started=_at(start), finished=_at(stop), worker=run.system, notes=notes,
                 wall_clock_s=run.wall_clock_s, accelerators=run.hardware.accelerators)  # fmt: skip
+
+
+def _time_to(run: ResultRun, target: float) -> float | None:
+    """Seconds from run_start to the target: to run_stop where the run stopped at its first evaluation at or above
+    the target (MLPerf's time to train), else to that evaluation."""
+    hit = run.first_at(target)
+    if hit is None or hit is run.evaluations[-1] or hit.time_ms is None:
+        return run.wall_clock_s
+    return None if run.run_start_ms is None else max(hit.time_ms - run.run_start_ms, 0.0) / 1000
 
 
 def _takeable(run: ResultRun) -> tuple[dict[str, Any], list[str]]:
@@ -287,7 +325,7 @@ def plan_rcp(records: Sequence[RcpRecord], path: str | Path, name: str) -> Impor
 
 
 def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: list[str], target: float,
-          files: list[str], run_dir: str) -> ImportPlan:  # fmt: skip
+          files: list[str], run_dir: str, notes: Sequence[str] = ()) -> ImportPlan:  # fmt: skip
     """Configurations, their budgets and evaluation intervals, the synthetic spec, and each run's trial."""
     groups: dict[str, list[_Run]] = {}
     for run in runs:
@@ -324,7 +362,7 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
                 run.points, run.started, run.finished, run.worker, run.wall_clock_s, run.accelerators))  # fmt: skip
     order = {run.key: i for i, run in enumerate(runs)}
     planned.sort(key=lambda r: order[r.key])
-    notes = _arm_notes(spec, compare, planned) + _counted([n for r in runs for n in r.notes])
+    notes = [*_arm_notes(spec, compare, planned), *_counted([n for r in runs for n in r.notes]), *notes]
     info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
             "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned)}  # fmt: skip
     stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
@@ -465,6 +503,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
                            f"{len(missing)} of these {len(plan.runs)} run(s) are not in it, e.g. {missing[0].source}: "
                            "an imported experiment's arms and configurations are fixed when it is created, so import "
                            "them under another --name")  # fmt: skip
+        _same_options(plan, record, trials)
         for trial in trials:  # an earlier import of these very files that stopped between writing a trial's rows
             if not trial.state.finished and trial.state is not TrialState.INTERRUPTED:
                 storage.interrupt_trial(trial.id, "an earlier import stopped before this run was complete; it was "
@@ -482,6 +521,38 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
         storage.use_trial_clock(_now)
     storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)
     return Written(experiment_id, added, len(plan.runs) - added)
+
+
+def _same_options(plan: ImportPlan, record: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
+    """A second import of an imported experiment's files must read them as the first did: the same arms (--compare),
+    target (--target) and optimizers (--optimizer, of runs whose log names none); else it is refused, naming the
+    option (what is stored stays as the first import made it)."""
+    info = imported(record) or {}
+    stored, asked = list(info.get("compare") or []), list(plan.stored[IMPORTED_KEY]["compare"])
+    differ = []
+    if stored and stored != asked:
+        differ.append(f"--compare {_compare_names(stored)} (now --compare {_compare_names(asked)})")
+    was = spec_from_stored(record).resolved_base()["eval"]["target_mlm_accuracy"]
+    now = plan.spec.resolved_base()["eval"]["target_mlm_accuracy"]
+    if not math.isclose(was, now, rel_tol=0, abs_tol=1e-12):
+        differ.append(f"--target {was:g} (now --target {now:g})")
+    held = {t.metrics.get(HASH_KEY): t.params.get("optimizer.name") for t in trials if t.state.finished}
+    other = next((r for r in plan.runs if r.key in held and held[r.key] != r.params.get("optimizer.name")), None)
+    if other is not None:
+        differ.append(f"--optimizer {held[other.key]} for the runs whose log names none (now --optimizer "
+                      f"{other.params.get('optimizer.name')}; e.g. {other.source})")  # fmt: skip
+    if differ:
+        raise HpoError(f"experiment {plan.name!r} was imported with {'; '.join(differ)}: an imported experiment's "
+                       "arms, target and configurations are fixed when it is created; import with the options it was "
+                       "imported with, or under another --name")  # fmt: skip
+
+
+def _compare_names(keys: Sequence[str]) -> str:
+    """Trainer keys as --compare names them (optimizer.name -> optimizer)."""
+    names: dict[str, str] = {}
+    for name, key in COMPARE_KEYS.items():
+        names.setdefault(key, name)
+    return ",".join(names.get(key, key) for key in keys)
 
 
 def _write_run(storage: Storage, experiment_id: int, run: PlannedRun, clock: _Clock) -> None:

@@ -4,6 +4,9 @@ A result file (`result_N.txt`) holds one run: `:::MLLOG {json}` lines (anything 
 `0: ` or `[1,0]<stdout>:`, is dropped, as MLPerf's own parser does) among lines that are not MLLOG (launcher output,
 the command line). Read as MLCommons published them (training rounds 0.7 to 5.0, every submitter):
 
+- The benchmark: BERT's. A file whose `submission_benchmark` is another (MLCommons' layout keeps every benchmark of a
+  system under `results/<system>/<benchmark>/`) is an error naming it; `result_files` leaves such files of a
+  directory out, each with a note. A file that logs no benchmark is read as BERT.
 - Ranks: an event repeated by several ranks (a `rank` in its metadata) counts once, from the lowest rank that logged
   that key (every rank logs the same settings; rank 0's curve is the run's).
 - Repeated keys: a setting logged again with the same value is one setting; with another value it is an error
@@ -17,28 +20,38 @@ the command line). Read as MLCommons published them (training rounds 0.7 to 5.0,
   weights decoupled).
 - The target: a logged `eval_target` / `target_accuracy` event or a `--target_mlm_accuracy` on the command line,
   else unknown (the importer then uses MLPerf BERT's 0.720).
-- The end: `run_stop` with `status` "success" reached the target; any other status is a miss; no `run_stop` is an
-  unfinished run. No `run_start` is an error: the run never started. Samples at the end: a `train_samples` logged
-  after the last evaluation (at run_stop; the last one), else the last evaluation's position (what MLPerf's RCP
-  checker reads). A `train_samples` logged before the evaluations is the run's planned samples (Google's, Habana's,
-  tinycorp's logs), not what it trained: it is not read, and a note says so. MLPerf runs stop at the target, so the
-  samples at the end are the samples to target; a run that trained on past it (our trainer with
-  `eval.stop_at_target: false`) logs more than that.
+- The end: `run_stop` with `status` "success" reached the target it trained to; any other status is a miss; no
+  `run_stop` is an unfinished run. No `run_start` is an error: the run never started. Samples at the end: a
+  `train_samples` logged after the last evaluation (at run_stop; the last one), else the last evaluation's position
+  (what MLPerf's RCP checker reads). A `train_samples` logged before the evaluations is the run's planned samples
+  (Google's, Habana's, tinycorp's logs), not what it trained: it is not read, and a note says so.
+- Samples to a target (`ResultRun.samples_to`): of a successful run, its first evaluation at or above the target,
+  and where that is its last evaluation (MLPerf runs stop at the target) the samples at the end. A run that trained
+  on past the target (our trainer with `eval.stop_at_target: false`, whose run_stop logs its budget) counts that
+  first evaluation; a success whose evaluations never reach the target (a run of a lower target of its own: our
+  trainer does not log its target) has none.
 - The curve: `eval_accuracy` events in log order (a line repeated with the same `epoch_num`, value and time is one
   evaluation), each at a position in training samples (`CURVE_SOURCES`):
   - `epoch_num`, where it counts samples (BERT's rule from training 1.0 on; our trainer's logs);
-  - where it does not (many logs of training 0.7 to 2.0, NVIDIA's and Samsung's among them, give every evaluation
-    `epoch_num` 1; others count steps): an evaluation can come no sooner than one step, so `epoch_num` counts
-    epochs or steps when the largest is below the global batch size or at most the logged training steps. Then
-    the positions come from each evaluation's own `train_samples` metadata where every one has it (Google's
-    open-division JAX logs of 1.1), else from the evaluation schedule, checked against the samples at the end
-    (the run evaluated exactly as often as the schedule allows up to them): the logged command line's
+  - `epoch_num` x `global_batch_size` where it counts steps (`CURVE_SOURCES["steps"]`);
+  - which of the two `epoch_num` counts, a `train_samples` after the evaluations decides where it confirms one (the
+    largest `epoch_num`, or that times the global batch size, at most one evaluation interval below it). Else it
+    counts samples where every `epoch_num` is a multiple of the global batch size (a run evaluates after whole
+    steps), and otherwise (an evaluation can come no sooner than one step) where the largest is at least the global
+    batch size and above the logged training steps;
+  - where it counts neither (many logs of training 0.7 to 2.0, NVIDIA's and Samsung's among them, give every
+    evaluation `epoch_num` 1; others count steps that no `train_samples` confirms), the positions come from each
+    evaluation's own `train_samples` metadata where every one has it (Google's open-division JAX logs of 1.1), else
+    from the evaluation schedule, checked against the samples at the end (the run evaluated exactly as often as the
+    schedule allows up to them): the logged command line's
     `--eval_iter_start_samples` and `--eval_iter_samples` (NVIDIA's code: evaluation k at the first step at or past
     start + k x interval), else MLPerf BERT's rule for the batch size B (every floor(0.05 x (230.23 B + 3,000,000) /
     25,000) x 25,000 samples), else, approximate, equal intervals in evaluation order ending at the samples at the
     end. Without a `train_samples` after the evaluations such a run is an error: at how many samples it reached
     the target is unknown. Another value at the same sample-counting `epoch_num` is an error (which one is the
     run's is unknown).
+- The evaluation interval (`ResultRun.eval_every`): the most common gap between evaluations, the first of equally
+  common ones, leaving out a last gap that ends at `train_samples` (an evaluation at the budget).
 - The sample budget: the least of `opt_learning_rate_training_steps` x `global_batch_size` and a
   `--max_samples_termination` on the command line, at least the samples the run trained and evaluated.
 - The cost: wall-clock from `run_start` to `run_stop` (MLPerf's time to train), and the accelerators of the result
@@ -57,7 +70,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +81,7 @@ from hpo.mlperf.systems import System, system_description
 
 TOKEN = ":::MLLOG"
 RESULT_GLOB = "result_*.txt"
+BENCHMARK = "bert"  # the submission_benchmark the importer reads
 
 
 class ResultFileError(HpoError):
@@ -93,6 +107,7 @@ TARGET_KEYS = ("eval_target", "target_accuracy")
 # how the evaluations' positions were read (ResultRun.curve): the first is the logged epoch_num
 CURVE_SOURCES = {
     "epoch_num": "epoch_num (samples)",
+    "steps": "epoch_num (steps) x global_batch_size, as train_samples confirms",
     "command line": "the logged command line's evaluation schedule (--eval_iter_start_samples, --eval_iter_samples)",
     "metadata": "eval_accuracy's own train_samples metadata",
     "mlperf rule": "MLPerf BERT's evaluation interval for the global batch size",
@@ -159,6 +174,7 @@ class ResultRun:
 
     @property
     def reached(self) -> bool:
+        """run_stop says success: the run reached the target it trained to (see `samples_to` for another target)."""
         return self.status == "success"
 
     @property
@@ -168,10 +184,28 @@ class ResultRun:
             return self.train_samples
         return self.evaluations[-1].samples if self.evaluations else 0
 
+    def first_at(self, target: float) -> Evaluation | None:
+        """The first evaluation at or above `target`; None where none is."""
+        return next((e for e in self.evaluations if e.accuracy >= target), None)
+
+    def samples_to(self, target: float | None) -> int | None:
+        """Samples to `target` of a successful run: its first evaluation at or above `target`, and where that is the
+        last evaluation (the run stopped there, as MLPerf runs do) the samples at the end; None for a miss and for a
+        success whose evaluations never reach `target`. Without a `target` (or without evaluations), the samples at
+        the end."""
+        if not self.reached:
+            return None
+        if target is None or not self.evaluations:
+            return self.samples
+        hit = self.first_at(target)
+        if hit is None:
+            return None
+        return self.samples if hit is self.evaluations[-1] else hit.samples
+
     @property
     def samples_to_target(self) -> int | None:
-        """The samples at the end of a successful run; None for a miss."""
-        return self.samples if self.reached else None
+        """Samples to the logged target (`samples_to`; without one, the samples at the end of a successful run)."""
+        return self.samples_to(self.target)
 
     @property
     def best_accuracy(self) -> float | None:
@@ -195,8 +229,12 @@ class ResultRun:
         return None if seconds is None or accelerators is None else accelerators * seconds / 3600
 
 
-def result_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The result files of `paths`: a file as given, a directory's `result_*.txt` at any depth (natural order)."""
+def result_files(paths: Iterable[str | Path], note: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """The result files of `paths`: a file as given, a directory's `result_*.txt` at any depth (natural order).
+
+    A directory's file that logs another `submission_benchmark` than bert (MLCommons' layout keeps every benchmark of
+    a system under results/<system>/<benchmark>/) is left out, each with a `note`; a file named as given is read as
+    it is (`read_result_file` refuses another benchmark by name)."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -205,13 +243,40 @@ def result_files(paths: Iterable[str | Path]) -> list[Path]:
             if not files:
                 raise ResultFileError(f"{path}: no {RESULT_GLOB} file in this directory (MLPerf results are "
                                       "<system>/<benchmark>/result_N.txt)")  # fmt: skip
-            found.extend(files)
+            others = {file: benchmark for file in files if (benchmark := _other_benchmark(file)) is not None}
+            for file, benchmark in others.items():
+                note(f"note: {file.resolve()}: submission_benchmark {benchmark!r}, not bert: skipped")
+            if len(others) == len(files):
+                names = ", ".join(sorted(set(others.values())))
+                raise ResultFileError(f"{path}: no BERT result file in this directory: its {len(files)} "
+                                      f"{RESULT_GLOB} file(s) are of other benchmarks ({names})")  # fmt: skip
+            found.extend(file for file in files if file not in others)
         elif path.is_file():
             found.append(path)
         else:
             raise ResultFileError(f"{path}: no such file or directory")
     unique = list(dict.fromkeys(p.resolve() for p in found))
     return sorted(unique, key=_natural)
+
+
+def _other_benchmark(path: Path) -> str | None:
+    """The `submission_benchmark` a result file logs where that is not bert; None where it is bert or not logged (or
+    the file cannot be read here: reading it says why)."""
+    with contextlib.suppress(OSError), path.open("rb") as lines:
+        for raw in lines:
+            line = raw.decode("latin-1")
+            if TOKEN not in line or '"submission_benchmark"' not in line:
+                continue
+            with contextlib.suppress(json.JSONDecodeError):
+                data = json.loads(line[line.find(TOKEN) + len(TOKEN) :])
+                if isinstance(data, dict) and data.get("key") == "submission_benchmark":
+                    value = data.get("value")
+                    return None if value is None or _is_bert(value) else str(value)
+    return None
+
+
+def _is_bert(benchmark: Any) -> bool:
+    return str(benchmark).strip().lower() == BENCHMARK
 
 
 def _natural(path: Path) -> list[Any]:
@@ -239,6 +304,11 @@ def read_result_file(path: str | Path, default_optimizer: str | None = None) -> 
         raise ResultFileError(f"{path}: no {TOKEN} line: not an MLPerf result file")
     by_key = _lowest_rank(events)
     settings = {key: _setting(path, by_key[key]) for key in SETTINGS if key in by_key}
+    benchmark = settings.get("submission_benchmark")
+    if benchmark is not None and benchmark.value is not None and not _is_bert(benchmark.value):
+        raise ResultFileError(f"{path}:{benchmark.line}: submission_benchmark is {benchmark.value!r}, not bert: "
+                              "hpo import mlperf reads BERT results only (a directory's files of other benchmarks "
+                              "are skipped; name BERT's files or their directory)")  # fmt: skip
     starts = by_key.get("run_start", [])
     if not starts:
         raise ResultFileError(f"{path}: no run_start event: the run never started, there is nothing to import")
@@ -274,7 +344,7 @@ def read_result_file(path: str | Path, default_optimizer: str | None = None) -> 
         last_ms=max(times) if times else None,
         target=_target(path, settings, commands),
         budget=0,
-        eval_every=_every(evaluations),
+        eval_every=_every(evaluations, train_samples),
         lines=len(text.splitlines()),
         curve=curve,
         hardware=system_description(path),
@@ -434,11 +504,13 @@ def _optimizer(path: Path, event: Event | None, commands: Sequence[tuple[int, st
 def _run_stop(path: Path, events: Sequence[Event]) -> tuple[str | None, Event | None]:
     if not events:
         return None, None
-    statuses = {str(e.metadata.get("status")).lower() for e in events}
-    if len(statuses) > 1:
-        raise ResultFileError(f"{path}:{events[1].line}: run_stop is logged again with another status "
-                              f"({', '.join(sorted(statuses))}): how the run ended is unknown")  # fmt: skip
-    return statuses.pop(), events[0]
+    statuses = [str(e.metadata.get("status")).lower() for e in events]
+    for event, status in zip(events, statuses, strict=True):  # the first line whose status differs is named
+        if status != statuses[0]:
+            raise ResultFileError(f"{path}:{event.line}: run_stop is logged again with another status ({status} "
+                                  f"here, {statuses[0]} at line {events[0].line}): how the run ended is "
+                                  "unknown")  # fmt: skip
+    return statuses[0], events[0]
 
 
 def _logged_evaluations(path: Path, events: Sequence[Event], stop: Event | None) -> list[tuple[float, Event]]:
@@ -475,24 +547,51 @@ def _curve(path: Path, logged: Sequence[tuple[float, Event]], end: int | None, b
            commands: Sequence[tuple[int, str]], start: Event) -> tuple[tuple[Evaluation, ...], str]:  # fmt: skip
     """The evaluations at their positions in samples and how those were read (a key of CURVE_SOURCES)."""
     epochs = [epoch for epoch, _ in logged]
-    steps = hyper.get("schedule.total_steps")
-    if not epochs or (max(epochs) >= batch and (steps is None or max(epochs) > steps)):
+    unit = _epoch_unit(epochs, end, batch, hyper.get("schedule.total_steps"))
+    if unit == "samples":
         return _by_epoch_num(path, logged), "epoch_num"
     carried = [_carried(e) for _, e in logged]
     if None not in carried:
         return tuple(
             Evaluation(s, e.value, e.time_ms, e.line) for s, (_, e) in zip(carried, logged, strict=True)
         ), "metadata"
+    if unit == "steps":
+        return _by_epoch_num(path, logged, batch), "steps"
     if end is None:
         raise ResultFileError(f"{path}:{logged[-1][1].line}: eval_accuracy's epoch_num counts epochs or steps, not "
                               f"samples (the largest is {max(epochs):g}: below the global batch size {batch} or at "
-                              "most the logged training steps), and no train_samples follows the evaluations: at how "
-                              "many samples the run reached the target is unknown")  # fmt: skip
+                              "most the logged training steps, and not every one a multiple of the batch size), and "
+                              "no train_samples follows the evaluations: at how many samples the run reached the "
+                              "target is unknown")  # fmt: skip
     trained = [e for _, e in logged if e.line > start.line]
     before = [Evaluation(0, e.value, e.time_ms, e.line) for _, e in logged if e.line < start.line]
     positions, source = _scheduled(len(trained), end, batch, commands)
     placed = [Evaluation(s, e.value, e.time_ms, e.line) for s, e in zip(positions, trained, strict=True)]
     return tuple(before + placed), source
+
+
+def _epoch_unit(epochs: Sequence[float], end: int | None, batch: int, steps: int | None) -> str:
+    """What eval_accuracy's epoch_num counts: "samples", "steps", or "other" (epochs, or steps nothing confirms).
+
+    A train_samples after the evaluations (`end`) decides where it confirms one reading: the largest epoch_num at
+    most one evaluation interval (the largest gap between epoch_nums, from 0) below it reads as samples, that times
+    the global batch size as steps (samples where both fit: a global batch of 1 or 2). Else samples where every
+    epoch_num is a multiple of the global batch size (a run evaluates after whole steps: our trainer's logs, whatever
+    their decay horizon) or the largest is at least the batch size and above the logged training steps (MLPerf's
+    published logs); anything else (every evaluation at epoch_num 1, steps up to the training steps) is "other"."""
+    if not epochs:
+        return "samples"
+    top = max(epochs)
+    marks = sorted({0.0, *epochs})
+    gap = max(b - a for a, b in zip(marks, marks[1:], strict=False)) if len(marks) > 1 else 0.0
+    if end is not None:
+        if top <= end <= top + gap:
+            return "samples"
+        if top * batch <= end <= (top + gap) * batch:
+            return "steps"
+    if top >= batch and (all(epoch % batch == 0 for epoch in epochs) or steps is None or top > steps):
+        return "samples"
+    return "other"
 
 
 def _carried(event: Event) -> int | None:
@@ -504,13 +603,15 @@ def _carried(event: Event) -> int | None:
     return None
 
 
-def _by_epoch_num(path: Path, logged: Sequence[tuple[float, Event]]) -> tuple[Evaluation, ...]:
-    """One point per epoch_num, in order of samples; another value at the same epoch_num is an error."""
+def _by_epoch_num(path: Path, logged: Sequence[tuple[float, Event]], per: int = 1) -> tuple[Evaluation, ...]:
+    """One point per epoch_num at epoch_num x `per` samples (1: epoch_num counts samples; the global batch size: it
+    counts steps), in order of samples; another value at the same epoch_num is an error."""
     points: dict[int, Evaluation] = {}
     for epoch, event in logged:
-        samples, seen = round(epoch), points.get(round(epoch))
+        samples = round(epoch * per)
+        seen = points.get(samples)
         if seen is not None and seen.accuracy != event.value:
-            raise ResultFileError(f"{path}:{event.line}: eval_accuracy at epoch_num {samples} is logged again "
+            raise ResultFileError(f"{path}:{event.line}: eval_accuracy at epoch_num {epoch:g} is logged again "
                                   f"with another value ({seen.accuracy!r} at line {seen.line}, {event.value!r} "
                                   "here)")  # fmt: skip
         points.setdefault(samples, Evaluation(samples, event.value, event.time_ms, event.line))
@@ -547,15 +648,18 @@ def _logged_schedule(commands: Sequence[tuple[int, str]]) -> tuple[int, int] | N
     return None
 
 
-def _every(evaluations: Sequence[Evaluation]) -> int | None:
-    """Samples between evaluations: the most common gap (the smallest of equally common ones), else the first's."""
+def _every(evaluations: Sequence[Evaluation], end: int | None) -> int | None:
+    """Samples between evaluations: the most common gap, the first of equally common ones, leaving out a last gap that
+    ends at `end` (train_samples) when there are others (a run that evaluates once more at its budget: every 16
+    samples up to 40 gives 16, 32, 40, every 16); else the first evaluation's position."""
     if not evaluations:
         return None
-    gaps = Counter(b.samples - a.samples for a, b in zip(evaluations, evaluations[1:], strict=False))
+    gaps = [b.samples - a.samples for a, b in zip(evaluations, evaluations[1:], strict=False)]
+    if len(gaps) > 1 and evaluations[-1].samples == end:
+        gaps.pop()
     if not gaps:
         return evaluations[0].samples or None
-    most = max(gaps.values())
-    return min(gap for gap, n in gaps.items() if n == most) or None
+    return Counter(gaps).most_common(1)[0][0] or None  # most_common keeps the first of equal counts
 
 
 def _target(path: Path, settings: dict[str, Event], commands: Sequence[tuple[int, str]]) -> float | None:
