@@ -5,9 +5,10 @@ training seeds: these confirmation runs are the verdict's evidence (`hpo.evidenc
 is one round of N runs per arm. `budget.confirm_seeds: auto` runs rounds (`Budget.confirmation_rounds`: 3, 6, 9,
 12 runs per arm with the default cap of 12): when every arm has finished a round, the verdict is asked at that
 look; a winner or "equivalent" ends the confirmations, "not yet" queues the next round for every arm, up to the
-cap, unless more runs would not decide (no arm reached the target, or an arm's tuning found nothing that does).
-Each look is tested at its share of the error (alpha spending, see `hpo.evidence.verdict`), so stopping early does not
-raise the wrong-answer rate.
+cap, unless more runs would not decide (`Verdict.runs_needed` None: no arm reached the target, an arm's tuning
+found nothing that does, every arm missed the target in some run, or a pick was lucky). Each look is tested at its
+share of the error (alpha spending, see `hpo.evidence.verdict`) on each arm's runs of the rounds up to it, so
+stopping early does not raise the wrong-answer rate.
 
 Everything here is computed from the stored trials, so a resumed controller, `hpo status`, the report and the
 API all see the same round and the same verdict. The study loop and the NNI engine only queue what
@@ -19,8 +20,8 @@ the functions that take `trials` answer the same for the confirmation trials alo
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide, unselected
 from hpo.experiment.arms import arm_label, arms
@@ -55,10 +56,17 @@ def look(spec, trials: Sequence[TrialRecord]) -> tuple[int, int]:
 
 def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
                reached: Collection[str | None] | None = None) -> Verdict:  # fmt: skip
-    """The verdict at the current look (`curves`: trial id -> its (samples, mlm_accuracy) evaluations; `reached`:
-    the arms whose tuning reached the target, where `trials` are only the confirmation trials, see `arm_runs`)."""
+    """The verdict at the current look (`trials` in number order; `curves`: trial id -> its (samples,
+    mlm_accuracy) evaluations, see `stored_curves`; `reached`: the arms whose tuning reached the target, where
+    `trials` are only the confirmation trials, see `arm_runs`). Look j is asked of each arm's first rounds[j - 1]
+    runs: mid-round, or in a stopped experiment, an arm may have finished more, but the look's level is spent on
+    its round's runs (`hpo plan` simulates the looks so); the round line counts them all."""
     at, looks = look(spec, trials)
-    return decide(arm_runs(spec, best, trials, curves, reached), spec.verdict.margin, at, looks)
+    evidence = arm_runs(spec, best, trials, curves, reached)
+    rounds = spec.budget.confirmation_rounds
+    if rounds:
+        evidence = [replace(a, samples_to_target=a.samples_to_target[: rounds[at - 1]]) for a in evidence]
+    return decide(evidence, spec.verdict.margin, at, looks)
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class Evidence:
     best: dict[str, TrialRecord]  # each arm's best tuning trial (`Storage.best_per_arm`)
     confirmations: list[TrialRecord]  # every confirmation trial and each arm's unselected best, in number order
     reached: frozenset[str | None]  # the arms with a completed tuning trial that reached the target
-    curves: dict[int, list[tuple[int, float]]]  # `stored_curves` of the confirmation trials
+    curves: dict[int, list[tuple[int, float]]]  # `stored_curves` of the confirmation trials and of `best`
 
     def verdict(self, spec) -> Verdict:
         return verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
@@ -82,7 +90,7 @@ def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[Tria
     runs = [*storage.list_confirmations(experiment_id), *(t for t in best.values() if unselected(t))]
     runs.sort(key=lambda t: t.number)
     reached = reached_arms(storage.tally_trials(experiment_id) if tallies is None else tallies)
-    return Evidence(best, runs, reached, stored_curves(storage, runs))
+    return Evidence(best, runs, reached, stored_curves(storage, runs, best.values()))
 
 
 def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
@@ -96,13 +104,18 @@ def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
     return stored_evidence(storage, experiment_id).verdict(spec)
 
 
-def stored_curves(storage: Storage, trials: Sequence[TrialRecord]) -> dict[int, list[tuple[int, float]]]:
-    """The evaluations of the completed confirmation runs and unselected tuning runs (the only runs whose curves the
-    verdict reads)."""
+def stored_curves(storage: Storage, trials: Sequence[TrialRecord],
+                  best: Iterable[TrialRecord] = ()) -> dict[int, list[tuple[int, float]]]:  # fmt: skip
+    """The evaluations of the runs whose curves the verdict reads: the completed confirmation runs and unselected
+    tuning runs among `trials`, and each arm's best tuning trial (`best`, as `Storage.best_per_arm` gives them: the
+    run that picked its configuration, whose samples to target the verdict's test of a lucky pick reads between
+    evaluations as it reads the runs; without its curve, the pick would count at the evaluation after)."""
+    wanted = {t.id: t for t in trials if t.kind is TrialKind.CONFIRMATION or unselected(t)}
+    wanted.update((t.id, t) for t in best if t is not None)
     return {
         t.id: [(m.samples, m.value) for m in storage.get_metrics(t.id, "mlm_accuracy") if m.samples is not None]
-        for t in trials
-        if (t.kind is TrialKind.CONFIRMATION or unselected(t)) and t.state is TrialState.COMPLETED
+        for t in wanted.values()
+        if t.state is TrialState.COMPLETED
     }
 
 

@@ -60,7 +60,9 @@ The outcomes, in order:
   (1 - 2a) interval of the ratio lies within (1 - m, 1 + m): two one-sided tests at level a each (TOST).
 - not yet: otherwise, with the runs per arm that would likely decide (80 % power at this look's level, normal
   approximation, at the observed spread and difference); `runs_needed` is None where more confirmation runs
-  would not decide (no arm reached the target, an arm's tuning found nothing that does, or a pick was lucky).
+  would not decide (no arm reached the target, an arm's tuning found nothing that does, a pick was lucky, or every
+  arm missed the target in some run: a winner must always reach it and equivalence needs every arm to, and a miss
+  stays a miss however many runs follow).
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ class ArmRuns:
     max_samples: int | None  # the runs' sample budget, which a miss used up (None: no run)
     resolution: float = 0.0  # samples between evaluations: the arm's spread is at least resolution / √12
     found: bool = True  # a configuration of the arm is known to reach the target (a tuning or confirmation run did)
-    # samples to target of the tuning run that picked the configuration: inf where it missed the target (picked on
-    # its accuracy, e.g. at a short multi-fidelity budget), None where unknown
+    # samples to target of the tuning run that picked the configuration (between evaluations, as the runs'): inf
+    # where it missed the target (picked on its accuracy, e.g. at a short multi-fidelity budget), None where unknown
     picked: float | None = None
 
 
@@ -301,6 +303,8 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
                                                  for c in every):  # fmt: skip
         return Verdict(summaries, None, _equivalent_line(every, margin), Outcome.EQUIVALENT, comparisons=every,
                        **common)  # fmt: skip
+    if not any(_always_hit(a) for a in arms):  # neither a winner nor "equivalent" can come of more runs
+        return Verdict(summaries, None, _all_missed_line(arms, against, margin), comparisons=against, **common)
     needed = _runs_needed(against, margin, level)
     return Verdict(summaries, None, _not_yet_line(leader, against, margin, needed), comparisons=against,
                    runs_needed=needed, **common)  # fmt: skip
@@ -358,6 +362,16 @@ def _runs_needed(against: Sequence[Comparison], margin: float, level: float) -> 
     return max(needed, min(min(c.runs) for c in against) + 1)
 
 
+def _all_missed_line(arms: Sequence[ArmRuns], against: Sequence[Comparison], margin: float) -> str:
+    """Every arm missed the target in some run: a winner must reach it in every run and equivalence needs every arm
+    to, and a miss stays a miss, so more confirmation runs cannot decide."""
+    misses = ", ".join(f"{a.label} {a.samples_to_target.count(None)} of {len(a.samples_to_target)}" for a in arms)
+    return (f"not yet: {_differences(against)}, neither a winner nor within ±{100 * margin:g} %; every arm missed "
+            f"the target in some run ({misses}), and a winner must reach it in every run (equivalence: every arm): "
+            "more confirmation runs cannot decide; more tuning trials (budget.trials) for a configuration that "
+            "reaches it every time, or a larger sample budget, would")  # fmt: skip
+
+
 def _pct(ratio: float) -> str:
     return f"{100 * (ratio - 1):+.1f} %"
 
@@ -383,15 +397,17 @@ def _equivalent_line(every: Sequence[Comparison], margin: float) -> str:
     return f"{names} are equivalent within ±{100 * margin:g} %: " + "; ".join(parts)
 
 
+def _differences(against: Sequence[Comparison]) -> str:
+    """`lamb vs adamw: -26.1 % (96 % interval -45.7 % to +0.5 %; -2,038 samples)`, one per pair."""
+    return "; ".join(f"{c.a} vs {c.b}: {_pct(c.ratio)} ({100 * (1 - c.level):.3g} % interval {_pct(c.low)} to "
+                     f"{_pct(c.high)}; {c.in_samples(c.ratio):+,.0f} samples)" for c in against)  # fmt: skip
+
+
 def _not_yet_line(leader: ArmRuns, against: Sequence[Comparison], margin: float, needed: int) -> str:
-    parts = []
-    for c in against:
-        parts.append(f"{c.a} vs {c.b}: {_pct(c.ratio)} ({100 * (1 - c.level):.3g} % interval {_pct(c.low)} to "
-                     f"{_pct(c.high)}; {c.in_samples(c.ratio):+,.0f} samples)")  # fmt: skip
     missed = "" if _always_hit(leader) else f"; {leader.label} missed the target in some runs"
     have = min(min(c.runs) for c in against)
-    return (f"not yet: {'; '.join(parts)}, neither a winner nor within ±{100 * margin:g} %{missed}; about {needed} "
-            f"runs per arm would likely decide (now {have})")  # fmt: skip
+    return (f"not yet: {_differences(against)}, neither a winner nor within ±{100 * margin:g} %{missed}; about "
+            f"{needed} runs per arm would likely decide (now {have})")  # fmt: skip
 
 
 def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
@@ -400,7 +416,9 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
     """The evidence of every arm of `spec` from its stored trials: the finished confirmation trials of the best
     tuning trial of each arm as the storage chose it (`best` maps an arm's label to it, as `best_per_arm` does;
     None is the key without compare). `curves` maps a trial's id to its (samples, mlm_accuracy) evaluations,
-    for samples to target between evaluations; a trial without one counts its stored samples to target.
+    for samples to target between evaluations, the runs' and each best trial's (the pick, `ArmRuns.picked`:
+    `hpo.evidence.confirmations.stored_curves` reads both); a trial without one counts its stored samples to target
+    (MLPerf's, up to an evaluation interval late).
     `reached`: the arms with a completed tuning trial that reached the target, where the caller counted them (then
     `trials` need only be the confirmation trials); None: from the tuning trials among `trials`."""
     evidence, curves = [], curves or {}

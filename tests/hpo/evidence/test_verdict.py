@@ -126,6 +126,28 @@ def test_a_miss_is_censored_at_the_budget_and_never_wins():
     assert both_missed.outcome is Outcome.NOT_YET and both_missed.line == "not yet: no arm reached the target"
 
 
+def test_when_every_arm_missed_in_some_run_more_runs_cannot_decide():
+    """A winner must reach the target in every run and "equivalent" needs every arm to: once every arm has missed,
+    no number of further runs can give either, so the verdict asks for none (runs_needed None) and says why. While
+    one arm always hit, it may still become the leader: more runs may decide."""
+    budget = 12288
+    adamw, lamb = [5200.0, 5400.0, None], [4300.0, 4500.0, None]
+    verdict = decide([ArmRuns("adamw", tuple(adamw), budget), ArmRuns("lamb", tuple(lamb), budget)], look=1, looks=4)
+    assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None
+    censored = lambda runs: [budget if s is None else s for s in runs]  # noqa: E731 - a miss at its budget
+    ratio, low, high = welch_ratio(censored(lamb), censored(adamw), 1 - look_level(1, 4))
+    (c,) = verdict.comparisons
+    assert (c.a, c.b) == ("lamb", "adamw") and (c.ratio, c.low, c.high) == pytest.approx((ratio, low, high), rel=1e-9)
+    assert verdict.line.startswith(f"not yet: lamb vs adamw: {100 * (ratio - 1):+.1f} % (98.6 % interval "
+                                   f"{100 * (low - 1):+.1f} % to {100 * (high - 1):+.1f} %")  # fmt: skip
+    assert ("every arm missed the target in some run (adamw 1 of 3, lamb 1 of 3), and a winner must reach it in every "
+            "run (equivalence: every arm): more confirmation runs cannot decide") in verdict.line  # fmt: skip
+    assert "runs per arm would likely decide" not in verdict.line
+    # lamb missed once, adamw never: adamw may yet lead (and win) with more runs, so they are counted
+    one = decide([ArmRuns("adamw", (5200.0, 5400.0, 5300.0), budget), ArmRuns("lamb", tuple(lamb), budget)])
+    assert one.outcome is Outcome.NOT_YET and one.runs_needed is not None and one.runs_needed > 3
+
+
 def test_a_loser_whose_pick_was_a_lucky_seed_is_not_beaten_by_its_tuning():
     """The loser's tuning run reached the target sooner than the leader's runs (so the tuning ranked its configuration
     ahead of the leader), or never reached it (picked on accuracy short of the target), yet its confirmation runs

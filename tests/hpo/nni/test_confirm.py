@@ -95,11 +95,11 @@ def test_auto_queues_the_next_round_only_when_every_arm_finished_and_the_verdict
     tune_both(storage, eid)
     assert len(queue_round(spec, storage, eid)) == 6
     adamw = confirmations(storage, eid, ADAMW)
-    for run, samples in zip(adamw, (20, None, 30), strict=True):  # one arm finished its round: no next round yet
+    for run, samples in zip(adamw, (20, 21, 30), strict=True):  # one arm finished its round: no next round yet
         ran(storage, run, samples)
     assert queue_round(spec, storage, eid) == []
     for run, samples in zip(confirmations(storage, eid, LAMB), (25, 40, None), strict=True):
-        ran(storage, run, samples)  # both arms hit and missed: "not yet", more runs would decide
+        ran(storage, run, samples)  # AdamW always hit, LAMB missed once: "not yet", more runs would decide
     second = queue_round(spec, storage, eid)
     assert sorted(t.arm for t in second) == [ADAMW] * 3 + [LAMB] * 3
     assert [t.seed for t in confirmations(storage, eid, ADAMW)] == [t.seed for t in adamw] + [
@@ -110,7 +110,8 @@ def test_auto_queues_the_next_round_only_when_every_arm_finished_and_the_verdict
 
 
 ROUNDS = {  # samples to target of each arm's runs in the order they run (None: missed), runs per arm, the verdict
-    "not yet, then the cap": ({ADAMW: [20, None, 30, 22, 26, None], LAMB: [25, 40, None, 31, None, 28]}, 6, None),
+    "not yet, then the cap": ({ADAMW: [20, 21, 30, 22, 26, None], LAMB: [25, 40, None, 31, None, 28]}, 6, None),
+    "every arm missed once": ({ADAMW: [20, None, 30], LAMB: [25, 40, None]}, 3, Outcome.NOT_YET),  # more cannot decide
     "a winner at the first look": ({ADAMW: [16, 17, 16.5], LAMB: [None, None, None]}, 3, Outcome.WINNER),
     "no arm reached the target": ({ADAMW: [None] * 3, LAMB: [None] * 3}, 3, Outcome.NOT_YET),  # more would not help
 }
