@@ -8,11 +8,11 @@ are drawn: ln samples to target ~ Normal(log_mean, log_sd), a miss (censored at 
 (`pilot_evidence`, an experiment in the user's database, only read) gives each arm the mean and standard deviation
 of ln samples to target of its best configuration's confirmation runs (plus its best tuning run when it has fewer
 than 2), interpolated between evaluations as the verdict reads them, at least the verdict's floor of one evaluation
-interval; its hit rate; and its difference, taken as the truth (its own 95 % interval is printed beside it).
+interval; its hit rate; and its difference over the runs that reached the target, taken as the truth (Welch's 95 %
+interval on those runs is printed beside it).
 The runs are independent across arms (the service gives both arms the same seeds; on the seeds table that makes
-answers a little likelier than drawn here). Every drawn experiment is asked of `hpo.evidence.verdict.decide` itself as
-the
-service asks it: a fixed k at one look, or auto's rounds, look j of J, stopping at an answer or where more runs
+answers a little likelier than drawn here). Every drawn experiment is asked of `hpo.evidence.verdict.decide` itself
+as the service asks it: a fixed k at one look, or auto's rounds, look j of J, stopping at an answer or where more runs
 would not decide (`confirmation_verdict`). It is judged as bench/verdict_power.py judges: right (the truly better
 arm named; "equivalent" where every pair's true ratio lies within the margin), wrong winner, equivalent, not yet.
 Each confirmation budget has its own generator seeded by (--seed, fixed or auto, its most runs per arm): the same
@@ -31,7 +31,6 @@ import numpy as np
 
 from hpo.evidence.confirmations import stored_curves
 from hpo.evidence.verdict import (
-    ALPHA,
     ArmRuns,
     Outcome,
     Verdict,
@@ -159,6 +158,7 @@ def stated_evidence(labels: Sequence[str], cv: float, difference: float) -> Evid
 
 
 STATED_SAMPLES = 10_000  # a stated spread's slower arms' mean samples to target (the verdict is free of scale)
+PILOT_CONFIDENCE = 0.95  # the pilot's difference is printed with its interval at this confidence
 
 
 def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
@@ -174,8 +174,8 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
                          "must have the file's arms (the same compare keys and values)")  # fmt: skip
     trials = storage.list_trials(record.id)
     best = storage.best_per_arm(record.id)
-    runs = {r.label: r for r in arm_runs(spec, best, trials, stored_curves(storage, trials))}
-    arms, pilot_runs = [], {}
+    runs = {r.label: r for r in arm_runs(spec, best, trials, stored_curves(storage, trials, best.values()))}
+    arms, pilot_hits = [], {}
     lines = [f"the spread of experiment {name} in your database (read only), taken as the truth:"]
     for label in labels:
         values, origin = _pilot_values(storage, spec, runs[label], best.get(label), trials)
@@ -189,23 +189,24 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
         arm = ArmSpread(label, statistics.fmean(logs), max(statistics.stdev(logs), floor), len(hits) / len(values),
                         runs[label].max_samples, runs[label].resolution)  # fmt: skip
         arms.append(arm)
-        pilot_runs[label] = ArmRuns(label, tuple(values), runs[label].max_samples, runs[label].resolution)
+        pilot_hits[label] = ArmRuns(label, tuple(hits), runs[label].max_samples, runs[label].resolution)
         lines.append(f"  {label}: {len(hits)} of {len(values)} {origin} reached the target; samples to target "
                      f"geometric mean {math.exp(arm.log_mean):,.0f}, CV {arm.cv:.1%} (sd of ln "
                      f"{arm.log_sd:.3f})")  # fmt: skip
-    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_runs)))
+    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_hits)))
 
 
-def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns]) -> list[str]:
-    """The pilot's difference, taken as the truth, with its own 95 % interval (hpo.evidence.verdict.compare): how sure
-    it is."""
+def _pilot_truth(arms: Sequence[ArmSpread], hits: dict[str, ArmRuns]) -> list[str]:
+    """The pilot's difference, taken as the truth, with its own 95 % interval: how sure it is. Both are of the runs
+    that reached the target (`hits`), as the drawn runs' law is: the interval is Welch's on ln samples
+    (hpo.evidence.verdict.compare at the 5 % level, with the verdict's floor of one evaluation interval)."""
     top = min(arms, key=lambda a: a.log_mean)
     rest = [a for a in arms if a.log_mean != top.log_mean]
     if not rest:
         return ["  the truth: the arms tie exactly"]
     parts = []
     for arm in rest:
-        c = compare(runs[top.label], runs[arm.label], ALPHA)
+        c = compare(hits[top.label], hits[arm.label], 1 - PILOT_CONFIDENCE)
         parts.append(f"{-math.expm1(top.log_mean - arm.log_mean):.1%} fewer than {arm.label} (the pilot's 95 % "
                      f"interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
     caveat = "  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"

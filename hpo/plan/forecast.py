@@ -364,8 +364,8 @@ def outcome_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, i
 
 
 def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
-    """How many repetitions' outcomes were right, wrong, equivalent (where the arms truly differ), not yet, judged
-    against the plan's truth (`hpo.plan.truth`)."""
+    """How many repetitions' outcomes were right, wrong, equivalent (where the arms truly differ by more than the
+    verdict's margin), not yet, judged against the plan's truth (`hpo.plan.truth`)."""
     counts = dict.fromkeys(JUDGED, 0)
     for r in repetitions:
         counts[plan.truth.judged(r.outcome, r.winner)] += 1
@@ -413,8 +413,8 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
         lines += [_share_line(outcome, s) for outcome, s in _shares(outcome_counts(plan, repetitions), n).items()]
         lines += ["", f"judged against the truth: {plan.truth.line()}"]
         for judged, share in _shares(judged_counts(plan, repetitions), n).items():
-            label = "equivalent (the arms truly differ)" if judged == "equivalent" and plan.truth.better else judged
-            lines.append(_share_line(label, share))
+            differ = judged == "equivalent" and not plan.truth.within()  # "equivalent" said wrongly
+            lines.append(_share_line("equivalent (the arms truly differ)" if differ else judged, share))
     else:
         lines += ["", "no compare arms: no verdict, only the cost"]
     if seconds is not None:

@@ -17,9 +17,11 @@ to the interpolated samples to target (the delayed curve is evaluated at the sam
 S1 D / (1 - D) and moves by what is still missing, until the realized difference is within 0.2 points of D (at most
 8 tries); the plan prints the realized one.
 
-A repetition's outcome judged against the truth (`Truth.judged`, as `bench/verdict_calibration.py` judges):
-right (the truly better arm named; at a true tie, "equivalent"), wrong (another arm named; at a tie, any),
-equivalent (said where the arms truly differ), not yet.
+A repetition's outcome judged against the truth (`Truth.judged`, as the verdict's chances judge theirs,
+hpo.plan.chances): right (the truly better arm named; "equivalent" where every pair's true ratio lies within the
+verdict's margin, a true tie included), wrong (another arm named; at a tie, any), equivalent (said where the arms
+truly differ by more than the margin), not yet. The margin applies to samples to target, what the verdict
+compares; for another objective only a true tie makes "equivalent" right.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpo.errors import HpoError
-from hpo.evidence.verdict import samples_between_evaluations
+from hpo.evidence.verdict import DEFAULT_MARGIN, samples_between_evaluations
 from hpo.experiment.arms import arm_plans
 from hpo.simulation.surrogate import Surrogate
 from search_spaces.space import CategoricalParam, FloatParam, IntParam
@@ -57,27 +59,41 @@ class Truth:
     metric: str
     stated: float | None = None  # the stated difference, when the plan made one true
     delay_samples: int | None = None  # the second arm's delay that made it
+    margin: float = DEFAULT_MARGIN  # the verdict's: "equivalent" is right where the truth lies within it
 
     def difference(self) -> float:
         """How much less the best arm needs than the next best (a share of the next best's figure)."""
         ordered = sorted(a.figure for a in self.arms)
         return 0.0 if len(ordered) < 2 or ordered[1] == 0 else 1 - ordered[0] / ordered[1]
 
+    def within(self) -> bool:
+        """The truth is "equivalent within ±margin": every pair's true ratio (in the arms' order, as the verdict
+        takes them) lies inside, as `hpo.plan.chances.Evidence.within` says of a spread; for an objective other
+        than samples to target, only a true tie."""
+        if self.better is None:
+            return True
+        if self.metric != "samples_to_target":
+            return False
+        return all(1 - self.margin < a.figure / b.figure < 1 + self.margin
+                   for i, a in enumerate(self.arms) for b in self.arms[i + 1 :])  # fmt: skip
+
     def judged(self, outcome: str, winner: str | None) -> str:
         """right / wrong / equivalent / not yet (see the module docstring)."""
         if outcome == "winner":
             return "right" if self.better is not None and winner == self.better else "wrong"
         if outcome == "equivalent":
-            return "right" if self.better is None else "equivalent"
+            return "right" if self.within() else "equivalent"
         return "not yet"
 
     def line(self) -> str:
         """The truth in words."""
+        within = (f"; within the verdict's margin of ±{self.margin:.0%}: \"equivalent\" is right too"
+                  if self.better is not None and self.within() else "")  # fmt: skip
         if self.stated is not None:
             first, second = self.arms[0].label, self.arms[1].label
             return (f"the stated difference: {first} needs {self.stated:.1%} fewer samples than {second} (its trials "
                     f"read {first}'s curves {self.delay_samples:,} samples late; realized on the table: "
-                    f"{self.difference():.1%})")  # fmt: skip
+                    f"{self.difference():.1%}){within}")  # fmt: skip
         if self.better is None:
             return "the table's: a true tie between the arms' best configurations"
         unit = "samples to target (geometric mean over the table's seeds)" if self.metric == "samples_to_target" else (
@@ -85,7 +101,7 @@ class Truth:
         others = ", ".join(f"{a.label} {_number(a.figure)}" for a in self.arms if a.label != self.better)
         best = next(a for a in self.arms if a.label == self.better)
         return (f"the table's: {self.better} is better, {self.difference():.1%} below the next arm at each arm's best "
-                f"configuration ({unit}: {_number(best.figure)}; {others})")  # fmt: skip
+                f"configuration ({unit}: {_number(best.figure)}; {others}){within}")  # fmt: skip
 
 
 def _number(value: float) -> str:
@@ -98,7 +114,7 @@ def table_truth(runner, spec) -> Truth:
     sign = -1.0 if spec.direction == "maximize" and spec.objective.metric != "samples_to_target" else 1.0
     ordered = sorted(arms, key=lambda a: sign * a.figure)
     tie = len(ordered) < 2 or math.isclose(ordered[0].figure, ordered[1].figure, rel_tol=1e-9)
-    return Truth(arms, None if tie else ordered[0].label, spec.objective.metric)
+    return Truth(arms, None if tie else ordered[0].label, spec.objective.metric, margin=spec.verdict.margin)
 
 
 def stated_handicap(runner, spec, difference: float) -> dict[str, dict[str, Any]]:

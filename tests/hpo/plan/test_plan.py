@@ -219,7 +219,30 @@ def test_a_stated_difference_is_made_true_on_the_table(tmp_path, difference):
     else:
         assert plan.truth.better == ADAMW
         assert 1 - first.figure / second.figure == pytest.approx(difference, abs=0.002)
-        assert plan.truth.judged("winner", ADAMW) == "right" and plan.truth.judged("equivalent", None) == "equivalent"
+        assert plan.truth.judged("winner", ADAMW) == "right" and plan.truth.judged("winner", LAMB) == "wrong"
+        # "equivalent" is right where the realized difference lies within the file's margin (±5 %)
+        within = 0.95 < first.figure / second.figure < 1.05
+        assert plan.truth.judged("equivalent", None) == ("right" if within else "equivalent")
+
+
+@pytest.mark.parametrize("adamw,right", [(9800.0, True), (10400.0, True), (9400.0, False), (10600.0, False)])
+def test_equivalent_is_judged_right_where_the_true_difference_lies_within_the_margin(adamw, right):
+    """The simulated plan judges "equivalent" as the verdict's chances do (`Evidence.within`): right where every
+    pair's true ratio of samples to target lies within ±margin, else the arms truly differ by more."""
+    from hpo.plan.chances import ArmSpread, Evidence
+    from hpo.plan.truth import ArmTruth, Truth
+
+    arms = (ArmTruth(ADAMW, {}, adamw, adamw), ArmTruth(LAMB, {}, 10000.0, 10000.0))
+    better = ADAMW if adamw < 10000 else LAMB
+    truth = Truth(arms, better, "samples_to_target", margin=0.05)
+    assert (0.95 < adamw / 10000.0 < 1.05) is right  # the premise, by hand
+    assert truth.judged("equivalent", None) == ("right" if right else "equivalent")
+    spread = Evidence((ArmSpread(ADAMW, math.log(adamw), 0.1), ArmSpread(LAMB, math.log(10000.0), 0.1)), ())
+    assert spread.within(0.05) is right  # the chances agree
+    assert truth.judged("winner", better) == "right" and truth.judged("not yet", None) == "not yet"
+    assert ('"equivalent" is right too' in truth.line()) is right
+    # another objective than samples to target: the margin is the verdict's on samples, so only a true tie
+    assert Truth(arms, better, "final_mlm_accuracy", margin=0.05).judged("equivalent", None) == "equivalent"
 
 
 def test_the_plan_leaves_the_users_database_as_it_was(planned):
@@ -320,16 +343,17 @@ SEEDS_TABLE = ROOT / "hpo" / "simulation" / "tables" / "seeds.jsonl"
 VERDICT_POWER_RUNS = 4
 
 
-def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float, list]]]) -> None:
-    """Experiment `name` in the database at db_file: per optimizer, a tuning trial (at the middle run's samples; 7,000
-    without runs) and one confirmation trial per (samples to target, curve [(samples, accuracy), ...] or []) of
-    `runs`."""
+def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | None, list]]]) -> None:
+    """Experiment `name` in the database at db_file: per optimizer, a tuning trial (at the middle hit's samples;
+    7,000 without runs) and one confirmation trial per (samples to target, None for a miss; curve [(samples,
+    accuracy), ...] or []) of `runs`."""
     spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
     with SqlStorage(f"sqlite:///{db_file}", upgrade=True) as storage:
         eid = storage.create_experiment(name, stored_form(spec, db_file.parent / name), spec.direction)
         for optimizer, values in runs.items():
             params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
-            middle = values[len(values) // 2][0] if values else 7000  # the tuning trial's samples to target
+            hits = [v for v in values if v[0] is not None]
+            middle = hits[len(hits) // 2][0] if hits else 7000  # the tuning trial's samples to target
             for seed, (samples, curve) in [(None, (middle, []))] + list(enumerate(values, start=1001)):
                 kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
                 trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (),
@@ -338,8 +362,10 @@ def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float, list
                 if curve:
                     storage.add_metrics(trial_id, [MetricPoint(i, s, {"mlm_accuracy": a})
                                                    for i, (s, a) in enumerate(curve, 1)])  # fmt: skip
-                storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples),
-                                                           samples_to_target=int(samples), best_mlm_accuracy=0.13,
+                missed = samples is None  # a miss used the whole budget of 12,288 samples
+                storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=12288.0 if missed else
+                                                           float(samples), samples_to_target=None if missed else
+                                                           int(samples), best_mlm_accuracy=0.11 if missed else 0.13,
                                                            metrics={"samples": 12288}))  # fmt: skip
 
 
@@ -394,6 +420,25 @@ def test_like_a_pilot_with_a_known_spread_gives_the_power_of_the_t_test(tmp_path
     assert f"  {ADAMW}: 12 of 12 confirmation runs reached the target; samples to target geometric mean 8,000, {cv}" \
         in out  # fmt: skip
     assert f"the truth: {LAMB} needs {-math.expm1(-delta):.1%} fewer than {ADAMW}" in out
+
+
+def test_the_pilots_interval_is_welchs_95_percent_on_the_runs_of_its_estimate(tmp_path, capsys):
+    """The pilot's difference is taken from its runs that reached the target (a miss only lowers the hit rate);
+    the 95 % interval printed beside it is Welch's on the same runs (scipy), so it contains the estimate."""
+    adamw, lamb = [4000, 4400, None, 4200], [5000, 5400, 5200, 5300]  # off the evaluations: no resolution floor
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "pilot", {"adamw": [(s, []) for s in adamw], "lamb": [(s, []) for s in lamb]})
+    budget = {**small_preset()["budget"], "confirm_seeds": 3}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--verdict-only",
+                   "--draws", "20")  # fmt: skip
+    a, b = np.log([s for s in adamw if s is not None]), np.log(lamb)
+    low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    estimate = -math.expm1(a.mean() - b.mean())
+    assert -math.expm1(high) < estimate < -math.expm1(low)
+    assert (f"the truth: {ADAMW} needs {estimate:.1%} fewer than {LAMB} (the pilot's 95 % interval: "
+            f"{-math.expm1(high):.1%} to {-math.expm1(low):.1%} fewer)") in out  # fmt: skip
+    assert f"  {ADAMW}: 3 of 4 confirmation runs reached the target" in out
 
 
 def seeds_runs() -> dict[str, list[tuple[float, list]]]:
