@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hpo.cli.common import open_storage, safe_url
+from hpo.errors import HpoError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -20,20 +21,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.names))
     for name in names:
         storage.get_experiment_by_name(name)  # every name exists before anything is written
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _directory("-o", Path(args.output))
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
     studies = []
     for name in names:
         data = load_experiment(storage, name)
         path = out / f"{name}.html"
-        path.write_text(experiment_page(data, hpo_command=hpo_command, index=index))
+        _write(path, experiment_page(data, hpo_command=hpo_command, index=index))
         print(f"wrote {path}")
         studies += study_lines(data)  # an experiment whose arms span batch sizes: its batch-size view as text
     if len(names) > 1:
         path = out / "compare.html"
-        path.write_text(comparison_report(storage, names))
+        _write(path, comparison_report(storage, names))
         print(f"wrote {path} (links to the reports above)")
     if args.png:
         _write_pngs(storage, names, Path(args.png))
@@ -50,11 +50,35 @@ def _write_pngs(storage, names: list[str], directory: Path) -> None:
         if not pngs:
             print(f"no figure for {name}: {why}", file=sys.stderr)
             continue
-        directory.mkdir(parents=True, exist_ok=True)
+        _directory("--png", directory)
         for slug, contents in pngs.items():
             path = directory / f"{name}-{slug}.png"
-            path.write_bytes(contents)
+            _write(path, contents)
             print(f"wrote {path}")
+
+
+def _directory(option: str, path: Path) -> Path:
+    """The output directory `path`, created where it does not exist; HpoError naming it where that cannot be."""
+    hint = "give a directory that is not a file (it is created where missing), in a place you can write to"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {hint}") from None
+    except OSError as e:
+        raise HpoError(f"hpo report {option} {path}: cannot be created ({e.strerror}); {hint}") from None
+    return path
+
+
+def _write(path: Path, contents: str | bytes) -> None:
+    """Write one output file; HpoError naming it where that cannot be (e.g. a directory of that name)."""
+    try:
+        if isinstance(contents, bytes):
+            path.write_bytes(contents)
+        else:
+            path.write_text(contents)
+    except OSError as e:
+        raise HpoError(f"hpo report: cannot write {path} ({e.strerror}); move what is there, or give another "
+                       "directory with -o (or --png)") from None  # fmt: skip
 
 
 # --------------------------------------------------------------------------- import

@@ -178,6 +178,9 @@ class ExperimentData:
     # arm label -> the samples to target of its best configuration's confirmation runs, as the verdict counts them
     # (hpo.evidence.verdict.arm_runs; None for a miss): what `scaling.confirmation_runs` reads, from the same read
     confirmation_runs: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    # arm label -> the samples between evaluations of those runs where one was read at an evaluation, else 0: the
+    # verdict's floor of their spread (hpo.evidence.verdict.ArmRuns.resolution)
+    confirmation_resolution: dict[str, float] = field(default_factory=dict)
 
     @property
     def to_target(self) -> bool:
@@ -201,8 +204,9 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     spec = spec_from_stored(record)
     records = storage.list_trials(record.id)
     best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
-    curves = stored_curves(storage, records)
+    curves = stored_curves(storage, records, best.values())
     verdict = verdict_of(spec, best, records, curves)
+    confirmed = arm_runs(spec, best, records, curves)  # every finished run, whatever the look (the batch-size fits)
     noise = _noise_by_trial(storage, record.id, records) if with_noise else {}
     labels = [arm_label(fixed) if fixed else None for fixed in arms(spec)]
     metric = spec.objective.metric
@@ -240,7 +244,8 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         confirmation_plan=spec.budget.confirmation_plan(),
         confirmation_round=round_line(spec, records) if spec.compare else "",
         imported=imported(record),
-        confirmation_runs={arm.label: arm.samples_to_target for arm in arm_runs(spec, best, records, curves)},
+        confirmation_runs={arm.label: arm.samples_to_target for arm in confirmed},
+        confirmation_resolution={arm.label: arm.resolution for arm in confirmed},
     )
     _load_curves(storage, records, data)
     return data

@@ -51,6 +51,7 @@ class ScalingPoint:
     noise_lower_bounds: int = 0  # of those, the trials whose estimate is only a lower bound (see data.py)
     runs: Runs = ()  # its runs' samples to target, as the verdict counts them (None: a miss); () when not read
     reference: bool = False  # an RCP import: MLPerf's reference curve
+    resolution: float = 0.0  # the verdict's floor of the runs' spread (ExperimentData.confirmation_resolution)
 
 
 def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
@@ -77,9 +78,10 @@ def scaling_points(experiments: Sequence[ExperimentData],
             bounds = sum(1 for t in rows if t.noise_lower_bound)
             mine = tuple((runs or {}).get((data.name, arm.label), ()))
             evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples)) if mine else arm.evidence
+            resolution = data.confirmation_resolution.get(arm.label, 0.0) if mine else 0.0
             points.append(ScalingPoint(data.name, arm.label, series(data, arm.optimizer or "?"), batch, evidence,
                                        median, min(noise, default=None), max(noise, default=None), len(noise),
-                                       bounds, mine, is_reference(data)))  # fmt: skip
+                                       bounds, mine, is_reference(data), resolution))  # fmt: skip
     return sorted(points, key=lambda p: (p.optimizer, p.global_batch_size, p.experiment, p.arm))
 
 
@@ -121,15 +123,15 @@ def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
 def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
     """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
     reference), by the verdict's rule (`hpo.evidence.verdict.decide`) on their runs, the error shared over the batch
-    sizes
-    compared (Bonferroni: each at 1 / their number of the level), so together they name a wrong winner in at most
-    5 %. Ascending by batch size."""
+    sizes compared (Bonferroni: each at 1 / their number of the level), so together they name a wrong winner in at
+    most 5 %; runs read at an evaluation keep the verdict's floor of one evaluation interval (points pooled from several
+    experiments: the widest). Ascending by batch size."""
     by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}
     for p in points:
         if p.runs and not p.reference:
             by_batch.setdefault(p.global_batch_size, {}).setdefault(p.optimizer, []).append(p)
     compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
     return {batch: decide([ArmRuns(name, tuple(s for p in mine for s in p.runs),
-                                   max(p.evidence.max_samples or 0 for p in mine))
+                                   max(p.evidence.max_samples or 0 for p in mine), max(p.resolution for p in mine))
                            for name, mine in sorted(groups.items())], margin, family=len(compared))
             for batch, groups in compared.items()}  # fmt: skip

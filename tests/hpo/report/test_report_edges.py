@@ -115,6 +115,34 @@ def test_png_export_of_nothing_finished_writes_no_file_and_says_why(tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where,under,why", [("-o", "", "is a file, not a directory"),
+                                             ("-o", "sub", "cannot be created (Not a directory)"),
+                                             ("--png", "", "is a file, not a directory")])  # fmt: skip
+def test_an_output_path_that_is_a_file_or_cannot_be_made_is_named_in_an_error(tmp_path, capsys, where, under, why):
+    """`-o` (or `--png`) naming an existing file, or a directory under one: an error naming the path and what to
+    give instead, not a traceback; the file is left as it was."""
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    add_trial(storage, eid, LAMB, "reached")
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    path = afile / under if under else afile
+    args = ["-o", str(path)] if where == "-o" else ["-o", str(tmp_path / "html"), "--png", str(path)]
+    assert main(["--db", url, "report", "edge", *args]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: hpo report {where} {path}: {why}; give a directory that is not a file")
+    assert "Traceback" not in error and afile.read_text() == "kept"
+
+
+def test_a_directory_where_the_page_would_go_is_named_in_an_error(tmp_path, capsys):
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    (tmp_path / "html" / "edge.html").mkdir(parents=True)
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: hpo report: cannot write {tmp_path / 'html' / 'edge.html'} (Is a directory)")
+
+
 # --------------------------------------------------------------------------- arms with nothing measured
 
 
