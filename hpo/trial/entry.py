@@ -134,13 +134,17 @@ def is_rank_zero() -> bool:
 
 def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path | None):
     """The trainer config of one trial: the experiment's base + the trial's parameters at its budget, its
-    seed for a confirmation run, its reports in its work directory (a relative `log.mlperf` too), and a
-    checkpoint directory shared by the budgets of one configuration and training seed (Hyperband and ASHA
-    continue a promoted configuration from its checkpoint)."""
+    seed for a confirmation run, its reports in its work directory, and its own checkpoint directory.
+
+    Paths the experiment names for its production run are each trial's own, under its work directory: a relative
+    `log.mlperf` or `checkpoint.dir` there as it is, an absolute one as `mlperf/<its file name>` or `checkpoints`
+    (trials that shared a checkpoint directory would resume one another's runs; a shared MLPerf log would keep
+    the last trial's events only). Hyperband and ASHA continue a promoted configuration from its checkpoint: a
+    directory shared by the budgets of one configuration and training seed, under the run directory."""
     cfg = trial_config(spec, record.params, fidelity=min(record.budget, 1.0))
     log = {"jsonl": str(workdir / "report.jsonl")}
-    if cfg.log.mlperf is not None and not Path(cfg.log.mlperf).is_absolute():
-        log["mlperf"] = str(workdir / cfg.log.mlperf)  # each trial its own MLPerf log, beside its report
+    if cfg.log.mlperf is not None:
+        log["mlperf"] = str(workdir / _own(Path(cfg.log.mlperf), Path("mlperf") / Path(cfg.log.mlperf).name))
     updates: dict[str, Any] = {"log": cfg.log.model_copy(update=log)}
     if record.seed is not None:
         updates["seed"] = record.seed
@@ -148,7 +152,15 @@ def trial_trainer_config(spec, record: TrialRecord, workdir: Path, run_dir: Path
         seed = updates.get("seed", cfg.seed)
         ckpt = (run_dir or workdir) / "checkpoints" / checkpoint_name(record.params, seed)
         updates["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": str(ckpt), "resume": True})
+    elif cfg.checkpoint.dir is not None:  # a re-run attempt of the trial continues its own run
+        ckpt = workdir / _own(Path(cfg.checkpoint.dir), Path("checkpoints"))
+        updates["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": str(ckpt)})
     return cfg.model_copy(update=updates)
+
+
+def _own(path: Path, instead: Path) -> Path:
+    """Where a path the experiment names goes in a trial's work directory: a relative one as it is."""
+    return instead if path.is_absolute() else path
 
 
 def run_trial(
