@@ -16,6 +16,7 @@ the database is back (exit code 1).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import signal
 import sys
 import threading
@@ -53,10 +54,11 @@ DATA_ROWS_CHECKED = 256  # rows of each data set checked at the start; every tri
 
 
 def check_trial_data(spec) -> None:
-    """Refuse an experiment whose trials could only fail on their data (`bad data`, one after another): the base
+    """Refuse an experiment whose trials could only fail on their inputs (`bad data`, one after another): the base
     config's data.train and data.eval must name shards that exist, are BERT shards, and whose first rows fit the
-    model (the trainer's own checks, on DATA_ROWS_CHECKED rows). Relative paths are read from the working
-    directory, as the trials read them. Data keys the space tunes are checked by each trial."""
+    model (the trainer's own checks, on DATA_ROWS_CHECKED rows); a model.init_checkpoint must exist, and
+    optimizer.impl apex must import. Relative paths are read from the working directory, as the trials read them.
+    Keys the space tunes are checked by each trial."""
     cfg = config_from_dict(spec.resolved_base())
     tuned = {trainer_key(name) for name in spec.space.names}
     for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
@@ -67,6 +69,13 @@ def check_trial_data(spec) -> None:
         except DataError as e:
             raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
                            f"{_data_hint(path)}") from None  # fmt: skip
+    start = cfg.model.init_checkpoint
+    if "model.init_checkpoint" not in tuned and start is not None and not Path(start).expanduser().is_file():
+        raise HpoError(f"{spec.source}: base_config model.init_checkpoint = {start!r} (from {Path.cwd()}): no such "
+                       "file; every trial would start from it: point it at the checkpoint, or remove it")  # fmt: skip
+    if "optimizer.impl" not in tuned and cfg.optimizer.impl == "apex" and importlib.util.find_spec("apex") is None:
+        raise HpoError(f"{spec.source}: base_config optimizer.impl = apex, but NVIDIA apex cannot be imported here, "
+                       "where the trials run: install it (with its CUDA extensions), or set optimizer.impl: torch")
 
 
 def _data_hint(path: str) -> str:

@@ -298,14 +298,37 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
             "(on the CPU a small one is also the faster), or cpu_slots: 1"
         )
     _check_batch_divisibility(spec, cfg, source)
+    if res.gpus == "none":
+        _check_cpu_trials(spec, cfg, source)
+
+
+# Trainer settings a trial without a GPU cannot run: key -> (value, why)
+NEEDS_CUDA = {
+    "device": ("cuda", "there is no CUDA device (auto or cpu run there)"),
+    "precision.dtype": ("fp16", "fp16 needs a CUDA device (bf16 or fp32 run there)"),
+    "model.attention": ("varlen", "the varlen kernel needs CUDA (auto, jagged or padded run there)"),
+}
+
+
+def _check_cpu_trials(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    """With resources.gpus: none every trial runs on the CPU: a setting that needs CUDA would fail every one."""
+    for key, (value, why) in NEEDS_CUDA.items():
+        candidates = _candidates(spec, cfg, key)
+        if candidates is not None and value in candidates[1]:
+            raise ExperimentFileError(
+                f"{source}: {candidates[0] or 'base_config'}: {key} {value}, but resources.gpus: none runs every "
+                f"trial on the CPU, where {why}: change it, or give the trials GPUs (resources.gpus)"
+            )
 
 
 def _candidates(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str | None, list[Any]] | None:
     """(the space field, the values) trainer `key` can take; None for a numeric range (checked when a trial runs)."""
     params = {name: spec.space[name] for name in spec.space if trainer_key(name) == key}
     if not params:
-        section, leaf = key.split(".")
-        return None, [getattr(getattr(cfg, section), leaf)]
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        return None, [value]
     if not all(isinstance(p, CategoricalParam) for p in params.values()):
         return None
     return f"space.{next(iter(params))}", [v for p in params.values() for v in p.choices]

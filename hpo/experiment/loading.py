@@ -27,6 +27,8 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         raise ExperimentFileError(f"{path}: the experiment file does not exist") from None
     except OSError as e:
         raise ExperimentFileError(f"{path}: cannot read the experiment file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ExperimentFileError(f"{path}: {not_utf8(e)}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -104,6 +106,12 @@ def _fields_at(loc: list[str]) -> list[str]:
     return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
 
 
+def not_utf8(error: UnicodeDecodeError) -> str:
+    """What to say of a file that is not UTF-8 text: where, and what to do."""
+    byte = error.object[error.start : error.start + 1].hex()
+    return f"not UTF-8 text (byte 0x{byte} at offset {error.start}): save it as UTF-8"
+
+
 def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -> dict[str, Any]:
     if isinstance(base_config, dict):
         raw, where = copy.deepcopy(base_config), "inline"
@@ -114,6 +122,8 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
             raw = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
             raise ExperimentFileError(f"{source}: base_config: file {path} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise ExperimentFileError(f"{source}: base_config: {path}: {not_utf8(e)}") from None
         except (OSError, yaml.YAMLError) as e:
             raise ExperimentFileError(f"{source}: base_config: cannot read {path}: {e}") from None
         where = str(path)

@@ -37,6 +37,9 @@ _SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 DEFAULT_MAX_CONFIRM_SEEDS = 12
 
 
+MIN_MEMORY_LIMIT_MB = 1000  # less cannot start a trial: importing PyTorch reserves about 770 MB of address space
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -49,7 +52,8 @@ class Objective(_Section):
 
 class Tuner(_Section):
     name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, ASHA, random, or an NNI tuner.")
-    seed: int = Field(0, description="Seed of the tuner (and of random search).")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of the tuner (and of random search): 0 to 2**32 - 1, "
+                      "as SMAC3 and NumPy take it.")  # fmt: skip
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the tuner as is.")
 
 
@@ -139,7 +143,9 @@ class Resources(_Section):
     trials_per_gpu: int = Field(1, ge=1, description="Small trials sharing one GPU (gpus_per_trial must be 1).")
     cpu_slots: int = Field(1, ge=1, description="Trials side by side when no GPU is used.")
     cpu_ranks_per_trial: int = Field(1, ge=1, description="gloo ranks (processes) of one trial on CPU.")
-    memory_limit_mb: int | None = Field(None, ge=1, description="Address-space limit of each trial process (CPU).")
+    memory_limit_mb: int | None = Field(
+        None, ge=MIN_MEMORY_LIMIT_MB, description="Address-space limit of each trial process (CPU); importing PyTorch "
+        "alone takes about 0.75 GB.")  # fmt: skip
     machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
                                     "machines (NNI's remote training service) instead of this one.")  # fmt: skip
 

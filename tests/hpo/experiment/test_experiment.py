@@ -516,6 +516,28 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "greater than or equal to 1",
     ),
     ("overrides_not_a_mapping", {"overrides": ["budget.max_samples=5"]}, "overrides", "valid dictionary"),
+    ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "greater than or equal to 0"),
+    ("tuner_seed_too_large", {"tuner": {"name": "smac_bo", "seed": 2**40}}, "tuner.seed", "less than 4294967296"),
+    ("memory_limit_too_small", {"resources": {"gpus": "none", "memory_limit_mb": 1}}, "resources.memory_limit_mb",
+     "greater than or equal to 1000"),  # fmt: skip
+    (
+        "cuda_device_on_cpu_slots",
+        {"resources": {"gpus": "none"}, "overrides": {"device": "cuda"}},
+        "base_config",
+        "device cuda, but resources.gpus: none runs every trial on the CPU, where there is no CUDA device",
+    ),
+    (
+        "fp16_in_the_space_on_cpu_slots",
+        {**space_with(**{"precision.dtype": {"choice": ["bf16", "fp16"]}}), "resources": {"gpus": "none"}},
+        "space.precision.dtype",
+        "fp16 needs a CUDA device",
+    ),
+    (
+        "varlen_on_cpu_slots",
+        {"resources": {"gpus": "none"}, "overrides": {"model.attention": "varlen"}},
+        "base_config",
+        "the varlen kernel needs CUDA",
+    ),
 ]
 
 
@@ -535,6 +557,18 @@ def test_malformed_experiment_files_name_the_file_and_the_field(tmp_path, conten
 
 def test_there_are_at_least_thirty_malformed_cases():
     assert len(MALFORMED) >= 30
+
+
+@pytest.mark.parametrize("which", ["experiment file", "base_config"])
+def test_a_file_that_is_not_utf8_is_named_with_the_byte(tmp_path, which):
+    path = write_experiment(tmp_path, make_experiment())
+    broken = path if which == "experiment file" else tmp_path / "base.yaml"
+    text = broken.read_bytes()
+    broken.write_bytes(text + b"# caf\xe9\n")  # Latin-1
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    where = f"{path}: " if which == "experiment file" else f"{path}: base_config: {broken}: "
+    assert str(err.value) == f"{where}not UTF-8 text (byte 0xe9 at offset {len(text) + 5}): save it as UTF-8"
 
 
 def test_a_missing_experiment_file_is_named(tmp_path):

@@ -1,0 +1,34 @@
+"""hpo.engine.local.check_trial_data: inputs every trial would fail on are refused before anything is written,
+naming the experiment file, the key and the value: a starting checkpoint that is not there, an optimizer backend
+that cannot be imported where the trials run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from hpo.engine.local import check_trial_data
+from hpo.errors import HpoError
+from tests.hpo.engine.test_study import make_spec
+
+
+def test_a_missing_starting_checkpoint_is_refused_naming_it(tmp_path):
+    missing = tmp_path / "bert_large.pt"
+    spec = make_spec(tmp_path, **{"model.init_checkpoint": str(missing)})
+    with pytest.raises(HpoError) as err:
+        check_trial_data(spec)
+    assert str(err.value).startswith(f"exp.yaml: base_config model.init_checkpoint = {str(missing)!r}")
+    assert "no such file; every trial would start from it" in str(err.value)
+    missing.write_bytes(b"")  # there: the trials read it (and say so if it is not a checkpoint)
+    check_trial_data(spec)
+
+
+def test_apex_is_refused_where_it_cannot_be_imported(tmp_path):
+    spec = make_spec(tmp_path, **{"optimizer.impl": "apex"})
+    if importlib.util.find_spec("apex") is not None:  # an optional backend: where it is installed, it is taken
+        check_trial_data(spec)
+        return
+    with pytest.raises(HpoError, match="optimizer.impl = apex, but NVIDIA apex cannot be imported here"):
+        check_trial_data(spec)
+    check_trial_data(make_spec(tmp_path, **{"optimizer.impl": "torch"}))
