@@ -4,6 +4,8 @@ types and options used by several commands, and the checks that name what is wro
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from hpo.errors import HpoError
 
@@ -54,6 +56,63 @@ def refuse_imported(record, action: str) -> None:
     if imported(record):
         raise HpoError(f"experiment {record.name} was imported (hpo import {imported(record).get('kind')}): there is "
                        f"nothing to {action}; its runs ran elsewhere")  # fmt: skip
+
+
+def check_output_file(path: Path, option: str = "-o") -> None:
+    """Refuse an output file that could not be written, before any work: a directory, or a file whose directory
+    does not exist (or is a file), naming the path and the option."""
+    if path.is_dir():
+        raise HpoError(f"{option} {path}: is a directory; give {option} a file name (e.g. {path / 'out'})")
+    parent = path.parent
+    if not parent.exists():
+        raise HpoError(f"{option} {path}: the directory {parent} does not exist; make it first, or write elsewhere")
+    if not parent.is_dir():
+        raise HpoError(f"{option} {path}: {parent} is not a directory; give {option} a path in a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise HpoError(f"{option} {path}: the directory {parent} is not writable; write elsewhere")
+
+
+def write_output_file(path: Path, text: str, option: str = "-o") -> None:
+    """Write `text` to the output file, an error naming it if that fails (a full disk, a file it may not replace)."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise HpoError(f"{option} {path}: cannot write it: {exc.strerror or exc}") from None
+
+
+def wrong_batch_size(storage, record, arm: str | None, batch_size: int | None, action: str) -> str | None:
+    """Why --batch-size finds no best trial when completed trials (of `arm`) exist at other global batch sizes:
+    the message names those sizes (`action`: what the command would do with the trial). None without
+    --batch-size, or when no completed trial (of that arm) could be the best at any size."""
+    from hpo.trials import TrialKind, TrialState
+
+    if batch_size is None:
+        return None
+    completed = storage.list_trials(record.id, state=TrialState.COMPLETED, arm=arm)
+    sizes = sorted({t.global_batch_size for t in completed if t.kind is TrialKind.TUNING and t.objective is not None
+                    and t.global_batch_size is not None} - {batch_size})  # fmt: skip
+    if not sizes:
+        return None
+    of_arm = f" of arm {arm}" if arm else ""
+    other = " (or another of those)" if len(sizes) > 1 else ""
+    return (f"experiment {record.name} has no completed trial{of_arm} with global batch size {batch_size} {action}; "
+            f"its completed trials{of_arm} have global batch size {', '.join(map(str, sizes))}: use --batch-size "
+            f"{sizes[0]}{other}")  # fmt: skip
+
+
+def check_stored_arm(record, arm: str | None) -> None:
+    """Refuse an --arm the experiment does not have, naming the arms it has (as `hpo export` does); an experiment
+    whose stored definition no longer validates is not checked."""
+    if arm is None:
+        return
+    from hpo.experiment import spec_from_stored
+    from hpo.export.production import check_arm
+
+    try:
+        spec = spec_from_stored(record)
+    except HpoError:
+        return
+    check_arm(spec, arm)
 
 
 def parse_state(name: str):

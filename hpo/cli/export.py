@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpo.cli.common import open_storage, positive
+from hpo.cli.common import check_output_file, open_storage, positive, write_output_file, wrong_batch_size
 from hpo.errors import HpoError
 
 
@@ -14,13 +14,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     from hpo.experiment import spec_from_stored
     from hpo.export.production import check_arm, render
 
+    if args.output:
+        check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
     trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
     if trial is None:
-        raise HpoError(f"experiment {args.name} has no completed trial to export; `hpo trials {args.name}` says why")
+        raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
+                       f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "
+                       f"export; `hpo trials {args.name}` says why")  # fmt: skip
     exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                       config_path=args.config_path or _config_file(args), spec=spec)  # fmt: skip
     for warning in exported.warnings:
@@ -28,7 +32,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.output:
         print(exported.text, end="")
         return 0
-    Path(args.output).write_text(exported.text)
+    write_output_file(Path(args.output), exported.text)
     print(f"wrote {args.format} of trial {trial.number} to {args.output}", file=sys.stderr)
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from hpo.cli.common import non_negative, open_storage, parse_state, positive
+from hpo.cli.common import check_stored_arm, non_negative, open_storage, parse_state, positive, wrong_batch_size
 from hpo.errors import HpoError
 
 
@@ -98,6 +98,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
         raise HpoError("--after and --offset do not combine: --after N starts after trial number N")
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
+    check_stored_arm(record, args.arm)  # an arm it does not have would list nothing
     more = None if args.limit is None else args.limit + 1  # one trial more: whether another page follows
     trials = storage.list_trials(record.id, state=parse_state(args.state) if args.state else None, arm=args.arm,
                                  offset=args.offset, limit=more, after=args.after)  # fmt: skip
@@ -123,12 +124,16 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
+    check_stored_arm(record, args.arm)  # an arm it does not have would match nothing
     if args.per_arm:
         best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
     else:
         trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
         best = {args.arm or "overall": trial} if trial else {}
     if not best:
+        wrong = None if args.per_arm else wrong_batch_size(storage, record, args.arm, args.batch_size, "to show")
+        if wrong:  # completed trials at other batch sizes: --batch-size asked for one the experiment did not run
+            raise HpoError(wrong)
         print("no completed trial matches", file=sys.stderr)
         return 1
     out: dict[str, Any] = {

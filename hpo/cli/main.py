@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except StorageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if bad_database_url(e) else 1  # a URL that names no usable database is bad input
     except ResourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -91,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         close_storages()
+
+
+def bad_database_url(error: StorageError) -> bool:
+    """Whether `error` is the refusal of a database URL that cannot be used as written (it does not parse, or it
+    names a database kind or driver there is none of): bad input, unlike a database that cannot be reached."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    return isinstance(error.__cause__, (ArgumentError, NoSuchModuleError, ImportError))
 
 
 # SMAC3 and ConfigSpace iterate over sets of strings, whose order follows Python's per-process hash seed: the

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpo.cli.common import fraction, non_negative, open_storage, positive, positive_float
+from hpo.cli.common import check_output_file, fraction, non_negative, open_storage, positive, positive_float
 from hpo.errors import HpoError
 
 
@@ -166,8 +166,9 @@ def cmd_table(args: argparse.Namespace) -> int:
     from hpo.plan.pilot_table import pilot_table, write_table
 
     out = Path(args.output)
-    if out.exists():
-        raise HpoError(f"{out}: exists; give -o a new file (hpo table never replaces one)")
+    check_output_file(out)  # a directory, or a file in a directory that is not there: before the database is read
+    if out.exists() or out.is_symlink():
+        raise HpoError(f"-o {out}: exists; give -o a new file (hpo table never replaces one)")
     storage = open_storage(args.db, read_only=True)
     meta, runs = pilot_table(storage, args.name)
     write_table(out, meta, runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
-    from hpo.runners import build_runner
+    from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
@@ -34,6 +35,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
     if spec.engine == "nni" and (args.runner or args.scheduler):
         raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine == "local":
+        check_runner_options(spec, args.runner, args.scheduler)  # the options themselves, before data or a cluster
+    run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
+    where = "--run-dir" if args.run_dir else f"the run directory (default runs/{spec.name}; --run-dir chooses one)"
+    check_run_dir(run_dir, where)  # before the database is opened: a file in its way would stop the run later
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
 
@@ -54,11 +60,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"experiment {spec.name!r} already exists (status {existing.status.value}); "
                 f"use `hpo resume {spec.name}` to finish it, or change `name:` in {args.experiment}"
             )
+        make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
     except BaseException:
         if runner is not None:
             runner.close()
         raise
-    run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
     if not args.quiet and runner is not None:
         print(describe_plan(spec, runner), file=sys.stderr)
     experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
@@ -67,6 +73,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def check_run_dir(path: Path, where: str) -> None:
+    """Refuse a run directory that could not be made or written (a file in its place or on its way, a directory
+    that is not writable), naming it; makes nothing. `where` says where the path came from."""
+    probe = path
+    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
+        probe = probe.parent  # the nearest part of the path that is there
+    if probe.is_dir():
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise HpoError(f"{where}: cannot make or write the run directory {path}: {probe} is not writable; "
+                           "choose a directory you can write")  # fmt: skip
+        return
+    what = "a broken symbolic link" if probe.is_symlink() and not probe.exists() else "a file"
+    place = "is" if probe == path else f"cannot be a directory: {probe} is"
+    raise HpoError(f"{where}: the run directory {path} {place} {what}; choose a directory (it is made if missing)"
+                   " or move that file away")  # fmt: skip
+
+
+def make_run_dir(path: Path, where: str) -> None:
+    """Make the run directory (and its parents), else an error naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HpoError(f"{where}: cannot make the run directory {path}: {exc.strerror or exc}; choose another "
+                       "directory") from None  # fmt: skip
 
 
 def _check_outage_bound(spec) -> None:
@@ -108,7 +140,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.engine.liveness import controller_identity, stale_after_s
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
-    from hpo.runners import build_runner
+    from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
 
     url = args.db or default_database_url()
@@ -117,15 +149,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     refuse_imported(record, "resume")
     spec = spec_from_stored(record)
     _check_outage_bound(spec)
-    host, pid = controller_identity()
-    storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
+    if spec.engine == "nni" and (args.runner or args.scheduler):
+        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine == "local":
+        check_runner_options(spec, args.runner, args.scheduler)
+    run_dir = Path(record.spec["run_dir"])
+    where = f"experiment {record.name}"
+    check_run_dir(run_dir, where)  # the stored run directory: checked before the experiment is claimed
+    runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
+    try:
+        make_run_dir(run_dir, where)
+        host, pid = controller_identity()
+        storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
+    except BaseException:
+        if runner is not None:
+            runner.close()
+        raise
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, record.id, Path(record.spec["run_dir"]), url, args.quiet, resume=True,
-                         port=args.port)  # fmt: skip
-    runner = build_runner(spec, args.runner, args.scheduler)
-    return drive(spec, storage, record.id, Path(record.spec["run_dir"]), runner, url, args.quiet, resume=True)
+        return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True, port=args.port)
+    return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
 
 
 # --------------------------------------------------------------------------- plan

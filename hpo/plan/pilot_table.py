@@ -97,6 +97,13 @@ def _run(trial: TrialRecord, cfg, metrics) -> dict[str, Any]:
 
 
 def write_table(path: Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:
-    """The table as JSON lines (meta first); refuses to replace a file."""
-    with open(path, "x") as out:
-        out.write("\n".join(json.dumps(r) for r in [meta, *runs]) + "\n")
+    """The table as JSON lines (meta first); refuses to replace a file. A path it cannot write (its directory
+    missing, a directory itself, a full disk) raises PilotTableError naming it."""
+    text = "\n".join(json.dumps(r) for r in [meta, *runs]) + "\n"
+    try:
+        with open(path, "x") as out:
+            out.write(text)
+    except FileExistsError:
+        raise PilotTableError(f"{path}: exists; give a new file (a curve table never replaces one)") from None
+    except OSError as exc:
+        raise PilotTableError(f"{path}: cannot write the curve table: {exc.strerror or exc}") from None

@@ -6,20 +6,22 @@ from hpo.errors import HpoError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.trial.launch import build_launch
 
-__all__ = ["Runner", "TrialExit", "TrialLaunch", "build_runner", "classify_exit"]
+__all__ = ["Runner", "TrialExit", "TrialLaunch", "build_runner", "check_runner_options", "classify_exit"]
 
 
 def build_runner(spec, name: str | None = None, scheduler: str | None = None, launch_builder=None) -> Runner:
     """The runner of an experiment (`runner:` in the file, or the CLI's --runner/--scheduler). It checks the
     resources now, so an experiment that cannot run fails before anything is written."""
+    check_runner_options(spec, name, scheduler)
     name = name or spec.runner.name
     builder = launch_builder or build_launch
     if name == "dask":
-        from hpo.runners.dask import DaskRunner  # Dask distributed: about a second to import, only when used
+        from hpo.runners.dask import DaskRunner, check_address  # Dask distributed: about a second to import
 
         address = scheduler or spec.runner.scheduler
         if not address:
             raise HpoError("the dask runner needs a scheduler address: --scheduler tcp://HOST:8786 or runner.scheduler")
+        check_address(address, "--scheduler" if scheduler else f"{spec.source}: runner.scheduler")
         return DaskRunner(address, spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
     if name == "simulated":
         from hpo.runners.simulated import SimulatedRunner  # reads the curve table: only when used
@@ -30,3 +32,28 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
     from hpo.runners.local import LocalRunner
 
     return LocalRunner(spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
+
+
+def check_runner_options(spec, name: str | None, scheduler: str | None) -> None:
+    """The CLI's --runner/--scheduler against the experiment, before anything starts: --scheduler only where the
+    trials run on the dask runner (--runner dask, or the file's runner), and an address of the form the file's
+    `runner.scheduler` must have (the experiment schema's own check, not a copy of it)."""
+    if scheduler is None:
+        return
+    runner = name or spec.runner.name
+    if runner != "dask":
+        raise HpoError(
+            f"--scheduler needs --runner dask: the trials would run on the {runner} runner "
+            f"({f'--runner {name}' if name else f'the runner of {spec.source}'}), which uses no scheduler; "
+            "add --runner dask, or leave --scheduler out"
+        )
+    from pydantic import ValidationError
+
+    from hpo.experiment.schema import Runner as RunnerSection
+
+    try:
+        RunnerSection.model_validate({"name": "dask", "scheduler": scheduler})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        reason = error.get("ctx", {}).get("error") or error["msg"]
+        raise HpoError(f"--scheduler: {reason}") from None

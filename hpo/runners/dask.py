@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hpo.errors import ResourceError
+from hpo.errors import HpoError, ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
@@ -42,6 +42,26 @@ WORKER_CHECK_S = 0.25
 SEND_INTERVAL_S = 0.001  # the client's batching of messages to the scheduler (Dask's default: 10 ms)
 SETTLE_S = 5.0  # how long a submission waits for the scheduler to see its announced predecessors' tasks end
 GPU_WAIT_S = 120.0  # how long a task waits for the GPU ids of a cancelled task to be released
+
+
+ADDRESS_HINT = "give it as tcp://HOST:PORT, e.g. tcp://HOST:8786 (`dask scheduler` prints its address)"
+
+
+def check_address(address: str, where: str) -> None:
+    """Refuse a scheduler address that names no port (`tcp://HOST`) or an unusable one, before connecting:
+    Dask's own parser raises a ValueError from inside the client, whose clean-up then waits out its timeout
+    twice. `where` says where the address came from (--scheduler, or the file's runner.scheduler)."""
+    from distributed.comm.addressing import get_address_host_port, parse_address
+
+    scheme, _ = parse_address(address, strict=False)
+    if scheme not in ("tcp", "tls"):
+        return  # inproc://, ucx://: Dask's own checks, when the client connects
+    try:
+        _, port = get_address_host_port(address)
+    except ValueError as e:
+        raise HpoError(f"{where}: {address!r} is not a Dask scheduler address ({e}); {ADDRESS_HINT}") from None
+    if not 0 < port < 65536:
+        raise HpoError(f"{where}: {address!r} has port {port}, not a TCP port (1 to 65535); {ADDRESS_HINT}")
 
 
 @dataclass
@@ -66,6 +86,10 @@ class DaskRunner(Runner):
 
         try:
             self.client = Client(scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        except ValueError as e:  # an address Dask cannot parse (`check_address` refuses the usual ones first)
+            raise HpoError(
+                f"runner.scheduler: {scheduler!r} is not a Dask scheduler address ({e}); {ADDRESS_HINT}"
+            ) from None
         except (OSError, TimeoutError) as e:
             raise ResourceError(
                 f"runner.scheduler: cannot reach the Dask scheduler at {scheduler} ({e}); start one with "

@@ -1,0 +1,221 @@
+"""Bad input to the command line is refused before any work starts, with exit code 2 and a message that names the
+file, option, path or arm and what to do, never a traceback; nothing is written to the database: a run directory
+that is a file, an output path that cannot be written, a --scheduler that is no address or that nothing would use,
+an arm or a batch size the experiment does not have, a database URL that does not parse."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from hpo.cli.main import main
+from hpo.experiment import experiment_from_dict, stored_form
+from hpo.storage import SqlStorage
+from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
+
+PILOT = "pilot"
+ARMS = "optimizer.name=adamw, optimizer.name=lamb"
+
+
+def hpo(url: str, *args: str) -> int:
+    return main(["--db", url, *args])
+
+
+def experiments(db_file: Path) -> list[str]:
+    """The names of the experiments in the database at db_file ([] when there is no database)."""
+    if not db_file.exists():
+        return []
+    with SqlStorage(f"sqlite:///{db_file}") as storage:
+        return [e.name for e in storage.list_experiments()]
+
+
+@pytest.fixture
+def pilot(tmp_path) -> str:
+    """The URL of a database holding experiment PILOT: arms adamw and lamb, completed trials at global batch size 32."""
+    db_file = tmp_path / "pilot.db"
+    write_pilot(db_file, PILOT, {"adamw": [(9000, []), (9500, [])], "lamb": [(8000, []), (8500, [])]})
+    return f"sqlite:///{db_file}"
+
+
+# --------------------------------------------------------------------------- the run directory (hpo run, hpo resume)
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "a-directory-under-it"])
+def test_a_file_as_the_run_directory_is_refused_before_the_experiment_is_created(tmp_path, capsys, under):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("not a directory")
+    run_dir = taken / "run" if under else taken
+    db_file = tmp_path / "hpo.db"
+    path = write(tmp_path / "e.yaml", small_preset(name="rd"))
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), "--run-dir", str(run_dir), "--quiet") == 2
+    err = capsys.readouterr().err
+    assert f"--run-dir: the run directory {run_dir}" in err and f"{taken} is a file" in err and "Traceback" not in err
+    assert experiments(db_file) == []  # not created: `hpo run` again would say it already exists
+    assert taken.read_text() == "not a directory"
+
+
+def test_a_file_where_the_default_run_directory_goes_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")
+    db_file = tmp_path / "hpo.db"
+    path = write(tmp_path / "e.yaml", small_preset(name="rd"))
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), "--quiet") == 2
+    err = capsys.readouterr().err
+    assert f"the run directory {tmp_path / 'runs' / 'rd'} cannot be a directory: {tmp_path / 'runs'} is a file" in err
+    assert "--run-dir chooses one" in err
+    assert experiments(db_file) == []
+
+
+def stored_experiment(tmp_path, name: str, run_dir: Path) -> tuple[str, SqlStorage]:
+    """(URL, storage) of a database with the experiment `name` (the small simulated preset) stored to run in
+    run_dir, as `hpo run` left it after its controller stopped."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
+    storage = SqlStorage(url, upgrade=True)
+    storage.create_experiment(name, stored_form(spec, run_dir), spec.direction)
+    return url, storage
+
+
+def test_resume_refuses_a_run_directory_that_is_a_file_before_claiming_the_experiment(tmp_path, capsys):
+    taken = tmp_path / "run"
+    taken.write_text("")
+    url, storage = stored_experiment(tmp_path, "rs", taken)
+    with storage:
+        assert hpo(url, "resume", "rs", "--quiet") == 2
+        err = capsys.readouterr().err
+        assert f"experiment rs: the run directory {taken} is a file" in err and "Traceback" not in err
+        assert storage.get_experiment_by_name("rs").controller_pid is None  # not claimed: a resume may follow
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--runner", "dask", "--scheduler", "foo"], "--scheduler: expected an address such as tcp://host:8786, got 'foo'"),
+    (["--scheduler", "tcp://10.0.0.1:8786"], "--scheduler needs --runner dask: the trials would run on the simulated "
+                                              "runner (the runner of experiment rs (stored))"),
+], ids=["no-address", "without-runner-dask"])  # fmt: skip
+def test_resume_refuses_a_scheduler_option_it_cannot_use_before_claiming(tmp_path, capsys, options, message):
+    url, storage = stored_experiment(tmp_path, "rs", tmp_path / "run")
+    with storage:
+        assert hpo(url, "resume", "rs", *options, "--quiet") == 2
+        assert message in capsys.readouterr().err
+        assert storage.get_experiment_by_name("rs").controller_pid is None
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- --scheduler (hpo run)
+
+
+LOCAL = {"name": "loc", "base_config": str(ROOT / "trainer/configs/demo_cpu.yaml"),
+         "space": {"optimizer.lr": {"float": [1e-3, 1e-2], "log": True}}, "budget": {"trials": 2},
+         "resources": {"gpus": "none"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("data, options, message", [
+    (LOCAL, ["--runner", "dask", "--scheduler", "foo"],
+     "error: --scheduler: expected an address such as tcp://host:8786, got 'foo'"),
+    (LOCAL, ["--runner", "dask", "--scheduler", "tcp://foo"],
+     "error: --scheduler: 'tcp://foo' is not a Dask scheduler address (missing port number"),
+    (LOCAL, ["--runner", "dask", "--scheduler", "tcp://127.0.0.1:99999"],
+     "error: --scheduler: 'tcp://127.0.0.1:99999' has port 99999, not a TCP port"),
+    (LOCAL, ["--scheduler", "tcp://10.0.0.1:8786"],
+     "error: --scheduler needs --runner dask: the trials would run on the local runner (the runner of "),
+    (LOCAL, ["--runner", "local", "--scheduler", "tcp://10.0.0.1:8786"],
+     "error: --scheduler needs --runner dask: the trials would run on the local runner (--runner local)"),
+    (small_preset(name="sim"), ["--scheduler", "tcp://10.0.0.1:8786"],
+     "error: --scheduler needs --runner dask: the trials would run on the simulated runner"),
+    ({**LOCAL, "runner": {"name": "dask", "scheduler": "tcp://foo"}}, [],
+     "e.yaml: runner.scheduler: 'tcp://foo' is not a Dask scheduler address (missing port number"),
+], ids=["no-address", "no-port", "port-too-big", "file-runner-local", "runner-local", "file-runner-simulated",
+        "file-scheduler-no-port"])  # fmt: skip
+def test_a_scheduler_that_is_no_address_or_that_nothing_would_use_is_refused_at_once(tmp_path, capsys, data, options,
+                                                                                     message):  # fmt: skip
+    db_file = tmp_path / "hpo.db"
+    path = write(tmp_path / "e.yaml", data)
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), *options, "--run-dir", str(tmp_path / "run"), "--quiet") == 2
+    assert message in capsys.readouterr().err
+    assert not db_file.exists() and not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- -o (hpo export, hpo table)
+
+
+@pytest.mark.parametrize("command", [["export", PILOT], ["table", PILOT]])
+def test_an_output_path_that_cannot_be_written_is_refused_naming_it(pilot, tmp_path, capsys, command):
+    missing = tmp_path / "no" / "such" / "out.txt"
+    assert hpo(pilot, *command, "-o", str(missing)) == 2
+    assert f"-o {missing}: the directory {missing.parent} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+    assert hpo(pilot, *command, "-o", str(tmp_path)) == 2
+    assert f"-o {tmp_path}: is a directory; give -o a file name" in capsys.readouterr().err
+
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert hpo(pilot, *command, "-o", str(a_file / "out.txt")) == 2
+    assert f"-o {a_file / 'out.txt'}: {a_file} is not a directory" in capsys.readouterr().err
+
+    assert hpo(pilot, *command, "-o", str(tmp_path / "out.txt")) == 0  # where it can write, it does
+    assert (tmp_path / "out.txt").stat().st_size > 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_export_says_which_file_it_could_not_write(pilot, capsys):
+    assert hpo(pilot, "export", PILOT, "-o", "/dev/full") == 2  # every write there fails: no space left
+    err = capsys.readouterr().err
+    assert "error: -o /dev/full: cannot write it: No space left on device" in err and "Traceback" not in err
+
+
+def test_the_curve_table_writer_names_a_path_it_cannot_write(tmp_path):
+    from hpo.plan.pilot_table import PilotTableError, write_table
+
+    missing = tmp_path / "no" / "table.jsonl"
+    with pytest.raises(PilotTableError, match=f"{missing}: cannot write the curve table: No such file"):
+        write_table(missing, {"kind": "meta"}, [])
+    (tmp_path / "t.jsonl").write_text("")
+    with pytest.raises(PilotTableError, match="t.jsonl: exists; give a new file"):
+        write_table(tmp_path / "t.jsonl", {"kind": "meta"}, [])
+
+
+# --------------------------------------------------------------------------- --arm and --batch-size
+
+
+@pytest.mark.parametrize("command", [["best", PILOT], ["trials", PILOT], ["export", PILOT]])
+def test_an_arm_the_experiment_does_not_have_is_refused_naming_its_arms(pilot, capsys, command):
+    assert hpo(pilot, *command, "--arm", "lamb") == 2
+    assert f"error: experiment {PILOT} has no arm 'lamb': its arms are {ARMS}" in capsys.readouterr().err
+    assert hpo(pilot, *command, "--arm", "optimizer.name=lamb") == 0
+
+
+@pytest.mark.parametrize("command", [["best", PILOT], ["export", PILOT]])
+def test_a_batch_size_without_completed_trials_names_the_batch_sizes_that_have_them(pilot, capsys, command):
+    assert hpo(pilot, *command, "--batch-size", "999") == 2
+    err = capsys.readouterr().err
+    assert f"experiment {PILOT} has no completed trial with global batch size 999" in err
+    assert "its completed trials have global batch size 32: use --batch-size 32" in err
+    assert hpo(pilot, *command, "--arm", "optimizer.name=lamb", "--batch-size", "999") == 2
+    assert "its completed trials of arm optimizer.name=lamb have global batch size 32" in capsys.readouterr().err
+    assert hpo(pilot, *command, "--batch-size", "32") == 0
+
+
+# --------------------------------------------------------------------------- --db
+
+
+@pytest.mark.parametrize("url", ["notaurl", "foo://host/db"])
+@pytest.mark.parametrize("command", [["status"], ["best", "e"], ["db", "upgrade"]])
+def test_a_database_url_that_cannot_be_used_is_bad_input(tmp_path, capsys, url, command, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", url, *command]) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot use the database URL" in err and "Expected e.g. sqlite:///path/hpo.db" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
+    pytest.importorskip("psycopg")
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["--db", f"postgresql+psycopg://u@127.0.0.1:{port}/d", "status"]) == 1
+    assert "connection failed" in capsys.readouterr().err
