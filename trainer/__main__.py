@@ -30,13 +30,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     # torch loads only after the config is valid, so a bad config is refused at once.
-    from trainer.distributed import cleanup, dist_env_from_environ
+    from trainer.distributed import check_device, cleanup, dist_env_from_environ
     from trainer.report import JsonLinesReporter
     from trainer.train import train
 
-    if args.print_config:
+    if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")
         return 0
+    try:
+        check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     reporter = JsonLinesReporter(cfg.log.jsonl)
     try:
         result = train(cfg, reporter)

@@ -8,6 +8,7 @@ and out-of-range values raise `ConfigError` naming the dotted key.
 from __future__ import annotations
 
 import numbers
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -15,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.errors import ConfigError
+
+MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes (NumPy's default_rng takes any seed >= 0)
 
 
 class Section(BaseModel):
@@ -126,11 +129,21 @@ class BalanceConfig(Section):
     method: Literal["none", "stratified", "local_presort"] = Field(
         "none", description="How sequences are spread over ranks to even out tokens per rank."
     )
-    bins: list[int] = Field(
+    bins: list[Annotated[int, Field(ge=1)]] = Field(
         [64, 128, 192, 256, 320, 384, 448, 511, 512],
         min_length=1,
-        description="Upper bounds of the length bins (a bin of its own for full-length sequences balances best).",
+        description="Upper bounds of the length bins, in tokens, strictly increasing: bin k holds the sequences "
+        "longer than bins[k-1] and at most bins[k] long, longer ones go to the last bin (a bin of its own for "
+        "full-length sequences balances best).",
     )
+
+    @field_validator("bins")
+    @classmethod
+    def _strictly_increasing(cls, bins: list[int]) -> list[int]:
+        # trainer/balance.py (assign_bins) bins sequences by these bounds and refuses any other list
+        if any(later <= earlier for earlier, later in pairwise(bins)):
+            raise ValueError("must be strictly increasing upper bounds of sequence lengths, e.g. [64, 128, 512]")
+        return bins
 
 
 class PrecisionConfig(Section):
@@ -210,7 +223,13 @@ class LogConfig(Section):
 
 
 class TrainerConfig(Section):
-    seed: int = Field(1234, description="Seed for weights, masking order and shuffling.")
+    seed: int = Field(
+        1234,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed for weights, masking order and shuffling: 0 to 2**64 - 1, what both of its users take "
+        "(torch.manual_seed takes up to 2**64 - 1, NumPy's default_rng no negative seed).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="BERT architecture.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training and evaluation shards.")
@@ -283,6 +302,27 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> TrainerConf
         raise ConfigError(_format_validation_error(e, source)) from None
 
 
+def read_config_text(path: Path) -> str:
+    """The text of a config file (UTF-8); a path that is missing, a directory, unreadable or not UTF-8 raises
+    `ConfigError` naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        found = sorted(p.name for p in path.glob("*.yaml"))[:5]
+        hint = f" (it holds {', '.join(found)})" if found else ""
+        raise ConfigError(f"config file {path} is a directory: pass one YAML file{hint}") from None
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start} (line {line}) "
+            "cannot be decoded; save the file as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainerConfig:
     """Read a YAML config file (or defaults when `path` is None) and apply dotted overrides."""
     raw: dict[str, Any] = {}
@@ -290,11 +330,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     if path is not None:
         source = str(path)
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
+            raw = yaml.safe_load(read_config_text(Path(path))) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
     if overrides:
         raw = apply_overrides(raw, overrides)
         source += " + overrides"

@@ -13,6 +13,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from trainer.errors import ConfigError
+
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("TRAINER_COLLECTIVE_TIMEOUT_S", "300")))
 
 
@@ -43,7 +45,27 @@ def dist_env_from_environ() -> DistEnv:
     )
 
 
+def check_device(requested: str, env: DistEnv) -> None:
+    """Raise `ConfigError` when the config's `device` cannot be had on this machine: cuda without a CUDA device,
+    or (cuda, or auto with CUDA) a local rank without a GPU of its own. Touches no device."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "device: cuda, but this machine has no CUDA device (torch.cuda.is_available() is False): "
+            "use device: cpu or auto"
+        )
+    if requested in ("cuda", "auto") and torch.cuda.is_available() and env.local_rank >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(
+            f"device: {requested}, LOCAL_RANK {env.local_rank}, but this machine has {count} CUDA devices "
+            f"(0 to {count - 1}) visible to this process: start at most {count} processes per node "
+            f"(torchrun --nproc-per-node {count}), or use device: cpu"
+        )
+
+
 def pick_device(requested: str, env: DistEnv) -> torch.device:
+    """The device of this rank (`check_device` first): cuda:LOCAL_RANK for cuda, or auto where CUDA is available;
+    else the CPU."""
+    check_device(requested, env)
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(env.local_rank)
         return torch.device("cuda", env.local_rank)

@@ -5,9 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
+from trainer.__main__ import main
+from trainer.balance import assign_bins
 from trainer.config import dump_config, load_config
+from trainer.distributed import DistEnv, pick_device
 from trainer.errors import ConfigError
 
 
@@ -80,8 +85,6 @@ def test_cli_exits_2_and_trains_nothing_on_a_bad_key(tmp_path):
 
 
 def test_the_micro_batch_is_a_whole_number_or_auto_in_one_message():
-    import numpy as np
-
     assert load_config(None, ["batch.micro_batch_size=auto"]).batch.micro_batch_size == "auto"
     from trainer.config import BatchConfig
 
@@ -98,3 +101,98 @@ def test_the_micro_batch_is_a_whole_number_or_auto_in_one_message():
         "  batch.micro_batch_size: must be a whole number >= 1, or auto (the largest that fits the device's memory) "
         "(got True)"
     ]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m trainer ARGS`; a config it refuses is refused before torch is imported (a fraction of a second)."""
+    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(proc: subprocess.CompletedProcess, *named: str) -> None:
+    """Exit 2 (bad config), one `error:` message that names each of `named`, and no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for text in named:
+        assert text in proc.stderr, proc.stderr
+
+
+def test_a_directory_as_the_config_file_is_refused_naming_it(tmp_path):
+    directory = tmp_path / "configs"
+    directory.mkdir()
+    (directory / "demo.yaml").write_text("seed: 1\n")
+    assert_refused(cli("--config", str(directory)), str(directory), "is a directory", "demo.yaml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(directory)
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file_and_the_byte(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"device: cpu\nseed: \x96\xff\n")
+    proc = cli("--config", str(path))
+    assert_refused(proc, str(path), "not UTF-8", "0x96", "offset 18", "line 2")
+    with pytest.raises(ConfigError, match="latin1.yaml"):
+        load_config(path)
+
+
+def test_a_config_file_whose_top_level_is_not_a_mapping_is_refused_also_with_overrides(tmp_path):
+    path = write(tmp_path, "- seed\n- device\n")
+    assert_refused(cli("--config", str(path), "seed=1"), str(path), "top level must be a mapping")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_a_seed_that_numpy_or_torch_refuses_is_a_bad_config(seed):
+    assert_refused(cli("--print-config", f"seed={seed}"), "seed", f"(got {seed})")
+
+
+def test_every_seed_the_field_takes_seeds_numpy_and_torch():
+    for seed in (0, 2**64 - 1):
+        assert load_config(None, [f"seed={seed}"]).seed == seed
+        np.random.default_rng([seed, 7])  # as trainer/balance.py seeds an epoch
+        torch.Generator().manual_seed(seed)  # as torch.manual_seed in trainer/train.py
+
+
+@pytest.mark.parametrize(
+    "bins",
+    ["[200,100]", "[64,64,128]", "[]", "[0,64]", "[-8,64]", "[64,1.5]", "7", "[64,null]"],
+)
+def test_balance_bins_the_balance_code_cannot_take_are_refused_naming_the_key(bins):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["balance.method=stratified", f"balance.bins={bins}"])
+    assert "balance.bins" in str(err.value)
+
+
+def test_balance_bins_that_are_not_increasing_exit_2_before_any_trial():
+    proc = cli("--print-config", "balance.method=stratified", "balance.bins=[200, 100]")
+    assert_refused(proc, "balance.bins", "strictly increasing", "(got [200, 100])")
+
+
+def test_every_balance_bins_the_config_takes_the_balance_code_takes():
+    for bins in ([1], [64, 128], [32, 64, 96, 127, 128]):
+        cfg = load_config(None, ["balance.method=stratified", f"balance.bins={bins}"])
+        assert (
+            assign_bins(np.array([1, 64, 500]), cfg.balance.bins).tolist()
+            == np.minimum(np.searchsorted(bins, [1, 64, 500]), len(bins) - 1).tolist()
+        )
+
+
+def test_device_cuda_without_cuda_exits_2_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    jsonl = tmp_path / "out" / "run.jsonl"
+    code = main(["--config", "trainer/configs/demo_cpu.yaml", "device=cuda", f"log.jsonl={jsonl}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: device: cuda, but this machine has no CUDA device"), err
+    assert "torch.cuda.is_available() is False" in err and "use device: cpu or auto" in err
+    assert not jsonl.parent.exists()  # refused before the reporter made its file
+
+
+def test_pick_device_refuses_cuda_without_cuda_and_a_local_rank_without_its_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device: cuda, but this machine has no CUDA device"):
+        pick_device("cuda", DistEnv())
+    assert pick_device("auto", DistEnv()) == pick_device("cpu", DistEnv()) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for requested in ("cuda", "auto"):
+        with pytest.raises(ConfigError, match="LOCAL_RANK 2, but this machine has 2 CUDA devices"):
+            pick_device(requested, DistEnv(rank=2, world_size=4, local_rank=2, local_world_size=4))
