@@ -38,6 +38,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, chec
     _check_tuner(spec, cfg, source)
     _check_objective(spec, cfg, source)
     _check_resources(spec, cfg, source)
+    _check_seed(spec, cfg, source)
 
 
 # ------------------------------------------------------------------------------------------------ trainer keys
@@ -300,6 +301,20 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
     _check_batch_divisibility(spec, cfg, source)
     if res.gpus == "none":
         _check_cpu_trials(spec, cfg, source)
+
+
+SEED_LIMIT = 2**31 - 1  # a trial's training seed is stored as a 32-bit integer (PostgreSQL's INTEGER)
+
+
+def _check_seed(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    """Confirmation runs train with the seeds after the config's, and the database keeps each as a 32-bit integer."""
+    last = cfg.seed + spec.budget.most_confirm_seeds
+    if last > SEED_LIMIT:
+        raise ExperimentFileError(
+            f"{source}: base_config: seed {cfg.seed}: the confirmation runs train with the seeds after it, up to "
+            f"{last}, and the database keeps a trial's seed as a 32-bit integer: use a seed of at most "
+            f"{SEED_LIMIT - spec.budget.most_confirm_seeds}"
+        )
 
 
 # Trainer settings a trial without a GPU cannot run: key -> (value, why)

@@ -516,6 +516,12 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "greater than or equal to 1",
     ),
     ("overrides_not_a_mapping", {"overrides": ["budget.max_samples=5"]}, "overrides", "valid dictionary"),
+    (
+        "seed_beyond_what_the_database_keeps",
+        {"overrides": {"seed": 2**31 - 2}, "budget": {"trials": 4, "max_parallel": 2, "confirm_seeds": 2}},
+        "base_config",
+        "seed 2147483646: the confirmation runs train with the seeds after it, up to 2147483648",
+    ),
     ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "greater than or equal to 0"),
     ("tuner_seed_too_large", {"tuner": {"name": "smac_bo", "seed": 2**40}}, "tuner.seed", "less than 4294967296"),
     ("memory_limit_too_small", {"resources": {"gpus": "none", "memory_limit_mb": 1}}, "resources.memory_limit_mb",
