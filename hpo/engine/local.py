@@ -74,8 +74,10 @@ def check_trial_data(spec) -> None:
         raise HpoError(f"{spec.source}: base_config model.init_checkpoint = {start!r} (from {Path.cwd()}): no such "
                        "file; every trial would start from it: point it at the checkpoint, or remove it")  # fmt: skip
     if "optimizer.impl" not in tuned and cfg.optimizer.impl == "apex" and importlib.util.find_spec("apex") is None:
-        raise HpoError(f"{spec.source}: base_config optimizer.impl = apex, but NVIDIA apex cannot be imported here, "
-                       "where the trials run: install it (with its CUDA extensions), or set optimizer.impl: torch")
+        raise HpoError(
+            f"{spec.source}: base_config optimizer.impl = apex, but NVIDIA apex cannot be imported here, "
+            "where the trials run: install it (with its CUDA extensions), or set optimizer.impl: torch"
+        )
 
 
 def _data_hint(path: str) -> str:

@@ -524,8 +524,12 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ),
     ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "greater than or equal to 0"),
     ("tuner_seed_too_large", {"tuner": {"name": "smac_bo", "seed": 2**40}}, "tuner.seed", "less than 4294967296"),
-    ("memory_limit_too_small", {"resources": {"gpus": "none", "memory_limit_mb": 1}}, "resources.memory_limit_mb",
-     "greater than or equal to 1000"),  # fmt: skip
+    (
+        "memory_limit_too_small",
+        {"resources": {"gpus": "none", "memory_limit_mb": 1}},
+        "resources.memory_limit_mb",
+        "greater than or equal to 1000",
+    ),
     (
         "cuda_device_on_cpu_slots",
         {"resources": {"gpus": "none"}, "overrides": {"device": "cuda"}},
