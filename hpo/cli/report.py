@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.names))
     for name in names:
         storage.get_experiment_by_name(name)  # every name exists before anything is written
+    pages = [Path(args.output) / f"{name}.html" for name in names] + (
+        [Path(args.output) / "compare.html"] if len(names) > 1 else []
+    )
+    _check_directory("-o", Path(args.output))  # both outputs usable before anything is written
+    if args.png:
+        _check_directory("--png", Path(args.png), pages)
     out = _directory("-o", Path(args.output))
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
@@ -57,15 +64,33 @@ def _write_pngs(storage, names: list[str], directory: Path) -> None:
             print(f"wrote {path}")
 
 
+_HINT = "give a directory that is not a file (it is created where missing), in a place you can write to"
+
+
+def _check_directory(option: str, path: Path, pages: list[Path] | None = None) -> None:
+    """HpoError naming `path` where it could not be the output directory (a file, or under one; a place that
+    cannot be written; one of the pages this command writes); makes nothing."""
+    if any(path.resolve() == page.resolve() for page in pages or []):
+        raise HpoError(f"hpo report {option} {path}: is where the page {path.name} is written; {_HINT}")
+    if path.exists() and not path.is_dir():
+        raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {_HINT}")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # the nearest part of the path that is there
+    if probe != path and not probe.is_dir():
+        raise HpoError(f"hpo report {option} {path}: cannot be created (Not a directory); {_HINT}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise HpoError(f"hpo report {option} {path}: cannot be created (Permission denied); {_HINT}")
+
+
 def _directory(option: str, path: Path) -> Path:
     """The output directory `path`, created where it does not exist; HpoError naming it where that cannot be."""
-    hint = "give a directory that is not a file (it is created where missing), in a place you can write to"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {hint}") from None
+        raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {_HINT}") from None
     except OSError as e:
-        raise HpoError(f"hpo report {option} {path}: cannot be created ({e.strerror}); {hint}") from None
+        raise HpoError(f"hpo report {option} {path}: cannot be created ({e.strerror}); {_HINT}") from None
     return path
 
 

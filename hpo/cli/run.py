@@ -7,8 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from hpo.cli.common import open_storage, positive, refuse_imported, runner_options, safe_url
 from hpo.errors import HpoError, NotFoundError
 
@@ -102,10 +100,13 @@ def make_run_dir(path: Path, where: str) -> None:
 
 
 def _check_outage_bound(spec) -> None:
-    """HPO_DATABASE_OUTAGE_S, when set, must be a number of seconds: refused before anything is written."""
+    """HPO_DATABASE_OUTAGE_S and HPO_HEARTBEAT_S, when set, must be numbers of seconds: refused before anything is
+    written."""
+    from hpo.engine.liveness import check_heartbeat_env
     from hpo.storage.retry import outage_bound
 
     outage_bound(spec.database.outage_s)
+    check_heartbeat_env()
 
 
 def _trials_run_here(spec, runner: str | None) -> bool:
@@ -117,15 +118,9 @@ def _trials_run_here(spec, runner: str | None) -> bool:
 
 def _load_spec(path: str, engine: str | None):
     """The experiment file, validated as if it said `engine: ENGINE` when --engine is given."""
-    from hpo.experiment import experiment_from_dict, load_experiment
+    from hpo.experiment import load_experiment
 
-    try:
-        data = yaml.safe_load(Path(path).read_text()) if engine else None
-    except (OSError, yaml.YAMLError):
-        data = None
-    if not isinstance(data, dict):
-        return load_experiment(path)  # its errors name the file and what is wrong
-    return experiment_from_dict({**data, "engine": engine}, path, base_dir=Path(path).parent)
+    return load_experiment(path, engine=engine)  # its errors name the file and what is wrong
 
 
 def _experiment_exists(storage, name: str) -> bool:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from hpo.errors import StorageError
+from hpo.errors import HpoError, StorageError
 from hpo.storage.retry import without_waiting
 
 HEARTBEAT_ENV = "HPO_HEARTBEAT_S"
@@ -27,11 +27,25 @@ OUTAGE_BEAT_S = 1.0  # how often a beat is tried while the database is away
 
 
 def heartbeat_interval_s() -> float:
-    """Seconds between heartbeats: HPO_HEARTBEAT_S, default 5."""
-    try:
-        return max(0.1, float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)))
-    except ValueError:
+    """Seconds between heartbeats: HPO_HEARTBEAT_S when set (at least 0.1), default 5. A value that is not a
+    number > 0 raises HpoError naming the variable (`check_heartbeat_env` checks it before anything is written)."""
+    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if not raw:
         return DEFAULT_HEARTBEAT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise HpoError(f"{HEARTBEAT_ENV}={raw!r}: expected the seconds between the controller's heartbeats, a "
+                       f"number > 0 (default {DEFAULT_HEARTBEAT_S:g}); unset it for the default")  # fmt: skip
+    return max(0.1, value)
+
+
+def check_heartbeat_env() -> None:
+    """HPO_HEARTBEAT_S, when set, must be a number of seconds > 0: HpoError naming it, for the commands that start
+    a controller (`hpo run`, `hpo resume`) to call before anything is written."""
+    heartbeat_interval_s()
 
 
 def stale_after_s() -> float:

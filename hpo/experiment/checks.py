@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from hpo.errors import ExperimentFileError
 from hpo.experiment.arms import arm_dimensions, arm_plans, arms, unequal_dimensions
 from hpo.experiment.rungs import asha_plan
-from hpo.experiment.schema import NATURAL_DIRECTION
+from hpo.experiment.schema import NATURAL_DIRECTION, number_kind
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
@@ -67,6 +67,13 @@ def check_trainer_key(key: str, field: str, source: str) -> None:
     raise ExperimentFileError(f"{source}: {field}: {key} is not a trainer config key{hint}")
 
 
+def check_trainer_value(key: str, value: Any, field: str, source: str) -> None:
+    """A boolean for a trainer number (`budget.max_samples: true`) is refused: the trainer would read it as 1."""
+    kind = number_kind(_LEAVES[key].annotation) if key in _LEAVES else None
+    if isinstance(value, bool) and kind is not None:
+        raise ExperimentFileError(f"{source}: {field}: {key} takes {kind}, got {str(value).lower()}")
+
+
 def _trainer_error(resolved: dict[str, Any], key: str, value: Any) -> str | None:
     """Why the trainer rejects `key = value` on the resolved base config (None: it accepts it)."""
     raw = copy.deepcopy(resolved)
@@ -104,6 +111,7 @@ def _check_space(spec: ExperimentSpec, resolved: dict[str, Any], source: str) ->
             raise ExperimentFileError(f"{source}: {field}: {key} is an integer; use int: [low, high]")
         values = param.choices if isinstance(param, CategoricalParam) else (param.low, param.high)
         for value in values:
+            check_trainer_value(key, value, field, source)
             why = _trainer_error(resolved, key, value)
             if why:
                 what = "choice" if isinstance(param, CategoricalParam) else "bound"
@@ -184,6 +192,7 @@ def _check_simulation(spec: ExperimentSpec, source: str) -> None:
     if spec.engine != "local":
         raise ExperimentFileError(f"{source}: engine: runner: simulated runs under engine: local")
     read = (*TABLE_DIMENSIONS, *RUN_LENGTH, "seed")  # the training seed picks one of the table's recorded seeds
+    _check_assume_no_effect(spec, read, source)
     read = (*read, *spec.runner.simulation.assume_no_effect)  # stated as changing nothing (a plan's assumption)
     ignored = [name for name in spec.space.names if trainer_key(name) not in read]
     if ignored:
@@ -191,6 +200,25 @@ def _check_simulation(spec: ExperimentSpec, source: str) -> None:
             f"{source}: space.{ignored[0]}: the curve table does not vary {trainer_key(ignored[0])}, so a "
             f"simulated trial could not depend on it; tune only {', '.join(TABLE_DIMENSIONS)} (and set "
             f"{' and '.join(RUN_LENGTH)} per arm, or the training seed, if need be; fix the rest in overrides)"
+        )
+
+
+def _check_assume_no_effect(spec: ExperimentSpec, read: tuple[str, ...], source: str) -> None:
+    """`assume_no_effect` lists keys the space tunes or compares that the table does not vary; any other key
+    would state nothing (a typo, or a key the table reads)."""
+    valid = list(dict.fromkeys(trainer_key(name) for name in spec.space.names if trainer_key(name) not in read))
+    for i, key in enumerate(spec.runner.simulation.assume_no_effect):
+        if key in valid:
+            continue
+        field = f"runner.simulation.assume_no_effect[{i}]"
+        if key in read:
+            raise ExperimentFileError(f"{source}: {field}: {key} is read by a simulated trial (the curve table "
+                                      "varies it, or it sets the run length or the seed); remove it")  # fmt: skip
+        listed = (f"it takes these keys of space: {', '.join(valid)}" if valid
+                  else "the table varies every key of space, so there is nothing to assume: remove it")  # fmt: skip
+        raise ExperimentFileError(
+            f"{source}: {field}: {key} is not a key of space that the curve table does not vary, so assuming it "
+            f"has no effect states nothing{did_you_mean(key, valid)}; {listed}"
         )
 
 
@@ -211,6 +239,8 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     for key in spec.tuner.options:
         if key not in allowed:
             known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
+            close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+            known += f"; did you mean {close[0]}?" if close else ""
             raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
         value = spec.tuner.options[key]
         if key in WHOLE_NUMBER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -4,6 +4,8 @@ and the self-contained form an experiment is stored in."""
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,14 +14,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpo.errors import ExperimentFileError
-from hpo.experiment.checks import check_spec, check_trainer_key, did_you_mean, error_line
+from hpo.experiment.checks import check_spec, check_trainer_key, check_trainer_value, did_you_mean, error_line
 from hpo.experiment.schema import ExperimentSpec
-from hpo.simulation.table import shipped_table
+from hpo.simulation.table import TABLES, shipped_table
 from trainer.config import ConfigError, config_from_dict, set_dotted
 
 
-def load_experiment(path: str | Path) -> ExperimentSpec:
-    """Read and validate an experiment file; errors name the file and the dotted field."""
+def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSpec:
+    """Read and validate an experiment file; errors name the file and the dotted field. `engine` validates it as
+    if it said `engine: ENGINE` (the CLI's --engine)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -30,10 +33,65 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     except UnicodeDecodeError as e:
         raise ExperimentFileError(f"{path}: {not_utf8(e)}") from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
+    except DuplicateKeyError as e:
+        raise ExperimentFileError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ExperimentFileError(f"{path}: {_yaml_where(e)}not valid YAML ({_yaml_problem(e)})") from None
-    return experiment_from_dict(data, str(path), base_dir=path.parent)
+    if engine is not None and isinstance(data, Mapping):
+        data = {**data, "engine": engine}
+    spec = experiment_from_dict(data, str(path), base_dir=path.parent)
+    _check_table_file(spec, str(path))
+    return spec
+
+
+class DuplicateKeyError(ValueError):
+    """A key given twice in one mapping of a YAML document (PyYAML would keep the last silently)."""
+
+
+def read_yaml(text: str) -> Any:
+    """`yaml.safe_load`, but a key given twice in one mapping raises DuplicateKeyError naming its line and its
+    dotted place (`line 14: space.optimizer.lr: given twice ...`) instead of the last one silently winning."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_unique_keys(loader, node, [])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_unique_keys(
+    loader: yaml.SafeLoader, node: yaml.Node, place: list[str], seen: set[int] | None = None
+) -> None:
+    """DuplicateKeyError for the first key given twice in one mapping under `node` (at dotted `place`)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node checked already (or an anchor that contains itself)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            where = [*place[:-1], f"{place[-1]}[{i}]"] if place else [f"[{i}]"]
+            _check_unique_keys(loader, item, where, seen)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[Any, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given here override the merged ones
+            continue
+        key = loader.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
+        if isinstance(key_node, yaml.ScalarNode) and isinstance(key, typing.Hashable):
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                where = ".".join([*place, str(key)])
+                raise DuplicateKeyError(f"line {line}: {where}: given twice (first on line {first_line[key]}), and "
+                                        "only the last would count; keep one")  # fmt: skip
+            first_line[key] = line
+        _check_unique_keys(
+            loader, value_node, [*place, str(key) if isinstance(key_node, yaml.ScalarNode) else "?"], seen
+        )
 
 
 def experiment_from_dict(
@@ -54,7 +112,23 @@ def experiment_from_dict(
     resolved = _apply_overrides(base, spec.overrides, source)
     check_spec(spec, resolved, source, check_arms)
     spec._source, spec._base = source, resolved
+    spec.resources._source = source  # the runner's refusals of resources name the file
     return spec
+
+
+def _check_table_file(spec: ExperimentSpec, source: str) -> None:
+    """A simulated experiment's curve table is there (an experiment file only: a stored experiment whose table has
+    gone is still read, for its report)."""
+    simulation = spec.runner.simulation
+    if simulation is None or Path(simulation.table).is_file():
+        return
+    what = "is not a file" if Path(simulation.table).exists() else "does not exist"
+    shipped = ", ".join(sorted(p.stem for p in TABLES.glob("*.jsonl")))
+    raise ExperimentFileError(
+        f"{source}: runner.simulation.table: the curve table {simulation.table} {what} (a relative path is read "
+        f"from the experiment file's directory); name a table shipped with hpo ({shipped}) or a JSON lines file "
+        "(`python -m bench.curves.generate` writes one)"
+    )
 
 
 def _absolute_table(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
@@ -84,7 +158,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "search_space":
+        if e.get("input", ...) is None and e["type"] in _CONTAINER_TYPES:
+            msg = _empty(loc)
+        elif e["type"] == "search_space":
             loc += [e["ctx"]["key"]] if e["ctx"].get("key") else []
         elif e["type"] == "extra_forbidden":
             msg = f"unknown field{did_you_mean(loc[-1], _fields_at(loc[:-1]))}"
@@ -98,12 +174,52 @@ def _dotted(loc: list[str]) -> str:
     return ".".join(loc) if loc else "<top level>"
 
 
+# pydantic's error types for a value that is not the mapping (section) or list a field needs
+_CONTAINER_TYPES = ("model_type", "model_attributes_type", "dict_type", "list_type", "search_space")
+
+
+def _empty(loc: list[str]) -> str:
+    """What to say of a section or list given no value (`resources:` with every line under it commented out)."""
+    parent = _annotation_at(loc[:-1])
+    field = parent.model_fields.get(loc[-1]) if _is_model(parent) and loc else None
+    what = "fields" if _is_model(_annotation_at(loc)) else "entries"
+    remove = "" if field is None or field.is_required() else ", or remove it to use the defaults"
+    return f"empty (nothing under it, or every line under it commented out); give its {what}{remove}"
+
+
 def _fields_at(loc: list[str]) -> list[str]:
     """The allowed field names of the (nested) section at `loc` of an experiment file."""
-    model: Any = ExperimentSpec
+    model = _annotation_at(loc)
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def _annotation_at(loc: list[str]) -> Any:
+    """The type of the (nested) field at `loc` of an experiment file: through optional sections (`simulation`),
+    lists (`machines[0]`) and mappings (`handicaps.<optimizer>`); None where `loc` leads nowhere."""
+    annotation: Any = ExperimentSpec
     for part in loc:
-        model = model.model_fields[part].annotation if part in getattr(model, "model_fields", {}) else None
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        annotation = _section(annotation)
+        if _is_model(annotation):
+            field = annotation.model_fields.get(part)
+            annotation = field.annotation if field else None
+        elif typing.get_origin(annotation) in (list, dict):
+            annotation = typing.get_args(annotation)[-1]
+        else:
+            return None
+    return _section(annotation)
+
+
+def _section(annotation: Any) -> Any:
+    """`Simulation | None` -> Simulation: the section (or container) type of an optional field."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        nested = [a for a in members if _is_model(a) or typing.get_origin(a) in (list, dict)]
+        return nested[0] if len(nested) == 1 else None
+    return annotation
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def not_utf8(error: UnicodeDecodeError) -> str:
@@ -119,11 +235,13 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
         path = Path(base_config).expanduser()
         path = path if path.is_absolute() else base_dir / path
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = read_yaml(path.read_text()) or {}
         except FileNotFoundError:
             raise ExperimentFileError(f"{source}: base_config: file {path} does not exist") from None
         except UnicodeDecodeError as e:
             raise ExperimentFileError(f"{source}: base_config: {path}: {not_utf8(e)}") from None
+        except DuplicateKeyError as e:
+            raise ExperimentFileError(f"{source}: base_config: {path}: {e}") from None
         except (OSError, yaml.YAMLError) as e:
             raise ExperimentFileError(f"{source}: base_config: cannot read {path}: {e}") from None
         where = str(path)
@@ -142,6 +260,7 @@ def _apply_overrides(base: dict[str, Any], overrides: dict[str, Any], source: st
     resolved = copy.deepcopy(base)
     for key, value in overrides.items():
         check_trainer_key(key, f"overrides.{key}", source)
+        check_trainer_value(key, value, f"overrides.{key}", source)
         set_dotted(resolved, key, value)
     try:
         config_from_dict(resolved, "base_config + overrides")

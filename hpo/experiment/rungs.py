@@ -14,19 +14,19 @@ max_samples = budget.max_budget x the full budget (budget.max_samples of the tra
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from hpo.errors import ExperimentFileError
+from hpo.experiment.schema import _Section
 
 
-class AshaOptions(BaseModel):
-    """`tuner.options` of the asha tuner."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class AshaOptions(_Section):
+    """`tuner.options` of the asha tuner (unknown options and booleans for numbers refused, as in every section)."""
 
     eta: int | None = Field(None, ge=2, description="Promote the best 1/eta of a rung (default budget.eta).")
     min_samples: int | None = Field(None, ge=1, description="The lowest rung, in training samples (default "
@@ -76,7 +76,12 @@ def asha_plan(spec: Any, full_samples: int, every_samples: int, source: str = ""
     except ValidationError as e:
         error = e.errors()[0]
         field = ".".join(str(p) for p in error["loc"])
-        raise ExperimentFileError(f"{where}: tuner.options.{field}: {error['msg']}") from None
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(field, list(AshaOptions.model_fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            message = f"not an option of asha (it understands {', '.join(AshaOptions.model_fields)}{hint})"
+        raise ExperimentFileError(f"{where}: tuner.options.{field}: {message}") from None
     budget = spec.budget
     eta = options.eta or budget.eta
     top = options.max_samples or round(budget.max_budget * full_samples)

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import re
+import types
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from hpo.errors import ExperimentFileError
@@ -43,6 +55,46 @@ MIN_MEMORY_LIMIT_MB = 1000  # less cannot start a trial: importing PyTorch reser
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number field given true or false is refused (pydantic would read true as 1); whole numbers may be
+        written 4, 4.0 or "4", as in the trainer config."""
+        kind = number_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
+        if kind is None:
+            return value
+        items = value if isinstance(value, list) and kind.startswith("a list") else [value]
+        if any(isinstance(item, bool) for item in items):
+            raise ValueError(f"expected {kind}, got {value!r}".replace("True", "true").replace("False", "false"))
+        return value
+
+
+def number_kind(annotation: Any) -> str | None:
+    """`a whole number`, `a number`, `a whole number or auto`, `a list of whole numbers`, ... for a field that takes
+    numbers and no booleans; None for any other field."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    members = [m for m in members or (annotation,) if m is not type(None)]
+    words = [w for m in members if typing.get_origin(m) is Literal for w in typing.get_args(m)]
+    lists = [typing.get_args(m)[0] for m in members if typing.get_origin(m) is list]
+    if bool in members:
+        return None
+    if int in members or float in members:
+        kind = "a whole number" if float not in members else "a number"
+    elif lists and lists[0] in (int, float):
+        kind = "a list of whole numbers" if lists[0] is int else "a list of numbers"
+    else:
+        return None
+    return " or ".join([kind, *map(str, words)])
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` as a whole number where it is one (4, 4.0, "4", NumPy's integers; not true or false), else None."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
 
 class Objective(_Section):
     metric: MetricName = Field("samples_to_target", description="What a trial is scored by.")
@@ -70,12 +122,16 @@ class Budget(_Section):
     max_confirm_seeds: int | None = Field(None, ge=2, description="confirm_seeds: auto only: the most confirmation "
                                           f"runs per arm (default {DEFAULT_MAX_CONFIRM_SEEDS}).")  # fmt: skip
 
-    @field_validator("confirm_seeds")
+    @field_validator("confirm_seeds", mode="before")
     @classmethod
     def _confirm_seeds(cls, value: Any) -> Any:
-        if value != "auto" and (type(value) is not int or value < 0):
-            raise ValueError(f"expected a number of seeds (>= 0) or auto, got {value!r}")
-        return value
+        if value == "auto":
+            return value
+        seeds = whole_number(value)
+        if seeds is None or seeds < 0:
+            shown = str(value).lower() if isinstance(value, bool) else repr(value)
+            raise ValueError(f"expected a whole number of seeds (>= 0) or auto, got {shown}")
+        return seeds
 
     @model_validator(mode="after")
     def _cap_only_with_auto(self) -> Budget:
@@ -148,6 +204,13 @@ class Resources(_Section):
         "alone takes about 0.75 GB.")  # fmt: skip
     machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
                                     "machines (NNI's remote training service) instead of this one.")  # fmt: skip
+
+    _source: str | None = PrivateAttr(None)  # the experiment file, named by the runner's refusals (no GPU here)
+
+    @property
+    def source(self) -> str | None:
+        """The experiment file these resources were read from (None: built otherwise)."""
+        return self._source
 
     def ranks_per_trial(self, on_gpu: bool) -> int:
         """Data-parallel ranks of one trial on GPUs or on CPU."""

@@ -53,7 +53,7 @@ def test_the_plan_takes_its_defaults_from_the_budget():
 @pytest.mark.parametrize(
     ("options", "field", "says"),
     [
-        ({"etta": 3}, "tuner.options.etta", "Extra inputs"),
+        ({"etta": 3}, "tuner.options.etta", "not an option of asha (it understands eta, min_samples"),
         ({"eta": 1}, "tuner.options.eta", "greater than or equal to 2"),
         ({"sampler": "tpe"}, "tuner.options.sampler", "'model' or 'random'"),
         ({"max_samples": 8192}, "tuner.options.max_samples", "beyond budget.max_samples (4096)"),

@@ -1,0 +1,220 @@
+"""Experiment files refused with one clear line naming the file and the field, where they were read silently
+otherwise or said it in pydantic's words: a key given twice, a boolean for a number, an empty section, an unknown
+option or field without its valid names, a curve table that is not there, an assumption about a key not tuned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import trainer
+from hpo.errors import ExperimentFileError
+from hpo.experiment import experiment_from_dict, load_experiment
+from hpo.simulation.table import TABLES
+from tests.hpo.experiment.test_experiment import TINY_BASE, files_under, make_experiment, write_experiment
+
+DEMO_CPU = Path(trainer.__file__).parent / "configs" / "demo_cpu.yaml"
+
+
+def simulated(**changes: Any) -> dict[str, Any]:
+    """A small valid experiment on the simulated runner (the shipped `curves` table)."""
+    data = {
+        "name": "sim",
+        "base_config": str(DEMO_CPU),
+        "overrides": {
+            "budget.max_samples": 12288,
+            "budget.max_time_s": None,
+            "eval.every_samples": 1024,
+            "eval.max_samples": 512,
+            "eval.target_mlm_accuracy": 0.12,
+            "batch.global_batch_size": 32,
+            "batch.micro_batch_size": 4,
+        },  # fmt: skip
+        "space": {
+            "optimizer.name": {"choice": ["adamw", "lamb"]},
+            "optimizer.lr": {"float": [3.1623e-4, 0.1], "log": True},
+        },  # fmt: skip
+        "compare": ["optimizer.name"],
+        "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 4, "max_parallel": 4},
+        "runner": {"name": "simulated", "simulation": {"table": "curves"}},
+    }
+    data.update(changes)
+    return data
+
+
+def refusal(tmp_path: Path, text_or_data: str | dict[str, Any]) -> tuple[Path, str]:
+    """(the file, the message) of an experiment file that must be refused; nothing may be written."""
+    path = write_experiment(tmp_path, text_or_data)
+    before = files_under(tmp_path)
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    assert files_under(tmp_path) == before
+    return path, str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------ keys given twice
+VALID = yaml.safe_dump(make_experiment(), sort_keys=False)
+
+
+def test_a_space_parameter_given_twice_is_refused_naming_the_line_and_the_key(tmp_path):
+    text = VALID.replace("  schedule.warmup_steps:", "  optimizer.eps:\n    float: [1.0e-8, 1.0e-6]\n"
+                         "  schedule.warmup_steps:\n    int: [0, 5]\n  schedule.warmup_steps:")  # fmt: skip
+    path, message = refusal(tmp_path, text)
+    first = text.splitlines().index("  schedule.warmup_steps:") + 1
+    assert message == (f"{path}: line {first + 2}: space.schedule.warmup_steps: given twice (first on line {first}),"
+                       " and only the last would count; keep one")  # fmt: skip
+
+
+def test_a_section_given_twice_is_refused(tmp_path):
+    path, message = refusal(tmp_path, VALID + "budget:\n  trials: 40\n")
+    assert message.startswith(f"{path}: line {len(VALID.splitlines()) + 1}: budget: given twice (first on line ")
+
+
+def test_a_key_given_twice_in_the_base_config_is_refused(tmp_path):
+    path = write_experiment(tmp_path, make_experiment())
+    base = tmp_path / "base.yaml"
+    base.write_text(base.read_text() + "device: cuda\n")  # `device: cpu` is its first line
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    assert str(err.value).startswith(f"{path}: base_config: {base}: line ")
+    assert "device: given twice (first on line " in str(err.value)
+
+
+def test_the_same_key_in_two_mappings_and_yaml_merge_keys_are_not_duplicates(tmp_path):
+    assert load_experiment(write_experiment(tmp_path, VALID)).name == "tiny"  # `name` at the top and under tuner
+    text = VALID.replace("tuner:\n", "tuner:\n  <<: {seed: 5}\n")  # a merged key, then the same key given
+    assert load_experiment(write_experiment(tmp_path, text, "merged.yaml")).tuner.seed == 1  # the key given wins
+
+
+# ------------------------------------------------------------------------------------------------ booleans
+@pytest.mark.parametrize(
+    ("changes", "field", "says"),
+    [
+        ({"budget": {"trials": True}}, "budget.trials", "expected a whole number, got true"),
+        ({"budget": {"trials": 4, "max_parallel": False}}, "budget.max_parallel", "expected a whole number, got false"),
+        ({"budget": {"trials": 4, "trial_timeout_s": True}}, "budget.trial_timeout_s", "expected a number, got true"),
+        ({"tuner": {"name": "random", "seed": True}}, "tuner.seed", "expected a whole number, got true"),
+        (
+            {"resources": {"gpus": "none", "cpu_slots": True}},
+            "resources.cpu_slots",
+            "expected a whole number, got true",
+        ),
+        (
+            {"overrides": {"budget.max_samples": True}},
+            "overrides.budget.max_samples",
+            "budget.max_samples takes a whole number, got true",
+        ),  # the trainer would read it as 1
+        (
+            {"tuner": {"name": "asha", "options": {"min_samples": True}}},
+            "tuner.options.min_samples",
+            "expected a whole number, got true",
+        ),
+    ],
+)
+def test_a_boolean_for_a_number_is_refused_naming_the_field(tmp_path, changes, field, says):
+    path, message = refusal(tmp_path, make_experiment(**changes))
+    assert message == f"{path}: {field}: {says}"
+
+
+def test_a_whole_number_may_be_written_as_in_the_trainer_config():
+    """4.0 or "4" is 4, as the trainer's own integer fields read them; true is not."""
+    spec = experiment_from_dict(make_experiment(base_config=TINY_BASE, budget={"trials": "4", "max_parallel": 2.0}))
+    assert (spec.budget.trials, spec.budget.max_parallel) == (4, 2)
+
+
+# ------------------------------------------------------------------------------------------------ empty sections
+@pytest.mark.parametrize(("section", "remove"), [("resources", True), ("budget", False), ("tuner", True)])
+def test_a_section_with_every_line_commented_out_is_called_empty(tmp_path, section, remove):
+    text = yaml.safe_dump(make_experiment(), sort_keys=False)
+    lines = text.splitlines()
+    start = lines.index(f"{section}:")
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    lines[start + 1 : end] = [f"#{line}" for line in lines[start + 1 : end]]
+    path, message = refusal(tmp_path, "\n".join(lines) + "\n")
+    hint = "give its fields, or remove it to use the defaults" if remove else "give its fields"
+    assert message == f"{path}: {section}: empty (nothing under it, or every line under it commented out); {hint}"
+
+
+# ------------------------------------------------------------------------------------------------ one line each
+@pytest.mark.parametrize("value", ["three", -1, 2.5, True])
+def test_confirm_seeds_that_is_neither_a_number_nor_auto_is_one_line(tmp_path, value):
+    path, message = refusal(tmp_path, make_experiment(budget={"trials": 4, "confirm_seeds": value}))
+    shown = "true" if value is True else repr(value)
+    assert message == f"{path}: budget.confirm_seeds: expected a whole number of seeds (>= 0) or auto, got {shown}"
+
+
+def test_an_unknown_asha_option_names_the_valid_ones(tmp_path):
+    path, message = refusal(tmp_path, make_experiment(tuner={"name": "asha", "options": {"etaa": 3}}))
+    assert message == (f"{path}: tuner.options.etaa: not an option of asha (it understands eta, min_samples, "
+                       "max_samples, sampler, min_points_in_model, random_fraction; did you mean eta?)")  # fmt: skip
+
+
+def test_an_unknown_smac_option_gets_a_did_you_mean(tmp_path):
+    path, message = refusal(tmp_path, make_experiment(tuner={"name": "smac_bo", "options": {"retrain_afer": 3}}))
+    assert message.endswith("not an option of smac_bo (it understands n_initial_configs, retrain_after; did you "
+                            "mean retrain_after?)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("runner", "field", "hint"),
+    [
+        ({"name": "simulated", "simulation": {"table": "curves", "tabel": "x"}}, "runner.simulation.tabel", "table"),
+        (
+            {
+                "name": "simulated",
+                "simulation": {"table": "curves", "handicaps": {"sgd": {"curves_of": "adamw", "dealy_samples": 9}}},
+            },
+            "runner.simulation.handicaps.sgd.dealy_samples",
+            "delay_samples",
+        ),  # fmt: skip
+    ],
+)
+def test_an_unknown_field_of_a_nested_section_gets_a_did_you_mean(tmp_path, runner, field, hint):
+    path, message = refusal(tmp_path, simulated(runner=runner))
+    assert message == f"{path}: {field}: unknown field (did you mean {hint}?)"
+
+
+# ------------------------------------------------------------------------------------------------ the simulation
+@pytest.mark.parametrize("table", ["nonexistent.jsonl", "."])
+def test_a_curve_table_that_is_not_there_names_the_file_and_the_field(tmp_path, table):
+    path, message = refusal(tmp_path, simulated(runner={"name": "simulated", "simulation": {"table": table}}))
+    what = "does not exist" if table != "." else "is not a file"
+    assert message.startswith(f"{path}: runner.simulation.table: the curve table {(tmp_path / table).resolve()} "
+                              f"{what} (a relative path is read from the experiment file's directory); name a "
+                              "table shipped with hpo (curves, ")  # fmt: skip
+
+
+def test_a_stored_experiment_whose_table_has_gone_is_still_read(tmp_path):
+    table = tmp_path / "gone.jsonl"
+    table.write_text((TABLES / "curves.jsonl").read_text())
+    runner = {"name": "simulated", "simulation": {"table": str(table)}}
+    spec = load_experiment(write_experiment(tmp_path, simulated(runner=runner)))
+    table.unlink()
+    assert experiment_from_dict(spec.self_contained(), "stored").runner.simulation.table == str(table)
+
+
+@pytest.mark.parametrize(
+    ("assumed", "says"),
+    [
+        (
+            ["optimizer.betaa1"],
+            "optimizer.betaa1 is not a key of space that the curve table does not vary, so "
+            "assuming it has no effect states nothing (did you mean optimizer.beta1?); it takes these keys of space: "
+            "optimizer.beta1",
+        ),  # fmt: skip
+        (["optimizer.lr"], "optimizer.lr is read by a simulated trial (the curve table varies it"),
+    ],
+)
+def test_an_assumption_about_a_key_the_space_does_not_tune_is_refused(tmp_path, assumed, says):
+    space = {**simulated()["space"], "optimizer.beta1": {"choice": [0.8, 0.9]}}
+    runner = {"name": "simulated", "simulation": {"table": "curves", "assume_no_effect": assumed}}
+    path, message = refusal(tmp_path, simulated(space=space, compare=["optimizer.name", "optimizer.beta1"],
+                                                runner=runner, budget={"trials": 4}))  # fmt: skip
+    assert message.startswith(f"{path}: runner.simulation.assume_no_effect[0]: {says}"), message
+    runner["simulation"]["assume_no_effect"] = ["optimizer.beta1"]  # what `hpo plan` writes: a compared key
+    load_experiment(write_experiment(tmp_path, simulated(space=space, compare=["optimizer.name", "optimizer.beta1"],
+                                                         runner=runner, budget={"trials": 4}), "ok.yaml"))  # fmt: skip
