@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from hpo.cli.common import close_storages
@@ -116,7 +117,13 @@ def entry() -> None:
     if os.environ.get("PYTHONHASHSEED") != FIXED_HASH_SEED and command_of(sys.argv[1:]) not in NO_TUNER:
         env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED}
         os.execve(sys.executable, [sys.executable, "-m", "hpo", *sys.argv[1:]], env)
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of the output left (`hpo trials NAME | head`): as any Unix filter, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 
 
 def command_of(argv: list[str]) -> str | None:

@@ -25,7 +25,7 @@ from hpo.evidence.confirmations import round_line, verdict_of
 from hpo.experiment import spec_from_stored
 from hpo.report.data import load_experiment
 from hpo.storage import SqlStorage, upgrade_database
-from hpo.trials import TrialKind, TrialState
+from hpo.trials import TrialKind, TrialSpec, TrialState
 from tests.hpo.plan.test_plan import small_preset, write
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 
@@ -214,3 +214,22 @@ def test_a_read_command_on_a_missing_sqlite_file_creates_neither_file_nor_direct
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and f"there is no database at {path}" in result.stderr, result.stderr
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
+    """`hpo trials NAME | head`: the command stops at its next write, with the exit status of a Unix filter killed by
+    SIGPIPE and no traceback. The listing (2,000 trials) is larger than a pipe holds, so the reader leaves first."""
+    from tests.hpo.engine.test_study import make_spec
+
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    spec = make_spec(tmp_path, trials=2000)
+    with SqlStorage(url, upgrade=True) as storage:
+        eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": "run"}, "minimize")
+        for _ in range(2000):
+            storage.create_trial(eid, TrialSpec(None, {"optimizer.lr": 1e-3}))
+    command = [sys.executable, "-m", "hpo", "--db", url, "trials", spec.name]
+    listing = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # noqa: S603
+    assert listing.stdout.readline().split()[:2] == [b"#", b"state"]
+    listing.stdout.close()
+    _, err = listing.communicate(timeout=120)
+    assert listing.returncode == 141 and err == b"", err.decode()[-2000:]
