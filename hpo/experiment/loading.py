@@ -112,7 +112,6 @@ def experiment_from_dict(
     resolved = _apply_overrides(base, spec.overrides, source)
     check_spec(spec, resolved, source, check_arms)
     spec._source, spec._base = source, resolved
-    spec.resources._source = source  # the runner's refusals of resources name the file
     return spec
 
 

@@ -205,13 +205,6 @@ class Resources(_Section):
     machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
                                     "machines (NNI's remote training service) instead of this one.")  # fmt: skip
 
-    _source: str | None = PrivateAttr(None)  # the experiment file, named by the runner's refusals (no GPU here)
-
-    @property
-    def source(self) -> str | None:
-        """The experiment file these resources were read from (None: built otherwise)."""
-        return self._source
-
     def ranks_per_trial(self, on_gpu: bool) -> int:
         """Data-parallel ranks of one trial on GPUs or on CPU."""
         return self.gpus_per_trial if on_gpu else self.cpu_ranks_per_trial

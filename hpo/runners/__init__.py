@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpo.errors import HpoError
+from hpo.errors import HpoError, ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.trial.launch import build_launch
 
@@ -31,7 +31,10 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
     # (runpy would find it imported already and run a second copy as __main__).
     from hpo.runners.local import LocalRunner
 
-    return LocalRunner(spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
+    try:
+        return LocalRunner(spec.resources, spec.budget.max_parallel, builder, spec.runner.preload)
+    except ResourceError as e:  # GPUs asked for that this machine does not have: the experiment file is named
+        raise ResourceError(f"{spec.source}: {e}") from None
 
 
 def check_runner_options(spec, name: str | None, scheduler: str | None) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from hpo.errors import ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
@@ -38,13 +37,8 @@ class LocalRunner(Runner):
         ResourceError before anything is written. With `preload`, single-process trials are forked from a
         launcher that has imported the trial side (hpo.runners.preload), started with the first trial."""
         inventory = [] if resources.gpus == "none" else discover_gpus()
-        try:
-            gpus, skipped = select_gpus(inventory, resources.gpus)  # GPUs asked for on a machine without any: refused
-            slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu,
-                               cpu_slots=resources.cpu_slots)  # fmt: skip
-        except ResourceError as e:
-            source = getattr(resources, "source", None)  # the experiment file, when the resources were read from one
-            raise (ResourceError(f"{source}: {e}") if source else e) from None
+        gpus, skipped = select_gpus(inventory, resources.gpus)  # GPUs asked for on a machine without any: refused
+        slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu, cpu_slots=resources.cpu_slots)
         self.pool = SlotPool(slots[:max_parallel], skipped)
         self.resources = resources
         self.launch_builder = launch_builder
