@@ -179,7 +179,8 @@ def rates(sampler: Sampler, k: int | str, draws: int, rng: np.random.Generator, 
 
 def demo_spec(table: Path):
     """The calibration experiment's spec (its objective, budget and evaluation set-up) on `table`."""
-    return experiment_from_dict(experiment("power", table, "random", 0, BATCH, LR_RANGE, 10, 2, None), check_arms=False)
+    data = experiment("power", table, "random", 0, BATCH, LR_RANGE, 10, 2, None)
+    return experiment_from_dict(data, current_rules=False)
 
 
 def seed_samples(surrogate: Surrogate, spec, optimizer: str, lr: float) -> list[int | None]:

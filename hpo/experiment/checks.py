@@ -27,18 +27,24 @@ if TYPE_CHECKING:
     from hpo.experiment.schema import ExperimentSpec
 
 
-def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, check_arms: bool = True) -> None:
-    """Every check of a spec whose base config + overrides resolved to `resolved` (a valid trainer config)."""
+def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, current_rules: bool = True) -> None:
+    """Every check of a spec whose base config + overrides resolved to `resolved` (a valid trainer config).
+    `current_rules=False` (a stored or imported experiment, read as it ran) leaves out the rules an experiment
+    recorded by an earlier version may not meet: equal arms, the tuner's and the trials' seed ranges, settings that
+    need CUDA on CPU slots. Its report, export and status stay readable."""
     cfg = config_from_dict(resolved)
     _check_space(spec, resolved, source)
     _check_compare(spec, source)
-    if check_arms:
-        _check_equal_arms(spec, source)
     _check_engine(spec, source)
     _check_tuner(spec, cfg, source)
     _check_objective(spec, cfg, source)
     _check_resources(spec, cfg, source)
-    _check_seed(spec, cfg, source)
+    if current_rules:
+        _check_equal_arms(spec, source)
+        _check_tuner_seed(spec, source)
+        _check_seed(spec, cfg, source)
+        if spec.resources.gpus == "none":
+            _check_cpu_trials(spec, cfg, source)
 
 
 # ------------------------------------------------------------------------------------------------ trainer keys
@@ -329,8 +335,15 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
             "(on the CPU a small one is also the faster), or cpu_slots: 1"
         )
     _check_batch_divisibility(spec, cfg, source)
-    if res.gpus == "none":
-        _check_cpu_trials(spec, cfg, source)
+
+
+TUNER_SEED_LIMIT = 2**32  # SMAC3 and NumPy's legacy seeding take 0 to 2**32 - 1
+
+
+def _check_tuner_seed(spec: ExperimentSpec, source: str) -> None:
+    if not 0 <= spec.tuner.seed < TUNER_SEED_LIMIT:
+        raise ExperimentFileError(f"{source}: tuner.seed: {spec.tuner.seed} is outside 0 to 2**32 - 1, the seeds SMAC3 "
+                                  "and NumPy take: use one in that range")  # fmt: skip
 
 
 SEED_LIMIT = 2**31 - 1  # a trial's training seed is stored as a 32-bit integer (PostgreSQL's INTEGER)

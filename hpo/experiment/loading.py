@@ -95,11 +95,11 @@ def _check_unique_keys(
 
 
 def experiment_from_dict(
-    data: Any, source: str = "<dict>", base_dir: str | Path | None = None, check_arms: bool = True
+    data: Any, source: str = "<dict>", base_dir: str | Path | None = None, current_rules: bool = True
 ) -> ExperimentSpec:
     """Validate a parsed experiment file. Relative base_config paths resolve against `base_dir`
-    (default: the directory of `source` when it is a file, else the working directory). `check_arms=False`
-    reads a stored experiment as it ran, without the equal-arms rule of newer versions."""
+    (default: the directory of `source` when it is a file, else the working directory). `current_rules=False`
+    reads a stored experiment as it ran, without the rules of newer versions that it may predate (`check_spec`)."""
     if not isinstance(data, Mapping):
         raise ExperimentFileError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     if base_dir is None:
@@ -110,7 +110,7 @@ def experiment_from_dict(
         raise ExperimentFileError(_format_validation_error(e, source)) from None
     base = _load_base(spec.base_config, Path(base_dir), source)
     resolved = _apply_overrides(base, spec.overrides, source)
-    check_spec(spec, resolved, source, check_arms)
+    check_spec(spec, resolved, source, current_rules)
     spec._source, spec._base = source, resolved
     return spec
 
@@ -279,4 +279,4 @@ def spec_from_stored(record) -> ExperimentSpec:
     """The spec of a stored experiment record (see `stored_form`), read as it ran: without the rules of newer
     versions that it may predate (equal arms)."""
     stored = record.spec.get("experiment") if isinstance(record.spec, Mapping) else None
-    return experiment_from_dict(stored, f"experiment {record.name} (stored)", check_arms=False)
+    return experiment_from_dict(stored, f"experiment {record.name} (stored)", current_rules=False)

@@ -104,7 +104,7 @@ class Objective(_Section):
 
 class Tuner(_Section):
     name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, ASHA, random, or an NNI tuner.")
-    seed: int = Field(0, ge=0, lt=2**32, description="Seed of the tuner (and of random search): 0 to 2**32 - 1, "
+    seed: int = Field(0, description="Seed of the tuner (and of random search): 0 to 2**32 - 1, "
                       "as SMAC3 and NumPy take it.")  # fmt: skip
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the tuner as is.")
 

@@ -445,7 +445,7 @@ def _spec(kind: str, name: str, description: str, configurations: Sequence[dict[
         "budget": {"trials": max(len(configurations), n_arms), "confirm_seeds": confirm_seeds},
         "resources": {"gpus": "none", "cpu_slots": 1},
     }  # fmt: skip
-    return experiment_from_dict(data, f"hpo import {kind} --name {name}", base_dir=Path.cwd(), check_arms=False)
+    return experiment_from_dict(data, f"hpo import {kind} --name {name}", base_dir=Path.cwd(), current_rules=False)
 
 
 def _choices(values: Sequence[Any]) -> list[Any]:

@@ -522,8 +522,8 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "base_config",
         "seed 2147483646: the confirmation runs train with the seeds after it, up to 2147483648",
     ),
-    ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "greater than or equal to 0"),
-    ("tuner_seed_too_large", {"tuner": {"name": "smac_bo", "seed": 2**40}}, "tuner.seed", "less than 4294967296"),
+    ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "-1 is outside 0 to 2**32 - 1"),
+    ("tuner_seed_too_large", {"tuner": {"name": "smac_bo", "seed": 2**40}}, "tuner.seed", "outside 0 to 2**32 - 1"),
     (
         "memory_limit_too_small",
         {"resources": {"gpus": "none", "memory_limit_mb": 1}},

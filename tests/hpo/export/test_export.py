@@ -37,7 +37,7 @@ from trainer.config import load_config
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def make_record(tmp_path, check_arms: bool = True, **spec_fields) -> ExperimentRecord:
+def make_record(tmp_path, current_rules: bool = True, **spec_fields) -> ExperimentRecord:
     data = {
         "name": "exp", "base_config": {},
         "overrides": {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480},
@@ -45,7 +45,7 @@ def make_record(tmp_path, check_arms: bool = True, **spec_fields) -> ExperimentR
         "compare": ["optimizer.name"], "tuner": {"name": "random"}, "budget": {"trials": 2},
         "resources": {"gpus": "none"}, **spec_fields,
     }  # fmt: skip
-    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path, check_arms=check_arms)
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path, current_rules=current_rules)
     stored = {"experiment": spec.self_contained(), "run_dir": str(tmp_path / "run")}
     return ExperimentRecord(1, "exp", Direction.MINIMIZE, ExperimentStatus.FINISHED, stored, False, NOW, NOW)
 
@@ -101,7 +101,7 @@ def test_an_experiment_stored_before_the_equal_arms_rule_exports_from_the_comman
     (`allow_unequal_arms`) is read as it ran, as every other reader of stored experiments reads it."""
     space = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2]},
              "optimizer.beta2": {"float": [0.9, 0.999], "when": {"optimizer.name": "lamb"}}}  # fmt: skip
-    record = make_record(tmp_path, check_arms=False, space=space)
+    record = make_record(tmp_path, current_rules=False, space=space)
     with pytest.raises(ExperimentFileError, match="do not tune the same hyperparameters"):
         experiment_from_dict(record.spec["experiment"], "today's rule")
     trial = make_trial(params={"optimizer.name": "lamb", "optimizer.lr": 0.004, "optimizer.beta2": 0.95})
@@ -110,6 +110,20 @@ def test_an_experiment_stored_before_the_equal_arms_rule_exports_from_the_comman
     specs = SpecCache()
     assert check_arm(specs.spec(record), "optimizer.name=lamb") is None  # the API's arms
     assert specs.config(record, trial)["optimizer"]["beta2"] == 0.95  # GET /best
+
+
+def test_an_experiment_stored_before_newer_rules_is_still_read_as_it_ran(tmp_path):
+    """A tuner seed SMAC3 would refuse (random search took it), a base seed whose confirmation seeds pass 2**31 - 1
+    and bf16 set where fp16 is now refused on CPU slots: recorded by an earlier version, read for its report."""
+    overrides = {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480,
+                 "seed": 2**31 - 2, "precision.dtype": "fp16"}  # fmt: skip
+    record = make_record(tmp_path, current_rules=False, tuner={"name": "random", "seed": 2**40}, overrides=overrides,
+                         budget={"trials": 2, "confirm_seeds": 3})  # fmt: skip
+    with pytest.raises(ExperimentFileError, match="tuner.seed"):
+        experiment_from_dict(record.spec["experiment"], "today's rules")
+    spec = spec_from_stored(record)
+    assert (spec.tuner.seed, spec.resolved_base()["seed"]) == (2**40, 2**31 - 2)
+    assert yaml.safe_load(render(record, make_trial(), "yaml").text)["precision"]["dtype"] == "fp16"
 
 
 def test_a_stored_experiment_that_is_not_a_mapping_is_named_in_the_error(tmp_path):
