@@ -58,6 +58,22 @@ def refuse_imported(record, action: str) -> None:
                        f"nothing to {action}; its runs ran elsewhere")  # fmt: skip
 
 
+def directory_blocker(path: Path) -> tuple[str, Path] | None:
+    """Why `path` could not be made or written as a directory, checked without making anything: ("file", P) where
+    P, the path or the nearest part of it that is there, is not a directory ("link" for a broken symbolic link),
+    ("unwritable", P) where it cannot be written; None where it can be used."""
+    probe = path
+    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
+        probe = probe.parent  # the nearest part of the path that is there
+    if probe.is_symlink() and not probe.exists():
+        return "link", probe
+    if not probe.is_dir():
+        return "file", probe
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "unwritable", probe
+    return None
+
+
 def check_output_file(path: Path, option: str = "-o") -> None:
     """Refuse an output file that could not be written, before any work: a directory, or a file whose directory
     does not exist (or is a file), naming the path and the option."""

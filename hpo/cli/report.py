@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from hpo.cli.common import open_storage, safe_url
+from hpo.cli.common import directory_blocker, open_storage, safe_url
 from hpo.errors import HpoError
 
 
@@ -72,15 +71,14 @@ def _check_directory(option: str, path: Path, pages: list[Path] | None = None) -
     cannot be written; one of the pages this command writes); makes nothing."""
     if any(path.resolve() == page.resolve() for page in pages or []):
         raise HpoError(f"hpo report {option} {path}: is where the page {path.name} is written; {_HINT}")
-    if path.exists() and not path.is_dir():
+    blocked = directory_blocker(path)
+    if blocked is None:
+        return
+    why, probe = blocked
+    if why != "unwritable" and probe == path:
         raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {_HINT}")
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent  # the nearest part of the path that is there
-    if probe != path and not probe.is_dir():
-        raise HpoError(f"hpo report {option} {path}: cannot be created (Not a directory); {_HINT}")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise HpoError(f"hpo report {option} {path}: cannot be created (Permission denied); {_HINT}")
+    cause = "Permission denied" if why == "unwritable" else "Not a directory"
+    raise HpoError(f"hpo report {option} {path}: cannot be created ({cause}); {_HINT}")
 
 
 def _directory(option: str, path: Path) -> Path:

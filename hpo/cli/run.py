@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from hpo.cli.common import open_storage, positive, refuse_imported, runner_options, safe_url
+from hpo.cli.common import directory_blocker, open_storage, positive, refuse_imported, runner_options, safe_url
 from hpo.errors import HpoError, NotFoundError
 
 
@@ -76,15 +75,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def check_run_dir(path: Path, where: str) -> None:
     """Refuse a run directory that could not be made or written (a file in its place or on its way, a directory
     that is not writable), naming it; makes nothing. `where` says where the path came from."""
-    probe = path
-    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
-        probe = probe.parent  # the nearest part of the path that is there
-    if probe.is_dir():
-        if not os.access(probe, os.W_OK | os.X_OK):
-            raise HpoError(f"{where}: cannot make or write the run directory {path}: {probe} is not writable; "
-                           "choose a directory you can write")  # fmt: skip
+    blocked = directory_blocker(path)
+    if blocked is None:
         return
-    what = "a broken symbolic link" if probe.is_symlink() and not probe.exists() else "a file"
+    why, probe = blocked
+    if why == "unwritable":
+        raise HpoError(f"{where}: cannot make or write the run directory {path}: {probe} is not writable; "
+                       "choose a directory you can write")  # fmt: skip
+    what = "a broken symbolic link" if why == "link" else "a file"
     place = "is" if probe == path else f"cannot be a directory: {probe} is"
     raise HpoError(f"{where}: the run directory {path} {place} {what}; choose a directory (it is made if missing)"
                    " or move that file away")  # fmt: skip
