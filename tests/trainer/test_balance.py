@@ -8,7 +8,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tests.conftest import examples
 from trainer.balance import (
     RankBatchSampler,
     assign_bins,
@@ -278,3 +281,56 @@ def test_sampler_all_gather_over_gloo_equals_plan(tmp_path):
                 for counter in range(world_size):
                     loads = np.load(tmp_path / f"loads_r{counter}_l{local_world_size}_e{epoch}.npy")
                     assert loads[:, rank].tolist() == [list(c) for c in counts]
+
+
+# --------------------------------------------------------------------------- the contract on any input
+
+
+@st.composite
+def epoch_inputs(draw):
+    """Any lengths (including none, and fewer than one step), bins, micro-batch size and node layout."""
+    lengths = np.array(draw(st.lists(st.integers(1, 512), max_size=300)), dtype=np.int64)
+    bins = sorted(draw(st.sets(st.integers(1, 600), min_size=1, max_size=6)))
+    local_world_size = draw(st.integers(1, 4))
+    world_size = local_world_size * draw(st.integers(1, 3))
+    return lengths, bins, draw(st.integers(1, 9)), world_size, local_world_size
+
+
+@pytest.mark.hypothesis
+@given(inputs=epoch_inputs(), method=st.sampled_from(METHODS), seed=st.integers(0, 2**32 - 1),
+       epoch=st.integers(0, 5), shuffle=st.booleans())  # fmt: skip
+@settings(max_examples=examples(ci=150, fuzz=3000))
+def test_every_plan_keeps_the_module_contract(inputs, method, seed, epoch, shuffle):
+    """The contract of trainer/balance.py's docstring, on inputs drawn by Hypothesis: every sample once, the same
+    number of steps for every rank, full micro-batches but in the last step, a last step even to one sample; and
+    local_presort only re-deals each node's samples, its ranks' tokens in a full step within the node's range of
+    lengths of each other."""
+    lengths, bins, micro_batch_size, world_size, local_world_size = inputs
+    plan = plan_epoch(lengths, method, bins, micro_batch_size, world_size, local_world_size, seed, epoch, shuffle)
+    global_batch = world_size * micro_batch_size
+    assert len(plan) == -(-len(lengths) // global_batch)
+    assert all(len(step) == world_size for step in plan)
+    everything = [int(i) for step in plan for batch in step for i in batch]
+    assert sorted(everything) == list(range(len(lengths)))
+    assert all(len(batch) == micro_batch_size for step in plan[:-1] for batch in step)
+    if plan:
+        last = [len(batch) for batch in plan[-1]]
+        assert sum(last) == len(lengths) - (len(plan) - 1) * global_batch
+        assert max(last) - min(last) <= 1
+        assert min(last) > 0 or sum(last) < world_size
+    again = plan_epoch(lengths, method, bins, micro_batch_size, world_size, local_world_size, seed, epoch, shuffle)
+    assert all(np.array_equal(a, b) for s, t in zip(plan, again, strict=True) for a, b in zip(s, t, strict=True))
+    if method != "local_presort":
+        return
+    stratified = plan_epoch(lengths, "stratified", bins, micro_batch_size, world_size, local_world_size, seed,
+                            epoch, shuffle)  # fmt: skip
+    for presorted_step, stratified_step in zip(plan, stratified, strict=True):
+        for start in range(0, world_size, local_world_size):
+            node = [lengths[b] for b in presorted_step[start : start + local_world_size]]
+            before = np.concatenate(stratified_step[start : start + local_world_size])
+            assert sorted(np.concatenate(presorted_step[start : start + local_world_size]).tolist()) == sorted(
+                before.tolist()
+            )
+            if all(len(b) == micro_batch_size for b in node):
+                tokens = [int(b.sum()) for b in node]
+                assert max(tokens) - min(tokens) <= int(lengths[before].max() - lengths[before].min())
