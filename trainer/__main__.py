@@ -1,7 +1,7 @@
 """`python -m trainer --config CFG.yaml [dotted.key=value ...]` (or under torchrun for several processes).
 
 Exit codes (`trainer.result`): 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing
-trained), 3 diverged.
+trained), 3 diverged, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 from trainer.config import dump_config, load_config
 from trainer.errors import ConfigError, TrainerError
-from trainer.result import EXIT_BAD_CONFIG, TrainStatus
+from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, TrainStatus
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,17 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     # torch loads only after the config is valid, so a bad config is refused at once.
     from trainer.distributed import check_device, cleanup, dist_env_from_environ
     from trainer.report import JsonLinesReporter
-    from trainer.train import train
+    from trainer.train import refuse_before_work, train
 
     if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")
         return 0
     try:
         check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file
+        refuse_before_work(cfg)
+        try:
+            reporter = JsonLinesReporter(cfg.log.jsonl)
+        except OSError as e:
+            raise ConfigError(f"log.jsonl: cannot write the report file {cfg.log.jsonl!r}: {e}") from None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    reporter = JsonLinesReporter(cfg.log.jsonl)
     try:
         result = train(cfg, reporter)
     except ConfigError as e:
@@ -51,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as e:
         print(f"error: {e}", file=sys.stderr)
         return TrainStatus.FAILED.exit_code
+    except KeyboardInterrupt as e:
+        again = (
+            f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
+            if cfg.checkpoint.dir
+            else "set checkpoint.dir to make a run resumable"
+        )
+        print(f"error: {str(e) or 'interrupted (Ctrl-C)'}; {again}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         reporter.close()
         cleanup()

@@ -72,16 +72,23 @@ def saved_state(path: str | Path) -> TrainState:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
 
 
-def saved_micro_batch(path: str | Path) -> int | None:
-    """The micro-batch the checkpoint's run trained with (its resolved config), reading no weights (memory-mapped);
-    None for a checkpoint that does not say."""
+def saved_config(path: str | Path) -> dict[str, Any]:
+    """The resolved config the checkpoint's run trained with, as a plain mapping, reading no weights
+    (memory-mapped); empty for a checkpoint that does not say."""
     import yaml
 
     try:
         config = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("config")
+        raw = yaml.safe_load(config) if config else None
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
-    micro = (yaml.safe_load(config) or {}).get("batch", {}).get("micro_batch_size") if config else None
+    return raw if isinstance(raw, dict) else {}
+
+
+def saved_micro_batch(path: str | Path) -> int | None:
+    """The micro-batch the checkpoint's run trained with (its resolved config), reading no weights (memory-mapped);
+    None for a checkpoint that does not say."""
+    micro = (saved_config(path).get("batch") or {}).get("micro_batch_size")
     return micro if isinstance(micro, int) else None
 
 

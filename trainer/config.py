@@ -70,7 +70,12 @@ class ModelConfig(Section):
 class DataConfig(Section):
     train: str = Field("data/demo/train", description="Directory or glob of training HDF5 shards.")
     eval: str = Field("data/demo/eval", description="Directory or glob of evaluation HDF5 shards.")
-    max_seq_length: int | None = Field(None, ge=8, description="Truncate sequences to this (None: shard width).")
+    max_seq_length: int | None = Field(
+        None,
+        ge=8,
+        description="Cut training and evaluation rows to their first this-many tokens, dropping the masked "
+        "positions past the cut (None: the shards' width).",
+    )
     shuffle: bool = Field(True, description="Shuffle training samples every epoch.")
 
 

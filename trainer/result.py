@@ -29,6 +29,7 @@ class TrainStatus(str, Enum):
 
 
 EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a process it stopped: 128 + the signal's number
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class TrainResult:
     global_batch_size: int | None = None
     micro_batch_size: int | None = None  # sequences per forward/backward on a rank (`auto`: the one chosen)
     target_mlm_accuracy: float | None = None
-    error: str | None = None  # the kind of failure: "data", "oom" or "crash" (None unless FAILED)
+    error: str | None = None  # the kind of failure: "data", "oom", "crash" or "interrupted" (None unless FAILED)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping (status as its string)."""

@@ -28,6 +28,7 @@ from trainer.checkpoint import (
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
+    saved_config,
     saved_micro_batch,
     saved_state,
 )
@@ -61,7 +62,7 @@ from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
 from trainer.report import NullReporter, Reporter
 from trainer.result import TrainResult, TrainStatus
-from trainer.schedule import build_scheduler
+from trainer.schedule import build_scheduler, mlperf_lr
 
 
 def log(env: DistEnv, message: str) -> None:
@@ -158,6 +159,57 @@ def resolve_micro_batch(
     return cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": chosen})})
 
 
+# The keys a checkpoint's run must share with the run that resumes it: they shape the model's tensors and the
+# optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly).
+RESUME_KEYS = (
+    "model.vocab_size",
+    "model.pad_vocab_to_multiple_of",
+    "model.hidden_size",
+    "model.num_hidden_layers",
+    "model.num_attention_heads",
+    "model.intermediate_size",
+    "model.max_position_embeddings",
+    "model.type_vocab_size",
+    "optimizer.name",
+)
+
+
+def refuse_before_work(cfg: TrainerConfig) -> None:
+    """What the config names on disk and cannot work, refused before any work (`ConfigError`, exit code 2): a
+    checkpoint.dir that is a file, a model.init_checkpoint that does not exist, and a checkpoint to resume from
+    that another model or optimizer wrote."""
+    if cfg.checkpoint.dir is not None:
+        directory = Path(cfg.checkpoint.dir)
+        blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            where = "is a file" if blocker == directory else f"is under {blocker}, a file"
+            raise ConfigError(
+                f"checkpoint.dir: {directory} {where}, not a directory; give a directory (it is made if missing)"
+            )
+    init = cfg.model.init_checkpoint
+    if init and not Path(init).is_file():
+        what = "is a directory" if Path(init).is_dir() else "does not exist"
+        raise ConfigError(
+            f"model.init_checkpoint: {init} {what}; give an HF state dict (.bin/.pt) or .safetensors file, or none"
+        )
+    path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if path is None:
+        return
+    saved, mine = saved_config(path), cfg.model_dump(mode="json")
+    differ = []
+    for key in RESUME_KEYS:
+        section, name = key.split(".")
+        there = (saved.get(section) or {}).get(name)
+        if there is not None and there != mine[section][name]:
+            differ.append(f"{key} {there} there, {mine[section][name]} here")
+    if differ:
+        raise ConfigError(
+            f"checkpoint.dir: {path} was written by another model or optimizer ({'; '.join(differ)}), so it cannot "
+            "be resumed: set those keys as the checkpoint has them, or start afresh in another checkpoint.dir (or "
+            "with checkpoint.resume: false, which writes over the checkpoints there)"
+        )
+
+
 def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = BertForPreTraining(cfg.model)
@@ -199,8 +251,9 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     accumulation_steps(cfg, env)  # a batch that does not split is refused before any work
     autocast = resolve_autocast(cfg, device)
     check_attention(cfg, device, autocast)
-    train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model)
-    eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, limit=cfg.eval.max_samples)
+    width = cfg.data.max_seq_length
+    train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model, max_seq_length=width)
+    eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, cfg.eval.max_samples, width)
     model = build_model(cfg, device)
     cfg = resolve_micro_batch(cfg, env, device, autocast, model, train_samples)
     accumulation = accumulation_steps(cfg, env)
@@ -284,6 +337,24 @@ def restore(run: Run) -> TrainState:
     restore_rng_state(payload["rng"])
     log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
     return state
+
+
+def warn_long_warmup(run: Run) -> None:
+    """Say so when the warmup does not end within the steps the sample budget allows: the learning rate never
+    reaches optimizer.lr."""
+    cfg = run.cfg
+    steps = math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
+    if cfg.schedule.warmup_steps == 0 or steps - 1 - cfg.schedule.start_warmup_step >= cfg.schedule.warmup_steps:
+        return
+    schedule = cfg.schedule  # the whole run warms up: its last step has the highest rate
+    highest = mlperf_lr(steps - 1, cfg.optimizer.lr, schedule.warmup_steps, schedule.start_warmup_step,
+                        run.total_steps, schedule.power, schedule.end_lr)  # fmt: skip
+    log(
+        run.env,
+        f"warning: schedule.warmup_steps {schedule.warmup_steps} is longer than the run ({steps} "
+        f"step{'s' * (steps != 1)}): the learning rate rises to {highest:.2g} at most, never to optimizer.lr "
+        f"{cfg.optimizer.lr}",
+    )
 
 
 def finished_status(cfg: TrainerConfig, state: TrainState) -> TrainStatus | None:
@@ -616,6 +687,7 @@ def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: Dat
 
 def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     """Run one training job as configured; returns (and reports) the final result."""
+    refuse_before_work(cfg)
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
     init_process_group(env, device)
@@ -638,6 +710,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
         f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
     )
+    warn_long_warmup(run)
     status, reason, error = TrainStatus.FAILED, None, None
     try:
         status = loop(run, state)
@@ -648,6 +721,9 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         reason, error = f"out of memory: {e}", "oom"
     except TrainerError as e:
         reason, error = str(e), "data" if isinstance(e, DataError) else "crash"
+    except KeyboardInterrupt:  # Ctrl-C: reported, and raised on with where the run was (the CLI says what to do)
+        reason, error = f"interrupted (Ctrl-C) at step {state.step}, {state.samples:,} samples", "interrupted"
+        raise KeyboardInterrupt(reason) from None
     finally:
         result = final_result(run, state, status, reason, error)
         run.reporter.final(result)

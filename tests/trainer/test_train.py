@@ -301,3 +301,17 @@ def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers(
     assert execution(dropout, cpu, None) == "fp32, attention padded"
     assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention jagged"  # flash with dropout
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention varlen, compiled layers"
+
+
+def test_data_max_seq_length_trains_on_rows_cut_to_it(tmp_path):
+    """Shards 64 wide on a model whose position table has 32 rows: refused as they are, trained once
+    data.max_seq_length cuts them to 32 (the MLPerf log says the width trained)."""
+    short = {"model.max_position_embeddings": 32, "budget.max_samples": 16}
+    refused, _ = run(tmp_path / "as_is", **short)
+    assert (refused.status, refused.error) == ("failed", "data")
+    assert "model.max_position_embeddings = 32" in refused.reason
+    mlperf = tmp_path / "cut" / "mlperf.log"
+    result, records = run(tmp_path / "cut", **short, **{"data.max_seq_length": 32, "log.mlperf": str(mlperf)})
+    assert (result.status, result.samples) == ("budget_exhausted", 16)
+    assert all(math.isfinite(loss) for loss in losses(records))
+    assert '"key": "max_sequence_length", "value": 32' in mlperf.read_text()

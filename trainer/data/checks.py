@@ -28,15 +28,18 @@ RECREATE = "re-create the shard with `python -m trainer.data.prepare` (or `pytho
 FIX_VOCAB = f"set model.vocab_size to the size of the vocabulary the shards were prepared with, or {RECREATE}"
 
 
-def load_checked_samples(spec: str, key: str, model: ModelConfig, limit: int | None = None) -> PretrainingSamples:
-    """The samples of `spec` (the config key `key`, e.g. data.train), every shard checked against `model`."""
+def load_checked_samples(
+    spec: str, key: str, model: ModelConfig, limit: int | None = None, max_seq_length: int | None = None
+) -> PretrainingSamples:
+    """The samples of `spec` (the config key `key`, e.g. data.train), every shard cut to `max_seq_length` tokens
+    when given (data.max_seq_length) and checked against `model`."""
     summary = _Summary()
 
     def check(part: PretrainingSamples, path: Path) -> None:
         check_rows(part, path, model)
         summary.add(path, part)
 
-    samples = load_samples(spec, limit, check)
+    samples = load_samples(spec, limit, check, max_seq_length)
     summary.require_rows_and_masks(spec, key)
     summary.warn_empty_shards(key)
     return samples

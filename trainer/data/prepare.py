@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -58,21 +59,40 @@ class PairInstance(NamedTuple):
 # ---------------------------------------------------------------------------------------------------- text
 
 
+def not_utf8(path: Path) -> DataError:
+    """The error for a text file that is not UTF-8, naming its first undecodable line, column and byte."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):  # a newline byte is never inside a UTF-8 character
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return DataError(
+                    f"{path}: line {number} is not UTF-8 text: byte 0x{raw[e.start]:02x} at column {e.start + 1} "
+                    "cannot be decoded; save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                )
+    return DataError(f"{path}: not UTF-8 text; save the file as UTF-8")
+
+
 def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
     """Documents as lists of sentences: one sentence per line, documents separated by blank lines."""
     documents: list[list[str]] = []
     for path in map(Path, paths):
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory: pass the text files in it, e.g. --input {path}/*.txt")
         if not path.is_file():
             raise DataError(f"{path}: input text file not found; pass existing files to --input")
         current: list[str] = []
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    current.append(line)
-                elif current:
-                    documents.append(current)
-                    current = []
+        try:
+            with path.open(encoding="utf-8") as f:
+                for line in f:
+                    line = line.strip()
+                    if line:
+                        current.append(line)
+                    elif current:
+                        documents.append(current)
+                        current = []
+        except UnicodeDecodeError:
+            raise not_utf8(path) from None
         if current:
             documents.append(current)
     if not documents:
@@ -102,7 +122,10 @@ def load_tokenizer(vocab: str | Path, lowercase: bool):
 
     if not Path(vocab).is_file():
         raise DataError(f"{vocab}: vocabulary file not found; pass an existing vocab.txt or omit --vocab")
-    tokens = set(Path(vocab).read_text(encoding="utf-8").splitlines())
+    try:
+        tokens = set(Path(vocab).read_text(encoding="utf-8").splitlines())
+    except UnicodeDecodeError:
+        raise not_utf8(Path(vocab)) from None
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise DataError(f"{vocab}: vocabulary lacks the special tokens {missing}; add them or train a new vocab")
@@ -188,13 +211,22 @@ def random_segment(documents: list[Document], index: int, length: int, rng: np.r
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: np.random.Generator):
-    """Shorten the longer side, from the front or the back at random, until both fit in `max_num_tokens`."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    """Shorten the longer side, from the front or the back at random, until both fit in `max_num_tokens`.
+
+    Google's algorithm and random draws (one per token removed), with the lists cut once at the end: a sentence
+    of a million tokens takes linear time, not quadratic."""
+    spans = [[0, len(tokens_a)], [0, len(tokens_b)]]  # [start, end) kept of each
+    length_a, length_b = len(tokens_a), len(tokens_b)
+    while length_a + length_b > max_num_tokens:
+        longer = 0 if length_a > length_b else 1
         if rng.random() < 0.5:
-            del longer[0]
+            spans[longer][0] += 1
         else:
-            longer.pop()
+            spans[longer][1] -= 1
+        length_a, length_b = (length_a - 1, length_b) if longer == 0 else (length_a, length_b - 1)
+    for tokens, (start, end) in zip((tokens_a, tokens_b), spans, strict=True):
+        del tokens[end:]
+        del tokens[:start]
 
 
 def build_samples(
@@ -277,10 +309,20 @@ def describe(train: PretrainingSamples, eval_: PretrainingSamples, tokenizer, op
 
 
 def check_options(options: PrepareOptions) -> None:
-    if options.max_seq_length < 8 or options.max_predictions < 1 or not 0 <= options.eval_fraction < 1:
-        raise DataError(
-            f"bad preparation options {options}: need max_seq_length >= 8, max_predictions >= 1, 0 <= eval_fraction < 1"
-        )
+    """Refuse options that cannot make shards, naming the command-line flag, before any work."""
+    rules = [
+        ("--vocab-size", options.vocab_size, options.vocab_size > len(SPECIAL_TOKENS), f"> {len(SPECIAL_TOKENS)}"),
+        ("--max-seq-length", options.max_seq_length, options.max_seq_length >= 8, ">= 8"),
+        ("--max-predictions", options.max_predictions, options.max_predictions >= 1, ">= 1"),
+        ("--masked-lm-prob", options.masked_lm_prob, 0 < options.masked_lm_prob <= 1, "in (0, 1]"),
+        ("--short-seq-prob", options.short_seq_prob, 0 <= options.short_seq_prob <= 1, "in [0, 1]"),
+        ("--dupe-factor", options.dupe_factor, options.dupe_factor >= 1, ">= 1"),
+        ("--eval-fraction", options.eval_fraction, 0 <= options.eval_fraction < 1, "in [0, 1)"),
+        ("--samples-per-shard", options.samples_per_shard, options.samples_per_shard >= 1, ">= 1"),
+    ]
+    for flag, value, ok, need in rules:
+        if not ok:
+            raise DataError(f"{flag} {value}: must be {need}")
 
 
 def resolve_vocab(inputs: Sequence[str | Path], out_dir: Path, options: PrepareOptions) -> Path:
@@ -361,8 +403,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, options = parse_args(argv)
     try:
         prepare_corpus(args.input, args.out, options)
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from e
+    except DataError as e:  # bad input or options: said without a traceback, exit code 2 (as argparse's errors)
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

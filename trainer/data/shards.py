@@ -71,6 +71,21 @@ class PretrainingSamples:
             index = [int(index)]  # keep the sample axis
         return PretrainingSamples(**{key: array[index] for key, array in self.arrays().items()})
 
+    def truncated(self, max_seq_length: int) -> PretrainingSamples:
+        """Every row cut to its first `max_seq_length` positions; masked positions past the cut (and their labels)
+        become padding (0). Samples no wider are returned as they are."""
+        if max_seq_length >= self.max_seq_length:
+            return self
+        inside = self.masked_lm_positions < max_seq_length
+        return PretrainingSamples(
+            input_ids=self.input_ids[:, :max_seq_length],
+            input_mask=self.input_mask[:, :max_seq_length],
+            segment_ids=self.segment_ids[:, :max_seq_length],
+            masked_lm_positions=np.where(inside, self.masked_lm_positions, 0).astype(np.int32),
+            masked_lm_ids=np.where(inside, self.masked_lm_ids, 0).astype(np.int32),
+            next_sentence_labels=self.next_sentence_labels,
+        )
+
     @staticmethod
     def concatenate(parts) -> PretrainingSamples:
         """All samples of `parts` in order; the parts must share max_seq_length and max_predictions."""
@@ -134,9 +149,13 @@ def find_shards(spec: str) -> list[Path]:
 
 
 def load_samples(
-    spec: str, limit: int | None = None, check: Callable[[PretrainingSamples, Path], None] | None = None
+    spec: str,
+    limit: int | None = None,
+    check: Callable[[PretrainingSamples, Path], None] | None = None,
+    max_seq_length: int | None = None,
 ) -> PretrainingSamples:
-    """All samples of the shards named by `spec` in file order, or only the first `limit` of them.
+    """All samples of the shards named by `spec` in file order, or only the first `limit` of them, each row cut
+    to `max_seq_length` tokens when given (`PretrainingSamples.truncated`).
 
     `check(part, path)` is called with the samples taken from each shard (row numbers are the shard's own).
     """
@@ -147,6 +166,8 @@ def load_samples(
         part = read_shard(path)
         if limit is not None and total + len(part) > limit:
             part = part.subset(slice(0, limit - total))
+        if max_seq_length is not None:
+            part = part.truncated(max_seq_length)
         if check is not None:
             check(part, path)
         parts.append(part)

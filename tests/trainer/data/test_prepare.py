@@ -174,6 +174,79 @@ def test_tiny_demo_corpus_end_to_end(tmp_path):
     assert (tmp_path / "corpus.txt").read_text().count("\n\n") == 399
 
 
-def test_cli_reports_data_errors_without_a_traceback(tmp_path):
-    with pytest.raises(SystemExit, match=r"error: .*nope\.txt: input text file not found"):
+def test_cli_reports_data_errors_without_a_traceback_and_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
         main(["--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'nope.txt'}: input text file not found") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def reference_truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    """Google's `truncate_seq_pair`, one token deleted at a time (quadratic in a long sentence)."""
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_truncate_seq_pair_gives_googles_pairs_and_draws(seed):
+    sizes = np.random.default_rng(seed)
+    a, b = list(range(int(sizes.integers(0, 300)))), list(range(1000, 1000 + int(sizes.integers(0, 300))))
+    limit = int(sizes.integers(1, 200))
+    expected_a, expected_b, expected_rng = list(a), list(b), np.random.default_rng(seed + 100)
+    reference_truncate_seq_pair(expected_a, expected_b, limit, expected_rng)
+    rng = np.random.default_rng(seed + 100)
+    truncate_seq_pair(a, b, limit, rng)
+    assert (a, b) == (expected_a, expected_b)
+    assert rng.random() == expected_rng.random()  # the same number of draws
+
+
+def test_a_very_long_sentence_is_truncated_to_the_same_tokens_as_googles():
+    a, b = list(range(20_000)), list(range(10**6, 10**6 + 40))
+    expected_a, expected_b = list(a), list(b)
+    reference_truncate_seq_pair(expected_a, expected_b, 125, np.random.default_rng(9))
+    truncate_seq_pair(a, b, 125, np.random.default_rng(9))
+    assert (a, b) == (expected_a, expected_b) and len(a) + len(b) == 125
+
+
+def test_input_that_is_not_utf8_is_refused_naming_the_file_line_and_byte(tmp_path):
+    text = tmp_path / "latin1.txt"
+    text.write_bytes("first line.\n\ncaf\u00e9 au lait.\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.txt: line 3 is not UTF-8 text: byte 0xe9 at column 4 "):
+        prepare_corpus([text], tmp_path / "out", OPTIONS, log=quiet)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncaf\xe9\n")
+    with pytest.raises(DataError, match=r"vocab\.txt: line 6 is not UTF-8 text: byte 0xe9 at column 4 "):
+        load_tokenizer(vocab, lowercase=True)
+
+
+def test_a_directory_as_input_is_refused_saying_to_pass_its_files(tmp_path):
+    with pytest.raises(DataError, match=r"is a directory: pass the text files in it, e\.g\. --input .*/\*\.txt"):
+        prepare_corpus([tmp_path], tmp_path / "out", OPTIONS, log=quiet)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "flag"),
+    [
+        ("samples_per_shard", 0, "--samples-per-shard"),
+        ("dupe_factor", 0, "--dupe-factor"),
+        ("masked_lm_prob", 0.0, "--masked-lm-prob"),
+        ("masked_lm_prob", 1.5, "--masked-lm-prob"),
+        ("short_seq_prob", 1.5, "--short-seq-prob"),
+        ("short_seq_prob", -0.1, "--short-seq-prob"),
+        ("vocab_size", 4, "--vocab-size"),
+        ("max_seq_length", 7, "--max-seq-length"),
+        ("eval_fraction", 1.0, "--eval-fraction"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_flag_before_any_output(tmp_path, option, value, flag):
+    text = tmp_path / "in.txt"
+    write_text(generate_documents(5, seed=1), text)
+    with pytest.raises(DataError, match=f"^{flag} {value}: "):
+        prepare_corpus([text], tmp_path / "out", replace(OPTIONS, **{option: value}), log=quiet)
+    assert not (tmp_path / "out").exists()

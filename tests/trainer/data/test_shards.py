@@ -158,3 +158,24 @@ def test_write_refuses_values_that_do_not_fit_the_mlperf_dtype(tmp_path):
     samples.input_ids[0, 1] = 7
     write_shard(tmp_path / "fits.h5", samples)
     assert read_shard(tmp_path / "fits.h5").input_ids.dtype == np.int32
+
+
+def test_truncated_rows_keep_their_first_tokens_and_the_masks_inside_them(tmp_path):
+    samples = make_samples([7, 33, 64, 12, 50, 20], seq_len=64, max_pred=8, seed=4)
+    write_shard(tmp_path / "part-00000.h5", samples)
+    cut = load_samples(str(tmp_path), max_seq_length=16)
+    assert cut.max_seq_length == 16 and cut.max_predictions == 8
+    for row in range(len(samples)):  # row by row: the first 16 columns, the masked (position, label) pairs below 16
+        length = int(samples.input_mask[row].sum())
+        assert cut.lengths[row] == min(length, 16)
+        for key in ("input_ids", "input_mask", "segment_ids"):
+            assert getattr(cut, key)[row].tolist() == getattr(samples, key)[row, :16].tolist()
+        pairs = zip(samples.masked_lm_positions[row].tolist(), samples.masked_lm_ids[row].tolist(), strict=True)
+        kept = [(p, i) for p, i in pairs if 0 < p < 16]
+        got = list(zip(cut.masked_lm_positions[row].tolist(), cut.masked_lm_ids[row].tolist(), strict=True))
+        assert [pair for pair in got if pair[0] > 0] == kept
+        assert all(pair == (0, 0) for pair in got if pair[0] == 0)
+    assert cut.next_sentence_labels.tolist() == samples.next_sentence_labels.tolist()
+    same = load_samples(str(tmp_path), max_seq_length=64)  # as wide as the shard, or wider: the rows as they are
+    assert_same_samples(same, samples)
+    assert_same_samples(load_samples(str(tmp_path), max_seq_length=100), samples)

@@ -1,0 +1,128 @@
+"""User errors the CLI refuses before any work (exit code 2, a message naming the key and the path, no traceback),
+and a run stopped with Ctrl-C: no traceback, and the same command resumes it to the uninterrupted run's numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+import trainer.train as train_module
+from tests.trainer.conftest import make_train_overrides
+from trainer.__main__ import main
+from trainer.report import read_jsonl
+
+
+def cli(tmp_path, capsys, **extra):
+    """`python -m trainer` in this process on the tiny test run: (exit code, stderr, report records)."""
+    overrides = make_train_overrides(tmp_path, **extra)
+    code = main(overrides)
+    err = capsys.readouterr().err
+    report = tmp_path / "report.jsonl"
+    return code, err, read_jsonl(report) if report.is_file() else []
+
+
+def losses(records):
+    return [r["loss"] for r in records if r.get("event") == "progress"]
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(taken)})
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: {taken} is a file, not a directory"), err
+    assert "Traceback" not in err and "training BERT" not in err and records == []
+    assert taken.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("where", ["directory", "under_a_file"])
+def test_a_report_file_that_cannot_be_written_is_refused_naming_it(tmp_path, capsys, where):
+    (tmp_path / "a_file").write_text("x")
+    jsonl = tmp_path if where == "directory" else tmp_path / "a_file" / "report.jsonl"
+    code, err, _ = cli(tmp_path, capsys, **{"log.jsonl": str(jsonl)})
+    assert code == 2, err
+    assert err.startswith(f"error: log.jsonl: cannot write the report file {str(jsonl)!r}"), err
+    assert "Traceback" not in err and "training BERT" not in err
+
+
+def test_a_missing_init_checkpoint_is_refused_before_any_work(tmp_path, capsys):
+    code, err, records = cli(tmp_path, capsys, **{"model.init_checkpoint": str(tmp_path / "bert.pt")})
+    assert code == 2, err
+    assert err.startswith(f"error: model.init_checkpoint: {tmp_path / 'bert.pt'} does not exist"), err
+    assert records == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model.hidden_size": 64, "model.intermediate_size": 128}, "model.hidden_size 32 there, 64 here"),
+        ({"model.num_hidden_layers": 3}, "model.num_hidden_layers 2 there, 3 here"),
+        ({"optimizer.name": "adamw"}, "optimizer.name lamb there, adamw here"),
+    ],
+    ids=["hidden", "layers", "optimizer"],
+)
+def test_resuming_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_keys(
+    tmp_path, capsys, change, named
+):
+    ck = tmp_path / "ck"
+    code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
+    assert code == 0, err
+    saved = (ck / "latest.pt").read_bytes()
+    code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), **change})
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model or optimizer"), err
+    assert named in err and "checkpoint.resume: false" in err
+    assert "Traceback" not in err and "training BERT" not in err
+    assert (ck / "latest.pt").read_bytes() == saved
+    assert len(records) == len([r for r in records if r.get("samples", 0) <= 16])  # the second run added nothing
+
+
+def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_uninterrupted_numbers(
+    tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C (KeyboardInterrupt) in the 6th step: the checkpoint at 32 samples (step 4) is the last one; the
+    command run again continues from it, and its losses and evaluations are those of a run never interrupted
+    (dropout on: the RNG state is restored too)."""
+    common = {"model.hidden_dropout_prob": 0.1, "checkpoint.every_samples": 16, "schedule.warmup_steps": 3}
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    code, err, uninterrupted = cli(full_dir, capsys, **common, **{"checkpoint.dir": str(full_dir / "ck")})
+    assert code == 0, err
+
+    real_step = train_module.train_step
+
+    def interrupted_at_step_6(run, micro_batches, step):
+        if step == 6:
+            raise KeyboardInterrupt
+        return real_step(run, micro_batches, step)
+
+    monkeypatch.setattr(train_module, "train_step", interrupted_at_step_6)
+    code, err, first = cli(cut_dir, capsys, **common, **{"checkpoint.dir": str(cut_dir / "ck")})
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert "error: interrupted (Ctrl-C) at step 5, 40 samples; run the same command again to resume" in err
+    final = first[-1]
+    assert (final["kind"], final["status"], final["error"], final["steps"]) == ("final", "failed", "interrupted", 5)
+    assert final["reason"].startswith("interrupted (Ctrl-C)")
+    monkeypatch.setattr(train_module, "train_step", real_step)
+
+    code, err, records = cli(cut_dir, capsys, **common, **{"checkpoint.dir": str(cut_dir / "ck")})
+    assert code == 0, err
+    assert "resumed from" in err and "at step 4, 32 samples" in err
+    resumed = records[len(first) :]
+    assert losses(first)[:4] + losses(resumed) == pytest.approx(losses(uninterrupted), abs=1e-6)
+    evals = [(r["samples"], r["mlm_loss"]) for r in uninterrupted if r.get("event") == "eval"]
+    assert [(r["samples"], r["mlm_loss"]) for r in first[:-1] + resumed if r.get("event") == "eval"] == [
+        (s, pytest.approx(v, abs=1e-6)) for s, v in evals
+    ]
+    assert resumed[-1]["samples"] == uninterrupted[-1]["samples"] == 96
+
+
+def test_a_warmup_longer_than_the_run_is_said_with_the_highest_rate_it_reaches(tmp_path, capsys):
+    """96 samples at batch 8 are steps 0..11; with warmup 1,000 the last of them runs at lr x 11 / 1000."""
+    code, err, records = cli(tmp_path, capsys, **{"schedule.warmup_steps": 1000, "optimizer.lr": 1e-3})
+    assert code == 0, err
+    assert (
+        "warning: schedule.warmup_steps 1000 is longer than the run (12 steps): the learning rate rises to 1.1e-05 "
+        "at most, never to optimizer.lr 0.001" in err
+    )
+    code, err, _ = cli(tmp_path / "short", capsys, **{"schedule.warmup_steps": 11})  # the peak at step 11, the last
+    assert code == 0 and "warning: schedule.warmup_steps" not in err
