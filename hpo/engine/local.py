@@ -65,7 +65,7 @@ def check_trial_data(spec) -> None:
         if key in tuned:
             continue
         try:
-            load_checked_samples(path, key, cfg.model, limit=DATA_ROWS_CHECKED)
+            load_checked_samples(path, key, cfg.model, DATA_ROWS_CHECKED, cfg.data.max_seq_length)
         except DataError as e:
             raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
                            f"{_data_hint(path)}") from None  # fmt: skip

@@ -32,3 +32,11 @@ def test_apex_is_refused_where_it_cannot_be_imported(tmp_path):
     with pytest.raises(HpoError, match="optimizer.impl = apex, but NVIDIA apex cannot be imported here"):
         check_trial_data(spec)
     check_trial_data(make_spec(tmp_path, **{"optimizer.impl": "torch"}))
+
+
+def test_the_data_is_checked_as_the_trials_read_it_cut_to_data_max_seq_length(tmp_path):
+    """A position table shorter than the shards' rows fits once `data.max_seq_length` cuts them, as in the trainer."""
+    spec = make_spec(tmp_path, **{"model.max_position_embeddings": 16})
+    with pytest.raises(HpoError, match="model.max_position_embeddings = 16"):
+        check_trial_data(spec)
+    check_trial_data(make_spec(tmp_path, **{"model.max_position_embeddings": 16, "data.max_seq_length": 16}))
