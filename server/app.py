@@ -15,6 +15,7 @@ from hpo.storage.engine import safe_url
 from server.caching import AnswerCache
 from server.docs import install_docs
 from server.errors import install_error_handlers
+from server.head import HeadAsGet
 from server.routes import best, experiments, export, health, plan, reports, trials
 from server.settings import Settings
 from server.storage import SpecCache, StorageHolder
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.specs = SpecCache()
     app.state.answers = AnswerCache()
     install_error_handlers(app)
+    app.add_middleware(HeadAsGet)  # HEAD answers as GET, without the body
     install_docs(app, f"{API_PREFIX}/docs")
     for module in (health, experiments, trials, best, export, plan, reports):
         app.include_router(module.router, prefix=API_PREFIX)

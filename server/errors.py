@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from hpo.errors import HpoError, NotFoundError, StorageError
@@ -59,7 +61,15 @@ async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
     return _answer(422, exc)
 
 
+async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 (`InvalidRequestPublic`), also for a body that is not UTF-8 text: its bytes are echoed with
+    U+FFFD for what does not decode, where FastAPI's own handler fails on them (a 500)."""
+    errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda raw: raw.decode(errors="replace")})
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     # Starlette picks the handler of the most specific class in the exception's MRO.
     app.add_exception_handler(NotFoundError, _not_found)
     app.add_exception_handler(StorageError, _unavailable)

@@ -1,24 +1,23 @@
 """The server's view of the database: one storage opened on first use, and the experiments' parsed specs.
 
 Opening is lazy so the server starts (and answers health checks with 503) while the database is still down,
-and a read endpoint never creates a database: a missing SQLite file is reported, not made. A database that goes
-away later is waited for briefly (WAIT_S, counted from the start of the outage: hpo.storage.retry), then every
-request answers 503 at once until it is back; opening never waits, so a server started before its database
-answers 503 without delay.
+and a read endpoint never creates a database: a missing SQLite file is reported, not made, and a SQLite file keeps
+its journal mode. A database that goes away later is waited for briefly (WAIT_S, counted from the start of the
+outage: hpo.storage.retry), then every request answers 503 at once until it is back; opening never waits, so a
+server started before its database answers 503 without delay.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 from hpo.errors import StorageError
 from hpo.export.production import ExportError, production_config
 from hpo.storage import SqlStorage, Storage
 from hpo.storage.base import ExperimentRecord, TrialRecord, TrialVersion
-from hpo.storage.engine import DATABASE_URL_ENV, safe_url
+from hpo.storage.engine import DATABASE_URL_ENV, safe_url, sqlite_file
 from search_spaces.errors import SearchSpaceError
 from server.schemas import BestTrialPublic, TrialPublic
 from trainer.errors import ConfigError
@@ -44,14 +43,15 @@ class StorageHolder:
         return self._storage
 
     def _open(self) -> Storage:
-        if self.url.startswith("sqlite:///"):
-            path = Path(self.url.removeprefix("sqlite:///"))
-            if not path.exists():
-                raise StorageError(
-                    f"the SQLite database {path} does not exist: run `hpo db upgrade` (or an experiment) with "
-                    f"{DATABASE_URL_ENV}={safe_url(self.url)} first"
-                )
-        storage = SqlStorage(self.url)
+        path = sqlite_file(self.url)  # any SQLite URL (sqlite+pysqlite:/// too), never a file the server would make
+        if path is not None and not path.exists():
+            raise StorageError(
+                f"the SQLite database {path} does not exist: run `hpo db upgrade` (or an experiment) with "
+                f"{DATABASE_URL_ENV}={safe_url(self.url)} first"
+            )
+        # read_only: the file's journal mode is kept (setting WAL rewrites a file in another mode); a stop still
+        # writes its row
+        storage = SqlStorage(self.url, read_only=True)
         storage.wait_for_outages(WAIT_S)
         return storage
 

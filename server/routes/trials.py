@@ -6,11 +6,15 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from hpo.errors import HpoError, NotFoundError
+from hpo.export.production import check_arm
+from hpo.storage.base import ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialState
 from server.caching import MISSING, NOT_MODIFIED, cached_json
 from server.deps import ExperimentRefDep, HotReadDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
+from server.storage import SpecCache
 
 router = APIRouter(prefix="/experiments/{name}/trials", tags=["trials"], responses=ERROR_RESPONSES)
 
@@ -38,6 +42,8 @@ async def list_trials(
     is counted only on pages without `after`. With an `ETag`: asked again with `If-None-Match`, an unchanged page
     is a 304."""
     record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
+    if arm is not None:  # an arm it does not have would list nothing: a 422 naming its arms, as `hpo trials` has it
+        check_listed_arm(record, specs, arm)
     if after is not None and (order_by != "number" or offset):
         raise HTTPException(
             422,
@@ -86,11 +92,32 @@ async def list_trials(
 @router.get("/{number}", response_model=TrialPublic)
 def get_trial(record: ExperimentRefDep, storage: StorageDep, number: TrialNumber):
     """One trial: parameters, GPUs, host and worker, state and reason, and its result once finished."""
-    return TrialPublic.from_record(storage.get_trial_by_number(record.id, number))
+    return TrialPublic.from_record(trial_by_number(record, storage, number))
 
 
 @router.get("/{number}/metrics", response_model=CurvePublic)
 def get_trial_metrics(record: ExperimentRefDep, storage: StorageDep, number: TrialNumber):
     """The trial's learning curve: per step, samples seen, elapsed time, loss, accuracy and every other value."""
-    trial = storage.get_trial_by_number(record.id, number)
+    trial = trial_by_number(record, storage, number)
     return CurvePublic.from_records(record.name, number, storage.get_metrics(trial.id))
+
+
+def check_listed_arm(record: ExperimentRecord, specs: SpecCache, arm: str) -> None:
+    """Refuse an arm the experiment does not have; one whose stored definition no longer validates is not checked
+    (its trials are still listed)."""
+    try:
+        spec = specs.spec(record)
+    except HpoError:
+        return
+    check_arm(spec, arm)
+
+
+def trial_by_number(record: ExperimentRecord, storage: Storage, number: int) -> TrialRecord:
+    """The trial, or a 404 that names the experiment as the client does (by name) and where its trials are."""
+    try:
+        return storage.get_trial_by_number(record.id, number)
+    except NotFoundError:
+        raise NotFoundError(
+            f"experiment {record.name} has no trial number {number}: its trial list "
+            f"(/experiments/{record.name}/trials) shows the numbers it has"
+        ) from None

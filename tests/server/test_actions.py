@@ -82,9 +82,10 @@ def test_actions_are_refused_without_a_configured_token(finished_experiment, tmp
     "url, says",
     [
         ("postgresql+psycopg://postgres@127.0.0.1:1/hpo", "Check that the database server is running"),
-        ("sqlite:///{tmp}/missing/hpo.db", "hpo db upgrade"),
+        ("sqlite:///{tmp}/missing/hpo.db", "does not exist"),
+        ("sqlite+pysqlite:///{tmp}/missing/hpo.db", "does not exist"),  # the driver named: the same file
     ],
-    ids=["postgres-unreachable", "sqlite-missing"],
+    ids=["postgres-unreachable", "sqlite-missing", "sqlite-driver-missing"],
 )
 def test_a_database_that_is_down_gives_503_with_the_reason(url, says, tmp_path):
     server = start_server(url.format(tmp=tmp_path), tmp_path)

@@ -150,7 +150,9 @@ def test_trials_paging_filters_and_ordering(api, stored):
     assert both["total"] == 4
     lamb = api.get(url, params={"arm": "optimizer.name=lamb"}).json()
     assert [t["number"] for t in lamb["items"]] == [n for n, t in trials.items() if t.arm == "optimizer.name=lamb"]
-    assert api.get(url, params={"arm": "optimizer.name=sgd"}).json()["total"] == 0
+    unknown = api.get(url, params={"arm": "optimizer.name=sgd"})  # as `hpo trials --arm`: not an empty list
+    assert unknown.status_code == 422 and "optimizer.name=sgd" in unknown.json()["detail"]
+    assert "optimizer.name=adamw, optimizer.name=lamb" in unknown.json()["detail"]
 
     ranked = api.get(url, params={"order_by": "objective"}).json()["items"]
     expected = sorted(trials.values(), key=lambda t: (t.objective is None, t.objective or 0.0, t.number))
@@ -171,7 +173,8 @@ def test_one_trial(api, stored):
         assert body["global_batch_size"] == 8
         assert body["result"]["objective"] == pytest.approx(record.objective)
         assert body["result"]["best_mlm_accuracy"] == pytest.approx(record.best_mlm_accuracy)
-    assert api.get(f"/experiments/{EXPERIMENT}/trials/99").status_code == 404
+    missing = api.get(f"/experiments/{EXPERIMENT}/trials/99")
+    assert missing.status_code == 404 and f"experiment {EXPERIMENT} has no trial number 99" in missing.json()["detail"]
     assert api.get(f"/experiments/{EXPERIMENT}/trials/-1").status_code == 422
     assert api.get(f"/experiments/{EXPERIMENT}/trials/x").status_code == 422
     assert api.get("/experiments/nope/trials/0").status_code == 404
@@ -268,6 +271,23 @@ def test_bad_names_are_404_or_422(api):
     assert "nope" in api.get("/experiments/nope").json()["detail"]
     assert api.get("/experiments/Not%20A%20Slug").status_code == 422
     assert api.get("/nowhere").status_code == 404
+
+
+def test_head_answers_as_get_without_a_body(api):
+    """HEAD, which every HTTP server must answer (RFC 9110: monitors and proxies send it), is GET's status and
+    headers without the body."""
+    paths = ("/health", "/experiments", f"/experiments/{EXPERIMENT}", f"/experiments/{EXPERIMENT}/trials",
+             f"/experiments/{EXPERIMENT}/trials/0/metrics", f"/experiments/{EXPERIMENT}/best",
+             f"/experiments/{EXPERIMENT}/export?format=torchrun", "/experiments/nope", "/openapi.json")  # fmt: skip
+    for path in paths:
+        got, head = api.get(path), api.head(path)
+        assert head.status_code == got.status_code and head.content == b"", path
+        for header in ("content-type", "content-length", "etag"):
+            assert head.headers.get(header) == got.headers.get(header), (path, header)
+    etag = api.get(f"/experiments/{EXPERIMENT}/best").headers["etag"]
+    assert api.head(f"/experiments/{EXPERIMENT}/best", headers={"If-None-Match": etag}).status_code == 304
+    refused = api.head(f"/experiments/{EXPERIMENT}/stop")  # POST only: still refused, and says what it allows
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST"
 
 
 def test_stop_needs_the_token(api, server):

@@ -95,6 +95,7 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
         wrong = api.post("/plan", content=path.read_text(), headers=YAML | {"Authorization": "Bearer nope"})
         bad = api.post("/plan", content=yaml.safe_dump(data), headers=AUTH | YAML)
         not_yaml = api.post("/plan", content="[1, 2", headers=AUTH | YAML)
+        not_text = api.post("/plan", content=b"name: \xff\xfe", headers=AUTH | YAML)  # not UTF-8
         too_many = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"repetitions": 51})
         schema = api.get("/openapi.json").json()
     assert (anonymous.status_code, wrong.status_code) == (401, 401)
@@ -102,6 +103,7 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     assert "planned.yaml" in bad.json()["detail"] and "/tmp" not in bad.json()["detail"]
     assert not_yaml.status_code == 422 and "not YAML" in not_yaml.json()["detail"]
     assert too_many.status_code == 422
+    assert not_text.status_code == 422 and not_text.json()["detail"][0]["loc"] == ["body"], not_text.text
     post = schema["paths"]["/api/v1/plan"]["post"]
     assert "application/yaml" in post["requestBody"]["content"]
     assert {"401", "403", "422", "504"} <= set(post["responses"])
