@@ -1,7 +1,9 @@
 """Is an experiment's controller alive? Heartbeats in the experiments table, and how to read them.
 
 A controller claims its experiment (`Storage.claim_controller`), then a `Heartbeat` thread stamps
-`heartbeat_at` every `heartbeat_interval_s()` seconds, with a one-line note of what it sees. A RUNNING
+`heartbeat_at` every `heartbeat_interval_s()` seconds, with a one-line note of what it sees. A database server
+dates the beats and judges a claim by its own clock, so a machine whose clock runs ahead cannot take a live
+controller's experiment over. A RUNNING
 experiment whose last heartbeat is older than `STALE_AFTER` intervals has lost its controller: it shows as
 `interrupted`, and `hpo resume` may take it over. The thread, not the study loop, beats, so a tuner that thinks
 for a few seconds does not look dead. A beat tries the database once (`without_waiting`): while it is away the

@@ -242,6 +242,11 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     where = safe_url(url)
     if isinstance(exc, IntegrityError):
         return StorageError(f"the database {where} refused the change (a constraint was violated): {reason}")
+    if "file is not a database" in reason.lower():
+        return StorageError(
+            f"the file of {where} is not a SQLite database ({reason}): check that {DATABASE_URL_ENV} (or --db) "
+            "names the hpo database"
+        )
     if is_locked_error(exc):
         return DatabaseUnavailableError(
             f"the SQLite database {where} stayed locked by another writer: {reason}. Use PostgreSQL "

@@ -40,7 +40,15 @@ def upgrade_database(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed."""
     from alembic import command
 
-    _run_alembic(url, lambda config: command.upgrade(config, revision))
+    def upgrade(config: Config) -> None:
+        connection = config.attributes["connection"]
+        taken = _unversioned_tables(connection)
+        connection.rollback()  # the check's read transaction: Alembic begins (and commits) its own
+        if taken:
+            raise StorageError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
+        command.upgrade(config, revision)
+
+    _run_alembic(url, upgrade)
 
 
 def downgrade_database(url: str, revision: str) -> None:
@@ -88,6 +96,8 @@ def check_schema(connection: Connection, url: str) -> None:
     head = head_revision()
     where = safe_url(url)
     if current is None:
+        if taken := _unversioned_tables(connection):
+            raise SchemaOutOfDateError(f"the database {where} {_not_ours(taken)}")
         problem = f"the database {where} has no hpo tables yet"
     elif current not in _known_revisions():
         raise SchemaOutOfDateError(
@@ -97,6 +107,20 @@ def check_schema(connection: Connection, url: str) -> None:
     else:
         problem = f"the database {where} has schema revision {current}, this code needs {head}"
     raise SchemaOutOfDateError(f"{problem}: run `hpo db upgrade` (it migrates {where})")
+
+
+def _unversioned_tables(connection: Connection) -> list[str]:
+    """The tables of hpo's names in a database that has no hpo schema revision (none when it has one)."""
+    if stored_revision(connection) is not None:
+        return []
+    from hpo.storage.models import Base
+
+    return sorted(set(inspect(connection).get_table_names()) & set(Base.metadata.tables))
+
+
+def _not_ours(tables: list[str]) -> str:
+    return (f"has tables named {', '.join(tables)} but no hpo schema revision: they were not made by "
+            "`hpo db upgrade`; use another database (or another PostgreSQL schema) for hpo")  # fmt: skip
 
 
 def alembic_config(connection: Connection) -> Config:
@@ -116,6 +140,11 @@ def _run_alembic(url: str, alembic_command) -> None:
     engine = create_storage_engine(url)
     try:
         with engine.connect() as connection:
+            if connection.dialect.name == "sqlite":
+                # SQLite alters a table by copying it and dropping the old one: with foreign keys on, dropping
+                # `experiments` or `trials` would cascade and delete every trial and metric row. The pragma only
+                # takes effect outside a transaction; env.py checks the keys before the migration commits.
+                connection.connection.driver_connection.execute("PRAGMA foreign_keys = OFF")
             connection.execution_options(**{WRITE_OPTION: True})
             alembic_command(alembic_config(connection))
     except SQLAlchemyError as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
@@ -104,6 +105,7 @@ class SqlStorage(TrialReads, Storage):
         self._outage = Outage()
         self._rng = random.Random()  # jitter: differs between processes on purpose
         self._stop_waiting: Callable[[], str | None] = lambda: None
+        self._stamps = threading.local()  # the creation time a create's first try stamped, for its retries
         if upgrade:
             upgrade_database(self.url)
         self._engine = create_storage_engine(self.url, read_only)  # read_only: a SQLite file stays as it was
@@ -140,6 +142,15 @@ class SqlStorage(TrialReads, Storage):
 
     def unreachable_for(self) -> float | None:
         return self._outage.unreachable_for()
+
+    def _stamp(self, created: tuple, clock: Callable[[], datetime]) -> datetime:
+        """The creation time of what a create (its arguments: `created`) makes: `clock()` on a first try, the first
+        try's time on a retry, so a retry knows its own first try's row by it from a twin made earlier."""
+        kept = getattr(self._stamps, "kept", None)
+        if replaying() and kept is not None and kept[0] == created:
+            return kept[1]
+        self._stamps.kept = (created, clock())
+        return self._stamps.kept[1]
 
     def _retry(self, call: Callable[[], Any]) -> Any:
         """`call()` under the retry of hpo.storage.retry (this storage's bound, outage clock and stop)."""
@@ -199,7 +210,7 @@ class SqlStorage(TrialReads, Storage):
             status=ExperimentStatus.RUNNING.value,
             spec=dict(spec),
             stop_requested=False,
-            created_at=_now(),
+            created_at=self._stamp(("experiment", name, spec, direction), _now),
         )
         if replaying() and (earlier := self._created_experiment(name, experiment)) is not None:
             return earlier  # the first try's commit landed before the connection broke
@@ -220,6 +231,8 @@ class SqlStorage(TrialReads, Storage):
             found = session.scalars(select(ExperimentModel).where(ExperimentModel.name == name)).first()
             if found is None or (found.direction, found.status) != (wanted.direction, wanted.status):
                 return None
+            if _utc(found.created_at) != _utc(wanted.created_at):
+                return None  # another one of that name, made earlier
             if found.spec != _as_stored(wanted.spec) or session.scalar(
                 select(TrialModel.id).where(TrialModel.experiment_id == found.id).limit(1)
             ):
@@ -273,22 +286,9 @@ class SqlStorage(TrialReads, Storage):
             session.delete(experiment)
 
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
-        now = _now()
-        free = or_(
-            ExperimentModel.controller_pid.is_(None),
-            ExperimentModel.heartbeat_at.is_(None),
-            ExperimentModel.heartbeat_at < now - timedelta(seconds=stale_after_s),
-            (ExperimentModel.controller_host == host) & (ExperimentModel.controller_pid == pid),
-        )
-        claim = (
-            update(ExperimentModel)
-            .where(ExperimentModel.id == experiment_id, free)
-            .values(controller_host=host, controller_pid=pid, heartbeat_at=now, controller_note=None)
-            .execution_options(synchronize_session=False)
-        )
         with self._session(write=True) as session:
-            # One conditional UPDATE: of two controllers claiming at once, exactly one wins.
-            if session.execute(claim).rowcount == 1:
+            now = _controller_time(session)
+            if self._claim(session, experiment_id, host, pid, now - timedelta(seconds=stale_after_s), now):
                 return
             experiment = _experiment(session, experiment_id)
             age = max((now - _utc(experiment.heartbeat_at)).total_seconds(), 0.0)  # its clock may run a little ahead
@@ -298,18 +298,35 @@ class SqlStorage(TrialReads, Storage):
             "ago); stop it first (Ctrl-C there, or `POST /api/v1/experiments/NAME/stop`), or wait until it ends"
         )
 
-    def heartbeat(self, experiment_id: int, host: str, pid: int, note: str | None = None) -> bool:
-        beat = (
+    @staticmethod
+    def _claim(session: Session, experiment_id: int, host: str, pid: int, stale: datetime, now: datetime) -> bool:
+        """One conditional UPDATE: of two controllers claiming at once, exactly one wins."""
+        free = or_(
+            ExperimentModel.controller_pid.is_(None),
+            ExperimentModel.heartbeat_at.is_(None),
+            ExperimentModel.heartbeat_at < stale,
+            (ExperimentModel.controller_host == host) & (ExperimentModel.controller_pid == pid),
+        )
+        claim = (
             update(ExperimentModel)
-            .where(
-                ExperimentModel.id == experiment_id,
-                ExperimentModel.controller_host == host,
-                ExperimentModel.controller_pid == pid,
-            )
-            .values(heartbeat_at=_now(), controller_note=note)
+            .where(ExperimentModel.id == experiment_id, free)
+            .values(controller_host=host, controller_pid=pid, heartbeat_at=now, controller_note=None)
             .execution_options(synchronize_session=False)
         )
+        return session.execute(claim).rowcount == 1
+
+    def heartbeat(self, experiment_id: int, host: str, pid: int, note: str | None = None) -> bool:
         with self._session(write=True) as session:
+            beat = (
+                update(ExperimentModel)
+                .where(
+                    ExperimentModel.id == experiment_id,
+                    ExperimentModel.controller_host == host,
+                    ExperimentModel.controller_pid == pid,
+                )
+                .values(heartbeat_at=_controller_time(session), controller_note=note)
+                .execution_options(synchronize_session=False)
+            )
             if session.execute(beat).rowcount == 1:
                 return True
             _require_experiment(session, experiment_id)
@@ -344,7 +361,8 @@ class SqlStorage(TrialReads, Storage):
     # -- trials --------------------------------------------------------------------------------------------
 
     def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
-        if replaying() and (earlier := self._created_trial(experiment_id, spec)) is not None:
+        created_at = self._stamp(("trial", experiment_id, spec), self._trial_clock)
+        if replaying() and (earlier := self._created_trial(experiment_id, spec, created_at)) is not None:
             return earlier  # the first try's commit landed before the connection broke
         with self._session(write=True) as session:
             # Lock the experiment row (PostgreSQL; SQLite's write transaction is already exclusive), so the next
@@ -371,7 +389,7 @@ class SqlStorage(TrialReads, Storage):
                 attempt=0,
                 kind=TrialKind(spec.kind).value,
                 seed=spec.seed,
-                created_at=self._trial_clock(),
+                created_at=created_at,
             )
             session.add(trial)
             try:
@@ -384,10 +402,10 @@ class SqlStorage(TrialReads, Storage):
             _count_change(session, experiment_id)
             return trial.id
 
-    def _created_trial(self, experiment_id: int, spec: TrialSpec) -> int | None:
+    def _created_trial(self, experiment_id: int, spec: TrialSpec, created_at: datetime) -> int | None:
         """The id of the trial `spec` describes if a retried `create_trial` finds it just created: the trial with
         `spec.number`, or without one the experiment's newest trial, queued at attempt 0 with the same parameters,
-        arm, budget, kind and seed."""
+        arm, budget, kind and seed, created at the first try's `created_at` (not a twin of an earlier create)."""
         query = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
         if spec.number is None:
             query = query.order_by(TrialModel.number.desc()).limit(1)
@@ -396,6 +414,8 @@ class SqlStorage(TrialReads, Storage):
         with self._session() as session:
             found = session.scalars(query).first()
             if found is None or (found.state, found.attempt) != (TrialState.QUEUED.value, 0):
+                return None
+            if _utc(found.created_at) != _utc(created_at):
                 return None
             wanted = (_as_stored(dict(spec.params)), spec.arm, spec.budget, TrialKind(spec.kind).value, spec.seed)
             return found.id if (found.params, found.arm, found.budget, found.kind, found.seed) == wanted else None
@@ -545,6 +565,15 @@ class SqlStorage(TrialReads, Storage):
                 new_only = dialect.insert(TrialMetricModel).on_conflict_do_nothing(index_elements=METRIC_KEY)
                 session.execute(new_only, rows)
         return len(rows)
+
+
+def _controller_time(session: Session) -> datetime:
+    """The time heartbeats are dated and judged by: a database server's own clock (controllers on several machines
+    share it: one whose clock runs ahead would take a live controller's experiment over), this machine's for SQLite
+    (used from one machine)."""
+    if session.get_bind().dialect.name == "sqlite":
+        return _now()
+    return _utc(session.scalar(select(func.now())))
 
 
 def _retried(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
+from hpo.errors import StorageError
 from hpo.storage.models import Base
 
 connection = context.config.attributes.get("connection")
@@ -14,3 +15,7 @@ if connection is None or context.is_offline_mode():
 context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
 with context.begin_transaction():
     context.run_migrations()
+    # hpo.storage.migrate turns SQLite's foreign keys off while tables are rebuilt: a row they no longer match
+    # rolls the whole migration back.
+    if connection.dialect.name == "sqlite" and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
+        raise StorageError("the migration would leave rows whose foreign keys match nothing: nothing was changed")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from datetime import timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hpo.errors import NotFoundError, StaleAttemptError, StorageError, TrialClosedError
+from hpo.errors import ControllerBusyError, NotFoundError, StaleAttemptError, StorageError, TrialClosedError
 from hpo.storage import Direction, ExperimentStatus, MetricPoint, SqlStorage
 from hpo.storage.base import TrialVersion
 from hpo.trials import TrialResult, TrialSpec, TrialState
@@ -722,3 +722,16 @@ def test_list_trials_by_objective_is_best_first_with_ties_by_number_and_missing_
     assert [t.number for t in storage.list_trials(eid, order_by="objective", offset=2, limit=3)] == expected[2:5]
     with pytest.raises(ValueError):
         storage.list_trials(eid, order_by="name")
+
+
+def test_a_live_controller_is_not_taken_over_by_a_machine_whose_clock_runs_ahead(storage: SqlStorage, monkeypatch):
+    # Controllers on several machines share one server: heartbeats are dated and judged by the server's clock.
+    if storage._engine.dialect.name == "sqlite":
+        pytest.skip("an SQLite file is used from one machine, with one clock")
+    experiment_id = storage.create_experiment("shared", {}, "minimize")
+    storage.claim_controller(experiment_id, "hostA", 111, stale_after_s=60)
+    ahead = datetime.now(timezone.utc) + timedelta(hours=1)
+    monkeypatch.setattr("hpo.storage.sql._now", lambda: ahead)  # hostB's clock runs an hour ahead
+    with pytest.raises(ControllerBusyError, match="hostA, pid 111"):
+        storage.claim_controller(experiment_id, "hostB", 222, stale_after_s=60)
+    assert storage.heartbeat(experiment_id, "hostA", 111)

@@ -7,6 +7,7 @@ try's commit landed but its answer was lost cannot be timed from a test, its sec
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import replace
 
 import pytest
@@ -91,6 +92,35 @@ def test_a_retried_create_finds_the_experiment_and_the_trial_its_first_try_made(
     with as_replay():  # the newest trial has other parameters: this one was never created
         third = storage.create_trial(experiment_id, confirmation)
     assert storage.get_trial(third).number == 2 and storage.count_trials(experiment_id) == 3
+
+
+def test_a_retried_create_whose_first_try_never_landed_does_not_take_an_earlier_twin(tmp_path, monkeypatch):
+    # A tuner may propose the same configuration twice in a row. Here the second create's first try meets a locked
+    # SQLite file (another writer), so it never commits; its retry must create the trial, not return the twin's id.
+    monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 1)
+    monkeypatch.setattr("hpo.storage.sql.LOCK_RETRIES", 1)
+    path = tmp_path / "hpo.db"
+    other = sqlite3.connect(path, isolation_level=None)
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        experiment_id = storage.create_experiment("x", {}, "minimize")
+        spec = TrialSpec(None, {"optimizer.name": "lamb"}, "lamb", 1.0)
+        twin = storage.create_trial(experiment_id, spec)
+        other.execute("BEGIN IMMEDIATE")  # the other writer holds the lock
+
+        def release() -> None:  # asked while the retry pauses, after the first try failed: the writer commits
+            if other.in_transaction:
+                other.execute("COMMIT")
+
+        storage.wait_for_outages(60, stop=release)
+        created = storage.create_trial(experiment_id, spec)
+        assert not other.in_transaction  # the first try did fail
+        assert created != twin
+        assert [trial.number for trial in storage.list_trials(experiment_id)] == [0, 1]
+        storage.create_experiment("y", {}, "minimize")  # another controller's, of the same file
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StorageError, match="'y' already exists"):
+            storage.create_experiment("y", {}, "minimize")
+    other.close()
 
 
 def test_a_retried_create_of_a_taken_name_or_number_still_refuses(storage: SqlStorage):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 from hpo.errors import SchemaOutOfDateError, StorageError
 from hpo.storage import SqlStorage, current_revision, downgrade_database, head_revision, upgrade_database
 from hpo.storage.engine import create_storage_engine
 from hpo.storage.models import Base
+from hpo.trials import TrialSpec
 
 
 def test_an_empty_database_is_out_of_date_until_upgraded(database_url: str):
@@ -51,6 +52,34 @@ def test_a_schema_newer_than_the_code_is_refused(database_url: str):
         upgrade_database(database_url)
 
 
+def test_tables_of_our_names_made_by_someone_else_are_refused_and_kept(database_url: str):
+    engine = create_storage_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE experiments (id INTEGER PRIMARY KEY, owner VARCHAR(20))"))
+        connection.execute(text("INSERT INTO experiments VALUES (1, 'another team')"))
+    engine.dispose()
+    with pytest.raises(StorageError, match="tables named experiments but no hpo schema revision.*nothing was changed"):
+        upgrade_database(database_url)
+    with pytest.raises(SchemaOutOfDateError, match="tables named experiments but no hpo schema revision"):
+        SqlStorage(database_url)
+    engine = create_storage_engine(database_url)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT owner FROM experiments")).scalars().all() == ["another team"]
+        assert not inspect(connection).has_table("alembic_version")
+        assert not inspect(connection).has_table("trials")
+    engine.dispose()
+
+
+def test_a_file_that_is_not_a_sqlite_database_is_named_and_left_as_it_is(tmp_path):
+    path = tmp_path / "hpo.db"
+    path.write_text("notes, not a database\n")
+    url = f"sqlite:///{path}"
+    for opening in (lambda: upgrade_database(url), lambda: SqlStorage(url, read_only=True)):
+        with pytest.raises(StorageError, match=f"{path} is not a SQLite database"):
+            opening()
+    assert path.read_text() == "notes, not a database\n"
+
+
 def test_migrations_build_exactly_the_models(database_url: str):
     upgrade_database(database_url)
     engine = create_storage_engine(database_url)
@@ -66,6 +95,30 @@ def test_downgrade_then_upgrade_round_trips(database_url: str):
     upgrade_database(database_url)
     with SqlStorage(database_url) as storage:
         assert storage.create_experiment("again", {}, "minimize") == 1
+
+
+def test_a_downgrade_keeps_the_rows_of_the_tables_it_keeps(database_url: str):
+    # SQLite alters a table by rebuilding it: dropping the old `experiments` must not cascade to the trials.
+    with SqlStorage(database_url, upgrade=True) as storage:
+        experiment_id = storage.create_experiment("kept", {}, "minimize")
+        trial_id = storage.create_trial(experiment_id, TrialSpec(number=None, params={"lr": 0.1}))
+        storage.add_metrics(trial_id, [(1, 8, {"loss": 2.5})])
+    for revision in ("0004_trial_noise_kind_index", "0002", "0001"):
+        downgrade_database(database_url, revision)
+        assert _counts(database_url) == (1, 1, 1), revision
+    upgrade_database(database_url)
+    with SqlStorage(database_url) as storage:
+        assert [trial.id for trial in storage.list_trials(experiment_id)] == [trial_id]
+        assert len(storage.get_metrics(trial_id)) == 1
+
+
+def _counts(url: str) -> tuple[int, ...]:
+    engine = create_storage_engine(url)
+    with engine.connect() as connection:
+        counts = tuple(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+                       for table in ("experiments", "trials", "trial_metrics"))  # fmt: skip
+    engine.dispose()
+    return counts
 
 
 def test_the_head_revision_constant_is_alembics_head_and_storages_open_without_importing_alembic(database_url: str):
