@@ -23,6 +23,11 @@ class DatabaseUnavailableError(StorageError):
     long it has been unreachable."""
 
 
+class BadDatabaseError(StorageError):
+    """The URL reaches a database server or file that refuses it for good: no such database or user, a password
+    refused, a file that is not SQLite. Bad input, nothing to wait for (`hpo` exits 2)."""
+
+
 class NotFoundError(StorageError):
     """An experiment or trial id/name that does not exist."""
 

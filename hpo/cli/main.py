@@ -41,7 +41,7 @@ from hpo.cli.plan import add_plan, add_table
 from hpo.cli.report import add_report
 from hpo.cli.run import add_db, add_resume, add_run
 from hpo.cli.serve import add_serve, add_webui
-from hpo.errors import HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
+from hpo.errors import BadDatabaseError, HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
 
 # The order of `hpo --help`. Each command imports what it uses when it runs, so `hpo status` or `hpo --help` does not
 # load the study loop, SMAC, Dask, matplotlib, the server or the trainer's config models.
@@ -96,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def bad_database_url(error: StorageError) -> bool:
     """Whether `error` is the refusal of a database URL that cannot be used as written (it does not parse, or it
-    names a database kind or driver there is none of): bad input, unlike a database that cannot be reached."""
+    names a database kind or driver there is none of, or the server refuses its database, user or password, or
+    the file is not SQLite): bad input, unlike a database that cannot be reached."""
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    return isinstance(error.__cause__, (ArgumentError, NoSuchModuleError, ImportError))
+    return isinstance(error, BadDatabaseError) or isinstance(error.__cause__, (ArgumentError, NoSuchModuleError,
+                                                                                  ImportError))  # fmt: skip
 
 
 # SMAC3 and ConfigSpace iterate over sets of strings, whose order follows Python's per-process hash seed: the

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 
-from hpo.errors import DatabaseUnavailableError, StorageError
+from hpo.errors import BadDatabaseError, DatabaseUnavailableError, StorageError
 
 DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
@@ -222,6 +223,10 @@ TRANSIENT_MESSAGES = (
     "database is busy",
     "database or disk is full",
 )
+# A PostgreSQL server's refusals of the URL itself (its database, user or password): no wait ends them.
+REFUSED_FOR_GOOD = re.compile(
+    r'(database|role) ".*" does not exist|password authentication failed|no pg_hba\.conf entry'
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -243,7 +248,7 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     if isinstance(exc, IntegrityError):
         return StorageError(f"the database {where} refused the change (a constraint was violated): {reason}")
     if "file is not a database" in reason.lower():
-        return StorageError(
+        return BadDatabaseError(
             f"the file of {where} is not a SQLite database ({reason}): check that {DATABASE_URL_ENV} (or --db) "
             "names the hpo database"
         )
@@ -251,6 +256,11 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
         return DatabaseUnavailableError(
             f"the SQLite database {where} stayed locked by another writer: {reason}. Use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
+        )
+    if isinstance(exc, OperationalError) and REFUSED_FOR_GOOD.search(reason):
+        return BadDatabaseError(
+            f"the database server refused {where}: {reason}. Check that {DATABASE_URL_ENV} (or --db) names an "
+            "existing database and user, with the right password (`createdb NAME` makes a database)"
         )
     if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
         # The database is away for now (DatabaseUnavailableError: callers may wait and retry) or misnamed.

@@ -10,11 +10,13 @@ import socket
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from hpo.cli.main import main
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.storage import SqlStorage
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
 
 PILOT = "pilot"
 ARMS = "optimizer.name=adamw, optimizer.name=lamb"
@@ -219,3 +221,25 @@ def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
         port = s.getsockname()[1]
     assert main(["--db", f"postgresql+psycopg://u@127.0.0.1:{port}/d", "status"]) == 1
     assert "connection failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["status"], ["db", "upgrade"]])
+def test_a_file_that_is_not_sqlite_is_bad_input_and_kept(tmp_path, capsys, command):
+    not_sqlite = tmp_path / "notes.db"
+    not_sqlite.write_text("not a database\n" * 100)
+    assert main(["--db", f"sqlite:///{not_sqlite}", *command]) == 2
+    assert "is not a SQLite database" in capsys.readouterr().err
+    assert not_sqlite.read_text() == "not a database\n" * 100
+
+
+@pytest.mark.parametrize("part", ["database", "user"])
+def test_a_database_or_user_the_server_does_not_have_is_bad_input(capsys, part):
+    """The PostgreSQL server answers, and refuses the URL's database or user: no wait would help (exit 2)."""
+    url = os.environ.get(POSTGRES_URL_ENV)
+    if not url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    parsed = make_url(url)
+    wrong = parsed.set(database="hpo_no_such_database") if part == "database" else parsed.set(username="no_such_user")
+    assert main(["--db", wrong.render_as_string(hide_password=False), "status"]) == 2
+    err = capsys.readouterr().err
+    assert "the database server refused" in err and "does not exist" in err and "names an existing database" in err
