@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from hpo.errors import DatabaseUnavailableError, HpoError, NotFoundError, StorageError
+from hpo.errors import BadDatabaseError, DatabaseUnavailableError, HpoError, NotFoundError, StorageError
 from hpo.storage import SqlStorage
 from hpo.storage import engine as engine_module
 from hpo.storage import sql as sql_module
@@ -70,7 +70,7 @@ def test_a_database_name_the_server_does_not_have_is_not_an_outage():
     assert "does not exist" in str(error.orig)
     assert not is_transient(error)
     translated = storage_error(error, base_url)
-    assert type(translated) is StorageError and "names the right host, port, database and user" in str(translated)
+    assert type(translated) is BadDatabaseError and "names an existing database and user" in str(translated)
 
 
 def test_a_locked_sqlite_file_is_an_outage_and_a_missing_table_is_not(tmp_path: Path):
