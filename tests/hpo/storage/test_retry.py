@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from hpo.errors import BadDatabaseError, DatabaseUnavailableError, HpoError, NotFoundError, StorageError
+from hpo.errors import BadDatabaseError, DatabaseUnavailableError, HpoError, NotFoundError
 from hpo.storage import SqlStorage
 from hpo.storage import engine as engine_module
 from hpo.storage import sql as sql_module
