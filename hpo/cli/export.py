@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -25,8 +26,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
                        f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "
                        f"export; `hpo trials {args.name}` says why")  # fmt: skip
+    config_path = args.config_path if args.config_path is not None else _config_file(args)
     exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                      config_path=args.config_path or _config_file(args), spec=spec)  # fmt: skip
+                      config_path=config_path, spec=spec)  # fmt: skip
+    if args.format == "torchrun":
+        _check_config_file(args, config_path)
     for warning in exported.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if not args.output:
@@ -38,6 +42,26 @@ def cmd_export(args: argparse.Namespace) -> int:
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
         print(f"run it with: {command}", file=sys.stderr)
     return 0
+
+
+def _check_config_file(args: argparse.Namespace, config_path: str) -> None:
+    """Refuse a torchrun line for an existing config file that was exported for other ranks (the trainer would
+    refuse it on these)."""
+    import yaml
+
+    from hpo.export.production import check_config_file
+
+    path = Path(config_path)
+    if not path.is_file():
+        return  # written later, or on the machines that run it
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # not a config this can read: the trainer says what is wrong with it
+    again = ["hpo", "export", args.name, *(["--arm", args.arm] if args.arm else []),
+             *(["--batch-size", str(args.batch_size)] if args.batch_size is not None else []),
+             "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node), "-o", config_path]  # fmt: skip
+    check_config_file(config_path, saved, args.nodes, args.gpus_per_node, shlex.join(again))
 
 
 def _config_file(args: argparse.Namespace) -> str:

@@ -140,6 +140,35 @@ def micro_batch_for(global_batch: int, micro_batch: int | str, ranks: int) -> in
     return next(m for m in range(min(micro_batch, per_rank), 0, -1) if per_rank % m == 0)
 
 
+def split_of(batch: dict[str, Any], ranks: int) -> str:
+    """How the trainer splits `batch` (a config's `batch` section, fit for `ranks` ranks) over them."""
+    global_batch, micro = batch["global_batch_size"], batch["micro_batch_size"]
+    if micro == "auto":
+        return (f"global_batch_size {global_batch} = {global_batch // ranks} sequences a rank x {ranks} rank(s); "
+                "micro_batch_size auto: the trainer picks a divisor of a rank's sequences")  # fmt: skip
+    steps = global_batch // (micro * ranks)
+    return (f"global_batch_size {global_batch} = micro_batch_size {micro} x {ranks} rank(s) x {steps} accumulation "
+            "step(s)")  # fmt: skip
+
+
+def check_config_file(path: str, saved: Any, nodes: int, gpus_per_node: int, export_again: str) -> None:
+    """Refuse a torchrun line for a config file (`saved`: its parsed YAML) whose batch the trainer would refuse on
+    these ranks (its `accumulation_steps` rule: one exported for other ranks); `export_again`: the command that
+    exports it for them."""
+    batch = saved.get("batch") if isinstance(saved, dict) else None
+    if not isinstance(batch, dict) or not {"global_batch_size", "micro_batch_size"} <= batch.keys():
+        return  # not an exported config: the trainer says what it lacks
+    global_batch, micro, ranks = batch["global_batch_size"], batch["micro_batch_size"], nodes * gpus_per_node
+    per_step = ranks if micro == "auto" else micro * ranks
+    if not isinstance(global_batch, int) or not isinstance(per_step, int) or global_batch % per_step == 0:
+        return
+    raise ExportError(
+        f"{path} has batch.micro_batch_size {micro} of batch.global_batch_size {global_batch}: the trainer refuses "
+        f"it on {ranks} ranks ({nodes} x {gpus_per_node}; {global_batch} is no multiple of "
+        f"{ranks if micro == 'auto' else f'{micro} x {ranks}'}); export it for these ranks first: {export_again}"
+    )
+
+
 def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any]) -> Provenance:
     """Where the exported `config` (from `production_config`) comes from."""
     target = float(config["eval"]["target_mlm_accuracy"])
@@ -254,14 +283,14 @@ def render(
         text = json.dumps(body, indent=2) + "\n"
     else:
         tuned_micro = production_config(spec, trial)["batch"]["micro_batch_size"]
-        comments = _comment_lines(origin, tuned_micro, config, warnings, command)
+        comments = _comment_lines(origin, tuned_micro, config, warnings, command, nodes * gpus_per_node)
         body = command + "\n" if fmt == "torchrun" else yaml.safe_dump(config, sort_keys=False)
         text = "\n".join(f"# {comment_text(line)}" if line else "#" for line in comments) + "\n" + body
     return Export(text, warnings, MEDIA_TYPES[fmt])
 
 
 def _comment_lines(
-    origin: Provenance, tuned_micro: int | str, config: dict[str, Any], warnings, command: str
+    origin: Provenance, tuned_micro: int | str, config: dict[str, Any], warnings, command: str, ranks: int
 ) -> list[str]:
     objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
     simulated = " (simulated: read from a learning-curve table, not trained)" if origin.simulated else ""
@@ -278,6 +307,7 @@ def _comment_lines(
     lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]
     if tuned_micro != config["batch"]["micro_batch_size"]:
         lines.append(f"batch.micro_batch_size lowered from {tuned_micro} so the global batch splits over the ranks")
+    lines.append(f"batch: {split_of(config['batch'], ranks)}")
     mlperf = config["log"]["mlperf"]
     where = "" if PurePath(mlperf).is_absolute() else ", relative to the directory the command runs in"
     lines.append(f"MLPerf log (mllog events of rank 0): {mlperf}{where}")

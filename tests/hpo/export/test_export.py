@@ -32,7 +32,8 @@ from hpo.storage.base import Direction, ExperimentRecord, ExperimentStatus, Tria
 from hpo.trials import TrialState
 from server.storage import SpecCache
 from tests.server.conftest import tiny_overrides
-from trainer.config import load_config
+from trainer.config import TrainerConfig, load_config
+from trainer.errors import ConfigError
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -291,3 +292,68 @@ def test_an_export_with_line_breaks_in_its_data_path_trains(tmp_path):
                               "--ruleset", "5.0.0", "--log_output", str(tmp_path / "checker.log"),
                               str(tmp_path / MLPERF_LOG)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert checked.returncode == 0 and "SUCCESS" in checked.stderr, checked.stdout + checked.stderr
+
+
+# --------------------------------------------------------------------------- the command line: ranks and files
+
+
+def pilot_db(tmp_path) -> str:
+    """A database holding experiment `pilot` (global batch 32, micro batch 4) with completed trials of both arms."""
+    from tests.hpo.plan.test_plan import write_pilot
+
+    write_pilot(tmp_path / "pilot.db", "pilot", {"adamw": [(9000, [])], "lamb": [(8000, [])]})
+    return f"sqlite:///{tmp_path / 'pilot.db'}"
+
+
+def trainer_steps(config: dict, ranks: int) -> int:
+    """The accumulation steps the trainer runs `config` with on `ranks` ranks (its own check; ConfigError if none)."""
+    from trainer.distributed import DistEnv
+    from trainer.train import accumulation_steps
+
+    return accumulation_steps(TrainerConfig.model_validate(config), DistEnv(world_size=ranks, local_world_size=1))
+
+
+def test_the_torchrun_line_refuses_a_config_file_exported_for_other_ranks(tmp_path, capsys):
+    """A YAML exported for one rank (micro batch 4 of global batch 32) cannot run on 2 x 8 ranks (2 sequences a
+    rank): the torchrun line naming it is refused, nothing is written; exported for those ranks, it runs there."""
+    from hpo.cli.main import main
+
+    db, best, line = pilot_db(tmp_path), tmp_path / "best.yaml", tmp_path / "run.sh"
+    assert main(["--db", db, "export", "pilot", "-o", str(best)]) == 0
+    one_rank = yaml.safe_load(best.read_text())
+    assert one_rank["batch"] == {"global_batch_size": 32, "micro_batch_size": 4} and trainer_steps(one_rank, 1) == 8
+    with pytest.raises(ConfigError):  # what torchrun would meet on 16 ranks: 32 is no multiple of 4 x 16
+        trainer_steps(one_rank, 16)
+    capsys.readouterr()
+    torchrun = ["--db", db, "export", "pilot", "--format", "torchrun", "--nodes", "2", "--gpus-per-node", "8",
+                "--config-path", str(best), "-o", str(line)]  # fmt: skip
+    assert main(torchrun) == 2 and not line.exists()
+    err = capsys.readouterr().err
+    assert f"{best} has batch.micro_batch_size 4" in err and "16 ranks" in err
+    assert "hpo export pilot --nodes 2 --gpus-per-node 8 -o" in err and "Traceback" not in err
+    assert main(["--db", db, "export", "pilot", "--nodes", "2", "--gpus-per-node", "8", "-o", str(best)]) == 0
+    sixteen = yaml.safe_load(best.read_text())
+    assert sixteen["batch"] == {"global_batch_size": 32, "micro_batch_size": 2} and trainer_steps(sixteen, 16) == 1
+    assert main(torchrun) == 0
+    assert line.read_text().splitlines()[-1].startswith("torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d")
+
+
+def test_an_empty_config_path_is_refused_from_the_command_line(tmp_path, capsys):
+    from hpo.cli.main import main
+
+    assert main(["--db", pilot_db(tmp_path), "export", "pilot", "--format", "torchrun", "--config-path", ""]) == 2
+    captured = capsys.readouterr()
+    assert "the config path is empty" in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("nodes, gpus", [(1, 1), (1, 4), (2, 2), (2, 4)])
+def test_every_export_says_how_its_global_batch_splits(tmp_path, nodes, gpus):
+    record, trial = make_record(tmp_path), make_trial()  # global batch 8, micro batch 8 (tiny_overrides)
+    ranks = nodes * gpus
+    for fmt in ("yaml", "torchrun"):
+        text = render(record, trial, fmt, nodes=nodes, gpus_per_node=gpus).text
+        config = json.loads(render(record, trial, "json", nodes=nodes, gpus_per_node=gpus).text)["config"]
+        micro, steps = 8 // ranks, trainer_steps(config, ranks)
+        assert config["batch"] == {"global_batch_size": 8, "micro_batch_size": micro} and micro * ranks * steps == 8
+        assert (f"# batch: global_batch_size 8 = micro_batch_size {micro} x {ranks} rank(s) x {steps} accumulation "
+                f"step(s)") in text.splitlines()  # fmt: skip
