@@ -95,6 +95,7 @@ from hpo.nni.manager import (
     NniExperiment,
     NniLaunchError,
     TunerLog,
+    check_port,
     forget,
     load_experiments,
     log_errors,
@@ -224,6 +225,10 @@ def run_nni(
     `hpo.nni.config.trial_command`, which reads `db_url` from the run directory's user-only file rather than its
     command line; the controller-overhead benchmark runs its dummy trial instead)."""
     preflight()
+    try:
+        check_port(port)
+    except NniEngineError as e:  # before anything is written: `start_failure` removes the experiment again
+        raise NniStartError(str(e)) from None
     run_dir = Path(run_dir)
     nni_home(run_dir).mkdir(parents=True, exist_ok=True)
     write_database_url(run_dir, db_url)

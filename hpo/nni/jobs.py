@@ -253,7 +253,11 @@ def _ending(spec, job: dict, recorded: bool) -> tuple[TrialState, str]:
         return TrialState.FAILED, "stopped early by NNI's median-stop assessor (its accuracy was below the median)"
     if not recorded:
         return TrialState.FAILED, f"NNI trial {trial} ended ({status}) before it asked for its parameters"
-    return TrialState.FAILED, f"NNI trial {trial} ended ({status}) without a final result"
+    reason = f"NNI trial {trial} ended ({status}) without a final result"
+    if status == "USER_CANCELED":  # NNI 3.0's status of a trial whose process a signal ended (it keeps no signal)
+        reason += (": its process was killed by a signal (the out-of-memory killer, `kill`) or the trial was "
+                   "cancelled in NNI's web UI")  # fmt: skip
+    return TrialState.FAILED, reason
 
 
 def job_params(job: dict, plan: ArmPlan) -> dict[str, Any]:

@@ -307,15 +307,23 @@ def free_port(start: int, host: str | None = "127.0.0.1") -> int:
     """The first port from `start` that the NNI manager can take: free on every address it will listen on
     (`host`, or every interface when None), with nothing listening on localhost (NNI's own clients and its
     tuner reach the manager at localhost, which may be [::1] before 127.0.0.1)."""
+    check_port(start)
     busy: dict[int, str] = {}
-    for port in range(start, start + 200):
+    last = min(start + 199, 65535)
+    for port in range(start, last + 1):
         busy_on = port_taken(port, host)
         if busy_on is None:
             return port
         busy[port] = busy_on
     first = busy[start]
-    raise NniEngineError(f"no free port in {start}..{start + 199} for the NNI web UI (port {start}: {first}); "
+    raise NniEngineError(f"no free port in {start}..{last} for the NNI web UI (port {start}: {first}); "
                          "free one or give another with --port")  # fmt: skip
+
+
+def check_port(port: int) -> None:
+    """Refuse a --port that is no TCP port (the socket calls would raise OverflowError)."""
+    if not 0 < port < 65536:
+        raise NniEngineError(f"--port {port} is not a TCP port (1 to 65535); give one such as 8080")
 
 
 def port_taken(port: int, host: str | None) -> str | None:

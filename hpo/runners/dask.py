@@ -16,11 +16,15 @@ cluster.
 A worker that dies mid-trial: the runner sees the task's worker leave the cluster and reports the attempt as
 lost; the study loop re-queues the trial once (a new attempt), then fails it. When Dask re-runs the task on
 another worker before the runner notices, that re-run cannot claim the trial (the storage fences attempts and
-only claims queued trials); its refusal (exit code 4) is reported as the same loss.
+only claims queued trials); its refusal (exit code 4) is reported as the same loss. A scheduler that goes away
+ends the run instead (`lost_scheduler`, a ResourceError naming it): the study records its running trials as
+interrupted, for `hpo resume` once a scheduler is back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import threading
@@ -116,6 +120,10 @@ class DaskRunner(Runner):
         self.client.subscribe_topic(self.topic, self._on_exit)
         self._checked = 0.0
         self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
+        if self.capacity() == 0 and not self.gpus:
+            self.client.close()
+            raise ResourceError(f"runner.scheduler: the Dask cluster at {scheduler} has no worker; start one with "
+                                f"`dask worker {scheduler}`")  # fmt: skip
         if self.capacity() == 0:
             self.client.close()
             raise ResourceError(
@@ -185,6 +193,11 @@ class DaskRunner(Runner):
         future.add_done_callback(task_ended)
 
     def poll(self) -> list[TrialExit]:
+        with self._scheduler_calls():
+            return self._poll()
+
+    def _poll(self) -> list[TrialExit]:
+        self._require_scheduler()
         self._done.clear()  # before looking, so an end that comes while we look wakes the next `wait`
         self._released.clear()
         with self._lock:
@@ -223,6 +236,7 @@ class DaskRunner(Runner):
         sub = self.running[trial_id]
         if sub.future.key in values:
             return self._announced(trial_id, values[sub.future.key])
+        self._require_scheduler()  # the client cancels every future when it loses the scheduler: not a worker's loss
         self.running.pop(trial_id)
         attempt = sub.launch.attempt
         error = sub.future.exception() if sub.future.status == "error" else None
@@ -254,11 +268,14 @@ class DaskRunner(Runner):
         if not self.running:
             return []
         ids = list(self.running)
-        self.client.run(_kill_trials, [(tid, self.running[tid].launch.attempt) for tid in ids])
+        reachable = self.client.status == "running"  # else the workers end their trials when they lose the scheduler
+        if reachable:
+            self.client.run(_kill_trials, [(tid, self.running[tid].launch.attempt) for tid in ids])
         exits = []
         for trial_id in ids:
             sub = self.running.pop(trial_id)
-            self.client.cancel(sub.future, force=True)
+            if reachable:
+                self.client.cancel(sub.future, force=True)
             exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
         return exits
 
@@ -266,7 +283,37 @@ class DaskRunner(Runner):
         self.client.run(_kill_on_host, host, pid, tag, claimed_at)  # every worker: a trial not started has no host
 
     def close(self) -> None:
-        self.client.close()
+        if self.client.status == "running":
+            self.client.close()
+            return
+        # The scheduler is gone: closing cancels the client's attempts to reconnect, which Dask logs with a traceback.
+        log = logging.getLogger("distributed.client")
+        disabled, log.disabled = log.disabled, True
+        try:
+            self.client.close()
+        finally:
+            log.disabled = disabled
+
+    def _require_scheduler(self) -> None:
+        """Raise `lost_scheduler` once the client lost its connection to the scheduler (it then cancels every
+        task it submitted, and a scheduler that comes back knows none of them)."""
+        if self.client.status != "running":
+            raise self.lost_scheduler("the connection to it broke")
+
+    @contextlib.contextmanager
+    def _scheduler_calls(self):
+        """Calls to the scheduler that fail because it went away raise `lost_scheduler` instead of Dask's error."""
+        try:
+            yield
+        except (OSError, TimeoutError) as e:  # Dask's CommClosedError is an OSError
+            raise self.lost_scheduler(str(e) or type(e).__name__) from None
+
+    def lost_scheduler(self, cause: str) -> ResourceError:
+        return ResourceError(
+            f"runner.scheduler: lost the Dask scheduler at {self.scheduler} ({cause}); its workers end their trials "
+            "when they lose it, and a resume ends any left; start the scheduler and its workers again, then "
+            "`hpo resume` runs the interrupted trials again"
+        )
 
 
 def _send_promptly(client) -> None:

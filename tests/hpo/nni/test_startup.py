@@ -14,7 +14,7 @@ import nni_node
 import pytest
 import yaml
 
-from hpo.nni.manager import NniEngineError, load_experiments, rest
+from hpo.nni.manager import NniEngineError, free_port, load_experiments, rest
 from hpo.storage import SqlStorage
 from tests.hpo.nni.conftest import nni_experiment_data
 
@@ -135,3 +135,17 @@ def test_resume_takes_port_like_run(tmp_path):
     args = build_parser().parse_args(["resume", "nniexp", "--port", "18123"])
     assert args.port == 18123
     assert build_parser().parse_args(["resume", "nniexp"]).port == 8080
+
+
+@pytest.mark.nni
+def test_a_port_beyond_65535_is_named_and_leaves_nothing_recorded(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    failed = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", "70000")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert "--port 70000 is not a TCP port (1 to 65535)" in failed.stderr
+    assert "nothing was recorded: `hpo run` starts nniexp afresh once the cause is fixed" in failed.stderr
+    assert SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}").list_experiments() == []
+    assert not (tmp_path / "run" / "nni").exists()  # refused before anything was written
+    with pytest.raises(NniEngineError, match="--port 70000 is not a TCP port"):  # as `hpo webui --port` gives it
+        free_port(70000)

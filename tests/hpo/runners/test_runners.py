@@ -4,6 +4,7 @@ a worker SIGKILLed mid-trial, and a trial whose working directory the controller
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -255,3 +256,66 @@ def test_a_trial_started_to_die_with_its_parent_dies_when_the_parent_is_killed(t
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), f"trial process {child} outlived its killed parent ({how})"
+
+
+@pytest.fixture
+def killable_scheduler():
+    """A Dask scheduler and one worker as processes of their own (`dask scheduler`, `dask worker`), so that a test
+    can SIGKILL the scheduler; yields the scheduler's address and its process."""
+    import subprocess
+    import sys
+
+    from hpo.trial.launch import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+    dask = [sys.executable, "-m", "dask"]
+    scheduler = subprocess.Popen([*dask, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+                                  "--no-dashboard"], **quiet)  # fmt: skip
+    worker = subprocess.Popen([*dask, "worker", address, "--nthreads", "1", "--no-dashboard"], **quiet)
+    try:
+        with distributed.Client(address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=120)
+        yield address, scheduler
+    finally:
+        for process in (worker, scheduler):  # the worker's trial dies with it (PR_SET_PDEATHSIG)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_a_scheduler_lost_mid_trial_is_named_and_its_trial_left_for_the_resume(tmp_path, killable_scheduler):
+    """The scheduler SIGKILLed while a trial runs: the runner says so (not that the trial's worker was lost, which
+    would re-queue the trial on a cluster that is gone) and the study records the trial as interrupted, which
+    `hpo resume` runs again once a scheduler is back."""
+    address, scheduler = killable_scheduler
+    spec = make_spec(tmp_path, trials=2, budget={"max_parallel": 1, "trial_timeout_s": 600},
+                     runner={"name": "dask", "scheduler": address},
+                     **{"budget.max_samples": 400_000, "eval.every_samples": 400})  # fmt: skip
+
+    def kill_the_scheduler_mid_trial(storage, eid):
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if any(storage.get_metrics(t.id) for t in storage.list_trials(eid, state=TrialState.RUNNING)):
+                os.killpg(scheduler.pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    with pytest.raises(ResourceError, match=f"lost the Dask scheduler at {address} ") as raised:
+        drive(tmp_path, spec, build_runner(spec), during=kill_the_scheduler_mid_trial)
+    assert "hpo resume" in str(raised.value)
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}")
+    (trial,) = storage.list_trials(storage.get_experiment_by_name("exp").id)
+    assert (trial.state, trial.attempt) == (TrialState.INTERRUPTED, 0), trial.reason
+    assert f"lost the Dask scheduler at {address}" in trial.reason
+
+
+def test_dask_refuses_a_cluster_without_workers_for_cpu_trials_naming_the_command_that_adds_one(tmp_path):
+    with distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster:
+        spec = make_spec(tmp_path, runner={"name": "dask", "scheduler": cluster.scheduler_address})
+        with pytest.raises(ResourceError) as refused:
+            build_runner(spec)
+    assert str(refused.value) == (
+        f"runner.scheduler: the Dask cluster at {cluster.scheduler_address} has no worker; start one with "
+        f"`dask worker {cluster.scheduler_address}`"
+    )
