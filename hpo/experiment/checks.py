@@ -41,6 +41,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
     _check_resources(spec, cfg, source)
     if current_rules:
         _check_equal_arms(spec, source)
+        _check_equal_budgets(spec, source)
         _check_tuner_seed(spec, source)
         _check_seed(spec, cfg, source)
         if spec.resources.gpus == "none":
@@ -152,8 +153,29 @@ def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
             f"so the comparison would favour the arm tuned more: {', '.join(differing)}. Tune every dimension "
             "in every arm (a per-arm range is `key@label`), or say why not with allow_unequal_arms: <reason>"
         )
-    if not differing and spec.allow_unequal_arms is not None:
-        raise ExperimentFileError(f"{source}: allow_unequal_arms: the arms tune the same dimensions; remove it")
+    if not differing and spec.allow_unequal_arms is not None and _even_budgets(spec):
+        raise ExperimentFileError(
+            f"{source}: allow_unequal_arms: the arms tune the same dimensions with the same number of trials; remove it"
+        )
+
+
+def _even_budgets(spec: ExperimentSpec) -> bool:
+    return len({plan.quota for plan in arm_plans(spec)}) <= 1
+
+
+def _check_equal_budgets(spec: ExperimentSpec, source: str) -> None:
+    """Every arm gets the same number of trials: `budget.trials` must split evenly over the arms, or the file must
+    say why not (`allow_unequal_arms`)."""
+    labels = [plan.label for plan in arm_plans(spec)]
+    total = spec.budget.trials
+    if _even_budgets(spec) or spec.allow_unequal_arms is not None:
+        return
+    fewer, more = total - total % len(labels), total - total % len(labels) + len(labels)
+    raise ExperimentFileError(
+        f"{source}: budget.trials: {total} trials do not split equally over the {len(labels)} arms "
+        f"({', '.join(labels)}): the first {total % len(labels)} would get one trial more, which favours them; "
+        f"use {' or '.join(str(n) for n in (fewer, more) if n > 0)}, or say why with allow_unequal_arms: <reason>"
+    )
 
 
 # Options each tuner understands (tuner.options); anything else would be ignored, so it is refused.

@@ -12,7 +12,7 @@ import yaml
 
 from hpo.errors import ExperimentFileError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, load_experiment
-from hpo.experiment.arms import arm_dimensions, arm_of, arms, trial_config
+from hpo.experiment.arms import arm_dimensions, arm_of, arm_plans, arms, trial_config
 from hpo.experiment.rungs import asha_plan
 from search_spaces import SearchSpaceError, list_presets, preset_path
 from trainer.config import TrainerConfig
@@ -210,6 +210,27 @@ def test_arms_cover_every_combination_of_compare_keys():
     no_compare = make_experiment(base_config=TINY_BASE, compare=[], allow_unequal_arms=None)
     no_compare = experiment_from_dict(no_compare, "<test>")
     assert arms(no_compare) == [{}] and arm_of(no_compare, {"optimizer.name": "lamb"}) is None
+
+
+def test_every_arm_gets_the_same_number_of_trials_or_the_file_says_why_not():
+    """5 trials over 2 arms would give the first arm 3 and the other 2: refused in a new file, with the budgets
+    that split; allowed with a reason; read as it ran when stored."""
+    space = {"optimizer.name": {"choice": ["adamw", "lamb"]},
+             "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}}  # fmt: skip
+    odd = make_experiment(base_config=TINY_BASE, space=space, allow_unequal_arms=None, budget={"trials": 5})
+    with pytest.raises(ExperimentFileError) as refused:
+        experiment_from_dict(odd, "exp.yaml")
+    assert str(refused.value) == (
+        "exp.yaml: budget.trials: 5 trials do not split equally over the 2 arms (optimizer.name=adamw, "
+        "optimizer.name=lamb): the first 1 would get one trial more, which favours them; use 4 or 6, or say why "
+        "with allow_unequal_arms: <reason>"
+    )
+    said = experiment_from_dict({**odd, "allow_unequal_arms": "a smoke test"}, "exp.yaml")
+    assert [plan.quota for plan in arm_plans(said)] == [3, 2]
+    assert [plan.quota for plan in arm_plans(experiment_from_dict(odd, "stored", current_rules=False))] == [3, 2]
+    even = {**odd, "budget": {"trials": 6}, "allow_unequal_arms": "a smoke test"}
+    with pytest.raises(ExperimentFileError, match="the same dimensions with the same number of trials; remove it"):
+        experiment_from_dict(even, "exp.yaml")
 
 
 # ------------------------------------------------------------------------------------------------ objective

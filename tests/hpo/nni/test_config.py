@@ -29,7 +29,7 @@ ARM_SPACE = {
 }
 
 
-def spec_of(tmp_path, tuner="nni_tpe", trials=5, parallel=2, engine="nni", resources=None, budget=None, **kwargs):
+def spec_of(tmp_path, tuner="nni_tpe", trials=6, parallel=2, engine="nni", resources=None, budget=None, **kwargs):
     data = nni_experiment_data(tmp_path, tuner, trials, parallel, **kwargs)
     data["engine"] = engine
     data["resources"].update(resources or {})
@@ -44,15 +44,15 @@ def nni_validates(config: dict) -> dict:
 
 
 def test_arms_are_separate_nni_experiments_with_equal_shares(tmp_path):
-    spec = spec_of(tmp_path, trials=5, space=ARM_SPACE, compare=["optimizer.name"])
+    spec = spec_of(tmp_path, trials=6, space=ARM_SPACE, compare=["optimizer.name"])
     plans = arm_plans(spec)
     assert [(p.label, p.fixed, p.quota) for p in plans] == [
         ("optimizer.name=adamw", {"optimizer.name": "adamw"}, 3),
-        ("optimizer.name=lamb", {"optimizer.name": "lamb"}, 2),
+        ("optimizer.name=lamb", {"optimizer.name": "lamb"}, 3),
     ]
     assert plans[1].space.names == ["optimizer.lr@lamb"]  # the compare key is fixed, the other arm's lr dropped
     config = nni_validates(nni_experiment_config(spec, plans[1], tmp_path / "run", "true", tmp_path, on_gpu=False))
-    assert config["maxTrialNumber"] == 2 and config["experimentName"] == "nniexp optimizer.name=lamb"
+    assert config["maxTrialNumber"] == 3 and config["experimentName"] == "nniexp optimizer.name=lamb"
     assert config["searchSpace"] == {"optimizer.lr@lamb": {"_type": "loguniform", "_value": [1e-3, 1e-2]}}
 
 
@@ -132,7 +132,7 @@ def test_smac_custom_tuner_gets_our_space_with_its_conditions(tmp_path):
     assert tuner["className"] == "hpo.nni.smac_tuner.SmacTuner"
     assert (Path(tuner["codeDirectory"]) / "hpo" / "nni" / "smac_tuner.py").is_file()
     assert tuner["classArgs"]["space"] == CONDITIONAL_SPACE  # `when` included: SMAC gets the condition
-    assert tuner["classArgs"]["n_initial_configs"] == 2 and tuner["classArgs"]["n_trials"] == 5
+    assert tuner["classArgs"]["n_initial_configs"] == 2 and tuner["classArgs"]["n_trials"] == 6
 
 
 def test_trial_command_restores_home_and_quotes_and_carries_no_database_url(tmp_path):

@@ -42,8 +42,12 @@ def experiment_file(directory: Path, name: str, trials: int = 7, slots: int = 3,
     space = space or {"optimizer.name": {"choice": ["adamw", "lamb"]},
                       "optimizer.lr": {"float": [1.0e-4, 1.0e-2], "log": True},
                       "schedule.warmup_steps": {"choice": [0, 40]}}  # fmt: skip
-    return simulated_experiment_file(directory, name, "random", trials, slots, space, compare,
+    path = simulated_experiment_file(directory, name, "random", trials, slots, space, compare,
                                      {"eval.stop_at_target": False}, confirm_seeds=CONFIRM)  # fmt: skip
+    if trials % 2:  # quotas 4 and 3, so that one arm's tuning ends first: a file must say why
+        spec = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**spec, "allow_unequal_arms": "one arm's tuning ends before the other's"}))
+    return path
 
 
 def run(directory: Path, name: str, **kwargs) -> list:
