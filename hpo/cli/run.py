@@ -64,12 +64,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if not args.quiet and runner is not None:
         print(describe_plan(spec, runner), file=sys.stderr)
-    experiment_id = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    stored = ran_on(stored_form(spec, run_dir), args.runner, args.scheduler)
+    experiment_id = storage.create_experiment(spec.name, stored, spec.direction)
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 
         return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+
+
+def ran_on(stored: dict, runner: str | None, scheduler: str | None) -> dict:
+    """The stored form of an experiment with the runner its trials run on: the file's, or the one --runner and
+    --scheduler chose instead, so that `hpo resume` runs them there again without the options."""
+    if runner is None and scheduler is None:
+        return stored
+    section = dict(stored["experiment"].get("runner") or {})
+    section["name"] = runner or section.get("name", "local")
+    if scheduler is not None:
+        section["scheduler"] = scheduler
+    if section["name"] != "dask":
+        section.pop("scheduler", None)
+    return {**stored, "experiment": {**stored["experiment"], "runner": section}}
 
 
 def check_run_dir(path: Path, where: str) -> None:

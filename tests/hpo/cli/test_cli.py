@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from hpo.cli.main import main
+from hpo.errors import HpoError
 from hpo.storage import SqlStorage
 from tests.hpo.engine.test_study import tiny_overrides
 from tests.trainer.conftest import make_shards
@@ -96,6 +99,49 @@ def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(
     assert code == 2
     assert f"cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
     assert not db_file.exists()
+
+
+def test_a_resume_runs_the_trials_on_the_dask_cluster_the_run_chose_on_the_command_line(tmp_path):
+    """`hpo run FILE --runner dask --scheduler X` (the file says local), stopped after its first trial: `hpo resume
+    NAME` without the options runs the second trial on the same cluster, not on this machine's slots."""
+    import distributed
+
+    from hpo.experiment import spec_from_stored
+
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        address = cluster.scheduler_address
+
+        def stop_after_the_first_trial():
+            deadline = time.monotonic() + 120  # a bound, not a timing: the run ends on its own after it
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                try:  # the database and the experiment are made by the run
+                    with SqlStorage(url) as storage:
+                        eid = storage.get_experiment_by_name("clean").id
+                        if any(t.state.finished for t in storage.list_trials(eid)):
+                            storage.request_stop(eid)
+                            return
+                except HpoError:
+                    continue
+
+        stopper = threading.Thread(target=stop_after_the_first_trial, daemon=True)
+        stopper.start()
+        code = main(["--db", url, "run", small_experiment(tmp_path), "--runner", "dask", "--scheduler", address,
+                     "--quiet"])  # fmt: skip
+        stopper.join()
+        assert code == 1  # stopped: `hpo resume` finishes it
+        with SqlStorage(url) as storage:
+            record = storage.get_experiment_by_name("clean")
+            runner = spec_from_stored(record).runner
+            assert (runner.name, runner.scheduler) == ("dask", address)
+            assert [t.state.name for t in storage.list_trials(record.id)].count("COMPLETED") == 1
+        assert main(["--db", url, "resume", "clean", "--quiet"]) == 0
+        workers = set(cluster.scheduler_info["workers"])
+    with SqlStorage(url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("clean").id)
+    assert [t.state.name for t in trials] == ["COMPLETED", "COMPLETED"]
+    assert all(t.worker in workers for t in trials), [t.worker for t in trials]
 
 
 def test_tuner_options_that_would_be_ignored_are_refused(tmp_path):
