@@ -87,20 +87,23 @@ def ran_on(stored: dict, runner: str | None, scheduler: str | None) -> dict:
     return {**stored, "experiment": {**stored["experiment"], "runner": section}}
 
 
-def check_run_dir(path: Path, where: str) -> None:
+def check_run_dir(path: Path, where: str, recorded: bool = False) -> None:
     """Refuse a run directory that could not be made or written (a file in its place or on its way, a directory
-    that is not writable), naming it; makes nothing. `where` says where the path came from."""
+    that is not writable), naming it; makes nothing. `where` says where the path came from; `recorded`: the
+    experiment's own (a resume), which cannot be chosen again, only made usable."""
     blocked = directory_blocker(path)
     if blocked is None:
         return
     why, probe = blocked
     if why == "unwritable":
-        raise HpoError(f"{where}: cannot make or write the run directory {path}: {probe} is not writable; "
-                       "choose a directory you can write")  # fmt: skip
+        remedy = ("make it writable for this user (the run directory is recorded with the experiment)" if recorded
+                  else "choose a directory you can write")  # fmt: skip
+        raise HpoError(f"{where}: cannot make or write the run directory {path}: {probe} is not writable; {remedy}")
     what = "a broken symbolic link" if why == "link" else "a file"
     place = "is" if probe == path else f"cannot be a directory: {probe} is"
-    raise HpoError(f"{where}: the run directory {path} {place} {what}; choose a directory (it is made if missing)"
-                   " or move that file away")  # fmt: skip
+    remedy = ("move that file away (the run directory is recorded with the experiment)" if recorded
+              else "choose a directory (it is made if missing) or move that file away")  # fmt: skip
+    raise HpoError(f"{where}: the run directory {path} {place} {what}; {remedy}")
 
 
 def make_run_dir(path: Path, where: str) -> None:
@@ -163,7 +166,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         check_runner_options(spec, args.runner, args.scheduler)
     run_dir = Path(record.spec["run_dir"])
     where = f"experiment {record.name}"
-    check_run_dir(run_dir, where)  # the stored run directory: checked before the experiment is claimed
+    check_run_dir(run_dir, where, recorded=True)  # the stored run directory: checked before the claim
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
         make_run_dir(run_dir, where)

@@ -88,7 +88,12 @@ def test_resume_refuses_a_run_directory_that_is_a_file_before_claiming_the_exper
     with storage:
         assert hpo(url, "resume", "rs", "--quiet") == 2
         err = capsys.readouterr().err
-        assert f"experiment rs: the run directory {taken} is a file" in err and "Traceback" not in err
+        assert (
+            f"experiment rs: the run directory {taken} is a file; move that file away (the run directory is "
+            "recorded with the experiment)"
+            in err
+            and "Traceback" not in err
+        )  # no other directory to choose
         assert storage.get_experiment_by_name("rs").controller_pid is None  # not claimed: a resume may follow
 
 
