@@ -145,15 +145,16 @@ def runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", help="the Dask scheduler address for --runner dask, e.g. tcp://HOST:8786")
 
 
-def whole_number(minimum: int, wanted: str):
-    """An argparse type: a whole number of at least `minimum`, else a message that says `wanted`."""
+def whole_number(minimum: int, wanted: str, maximum: int | None = None):
+    """An argparse type: a whole number of at least `minimum` (and at most `maximum`), else a message that says
+    `wanted`."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
         return value
 
@@ -162,6 +163,7 @@ def whole_number(minimum: int, wanted: str):
 
 positive = whole_number(1, "a positive whole number")
 non_negative = whole_number(0, "a whole number >= 0")
+tcp_port = whole_number(1, "a TCP port (1 to 65535)", maximum=65535)
 
 
 def positive_float(text: str) -> float:

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpo.cli.common import directory_blocker, open_storage, positive, refuse_imported, runner_options, safe_url
+from hpo.cli.common import (
+    directory_blocker,
+    open_storage,
+    refuse_imported,
+    runner_options,
+    safe_url,
+    tcp_port,
+)
 from hpo.errors import HpoError, NotFoundError
 
 
@@ -199,7 +206,7 @@ def add_run(sub) -> None:
     run.add_argument("experiment", help="the experiment YAML file (see search_spaces/presets/)")
     run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
     run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
-    run.add_argument("--port", type=positive, default=8080, help="engine nni: first port tried for its web UI")
+    run.add_argument("--port", type=tcp_port, default=8080, help="engine nni: first port tried for its web UI")
     runner_options(run)
     run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     run.set_defaults(fn=cmd_run)
@@ -209,7 +216,7 @@ def add_resume(sub) -> None:
     """`hpo resume`."""
     resume = sub.add_parser("resume", help="finish an experiment whose controller died or was stopped")
     resume.add_argument("name", help="the experiment's name")
-    resume.add_argument("--port", type=positive, default=8080, help="engine nni: first port tried for its web UI")
+    resume.add_argument("--port", type=tcp_port, default=8080, help="engine nni: first port tried for its web UI")
     runner_options(resume)
     resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     resume.set_defaults(fn=cmd_resume)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpo.cli.common import open_storage, positive
+from hpo.cli.common import open_storage, tcp_port
 from hpo.errors import HpoError
 
 
@@ -36,7 +36,7 @@ def add_serve(sub) -> None:
     """`hpo serve`."""
     serve = sub.add_parser("serve", help="the REST API (FastAPI under uvicorn) over the database")
     serve.add_argument("--host", help="address to bind (default HPO_API_HOST, else 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=positive,
+    serve.add_argument("--port", type=tcp_port,
                        help="port to listen on (default HPO_API_PORT, else 8000; busy: exit 2)")  # fmt: skip
     serve.set_defaults(fn=cmd_serve)
 
@@ -46,5 +46,5 @@ def add_webui(sub) -> None:
     webui = sub.add_parser("webui", help="reopen an engine: nni experiment's NNI web UI (view mode), or close it")
     webui.add_argument("name", help="the experiment's name")
     webui.add_argument("--stop", action="store_true", help="close the NNI web UI (stop its NNI managers)")
-    webui.add_argument("--port", type=positive, default=8080, help="first port tried for the web UI (default 8080)")
+    webui.add_argument("--port", type=tcp_port, default=8080, help="first port tried for the web UI (default 8080)")
     webui.set_defaults(fn=cmd_webui)

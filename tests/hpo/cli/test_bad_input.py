@@ -248,3 +248,11 @@ def test_a_database_or_user_the_server_does_not_have_is_bad_input(capsys, part):
     assert main(["--db", wrong.render_as_string(hide_password=False), "status"]) == 2
     err = capsys.readouterr().err
     assert "the database server refused" in err and "does not exist" in err and "names an existing database" in err
+
+
+@pytest.mark.parametrize("command", [["run", "exp.yaml"], ["resume", "e"], ["webui", "e"], ["serve"]])
+def test_a_port_beyond_65535_is_refused_by_every_command_that_takes_one(capsys, command):
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, "--port", "70000"])
+    assert stopped.value.code == 2
+    assert "argument --port: expected a TCP port (1 to 65535), got 70000" in capsys.readouterr().err
