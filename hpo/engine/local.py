@@ -128,6 +128,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     study.claim_lost = lambda: heartbeat.lost
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound)
+    status = None
     try:
         with stop_on_signals(study):
             if resume:
@@ -148,7 +149,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     finally:
         heartbeat.beat()  # the study's last note (the final round of confirmations) for the view's last line
         if view:
-            view.stop()
+            view.stop(ended=status is ExperimentStatus.FINISHED)
         heartbeat.stop()
         runner.close()
     if heartbeat.lost:

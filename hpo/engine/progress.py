@@ -77,10 +77,12 @@ class ProgressView:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, ended: bool = True) -> None:
+        """The last line; `ended`: the experiment ran to its end, so what it created is its total (a stopped one's
+        total stays the planned one)."""
         self._stop.set()
         self._thread.join(timeout=10)
-        self._tick(final=True)
+        self._tick(final=ended)
         if self._live is not None:
             self._live.stop()
         self.console.print(self._last_line)

@@ -36,6 +36,23 @@ def test_each_finished_trial_is_printed_once_in_any_order_of_finishing(tmp_path)
     storage.close()
 
 
+def test_the_last_line_of_a_stopped_run_keeps_the_planned_total_and_an_ended_one_counts_what_it_made(tmp_path):
+    """3 trials planned, 1 made and finished: stopped (a lost scheduler, Ctrl-C), 1 of 3 are done; run to its end
+    (sequential confirmations that decided early), the 1 it made is the total."""
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    experiment_id = storage.create_experiment("progress", {}, "minimize")
+    finish(storage, [storage.create_trial(experiment_id, TrialSpec(0, {"x": 0}))], 0)
+    for ended, line in (
+        (False, "trials: 1/3 done, 0 running, 2 waiting"),
+        (True, "trials: 1/1 done, 0 running, 0 waiting"),
+    ):
+        stream = io.StringIO()
+        view = ProgressView(storage, experiment_id, total=3, stream=stream).start()
+        view.stop(ended=ended)
+        assert stream.getvalue().splitlines()[-1].startswith(line), stream.getvalue()
+    storage.close()
+
+
 def test_progress_counts_tuning_trials_and_confirmation_runs(tmp_path):
     storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
     spec = {"experiment": {"budget": {"trials": 5, "confirm_seeds": 2}}}  # not a valid file: the raw budget counts
