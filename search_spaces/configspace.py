@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from search_spaces.space import CategoricalParam, Clause, FloatParam, SearchSpace
+from search_spaces.errors import SearchSpaceError
+from search_spaces.space import CategoricalParam, Clause, IntParam, SearchSpace
 
 if TYPE_CHECKING:
     import ConfigSpace
@@ -38,8 +39,21 @@ def _hyperparameter(name: str, param: Any) -> Any:
 
     if isinstance(param, CategoricalParam):
         return CS.Categorical(name, list(param.choices))
-    kind = CS.Float if isinstance(param, FloatParam) else CS.Integer
-    return kind(name, (param.low, param.high), log=param.log)
+    if isinstance(param, IntParam):
+        return CS.Integer(name, (param.low, param.high), log=param.log)
+    # ConfigSpace rounds a float's bounds to 13 decimal places: refuse a range that this changes (a bound below
+    # 5e-14 becomes 0) rather than let SMAC3 sample outside it, or fail when the tuner starts.
+    try:
+        hp = CS.Float(name, (param.low, param.high), log=param.log)
+    except ValueError:
+        hp = None
+    bounds = (param.low, param.high)
+    scale = (abs(param.low), abs(param.high)) if param.log else (param.high - param.low,) * 2
+    if hp is None or any(abs(a - b) > 1e-9 * s for a, b, s in zip((hp.lower, hp.upper), bounds, scale, strict=True)):
+        raise SearchSpaceError(name, f"SMAC3's ConfigSpace keeps 13 decimal places of a bound, so it cannot tune "
+                                     f"[{param.low:g}, {param.high:g}]; narrow the range, or use the random tuner, "
+                                     "asha with sampler random, or an NNI tuner")  # fmt: skip
+    return hp
 
 
 def _condition(hps: dict[str, Any], name: str, when: tuple[Clause, ...]) -> Any:

@@ -6,6 +6,9 @@ Parameters are named by dotted trainer keys (`optimizer.lr`). Three kinds:
     optimizer.lr:          {float: [1.0e-4, 5.0e-3], log: true}
     schedule.warmup_steps: {int: [0, 200]}             # both bounds inclusive
 
+Numbers such as `1e-3` and `1.0e3`, which YAML 1.1 (PyYAML) reads as strings, are numbers in ranges, choices and
+conditions. A choice list holds each value once, and `true` and `1` (`false` and `0`) count as one value.
+
 A parameter may carry a `when` condition on categorical parameters of the same space; it is *active* (sampled,
 sent to the trainer) only when every clause holds, and absent otherwise (the trainer then keeps its base value):
 
@@ -46,6 +49,8 @@ Scalar = str | int | float | bool
 _NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(@[\w.-]+)?$")
 _KINDS = ("choice", "float", "int")
 _PARAM_FIELDS = {*_KINDS, "log", "when"}
+# A number with an exponent that YAML 1.1 (PyYAML) leaves as a string: no dot or no sign (1e-3, 1.0e3).
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -87,7 +92,7 @@ class Clause:
     def parse(key: str, spec: Any) -> Clause:
         """Read `value`, `{not: value}`, `{not: [values]}` or `{in: [values]}`."""
         if not isinstance(spec, Mapping):
-            return Clause(key, "eq", (_scalar(spec, f"when.{key}"),))
+            return Clause(key, "eq", (_scalar(_yaml_number(spec), f"when.{key}"),))
         if len(spec) != 1 or next(iter(spec)) not in ("not", "in"):
             raise SearchSpaceError(None, f"when.{key}: expected a value, {{not: value}} or {{in: [values]}}")
         op, raw = next(iter(spec.items()))
@@ -96,7 +101,12 @@ class Clause:
         items = raw if isinstance(raw, list) else [raw]
         if not items:
             raise SearchSpaceError(None, f"when.{key}.{op}: the list of values is empty")
-        return Clause(key, op, tuple(_scalar(v, f"when.{key}.{op}") for v in items))
+        return Clause(key, op, tuple(_scalar(_yaml_number(v), f"when.{key}.{op}") for v in items))
+
+
+def _yaml_number(value: Any) -> Any:
+    """A choice or condition value: `1e-3`, which YAML 1.1 leaves as a string, read as the number it is."""
+    return float(value) if isinstance(value, str) and _EXPONENT_NUMBER.match(value) else value
 
 
 def _scalar(value: Any, where: str) -> Scalar:
@@ -109,16 +119,18 @@ def _scalar(value: Any, where: str) -> Scalar:
 
 # ------------------------------------------------------------------------------------------------ parameters
 def _bound(value: Any, integer: bool, where: str) -> float | int:
-    """A range bound; numeric strings such as '5e-3' (which YAML 1.1 leaves as strings) are read as floats."""
-    if isinstance(value, str) and not integer:
+    """A range bound; numeric strings such as '5e-3' (which YAML 1.1 leaves as strings) are read as numbers, and
+    an integer bound may be written as a whole float (1e3, 4.0, '4')."""
+    number = value
+    if isinstance(value, str):
         with contextlib.suppress(ValueError):
-            value = float(value)
-    if integer and isinstance(value, float) and value.is_integer():
-        value = int(value)
+            number = float(value)
+    if integer and isinstance(number, float) and number.is_integer():
+        number = int(number)
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+    if isinstance(number, bool) or not isinstance(number, kind) or not math.isfinite(number):
         raise SearchSpaceError(None, f"{where}: {value!r} is not {'an integer' if integer else 'a finite number'}")
-    return value
+    return number
 
 
 def _check_range(low: float, high: float, log: bool) -> None:
@@ -185,6 +197,10 @@ class CategoricalParam:
             _scalar(value, "choice")
             if _among(value, self.choices[:i]):
                 raise SearchSpaceError(None, f"choice: {value!r} is listed twice")
+            equal = next((v for v in self.choices[:i] if v == value), None)
+            if equal is not None:  # true and 1, false and 0: one value to ConfigSpace and to the trainer
+                raise SearchSpaceError(None, f"choice: {equal!r} and {value!r} are the same choice (true is 1, "
+                                             "false is 0); keep one")  # fmt: skip
 
     def sample(self, rng: random.Random) -> Scalar:
         return rng.choice(self.choices)
@@ -206,6 +222,9 @@ def param_from_dict(spec: Any) -> Param:
     kinds = [k for k in _KINDS if k in spec]
     if len(kinds) != 1:
         raise SearchSpaceError(None, "give exactly one of choice: [...], float: [low, high] or int: [low, high]")
+    if "when" in spec and spec["when"] is None:
+        raise SearchSpaceError(None, "when: empty (nothing under it, or every line under it commented out); give "
+                                     "{parameter: value}, or remove it")  # fmt: skip
     kind, when = kinds[0], _parse_when(spec.get("when"))
     log = spec.get("log", False)
     if not isinstance(log, bool):
@@ -215,7 +234,7 @@ def param_from_dict(spec: Any) -> Param:
             raise SearchSpaceError(None, "log: only float and int parameters have a log scale")
         if not isinstance(spec["choice"], list):
             raise SearchSpaceError(None, f"choice: expected a list of values, got {spec['choice']!r}")
-        return CategoricalParam(tuple(spec["choice"]), when)
+        return CategoricalParam(tuple(_yaml_number(v) for v in spec["choice"]), when)
     bounds = spec[kind]
     if not isinstance(bounds, list) or len(bounds) != 2:
         raise SearchSpaceError(None, f"{kind}: expected [low, high], got {bounds!r}")

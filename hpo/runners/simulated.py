@@ -191,7 +191,9 @@ class SimulatedRunner(Runner):
             train.samples // cfg.batch.global_batch_size, hit,
             None if hit is None else self._seconds(hit), max(accuracies, default=None),
             accuracies[-1] if accuracies else None, self._seconds(train.samples), samples_per_s, 0.0,
-            self.spec.resources.gpus_per_trial, cfg.batch.global_batch_size, target,
+            self.spec.resources.gpus_per_trial, cfg.batch.global_batch_size,
+            micro_batch_size=micro if isinstance(micro := cfg.batch.micro_batch_size, int) else None,
+            target_mlm_accuracy=target,
         )  # fmt: skip
 
     def _record(self, attempt: _Attempt) -> TrialExit:

@@ -105,6 +105,8 @@ class Surrogate:
                            f"{point_label(*point)} ({self.table.path})")  # fmt: skip
         seed = self.recorded_seed(config.seed)
         i = min(bisect.bisect_left(lrs, config.lr), len(lrs) - 1)
+        if i > 0 and math.isclose(lrs[i - 1], config.lr, rel_tol=1e-9):
+            i -= 1  # a rounding error above a grid learning rate is that learning rate
         if math.isclose(lrs[i], config.lr, rel_tol=1e-9) or i == 0:
             return _recorded(self._run(line, lrs[i], seed, point))
         left, right = self._run(line, lrs[i - 1], seed, point), self._run(line, lrs[i], seed, point)

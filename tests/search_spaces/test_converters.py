@@ -251,3 +251,25 @@ def test_to_nni_params_inverts_from_nni_params_with_nesting():
             if isinstance(value, dict):  # the option of to_nni's choice with this _name holds its children
                 option = next(o for o in nni_space[name]["_value"] if o["_name"] == value["_name"])
                 assert set(value) - {"_name"} <= set(option) - {"_name"}
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        "[1.0e-16, 1.0e-8], log: true",  # ConfigSpace rounds 1e-16 to 0: no log range
+        "[3.0e-14, 1.0e-8], log: true",  # to 0 as well
+        "[1.5e-13, 1.0e-8], log: true",  # to 2e-13: a third more than asked
+        "[1.0e-14, 1.0e-12]",  # to [0, 1e-12]: SMAC3 would propose 0
+    ],
+)
+def test_configspace_refuses_a_range_it_would_round(bounds):
+    space = SearchSpace.from_dict(yaml.safe_load(f"optimizer.eps: {{float: {bounds}}}"))
+    with pytest.raises(ValueError, match=r"^optimizer.eps: SMAC3's ConfigSpace keeps 13 decimal places") as err:
+        to_configspace(space)
+    assert err.value.key == "optimizer.eps"
+
+
+def test_configspace_keeps_usual_bounds_exactly():
+    space = SearchSpace.from_dict({"a.x": {"float": [1e-12, 1e-6], "log": True}, "b.x": {"float": [0.6, 0.999]}})
+    cs = to_configspace(space)
+    assert (cs["a.x"].lower, cs["a.x"].upper, cs["b.x"].lower, cs["b.x"].upper) == (1e-12, 1e-6, 0.6, 0.999)

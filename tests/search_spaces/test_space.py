@@ -268,3 +268,35 @@ def test_presets_are_listed_and_found():
         assert preset_path(base).is_file()
     with pytest.raises(SearchSpaceError, match="no preset named 'nope'"):
         preset_path("nope")
+
+
+# ------------------------------------------------------------------------------------------------ YAML oddities
+@pytest.mark.parametrize("choices", ["[true, 1]", "[0, false]", "[1, true, 2]"])
+def test_a_boolean_and_its_number_are_one_choice(choices):
+    """ConfigSpace (SMAC3) counts true and 1 as one choice and would refuse the space only when the experiment
+    starts, after it is written; the trainer reads them as one value."""
+    with pytest.raises(SearchSpaceError, match="the same choice") as err:
+        make_space(f"x.a: {{choice: {choices}}}")
+    assert err.value.key == "x.a"
+
+
+def test_exponent_numbers_that_yaml_leaves_as_strings_are_numbers_in_choices_and_conditions():
+    """PyYAML (YAML 1.1) reads 1e-3 and 1.0e3 as strings; in choices and conditions they are numbers, as in ranges."""
+    space = make_space("x.lr: {choice: [1e-3, 1.0e-2, 0.1]}\nx.b: {float: [0, 1], when: {x.lr: {not: 1e-3}}}")
+    assert space["x.lr"].choices == (1e-3, 1e-2, 0.1)
+    assert space["x.b"].when[0].values == (1e-3,)
+    assert make_space("x.n: {choice: [a, '1x', 4]}")["x.n"].choices == ("a", "1x", 4)  # other strings stay strings
+
+
+def test_integer_bounds_may_be_written_as_yaml_strings_of_whole_numbers():
+    assert make_space("x.n: {int: [1e2, 1.0e4], log: true}")["x.n"] == IntParam(100, 10_000, log=True)
+    assert make_space("x.n: {int: ['0', '4']}")["x.n"] == IntParam(0, 4)
+    with pytest.raises(SearchSpaceError, match="'1.5e0' is not an integer"):
+        make_space("x.n: {int: [0, 1.5e0]}")
+
+
+def test_an_empty_when_is_refused_not_read_as_no_condition():
+    """`when:` with every line under it commented out would otherwise make the parameter unconditional."""
+    with pytest.raises(SearchSpaceError, match="when: empty") as err:
+        make_space("x.c: {choice: [u, v]}\nx.a:\n  float: [0, 1]\n  when:\n    # x.c: u\n")
+    assert err.value.key == "x.a"

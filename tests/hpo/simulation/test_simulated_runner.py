@@ -147,6 +147,14 @@ def test_each_trial_records_what_its_curve_says(simulated):
     assert checked > 100
 
 
+def test_each_trial_records_its_micro_batch_and_target_as_a_real_trial_does(simulated):
+    """The result's micro batch feeds the report's noise-scale big batch (hpo.report.data._big_batch)."""
+    _, url, _ = simulated
+    with SqlStorage(url) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("sim-exp").id)
+    assert {(t.metrics["micro_batch_size"], t.metrics["target_mlm_accuracy"]) for t in trials} == {(4, TARGET)}
+
+
 def test_the_database_answers_status_best_report_and_the_api(simulated, capsys):
     directory, url, _ = simulated
     assert hpo_main(["--db", url, "status", "sim-exp"]) == 0

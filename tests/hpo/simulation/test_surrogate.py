@@ -103,3 +103,10 @@ def test_a_handicapped_optimizer_reads_another_ones_curves_delayed(tmp_path):
     assert tie.curve(Config("lamb", 1e-3, 40, 128, 2)) == plain.curve(Config("adamw", 1e-3, 40, 128, 2))
     diverging = handicapped.curve(Config("lamb", 1e-1, 0, 32, seed=0))
     assert diverging.diverged and diverging.end == 3072 + 2 * EVERY
+
+
+def test_a_learning_rate_a_rounding_error_above_a_grid_point_reads_that_point(surrogate):
+    """Within the table's tolerance (1e-9 relative) a learning rate is its grid point, from above as from below."""
+    exact = surrogate.curve(Config("adamw", 1e-3, 0, 32, seed=1))
+    for lr in (1e-3 * (1 + 1e-12), 1e-3 * (1 - 1e-12)):
+        assert surrogate.curve(Config("adamw", lr, 0, 32, seed=1)) == exact
