@@ -184,8 +184,12 @@ class GradientClipper:
             ddp.register_comm_hook(self.hook_state, measured_allreduce_hook)
 
     def loss_scale(self):
-        """The current loss scale without a host sync (1 without fp16 scaling)."""
-        return self.scaler._get_scale_async() if self.scaler.is_enabled() else 1.0
+        """The current loss scale without a host sync (1 without fp16 scaling); before the scaler's first `scale()`
+        (the first micro-batch of a run) the initial scale, which that call will use."""
+        if not self.scaler.is_enabled():
+            return 1.0
+        scale = self.scaler._get_scale_async()
+        return scale if scale is not None else self.scaler._init_scale
 
     def backward_context(self, last_micro_batch: bool):
         """DDP synchronizes on the last micro-batch, except for before_allreduce, which reduces by itself."""

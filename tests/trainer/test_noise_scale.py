@@ -212,3 +212,34 @@ def test_estimator_smooths_numerator_and_denominator_and_says_none_until_positiv
     fourth = estimator.update(1.0, 0.75, 1, 2)  # |G|² = 0.5, tr(Σ) = 0.5
     trace_ema = ((0.5 * -0.5 + 0.5 * 4) * 0.5 + 0.5 * 2) * 0.5 + 0.5 * 0.5  # 1.1875; the |G|² EMA is 0.25
     assert fourth.noise_scale == pytest.approx(trace_ema / 0.25)
+
+
+@pytest.mark.parametrize(
+    ("world", "coefs"),
+    [(2, [0.3, 0.9]), (2, [1.0, 0.05]), (3, [0.4, 0.4, 0.4]), (4, [1.0, 1.0, 1.0, 1.0]), (4, [0.7] * 4)],
+)
+def test_two_batch_norms_are_exact_where_the_docstring_says(world, coefs):
+    # The claim of trainer.noise_scale: the reconstructed |G_big|² = |Σ_r g_r / W|² is exact for W = 2 whatever the
+    # clip coefficients, and for any W when the coefficients are equal. Three buckets of random local gradients,
+    # each rank's coefficient scaled per bucket, the sums formed in float64 as the probe forms them.
+    gen = torch.Generator().manual_seed(world)
+    sizes = (5, 3, 8)
+    grads = [[torch.randn(n, generator=gen, dtype=torch.float64) * (1 + r) for n in sizes] for r in range(world)]
+    buckets = []
+    for b in range(len(sizes)):
+        c = [coef ** (1 + b) if len(set(coefs)) > 1 else coef for coef in coefs]  # unequal per bucket, or equal
+        local = [float(g[b].square().sum()) for g in grads]
+        mean = sum(ci * g[b] for ci, g in zip(c, grads, strict=True)) / world
+        buckets.append(
+            BucketSums(
+                coef=sum(c),
+                coef_sq=sum(ci * ci for ci in c),
+                coef_sq_local_sq=sum(ci * ci * m for ci, m in zip(c, local, strict=True)),
+                local_sq=sum(local),
+                mean_sq=float(mean.square().sum()),
+            )
+        )
+    small, big = two_batch_norms(buckets, world)
+    assert small == pytest.approx(sum(float(x.square().sum()) for g in grads for x in g) / world, rel=1e-12)
+    unclipped_mean = [sum(g[b] for g in grads) / world for b in range(len(sizes))]
+    assert big == pytest.approx(sum(float(x.square().sum()) for x in unclipped_mean), rel=1e-10)

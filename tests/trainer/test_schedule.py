@@ -79,3 +79,32 @@ def test_config_total_steps_wins_over_the_argument():
         optimizer.step()
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(BASE * 0.5, rel=1e-12)
+
+
+def mlperf_reference_lr(step, init_lr, warmup, start, total, power, end):
+    """mlcommons/training language_model/tensorflow/bert/optimization.py `create_optimizer`, transcribed: TF's
+    polynomial_decay (cycle=False) of the global step read before the update, blended with the linear warmup of
+    `global_step - start_warmup_step` while that is below `num_warmup_steps` (the reference's end_lr is 0)."""
+    decayed = (init_lr - end) * (1 - min(step, total) / total) ** power + end
+    if not warmup:
+        return decayed
+    is_warmup = 1.0 if step - start < warmup else 0.0
+    return (1.0 - is_warmup) * decayed + is_warmup * init_lr * ((step - start) / warmup)
+
+
+@pytest.mark.parametrize("power", [1.0, 0.5, 2.0])
+@pytest.mark.parametrize("end", [0.0, END])
+def test_matches_the_mlperf_reference_on_every_step(power, end):
+    checked = 0
+    for warmup in (0, 1, 7, 30):
+        for start in (-9, -1, 0, 4):
+            for total in (1, 12, 40):
+                for step in range(60):
+                    expected = mlperf_reference_lr(step, BASE, warmup, start, total, power, end)
+                    got = mlperf_lr(step, BASE, warmup, start, total, power, end)
+                    if expected < 0:  # before a positive start offset the reference's rate is negative: ours 0
+                        assert got == 0.0 and start > 0 and step < start
+                        continue
+                    assert got == pytest.approx(expected, rel=1e-12, abs=1e-18), (warmup, start, total, step)
+                    checked += 1
+    assert checked > 2800  # all but the 36 steps before the positive offset
