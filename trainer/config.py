@@ -44,7 +44,7 @@ class ModelConfig(Section):
         "auto",
         description="Attention kernel over the packed stream: varlen (CUDA, half precision, no attention dropout), "
         "jagged (nested-tensor SDPA; flash with dropout on CUDA), padded (a [B, longest] grid). auto: varlen where it "
-        "applies, else jagged on CUDA, padded on the CPU.",
+        "applies, else padded (faster than jagged on an H200 with attention dropout).",
     )
     compile: bool = Field(
         False,

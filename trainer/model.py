@@ -11,7 +11,8 @@ they only ever see real tokens; attention is the one place that needs sequence b
 - `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
   padding only up to the longest sequence of the batch; the reference the other two are tested against.
 
-`auto` picks varlen where it applies, jagged on other CUDA runs (BERT's attention dropout) and padded on the CPU.
+`auto` picks varlen where it applies, else padded (with BERT's attention dropout the padded grid ran 1.5x faster
+than jagged on an H200 at batch 128: BENCHMARKS.md).
 With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
 + LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
 are the reference, and parameter names do not change.
@@ -135,7 +136,7 @@ def resolve_attention(choice: str, cuda: bool, half: bool, dropout_p: float) -> 
     """`attention_kernel` from what decides it: a CUDA device, half precision, the attention dropout."""
     fits = varlen_runs(cuda, half, dropout_p)
     if choice == "auto":
-        return "varlen" if fits else "jagged" if cuda else "padded"
+        return "varlen" if fits else "padded"  # jagged measured slower on an H200 (BENCHMARKS.md)
     if choice == "varlen" and not fits:
         raise ConfigError("model.attention: varlen needs CUDA, bf16 or fp16 and no attention dropout in training "
                           "(model.attention_probs_dropout_prob: 0); use auto, jagged or padded")  # fmt: skip
