@@ -259,10 +259,11 @@ def test_cli_diverged_exit_code(tmp_path):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
 @pytest.mark.parametrize("noise_every", [1000, 1], ids=["noise-scale-not-due", "noise-scale-measured"])
-def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimizer, noise_every):
+@pytest.mark.parametrize("attention", ["auto", "jagged"])
+def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimizer, noise_every, attention):
     """CUDA's sync debug mode raises at any operation that makes the host wait for the GPU: a bf16 step of the
-    tiny model with BERT's dropout (jagged attention) and 2 micro-batches runs without one, with the noise scale
-    measured in it (its norms stay on the device until read back with the loss) or not."""
+    tiny model with BERT's dropout (auto: the padded grid; or the jagged kernel) and 2 micro-batches runs without
+    one, with the noise scale measured in it (its norms stay on the device until read back with the loss) or not."""
     import torch
 
     from trainer.checkpoint import TrainState
@@ -273,7 +274,7 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
 
     overrides = {"device": "cuda", "precision.dtype": "bf16", "optimizer.name": optimizer,
                  "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
-                 "log.noise_scale_every": noise_every}  # fmt: skip
+                 "log.noise_scale_every": noise_every, "model.attention": attention}  # fmt: skip
     cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
     env, device = dist_env_from_environ(), torch.device("cuda")
     run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))
