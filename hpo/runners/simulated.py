@@ -37,7 +37,7 @@ from hpo.objective import trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.simulation.clock import SimulatedClock
 from hpo.simulation.surrogate import Config, Curve, Surrogate
-from hpo.simulation.table import DIMENSIONS, load_table, point_label
+from hpo.simulation.table import DIMENSIONS, RUN_LENGTH, load_table, point_label
 from hpo.storage.base import MetricPoint, Storage
 from hpo.trial.entry import trial_trainer_config
 from hpo.trials import TrialResult, TrialState
@@ -296,6 +296,13 @@ def table_gaps(spec, table) -> list[str]:
                 raise HpoError(f"{spec.source}: {budget_field}: budget.max_samples {_bounds(budget)[1]} is beyond the "
                                f"curve table's {table.max_samples_for(batch)} samples at batch.global_batch_size="
                                f"{batch} ({arm}; {table.path})")  # fmt: skip
+            every, every_field = point["eval.every_samples"]
+            table_every = table.eval_every_for(batch)
+            if isinstance(every, _Range) or every % table_every:
+                raise HpoError(f"{spec.source}: {every_field}: eval.every_samples {every} is not a multiple of the "
+                               f"curve table's evaluation interval, {table_every} samples at batch.global_batch_size="
+                               f"{batch}: the evaluations between the table's would be made up; use {table_every} "
+                               f"or a multiple of it ({arm}; {table.path})")  # fmt: skip
             gap = table.gaps(optimizer, warmup, batch, low, high)
             line = f"{point_label(optimizer, warmup, batch)}: {gap}"
             if gap and line not in gaps:
@@ -303,7 +310,7 @@ def table_gaps(spec, table) -> list[str]:
     return gaps
 
 
-READ = (*DIMENSIONS, "budget.max_samples")  # the keys of a trial's config that must fit the table
+READ = (*DIMENSIONS, *RUN_LENGTH)  # the keys of a trial's config that must fit the table
 
 
 @dataclass(frozen=True)

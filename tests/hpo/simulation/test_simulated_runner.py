@@ -250,3 +250,15 @@ def test_smac_does_not_rewrite_its_run_history_after_every_tell_on_the_simulated
     assert SqlStorage(url).count_trials(SqlStorage(url).get_experiment_by_name("nohistory").id) >= 8
     saved = list((tmp_path / "run").rglob("runhistory.json"))
     assert len(saved) == 2 and all(json.loads(p.read_text())["data"] == [] for p in saved)  # one per arm
+
+
+@pytest.mark.parametrize("every", [EVERY // 2, EVERY + 512])
+def test_an_evaluation_interval_off_the_tables_is_refused_before_anything_is_written(tmp_path, every):
+    """The table recorded accuracies every EVERY samples: a trial evaluating between them would read accuracies
+    interpolated between evaluations, not measured ones."""
+    path = experiment_file(tmp_path, "off-grid", trials=2, slots=2, overrides={"eval.every_samples": every})
+    db = tmp_path / "hpo.db"
+    assert hpo_main(["--db", f"sqlite:///{db}", "run", str(path), "--quiet"]) == 2
+    assert not db.exists()
+    on_grid = experiment_file(tmp_path, "on-grid", trials=2, slots=2, overrides={"eval.every_samples": 2 * EVERY})
+    assert hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet"]) == 0
