@@ -31,9 +31,9 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
     """Every check of a spec whose base config + overrides resolved to `resolved` (a valid trainer config).
     `current_rules=False` (a stored or imported experiment, read as it ran) leaves out the rules an experiment
     recorded by an earlier version may not meet: equal arms, the tuner's and the trials' seed ranges, settings that
-    need CUDA on CPU slots. Its report, export and status stay readable."""
+    need CUDA on CPU slots, choices the trainer reads as one value. Its report, export and status stay readable."""
     cfg = config_from_dict(resolved)
-    _check_space(spec, resolved, source)
+    _check_space(spec, resolved, source, current_rules)
     _check_compare(spec, source)
     _check_engine(spec, source)
     _check_tuner(spec, cfg, source)
@@ -83,13 +83,22 @@ def check_trainer_value(key: str, value: Any, field: str, source: str) -> None:
 
 def _trainer_error(resolved: dict[str, Any], key: str, value: Any) -> str | None:
     """Why the trainer rejects `key = value` on the resolved base config (None: it accepts it)."""
+    return _trainer_reading(resolved, key, value)[0]
+
+
+def _trainer_reading(resolved: dict[str, Any], key: str, value: Any) -> tuple[str | None, Any]:
+    """(why the trainer rejects `key = value` on the resolved base config, or None; the value it reads)."""
     raw = copy.deepcopy(resolved)
     set_dotted(raw, key, value)
     try:
-        config_from_dict(raw)
+        cfg = config_from_dict(raw)
     except ConfigError as e:
-        return error_line(str(e), key) or "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
-    return None
+        why = error_line(str(e), key) or "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
+        return why, None
+    read: Any = cfg
+    for part in key.split("."):
+        read = getattr(read, part)
+    return None, read
 
 
 def _is_int_field(info: Any) -> bool:
@@ -110,19 +119,25 @@ def error_line(message: str, key: str) -> str | None:
     return next((line.strip() for line in message.splitlines() if line.strip().startswith(f"{key}:")), None)
 
 
-def _check_space(spec: ExperimentSpec, resolved: dict[str, Any], source: str) -> None:
+def _check_space(spec: ExperimentSpec, resolved: dict[str, Any], source: str, current_rules: bool = True) -> None:
     for name in spec.space:
         key, param, field = trainer_key(name), spec.space[name], f"space.{name}"
         check_trainer_key(key, field, source)
         if isinstance(param, FloatParam) and _is_int_field(_LEAVES[key]):
             raise ExperimentFileError(f"{source}: {field}: {key} is an integer; use int: [low, high]")
         values = param.choices if isinstance(param, CategoricalParam) else (param.low, param.high)
+        read: dict[Any, Any] = {}  # the trainer's value of each choice -> the choice
         for value in values:
             check_trainer_value(key, value, field, source)
-            why = _trainer_error(resolved, key, value)
+            why, reading = _trainer_reading(resolved, key, value)
             if why:
                 what = "choice" if isinstance(param, CategoricalParam) else "bound"
                 raise ExperimentFileError(f"{source}: {field}: {what} {value!r} is not valid for the trainer: {why}")
+            if current_rules and isinstance(param, CategoricalParam) and isinstance(reading, typing.Hashable):
+                if reading in read:
+                    raise ExperimentFileError(f"{source}: {field}: choices {read[reading]!r} and {value!r} are one "
+                                              f"value to the trainer ({key} = {reading!r}); keep one")  # fmt: skip
+                read[reading] = value
 
 
 def _check_compare(spec: ExperimentSpec, source: str) -> None:

@@ -233,6 +233,17 @@ def test_every_arm_gets_the_same_number_of_trials_or_the_file_says_why_not():
         experiment_from_dict(even, "exp.yaml")
 
 
+def test_choices_the_trainer_reads_as_one_value_are_refused_in_a_new_file():
+    """4 and "4" are one warmup to the trainer: the tuner would count one configuration twice."""
+    data = make_experiment(base_config=TINY_BASE)
+    data["space"]["schedule.warmup_steps"] = {"choice": [4, "4"]}
+    with pytest.raises(ExperimentFileError) as refused:
+        experiment_from_dict(data, "exp.yaml")
+    assert str(refused.value) == ("exp.yaml: space.schedule.warmup_steps: choices 4 and '4' are one value to the "
+                                  "trainer (schedule.warmup_steps = 4); keep one")  # fmt: skip
+    assert experiment_from_dict(data, "stored", current_rules=False).space["schedule.warmup_steps"].choices == (4, "4")
+
+
 # ------------------------------------------------------------------------------------------------ objective
 def objective_spec(**objective: Any) -> ExperimentSpec:
     data = make_experiment(base_config=TINY_BASE, objective=objective, budget={"trials": 4, "trial_timeout_s": 100})
