@@ -333,6 +333,18 @@ class SearchSpace:
                 config[name] = self.params[name].sample(rng)
         return config
 
+    def as_read_now(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored parameters as this space reads its choices: a choice stored as the string `"1e-3"` (as spaces
+        read before numbers with an exponent were read as numbers) is the number it names."""
+        read = dict(params)
+        for name, value in params.items():
+            param = self.params.get(name)
+            if isinstance(param, CategoricalParam) and not _among(value, param.choices):
+                number = _yaml_number(value)
+                if number is not value and _among(number, param.choices):
+                    read[name] = number
+        return read
+
     def validate_params(self, config: Mapping[str, Any]) -> None:
         """Raise `SearchSpaceError` unless `config` has exactly the active parameters, each within its range."""
         for name in config:

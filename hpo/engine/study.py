@@ -169,7 +169,8 @@ class Study:
         if record.kind is not TrialKind.TUNING:
             return None
         arm.created += 1
-        stored = Suggestion({k: v for k, v in record.params.items() if k not in arm.fixed}, record.budget)
+        params = self.spec.space.as_read_now(record.params)  # an experiment recorded by an earlier version
+        stored = Suggestion({k: v for k, v in params.items() if k not in arm.fixed}, record.budget)
         asked = arm.controller.ask()
         return asked if (asked.params, asked.budget) == (stored.params, stored.budget) else stored
 

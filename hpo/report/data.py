@@ -216,8 +216,8 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     arm_data = []
     for label in labels:
         mine = [t for t in records if t.arm == label]
-        rows = tuple(_row(t, metric, noise.get(t.id), _big_batch(spec, cfg.batch.micro_batch_size, t, micro_names))
-                     for t in mine)  # fmt: skip
+        rows = tuple(_row(t, metric, noise.get(t.id), _big_batch(spec, cfg.batch.micro_batch_size, t, micro_names),
+                          spec.space.as_read_now(t.params)) for t in mine)  # fmt: skip
         top = best.get(label)
         evidence = _evidence(verdict, label or NO_ARM)
         optimizer = _optimizer(spec, base, top.params if top else rows[0].params if rows else {})
@@ -296,7 +296,9 @@ def _big_batch(spec, base_micro: int | str, trial: TrialRecord, micro_names: Seq
     return big_batch(trial.global_batch_size, int(micro), ranks)
 
 
-def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_batch: int | None = None) -> TrialRow:
+def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_batch: int | None = None,
+         params: dict[str, Any] | None = None) -> TrialRow:  # fmt: skip
+    """`params`: the trial's parameters as the space reads them now (`SearchSpace.as_read_now`)."""
     final = trial.metrics or {}
     samples = final.get("samples")
     return TrialRow(
@@ -313,7 +315,7 @@ def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_bat
         duration_s=trial.duration_s,
         gpus=len(trial.gpus),
         global_batch_size=trial.global_batch_size,
-        params=dict(trial.params),
+        params=dict(trial.params if params is None else params),
         reason=trial.reason,
         noise_scale=noise.value if noise else None,
         noise_big_batch=noise_big_batch,

@@ -262,3 +262,32 @@ def test_an_evaluation_interval_off_the_tables_is_refused_before_anything_is_wri
     assert not db.exists()
     on_grid = experiment_file(tmp_path, "on-grid", trials=2, slots=2, overrides={"eval.every_samples": 2 * EVERY})
     assert hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet"]) == 0
+
+
+def test_an_experiment_recorded_with_choices_read_as_strings_resumes(tmp_path):
+    """Spaces once read `1e-3` in a choice list as the string YAML 1.1 leaves (now the number): an experiment
+    recorded then, its trials' parameters strings too, resumes with SMAC3, its stored trials told as they ran, and
+    its report draws them."""
+    from hpo.experiment import load_experiment, stored_form
+    from hpo.trials import TrialResult, TrialSpec
+
+    space = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"choice": ["1e-3", "1e-2"]}}
+    path = experiment_file(
+        tmp_path, "old", tuner="smac_bo", trials=4, slots=1, space=space, overrides={"schedule.warmup_steps": 0}
+    )
+    spec = load_experiment(path)
+    stored = stored_form(spec, tmp_path / "run")
+    stored["experiment"]["space"]["optimizer.lr"]["choice"] = ["1e-3", "1e-2"]  # as it was recorded then
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with SqlStorage(url, upgrade=True) as storage:
+        eid = storage.create_experiment("old", stored, spec.direction)
+        params = {"optimizer.name": "adamw", "optimizer.lr": "1e-3"}
+        trial = storage.create_trial(eid, TrialSpec(None, params, "optimizer.name=adamw"))
+        storage.mark_trial_running(trial)
+        storage.finish_trial(trial, TrialResult(TrialState.COMPLETED, objective=4096.0, samples_to_target=4096))
+    assert hpo_main(["--db", url, "resume", "old", "--quiet"]) == 0
+    with SqlStorage(url) as storage:
+        trials = storage.list_trials(eid)
+    assert [t.state for t in trials if t.kind is TrialKind.TUNING] == [TrialState.COMPLETED] * 4
+    assert trials[0].params == params  # the record stays as it ran
+    assert hpo_main(["--db", url, "report", "old", "-o", str(tmp_path / "report")]) == 0  # its figures place them
