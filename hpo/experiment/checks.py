@@ -81,11 +81,6 @@ def check_trainer_value(key: str, value: Any, field: str, source: str) -> None:
         raise ExperimentFileError(f"{source}: {field}: {key} takes {kind}, got {str(value).lower()}")
 
 
-def _trainer_error(resolved: dict[str, Any], key: str, value: Any) -> str | None:
-    """Why the trainer rejects `key = value` on the resolved base config (None: it accepts it)."""
-    return _trainer_reading(resolved, key, value)[0]
-
-
 def _trainer_reading(resolved: dict[str, Any], key: str, value: Any) -> tuple[str | None, Any]:
     """(why the trainer rejects `key = value` on the resolved base config, or None; the value it reads)."""
     raw = copy.deepcopy(resolved)

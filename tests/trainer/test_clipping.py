@@ -241,11 +241,11 @@ def rank_gradient(rank: int) -> list[torch.Tensor]:
 
 
 class GivenGradients(nn.Module):
-    """loss = Σ_i <p_i, x_i>, so the gradient of p_i is exactly x_i."""
+    """loss = Σ_i <p_i, x_i>, so the gradient of p_i is exactly x_i (parameters of `sizes` elements)."""
 
-    def __init__(self):
+    def __init__(self, sizes: tuple[int, ...]):
         super().__init__()
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in SIZES)
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in sizes)
 
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return sum((p * x).sum() for p, x in zip(self.weights, xs, strict=True))
@@ -264,7 +264,7 @@ def recover_coefficients(grads, xs_by_rank, params: list[int]) -> list[float]:
 
 
 def run_large_buckets(rank: int, world: int, strategy: str, xs_by_rank) -> list[dict]:
-    model = GivenGradients()
+    model = GivenGradients(SIZES)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
     scaler = torch.amp.GradScaler("cpu", enabled=False)

@@ -19,10 +19,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.trainer.conftest import start_ranks
+from tests.trainer.test_clipping import GivenGradients
 from trainer.clipping import EPS, GradientClipper
 from trainer.config import ClippingConfig
 from trainer.distributed import DistEnv
@@ -46,17 +46,6 @@ def micro_gradient(iteration: int, rank: int, micro: int) -> list[torch.Tensor]:
     return xs
 
 
-class GivenGradients(nn.Module):
-    """loss = Σ_i <p_i, x_i>, so the gradient of p_i is exactly x_i."""
-
-    def __init__(self):
-        super().__init__()
-        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in SIZES)
-
-    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        return sum((p * x).sum() for p, x in zip(self.weights, xs, strict=True))
-
-
 def data_ranks(world: int) -> list[int]:
     """Whose micro-batch gradients each rank gets: one process gets rank 1's (large enough to be clipped)."""
     return list(range(world)) if world > 1 else [1]
@@ -64,7 +53,7 @@ def data_ranks(world: int) -> list[int]:
 
 def run_steps(rank: int, world: int, strategy: str, accumulation: int) -> list[dict]:
     """The trainer's step, written out as in trainer.train.train_step: what the optimizer saw, per iteration."""
-    model = GivenGradients()
+    model = GivenGradients(SIZES)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB) if world > 1 else None
     scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=10**6)
