@@ -5,14 +5,18 @@ can be checked against HF. The forward pass takes a `PackedBatch`: all valid tok
 [T, hidden] tensor, sequences delimited by `cu_seqlens`. Linear layers, LayerNorm and GELU are per token, so
 they only ever see real tokens; attention is the one place that needs sequence boundaries (`model.attention`):
 
-- `varlen`: `torch.nn.attention.varlen.varlen_attn` on the packed stream (CUDA, bf16/fp16, no attention dropout);
+- `varlen`: PyTorch's flash kernel on the packed stream (`aten._flash_attention_forward`, the kernel its jagged
+  nested tensors and `varlen_attn` call), with attention dropout; CUDA, bf16/fp16;
 - `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
-  CUDA it runs the flash kernel with attention dropout, elsewhere PyTorch's per-sequence math;
+  CUDA it runs the same flash kernel through the nested tensor's Python layer, elsewhere PyTorch's per-sequence math;
 - `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
   padding only up to the longest sequence of the batch; the reference the other two are tested against.
 
-`auto` picks varlen where it applies, else padded (with BERT's attention dropout the padded grid ran 1.5x faster
-than jagged on an H200 at batch 128: BENCHMARKS.md).
+`auto` picks varlen without attention dropout in half precision on CUDA, else padded (with BERT's attention
+dropout the padded grid ran 1.5x faster than jagged on an H200 at batch 128: BENCHMARKS.md; varlen with dropout is
+chosen by name until it is timed there).
+The query, key and value projections run as one matrix product (their weights concatenated at each call, so the
+parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
 With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
 + LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
 are the reference, and parameter names do not change.
@@ -96,33 +100,56 @@ class JaggedLayout:
         return nested.transpose(1, 2)
 
 
-def packed_attention(
-    q, k, v, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
-) -> torch.Tensor:
-    """Attention of q, k, v [T, heads, head_dim] within each packed sequence; returns [T, heads, head_dim].
-    `layout`: None for the varlen kernel, else the jagged view or the padded grid (see the module's doc)."""
-    if layout is None:  # the varlen kernel works on the packed stream directly
-        from torch.nn.attention.varlen import varlen_attn
+class FlashVarlenAttention(torch.autograd.Function):
+    """Flash attention within each sequence of the packed stream, with dropout on the attention weights.
 
-        cu = batch.cu_seqlens
-        return varlen_attn(q, k, v, cu, cu, batch.max_seqlen, batch.max_seqlen)
+    PyTorch's own varlen flash kernel, called as its jagged nested tensors call it, without their host work per
+    call. The forward returns the random state its dropout mask came from; the backward draws the same mask from
+    it. q, k, v: [T, heads, head_dim] (rows may be strided, the last dimension contiguous); CUDA, bf16/fp16."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float):
+        out, logsumexp, rng_state, rng_rest, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False
+        )
+        ctx.save_for_backward(q, k, v, out, logsumexp, cu_seqlens, rng_state, rng_rest)
+        ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, out, logsumexp, cu_seqlens, rng_state, rng_rest = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, logsumexp, cu_seqlens, cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
+            ctx.dropout_p, False, rng_state, rng_rest,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None
+
+
+def packed_attention(
+    qkv: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
+) -> torch.Tensor:
+    """Attention within each packed sequence of qkv [T, 3, heads, head_dim] (query, key, value); returns
+    [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or the padded grid (see the
+    module's doc)."""
+    if layout is None:  # the varlen kernel works on the packed stream directly
+        q, k, v = qkv.unbind(1)
+        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p)
     if isinstance(layout, JaggedLayout):
-        out = F.scaled_dot_product_attention(layout.view(q), layout.view(k), layout.view(v), dropout_p=dropout_p)
+        q, k, v = (layout.view(t.contiguous()) for t in qkv.unbind(1))
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         return out.transpose(1, 2).values()
-    T, heads, head_dim = q.shape
-    grid = []
-    for t in (q, k, v):
-        padded = t.new_zeros(layout.batch * layout.length, heads, head_dim)
-        padded = padded.index_copy(0, layout.slots, t)
-        grid.append(padded.view(layout.batch, layout.length, heads, head_dim).transpose(1, 2))
-    out = F.scaled_dot_product_attention(*grid, attn_mask=layout.key_mask, dropout_p=dropout_p)
+    T, _, heads, head_dim = qkv.shape
+    grid = qkv.new_zeros(layout.batch * layout.length, 3, heads, head_dim).index_copy(0, layout.slots, qkv)
+    q, k, v = grid.view(layout.batch, layout.length, 3, heads, head_dim).transpose(1, 3).unbind(2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
     out = out.transpose(1, 2).reshape(layout.batch * layout.length, heads, head_dim)
     return gather_rows(out, layout.slots)
 
 
-def varlen_runs(cuda: bool, half: bool, dropout_p: float) -> bool:
-    """Whether `varlen_attn` can run: it is a flash kernel, CUDA and half precision only, without dropout."""
-    return cuda and half and dropout_p == 0.0
+def varlen_runs(cuda: bool, half: bool) -> bool:
+    """Whether the varlen flash kernel can run: CUDA and half precision only."""
+    return cuda and half
 
 
 def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
@@ -134,12 +161,11 @@ def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
 
 def resolve_attention(choice: str, cuda: bool, half: bool, dropout_p: float) -> str:
     """`attention_kernel` from what decides it: a CUDA device, half precision, the attention dropout."""
-    fits = varlen_runs(cuda, half, dropout_p)
-    if choice == "auto":
-        return "varlen" if fits else "padded"  # jagged measured slower on an H200 (BENCHMARKS.md)
+    fits = varlen_runs(cuda, half)
+    if choice == "auto":  # jagged measured slower than padded on an H200; varlen with dropout not yet timed there
+        return "varlen" if fits and dropout_p == 0.0 else "padded"
     if choice == "varlen" and not fits:
-        raise ConfigError("model.attention: varlen needs CUDA, bf16 or fp16 and no attention dropout in training "
-                          "(model.attention_probs_dropout_prob: 0); use auto, jagged or padded")  # fmt: skip
+        raise ConfigError("model.attention: varlen needs CUDA and bf16 or fp16; use auto, jagged or padded")
     return choice
 
 
@@ -180,11 +206,13 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | None) -> torch.Tensor:
-        shape = (x.shape[0], self.heads, self.head_dim)
-        q, k, v = (proj(x).view(shape) for proj in (self.query, self.key, self.value))
+    def forward(self, x: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None) -> torch.Tensor:
+        projections = (self.query, self.key, self.value)  # one matrix product for the three
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
+        qkv = F.linear(x, weight, bias).view(x.shape[0], 3, self.heads, self.head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
-        return packed_attention(q, k, v, batch, layout, dropout_p).reshape(x.shape[0], -1)
+        return packed_attention(qkv, batch, layout, dropout_p).reshape(x.shape[0], -1)
 
 
 class BertSelfOutput(nn.Module):

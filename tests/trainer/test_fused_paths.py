@@ -99,15 +99,15 @@ def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
     over 400 seeded draws is that output within 4 standard errors everywhere; p = 0 is the padded grid's output."""
     batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(batch.num_tokens, 4, 8, generator=generator) for _ in range(3))
+    qkv = torch.randn(batch.num_tokens, 3, 4, 8, generator=generator)
     jagged = JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
     grid = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
-    exact = packed_attention(q, k, v, batch, grid, 0.0)
-    assert_close(packed_attention(q, k, v, batch, jagged, 0.0), exact, "jagged output without dropout")
+    exact = packed_attention(qkv, batch, grid, 0.0)
+    assert_close(packed_attention(qkv, batch, jagged, 0.0), exact, "jagged output without dropout")
     draws = []
     for seed in range(400):
         torch.manual_seed(seed)
-        draws.append(packed_attention(q, k, v, batch, jagged, 0.1))
+        draws.append(packed_attention(qkv, batch, jagged, 0.1))
     draws = torch.stack(draws)
     assert all((d - exact).abs().max() > 1e-3 for d in draws[:20])
     standard_error = draws.std(0) / 400**0.5
@@ -201,14 +201,15 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
             assert loss == pytest.approx(expected, rel=2e-2 if dtype is torch.bfloat16 else 1e-4), variant
 
 
+@pytest.mark.parametrize("attention", ["jagged", "varlen"])
 @pytest.mark.gpu
 @cuda_only
-def test_on_the_gpu_jagged_attention_trains_with_dropout_in_bf16():
+def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
     """BERT's attention dropout on the flash kernel: a few bf16 steps of the tiny model lower its loss on one
     repeated batch, and eval mode is deterministic."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
-    model = BertForPreTraining(make_model_config(attention="jagged", hidden_dropout_prob=0.1,
+    model = BertForPreTraining(make_model_config(attention=attention, hidden_dropout_prob=0.1,
                                                  attention_probs_dropout_prob=0.1)).cuda()  # fmt: skip
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=3e-3))
     batch = pack_batch(samples, np.arange(len(LENGTHS))).to("cuda")
@@ -224,3 +225,54 @@ def test_on_the_gpu_jagged_attention_trains_with_dropout_in_bf16():
     model.eval()
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert torch.equal(model(batch).mlm_logits, model(batch).mlm_logits)
+
+
+@pytest.mark.gpu
+@cuda_only
+def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask():
+    """The varlen kernel with dropout against an explicit computation from its own dropout mask. With the values set
+    to the identity (each sequence no longer than head_dim), the output *is* the dropped, rescaled attention matrix
+    P_d = P * M / (1 - p); the mask M is read from it. Then the forward must be softmax(q k^T / sqrt(d)) where kept,
+    about a fraction p dropped, and the backward must be the gradients of that very P_d (float32, from q, k and M):
+    a backward that drew another mask would miss dv by whole entries."""
+    from trainer.model import FlashVarlenAttention
+
+    p, heads, head_dim = 0.25, 2, 64
+    lengths = [7, 33, 64, 12, 50, 64]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
+    T = int(cu[-1])
+    generator = torch.Generator("cuda").manual_seed(0)
+    q, k = (torch.randn(T, heads, head_dim, device="cuda", generator=generator).half() for _ in range(2))
+    v = torch.zeros(T, heads, head_dim, device="cuda", dtype=torch.half)
+    position = torch.as_tensor(np.arange(T) - np.repeat(np.cumsum([0] + lengths[:-1]), lengths), device="cuda")
+    v[torch.arange(T, device="cuda"), :, position] = 1.0
+    g = torch.randn(T, heads, head_dim, device="cuda", generator=generator).half()
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    torch.manual_seed(3)
+    out = FlashVarlenAttention.apply(q, k, v, cu, max(lengths), p)
+    out.backward(g)
+    kept, dropped = 0, 0
+    for start, length in zip(np.cumsum([0] + lengths[:-1]), lengths, strict=True):
+        rows = slice(int(start), int(start) + length)
+        qs, ks, gs = (t[rows].float().transpose(0, 1) for t in (q.detach(), k.detach(), g))  # [heads, L, d]
+        scale = head_dim**-0.5
+        probs = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)  # [heads, L, L]
+        p_d = out.detach()[rows].float().transpose(0, 1)[:, :, :length]  # the kernel's own dropped matrix
+        mask = p_d != 0
+        kept, dropped = kept + int(mask.sum()), dropped + int((~mask).sum())
+        assert torch.allclose(p_d[mask], (probs / (1 - p))[mask], rtol=2e-3, atol=1e-4)
+        assert (out.detach()[rows].float()[:, :, length:] == 0).all()
+        d_p_d = gs @ v.detach()[rows].float().transpose(0, 1).transpose(1, 2)  # dL/dP_d = g V^T
+        d_probs = d_p_d * mask / (1 - p)
+        d_scores = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True))
+        expected = {
+            "dq": (d_scores @ ks) * scale,
+            "dk": (d_scores.transpose(1, 2) @ qs) * scale,
+            "dv": p_d.transpose(1, 2) @ gs,
+        }
+        for name, grad in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            ours = grad[rows].float().transpose(0, 1)
+            reference = expected[name]
+            error = (ours - reference).abs().max().item()
+            assert error <= 2e-2 * reference.abs().max().item(), f"{name}, sequence at {start}: {error:.3g}"
+    assert abs(dropped / (kept + dropped) - p) < 0.03
