@@ -233,7 +233,24 @@ def breakdown(run, device) -> dict[str, float]:
                 break
     other = max(busy - split["attention"] - split["matmul"], 0.0)
     return {"wall": wall, **split, "optimizer": timing.get("optimizer", 0.0), "other device": other,
-            "host, device idle": max(wall - busy, 0.0) if cuda else float("nan"), "kernels": len(work)}  # fmt: skip
+            "host, device idle": max(wall - busy, 0.0) if cuda else float("nan"), "kernels": len(work),
+            "by name": by_name(work)}  # fmt: skip
+
+
+def by_name(work: list[tuple[str, float]]) -> list[tuple[str, float, int]]:
+    """(kernel or operator name, seconds, launches) summed over one step, the most time first."""
+    totals: dict[str, list] = {}
+    for name, seconds in work:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += seconds
+        entry[1] += 1
+    return sorted(((n, t, c) for n, (t, c) in totals.items()), key=lambda row: -row[1])
+
+
+def format_top(parts: dict, top: int) -> str:
+    """The `top` kernels (CPU: operators) of `breakdown`'s step by time, one indented line each."""
+    rows = parts["by name"][:top]
+    return "\n".join(f"      {1e3 * t:8.2f} ms {c:6d}x  {name[:100]}" for name, t, c in rows)
 
 
 BREAKDOWN_HEADER = "wall | attention | matmul | optimizer | other device | host, device idle (ms) | kernels"
@@ -241,7 +258,7 @@ BREAKDOWN_HEADER = "wall | attention | matmul | optimizer | other device | host,
 
 def format_breakdown(parts: dict[str, float]) -> str:
     """`breakdown`'s numbers in the order of BREAKDOWN_HEADER: milliseconds, then the kernel count."""
-    times = [f"{v * 1e3:8.1f}" for k, v in parts.items() if k != "kernels"]
+    times = [f"{v * 1e3:8.1f}" for k, v in parts.items() if k not in ("kernels", "by name")]
     return " | ".join(times) + f" | {parts['kernels']:7d}"
 
 
@@ -259,6 +276,7 @@ def main() -> None:
     ap.add_argument("--variants", default="auto", help="ours, comma-separated: KERNEL[+compile] (default: auto)")
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
+    ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -308,6 +326,8 @@ def main() -> None:
         for name, (run, _) in runners.items():
             parts = breakdown(partial(run, opt=optimizers[name], index=index), device)
             print(f"  {name:<26} {format_breakdown(parts)}")
+            if args.top:
+                print(format_top(parts, args.top))
 
 
 if __name__ == "__main__":

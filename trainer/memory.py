@@ -109,7 +109,8 @@ def choose_micro_batch(
     longest_first = np.argsort(-lengths, kind="stable")
     if device.type == "cuda":  # a first pass allocates the libraries' workspaces: not a cost of the tokens
         measure(model, samples, longest_first[:1], device, autocast)
-    sizes = sorted({1, min(4, per_rank)})
+    # Not 1: a single sequence's attention can alias buffers that larger micro-batches copy (CPU attention)
+    sizes = sorted({min(2, per_rank), min(4, per_rank)})
     probes = tuple(
         Probe(m, int(lengths[longest_first[:m]].sum()), measure(model, samples, longest_first[:m], device, autocast))
         for m in sizes

@@ -139,9 +139,10 @@ def packed_attention(
         q, k, v = (layout.view(t.contiguous()) for t in qkv.unbind(1))
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         return out.transpose(1, 2).values()
-    T, _, heads, head_dim = qkv.shape
-    grid = qkv.new_zeros(layout.batch * layout.length, 3, heads, head_dim).index_copy(0, layout.slots, qkv)
-    q, k, v = grid.view(layout.batch, layout.length, 3, heads, head_dim).transpose(1, 3).unbind(2)
+    T, _, heads, head_dim = qkv.shape  # one scatter for the three; each its own [B, L, heads, head_dim] block
+    grid = qkv.new_zeros(3, layout.batch * layout.length, heads, head_dim)
+    grid = grid.index_copy(1, layout.slots, qkv.transpose(0, 1))
+    q, k, v = grid.view(3, layout.batch, layout.length, heads, head_dim).transpose(2, 3).unbind(0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
     out = out.transpose(1, 2).reshape(layout.batch * layout.length, heads, head_dim)
     return gather_rows(out, layout.slots)

@@ -62,3 +62,24 @@ def test_every_model_out_of_memory_is_an_error_that_says_to_lower_the_batch():
     optimizers = {"only": build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4))}
     with pytest.raises(SystemExit, match="every model ran out of device memory at batch 4: try a smaller --batch"):
         time_steps(runners, optimizers, samples, batch=4, warmup=0, steps=1, device=torch.device("cpu"))
+
+
+def test_the_breakdown_names_the_kernels_that_took_the_time():
+    """`--breakdown --top N`: the step's operators summed by name, the most time first; their launches add up to the
+    step's kernel count and their time to the split's (attention + matmul + other)."""
+    from bench.trainer_throughput import breakdown, format_top
+
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    model = BertForPreTraining(make_model_config())
+    run, _ = runner(model, samples)
+    opt = build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4))
+    parts = breakdown(partial(run, opt=opt, index=[0, 1, 2]), torch.device("cpu"))
+    rows = parts["by name"]
+    assert [t for _, t, _ in rows] == sorted((t for _, t, _ in rows), reverse=True)
+    assert sum(c for _, _, c in rows) == parts["kernels"] > 0
+    split = parts["attention"] + parts["matmul"] + parts["other device"]
+    assert sum(t for _, t, _ in rows) == pytest.approx(split, rel=1e-9)
+    assert any(name == "aten::addmm" for name, _, _ in rows)
+    top = format_top(parts, 3).splitlines()
+    assert len(top) == 3 and rows[0][0] in top[0]

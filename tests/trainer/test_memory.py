@@ -39,15 +39,16 @@ def tiny_model() -> BertForPreTraining:
 
 
 def test_the_measured_bytes_grow_along_the_line_the_two_probes_fit():
-    """Fitted at 1 and 4 sequences of 64 tokens, the line predicts what 12 such sequences measure (dropout on: its
-    masks are kept too), to 1 %."""
+    """Fitted at 2 and 4 sequences of 64 tokens, the line predicts what 12 such sequences measure (dropout on: its
+    masks are kept too), to 1 %. (Not fitted at 1: a single sequence's CPU attention keeps a view of the whole
+    query-key-value grid where larger batches keep copies of its parts, 4.5 % above the line.)"""
     model, samples = tiny_model(), make_samples([64] * 16)
     fit = choose_micro_batch(model, samples, 16, CPU, None, budget_bytes=1e12)
     optimizer = OPTIMIZER_COPIES * sum(p.numel() * 4 for p in model.parameters())
     measured = measure(model, samples, np.arange(12), CPU, None)
     predicted = fit.bytes_for(12) - optimizer
     assert measured == pytest.approx(predicted, rel=0.01)
-    assert fit.bytes_per_token > 0 and [p.sequences for p in fit.probes] == [1, 4]
+    assert fit.bytes_per_token > 0 and [p.sequences for p in fit.probes] == [2, 4]
     # Several ranks: DDP's buckets hold a float32 copy of the gradient (before_allreduce's flat copy another)
     parallel = choose_micro_batch(model, samples, 16, CPU, None, budget_bytes=1e12, gradient_copies=2)
     assert parallel.fixed_bytes - fit.fixed_bytes == 2 * sum(p.numel() * 4 for p in model.parameters())
@@ -151,7 +152,7 @@ def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_the_gpu_the_line_through_the_allocators_peaks_predicts_a_larger_micro_batch():
-    """bf16, BERT's dropout: fitted at 1 and 4 sequences of 64 tokens, the line predicts the allocator's peak at
+    """bf16, BERT's dropout: fitted at 2 and 4 sequences of 64 tokens, the line predicts the allocator's peak at
     32 such sequences within 10 % (the allocator rounds blocks up; bench/micro_batch_fit.py checks BERT-large)."""
     cuda = torch.device("cuda")
     model, samples = tiny_model().to(cuda), make_samples([64] * 32)
