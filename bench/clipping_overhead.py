@@ -92,7 +92,8 @@ class Rank:
         backend = "nccl" if use_cuda else "gloo"
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=args.nproc)
         env = DistEnv(rank, args.nproc, rank, args.nproc)
-        cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, **SIZES[args.size])
+        cfg = ModelConfig(vocab_size=30522, max_position_embeddings=args.seq_len, attention=args.attention,
+                          **SIZES[args.size])  # fmt: skip
         samples = make_samples(args.batch * args.nproc, args.seq_len, 76, 30522, seed=1)
         batch = pack_batch(samples, np.arange(rank * args.batch, (rank + 1) * args.batch)).to(device)
         return cls(args, device, env, cfg, batch, torch.bfloat16 if args.dtype == "bf16" else None)
@@ -133,10 +134,10 @@ class Rank:
 
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     r = Rank.start(rank, args, init_file)
-    runs = {s: build(s, r.cfg, r.env, r.device, args.bucket_cap_mb) for s in STRATEGIES}
+    runs = {s: build(s, r.cfg, r.env, r.device, args.bucket_cap_mb) for s in args.strategies}
     times = r.time_interleaved(runs)
     if rank == 0:
-        report(args, runs["bucketwise"][1], times)
+        report(args, runs["bucketwise"][1] if "bucketwise" in runs else None, times)
     if args.breakdown:
         r.print_breakdowns(runs)
     dist.destroy_process_group()
@@ -144,12 +145,12 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
 
 def report(args, clipper, times: dict[str, list[float]]) -> None:
     base = statistics.median(times["none"])
-    buckets = clipper.hook_state.num_buckets
+    buckets = clipper.hook_state.num_buckets if clipper is not None else "-"
     print(
         f"size={args.size} ranks={args.nproc} device={args.device} dtype={args.dtype} batch/rank={args.batch} "
         f"seq_len={args.seq_len} bucket_cap_mb={args.bucket_cap_mb} buckets={buckets} rounds={args.rounds}"
     )
-    for s in STRATEGIES:
+    for s in args.strategies:
         med = statistics.median(times[s])
         print(f"  {s:<17} {1e3 * med:9.1f} ms/step   x{med / base:5.3f} vs none")
 
@@ -171,7 +172,20 @@ def parse_args(description: str, every: bool = False) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CPU threads shared by the ranks")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
+    ap.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
+                    help=f"comma-separated, from {','.join(STRATEGIES)} (default all; none always runs)")  # fmt: skip
+    ap.add_argument("--attention", default="auto", choices=["auto", "padded", "jagged", "varlen"],
+                    help="model.attention")  # fmt: skip
     return ap.parse_args()
+
+
+def strategy_list(text: str) -> list[str]:
+    """`--strategies`: known names, in STRATEGIES' order, with none (the baseline) always in."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = names - set(STRATEGIES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(STRATEGIES)}")
+    return [s for s in STRATEGIES if s in names | {"none"}]
 
 
 def launch(worker_fn, args: argparse.Namespace) -> None:

@@ -20,13 +20,13 @@ import statistics
 
 import torch.distributed as dist
 
-from bench.clipping_overhead import STRATEGIES, Rank, build, launch, parse_args
+from bench.clipping_overhead import Rank, build, launch, parse_args
 from trainer.noise_probe import NormProbe
 
 
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     r = Rank.start(rank, args, init_file)
-    keys = [(s, m) for s in STRATEGIES for m in (False, True)]
+    keys = [(s, m) for s in args.strategies for m in (False, True)]
 
     def probe(measured: bool) -> NormProbe | None:  # its scalars go where the backend reduces them (cuda for NCCL)
         return NormProbe(r.env.world_size, device=r.device) if measured else None
@@ -48,7 +48,7 @@ def report(args, times) -> None:
     )
     average = statistics.median if args.every == 1 else statistics.mean
     print(f"  the {average.__name__} of {args.rounds} rounds; the probe measures every {args.every} round(s)")
-    for s in STRATEGIES:
+    for s in args.strategies:
         off, on = average(times[(s, False)]), average(times[(s, True)])
         print(f"  {s:<17} off {1e3 * off:9.1f} ms/step   on {1e3 * on:9.1f} ms/step   x{on / off:5.3f}")
 

@@ -161,7 +161,8 @@ def step_hf(model, opt, samples, index, device, autocast, pad_to, timing=None):
 def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int, steps: int, device):
     """Seconds of each runner over `steps` timed steps after `warmup`, interleaved step by step so that all see
     the same machine state, and the valid tokens of the timed steps. A runner whose step runs out of device memory
-    leaves `runners` (said so); none left is an error."""
+    or fails (a kernel that refuses its input, say) leaves `runners`, said so, and the others go on: a GPU is lent
+    for minutes. None left is an error."""
     seconds = dict.fromkeys(runners, 0.0)
     tokens = 0
     for step in range(warmup + steps):
@@ -169,8 +170,9 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int
         for name, (run, _) in list(runners.items()):
             synchronize(device)
             t0 = time.perf_counter()
-            if not fits(run, opt=optimizers[name], index=index):
-                drop_out_of_memory(name, runners, optimizers, seconds, device, batch)
+            failure = try_step(run, opt=optimizers[name], index=index)
+            if failure:
+                drop(name, failure, runners, optimizers, seconds, device, batch)
                 continue
             synchronize(device)
             if step >= warmup:
@@ -178,24 +180,28 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int
         if step >= warmup:
             tokens += int(samples.lengths[index].sum())
     if not runners:
-        raise SystemExit(f"every model ran out of device memory at batch {batch}: try a smaller --batch")
+        raise SystemExit(f"every model ran out of device memory or failed at batch {batch}: see above; try a smaller "
+                         "--batch if they ran out of memory")  # fmt: skip
     return seconds, tokens
 
 
-def fits(run, **kwargs) -> bool:
-    """Runs one step; False where it ran out of device memory (its activations are freed when this returns)."""
+def try_step(run, **kwargs) -> str | None:
+    """Runs one step; None if it ran, else why not (its activations are freed when this returns)."""
     try:
         run(**kwargs)
     except torch.OutOfMemoryError:
-        return False
-    return True
+        return "out of device memory"
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        return f"failed ({type(e).__name__}: {first[:200]})"
+    return None
 
 
-def drop_out_of_memory(name, runners, optimizers, seconds, device, batch: int) -> None:
-    """A model whose step ran out of device memory leaves the comparison (said so), with its gradients, optimizer
-    state and cached blocks freed, so the others still run: at large batches Hugging Face's padded model needs
-    several times our activations."""
-    print(f"  {name}: out of device memory at batch {batch}; left out of the comparison")
+def drop(name, why: str, runners, optimizers, seconds, device, batch: int) -> None:
+    """A model whose step ran out of device memory or failed leaves the comparison (said so), with its gradients,
+    optimizer state and cached blocks freed, so the others still run: at large batches Hugging Face's padded model
+    needs several times our activations."""
+    print(f"  {name}: {why} at batch {batch}; left out of the comparison")
     runners.pop(name)
     optimizers.pop(name).zero_grad(set_to_none=True)
     seconds.pop(name)

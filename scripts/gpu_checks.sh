@@ -2,14 +2,16 @@
 # The checks that need a CUDA GPU, in order of value, sized for at most 10 minutes of one H100 or H200:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput   BERT-large, bf16, BERT's dropout, at batch 32 and at batch 128 (the GPU busier, its host overhead
-#                spread over 4x the tokens): our padded grid, eager and with compiled layers, beside Hugging Face's
-#                padded model, with the per-step breakdown (a model that runs out of memory leaves the comparison);
-#                the jagged kernel ran 1.5x-3.2x slower than the padded grid on 2026-11-28 and is left out
-#   micro_batch  batch.micro_batch_size auto for BERT-large: the micro-batch it chooses from the GPU's memory, the
-#                peak of a step at it against the prediction, its speed beside micro-batch 32
-#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the closed-division MLPerf log)
-#   clipping, noise_scale   their overhead on one NCCL rank, at micro-batches of 32 (at 8, BERT-large's step is
-#                mostly host time: 2026-11-26's 1.16x was measured there); the noise scale measured every 8th step
+#                spread over 4x the tokens): our padded grid and the varlen flash kernel (with compiled layers at
+#                128) beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the
+#                most time (a model that runs out of memory or fails leaves the comparison; the others go on)
+#   micro_batch  batch.micro_batch_size auto for BERT-large on the varlen kernel: the micro-batch it chooses from
+#                the GPU's memory, the peak of a step at it against the prediction, its speed beside micro-batch 32
+#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
+#                against its own mask, the closed-division MLPerf log)
+#   clipping, noise_scale   their overhead on one NCCL rank at micro-batches of 128, where the GPU, not the host,
+#                sets the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there
+#                on 2026-11-28); the noise scale measured every 4th step
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, and one
 # trial's MLPerf log and the exported config of the experiment, whose other files stay in /tmp/gpu_experiment); a
 # failing step does not stop the rest; the time limits add up
@@ -42,21 +44,21 @@ for log in /tmp/gpu_experiment/experiment/trials/*/mlperf.log; do  # one trial's
   [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
 done
 cp /tmp/gpu_experiment/best.yaml "$OUT/experiment_best.yaml" 2>/dev/null
-run throughput 60 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
-  --variants padded,padded+compile --breakdown
-run throughput_128 70 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
-  --variants padded,padded+compile --breakdown
+run throughput 55 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
+  --variants padded,varlen --breakdown --top 12
+run throughput_128 85 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
+  --variants padded,varlen,varlen+compile --breakdown --top 12
 run micro_batch 30 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
-  --steps 2
-run tests 55 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
-run clipping 60 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
-  --batch 32 --rounds 6
+  --steps 2 --attention varlen
+run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
+  --batch 128 --rounds 5
 run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
-  --dtype bf16 --batch 32 --rounds 16 --every 8
+  --dtype bf16 --batch 128 --rounds 8 --every 4 --strategies none,bucketwise
 echo "=== summary (the full output of each check is in $OUT/)"
 grep -h "=== .* exit" "$OUT"/*.txt
 grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-grep -h "^size=\|^  ours \|^  HF \|^  breakdown" "$OUT"/throughput*.txt
+grep -h "^size=\|^  ours \|^  HF \|^  breakdown\|left out" "$OUT"/throughput*.txt
 grep -h "^batch.micro_batch_size\|^one step at\|^  micro-batch" "$OUT/micro_batch.txt"
 grep -h " passed\| failed\| skipped" "$OUT/tests.txt" | tail -1
 grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
