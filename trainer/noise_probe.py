@@ -72,7 +72,8 @@ class NormProbe:
     def record_local(self, index: int, norm: torch.Tensor, coef, scale) -> None:
         """This rank's bucket `index` before the all-reduce: its norm (loss-scaled) and its clip coefficient."""
         local_sq = (norm.double() / scale) ** 2
-        coef = torch.as_tensor(coef, dtype=torch.float64, device=norm.device)
+        # A number is filled in on the device: a tensor made from a host number is a copy the host waits for
+        coef = coef.double() if isinstance(coef, torch.Tensor) else local_sq.new_full((), float(coef))
         self.local[index] = torch.stack([coef, coef * coef, coef * coef * local_sq, local_sq])
 
     def record_mean(self, index: int, norm: torch.Tensor, scale) -> None:
@@ -142,7 +143,7 @@ class NormProbe:
                 [micro.mean(), big_sq.double(), torch.ones((), dtype=torch.float64, device=big_sq.device)]
             )
         else:
-            sums = torch.zeros(3, dtype=torch.float64)
+            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # made there: no copy to wait for
         self.micro_sq.clear()
         self.local.clear()
         self.mean_sq.clear()

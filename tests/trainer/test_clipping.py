@@ -353,3 +353,56 @@ def test_loss_scaled_gradients_are_clipped_in_unscaled_units():
     norms = torch.tensor([0.0, 0.5, 1.0, 3.0, 1e30])
     expected = [min(1.0, 2.0 / (n + EPS)) for n in norms.tolist()]
     assert clip_coefficient(norms, 2.0).tolist() == pytest.approx(expected, rel=1e-7)
+
+
+# --------------------------------------------------------------------------- on a GPU (pytest -m gpu)
+
+
+def sync_free_step_worker(rank: int, init_file: str, strategy: str) -> None:
+    """One NCCL rank: a bf16 DDP step of the tiny BERT with the strategy's hook and the noise-scale probe measuring
+    per bucket, under CUDA's sync debug mode (it raises where the host would wait for the GPU)."""
+    from trainer.noise_probe import NormProbe
+    from trainer.optim import build_optimizer
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = BertForPreTraining(make_model_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)).cuda()
+    ddp = DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=0.05)  # several buckets
+    probe = NormProbe(1, device=torch.device("cuda"))
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    clipper = GradientClipper(ClippingConfig(strategy=strategy, max_norm=1.0), "adamw", model, ddp, scaler,
+                              DistEnv(0, 1), probe)  # fmt: skip
+    optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-4))
+    batch = pack_batch(make_samples([7, 33, 64, 12, 50, 5, 64, 21]), np.arange(8)).to("cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = pretraining_loss(ddp(batch), batch).total
+        loss.backward()
+        clipper.before_step(optimizer)
+        pending = probe.take()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return pending
+
+    for _ in range(3):  # DDP rebuilds its buckets; bucketwise learns their count
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert strategy in ("before_allreduce",) or clipper.hook_state is not None
+    assert pending is not None and all(math.isfinite(x) for x in pending.read())
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("strategy", ["none", "bucketwise", "before_allreduce"])
+def test_on_the_gpu_a_ddp_step_with_the_noise_scale_probe_never_waits_for_the_device(tmp_path, strategy):
+    """The communication hooks record each bucket's norms on the device: a clip coefficient of 1 (no clip) made a
+    device tensor from a host number, a copy the host waited for, in every bucket of every measured step."""
+    start_ranks(sync_free_step_worker, (str(tmp_path / "init"), strategy), 1)
