@@ -60,11 +60,13 @@ def controller_identity() -> tuple[str, int]:
 
 
 def liveness(record, now: datetime | None = None) -> str:
-    """`live` or `interrupted` for a RUNNING experiment (by its heartbeat), else its status (finished, ...)."""
+    """`live` or `interrupted` for a RUNNING experiment (by its heartbeat), else its status (finished, ...). The
+    heartbeat's age is taken on the clock that dated it: the database server's, read with the record
+    (`read_at`), so a reader whose clock is off does not see a live controller as gone, or the reverse."""
     status = record.status.value
     if status != "running":
         return status
-    now = now or datetime.now(timezone.utc)
+    now = now or getattr(record, "read_at", None) or datetime.now(timezone.utc)
     beat = record.heartbeat_at
     if record.controller_pid is None or beat is None or (now - beat).total_seconds() > stale_after_s():
         return "interrupted"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from typing import Any, NamedTuple
@@ -45,6 +45,8 @@ class ExperimentRecord:
     heartbeat_at: datetime | None = None  # the controller's last heartbeat
     controller_note: str | None = None  # what the controller last said: progress and why trials wait
     trials_version: int = 0  # see Storage.trials_version
+    # The clock heartbeats are judged by (a database server's) when this was read; not part of what was read
+    read_at: datetime | None = field(default=None, compare=False)
 
     @property
     def nni_webui(self) -> list[dict[str, Any]]:

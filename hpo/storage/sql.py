@@ -241,21 +241,23 @@ class SqlStorage(TrialReads, Storage):
 
     def get_experiment(self, experiment_id: int) -> ExperimentRecord:
         with self._session() as session:
-            return _experiment_record(_experiment(session, experiment_id))
+            return _experiment_record(_experiment(session, experiment_id), _controller_time(session))
 
     def get_experiment_by_name(self, name: str) -> ExperimentRecord:
         with self._session() as session:
             experiment = session.scalars(select(ExperimentModel).where(ExperimentModel.name == name)).first()
             if experiment is None:
                 raise NotFoundError(f"no experiment named {name!r} in {safe_url(self.url)}")
-            return _experiment_record(experiment)
+            return _experiment_record(experiment, _controller_time(session))
 
     def list_experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentRecord]:
         query = select(ExperimentModel).order_by(ExperimentModel.id)
         if status is not None:
             query = query.where(ExperimentModel.status == ExperimentStatus(status).value)
         with self._session() as session:
-            return [_experiment_record(experiment) for experiment in session.scalars(query)]
+            experiments = list(session.scalars(query))
+            read_at = _controller_time(session) if experiments else None
+            return [_experiment_record(experiment, read_at) for experiment in experiments]
 
     def set_experiment_status(self, experiment_id: int, status: ExperimentStatus | str) -> None:
         status = ExperimentStatus(status)

@@ -276,7 +276,7 @@ def _arms(session: Session, experiment_id: int) -> list[str]:
 # -- records ---------------------------------------------------------------------------------------------------
 
 
-def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
+def _experiment_record(experiment: ExperimentModel, read_at: datetime | None = None) -> ExperimentRecord:
     return ExperimentRecord(
         id=experiment.id,
         name=experiment.name,
@@ -291,6 +291,7 @@ def _experiment_record(experiment: ExperimentModel) -> ExperimentRecord:
         heartbeat_at=_utc(experiment.heartbeat_at),
         controller_note=experiment.controller_note,
         trials_version=experiment.trials_version or 0,
+        read_at=read_at,
     )
 
 

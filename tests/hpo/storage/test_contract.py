@@ -735,3 +735,31 @@ def test_a_live_controller_is_not_taken_over_by_a_machine_whose_clock_runs_ahead
     with pytest.raises(ControllerBusyError, match="hostA, pid 111"):
         storage.claim_controller(experiment_id, "hostB", 222, stale_after_s=60)
     assert storage.heartbeat(experiment_id, "hostA", 111)
+
+
+def test_a_reader_whose_clock_is_off_still_sees_a_live_controller_as_live(storage: SqlStorage, monkeypatch):
+    # `hpo status` and the API judge a heartbeat's age on the clock that dated it (read with the record).
+    from hpo.engine import liveness as liveness_module
+    from hpo.engine.liveness import liveness
+
+    experiment_id = storage.create_experiment("watched", {}, "minimize")
+    storage.set_experiment_status(experiment_id, ExperimentStatus.RUNNING)
+    storage.claim_controller(experiment_id, "hostA", 111, stale_after_s=60)
+    record = storage.get_experiment(experiment_id)
+    assert record.read_at is not None and abs((record.read_at - record.heartbeat_at).total_seconds()) < 30
+    assert liveness(record) == "live"
+    if storage._engine.dialect.name != "sqlite":  # a reader on another machine, its clock an hour ahead
+        ahead = datetime.now(timezone.utc) + timedelta(hours=1)
+
+        class Ahead(datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return ahead
+
+        monkeypatch.setattr(liveness_module, "datetime", Ahead)
+        monkeypatch.setattr("hpo.storage.sql._now", lambda: ahead)
+        assert liveness(storage.get_experiment(experiment_id)) == "live"
+        assert [liveness(e) for e in storage.list_experiments()] == ["live"]
+    # A heartbeat older than the stale limit on that clock is an interrupted controller
+    stale = record.read_at + timedelta(hours=1)
+    assert liveness(record, now=stale) == "interrupted"
