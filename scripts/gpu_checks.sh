@@ -44,13 +44,13 @@ for log in /tmp/gpu_experiment/experiment/trials/*/mlperf.log; do  # one trial's
   [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
 done
 cp /tmp/gpu_experiment/best.yaml "$OUT/experiment_best.yaml" 2>/dev/null
-run throughput 55 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
+run throughput 50 $PY -m bench.trainer_throughput $LARGE --batch 32 --steps 8 --warmup 3 \
   --variants padded,varlen --breakdown --top 12
 run throughput_128 85 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants padded,varlen,varlen+compile --breakdown --top 12
 run micro_batch 30 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
   --steps 2 --attention varlen
-run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run tests 65 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
 run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 128 --rounds 5
 run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \

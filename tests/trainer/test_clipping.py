@@ -394,14 +394,14 @@ def sync_free_step_worker(rank: int, init_file: str, strategy: str) -> None:
         pending = step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert strategy in ("before_allreduce",) or clipper.hook_state is not None
+    assert clipper.hook_state is not None  # the hook ran
     assert pending is not None and all(math.isfinite(x) for x in pending.read())
     dist.destroy_process_group()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("strategy", ["none", "bucketwise", "before_allreduce"])
+@pytest.mark.parametrize("strategy", ["none", "bucketwise"])
 def test_on_the_gpu_a_ddp_step_with_the_noise_scale_probe_never_waits_for_the_device(tmp_path, strategy):
     """The communication hooks record each bucket's norms on the device: a clip coefficient of 1 (no clip) made a
     device tensor from a host number, a copy the host waited for, in every bucket of every measured step."""

@@ -259,10 +259,10 @@ def test_cli_diverged_exit_code(tmp_path):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
 @pytest.mark.parametrize("noise_every", [1000, 1], ids=["noise-scale-not-due", "noise-scale-measured"])
-@pytest.mark.parametrize("attention", ["auto", "jagged", "varlen"])
+@pytest.mark.parametrize("attention", ["auto", "varlen"])
 def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimizer, noise_every, attention):
     """CUDA's sync debug mode raises at any operation that makes the host wait for the GPU: a bf16 step of the
-    tiny model with BERT's dropout (auto: the padded grid; or the jagged or varlen kernel) and 2 micro-batches runs
+    tiny model with BERT's dropout (auto: the padded grid; or the varlen kernel) and 2 micro-batches runs
     without one, with the noise scale measured in it (its norms stay on the device until read back with the loss)
     or not."""
     import torch
