@@ -42,10 +42,10 @@ class ModelConfig(Section):
     init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
     attention: Literal["auto", "padded", "jagged", "varlen"] = Field(
         "auto",
-        description="Attention kernel over the packed stream: varlen (PyTorch's flash kernel, with dropout; CUDA, "
-        "half precision), jagged (nested-tensor SDPA; the same flash kernel on CUDA), padded (a [B, longest] grid). "
-        "auto: varlen on CUDA in half precision without attention dropout, else padded (faster than jagged on an "
-        "H200 with attention dropout).",
+        description="Attention kernel over the packed stream: varlen (PyTorch's flash kernel, with dropout; a GPU of "
+        "compute capability 8.0+, half precision), jagged (nested-tensor SDPA; the same flash kernel on CUDA), "
+        "padded (a [B, longest] grid). auto: varlen on such a GPU in half precision without attention dropout, else "
+        "padded (faster than jagged on an H200 with attention dropout).",
     )
     compile: bool = Field(
         False,

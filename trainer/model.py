@@ -148,25 +148,34 @@ def packed_attention(
     return gather_rows(out, layout.slots)
 
 
-def varlen_runs(cuda: bool, half: bool) -> bool:
-    """Whether the varlen flash kernel can run: CUDA and half precision only."""
-    return cuda and half
+FLASH_CAPABILITY = (8, 0)  # PyTorch's flash kernel: Ampere and newer
+
+
+def flash_device(device: torch.device) -> bool:
+    """Whether the flash kernel runs on `device`: a CUDA GPU of compute capability 8.0 or newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLASH_CAPABILITY
+
+
+def varlen_runs(flash: bool, half: bool) -> bool:
+    """Whether the varlen flash kernel can run: on a `flash_device`, in half precision."""
+    return flash and half
 
 
 def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
     """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc).
     The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    return resolve_attention(choice, x.is_cuda, half, dropout_p)
+    return resolve_attention(choice, flash_device(x.device), half, dropout_p)
 
 
-def resolve_attention(choice: str, cuda: bool, half: bool, dropout_p: float) -> str:
-    """`attention_kernel` from what decides it: a CUDA device, half precision, the attention dropout."""
-    fits = varlen_runs(cuda, half)
+def resolve_attention(choice: str, flash: bool, half: bool, dropout_p: float) -> str:
+    """`attention_kernel` from what decides it: a GPU the flash kernel runs on, half precision, attention dropout."""
+    fits = varlen_runs(flash, half)
     if choice == "auto":  # jagged measured slower than padded on an H200; varlen with dropout not yet timed there
         return "varlen" if fits and dropout_p == 0.0 else "padded"
     if choice == "varlen" and not fits:
-        raise ConfigError("model.attention: varlen needs CUDA and bf16 or fp16; use auto, jagged or padded")
+        raise ConfigError("model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer and bf16 or "
+                          "fp16; use auto, jagged or padded")  # fmt: skip
     return choice
 
 

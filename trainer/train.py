@@ -51,6 +51,7 @@ from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import (
     BertForPreTraining,
+    flash_device,
     load_hf_state_dict,
     pretraining_loss,
     read_state_dict,
@@ -87,10 +88,15 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
     """`model.attention: varlen` only where the kernel runs, said before any work (the model would say it later)."""
     if cfg.model.attention != "varlen":
         return
-    if not varlen_runs(device.type == "cuda", autocast is not None):
+    if not varlen_runs(flash_device(device), autocast is not None):
+        gpu = device.type
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            gpu = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
         raise ConfigError(
-            f"model.attention: varlen needs CUDA and bf16 or fp16 (this run: {device.type}, "
-            f"{'fp32' if autocast is None else str(autocast).removeprefix('torch.')}); use auto, jagged or padded"
+            f"model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer and bf16 or fp16 (this "
+            f"run: {gpu}, {'fp32' if autocast is None else str(autocast).removeprefix('torch.')}); use auto, "
+            "jagged or padded"
         )
 
 
@@ -98,7 +104,7 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
     """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
     kernel = resolve_attention(
-        cfg.model.attention, device.type == "cuda", autocast is not None, cfg.model.attention_probs_dropout_prob
+        cfg.model.attention, flash_device(device), autocast is not None, cfg.model.attention_probs_dropout_prob
     )
     return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 

@@ -118,7 +118,7 @@ def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
 def test_auto_attention_is_the_padded_grid_on_the_cpu_and_varlen_is_refused_there():
     cfg = make_model_config(attention="varlen", attention_probs_dropout_prob=0.1)
     batch = pack_batch(make_samples(LENGTHS), np.arange(4))
-    with pytest.raises(ConfigError, match="model.attention: varlen needs CUDA"):
+    with pytest.raises(ConfigError, match="model.attention: varlen needs a CUDA GPU of compute capability 8.0"):
         BertForPreTraining(cfg)(batch)
     auto, padded = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config(attention="padded"))
     padded.load_state_dict(auto.state_dict())
@@ -127,12 +127,15 @@ def test_auto_attention_is_the_padded_grid_on_the_cpu_and_varlen_is_refused_ther
 
 def test_auto_attention_is_varlen_where_it_runs_else_the_padded_grid_on_any_device():
     """With BERT's attention dropout on CUDA, auto takes the padded grid: on an H200 it ran 1.5x the jagged kernel's
-    speed at batch 128 and 3.2x at batch 32 (BENCHMARKS.md); without dropout in half precision, varlen."""
-    assert resolve_attention("auto", cuda=True, half=True, dropout_p=0.1) == "padded"
-    assert resolve_attention("auto", cuda=True, half=False, dropout_p=0.0) == "padded"
-    assert resolve_attention("auto", cuda=True, half=True, dropout_p=0.0) == "varlen"
-    assert resolve_attention("auto", cuda=False, half=True, dropout_p=0.0) == "padded"
-    assert resolve_attention("jagged", cuda=True, half=True, dropout_p=0.1) == "jagged"  # asked for, it is taken
+    speed at batch 128 and 3.2x at batch 32 (BENCHMARKS.md); without dropout in half precision, varlen, where the
+    flash kernel runs (a GPU of compute capability 8.0 or newer: not a V100 or T4, where auto takes padded)."""
+    assert resolve_attention("auto", flash=True, half=True, dropout_p=0.1) == "padded"
+    assert resolve_attention("auto", flash=True, half=False, dropout_p=0.0) == "padded"
+    assert resolve_attention("auto", flash=True, half=True, dropout_p=0.0) == "varlen"
+    assert resolve_attention("auto", flash=False, half=True, dropout_p=0.0) == "padded"
+    assert resolve_attention("jagged", flash=True, half=True, dropout_p=0.1) == "jagged"  # asked for, it is taken
+    with pytest.raises(ConfigError, match="compute capability 8.0 or newer"):
+        resolve_attention("varlen", flash=False, half=True, dropout_p=0.0)
 
 
 @pytest.fixture

@@ -242,7 +242,7 @@ def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"model.attention": "varlen"})
     done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "error: model.attention: varlen needs CUDA" in done.stderr
+    assert "error: model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer" in done.stderr
     assert "(this run: cpu, fp32)" in done.stderr
     assert "training BERT" not in done.stderr
 
@@ -292,17 +292,20 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     assert (reading.grad_sq_norms is not None) == (noise_every == 1)
 
 
-def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers():
+def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers(monkeypatch):
     import torch
 
     from trainer.train import execution
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 or H200
     dropout = load_config(None, [])  # BERT's attention dropout 0.1
     no_dropout = load_config(None, ["model.attention_probs_dropout_prob=0.0", "model.compile=true"])
     assert execution(dropout, cpu, None) == "fp32, attention padded"
     assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention padded"  # faster than jagged with dropout
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention varlen, compiled layers"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100: no flash kernel
+    assert execution(no_dropout, cuda, torch.float16) == "fp16, attention padded, compiled layers"
 
 
 def test_data_max_seq_length_trains_on_rows_cut_to_it(tmp_path):
