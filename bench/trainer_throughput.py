@@ -170,11 +170,10 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int
         for name, (run, _) in list(runners.items()):
             synchronize(device)
             t0 = time.perf_counter()
-            failure = try_step(run, opt=optimizers[name], index=index)
+            failure = try_step(run, device, opt=optimizers[name], index=index)
             if failure:
                 drop(name, failure, runners, optimizers, seconds, device, batch)
                 continue
-            synchronize(device)
             if step >= warmup:
                 seconds[name] += time.perf_counter() - t0
         if step >= warmup:
@@ -185,10 +184,12 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int
     return seconds, tokens
 
 
-def try_step(run, **kwargs) -> str | None:
-    """Runs one step; None if it ran, else why not (its activations are freed when this returns)."""
+def try_step(run, device, **kwargs) -> str | None:
+    """Runs one step to its end on the device; None if it ran, else why not (its activations are freed when this
+    returns). A kernel's error surfaces at the synchronization, which is inside."""
     try:
         run(**kwargs)
+        synchronize(device)
     except torch.OutOfMemoryError:
         return "out of device memory"
     except RuntimeError as e:

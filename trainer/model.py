@@ -141,7 +141,7 @@ def packed_attention(
         return out.transpose(1, 2).values()
     T, _, heads, head_dim = qkv.shape  # one scatter for the three; each its own [B, L, heads, head_dim] block
     grid = qkv.new_zeros(3, layout.batch * layout.length, heads, head_dim)
-    grid = grid.index_copy(1, layout.slots, qkv.transpose(0, 1))
+    grid.index_copy_(1, layout.slots, qkv.transpose(0, 1))  # in place: one grid-sized buffer, not two
     q, k, v = grid.view(3, layout.batch, layout.length, heads, head_dim).transpose(2, 3).unbind(0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
     out = out.transpose(1, 2).reshape(layout.batch * layout.length, heads, head_dim)
@@ -156,26 +156,33 @@ def flash_device(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLASH_CAPABILITY
 
 
-def varlen_runs(flash: bool, half: bool) -> bool:
-    """Whether the varlen flash kernel can run: on a `flash_device`, in half precision."""
-    return flash and half
+def flash_head_dim(head_dim: int) -> bool:
+    """Whether the flash kernel takes heads of `head_dim`: a multiple of 8, at most 256 (BERT's: 64)."""
+    return head_dim % 8 == 0 and head_dim <= 256
 
 
-def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float) -> str:
+def varlen_runs(flash: bool, half: bool, head_dim: int = 64) -> bool:
+    """Whether the varlen flash kernel can run: on a `flash_device`, in half precision, with heads it takes."""
+    return flash and half and flash_head_dim(head_dim)
+
+
+def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float, head_dim: int) -> str:
     """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc).
     The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    return resolve_attention(choice, flash_device(x.device), half, dropout_p)
+    return resolve_attention(choice, flash_device(x.device), half, dropout_p, head_dim)
 
 
-def resolve_attention(choice: str, flash: bool, half: bool, dropout_p: float) -> str:
-    """`attention_kernel` from what decides it: a GPU the flash kernel runs on, half precision, attention dropout."""
-    fits = varlen_runs(flash, half)
+def resolve_attention(choice: str, flash: bool, half: bool, dropout_p: float, head_dim: int = 64) -> str:
+    """`attention_kernel` from what decides it: a GPU the flash kernel runs on, half precision, attention dropout,
+    the size of a head."""
+    fits = varlen_runs(flash, half, head_dim)
     if choice == "auto":  # jagged measured slower than padded on an H200; varlen with dropout not yet timed there
         return "varlen" if fits and dropout_p == 0.0 else "padded"
     if choice == "varlen" and not fits:
-        raise ConfigError("model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer and bf16 or "
-                          "fp16; use auto, jagged or padded")  # fmt: skip
+        raise ConfigError("model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer, bf16 or "
+                          "fp16, and heads of a multiple of 8 up to 256 (hidden_size / num_attention_heads); use "
+                          "auto, jagged or padded")  # fmt: skip
     return choice
 
 
@@ -301,12 +308,13 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg)
         self.attention_dropout = cfg.attention_probs_dropout_prob
         self.attention = cfg.attention
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]."""
         x = self.embeddings(batch)
         dropout_p = self.attention_dropout if self.training else 0.0
-        layout = attention_layout(attention_kernel(self.attention, x, dropout_p), batch)
+        layout = attention_layout(attention_kernel(self.attention, x, dropout_p, self.head_dim), batch)
         x = self.encoder(x, batch, layout)
         first_tokens = gather_rows(x, batch.cu_seqlens[:-1].long())
         return x, self.pooler(first_tokens)

@@ -88,24 +88,26 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
     """`model.attention: varlen` only where the kernel runs, said before any work (the model would say it later)."""
     if cfg.model.attention != "varlen":
         return
-    if not varlen_runs(flash_device(device), autocast is not None):
+    head_dim = cfg.model.hidden_size // cfg.model.num_attention_heads
+    if not varlen_runs(flash_device(device), autocast is not None, head_dim):
         gpu = device.type
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
             gpu = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
         raise ConfigError(
-            f"model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer and bf16 or fp16 (this "
-            f"run: {gpu}, {'fp32' if autocast is None else str(autocast).removeprefix('torch.')}); use auto, "
-            "jagged or padded"
+            f"model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer, bf16 or fp16, and heads "
+            f"of a multiple of 8 up to 256 (this run: {gpu}, "
+            f"{'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, heads of {head_dim}); use "
+            "auto, jagged or padded"
         )
 
 
 def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
     """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
-    kernel = resolve_attention(
-        cfg.model.attention, flash_device(device), autocast is not None, cfg.model.attention_probs_dropout_prob
-    )
+    head_dim = cfg.model.hidden_size // cfg.model.num_attention_heads
+    kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None,
+                               cfg.model.attention_probs_dropout_prob, head_dim)  # fmt: skip
     return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 
 

@@ -241,14 +241,14 @@ class SqlStorage(TrialReads, Storage):
 
     def get_experiment(self, experiment_id: int) -> ExperimentRecord:
         with self._session() as session:
-            return _experiment_record(_experiment(session, experiment_id), _controller_time(session))
+            return _experiment_record(*_with_clock(session, _experiment(session, experiment_id)))
 
     def get_experiment_by_name(self, name: str) -> ExperimentRecord:
         with self._session() as session:
             experiment = session.scalars(select(ExperimentModel).where(ExperimentModel.name == name)).first()
             if experiment is None:
                 raise NotFoundError(f"no experiment named {name!r} in {safe_url(self.url)}")
-            return _experiment_record(experiment, _controller_time(session))
+            return _experiment_record(*_with_clock(session, experiment))
 
     def list_experiments(self, status: ExperimentStatus | str | None = None) -> list[ExperimentRecord]:
         query = select(ExperimentModel).order_by(ExperimentModel.id)
@@ -256,7 +256,8 @@ class SqlStorage(TrialReads, Storage):
             query = query.where(ExperimentModel.status == ExperimentStatus(status).value)
         with self._session() as session:
             experiments = list(session.scalars(query))
-            read_at = _controller_time(session) if experiments else None
+            running = any(e.status == ExperimentStatus.RUNNING.value for e in experiments)
+            read_at = _controller_time(session) if running else None
             return [_experiment_record(experiment, read_at) for experiment in experiments]
 
     def set_experiment_status(self, experiment_id: int, status: ExperimentStatus | str) -> None:
@@ -567,6 +568,12 @@ class SqlStorage(TrialReads, Storage):
                 new_only = dialect.insert(TrialMetricModel).on_conflict_do_nothing(index_elements=METRIC_KEY)
                 session.execute(new_only, rows)
         return len(rows)
+
+
+def _with_clock(session: Session, experiment: ExperimentModel) -> tuple[ExperimentModel, datetime | None]:
+    """The experiment and, while it runs, the clock its heartbeat is judged by (`ExperimentRecord.read_at`)."""
+    running = experiment.status == ExperimentStatus.RUNNING.value
+    return experiment, _controller_time(session) if running else None
 
 
 def _controller_time(session: Session) -> datetime:

@@ -25,6 +25,7 @@ from trainer.model import (
     BertForPreTraining,
     JaggedLayout,
     PaddingLayout,
+    flash_device,
     packed_attention,
     pretraining_loss,
     resolve_attention,
@@ -136,6 +137,11 @@ def test_auto_attention_is_varlen_where_it_runs_else_the_padded_grid_on_any_devi
     assert resolve_attention("jagged", flash=True, half=True, dropout_p=0.1) == "jagged"  # asked for, it is taken
     with pytest.raises(ConfigError, match="compute capability 8.0 or newer"):
         resolve_attention("varlen", flash=False, half=True, dropout_p=0.0)
+    # Heads the flash kernel does not take (a multiple of 8, at most 256): auto takes the grid, varlen is refused
+    assert resolve_attention("auto", flash=True, half=True, dropout_p=0.0, head_dim=12) == "padded"
+    assert resolve_attention("auto", flash=True, half=True, dropout_p=0.0, head_dim=512) == "padded"
+    with pytest.raises(ConfigError, match="heads of a multiple of 8 up to 256"):
+        resolve_attention("varlen", flash=True, half=True, dropout_p=0.0, head_dim=12)
 
 
 @pytest.fixture
@@ -175,6 +181,10 @@ def test_compiled_layers_match_the_eager_model_over_optimizer_steps(inductor_use
 # --------------------------------------------------------------------------- the same on a GPU (pytest -m gpu)
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+flash_only = pytest.mark.skipif(
+    not (torch.cuda.is_available() and flash_device(torch.device("cuda"))),
+    reason="needs a GPU the flash kernel runs on (compute capability 8.0 or newer)",
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -190,7 +200,7 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
     results = {}
     variants = [{"attention": "jagged"}, {"attention": "jagged", "compile": True}]
-    if dtype is torch.bfloat16:  # varlen is a half-precision flash kernel (compiled layers: as jagged's above)
+    if dtype is torch.bfloat16 and flash_device(torch.device("cuda")):  # a half-precision flash kernel
         variants.append({"attention": "varlen"})
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
@@ -204,7 +214,7 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
             assert loss == pytest.approx(expected, rel=2e-2 if dtype is torch.bfloat16 else 1e-4), variant
 
 
-@pytest.mark.parametrize("attention", ["jagged", "varlen"])
+@pytest.mark.parametrize("attention", ["jagged", pytest.param("varlen", marks=flash_only)])
 @pytest.mark.gpu
 @cuda_only
 def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
@@ -231,7 +241,7 @@ def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
 
 
 @pytest.mark.gpu
-@cuda_only
+@flash_only
 def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask():
     """The varlen kernel with dropout against an explicit computation from its own dropout mask. With the values set
     to the identity (each sequence no longer than head_dim), the output *is* the dropped, rescaled attention matrix
