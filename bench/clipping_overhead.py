@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.trainer_throughput import BREAKDOWN_HEADER, SIZES, breakdown, format_breakdown, make_samples
+from bench.trainer_throughput import BREAKDOWN_HEADER, SIZES, breakdown, format_breakdown, format_top, make_samples
 from trainer.clipping import GradientClipper
 from trainer.config import ClippingConfig, ModelConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
@@ -130,6 +130,8 @@ class Rank:
             if self.env.rank == 0:
                 label = k if isinstance(k, str) else f"{k[0]} {'on' if k[1] else 'off'}"
                 print(f"  {label:<22} {format_breakdown(parts)}")
+                if self.args.top:
+                    print(format_top(parts, self.args.top))
 
 
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
@@ -172,6 +174,7 @@ def parse_args(description: str, every: bool = False) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="CPU threads shared by the ranks")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
+    ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
     ap.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
                     help=f"comma-separated, from {','.join(STRATEGIES)} (default all; none always runs)")  # fmt: skip
     ap.add_argument("--attention", default="auto", choices=["auto", "padded", "jagged", "varlen"],

@@ -11,7 +11,8 @@
 #                against its own mask, the closed-division MLPerf log)
 #   clipping, noise_scale   their overhead on one NCCL rank at micro-batches of 128, where the GPU, not the host,
 #                sets the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there
-#                on 2026-11-28); the noise scale measured every step (the trainer's default)
+#                on 2026-11-28): bucket-wise clipping against none, with a profiled step of each and its top
+#                kernels; the noise scale measured every step (the trainer's default)
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, and one
 # trial's MLPerf log and the exported config of the experiment, whose other files stay in /tmp/gpu_experiment); a
 # failing step does not stop the rest; the time limits add up
@@ -52,7 +53,7 @@ run micro_batch 30 $PY -m bench.micro_batch_fit --device cuda --size large --dty
   --steps 2 --attention varlen
 run tests 65 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
 run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
-  --batch 128 --rounds 5
+  --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 6 --strategies none,bucketwise
 echo "=== summary (the full output of each check is in $OUT/)"
