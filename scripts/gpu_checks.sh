@@ -13,15 +13,18 @@
 #                sets the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there
 #                on 2026-11-28): bucket-wise clipping against none, with a profiled step of each and its top
 #                kernels; the noise scale measured every step (the trainer's default)
-# Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (8 files in all, and one
-# trial's MLPerf log and the exported config of the experiment, whose other files stay in /tmp/gpu_experiment); a
-# failing step does not stop the rest; the time limits add up
-# to under 10 minutes. Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
+# Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
+# file, one trial's MLPerf log and the exported config of the experiment, whose other files stay in
+# /tmp/gpu_experiment: 10 files), then summary.txt gathers their result lines; a failing step does not stop the
+# rest; the time limits add up to under 10 minutes. Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
+# With PACK=1 the files end up as two: summary.txt and gpu_checks.tar.gz holding all of them (for a machine that
+# hands back only a few files).
 set -u
 OUT=${OUT:-gpu_checks}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+rm -f "$OUT/summary.txt" "$OUT/gpu_checks.tar.gz"  # an earlier run's
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then  # made for Python 3.12 on x86-64 (the GPU image's); elsewhere the installed packages serve
   if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -56,10 +59,20 @@ run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumul
   --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 60 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 6 --strategies none,bucketwise
-echo "=== summary (the full output of each check is in $OUT/)"
-grep -h "=== .* exit" "$OUT"/*.txt
-grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-grep -h "^size=\|^  ours \|^  HF \|^  breakdown\|left out" "$OUT"/throughput*.txt
-grep -h "^batch.micro_batch_size\|^one step at\|^  micro-batch" "$OUT/micro_batch.txt"
-grep -h " passed\| failed\| skipped" "$OUT/tests.txt" | tail -1
-grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
+summary() {
+  echo "=== summary (the full output of each check is in $OUT/)"
+  cat "$OUT/machine.txt"
+  grep -h "=== .* exit" "$OUT"/*.txt
+  grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
+  grep -h "^size=\|^  ours \|^  HF \|^  breakdown\|left out" "$OUT"/throughput*.txt
+  grep -h "^batch.micro_batch_size\|^one step at\|^  micro-batch" "$OUT/micro_batch.txt"
+  grep -h " passed\| failed\| skipped" "$OUT/tests.txt" | tail -1
+  grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
+}
+summary > "$OUT/summary.partial" 2>&1  # not a .txt while its own greps read them
+mv "$OUT/summary.partial" "$OUT/summary.txt"
+cat "$OUT/summary.txt"
+if [ "${PACK:-0}" = 1 ]; then
+  (cd "$OUT" && files=$(ls | grep -v '^summary.txt$\|^gpu_checks.tar.gz$') && tar czf gpu_checks.tar.gz $files \
+    && rm -f $files && echo "packed into $OUT/gpu_checks.tar.gz: $(echo $files)")
+fi
