@@ -289,9 +289,12 @@ def test_a_scheduler_lost_mid_trial_is_named_and_its_trial_left_for_the_resume(t
     would re-queue the trial on a cluster that is gone) and the study records the trial as interrupted, which
     `hpo resume` runs again once a scheduler is back."""
     address, scheduler = killable_scheduler
+    # A target it cannot reach: the trial is still training when the scheduler goes (one that reached the demo's
+    # target in the moment between the kill and the runner noticing it finished, rightly, as completed)
     spec = make_spec(tmp_path, trials=2, budget={"max_parallel": 1, "trial_timeout_s": 600},
                      runner={"name": "dask", "scheduler": address},
-                     **{"budget.max_samples": 400_000, "eval.every_samples": 400})  # fmt: skip
+                     **{"budget.max_samples": 400_000, "eval.every_samples": 400,
+                        "eval.target_mlm_accuracy": 0.999})  # fmt: skip
 
     def kill_the_scheduler_mid_trial(storage, eid):
         deadline = time.time() + 240
