@@ -6,15 +6,16 @@ can be checked against HF. The forward pass takes a `PackedBatch`: all valid tok
 they only ever see real tokens; attention is the one place that needs sequence boundaries (`model.attention`):
 
 - `varlen`: PyTorch's flash kernel on the packed stream (`aten._flash_attention_forward`, the kernel its jagged
-  nested tensors and `varlen_attn` call), with attention dropout; CUDA, bf16/fp16;
+  nested tensors and `varlen_attn` call), with attention dropout; a GPU of compute capability 8.0 or newer,
+  bf16/fp16, heads of a multiple of 8 up to 256;
 - `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
   CUDA it runs the same flash kernel through the nested tensor's Python layer, elsewhere PyTorch's per-sequence math;
 - `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
   padding only up to the longest sequence of the batch; the reference the other two are tested against.
 
-`auto` picks varlen without attention dropout in half precision on CUDA, else padded (with BERT's attention
-dropout the padded grid ran 1.5x faster than jagged on an H200 at batch 128: BENCHMARKS.md; varlen with dropout is
-chosen by name until it is timed there).
+`auto` picks varlen where it runs and there is no attention dropout, else padded (with BERT's attention dropout
+the padded grid ran 1.5x faster than jagged on an H200 at batch 128: BENCHMARKS.md; with dropout, varlen runs when
+asked for by name until it has been timed there).
 The query, key and value projections run as one matrix product (their weights concatenated at each call, so the
 parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
 With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
