@@ -63,6 +63,11 @@ class ModelConfig(Section):
         return self
 
     @property
+    def head_dim(self) -> int:
+        """The size of one attention head: hidden_size / num_attention_heads."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
     def padded_vocab_size(self) -> int:
         m = self.pad_vocab_to_multiple_of
         return (self.vocab_size + m - 1) // m * m

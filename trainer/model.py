@@ -218,7 +218,7 @@ class BertSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads = cfg.num_attention_heads
-        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
@@ -309,7 +309,7 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg)
         self.attention_dropout = cfg.attention_probs_dropout_prob
         self.attention = cfg.attention
-        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]."""

@@ -88,7 +88,7 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
     """`model.attention: varlen` only where the kernel runs, said before any work (the model would say it later)."""
     if cfg.model.attention != "varlen":
         return
-    head_dim = cfg.model.hidden_size // cfg.model.num_attention_heads
+    head_dim = cfg.model.head_dim
     if not varlen_runs(flash_device(device), autocast is not None, head_dim):
         gpu = device.type
         if device.type == "cuda":
@@ -105,9 +105,8 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
 def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
     """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
-    head_dim = cfg.model.hidden_size // cfg.model.num_attention_heads
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None,
-                               cfg.model.attention_probs_dropout_prob, head_dim)  # fmt: skip
+                               cfg.model.attention_probs_dropout_prob, cfg.model.head_dim)  # fmt: skip
     return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 
 

@@ -66,7 +66,7 @@ def liveness(record, now: datetime | None = None) -> str:
     status = record.status.value
     if status != "running":
         return status
-    now = now or getattr(record, "read_at", None) or datetime.now(timezone.utc)
+    now = now or record.read_at or datetime.now(timezone.utc)
     beat = record.heartbeat_at
     if record.controller_pid is None or beat is None or (now - beat).total_seconds() > stale_after_s():
         return "interrupted"
