@@ -16,11 +16,11 @@ trials (the tuners' next questions wait on them).
 
 Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
 the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
-new attempt; finished trials are told to the new controllers in the order they finished, through the same
-`tuner_feedback` as live, so the tuners' history is the same as in an uninterrupted run (with one trial in
-flight; with several, a trial that finished while a tuner was asked replays before that ask: see `restore`);
-nothing finished runs again and the total stays `budget.trials`. An arm with stored confirmation trials has them
-queued: they are neither queued twice nor forgotten, and a round the dead controller left short is completed.
+new attempt; finished trials are told to the new controllers through the same `tuner_feedback` as live, between
+the same asks as live (each trial's `told_before`, stamped when the next trial was created), so the tuners'
+history is the same as in an uninterrupted run, also with several trials in flight; nothing finished runs again
+and the total stays `budget.trials`. An arm with stored confirmation trials has them queued: they are neither
+queued twice nor forgotten, and a round the dead controller left short is completed.
 
 A database that is away: the storage waits for it inside each call, retrying, up to `database.outage_s`
 (`hpo.storage.retry`), so the loop stays where it is (its running trials keep running, nothing new starts) and
@@ -100,6 +100,7 @@ class Study:
         self.database_error: str | None = None  # why the loop stopped when the database stayed away
         self.claim_lost: Callable[[], bool] = lambda: False  # the heartbeat's: another controller took over
         self.lost_workers: dict[int, int] = {}  # trial id -> attempts of it whose worker was lost (not resumes)
+        self.told: list[int] = []  # trials told to their tuners since the newest trial was created (not yet stamped)
 
     # -- set-up ------------------------------------------------------------------------------------------
 
@@ -137,12 +138,9 @@ class Study:
         """Bring fresh controllers to where the dead one was, and queue the trials it left behind.
 
         The controllers see the history they saw live: the asks and tells of the stored trials are replayed in
-        the order of their times (asks at creation, tells at finishing), so a tuner asked again proposes the
-        very configurations it proposed before and is told their results in the same order. That is the live
-        order with one trial in flight; with several, the live loop told a trial that finished while a tuner was
-        being asked after that ask (the creation time is stamped once the tuner answered), and the replay tells
-        it before: the tuner may then propose other configurations than live. Storing the loop's own sequence
-        of asks and tells would make it exact."""
+        the order the loop made them (`_history_events`), so a tuner asked again proposes the very configurations
+        it proposed before and is told their results between the same asks. A trial that finished while a tuner
+        was being asked, for one, was told after that ask, not when it finished."""
         unfinished = (TrialState.QUEUED, TrialState.RUNNING, TrialState.INTERRUPTED)
         for record in self.storage.list_trials(self.experiment_id, state=unfinished):  # queued: maybe started
             self.runner.kill_leftover(record.host, record.pid, self._launch_of(record).tag, record.started_at)
@@ -236,7 +234,7 @@ class Study:
             suggestion = arm.controller.ask()
             params = {**arm.fixed, **suggestion.params}
             spec = TrialSpec(None, params, arm.label, suggestion.budget, (), self._global_batch(params))
-            record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
+            record = self.storage.get_trial(self._create_trial(spec))
             arm.created += 1
             pending = Pending(record.id, record.number, record.attempt, suggestion, arm)
         pending = pending or self._take_queued(TrialKind.CONFIRMATION)
@@ -329,6 +327,8 @@ class Study:
             controller.tell(suggestion, feedback)
         else:
             controller.replay(suggestion.params, suggestion.budget, feedback)
+        if record.told_before is None:  # told now, live or by a resume: before the next trial is created
+            self.told.append(record.id)
 
     def _tuning_over(self, arm: Arm) -> bool:
         """The arm created its whole quota and none of its tuning trials is running or queued."""
@@ -387,8 +387,14 @@ class Study:
                  if t.kind is TrialKind.CONFIRMATION and t.params == best.params]  # fmt: skip
         seed = max(seeds, default=trial_config(self.spec, best.params).seed) + 1
         spec = TrialSpec(None, best.params, arm.label, 1.0, (), best.global_batch_size, TrialKind.CONFIRMATION, seed)
-        record = self.storage.get_trial(self.storage.create_trial(self.experiment_id, spec))
+        record = self.storage.get_trial(self._create_trial(spec))
         self.queue.append(Pending(record.id, record.number, record.attempt, None, arm, TrialKind.CONFIRMATION))
+
+    def _create_trial(self, spec: TrialSpec) -> int:
+        """Create a trial, stamping the trials told since the previous one with its number (`told_before`)."""
+        trial_id = self.storage.create_trial(self.experiment_id, spec, told=self.told)
+        self.told = []
+        return trial_id
 
     def stop(self, reason: str) -> None:
         """End every process of the running attempts, then record them as INTERRUPTED with `reason` (a resume runs
@@ -425,14 +431,15 @@ class Study:
 
 
 def _history_events(records: list[TrialRecord]):
-    """(time, "ask" | "tell", record): when each stored trial was proposed and when it was finished. At one moment
-    the tells come first, as in the loop, which tells what ended before it asks again (a simulated clock stamps
-    both at the very same time); a trial that ended the moment it was created is told right after its ask."""
+    """(order, "ask" | "tell", record): the tuners' asks and tells in the order the controllers made them. A trial
+    was asked when it was created (trial numbers are in creation order); its result was told before the trial
+    numbered `told_before` was created, or after the newest one (None). Tells between two creations are in the
+    order the trials finished, as the loop tells what it finds ended."""
     for record in records:
-        yield (record.created_at, 1, record.number, 0), "ask", record
+        yield (record.number, 1), "ask", record
         if record.state.finished:
-            instant = record.finished_at == record.created_at
-            yield (record.finished_at, 1 if instant else 0, record.number, 1), "tell", record
+            position = record.told_before if record.told_before is not None else float("inf")
+            yield (position, 0, *_finish_order(record)), "tell", record
 
 
 def _finish_order(record: TrialRecord) -> tuple[datetime, int]:

@@ -7,7 +7,7 @@ server) cannot touch the database behind the storage's back and never see a deta
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -89,6 +89,9 @@ class TrialRecord:
     # without an estimate is None while it is unfinished, and for a trial finished before the storage kept it
     late_noise_scale: float | None = None
     late_noise_undefined: float | None = None
+    # The number of the first trial created after the controller told this one's result to its tuner; None when it
+    # was told after the newest trial, or not (yet) told (`Storage.create_trial`'s `told`)
+    told_before: int | None = None
 
     @property
     def spec(self) -> TrialSpec:
@@ -276,9 +279,11 @@ class Storage(abc.ABC):
     # -- trials --------------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
+    def create_trial(self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = ()) -> int:
         """Record a QUEUED trial and return its id. `spec.number=None` takes the next number atomically; a
-        number already used in the experiment raises StorageError."""
+        number already used in the experiment raises StorageError. `told`: the experiment's trials whose results
+        the controller told its tuners since it created the previous trial; the same write stamps them with this
+        trial's number (`TrialRecord.told_before`), which is how a resume replays asks and tells in their order."""
 
     @abc.abstractmethod
     def next_trial_number(self, experiment_id: int) -> int:

@@ -26,7 +26,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -363,7 +363,7 @@ class SqlStorage(TrialReads, Storage):
 
     # -- trials --------------------------------------------------------------------------------------------
 
-    def create_trial(self, experiment_id: int, spec: TrialSpec) -> int:
+    def create_trial(self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = ()) -> int:
         created_at = self._stamp(("trial", experiment_id, spec), self._trial_clock)
         if replaying() and (earlier := self._created_trial(experiment_id, spec, created_at)) is not None:
             return earlier  # the first try's commit landed before the connection broke
@@ -402,6 +402,12 @@ class SqlStorage(TrialReads, Storage):
                     f"experiment {experiment_id} already has a trial number {number}: "
                     "number new trials from next_trial_number(), or pass number=None"
                 ) from exc
+            if told:
+                session.execute(
+                    update(TrialModel)
+                    .where(TrialModel.experiment_id == experiment_id, TrialModel.id.in_(list(told)))
+                    .values(told_before=number)
+                )
             _count_change(session, experiment_id)
             return trial.id
 

@@ -544,6 +544,20 @@ def test_interrupt_closes_a_running_attempt_and_resume_requeues_it(storage: SqlS
     assert (requeued.state, requeued.attempt, requeued.finished_at) == (TrialState.QUEUED, 1, None)
 
 
+def test_creating_a_trial_stamps_the_trials_told_since_the_previous_one_with_its_number(storage: SqlStorage):
+    experiment_id = storage.create_experiment("told", SPEC, "minimize")
+    other = storage.create_experiment("other", SPEC, "minimize")
+    first, second = (storage.create_trial(experiment_id, make_spec(n)) for n in (0, 1))
+    elsewhere = storage.create_trial(other, make_spec(0))
+    version = storage.get_experiment(experiment_id).trials_version
+    third = storage.create_trial(experiment_id, make_spec(2), told=[first, second, elsewhere])
+    told = {t.id: t.told_before for t in storage.list_trials(experiment_id)}
+    assert told == {first: 2, second: 2, third: None}
+    assert storage.get_trial(first).told_before == 2  # the single read says the same as the list
+    assert storage.get_trial(elsewhere).told_before is None  # another experiment's trial is not stamped
+    assert storage.get_experiment(experiment_id).trials_version > version
+
+
 def test_a_finished_trial_cannot_be_interrupted(storage: SqlStorage):
     experiment_id = storage.create_experiment("x", {}, "minimize")
     done = add_finished_trial(storage, experiment_id, 0, objective=1.0)

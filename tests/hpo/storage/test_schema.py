@@ -11,7 +11,7 @@ from hpo.errors import SchemaOutOfDateError, StorageError
 from hpo.storage import SqlStorage, current_revision, downgrade_database, head_revision, upgrade_database
 from hpo.storage.engine import create_storage_engine
 from hpo.storage.models import Base
-from hpo.trials import TrialSpec
+from hpo.trials import TrialResult, TrialSpec, TrialState
 
 
 def test_an_empty_database_is_out_of_date_until_upgraded(database_url: str):
@@ -133,3 +133,27 @@ def test_the_head_revision_constant_is_alembics_head_and_storages_open_without_i
              "print('alembic' in sys.modules)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_the_upgrade_to_told_before_orders_stored_tells_by_their_times_as_resumes_did(database_url: str):
+    """Each finished trial is told before the first trial of its experiment created after it finished; at the same
+    instant the tell comes first, unless the trial finished the moment it was created (then after its own creation);
+    a trial finished after the newest one, or not finished, has none."""
+    with SqlStorage(database_url, upgrade=True) as storage:
+        experiment_id = storage.create_experiment("by-times", {}, "minimize")
+        ids = [storage.create_trial(experiment_id, TrialSpec(None, {"lr": i})) for i in range(4)]
+        for trial_id in ids[:3]:
+            storage.mark_trial_running(trial_id)
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=1.0))  # after trial 3
+        later = storage.create_experiment("later", {}, "minimize")
+        storage.create_trial(later, TrialSpec(None, {"lr": 9}))  # another experiment's: not counted
+    downgrade_database(database_url, "0005_trials_version_filters")
+    engine = create_storage_engine(database_url)
+    with engine.begin() as connection:
+        same_time = "UPDATE trials SET finished_at = (SELECT o.created_at FROM trials o WHERE o.id = :at) WHERE id=:id"
+        connection.execute(text(same_time), {"id": ids[0], "at": ids[1]})  # the moment trial 1 was created
+        connection.execute(text(same_time), {"id": ids[1], "at": ids[1]})  # the moment it was itself created
+    engine.dispose()
+    upgrade_database(database_url)
+    with SqlStorage(database_url) as storage:
+        assert [t.told_before for t in storage.list_trials(experiment_id)] == [1, 2, None, None]
