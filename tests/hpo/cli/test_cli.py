@@ -116,6 +116,8 @@ def test_a_resume_runs_the_trials_on_the_dask_cluster_the_run_chose_on_the_comma
             deadline = time.monotonic() + 120  # a bound, not a timing: the run ends on its own after it
             while time.monotonic() < deadline:
                 time.sleep(0.05)
+                if not (tmp_path / "hpo.db").exists():  # opened first here, the file would not be new to the run
+                    continue
                 try:  # the database and the experiment are made by the run
                     with SqlStorage(url) as storage:
                         eid = storage.get_experiment_by_name("clean").id
