@@ -17,6 +17,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -24,7 +25,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.trainer_throughput import BREAKDOWN_HEADER, SIZES, breakdown, format_breakdown, format_top, make_samples
+from bench.trainer_throughput import (
+    BREAKDOWN_HEADER,
+    SIZES,
+    breakdown,
+    format_breakdown,
+    format_top,
+    make_samples,
+    optimizer_step,
+)
 from trainer.clipping import GradientClipper
 from trainer.config import ClippingConfig, ModelConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
@@ -52,8 +61,20 @@ def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, b
     return ddp, clipper, optimizer, probe
 
 
-def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: int = 1, measured: bool = True) -> None:
-    """One training step; with a probe, measured or not (`log.noise_scale_every`: the trainer measures every k-th)."""
+def step(
+    ddp,
+    clipper,
+    optimizer,
+    probe,
+    batch,
+    device,
+    autocast,
+    accumulation: int = 1,
+    measured: bool = True,
+    timing: dict | None = None,
+) -> None:
+    """One training step; with a probe, measured or not (`log.noise_scale_every`: the trainer measures every k-th);
+    `timing` as in `bench.trainer_throughput.optimizer_step` (a profiled step)."""
     if probe is not None:
         probe.measure(measured)
         probe = probe if measured else None
@@ -66,8 +87,7 @@ def step(ddp, clipper, optimizer, probe, batch, device, autocast, accumulation: 
     clipper.before_step(optimizer)
     if probe is not None:
         probe.take()  # the scalar all-reduce, as in the trainer (which reads the numbers back with the loss)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer_step(optimizer, device, timing)
 
 
 @dataclass
@@ -125,8 +145,8 @@ class Rank:
             print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
         for k, run in runs.items():
             dist.barrier()
-            parts = breakdown(lambda timing, run=run: step(*run, self.batch, self.device, self.autocast,
-                                                           self.args.accumulation), self.device)  # fmt: skip
+            profiled = partial(step, *run, self.batch, self.device, self.autocast, self.args.accumulation)
+            parts = breakdown(lambda timing, profiled=profiled: profiled(timing=timing), self.device)
             if self.env.rank == 0:
                 label = k if isinstance(k, str) else f"{k[0]} {'on' if k[1] else 'off'}"
                 print(f"  {label:<22} {format_breakdown(parts)}")

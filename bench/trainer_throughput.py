@@ -9,7 +9,8 @@ Steps are interleaved so all see the same machine state. Prints valid tokens/s a
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
 With `--breakdown`, one more step of each runs under the PyTorch profiler: its time split into attention kernels,
-matrix products, the optimizer step and the rest, and the host time in which the device had nothing to run.
+matrix products, the optimizer step's kernels and the rest, and the host time in which the device had nothing to
+run.
 
     python -m bench.trainer_throughput                 # CPU default size
     python -m bench.trainer_throughput --device cuda --size large --dtype bf16 --batch 32 --steps 20 \
@@ -130,16 +131,17 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
+OPTIMIZER_RANGE = "optimizer step"  # the profiler's name for it: `breakdown` counts what runs from its start on
+
+
 def optimizer_step(opt, device, timing: dict | None) -> None:
-    """`opt.step()`; with `timing`, its wall time (device included) goes to timing["optimizer"]."""
+    """`opt.step()`; with `timing` (a profiled step), after the device finished the backward, so that the kernels
+    that run from the start of OPTIMIZER_RANGE on are the optimizer's."""
     if timing is not None:
         synchronize(device)
-        t0 = time.perf_counter()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if timing is not None:
-        synchronize(device)
-        timing["optimizer"] = time.perf_counter() - t0
+    with torch.profiler.record_function(OPTIMIZER_RANGE):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 def step_ours(model, opt, samples, index, device, autocast, timing=None):
@@ -212,7 +214,8 @@ def drop(name, why: str, runners, optimizers, seconds, device, batch: int) -> No
 
 def breakdown(run, device) -> dict[str, float]:
     """One step of `run(timing)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
-    operators), of the optimizer step, of other device work, and of host time with the device idle; and the number
+    operators), of the optimizer step's kernels (those that ran from the start of its OPTIMIZER_RANGE on: the step
+    waits for the backward before it), of other device work, and of host time with the device idle; and the number
     of kernels (CPU: operators) the step ran, which is what costs host time when the device outruns the host."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -225,23 +228,31 @@ def breakdown(run, device) -> dict[str, float]:
         run(timing=timing)
         synchronize(device)
         wall = time.perf_counter() - t0
+    events = prof.events()
+    ranges = [e for e in events if e.name == OPTIMIZER_RANGE and e.device_type == DeviceType.CPU]
+    optimizer_from = ranges[-1].time_range.start if ranges else float("inf")
     if cuda:
-        work = [(e.name, e.time_range.elapsed_us() / 1e6) for e in prof.events() if e.device_type == DeviceType.CUDA]
+        work = [(e.name, e.time_range.elapsed_us() / 1e6, e.time_range.start >= optimizer_from)
+                for e in events if e.device_type == DeviceType.CUDA]  # fmt: skip
     else:
-        work = [(e.name, e.self_cpu_time_total / 1e6) for e in prof.events() if e.device_type == DeviceType.CPU]
-    split = {"attention": 0.0, "matmul": 0.0}
+        work = [(e.name, e.self_cpu_time_total / 1e6, e.time_range.start >= optimizer_from)
+                for e in events if e.device_type == DeviceType.CPU and e.name != OPTIMIZER_RANGE]  # fmt: skip
+    split = {"attention": 0.0, "matmul": 0.0, "optimizer": 0.0}
     busy = 0.0
-    for name, seconds in work:
+    for name, seconds, in_optimizer in work:
         busy += seconds
+        if in_optimizer:
+            split["optimizer"] += seconds
+            continue
         lowered = name.lower()
         for category, needles in CATEGORIES:
             if any(n in lowered for n in needles):
                 split[category] += seconds
                 break
-    other = max(busy - split["attention"] - split["matmul"], 0.0)
-    return {"wall": wall, **split, "optimizer": timing.get("optimizer", 0.0), "other device": other,
+    other = max(busy - sum(split.values()), 0.0)
+    return {"wall": wall, **split, "other device": other,
             "host, device idle": max(wall - busy, 0.0) if cuda else float("nan"), "kernels": len(work),
-            "by name": by_name(work)}  # fmt: skip
+            "by name": by_name([(name, seconds) for name, seconds, _ in work])}  # fmt: skip
 
 
 def by_name(work: list[tuple[str, float]]) -> list[tuple[str, float, int]]:

@@ -83,7 +83,7 @@ def test_every_model_out_of_memory_is_an_error_that_says_to_lower_the_batch():
 
 def test_the_breakdown_names_the_kernels_that_took_the_time():
     """`--breakdown --top N`: the step's operators summed by name, the most time first; their launches add up to the
-    step's kernel count and their time to the split's (attention + matmul + other)."""
+    step's kernel count and their time to the split's (attention + matmul + optimizer + other)."""
     from bench.trainer_throughput import breakdown, format_top
 
     samples = make_samples(LENGTHS)
@@ -95,8 +95,14 @@ def test_the_breakdown_names_the_kernels_that_took_the_time():
     rows = parts["by name"]
     assert [t for _, t, _ in rows] == sorted((t for _, t, _ in rows), reverse=True)
     assert sum(c for _, _, c in rows) == parts["kernels"] > 0
-    split = parts["attention"] + parts["matmul"] + parts["other device"]
+    split = parts["attention"] + parts["matmul"] + parts["optimizer"] + parts["other device"]
     assert sum(t for _, t, _ in rows) == pytest.approx(split, rel=1e-9)
     assert any(name == "aten::addmm" for name, _, _ in rows)
+    # The optimizer's share: what ran from its start on, its fused Adam pass among it, none of the step's matrix
+    # products (they all count as such), and the profiler's range itself is no operator
+    by_name = {name: t for name, t, _ in rows}
+    assert parts["optimizer"] >= by_name["aten::_fused_adam_"] > 0 and "optimizer step" not in by_name
+    matmuls = sum(t for name, t in by_name.items() if name in ("aten::mm", "aten::addmm", "aten::bmm"))
+    assert parts["matmul"] == pytest.approx(matmuls, rel=1e-9)
     top = format_top(parts, 3).splitlines()
     assert len(top) == 3 and rows[0][0] in top[0]
