@@ -17,7 +17,8 @@ trials (the tuners' next questions wait on them).
 Resume (`restore`): the processes of every unfinished trial a dead or stopped controller left are ended where
 the runner can (a queued trial may have been started), and trials left RUNNING or INTERRUPTED are re-queued as a
 new attempt; finished trials are told to the new controllers through the same `tuner_feedback` as live, between
-the same asks as live (each trial's `told_before`, stamped when the next trial was created), so the tuners'
+the same asks and in the same order as live (each trial's `told_before` and `told_order`, stamped when the next
+trial was created; those told after the newest trial, unstamped, in the order they finished), so the tuners'
 history is the same as in an uninterrupted run, also with several trials in flight; nothing finished runs again
 and the total stays `budget.trials`. An arm with stored confirmation trials has them queued: they are neither
 queued twice nor forgotten, and a round the dead controller left short is completed.
@@ -433,13 +434,14 @@ class Study:
 def _history_events(records: list[TrialRecord]):
     """(order, "ask" | "tell", record): the tuners' asks and tells in the order the controllers made them. A trial
     was asked when it was created (trial numbers are in creation order); its result was told before the trial
-    numbered `told_before` was created, or after the newest one (None). Tells between two creations are in the
-    order the trials finished, as the loop tells what it finds ended."""
+    numbered `told_before` was created, in the place `told_order` among the tells there, or after the newest one
+    (None: those in the order the trials finished, the order in which the loop tells what one poll found ended)."""
     for record in records:
         yield (record.number, 1), "ask", record
         if record.state.finished:
             position = record.told_before if record.told_before is not None else float("inf")
-            yield (position, 0, *_finish_order(record)), "tell", record
+            place = record.told_order if record.told_order is not None else float("inf")
+            yield (position, 0, place, *_finish_order(record)), "tell", record
 
 
 def _finish_order(record: TrialRecord) -> tuple[datetime, int]:

@@ -90,8 +90,10 @@ class TrialRecord:
     late_noise_scale: float | None = None
     late_noise_undefined: float | None = None
     # The number of the first trial created after the controller told this one's result to its tuner; None when it
-    # was told after the newest trial, or not (yet) told (`Storage.create_trial`'s `told`)
+    # was told after the newest trial, or not (yet) told (`Storage.create_trial`'s `told`); and its place among the
+    # tells before that trial (None for an experiment stored before it was kept: the trials' finishing order)
     told_before: int | None = None
+    told_order: int | None = None
 
     @property
     def spec(self) -> TrialSpec:
@@ -282,8 +284,9 @@ class Storage(abc.ABC):
     def create_trial(self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = ()) -> int:
         """Record a QUEUED trial and return its id. `spec.number=None` takes the next number atomically; a
         number already used in the experiment raises StorageError. `told`: the experiment's trials whose results
-        the controller told its tuners since it created the previous trial; the same write stamps them with this
-        trial's number (`TrialRecord.told_before`), which is how a resume replays asks and tells in their order."""
+        the controller told its tuners since it created the previous trial, in that order; the same write stamps
+        them with this trial's number and their place in `told` (`TrialRecord.told_before`, `told_order`), which is
+        how a resume replays asks and tells in their order."""
 
     @abc.abstractmethod
     def next_trial_number(self, experiment_id: int) -> int:

@@ -120,8 +120,10 @@ class TrialModel(Base):
     late_noise_scale: Mapped[float | None] = mapped_column(Float)
     late_noise_undefined: Mapped[float | None] = mapped_column(Float)
     # The number of the first trial the controller created after it told this one's result to its tuner (NULL: told
-    # after the newest trial, or not yet): a resume replays the tuners' asks and tells in the order they happened.
+    # after the newest trial, or not yet), and its place among the tells before that trial: a resume replays the
+    # tuners' asks and tells in the order they happened.
     told_before: Mapped[int | None] = mapped_column(Integer)
+    told_order: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

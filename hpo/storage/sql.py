@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import (
     Select,
+    bindparam,
     delete,
     func,
     or_,
@@ -402,12 +403,14 @@ class SqlStorage(TrialReads, Storage):
                     f"experiment {experiment_id} already has a trial number {number}: "
                     "number new trials from next_trial_number(), or pass number=None"
                 ) from exc
-            if told:
-                session.execute(
-                    update(TrialModel)
-                    .where(TrialModel.experiment_id == experiment_id, TrialModel.id.in_(list(told)))
-                    .values(told_before=number)
+            if told:  # in the order they were told
+                trials = TrialModel.__table__
+                stamp = (
+                    trials.update()
+                    .where(trials.c.id == bindparam("told_id"), trials.c.experiment_id == experiment_id)
+                    .values(told_before=number, told_order=bindparam("position"))
                 )
+                session.execute(stamp, [{"told_id": i, "position": p} for p, i in enumerate(told)])
             _count_change(session, experiment_id)
             return trial.id
 
@@ -509,6 +512,8 @@ class SqlStorage(TrialReads, Storage):
             "host": None,
             "worker": None,
             "attempt": attempt + 1,
+            "told_before": None,  # an unfinished trial has not been told
+            "told_order": None,
         }
         from_states = [TrialState.QUEUED.value, TrialState.RUNNING.value, TrialState.INTERRUPTED.value]
         with self._session(write=True) as session:
@@ -533,6 +538,8 @@ class SqlStorage(TrialReads, Storage):
                 host=None,
                 worker=None,
                 attempt=TrialModel.attempt + 1,
+                told_before=None,
+                told_order=None,
             )
             .returning(TrialModel.id)
             .execution_options(synchronize_session=False)

@@ -309,7 +309,7 @@ TRIAL_RECORD_COLUMNS = (
     TrialModel.samples_to_target, TrialModel.time_to_target_s, TrialModel.best_mlm_accuracy, TrialModel.duration_s,
     TrialModel.metrics, TrialModel.host, TrialModel.pid, TrialModel.created_at, TrialModel.started_at,
     TrialModel.finished_at, TrialModel.worker, TrialModel.attempt, TrialModel.kind, TrialModel.seed,
-    TrialModel.late_noise_scale, TrialModel.late_noise_undefined, TrialModel.told_before,
+    TrialModel.late_noise_scale, TrialModel.late_noise_undefined, TrialModel.told_before, TrialModel.told_order,
 )  # fmt: skip
 
 
@@ -322,11 +322,11 @@ def _trial_records(rows: Iterable[tuple]) -> list[TrialRecord]:
                     global_batch_size, reason, objective, samples_to_target, time_to_target_s, best_mlm_accuracy,
                     duration_s, dict(metrics or {}), host, pid, _utc(created_at), _utc(started_at), _utc(finished_at),
                     worker, attempt or 0, kinds[kind] if kind else tuning, seed, late_noise_scale, late_noise_undefined,
-                    told_before)
+                    told_before, told_order)
         for (id, experiment_id, number, state, params, arm, budget, gpus, global_batch_size, reason, objective,
              samples_to_target, time_to_target_s, best_mlm_accuracy, duration_s, metrics, host, pid, created_at,
              started_at, finished_at, worker, attempt, kind, seed, late_noise_scale, late_noise_undefined,
-             told_before) in rows
+             told_before, told_order) in rows
     ]  # fmt: skip
 
 

@@ -193,8 +193,8 @@ flash_only = pytest.mark.skipif(
 @cuda_only
 def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype):
     """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the compiled layers and, in bf16, the
-    varlen kernel, also with compiled layers, give the padded eager model's losses; bf16 within 2 %, float32 within 1e-4 (the GPU's kernels
-    sum in other orders)."""
+    varlen kernel, also with compiled layers, give the padded eager model's losses; bf16 within 2 %, float32 within
+    1e-4 (the GPU's kernels sum in other orders)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()

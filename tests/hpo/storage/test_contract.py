@@ -550,12 +550,21 @@ def test_creating_a_trial_stamps_the_trials_told_since_the_previous_one_with_its
     first, second = (storage.create_trial(experiment_id, make_spec(n)) for n in (0, 1))
     elsewhere = storage.create_trial(other, make_spec(0))
     version = storage.get_experiment(experiment_id).trials_version
-    third = storage.create_trial(experiment_id, make_spec(2), told=[first, second, elsewhere])
-    told = {t.id: t.told_before for t in storage.list_trials(experiment_id)}
-    assert told == {first: 2, second: 2, third: None}
-    assert storage.get_trial(first).told_before == 2  # the single read says the same as the list
+    third = storage.create_trial(experiment_id, make_spec(2), told=[second, first, elsewhere])  # in telling order
+    told = {t.id: (t.told_before, t.told_order) for t in storage.list_trials(experiment_id)}
+    assert told == {first: (2, 1), second: (2, 0), third: (None, None)}
+    assert (storage.get_trial(first).told_before, storage.get_trial(first).told_order) == (2, 1)  # the single read
     assert storage.get_trial(elsewhere).told_before is None  # another experiment's trial is not stamped
     assert storage.get_experiment(experiment_id).trials_version > version
+    # A re-queued trial has not been told what its next attempt gives
+    storage.mark_trial_running(third)
+    storage.create_trial(experiment_id, make_spec(3), told=[third])
+    assert storage.requeue_trial(third, 0, "lost").told_before is None
+    storage.mark_trial_running(third, attempt=1)
+    storage.create_trial(experiment_id, make_spec(4), told=[third])
+    storage.interrupt_trial(third, "stopped", attempt=1)
+    (requeued,) = storage.requeue_interrupted(experiment_id)
+    assert (requeued.id, requeued.told_before, requeued.told_order) == (third, None, None)
 
 
 def test_a_finished_trial_cannot_be_interrupted(storage: SqlStorage):

@@ -138,13 +138,18 @@ def test_the_head_revision_constant_is_alembics_head_and_storages_open_without_i
 def test_the_upgrade_to_told_before_orders_stored_tells_by_their_times_as_resumes_did(database_url: str):
     """Each finished trial is told before the first trial of its experiment created after it finished; at the same
     instant the tell comes first, unless the trial finished the moment it was created (then after its own creation);
-    a trial finished after the newest one, or not finished, has none."""
+    never before its own creation (a worker's clock behind the controller's); a trial finished after the newest
+    one, or not finished (an interrupted one has a finishing time too), has none."""
     with SqlStorage(database_url, upgrade=True) as storage:
         experiment_id = storage.create_experiment("by-times", {}, "minimize")
-        ids = [storage.create_trial(experiment_id, TrialSpec(None, {"lr": i})) for i in range(4)]
+        ids = [storage.create_trial(experiment_id, TrialSpec(None, {"lr": i})) for i in range(6)]
         for trial_id in ids[:3]:
             storage.mark_trial_running(trial_id)
-            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=1.0))  # after trial 3
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=1.0))  # after trial 5
+        storage.mark_trial_running(ids[3])
+        storage.finish_trial(ids[3], TrialResult(TrialState.FAILED, reason="crash"))
+        storage.mark_trial_running(ids[4])
+        storage.interrupt_trial(ids[4], "the controller stopped")
         later = storage.create_experiment("later", {}, "minimize")
         storage.create_trial(later, TrialSpec(None, {"lr": 9}))  # another experiment's: not counted
     downgrade_database(database_url, "0005_trials_version_filters")
@@ -153,7 +158,11 @@ def test_the_upgrade_to_told_before_orders_stored_tells_by_their_times_as_resume
         same_time = "UPDATE trials SET finished_at = (SELECT o.created_at FROM trials o WHERE o.id = :at) WHERE id=:id"
         connection.execute(text(same_time), {"id": ids[0], "at": ids[1]})  # the moment trial 1 was created
         connection.execute(text(same_time), {"id": ids[1], "at": ids[1]})  # the moment it was itself created
+        connection.execute(text(same_time), {"id": ids[3], "at": ids[0]})  # a clock behind: before it was created
+        connection.execute(text(same_time), {"id": ids[4], "at": ids[0]})  # interrupted: never told
     engine.dispose()
     upgrade_database(database_url)
     with SqlStorage(database_url) as storage:
-        assert [t.told_before for t in storage.list_trials(experiment_id)] == [1, 2, None, None]
+        trials = storage.list_trials(experiment_id)
+        assert [t.told_before for t in trials] == [1, 2, None, 4, None, None]
+        assert {t.told_order for t in trials} == {None}
