@@ -71,10 +71,10 @@ def step(
     autocast,
     accumulation: int = 1,
     measured: bool = True,
-    timing: dict | None = None,
+    profiled: bool = False,
 ) -> None:
     """One training step; with a probe, measured or not (`log.noise_scale_every`: the trainer measures every k-th);
-    `timing` as in `bench.trainer_throughput.optimizer_step` (a profiled step)."""
+    `profiled` as in `bench.trainer_throughput.optimizer_step`."""
     if probe is not None:
         probe.measure(measured)
         probe = probe if measured else None
@@ -87,7 +87,7 @@ def step(
     clipper.before_step(optimizer)
     if probe is not None:
         probe.take()  # the scalar all-reduce, as in the trainer (which reads the numbers back with the loss)
-    optimizer_step(optimizer, device, timing)
+    optimizer_step(optimizer, device, profiled)
 
 
 @dataclass
@@ -145,8 +145,8 @@ class Rank:
             print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
         for k, run in runs.items():
             dist.barrier()
-            profiled = partial(step, *run, self.batch, self.device, self.autocast, self.args.accumulation)
-            parts = breakdown(lambda timing, profiled=profiled: profiled(timing=timing), self.device)
+            parts = breakdown(partial(step, *run, self.batch, self.device, self.autocast, self.args.accumulation),
+                              self.device)  # fmt: skip
             if self.env.rank == 0:
                 label = k if isinstance(k, str) else f"{k[0]} {'on' if k[1] else 'off'}"
                 print(f"  {label:<22} {format_breakdown(parts)}")

@@ -134,30 +134,30 @@ def synchronize(device) -> None:
 OPTIMIZER_RANGE = "optimizer step"  # the profiler's name for it: `breakdown` counts what runs from its start on
 
 
-def optimizer_step(opt, device, timing: dict | None) -> None:
-    """`opt.step()`; with `timing` (a profiled step), after the device finished the backward, so that the kernels
-    that run from the start of OPTIMIZER_RANGE on are the optimizer's."""
-    if timing is not None:
+def optimizer_step(opt, device, profiled: bool = False) -> None:
+    """`opt.step()`; in a profiled step, after the device finished the backward, so that the kernels that run from
+    the start of OPTIMIZER_RANGE on are the optimizer's."""
+    if profiled:
         synchronize(device)
     with torch.profiler.record_function(OPTIMIZER_RANGE):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
 
-def step_ours(model, opt, samples, index, device, autocast, timing=None):
+def step_ours(model, opt, samples, index, device, autocast, profiled=False):
     batch = pack_batch(samples, index).to(device)
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         loss = pretraining_loss(model(batch), batch).total
     loss.backward()
-    optimizer_step(opt, device, timing)
+    optimizer_step(opt, device, profiled)
 
 
-def step_hf(model, opt, samples, index, device, autocast, pad_to, timing=None):
+def step_hf(model, opt, samples, index, device, autocast, pad_to, profiled=False):
     inputs = hf_inputs(samples, index, pad_to, device)
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         loss = model(**inputs).loss
     loss.backward()
-    optimizer_step(opt, device, timing)
+    optimizer_step(opt, device, profiled)
 
 
 def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int, steps: int, device):
@@ -213,7 +213,7 @@ def drop(name, why: str, runners, optimizers, seconds, device, batch: int) -> No
 
 
 def breakdown(run, device) -> dict[str, float]:
-    """One step of `run(timing)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
+    """One step of `run(profiled=True)` under the profiler: seconds of wall time, of attention and matmul kernels (CPU:
     operators), of the optimizer step's kernels (those that ran from the start of its OPTIMIZER_RANGE on: the step
     waits for the backward before it), of other device work, and of host time with the device idle; and the number
     of kernels (CPU: operators) the step ran, which is what costs host time when the device outruns the host."""
@@ -221,11 +221,10 @@ def breakdown(run, device) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    timing: dict = {}
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         synchronize(device)
         t0 = time.perf_counter()
-        run(timing=timing)
+        run(profiled=True)
         synchronize(device)
         wall = time.perf_counter() - t0
     events = prof.events()

@@ -150,6 +150,7 @@ def packed_attention(
 
 
 FLASH_CAPABILITY = (8, 0)  # PyTorch's flash kernel: Ampere and newer
+VARLEN_NEEDS = "a CUDA GPU of compute capability 8.0 or newer, bf16 or fp16, and heads of a multiple of 8 up to 256"
 
 
 def flash_device(device: torch.device) -> bool:
@@ -181,8 +182,7 @@ def resolve_attention(choice: str, flash: bool, half: bool, dropout_p: float, he
     if choice == "auto":  # jagged measured slower than padded on an H200; varlen with dropout not yet timed there
         return "varlen" if fits and dropout_p == 0.0 else "padded"
     if choice == "varlen" and not fits:
-        raise ConfigError("model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer, bf16 or "
-                          "fp16, and heads of a multiple of 8 up to 256 (hidden_size / num_attention_heads); use "
+        raise ConfigError(f"model.attention: varlen needs {VARLEN_NEEDS} (hidden_size / num_attention_heads); use "
                           "auto, jagged or padded")  # fmt: skip
     return choice
 

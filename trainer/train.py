@@ -50,6 +50,7 @@ from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import (
+    VARLEN_NEEDS,
     BertForPreTraining,
     flash_device,
     load_hf_state_dict,
@@ -95,8 +96,7 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
             major, minor = torch.cuda.get_device_capability(device)
             gpu = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
         raise ConfigError(
-            f"model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer, bf16 or fp16, and heads "
-            f"of a multiple of 8 up to 256 (this run: {gpu}, "
+            f"model.attention: varlen needs {VARLEN_NEEDS} (this run: {gpu}, "
             f"{'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, heads of {head_dim}); use "
             "auto, jagged or padded"
         )
