@@ -64,7 +64,8 @@ def training_worker(rank: int, directory: str, port: int) -> None:
     trainer.distributed.COLLECTIVE_TIMEOUT = timedelta(seconds=30)  # a rank left waiting fails in 30 s, not 300
     if rank == 1:
         trainer.train.time = types.SimpleNamespace(perf_counter=lambda: 1000 * time.perf_counter())
-    overrides = make_train_overrides(Path(directory), **{
+    # Each rank writes its own copy of the (seeded, identical) shards: two writers of one HDF5 file collide
+    overrides = make_train_overrides(Path(directory) / f"data{rank}", **{
         "budget.max_time_s": 1.0, "budget.max_samples": 96, "log.every_steps": 3, "eval.every_samples": 10**6,
         "log.jsonl": str(Path(directory) / f"rank{rank}.jsonl")})  # fmt: skip
     cfg = load_config(None, overrides)
