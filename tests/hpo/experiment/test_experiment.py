@@ -104,11 +104,12 @@ def test_there_is_a_demo_cpu_variant_of_each_preset_on_the_tiny_model():
         assert TrainerConfig.model_validate(full.resolved_base()).model.hidden_size == 1024
 
 
-def test_the_gpu_check_is_a_small_bert_with_dropout_two_trials_to_a_gpu_each_writing_its_mlperf_log():
+def test_the_gpu_check_is_a_small_bert_with_dropout_four_trials_to_a_gpu_each_writing_its_mlperf_log():
     spec = load_experiment(preset_path("adam_vs_lamb_gpu_check"))
     base = TrainerConfig.model_validate(spec.resolved_base())
     assert spec.compare == ["optimizer.name"] and spec.budget.confirm_seeds == 2 and spec.budget.trials == 4
-    assert (spec.resources.gpus, spec.resources.gpus_per_trial, spec.resources.trials_per_gpu) == ("all", 1, 2)
+    assert (spec.resources.gpus, spec.resources.gpus_per_trial, spec.resources.trials_per_gpu) == ("all", 1, 4)
+    assert spec.budget.max_parallel == 4  # the 4 tuning trials at once, then the 4 confirmation runs
     assert (base.model.num_hidden_layers, base.model.hidden_size, base.precision.dtype) == (4, 256, "bf16")
     assert base.model.attention_probs_dropout_prob == base.model.hidden_dropout_prob == 0.1
     assert base.log.mlperf == "mlperf.log" and base.budget.max_time_s is None  # trials end by samples
