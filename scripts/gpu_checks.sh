@@ -26,6 +26,12 @@
 set -u
 OUT=${OUT:-gpu_checks}
 PY=${PYTHON:-python3}
+if ! timeout 60 $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "scripts/gpu_checks.sh: $PY sees no CUDA GPU (torch.cuda.is_available() is false, or torch does not import):" \
+    "run it on a GPU machine (PYTHON=... names another interpreter); on the CPU, \`make test\` runs the checks" \
+    "that need none. Nothing was written." >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 rm -f "$OUT/summary.txt" "$OUT/gpu_checks.tar.gz"  # an earlier run's
 export PYTHONUNBUFFERED=1

@@ -90,6 +90,12 @@ def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_a
     assert {f"{name}.txt" for name, _, _ in checks()} | {"machine.txt"} <= packed
 
 
+def torch_sees_a_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 class Parsed(Exception):
     """Raised in place of running the benchmark once its parser has accepted the arguments."""
 
@@ -119,3 +125,13 @@ def test_the_files_the_checks_run_exist():
         for word in argv:
             if word.startswith(("scripts/", "tests/")):
                 assert (ROOT / word).exists(), f"{name}: {word} does not exist"
+
+
+@pytest.mark.skipif(torch_sees_a_gpu(), reason="this machine has a CUDA GPU")
+def test_without_a_gpu_the_script_says_so_at_once_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"scripts/gpu_checks.sh: {sys.executable} sees no CUDA GPU" in done.stderr
+    assert "`make test`" in done.stderr and not out.exists()
