@@ -14,8 +14,9 @@
 #   micro_batch  batch.micro_batch_size auto for BERT-large on the varlen kernel: the micro-batch it chooses from
 #                the GPU's memory, the peak of a step at it against the prediction, its speed beside micro-batch 32
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
-# file, one trial's MLPerf log and the exported config of the experiment, whose other files stay in
-# EXPERIMENT_OUT, default /tmp/gpu_experiment), then summary.txt gathers their result lines; a failing step does not stop the rest.
+# file, and of the experiment one trial's MLPerf log and progress lines and the exported config; its other files
+# stay in EXPERIMENT_OUT, default /tmp/gpu_experiment), then summary.txt gathers their result lines; a failing step
+# does not stop the rest.
 # Each check has its own time limit, and the whole script a deadline (DEADLINE_S, default 480 s from its start):
 # a check gets at most what is left of it less the time kept for the summary, and a check with too little left
 # is skipped and named so; the script then still writes its summary (and with PACK=1 its archive) in time.
@@ -56,7 +57,8 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
   timeout -k 10 "$secs" "$@" 2>&1 | tee -a "$OUT/$name.txt"  # -k: a check that ignores SIGTERM
   echo "=== $name exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s (limit $secs s)" | tee -a "$OUT/$name.txt"
 }
-{ date -u +"%Y-%m-%d %H:%M UTC"; timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+{ date -u +"%Y-%m-%d %H:%M UTC"
+  timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep "Model name"
   timeout 30 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 } > "$OUT/machine.txt" 2>&1
@@ -64,8 +66,12 @@ cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 run experiment 170 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
-for log in "$EXPERIMENT_OUT"/experiment/trials/*/mlperf.log; do  # one trial's MLPerf log and the exported config
+# One trial's MLPerf log, its progress lines (the sequences/s of a small model sharing the GPU), the exported config
+for log in "$EXPERIMENT_OUT"/experiment/trials/*/mlperf.log; do
   [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
+done
+for log in "$EXPERIMENT_OUT"/experiment/trials/*/stderr.log; do
+  [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_stderr.log" && break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 85 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
