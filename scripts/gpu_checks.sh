@@ -2,15 +2,17 @@
 # The checks that need a CUDA GPU, in order of value, within 8 minutes of one H100 or H200 all together:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): our padded
-#                grid and the varlen flash kernel (also with compiled layers) beside Hugging Face's padded model, with
-#                the per-step breakdown and the kernels that took the most time (a model that runs out of memory or
-#                fails leaves the comparison; the others go on)
-#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
-#                against its own mask, the closed-division MLPerf log)
+#                grid and the varlen flash kernel beside Hugging Face's padded model, with the per-step breakdown and
+#                the kernels that took the most time (a model that runs out of memory or fails leaves the comparison;
+#                the others go on)
+#   throughput_128_compiled   the same for the varlen kernel with compiled layers, alone (its compilation, on the
+#                clock of its own check, cannot cost the comparison above)
 #   clipping, noise_scale   their overhead on one NCCL rank at micro-batches of 128, where the GPU, not the host,
 #                sets the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there
 #                on 2026-11-28): bucket-wise clipping against none, with a profiled step of each and its top
 #                kernels; the noise scale measured every step (the trainer's default)
+#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
+#                against its own mask, the closed-division MLPerf log)
 #   micro_batch  batch.micro_batch_size auto for BERT-large on the varlen kernel: the micro-batch it chooses from
 #                the GPU's memory, the peak of a step at it against the prediction, its speed beside micro-batch 32
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
@@ -65,7 +67,7 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
 cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
-run experiment 170 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+run experiment 160 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # One trial's MLPerf log, its progress lines (the sequences/s of a small model sharing the GPU), the exported config
 for log in "$EXPERIMENT_OUT"/experiment/trials/*/mlperf.log; do
   [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
@@ -74,14 +76,16 @@ for log in "$EXPERIMENT_OUT"/experiment/trials/*/stderr.log; do
   [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_stderr.log" && break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
-run throughput_128 85 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
-  --variants padded,varlen,varlen+compile --breakdown --top 12
-run tests 55 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
+  --variants padded,varlen --breakdown --top 12
+run throughput_128_compiled 45 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
+  --variants varlen+compile --no-hf --breakdown --top 12
 run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
-run noise_scale 50 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
+run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 5 --strategies none,bucketwise
-run micro_batch 30 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
+run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+run micro_batch 25 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
   --steps 2 --attention varlen
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"

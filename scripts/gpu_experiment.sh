@@ -3,7 +3,7 @@
 # `hpo run` of the GPU preset on a SQLite file (trials placed on the GPUs by the allocator, each recorded by its
 # own process), `hpo status`, the trials and the best per arm with the verdict, every trial's MLPerf log through
 # the MLPerf compliance checker (open division: a synthetic corpus; the closed division's 0.720 target is checked
-# by the gpu-marked trainer test), `hpo export` of the best config and a few hundred samples of training from it.
+# by the gpu-marked trainer test), `hpo export` of the best config and 1,024 samples of training from it.
 #     OUT=/tmp/gpu bash scripts/gpu_experiment.sh
 #     PRESET=my_experiment.yaml bash scripts/gpu_experiment.sh        # another experiment file
 set -euo pipefail
@@ -37,7 +37,7 @@ PYTHON=$PY bash scripts/check_mlperf_logs.sh "$RUN_DIR/trials" || checks=$?
 step "hpo export $NAME"
 hpo export "$NAME" -o "$OUT/best.yaml"
 cat "$OUT/best.yaml"
-step "training from the exported config for 2,048 samples"
-$PY -m trainer --config "$OUT/best.yaml" budget.max_samples=2048 eval.every_samples=1024 log.mlperf=null \
-  log.every_steps=8 checkpoint.dir=null
+step "training from the exported config for 1,024 samples"
+$PY -m trainer --config "$OUT/best.yaml" budget.max_samples=1024 eval.every_samples=1024 log.mlperf=null \
+  log.every_steps=4 checkpoint.dir=null
 [ "$checks" -eq 0 ]
