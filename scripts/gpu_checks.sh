@@ -44,8 +44,8 @@ if [ -d .whl ]; then  # made for Python 3.12 on x86-64 (the GPU image's); elsewh
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the trials' trainer processes import this checkout too
 DEADLINE_S=${DEADLINE_S:-480}
-KEEP_S=15  # of the deadline, for the summary and the archive
-MIN_S=5    # a check with less than this left is skipped
+KEEP_S=${KEEP_S:-15}  # of the deadline, for the summary and the archive
+MIN_S=${MIN_S:-5}     # a check with less than this left is skipped
 run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the terminal, within the deadline
   local name=$1 secs=$2; shift 2
   local left=$((DEADLINE_S - KEEP_S - SECONDS))

@@ -58,15 +58,15 @@ def test_the_script_runs_its_checks_within_its_deadline():
     assert names[0] == "experiment"
     assert {"throughput_128", "micro_batch", "tests", "clipping", "noise_scale"} <= set(names)
     assert f"DEADLINE_S=${{DEADLINE_S:-{DEADLINE_S}}}" in SCRIPT.read_text()
-    keep = int(re.search(r"^KEEP_S=(\d+)", SCRIPT.read_text(), re.MULTILINE).group(1))
+    keep = int(re.search(r"^KEEP_S=\$\{KEEP_S:-(\d+)\}", SCRIPT.read_text(), re.MULTILINE).group(1))
     assert SETUP_S + sum(seconds for _, seconds, _ in checks()) + keep <= DEADLINE_S
 
 
 def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_archive_still_written(tmp_path):
     """An interpreter that runs Python as usual but never ends a module (`-m`): the experiment's `hpo run`, every
     benchmark and pytest hang as a stuck GPU would (the machine's line gets a stand-in for torch's). With a deadline
-    of 25 s, 15 of them kept for the summary, the experiment gets 10 s at most and is cut; no time is left for the
-    other checks, which are named as skipped."""
+    of 6 s, 1 of them kept for the summary, the experiment gets what the set-up left of 5 s and is cut; no time is
+    left for the other checks, which are named as skipped."""
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n"
                       'case "$*" in *"import torch"*) echo "torch (none)"; exit 0;; esac\n'
@@ -74,15 +74,16 @@ def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_a
                       f'exec {sys.executable} "$@"\n')  # fmt: skip
     python.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "DEADLINE_S": "25", "PACK": "1",
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "PACK": "1",
+           "DEADLINE_S": "6", "KEEP_S": "1", "MIN_S": "1",
            "EXPERIMENT_OUT": str(tmp_path / "experiment"), "DATA": str(tmp_path / "data")}  # fmt: skip
     env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text()
     exits = re.findall(r"^=== (\w+) exit (\d+) after \d+ s \(limit (\d+) s\)$", summary, re.MULTILINE)
-    assert len(exits) == 1 and exits[0][0] == "experiment" and exits[0][1] == "124" and int(exits[0][2]) <= 10
-    skipped = re.findall(r"^=== (\w+) skipped: -?\d+ s left of the script's 25 s$", summary, re.MULTILINE)
+    assert len(exits) == 1 and exits[0][0] == "experiment" and exits[0][1] == "124" and int(exits[0][2]) <= 5
+    skipped = re.findall(r"^=== (\w+) skipped: -?\d+ s left of the script's 6 s$", summary, re.MULTILINE)
     assert sorted(skipped) == sorted(name for name, _, _ in checks()[1:])
     assert sorted(p.name for p in out.iterdir()) == ["gpu_checks.tar.gz", "summary.txt"]
     with tarfile.open(out / "gpu_checks.tar.gz") as archive:
