@@ -5,7 +5,7 @@
 # the rules require of a result: its log is listed as not checked, and does not fail the check. Exit 0 when at least
 # one log was checked and every checked log passed.
 set -uo pipefail
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
 passed=0
 checked=0
 for log in "$1"/*/mlperf.log; do

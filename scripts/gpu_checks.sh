@@ -22,13 +22,14 @@
 # Each check has its own time limit, and the whole script a deadline (DEADLINE_S, default 480 s from its start):
 # a check gets at most what is left of it less the time kept for the summary, and a check with too little left
 # is skipped and named so; the script then still writes its summary (and with PACK=1 its archive) in time.
+# It runs .venv/bin/python where `make setup` made it, else python3 (PYTHON=... names another interpreter).
 # Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 # With PACK=1 the files end up as two: summary.txt and gpu_checks.tar.gz holding all of them (for a machine that
 # hands back only a few files).
 set -u
 OUT=${OUT:-gpu_checks}
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
 if ! timeout 60 $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   echo "scripts/gpu_checks.sh: $PY sees no CUDA GPU (torch.cuda.is_available() is false, or torch does not import):" \
     "run it on a GPU machine (PYTHON=... names another interpreter); on the CPU, \`make test\` runs the checks" \

@@ -8,7 +8,7 @@
 #     PRESET=my_experiment.yaml bash scripts/gpu_experiment.sh        # another experiment file
 set -euo pipefail
 OUT=${OUT:-gpu_checks}
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
 PRESET=${PRESET:-search_spaces/presets/adam_vs_lamb_gpu_check.yaml}
 DATA=${DATA:-data/demo}
 NAME=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['name'])" "$PRESET")

@@ -136,3 +136,11 @@ def test_without_a_gpu_the_script_says_so_at_once_and_writes_nothing(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert f"scripts/gpu_checks.sh: {sys.executable} sees no CUDA GPU" in done.stderr
     assert "`make test`" in done.stderr and not out.exists()
+
+
+@pytest.mark.skipif(torch_sees_a_gpu(), reason="this machine has a CUDA GPU")
+def test_without_python_named_the_script_runs_the_projects_environment():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    expected = ".venv/bin/python" if (ROOT / ".venv" / "bin" / "python").exists() else "python3"
+    assert done.returncode == 2 and f"scripts/gpu_checks.sh: {expected} sees no CUDA GPU" in done.stderr
