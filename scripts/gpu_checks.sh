@@ -79,9 +79,9 @@ done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants padded,varlen --breakdown --top 12
-run throughput_128_compiled 45 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
+run throughput_128_compiled 50 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants varlen+compile --no-hf --breakdown --top 12
-run clipping 50 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
+run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
   --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 5 --strategies none,bucketwise
