@@ -29,6 +29,7 @@ import torch
 from trainer.config import ModelConfig, OptimizerConfig
 from trainer.data.batch import pack_batch
 from trainer.data.shards import PretrainingSamples
+from trainer.errors import ConfigError
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss
 from trainer.optim import build_optimizer
 
@@ -90,6 +91,19 @@ CATEGORIES = (
     ("attention", ("flash", "fmha", "attention", "scaled_dot_product", "softmax")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "sm80", "aten::mm", "aten::addmm", "aten::bmm")),
 )
+# the loss's log-softmax (CUDA: cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>) is no attention
+NOT_ATTENTION = ("logsoftmax",)
+
+
+def category(name: str) -> str | None:
+    """The CATEGORIES entry a kernel (CPU: operator) of this name counts in, or None (other work)."""
+    lowered = name.lower()
+    for label, needles in CATEGORIES:
+        if label == "attention" and any(n in lowered.replace("_", "") for n in NOT_ATTENTION):
+            continue
+        if any(n in lowered for n in needles):
+            return label
+    return None
 
 
 def parse_variant(text: str) -> dict:
@@ -100,11 +114,20 @@ def parse_variant(text: str) -> dict:
     return {"attention": kernel, "compile": "compile" in flags}
 
 
-def build_models(cfg: ModelConfig, device, seed: int, variants: list[str]):
-    """Ours once per variant and HF's, all with the same weights."""
+def build_models(cfg: ModelConfig, device, seed: int, variants: list[str], hf_too: bool = True):
+    """Ours once per variant and HF's, all with the same weights; without `hf_too`, ours alone (HF's is None), its
+    weights drawn by our own initialization."""
+    torch.manual_seed(seed)
+    if not hf_too:
+        first = BertForPreTraining(cfg)
+        ours = {}
+        for variant in variants:
+            model = BertForPreTraining(cfg.model_copy(update=parse_variant(variant)))
+            model.load_state_dict(first.state_dict())
+            ours[variant] = model.to(device).train()
+        return ours, None
     import transformers
 
-    torch.manual_seed(seed)
     hf_cfg = transformers.BertConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -124,6 +147,13 @@ def build_models(cfg: ModelConfig, device, seed: int, variants: list[str]):
         load_hf_state_dict(model, weights)
         ours[variant] = model.to(device).train()
     return ours, hf
+
+
+def hf_parameters(ours: BertForPreTraining) -> int:
+    """The parameters Hugging Face's `BertForPreTraining` of the same size has: ours, less the rows by which ours pads
+    the vocabulary (the word embeddings' and the MLM decoder's bias)."""
+    cfg = ours.config
+    return sum(p.numel() for p in ours.parameters()) - (cfg.padded_vocab_size - cfg.vocab_size) * (cfg.hidden_size + 1)
 
 
 def synchronize(device) -> None:
@@ -194,7 +224,7 @@ def try_step(run, device, **kwargs) -> str | None:
         synchronize(device)
     except torch.OutOfMemoryError:
         return "out of device memory"
-    except RuntimeError as e:
+    except (RuntimeError, ConfigError) as e:  # a kernel that refuses its input; a kernel this device cannot run
         first = (str(e).strip().splitlines() or [""])[0]
         return f"failed ({type(e).__name__}: {first[:200]})"
     return None
@@ -230,24 +260,23 @@ def breakdown(run, device) -> dict[str, float]:
     events = prof.events()
     ranges = [e for e in events if e.name == OPTIMIZER_RANGE and e.device_type == DeviceType.CPU]
     optimizer_from = ranges[-1].time_range.start if ranges else float("inf")
+    # A `record_function` range (OPTIMIZER_RANGE, the optimizer's own "Optimizer.step#...") is no work of its own: on
+    # a GPU it also appears as a device event spanning the kernels it launched, which are counted themselves.
+    work_events = [e for e in events if not getattr(e, "is_user_annotation", False)]
     if cuda:
         work = [(e.name, e.time_range.elapsed_us() / 1e6, e.time_range.start >= optimizer_from)
-                for e in events if e.device_type == DeviceType.CUDA]  # fmt: skip
+                for e in work_events if e.device_type == DeviceType.CUDA]  # fmt: skip
     else:
         work = [(e.name, e.self_cpu_time_total / 1e6, e.time_range.start >= optimizer_from)
-                for e in events if e.device_type == DeviceType.CPU and e.name != OPTIMIZER_RANGE]  # fmt: skip
+                for e in work_events if e.device_type == DeviceType.CPU]  # fmt: skip
     split = {"attention": 0.0, "matmul": 0.0, "optimizer": 0.0}
     busy = 0.0
     for name, seconds, in_optimizer in work:
         busy += seconds
         if in_optimizer:
             split["optimizer"] += seconds
-            continue
-        lowered = name.lower()
-        for category, needles in CATEGORIES:
-            if any(n in lowered for n in needles):
-                split[category] += seconds
-                break
+        elif (label := category(name)) is not None:
+            split[label] += seconds
     other = max(busy - sum(split.values()), 0.0)
     return {"wall": wall, **split, "other device": other,
             "host, device idle": max(wall - busy, 0.0) if cuda else float("nan"), "kernels": len(work),
@@ -306,8 +335,9 @@ def main() -> None:
     for variant in variants:
         parse_variant(variant)
     samples = make_samples(args.batch * (args.steps + args.warmup + 1), args.seq_len, args.max_pred, 30522, args.seed)
-    ours, hf = build_models(cfg, device, args.seed, variants)
-    parameters = sum(p.numel() for p in hf.parameters())
+    ours, hf = build_models(cfg, device, args.seed, variants, hf_too=not args.no_hf)
+    # 6·N FLOPs a token: N as Hugging Face's model counts it (ours pads the vocabulary to a multiple of 8)
+    parameters = sum(p.numel() for p in hf.parameters()) if hf is not None else hf_parameters(next(iter(ours.values())))
     opt_cfg = OptimizerConfig(name="lamb", lr=1e-4)
     runners = {}
     for variant, model in ours.items():

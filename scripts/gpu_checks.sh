@@ -64,6 +64,7 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
   timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep "Model name"
   timeout 30 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+  timeout 30 $PY -c "import triton; print('triton', triton.__version__)" || echo "triton: none (the +compile checks need it)"
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
@@ -85,7 +86,9 @@ run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumul
   --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 5 --strategies none,bucketwise
-run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q tests/trainer
+T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
+run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q $T/test_fused_paths.py $T/test_train.py $T/test_clipping.py \
+  $T/test_memory.py $T/test_mlperf_log.py
 run micro_batch 25 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
   --steps 2 --attention varlen
 summary() {

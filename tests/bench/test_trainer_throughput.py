@@ -106,3 +106,46 @@ def test_the_breakdown_names_the_kernels_that_took_the_time():
     assert parts["matmul"] == pytest.approx(matmuls, rel=1e-9)
     top = format_top(parts, 3).splitlines()
     assert len(top) == 3 and rows[0][0] in top[0]
+
+
+def test_the_loss_log_softmax_is_no_attention_and_a_profiler_range_is_no_work():
+    """On a GPU the loss's log-softmax kernel is `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>`; a
+    `record_function` range appears there as a device event spanning the kernels it launched."""
+    from bench.trainer_throughput import breakdown, category
+
+    assert category("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, c10::BFloat16, float, float, "
+                    "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>") is None  # fmt: skip
+    assert category("aten::_log_softmax") is None and category("aten::_log_softmax_backward_data") is None
+    assert category("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float, "
+                    "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>") == "attention"  # fmt: skip
+    assert category("aten::_safe_softmax") == "attention" and category("sm90_xmma_gemm_bf16bf16") == "matmul"
+
+    def step(profiled):  # two operators inside a range of their own
+        with torch.profiler.record_function("a range"):
+            torch.ones(64, 64).mm(torch.ones(64, 64)).sum()
+
+    parts = breakdown(step, torch.device("cpu"))
+    names = [name for name, _, _ in parts["by name"]]
+    assert "aten::mm" in names and "a range" not in names
+
+
+def test_without_hf_the_share_of_peak_counts_hf_models_parameters():
+    """`--no-hf` builds no Hugging Face model; 6·N still counts N as Hugging Face's model of that size has it (ours
+    pads the vocabulary to a multiple of 8)."""
+    import transformers
+
+    from bench.trainer_throughput import build_models, hf_parameters
+
+    cfg = make_model_config()
+    ours, hf = build_models(cfg, torch.device("cpu"), 0, ["padded", "padded+compile"], hf_too=False)
+    assert hf is None and list(ours) == ["padded", "padded+compile"]
+    first, second = ours.values()
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True)
+    )
+    assert cfg.padded_vocab_size > cfg.vocab_size
+    reference = transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings))  # fmt: skip
+    assert hf_parameters(first) == sum(p.numel() for p in reference.parameters())

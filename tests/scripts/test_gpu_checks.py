@@ -144,3 +144,11 @@ def test_without_python_named_the_script_runs_the_projects_environment():
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     expected = ".venv/bin/python" if (ROOT / ".venv" / "bin" / "python").exists() else "python3"
     assert done.returncode == 2 and f"scripts/gpu_checks.sh: {expected} sees no CUDA GPU" in done.stderr
+
+
+def test_the_tests_check_runs_every_file_with_gpu_marked_tests():
+    (argv,) = [argv for name, _, argv in checks() if name == "tests"]
+    files = {word.replace("$T", "tests/trainer") for word in argv if word.endswith(".py")}
+    marked = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+              if path != Path(__file__) and "pytest.mark.gpu" in path.read_text()}  # fmt: skip
+    assert files == marked and argv[argv.index("pytest") + 1 : argv.index("pytest") + 3] == ["-m", "gpu"]
