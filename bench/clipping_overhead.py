@@ -48,7 +48,8 @@ def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, b
           accumulation: int = 1):  # fmt: skip
     """A DDP model, its clipper (with a noise-scale probe when given) and its optimizer."""
     torch.manual_seed(0)
-    model = BertForPreTraining(cfg).to(device)
+    with device:  # made and initialized where it trains: on a GPU seconds sooner than on the host, for BERT-large
+        model = BertForPreTraining(cfg)
     if probe is not None and accumulation > 1:  # as the trainer: micro-batches are the small batches
         probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
     ddp = DistributedDataParallel(

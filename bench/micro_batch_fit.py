@@ -59,7 +59,8 @@ def main() -> None:
                       **SIZES[args.size])  # fmt: skip
     samples = make_samples(max(4 * args.per_rank, 1024), args.seq_len, 76, cfg.vocab_size, seed=0)
     torch.manual_seed(0)
-    model = BertForPreTraining(cfg).to(device).train()
+    with device:  # made and initialized where it trains: on a GPU seconds sooner than on the host
+        model = BertForPreTraining(cfg).train()
     optimizer = build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4))
     print(f"size={args.size} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters) device={device} "
           f"dtype={args.dtype} attention={args.attention} per_rank={args.per_rank}")  # fmt: skip

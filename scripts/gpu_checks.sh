@@ -40,7 +40,8 @@ mkdir -p "$OUT"
 rm -f "$OUT/summary.txt" "$OUT/gpu_checks.tar.gz"  # an earlier run's
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then  # made for Python 3.12 on x86-64 (the GPU image's); elsewhere the installed packages serve
-  if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  if timeout 120 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl
   then export PYTHONPATH=/tmp/site; else echo "the wheels in .whl/ do not install here: using the installed packages"; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the trials' trainer processes import this checkout too

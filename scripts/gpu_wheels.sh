@@ -7,7 +7,8 @@
 set -euo pipefail
 PY=${PYTHON:-.venv/bin/python}
 DEST=${DEST:-.whl}
-NAMES="alembic mako pydantic pydantic-core annotated-types typing-inspection typing-extensions sqlalchemy mlperf-logging"
+NAMES="alembic mako pydantic pydantic-core annotated-types typing-inspection typing-extensions sqlalchemy mlperf-logging
+  nvidia-ml-py"
 pins=$($PY - $NAMES <<'PYTHON'
 import sys
 from importlib.metadata import version

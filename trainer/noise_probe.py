@@ -122,6 +122,8 @@ class NormProbe:
         world, count = self.world_size, len(indices)
 
         def finish(values: list[float]) -> tuple[float, float] | None:
+            if world < 2:  # one rank without accumulation: no smaller batch than its own to compare with
+                return None
             rows = [values[4 * i : 4 * i + 4] for i in range(count)]
             buckets = [BucketSums(*row, mean_sq=m) for row, m in zip(rows, values[4 * count :], strict=True)]
             return _finite(two_batch_norms(buckets, world))

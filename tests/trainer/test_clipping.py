@@ -395,7 +395,8 @@ def sync_free_step_worker(rank: int, init_file: str, strategy: str) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert clipper.hook_state is not None  # the hook ran
-    assert pending is not None and all(math.isfinite(x) for x in pending.read())
+    # recorded on the device; one rank without accumulation measures no noise scale (no smaller batch to compare)
+    assert pending is not None and torch.isfinite(pending.values).all() and pending.read() is None
     dist.destroy_process_group()
 
 

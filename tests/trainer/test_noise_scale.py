@@ -243,3 +243,15 @@ def test_two_batch_norms_are_exact_where_the_docstring_says(world, coefs):
     assert small == pytest.approx(sum(float(x.square().sum()) for g in grads for x in g) / world, rel=1e-12)
     unclipped_mean = [sum(g[b] for g in grads) / world for b in range(len(sizes))]
     assert big == pytest.approx(sum(float(x.square().sum()) for x in unclipped_mean), rel=1e-10)
+
+
+def test_one_rank_without_accumulation_measures_nothing_and_raises_nothing():
+    """A DDP hook on one rank records its buckets (c = 1: c·c - c² is 0, the cross term's denominator), but one
+    rank's batch has no smaller batch to compare with: the step reads back as not measured, not a ZeroDivisionError."""
+    probe = NormProbe(1)
+    for index, norm in enumerate([3.0, 4.0]):
+        probe.record_local(index, torch.tensor(norm), 1.0, 1.0)
+        probe.record_mean(index, torch.tensor(norm), 1.0)
+    pending = probe.take()
+    assert pending is not None and pending.values.tolist() == [1.0, 1.0, 9.0, 9.0, 1.0, 1.0, 16.0, 16.0, 9.0, 16.0]
+    assert pending.read() is None
