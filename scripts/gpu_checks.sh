@@ -72,11 +72,10 @@ EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 run experiment 160 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # One trial's MLPerf log, its progress lines (the sequences/s of a small model sharing the GPU), the exported config
-for log in "$EXPERIMENT_OUT"/experiment/trials/*/mlperf.log; do
-  [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_mlperf.log" && break
-done
-for log in "$EXPERIMENT_OUT"/experiment/trials/*/stderr.log; do
-  [ -f "$log" ] && cp "$log" "$OUT/experiment_trial_stderr.log" && break
+for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
+  [ -f "$trial/mlperf.log" ] || continue
+  cp "$trial/mlperf.log" "$OUT/experiment_trial_mlperf.log"; cp "$trial/stderr.log" "$OUT/experiment_trial_stderr.log"
+  break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
