@@ -40,6 +40,7 @@ from trainer.data.batch import pack_batch
 from trainer.distributed import DistEnv
 from trainer.model import BertForPreTraining, pretraining_loss
 from trainer.optim import build_optimizer
+from trainer.precision import autocast as autocast_region
 
 STRATEGIES = ["none", "after_allreduce", "before_allreduce", "bucketwise"]
 
@@ -82,7 +83,7 @@ def step(
     for i in range(accumulation):  # the same batch every micro-batch: only the time matters here
         around = probe.micro_batch(1 / accumulation, 1.0) if probe is not None and accumulation > 1 else nullcontext()
         with clipper.backward_context(last_micro_batch=i == accumulation - 1), around:
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            with autocast_region(device, autocast):
                 loss = pretraining_loss(ddp(batch), batch).total
             (loss / accumulation).backward()
     clipper.before_step(optimizer)

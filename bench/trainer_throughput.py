@@ -32,6 +32,7 @@ from trainer.data.shards import PretrainingSamples
 from trainer.errors import ConfigError
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss
 from trainer.optim import build_optimizer
+from trainer.precision import autocast as autocast_region
 
 SIZES = {
     "cpu": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
@@ -177,7 +178,7 @@ def optimizer_step(opt, device, profiled: bool = False) -> None:
 
 def step_ours(model, opt, samples, index, device, autocast, profiled=False):
     batch = pack_batch(samples, index).to(device)
-    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+    with autocast_region(device, autocast):
         loss = pretraining_loss(model(batch), batch).total
     loss.backward()
     optimizer_step(opt, device, profiled)
@@ -185,7 +186,7 @@ def step_ours(model, opt, samples, index, device, autocast, profiled=False):
 
 def step_hf(model, opt, samples, index, device, autocast, pad_to, profiled=False):
     inputs = hf_inputs(samples, index, pad_to, device)
-    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+    with autocast_region(device, autocast):
         loss = model(**inputs).loss
     loss.backward()
     optimizer_step(opt, device, profiled)

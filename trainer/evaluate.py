@@ -11,6 +11,7 @@ from trainer.data.batch import pack_batch
 from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_reduce_sum
 from trainer.model import BertForPreTraining, pretraining_loss
+from trainer.precision import autocast
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def evaluate(
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss sum, NSP correct: read once at the end
     for start in range(0, len(mine), batch_size):
         batch = pack_batch(samples, mine[start : start + batch_size]).to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with autocast(device, autocast_dtype):
             out = model(batch)
         loss = pretraining_loss(out, batch)
         nsp = (out.nsp_logits.argmax(-1) == batch.next_sentence_labels).sum()

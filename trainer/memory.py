@@ -34,6 +34,7 @@ import torch
 from trainer.data.batch import pack_batch
 from trainer.data.shards import PretrainingSamples
 from trainer.model import pretraining_loss
+from trainer.precision import autocast as autocast_region
 
 GIB = 2**30
 CUDA_MARGIN = 0.9  # of the free device memory: fragmentation, the eval pass, the NCCL buffers
@@ -137,7 +138,7 @@ def measure(model: torch.nn.Module, samples, index, device: torch.device, autoca
         before = torch.cuda.memory_allocated(device)
     try:
         with counter or nullcontext():
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            with autocast_region(device, autocast):
                 loss = pretraining_loss(model(batch), batch).total
             loss.backward()
         if cuda:

@@ -62,6 +62,7 @@ from trainer.model import (
 from trainer.noise_probe import NormProbe, PendingNorms
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
 from trainer.optim import build_optimizer
+from trainer.precision import autocast, resolve_autocast
 from trainer.report import NullReporter, Reporter
 from trainer.result import TrainResult, TrainStatus
 from trainer.schedule import build_scheduler, mlperf_lr
@@ -73,16 +74,6 @@ def log(env: DistEnv, message: str) -> None:
 
 
 # --------------------------------------------------------------------------- components
-
-
-def resolve_autocast(cfg: TrainerConfig, device: torch.device) -> torch.dtype | None:
-    """None means fp32; bf16 on GPU by default."""
-    dtype = cfg.precision.dtype
-    if dtype == "auto":
-        dtype = "bf16" if device.type == "cuda" else "fp32"
-    if dtype == "fp16" and device.type != "cuda":
-        raise ConfigError("precision.dtype: fp16 needs a CUDA device (use fp32 or bf16 on CPU)")
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
 def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
@@ -441,7 +432,7 @@ def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
 
 
 def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    with torch.autocast(run.device.type, dtype=run.autocast or torch.float32, enabled=run.autocast is not None):
+    with autocast(run.device, run.autocast):
         if batch.num_sequences == 0:  # only in an epoch's last step: still join DDP's all-reduce
             zero = sum(p.sum() for p in run.model.parameters()) * 0.0
             run.scaler.scale(zero).backward()

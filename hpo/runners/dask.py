@@ -270,12 +270,16 @@ class DaskRunner(Runner):
         ids = list(self.running)
         reachable = self.client.status == "running"  # else the workers end their trials when they lose the scheduler
         if reachable:
-            self.client.run(_kill_trials, [(tid, self.running[tid].launch.attempt) for tid in ids])
+            try:
+                self.client.run(_kill_trials, [(tid, self.running[tid].launch.attempt) for tid in ids])
+            except (OSError, TimeoutError):  # it went away before the client noticed: the same as gone
+                reachable = False
         exits = []
         for trial_id in ids:
             sub = self.running.pop(trial_id)
             if reachable:
-                self.client.cancel(sub.future, force=True)
+                with contextlib.suppress(OSError, TimeoutError):
+                    self.client.cancel(sub.future, force=True)
             exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
         return exits
 

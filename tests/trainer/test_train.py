@@ -262,6 +262,36 @@ FLASH_ONLY = pytest.mark.skipif(
 )
 
 
+@pytest.mark.parametrize(
+    ("optimizer", "strategy"), [("lamb", "after_allreduce"), ("adamw", "before_allreduce"), ("lamb", "bucketwise")]
+)
+def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_device(tmp_path, optimizer, strategy):
+    """Tensors on PyTorch's meta device have shapes and no values: anything that reads one back to the host (`.item()`,
+    `.tolist()`, `if tensor`, an output whose size depends on the values) raises there. A whole training step of the
+    tiny model with BERT's dropout, 2 micro-batches, clipping and the noise scale measured runs on it, so nothing in
+    a step makes the host wait for a device (the GPU test below checks the same under CUDA's sync debug mode); the
+    loss stays on the device until read back every `log.every_steps`, which is where a read then fails."""
+    import torch
+
+    from trainer.checkpoint import TrainState
+    from trainer.distributed import dist_env_from_environ
+    from trainer.mlperf_log import open_log
+    from trainer.report import NullReporter
+    from trainer.train import build_run, epoch_steps, read_back, train_step
+
+    overrides = {"optimizer.name": optimizer, "clipping.strategy": strategy, "model.hidden_dropout_prob": 0.1,
+                 "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": 1}  # fmt: skip
+    cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
+    env, device = dist_env_from_environ(), torch.device("meta")
+    run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))
+    assert {p.device.type for p in run.model.parameters()} == {"meta"}
+    stats = train_step(run, next(epoch_steps(run, TrainState()))[0], 1)
+    assert (stats.sequences, len(stats.micro_batch_sizes), stats.loss_sum.device.type) == (8, 2, "meta")
+    assert stats.grad_sq_norms is not None  # the noise scale was measured in the step
+    with pytest.raises(NotImplementedError, match="meta"):  # reading the loss back is what the meta device refuses
+        read_back([(1, stats)])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
