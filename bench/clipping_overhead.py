@@ -199,7 +199,7 @@ def parse_args(description: str, every: bool = False) -> argparse.Namespace:
     ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
     ap.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
                     help=f"comma-separated, from {','.join(STRATEGIES)} (default all; none always runs)")  # fmt: skip
-    ap.add_argument("--attention", default="auto", choices=["auto", "padded", "jagged", "varlen"],
+    ap.add_argument("--attention", default="auto", choices=["auto", "packed", "padded", "jagged", "varlen"],
                     help="model.attention")  # fmt: skip
     return ap.parse_args()
 

@@ -4,7 +4,7 @@ Both models have the same size and weights, BERT's dropout (0.1 on hidden states
 batches (MLPerf-like lengths: many short sequences, a bump at the maximum) and the same optimizer. HF runs padded
 with SDPA attention, twice: padded to the shard width (how MLPerf shards are stored) and padded to the longest
 sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
-(`model.attention`: padded, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`).
+(`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`).
 Steps are interleaved so all see the same machine state. Prints valid tokens/s and sequences/s of each, the
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
@@ -86,7 +86,7 @@ def hf_inputs(samples: PretrainingSamples, index: np.ndarray, pad_to: int | None
 
 
 # `--variants` entries: an attention kernel of ours (model.attention), `+compile` for model.compile
-ATTENTION_KERNELS = ("padded", "jagged", "varlen", "auto")
+ATTENTION_KERNELS = ("padded", "packed", "jagged", "varlen", "auto")
 # kernel (GPU) or operator (CPU) names by what they compute, for --breakdown; the first match wins
 CATEGORIES = (
     ("attention", ("flash", "fmha", "attention", "scaled_dot_product", "softmax")),

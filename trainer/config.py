@@ -40,12 +40,13 @@ class ModelConfig(Section):
     layer_norm_eps: float = Field(1e-12, gt=0.0, description="LayerNorm epsilon (HF BERT: 1e-12).")
     initializer_range: float = Field(0.02, gt=0.0, description="Std of the normal init of weights.")
     init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
-    attention: Literal["auto", "padded", "jagged", "varlen"] = Field(
+    attention: Literal["auto", "packed", "padded", "jagged", "varlen"] = Field(
         "auto",
         description="Attention kernel over the packed stream: varlen (PyTorch's flash kernel, with dropout; a GPU of "
         "compute capability 8.0+, half precision), jagged (nested-tensor SDPA; the same flash kernel on CUDA), "
-        "padded (a [B, longest] grid). auto: varlen on such a GPU in half precision without attention dropout, else "
-        "padded (faster than jagged on an H200 with attention dropout).",
+        "packed (a grid as wide as the longest sequence, several sequences to a row), padded (a [B, longest] grid, "
+        "one sequence to a row). auto: varlen on such a GPU in half precision without attention dropout; else padded "
+        "on a GPU (faster than jagged on an H200 with attention dropout), packed elsewhere.",
     )
     compile: bool = Field(
         False,

@@ -10,12 +10,15 @@ they only ever see real tokens; attention is the one place that needs sequence b
   bf16/fp16, heads of a multiple of 8 up to 256;
 - `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
   CUDA it runs the same flash kernel through the nested tensor's Python layer, elsewhere PyTorch's per-sequence math;
+- `packed`: the sequences packed into rows of a grid as wide as the longest, several short ones to a row (first-fit
+  decreasing, `trainer.data.batch.RowPacking`); SDPA with a mask that keeps each sequence within itself. On
+  MLPerf's length mix that is about half the rows of `padded`, so half its attention work;
 - `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
-  padding only up to the longest sequence of the batch; the reference the other two are tested against.
+  padding only up to the longest sequence of the batch; the reference the others are tested against.
 
-`auto` picks varlen where it runs and there is no attention dropout, else padded (with BERT's attention dropout
-the padded grid ran 1.5x faster than jagged on an H200 at batch 128: BENCHMARKS.md; with dropout, varlen runs when
-asked for by name until it has been timed there).
+`auto` picks varlen where it runs and there is no attention dropout; else, on a GPU, padded (with BERT's attention
+dropout the padded grid ran 1.5x faster than jagged on an H200 at batch 128: BENCHMARKS.md; varlen with dropout
+and packed run there when asked for by name until they have been timed there); elsewhere packed.
 The query, key and value projections run as one matrix product (their weights concatenated at each call, so the
 parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
 With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
-from trainer.data.batch import PackedBatch
+from trainer.data.batch import PackedBatch, RowPacking
 from trainer.errors import CheckpointError, ConfigError
 
 # PyTorch's CPU math path for jagged attention builds a strided nested tensor internally and warns about that layout
@@ -51,9 +54,17 @@ class PaddingLayout:
     """Where each packed token sits in a [B, L] grid; built once per batch, shared by all layers."""
 
     slots: torch.Tensor  # int64 [T]: flat index b * L + position of each token
-    key_mask: torch.Tensor  # bool [B, 1, 1, L]: True where the key is a real token
+    key_mask: torch.Tensor  # bool [B, 1, 1 or L, L]: True where the query (row) may see the key (column)
     batch: int
     length: int
+
+    @staticmethod
+    def from_rows(rows: RowPacking) -> PaddingLayout:
+        """The grid of sequences packed several to a row: a query sees the keys of its own sequence (a padding cell
+        sees the padding of its row, which no token reads back, so that no row of the softmax is empty)."""
+        segments = rows.segments.view(rows.rows, rows.width)
+        same = segments[:, :, None] == segments[:, None, :]
+        return PaddingLayout(rows.slots, same[:, None], rows.rows, rows.width)
 
     @staticmethod
     def from_cu_seqlens(cu_seqlens: torch.Tensor, position_ids: torch.Tensor, max_seqlen: int) -> PaddingLayout:
@@ -169,21 +180,26 @@ def varlen_runs(flash: bool, half: bool, head_dim: int = 64) -> bool:
 
 
 def attention_kernel(choice: str, x: torch.Tensor, dropout_p: float, head_dim: int) -> str:
-    """The kernel `model.attention` names for this batch: varlen, jagged or padded (`auto`: see the module's doc).
-    The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
+    """The kernel `model.attention` names for this batch: varlen, jagged, packed or padded (`auto`: see the module's
+    doc). The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-    return resolve_attention(choice, flash_device(x.device), half, dropout_p, head_dim)
+    return resolve_attention(choice, flash_device(x.device), half, dropout_p, head_dim, gpu=x.device.type == "cuda")
 
 
-def resolve_attention(choice: str, flash: bool, half: bool, dropout_p: float, head_dim: int = 64) -> str:
+def resolve_attention(
+    choice: str, flash: bool, half: bool, dropout_p: float, head_dim: int = 64, gpu: bool | None = None
+) -> str:
     """`attention_kernel` from what decides it: a GPU the flash kernel runs on, half precision, attention dropout,
-    the size of a head."""
+    the size of a head, and whether the device is a GPU at all (by default: a flash GPU is one)."""
     fits = varlen_runs(flash, half, head_dim)
-    if choice == "auto":  # jagged measured slower than padded on an H200; varlen with dropout not yet timed there
-        return "varlen" if fits and dropout_p == 0.0 else "padded"
+    gpu = flash if gpu is None else gpu
+    if choice == "auto":  # on a GPU: jagged measured slower than padded; varlen with dropout and packed not yet timed
+        if fits and dropout_p == 0.0:
+            return "varlen"
+        return "padded" if gpu else "packed"
     if choice == "varlen" and not fits:
         raise ConfigError(f"model.attention: varlen needs {VARLEN_NEEDS} (hidden_size / num_attention_heads); use "
-                          "auto, jagged or padded")  # fmt: skip
+                          "auto, jagged, packed or padded")  # fmt: skip
     return choice
 
 
@@ -193,6 +209,8 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
         return None
     if kernel == "jagged":
         return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
+    if kernel == "packed" and batch.rows is not None:
+        return PaddingLayout.from_rows(batch.rows)
     return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
 
 

@@ -89,7 +89,7 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
         raise ConfigError(
             f"model.attention: varlen needs {VARLEN_NEEDS} (this run: {gpu}, "
             f"{'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, heads of {head_dim}); use "
-            "auto, jagged or padded"
+            "auto, jagged, packed or padded"
         )
 
 
@@ -97,7 +97,8 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
     """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None,
-                               cfg.model.attention_probs_dropout_prob, cfg.model.head_dim)  # fmt: skip
+                               cfg.model.attention_probs_dropout_prob, cfg.model.head_dim,
+                               gpu=device.type == "cuda")  # fmt: skip
     return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 
 

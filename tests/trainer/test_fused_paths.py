@@ -1,6 +1,6 @@
-"""Each fast path of the model against its eager reference on the CPU, float32: the jagged attention against the
-padded grid, and the compiled per-token layers (`model.compile`) against the eager modules, losses and gradients
-within 1e-5 relative over a few optimizer steps of a tiny model with BERT's dropout, seeded.
+"""Each fast path of the model against its eager reference on the CPU, float32: the jagged attention and the packed
+grid against the padded grid, and the compiled per-token layers (`model.compile`) against the eager modules, losses
+and gradients within 1e-5 relative over a few optimizer steps of a tiny model with BERT's dropout, seeded.
 
 A few gradients cannot be known to 1e-5 in float32 at all: the next-sentence head's (pooler, classifier) sum six
 sequences' terms that nearly cancel (every [CLS] starts from the same embedding), and the eager float32 model is
@@ -23,8 +23,8 @@ from trainer.data.batch import pack_batch
 from trainer.errors import ConfigError
 from trainer.model import (
     BertForPreTraining,
-    JaggedLayout,
     PaddingLayout,
+    attention_layout,
     flash_device,
     packed_attention,
     pretraining_loss,
@@ -82,33 +82,43 @@ def train_steps(model: BertForPreTraining, samples, steps: int = 3, seed: int = 
     return losses, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def test_jagged_attention_matches_the_padded_grid_forward_and_backward():
+@pytest.mark.parametrize("attention", ["jagged", "packed"])
+def test_attention_matches_the_padded_grid_forward_and_backward(attention):
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     padded = BertForPreTraining(make_model_config(attention="padded"))
-    jagged = BertForPreTraining(make_model_config(attention="jagged"))
-    jagged.load_state_dict(padded.state_dict())
+    fast = BertForPreTraining(make_model_config(attention=attention))
+    fast.load_state_dict(padded.state_dict())
     exact = exact_gradients(padded, samples)
     reference_losses, reference_grads = train_steps(padded, samples)
-    losses, grads = train_steps(jagged, samples)
+    losses, grads = train_steps(fast, samples)
     assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
     assert_gradients_close(grads, reference_grads, exact)
 
 
-def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
+def test_the_packed_grid_has_fewer_rows_than_sequences_on_mixed_lengths():
+    """What makes `packed` worth having: the batches above share rows (8 sequences, 5 rows), so its grid is smaller."""
+    batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
+    layout = attention_layout("packed", batch)
+    assert (layout.batch, layout.length) == (5, max(LENGTHS))
+    assert attention_layout("padded", batch).batch == len(LENGTHS)
+
+
+@pytest.mark.parametrize("attention", ["jagged", "packed"])
+def test_attention_dropout_keeps_the_expectation_and_is_off_in_eval(attention):
     """Inverted dropout on the attention weights: every draw differs from the output without dropout, their mean
     over 400 seeded draws is that output within 4 standard errors everywhere; p = 0 is the padded grid's output."""
     batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
     generator = torch.Generator().manual_seed(0)
     qkv = torch.randn(batch.num_tokens, 3, 4, 8, generator=generator)
-    jagged = JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
+    layout = attention_layout(attention, batch)
     grid = PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
     exact = packed_attention(qkv, batch, grid, 0.0)
-    assert_close(packed_attention(qkv, batch, jagged, 0.0), exact, "jagged output without dropout")
+    assert_close(packed_attention(qkv, batch, layout, 0.0), exact, f"{attention} output without dropout")
     draws = []
     for seed in range(400):
         torch.manual_seed(seed)
-        draws.append(packed_attention(qkv, batch, jagged, 0.1))
+        draws.append(packed_attention(qkv, batch, layout, 0.1))
     draws = torch.stack(draws)
     assert all((d - exact).abs().max() > 1e-3 for d in draws[:20])
     standard_error = draws.std(0) / 400**0.5
@@ -116,24 +126,27 @@ def test_jagged_attention_dropout_keeps_the_expectation_and_is_off_in_eval():
     assert (draws.mean(0) - exact).abs().max() < 0.05 * exact.abs().max()
 
 
-def test_auto_attention_is_the_padded_grid_on_the_cpu_and_varlen_is_refused_there():
+def test_auto_attention_is_the_packed_grid_on_the_cpu_and_varlen_is_refused_there():
     cfg = make_model_config(attention="varlen", attention_probs_dropout_prob=0.1)
     batch = pack_batch(make_samples(LENGTHS), np.arange(4))
     with pytest.raises(ConfigError, match="model.attention: varlen needs a CUDA GPU of compute capability 8.0"):
         BertForPreTraining(cfg)(batch)
-    auto, padded = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config(attention="padded"))
-    padded.load_state_dict(auto.state_dict())
-    assert torch.equal(auto(batch).mlm_logits, padded(batch).mlm_logits)
+    auto, packed = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config(attention="packed"))
+    packed.load_state_dict(auto.state_dict())
+    assert torch.equal(auto(batch).mlm_logits, packed(batch).mlm_logits)
 
 
-def test_auto_attention_is_varlen_where_it_runs_else_the_padded_grid_on_any_device():
+def test_auto_attention_is_varlen_where_it_runs_else_the_padded_grid_on_a_gpu_and_the_packed_one_elsewhere():
     """With BERT's attention dropout on CUDA, auto takes the padded grid: on an H200 it ran 1.5x the jagged kernel's
     speed at batch 128 and 3.2x at batch 32 (BENCHMARKS.md); without dropout in half precision, varlen, where the
-    flash kernel runs (a GPU of compute capability 8.0 or newer: not a V100 or T4, where auto takes padded)."""
+    flash kernel runs (a GPU of compute capability 8.0 or newer: not a V100 or T4, where auto takes padded). On the
+    CPU, the packed grid (faster than the padded one there: BENCHMARKS.md)."""
     assert resolve_attention("auto", flash=True, half=True, dropout_p=0.1) == "padded"
     assert resolve_attention("auto", flash=True, half=False, dropout_p=0.0) == "padded"
     assert resolve_attention("auto", flash=True, half=True, dropout_p=0.0) == "varlen"
-    assert resolve_attention("auto", flash=False, half=True, dropout_p=0.0) == "padded"
+    assert resolve_attention("auto", flash=False, half=True, dropout_p=0.0, gpu=True) == "padded"  # a V100
+    assert resolve_attention("auto", flash=False, half=False, dropout_p=0.1, gpu=False) == "packed"  # the CPU
+    assert resolve_attention("auto", flash=False, half=True, dropout_p=0.0) == "packed"  # no GPU said: not one
     assert resolve_attention("jagged", flash=True, half=True, dropout_p=0.1) == "jagged"  # asked for, it is taken
     with pytest.raises(ConfigError, match="compute capability 8.0 or newer"):
         resolve_attention("varlen", flash=False, half=True, dropout_p=0.0)

@@ -338,7 +338,7 @@ def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers(
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 or H200
     dropout = load_config(None, [])  # BERT's attention dropout 0.1
     no_dropout = load_config(None, ["model.attention_probs_dropout_prob=0.0", "model.compile=true"])
-    assert execution(dropout, cpu, None) == "fp32, attention padded"
+    assert execution(dropout, cpu, None) == "fp32, attention packed"
     assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention padded"  # faster than jagged with dropout
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention varlen, compiled layers"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100: no flash kernel

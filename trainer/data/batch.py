@@ -4,6 +4,10 @@ Real sequences have very different lengths, so the trainer never runs padding th
 tokens of all sequences in a micro-batch are concatenated into one [T] stream and `cu_seqlens` (int32 prefix
 sums of the lengths) says where each sequence starts. Masked-LM positions become indices into that stream,
 so the MLM head runs only on the masked tokens.
+
+For attention on a grid (`model.attention: packed`), the batch also says where each token sits when the sequences
+are packed into rows as wide as the longest one, several short sequences to a row (first-fit decreasing, on the
+host, where the lengths are known): `RowPacking`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class PackedBatch:
     masked_positions: torch.Tensor  # int64 [M], indices into the [T] stream
     masked_labels: torch.Tensor  # int64 [M], original token ids at those positions
     next_sentence_labels: torch.Tensor  # int64 [B], 0 = IsNext, 1 = NotNext
+    rows: RowPacking | None = None  # the sequences packed into rows of a grid (`pack_batch` makes it)
 
     @property
     def num_sequences(self) -> int:
@@ -40,14 +45,66 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The batch on `device`; to a GPU from pinned memory, so the copies do not make the host wait."""
-        pin = torch.device(device).type == "cuda"
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = (value.pin_memory() if pin else value).to(device, non_blocking=True)
-            moved[f.name] = value
-        return PackedBatch(**moved)
+        return _to(self, device)
+
+
+@dataclass
+class RowPacking:
+    """The sequences of a batch packed into `rows` rows of `width` tokens (width = the longest sequence), several
+    short ones to a row: a grid of rows x width cells, most of them tokens, where one sequence to a row would leave
+    more than half of them padding on MLPerf's length mix. Attention on it masks every pair of cells that are not
+    in the same sequence, so each sequence still attends only within itself."""
+
+    slots: torch.Tensor  # int64 [T]: row * width + column of each packed token
+    segments: torch.Tensor  # int64 [rows * width]: the sequence in each cell, -1 where the cell is padding
+    rows: int
+    width: int
+
+    def to(self, device: torch.device | str) -> RowPacking:
+        return _to(self, device)
+
+
+def _to(batch, device: torch.device | str):
+    """A copy of the dataclass `batch` with its tensors on `device` (from pinned memory to a GPU)."""
+    pin = torch.device(device).type == "cuda"
+    moved = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            value = (value.pin_memory() if pin else value).to(device, non_blocking=True)
+        elif isinstance(value, RowPacking):
+            value = value.to(device)
+        moved[f.name] = value
+    return type(batch)(**moved)
+
+
+def first_fit_rows(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sequences of `lengths` packed into rows as wide as the longest, longest first, each into the first row with
+    room for it (first-fit decreasing): the row and the column where each starts, and the number of rows."""
+    width = int(lengths.max())
+    row = np.empty(len(lengths), dtype=np.int64)
+    start = np.empty(len(lengths), dtype=np.int64)
+    used = np.empty(len(lengths), dtype=np.int64)  # tokens already in each row (at most one row per sequence)
+    rows = 0
+    for i in np.argsort(-lengths, kind="stable"):
+        room = np.flatnonzero(used[:rows] + lengths[i] <= width)
+        r = int(room[0]) if room.size else rows
+        if r == rows:
+            used[rows], rows = 0, rows + 1
+        row[i], start[i] = r, used[r]
+        used[r] += lengths[i]
+    return row, start, rows
+
+
+def pack_rows(lengths: np.ndarray, position_ids: np.ndarray) -> RowPacking:
+    """`RowPacking` of sequences of `lengths` whose packed tokens have `position_ids`."""
+    row, start, rows = first_fit_rows(lengths)
+    width = int(lengths.max())
+    sequence = np.repeat(np.arange(len(lengths)), lengths)
+    slots = row[sequence] * width + start[sequence] + position_ids
+    segments = np.full(rows * width, -1, dtype=np.int64)
+    segments[slots] = sequence
+    return RowPacking(torch.from_numpy(slots), torch.from_numpy(segments), rows, width)
 
 
 def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
@@ -76,4 +133,5 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
         masked_positions=torch.from_numpy(masked_positions.astype(np.int64)),
         masked_labels=torch.from_numpy(masked_labels.astype(np.int64)),
         next_sentence_labels=torch.from_numpy(samples.next_sentence_labels[index].astype(np.int64)),
+        rows=pack_rows(lengths, position_ids) if len(index) else None,
     )

@@ -1,0 +1,47 @@
+"""Packing a batch's sequences into rows of a grid (`model.attention: packed`), checked cell by cell."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import make_samples
+from trainer.data.batch import first_fit_rows, pack_batch
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_sequence_lies_whole_in_one_row_and_no_two_share_a_cell(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 65, int(rng.integers(1, 40)))
+    batch = pack_batch(make_samples(lengths.tolist(), seed=seed), np.arange(len(lengths)))
+    rows = batch.rows
+    assert rows.width == lengths.max()
+    grid = rows.segments.numpy().reshape(rows.rows, rows.width)
+    slots = rows.slots.numpy()
+    assert len(np.unique(slots)) == len(slots) == lengths.sum()  # a cell for every token, none shared
+    for sequence, length in enumerate(lengths):
+        start = batch.cu_seqlens[sequence].item()
+        cells = slots[start : start + length]
+        row, column = divmod(cells[0], rows.width)
+        assert np.array_equal(cells, row * rows.width + column + np.arange(length))  # in order, in one row
+        assert (grid[row, column : column + length] == sequence).all()
+    assert (grid == -1).sum() == rows.rows * rows.width - lengths.sum()  # the rest is padding
+    used = (grid != -1).sum(axis=1)
+    assert rows.rows <= len(lengths) and (used > 0).all()
+    # First fit leaves at most one row half empty (a second one's sequences would have fit in the first)
+    assert (used <= rows.width / 2).sum() <= 1
+
+
+def test_first_fit_decreasing_places_longest_first_each_in_the_first_row_with_room():
+    # rows of 10: [10], [7, 3], [6, 4], [5, 2] (the 5 fits in no row before it; the 2 only beside the 5)
+    row, start, rows = first_fit_rows(np.array([3, 10, 6, 7, 4, 5, 2]))
+    assert rows == 4
+    assert row.tolist() == [1, 0, 2, 1, 2, 3, 3]
+    assert start.tolist() == [7, 0, 0, 0, 6, 0, 5]
+
+
+def test_a_batch_of_sequences_of_one_length_packs_one_to_a_row():
+    lengths = [40] * 6
+    batch = pack_batch(make_samples(lengths), np.arange(6))
+    assert (batch.rows.rows, batch.rows.width) == (6, 40)
+    assert batch.to("cpu").rows.rows == 6  # it travels with the batch
