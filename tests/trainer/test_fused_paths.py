@@ -228,14 +228,14 @@ flash_only = pytest.mark.skipif(
 @pytest.mark.gpu
 @cuda_only
 def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype):
-    """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the compiled layers and, in bf16, the
-    varlen kernel, also with compiled layers, give the padded eager model's losses; bf16 within 2 %, float32 within
-    1e-4 (the GPU's kernels sum in other orders)."""
+    """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the packed grid, the compiled layers
+    and, in bf16, the varlen kernel, also with compiled layers, give the padded eager model's losses; bf16 within
+    2 %, float32 within 1e-4 (the GPU's kernels sum in other orders)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
     results = {}
-    variants = [{"attention": "jagged"}, {"attention": "jagged", "compile": True}]
+    variants = [{"attention": "jagged"}, {"attention": "packed"}, {"attention": "jagged", "compile": True}]
     if dtype is torch.bfloat16 and flash_device(torch.device("cuda")):  # a half-precision flash kernel
         variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True}]
     for variant in variants:

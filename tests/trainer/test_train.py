@@ -294,14 +294,18 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
-@pytest.mark.parametrize("noise_every", [1000, 1], ids=["noise-scale-not-due", "noise-scale-measured"])
-@pytest.mark.parametrize("attention", ["auto", pytest.param("varlen", marks=FLASH_ONLY)])
+@pytest.mark.parametrize(
+    ("attention", "noise_every", "optimizer"),
+    [pytest.param(a, n, o, marks=FLASH_ONLY if a == "varlen" else ())
+     for a in ("auto", "varlen") for n in (1000, 1) for o in ("adamw", "lamb")]
+    + [("packed", 1, "lamb")],  # the packed grid: its layout comes from the host with the batch
+    ids=lambda value: {1000: "noise-scale-not-due", 1: "noise-scale-measured"}.get(value, value),
+)  # fmt: skip
 def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimizer, noise_every, attention):
     """CUDA's sync debug mode raises at any operation that makes the host wait for the GPU: a bf16 step of the
-    tiny model with BERT's dropout (auto: the padded grid; or the varlen kernel) and 2 micro-batches runs
-    without one, with the noise scale measured in it (its norms stay on the device until read back with the loss)
-    or not."""
+    tiny model with BERT's dropout (auto: the padded grid; the packed grid; or the varlen kernel) and 2
+    micro-batches runs without one, with the noise scale measured in it (its norms stay on the device until read
+    back with the loss) or not."""
     import torch
 
     from trainer.checkpoint import TrainState
