@@ -396,7 +396,7 @@ def _check_seed(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
 NEEDS_CUDA = {
     "device": ("cuda", "there is no CUDA device (auto or cpu run there)"),
     "precision.dtype": ("fp16", "fp16 needs a CUDA device (bf16 or fp32 run there)"),
-    "model.attention": ("varlen", "the varlen kernel needs CUDA (auto, jagged or padded run there)"),
+    "model.attention": ("varlen", "the varlen kernel needs CUDA (auto, packed, jagged or padded run there)"),
 }
 
 
