@@ -142,8 +142,8 @@ def packed_attention(
     qkv: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
 ) -> torch.Tensor:
     """Attention within each packed sequence of qkv [T, 3, heads, head_dim] (query, key, value); returns
-    [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or the padded grid (see the
-    module's doc)."""
+    [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or a grid, padded or packed
+    (see the module's doc)."""
     if layout is None:  # the varlen kernel works on the packed stream directly
         q, k, v = qkv.unbind(1)
         return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p)
