@@ -11,7 +11,7 @@ they only ever see real tokens; attention is the one place that needs sequence b
 - `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
   CUDA it runs the same flash kernel through the nested tensor's Python layer, elsewhere PyTorch's per-sequence math;
 - `packed`: the sequences packed into rows of a grid as wide as the longest, several short ones to a row (first-fit
-  decreasing, `trainer.data.batch.RowPacking`); SDPA with a mask that keeps each sequence within itself. On
+  decreasing on the host, `trainer.data.batch.RowPacking`); SDPA with a mask that keeps each sequence within itself. On
   MLPerf's length mix that is about half the rows of `padded`, so half its attention work;
 - `padded`: scatter into a [B, max_seqlen] grid (not [B, 512]), SDPA with a key-padding mask, gather back. Exact,
   padding only up to the longest sequence of the batch; the reference the others are tested against.
@@ -209,8 +209,8 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
         return None
     if kernel == "jagged":
         return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
-    if kernel == "packed" and batch.rows is not None:
-        return PaddingLayout.from_rows(batch.rows)
+    if kernel == "packed" and batch.lengths is not None:
+        return PaddingLayout.from_rows(batch.row_packing())
     return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
 
 

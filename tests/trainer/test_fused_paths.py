@@ -24,6 +24,7 @@ from trainer.errors import ConfigError
 from trainer.model import (
     BertForPreTraining,
     PaddingLayout,
+    attention_kernel,
     attention_layout,
     flash_device,
     packed_attention,
@@ -131,6 +132,8 @@ def test_auto_attention_is_the_packed_grid_on_the_cpu_and_varlen_is_refused_ther
     batch = pack_batch(make_samples(LENGTHS), np.arange(4))
     with pytest.raises(ConfigError, match="model.attention: varlen needs a CUDA GPU of compute capability 8.0"):
         BertForPreTraining(cfg)(batch)
+    for x in (torch.zeros(1), torch.zeros(1, device="meta")):  # what the model asks with its embeddings' output
+        assert attention_kernel("auto", x, 0.1, 16) == attention_kernel("auto", x, 0.0, 64) == "packed"
     auto, packed = BertForPreTraining(make_model_config()), BertForPreTraining(make_model_config(attention="packed"))
     packed.load_state_dict(auto.state_dict())
     assert torch.equal(auto(batch).mlm_logits, packed(batch).mlm_logits)
@@ -163,14 +166,12 @@ def test_the_varlen_kernel_is_called_as_pytorchs_flash_operators_take_it_checked
     outputs' shapes. A self-attention layer of BERT's head size, bf16, on the meta device: the forward returns one
     row per token, and the backward, fed what the forward saved, gives every weight a gradient of its own shape,
     through the strided query/key/value views of one projection."""
-    from trainer.data.batch import PackedBatch
     from trainer.model import BertSelfAttention
 
     cfg = make_model_config(hidden_size=256, num_attention_heads=4, attention_probs_dropout_prob=0.1)
     attention = BertSelfAttention(cfg).to(device="meta", dtype=torch.bfloat16)
     host = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
-    batch = PackedBatch(**{name: value.to("meta") if isinstance(value, torch.Tensor) else value
-                           for name, value in vars(host).items()})  # fmt: skip
+    batch = host.to("meta")
     x = torch.empty(host.num_tokens, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
     out = attention(x, batch, None)  # layout None: the varlen kernel
     assert (out.shape, out.dtype, out.device.type) == ((sum(LENGTHS), 256), torch.bfloat16, "meta")

@@ -263,14 +263,19 @@ FLASH_ONLY = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "strategy"), [("lamb", "after_allreduce"), ("adamw", "before_allreduce"), ("lamb", "bucketwise")]
-)
-def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_device(tmp_path, optimizer, strategy):
+    ("optimizer", "strategy", "attention", "noise_every"),
+    [("lamb", "after_allreduce", "auto", 1), ("adamw", "before_allreduce", "padded", 1),
+     ("lamb", "bucketwise", "padded", 1000), ("adamw", "none", "auto", 1000)],
+)  # fmt: skip
+def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_device(
+    tmp_path, optimizer, strategy, attention, noise_every
+):
     """Tensors on PyTorch's meta device have shapes and no values: anything that reads one back to the host (`.item()`,
     `.tolist()`, `if tensor`, an output whose size depends on the values) raises there. A whole training step of the
-    tiny model with BERT's dropout, 2 micro-batches, clipping and the noise scale measured runs on it, so nothing in
-    a step makes the host wait for a device (the GPU test below checks the same under CUDA's sync debug mode); the
-    loss stays on the device until read back every `log.every_steps`, which is where a read then fails."""
+    tiny model with BERT's dropout, 2 micro-batches, clipping and the noise scale measured or not runs on it, on the
+    packed grid and on the padded one, so nothing in a step reads a value back (the GPU test below also checks, under
+    CUDA's sync debug mode, that no copy waits); the loss stays on the device until read back every
+    `log.every_steps`, which is where a read then fails."""
     import torch
 
     from trainer.checkpoint import TrainState
@@ -280,14 +285,15 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
     from trainer.train import build_run, epoch_steps, read_back, train_step
 
     overrides = {"optimizer.name": optimizer, "clipping.strategy": strategy, "model.hidden_dropout_prob": 0.1,
-                 "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": 1}  # fmt: skip
+                 "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": noise_every,
+                 "model.attention": attention}  # fmt: skip
     cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
     env, device = dist_env_from_environ(), torch.device("meta")
     run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))
     assert {p.device.type for p in run.model.parameters()} == {"meta"}
     stats = train_step(run, next(epoch_steps(run, TrainState()))[0], 1)
     assert (stats.sequences, len(stats.micro_batch_sizes), stats.loss_sum.device.type) == (8, 2, "meta")
-    assert stats.grad_sq_norms is not None  # the noise scale was measured in the step
+    assert (stats.grad_sq_norms is not None) == (noise_every == 1)  # the noise scale measured in the step, or not
     with pytest.raises(NotImplementedError, match="meta"):  # reading the loss back is what the meta device refuses
         read_back([(1, stats)])
 
@@ -297,7 +303,8 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
 @pytest.mark.parametrize(
     ("attention", "noise_every", "optimizer"),
     # each optimizer with and without the noise scale measured, each kernel at least once (the tests check of
-    # scripts/gpu_checks.sh has a minute for every gpu test; the meta-device test above covers every combination)
+    # scripts/gpu_checks.sh has a minute for every gpu test; the meta-device test above reads nothing back in the
+    # CPU's kernels' steps, with the noise scale measured or not)
     [("auto", 1000, "adamw"), ("auto", 1, "lamb"), ("packed", 1, "adamw"),
      pytest.param("varlen", 1, "adamw", marks=FLASH_ONLY), pytest.param("varlen", 1000, "lamb", marks=FLASH_ONLY)],
     ids=lambda value: {1000: "noise-scale-not-due", 1: "noise-scale-measured"}.get(value, value),

@@ -5,14 +5,14 @@ tokens of all sequences in a micro-batch are concatenated into one [T] stream an
 sums of the lengths) says where each sequence starts. Masked-LM positions become indices into that stream,
 so the MLM head runs only on the masked tokens.
 
-For attention on a grid (`model.attention: packed`), the batch also says where each token sits when the sequences
-are packed into rows as wide as the longest one, several short sequences to a row (first-fit decreasing, on the
-host, where the lengths are known): `RowPacking`.
+For attention on a grid (`model.attention: packed`), the batch can also say where each token sits when the
+sequences are packed into rows as wide as the longest one, several short sequences to a row (first-fit decreasing,
+on the host, where the lengths are known: `PackedBatch.row_packing`, built the first time the model asks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -33,7 +33,8 @@ class PackedBatch:
     masked_positions: torch.Tensor  # int64 [M], indices into the [T] stream
     masked_labels: torch.Tensor  # int64 [M], original token ids at those positions
     next_sentence_labels: torch.Tensor  # int64 [B], 0 = IsNext, 1 = NotNext
-    rows: RowPacking | None = None  # the sequences packed into rows of a grid (`pack_batch` makes it)
+    lengths: np.ndarray | None = None  # int64 [B] on the host: each sequence's length (for `row_packing`)
+    _rows: RowPacking | None = field(default=None, init=False, repr=False, compare=False)  # once built
 
     @property
     def num_sequences(self) -> int:
@@ -46,6 +47,15 @@ class PackedBatch:
     def to(self, device: torch.device | str) -> PackedBatch:
         """The batch on `device`; to a GPU from pinned memory, so the copies do not make the host wait."""
         return _to(self, device)
+
+    def row_packing(self) -> RowPacking:
+        """The sequences packed several to a row (`RowPacking`), on the batch's device: computed on the host from
+        `lengths` the first time it is asked for, so batches that attend otherwise pay nothing for it."""
+        if self._rows is None:
+            if self.lengths is None:
+                raise ValueError("row_packing needs the batch's lengths on the host (pack_batch gives them)")
+            self._rows = pack_rows(self.lengths).to(self.input_ids.device)
+        return self._rows
 
 
 @dataclass
@@ -69,11 +79,11 @@ def _to(batch, device: torch.device | str):
     pin = torch.device(device).type == "cuda"
     moved = {}
     for f in fields(batch):
+        if not f.init:
+            continue
         value = getattr(batch, f.name)
         if isinstance(value, torch.Tensor):
             value = (value.pin_memory() if pin else value).to(device, non_blocking=True)
-        elif isinstance(value, RowPacking):
-            value = value.to(device)
         moved[f.name] = value
     return type(batch)(**moved)
 
@@ -96,12 +106,14 @@ def first_fit_rows(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return row, start, rows
 
 
-def pack_rows(lengths: np.ndarray, position_ids: np.ndarray) -> RowPacking:
-    """`RowPacking` of sequences of `lengths` whose packed tokens have `position_ids`."""
+def pack_rows(lengths: np.ndarray) -> RowPacking:
+    """`RowPacking` of sequences of `lengths`, their tokens one after another in the packed stream."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     row, start, rows = first_fit_rows(lengths)
     width = int(lengths.max())
     sequence = np.repeat(np.arange(len(lengths)), lengths)
-    slots = row[sequence] * width + start[sequence] + position_ids
+    position = np.arange(len(sequence)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # within its sequence
+    slots = row[sequence] * width + start[sequence] + position
     segments = np.full(rows * width, -1, dtype=np.int64)
     segments[slots] = sequence
     return RowPacking(torch.from_numpy(slots), torch.from_numpy(segments), rows, width)
@@ -133,5 +145,5 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
         masked_positions=torch.from_numpy(masked_positions.astype(np.int64)),
         masked_labels=torch.from_numpy(masked_labels.astype(np.int64)),
         next_sentence_labels=torch.from_numpy(samples.next_sentence_labels[index].astype(np.int64)),
-        rows=pack_rows(lengths, position_ids) if len(index) else None,
+        lengths=lengths.astype(np.int64) if len(index) else None,
     )

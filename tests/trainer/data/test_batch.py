@@ -14,7 +14,7 @@ def test_every_sequence_lies_whole_in_one_row_and_no_two_share_a_cell(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(5, 65, int(rng.integers(1, 40)))
     batch = pack_batch(make_samples(lengths.tolist(), seed=seed), np.arange(len(lengths)))
-    rows = batch.rows
+    rows = batch.row_packing()
     assert rows.width == lengths.max()
     grid = rows.segments.numpy().reshape(rows.rows, rows.width)
     slots = rows.slots.numpy()
@@ -43,5 +43,7 @@ def test_first_fit_decreasing_places_longest_first_each_in_the_first_row_with_ro
 def test_a_batch_of_sequences_of_one_length_packs_one_to_a_row():
     lengths = [40] * 6
     batch = pack_batch(make_samples(lengths), np.arange(6))
-    assert (batch.rows.rows, batch.rows.width) == (6, 40)
-    assert batch.to("cpu").rows.rows == 6  # it travels with the batch
+    assert (batch.row_packing().rows, batch.row_packing().width) == (6, 40)
+    assert batch.row_packing() is batch.row_packing()  # built once
+    moved = batch.to("meta")  # the lengths travel with the batch (on the host); the packing is built where asked
+    assert moved.row_packing().slots.device.type == "meta" and moved.row_packing().rows == 6
