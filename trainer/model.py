@@ -32,7 +32,7 @@ as MLPerf's "dense sequence output" does.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -57,6 +57,18 @@ class PaddingLayout:
     key_mask: torch.Tensor  # bool [B, 1, 1 or L, L]: True where the query (row) may see the key (column)
     batch: int
     length: int
+    _additive: dict = field(default_factory=dict, repr=False)  # dtype -> the pair mask as 0 / -inf
+
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask for SDPA. A key-padding mask ([B, 1, 1, L]) as it is; a mask of query-key pairs (packed rows)
+        once per batch as an additive one in the queries' dtype, shared by every layer: SDPA would otherwise turn
+        it into one in each layer, and each layer's backward would keep its own copy."""
+        if self.key_mask.shape[-2] == 1:
+            return self.key_mask
+        if dtype not in self._additive:
+            additive = torch.zeros(self.key_mask.shape, dtype=dtype, device=self.key_mask.device)
+            self._additive[dtype] = additive.masked_fill_(~self.key_mask, float("-inf"))
+        return self._additive[dtype]
 
     @staticmethod
     def from_rows(rows: RowPacking) -> PaddingLayout:
@@ -155,7 +167,7 @@ def packed_attention(
     grid = qkv.new_zeros(3, layout.batch * layout.length, heads, head_dim)
     grid.index_copy_(1, layout.slots, qkv.transpose(0, 1))  # in place: one grid-sized buffer, not two
     q, k, v = grid.view(3, layout.batch, layout.length, heads, head_dim).transpose(2, 3).unbind(0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.key_mask, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attention_mask(q.dtype), dropout_p=dropout_p)
     out = out.transpose(1, 2).reshape(layout.batch * layout.length, heads, head_dim)
     return gather_rows(out, layout.slots)
 
