@@ -221,7 +221,7 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
         return None
     if kernel == "jagged":
         return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
-    if kernel == "packed" and batch.lengths is not None:
+    if kernel == "packed":
         return PaddingLayout.from_rows(batch.row_packing())
     return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
 
