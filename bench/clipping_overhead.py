@@ -1,11 +1,15 @@
 """Training-step time of each clipping strategy relative to `none`, with DDP on 2 ranks (gloo on CPU, NCCL on GPU).
 
-Every rank runs the same model on its own fixed batches. The strategies are interleaved round by round (each
-round times one step of every strategy, in a rotated order), so all of them see the same machine state. Prints
-the median step time of each strategy and its ratio to `none`.
+Every rank runs the same model on its own fixed batches. With one rank (`--nproc 1`) the model runs as the trainer
+runs it on one process: without DDP, so `bucketwise` and `before_allreduce` clip the whole gradient; `--ddp always`
+wraps it in DDP all the same (its buckets and communication hooks on one rank: the multi-GPU path's own cost, with an
+all-reduce that has nothing to reduce), and `--ddp both` times each strategy both ways in the same run. The strategies
+are interleaved round by round (each round times one step of every strategy, in a rotated order), so all of them see
+the same machine state. Prints the median step time of each strategy and its ratio to `none`.
 
     python bench/clipping_overhead.py                      # 2 CPU ranks
     python bench/clipping_overhead.py --device cuda --nproc 2 --size base --breakdown   # + one profiled step of each
+    python bench/clipping_overhead.py --device cuda --nproc 1 --ddp both --size large --dtype bf16 --batch 128
 """
 
 from __future__ import annotations
@@ -46,25 +50,27 @@ STRATEGIES = ["none", "after_allreduce", "before_allreduce", "bucketwise"]
 
 
 def build(strategy: str, cfg: ModelConfig, env: DistEnv, device: torch.device, bucket_cap_mb: float, probe=None,
-          accumulation: int = 1):  # fmt: skip
-    """A DDP model, its clipper (with a noise-scale probe when given) and its optimizer."""
+          accumulation: int = 1, ddp: bool | None = None):  # fmt: skip
+    """The model (in DDP with 2+ ranks, as the trainer has it, or where `ddp` says), its clipper (with a noise-scale
+    probe when given) and its optimizer."""
     torch.manual_seed(0)
     with device:  # made and initialized where it trains: on a GPU seconds sooner than on the host, for BERT-large
         model = BertForPreTraining(cfg)
     if probe is not None and accumulation > 1:  # as the trainer: micro-batches are the small batches
         probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
-    ddp = DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb
-    )
+    wrapped = None
+    if env.enabled if ddp is None else ddp:
+        device_ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     clipping = ClippingConfig(strategy=strategy, max_norm=1.0)
-    clipper = GradientClipper(clipping, "adamw", model, ddp, scaler, env, probe)
+    clipper = GradientClipper(clipping, "adamw", model, wrapped, scaler, env, probe)
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-5))
-    return ddp, clipper, optimizer, probe
+    return wrapped or model, clipper, optimizer, probe
 
 
 def step(
-    ddp,
+    model,
     clipper,
     optimizer,
     probe,
@@ -84,7 +90,7 @@ def step(
         around = probe.micro_batch(1 / accumulation, 1.0) if probe is not None and accumulation > 1 else nullcontext()
         with clipper.backward_context(last_micro_batch=i == accumulation - 1), around:
             with autocast_region(device, autocast):
-                loss = pretraining_loss(ddp(batch), batch).total
+                loss = pretraining_loss(model(batch), batch).total
             (loss / accumulation).backward()
     clipper.before_step(optimizer)
     if probe is not None:
@@ -156,27 +162,42 @@ class Rank:
                     print(format_top(parts, self.args.top))
 
 
+def ddp_modes(args: argparse.Namespace) -> list[bool | None]:
+    """`--ddp`: None as the trainer has it (DDP with 2+ ranks only), True for DDP on one rank too, both for one rank."""
+    return {"auto": [None], "always": [True], "both": [None, True]}[args.ddp]
+
+
+def run_label(strategy: str, ddp: bool | None, nproc: int) -> str:
+    """The strategy's name, with ", DDP" where one rank runs in DDP all the same."""
+    return f"{strategy}, DDP" if ddp and nproc == 1 else strategy
+
+
 def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     r = Rank.start(rank, args, init_file)
-    runs = {s: build(s, r.cfg, r.env, r.device, args.bucket_cap_mb) for s in args.strategies}
+    runs = {run_label(s, d, args.nproc): build(s, r.cfg, r.env, r.device, args.bucket_cap_mb, ddp=d)
+            for d in ddp_modes(args) for s in args.strategies}  # fmt: skip
     times = r.time_interleaved(runs)
     if rank == 0:
-        report(args, runs["bucketwise"][1] if "bucketwise" in runs else None, times)
+        report(args, runs, times)
     if args.breakdown:
         r.print_breakdowns(runs)
     dist.destroy_process_group()
 
 
-def report(args, clipper, times: dict[str, list[float]]) -> None:
-    base = statistics.median(times["none"])
-    buckets = clipper.hook_state.num_buckets if clipper is not None else "-"
+def report(args, runs: dict, times: dict[str, list[float]]) -> None:
+    """Median step times, each against `none` run the same way (in DDP or not)."""
+    buckets = next((run[1].hook_state.num_buckets for run in runs.values() if run[1].hook_state is not None), "-")
     print(
         f"size={args.size} ranks={args.nproc} device={args.device} dtype={args.dtype} batch/rank={args.batch} "
-        f"seq_len={args.seq_len} bucket_cap_mb={args.bucket_cap_mb} buckets={buckets} rounds={args.rounds}"
+        f"seq_len={args.seq_len} accumulation={args.accumulation} bucket_cap_mb={args.bucket_cap_mb} "
+        f"DDP buckets={buckets} rounds={args.rounds}"
     )
-    for s in args.strategies:
-        med = statistics.median(times[s])
-        print(f"  {s:<17} {1e3 * med:9.1f} ms/step   x{med / base:5.3f} vs none")
+    for d in ddp_modes(args):
+        base = statistics.median(times[run_label("none", d, args.nproc)])
+        for s in args.strategies:
+            label = run_label(s, d, args.nproc)
+            med = statistics.median(times[label])
+            print(f"  {label:<22} {1e3 * med:9.1f} ms/step   x{med / base:5.3f} vs {run_label('none', d, args.nproc)}")
 
 
 def parse_args(description: str, every: bool = False) -> argparse.Namespace:
@@ -199,9 +220,15 @@ def parse_args(description: str, every: bool = False) -> argparse.Namespace:
     ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
     ap.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
                     help=f"comma-separated, from {','.join(STRATEGIES)} (default all; none always runs)")  # fmt: skip
+    ap.add_argument("--ddp", choices=["auto", "always", "both"], default="auto",
+                    help="auto: DDP with 2+ ranks only, as the trainer; always: one rank in DDP too; both: one rank, "
+                    "each run with and without DDP")  # fmt: skip
     ap.add_argument("--attention", default="auto", choices=["auto", "packed", "padded", "jagged", "varlen"],
                     help="model.attention")  # fmt: skip
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.ddp == "both" and args.nproc > 1:
+        ap.error("--ddp both is for one rank (--nproc 1): with 2+ ranks every run is in DDP")
+    return args
 
 
 def strategy_list(text: str) -> list[str]:

@@ -1,5 +1,9 @@
 """Step-time cost of measuring the gradient noise scale (`log.noise_scale`), with DDP on 2 ranks.
 
+With one rank (`--nproc 1 --accumulation 2`) the model runs as the trainer runs it on one process, without DDP: the
+micro-batches are the small batches, seen by a hook on every parameter. `--ddp always` wraps it in DDP all the
+same (the probe then also records each bucket in a communication hook).
+
 For each clipping strategy, a training step with the measurement (NormProbe: per-bucket norms before and after
 the all-reduce, one all-reduce of a few scalars, the host reading them) is timed against the same step
 without it. Runs are interleaved round by round in a rotated order so both see the same machine state.
@@ -31,7 +35,9 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     def probe(measured: bool) -> NormProbe | None:  # its scalars go where the backend reduces them (cuda for NCCL)
         return NormProbe(r.env.world_size, device=r.device) if measured else None
 
-    runs = {(s, m): build(s, r.cfg, r.env, r.device, args.bucket_cap_mb, probe(m), args.accumulation) for s, m in keys}
+    ddp = True if args.ddp == "always" else None
+    runs = {(s, m): build(s, r.cfg, r.env, r.device, args.bucket_cap_mb, probe(m), args.accumulation, ddp)
+            for s, m in keys}  # fmt: skip
     times = r.time_interleaved(runs)
     if rank == 0:
         report(args, times)
@@ -41,10 +47,11 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
 
 
 def report(args, times) -> None:
+    in_ddp = args.nproc > 1 or args.ddp == "always"
     print(
         f"size={args.size} ranks={args.nproc} device={args.device} dtype={args.dtype} batch/rank={args.batch} "
-        f"seq_len={args.seq_len} bucket_cap_mb={args.bucket_cap_mb} accumulation={args.accumulation} "
-        f"rounds={args.rounds}"
+        f"seq_len={args.seq_len} {'DDP' if in_ddp else 'no DDP'} bucket_cap_mb={args.bucket_cap_mb} "
+        f"accumulation={args.accumulation} rounds={args.rounds}"
     )
     average = statistics.median if args.every == 1 else statistics.mean
     print(f"  the {average.__name__} of {args.rounds} rounds; the probe measures every {args.every} round(s)")
@@ -55,6 +62,8 @@ def report(args, times) -> None:
 
 def main() -> None:
     args = parse_args(__doc__.split("\n")[0], every=True)
+    if args.ddp == "both":
+        raise SystemExit("error: --ddp both is for bench.clipping_overhead; here use auto or always")
     if args.nproc * args.accumulation < 2:
         raise SystemExit(
             "error: the noise scale needs two gradients at least: --nproc 2, or --accumulation 2 on one rank"

@@ -7,10 +7,11 @@
 #                the comparison; the others go on)
 #   throughput_128_compiled   the same for the varlen kernel with compiled layers, alone (its compilation, on the
 #                clock of its own check, cannot cost the comparison above)
-#   clipping, noise_scale   their overhead on one NCCL rank at micro-batches of 128, where the GPU, not the host,
-#                sets the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there
-#                on 2026-11-28): bucket-wise clipping against none, with a profiled step of each and its top
-#                kernels; the noise scale measured every step (the trainer's default)
+#   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
+#                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
+#                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
+#                (no DDP: the whole gradient clipped) and in DDP on one rank (its bucket hook), with a profiled step of
+#                each and its top kernels; the noise scale measured every step (the trainer's default), one process
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
 #                against its own mask, the closed-division MLPerf log)
 #   micro_batch  batch.micro_batch_size auto for BERT-large on the varlen kernel: the micro-batch it chooses from
@@ -82,8 +83,8 @@ run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps
   --variants padded,packed,varlen --breakdown --top 12
 run throughput_128_compiled 50 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants varlen+compile --no-hf --breakdown --top 12
-run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --accumulation 2 --size large --dtype bf16 \
-  --batch 128 --rounds 5 --strategies none,bucketwise --breakdown --top 8
+run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
+  --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --rounds 5 --strategies none,bucketwise
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
