@@ -11,7 +11,8 @@
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
 #                (no DDP: the whole gradient clipped) and in DDP on one rank (its bucket hook), with a profiled step of
-#                each and its top kernels; the noise scale measured every step (the trainer's default), one process
+#                each and its top kernels; the noise scale measured every step (the trainer's default) against
+#                not at all, one process, two micro-batches a step
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
 #                against its own mask, the closed-division MLPerf log)
 #   micro_batch  batch.micro_batch_size auto for BERT-large on the varlen kernel: the micro-batch it chooses from
@@ -65,13 +66,20 @@ run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the termi
 { date -u +"%Y-%m-%d %H:%M UTC"
   timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep "Model name"
-  timeout 30 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-  timeout 30 $PY -c "import triton; print('triton', triton.__version__)" || echo "triton: none (the +compile checks need it)"
+  timeout 30 $PY - <<'PYTHON'  # one interpreter for both: an import of torch costs seconds of the deadline
+import torch
+print("torch", torch.__version__, torch.cuda.get_device_name())
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton: none (the +compile checks need it)")
+PYTHON
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
-run experiment 160 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+run experiment 170 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # One trial's MLPerf log, its progress lines (the sequences/s of a small model sharing the GPU), the exported config
 for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
   [ -f "$trial/mlperf.log" ] || continue
@@ -85,10 +93,10 @@ run throughput_128_compiled 50 $PY -m bench.trainer_throughput $LARGE --batch 12
   --variants varlen+compile --no-hf --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
-run noise_scale 45 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
-  --dtype bf16 --batch 128 --rounds 5 --strategies none,bucketwise
+run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
+  --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
-run tests 60 $PY -m pytest -m gpu -p no:cacheprovider -q $T/test_fused_paths.py $T/test_train.py $T/test_clipping.py \
+run tests 65 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_train.py $T/test_clipping.py \
   $T/test_memory.py $T/test_mlperf_log.py
 run micro_batch 25 $PY -m bench.micro_batch_fit --device cuda --size large --dtype bf16 --per-rank 448 --baseline 32 \
   --steps 2 --attention varlen
@@ -97,7 +105,7 @@ summary() {
   cat "$OUT/machine.txt"
   grep -h "=== .* exit\|=== .* skipped" "$OUT"/*.txt
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-  grep -h "^size=\|^  ours \|^  HF \|^  breakdown\|left out" "$OUT"/throughput*.txt
+  grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out" "$OUT"/throughput*.txt
   grep -h "^batch.micro_batch_size\|^one step at\|^  micro-batch" "$OUT/micro_batch.txt"
   grep -hE "^[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.txt" | tail -1  # pytest's last line
   grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
