@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,14 @@ def test_without_hf_the_share_of_peak_counts_hf_models_parameters():
         num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position_embeddings))  # fmt: skip
     assert hf_parameters(first) == sum(p.numel() for p in reference.parameters())
+
+
+def test_hf_padded_to_the_batch_max_runs_only_where_some_batch_is_shorter_than_the_full_length():
+    from types import SimpleNamespace
+
+    from bench.trainer_throughput import batch_max_is_full_length
+
+    samples = SimpleNamespace(lengths=np.array([512, 30, 40, 512, 512, 7, 90, 100]))
+    assert batch_max_is_full_length(samples, batch=2, batches=2, seq_len=512)  # [512, 30], [40, 512]
+    assert not batch_max_is_full_length(samples, batch=2, batches=4, seq_len=512)  # ..., [90, 100]
+    assert not batch_max_is_full_length(samples, batch=4, batches=2, seq_len=1024)
