@@ -85,7 +85,8 @@ def hf_inputs(samples: PretrainingSamples, index: np.ndarray, pad_to: int | None
     )
 
 
-# `--variants` entries: an attention kernel of ours (model.attention), `+compile` for model.compile
+# `--variants` entries: an attention kernel of ours (model.attention), `+compile` for model.compile, `+half` for
+# model.half_residual
 ATTENTION_KERNELS = ("padded", "packed", "jagged", "varlen", "auto")
 # kernel (GPU) or operator (CPU) names by what they compute, for --breakdown; the first match wins
 CATEGORIES = (
@@ -107,12 +108,15 @@ def category(name: str) -> str | None:
     return None
 
 
+VARIANT_FLAGS = {"compile": "compile", "half": "half_residual"}  # `+FLAG` -> the ModelConfig switch it turns on
+
+
 def parse_variant(text: str) -> dict:
-    """`jagged+compile` -> {"attention": "jagged", "compile": True}."""
+    """`jagged+compile` -> {"attention": "jagged", "compile": True, "half_residual": False}."""
     kernel, *flags = text.split("+")
-    if kernel not in ATTENTION_KERNELS or any(f != "compile" for f in flags):
-        raise SystemExit(f"--variants: {text!r} is not KERNEL[+compile] with KERNEL one of {ATTENTION_KERNELS}")
-    return {"attention": kernel, "compile": "compile" in flags}
+    if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS for f in flags):
+        raise SystemExit(f"--variants: {text!r} is not KERNEL[+compile][+half] with KERNEL one of {ATTENTION_KERNELS}")
+    return {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
 
 
 def build_models(cfg: ModelConfig, device, seed: int, variants: list[str], hf_too: bool = True):
@@ -331,7 +335,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
-    ap.add_argument("--variants", default="auto", help="ours, comma-separated: KERNEL[+compile] (default: auto)")
+    ap.add_argument(
+        "--variants",
+        default="auto",
+        help="ours, comma-separated: KERNEL[+compile][+half] (+half: model.half_residual; default: auto)",
+    )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
     ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")

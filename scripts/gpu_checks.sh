@@ -2,7 +2,8 @@
 # The checks that need a CUDA GPU, in order of value, within 8 minutes of one H100 or H200 all together:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): our padded
-#                and packed grids and the varlen flash kernel beside Hugging Face's padded model, with the per-step
+#                and packed grids and the varlen flash kernel (also with the bf16 residual stream, model.half_residual)
+#                beside Hugging Face's padded model, with the per-step
 #                breakdown and the kernels that took the most time (a model that runs out of memory or fails leaves
 #                the comparison; the others go on)
 #   throughput_128_compiled   the same for the varlen kernel with compiled layers, alone (its compilation, on the
@@ -88,7 +89,7 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
-  --variants padded,packed,varlen --breakdown --top 12
+  --variants padded,packed,varlen,varlen+half --breakdown --top 12
 run throughput_128_compiled 50 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants varlen+compile --no-hf --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \

@@ -53,6 +53,14 @@ class ModelConfig(Section):
         description="Compile the per-token parts of each encoder layer (bias + GELU, dropout + residual + LayerNorm) "
         "with torch.compile; the first steps take longer while it compiles.",
     )
+    half_residual: bool = Field(
+        False,
+        description="Under bf16/fp16 autocast, keep the residual stream in the half dtype, as NVIDIA's MLPerf BERT "
+        "and Megatron do: each LayerNorm reads and writes half-precision activations (its statistics still in fp32), "
+        "so the residual additions and LayerNorms move half the bytes and the matrix products need no cast. Off: "
+        "autocast's fp32 LayerNorm, whose output (the residual stream) is fp32, as in Hugging Face's model under "
+        "autocast. No effect in fp32.",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelConfig:

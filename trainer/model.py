@@ -25,6 +25,9 @@ With `model.compile`, the per-token parts of every encoder layer (dense + bias +
 + LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
 are the reference, and parameter names do not change.
 
+With `model.half_residual`, under bf16/fp16 autocast every LayerNorm reads and writes the half dtype (statistics in
+fp32), so the residual stream between layers is half precision, as in NVIDIA's MLPerf BERT, instead of autocast's fp32.
+
 The MLM head (transform + vocab projection, the most expensive per-token layer) runs only on masked tokens,
 as MLPerf's "dense sequence output" does.
 """
@@ -229,13 +232,36 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
 # --------------------------------------------------------------------------- encoder
 
 
+class LayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` (same parameters, same names) that, with `half` and under autocast, reads and writes the
+    autocast's half dtype instead of autocast's fp32 (`model.half_residual`): the kernel still accumulates its
+    statistics in fp32; its parameters stay fp32 and are cast for the call (their gradients come back in fp32)."""
+
+    def __init__(self, hidden_size: int, eps: float, half: bool = False):
+        super().__init__(hidden_size, eps=eps)
+        self.half = half
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not (self.half and torch.is_autocast_enabled(device)):
+            return super().forward(x)
+        dtype = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):
+            weight, bias = self.weight.to(dtype), self.bias.to(dtype)
+            return F.layer_norm(x.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+
+def layer_norm(cfg: ModelConfig) -> LayerNorm:
+    return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, cfg.half_residual)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
@@ -267,7 +293,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -358,7 +384,7 @@ class BertPredictionHeadTransform(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = layer_norm(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(F.gelu(self.dense(x)))
