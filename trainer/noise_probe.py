@@ -50,8 +50,11 @@ class NormProbe:
         self.process_group = process_group
         self.device = device  # where the scalars of the all-reduce go (the backend's device: cuda for NCCL)
         self.watching = False  # micro-batches are the small batches (gradient accumulation)
-        self.local: dict[int, torch.Tensor] = {}  # bucket index -> [c, c², c²M, M] of this rank
-        self.mean_sq: dict[int, torch.Tensor] = {}  # bucket index -> |all-reduced bucket|²
+        # Per bucket index, as the hooks saw them: the work on them waits for `take`, a few operations for all the
+        # buckets together instead of several in each bucket's hook (on a GPU each is a launch the host pays for)
+        self.local: dict[int, tuple[torch.Tensor, object]] = {}  # this rank's (loss-scaled norm, clip coefficient)
+        self.mean: dict[int, torch.Tensor] = {}  # loss-scaled norm of the all-reduced bucket
+        self.scale: object = 1.0  # the loss scale of this step's records (one for all of them)
         self.micro_sq: list[torch.Tensor] = []  # one process: |g_i|² of each micro-batch
         self.big_sq: torch.Tensor | None = None  # one process: |accumulated gradient|² before any clip
         self._micro_grads: list[torch.Tensor] = []  # this micro-batch's incoming gradients, until it ends
@@ -70,15 +73,28 @@ class NormProbe:
             self._hooks = []
 
     def record_local(self, index: int, norm: torch.Tensor, coef, scale) -> None:
-        """This rank's bucket `index` before the all-reduce: its norm (loss-scaled) and its clip coefficient."""
-        local_sq = (norm.double() / scale) ** 2
-        # A number is filled in on the device: a tensor made from a host number is a copy the host waits for
-        coef = coef.double() if isinstance(coef, torch.Tensor) else local_sq.new_full((), float(coef))
-        self.local[index] = torch.stack([coef, coef * coef, coef * coef * local_sq, local_sq])
+        """This rank's bucket `index` before the all-reduce: its norm (loss-scaled) and its clip coefficient (a tensor,
+        or a number where nothing was clipped)."""
+        self.local[index] = (norm, coef)
+        self.scale = scale
 
     def record_mean(self, index: int, norm: torch.Tensor, scale) -> None:
         """Bucket `index` after the all-reduce (the mean of the ranks' possibly clipped buckets)."""
-        self.mean_sq[index] = (norm.double() / scale) ** 2
+        self.mean[index] = norm
+        self.scale = scale
+
+    def _local_rows(self, indices: list[int]) -> torch.Tensor:
+        """[c, c², c²M, M] of each bucket in `indices` (M = |this rank's bucket|², unscaled), float64 [n, 4]."""
+        norms = torch.stack([self.local[i][0] for i in indices]).double()
+        local_sq = (norms / self.scale) ** 2
+        coefs = [self.local[i][1] for i in indices]
+        if not any(isinstance(c, torch.Tensor) for c in coefs) and len(set(coefs)) == 1:  # nothing clipped
+            coef = local_sq.new_full(local_sq.shape, float(coefs[0]))  # filled on the device: no copy to wait for
+        else:
+            coef = torch.stack([c if isinstance(c, torch.Tensor) else local_sq.new_full((), float(c)) for c in coefs])
+            coef = coef.double().reshape(-1)
+        coef_sq = coef * coef
+        return torch.stack([coef, coef_sq, coef_sq * local_sq, local_sq], dim=1)
 
     def record_big(self, norm: torch.Tensor, scale) -> None:
         """One process: the accumulated gradient's norm (loss-scaled) before any clip."""
@@ -113,12 +129,12 @@ class NormProbe:
         if not self.local:
             return None
         indices = sorted(self.local)
-        sums = torch.stack([self.local[i] for i in indices])
+        sums = self._local_rows(indices)
         if self.world_size > 1:
             dist.all_reduce(sums, group=self.process_group)
-        mean_sq = torch.stack([self.mean_sq[i] for i in indices]).to(sums.device)
+        mean_sq = ((torch.stack([self.mean[i] for i in indices]).double() / self.scale) ** 2).to(sums.device)
         self.local.clear()
-        self.mean_sq.clear()
+        self.mean.clear()
         world, count = self.world_size, len(indices)
 
         def finish(values: list[float]) -> tuple[float, float] | None:
@@ -136,7 +152,7 @@ class NormProbe:
         if self.big_sq is not None:  # one process: the accumulated gradient's norm
             big_sq = self.big_sq
         elif self.local:  # DDP: the sum over buckets of this rank's local norms before the all-reduce
-            big_sq = torch.stack(list(self.local.values()))[:, 3].sum()
+            big_sq = ((torch.stack([norm for norm, _ in self.local.values()]).double() / self.scale) ** 2).sum()
         else:
             big_sq = None
         if big_sq is not None and len(self.micro_sq) >= 2:
@@ -148,7 +164,7 @@ class NormProbe:
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # made there: no copy to wait for
         self.micro_sq.clear()
         self.local.clear()
-        self.mean_sq.clear()
+        self.mean.clear()
         self.big_sq = None
         if self.world_size > 1:
             sums = sums.to(self.device)
