@@ -230,15 +230,18 @@ flash_only = pytest.mark.skipif(
 @cuda_only
 def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype):
     """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the packed grid, the compiled layers
-    and, in bf16, the varlen kernel, also with compiled layers, give the padded eager model's losses; bf16 within
-    2 %, float32 within 1e-4 (the GPU's kernels sum in other orders)."""
+    and, in bf16, the varlen kernel, also with compiled layers, and the bf16 residual stream give the padded eager
+    model's losses; bf16 within 2 %, float32 within 1e-4 (the GPU's kernels sum in other orders)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
     results = {}
     variants = [{"attention": "jagged"}, {"attention": "packed"}, {"attention": "jagged", "compile": True}]
+    if dtype is torch.bfloat16:  # the residual stream in bf16 (under CUDA's autocast LayerNorm is otherwise fp32)
+        variants += [{"attention": "packed", "half_residual": True}]
     if dtype is torch.bfloat16 and flash_device(torch.device("cuda")):  # a half-precision flash kernel
-        variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True}]
+        variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True},
+                     {"attention": "varlen", "half_residual": True}]  # fmt: skip
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
@@ -247,8 +250,13 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
     with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float32):
         expected = pretraining_loss(reference(batch), batch).total.item()
         for variant, model in results.items():
+            out = []
+            hook = model.bert.encoder.layer[0].register_forward_hook(lambda m, i, o, seen=out: seen.append(o.dtype))
             loss = pretraining_loss(model(batch), batch).total.item()
+            hook.remove()
             assert loss == pytest.approx(expected, rel=2e-2 if dtype is torch.bfloat16 else 1e-4), variant
+            half = dict(variant).get("half_residual", False)
+            assert out == [torch.bfloat16 if half else torch.float32], variant  # the residual stream's dtype
 
 
 @pytest.mark.parametrize("attention", ["jagged", pytest.param("varlen", marks=flash_only)])
