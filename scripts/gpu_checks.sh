@@ -6,8 +6,8 @@
 #                beside Hugging Face's padded model, with the per-step
 #                breakdown and the kernels that took the most time (a model that runs out of memory or fails leaves
 #                the comparison; the others go on)
-#   throughput_128_compiled   the same for the varlen kernel with compiled layers, alone (its compilation, on the
-#                clock of its own check, cannot cost the comparison above)
+#   throughput_128_compiled   the same for the varlen kernel with compiled layers and the bf16 residual stream,
+#                alone (its compilation, on the clock of its own check, cannot cost the comparison above)
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -91,7 +91,7 @@ cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
   --variants padded,packed,varlen,varlen+half --breakdown --top 12
 run throughput_128_compiled 50 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 \
-  --variants varlen+compile --no-hf --breakdown --top 12
+  --variants varlen+compile+half --no-hf --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
