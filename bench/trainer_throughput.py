@@ -206,28 +206,31 @@ def step_hf(model, opt, samples, index, device, autocast, pad_to, profiled=False
     optimizer_step(opt, device, profiled)
 
 
-def time_steps(runners: dict, optimizers: dict, samples, batch: int, warmup: int, steps: int, device):
+def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warmup: int, steps: int, device):
     """Seconds of each runner over `steps` timed steps after `warmup`, interleaved step by step so that all see
-    the same machine state, and the valid tokens of the timed steps. A runner whose step runs out of device memory
-    or fails (a kernel that refuses its input, say) leaves `runners`, said so, and the others go on: a GPU is lent
-    for minutes. None left is an error."""
+    the same machine state, and the valid tokens of each runner's timed steps. `batch`: sequences a step, one number
+    for all or one per runner (each runner's step k takes the samples k·b to (k+1)·b - 1, so runners of one batch
+    size see the same batches). A runner whose step runs out of device memory or fails (a kernel that refuses its
+    input, say) leaves `runners`, said so, and the others go on: a GPU is lent for minutes. None left is an error."""
+    sizes = batch if isinstance(batch, dict) else dict.fromkeys(runners, batch)
     seconds = dict.fromkeys(runners, 0.0)
-    tokens = 0
+    tokens = dict.fromkeys(runners, 0)
     for step in range(warmup + steps):
-        index = np.arange(step * batch, (step + 1) * batch)
         for name, (run, _) in list(runners.items()):
+            index = np.arange(step * sizes[name], (step + 1) * sizes[name])
             synchronize(device)
             t0 = time.perf_counter()
             failure = try_step(run, device, opt=optimizers[name], index=index)
             if failure:
-                drop(name, failure, runners, optimizers, seconds, device, batch)
+                drop(name, failure, runners, optimizers, seconds, device, sizes[name])
+                tokens.pop(name)
                 continue
             if step >= warmup:
                 seconds[name] += time.perf_counter() - t0
-        if step >= warmup:
-            tokens += int(samples.lengths[index].sum())
+                tokens[name] += int(samples.lengths[index].sum())
     if not runners:
-        raise SystemExit(f"every model ran out of device memory or failed at batch {batch}: see above; try a smaller "
+        at = ", ".join(str(b) for b in sorted(set(sizes.values())))
+        raise SystemExit(f"every model ran out of device memory or failed at batch {at}: see above; try a smaller "
                          "--batch if they ran out of memory")  # fmt: skip
     return seconds, tokens
 
@@ -330,6 +333,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-pred", type=int, default=76)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--hf-batch", type=int, help="Hugging Face's batch, when it differs from ours (--batch): each "
+                    "model at the largest batch it fits, say; ratios are then of sequences a second")  # fmt: skip
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -354,7 +359,9 @@ def main() -> None:
     variants = args.variants.split(",")
     for variant in variants:
         parse_variant(variant)
-    samples = make_samples(args.batch * (args.steps + args.warmup + 1), args.seq_len, args.max_pred, 30522, args.seed)
+    hf_batch = args.hf_batch or args.batch
+    most = max(args.batch, 0 if args.no_hf else hf_batch)
+    samples = make_samples(most * (args.steps + args.warmup + 1), args.seq_len, args.max_pred, 30522, args.seed)
     ours, hf = build_models(cfg, device, args.seed, variants, hf_too=not args.no_hf)
     # 6·N FLOPs a token: N as Hugging Face's model counts it (ours pads the vocabulary to a multiple of 8)
     parameters = sum(p.numel() for p in hf.parameters()) if hf is not None else hf_parameters(next(iter(ours.values())))
@@ -366,34 +373,38 @@ def main() -> None:
     if not args.no_hf:
         runners["HF padded to seq-len"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
                                                    pad_to=args.seq_len), hf)  # fmt: skip
-        if batch_max_is_full_length(samples, args.batch, args.warmup + args.steps + 1, args.seq_len):
+        if batch_max_is_full_length(samples, hf_batch, args.warmup + args.steps + 1, args.seq_len):
             print("HF padded to batch max: not run, every batch holds a full-length sequence (the same as seq-len)")
         else:
             runners["HF padded to batch max"] = (partial(step_hf, hf, samples=samples, device=device,
                                                          autocast=autocast, pad_to=None), hf)  # fmt: skip
     optimizers = {name: build_optimizer(model, opt_cfg) for name, (_, model) in runners.items()}
-    seconds, tokens = time_steps(runners, optimizers, samples, args.batch, args.warmup, args.steps, device)
-    padding = 1 - tokens / (args.batch * args.steps * args.seq_len)
+    sizes = {name: hf_batch if name.startswith("HF") else args.batch for name in runners}
+    seconds, tokens = time_steps(runners, optimizers, samples, sizes, args.warmup, args.steps, device)
+    first = next(iter(seconds))
+    padding = 1 - tokens[first] / (sizes[first] * args.steps * args.seq_len)
     print(
-        f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch} "
+        f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch}"
+        f"{f' hf_batch={hf_batch}' if hf_batch != args.batch and not args.no_hf else ''} "
         f"steps={args.steps} device={device} dtype={args.dtype} dropout={args.dropout} "
         f"threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
     )
-    first = next(iter(seconds))
-    base = tokens / seconds[first]
+    seq_s = {name: sizes[name] * args.steps / secs for name, secs in seconds.items()}
     hf_name = next((n for n in ("HF padded to seq-len", "HF padded to batch max") if n in seconds), None)
     hf_label = {"HF padded to seq-len": "HF seq-len", "HF padded to batch max": "HF batch max"}.get(hf_name)
+    # Ratios of sequences a second: "FIRST/this" is how many times faster the first model is than this one,
+    # "HF .../this" how many times faster this one is than Hugging Face's (with equal batches: of their step times)
     for name, secs in seconds.items():
-        tps = tokens / secs
-        seq_s = args.batch * args.steps / secs
+        tps = tokens[name] / secs
         peak = 6 * parameters * tps / (args.peak_tflops * 1e12)
-        versus_hf = f"  {hf_label}/this = {seconds[hf_name] / secs:5.2f}x" if hf_name else ""
-        print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s:8.2f} seq/s  {peak:6.1%} of peak  "
-              f"{first}/this = {base / tps:5.2f}x{versus_hf}")  # fmt: skip
+        versus_hf = f"  {hf_label}/this = {seq_s[name] / seq_s[hf_name]:5.2f}x" if hf_name else ""
+        print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s[name]:8.2f} seq/s  {peak:6.1%} of peak  "
+              f"{first}/this = {seq_s[first] / seq_s[name]:5.2f}x{versus_hf}")  # fmt: skip
     if args.breakdown:
-        index = np.arange((args.warmup + args.steps) * args.batch, (args.warmup + args.steps + 1) * args.batch)
+        last = args.warmup + args.steps
         print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
         for name, (run, _) in runners.items():
+            index = np.arange(last * sizes[name], (last + 1) * sizes[name])
             parts = breakdown(partial(run, opt=optimizers[name], index=index), device)
             print(f"  {name:<26} {format_breakdown(parts)}")
             if args.top:

@@ -46,7 +46,7 @@ def test_a_model_out_of_memory_leaves_the_comparison_and_the_others_are_timed(ca
 
     assert list(seconds) == list(runners) == ["ours"] and seconds["ours"] > 0
     assert "big" not in optimizers and all(p.grad is None for p in other.parameters())
-    assert tokens == sum(LENGTHS[2:8])  # steps 1-3 (batches of 2) are timed, step 0 is the warm-up
+    assert tokens == {"ours": sum(LENGTHS[2:8])}  # steps 1-3 (batches of 2) are timed, step 0 is the warm-up
     assert seen == [[0, 1], [2, 3]]  # the same batches as every other model, and no step after the failure
     assert any((p - before[name]).abs().max() > 0 for name, p in ours.named_parameters())  # ours kept training
     assert "big: out of device memory at batch 2; left out of the comparison" in capsys.readouterr().out
@@ -161,3 +161,26 @@ def test_hf_padded_to_the_batch_max_runs_only_where_some_batch_is_shorter_than_t
     assert batch_max_is_full_length(samples, batch=2, batches=2, seq_len=512)  # [512, 30], [40, 512]
     assert not batch_max_is_full_length(samples, batch=2, batches=4, seq_len=512)  # ..., [90, 100]
     assert not batch_max_is_full_length(samples, batch=4, batches=2, seq_len=1024)
+
+
+def test_models_can_step_at_batches_of_their_own_and_count_their_own_tokens():
+    """`--hf-batch`: each runner takes its own batch size; runners of one size see the same batches."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    models = {name: BertForPreTraining(make_model_config()) for name in ("small", "big", "big too")}
+    seen: dict[str, list] = {name: [] for name in models}
+
+    def stepping(name):
+        def run(opt, index):
+            seen[name].append(list(index))
+            runner(models[name], samples)[0](opt=opt, index=index)
+
+        return run, models[name]
+
+    runners = {name: stepping(name) for name in models}
+    optimizers = {name: build_optimizer(m, OptimizerConfig(name="lamb", lr=1e-4)) for name, m in models.items()}
+    sizes = {"small": 1, "big": 3, "big too": 3}
+    seconds, tokens = time_steps(runners, optimizers, samples, sizes, warmup=1, steps=1, device=torch.device("cpu"))
+    assert seen == {"small": [[0], [1]], "big": [[0, 1, 2], [3, 4, 5]], "big too": [[0, 1, 2], [3, 4, 5]]}
+    assert tokens == {"small": LENGTHS[1], "big": sum(LENGTHS[3:6]), "big too": sum(LENGTHS[3:6])}
+    assert set(seconds) == set(models) and all(s > 0 for s in seconds.values())
