@@ -8,8 +8,8 @@
 #                the comparison; the others go on)
 #   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work, on the varlen
 #                kernel with the bf16 residual stream, eager and with compiled layers, beside Hugging Face's model at
-#                128 (where it ran on the H200; ratios of sequences a second), in a check of its own so that compiling cannot
-#                cost the comparison above
+#                128 (where it ran on the H200; ratios of sequences a second), in a check of its own so that
+#                compiling cannot cost the comparison above
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
