@@ -57,7 +57,8 @@ class ModelConfig(Section):
         False,
         description="Under bf16/fp16 autocast, keep the residual stream in the half dtype, as NVIDIA's MLPerf BERT "
         "and Megatron do: each LayerNorm reads and writes half-precision activations (its statistics still in fp32), "
-        "so the residual additions and LayerNorms move half the bytes and the matrix products need no cast. Off: "
+        "so the residual additions and LayerNorms move half the bytes and the matrix products need no cast (the "
+        "LayerNorm weights' gradients are rounded to the half dtype, as a half-precision model's are). Off: "
         "autocast's fp32 LayerNorm, whose output (the residual stream) is fp32, as in Hugging Face's model under "
         "autocast. No effect in fp32.",
     )

@@ -233,17 +233,22 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
 
 
 class LayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` (same parameters, same names) that, with `half` and under autocast, reads and writes the
-    autocast's half dtype instead of autocast's fp32 (`model.half_residual`): the kernel still accumulates its
-    statistics in fp32; its parameters stay fp32 and are cast for the call (their gradients come back in fp32)."""
+    """`nn.LayerNorm` (same parameters, same names) that, with `half_io` and under autocast, reads and writes the
+    autocast's half dtype instead of autocast's fp32 (`model.half_residual`). The kernel still accumulates its
+    statistics in fp32; the parameters stay fp32 and are cast for the call, so the kernel writes their gradients in
+    the half dtype, cast back to fp32 (as a half-precision model's are). CUDA's autocast would run the kernel in
+    fp32 (the CPU's does not), so the call is made with autocast off."""
 
-    def __init__(self, hidden_size: int, eps: float, half: bool = False):
+    def __init__(self, hidden_size: int, eps: float, half_io: bool = False):
         super().__init__(hidden_size, eps=eps)
-        self.half = half
+        self.half_io = half_io
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", half_io=True" if self.half_io else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if not (self.half and torch.is_autocast_enabled(device)):
+        if not (self.half_io and torch.is_autocast_enabled(device)):
             return super().forward(x)
         dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):

@@ -123,7 +123,9 @@ class NormProbe:
 
     def take(self) -> PendingNorms | None:
         """This step's norms (|G_small|², |G_big|²), to read back later, or None when not measurable; clears the
-        records. Nothing here reads a device value: what decides is known on the host."""
+        records. Nothing here reads a device value: what decides is known on the host. Call it before the loss
+        scaler's `update()`: under fp16 the recorded scale is the scaler's own tensor, which `update()` changes in
+        place (`trainer.train.train_step` takes the norms right after `before_step`)."""
         if self.watching:
             return self._take_micro()
         if not self.local:

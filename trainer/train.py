@@ -94,8 +94,11 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
 
 
 def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
-    """How the model runs, for the start-up line: precision, the training attention kernel, compiled layers."""
+    """How the model runs, for the start-up line: precision (with the residual stream in it, `model.half_residual`),
+    the training attention kernel, compiled layers."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
+    if autocast is not None and cfg.model.half_residual:
+        precision += f" with a {precision} residual stream"
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None,
                                cfg.model.attention_probs_dropout_prob, cfg.model.head_dim,
                                gpu=device.type == "cuda")  # fmt: skip

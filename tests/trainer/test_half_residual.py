@@ -5,6 +5,7 @@ float64 from its definition, and against the same model with the fp32 residual s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.trainer.conftest import make_model_config, make_samples
@@ -23,7 +24,7 @@ def reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 def test_under_autocast_it_reads_and_writes_the_half_dtype_and_matches_the_definition():
     torch.manual_seed(0)
-    norm = LayerNorm(32, eps=1e-12, half=True)
+    norm = LayerNorm(32, eps=1e-12, half_io=True)
     with torch.no_grad():
         norm.weight.add_(0.3 * torch.randn(32))
         norm.bias.add_(0.3 * torch.randn(32))
@@ -45,7 +46,7 @@ def test_under_autocast_it_reads_and_writes_the_half_dtype_and_matches_the_defin
 
 def test_without_autocast_it_is_torchs_layer_norm():
     torch.manual_seed(1)
-    half, plain = LayerNorm(16, eps=1e-5, half=True), torch.nn.LayerNorm(16, eps=1e-5)
+    half, plain = LayerNorm(16, eps=1e-5, half_io=True), torch.nn.LayerNorm(16, eps=1e-5)
     with torch.no_grad():
         half.weight.copy_(torch.randn(16))
         plain.weight.copy_(half.weight)
@@ -98,3 +99,38 @@ def test_in_fp32_half_residual_changes_nothing():
     b.backward()
     for p, q in zip(off.parameters(), on.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_the_kernel_is_called_with_autocast_off_on_half_tensors(monkeypatch):
+    """CUDA's autocast would run layer_norm in fp32 whatever its input (the CPU's does not): the call must be made with
+    autocast off, on the half input and half parameters, or the switch does nothing on a GPU."""
+    calls = []
+    real = torch.nn.functional.layer_norm
+
+    def spy(x, shape, weight=None, bias=None, eps=1e-5):
+        calls.append((torch.is_autocast_enabled("cpu"), x.dtype, weight.dtype, bias.dtype))
+        return real(x, shape, weight, bias, eps)
+
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        LayerNorm(8, eps=1e-12, half_io=True)(torch.randn(3, 8))
+    assert calls == [(False, torch.bfloat16, torch.bfloat16, torch.bfloat16)]
+
+
+def test_compiled_layers_with_the_half_residual_stream_match_the_eager_model():
+    """`model.compile` with `model.half_residual` under bf16 autocast: the compiled per-token parts keep the stream in
+    bf16 and give the eager model's loss and gradients (to bf16 rounding)."""
+    _, eager = models(seed=5)
+    compiled = BertForPreTraining(eager.config.model_copy(update={"compile": True})).train()
+    compiled.load_state_dict(eager.state_dict())
+    samples = make_samples(LENGTHS, seed=4)
+    batch = pack_batch(samples, np.arange(len(LENGTHS)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer_output_dtypes(compiled, batch) == [torch.bfloat16] * 2
+        losses = [pretraining_loss(m(batch), batch).total for m in (eager, compiled)]
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-2)
+    for loss in losses:
+        loss.backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert q.grad.dtype == torch.float32, name
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)

@@ -255,3 +255,24 @@ def test_one_rank_without_accumulation_measures_nothing_and_raises_nothing():
     pending = probe.take()
     assert pending is not None and pending.values.tolist() == [1.0, 1.0, 9.0, 9.0, 1.0, 1.0, 16.0, 16.0, 9.0, 16.0]
     assert pending.read() is None
+
+
+def test_the_buckets_rows_are_made_at_the_end_of_the_step_from_what_the_hooks_recorded():
+    """The hooks keep each bucket's norm (loss-scaled) and clip coefficient (a tensor, or a number where nothing was
+    clipped); `take` makes [c, c², c²M, M] per bucket and |mean|² after them, M and |mean|² unscaled by the loss
+    scale (a tensor under fp16): checked against those formulas bucket by bucket."""
+    scale = torch.tensor(1024.0)
+    recorded = [(3.0, torch.tensor(0.5)), (4.0, 1.0), (0.25, torch.tensor(1.0)), (7.5, torch.tensor(0.125))]
+    means = [2.0, 3.5, 0.5, 6.0]
+    probe = NormProbe(1)
+    for index, ((norm, coef), mean) in enumerate(zip(recorded, means, strict=True)):
+        probe.record_local(index, torch.tensor(norm * 1024.0), coef, scale)
+        probe.record_mean(index, torch.tensor(mean * 1024.0), scale)
+    values = probe.take().values
+    rows = []
+    for norm, coef in recorded:
+        c = float(coef)
+        rows += [c, c * c, c * c * norm * norm, norm * norm]
+    assert values.dtype == torch.float64
+    assert values.tolist() == pytest.approx(rows + [m * m for m in means], rel=1e-12)
+    assert not probe.local and not probe.mean  # cleared for the next step

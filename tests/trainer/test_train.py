@@ -341,7 +341,7 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     assert (reading.grad_sq_norms is not None) == (noise_every == 1)
 
 
-def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers(monkeypatch):
+def test_the_start_line_says_the_precision_residual_stream_attention_kernel_and_compiled_layers(monkeypatch):
     import torch
 
     from trainer.train import execution
@@ -355,6 +355,9 @@ def test_the_start_line_says_the_precision_attention_kernel_and_compiled_layers(
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention varlen, compiled layers"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100: no flash kernel
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention padded, compiled layers"
+    half = load_config(None, ["model.half_residual=true"])
+    assert execution(half, cuda, torch.bfloat16) == "bf16 with a bf16 residual stream, attention padded"
+    assert execution(half, cpu, None) == "fp32, attention packed"  # no autocast: nothing is half
 
 
 def test_data_max_seq_length_trains_on_rows_cut_to_it(tmp_path):
