@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -206,15 +207,25 @@ def step_hf(model, opt, samples, index, device, autocast, pad_to, profiled=False
     optimizer_step(opt, device, profiled)
 
 
-def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warmup: int, steps: int, device):
+class Timing(NamedTuple):
+    seconds: dict  # runner -> seconds of its timed steps
+    tokens: dict  # runner -> valid tokens of its timed steps
+    steps: int  # timed steps (each runner's)
+
+
+def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warmup: int, steps: int, device,
+               deadline: float | None = None) -> Timing:  # fmt: skip
     """Seconds of each runner over `steps` timed steps after `warmup`, interleaved step by step so that all see
     the same machine state, and the valid tokens of each runner's timed steps. `batch`: sequences a step, one number
     for all or one per runner (each runner's step k takes the samples k·b to (k+1)·b - 1, so runners of one batch
     size see the same batches). A runner whose step runs out of device memory or fails (a kernel that refuses its
-    input, say) leaves `runners`, said so, and the others go on: a GPU is lent for minutes. None left is an error."""
+    input, say) leaves `runners`, said so, and the others go on: a GPU is lent for minutes. None left is an error.
+    Past `deadline` (a `time.perf_counter()` value) the timing stops after the round under way, once at least one
+    step was timed: fewer steps, but figures, where a time limit would leave none."""
     sizes = batch if isinstance(batch, dict) else dict.fromkeys(runners, batch)
     seconds = dict.fromkeys(runners, 0.0)
     tokens = dict.fromkeys(runners, 0)
+    timed = 0
     for step in range(warmup + steps):
         for name, (run, _) in list(runners.items()):
             index = np.arange(step * sizes[name], (step + 1) * sizes[name])
@@ -228,11 +239,15 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
             if step >= warmup:
                 seconds[name] += time.perf_counter() - t0
                 tokens[name] += int(samples.lengths[index].sum())
+        timed += step >= warmup
+        if deadline is not None and timed and time.perf_counter() > deadline and step < warmup + steps - 1:
+            print(f"  time is up (--max-seconds): {timed} of {steps} steps timed")
+            break
     if not runners:
         at = ", ".join(str(b) for b in sorted(set(sizes.values())))
         raise SystemExit(f"every model ran out of device memory or failed at batch {at}: see above; try a smaller "
                          "--batch if they ran out of memory")  # fmt: skip
-    return seconds, tokens
+    return Timing(seconds, tokens, timed)
 
 
 def try_step(run, device, **kwargs) -> str | None:
@@ -350,7 +365,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100 SXM: 989)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-seconds", type=float, help="stop timing after the round under way once this long has "
+                    "passed since the start, and leave out the breakdown then: fewer steps, but figures")  # fmt: skip
     args = ap.parse_args()
+    deadline = None if args.max_seconds is None else time.perf_counter() + args.max_seconds
 
     device = torch.device(args.device)
     autocast = torch.bfloat16 if args.dtype == "bf16" else None
@@ -380,16 +398,16 @@ def main() -> None:
                                                          autocast=autocast, pad_to=None), hf)  # fmt: skip
     optimizers = {name: build_optimizer(model, opt_cfg) for name, (_, model) in runners.items()}
     sizes = {name: hf_batch if name.startswith("HF") else args.batch for name in runners}
-    seconds, tokens = time_steps(runners, optimizers, samples, sizes, args.warmup, args.steps, device)
+    seconds, tokens, timed = time_steps(runners, optimizers, samples, sizes, args.warmup, args.steps, device, deadline)
     first = next(iter(seconds))
-    padding = 1 - tokens[first] / (sizes[first] * args.steps * args.seq_len)
+    padding = 1 - tokens[first] / (sizes[first] * timed * args.seq_len)
     print(
         f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch}"
         f"{f' hf_batch={hf_batch}' if hf_batch != args.batch and not args.no_hf else ''} "
-        f"steps={args.steps} device={device} dtype={args.dtype} dropout={args.dropout} "
+        f"steps={timed} device={device} dtype={args.dtype} dropout={args.dropout} "
         f"threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
     )
-    seq_s = {name: sizes[name] * args.steps / secs for name, secs in seconds.items()}
+    seq_s = {name: sizes[name] * timed / secs for name, secs in seconds.items()}
     hf_name = next((n for n in ("HF padded to seq-len", "HF padded to batch max") if n in seconds), None)
     hf_label = {"HF padded to seq-len": "HF seq-len", "HF padded to batch max": "HF batch max"}.get(hf_name)
     # Ratios of sequences a second: "FIRST/this" is how many times faster the first model is than this one,
@@ -400,7 +418,9 @@ def main() -> None:
         versus_hf = f"  {hf_label}/this = {seq_s[name] / seq_s[hf_name]:5.2f}x" if hf_name else ""
         print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s[name]:8.2f} seq/s  {peak:6.1%} of peak  "
               f"{first}/this = {seq_s[first] / seq_s[name]:5.2f}x{versus_hf}")  # fmt: skip
-    if args.breakdown:
+    if args.breakdown and deadline is not None and time.perf_counter() > deadline:
+        print("  breakdown left out: --max-seconds has passed")
+    elif args.breakdown:
         last = args.warmup + args.steps
         print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
         for name, (run, _) in runners.items():

@@ -42,7 +42,8 @@ def test_a_model_out_of_memory_leaves_the_comparison_and_the_others_are_timed(ca
     optimizers = {name: build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4)) for name, (_, model) in
                   runners.items()}  # fmt: skip
     before = {name: p.detach().clone() for name, p in ours.named_parameters()}
-    seconds, tokens = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=3, device=torch.device("cpu"))
+    seconds, tokens, _ = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=3,
+                                    device=torch.device("cpu"))  # fmt: skip
 
     assert list(seconds) == list(runners) == ["ours"] and seconds["ours"] > 0
     assert "big" not in optimizers and all(p.grad is None for p in other.parameters())
@@ -63,7 +64,7 @@ def test_a_model_whose_step_fails_leaves_the_comparison_saying_why(capsys):
     runners = {"ours": runner(ours, samples), "refused": (refused, other)}
     optimizers = {name: build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-4)) for name, (_, model) in
                   runners.items()}  # fmt: skip
-    seconds, _ = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=2, device=torch.device("cpu"))
+    seconds, _, _ = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=2, device=torch.device("cpu"))
     assert list(seconds) == ["ours"]
     assert ("refused: failed (RuntimeError: FlashAttention only supports Ampere GPUs or newer.) at batch 2; left out "
             "of the comparison") in capsys.readouterr().out  # fmt: skip
@@ -180,7 +181,21 @@ def test_models_can_step_at_batches_of_their_own_and_count_their_own_tokens():
     runners = {name: stepping(name) for name in models}
     optimizers = {name: build_optimizer(m, OptimizerConfig(name="lamb", lr=1e-4)) for name, m in models.items()}
     sizes = {"small": 1, "big": 3, "big too": 3}
-    seconds, tokens = time_steps(runners, optimizers, samples, sizes, warmup=1, steps=1, device=torch.device("cpu"))
+    seconds, tokens, _ = time_steps(runners, optimizers, samples, sizes, warmup=1, steps=1, device=torch.device("cpu"))
     assert seen == {"small": [[0], [1]], "big": [[0, 1, 2], [3, 4, 5]], "big too": [[0, 1, 2], [3, 4, 5]]}
     assert tokens == {"small": LENGTHS[1], "big": sum(LENGTHS[3:6]), "big too": sum(LENGTHS[3:6])}
     assert set(seconds) == set(models) and all(s > 0 for s in seconds.values())
+
+
+def test_past_the_deadline_the_timing_stops_after_the_round_under_way(capsys):
+    """`--max-seconds`: a deadline already passed still times one step of every model (and warms up first), then
+    stops; the figures are of the steps timed."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    models = {name: BertForPreTraining(make_model_config()) for name in ("a", "b")}
+    runners = {name: runner(model, samples) for name, model in models.items()}
+    optimizers = {name: build_optimizer(m, OptimizerConfig(name="lamb", lr=1e-4)) for name, m in models.items()}
+    timing = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=3, device=torch.device("cpu"),
+                        deadline=0.0)  # fmt: skip
+    assert timing.steps == 1 and timing.tokens == {"a": sum(LENGTHS[2:4]), "b": sum(LENGTHS[2:4])}
+    assert "time is up (--max-seconds): 1 of 3 steps timed" in capsys.readouterr().out
