@@ -3,14 +3,12 @@
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): our padded
 #                and packed grids and the varlen flash kernel (also with the bf16 residual stream, model.half_residual)
-#                beside Hugging Face's padded model, with the per-step
-#                breakdown and the kernels that took the most time (a model that runs out of memory or fails leaves
-#                the comparison; the others go on)
-#   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work, on the varlen
+#                beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the most
+#                time (a model that runs out of memory or fails leaves the comparison; the others go on)
+#   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work: the varlen
 #                kernel with the bf16 residual stream, eager and with compiled layers (and the packed grid, should
-#                varlen fail on this GPU), beside Hugging Face's model at
-#                128 (where it ran on the H200; ratios of sequences a second), in a check of its own so that
-#                compiling cannot cost the comparison above
+#                varlen fail on this GPU), beside Hugging Face's model at 128 (where it ran on the H200; ratios of
+#                sequences a second), in a check of its own so that compiling cannot cost the comparison above
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -111,7 +109,7 @@ summary() {
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
   grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out\|time is up" \
     "$OUT"/throughput*.txt
-  grep -hE "^[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.txt" | tail -1  # pytest's last line
+  grep -hE "^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.txt" | tail -1  # pytest's last line
   grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
 }
 summary > "$OUT/summary.partial" 2>&1  # not a .txt while its own greps read them
