@@ -69,7 +69,8 @@ def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_a
     of 5 s and is cut; no time is left for the other checks, which are named as skipped."""
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n"
-                      'case "$*" in *"import torch"*) echo "torch (none)"; exit 0;; *"-m pip"*) exit 1;; esac\n'
+                      'case "$*" in *"import torch"*) echo "torch (none)"; exit 0;; *"-m pip"*) exit 1;;\n'
+                      '  -) cat > /dev/null; echo "torch (none)"; exit 0;; esac\n'
                       'for a in "$@"; do [ "$a" = -m ] && exec sleep 300; done\n'
                       f'exec {sys.executable} "$@"\n')  # fmt: skip
     python.chmod(0o755)
@@ -152,3 +153,11 @@ def test_the_tests_check_runs_every_file_with_gpu_marked_tests():
     marked = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
               if path != Path(__file__) and "pytest.mark.gpu" in path.read_text()}  # fmt: skip
     assert files == marked and argv[argv.index("pytest") + 1 : argv.index("pytest") + 3] == ["-m", "gpu"]
+
+
+def test_the_summary_finds_pytests_last_line_quiet_or_verbose():
+    """The tests check runs pytest with -v, whose last line is framed by '='; -q's is not."""
+    pattern = re.search(r'grep -hE "(\^\(=\+ \)\?\[0-9\][^"]*)" "\$OUT/tests.txt"', SCRIPT.read_text()).group(1)
+    lines = "collected 14 items\n==== 13 passed, 1 skipped in 44.21s ====\n13 passed, 1 skipped in 44.21s\nother\n"
+    found = subprocess.run(["grep", "-hE", pattern], input=lines, capture_output=True, text=True).stdout.splitlines()
+    assert found == ["==== 13 passed, 1 skipped in 44.21s ====", "13 passed, 1 skipped in 44.21s"]
