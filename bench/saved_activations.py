@@ -16,23 +16,16 @@ import torch
 from bench.trainer_throughput import SIZES, make_samples
 from trainer.config import ModelConfig
 from trainer.data.batch import pack_batch
+from trainer.memory import SavedBytes
 from trainer.model import BertForPreTraining, pretraining_loss
 from trainer.precision import autocast as autocast_region
 
 
 def saved_bytes(model: BertForPreTraining, batch, device: torch.device, dtype: torch.dtype | None) -> int:
     """Bytes of the distinct storages autograd saves in one forward of `model` on `batch`, weights left out."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_region(device, dtype):
+    with SavedBytes(model) as counter, autocast_region(device, dtype):
         pretraining_loss(model(batch), batch)
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(nbytes for ptr, nbytes in storages.items() if ptr not in weights)
+    return counter.bytes
 
 
 def main() -> None:
