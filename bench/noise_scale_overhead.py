@@ -24,7 +24,7 @@ import statistics
 
 import torch.distributed as dist
 
-from bench.clipping_overhead import Rank, build, launch, parse_args
+from bench.clipping_overhead import Rank, build, ddp_modes, launch, parse_args
 from trainer.noise_probe import NormProbe
 
 
@@ -35,7 +35,7 @@ def worker(rank: int, args: argparse.Namespace, init_file: str) -> None:
     def probe(measured: bool) -> NormProbe | None:  # its scalars go where the backend reduces them (cuda for NCCL)
         return NormProbe(r.env.world_size, device=r.device) if measured else None
 
-    ddp = True if args.ddp == "always" else None
+    (ddp,) = ddp_modes(args)  # one way: `--ddp both` is refused here
     runs = {(s, m): build(s, r.cfg, r.env, r.device, args.bucket_cap_mb, probe(m), args.accumulation, ddp)
             for s, m in keys}  # fmt: skip
     times = r.time_interleaved(runs)

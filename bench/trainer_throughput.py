@@ -233,8 +233,7 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
             t0 = time.perf_counter()
             failure = try_step(run, device, opt=optimizers[name], index=index)
             if failure:
-                drop(name, failure, runners, optimizers, seconds, device, sizes[name])
-                tokens.pop(name)
+                drop(name, failure, runners, optimizers, (seconds, tokens), device, sizes[name])
                 continue
             if step >= warmup:
                 seconds[name] += time.perf_counter() - t0
@@ -264,14 +263,15 @@ def try_step(run, device, **kwargs) -> str | None:
     return None
 
 
-def drop(name, why: str, runners, optimizers, seconds, device, batch: int) -> None:
+def drop(name, why: str, runners, optimizers, tallies: tuple[dict, ...], device, batch: int) -> None:
     """A model whose step ran out of device memory or failed leaves the comparison (said so), with its gradients,
     optimizer state and cached blocks freed, so the others still run: at large batches Hugging Face's padded model
     needs several times our activations."""
     print(f"  {name}: {why} at batch {batch}; left out of the comparison")
     runners.pop(name)
     optimizers.pop(name).zero_grad(set_to_none=True)
-    seconds.pop(name)
+    for tally in tallies:  # its seconds and tokens so far
+        tally.pop(name)
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
