@@ -236,7 +236,10 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
         try:
             raw = read_yaml(path.read_text()) or {}
         except FileNotFoundError:
-            raise ExperimentFileError(f"{source}: base_config: file {path} does not exist") from None
+            where = "" if Path(base_config).expanduser().is_absolute() else (
+                f" (a relative base_config is read from the experiment file's folder, {base_dir}: in a copy of the "
+                "file elsewhere, give the path from the copy's folder, or an absolute one)")  # fmt: skip
+            raise ExperimentFileError(f"{source}: base_config: file {path} does not exist{where}") from None
         except UnicodeDecodeError as e:
             raise ExperimentFileError(f"{source}: base_config: {path}: {not_utf8(e)}") from None
         except DuplicateKeyError as e:

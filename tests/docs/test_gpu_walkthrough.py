@@ -1,6 +1,7 @@
 """docs/gpu.md runs as written: every command of its code blocks parses with the command line it calls (the
-subcommand, each flag and its value), a copied file exists, and its data step runs end to end on a small corpus
-(prepare the shards with the page's own flags, then `python -m trainer` trains on them)."""
+subcommand, each flag and its value), its copy of a preset, edited as the page edits it, loads from where the page
+puts it, and its data step runs end to end on a small corpus (prepare the shards with the page's own flags, then
+`python -m trainer` trains on them)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpo.cli.main import build_parser
+from hpo.experiment import load_experiment
 from trainer.data.demo_corpus import generate_documents, write_text
 from trainer.data.prepare import parse_args as prepare_args
 
@@ -36,6 +38,8 @@ def check(argv: list[str]) -> None:
         prepare_args(argv[3:])
     elif argv[0] == "cp":
         assert (ROOT / argv[1]).is_file(), argv
+    elif argv[:2] == ["sed", "-i"] and len(argv) == 4:
+        assert argv[3] in {a[2] for a in page_commands() if a[0] == "cp"}, argv  # edits the page's own copy
     elif argv[0] == "bash" and len(argv) == 2:
         assert (ROOT / argv[1]).is_file() and argv[1].startswith("scripts/"), argv
     else:
@@ -51,6 +55,20 @@ def test_the_page_has_the_walkthrough_commands():
 @pytest.mark.parametrize("argv", page_commands(), ids=lambda argv: " ".join(argv[:3]))
 def test_every_command_parses_as_written(argv: list[str]):
     check(argv)
+
+
+def test_the_copied_preset_loads_from_where_the_page_puts_it(tmp_path):
+    """The page's cp and sed lines run in a checkout's root (its trainer/ and search_spaces/ linked in); the copy
+    then loads as `hpo plan` and `hpo run` load it."""
+    for folder in ("trainer", "search_spaces"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    files = [argv for argv in page_commands() if argv[0] in ("cp", "sed")]
+    assert [argv[0] for argv in files] == ["cp", "sed"]
+    for argv in files:
+        subprocess.run(argv, cwd=tmp_path, check=True, timeout=30)
+    copy_of = tmp_path / files[0][2]
+    assert load_experiment(copy_of).resolved_base()["model"]["hidden_size"] == 1024  # bert_large.yaml
+    assert "../" not in copy_of.read_text().split("base_config:")[1].splitlines()[0]
 
 
 def test_a_broken_command_is_caught():

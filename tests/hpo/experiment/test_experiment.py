@@ -17,6 +17,8 @@ from hpo.experiment.rungs import asha_plan
 from search_spaces import SearchSpaceError, list_presets, preset_path
 from trainer.config import TrainerConfig
 
+ROOT_DIR = Path(__file__).resolve().parents[3]
+
 TINY_BASE = {
     "device": "cpu",
     "model": {
@@ -157,6 +159,18 @@ def test_relative_base_config_resolves_against_the_experiment_file(tmp_path, mon
     assert spec.resolved_base()["budget"]["max_samples"] == 4096  # the override
     assert spec.direction == "minimize"
     assert path.is_file()
+
+
+def test_a_preset_copied_out_of_its_folder_is_told_where_its_base_config_is_read_from(tmp_path):
+    copy_of = tmp_path / "my_adam_vs_lamb.yaml"
+    copy_of.write_text(preset_path("adam_vs_lamb").read_text())  # its base_config: ../../trainer/configs/...
+    with pytest.raises(ExperimentFileError) as e:
+        load_experiment(copy_of)
+    message = str(e.value)
+    assert message.startswith(f"{copy_of}: base_config: file {tmp_path / '../../trainer/configs/bert_large.yaml'}")
+    assert f"read from the experiment file's folder, {tmp_path}" in message and "or an absolute one" in message
+    copy_of.write_text(copy_of.read_text().replace("../../trainer", str(ROOT_DIR / "trainer")))  # as the message says
+    assert load_experiment(copy_of).resolved_base()["model"]["hidden_size"] == 1024
 
 
 def test_inline_base_config_and_self_contained_round_trip():
