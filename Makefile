@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU wheel of this version is what machines without a GPU get; an existing (CUDA) torch is kept.
+# The torch the set-up installs when the python3 it starts from has none (an existing one, a CUDA build say, is
+# kept): this version from the package index pip is configured with. PyPI's Linux build bundles CUDA (several GB);
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes the CPU build instead.
 TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?=
 DEMO_DATA ?= data/demo
 
 .PHONY: setup system-deps bench-deps demo train-demo demo-data test test-all fuzz lint docs format bench clean
@@ -45,7 +48,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	  fi; \
 	fi
 	$(BIN)/python -m pip install -q --upgrade pip
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==$(TORCH_VERSION) \
+	  $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m hpo.nni.patch  # NNI 3.0's manager mixes up trials' parameters; idempotent
 	@touch $@
