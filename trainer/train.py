@@ -397,6 +397,7 @@ class StepStats:
     loss_sum: torch.Tensor  # on the device: the step's loss summed over its masked tokens (read back in batches)
     mlm_correct: torch.Tensor  # on the device: masked tokens predicted right
     mlm_count: int
+    lr: float  # the learning rate the step ran with
     sequences: int  # this rank
     tokens: int  # this rank
     grad_sq_norms: PendingNorms | None  # (|G_small|², |G_big|²) before any clip, on the device, if measured
@@ -412,6 +413,7 @@ class Reading:
     loss: float  # per masked token
     mlm_accuracy: float  # on the step's masked tokens
     grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) of a measured step
+    lr: float  # the learning rate the step ran with
 
 
 def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
@@ -431,7 +433,7 @@ def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
         if s.grad_sq_norms is not None:
             width = s.grad_sq_norms.values.numel()
             norms, at = s.grad_sq_norms.finish(values[at : at + width]), at + width
-        readings.append(Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1), norms))
+        readings.append(Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1), norms, s.lr))
     return readings
 
 
@@ -466,6 +468,7 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
         correct += ok
     run.clipper.before_step(run.optimizer)
     grad_sq_norms = run.probe.take() if measured else None
+    lr = run.optimizer.param_groups[0]["lr"]  # the scheduler's step below sets the next step's
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.scheduler.step()
@@ -474,6 +477,7 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
         loss_sum=loss_sum,
         mlm_correct=correct,
         mlm_count=masked,
+        lr=lr,
         sequences=sum(b.num_sequences for b in batches),
         tokens=sum(b.num_tokens for b in batches),
         grad_sq_norms=grad_sq_norms,
@@ -546,7 +550,7 @@ def progress(
         "samples": state.samples,
         "loss": reading.loss,
         "train_mlm_accuracy": reading.mlm_accuracy,
-        "lr": run.optimizer.param_groups[0]["lr"],
+        "lr": reading.lr,  # the rate of the step whose loss this is (the optimizer already holds the next one's)
         "sequences_per_s": window["sequences"] / seconds,
         "tokens_per_s": window["tokens"] / seconds,
         "token_imbalance": imbalance,

@@ -46,6 +46,17 @@ def test_budget_run_reports_progress_evals_and_a_final_result(tmp_path):
     assert finals[0]["tokens_per_s"] > 0
 
 
+def test_each_progress_line_gives_the_learning_rate_its_step_ran_with(tmp_path):
+    """Step n (from 1) runs with the schedule's rate of index n - 1 (the first update with warmup's 0, MLPerf's
+    convention), which is what its progress record says; not the next step's, which the optimizer holds by then."""
+    _, records = run(tmp_path, **{"schedule.warmup_steps": 4, "schedule.total_steps": 12, "optimizer.lr": 1e-3})
+    progress = [r for r in records if r.get("event") == "progress"]
+    assert [r["step"] for r in progress] == list(range(1, 13))
+    warmup = [0.0, 2.5e-4, 5e-4, 7.5e-4]  # 1e-3 * (n - 1) / 4, then the linear decay 1e-3 * (1 - (n - 1) / 12)
+    expected = warmup + [1e-3 * (1 - i / 12) for i in range(4, 12)]
+    assert [r["lr"] for r in progress] == pytest.approx(expected, rel=1e-12, abs=1e-18)
+
+
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
     result, records = run(
