@@ -17,6 +17,7 @@ import yaml
 from fastapi import APIRouter, Body, HTTPException, Query
 from pydantic import BaseModel, Field
 
+from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import ErrorPublic
@@ -147,12 +148,14 @@ async def plan_stored(
 
 def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     """Relative base_config and runner.simulation.table read from the server's working directory (the file is
-    planned from a temporary copy elsewhere)."""
+    planned from a temporary copy elsewhere); a shipped table's name (`curves`) is left for `hpo plan` to find, as
+    in a file."""
     if isinstance(data.get("base_config"), str):
         data["base_config"] = os.path.abspath(data["base_config"])
     simulation = (data.get("runner") or {}).get("simulation") if isinstance(data.get("runner"), dict) else None
-    if isinstance(simulation, dict) and isinstance(simulation.get("table"), str):
-        simulation["table"] = os.path.abspath(simulation["table"])
+    table = simulation.get("table") if isinstance(simulation, dict) else None
+    if isinstance(table, str) and shipped_table(table) is None:
+        simulation["table"] = os.path.abspath(table)
     return data
 
 

@@ -4,6 +4,7 @@ with `hpo plan`'s error, and the database is not written."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 import yaml
 
 from hpo.cli.main import main as hpo_main
+from hpo.simulation.table import TABLES
+from search_spaces import preset_path
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
 
@@ -84,6 +87,25 @@ def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_writ
     assert {k: answer.json()[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
     assert missing.status_code == 404
     assert database.read_bytes() == before
+
+
+def test_a_posted_file_naming_a_shipped_table_is_planned_on_that_table(planned):
+    """`table: curves` names the table shipped with hpo, in a posted file as in a file on disk (not a path in the
+    server's working directory): planned as the same file giving that table's path."""
+    _, _, server = planned
+    preset = preset_path("adam_vs_lamb_simulated")
+    data = yaml.safe_load(preset.read_text())
+    assert data["runner"]["simulation"]["table"] == "curves"
+    data["base_config"] = str((preset.parent / data["base_config"]).resolve())
+    data["budget"].update(trials=20, max_parallel=8)  # smaller, so that it plans in seconds
+    by_path = copy.deepcopy(data)
+    by_path["runner"]["simulation"]["table"] = str(TABLES / "curves.jsonl")
+    with server.client() as api:
+        named, pathed = (api.post("/plan", content=yaml.safe_dump(d), headers=AUTH | YAML, params={"repetitions": 1})
+                         for d in (data, by_path))  # fmt: skip
+    assert named.status_code == 200, named.text
+    assert pathed.status_code == 200, pathed.text
+    assert {k: named.json()[k] for k in FIGURES} == {k: pathed.json()[k] for k in FIGURES}
 
 
 def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
