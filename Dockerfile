@@ -18,7 +18,8 @@ COPY trainer trainer
 COPY search_spaces search_spaces
 COPY hpo hpo
 COPY server server
-RUN pip install --no-deps . && mkdir -p /app/runs /app/data "$HPO_HOME"
+# NNI 3.0's manager mixes up trials' parameters: the engine refuses it unpatched (as `make setup` does, patch it).
+RUN pip install --no-deps . && python -m hpo.nni.patch && mkdir -p /app/runs /app/data "$HPO_HOME"
 
 # The API; `hpo serve` binds 127.0.0.1 unless told otherwise, so compose passes --host 0.0.0.0.
 EXPOSE 8000

@@ -67,3 +67,14 @@ def test_the_image_copies_what_exists_and_dockerignore_keeps_it():
     for source in re.findall(r"^COPY (\S+) ", dockerfile, re.MULTILINE):
         assert (ROOT / source).exists() and source not in ignored, source
     assert {"trainer", "hpo", "search_spaces", "server"} <= set(re.findall(r"^COPY (\w+) ", dockerfile, re.M))
+
+
+def test_the_image_patches_nni_after_installing_it_as_the_set_up_does():
+    """The controller service runs `engine: nni`, which refuses an unpatched NNI manager; the image patches it, as
+    `make setup` does, once the project (and NNI with it) is installed."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-m hpo.nni.patch" in makefile
+    runs = re.findall(r"^RUN (.+?)(?<!\\)$", dockerfile, re.MULTILINE | re.DOTALL)
+    install = next(i for i, run in enumerate(runs) if "pip install --no-deps ." in run)
+    assert "python -m hpo.nni.patch" in runs[install].split("pip install --no-deps .", 1)[1], runs[install]
