@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from hpo.errors import SchemaOutOfDateError, StorageError
-from hpo.storage.engine import WRITE_OPTION, create_storage_engine, safe_url, storage_error
+from hpo.errors import BadDatabaseError, SchemaOutOfDateError, StorageError
+from hpo.storage.engine import WRITE_OPTION, create_storage_engine, safe_url, sqlite_file, storage_error
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -40,12 +40,14 @@ def upgrade_database(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed."""
     from alembic import command
 
+    _refuse_tables_not_ours(url)
+
     def upgrade(config: Config) -> None:
         connection = config.attributes["connection"]
         taken = _unversioned_tables(connection)
         connection.rollback()  # the check's read transaction: Alembic begins (and commits) its own
         if taken:
-            raise StorageError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
+            raise BadDatabaseError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
         command.upgrade(config, revision)
 
     _run_alembic(url, upgrade)
@@ -116,6 +118,24 @@ def _unversioned_tables(connection: Connection) -> list[str]:
     from hpo.storage.models import Base
 
     return sorted(set(inspect(connection).get_table_names()) & set(Base.metadata.tables))
+
+
+def _refuse_tables_not_ours(url: str) -> None:
+    """Refuse a database whose tables of hpo's names hpo did not make, before anything writes to it (on SQLite,
+    opening the file for writing would set its journal mode); the migration checks again in its transaction."""
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():
+        return  # a new file: nothing there yet (and opening it would create it)
+    engine = create_storage_engine(url, read_only=True)
+    try:
+        with engine.connect() as connection:
+            taken = _unversioned_tables(connection)
+    except SQLAlchemyError as exc:
+        raise storage_error(exc, url) from exc
+    finally:
+        engine.dispose()
+    if taken:
+        raise BadDatabaseError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
 
 
 def _not_ours(tables: list[str]) -> str:

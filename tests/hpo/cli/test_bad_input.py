@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,19 @@ def test_a_file_that_is_not_sqlite_is_bad_input_and_kept(tmp_path, capsys, comma
     assert main(["--db", f"sqlite:///{not_sqlite}", *command]) == 2
     assert "is not a SQLite database" in capsys.readouterr().err
     assert not_sqlite.read_text() == "not a database\n" * 100
+
+
+@pytest.mark.parametrize("command", [["status"], ["db", "upgrade"]])
+def test_a_database_with_tables_of_our_names_made_by_another_program_is_bad_input_and_kept(tmp_path, capsys, command):
+    path = tmp_path / "theirs.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE experiments (id INTEGER PRIMARY KEY, owner TEXT)")
+        connection.execute("INSERT INTO experiments VALUES (1, 'another team')")
+    connection.close()
+    before = path.read_bytes()
+    assert main(["--db", f"sqlite:///{path}", *command]) == 2
+    assert "tables named experiments but no hpo schema revision" in capsys.readouterr().err
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("part", ["database", "user"])

@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from hpo.errors import SchemaOutOfDateError, StorageError
+from hpo.errors import BadDatabaseError, SchemaOutOfDateError, StorageError
 from hpo.storage import SqlStorage, current_revision, downgrade_database, head_revision, upgrade_database
 from hpo.storage.engine import create_storage_engine
 from hpo.storage.models import Base
@@ -58,8 +58,10 @@ def test_tables_of_our_names_made_by_someone_else_are_refused_and_kept(database_
         connection.execute(text("CREATE TABLE experiments (id INTEGER PRIMARY KEY, owner VARCHAR(20))"))
         connection.execute(text("INSERT INTO experiments VALUES (1, 'another team')"))
     engine.dispose()
-    with pytest.raises(StorageError, match="tables named experiments but no hpo schema revision.*nothing was changed"):
-        upgrade_database(database_url)
+    with pytest.raises(
+        BadDatabaseError, match="tables named experiments but no hpo schema revision.*nothing was changed"
+    ):
+        upgrade_database(database_url)  # bad input, as `hpo status` on it: `hpo db upgrade` exits 2 too
     with pytest.raises(SchemaOutOfDateError, match="tables named experiments but no hpo schema revision"):
         SqlStorage(database_url)
     engine = create_storage_engine(database_url)
