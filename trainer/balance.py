@@ -10,10 +10,12 @@ data set index (the valid length of every sample), so the plan of an epoch is a 
 - `local_presort`: stratified micro-batches, then inside each node the node's sequences are sorted by length
   and dealt in snake order over the node's ranks (`presort_node`). Only intra-node exchange.
 
-Contract of every plan (`plan_epoch`): each sample appears exactly once per epoch; every rank has the same
-number of steps, ceil(N / (world_size * micro_batch_size)); every step but the last gives every rank exactly
-micro_batch_size samples; in the last step the remaining r samples are spread so that batch sizes differ by at
-most one, and a rank gets an empty batch only there, when r < world_size. `RankBatchSampler` is what the trainer
+Contract of every plan (`plan_epoch`): every rank has the same number of steps; every step but the last gives
+every rank exactly micro_batch_size samples; the remaining r = N mod (world_size * micro_batch_size) samples make a
+last step in which batch sizes differ by at most one, when r >= world_size, so that no rank is ever without a
+sequence (a rank with none could not join the step's gradient all-reduce); fewer than world_size are left out of
+that epoch (they are trained in other epochs, whose permutations differ). So each sample appears exactly once per
+epoch, but for those; one process leaves none out. `RankBatchSampler` is what the trainer
 iterates; for `local_presort` it really all-gathers the local batches within the node's process group.
 """
 
@@ -157,10 +159,10 @@ def _draw_round(
 
 
 def _with_last_step(plan: Plan, rest: np.ndarray, world_size: int) -> Plan:
-    """Append the partial last step: rank j gets rest[j::world_size] (sizes differ by at most one; a rank is
-    empty only when fewer than world_size samples remain)."""
+    """Append the partial last step: rank j gets rest[j::world_size] (sizes differ by at most one); fewer than
+    world_size samples are left out, so that every rank has at least one."""
     plan = [[np.asarray(batch, dtype=np.int64) for batch in step] for step in plan]
-    if len(rest):
+    if len(rest) >= world_size:
         plan.append([rest[j::world_size].astype(np.int64) for j in range(world_size)])
     return plan
 
@@ -217,10 +219,14 @@ class RankBatchSampler:
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside world_size {self.world_size}")
         self.lengths = np.asarray(self.lengths)
+        if len(self.lengths) < self.world_size:
+            raise ConfigError(f"the training set has {len(self.lengths)} sequence(s), fewer than the {self.world_size} "
+                              "ranks: every rank needs at least one a step; use fewer ranks or more data")  # fmt: skip
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-len(self.lengths) // (self.world_size * self.micro_batch_size))
+        full, rest = divmod(len(self.lengths), self.world_size * self.micro_batch_size)
+        return full + (rest >= self.world_size)
 
     def __len__(self) -> int:
         return self.steps_per_epoch

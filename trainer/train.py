@@ -439,10 +439,6 @@ def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
 
 def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     with autocast(run.device, run.autocast):
-        if batch.num_sequences == 0:  # only in an epoch's last step: still join DDP's all-reduce
-            zero = sum(p.sum() for p in run.model.parameters()) * 0.0
-            run.scaler.scale(zero).backward()
-            return zero.detach(), torch.zeros(())
         loss = pretraining_loss(run.module(batch), batch)
     run.scaler.scale(loss.total * scale).backward()
     return loss.total.detach() * batch.masked_labels.numel(), loss.mlm_correct

@@ -106,12 +106,26 @@ def test_every_sample_once_and_equal_steps(method, world_size, local_world_size)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_empty_batches_only_in_last_step_when_fewer_samples_than_ranks(method):
-    lengths = make_mlperf_like_lengths(2 * 8 * 4 + 3)  # 2 full steps of 8 ranks x 4, then 3 samples
+@pytest.mark.parametrize("left", [3, 8, 9])
+def test_no_rank_is_ever_without_a_sequence_fewer_left_than_ranks_are_left_out(method, left):
+    """A rank with no sequence in a step could not join its gradient all-reduce: a last step of fewer sequences
+    than ranks is left out of the epoch (3 of 8 ranks here), one of at least as many is spread (8, 9)."""
+    lengths = make_mlperf_like_lengths(2 * 8 * 4 + left)  # 2 full steps of 8 ranks x 4, then `left` samples
     plan = make_plan(lengths, method, world_size=8, local_world_size=4, micro_batch_size=4)
-    assert len(plan) == 3
-    assert sorted(len(batch) for batch in plan[-1]) == [0] * 5 + [1] * 3
-    assert np.array_equal(np.sort(np.concatenate([b for s in plan for b in s])), np.arange(len(lengths)))
+    everything = np.sort(np.concatenate([b for s in plan for b in s]))
+    assert all(len(batch) >= 1 for step in plan for batch in step)
+    if left < 8:
+        assert len(plan) == 2 and len(everything) == 64 and len(np.unique(everything)) == 64
+    else:
+        assert len(plan) == 3 and np.array_equal(everything, np.arange(len(lengths)))
+        assert sorted(len(batch) for batch in plan[-1]) == [1] * (16 - left) + [2] * (left - 8)
+    sampler = RankBatchSampler(lengths, method, BINS, 4, seed=0, world_size=8, local_world_size=4)
+    assert sampler.steps_per_epoch == len(plan)
+
+
+def test_a_training_set_smaller_than_the_ranks_is_refused():
+    with pytest.raises(ConfigError, match="3 sequence\\(s\\), fewer than the 4 ranks"):
+        RankBatchSampler(np.array([10, 20, 30]), "none", BINS, 1, seed=0, world_size=4, local_world_size=4)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -301,23 +315,26 @@ def epoch_inputs(draw):
        epoch=st.integers(0, 5), shuffle=st.booleans())  # fmt: skip
 @settings(max_examples=examples(ci=150, fuzz=3000))
 def test_every_plan_keeps_the_module_contract(inputs, method, seed, epoch, shuffle):
-    """The contract of trainer/balance.py's docstring, on inputs drawn by Hypothesis: every sample once, the same
-    number of steps for every rank, full micro-batches but in the last step, a last step even to one sample; and
-    local_presort only re-deals each node's samples, its ranks' tokens in a full step within the node's range of
-    lengths of each other."""
+    """The contract of trainer/balance.py's docstring, on inputs drawn by Hypothesis: every sample once but for
+    fewer than world_size left over, the same number of steps for every rank, full micro-batches but in the last
+    step, a last step of at least one sample a rank; and local_presort only re-deals each node's samples, its ranks'
+    tokens in a full step within the node's range of lengths of each other."""
     lengths, bins, micro_batch_size, world_size, local_world_size = inputs
     plan = plan_epoch(lengths, method, bins, micro_batch_size, world_size, local_world_size, seed, epoch, shuffle)
     global_batch = world_size * micro_batch_size
-    assert len(plan) == -(-len(lengths) // global_batch)
+    full, rest = divmod(len(lengths), global_batch)
+    left_out = rest if rest < world_size else 0
+    assert len(plan) == full + (rest >= world_size)
     assert all(len(step) == world_size for step in plan)
     everything = [int(i) for step in plan for batch in step for i in batch]
-    assert sorted(everything) == list(range(len(lengths)))
+    assert len(everything) == len(set(everything)) == len(lengths) - left_out
+    assert set(everything) <= set(range(len(lengths)))
     assert all(len(batch) == micro_batch_size for step in plan[:-1] for batch in step)
+    assert all(len(batch) >= 1 for step in plan for batch in step)
     if plan:
         last = [len(batch) for batch in plan[-1]]
-        assert sum(last) == len(lengths) - (len(plan) - 1) * global_batch
+        assert sum(last) == len(lengths) - left_out - (len(plan) - 1) * global_batch
         assert max(last) - min(last) <= 1
-        assert min(last) > 0 or sum(last) < world_size
     again = plan_epoch(lengths, method, bins, micro_batch_size, world_size, local_world_size, seed, epoch, shuffle)
     assert all(np.array_equal(a, b) for s, t in zip(plan, again, strict=True) for a, b in zip(s, t, strict=True))
     if method != "local_presort":

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.trainer.conftest import make_train_overrides
+from tests.trainer.conftest import make_shards, make_train_overrides
 from trainer.report import read_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -83,6 +83,22 @@ def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_p
     assert "global batch 16 = 8 x 1 accumulation x 2 ranks" in proc.stderr
     finals = [r for r in read_jsonl(tmp_path / "report.jsonl") if r["kind"] == "final"]
     assert [(f["micro_batch_size"], f["samples"], f["status"]) for f in finals] == [(8, 32, "budget_exhausted")]
+
+
+def test_an_epoch_with_fewer_sequences_left_than_ranks_ends_without_them(tmp_path):
+    """97 sequences on 2 ranks of 4 x 1: 12 full steps leave one sequence, which a step of its own would give one
+    rank and not the other; the rank without one could not join the gradient's all-reduce and the ranks would wait
+    for each other until the collective timeout. It is left out of the epoch: the next step starts epoch 1."""
+    train_dir, eval_dir = make_shards(tmp_path / "data97", n_train=97)
+    overrides = make_train_overrides(tmp_path, **{"data.train": train_dir, "data.eval": eval_dir,
+                                                  "budget.max_samples": 104, "eval.every_samples": 10**6})  # fmt: skip
+    env = {**child_env(), "TRAINER_COLLECTIVE_TIMEOUT_S": "30"}
+    proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_jsonl(tmp_path / "report.jsonl")
+    assert [r["samples"] for r in records if r.get("event") == "progress"] == list(range(8, 105, 8))
+    finals = [r for r in records if r["kind"] == "final"]
+    assert [(f["status"], f["steps"], f["samples"]) for f in finals] == [("budget_exhausted", 13, 104)]
 
 
 def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
