@@ -539,7 +539,7 @@ def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
 def progress(
     run: Run, state: TrainState, window: dict[str, float], reading: Reading, imbalance: float, noise: NoiseScale
 ) -> None:
-    seconds = max(time.perf_counter() - window["t0"], 1e-9)
+    seconds = max(time.perf_counter() - window["t0"] - window["paused"], 1e-9)  # training only: no eval, no save
     record = {
         "event": "progress",
         "step": state.step,
@@ -586,10 +586,16 @@ def loop(run: Run, state: TrainState) -> TrainStatus:
         raise
 
 
+def new_window() -> dict[str, float]:
+    """What a progress line's throughput is over: the sequences and tokens trained since the last line, and the
+    seconds since then less those spent evaluating and saving checkpoints (`paused`)."""
+    return {"t0": time.perf_counter(), "paused": 0.0, "sequences": 0.0, "tokens": 0.0}
+
+
 def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepStats]]) -> TrainStatus:
     cfg = run.cfg
     start = time.perf_counter() - state.train_time_s
-    window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+    window = new_window()
     if (finished := finished_status(cfg, state)) is not None:  # resumed at the end of a finished run
         return finished
     for micro_batches, per_rank in epoch_steps(run, state):
@@ -619,8 +625,8 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
             out_of_time, diverged = any_rank([out_of_time, bad is not None], run.device, run.env)
             if logged or diverged or out_of_samples or out_of_time:  # the last step is reported too
                 imbalance = max(tokens) / max(sum(tokens) / len(tokens), 1e-9)
-                progress(run, state, window, bad or readings[-1], imbalance, noise)
-                window = {"t0": time.perf_counter(), "sequences": 0.0, "tokens": 0.0}
+                progress(run, state, window, readings[-1], imbalance, noise)
+                window = new_window()
             if diverged:
                 what = f"loss is {bad.loss} at step {bad.step}" if bad else "another rank's loss is not finite"
                 log(run.env, f"{what} (read at step {state.step}): diverged")
@@ -631,11 +637,16 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
         if state.samples >= state.next_eval_samples or out_of_budget:
             while state.next_eval_samples <= state.samples:
                 state.next_eval_samples += cfg.eval.every_samples
-            if run_eval(run, state, time.perf_counter() - start) and cfg.eval.stop_at_target:
+            paused = time.perf_counter()
+            reached = run_eval(run, state, paused - start)
+            window["paused"] += time.perf_counter() - paused
+            if reached and cfg.eval.stop_at_target:
                 return TrainStatus.REACHED_TARGET
             state.train_time_s = time.perf_counter() - start
         if checkpoint_due:
+            paused = time.perf_counter()
             checkpoint(run, state)
+            window["paused"] += time.perf_counter() - paused
         if out_of_budget:  # with eval.stop_at_target off, a run that reached the target on the way says so
             return TrainStatus.BUDGET_EXHAUSTED if state.samples_to_target is None else TrainStatus.REACHED_TARGET
     raise AssertionError("unreachable: epoch_steps never ends")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,6 +58,29 @@ def test_each_progress_line_gives_the_learning_rate_its_step_ran_with(tmp_path):
     assert [r["lr"] for r in progress] == pytest.approx(expected, rel=1e-12, abs=1e-18)
 
 
+def test_a_progress_lines_throughput_leaves_out_the_time_of_evaluations_and_checkpoints(tmp_path, monkeypatch):
+    """On a clock that only the stand-ins below move (a step 1 s, an evaluation 100 s, a checkpoint 50 s), every
+    progress line says 8 sequences/s (8 sequences a step), also the lines after an evaluation or a checkpoint."""
+    clock = [0.0]
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def advancing(function, seconds):
+        def wrapped(*args, **kwargs):
+            clock[0] += seconds
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(train_module, "train_step", advancing(train_module.train_step, 1.0))
+    monkeypatch.setattr(train_module, "run_eval", advancing(train_module.run_eval, 100.0))
+    monkeypatch.setattr(train_module, "checkpoint", advancing(train_module.checkpoint, 50.0))
+    _, records = run(tmp_path, **{"eval.every_samples": 16, "checkpoint.dir": str(tmp_path / "ck"),
+                                  "checkpoint.every_samples": 24})  # fmt: skip
+    progress = [r for r in records if r.get("event") == "progress"]
+    assert len(progress) == 12 and len([r for r in records if r.get("event") == "eval"]) == 6
+    assert [r["sequences_per_s"] for r in progress] == [8.0] * 12
+
+
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
     result, records = run(
@@ -82,6 +106,17 @@ def test_training_on_past_the_target_records_the_first_hit_and_the_whole_curve(t
     assert evals == [16, 32, 48, 64, 80, 96]  # every evaluation to the budget, not stopped at the first
     assert result.status == "reached_target" and result.samples == 96
     assert result.samples_to_target == 16
+
+
+def test_a_diverged_run_reports_its_last_step_whole(tmp_path):
+    """Read back every 5 steps, a loss that is NaN from step 2 on ends the run at step 5, whose progress record is
+    step 5's: its learning rate too (not the first NaN step's)."""
+    _, records = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30,
+                                  "log.every_steps": 5, "schedule.warmup_steps": 10, "schedule.total_steps": 20,
+                                  "eval.every_samples": 10**6})  # fmt: skip
+    (last,) = [r for r in records if r.get("event") == "progress"]
+    assert last["step"] == 5 and last["samples"] == 40 and not math.isfinite(last["loss"])
+    assert last["lr"] == pytest.approx(1e30 * 4 / 10, rel=1e-12)  # step 5 runs with warmup's rate of index 4
 
 
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):
