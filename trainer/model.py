@@ -465,8 +465,12 @@ class BertForPreTraining(nn.Module):
         return PretrainingOutput(mlm_logits, self.cls.seq_relationship(pooled))
 
 
-def pretraining_loss(out: PretrainingOutput, batch: PackedBatch) -> PretrainingLoss:
-    """MLM cross-entropy averaged over masked tokens plus NSP cross-entropy averaged over sequences.
+def pretraining_loss(
+    out: PretrainingOutput, batch: PackedBatch, mlm_weight: float = 1.0, nsp_weight: float = 1.0
+) -> PretrainingLoss:
+    """MLM cross-entropy averaged over masked tokens plus NSP cross-entropy averaged over sequences; `total` weighs
+    them by `mlm_weight` and `nsp_weight` (a micro-batch's shares of its step's masked tokens and sequences, so that
+    the micro-batches' totals add up to the step's own loss: `trainer.train.train_step`).
 
     A batch without masked tokens (rows too short to mask) has an MLM loss of 0, not the NaN of an empty mean.
     """
@@ -475,7 +479,7 @@ def pretraining_loss(out: PretrainingOutput, batch: PackedBatch) -> PretrainingL
     nsp = F.cross_entropy(out.nsp_logits.float(), batch.next_sentence_labels)
     with torch.no_grad():
         correct = (out.mlm_logits.argmax(-1) == batch.masked_labels).sum()
-    return PretrainingLoss(mlm + nsp, mlm.detach(), nsp.detach(), correct, batch.masked_labels.numel())
+    return PretrainingLoss(mlm_weight * mlm + nsp_weight * nsp, mlm.detach(), nsp.detach(), correct, masked)
 
 
 # --------------------------------------------------------------------------- Hugging Face weights

@@ -7,8 +7,9 @@ The clipping code calls it where the gradients pass anyway, so it costs no extra
   gradient before it is accumulated (one squared norm per tensor and micro-batch); the small batch is then a
   micro-batch and the big one this rank's accumulated batch, both before any clip and before the all-reduce,
   so the measurement is exact under every clipping strategy and any number of ranks.
-Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight, so they are in the units of
-a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
+Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight (its MLM loss's: its share of the
+step's masked tokens; MLM's gradient dominates, and the weight is exact when every micro-batch has the same masked
+tokens a sequence), so they are in the units of a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
 accumulating) sums the ranks' numbers; they stay on the device (`PendingNorms`) until the trainer reads them back
 with the step's loss, so a measured step does not make the host wait for the device either.
 

@@ -394,7 +394,7 @@ def checkpoint(run: Run, state: TrainState) -> None:
 
 @dataclass
 class StepStats:
-    loss_sum: torch.Tensor  # on the device: the step's loss summed over its masked tokens (read back in batches)
+    loss_sum: torch.Tensor  # on the device: the step's loss, its micro-batches' shares summed (read back in batches)
     mlm_correct: torch.Tensor  # on the device: masked tokens predicted right
     mlm_count: int
     lr: float  # the learning rate the step ran with
@@ -410,7 +410,7 @@ class Reading:
     """A step's numbers once read back to the host (`read_back`)."""
 
     step: int
-    loss: float  # per masked token
+    loss: float  # the step's: MLM per masked token plus NSP per sequence (this rank's)
     mlm_accuracy: float  # on the step's masked tokens
     grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) of a measured step
     lr: float  # the learning rate the step ran with
@@ -433,15 +433,18 @@ def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
         if s.grad_sq_norms is not None:
             width = s.grad_sq_norms.values.numel()
             norms, at = s.grad_sq_norms.finish(values[at : at + width]), at + width
-        readings.append(Reading(step, loss / max(s.mlm_count, 1), correct / max(s.mlm_count, 1), norms, s.lr))
+        readings.append(Reading(step, loss, correct / max(s.mlm_count, 1), norms, s.lr))
     return readings
 
 
-def forward_backward(run: Run, batch: PackedBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_backward(
+    run: Run, batch: PackedBatch, mlm_weight: float, nsp_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's forward and backward; its share of the step's loss (detached) and its MLM hits."""
     with autocast(run.device, run.autocast):
-        loss = pretraining_loss(run.module(batch), batch)
-    run.scaler.scale(loss.total * scale).backward()
-    return loss.total.detach() * batch.masked_labels.numel(), loss.mlm_correct
+        loss = pretraining_loss(run.module(batch), batch, mlm_weight, nsp_weight)
+    run.scaler.scale(loss.total).backward()
+    return loss.total.detach(), loss.mlm_correct
 
 
 def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
@@ -454,12 +457,15 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
     masked = sum(b.masked_labels.numel() for b in batches)
     loss_sum = torch.zeros((), device=run.device)
     correct = torch.zeros((), device=run.device)
+    sequences = sum(b.num_sequences for b in batches)
     for i, batch in enumerate(batches):
-        # Weight each micro-batch by its share of the step's sequences, so accumulation = one big batch.
-        weight = batch.num_sequences / max(1, sum(b.num_sequences for b in batches))
-        probe = micro_batch_probe(run, weight) if measured else nullcontext()
+        # Each micro-batch's MLM loss weighed by its share of the step's masked tokens and its NSP loss by its share
+        # of the sequences: their sum is the step's loss (MLM over all its masked tokens, NSP over all its
+        # sequences), and its gradient the same however the step is split (up to rounding and dropout masks).
+        mlm_weight, nsp_weight = batch.masked_labels.numel() / max(masked, 1), batch.num_sequences / sequences
+        probe = micro_batch_probe(run, mlm_weight) if measured else nullcontext()  # MLM's gradient dominates
         with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1), probe:
-            loss, ok = forward_backward(run, batch, weight)
+            loss, ok = forward_backward(run, batch, mlm_weight, nsp_weight)
         loss_sum += loss
         correct += ok
     run.clipper.before_step(run.optimizer)

@@ -81,6 +81,19 @@ def test_a_progress_lines_throughput_leaves_out_the_time_of_evaluations_and_chec
     assert [r["sequences_per_s"] for r in progress] == [8.0] * 12
 
 
+def test_the_split_into_micro_batches_changes_neither_the_losses_nor_the_training(tmp_path):
+    """Without dropout, one micro-batch of 8 and four of 2 (whose masked tokens a sequence differ) train the same:
+    each micro-batch's MLM loss counts by its share of the step's masked tokens and its NSP loss by its share of
+    the sequences, so the step's loss and gradient are those of the whole batch, up to rounding."""
+    no_dropout = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}
+    losses_of = {}
+    for micro in (8, 2):
+        _, records = run(tmp_path / str(micro), **no_dropout, **{"batch.micro_batch_size": micro})
+        losses_of[micro] = losses(records)
+    assert len(losses_of[8]) == 12
+    assert losses_of[2] == pytest.approx(losses_of[8], rel=1e-5)
+
+
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
     result, records = run(
