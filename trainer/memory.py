@@ -1,9 +1,9 @@
 """How many sequences fit in one forward/backward on this device: `batch.micro_batch_size: auto`.
 
 The micro-batch only sets how a step's sequences are split into forward/backward passes (accumulation makes the
-step's gradient the same whatever the split: `trainer.train.train_step`), and on a GPU the fastest is usually the largest that fits (on
-the CPU it is not: BENCHMARKS.md). Before the first step the trainer measures one forward + backward on the
-training set's longest sequences at two small micro-batches, fits
+step's gradient the same whatever the split: `trainer.train.train_step`), and on a GPU the fastest is usually the
+largest that fits (on the CPU it is not: BENCHMARKS.md). Before the first step the trainer measures one forward +
+backward on the training set's longest sequences at two small micro-batches, fits
 
     bytes = fixed + per_token x tokens
 

@@ -9,10 +9,10 @@ The clipping code calls it where the gradients pass anyway, so it costs no extra
   so the measurement is exact under every clipping strategy and any number of ranks.
 Norms are divided by the loss scale (fp16) and by the micro-batch's loss weight (its MLM loss's: its share of the
 step's masked tokens; MLM's gradient dominates, and the weight is exact when every micro-batch has the same masked
-tokens a sequence), so they are in the units of a plain mean gradient. At the end of the step one all-reduce of a few scalars (4 per bucket, or 3 when
-accumulating) sums the ranks' numbers; they stay on the device (`PendingNorms`) until the trainer reads them back
-with the step's loss, so a measured step does not make the host wait for the device either.
-
+tokens a sequence), so they are in the units of a plain mean gradient. At the end of the step one all-reduce of a
+few scalars (4 per bucket, or 3 when accumulating) sums the ranks' numbers; they stay on the device (`PendingNorms`)
+until the trainer reads them back with the step's loss, so a measured step does not make the host wait for the
+device either.
 The probe measures only the steps it is switched on for (`measure`, every `log.noise_scale_every` steps): on the
 others it records nothing, its per-parameter hooks are removed, and the host reads nothing back.
 """
