@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.balance import build_batch_sampler, make_node_groups
@@ -27,6 +28,7 @@ from trainer.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
+    rng_state,
     save_checkpoint,
     saved_config,
     saved_micro_batch,
@@ -335,7 +337,8 @@ def restore(run: Run) -> TrainState:
     run.scaler.load_state_dict(payload["scaler"])
     if "noise_scale" in payload:
         run.noise_scale.load_state_dict(payload["noise_scale"])
-    restore_rng_state(payload["rng"])
+    ranks = payload.get("rng_ranks") or []  # each rank's own, where they were saved for this many ranks
+    restore_rng_state(ranks[run.env.rank] if len(ranks) == run.env.world_size else payload["rng"])
     log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
     return state
 
@@ -375,8 +378,17 @@ def finished_checkpoint(cfg: TrainerConfig) -> Path | None:
     return path if path is not None and finished_status(cfg, saved_state(path)) is not None else None
 
 
-def checkpoint(run: Run, state: TrainState) -> None:
-    if run.cfg.checkpoint.dir is None or not run.env.is_main:
+def checkpoint(run: Run, state: TrainState, every_rank: bool = True) -> None:
+    """Save the run where it is (rank 0 writes). `every_rank`: all ranks are here together (a checkpoint of the loop,
+    or the end of a run that ended as planned), so each rank's RNG states are gathered too and a resumed run draws
+    on every rank the dropout masks an uninterrupted one would; after a failure rank 0 saves alone, with its own."""
+    if run.cfg.checkpoint.dir is None:
+        return
+    rng_ranks = None
+    if every_rank and run.env.enabled:
+        rng_ranks = [None] * run.env.world_size
+        dist.all_gather_object(rng_ranks, rng_state())
+    if not run.env.is_main:
         return
     payload = {
         "model": run.model.state_dict(),
@@ -385,6 +397,7 @@ def checkpoint(run: Run, state: TrainState) -> None:
         "scaler": run.scaler.state_dict(),
         "noise_scale": run.noise_scale.state_dict(),
         "config": dump_config(run.cfg),
+        **({"rng_ranks": rng_ranks} if rng_ranks is not None else {}),
     }
     save_checkpoint(run.cfg.checkpoint.dir, payload, state)
 
@@ -746,5 +759,6 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         result = final_result(run, state, status, reason, error)
         run.reporter.final(result)
         mlperf.run_stop(result)
-    checkpoint(run, state)
+    if status is not TrainStatus.DIVERGED:  # its weights are not finite: the last checkpoint before stays the latest
+        checkpoint(run, state, every_rank=status is not TrainStatus.FAILED)  # a failed rank may not get here
     return result

@@ -101,6 +101,28 @@ def test_an_epoch_with_fewer_sequences_left_than_ranks_ends_without_them(tmp_pat
     assert [(f["status"], f["steps"], f["samples"]) for f in finals] == [("budget_exhausted", 13, 104)]
 
 
+def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_path):
+    """Each rank draws its own dropout masks, so a checkpoint keeps every rank's random state: two ranks stopped at
+    32 samples and resumed to 64 give the losses of a run of 64 never stopped (rank 1's masks differed before)."""
+    settings = {"schedule.total_steps": 100, "eval.every_samples": 10**6, "model.hidden_dropout_prob": 0.1,
+                "model.attention_probs_dropout_prob": 0.1}  # fmt: skip
+
+    def torchrun_to(directory, samples, checkpoints=None):
+        extra = {"budget.max_samples": samples, **settings}
+        if checkpoints is not None:
+            extra["checkpoint.dir"] = str(checkpoints)
+        proc = subprocess.run(torchrun(2, make_train_overrides(directory, **extra)), capture_output=True, text=True,
+                              timeout=240, env=child_env())  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [r["loss"] for r in read_jsonl(directory / "report.jsonl") if r.get("event") == "progress"]
+
+    uninterrupted = torchrun_to(tmp_path / "whole", 64)
+    first = torchrun_to(tmp_path / "first", 32, tmp_path / "ck")
+    then = torchrun_to(tmp_path / "then", 64, tmp_path / "ck")
+    assert len(uninterrupted) == 8 and len(first) == 4 and len(then) == 4
+    assert first + then == uninterrupted
+
+
 def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
     """The ranks' clocks differ, so the time budget is decided together where they read back their losses (every
     3 steps here): both stop at step 3, although each was out of time after its first step."""

@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import trainer.train as train_module
 from tests.trainer.conftest import make_train_overrides
@@ -130,6 +131,18 @@ def test_a_diverged_run_reports_its_last_step_whole(tmp_path):
     (last,) = [r for r in records if r.get("event") == "progress"]
     assert last["step"] == 5 and last["samples"] == 40 and not math.isfinite(last["loss"])
     assert last["lr"] == pytest.approx(1e30 * 4 / 10, rel=1e-12)  # step 5 runs with warmup's rate of index 4
+
+
+def test_a_diverged_run_leaves_its_last_finite_checkpoint_the_latest(tmp_path):
+    """A checkpoint every step; the loss is NaN from step 2 on: the checkpoint of step 1 stays the latest, with
+    finite weights, instead of one of the diverged weights."""
+    result, _ = run(tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30,
+                                 "eval.every_samples": 10**6, "checkpoint.dir": str(tmp_path / "ck"),
+                                 "checkpoint.every_samples": 8})  # fmt: skip
+    assert result.status == "diverged" and result.samples == 16
+    payload, state = load_checkpoint(latest_checkpoint(tmp_path / "ck"))
+    assert state.samples == 8
+    assert all(torch.isfinite(t).all() for t in payload["model"].values())
 
 
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):
