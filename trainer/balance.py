@@ -231,6 +231,15 @@ class RankBatchSampler:
     def __len__(self) -> int:
         return self.steps_per_epoch
 
+    def optimizer_steps(self, samples: int, accumulation: int) -> int:
+        """Optimizer steps of `accumulation` micro-batches a rank until at least `samples` sequences are trained
+        (the loop's stop): an epoch's steps are full global batches but its last, which may be short."""
+        full, rest = divmod(len(self.lengths), self.world_size * self.micro_batch_size)
+        epoch_samples = len(self.lengths) - (rest if rest < self.world_size else 0)
+        epoch_steps = -(-self.steps_per_epoch // accumulation)
+        epochs, left = divmod(samples, epoch_samples)
+        return epochs * epoch_steps + -(-left // (self.world_size * self.micro_batch_size * accumulation))
+
     def batches(self, epoch: int) -> Iterator[np.ndarray]:
         """This rank's micro-batches of `epoch`, in step order."""
         if self.method == "local_presort" and self.world_size > 1:

@@ -110,7 +110,12 @@ class OptimizerConfig(Section):
 class ScheduleConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warmup length in optimizer steps.")
     start_warmup_step: int = Field(0, description="Warmup start offset S (may be negative, MLPerf).")
-    total_steps: int | None = Field(None, ge=1, description="Decay horizon T (None: from budget.max_samples).")
+    total_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Decay horizon T (None: the optimizer steps budget.max_samples takes, each epoch's short last "
+        "step counted).",
+    )
     power: float = Field(1.0, ge=0.0, description="Polynomial decay power p.")
     end_lr: float = Field(0.0, ge=0.0, description="Learning rate e at and after the total steps.")
 

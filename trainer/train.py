@@ -239,7 +239,8 @@ class Run:
     eval_samples: PretrainingSamples
     sampler: Any
     accumulation: int
-    total_steps: int
+    total_steps: int  # the learning rate's decay horizon
+    budget_steps: int  # the optimizer steps `budget.max_samples` allows (epochs' short last steps counted)
     reporter: Reporter
     probe: NormProbe | None  # None: noise scale off or not measurable (one process, no accumulation)
     noise_scale: NoiseScaleEstimator
@@ -268,8 +269,6 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
             bucket_cap_mb=cfg.clipping.bucket_cap_mb,
         )
     optimizer = build_optimizer(model, effective_optimizer_config(cfg.optimizer, cfg.clipping))
-    total_steps = cfg.schedule.total_steps or math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
-    scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
     scaler = torch.amp.GradScaler(
         device.type, init_scale=cfg.precision.initial_loss_scale, enabled=autocast is torch.float16
     )
@@ -285,6 +284,9 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         local_world_size=env.local_world_size,
         node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
     )
+    budget_steps = sampler.optimizer_steps(cfg.budget.max_samples, accumulation)
+    total_steps = cfg.schedule.total_steps or budget_steps  # the decay's horizon: by default the run's own steps
+    scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
     probe = None
     if cfg.log.noise_scale and (env.enabled or accumulation > 1):
         probe = NormProbe(env.world_size, device=device)
@@ -311,6 +313,7 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         sampler,
         accumulation,
         total_steps,
+        budget_steps,
         reporter if env.is_main else NullReporter(),
         probe,
         NoiseScaleEstimator(cfg.log.noise_scale_decay),
@@ -347,7 +350,7 @@ def warn_long_warmup(run: Run) -> None:
     """Say so when the warmup does not end within the steps the sample budget allows: the learning rate never
     reaches optimizer.lr."""
     cfg = run.cfg
-    steps = math.ceil(cfg.budget.max_samples / cfg.batch.global_batch_size)
+    steps = run.budget_steps
     if cfg.schedule.warmup_steps == 0 or steps - 1 - cfg.schedule.start_warmup_step >= cfg.schedule.warmup_steps:
         return
     schedule = cfg.schedule  # the whole run warms up: its last step has the highest rate

@@ -123,6 +123,26 @@ def test_no_rank_is_ever_without_a_sequence_fewer_left_than_ranks_are_left_out(m
     assert sampler.steps_per_epoch == len(plan)
 
 
+@pytest.mark.parametrize("n", [64, 97, 100, 131])
+@pytest.mark.parametrize("world_size,micro,accumulation", [(1, 4, 1), (1, 4, 3), (2, 4, 1), (2, 2, 3), (4, 3, 2)])
+def test_optimizer_steps_are_the_steps_the_loop_takes_to_a_budget(n, world_size, micro, accumulation):
+    """Counted against the plans themselves: steps of `accumulation` micro-batch rounds, epoch after epoch, until
+    the sequences trained reach the budget."""
+    lengths = make_mlperf_like_lengths(n)
+    sampler = RankBatchSampler(lengths, "none", BINS, micro, seed=0, world_size=world_size, local_world_size=1)
+    for budget in (1, 50, n, 3 * n + 7):
+        steps = samples = epoch = 0
+        while samples < budget:
+            rounds = make_plan(lengths, "none", world_size, 1, micro_batch_size=micro, epoch=epoch)
+            for start in range(0, len(rounds), accumulation):
+                samples += sum(len(b) for step in rounds[start : start + accumulation] for b in step)
+                steps += 1
+                if samples >= budget:
+                    break
+            epoch += 1
+        assert sampler.optimizer_steps(budget, accumulation) == steps, budget
+
+
 def test_a_training_set_smaller_than_the_ranks_is_refused():
     with pytest.raises(ConfigError, match="3 sequence\\(s\\), fewer than the 4 ranks"):
         RankBatchSampler(np.array([10, 20, 30]), "none", BINS, 1, seed=0, world_size=4, local_world_size=4)

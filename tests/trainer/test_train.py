@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trainer.train as train_module
-from tests.trainer.conftest import make_train_overrides
+from tests.trainer.conftest import make_shards, make_train_overrides
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_config
 from trainer.errors import TrainerError
@@ -93,6 +93,19 @@ def test_the_split_into_micro_batches_changes_neither_the_losses_nor_the_trainin
         losses_of[micro] = losses(records)
     assert len(losses_of[8]) == 12
     assert losses_of[2] == pytest.approx(losses_of[8], rel=1e-5)
+
+
+def test_the_default_decay_horizon_counts_the_short_last_step_of_each_epoch(tmp_path):
+    """100 sequences at global batch 8: an epoch is 12 full steps and one of 4 sequences, so 208 samples take 27
+    steps, not 208 / 8 = 26; the rate decays over those 27 and is not yet 0 at the last."""
+    train_dir, eval_dir = make_shards(tmp_path / "data100", n_train=100)
+    _, records = run(tmp_path, **{"data.train": str(train_dir), "data.eval": str(eval_dir),
+                                  "budget.max_samples": 208, "eval.every_samples": 10**6,
+                                  "schedule.warmup_steps": 0, "optimizer.lr": 1e-3})  # fmt: skip
+    progress = [r for r in records if r.get("event") == "progress"]
+    epoch = [*range(8, 97, 8), 100]
+    assert [r["samples"] for r in progress] == epoch + [100 + n for n in epoch] + [208]
+    assert [r["lr"] for r in progress] == pytest.approx([1e-3 * (1 - k / 27) for k in range(27)], rel=1e-9)
 
 
 def test_loss_decreases_on_repeated_data(tmp_path):
