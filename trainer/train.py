@@ -337,6 +337,11 @@ def restore(run: Run) -> TrainState:
     run.model.load_state_dict(payload["model"])
     run.optimizer.load_state_dict(payload["optimizer"])
     run.scheduler.load_state_dict(payload["scheduler"])
+    # The schedule is this run's config's (its lambda was built from it), its base rate too: the checkpoint's
+    # `base_lrs` would keep the saved run's optimizer.lr, whatever this run says (and its MLPerf log).
+    run.scheduler.base_lrs = [run.cfg.optimizer.lr] * len(run.optimizer.param_groups)
+    for group, factor in zip(run.optimizer.param_groups, run.scheduler.lr_lambdas, strict=True):
+        group["lr"] = run.cfg.optimizer.lr * factor(run.scheduler.last_epoch)
     run.scaler.load_state_dict(payload["scaler"])
     if "noise_scale" in payload:
         run.noise_scale.load_state_dict(payload["noise_scale"])

@@ -299,6 +299,17 @@ def test_resume_continues_the_same_loss_sequence(tmp_path):
     assert len(resumed) == 7
 
 
+def test_a_run_resumed_with_another_learning_rate_trains_with_it(tmp_path):
+    """The schedule after a resume is the resuming run's: stopped at step 5 with optimizer.lr 3e-3, resumed with
+    1e-3, its steps 6 to 12 run with 1e-3 on the same warmup and decay (the checkpoint kept 3e-3 before)."""
+    common = {"schedule.warmup_steps": 3, "schedule.total_steps": 12, "checkpoint.dir": str(tmp_path / "ck")}
+    run(tmp_path, **common, **{"optimizer.lr": 3e-3, "budget.max_samples": 40, "checkpoint.every_samples": 40})
+    _, records = run(tmp_path, **common, **{"optimizer.lr": 1e-3})
+    resumed = [r for r in records if r.get("event") == "progress"][5:]
+    assert [r["step"] for r in resumed] == list(range(6, 13))
+    assert [r["lr"] for r in resumed] == pytest.approx([1e-3 * (1 - k / 12) for k in range(5, 12)], rel=1e-12)
+
+
 @pytest.mark.parametrize("extra", [{}, {"eval.target_mlm_accuracy": 1e-6}], ids=["budget", "target"])
 def test_the_same_command_again_after_the_run_finished_trains_nothing_and_keeps_its_mlperf_log(tmp_path, extra):
     """With checkpoint.dir (resume is on by default) a finished run's command run again resumes from its final
