@@ -60,7 +60,8 @@ $(DEMO_DATA)/meta.json: | $(VENV)/.installed
 demo-data: $(DEMO_DATA)/meta.json
 
 # The main job: a small real ADAM-vs-LAMB experiment on CPU (SMAC3, SQLite), best config per optimizer, re-run
-# with 2 more seeds each for the verdict. Trials are bounded by samples; sized to end within 10 minutes when idle.
+# in rounds of 3 more seeds each (at most 6) until the verdict decides. Trials are bounded by samples; sized to end
+# within 10 minutes when idle.
 # It has its own database (runs/demo/hpo.db), started afresh on every `make demo`.
 demo: $(VENV)/.installed $(DEMO_DATA)/meta.json
 	rm -rf runs/demo && mkdir -p runs/demo
