@@ -113,8 +113,13 @@ class ScheduleConfig(Section):
     total_steps: int | None = Field(
         None,
         ge=1,
-        description="Decay horizon T (None: the optimizer steps budget.max_samples takes, each epoch's short last "
-        "step counted).",
+        description="Decay horizon T in optimizer steps (None: the steps schedule.horizon_samples take).",
+    )
+    horizon_samples: int | None = Field(
+        None,
+        ge=1,
+        description="Decay horizon as the samples whose optimizer steps it spans, each epoch's short last step "
+        "counted (None: budget.max_samples); a multi-fidelity trial's short run keeps its full run's.",
     )
     power: float = Field(1.0, ge=0.0, description="Polynomial decay power p.")
     end_lr: float = Field(0.0, ge=0.0, description="Learning rate e at and after the total steps.")

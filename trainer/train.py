@@ -285,7 +285,8 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
     )
     budget_steps = sampler.optimizer_steps(cfg.budget.max_samples, accumulation)
-    total_steps = cfg.schedule.total_steps or budget_steps  # the decay's horizon: by default the run's own steps
+    horizon = cfg.schedule.horizon_samples or cfg.budget.max_samples  # by default the run's own steps
+    total_steps = cfg.schedule.total_steps or sampler.optimizer_steps(horizon, accumulation)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
     probe = None
     if cfg.log.noise_scale and (env.enabled or accumulation > 1):

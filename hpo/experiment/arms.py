@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -176,9 +175,10 @@ def trial_config(spec: ExperimentSpec, params: Mapping[str, Any], fidelity: floa
         set_dotted(raw, key, value)
     if fidelity < 1:
         full = config_from_dict(raw, f"{spec.source}: trial")
-        # A short run must be a prefix of the full one: pin the decay horizon the trainer would derive.
-        total = full.schedule.total_steps or math.ceil(full.budget.max_samples / full.batch.global_batch_size)
-        set_dotted(raw, "schedule.total_steps", total)
+        # A short run must be a prefix of the full one: its decay horizon is the full run's (in samples: the trainer
+        # counts the steps they take on its data), unless the file fixes one in steps.
+        if full.schedule.total_steps is None:
+            set_dotted(raw, "schedule.horizon_samples", full.schedule.horizon_samples or full.budget.max_samples)
         set_dotted(raw, "budget.max_samples", max(1, round(full.budget.max_samples * fidelity)))
     return config_from_dict(raw, f"{spec.source}: trial {dict(params)}")
 

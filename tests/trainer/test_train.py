@@ -106,6 +106,13 @@ def test_the_default_decay_horizon_counts_the_short_last_step_of_each_epoch(tmp_
     epoch = [*range(8, 97, 8), 100]
     assert [r["samples"] for r in progress] == epoch + [100 + n for n in epoch] + [208]
     assert [r["lr"] for r in progress] == pytest.approx([1e-3 * (1 - k / 27) for k in range(27)], rel=1e-9)
+    # A short run given the full run's horizon in samples (as a multi-fidelity trial is) is its prefix
+    _, short = run(tmp_path / "short", **{"data.train": str(train_dir), "data.eval": str(eval_dir),
+                                          "budget.max_samples": 104, "schedule.horizon_samples": 208,
+                                          "eval.every_samples": 10**6, "schedule.warmup_steps": 0,
+                                          "optimizer.lr": 1e-3})  # fmt: skip
+    short_lrs = [r["lr"] for r in short if r.get("event") == "progress"]
+    assert short_lrs == [r["lr"] for r in progress][: len(short_lrs)] and len(short_lrs) == 14
 
 
 def test_loss_decreases_on_repeated_data(tmp_path):

@@ -136,7 +136,8 @@ def test_the_asha_demo_is_the_cpu_demo_with_rungs_of_4096_and_12288_samples():
     params = asha.space.sample(0)
     low, top = trial_config(asha, params, fidelity=plan.budgets[0]), trial_config(asha, params)
     assert low.budget.max_samples == 4096 and top.budget.max_samples == 12288
-    assert low.schedule.total_steps == 12288 // 32 and top.schedule.total_steps is None  # one LR schedule
+    assert (low.schedule.horizon_samples, low.schedule.total_steps) == (12288, None)  # one LR schedule: the full run's
+    assert (top.schedule.horizon_samples, top.schedule.total_steps) == (None, None)
 
 
 def test_adam_vs_lamb_uses_arm_specific_learning_rates():
@@ -206,7 +207,11 @@ def test_trial_config_fidelity_shortens_the_run_but_keeps_the_schedule(tmp_path)
     full, third = trial_config(spec, params), trial_config(spec, params, fidelity=1 / 3)
     assert full.budget.max_samples == 4096 and full.schedule.total_steps is None
     assert third.budget.max_samples == 1365
-    assert third.schedule.total_steps == 4096 // 32  # the full run's decay horizon
+    assert (third.schedule.horizon_samples, third.schedule.total_steps) == (4096, None)  # the full run's horizon
+    overrides = {"budget.max_samples": 4096, "schedule.total_steps": 500}  # a horizon the file fixes in steps
+    fixed = load_experiment(write_experiment(tmp_path / "fixed", make_experiment(overrides=overrides)))
+    third = trial_config(fixed, params, fidelity=1 / 3)
+    assert (third.schedule.horizon_samples, third.schedule.total_steps, third.budget.max_samples) == (None, 500, 1365)
     with pytest.raises(ValueError, match="fidelity"):
         trial_config(spec, params, fidelity=0)
 
