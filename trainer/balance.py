@@ -15,8 +15,9 @@ every rank exactly micro_batch_size samples; the remaining r = N mod (world_size
 last step in which batch sizes differ by at most one, when r >= world_size, so that no rank is ever without a
 sequence (a rank with none could not join the step's gradient all-reduce); fewer than world_size are left out of
 that epoch (shuffled, other epochs' permutations leave out others; with `data.shuffle: false` the same ones every
-epoch). So each sample appears exactly once per epoch, but for those; one process leaves none out. `RankBatchSampler` is what the trainer
-iterates; for `local_presort` it really all-gathers the local batches within the node's process group.
+epoch). So each sample appears exactly once per epoch, but for those; one process leaves none out.
+`RankBatchSampler` is what the trainer iterates; for `local_presort` it really all-gathers the local batches within
+the node's process group.
 """
 
 from __future__ import annotations
