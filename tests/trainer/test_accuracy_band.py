@@ -3,11 +3,11 @@ global batch (the distributed methods must not cost accuracy). About 22 minutes 
 
 Each run is judged where it has stopped learning: at 98,304 samples (the learning rate decays over the budget) the
 tiny model's masked-LM accuracy moves by less than 0.01 over the last quarter of training. Where it stops is a
-matter of the seed: measured on a 2-core AMD EPYC, one process ended at 0.441 (seed 1234) and 0.376 (seed 7), two
-ranks at 0.419 and 0.410. A single seed's difference (-0.022, +0.034) is as much the seed's as the method's, so the
-test asks for the mean over both seeds: the two ranks' accuracy at most 0.03 below one process's. Earlier in
-training the curve is steep and the runs differ in when they take off (at 24,576 samples one process was still at
-0.07 for seed 1234), which says nothing about how well they learn.
+matter of the seed: measured on a 2-core AMD EPYC (2026-11-29), one process ended at 0.446 (seed 1234) and 0.404
+(seed 7), two ranks at 0.426 and 0.410. A single seed's difference (-0.020, +0.006; -0.022 and +0.034 on 2026-11-28)
+is as much the seed's as the method's, so the test asks for the mean over both seeds: the two ranks' accuracy at
+most 0.03 below one process's. Earlier in training the curve is steep and the runs differ in when they take off (at
+24,576 samples one process was once still at 0.07 for seed 1234), which says nothing about how well they learn.
 
     .venv/bin/pytest -m slow tests/trainer/test_accuracy_band.py -s
 """
