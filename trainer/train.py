@@ -336,7 +336,12 @@ def restore(run: Run) -> TrainState:
         )
     payload, state = load_checkpoint(path)
     run.model.load_state_dict(payload["model"])
+    # The optimizer's moments are the checkpoint's, its hyperparameters (betas, eps, weight decay) this run's config's,
+    # as its MLPerf log says: loading a state dict would put back the saved run's.
+    hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     run.optimizer.load_state_dict(payload["optimizer"])
+    for group, own in zip(run.optimizer.param_groups, hyperparameters, strict=True):
+        group.update(own)
     run.scheduler.load_state_dict(payload["scheduler"])
     # The schedule is this run's config's (its lambda was built from it), its base rate too: the checkpoint's
     # `base_lrs` would keep the saved run's optimizer.lr, whatever this run says (and its MLPerf log).

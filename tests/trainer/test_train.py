@@ -317,6 +317,20 @@ def test_a_run_resumed_with_another_learning_rate_trains_with_it(tmp_path):
     assert [r["lr"] for r in resumed] == pytest.approx([1e-3 * (1 - k / 12) for k in range(5, 12)], rel=1e-12)
 
 
+def test_a_run_resumed_with_other_optimizer_settings_trains_with_them(tmp_path):
+    """Betas, eps and weight decay after a resume are the resuming run's config's (bias and LayerNorm keep no weight
+    decay); the moments are the checkpoint's."""
+    common = {"checkpoint.dir": str(tmp_path / "ck"), "optimizer.name": "adamw"}
+    run(tmp_path, **common, **{"budget.max_samples": 40, "checkpoint.every_samples": 40})
+    new = {"optimizer.beta1": 0.8, "optimizer.beta2": 0.95, "optimizer.eps": 1e-8, "optimizer.weight_decay": 0.05}
+    run(tmp_path, **common, **new)
+    payload, state = load_checkpoint(latest_checkpoint(tmp_path / "ck"))
+    assert state.samples == 96
+    groups = payload["optimizer"]["param_groups"]
+    assert {(g["betas"], g["eps"]) for g in groups} == {((0.8, 0.95), 1e-8)}
+    assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
+
+
 @pytest.mark.parametrize("extra", [{}, {"eval.target_mlm_accuracy": 1e-6}], ids=["budget", "target"])
 def test_the_same_command_again_after_the_run_finished_trains_nothing_and_keeps_its_mlperf_log(tmp_path, extra):
     """With checkpoint.dir (resume is on by default) a finished run's command run again resumes from its final
