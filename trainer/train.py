@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -221,6 +222,14 @@ def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
     return model.to(device)
 
 
+def seed_rank_stream(seed: int, rank: int) -> None:
+    """Give each rank its own random stream from here on (dropout masks): ranks > 0 are reseeded from (seed, rank)
+    through a seed sequence, so that no rank shares a stream with another rank or with a run of a nearby seed (a
+    confirmation run's); rank 0 goes on with the stream of `seed`, as one process does."""
+    if rank > 0:
+        torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1, dtype=np.uint64)[0]))
+
+
 @dataclass
 class Run:
     """Everything the loop needs, built once."""
@@ -260,6 +269,7 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, cfg.eval.max_samples, width)
     model = build_model(cfg, device)
     cfg = resolve_micro_batch(cfg, env, device, autocast, model, train_samples)
+    seed_rank_stream(cfg.seed, env.rank)
     accumulation = accumulation_steps(cfg, env)
     ddp = None
     if env.enabled:

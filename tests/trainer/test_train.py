@@ -115,6 +115,20 @@ def test_the_default_decay_horizon_counts_the_short_last_step_of_each_epoch(tmp_
     assert short_lrs == [r["lr"] for r in progress][: len(short_lrs)] and len(short_lrs) == 14
 
 
+def test_each_rank_draws_from_a_stream_of_its_own():
+    """Ranks would otherwise draw the same dropout masks (every rank seeds the same weights first); no rank's stream
+    is another rank's or that of one process with a nearby seed (a confirmation run's), and rank 0 keeps its own."""
+    draws = {}
+    for seed, rank in [(1234, 0), (1234, 1), (1234, 2), (1235, 0), (1235, 1)]:
+        torch.manual_seed(seed)
+        train_module.seed_rank_stream(seed, rank)
+        draws[seed, rank] = torch.rand(8)
+    torch.manual_seed(1234)
+    assert torch.equal(draws[1234, 0], torch.rand(8))  # one process, or rank 0: the seed's own stream
+    rows = list(draws.values())
+    assert all(not torch.equal(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :])
+
+
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
     result, records = run(
