@@ -173,7 +173,11 @@ def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]
         *conditions,
         TrialModel.state == TrialState.COMPLETED.value,
         TrialModel.objective.is_not(None),
-        TrialModel.kind == TrialKind.TUNING.value,  # confirmation runs re-run a best config; they are not rivals
+        # Confirmation runs re-run a best config; they are not rivals. Written as an expression (kind is never null)
+        # so that no index can serve it: PostgreSQL without statistics (right after a bulk load) would otherwise take
+        # the index on (experiment, kind, state, ...), which matches more equalities, read every completed trial
+        # and sort them (70 ms at 100,000 trials against 0.05); the objective index then checks kind per row.
+        func.coalesce(TrialModel.kind, TrialKind.TUNING.value) == TrialKind.TUNING.value,
     ]
     best_first = TrialModel.objective.asc() if direction is Direction.MINIMIZE else TrialModel.objective.desc()
     # Two index lookups: the best objective value, then the first trial that has it (ties -> earliest).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -219,3 +220,34 @@ def test_filtered_key_pages_read_one_index_range_not_the_experiment(tmp_path: Pa
         assert not any(step.startswith("SCAN trials") for step in plan), (name, plan)
         if name != "two states":
             assert not any("TEMP B-TREE" in step for step in plan), (name, plan)
+
+
+@pytest.mark.postgres
+def test_the_best_trial_is_read_from_the_objective_index_even_right_after_a_bulk_load():
+    """Right after 100,000 trials are bulk-loaded (PostgreSQL has no statistics on them yet), the best-trial
+    statement reads the index on (experiment, state, objective, ...) in objective order, not the one on (experiment,
+    kind, state, ...) that matches more of its equalities: that one read and sorted every completed trial (70 ms)."""
+    from bench.storage import load_trials
+    from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    schema = postgres_schema_url(base_url)
+    database_url = next(schema)
+    try:
+        with SqlStorage(database_url, upgrade=True) as storage:
+            experiment_id = storage.create_experiment("best", {}, "minimize")
+        load_trials(database_url, experiment_id, 100_000)
+        with SqlStorage(database_url) as storage:
+            statements: list[tuple[str, object]] = []
+            event.listen(storage._engine, "before_cursor_execute",
+                         lambda _c, _cur, sql, params, *_: statements.append((sql, params)))  # fmt: skip
+            assert storage.best_trial_id(experiment_id) is not None
+            sql, params = next((sql, params) for sql, params in statements if "ORDER BY" in sql)
+            with storage._engine.connect() as connection:
+                plan = "\n".join(str(row[-1]) for row in connection.exec_driver_sql("EXPLAIN " + sql, params))
+    finally:
+        next(schema, None)  # drops the schema
+    assert "ix_trials_experiment_state_objective" in plan, plan
+    assert "ix_trials_experiment_kind_state_arm_target" not in plan, plan
