@@ -225,9 +225,14 @@ class RankBatchSampler:
                               "ranks: every rank needs at least one a step; use fewer ranks or more data")  # fmt: skip
 
     @property
+    def epoch_samples(self) -> int:
+        """The samples an epoch trains: all, but for fewer than world_size left over (`_with_last_step`)."""
+        rest = len(self.lengths) % (self.world_size * self.micro_batch_size)
+        return len(self.lengths) - (rest if rest < self.world_size else 0)
+
+    @property
     def steps_per_epoch(self) -> int:
-        full, rest = divmod(len(self.lengths), self.world_size * self.micro_batch_size)
-        return full + (rest >= self.world_size)
+        return -(-self.epoch_samples // (self.world_size * self.micro_batch_size))
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -235,10 +240,8 @@ class RankBatchSampler:
     def optimizer_steps(self, samples: int, accumulation: int) -> int:
         """Optimizer steps of `accumulation` micro-batches a rank until at least `samples` sequences are trained
         (the loop's stop): an epoch's steps are full global batches but its last, which may be short."""
-        full, rest = divmod(len(self.lengths), self.world_size * self.micro_batch_size)
-        epoch_samples = len(self.lengths) - (rest if rest < self.world_size else 0)
+        epochs, left = divmod(samples, self.epoch_samples)
         epoch_steps = -(-self.steps_per_epoch // accumulation)
-        epochs, left = divmod(samples, epoch_samples)
         return epochs * epoch_steps + -(-left // (self.world_size * self.micro_batch_size * accumulation))
 
     def batches(self, epoch: int) -> Iterator[np.ndarray]:

@@ -517,7 +517,7 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
         mlm_correct=correct,
         mlm_count=masked,
         lr=lr,
-        sequences=sum(b.num_sequences for b in batches),
+        sequences=sequences,
         tokens=sum(b.num_tokens for b in batches),
         grad_sq_norms=grad_sq_norms,
         micro_batch_sizes=[b.num_sequences for b in batches],

@@ -46,8 +46,7 @@ def upgrade_database(url: str, revision: str = "head") -> None:
         connection = config.attributes["connection"]
         taken = _unversioned_tables(connection)
         connection.rollback()  # the check's read transaction: Alembic begins (and commits) its own
-        if taken:
-            raise BadDatabaseError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
+        _refuse_taken(url, taken)
         command.upgrade(config, revision)
 
     _run_alembic(url, upgrade)
@@ -134,6 +133,10 @@ def _refuse_tables_not_ours(url: str) -> None:
         raise storage_error(exc, url) from exc
     finally:
         engine.dispose()
+    _refuse_taken(url, taken)
+
+
+def _refuse_taken(url: str, taken: list[str]) -> None:
     if taken:
         raise BadDatabaseError(f"the database {safe_url(url)} {_not_ours(taken)}: nothing was changed")
 
