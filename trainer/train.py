@@ -222,12 +222,24 @@ def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
     return model.to(device)
 
 
-def seed_rank_stream(seed: int, rank: int) -> None:
-    """Give each rank its own random stream from here on (dropout masks): ranks > 0 are reseeded from (seed, rank)
-    through a seed sequence, so that no rank shares a stream with another rank or with a run of a nearby seed (a
-    confirmation run's); rank 0 goes on with the stream of `seed`, as one process does."""
+def seed_rank_stream(seed: int, rank: int, *entropy: int) -> None:
+    """Give each rank its own random stream from here on (dropout masks): ranks > 0 are reseeded from (seed, rank,
+    *entropy) through a seed sequence, so that no rank shares a stream with another rank or with a run of a nearby
+    seed (a confirmation run's); rank 0 goes on with the stream it has (of `seed`, as one process does)."""
     if rank > 0:
-        torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1, dtype=np.uint64)[0]))
+        torch.manual_seed(int(np.random.SeedSequence([seed, rank, *entropy]).generate_state(1, dtype=np.uint64)[0]))
+
+
+def restore_rank_rng(payload: dict[str, Any], rank: int, world_size: int, seed: int, step: int) -> None:
+    """Put back this rank's random state from a checkpoint. Saved for this many ranks, each rank takes its own; else
+    (another number of ranks, or a failed run's save, rank 0's alone) every rank takes rank 0's and ranks > 0 then
+    draw from a stream of their own, from (seed, rank, step), as a fresh start does from (seed, rank)."""
+    ranks = payload.get("rng_ranks") or []
+    if len(ranks) == world_size:
+        restore_rng_state(ranks[rank])
+        return
+    restore_rng_state(payload["rng"])
+    seed_rank_stream(seed, rank, step)
 
 
 @dataclass
@@ -361,8 +373,7 @@ def restore(run: Run) -> TrainState:
     run.scaler.load_state_dict(payload["scaler"])
     if "noise_scale" in payload:
         run.noise_scale.load_state_dict(payload["noise_scale"])
-    ranks = payload.get("rng_ranks") or []  # each rank's own, where they were saved for this many ranks
-    restore_rng_state(ranks[run.env.rank] if len(ranks) == run.env.world_size else payload["rng"])
+    restore_rank_rng(payload, run.env.rank, run.env.world_size, run.cfg.seed, state.step)
     log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
     return state
 

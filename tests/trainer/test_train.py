@@ -129,6 +129,33 @@ def test_each_rank_draws_from_a_stream_of_its_own():
     assert all(not torch.equal(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :])
 
 
+def test_a_checkpoint_of_other_ranks_gives_each_resuming_rank_a_stream_of_its_own():
+    """Saved for this many ranks, each rank resumes its own stream; saved by another number of ranks (or by rank 0
+    alone), rank 0 resumes rank 0's and every other rank draws from a stream of its own, not rank 0's masks."""
+
+    def state_after(draws):
+        torch.manual_seed(draws)
+        return {"torch": torch.get_rng_state()}
+
+    saved = [state_after(seed) for seed in (11, 12)]
+
+    def resumed(payload, rank, world_size, step=5):
+        train_module.restore_rank_rng(payload, rank, world_size, seed=1234, step=step)
+        return torch.rand(8)
+
+    def continued(state):
+        torch.set_rng_state(state["torch"])
+        return torch.rand(8)
+
+    two = {"rng": saved[0], "rng_ranks": saved}
+    assert [torch.equal(resumed(two, r, 2), continued(saved[r])) for r in (0, 1)] == [True, True]
+    for payload in ({"rng": saved[0]}, {"rng": saved[0], "rng_ranks": saved}):  # rank 0's alone; saved by 2 ranks
+        streams = [resumed(payload, rank, 3) for rank in range(3)]
+        assert torch.equal(streams[0], continued(saved[0]))
+        assert not any(torch.equal(a, b) for i, a in enumerate(streams) for b in streams[i + 1 :])
+    assert not torch.equal(resumed({"rng": saved[0]}, 1, 3, step=5), resumed({"rng": saved[0]}, 1, 3, step=6))
+
+
 def test_loss_decreases_on_repeated_data(tmp_path):
     # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
     result, records = run(
