@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ from pydantic import BaseModel, Field
 from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
 from server.errors import ERROR_RESPONSES
-from server.schemas import ErrorPublic
+from server.schemas import NAME_PATTERN, ErrorPublic, InvalidRequestPublic
 
 router = APIRouter(tags=["plan"], responses=ERROR_RESPONSES)
 
@@ -30,9 +31,9 @@ ACTION = {
     401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
     403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
     422: {
-        "model": ErrorPublic,
-        "description": "The experiment file is not valid or cannot be planned; `detail` "
-        "is the error `hpo plan` gives (the file, the field and what to do).",
+        "model": InvalidRequestPublic,
+        "description": "A query parameter is invalid (a list of them), or the experiment file is not valid or "
+        "cannot be planned: `detail` is then the error `hpo plan` gives (the file, the field and what to do).",
     },  # fmt: skip
     504: {
         "model": ErrorPublic,
@@ -163,7 +164,10 @@ async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_
                 gpu: str | None, difference: float | None = None) -> dict[str, Any]:  # fmt: skip
     """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422."""
     with tempfile.TemporaryDirectory(prefix="hpo-api-plan-") as tmp:
-        path = Path(tmp) / f"{data.get('name') or 'experiment'}.yaml"
+        name = data.get("name")  # a slug names the copy (errors quote it); anything else could choose where to write
+        path = (
+            Path(tmp) / f"{name if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name) else 'experiment'}.yaml"
+        )
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         command = [sys.executable, "-m", "hpo", "plan", str(path), "--json", "--repetitions", str(repetitions)]
         options = (("--slots", slots), ("--gpus-per-slot", gpus_per_slot), ("--gpu", gpu), ("--difference", difference))

@@ -108,6 +108,24 @@ def test_a_posted_file_naming_a_shipped_table_is_planned_on_that_table(planned):
     assert {k: named.json()[k] for k in FIGURES} == {k: pathed.json()[k] for k in FIGURES}
 
 
+@pytest.mark.parametrize("name", ["../../victim", "/abs/victim", "a/b", "n" * 300])
+def test_a_posted_name_that_is_not_a_slug_is_a_422_and_writes_no_file_outside_the_plans_folder(planned, tmp_path,
+                                                                                                 name):  # fmt: skip
+    """The experiment's name once named the plan's temporary copy: a path in it wrote (or overwrote) a YAML file
+    anywhere the server could write, or failed as a 500."""
+    path, _, server = planned
+    victim = tmp_path / "victim.yaml"
+    victim.write_text("important: true\n")
+    data = yaml.safe_load(path.read_text())
+    data["name"] = str(tmp_path / "victim") if name.startswith("/abs") else name
+    if name.startswith("../"):  # from the server's temporary folder up to the root, then down to the victim
+        data["name"] = "../" * 12 + str(tmp_path / "victim").lstrip("/")
+    with server.client() as api:
+        answer = api.post("/plan", content=yaml.safe_dump(data), headers=AUTH | YAML, params={"repetitions": 1})
+    assert answer.status_code == 422 and "name" in answer.json()["detail"], answer.text
+    assert victim.read_text() == "important: true\n"
+
+
 def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     path, _, server = planned
     data = yaml.safe_load(path.read_text())
@@ -126,6 +144,9 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     assert not_yaml.status_code == 422 and "not YAML" in not_yaml.json()["detail"]
     assert too_many.status_code == 422
     assert not_text.status_code == 422 and not_text.json()["detail"][0]["loc"] == ["body"], not_text.text
+    assert schema["paths"]["/api/v1/plan"]["post"]["responses"]["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InvalidRequestPublic"  # a list of parameters, or hpo plan's message
+    }
     post = schema["paths"]["/api/v1/plan"]["post"]
     assert "application/yaml" in post["requestBody"]["content"]
     assert {"401", "403", "422", "504"} <= set(post["responses"])
