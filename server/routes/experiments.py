@@ -70,13 +70,21 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
     responses={
         401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
         403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
-        409: {"model": ErrorPublic, "description": "The experiment has already ended."},
+        409: {
+            "model": ErrorPublic,
+            "description": "The experiment has ended, or its controller is not running "
+            "(`interrupted`): no one would see the request.",
+        },  # fmt: skip
     },
 )
 def stop_experiment(record: ExperimentDep, storage: StorageDep):
     """Ask the experiment's controller to stop: running trials are ended, the experiment becomes `stopped`."""
+    status = experiment_status(record)
+    if status == "interrupted":  # a request no controller reads, which `hpo resume` would clear
+        raise HTTPException(409, f"experiment {record.name} is interrupted: its controller is not running, so there "
+                                 f"is nothing to stop (`hpo resume {record.name}` continues it)")  # fmt: skip
     if record.status is not ExperimentStatus.RUNNING:
-        raise HTTPException(409, f"experiment {record.name} is {record.status.value}: there is nothing to stop")
+        raise HTTPException(409, f"experiment {record.name} is {status}: there is nothing to stop")
     storage.request_stop(record.id)
     detail = f"stop requested; the controller of {record.name} ends its trials within seconds"
     return StopPublic(experiment=record.name, stop_requested=True, detail=detail)

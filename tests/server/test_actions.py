@@ -10,6 +10,8 @@ import httpx
 import pytest
 import yaml
 
+from hpo.experiment import load_experiment, stored_form
+from hpo.storage import SqlStorage
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 from tests.polling import wait_for
 from tests.server.conftest import BACKENDS, TOKEN, hpo, make_experiment_file, start_server, stop_server
@@ -60,6 +62,24 @@ def test_stop_ends_a_live_experiment(empty_database, tmp_path):
             run.kill()
             run.wait()
         stop_server(server)
+
+
+def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_database, tmp_path):
+    """An experiment still RUNNING in the database whose controller died (no heartbeat): a 200 would promise a stop
+    that no controller reads, and `hpo resume` clears the request."""
+    path = make_experiment_file(tmp_path, name="orphan")
+    spec = load_experiment(path)
+    storage = SqlStorage(empty_database)
+    storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)  # never claimed
+    server = start_server(empty_database, tmp_path)
+    try:
+        with server.client() as api:
+            assert api.get("/experiments/orphan").json()["status"] == "interrupted"
+            refused = api.post("/experiments/orphan/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+    finally:
+        stop_server(server)
+    assert refused.status_code == 409 and "hpo resume orphan" in refused.json()["detail"], refused.text
+    assert storage.get_experiment_by_name("orphan").stop_requested is False
 
 
 def _running(response: httpx.Response):
