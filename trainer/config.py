@@ -8,12 +8,13 @@ and out-of-range values raise `ConfigError` naming the dotted key.
 from __future__ import annotations
 
 import numbers
+import typing
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainer.errors import ConfigError
 
@@ -21,9 +22,20 @@ MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes (NumPy's defaul
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+    """Base of every config section: unknown keys are errors, assignments are validated, a number is finite (inf
+    and nan are refused) and never `true` or `false` (pydantic would read them as 1 and 0)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            kinds = {annotation, *typing.get_args(annotation)}
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError("takes a number, not true or false")
+        return value
 
 
 class ModelConfig(Section):
@@ -354,6 +366,55 @@ def read_config_text(path: Path) -> str:
         raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
 
 
+class DuplicateKeyError(ValueError):
+    """A key given twice in one mapping of a YAML document (PyYAML would keep the last silently)."""
+
+
+def read_yaml(text: str) -> Any:
+    """`yaml.safe_load`, but a key given twice in one mapping raises DuplicateKeyError naming its line and its
+    dotted place (`line 14: space.optimizer.lr: given twice ...`) instead of the last one silently winning."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_unique_keys(loader, node, [])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_unique_keys(
+    loader: yaml.SafeLoader, node: yaml.Node, place: list[str], seen: set[int] | None = None
+) -> None:
+    """DuplicateKeyError for the first key given twice in one mapping under `node` (at dotted `place`)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node checked already (or an anchor that contains itself)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            where = [*place[:-1], f"{place[-1]}[{i}]"] if place else [f"[{i}]"]
+            _check_unique_keys(loader, item, where, seen)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[Any, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given here override the merged ones
+            continue
+        key = loader.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
+        if isinstance(key_node, yaml.ScalarNode) and isinstance(key, typing.Hashable):
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                where = ".".join([*place, str(key)])
+                raise DuplicateKeyError(f"line {line}: {where}: given twice (first on line {first_line[key]}), and "
+                                        "only the last would count; keep one")  # fmt: skip
+            first_line[key] = line
+        _check_unique_keys(
+            loader, value_node, [*place, str(key) if isinstance(key_node, yaml.ScalarNode) else "?"], seen
+        )
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainerConfig:
     """Read a YAML config file (or defaults when `path` is None) and apply dotted overrides."""
     raw: dict[str, Any] = {}
@@ -361,7 +422,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     if path is not None:
         source = str(path)
         try:
-            raw = yaml.safe_load(read_config_text(Path(path))) or {}
+            raw = read_yaml(read_config_text(Path(path))) or {}
+        except DuplicateKeyError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(raw, dict):

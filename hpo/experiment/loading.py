@@ -17,7 +17,7 @@ from hpo.errors import ExperimentFileError
 from hpo.experiment.checks import check_spec, check_trainer_key, check_trainer_value, did_you_mean, error_line
 from hpo.experiment.schema import ExperimentSpec
 from hpo.simulation.table import TABLES, shipped_table
-from trainer.config import ConfigError, config_from_dict, set_dotted
+from trainer.config import ConfigError, DuplicateKeyError, config_from_dict, read_yaml, set_dotted
 
 
 def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSpec:
@@ -43,55 +43,6 @@ def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSp
     spec = experiment_from_dict(data, str(path), base_dir=path.parent)
     _check_table_file(spec, str(path))
     return spec
-
-
-class DuplicateKeyError(ValueError):
-    """A key given twice in one mapping of a YAML document (PyYAML would keep the last silently)."""
-
-
-def read_yaml(text: str) -> Any:
-    """`yaml.safe_load`, but a key given twice in one mapping raises DuplicateKeyError naming its line and its
-    dotted place (`line 14: space.optimizer.lr: given twice ...`) instead of the last one silently winning."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_unique_keys(loader, node, [])
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _check_unique_keys(
-    loader: yaml.SafeLoader, node: yaml.Node, place: list[str], seen: set[int] | None = None
-) -> None:
-    """DuplicateKeyError for the first key given twice in one mapping under `node` (at dotted `place`)."""
-    seen = set() if seen is None else seen
-    if id(node) in seen:  # an alias of a node checked already (or an anchor that contains itself)
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            where = [*place[:-1], f"{place[-1]}[{i}]"] if place else [f"[{i}]"]
-            _check_unique_keys(loader, item, where, seen)
-    if not isinstance(node, yaml.MappingNode):
-        return
-    first_line: dict[Any, int] = {}
-    for key_node, value_node in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given here override the merged ones
-            continue
-        key = loader.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
-        if isinstance(key_node, yaml.ScalarNode) and isinstance(key, typing.Hashable):
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                where = ".".join([*place, str(key)])
-                raise DuplicateKeyError(f"line {line}: {where}: given twice (first on line {first_line[key]}), and "
-                                        "only the last would count; keep one")  # fmt: skip
-            first_line[key] = line
-        _check_unique_keys(
-            loader, value_node, [*place, str(key) if isinstance(key_node, yaml.ScalarNode) else "?"], seen
-        )
 
 
 def experiment_from_dict(

@@ -53,7 +53,7 @@ MIN_MEMORY_LIMIT_MB = 1000  # less cannot start a trial: importing PyTorch reser
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf would be stored as null
 
     @field_validator("*", mode="before")
     @classmethod
@@ -281,7 +281,7 @@ class Runner(_Section):
 class ExperimentSpec(_Section):
     """A validated experiment file. Build it with `load_experiment` / `experiment_from_dict`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
 
     name: str = Field(description="Slug: lowercase letters, digits, '-' and '_'.")
     description: str = Field("", description="One line shown in listings.")

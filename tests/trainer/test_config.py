@@ -60,6 +60,31 @@ def test_bad_values_name_the_dotted_key(override, key):
     assert key in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("seed=true", "seed: takes a number, not true or false"),  # pydantic would read 1
+        ("eval.every_samples=false", "eval.every_samples: takes a number, not true or false"),
+        ("optimizer.lr=.inf", "optimizer.lr: Input should be a finite number"),  # trained, then diverged
+        ("budget.max_time_s=.inf", "budget.max_time_s: Input should be a finite number"),
+        ("optimizer.beta1=.nan", "optimizer.beta1: Input should be a finite number"),
+    ],
+)
+def test_a_boolean_or_an_infinite_value_for_a_number_is_refused_naming_the_key(override, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert says in str(err.value)
+    assert load_config(None, ["model.compile=true"]).model.compile is True  # a boolean field takes them
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_its_lines(tmp_path):
+    path = write(tmp_path, "model:\n  hidden_size: 128\n  hidden_size: 256\n")  # the last one would win
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"config file {path}: line 3: model.hidden_size: given twice (first on line 2), and "
+                              "only the last would count; keep one")  # fmt: skip
+
+
 def test_bad_files_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")

@@ -120,6 +120,27 @@ def test_a_boolean_for_a_number_is_refused_naming_the_field(tmp_path, changes, f
     assert message == f"{path}: {field}: {says}"
 
 
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"objective": {"metric": "samples_to_target", "direction": "minimize", "penalty_factor": float("inf")}},
+         "objective.penalty_factor"),  # stored as null, the experiment could not be read back
+        ({"runner": {"name": "simulated", "simulation": {"table": "curves", "sample_scale": float("inf")}}},
+         "runner.simulation.sample_scale"),  # the simulated clock crashed on it, a trial left running
+    ],
+)  # fmt: skip
+def test_an_infinite_number_is_refused_naming_the_field(tmp_path, changes, field):
+    path, message = refusal(tmp_path, simulated(**changes))
+    assert message == f"{path}: {field}: Input should be a finite number"
+
+
+def test_a_boolean_for_a_number_in_the_base_config_is_refused_naming_it(tmp_path):
+    base = tmp_path / "bool_base.yaml"
+    base.write_text("device: cpu\nlog:\n  every_steps: true\n")  # the trainer read it as 1 (an override was refused)
+    path, message = refusal(tmp_path, simulated(base_config=str(base)))
+    assert "log.every_steps: takes a number, not true or false" in message and str(base) in message, message
+
+
 def test_a_whole_number_may_be_written_as_in_the_trainer_config():
     """4.0 or "4" is 4, as the trainer's own integer fields read them; true is not."""
     spec = experiment_from_dict(make_experiment(base_config=TINY_BASE, budget={"trials": "4", "max_parallel": 2.0}))
