@@ -140,15 +140,13 @@ def test_a_trial_out_of_memory_is_recorded_as_such(tmp_path):
     spec = make_spec(tmp_path, resources={"memory_limit_mb": 3000}, **{"model.intermediate_size": 400_000_000})
     storage, eid, _ = run_study(tmp_path, spec)
     got = states_and_reasons(storage, eid)
-    assert all(s == TrialState.FAILED and r == "out of memory" for s, r in got), got
+    assert got == [(TrialState.FAILED, "out of memory")] * 2, got
 
 
 def test_a_trial_over_its_time_limit_is_killed_and_recorded(tmp_path):
     spec = make_spec(tmp_path, budget={"trial_timeout_s": 3}, **{"budget.max_samples": 10**8})
-    started = time.monotonic()
     storage, eid, _ = run_study(tmp_path, spec)
     assert [s for s, _ in states_and_reasons(storage, eid)] == [TrialState.TIMEOUT] * 2
-    assert time.monotonic() - started < 60
 
 
 def test_a_sigkilled_trial_is_recorded_and_its_slot_freed(tmp_path):
@@ -296,6 +294,7 @@ def test_bad_data_is_a_failed_trial_with_the_data_error_and_is_not_told_to_the_t
     eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
     study = Study(spec, storage, eid, tmp_path / "run", build_runner(spec), url)
     assert study.run() == ExperimentStatus.FINISHED
+    assert len(storage.list_trials(eid)) == 2
     for trial in storage.list_trials(eid):
         assert trial.state == TrialState.FAILED and trial.reason.startswith("bad data: ")
         assert "part-00000.h5" in trial.reason and "masked_lm_ids" in trial.reason and "row 5" in trial.reason

@@ -612,6 +612,7 @@ def test_the_epoch_num_1_convention_places_evaluations_by_the_schedule(tmp_path)
     db = db_url(tmp_path)
     assert main(["--db", db, "import", "mlperf", str(v07), str(v11), "--name", "epoch1", "--optimizer", "lamb"]) == 0
     storage = SqlStorage(db)
+    assert len(storage.list_trials(storage.get_experiment_by_name("epoch1").id)) == 2  # one a file
     for trial in storage.list_trials(storage.get_experiment_by_name("epoch1").id):
         raw = raw_run(Path(trial.metrics["mlperf"]["file"]))
         assert stored_curve(storage, trial) == scheduled(raw, *(raw["schedule"] or (150_000, 150_000)))

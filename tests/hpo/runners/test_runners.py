@@ -206,6 +206,7 @@ def test_results_arrive_in_the_database_although_the_controller_never_reads_the_
     storage, eid, status = drive(tmp_path, spec, build_runner(spec, launch_builder=removing_workdir))
     assert status == ExperimentStatus.FINISHED
     assert not list((tmp_path / "run" / "trials").glob("*"))
+    assert len(storage.list_trials(eid)) == 2  # both ran (their folders are gone because they ran)
     for trial in storage.list_trials(eid):
         assert trial.state == TrialState.COMPLETED and trial.metrics["samples"] == 48
         evals = storage.get_metrics(trial.id, "mlm_accuracy")

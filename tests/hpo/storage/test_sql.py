@@ -120,15 +120,15 @@ def short_sqlite_waits(monkeypatch):
     monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.05)
 
 
-def hold_write_lock(path: Path, seconds: float) -> threading.Thread:
-    """Another writer that keeps the SQLite write lock for `seconds` (in a thread)."""
+def hold_write_lock(path: Path, release: threading.Event) -> threading.Thread:
+    """Another writer that keeps the SQLite write lock until `release` is set (in a thread)."""
     locked = threading.Event()
 
     def hold() -> None:
         connection = sqlite3.connect(path, isolation_level=None)
         connection.execute("BEGIN IMMEDIATE")
         locked.set()
-        time.sleep(seconds)
+        release.wait(timeout=60)
         connection.execute("ROLLBACK")
         connection.close()
 
@@ -138,23 +138,38 @@ def hold_write_lock(path: Path, seconds: float) -> threading.Thread:
     return thread
 
 
-def test_a_write_waits_for_a_locked_database_and_retries(short_sqlite_waits, tmp_path: Path):
+def test_a_write_waits_for_a_locked_database_and_retries(short_sqlite_waits, tmp_path: Path, monkeypatch):
     path = tmp_path / "hpo.db"
     with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
-        holder = hold_write_lock(path, seconds=0.2)  # longer than the busy timeout, shorter than the retries
+        release = threading.Event()
+        holder = hold_write_lock(path, release)
+        backoffs: list[float] = []
+
+        class Clock:  # the storage's back-off: the other writer lets go during the first one (no race with a timer)
+            @staticmethod
+            def sleep(seconds: float) -> None:
+                backoffs.append(seconds)
+                release.set()
+                holder.join()
+
+        monkeypatch.setattr(sql_module, "time", Clock)
         storage.create_experiment("patient", {}, "minimize")
-        holder.join()
+        assert backoffs == [0.05]  # it waited past SQLite's busy timeout once, then wrote
         assert [e.name for e in storage.list_experiments()] == ["patient"]
 
 
 def test_a_database_locked_for_too_long_is_a_storage_error(short_sqlite_waits, tmp_path: Path):
     path = tmp_path / "hpo.db"
     with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
-        holder = hold_write_lock(path, seconds=1.5)
-        with pytest.raises(StorageError, match="stayed locked by another writer"):
-            storage.create_experiment("impatient", {}, "minimize")
-        assert storage.list_experiments() == []  # readers are never blocked by the writer (WAL)
-        holder.join()
+        release = threading.Event()
+        holder = hold_write_lock(path, release)  # held until every retry has given up
+        try:
+            with pytest.raises(StorageError, match="stayed locked by another writer"):
+                storage.create_experiment("impatient", {}, "minimize")
+            assert storage.list_experiments() == []  # readers are never blocked by the writer (WAL)
+        finally:
+            release.set()
+            holder.join()
 
 
 @pytest.mark.postgres
