@@ -122,6 +122,10 @@ def cmd_trials(args: argparse.Namespace) -> int:
 def cmd_best(args: argparse.Namespace) -> int:
     import yaml
 
+    if args.per_arm and (args.arm or args.batch_size):  # per arm is every arm's best at any batch size
+        given = " and ".join(flag for flag, value in (("--arm", args.arm), ("--batch-size", args.batch_size)) if value)
+        raise HpoError(f"--per-arm shows every arm's best trial and cannot be combined with {given}: drop --per-arm "
+                       f"for the best trial {'of one arm' if args.arm else 'at one batch size'}")  # fmt: skip
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     check_stored_arm(record, args.arm)  # an arm it does not have would match nothing
@@ -188,7 +192,11 @@ def add_best(sub) -> None:
     """`hpo best`."""
     best = sub.add_parser("best", help="the best trial (overall, per arm, per batch size)")
     best.add_argument("name", help="the experiment's name")
-    best.add_argument("--per-arm", action="store_true", help="the best trial of every arm, with the verdict")
+    best.add_argument(
+        "--per-arm",
+        action="store_true",
+        help="the best trial of every arm, with the verdict (not with --arm or --batch-size)",
+    )
     best.add_argument("--arm", help="only this arm, e.g. optimizer.name=lamb")
     best.add_argument("--batch-size", type=int, help="only trials with this global batch size")
     best.set_defaults(fn=cmd_best)

@@ -19,11 +19,13 @@ from hpo.errors import HpoError, NotFoundError
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from hpo.storage import current_revision, default_database_url, upgrade_database
+    from hpo.storage.engine import in_memory_sqlite
 
     url = args.db or default_database_url()
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    upgrade_database(url)
+    if in_memory_sqlite(url):  # the upgrade would succeed on a database that is gone when the command ends
+        raise HpoError(f"--db {url} is an in-memory SQLite database, which keeps nothing: give a file "
+                       "(sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
+    upgrade_database(url)  # makes a SQLite file's folder, or says why it cannot
     print(f"database {safe_url(url)} is at revision {current_revision(url)}")
     return 0
 

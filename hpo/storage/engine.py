@@ -127,13 +127,22 @@ def sqlite_file(url: str) -> Path | None:
     return None if parsed.database.startswith("file:") else Path(parsed.database)
 
 
+def in_memory_sqlite(url: str) -> bool:
+    """An in-memory SQLite URL (`sqlite://`, `sqlite:///`, `sqlite:///:memory:`): a database gone with its process."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return False
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
 def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
     if not read_only and url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         directory = Path(url.database).parent
         try:
             directory.mkdir(parents=True, exist_ok=True)  # SQLite creates the file but not its directory
-        except OSError as exc:
-            raise StorageError(
+        except OSError as exc:  # bad input (a path no database can be at), exit 2 from the CLI
+            raise BadDatabaseError(
                 f"cannot create the directory {directory} for the SQLite database: {exc}. Set {HOME_ENV} or "
                 f"{DATABASE_URL_ENV} to a writable place."
             ) from exc
@@ -251,6 +260,15 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
         return BadDatabaseError(
             f"the file of {where} is not a SQLite database ({reason}): check that {DATABASE_URL_ENV} (or --db) "
             "names the hpo database"
+        )
+    sqlite = (
+        make_url(url).get_backend_name() == "sqlite" if isinstance(url, str) else url.get_backend_name() == "sqlite"
+    )
+    if sqlite and re.search(r"unable to open database file|readonly database", reason):  # the file, not a server
+        return BadDatabaseError(
+            f"cannot use the SQLite file of {where}: {reason}. Check that the path names a file (not a folder) in a "
+            "folder this user can write to: SQLite writes its -wal and -shm files beside the database, also to read "
+            "it (copy the file to such a folder to read it)"
         )
     if is_locked_error(exc):
         return DatabaseUnavailableError(

@@ -207,6 +207,12 @@ def test_a_batch_size_without_completed_trials_names_the_batch_sizes_that_have_t
     assert hpo(pilot, *command, "--batch-size", "32") == 0
 
 
+@pytest.mark.parametrize("given", [["--arm", "optimizer.name=lamb"], ["--batch-size", "999"]])
+def test_per_arm_with_an_arm_or_a_batch_size_is_refused_not_ignored(pilot, capsys, given):
+    assert hpo(pilot, "best", PILOT, "--per-arm", *given) == 2  # it printed every arm's best at any batch size
+    assert f"--per-arm shows every arm's best trial and cannot be combined with {given[0]}" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- --db
 
 
@@ -227,6 +233,25 @@ def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
         port = s.getsockname()[1]
     assert main(["--db", f"postgresql+psycopg://u@127.0.0.1:{port}/d", "status"]) == 1
     assert "connection failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_db_upgrade_refuses_an_in_memory_database(capsys, url):
+    assert main(["--db", url, "db", "upgrade"]) == 2  # it said "at revision None" of a database gone at exit
+    assert "is an in-memory SQLite database, which keeps nothing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["status"], ["db", "upgrade"], ["best", "e"]])
+def test_a_sqlite_path_that_is_a_folder_or_under_a_file_is_bad_input_naming_the_file(tmp_path, capsys, command):
+    (tmp_path / "folder.db").mkdir()
+    (tmp_path / "notes").write_text("a file")
+    assert main(["--db", f"sqlite:///{tmp_path / 'folder.db'}", *command]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use the SQLite file" in err and "names a file (not a folder)" in err and "server" not in err
+    assert main(["--db", f"sqlite:///{tmp_path / 'notes' / 'hpo.db'}", *command]) == 2  # a traceback from db upgrade
+    says = "cannot create the directory" if command == ["db", "upgrade"] else "there is no database at"
+    assert f"{says} {tmp_path / 'notes'}" in capsys.readouterr().err
+    assert (tmp_path / "notes").read_text() == "a file" and list((tmp_path / "folder.db").iterdir()) == []
 
 
 @pytest.mark.parametrize("command", [["status"], ["db", "upgrade"]])

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 
-from hpo.errors import StorageError
+from hpo.errors import BadDatabaseError, StorageError
 from hpo.storage import SqlStorage, default_database_url
 from hpo.storage import engine as engine_module
 from hpo.storage import sql as sql_module
@@ -109,7 +109,7 @@ def test_a_database_that_vanishes_raises_storage_errors(tmp_path: Path):
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     path.mkdir()  # now a directory where the file was: SQLite cannot open it
-    with pytest.raises(StorageError, match="cannot use the database"):
+    with pytest.raises(BadDatabaseError, match="cannot use the SQLite file .* names a file \\(not a folder\\)"):
         storage.list_experiments()
 
 
