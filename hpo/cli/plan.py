@@ -9,8 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpo.cli.common import check_output_file, fraction, non_negative, open_storage, positive, positive_float
+from hpo.cli.common import check_output_file, fraction, open_storage, positive, positive_float, whole_number
 from hpo.errors import HpoError
+
+MAX_PLAN_SEED = 2**31 - 1  # with a file's tuner.seed and the repetition added, a seed must stay below 2**32
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -213,7 +215,11 @@ def add_plan(sub) -> None:
     )
     plan.add_argument(
         "--seed",
-        type=non_negative,
+        type=whole_number(
+            0,
+            f"a whole number from 0 to {MAX_PLAN_SEED} (the tuner seeds file + SEED + r stay seeds)",
+            maximum=MAX_PLAN_SEED,
+        ),  # fmt: skip
         default=0,
         help="repetition r uses tuner seed file + SEED + r and training seed file + 1000 (SEED + r); the verdict's "
         "draws are seeded by it too (default 0)",

@@ -295,3 +295,11 @@ def test_a_port_beyond_65535_is_refused_by_every_command_that_takes_one(capsys, 
         main([*command, "--port", "70000"])
     assert stopped.value.code == 2
     assert "argument --port: expected a TCP port (1 to 65535), got 70000" in capsys.readouterr().err
+
+
+def test_a_plan_seed_past_what_a_tuner_takes_names_the_option_not_the_file(capsys):
+    path = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
+    with pytest.raises(SystemExit) as stopped:
+        main(["plan", str(path), "--seed", "99999999999999", "--repetitions", "1"])  # it blamed the file's tuner.seed
+    assert stopped.value.code == 2
+    assert "argument --seed: expected a whole number from 0 to 2147483647" in capsys.readouterr().err
