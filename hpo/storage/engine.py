@@ -27,6 +27,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -146,11 +147,25 @@ def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
                 f"cannot create the directory {directory} for the SQLite database: {exc}. Set {HOME_ENV} or "
                 f"{DATABASE_URL_ENV} to a writable place."
             ) from exc
+    if read_only and _unwritable_and_closed(url.database):
+        # Opened as usual, SQLite would leave -wal and -shm files beside a file it may only read: an immutable
+        # file is read without them (and without locks: no writer can change it, its last writer closed cleanly).
+        url = url.set(database=f"file:{quote(str(Path(url.database).resolve()))}",
+                      query={"immutable": "1", "uri": "true"})  # fmt: skip
     engine = create_engine(url, json_serializer=dumps_json, connect_args={"check_same_thread": False})
     configure = _configure_sqlite_reader if read_only else _configure_sqlite_connection
     event.listen(engine, "connect", configure)
     event.listen(engine, "begin", _begin_sqlite_transaction)
     return engine
+
+
+def _unwritable_and_closed(database: str | None) -> bool:
+    """A SQLite file that exists, that this process may not write, and that has no -wal file (its last writer
+    closed it, so the file holds every commit)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return False
+    path = Path(database)
+    return path.is_file() and not os.access(path, os.W_OK) and not Path(f"{path}-wal").exists()
 
 
 def _configure_sqlite_connection(dbapi_connection: Any, _record: Any, journal: bool = True) -> None:

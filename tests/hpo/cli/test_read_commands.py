@@ -9,6 +9,7 @@ import hashlib
 import io
 import math
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -205,6 +206,31 @@ def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands,
     for command in commands:
         hpo(f"sqlite:///{directory / 'hpo.db'}", *(a.format(reports=tmp_path / "reports") for a in command))
     assert snapshot(directory) == before  # the same bytes and times, and no new file (no -wal or -shm left)
+
+
+def test_a_read_command_on_a_sqlite_file_it_may_not_write_leaves_no_wal_or_shm_beside_it(stored, tmp_path):
+    """A results file shared read-only (a file this user may not write, in a folder it may): SQLite opened it as
+    usual and left -wal and -shm files beside it; it is read as an immutable file."""
+    url, _ = stored
+    if not url.startswith("sqlite"):
+        pytest.skip("a SQLite file shows every write")
+    directory = tmp_path / "db"
+    directory.mkdir()
+    copy_database(url, directory / "hpo.db")
+    (directory / "hpo.db").chmod(0o444)
+    as_a_user: list[str] = []
+    if os.geteuid() == 0:  # root writes any file: drop that capability for the commands
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("setpriv (util-linux) is needed to run the commands without root's file access")
+        caps = "-dac_override,-dac_read_search,-fowner"
+        as_a_user = [setpriv, "--bounding-set", caps, "--inh-caps", caps, "--"]
+    before = snapshot(directory)
+    for command in (["status", NAME], ["best", NAME, "--per-arm"], ["trials", NAME, "--limit", "3"]):
+        result = subprocess.run([*as_a_user, sys.executable, "-m", "hpo", "--db", f"sqlite:///{directory / 'hpo.db'}",
+                                 *command], capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    assert snapshot(directory) == before  # no -wal or -shm left
 
 
 @pytest.mark.parametrize("scheme", ["sqlite", "sqlite+pysqlite"])
