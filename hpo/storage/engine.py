@@ -48,6 +48,7 @@ HOME_ENV = "HPO_HOME"
 DEFAULT_HOME = ".hpo"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long a connection attempt may take
+DEAD_CONNECTION_S = 18  # PostgreSQL: how long a connection may go unanswered before it counts as lost
 PING_AFTER_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle this long is pinged before it is handed out
 # Execution option that asks for `BEGIN IMMEDIATE` on SQLite (ignored by other backends).
 WRITE_OPTION = "hpo_write"
@@ -88,11 +89,17 @@ def create_storage_engine(url: str, read_only: bool = False) -> Engine:
 
 
 def server_connect_args(url: URL) -> dict[str, Any]:
-    """Driver arguments for a database server: on PostgreSQL a server that cannot be reached fails after
-    CONNECT_TIMEOUT_S instead of the operating system's minutes, unless the URL sets its own `connect_timeout`."""
-    if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
-        return {"connect_timeout": CONNECT_TIMEOUT_S}
-    return {}
+    """Driver arguments for a database server (each unless the URL sets its own): on PostgreSQL a server that cannot
+    be reached fails after CONNECT_TIMEOUT_S instead of the operating system's minutes, and a connection whose
+    server stopped answering (the network between dropped it; TCP would retransmit for about 15 minutes) fails
+    after DEAD_CONNECTION_S: sent data unacknowledged that long, or an idle connection whose keepalive probes get
+    no answer. The API reads its hottest answers on its event loop, which such a connection would hold."""
+    if url.get_backend_name() != "postgresql":
+        return {}
+    wanted = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": DEAD_CONNECTION_S // 2,
+              "keepalives_interval": DEAD_CONNECTION_S // 6, "keepalives_count": 3,
+              "tcp_user_timeout": DEAD_CONNECTION_S * 1000}  # fmt: skip
+    return {key: value for key, value in wanted.items() if key not in url.query}
 
 
 def _ping_idle_connections(engine: Engine) -> None:

@@ -70,8 +70,11 @@ def test_postgresql_connections_give_up_after_the_connect_timeout_unless_the_url
 
     from hpo.storage.engine import CONNECT_TIMEOUT_S, server_connect_args
 
-    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo")) == {"connect_timeout": CONNECT_TIMEOUT_S}
-    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo?connect_timeout=3")) == {}
+    dead = {"keepalives": 1, "keepalives_idle": 9, "keepalives_interval": 3, "keepalives_count": 3,
+            "tcp_user_timeout": 18_000}  # a dead connection found within 18 s, idle (9 + 3 x 3) or sending  # fmt: skip
+    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo")) == {"connect_timeout": CONNECT_TIMEOUT_S,
+                                                                                  **dead}  # fmt: skip
+    assert server_connect_args(make_url("postgresql+psycopg://u@db:5432/hpo?connect_timeout=3")) == dead
     assert server_connect_args(make_url("sqlite:///x.db")) == {}
     # And the driver really receives it: the parameters of the connect call, caught before it is made.
     engine = create_storage_engine("postgresql+psycopg://u@db.invalid:5432/hpo")
@@ -86,6 +89,22 @@ def test_postgresql_connections_give_up_after_the_connect_timeout_unless_the_url
         engine.connect()
     assert seen["connect_timeout"] == CONNECT_TIMEOUT_S and seen["host"] == "db.invalid"
     engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_connection_is_made_with_the_dead_connection_bounds():
+    """libpq takes them (an option it did not know would fail the connection) and the connection has them."""
+    import os
+
+    url = os.environ.get("HPO_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("HPO_TEST_POSTGRES_URL is not set")
+    engine = create_storage_engine(url)
+    with engine.connect() as connection:
+        parameters = connection.connection.dbapi_connection.info.get_parameters()
+    engine.dispose()
+    assert {k: parameters.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")} == {
+        "keepalives": "1", "keepalives_idle": "9", "tcp_user_timeout": "18000"}  # fmt: skip
 
 
 def test_connection_errors_name_the_database_but_not_the_password():
