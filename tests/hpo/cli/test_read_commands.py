@@ -186,6 +186,17 @@ def hpo(url: str, *args: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def sqlite_copy(stored, tmp_path: Path) -> Path:
+    """A folder holding a copy of the stored SQLite database as hpo.db (PostgreSQL: skipped, a file shows writes)."""
+    url, _ = stored
+    if not url.startswith("sqlite"):
+        pytest.skip("a SQLite file shows every write")
+    directory = tmp_path / "db"
+    directory.mkdir()
+    copy_database(url, directory / "hpo.db")
+    return directory
+
+
 @pytest.mark.parametrize("commands", [
     [["status"], ["status", NAME], ["trials", NAME, "--limit", "5"]],
     [["best", NAME], ["best", NAME, "--per-arm"]],
@@ -193,12 +204,7 @@ def hpo(url: str, *args: str) -> None:
 ], ids=["status-trials", "best", "report"])  # fmt: skip
 @pytest.mark.parametrize("journal", ["wal", "delete"])  # hpo's own files are WAL; another tool may have changed it
 def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands, journal):
-    url, _ = stored
-    if not url.startswith("sqlite"):
-        pytest.skip("a SQLite file shows every write")
-    directory = tmp_path / "db"
-    directory.mkdir()
-    copy_database(url, directory / "hpo.db")
+    directory = sqlite_copy(stored, tmp_path)
     connection = sqlite3.connect(directory / "hpo.db")
     assert connection.execute(f"PRAGMA journal_mode = {journal}").fetchone() == (journal,)
     connection.close()
@@ -211,12 +217,7 @@ def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands,
 def test_a_read_command_on_a_sqlite_file_it_may_not_write_leaves_no_wal_or_shm_beside_it(stored, tmp_path):
     """A results file shared read-only (a file this user may not write, in a folder it may): SQLite opened it as
     usual and left -wal and -shm files beside it; it is read as an immutable file."""
-    url, _ = stored
-    if not url.startswith("sqlite"):
-        pytest.skip("a SQLite file shows every write")
-    directory = tmp_path / "db"
-    directory.mkdir()
-    copy_database(url, directory / "hpo.db")
+    directory = sqlite_copy(stored, tmp_path)
     (directory / "hpo.db").chmod(0o444)
     as_a_user: list[str] = []
     if os.geteuid() == 0:  # root writes any file: drop that capability for the commands
