@@ -426,6 +426,9 @@ def _setting(path: Path, events: Sequence[Event]) -> Event:
     return first
 
 
+MAX_LOGGED = 2**53  # the largest whole number a float holds exactly: far above any count or setting of a run
+
+
 def _number(path: Path, event: Event, key: str) -> float:
     value = event.value
     if isinstance(value, list) and len(value) == 1:  # Graphcore's train_samples: [3872218]
@@ -435,6 +438,9 @@ def _number(path: Path, event: Event, key: str) -> float:
             value = float(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ResultFileError(f"{path}:{event.line}: {key} is {event.value!r}, not a number")
+    if abs(value) > MAX_LOGGED:
+        raise ResultFileError(f"{path}:{event.line}: {key} is {event.value!r}, larger than any count or setting of a "
+                              f"run (at most 2**53): the line is damaged")  # fmt: skip
     return float(value)
 
 
@@ -525,7 +531,13 @@ def _logged_evaluations(path: Path, events: Sequence[Event], stop: Event | None)
         if isinstance(epoch, bool) or not isinstance(epoch, int | float) or not math.isfinite(epoch):
             raise ResultFileError(f"{path}:{event.line}: eval_accuracy without a numeric epoch_num in its metadata "
                                   "(the training samples at the evaluation)")  # fmt: skip
+        if abs(epoch) > MAX_LOGGED:
+            raise ResultFileError(f"{path}:{event.line}: eval_accuracy's epoch_num is {epoch!r}, larger than any "
+                                  "count of a run (at most 2**53): the line is damaged")  # fmt: skip
         accuracy = _number(path, event, "eval_accuracy")
+        if not 0.0 <= accuracy <= 1.0:  # a percentage would count as past any target from the first evaluation
+            raise ResultFileError(f"{path}:{event.line}: eval_accuracy is {event.value!r}, not a fraction from 0 to "
+                                  "1 (MLPerf logs the masked-LM accuracy as a fraction, e.g. 0.72)")  # fmt: skip
         if (epoch, accuracy, event.time_ms) not in seen:
             seen.add((epoch, accuracy, event.time_ms))
             evaluations.append((float(epoch), replace(event, value=accuracy)))
@@ -609,6 +621,11 @@ def _by_epoch_num(path: Path, logged: Sequence[tuple[float, Event]], per: int = 
     points: dict[int, Evaluation] = {}
     for epoch, event in logged:
         samples = round(epoch * per)
+        if samples > MAX_LOGGED:
+            raise ResultFileError(
+                f"{path}:{event.line}: eval_accuracy at epoch_num {epoch:g} is past 2**53 "
+                f"samples{f' at global batch size {per}' if per > 1 else ''}: the line is damaged"
+            )
         seen = points.get(samples)
         if seen is not None and seen.accuracy != event.value:
             raise ResultFileError(f"{path}:{event.line}: eval_accuracy at epoch_num {epoch:g} is logged again "

@@ -222,3 +222,30 @@ def test_a_run_stop_with_another_status_names_that_line(tmp_path):
     assert number == stop + 2
     with pytest.raises(ResultFileError, match=rf"result_0\.txt:{number}: run_stop is logged again with another status"):
         read_result_file(path)
+
+
+# --------------------------------------------------------------------------- damaged numbers
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "says"),
+    [
+        ({"seed": 10**30}, "seed", "larger than any count or setting of a run (at most 2**53)"),
+        ({"batch": 10**30}, "global_batch_size", "larger than any count or setting of a run (at most 2**53)"),
+        ({"evals": ((10**19, 0.70), (10**19 + 1, 0.73))}, "eval_accuracy", "epoch_num is 10000000000000000000, la"),
+        ({"evals": ((1000, 70.0), (2000, 73.0))}, "eval_accuracy", "is 70.0, not a fraction from 0 to 1"),
+    ],
+    ids=["seed", "batch", "epoch_num", "percent"],
+)
+def test_a_damaged_number_is_refused_naming_its_line_and_nothing_is_written(tmp_path, capsys, changes, key, says):
+    """A number past what SQLite stores crashed the import half-way (its first run written, the experiment left
+    running); an accuracy in per cent read as past the target at the first evaluation."""
+    good = write(tmp_path / "logs" / "result_0.txt", run_lines(seed=1))
+    lines = run_lines(**{"seed": 2, **changes})
+    damaged = write(tmp_path / "logs" / "result_1.txt", lines)
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(good), str(damaged), "--name", "damaged"]) == 2
+    err = capsys.readouterr().err
+    where = line_of(lines, '"key": "' + key + '"')
+    assert f"{damaged}:{where}: " in err and says in err, err
+    assert not (tmp_path / "hpo.db").exists() or SqlStorage(db).list_experiments() == []
