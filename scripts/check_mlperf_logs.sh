@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The MLPerf compliance checker (training 5.0.0, open division) on every trial's MLPerf log under a run directory:
+# The MLPerf compliance checker (training 5.0.0, the division each log names) on every trial's MLPerf log under a
+# run directory, where its trials wrote them (`log.mlperf: mlperf.log`, or `mlperf/result_0.txt` as docs/mlperf.md
+# has it: any mlperf/result_N.txt):
 #     bash scripts/check_mlperf_logs.sh RUN_DIR/trials
 # A trial that stopped before its first evaluation (diverged, out of memory, stopped) has no eval_accuracy, which
 # the rules require of a result: its log is listed as not checked, and does not fail the check. Exit 0 when at least
@@ -8,8 +10,9 @@ set -uo pipefail
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
 passed=0
 checked=0
-for log in "$1"/*/mlperf.log; do
+for log in "$1"/*/mlperf.log "$1"/*/mlperf/result_*.txt; do
   [ -f "$log" ] || continue
+  case "$log" in *.checker.txt) continue ;; esac  # the checker's own output beside a log of a run before
   if ! grep -q '"key": "eval_accuracy"' "$log"; then
     stop=$(grep -o '"key": "run_stop".*"status": "[a-z]*"' "$log" | grep -o '"status": "[a-z]*"' | cut -d'"' -f4)
     echo "$log: not checked: the trial stopped before its first evaluation (run_stop ${stop:-not logged})"

@@ -56,3 +56,17 @@ def test_a_log_without_an_evaluation_is_listed_not_checked_and_a_failing_log_fai
     shutil.rmtree(trials / "00000")
     done = check(trials)  # nothing checked is not a pass
     assert done.returncode == 1 and done.stdout.splitlines()[-1] == "compliance checker: 0 of 0 trial logs passed"
+
+
+def test_the_logs_where_docs_put_them_are_checked_and_the_checkers_output_is_not(tmp_path):
+    """`log.mlperf: mlperf/result_0.txt` (docs/mlperf.md) gives each trial RUN_DIR/trials/NNNNN/mlperf/result_0.txt;
+    the script found only trials/NNNNN/mlperf.log ("0 of 0 trial logs passed")."""
+    _, good = train_logged(tmp_path / "run")
+    trials = tmp_path / "trials"
+    for number in ("00000", "00001"):
+        (trials / number / "mlperf").mkdir(parents=True)
+        shutil.copy(good, trials / number / "mlperf" / "result_0.txt")
+    for _ in range(2):  # a second check does not take the first one's result_0.txt.checker.txt for a log
+        done = check(trials)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1] == "compliance checker: 2 of 2 trial logs passed"
