@@ -51,7 +51,7 @@ from typing import Any
 
 from hpo.engine.liveness import liveness
 from hpo.evidence.confirmations import round_line, stored_curves, verdict_of
-from hpo.evidence.verdict import ArmSummary, Verdict, arm_runs
+from hpo.evidence.verdict import ArmSummary, Verdict, arm_runs, unselected
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arm_label, arms, params_key
 from hpo.mlperf import imported
@@ -95,6 +95,7 @@ class TrialRow:
     noise_scale: float | None = None  # the median over its second half (None: not measured)
     noise_big_batch: int | None = None  # the estimator's big batch B_big (see the module docstring)
     noise_undefined: float = 0.0  # the share of its measured late steps that gave no estimate
+    unselected: bool = False  # nothing picked it on its outcome (an imported configuration alone in its arm): evidence
 
     @property
     def noise_lower_bound(self) -> str | None:
@@ -320,6 +321,7 @@ def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_bat
         noise_scale=noise.value if noise else None,
         noise_big_batch=noise_big_batch,
         noise_undefined=noise.undefined if noise else 0.0,
+        unselected=unselected(trial),
     )
 
 

@@ -140,7 +140,10 @@ def _nni_webui(data: ExperimentData) -> str:
 
 
 def _planned(data: ExperimentData) -> int:
-    """The trials the experiment plans: its tuning budget and confirm_seeds per arm (more if more were created)."""
+    """The trials the experiment plans: its tuning budget and confirm_seeds per arm (more if more were created); an
+    imported experiment plans nothing beyond the runs it holds."""
+    if data.imported:
+        return len(data.trials)
     tuning = max(data.trials_budget, _count(data, "tuning"))
     return tuning + max(data.planned_confirmations, _count(data, "confirmation"))
 
@@ -151,8 +154,9 @@ def _count(data: ExperimentData, kind: str, finished: bool = False) -> int:
 
 def _progress(data: ExperimentData) -> str:
     tuning, confirmation = _count(data, "tuning"), _count(data, "confirmation")
-    return trials_done(_count(data, "tuning", True), max(data.trials_budget, tuning),
-                       _count(data, "confirmation", True), max(data.planned_confirmations, confirmation))  # fmt: skip
+    if not data.imported:  # an imported experiment holds what it imported, nothing more was planned
+        tuning, confirmation = max(data.trials_budget, tuning), max(data.planned_confirmations, confirmation)
+    return trials_done(_count(data, "tuning", True), tuning, _count(data, "confirmation", True), confirmation)
 
 
 def _nothing_finished(data: ExperimentData) -> str | None:
@@ -286,7 +290,7 @@ def _verdict_section(data: ExperimentData) -> str:
             f"<span data-field=round>{escape(data.confirmation_round)}</span>"
             + (f"; about <span data-field=runs_needed>{verdict.runs_needed}</span> runs per arm would likely decide"
                if verdict.runs_needed else "") + ".</p>")  # fmt: skip
-    if batch_study(data.compare):
+    if batch_study(data.compare) and len({t.global_batch_size for t in data.trials}) > 1:  # one: nothing across
         line += f"<p class=note data-field=batch_study_note>This is {escape(BATCH_STUDY_NOTE)}, below.</p>"
     return _evidence_table(data, f"<h2>Verdict</h2>{line}")
 
@@ -297,7 +301,8 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
         ev = arm.evidence
         if ev is None:
             continue
-        runs = [t.number for t in arm.trials if t.kind == "confirmation" and arm.best and t.params == arm.best.params]
+        runs = [t.number for t in arm.trials if (t.kind == "confirmation" or t.unselected) and arm.best
+                and t.params == arm.best.params]  # fmt: skip
         rate = "–" if ev.hit_rate is None else f"{ev.hit_rate:.0%}"
         fields = [
             ("runs", str(ev.runs)),
@@ -310,8 +315,11 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
         rows.append(tagged(arm.label, arm.label, fields))
     table = html_table(["arm", "runs", "reached target", "hit rate", "mean samples to target", "95 % interval",
                     "trials"], rows)  # fmt: skip
+    selected = ("the best tuning trial itself was selected, so it is not evidence" if not any(
+        t.unselected for arm in data.arms for t in arm.trials) else "a configuration alone in its arm, as an imported "
+        "one is, was not selected on its outcome, so its own run is evidence too")  # fmt: skip
     return (f"{head}<p>Per arm, from the confirmation runs of its best configuration ({escape(data.confirmation_plan)}"
-            f"; the best tuning trial itself was selected, so it is not evidence). Samples to target interpolated "
+            f"; {selected}). Samples to target interpolated "
             f"between evaluations. Mean over the runs that reached the target; 95 % interval mean ± t(0.975, n−1)·s/√n "
             f"over those n runs (none below 2). The verdict compares arms on the log scale (Welch) and counts a miss "
             f"at its budget, the least it would have needed.</p>{table}")  # fmt: skip

@@ -580,6 +580,16 @@ def test_samsungs_adam_against_nvidias_lamb_at_16384_in_one_import(tmp_path, cap
     status = capsys.readouterr().out
     assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in status
     assert f"runs per arm: {ADAM_16K} 10, {LAMB_16K} 10 of 10" in status  # every run counts, as the verdict reads
+    # The report says the same: 20 runs held, none planned beyond them (it said "20 of 22 planned", a tuning run
+    # counted among the confirmation seeds), each arm's 10 runs listed as its evidence, and no note of a batch-size
+    # study with one batch size.
+    assert main(["--db", db, "report", "bert16k", "-o", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "bert16k.html").read_text()
+    assert "data-field=planned>20<" in page and "2/2 tuning trials done, 18/18 confirmation runs" in page
+    for arm in (ADAM_16K, LAMB_16K):
+        listed = re.search(f'runs_trials" data-arm="{re.escape(arm)}">([^<]*)<', page).group(1).split(", ")
+        assert sorted(int(n) for n in listed) == sorted(t.number for t in trials if t.arm == arm)
+    assert "its own run is evidence too" in page and "batch_study_note" not in page
 
 
 def test_the_epoch_num_1_convention_places_evaluations_by_the_schedule(tmp_path):
