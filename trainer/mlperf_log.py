@@ -23,7 +23,10 @@ The events, in the order they are written (BERT counts epochs in training sample
    `num_warmup_steps` (schedule.warmup_steps), `start_warmup_step`, `opt_learning_rate_training_steps` (the decay
    horizon T) and `opt_end_learning_rate` (schedule.end_lr). An AdamW run fills the same `opt_lamb_*` keys with
    AdamW's values (its epsilon, betas and decoupled weight decay), as published ADAM submissions to the BERT
-   benchmark do; `opt_name` says which optimizer it was. Then `init_stop` and `run_start`.
+   benchmark do; `opt_name` says which optimizer it was. Then the clipping: `opt_gradient_clipping` (this
+   trainer's key: clipping.strategy, none, after_allreduce, before_allreduce or bucketwise) and, where it clips,
+   mllog's `opt_gradient_clip_norm` (clipping.max_norm), so that runs of different strategies read back
+   (`hpo import mlperf`) as different configurations. Then `init_stop` and `run_start`.
 3. Blocks: training between two evaluations is one block. `block_start` (metadata `first_epoch_num`: samples
    trained so far, `epoch_count`: samples until the next evaluation or the budget) comes before the block's first
    step; each evaluation writes `eval_start`, `eval_stop` and `eval_accuracy` (value: the masked-LM accuracy,
@@ -60,6 +63,7 @@ from trainer.errors import ConfigError
 from trainer.result import TrainResult, TrainStatus
 
 BENCHMARK = keys.BERT
+CLIPPING_KEY = "opt_gradient_clipping"  # clipping.strategy: no key of mllog's names where a run clips
 
 
 def hyperparameters(
@@ -85,6 +89,8 @@ def hyperparameters(
         keys.START_WARMUP_STEP: schedule.start_warmup_step,
         keys.OPT_LR_TRAINING_STEPS: schedule.total_steps or total_steps,
         keys.OPT_END_LR: schedule.end_lr,
+        CLIPPING_KEY: cfg.clipping.strategy,
+        **({keys.OPT_GRADIENT_CLIP_NORM: cfg.clipping.max_norm} if cfg.clipping.strategy != "none" else {}),
     }
 
 

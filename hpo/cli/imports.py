@@ -56,8 +56,8 @@ def add_import(sub) -> None:
     mlperf.add_argument("--name", required=True, help="the experiment's name (a second import of the same files "
                                                       "adds nothing)")  # fmt: skip
     mlperf.add_argument("--compare", default="optimizer,global_batch_size",
-                        help="arms: comma-separated optimizer, global_batch_size, system, submitter "
-                             "(default optimizer,global_batch_size)")  # fmt: skip
+                        help="arms: comma-separated optimizer, global_batch_size, system, submitter, clipping "
+                             "(named by our trainer's logs only) (default optimizer,global_batch_size)")  # fmt: skip
     mlperf.add_argument("--optimizer", choices=["adamw", "lamb"],
                         help="the optimizer of runs whose log names none (no opt_name, no optimizer option on a "
                              "logged command line); without it such a run is an error")  # fmt: skip

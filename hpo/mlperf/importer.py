@@ -32,7 +32,7 @@ from hpo.errors import HpoError, NotFoundError
 from hpo.experiment import ExperimentSpec, experiment_from_dict, spec_from_stored, stored_form
 from hpo.experiment.arms import arm_label, arm_of, arms, trial_config
 from hpo.mlperf import HASH_KEY, IMPORTED_KEY, UNSELECTED_KEY, cost_line, imported
-from hpo.mlperf.logs import CURVE_SOURCES, HYPERPARAMETERS, ResultFileError, ResultRun
+from hpo.mlperf.logs import CURVE_SOURCES, HYPERPARAMETERS, NAMED_HYPERPARAMETERS, ResultFileError, ResultRun
 from hpo.mlperf.rcp import RcpRecord
 from hpo.objective import trial_result
 from hpo.storage.base import ExperimentRecord, ExperimentStatus, MetricPoint, Storage, TrialRecord
@@ -48,6 +48,7 @@ COMPARE_KEYS = {
     "batch": "batch.global_batch_size",
     "system": "log.mlperf_submission.platform",
     "submitter": "log.mlperf_submission.org",
+    "clipping": "clipping.strategy",  # logged by our trainer only (opt_gradient_clipping)
 }
 DEFAULT_COMPARE = ("optimizer", "global_batch_size")
 
@@ -186,6 +187,9 @@ def _mlperf_run(run: ResultRun, keys: Sequence[str], target: float) -> _Run:
             if not value:
                 raise ResultFileError(f"{run.path}: no {what} event, which --compare needs")
             params[key] = value
+    if "clipping.strategy" in keys and "clipping.strategy" not in params:
+        raise ResultFileError(f"{run.path}: no opt_gradient_clipping event, which --compare clipping needs (this "
+                              "trainer's logs name their clipping strategy; MLPerf submissions do not)")  # fmt: skip
     hit = run.samples_to(target)
     if hit is not None:
         status, reason = TrainStatus.REACHED_TARGET, None
@@ -250,7 +254,7 @@ def _takeable(run: ResultRun) -> tuple[dict[str, Any], list[str]]:
             config_from_dict(raw, str(run.path))
         except ConfigError as e:
             why = str(e).splitlines()[-1].strip()
-            logged = next((k for k in HYPERPARAMETERS[key] if k in run.logged), key)
+            logged = next((k for k in {**HYPERPARAMETERS, **NAMED_HYPERPARAMETERS}[key] if k in run.logged), key)
             notes.append(f"{logged} {run.logged.get(logged, value)!r} is not a value the trainer takes ({why}): left "
                          "out of the configuration")  # fmt: skip
             continue

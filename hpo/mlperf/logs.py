@@ -101,7 +101,10 @@ HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "schedule.start_warmup_step": ("start_warmup_step",),
     "schedule.total_steps": ("opt_learning_rate_training_steps",),
     "schedule.end_lr": ("opt_end_learning_rate",),
+    "clipping.max_norm": ("opt_gradient_clip_norm",),
 }
+# settings that are names, not numbers (our trainer's logs: trainer/mlperf_log.py)
+NAMED_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {"clipping.strategy": ("opt_gradient_clipping",)}
 INTEGER_KEYS = {"schedule.warmup_steps", "schedule.start_warmup_step", "schedule.total_steps"}
 TARGET_KEYS = ("eval_target", "target_accuracy")
 # how the evaluations' positions were read (ResultRun.curve): the first is the logged epoch_num
@@ -117,7 +120,8 @@ CURVE_SOURCES = {
 OTHER_SETTINGS = ("global_batch_size", "seed", "opt_name", "gradient_accumulation_steps", "max_sequence_length",
                   "submission_org", "submission_platform", "submission_division", "submission_benchmark",
                   *TARGET_KEYS)  # fmt: skip
-SETTINGS = tuple(dict.fromkeys([k for keys in HYPERPARAMETERS.values() for k in keys] + list(OTHER_SETTINGS)))
+SETTINGS = tuple(dict.fromkeys([k for keys in (*HYPERPARAMETERS.values(), *NAMED_HYPERPARAMETERS.values())
+                                 for k in keys] + list(OTHER_SETTINGS)))  # fmt: skip
 
 _OPTION = re.compile(r"--(?:optimizer|optim|opt|opt_name|optimizer_name|optimizer_type)[= ]+['\"]?([A-Za-z][\w.-]*)")
 _FLAG = re.compile(r"(?<![\w-])--(?:distributed_|fused_|use_)?(lamb|adamw|adam)(?![\w-])")
@@ -471,6 +475,10 @@ def _hyperparameters(path: Path, settings: dict[str, Event]) -> dict[str, Any]:
         if event is not None:
             hyper[trainer_key] = (_whole(path, event, event.key) if trainer_key in INTEGER_KEYS
                                   else _number(path, event, event.key))  # fmt: skip
+    for trainer_key, mlperf_keys in NAMED_HYPERPARAMETERS.items():
+        event = next((settings[k] for k in mlperf_keys if k in settings), None)
+        if event is not None:
+            hyper[trainer_key] = _text(event)
     return hyper
 
 

@@ -36,6 +36,7 @@ BERT_KEYS = [
     "opt_name", "opt_base_learning_rate", "opt_lamb_epsilon", "opt_lamb_beta_1", "opt_lamb_beta_2",
     "opt_lamb_weight_decay_rate", "opt_lamb_learning_rate_decay_poly_power", "opt_learning_rate_warmup_steps",
     "num_warmup_steps", "start_warmup_step", "opt_learning_rate_training_steps", "opt_end_learning_rate",
+    "opt_gradient_clipping",  # ours: the clipping strategy (opt_gradient_clip_norm follows where it clips)
 ]  # fmt: skip
 
 
@@ -154,6 +155,7 @@ def test_a_run_that_reaches_the_closed_target_passes_the_closed_division(tmp_pat
         **majority_token_shards(tmp_path),
         **{"optimizer.name": "adamw", "optimizer.lr": 1e-2, "eval.target_mlm_accuracy": 0.72},
         **{"log.mlperf_submission.division": "closed", "log.mlperf_submission.cache_cleared": True},
+        **{"clipping.strategy": "bucketwise"},  # its two keys (ours and mllog's) are no reason to fail the check
     )
     assert result.status is TrainStatus.REACHED_TARGET and 0.72 <= result.best_mlm_accuracy < 1.0
     checked = check(log, tmp_path)
@@ -165,6 +167,7 @@ def test_a_run_that_reaches_the_closed_target_passes_the_closed_division(tmp_pat
     logged = values(log)
     assert logged["submission_division"] == "closed" and logged["cache_clear"] is True
     assert logged["opt_name"] == "adamw" and logged["opt_lamb_beta_2"] == 0.999  # AdamW's values, LAMB's keys
+    assert (logged["opt_gradient_clipping"], logged["opt_gradient_clip_norm"]) == ("bucketwise", 1.0)
     if device == "cuda":
         assert logged["submission_platform"] == f"1x{torch.cuda.get_device_name()}"
 
@@ -198,7 +201,7 @@ def test_lamb_values_under_the_bert_rules_keys():
         "opt_lamb_epsilon": 1e-6, "opt_lamb_beta_1": 0.6, "opt_lamb_beta_2": 0.7, "opt_lamb_weight_decay_rate": 0.01,
         "opt_lamb_learning_rate_decay_poly_power": 1.0, "opt_learning_rate_warmup_steps": 100,
         "num_warmup_steps": 100, "start_warmup_step": -76, "opt_learning_rate_training_steps": 7100,
-        "opt_end_learning_rate": 0.0,
+        "opt_end_learning_rate": 0.0, "opt_gradient_clipping": "none",
     }  # fmt: skip
     assert list(hyperparameters(cfg, 1, 7100, 512, 76)) == BERT_KEYS
 
@@ -232,6 +235,14 @@ def required_keys() -> list[set[str]]:
                 assert req in ("EXACTLY_ONE", "AT_LEAST_ONE"), req
                 required.append({key["NAME"]})
     return required
+
+
+@pytest.mark.parametrize("strategy", ["none", "after_allreduce", "before_allreduce", "bucketwise"])
+def test_the_clipping_strategy_and_where_it_clips_its_threshold_are_logged(strategy):
+    logged = hyperparameters(config(f"clipping.strategy={strategy}", "clipping.max_norm=0.5"), 1, 10, 128, 20)
+    clipping = {k: v for k, v in logged.items() if "clip" in k}
+    assert clipping == ({"opt_gradient_clipping": "none"} if strategy == "none" else
+                        {"opt_gradient_clipping": strategy, "opt_gradient_clip_norm": 0.5})  # fmt: skip
 
 
 @pytest.mark.parametrize("optimizer", ["lamb", "adamw"])

@@ -37,7 +37,7 @@ from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.engine.test_study import make_spec, run_study
 from tests.trainer.conftest import make_train_overrides
-from tests.trainer.test_mlperf_log import majority_token_shards
+from tests.trainer.test_mlperf_log import majority_token_shards, train_logged
 from trainer.config import load_config
 from trainer.report import JsonLinesReporter, read_jsonl
 from trainer.train import train
@@ -136,6 +136,30 @@ def test_our_trainers_logs_import_as_their_reports_say(trainer_runs, tmp_path, c
     assert "was imported" in capsys.readouterr().err
     page = experiment_report(storage, "tiny")
     assert "data-field=imported" in page and "Imported experiment" in page
+
+
+def test_runs_of_two_clipping_strategies_import_as_two_configurations_and_compare_by_clipping(tmp_path, capsys):
+    """The trainer's log names its clipping (it did not: a bucketwise run was stored as a confirmation run of the
+    none run's configuration); `--compare clipping` makes them arms, and a log that does not name it is refused."""
+    logs = {}
+    for strategy in ("none", "bucketwise"):
+        directory = tmp_path / strategy
+        _, logs[strategy] = train_logged(directory, **majority_token_shards(directory), **{
+            "optimizer.name": "adamw", "optimizer.lr": 1e-2, "clipping.strategy": strategy,
+            "clipping.max_norm": 0.5, "eval.target_mlm_accuracy": 0.72})  # fmt: skip
+    db = db_url(tmp_path)
+    files = [str(logs["none"]), str(logs["bucketwise"])]
+    assert main(["--db", db, "import", "mlperf", *files, "--name", "clip", "--compare", "optimizer,clipping"]) == 0
+    assert "(2 configuration(s) in 2 arm(s))" in capsys.readouterr().out
+    storage = SqlStorage(db)
+    trials = {t.params["clipping.strategy"]: t for t in storage.list_trials(storage.get_experiment_by_name("clip").id)}
+    assert set(trials) == {"none", "bucketwise"} and {t.kind for t in trials.values()} == {TrialKind.TUNING}
+    assert trials["bucketwise"].params["clipping.max_norm"] == 0.5 and "clipping.max_norm" not in trials["none"].params
+    assert trials["bucketwise"].arm == "optimizer.name=adamw,clipping.strategy=bucketwise"
+    published = str(NVIDIA_16K)  # MLPerf submissions name no clipping strategy
+    assert main(["--db", db, "import", "mlperf", published, "--name", "n", "--optimizer", "lamb", "--compare",
+                 "clipping"]) == 2  # fmt: skip
+    assert "no opt_gradient_clipping event, which --compare clipping needs" in capsys.readouterr().err
 
 
 def test_the_logs_of_three_hpo_trials_import_as_the_database_recorded_them(tmp_path, capsys):
