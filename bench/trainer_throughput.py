@@ -418,17 +418,31 @@ def main() -> None:
         versus_hf = f"  {hf_label}/this = {seq_s[name] / seq_s[hf_name]:5.2f}x" if hf_name else ""
         print(f"  {name:<26} {tps:12,.0f} tokens/s  {seq_s[name]:8.2f} seq/s  {peak:6.1%} of peak  "
               f"{first}/this = {seq_s[first] / seq_s[name]:5.2f}x{versus_hf}")  # fmt: skip
-    if args.breakdown and deadline is not None and time.perf_counter() > deadline:
+    if args.breakdown:
+        print_breakdowns(runners, optimizers, sizes, args.warmup + args.steps, device, args.top, deadline)
+
+
+def print_breakdowns(runners, optimizers, sizes: dict[str, int], at_step: int, device, top: int,
+                     deadline: float | None) -> None:  # fmt: skip
+    """One profiled step of each model (the batch after the timed ones), while the deadline allows: each costs
+    seconds. A step that runs out of memory or fails (a batch never timed) is said so, and the rest still come."""
+    if deadline is not None and time.perf_counter() > deadline:
         print("  breakdown left out: --max-seconds has passed")
-    elif args.breakdown:
-        last = args.warmup + args.steps
-        print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
-        for name, (run, _) in runners.items():
-            index = np.arange(last * sizes[name], (last + 1) * sizes[name])
+        return
+    print(f"  breakdown of one step: {BREAKDOWN_HEADER}")
+    for name, (run, _) in runners.items():
+        if deadline is not None and time.perf_counter() > deadline:
+            print(f"  breakdown of {name} and after left out: --max-seconds has passed")
+            return
+        index = np.arange(at_step * sizes[name], (at_step + 1) * sizes[name])
+        try:
             parts = breakdown(partial(run, opt=optimizers[name], index=index), device)
-            print(f"  {name:<26} {format_breakdown(parts)}")
-            if args.top:
-                print(format_top(parts, args.top))
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            print(f"  {name:<26} breakdown failed ({type(e).__name__}: {str(e).strip()[:160]})")
+            continue
+        print(f"  {name:<26} {format_breakdown(parts)}")
+        if top:
+            print(format_top(parts, top))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@
 # a check gets at most what is left of it less the time kept for the summary, and a check with too little left
 # is skipped and named so; the script then still writes its summary (and with PACK=1 its archive) in time.
 # It runs .venv/bin/python where `make setup` made it, else python3 (PYTHON=... names another interpreter).
-# Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/.
+# Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/; without them (the
+# project's packages do not import) the script says so in its summary and stops before any check.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 # With PACK=1 the files end up as two: summary.txt and gpu_checks.tar.gz holding all of them (for a machine that
 # hands back only a few files).
@@ -51,6 +52,11 @@ if [ -d .whl ]; then  # made for Python 3.12 on x86-64 (the GPU image's); elsewh
   then export PYTHONPATH=/tmp/site; else echo "the wheels in .whl/ do not install here: using the installed packages"; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the trials' trainer processes import this checkout too
+if ! missing=$(timeout 60 $PY -c "import pydantic, sqlalchemy, alembic, mlperf_logging, h5py" 2>&1); then
+  echo "scripts/gpu_checks.sh: the project's packages do not import here ($(echo "$missing" | tail -1)): make the" \
+    "wheels with \`bash scripts/gpu_wheels.sh\` and bring .whl/ along. Nothing was checked." | tee "$OUT/summary.txt" >&2
+  exit 2
+fi
 DEADLINE_S=${DEADLINE_S:-480}
 KEEP_S=${KEEP_S:-15}  # of the deadline, for the summary and the archive
 MIN_S=${MIN_S:-5}     # a check with less than this left is skipped
@@ -84,6 +90,13 @@ cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 run experiment 170 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+# A controller cut at its limit may leave trial processes (each in a session of its own) on the GPU: they would
+# share it with the throughput checks.
+if left=$(pgrep -f -- "-m hpo[.](trial[.]entry|runners[.]preload)"); then
+  pkill -9 -f -- "-m hpo[.](trial[.]entry|runners[.]preload)"
+  echo "=== experiment: $(echo "$left" | wc -l) leftover trial process(es) ended before the next check" \
+    | tee -a "$OUT/experiment.txt"
+fi
 # One trial's MLPerf log, its progress lines (the sequences/s of a small model sharing the GPU), the exported config
 for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
   [ -f "$trial/mlperf.log" ] || continue
@@ -105,7 +118,7 @@ run tests 65 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py 
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"
   cat "$OUT/machine.txt"
-  grep -h "=== .* exit\|=== .* skipped" "$OUT"/*.txt
+  grep -h "=== .* exit\|=== .* skipped\|=== .* leftover" "$OUT"/*.txt
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
   grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out\|time is up" \
     "$OUT"/throughput*.txt

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.trainer_throughput import step_ours, time_steps
+from bench.trainer_throughput import print_breakdowns, step_ours, time_steps
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.config import OptimizerConfig
 from trainer.model import BertForPreTraining
@@ -74,7 +74,7 @@ def test_every_model_out_of_memory_is_an_error_that_says_to_lower_the_batch():
     samples = make_samples(LENGTHS)
     model = BertForPreTraining(make_model_config())
 
-    def out_of_memory(opt, index):
+    def out_of_memory(opt, index, **_):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     runners = {"only": (out_of_memory, model)}
@@ -199,3 +199,26 @@ def test_past_the_deadline_the_timing_stops_after_the_round_under_way(capsys):
                         deadline=0.0)  # fmt: skip
     assert timing.steps == 1 and timing.tokens == {"a": sum(LENGTHS[2:4]), "b": sum(LENGTHS[2:4])}
     assert "time is up (--max-seconds): 1 of 3 steps timed" in capsys.readouterr().out
+
+
+def test_a_breakdown_that_fails_is_said_and_the_others_still_come_until_the_deadline(capsys):
+    """The profiled steps run a batch never timed (it may not fit) and cost seconds each: one that runs out of memory
+    is named and the next still comes; past the deadline the rest are left out, where the check's limit would
+    otherwise cut them (and the lines after them) off."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(make_model_config())
+
+    def out_of_memory(opt, index, **_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    runners = {"big": (out_of_memory, ours), "ours": runner(ours, samples)}
+    optimizers = {name: build_optimizer(ours, OptimizerConfig(name="lamb", lr=1e-4)) for name in runners}
+    sizes = {"big": 2, "ours": 2}
+    print_breakdowns(runners, optimizers, sizes, at_step=1, device=torch.device("cpu"), top=0, deadline=None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["big", "breakdown", "failed", "(OutOfMemoryError:", "CUDA", "out", "of", "memory.",
+                                "Tried", "to", "allocate", "2.00", "GiB)"]  # fmt: skip
+    assert lines[2].split()[0] == "ours" and len(lines) == 3  # profiled: the row of its parts
+    print_breakdowns(runners, optimizers, sizes, at_step=1, device=torch.device("cpu"), top=0, deadline=0.0)
+    assert capsys.readouterr().out == "  breakdown left out: --max-seconds has passed\n"

@@ -139,6 +139,24 @@ def test_without_a_gpu_the_script_says_so_at_once_and_writes_nothing(tmp_path):
     assert "`make test`" in done.stderr and not out.exists()
 
 
+def test_without_the_projects_packages_the_script_stops_at_once_and_says_to_bring_the_wheels(tmp_path):
+    """A GPU image without pydantic (the wheels left behind): every check would fail on its imports, one after the
+    other, for the whole lease; the script says so in its summary and stops."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n"
+                      'case "$*" in *"import torch"*) exit 0;;\n'
+                      '  *"import pydantic"*) echo "No module named pydantic" >&2; exit 1;;\n'
+                      'esac\nexit 99\n')  # fmt: skip
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python)}
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = "the project's packages do not import here (No module named pydantic): make the wheels with"
+    assert said in done.stderr and said in (out / "summary.txt").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["summary.txt"]  # no check ran
+
+
 @pytest.mark.skipif(torch_sees_a_gpu(), reason="this machine has a CUDA GPU")
 def test_without_python_named_the_script_runs_the_projects_environment():
     env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
