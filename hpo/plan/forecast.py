@@ -61,6 +61,7 @@ from hpo.errors import HpoError
 from hpo.evidence.confirmations import stored_verdict
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import arm_labels
+from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
 from hpo.plan.proxy import table_proxy
 from hpo.plan.truth import JUDGED, Truth, stated_handicap, table_truth
 from hpo.runners import build_runner
@@ -114,6 +115,21 @@ class Plan:
         return repetition_seeds(self.file_seeds, self.options.seed + index)
 
 
+def _check_repetition_seeds(file_seeds: tuple[int, int], options: PlanOptions, confirmations: int) -> None:
+    """HpoError naming --seed, before any repetition runs, when the last repetition's seeds (its tuner seed, its
+    training seed and the confirmation runs' after it) pass what a tuner or the database takes."""
+    tuner, training = repetition_seeds(file_seeds, options.seed + options.repetitions - 1)
+    if tuner < TUNER_SEED_LIMIT and training + confirmations <= SEED_LIMIT:
+        return
+    room = min((TUNER_SEED_LIMIT - 1 - file_seeds[0]), (SEED_LIMIT - confirmations - file_seeds[1]) // SEED_STRIDE)
+    largest = room - options.repetitions + 1
+    fix = (f"give --seed {largest} or less" if largest >= 0 else
+           f"give --seed 0 and at most {room + 1} --repetitions")  # fmt: skip
+    raise HpoError(f"--seed {options.seed}: repetition r trains with seed {file_seeds[1]} + {SEED_STRIDE} x (SEED + "
+                   f"r) and tunes with seed {file_seeds[0]} + SEED + r, and the last of {options.repetitions} would "
+                   f"pass what the database or the tuner takes: {fix}")  # fmt: skip
+
+
 def repetition_seeds(file_seeds: tuple[int, int], seed: int) -> tuple[int, int]:
     """(tuner seed, training seed) of repetition `seed` (--seed + r) of a file with these (tuner, training) seeds."""
     return file_seeds[0] + seed, file_seeds[1] + SEED_STRIDE * seed
@@ -149,6 +165,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         data["resources"] = {**data["resources"], "machines": []}
     data = _with_options(data, options)
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
+    _check_repetition_seeds(seeds, options, spec.budget.most_confirm_seeds)
     assumptions: list[str] = []
     try:
         first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))

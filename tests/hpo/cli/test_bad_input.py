@@ -303,3 +303,20 @@ def test_a_plan_seed_past_what_a_tuner_takes_names_the_option_not_the_file(capsy
         main(["plan", str(path), "--seed", "99999999999999", "--repetitions", "1"])  # it blamed the file's tuner.seed
     assert stopped.value.code == 2
     assert "argument --seed: expected a whole number from 0 to 2147483647" in capsys.readouterr().err
+
+
+def test_a_plan_seed_whose_last_repetition_would_pass_the_database_is_refused_before_any_repetition(capsys):
+    """Repetition r trains with the file's seed + 1000 (SEED + r), its confirmation runs with the seeds after it:
+    past 2**31 - 1 the second or third repetition failed, blaming the file's base_config, after the first had run."""
+    from hpo.experiment import load_experiment
+    from hpo.plan.forecast import PlanOptions, prepare_plan
+    from trainer.config import config_from_dict
+
+    path = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
+    spec = load_experiment(path)
+    training = config_from_dict(spec.resolved_base()).seed
+    largest = (2**31 - 1 - spec.budget.most_confirm_seeds - training) // 1000 - 2  # 3 repetitions: r up to 2
+    assert main(["plan", str(path), "--seed", str(largest + 1), "--repetitions", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"--seed {largest + 1}: repetition r trains with seed" in err and f"give --seed {largest} or less" in err
+    assert prepare_plan(str(path), PlanOptions(repetitions=3, seed=largest)).seeds(2)[1] <= 2**31 - 1
