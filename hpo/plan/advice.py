@@ -36,6 +36,15 @@ class TrialsCell:
     wall_hours: float
 
 
+def advice_budgets(trials: int, arms: int, equal: bool = True) -> list[int]:
+    """The tuning budgets of the trials advice: TRIALS_FACTORS times `trials`, at least 2 per arm and, `equal` (the
+    file does not allow unequal arms), each a multiple of the arms, as `hpo run` requires (10 trials of 2 arms at
+    0.5x is 4, not 5)."""
+    if equal:
+        return sorted({arms * max(round(trials * f / arms), 2) for f in TRIALS_FACTORS})
+    return sorted({max(round(trials * f), 2 * arms) for f in TRIALS_FACTORS})
+
+
 def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progress=None) -> list[TrialsCell]:
     """The plan `base` (its repetitions `known`, already run) over a small grid: TRIALS_FACTORS times its tuning trials
     (at least 2 per arm) and, when it confirms with `auto`, each cap of CONFIRM_CAPS; every cell with the same
@@ -43,7 +52,7 @@ def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progre
     `progress(done, total)` after each cell run here."""
     budget = base.spec.budget
     arms = max(len(arm_labels(base.spec)), 1)
-    budgets = sorted({max(round(budget.trials * f), 2 * arms) for f in TRIALS_FACTORS})
+    budgets = advice_budgets(budget.trials, arms, equal=base.spec.allow_unequal_arms is None)
     caps: list[int | None] = sorted({*CONFIRM_CAPS, budget.most_confirm_seeds}) if budget.sequential else [None]
     grid = [(trials, cap) for trials in budgets for cap in caps]
     cells = []

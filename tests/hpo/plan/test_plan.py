@@ -23,6 +23,7 @@ from scipy import stats
 
 from hpo.cli.main import main
 from hpo.experiment import experiment_from_dict, stored_form
+from hpo.plan.advice import advice_budgets
 from hpo.plan.forecast import DEFAULT_TABLE, percentile_range, share_interval
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint
@@ -597,3 +598,15 @@ def test_power_alone_advises_tuning_trials_and_cap_from_plans_at_each_cell(tmp_p
         ) in text
     else:
         assert "none of these budgets reaches 60%" in text
+
+
+@pytest.mark.parametrize(
+    ("trials", "arms", "equal", "budgets"),
+    [(10, 2, True, [4, 10, 20]), (14, 2, True, [8, 14, 28]), (48, 2, True, [24, 48, 96]), (9, 3, True, [6, 9, 18]),
+     (4, 2, True, [4, 8]), (10, 2, False, [5, 10, 20])],
+)  # fmt: skip
+def test_the_advice_budgets_split_equally_over_the_arms(trials, arms, equal, budgets):
+    """`--power` planned 0.5x of 10 trials over 2 arms as 5, which `hpo run` refuses (the plan then failed after
+    running its repetitions); each budget is a multiple of the arms unless the file allows unequal arms."""
+    assert advice_budgets(trials, arms, equal) == budgets
+    assert all(b % arms == 0 and b >= 2 * arms for b in budgets) or not equal
