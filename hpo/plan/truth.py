@@ -135,18 +135,23 @@ def stated_handicap(runner, spec, difference: float) -> dict[str, dict[str, Any]
     first, second = arm_plans(spec)
     goal = _arm_truth(runner, spec, first.label, first.fixed, first.space).figure
     source, handicapped = first.fixed["optimizer.name"], second.fixed["optimizer.name"]
-    delay, tried = round(goal * difference / (1 - difference)), {}
+    delay, tried, realized = round(goal * difference / (1 - difference)), {}, {}
     for _ in range(DELAY_STEPS):  # the realized difference moves with the delay, but not one for one
         delayed = copy.copy(runner)
         delayed.surrogate = Surrogate(runner.table, {handicapped: (source, delay)})
         figure = _arm_truth(delayed, spec, second.label, second.fixed, second.space).figure
-        tried[delay] = abs(1 - goal / figure - difference)
+        realized[delay] = 1 - goal / figure
+        tried[delay] = abs(realized[delay] - difference)
         if tried[delay] <= DELAY_TOLERANCE:
             break
         delay = max(round(delay + (goal / (1 - difference) - figure)), 0)
         if delay in tried:
             break
     closest = min(tried, key=tried.get)
+    if tried[closest] > DELAY_TOLERANCE:  # the plan would be judged against a difference it does not simulate
+        raise HpoError(f"{where} {difference:.1%}: on this table the nearest the file's arms come to it is "
+                       f"{realized[closest]:.1%} (with {second.label} {closest:,} samples late): state a difference "
+                       "the table can make, or plan without --difference against the table's own truth")  # fmt: skip
     return {handicapped: {"curves_of": source, "delay_samples": closest}}
 
 

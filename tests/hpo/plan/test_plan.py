@@ -22,6 +22,7 @@ import yaml
 from scipy import stats
 
 from hpo.cli.main import main
+from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.plan.advice import advice_budgets
 from hpo.plan.forecast import DEFAULT_TABLE, percentile_range, share_interval
@@ -224,6 +225,19 @@ def test_a_stated_difference_is_made_true_on_the_table(tmp_path, difference):
         # "equivalent" is right where the realized difference lies within the file's margin (±5 %)
         within = 0.95 < first.figure / second.figure < 1.05
         assert plan.truth.judged("equivalent", None) == ("right" if within else "equivalent")
+
+
+def test_a_stated_difference_the_table_cannot_make_is_refused_with_the_nearest_it_can(tmp_path):
+    """Past what a delay can make (the delayed arm misses its target within the budget), the plan ran at the nearest
+    difference and still called it the stated one."""
+    from hpo.plan.forecast import PlanOptions, prepare_plan
+
+    path = write(tmp_path / "file.yaml", small_preset())
+    with pytest.raises(HpoError) as refused:
+        prepare_plan(str(path), PlanOptions(1, difference=0.9))
+    nearest = float(re.search(r"nearest the file's arms come to it is ([0-9.]+)%", str(refused.value)).group(1))
+    assert "--difference 90.0%" in str(refused.value) and nearest < 89.8
+    assert "plan without --difference" in str(refused.value)
 
 
 @pytest.mark.parametrize("adamw,right", [(9800.0, True), (10400.0, True), (9400.0, False), (10600.0, False)])
