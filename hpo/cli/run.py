@@ -171,6 +171,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_outage_bound(spec)
     if spec.engine == "nni" and (args.runner or args.scheduler):
         raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine == "nni":
+        from hpo.nni.engine import preflight
+
+        preflight()  # NNI installed and patched, before the claim writes anything (as `hpo run` checks)
     if spec.engine == "local":
         check_runner_options(spec, args.runner, args.scheduler)
     run_dir = Path(record.spec["run_dir"])

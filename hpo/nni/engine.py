@@ -58,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpo.engine.liveness import Heartbeat
+from hpo.engine.liveness import Heartbeat, liveness
 from hpo.engine.local import absolute_database_url, next_commands, print_summary
 from hpo.errors import HpoError
 from hpo.experiment.arms import ArmPlan, arm_plans
@@ -393,6 +393,12 @@ def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
         raise HpoError(f"experiment {name!r} ran under engine: local; the NNI web UI shows engine: nni "
                        f"experiments (`hpo trials {name}` lists its trials)")  # fmt: skip
     run_dir = Path(record.spec["run_dir"])
+    if stop and liveness(record) == "live":  # its managers run its trials: closing them would end the experiment
+        raise HpoError(
+            f"experiment {name!r} is live: its controller's NNI managers run its trials, and `--stop` "
+            "would end them; stop the experiment itself (Ctrl-C where `hpo run` runs, or the API's "
+            f"POST /experiments/{name}/stop); `hpo webui {name} --stop` then closes what it left"
+        )
     if stop:
         stopped = stop_all(run_dir)
         print(f"closed the NNI web UI of {name} ({len(stopped)} NNI experiment(s))" if stopped else

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +17,7 @@ from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.nni.jobs import REPLACED
 from hpo.nni.manager import NniEngineError, load_experiments, rest
+from hpo.nni.patch import compat_js, unpatch_text
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
 from tests.hpo.nni.conftest import nni_experiment_data
@@ -75,6 +78,46 @@ def test_webui_refuses_an_experiment_of_the_local_engine(tmp_path):
     assert webui.returncode == 2
     assert "experiment 'nniexp' ran under engine: local; the NNI web UI shows engine: nni experiments" in webui.stderr
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def stored_nni_experiment(tmp_path):
+    """(storage, id) of an engine: nni experiment stored as `hpo run` stores it, nothing run."""
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1)
+    spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    return storage, storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+
+
+def test_webui_stop_refuses_a_live_experiment_whose_managers_run_its_trials(tmp_path):
+    """`hpo webui NAME --stop` stopped every manager of the run directory, a live experiment's too: its run then
+    failed ("does not answer GET /check-status") with its running trial interrupted."""
+    storage, experiment_id = stored_nni_experiment(tmp_path)
+    storage.claim_controller(experiment_id, "here", os.getpid(), stale_after_s=60)  # heartbeats now: live
+    stop = hpo(tmp_path, "webui", "nniexp", "--stop")
+    assert stop.returncode == 2, stop.stderr
+    assert "experiment 'nniexp' is live: its controller's NNI managers run its trials" in stop.stderr
+
+
+def test_resume_with_an_unpatched_nni_is_refused_before_the_claim_writes(tmp_path):
+    """`hpo run` checks NNI before it writes; `hpo resume` claimed the experiment and marked it running first, then
+    refused, leaving a stopped experiment failed."""
+    import nni_node
+
+    storage, experiment_id = stored_nni_experiment(tmp_path)
+    storage.set_experiment_status(experiment_id, "stopped")
+    before = storage.get_experiment(experiment_id)
+    fake = tmp_path / "fake" / "nni_node"  # NNI as it is installed, less the patch
+    (fake / "training_service" / "v3").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "training_service" / "v3" / "compat.js").write_text(unpatch_text(compat_js().read_text()))
+    (fake / "node").symlink_to(Path(nni_node.__file__).parent / "node")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+    resume = subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", "resume",
+                             "nniexp"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert resume.returncode == 2 and "lacks the fix" in resume.stderr, resume.stderr
+    after = storage.get_experiment(experiment_id)
+    assert (after.status.value, after.heartbeat_at, after.controller_pid) == ("stopped", before.heartbeat_at,
+                                                                               before.controller_pid)  # fmt: skip
 
 
 def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_written(tmp_path):
