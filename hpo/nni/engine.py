@@ -96,6 +96,7 @@ from hpo.nni.manager import (
     NniLaunchError,
     TunerLog,
     check_port,
+    end_managers_of,
     forget,
     load_experiments,
     log_errors,
@@ -334,17 +335,22 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
         raise _failed_start(run_dir, experiment, e.cause) from None
     except NniEngineError as e:  # no free port
         raise _failed_start(run_dir, experiment, str(e)) from None
-    record_webui(storage, experiment_id, run_dir)
-    if busy:
-        say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
-    runs = f"{plan.quota} confirmation runs" if confirmation else f"{plan.quota} trials"
-    say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
-                f"(NNI experiment {experiment.nni_id}, {runs})")  # fmt: skip
-    trials_before = storage.count_trials(experiment_id)
+    except (Terminated, KeyboardInterrupt) as signalled:  # mid-start: a manager may run that nothing recorded
+        if experiment.pid:
+            stop_manager(run_dir, experiment)
+        end_managers_of(experiment.nni_id)
+        return ("stopped by SIGTERM" if isinstance(signalled, Terminated) else "stopped by the user (Ctrl-C)"), []
     logs = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "log"
     tuner = TunerLog(logs)
-    ending = "stopped by an error of the engine"
-    try:
+    ending, trials_before = "stopped by an error of the engine", None
+    try:  # from here on a signal, like an error of the engine, ends the manager below
+        record_webui(storage, experiment_id, run_dir)
+        if busy:
+            say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
+        runs = f"{plan.quota} confirmation runs" if confirmation else f"{plan.quota} trials"
+        say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
+                    f"(NNI experiment {experiment.nni_id}, {runs})")  # fmt: skip
+        trials_before = storage.count_trials(experiment_id)
         if history:
             import_history(experiment, history, tuner=tuner)
             say(quiet, f"gave NNI's tuner the {len(history)} finished trial(s) of the earlier run")

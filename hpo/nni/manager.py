@@ -117,6 +117,21 @@ def stop_manager(run_dir: Path | None, experiment: NniExperiment, wait_s: float 
         _save(run_dir, experiment)
 
 
+def end_managers_of(nni_id: str) -> list[int]:
+    """SIGKILL every process on this machine whose command line runs NNI experiment `nni_id` (`--experiment-id
+    ID`): the manager a launcher started before it was interrupted, whose pid nothing recorded. Returns them."""
+    needle = f"--experiment-id\0{nni_id}\0".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                found.append(int(entry.name))
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
 NNI_TRIAL_ENV = "NNI_TRIAL_JOB_ID"  # NNI's manager puts it in the environment of every trial it starts
 
 

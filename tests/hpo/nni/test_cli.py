@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -193,3 +194,32 @@ def test_controller_sigkill_then_resume_under_nni(tmp_path):
     assert set(experiments) == {"hpo1-arm0", "hpo1-arm0-r1"}  # the resumed arm ran as a new NNI experiment
     assert all(e.pid is None for e in experiments.values())  # no manager left behind
     assert "finished" in subprocess.run([*cmd, "status"], capture_output=True, text=True, env=env).stdout
+
+
+@pytest.mark.parametrize("signalled", ["Terminated", "KeyboardInterrupt"])
+def test_a_signal_while_an_arms_manager_starts_ends_that_manager_and_stops_the_arm(tmp_path, monkeypatch, signalled):
+    """SIGTERM or Ctrl-C while NNI's launcher was starting an arm's manager left the manager running (it later ran
+    the arm's trials after `hpo run` had exited) and the run failed with a traceback. Here the start is cut as the
+    signal cuts it: the launcher has started a process that runs the experiment (`--experiment-id ID`) and nothing
+    recorded its pid yet."""
+    from hpo.experiment.arms import arm_plans
+    from hpo.nni import engine
+
+    storage, experiment_id = stored_nni_experiment(tmp_path)
+    spec = experiment_from_dict(nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1), "exp.yaml",
+                                base_dir=tmp_path)  # fmt: skip
+    started: list[subprocess.Popen] = []
+
+    def start_cut_by_the_signal(run_dir, experiment, config, port):
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--experiment-id",
+                                         experiment.nni_id, "--port", str(port)]))  # fmt: skip
+        time.sleep(0.5)  # the manager is up before the signal arrives
+        raise engine.Terminated() if signalled == "Terminated" else KeyboardInterrupt()
+
+    monkeypatch.setattr(engine, "start_experiment", start_cut_by_the_signal)
+    (tmp_path / "run" / "nni").mkdir(parents=True)
+    ending, jobs = engine.run_arm(spec, storage, experiment_id, tmp_path / "run", arm_plans(spec)[0], {}, 18999,
+                                  tick=None, quiet=True)  # fmt: skip
+    assert (ending, jobs) == ("stopped by SIGTERM" if signalled == "Terminated" else "stopped by the user (Ctrl-C)",
+                              [])  # fmt: skip
+    assert started[0].wait(timeout=10) == -9  # the manager nothing had recorded is ended
