@@ -48,8 +48,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_run_dir(run_dir, where)  # before the database is opened: a file in its way would stop the run later
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
+        from hpo.nni.manager import load_experiments
 
         preflight()  # NNI installed and patched, before anything is written
+        earlier = [e.nni_id for e in load_experiments(run_dir)] if run_dir.is_dir() else []
+        if earlier:  # a new run would count them as its own earlier runs: another tuner seed, their web UIs
+            raise HpoError(f"{where}: the run directory {run_dir} holds the NNI experiments of an earlier run "
+                           f"({', '.join(earlier)}): choose another --run-dir, or `hpo resume` the experiment that "
+                           "ran there")  # fmt: skip
     if _trials_run_here(spec, args.runner):
         check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None

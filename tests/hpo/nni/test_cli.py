@@ -121,6 +121,20 @@ def test_resume_with_an_unpatched_nni_is_refused_before_the_claim_writes(tmp_pat
                                                                                before.controller_pid)  # fmt: skip
 
 
+def test_a_new_run_into_a_run_directory_holding_another_runs_nni_experiments_is_refused(tmp_path):
+    """A fresh `hpo run` (another database) there counted them as its own earlier runs: its first NNI experiment
+    took another tuner seed (hpo1-arm0-r1) and its stored web UI links listed the old ones."""
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    earlier = [{"arm": 0, "label": None, "nni_id": "hpo1-arm0", "port": 8080, "pid": None}]
+    (tmp_path / "run" / "nni").mkdir(parents=True)
+    (tmp_path / "run" / "nni" / "experiments.json").write_text(json.dumps(earlier))
+    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    assert run.returncode == 2, run.stderr
+    assert "holds the NNI experiments of an earlier run (hpo1-arm0): choose another --run-dir" in run.stderr
+    assert not (tmp_path / "hpo.db").exists()  # nothing written
+
+
 def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_written(tmp_path):
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
     data["resources"]["machines"] = [{"host": "gpu-a", "user": "bert"}]
