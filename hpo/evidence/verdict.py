@@ -106,6 +106,12 @@ class ArmRuns:
     # where it missed the target (picked on its accuracy, e.g. at a short multi-fidelity budget), None where unknown
     picked: float | None = None
 
+    def __post_init__(self) -> None:  # ln of each: a count of samples, finite and positive
+        bad = [s for s in self.samples_to_target if s is not None and not (math.isfinite(s) and s > 0)]
+        if bad:
+            raise ValueError(f"arm {self.label}: samples to target must be finite and positive, got {bad[0]!r} "
+                             "(a run that missed the target is None)")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ArmSummary:

@@ -290,3 +290,11 @@ def test_the_evidence_is_the_confirmation_runs_interpolated_on_their_curves():
         "optimizer.name=lamb": pytest.approx(1536),
         "optimizer.name=adamw": 1024,
     }
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -5.0])
+def test_samples_to_target_that_is_not_a_positive_count_is_refused_naming_the_arm(value):
+    """ln of each run's samples: nan and inf raised AttributeError from statistics, 0 a math domain error."""
+    with pytest.raises(ValueError, match=r"arm A: samples to target must be finite and positive"):
+        ArmRuns("A", (value, 5000.0, 5100.0), 100_000)
+    assert ArmRuns("A", (None, 5000.0), 100_000).samples_to_target == (None, 5000.0)  # a miss is None
