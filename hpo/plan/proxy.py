@@ -187,4 +187,12 @@ def _assumptions(table, base, scale, held, equal, batches) -> list[str]:
     if len(batches) > 1 or next(iter(batches)) != next(iter(batches.values())):
         pairs = ", ".join(f"{a:,} -> {b:,}" for a, b in batches.items())
         lines.append(f"global batch sizes read the table's, smallest to smallest: {pairs}")
+    budgets = {b: table.max_samples_for(b) for b in sorted(set(batches.values()))}
+    if table.per_batch and len(set(budgets.values())) > 1:  # one scale, from the largest of them
+        shortest = min(budgets, key=budgets.get)
+        lengths = ", ".join(f"{n:,} at {b:,}" for b, n in budgets.items())
+        lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples); one table "
+                     f"sample stands for the same {scale:,.0f} file samples at each, so a full run at table batch "
+                     f"{shortest:,} stands for {budgets[shortest] * scale:,.0f} of the file's samples, not "
+                     f"{base.budget.max_samples:,}: its simulated hours are that much shorter")  # fmt: skip
     return lines

@@ -73,6 +73,18 @@ def test_compared_batch_sizes_read_the_tables_smallest_to_smallest_with_its_run_
         assert lr["float"] == [min(plans[str(b)]["lr"]["lamb"]), max(plans[str(b)]["lr"]["lamb"])]
         assert data["space"][f"budget.max_samples@b{b}"]["choice"] == [plans[str(b)]["max_samples"]]
     assert any("448 -> 128, 896 -> 512, 1,792 -> 1,024, 3,584 -> 2,048" in a for a in assumptions)
+    # One scale, the file's budget over the table's longest run, understates the shorter runs' hours: said so
+    lengths = {int(b): plans[b]["max_samples"] for b in plans}
+    scale = data["runner"]["simulation"]["sample_scale"]
+    shortest = min(lengths, key=lengths.get)
+    said = [a for a in assumptions if a.startswith("the table's runs are of other lengths at each batch size")]
+    assert (
+        len(said) == 1
+        and f"a full run at table batch {shortest:,} stands for {lengths[shortest] * scale:,.0f} of the file's samples"
+        in said[0]
+    )
+    assert scale == pytest.approx(load_experiment(PRESETS / "batch_scaling.yaml").resolved_base()["budget"]
+                                  ["max_samples"] / max(lengths.values()))  # fmt: skip
 
 
 def test_the_plan_of_a_gpu_preset_prints_its_assumptions_its_cost_and_its_chances(capsys):
