@@ -41,7 +41,7 @@ def _open_storage(url: str | None, read_only: bool):
                 "or start one with `hpo run EXPERIMENT.yaml`"
             )
         return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
-    return SqlStorage(url, read_only=read_only)
+    return SqlStorage(url, read_only=read_only, one_shot=read_only)  # a command's reads
 
 
 def safe_url(url: str) -> str:

@@ -71,13 +71,15 @@ def safe_url(url: str | URL) -> str:
         return "<unparsable database URL>"
 
 
-def create_storage_engine(url: str, read_only: bool = False) -> Engine:
+def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False) -> Engine:
     """An engine for `url` with the project's connection settings; a bad URL raises StorageError. `read_only`: for
-    readers that must leave a SQLite file as they found it (no directory made, its journal mode kept)."""
+    readers that must leave a SQLite file as they found it (no directory made, its journal mode kept); `one_shot`
+    too, a command's reads over in moments: a SQLite file it may not write, closed by its last writer, is read as
+    an immutable file (see `_sqlite_engine`)."""
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(parsed, read_only)
+            return _sqlite_engine(parsed, read_only, one_shot=read_only and one_shot)
         engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))
         _ping_idle_connections(engine)
         return engine
@@ -144,7 +146,7 @@ def in_memory_sqlite(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
-def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
+def _sqlite_engine(url: URL, read_only: bool = False, one_shot: bool = False) -> Engine:
     if not read_only and url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         directory = Path(url.database).parent
         try:
@@ -154,9 +156,10 @@ def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
                 f"cannot create the directory {directory} for the SQLite database: {exc}. Set {HOME_ENV} or "
                 f"{DATABASE_URL_ENV} to a writable place."
             ) from exc
-    if read_only and _unwritable_and_closed(url.database):
-        # Opened as usual, SQLite would leave -wal and -shm files beside a file it may only read: an immutable
-        # file is read without them (and without locks: no writer can change it, its last writer closed cleanly).
+    if one_shot and _unwritable_and_closed(url.database):
+        # Opened as usual, SQLite would leave -wal and -shm files beside a WAL file it may only read: an immutable
+        # file is read without them, and without locks, so only by a command's reads of moments, never by a
+        # long-lived reader (the API's): a writer that starts later would go unseen.
         url = url.set(database=f"file:{quote(str(Path(url.database).resolve()))}",
                       query={"immutable": "1", "uri": "true"})  # fmt: skip
     engine = create_engine(url, json_serializer=dumps_json, connect_args={"check_same_thread": False})
@@ -167,12 +170,19 @@ def _sqlite_engine(url: URL, read_only: bool = False) -> Engine:
 
 
 def _unwritable_and_closed(database: str | None) -> bool:
-    """A SQLite file that exists, that this process may not write, and that has no -wal file (its last writer
-    closed it, so the file holds every commit)."""
+    """A SQLite file in WAL mode (its header's versions 2) that exists, that this process may not write, and that
+    has no -wal or -journal file (its last writer closed it, so the file holds every commit)."""
     if not database or database == ":memory:" or database.startswith("file:"):
         return False
     path = Path(database)
-    return path.is_file() and not os.access(path, os.W_OK) and not Path(f"{path}-wal").exists()
+    if not path.is_file() or os.access(path, os.W_OK) or any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal")):
+        return False
+    try:
+        with path.open("rb") as file:
+            header = file.read(20)
+    except OSError:
+        return False
+    return header[:16] == b"SQLite format 3\x00" and header[18:20] == b"\x02\x02"
 
 
 def _configure_sqlite_connection(dbapi_connection: Any, _record: Any, journal: bool = True) -> None:

@@ -30,6 +30,7 @@ from hpo.trials import TrialKind, TrialSpec, TrialState
 from tests.hpo.plan.test_plan import small_preset, write
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 
+ROOT = Path(__file__).resolve().parents[3]
 NAME = "stored"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
@@ -186,6 +187,17 @@ def hpo(url: str, *args: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def without_root_file_access() -> list[str]:
+    """The prefix of a command that runs without root's access to every file (setpriv; none needed as a user)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is needed to run the commands without root's file access")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return [setpriv, "--bounding-set", caps, "--inh-caps", caps, "--"]
+
+
 def sqlite_copy(stored, tmp_path: Path) -> Path:
     """A folder holding a copy of the stored SQLite database as hpo.db (PostgreSQL: skipped, a file shows writes)."""
     url, _ = stored
@@ -219,19 +231,39 @@ def test_a_read_command_on_a_sqlite_file_it_may_not_write_leaves_no_wal_or_shm_b
     usual and left -wal and -shm files beside it; it is read as an immutable file."""
     directory = sqlite_copy(stored, tmp_path)
     (directory / "hpo.db").chmod(0o444)
-    as_a_user: list[str] = []
-    if os.geteuid() == 0:  # root writes any file: drop that capability for the commands
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("setpriv (util-linux) is needed to run the commands without root's file access")
-        caps = "-dac_override,-dac_read_search,-fowner"
-        as_a_user = [setpriv, "--bounding-set", caps, "--inh-caps", caps, "--"]
+    as_a_user = without_root_file_access()
     before = snapshot(directory)
     for command in (["status", NAME], ["best", NAME, "--per-arm"], ["trials", NAME, "--limit", "3"]):
         result = subprocess.run([*as_a_user, sys.executable, "-m", "hpo", "--db", f"sqlite:///{directory / 'hpo.db'}",
                                  *command], capture_output=True, text=True, timeout=120)  # fmt: skip
         assert result.returncode == 0, result.stderr
     assert snapshot(directory) == before  # no -wal or -shm left
+
+
+def test_only_a_commands_reads_of_a_closed_wal_file_read_it_as_immutable(stored, tmp_path):
+    """Immutable means no locks and no WAL: a writer that starts later goes unseen (stale answers, for ever in a
+    server). So a long-lived reader (the API's storage) opens such a file as usual, and so does a command on a file
+    in rollback-journal mode, which a live writer may be changing without a -wal file."""
+    directory = sqlite_copy(stored, tmp_path)
+    journal = directory / "journal.db"
+    shutil.copy(directory / "hpo.db", journal)
+    with contextlib.closing(sqlite3.connect(journal)) as connection:
+        assert connection.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    for path in (directory / "hpo.db", journal):
+        path.chmod(0o444)
+    as_a_user = without_root_file_access()
+    probe = ("import sys; from hpo.storage.engine import create_storage_engine as c; "
+             "print(c(sys.argv[1], read_only=True, one_shot=sys.argv[2] == '1').url)")  # fmt: skip
+
+    def opened(path: Path, one_shot: bool) -> str:
+        done = subprocess.run([*as_a_user, sys.executable, "-c", probe, f"sqlite:///{path}", "1" if one_shot else "0"],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert "immutable=1" in opened(directory / "hpo.db", one_shot=True)
+    assert "immutable" not in opened(directory / "hpo.db", one_shot=False)  # the API's storage
+    assert "immutable" not in opened(journal, one_shot=True)
 
 
 @pytest.mark.parametrize("scheme", ["sqlite", "sqlite+pysqlite"])
