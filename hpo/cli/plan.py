@@ -34,7 +34,7 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     import time
     from dataclasses import asdict, replace
 
-    from hpo.plan.advice import trials_advice, trials_advice_lines
+    from hpo.plan.advice import check_advice_seeds, trials_advice, trials_advice_lines
     from hpo.plan.forecast import forecast_data, forecast_lines, prepare_plan, run_plan
 
     curves = None
@@ -49,6 +49,9 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
         curves = f"not used: they cannot serve {args.experiment}: {reason}"
         plan = prepare_plan(args.experiment, replace(options, table=None))
     chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
+    advising = args.power is not None and not chances and plan.spec.compare  # --power alone: advice on tuning trials
+    if advising:
+        check_advice_seeds(plan)  # its cells' confirmation caps, before any repetition runs
     started = time.perf_counter()
     try:
         repetitions = run_plan(plan, progress=_plan_progress(options.repetitions), jobs=args.jobs or 1)
@@ -57,7 +60,7 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
         return 130
     seconds = time.perf_counter() - started
     advice = []
-    if args.power is not None and not chances and plan.spec.compare:  # --power alone: advice on tuning trials
+    if advising:
         advice = trials_advice(plan, repetitions, jobs=args.jobs or 1, progress=_advice_progress())
     if args.json:
         data = forecast_data(plan, repetitions, seconds, args.like, curves) | ({"chances": chances} if chances else {})

@@ -12,6 +12,7 @@ from hpo.plan.forecast import (
     WIDTH,
     Plan,
     Repetition,
+    check_repetition_seeds,
     judged_counts,
     percentile_range,
     prepare_plan,
@@ -34,6 +35,14 @@ class TrialsCell:
     repetitions: int
     gpu_hours: float  # median to the verdict
     wall_hours: float
+
+
+def check_advice_seeds(base: Plan) -> None:
+    """Before any repetition runs: the advice's cells confirm with caps up to the largest of CONFIRM_CAPS, whose
+    last confirmation runs must still take seeds the database keeps (`check_repetition_seeds`)."""
+    budget = base.spec.budget
+    caps = (*CONFIRM_CAPS, budget.most_confirm_seeds) if budget.sequential else (budget.most_confirm_seeds,)
+    check_repetition_seeds(base.file_seeds, base.options, max(caps))
 
 
 def advice_budgets(trials: int, arms: int, equal: bool = True) -> list[int]:

@@ -115,7 +115,7 @@ class Plan:
         return repetition_seeds(self.file_seeds, self.options.seed + index)
 
 
-def _check_repetition_seeds(file_seeds: tuple[int, int], options: PlanOptions, confirmations: int) -> None:
+def check_repetition_seeds(file_seeds: tuple[int, int], options: PlanOptions, confirmations: int) -> None:
     """HpoError naming --seed, before any repetition runs, when the last repetition's seeds (its tuner seed, its
     training seed and the confirmation runs' after it) pass what a tuner or the database takes."""
     tuner, training = repetition_seeds(file_seeds, options.seed + options.repetitions - 1)
@@ -165,7 +165,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         data["resources"] = {**data["resources"], "machines": []}
     data = _with_options(data, options)
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
-    _check_repetition_seeds(seeds, options, spec.budget.most_confirm_seeds)
+    check_repetition_seeds(seeds, options, max(spec.budget.most_confirm_seeds, options.max_confirm_seeds or 0))
     assumptions: list[str] = []
     try:
         first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))

@@ -624,3 +624,24 @@ def test_the_advice_budgets_split_equally_over_the_arms(trials, arms, equal, bud
     running its repetitions); each budget is a multiple of the arms unless the file allows unequal arms."""
     assert advice_budgets(trials, arms, equal) == budgets
     assert all(b % arms == 0 and b >= 2 * arms for b in budgets) or not equal
+
+
+def test_power_advice_checks_the_seeds_of_its_largest_confirmation_cap_before_any_repetition(tmp_path, capsys):
+    """The advice's cells confirm with caps up to 12: a --seed that fits the file's cap of 6 failed in a cell, after
+    the plan's repetitions had run; it is refused first, and the plan alone still takes it."""
+    from trainer.config import config_from_dict
+
+    data = small_preset()
+    data["budget"].update(confirm_seeds="auto", max_confirm_seeds=6)
+    data["overrides"]["seed"] = 641  # 2**31 - 1 - 6 - 641 is a multiple of 1000: caps 6 and 12 allow other seeds
+    path = write(tmp_path / "file.yaml", data)
+    spec = experiment_from_dict(data, str(path), base_dir=tmp_path)
+    training = config_from_dict(spec.resolved_base()).seed
+    fits_6 = (2**31 - 1 - 6 - training) // 1000 - 1  # the largest --seed for 2 repetitions at a cap of 6
+    fits_12 = (2**31 - 1 - 12 - training) // 1000 - 1
+    assert fits_12 < fits_6
+    assert main(["plan", str(path), "--seed", str(fits_6), "--repetitions", "2", "--power", "0.8"]) == 2
+    assert f"give --seed {fits_12} or less" in capsys.readouterr().err
+    from hpo.plan.forecast import PlanOptions, prepare_plan
+
+    assert prepare_plan(str(path), PlanOptions(repetitions=2, seed=fits_6)).seeds(1)[1] + 6 <= 2**31 - 1
