@@ -30,12 +30,25 @@ class Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            kinds = {annotation, *typing.get_args(annotation)}
-            if bool not in kinds and kinds & {int, float}:
-                raise ValueError("takes a number, not true or false")
+        if info.field_name is None:
+            return value
+        kinds = _kinds(cls.model_fields[info.field_name].annotation)
+        items = value if isinstance(value, list) and list in kinds else [value]  # a list's items too (balance.bins)
+        if any(isinstance(v, bool) for v in items) and bool not in kinds and kinds & {int, float}:
+            raise ValueError("takes a number, not true or false")
         return value
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The types an annotation is made of: unions, Annotated and list items unwrapped (`list` itself kept)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin is list:
+        return {list, *(k for arg in typing.get_args(annotation) for k in _kinds(arg))}
+    if typing.get_args(annotation) and origin is not typing.Literal:
+        return {k for arg in typing.get_args(annotation) for k in _kinds(arg)}
+    return {annotation}
 
 
 class ModelConfig(Section):

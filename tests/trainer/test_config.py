@@ -65,6 +65,7 @@ def test_bad_values_name_the_dotted_key(override, key):
     [
         ("seed=true", "seed: takes a number, not true or false"),  # pydantic would read 1
         ("eval.every_samples=false", "eval.every_samples: takes a number, not true or false"),
+        ("balance.bins=[true,128]", "balance.bins: takes a number, not true or false"),  # a list's items too
         ("optimizer.lr=.inf", "optimizer.lr: Input should be a finite number"),  # trained, then diverged
         ("budget.max_time_s=.inf", "budget.max_time_s: Input should be a finite number"),
         ("optimizer.beta1=.nan", "optimizer.beta1: Input should be a finite number"),
