@@ -336,8 +336,8 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     except NniEngineError as e:  # no free port
         raise _failed_start(run_dir, experiment, str(e)) from None
     except (Terminated, KeyboardInterrupt) as signalled:  # mid-start: a manager may run that nothing recorded
-        if experiment.pid:
-            stop_manager(run_dir, experiment)
+        if experiment.port is not None:  # a port was chosen: the launcher ran
+            stop_manager(run_dir, experiment, wait_s=5.0)  # asks it to stop its trials; records it, using its id up
         end_managers_of(experiment.nni_id)
         return ("stopped by SIGTERM" if isinstance(signalled, Terminated) else "stopped by the user (Ctrl-C)"), []
     logs = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "log"

@@ -225,6 +225,7 @@ def test_a_signal_while_an_arms_manager_starts_ends_that_manager_and_stops_the_a
     started: list[subprocess.Popen] = []
 
     def start_cut_by_the_signal(run_dir, experiment, config, port):
+        experiment.port = port  # chosen before the launcher runs, as start_experiment does
         started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--experiment-id",
                                          experiment.nni_id, "--port", str(port)]))  # fmt: skip
         time.sleep(0.5)  # the manager is up before the signal arrives
@@ -237,3 +238,5 @@ def test_a_signal_while_an_arms_manager_starts_ends_that_manager_and_stops_the_a
     assert (ending, jobs) == ("stopped by SIGTERM" if signalled == "Terminated" else "stopped by the user (Ctrl-C)",
                               [])  # fmt: skip
     assert started[0].wait(timeout=10) == -9  # the manager nothing had recorded is ended
+    # and its id is on the run directory's list, so the next start takes another (not the killed one's files)
+    assert [e.nni_id for e in load_experiments(tmp_path / "run")] == ["hpo1-arm0"]
