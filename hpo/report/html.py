@@ -290,7 +290,8 @@ def _verdict_section(data: ExperimentData) -> str:
             f"<span data-field=round>{escape(data.confirmation_round)}</span>"
             + (f"; about <span data-field=runs_needed>{verdict.runs_needed}</span> runs per arm would likely decide"
                if verdict.runs_needed else "") + ".</p>")  # fmt: skip
-    if batch_study(data.compare) and len(data.global_batch_sizes) > 1:  # one batch size: nothing across
+    batches = {t.global_batch_size for t in data.trials if t.global_batch_size is not None}
+    if batch_study(data.compare) and len(batches) > 1:  # one batch size: nothing across
         line += f"<p class=note data-field=batch_study_note>This is {escape(BATCH_STUDY_NOTE)}, below.</p>"
     return _evidence_table(data, f"<h2>Verdict</h2>{line}")
 
