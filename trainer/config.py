@@ -7,6 +7,7 @@ and out-of-range values raise `ConfigError` naming the dotted key.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import typing
 from itertools import pairwise
@@ -30,13 +31,19 @@ class Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if info.field_name is None:
-            return value
-        kinds = _kinds(cls.model_fields[info.field_name].annotation)
-        items = value if isinstance(value, list) and list in kinds else [value]  # a list's items too (balance.bins)
-        if any(isinstance(v, bool) for v in items) and bool not in kinds and kinds & {int, float}:
+        items = value if isinstance(value, list) else [value]  # a list's items too (balance.bins)
+        if info.field_name is None or not any(isinstance(v, bool) for v in items):
+            return value  # the common case, at no cost
+        kinds = _field_kinds(cls, info.field_name)
+        in_place = list in kinds or not isinstance(value, list)  # a list where a list goes, else the value itself
+        if in_place and bool not in kinds and kinds & {int, float}:
             raise ValueError("takes a number, not true or false")
         return value
+
+
+@functools.cache
+def _field_kinds(section: type[BaseModel], name: str) -> frozenset[Any]:
+    return frozenset(_kinds(section.model_fields[name].annotation))
 
 
 def _kinds(annotation: Any) -> set[Any]:

@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from hpo.nni.manager import load_experiments
 
         preflight()  # NNI installed and patched, before anything is written
-        earlier = [e.nni_id for e in load_experiments(run_dir)] if run_dir.is_dir() else []
+        earlier = [e.nni_id for e in load_experiments(run_dir)]  # none where the run directory is new
         if earlier:  # a new run would count them as its own earlier runs: another tuner seed, their web UIs
             raise HpoError(f"{where}: the run directory {run_dir} holds the NNI experiments of an earlier run "
                            f"({', '.join(earlier)}): choose another --run-dir, or `hpo resume` the experiment that "

@@ -293,10 +293,9 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             f"the file of {where} is not a SQLite database ({reason}): check that {DATABASE_URL_ENV} (or --db) "
             "names the hpo database"
         )
-    sqlite = (
-        make_url(url).get_backend_name() == "sqlite" if isinstance(url, str) else url.get_backend_name() == "sqlite"
-    )
-    if sqlite and re.search(r"unable to open database file|readonly database", reason):  # the file, not a server
+    if make_url(url).get_backend_name() == "sqlite" and re.search(
+        r"unable to open database file|readonly database", reason
+    ):  # the file, not a server
         return BadDatabaseError(
             f"cannot use the SQLite file of {where}: {reason}. Check that the path names a file (not a folder) in a "
             "folder this user can write to: SQLite writes its -wal and -shm files beside the database, also to read "
