@@ -4,12 +4,12 @@
 
 The database URL comes from `<run dir>/nni/database.url` (mode 0600, written by the engine) unless `--db` is
 given: NNI shows a trial's command line in its web UI and REST API, and `ps` shows it to everyone.
-It takes its parameters from NNI (`nni.get_next_parameter()`), records a QUEUED trial in our database with
-worker `nni:<NNI trial id>` (the number is assigned atomically), and runs it through `hpo.trial.entry.run_trial`
-exactly like the local engine's trials, with one more reporter that sends each evaluated accuracy to NNI as an
-intermediate result (what the median-stop assessor reads). The final result NNI gets is the objective stored in
-our database, in the experiment's direction, when the tuner is to be told one (`hpo.objective.tuner_feedback`);
-otherwise the process exits non-zero and NNI tells its tuner the trial failed.
+It takes its parameters from NNI (`nni.get_next_parameter()`), records a QUEUED trial in our database with worker
+`nni:<NNI trial id>` (in the same write; the number is assigned atomically), and runs it through
+`hpo.trial.entry.run_trial` exactly like the local engine's trials, with one more reporter that sends each
+evaluated accuracy to NNI as an intermediate result (what the median-stop assessor reads). The final result NNI
+gets is the objective stored in our database, in the experiment's direction, when the tuner is to be told one
+(`hpo.objective.tuner_feedback`); otherwise the process exits non-zero and NNI tells its tuner the trial failed.
 
 Confirmation runs. In an NNI experiment of an arm's confirmation runs (`hpo.nni.confirm`) NNI's parameters are
 the arm's best configuration and a training seed (`hpo.nni.config.CONFIRMATION_SEED`): the trial records no new
@@ -75,7 +75,7 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
         plan = arm_plans(spec)[arm]
         generated, seed = split_confirmation(nni.get_next_parameter())
         if seed is None:
-            trial_id, attempt = tuning_trial(storage, experiment_id, spec, plan, generated), 0
+            trial_id, attempt = tuning_trial(storage, experiment_id, spec, plan, generated, worker), 0
         else:
             trial_id, attempt = confirmation_run(storage, experiment_id, plan, seed, generated)
         number = storage.get_trial(trial_id).number
@@ -90,15 +90,19 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
     return 0
 
 
-def tuning_trial(storage, experiment_id: int, spec, plan: ArmPlan, generated: dict[str, Any]) -> int:
+def tuning_trial(storage, experiment_id: int, spec, plan: ArmPlan, generated: dict[str, Any], worker: str) -> int:
     """Record a QUEUED tuning trial with the parameters NNI's tuner generated (flattened to our names, with the
-    arm's fixed values); returns its id."""
+    arm's fixed values) under the NNI trial's worker; returns its id. The worker comes with the row, in one write:
+    a trial killed before it starts leaves a row its engine finds (`hpo.nni.jobs.reconcile`), not a queued row
+    nobody claims beside a second one the engine adds."""
     params = {**plan.fixed, **from_nni_params(generated, plan.space)}
     try:
         batch = trial_config(spec, params).batch.global_batch_size
     except Exception:  # an invalid configuration: run_trial records it as failed
         batch = None
-    return storage.create_trial(experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch))
+    return storage.create_trial(
+        experiment_id, TrialSpec(None, params, plan.label, global_batch_size=batch), worker=worker
+    )
 
 
 def confirmation_run(storage, experiment_id: int, plan: ArmPlan, seed: int, params: dict[str, Any]) -> tuple[int, int]:

@@ -281,9 +281,13 @@ class Storage(abc.ABC):
     # -- trials --------------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def create_trial(self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = ()) -> int:
+    def create_trial(
+        self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = (), worker: str | None = None
+    ) -> int:
         """Record a QUEUED trial and return its id. `spec.number=None` takes the next number atomically; a
-        number already used in the experiment raises StorageError. `told`: the experiment's trials whose results
+        number already used in the experiment raises StorageError. `worker`: who will run it, recorded with the
+        row (an NNI trial creates its own row: a process killed before it starts the trial leaves a row its
+        engine finds by the worker). `told`: the experiment's trials whose results
         the controller told its tuners since it created the previous trial, in that order; the same write stamps
         them with this trial's number and their place in `told` (`TrialRecord.told_before`, `told_order`), which is
         how a resume replays asks and tells in their order."""

@@ -365,7 +365,9 @@ class SqlStorage(TrialReads, Storage):
 
     # -- trials --------------------------------------------------------------------------------------------
 
-    def create_trial(self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = ()) -> int:
+    def create_trial(
+        self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = (), worker: str | None = None
+    ) -> int:
         created_at = self._stamp(("trial", experiment_id, spec), self._trial_clock)
         if replaying() and (earlier := self._created_trial(experiment_id, spec, created_at)) is not None:
             return earlier  # the first try's commit landed before the connection broke
@@ -394,6 +396,7 @@ class SqlStorage(TrialReads, Storage):
                 attempt=0,
                 kind=TrialKind(spec.kind).value,
                 seed=spec.seed,
+                worker=worker,
                 created_at=created_at,
             )
             session.add(trial)
