@@ -8,8 +8,9 @@ are drawn: ln samples to target ~ Normal(log_mean, log_sd), a miss (censored at 
 (`pilot_evidence`, an experiment in the user's database, only read) gives each arm the mean and standard deviation
 of ln samples to target of its best configuration's confirmation runs (plus its best tuning run when it has fewer
 than 2), interpolated between evaluations as the verdict reads them, at least the verdict's floor of one evaluation
-interval; its hit rate; and its difference over the runs that reached the target, taken as the truth (Welch's 95 %
-interval on those runs is printed beside it).
+interval; its hit rate; and its difference, a miss counted at the sample budget as the verdict counts it, taken as
+the truth (Welch's 95 % interval on those runs is printed beside it): an arm that misses the target in some runs
+is not truly better for what it needs when it reaches it.
 The runs are independent across arms (the service gives both arms the same seeds; on the seeds table that makes
 answers a little likelier than drawn here). Every drawn experiment is asked of `hpo.evidence.verdict.decide` itself
 as the service asks it: a fixed k at one look, or auto's rounds, look j of J, stopping at an answer or where more runs
@@ -60,6 +61,15 @@ class ArmSpread:
     resolution: float = 0.0  # the verdict's spread floor for such runs (hpo.evidence.verdict.ArmRuns.resolution)
 
     @property
+    def counted_log_mean(self) -> float:
+        """The mean ln samples to target of a run as the verdict counts it, a miss at its budget (it needed at
+        least that many): hit_rate x log_mean + (1 - hit_rate) x ln max_samples. The truth compares arms by it, so
+        an arm that misses the target is never truly better for what it reaches when it does."""
+        if self.hit_rate >= 1 or self.max_samples is None:
+            return self.log_mean
+        return self.hit_rate * self.log_mean + (1 - self.hit_rate) * math.log(self.max_samples)
+
+    @property
     def cv(self) -> float:
         """The coefficient of variation of samples to target under this log-normal law."""
         return math.sqrt(math.expm1(self.log_sd**2))
@@ -74,13 +84,15 @@ class Evidence:
 
     @property
     def better(self) -> str | None:
-        """The truly better arm: the lowest geometric mean samples to target (None: all arms tie exactly)."""
-        best = min(self.arms, key=lambda a: a.log_mean)
-        return None if all(a.log_mean == best.log_mean for a in self.arms) else best.label
+        """The truly better arm: the lowest geometric mean samples to target, a miss counted at its budget as the
+        verdict counts it (`ArmSpread.counted_log_mean`; None: all arms tie exactly)."""
+        best = min(self.arms, key=lambda a: a.counted_log_mean)
+        return None if all(a.counted_log_mean == best.counted_log_mean for a in self.arms) else best.label
 
     def within(self, margin: float) -> bool:
-        """The truth is "equivalent within ±margin": every pair's true ratio, in the verdict's order, lies inside."""
-        return all(1 - margin < math.exp(a.log_mean - b.log_mean) < 1 + margin
+        """The truth is "equivalent within ±margin": every pair's true ratio, in the verdict's order, lies inside
+        (a miss counted at its budget)."""
+        return all(1 - margin < math.exp(a.counted_log_mean - b.counted_log_mean) < 1 + margin
                    for i, a in enumerate(self.arms) for b in self.arms[i + 1 :])  # fmt: skip
 
 
@@ -175,7 +187,7 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
     trials = storage.list_trials(record.id)
     best = storage.best_per_arm(record.id)
     runs = {r.label: r for r in arm_runs(spec, best, trials, stored_curves(storage, trials, best.values()))}
-    arms, pilot_hits = [], {}
+    arms, pilot_runs = [], {}
     lines = [f"the spread of experiment {name} in your database (read only), taken as the truth:"]
     for label in labels:
         values, origin = _pilot_values(storage, spec, runs[label], best.get(label), trials)
@@ -189,28 +201,32 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
         arm = ArmSpread(label, statistics.fmean(logs), max(statistics.stdev(logs), floor), len(hits) / len(values),
                         runs[label].max_samples, runs[label].resolution)  # fmt: skip
         arms.append(arm)
-        pilot_hits[label] = ArmRuns(label, tuple(hits), runs[label].max_samples, runs[label].resolution)
+        pilot_runs[label] = ArmRuns(label, tuple(values), runs[label].max_samples, runs[label].resolution)
         lines.append(f"  {label}: {len(hits)} of {len(values)} {origin} reached the target; samples to target "
                      f"geometric mean {math.exp(arm.log_mean):,.0f}, CV {arm.cv:.1%} (sd of ln "
                      f"{arm.log_sd:.3f})")  # fmt: skip
-    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_hits)))
+    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_runs)))
 
 
-def _pilot_truth(arms: Sequence[ArmSpread], hits: dict[str, ArmRuns]) -> list[str]:
-    """The pilot's difference, taken as the truth, with its own 95 % interval: how sure it is. Both are of the runs
-    that reached the target (`hits`), as the drawn runs' law is: the interval is Welch's on ln samples
-    (hpo.evidence.verdict.compare at the 5 % level, with the verdict's floor of one evaluation interval)."""
-    top = min(arms, key=lambda a: a.log_mean)
-    rest = [a for a in arms if a.log_mean != top.log_mean]
+def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns]) -> list[str]:
+    """The pilot's difference, taken as the truth, with its own 95 % interval: how sure it is. Both count a miss at
+    its budget, as the verdict does (`ArmSpread.counted_log_mean`: an arm that misses needed at least that many):
+    the interval is Welch's on ln samples of the pilot's runs (hpo.evidence.verdict.compare at the 5 % level, with
+    the verdict's floor of one evaluation interval)."""
+    top = min(arms, key=lambda a: a.counted_log_mean)
+    rest = [a for a in arms if a.counted_log_mean != top.counted_log_mean]
     if not rest:
         return ["  the truth: the arms tie exactly"]
     parts = []
     for arm in rest:
-        c = compare(hits[top.label], hits[arm.label], 1 - PILOT_CONFIDENCE)
-        parts.append(f"{-math.expm1(top.log_mean - arm.log_mean):.1%} fewer than {arm.label} (the pilot's 95 % "
-                     f"interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
-    caveat = "  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"
-    return [f"  the truth: {top.label} needs {'; '.join(parts)}", caveat]
+        c = compare(runs[top.label], runs[arm.label], 1 - PILOT_CONFIDENCE)
+        parts.append(f"{-math.expm1(top.counted_log_mean - arm.counted_log_mean):.1%} fewer than {arm.label} (the "
+                     f"pilot's 95 % interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
+    lines = [f"  the truth: {top.label} needs {'; '.join(parts)}"]
+    if any(a.hit_rate < 1 for a in arms):
+        lines.append("  (a miss counts at the sample budget, as the verdict counts it: that arm needed at least "
+                     "that many)")  # fmt: skip
+    return lines + ["  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"]
 
 
 class PilotError(PlanError):

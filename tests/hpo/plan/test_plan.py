@@ -438,8 +438,10 @@ def test_like_a_pilot_with_a_known_spread_gives_the_power_of_the_t_test(tmp_path
 
 
 def test_the_pilots_interval_is_welchs_95_percent_on_the_runs_of_its_estimate(tmp_path, capsys):
-    """The pilot's difference is taken from its runs that reached the target (a miss only lowers the hit rate);
-    the 95 % interval printed beside it is Welch's on the same runs (scipy), so it contains the estimate."""
+    """The pilot's difference counts a miss at the sample budget (12,288), as the verdict does: the arm's hits are
+    drawn from the spread of its runs that reached the target, with its hit rate; the truth's mean ln samples is
+    hit rate x their mean + miss rate x ln 12,288. The 95 % interval printed beside it is Welch's on the same runs
+    with the miss at the budget (scipy)."""
     adamw, lamb = [4000, 4400, None, 4200], [5000, 5400, 5200, 5300]  # off the evaluations: no resolution floor
     db_file = tmp_path / "user.db"
     write_pilot(db_file, "pilot", {"adamw": [(s, []) for s in adamw], "lamb": [(s, []) for s in lamb]})
@@ -447,13 +449,39 @@ def test_the_pilots_interval_is_welchs_95_percent_on_the_runs_of_its_estimate(tm
     path = write(tmp_path / "file.yaml", small_preset(budget=budget))
     out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--verdict-only",
                    "--draws", "20")  # fmt: skip
-    a, b = np.log([s for s in adamw if s is not None]), np.log(lamb)
-    low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-    estimate = -math.expm1(a.mean() - b.mean())
+    a, b = np.log([s if s is not None else 12288 for s in adamw]), np.log(lamb)
+    hits = np.log([s for s in adamw if s is not None])
+    assert math.isclose(0.75 * hits.mean() + 0.25 * math.log(12288), a.mean())  # ADAMW's truth, a miss counted
+    assert hits.mean() < b.mean() < a.mean()  # faster where it hits, slower counting its miss: LAMB is the truth
+    low, high = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    estimate = -math.expm1(b.mean() - a.mean())
     assert -math.expm1(high) < estimate < -math.expm1(low)
-    assert (f"the truth: {ADAMW} needs {estimate:.1%} fewer than {LAMB} (the pilot's 95 % interval: "
+    assert (f"the truth: {LAMB} needs {estimate:.1%} fewer than {ADAMW} (the pilot's 95 % interval: "
             f"{-math.expm1(high):.1%} to {-math.expm1(low):.1%} fewer)") in out  # fmt: skip
     assert f"  {ADAMW}: 3 of 4 confirmation runs reached the target" in out
+    assert "a miss counts at the sample budget, as the verdict counts it" in out
+
+
+def test_an_arm_that_misses_is_not_truly_better_for_what_it_needs_when_it_hits(tmp_path, capsys):
+    """LAMB's pilot runs need 10 % fewer samples than ADAMW's when they reach the target, but 4 of its 12 miss it
+    (each counted at the budget of 12,288, as the verdict counts it): its mean ln samples is 2/3 ln 7,200 + 1/3 ln
+    12,288, about 8,600 samples, above ADAMW's 8,000, which always reaches it. ADAMW is the truth: a verdict naming
+    LAMB, which happens where all 4 of its drawn runs hit ((2/3)^4 of the draws; at this tight spread it is then
+    named), is a wrong answer, and one naming ADAMW (LAMB's misses counted at the budget) a right one."""
+    db_file = tmp_path / "user.db"
+    lamb = exact_spread(math.log(7200), 0.02, 8) + [(None, [])] * 4
+    write_pilot(db_file, "pilot", {"adamw": exact_spread(math.log(8000), 0.02, 12), "lamb": lamb})
+    budget = {**small_preset()["budget"], "confirm_seeds": 4}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    draws = 1000
+    out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--verdict-only",
+                   "--draws", str(draws))  # fmt: skip
+    counted = 2 / 3 * math.log(7200) + 1 / 3 * math.log(12288)
+    assert f"the truth: {ADAMW} needs {-math.expm1(math.log(8000) - counted):.1%} fewer than {LAMB}" in out
+    rows = chances_table(out, "outcome with this file's confirm_seeds: 4 (one look)")
+    all_hit = (2 / 3) ** 4
+    assert abs(rows["wrong: another arm named"][0] / draws - all_hit) < 3 * math.sqrt(all_hit * (1 - all_hit) / draws)
+    assert rows[f"right: {ADAMW} named"][0] >= 1  # at least where all 4 of LAMB's runs missed ((1/3)^4)
 
 
 def seeds_runs() -> dict[str, list[tuple[float, list]]]:
