@@ -390,7 +390,8 @@ def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]
     noise.set_ylabel("noise scale B_simple (median; bar: min to max)")
     for ax in (stt, noise):
         ax.grid(alpha=0.3, which="both")
-        ax.legend(loc="best", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no noise scale measured: nothing to name
+            ax.legend(loc="best", fontsize=8)
     fig.suptitle("Samples to target and the measured noise scale against global batch size, per optimizer")
     return fig
 

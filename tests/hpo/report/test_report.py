@@ -13,6 +13,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import warnings
 from html.parser import HTMLParser
 
 import pytest
@@ -387,6 +388,11 @@ def test_comparison_page_draws_and_tabulates_the_fit_of_each_optimizer(report_db
         xs, ys = line.get_xdata(), line.get_ydata()
         assert np.allclose(ys, [fits[optimizer].samples(x) for x in xs])
     assert any(img["alt"].startswith("samples to target and noise scale") for img in page.images)
+    unmeasured = [dataclasses.replace(p, noise_scale=None, noise_low=None, noise_high=None) for p in points]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns of a legend asked for where no line has a label
+        fig = figures.scaling_figure(unmeasured, fits)
+    assert fig.axes[1].get_legend() is None and fig.axes[0].get_legend() is not None
 
 
 def test_report_of_an_unknown_experiment_exits_2_and_writes_nothing(report_db, tmp_path, capsys):
