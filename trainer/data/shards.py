@@ -122,7 +122,7 @@ def read_shard(path) -> PretrainingSamples:
     try:
         with h5py.File(path, "r") as f:
             arrays = {key: _read_key(f, key, path) for key in SHARD_LAYOUT}
-    except OSError as e:
+    except (OSError, RuntimeError, KeyError, ValueError) as e:  # h5py's errors for damage inside the file
         raise DataError(f"{path}: not a readable HDF5 file ({e}); re-create the shard") from e
     if arrays["next_sentence_labels"].ndim == 2 and arrays["next_sentence_labels"].shape[1] == 1:
         arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(-1)  # some converters write [N, 1]

@@ -129,6 +129,18 @@ def test_missing_or_non_hdf5_file(tmp_path):
         read_shard(text)
 
 
+@pytest.mark.parametrize(("offset", "garbage"), [(800, bytes(1000)), (300, bytes(range(256)) * 4)])
+def test_a_shard_with_a_damaged_header_is_a_data_error_naming_it(tmp_path, offset, garbage):
+    """h5py raises RuntimeError (not OSError) for some damage inside the file's structures, as a bad copy gives."""
+    path = tmp_path / "damaged.h5"
+    write_shard(path, make_samples([10, 20, 30], seq_len=32, max_pred=4))
+    data = bytearray(path.read_bytes())
+    data[offset : offset + len(garbage)] = garbage
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"damaged\.h5: not a readable HDF5 file .*re-create the shard"):
+        read_shard(path)
+
+
 def test_find_shards_directory_glob_and_file(tmp_path):
     for name in ("part-00001.h5", "part-00000.h5", "extra.hdf5", "notes.txt"):
         (tmp_path / name).write_bytes(b"")
