@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
@@ -180,16 +181,11 @@ RESUME_KEYS = (
 
 def refuse_before_work(cfg: TrainerConfig) -> None:
     """What the config names on disk and cannot work, refused before any work (`ConfigError`, exit code 2): a
-    checkpoint.dir that is a file, a model.init_checkpoint that does not exist, and a checkpoint to resume from
-    that another model or optimizer wrote."""
+    checkpoint.dir that is a file or cannot be written (it is made here where missing), a model.init_checkpoint that
+    does not exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer or
+    micro-batch wrote."""
     if cfg.checkpoint.dir is not None:
-        directory = Path(cfg.checkpoint.dir)
-        blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            where = "is a file" if blocker == directory else f"is under {blocker}, a file"
-            raise ConfigError(
-                f"checkpoint.dir: {directory} {where}, not a directory; give a directory (it is made if missing)"
-            )
+        check_checkpoint_dir(Path(cfg.checkpoint.dir))
     init = cfg.model.init_checkpoint
     if init and not Path(init).is_file():
         what = "is a directory" if Path(init).is_dir() else "does not exist"
@@ -199,7 +195,11 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if path is None:
         return
-    saved, mine = saved_config(path), cfg.model_dump(mode="json")
+    try:
+        saved, mine = saved_config(path), cfg.model_dump(mode="json")
+    except CheckpointError as e:
+        raise ConfigError(f"checkpoint.dir: cannot read {path}, the checkpoint a resume starts from "
+                          f"({e.__cause__ or e}); {_earlier_save(path)}") from None  # fmt: skip
     differ = []
     for key in RESUME_KEYS:
         section, name = key.split(".")
@@ -212,6 +212,44 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
             "be resumed: set those keys as the checkpoint has them, or start afresh in another checkpoint.dir (or "
             "with checkpoint.resume: false, which writes over the checkpoints there)"
         )
+    micro, there = mine["batch"]["micro_batch_size"], (saved.get("batch") or {}).get("micro_batch_size")
+    if isinstance(micro, int) and isinstance(there, int) and micro != there:  # auto keeps the checkpoint's
+        raise ConfigError(
+            f"batch.micro_batch_size: {path} was trained with {there}, this run has {micro}: the position it resumes "
+            f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's), or start afresh in "
+            "another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
+        )
+
+
+def check_checkpoint_dir(directory: Path) -> None:
+    """checkpoint.dir is a directory this process can write: made where missing, and a file written there and
+    removed (a run that trains and then cannot save would lose what it trained). `ConfigError` naming it."""
+    blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "is a file" if blocker == directory else f"is under {blocker}, a file"
+        raise ConfigError(f"checkpoint.dir: {directory} {where}, not a directory; give a directory (it is made if "
+                          "missing)")  # fmt: skip
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"checkpoint.dir: cannot write checkpoints in {directory} ({e.strerror or e}); give a "
+                          "directory this user can write") from None  # fmt: skip
+
+
+def _earlier_save(latest: Path) -> str:
+    """What to do about an unreadable latest.pt: resume from the newest earlier save that reads, or start afresh."""
+    afresh = "set checkpoint.resume: false to start afresh (it writes over the checkpoints there)"
+    for older in sorted(latest.parent.glob("ckpt-*.pt"), reverse=True):
+        with suppress(OSError):
+            if older.samefile(latest):
+                continue
+        with suppress(CheckpointError):
+            samples = saved_state(older).samples
+            return (f"{older.name}, saved at {samples:,} samples, reads: copy it over {latest.name} to resume from "
+                    f"there, or {afresh}")  # fmt: skip
+    return f"no earlier save there reads: {afresh}"
 
 
 def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:

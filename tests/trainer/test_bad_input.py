@@ -34,6 +34,48 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_work(tmp_path, ca
     assert taken.read_text() == "mine\n"
 
 
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
+    """A directory nobody can make (under /proc, where even root cannot): the run would train, then fail to save."""
+    unwritable = "/proc/hpo-trainer-checkpoints"
+    code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": unwritable})
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: cannot write checkpoints in {unwritable} ("), err
+    assert "Traceback" not in err and "training BERT" not in err and records == []
+
+
+def test_resuming_with_another_micro_batch_is_refused_before_the_mlperf_log_is_touched(tmp_path, capsys):
+    ck, mlperf = tmp_path / "ck", tmp_path / "mlperf.log"
+    common = {"checkpoint.dir": str(ck), "log.mlperf": str(mlperf)}
+    code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 16})
+    assert code == 0, err
+    kept = mlperf.read_text()
+    code, err, records = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32, "batch.micro_batch_size": 2})
+    assert code == 2, err
+    assert err.startswith(f"error: batch.micro_batch_size: {ck / 'latest.pt'} was trained with 4, this run has 2"), err
+    assert "Traceback" not in err and "training BERT" not in err
+    assert mlperf.read_text() == kept
+    code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32, "batch.micro_batch_size": "auto"})
+    assert code == 0 and "resumed from" in err, err  # auto keeps the checkpoint's
+
+
+def test_an_unreadable_latest_checkpoint_is_refused_naming_the_earlier_save_that_reads(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    common = {"checkpoint.dir": str(ck), "checkpoint.every_samples": 16}
+    code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32})
+    assert code == 0, err
+    latest = ck / "latest.pt"
+    damaged = latest.read_bytes()[:1000]
+    latest.unlink()  # a hard link of the newest save: a copy of the directory has two files
+    latest.write_bytes(damaged)
+    (ck / "ckpt-000000000032.pt").write_bytes(damaged)  # the newest save damaged too: the one before reads
+    code, err, records = cli(tmp_path, capsys, **common, **{"budget.max_samples": 48})
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: cannot read {latest}, the checkpoint a resume starts from ("), err
+    assert "ckpt-000000000016.pt, saved at 16 samples, reads: copy it over latest.pt to resume from there" in err
+    assert "Traceback" not in err and "training BERT" not in err
+    assert latest.read_bytes() == damaged  # nothing removed
+
+
 @pytest.mark.parametrize("where", ["directory", "under_a_file"])
 def test_a_report_file_that_cannot_be_written_is_refused_naming_it(tmp_path, capsys, where):
     (tmp_path / "a_file").write_text("x")
