@@ -1,17 +1,20 @@
 """`python -m trainer --config CFG.yaml [dotted.key=value ...]` (or under torchrun for several processes).
 
 Exit codes (`trainer.result`): 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing
-trained), 3 diverged, 130 interrupted (Ctrl-C).
+trained), 3 diverged, 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (a scheduler, a container's stop): both end
+the run with its final record, and the same command resumes it from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from trainer.config import dump_config, load_config
 from trainer.errors import ConfigError, TrainerError
-from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, TrainStatus
+from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -19,7 +22,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="YAML trainer config (see trainer/configs/)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optimizer.lr=1e-3")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # options and overrides in any order
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch loads only after the config is valid, so a bad config is refused at once.
     from trainer.distributed import check_device, cleanup, dist_env_from_environ
     from trainer.report import JsonLinesReporter
-    from trainer.train import refuse_before_work, train
+    from trainer.train import Terminated, refuse_before_work, train
 
     if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     try:
         result = train(cfg, reporter)
     except ConfigError as e:
@@ -61,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.checkpoint.dir
             else "set checkpoint.dir to make a run resumable"
         )
-        print(f"error: {str(e) or 'interrupted (Ctrl-C)'}; {again}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        stopped = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+        print(f"error: {str(e) or stopped}; {again}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         reporter.close()
         cleanup()
     if result.status is TrainStatus.FAILED:

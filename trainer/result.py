@@ -30,6 +30,7 @@ class TrainStatus(str, Enum):
 
 EXIT_BAD_CONFIG = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports a process it stopped: 128 + the signal's number
+EXIT_TERMINATED = 143  # SIGTERM, likewise
 
 
 @dataclass(frozen=True)

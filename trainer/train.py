@@ -773,6 +773,17 @@ def out_of_memory(error: BaseException) -> bool:
     return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or container stopping the job), raised where the run is, as Ctrl-C is: the run ends as
+    interrupted, with its final record, and the same command resumes it (`python -m trainer` installs the handler)."""
+
+
+def crash_reason(error: BaseException) -> str:
+    """The final record's reason for an error the trainer did not expect: its type and message, one line."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
+
+
 def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: DataError) -> TrainResult:
     """The result of a run whose data was refused before any step: failed, with the data error as its reason."""
     result = TrainResult(
@@ -821,13 +832,18 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         reason = "loss became NaN or inf" if status is TrainStatus.DIVERGED else None
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
+            reason, error = crash_reason(e), "crash"
             raise
         reason, error = f"out of memory: {e}", "oom"
     except TrainerError as e:
         reason, error = str(e), "data" if isinstance(e, DataError) else "crash"
-    except KeyboardInterrupt:  # Ctrl-C: reported, and raised on with where the run was (the CLI says what to do)
-        reason, error = f"interrupted (Ctrl-C) at step {state.step}, {state.samples:,} samples", "interrupted"
-        raise KeyboardInterrupt(reason) from None
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: reported, and raised on with where the run was (the CLI
+        what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"  # says what to do)
+        reason, error = f"interrupted ({what}) at step {state.step}, {state.samples:,} samples", "interrupted"
+        raise type(e)(reason) from None
+    except Exception as e:  # a bug, or a peer rank gone (gloo/NCCL): the final record says what, the traceback where
+        reason, error = crash_reason(e), "crash"
+        raise
     finally:
         result = final_result(run, state, status, reason, error)
         run.reporter.final(result)

@@ -3,7 +3,11 @@ and a run stopped with Ctrl-C: no traceback, and the same command resumes it to 
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
+import yaml
 
 import trainer.train as train_module
 from tests.trainer.conftest import make_train_overrides
@@ -156,6 +160,62 @@ def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_un
         (s, pytest.approx(v, abs=1e-6)) for s, v in evals
     ]
     assert resumed[-1]["samples"] == uninterrupted[-1]["samples"] == 96
+
+
+def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_command_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    """A scheduler's or a container's stop (SIGTERM) in the 6th step: exit 143, the final record says so, and the
+    command run again resumes from the checkpoint at 32 samples to the end."""
+    common = {"checkpoint.every_samples": 16, "checkpoint.dir": str(tmp_path / "ck")}
+    real_step = train_module.train_step
+
+    def terminated_at_step_6(run, micro_batches, step):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this thread, at the next bytecode
+        return real_step(run, micro_batches, step)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(train_module, "train_step", terminated_at_step_6)
+    code, err, first = cli(tmp_path, capsys, **common)
+    assert code == 143, err
+    assert "Traceback" not in err
+    assert "error: interrupted (SIGTERM) at step " in err and "run the same command again to resume" in err
+    final = first[-1]
+    assert (final["kind"], final["status"], final["error"]) == ("final", "failed", "interrupted")
+    assert final["reason"].startswith("interrupted (SIGTERM)")
+    assert signal.getsignal(signal.SIGTERM) is before  # the CLI's handler is gone with the run
+    monkeypatch.setattr(train_module, "train_step", real_step)
+    code, err, records = cli(tmp_path, capsys, **common)
+    assert code == 0, err
+    assert "resumed from" in err and "at step 4, 32 samples" in err and records[-1]["samples"] == 96
+
+
+def test_an_unexpected_error_leaves_a_final_record_naming_it(tmp_path, capsys, monkeypatch):
+    """What a peer rank's death looks like to gloo (or a bug): the error is raised on with its traceback, and the
+    final record says what it was, as the kind "crash"."""
+    real_step = train_module.train_step
+
+    def peer_gone_at_step_3(run, micro_batches, step):
+        if step == 3:
+            raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:21313")
+        return real_step(run, micro_batches, step)
+
+    monkeypatch.setattr(train_module, "train_step", peer_gone_at_step_3)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        cli(tmp_path, capsys)
+    final = read_jsonl(tmp_path / "report.jsonl")[-1]
+    assert (final["kind"], final["status"], final["error"], final["steps"]) == ("final", "failed", "crash", 2)
+    assert final["reason"] == (
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:21313"
+    )
+
+
+def test_options_and_overrides_may_come_in_any_order(tmp_path, capsys):
+    overrides = make_train_overrides(tmp_path)
+    assert main([*overrides[:3], "--print-config", *overrides[3:], "optimizer.lr=0.0042"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["optimizer"]["lr"] == 0.0042 and printed["model"]["hidden_size"] == 32
 
 
 def test_a_warmup_longer_than_the_run_is_said_with_the_highest_rate_it_reaches(tmp_path, capsys):
