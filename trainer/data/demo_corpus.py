@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainer.data.prepare import Log, PrepareOptions, prepare_corpus
+from trainer.data.prepare import Log, PrepareOptions, check_options, check_out_dir, prepare_corpus
+from trainer.errors import DataError
 
 # Defaults of the demo data: small enough to generate in seconds and to train on a laptop CPU in minutes.
 DEMO_OPTIONS = PrepareOptions(
@@ -477,6 +479,10 @@ def make_demo_data(
 ) -> dict:
     """Generate the corpus into `out_dir/corpus.txt` and prepare it into shards there; returns meta.json's content."""
     out_dir, start = Path(out_dir), time.perf_counter()
+    if documents < 2:  # checked before the corpus file is written over
+        raise DataError(f"--documents {documents}: must be at least 2 (one goes to the eval set)")
+    check_options(replace(options, seed=seed))
+    check_out_dir(out_dir)
     text_path = out_dir / "corpus.txt"
     write_text(generate_documents(documents, seed), text_path)
     log(f"generated {documents} documents into {text_path} [{time.perf_counter() - start:.1f} s]")
@@ -491,7 +497,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=DEMO_DOCUMENTS, help="number of generated documents")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    make_demo_data(args.out, args.documents, args.seed)
+    try:
+        make_demo_data(args.out, args.documents, args.seed)
+    except DataError as e:  # bad options: said without a traceback, exit code 2 (as argparse's errors)
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

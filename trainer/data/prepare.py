@@ -82,6 +82,7 @@ def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
         if not path.is_file():
             raise DataError(f"{path}: input text file not found; pass existing files to --input")
         current: list[str] = []
+        before = len(documents)
         try:
             with path.open(encoding="utf-8") as f:
                 for line in f:
@@ -95,6 +96,9 @@ def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
             raise not_utf8(path) from None
         if current:
             documents.append(current)
+        if len(documents) == before and len(paths) > 1:  # one empty file alone is said below
+            raise DataError(f"{path}: no text in it (empty, or blank lines only); remove it from --input, or give one "
+                            "sentence per line, blank lines between documents")  # fmt: skip
     if not documents:
         raise DataError(
             f"no text found in {[str(p) for p in paths]}; give one sentence per line, blank lines between documents"
@@ -123,9 +127,15 @@ def load_tokenizer(vocab: str | Path, lowercase: bool):
     if not Path(vocab).is_file():
         raise DataError(f"{vocab}: vocabulary file not found; pass an existing vocab.txt or omit --vocab")
     try:
-        tokens = set(Path(vocab).read_text(encoding="utf-8").splitlines())
+        lines = Path(vocab).read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise not_utf8(Path(vocab)) from None
+    tokens, first = set(lines), {}
+    for number, token in enumerate(lines, 1):
+        if token in first:  # the tokenizer would number both lines' token with the later id: ids past the vocab size
+            raise DataError(f"{vocab}: line {number}: token {token!r} again (first on line {first[token]}); each "
+                            "token must be on one line only")  # fmt: skip
+        first[token] = number
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise DataError(f"{vocab}: vocabulary lacks the special tokens {missing}; add them or train a new vocab")
@@ -319,10 +329,19 @@ def check_options(options: PrepareOptions) -> None:
         ("--dupe-factor", options.dupe_factor, options.dupe_factor >= 1, ">= 1"),
         ("--eval-fraction", options.eval_fraction, 0 <= options.eval_fraction < 1, "in [0, 1)"),
         ("--samples-per-shard", options.samples_per_shard, options.samples_per_shard >= 1, ">= 1"),
+        ("--seed", options.seed, 0 <= options.seed < 2**32, "in [0, 2**32)"),
     ]
     for flag, value, ok, need in rules:
         if not ok:
             raise DataError(f"{flag} {value}: must be {need}")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """--out is a directory, or can be made one: not a file, nor under one."""
+    blocker = next((p for p in (out_dir, *out_dir.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "is a file" if blocker == out_dir else f"is under {blocker}, a file"
+        raise DataError(f"--out {out_dir} {where}; give a directory (it is made if missing)")
 
 
 def resolve_vocab(inputs: Sequence[str | Path], out_dir: Path, options: PrepareOptions) -> Path:
@@ -346,7 +365,12 @@ def prepare_corpus(
     """
     check_options(options)
     out_dir, start, rng = Path(out_dir), time.perf_counter(), np.random.default_rng(options.seed)
+    check_out_dir(out_dir)
     documents = read_documents(inputs)
+    if options.eval_fraction > 0 and len(documents) < 2:
+        where = [str(p) for p in inputs]
+        raise DataError(f"{len(documents)} document in {where}: an eval set needs at least 2 (one goes to eval); "
+                        "give more text (blank lines between documents) or --eval-fraction 0")  # fmt: skip
     log(f"read {len(documents)} documents, {sum(map(len, documents))} sentences from {len(inputs)} file(s)")
     tokenizer = load_tokenizer(resolve_vocab(inputs, out_dir, options), options.lowercase)
     tokenized = tokenize_documents(documents, tokenizer)

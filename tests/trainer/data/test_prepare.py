@@ -242,6 +242,7 @@ def test_a_directory_as_input_is_refused_saying_to_pass_its_files(tmp_path):
         ("vocab_size", 4, "--vocab-size"),
         ("max_seq_length", 7, "--max-seq-length"),
         ("eval_fraction", 1.0, "--eval-fraction"),
+        ("seed", -1, "--seed"),
     ],
 )
 def test_bad_options_are_refused_naming_the_flag_before_any_output(tmp_path, option, value, flag):
@@ -250,3 +251,60 @@ def test_bad_options_are_refused_naming_the_flag_before_any_output(tmp_path, opt
     with pytest.raises(DataError, match=f"^{flag} {value}: "):
         prepare_corpus([text], tmp_path / "out", replace(OPTIONS, **{option: value}), log=quiet)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_file_among_several_inputs_is_refused_naming_it(tmp_path):
+    text, empty = tmp_path / "in.txt", tmp_path / "empty.txt"
+    write_text(generate_documents(5, seed=1), text)
+    empty.write_text("\n \n")
+    with pytest.raises(DataError, match=rf"^{empty}: no text in it \(empty, or blank lines only\); remove it"):
+        prepare_corpus([text, empty], tmp_path / "out", OPTIONS, log=quiet)
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_document_cannot_make_an_eval_set(tmp_path):
+    text = tmp_path / "in.txt"
+    write_text(generate_documents(1, seed=1), text)
+    with pytest.raises(DataError, match=r"^1 document in .*an eval set needs at least 2 .*--eval-fraction 0"):
+        prepare_corpus([text], tmp_path / "out", OPTIONS, log=quiet)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_an_out_dir_that_is_a_file_is_refused_before_any_output(tmp_path, capsys, where):
+    text, taken = tmp_path / "in.txt", tmp_path / "taken"
+    write_text(generate_documents(5, seed=1), text)
+    taken.write_text("mine")
+    out = taken if where == "file" else taken / "out"
+    with pytest.raises(SystemExit) as stop:
+        main(["--input", str(text), "--out", str(out)])
+    assert stop.value.code == 2 and taken.read_text() == "mine"
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out} is ") and "give a directory" in err and "Traceback" not in err
+
+
+def test_a_vocabulary_with_a_token_twice_is_refused_naming_both_lines(tmp_path):
+    """The tokenizer would give the token the later line's id: ids up to the line count, past the vocab size."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "the"]) + "\n")
+    with pytest.raises(DataError, match=r"vocab\.txt: line 8: token 'the' again \(first on line 6\)"):
+        load_tokenizer(vocab, lowercase=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--documents", "0"], "--documents 0: must be at least 2 (one goes to the eval set)"),
+        (["--documents", "1"], "--documents 1: must be at least 2 (one goes to the eval set)"),
+        (["--seed", "-1"], "--seed -1: must be in [0, 2**32)"),
+    ],
+)
+def test_the_demo_corpus_refuses_bad_options_before_it_writes_over_a_corpus(tmp_path, capsys, argv, message):
+    from trainer.data.demo_corpus import main as demo_main
+
+    (tmp_path / "corpus.txt").write_text("an earlier corpus\n")
+    with pytest.raises(SystemExit) as stop:
+        demo_main(["--out", str(tmp_path), *argv])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert (tmp_path / "corpus.txt").read_text() == "an earlier corpus\n"
