@@ -497,7 +497,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file: say which one
-        raise CheckpointError(f"cannot read weights file {path}: {e}") from e
+        detail = "the file is empty" if path.stat().st_size == 0 else str(e) or type(e).__name__
+        raise CheckpointError(f"cannot read weights file {path} (model.init_checkpoint): {detail}") from e
     return state.get("model", state) if isinstance(state, dict) else state
 
 

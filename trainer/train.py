@@ -784,8 +784,9 @@ def crash_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
 
 
-def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: DataError) -> TrainResult:
-    """The result of a run whose data was refused before any step: failed, with the data error as its reason."""
+def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError) -> TrainResult:
+    """The result of a run whose data (the shards, or model.init_checkpoint's weights) was refused before any step:
+    failed, with the error as its reason and "data" as its kind (not the hyperparameters' fault)."""
     result = TrainResult(
         status=TrainStatus.FAILED,
         reason=str(error),
@@ -813,8 +814,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         mlperf = open_log(cfg, env, device)  # MLPerf's init_start and submission keys, when log.mlperf names a file
     try:
         run = build_run(cfg, env, device, reporter, mlperf)
-    except DataError as e:  # bad data is refused before the first step, as a result of its own
-        mlperf.close()
+    except (DataError, CheckpointError) as e:  # bad data (or initial weights) is refused before the first step, as a
+        mlperf.close()  # result of its own
         return refuse_data(cfg, env, reporter, e)
     state = restore(run)
     mlperf.run_start(run.accumulation, run.total_steps, run.train_samples, run.eval_samples)

@@ -97,6 +97,27 @@ def test_a_missing_init_checkpoint_is_refused_before_any_work(tmp_path, capsys):
     assert records == []
 
 
+@pytest.mark.parametrize("weights", ["empty", "other_shape"])
+def test_initial_weights_that_cannot_be_used_end_the_run_with_a_final_record(tmp_path, capsys, weights):
+    """model.init_checkpoint exists but cannot serve: the run is refused before its first step, as bad data is
+    (exit 1, a final record of kind "data": not the hyperparameters' fault), naming the file and why."""
+    import torch
+
+    path = tmp_path / "bert.pt"
+    if weights == "empty":
+        path.write_bytes(b"")
+        why = f"cannot read weights file {path} (model.init_checkpoint): the file is empty"
+    else:
+        torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(3, 3)}, path)
+        why = "bert.embeddings.word_embeddings.weight"
+    code, err, records = cli(tmp_path, capsys, **{"model.init_checkpoint": str(path)})
+    assert code == 1, err
+    assert why in err and "Traceback" not in err
+    final = records[-1]
+    assert (final["kind"], final["status"], final["error"], final["steps"]) == ("final", "failed", "data", 0)
+    assert why in final["reason"]
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
