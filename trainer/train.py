@@ -387,14 +387,7 @@ def restore(run: Run) -> TrainState:
     path = latest_checkpoint(run.cfg.checkpoint.dir) if run.cfg.checkpoint.resume else None
     if path is None:
         return TrainState(next_eval_samples=run.cfg.eval.every_samples)
-    saved = saved_micro_batch(path)
-    if saved is not None and saved != run.cfg.batch.micro_batch_size:
-        raise CheckpointError(
-            f"checkpoint {path} was trained with batch.micro_batch_size {saved}, this run has "
-            f"{run.cfg.batch.micro_batch_size}: the position it resumes from counts micro-batches; set {saved} (or "
-            "auto, which keeps the checkpoint's) or start without it (checkpoint.resume: false)"
-        )
-    payload, state = load_checkpoint(path)
+    payload, state = load_checkpoint(path)  # at the micro-batch it was saved with (refuse_before_work, auto)
     run.model.load_state_dict(payload["model"])
     # The optimizer's moments are the checkpoint's, its hyperparameters (betas, eps, weight decay) this run's config's,
     # as its MLPerf log says: loading a state dict would put back the saved run's.

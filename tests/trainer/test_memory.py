@@ -120,11 +120,11 @@ def test_a_run_that_resumes_with_auto_keeps_its_checkpoints_micro_batch_and_cont
 
 
 def test_resuming_with_another_micro_batch_is_refused_naming_both(tmp_path):
-    from trainer.errors import CheckpointError
+    from trainer.errors import ConfigError
 
     ck = str(tmp_path / "ck")
     run(tmp_path, **{"batch.micro_batch_size": 4, "budget.max_samples": 40, "checkpoint.dir": ck})
-    with pytest.raises(CheckpointError, match=r"trained with batch.micro_batch_size 4, this run has 8: .* set 4"):
+    with pytest.raises(ConfigError, match=r"batch.micro_batch_size: .* trained with 4, this run has 8: .* set 4"):
         run(tmp_path, **{"batch.micro_batch_size": 8, "checkpoint.dir": ck})
 
 
