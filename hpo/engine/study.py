@@ -59,6 +59,7 @@ from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
 MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails (attempts a resume made not counted)
+MAX_LOST_BEFORE_START = 3  # workers lost before their trial started, in a row, that stop the loop
 
 
 @dataclass
@@ -101,6 +102,8 @@ class Study:
         self.database_error: str | None = None  # why the loop stopped when the database stayed away
         self.claim_lost: Callable[[], bool] = lambda: False  # the heartbeat's: another controller took over
         self.lost_workers: dict[int, int] = {}  # trial id -> attempts of it whose worker was lost (not resumes)
+        self.lost_before_start = 0  # attempts in a row whose worker was lost before the trial started
+        self.workers_error: str | None = None  # why the loop stopped when workers kept being lost before a start
         self.told: list[int] = []  # trials told to their tuners since the newest trial was created (not yet stamped)
 
     # -- set-up ------------------------------------------------------------------------------------------
@@ -279,6 +282,10 @@ class Study:
             record = self.storage.get_trial(exit.trial_id)
             if not record.state.finished and self._store_kept(pending, exit.attempt):
                 record = self.storage.get_trial(exit.trial_id)  # its outcome, kept while the database was away
+            if exit.lost and record.state is TrialState.QUEUED:  # the trial never started: not its fault
+                self._lost_before_start(pending, record, exit.lost)
+                continue
+            self.lost_before_start = 0
             lost = exit.lost and self.lost_workers.get(record.id, 0) < MAX_REQUEUES
             if not record.state.finished and (lost or exit.returncode == EXIT_DATABASE_UNREACHABLE):
                 why = exit.lost if lost else "the database was unreachable before it had a result"
@@ -292,6 +299,22 @@ class Study:
             ended.append((pending, record))
         for pending, record in sorted(ended, key=lambda e: _finish_order(e[1])):
             self._tell(pending.suggestion, record)
+
+    def _lost_before_start(self, pending: Pending, record: TrialRecord, lost: str) -> None:
+        """An attempt whose worker went before the trial started (a worker that restarts, e.g. at its memory limit):
+        the trial is queued again, its allowance of lost workers kept, nothing told to a tuner; after
+        MAX_LOST_BEFORE_START such losses in a row the loop stops, the trials left queued for `hpo resume`."""
+        why = f"interrupted: the trial had not started when its worker was lost ({lost}); re-queued"
+        record = self.storage.requeue_trial(record.id, record.attempt, why)
+        self.queue.insert(0, replace(pending, attempt=record.attempt))
+        self.lost_before_start += 1
+        if self.lost_before_start >= MAX_LOST_BEFORE_START and self.stop_reason is None:
+            self.workers_error = (
+                f"the runner's workers were lost {self.lost_before_start} times in a row before a trial started on "
+                f"them (last: {lost}): a worker that keeps restarting, for example at its memory limit (its log says "
+                "why). The trials are queued; once the workers stay up, `hpo resume` runs them"
+            )
+            self.stop_reason = self.workers_error
 
     def _store_kept(self, pending: Pending, attempt: int) -> bool:
         """Store the outcome the attempt kept in its directory (hpo.trial.outcome); whether there was one."""

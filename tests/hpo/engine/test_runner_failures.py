@@ -12,6 +12,7 @@ from hpo.engine.study import Study
 from hpo.experiment import stored_form
 from hpo.runners.base import Runner, TrialExit
 from hpo.storage import SqlStorage
+from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialSpec, TrialState
 from tests.hpo.engine.test_study import make_spec
 
@@ -95,3 +96,28 @@ def test_a_controller_error_ends_the_running_trials_and_records_them_before_it_i
     first = storage.list_trials(eid)[0]
     assert first.state is TrialState.INTERRUPTED
     assert first.reason.startswith("the controller failed (OSError: cannot start a process: out of file descriptors)")
+
+
+class WorkersLostBeforeStart(EveryWorkerLost):
+    """Every worker dies before the trial process claims its row (a worker that restarts at its memory limit)."""
+
+    def submit(self, launch) -> None:
+        self.started.append(launch)
+
+
+def test_workers_lost_before_their_trials_start_stop_the_loop_with_the_trials_queued(tmp_path: Path):
+    """Not the trials' fault: none is failed or told to a tuner; three such losses in a row stop the loop, saying
+    why, and leave every trial queued for `hpo resume`."""
+    spec = make_spec(tmp_path, trials=4, budget={"max_parallel": 1})
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    eid = storage.create_experiment("e", stored_form(spec, tmp_path / "run"), spec.direction)
+    study = Study(spec, storage, eid, tmp_path / "run", WorkersLostBeforeStart(storage), "sqlite://")
+    assert study.run() is ExperimentStatus.STOPPED
+    (trial,) = storage.list_trials(eid)  # the same trial each time: a lost start does not make a new one
+    assert (trial.state, trial.attempt) == (TrialState.QUEUED, 3)
+    assert trial.reason == (
+        "interrupted: the trial had not started when its worker was lost (its Dask worker tcp://w1 was lost while it "
+        "ran); re-queued"
+    )
+    assert study.workers_error.startswith("the runner's workers were lost 3 times in a row before a trial started")
+    assert study.stop_reason == study.workers_error
