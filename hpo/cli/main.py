@@ -125,6 +125,9 @@ def entry() -> None:
     except BrokenPipeError:  # the reader of the output left (`hpo trials NAME | head`): as any Unix filter, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         code = 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C where no command handles it (while modules load): no traceback
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        code = 128 + signal.SIGINT
     sys.exit(code)
 
 

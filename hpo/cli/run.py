@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
+    from hpo.storage.base import ExperimentStatus
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
     _check_outage_bound(spec)
@@ -68,10 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         storage = open_storage(url)
         if _experiment_exists(storage, spec.name):
             existing = storage.get_experiment_by_name(spec.name)
-            raise HpoError(
-                f"experiment {spec.name!r} already exists (status {existing.status.value}); "
-                f"use `hpo resume {spec.name}` to finish it, or change `name:` in {args.experiment}"
-            )
+            finished = existing.status is ExperimentStatus.FINISHED
+            then = (f"`hpo status {spec.name}` and `hpo report {spec.name}` read it" if finished
+                    else f"use `hpo resume {spec.name}` to finish it")  # fmt: skip
+            raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or "
+                           f"change `name:` in {args.experiment}")  # fmt: skip
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
     except BaseException:
         if runner is not None:

@@ -120,8 +120,15 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    runner.attach(storage, experiment_id)
-    study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    try:  # until the signal handlers are in place (the tuners' imports take seconds): Ctrl-C stops it cleanly
+        runner.attach(storage, experiment_id)
+        study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    except KeyboardInterrupt:
+        runner.close()
+        storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
+        print(f"stopped (Ctrl-C) before its first trial; `hpo resume {spec.name}` runs the experiment",
+              file=sys.stderr)  # fmt: skip
+        return 1
     bound = outage_bound(spec.database.outage_s)
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()

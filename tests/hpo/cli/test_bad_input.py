@@ -320,3 +320,40 @@ def test_a_plan_seed_whose_last_repetition_would_pass_the_database_is_refused_be
     err = capsys.readouterr().err
     assert f"--seed {largest + 1}: repetition r trains with seed" in err and f"give --seed {largest} or less" in err
     assert prepare_plan(str(path), PlanOptions(repetitions=3, seed=largest)).seeds(2)[1] <= 2**31 - 1
+
+
+def test_ctrl_c_before_the_first_trial_stops_the_experiment_cleanly_and_resume_runs_it(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the study loads its tuners (seconds of imports), before the loop's signal handlers are in place:
+    no traceback, the experiment recorded as stopped (not a controller that vanished), and `hpo resume` runs it."""
+    import hpo.engine.local as local
+
+    path = write(tmp_path / "exp.yaml", small_preset(name="early"))
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    real_study = local.Study
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "Study", interrupted)
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "stopped (Ctrl-C) before its first trial; `hpo resume early` runs the experiment" in err
+    assert "Traceback" not in err
+    with SqlStorage(url) as storage:
+        record = storage.get_experiment_by_name("early")
+        assert record.status.value == "stopped" and storage.list_trials(record.id) == []
+    monkeypatch.setattr(local, "Study", real_study)
+    assert main(["--db", url, "resume", "early", "--quiet"]) == 0
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("early").status.value == "finished"
+
+
+def test_running_a_finished_experiment_again_points_at_reading_it_not_at_resume(tmp_path, capsys):
+    path = write(tmp_path / "exp.yaml", small_preset(name="done"))
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run2"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "experiment 'done' already exists (status finished); `hpo status done` and `hpo report done` read it" in err
+    assert "hpo resume" not in err

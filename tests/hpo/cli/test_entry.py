@@ -25,3 +25,18 @@ def test_every_command_is_classified_and_those_that_run_a_tuner_restart_with_the
     assert set(sub.choices) >= NO_TUNER
     # a new command joins NO_TUNER only when it never proposes a trial (webui: it starts NNI's manager)
     assert set(sub.choices) - NO_TUNER == {"run", "resume", "plan", "serve", "webui"}
+
+
+def test_ctrl_c_where_no_command_handles_it_exits_130_without_a_traceback(monkeypatch, capsys):
+    """While a command's modules load, say: the entry point says so in one line."""
+    import hpo.cli.main as cli
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    monkeypatch.setattr(cli.sys, "argv", ["hpo", "status"])  # a command without a tuner: no restart
+    with pytest.raises(SystemExit) as stopped:
+        cli.entry()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
