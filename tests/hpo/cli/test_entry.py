@@ -29,7 +29,9 @@ def test_every_command_is_classified_and_those_that_run_a_tuner_restart_with_the
 
 def test_ctrl_c_where_no_command_handles_it_exits_130_without_a_traceback(monkeypatch, capsys):
     """While a command's modules load, say: the entry point says so in one line."""
-    import hpo.cli.main as cli
+    import importlib
+
+    cli = importlib.import_module("hpo.cli.main")  # the module (the package exports its `main` under that name)
 
     def interrupted(argv=None):
         raise KeyboardInterrupt
