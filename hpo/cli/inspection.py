@@ -87,8 +87,10 @@ def _last_seen(record) -> str:
 
     if liveness(record) != "interrupted" or record.heartbeat_at is None:
         return ""
-    return f" (controller {record.controller_host} pid {record.controller_pid} last seen " \
-           f"{record.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"  # fmt: skip
+    seen = f"{record.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+    if record.controller_host is None:  # it ended (an error, a lost scheduler) without finishing the experiment
+        return f" (its controller ended without finishing it; last seen {seen})"
+    return f" (controller {record.controller_host} pid {record.controller_pid} last seen {seen})"
 
 
 def cmd_trials(args: argparse.Namespace) -> int:

@@ -156,6 +156,9 @@ class DaskRunner(Runner):
     def why_waiting(self) -> str:
         if self.free_slots():
             return ""
+        if self.capacity() == 0:  # every worker gone (or none with the GPUs a trial needs): not busy, empty
+            need = f"with {self.gpus} GPU(s) " if self.gpus else ""
+            return f"the Dask cluster at {self.scheduler} has no worker {need}left: waiting for one to join"
         return f"all {self.capacity()} allocations of the Dask cluster at {self.scheduler} are busy"
 
     @property

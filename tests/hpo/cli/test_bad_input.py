@@ -357,3 +357,19 @@ def test_running_a_finished_experiment_again_points_at_reading_it_not_at_resume(
     err = capsys.readouterr().err
     assert "experiment 'done' already exists (status finished); `hpo status done` and `hpo report done` read it" in err
     assert "hpo resume" not in err
+
+
+def test_status_of_an_experiment_whose_controller_ended_unfinished_says_so_without_none(tmp_path, capsys):
+    """A controller that ended on an error (a lost Dask scheduler) releases its claim and leaves the experiment
+    running: it shows as interrupted, and the line said "controller None pid None"."""
+    spec = experiment_from_dict(small_preset(name="cut"), "cut.yaml")
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with SqlStorage(url, upgrade=True) as storage:
+        eid = storage.create_experiment("cut", stored_form(spec, tmp_path / "run"), spec.direction)
+        storage.claim_controller(eid, "gpu-node-3", 4242, stale_after_s=30.0)
+        storage.heartbeat(eid, "gpu-node-3", 4242)
+        storage.release_controller(eid, "gpu-node-3", 4242)
+    assert main(["--db", url, "status", "cut"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("cut: interrupted (its controller ended without finishing it; last seen "), first
+    assert "None" not in first

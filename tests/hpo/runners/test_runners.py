@@ -323,3 +323,22 @@ def test_dask_refuses_a_cluster_without_workers_for_cpu_trials_naming_the_comman
         f"runner.scheduler: the Dask cluster at {cluster.scheduler_address} has no worker; start one with "
         f"`dask worker {cluster.scheduler_address}`"
     )
+
+
+def test_dask_says_a_cluster_whose_workers_all_left_is_empty_not_busy(tmp_path):
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        spec = make_spec(tmp_path, runner={"name": "dask", "scheduler": cluster.scheduler_address})
+        runner = build_runner(spec)
+        try:
+            assert runner.why_waiting() == ""  # a free slot
+            cluster.scale(0)
+            deadline = time.monotonic() + 60
+            while runner.capacity() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert runner.why_waiting() == (
+                f"the Dask cluster at {cluster.scheduler_address} has no worker left: waiting for one to join"
+            )
+        finally:
+            runner.close()
