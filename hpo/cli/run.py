@@ -170,11 +170,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
+    from hpo.storage.base import ExperimentStatus
 
     url = args.db or default_database_url()
     storage = open_storage(url, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     refuse_imported(record, "resume")
+    if record.status is ExperimentStatus.FINISHED:  # nothing is left to run: nothing is written (its end time stays)
+        print(f"experiment {record.name} is finished: nothing to resume (`hpo status {record.name}` and `hpo report "
+              f"{record.name}` read it)", file=sys.stderr)  # fmt: skip
+        return 0
     spec = spec_from_stored(record)
     _check_outage_bound(spec)
     if spec.engine == "nni" and (args.runner or args.scheduler):

@@ -357,6 +357,12 @@ def test_running_a_finished_experiment_again_points_at_reading_it_not_at_resume(
     err = capsys.readouterr().err
     assert "experiment 'done' already exists (status finished); `hpo status done` and `hpo report done` read it" in err
     assert "hpo resume" not in err
+    with SqlStorage(url) as storage:
+        ended = storage.get_experiment_by_name("done").ended_at
+    assert main(["--db", url, "resume", "done", "--quiet"]) == 0  # nothing to run, and nothing written
+    assert capsys.readouterr().err.startswith("experiment done is finished: nothing to resume")
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("done").ended_at == ended
 
 
 def test_status_of_an_experiment_whose_controller_ended_unfinished_says_so_without_none(tmp_path, capsys):

@@ -60,8 +60,8 @@ def test_run_then_inspect(tmp_path, capsys):
     stored = SqlStorage(db).best_per_arm(SqlStorage(db).get_experiment_by_name("cli-demo").id)
     assert {arm: t.number for arm, t in stored.items()} == {arm: b["trial"] for arm, b in best.items()}
 
-    assert main(["--db", db, "run", str(path)]) == 2  # the same name again: refused, pointing to resume
-    assert "hpo resume cli-demo" in capsys.readouterr().err
+    assert main(["--db", db, "run", str(path)]) == 2  # the same name again: refused, pointing to what reads it
+    assert "already exists (status finished); `hpo status cli-demo`" in capsys.readouterr().err
     assert main(["--db", db, "trials", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
 
