@@ -337,9 +337,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of `raw` with dotted overrides set; intermediate sections are created as needed."""
     out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    given: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
-        set_dotted(out, ".".join(parts), value, f"override {text!r}")
+        key = ".".join(parts)
+        if key in given:  # which one was meant is not for the trainer to guess (a config file's twice is refused too)
+            raise ConfigError(f"override {text!r}: {key} is given twice ({given[key]!r} before it); give it once")
+        given[key] = text
+        set_dotted(out, key, value, f"override {text!r}")
     return out
 
 

@@ -234,9 +234,9 @@ def test_an_unexpected_error_leaves_a_final_record_naming_it(tmp_path, capsys, m
 
 def test_options_and_overrides_may_come_in_any_order(tmp_path, capsys):
     overrides = make_train_overrides(tmp_path)
-    assert main([*overrides[:3], "--print-config", *overrides[3:], "optimizer.lr=0.0042"]) == 0
+    assert main([*overrides[:3], "--print-config", *overrides[3:], "seed=4242"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["optimizer"]["lr"] == 0.0042 and printed["model"]["hidden_size"] == 32
+    assert printed["seed"] == 4242 and printed["model"]["hidden_size"] == 32
 
 
 def test_a_warmup_longer_than_the_run_is_said_with_the_highest_rate_it_reaches(tmp_path, capsys):

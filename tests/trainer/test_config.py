@@ -31,6 +31,13 @@ def test_overrides_apply_to_nested_keys_with_yaml_types(tmp_path):
     assert cfg.balance.bins == [64, 128]
 
 
+def test_an_override_given_twice_is_refused_naming_both(tmp_path):
+    path = write(tmp_path, "optimizer:\n  name: adamw\n  lr: 0.001\n")
+    with pytest.raises(ConfigError, match=r"override 'optimizer.lr=2e-3': optimizer.lr is given twice "
+                                          r"\('optimizer.lr=1e-3' before it\); give it once"):  # fmt: skip
+        load_config(path, ["optimizer.lr=1e-3", "model.hidden_size=64", "optimizer.lr=2e-3"])
+
+
 def test_dump_round_trips(tmp_path):
     cfg = load_config(None, ["model.hidden_size=128", "model.num_attention_heads=4", "clipping.strategy=bucketwise"])
     again = load_config(write(tmp_path, dump_config(cfg)))
