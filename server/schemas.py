@@ -233,7 +233,8 @@ class ArmEvidencePublic(BaseModel):
         description="Mean samples to target over the runs that reached it, interpolated between evaluations."
     )
     interval_95: list[float] | None = Field(
-        description="[low, high]: the 95 % Student-t interval of that mean; null with fewer than 2 hits."
+        description="[low, high]: the 95 % Student-t interval of that mean, its low end at least 0; null with fewer "
+        "than 2 hits."
     )
     max_samples: int | None = Field(description="The runs' sample budget (what a miss used up).")
     summary: str = Field(description="The arm's line as `hpo run` prints it.")

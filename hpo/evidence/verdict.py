@@ -119,7 +119,7 @@ class ArmSummary:
     runs: int
     hits: int
     mean: float | None  # over the hits
-    low: float | None  # the 95 % t interval of that mean (None with fewer than 2 hits)
+    low: float | None  # the 95 % t interval of that mean, at least 0 (None with fewer than 2 hits)
     high: float | None
     max_samples: int | None
 
@@ -248,7 +248,7 @@ def summarize(runs: ArmRuns) -> ArmSummary:
     low = high = None
     if len(hits) >= 2:
         half = t_quantile(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
-        low, high = mean - half, mean + half
+        low, high = max(mean - half, 0.0), mean + half  # a count of samples: never below 0 (few runs, wide t)
     return ArmSummary(runs.label, len(runs.samples_to_target), len(hits), mean, low, high, runs.max_samples)
 
 
@@ -379,7 +379,8 @@ def _all_missed_line(arms: Sequence[ArmRuns], against: Sequence[Comparison], mar
 
 
 def _pct(ratio: float) -> str:
-    return f"{100 * (ratio - 1):+.1f} %"
+    percent = 100 * (ratio - 1)
+    return f"{percent:+.1f} %" if abs(percent) < 1e4 else f"{percent:+.1e} %"  # two runs' interval can be 1e22 %
 
 
 def _winner_line(against: Sequence[Comparison], margin: float) -> str:

@@ -116,7 +116,7 @@ def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
         if len(hits) >= 2:
             half = scipy.stats.t.ppf(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
             mean = statistics.fmean(hits)
-            assert arm["interval_95"] == pytest.approx([mean - half, mean + half], rel=1e-9)
+            assert arm["interval_95"] == pytest.approx([max(mean - half, 0.0), mean + half], rel=1e-9)
         else:
             assert arm["interval_95"] is None
     assert any(a["interval_95"] for a in verdict["arms"])  # the data has an interval to check, not only empty arms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,7 @@ from hpo.evidence.verdict import (
     ALPHA,
     ArmRuns,
     Outcome,
+    _pct,
     decide,
     look_level,
     samples_between_evaluations,
@@ -298,3 +300,15 @@ def test_samples_to_target_that_is_not_a_positive_count_is_refused_naming_the_ar
     with pytest.raises(ValueError, match=r"arm A: samples to target must be finite and positive"):
         ArmRuns("A", (value, 5000.0, 5100.0), 100_000)
     assert ArmRuns("A", (None, 5000.0), 100_000).samples_to_target == (None, 5000.0)  # a miss is None
+
+
+def test_two_runs_far_apart_give_an_interval_that_starts_at_zero_samples_and_a_readable_ratio():
+    """The batch-scaling demo's LAMB at 32 (7,767 mean of two runs, t(0.975, 1) = 12.7): mean - half is below 0,
+    which no count of samples is; a ratio interval of two arms with a miss each can reach 1e20 and more."""
+    hits = (4_333.0, 11_201.0)
+    summary = summarize(ArmRuns("lamb", hits, 49_152))
+    half = stats.t.ppf(0.975, 1) * statistics.stdev(hits) / math.sqrt(2)
+    assert statistics.fmean(hits) - half < 0
+    assert (summary.low, summary.high) == (0.0, pytest.approx(statistics.fmean(hits) + half))
+    assert summary.describe().endswith(f"(95 % interval 0 to {statistics.fmean(hits) + half:,.0f})")
+    assert _pct(3.1115747620550456e20) == "+3.1e+22 %" and _pct(1.5) == "+50.0 %" and _pct(0.5) == "-50.0 %"

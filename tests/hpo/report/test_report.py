@@ -170,7 +170,7 @@ def expected_evidence(trials, arm: str, url: str | None = None):
     interval = None
     if len(hits) >= 2:
         half = stats.t.ppf(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
-        interval = (mean - half, mean + half)
+        interval = (max(mean - half, 0.0), mean + half)  # samples: never below 0
     return best, runs, hits, mean, interval
 
 
