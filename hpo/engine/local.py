@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from hpo.engine.liveness import Heartbeat
+from hpo.engine.liveness import Heartbeat, controller_identity
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, HpoError
@@ -126,7 +126,8 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     except KeyboardInterrupt:
         runner.close()
         storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
-        print(f"stopped (Ctrl-C) before its first trial; `hpo resume {spec.name}` runs the experiment",
+        storage.release_controller(experiment_id, *controller_identity())  # a resume claimed it: the next may at once
+        print(f"stopped (Ctrl-C) while it loaded its tuners; `hpo resume {spec.name}` runs the experiment",
               file=sys.stderr)  # fmt: skip
         return 1
     bound = outage_bound(spec.database.outage_s)

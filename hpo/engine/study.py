@@ -274,7 +274,7 @@ class Study:
 
     def _handle(self, exits: list[TrialExit]) -> None:
         """Finish what ended without a result, re-queue lost attempts, tell tuners in finishing order."""
-        ended = []
+        ended, lost_before_start = [], False
         for exit in exits:
             pending = self.running.pop(exit.trial_id, None)
             if pending is None or pending.attempt != exit.attempt:
@@ -283,7 +283,8 @@ class Study:
             if not record.state.finished and self._store_kept(pending, exit.attempt):
                 record = self.storage.get_trial(exit.trial_id)  # its outcome, kept while the database was away
             if exit.lost and record.state is TrialState.QUEUED:  # the trial never started: not its fault
-                self._lost_before_start(pending, record, exit.lost)
+                self._requeue_unstarted(pending, record, exit.lost)
+                lost_before_start = True
                 continue
             self.lost_before_start = 0
             lost = exit.lost and self.lost_workers.get(record.id, 0) < MAX_REQUEUES
@@ -297,22 +298,27 @@ class Study:
             if not record.state.finished:
                 record = self._reconcile(record, exit)
             ended.append((pending, record))
+        if lost_before_start:  # one poll's losses count once: a worker that dies ends every attempt it held
+            self._lost_before_start()
         for pending, record in sorted(ended, key=lambda e: _finish_order(e[1])):
             self._tell(pending.suggestion, record)
 
-    def _lost_before_start(self, pending: Pending, record: TrialRecord, lost: str) -> None:
+    def _requeue_unstarted(self, pending: Pending, record: TrialRecord, lost: str) -> None:
         """An attempt whose worker went before the trial started (a worker that restarts, e.g. at its memory limit):
-        the trial is queued again, its allowance of lost workers kept, nothing told to a tuner; after
-        MAX_LOST_BEFORE_START such losses in a row the loop stops, the trials left queued for `hpo resume`."""
-        why = f"interrupted: the trial had not started when its worker was lost ({lost}); re-queued"
+        the trial is queued again, its allowance of lost workers kept, nothing told to a tuner."""
+        why = f"interrupted: {lost.removesuffix(' while it ran')} before the trial started; re-queued"
         record = self.storage.requeue_trial(record.id, record.attempt, why)
         self.queue.insert(0, replace(pending, attempt=record.attempt))
+
+    def _lost_before_start(self) -> None:
+        """A poll that found workers lost before their trials started: after MAX_LOST_BEFORE_START such polls in
+        a row (no trial started between them) the loop stops, the trials left queued for `hpo resume`."""
         self.lost_before_start += 1
         if self.lost_before_start >= MAX_LOST_BEFORE_START and self.stop_reason is None:
             self.workers_error = (
                 f"the runner's workers were lost {self.lost_before_start} times in a row before a trial started on "
-                f"them (last: {lost}): a worker that keeps restarting, for example at its memory limit (its log says "
-                "why). The trials are queued; once the workers stay up, `hpo resume` runs them"
+                "them: a worker that keeps restarting, for example at its memory limit (its log says why). The "
+                "trials are queued; once the workers stay up, `hpo resume` runs them"
             )
             self.stop_reason = self.workers_error
 

@@ -337,11 +337,15 @@ def test_ctrl_c_before_the_first_trial_stops_the_experiment_cleanly_and_resume_r
     monkeypatch.setattr(local, "Study", interrupted)
     assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert "stopped (Ctrl-C) before its first trial; `hpo resume early` runs the experiment" in err
+    assert "stopped (Ctrl-C) while it loaded its tuners; `hpo resume early` runs the experiment" in err
     assert "Traceback" not in err
     with SqlStorage(url) as storage:
         record = storage.get_experiment_by_name("early")
         assert record.status.value == "stopped" and storage.list_trials(record.id) == []
+    assert main(["--db", url, "resume", "early", "--quiet"]) == 1  # a resume interrupted the same way
+    with SqlStorage(url) as storage:  # leaves no claim behind: another process may resume at once
+        record = storage.get_experiment_by_name("early")
+        assert (record.status.value, record.controller_host, record.controller_pid) == ("stopped", None, None)
     monkeypatch.setattr(local, "Study", real_study)
     assert main(["--db", url, "resume", "early", "--quiet"]) == 0
     with SqlStorage(url) as storage:

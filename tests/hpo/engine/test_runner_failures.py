@@ -115,9 +115,41 @@ def test_workers_lost_before_their_trials_start_stop_the_loop_with_the_trials_qu
     assert study.run() is ExperimentStatus.STOPPED
     (trial,) = storage.list_trials(eid)  # the same trial each time: a lost start does not make a new one
     assert (trial.state, trial.attempt) == (TrialState.QUEUED, 3)
-    assert trial.reason == (
-        "interrupted: the trial had not started when its worker was lost (its Dask worker tcp://w1 was lost while it "
-        "ran); re-queued"
-    )
+    assert trial.reason == "interrupted: its Dask worker tcp://w1 was lost before the trial started; re-queued"
     assert study.workers_error.startswith("the runner's workers were lost 3 times in a row before a trial started")
     assert study.stop_reason == study.workers_error
+
+
+class OneWorkerDiesOnceWithThreeAttempts(EveryWorkerLost):
+    """Three slots on one worker: it dies once before any of its three trials started, then its replacement runs
+    trials until their worker is lost under them (the stand-in's one way to end a started trial)."""
+
+    def __init__(self, storage: SqlStorage):
+        super().__init__(storage)
+        self.died = False
+
+    def free_slots(self) -> int:
+        return 3 - len(self.started)
+
+    def submit(self, launch) -> None:
+        if self.died:
+            super().submit(launch)  # claims its row: started
+        else:
+            self.started.append(launch)
+
+    def poll(self) -> list[TrialExit]:
+        if len(self.started) < 3 and not self.died:
+            return []
+        self.died = True
+        return super().poll()
+
+
+def test_one_worker_lost_with_several_unstarted_trials_counts_once(tmp_path: Path):
+    spec = make_spec(tmp_path, trials=3, budget={"max_parallel": 3})
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    eid = storage.create_experiment("e", stored_form(spec, tmp_path / "run"), spec.direction)
+    study = Study(spec, storage, eid, tmp_path / "run", OneWorkerDiesOnceWithThreeAttempts(storage), "sqlite://")
+    assert study.run() is ExperimentStatus.FINISHED and study.workers_error is None
+    trials = storage.list_trials(eid)
+    assert len(trials) == 3 and all(t.state is TrialState.FAILED for t in trials)  # lost twice after they started
+    assert all(t.attempt == 2 and t.reason.endswith("(its worker lost 2 times)") for t in trials)
