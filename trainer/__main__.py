@@ -1,8 +1,9 @@
 """`python -m trainer --config CFG.yaml [dotted.key=value ...]` (or under torchrun for several processes).
 
 Exit codes (`trainer.result`): 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing
-trained), 3 diverged, 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (a scheduler, a container's stop): both end
-the run with its final record, and the same command resumes it from its last checkpoint.
+trained), 3 diverged, 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (a scheduler, a container's stop; one
+process: torchrun ends its ranks itself): both end the run with its final record, and the same command resumes it
+from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -52,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
 
     def terminate(signum, frame):
-        raise Terminated
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (a launcher passing its own on)
+        raise Terminated  # must not cut the final record short
 
-    main_thread = threading.current_thread() is threading.main_thread()  # where Python delivers signals
-    previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
+    # One process, in the main thread (where Python delivers signals). Under torchrun, torchrun ends the ranks: a
+    # rank waiting in a collective on a dead peer would not run a Python handler until that wait ends.
+    catch = threading.current_thread() is threading.main_thread() and dist_env_from_environ().world_size == 1
+    previous = signal.signal(signal.SIGTERM, terminate) if catch else None
     try:
         result = train(cfg, reporter)
     except ConfigError as e:
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(e) or stopped}; {again}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     finally:
-        if main_thread:
+        if catch:
             signal.signal(signal.SIGTERM, previous)
         reporter.close()
         cleanup()

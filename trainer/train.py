@@ -184,14 +184,14 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     checkpoint.dir that is a file or cannot be written (it is made here where missing), a model.init_checkpoint that
     does not exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer or
     micro-batch wrote."""
-    if cfg.checkpoint.dir is not None:
-        check_checkpoint_dir(Path(cfg.checkpoint.dir))
     init = cfg.model.init_checkpoint
     if init and not Path(init).is_file():
         what = "is a directory" if Path(init).is_dir() else "does not exist"
         raise ConfigError(
             f"model.init_checkpoint: {init} {what}; give an HF state dict (.bin/.pt) or .safetensors file, or none"
         )
+    if cfg.checkpoint.dir is not None:  # after the other refusals: it makes the directory
+        check_checkpoint_dir(Path(cfg.checkpoint.dir), dist_env_from_environ().is_main)
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if path is None:
         return
@@ -221,14 +221,17 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
         )
 
 
-def check_checkpoint_dir(directory: Path) -> None:
-    """checkpoint.dir is a directory this process can write: made where missing, and a file written there and
-    removed (a run that trains and then cannot save would lose what it trained). `ConfigError` naming it."""
+def check_checkpoint_dir(directory: Path, saves: bool) -> None:
+    """checkpoint.dir is a directory, not a file; where this rank `saves` (rank 0) one it can write: made where
+    missing, and a file written there and removed (a run that trains and then cannot save would lose what it
+    trained). `ConfigError` naming it."""
     blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         where = "is a file" if blocker == directory else f"is under {blocker}, a file"
         raise ConfigError(f"checkpoint.dir: {directory} {where}, not a directory; give a directory (it is made if "
                           "missing)")  # fmt: skip
+    if not saves:
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):

@@ -196,8 +196,15 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this thread, at the next bytecode
         return real_step(run, micro_batches, step)
 
+    real_final = train_module.final_result
+
+    def terminated_again_while_recording(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # a launcher passing its own SIGTERM on: ignored, the record is made
+        return real_final(*args, **kwargs)
+
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(train_module, "train_step", terminated_at_step_6)
+    monkeypatch.setattr(train_module, "final_result", terminated_again_while_recording)
     code, err, first = cli(tmp_path, capsys, **common)
     assert code == 143, err
     assert "Traceback" not in err
@@ -207,6 +214,7 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
     assert final["reason"].startswith("interrupted (SIGTERM)")
     assert signal.getsignal(signal.SIGTERM) is before  # the CLI's handler is gone with the run
     monkeypatch.setattr(train_module, "train_step", real_step)
+    monkeypatch.setattr(train_module, "final_result", real_final)
     code, err, records = cli(tmp_path, capsys, **common)
     assert code == 0, err
     assert "resumed from" in err and "at step 4, 32 samples" in err and records[-1]["samples"] == 96

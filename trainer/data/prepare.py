@@ -127,12 +127,13 @@ def load_tokenizer(vocab: str | Path, lowercase: bool):
     if not Path(vocab).is_file():
         raise DataError(f"{vocab}: vocabulary file not found; pass an existing vocab.txt or omit --vocab")
     try:
-        lines = Path(vocab).read_text(encoding="utf-8").splitlines()
+        text = Path(vocab).read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise not_utf8(Path(vocab)) from None
+    lines = [line.rstrip() for line in text.split("\n")]  # as the tokenizer reads the file: one token a line
     tokens, first = set(lines), {}
     for number, token in enumerate(lines, 1):
-        if token in first:  # the tokenizer would number both lines' token with the later id: ids past the vocab size
+        if token in first and token:  # the tokenizer numbers a token given twice with its later id: ids past the size
             raise DataError(f"{vocab}: line {number}: token {token!r} again (first on line {first[token]}); each "
                             "token must be on one line only")  # fmt: skip
         first[token] = number
@@ -329,7 +330,7 @@ def check_options(options: PrepareOptions) -> None:
         ("--dupe-factor", options.dupe_factor, options.dupe_factor >= 1, ">= 1"),
         ("--eval-fraction", options.eval_fraction, 0 <= options.eval_fraction < 1, "in [0, 1)"),
         ("--samples-per-shard", options.samples_per_shard, options.samples_per_shard >= 1, ">= 1"),
-        ("--seed", options.seed, 0 <= options.seed < 2**32, "in [0, 2**32)"),
+        ("--seed", options.seed, options.seed >= 0, ">= 0"),
     ]
     for flag, value, ok, need in rules:
         if not ok:

@@ -296,7 +296,7 @@ def test_a_vocabulary_with_a_token_twice_is_refused_naming_both_lines(tmp_path):
     [
         (["--documents", "0"], "--documents 0: must be at least 2 (one goes to the eval set)"),
         (["--documents", "1"], "--documents 1: must be at least 2 (one goes to the eval set)"),
-        (["--seed", "-1"], "--seed -1: must be in [0, 2**32)"),
+        (["--seed", "-1"], "--seed -1: must be >= 0"),
     ],
 )
 def test_the_demo_corpus_refuses_bad_options_before_it_writes_over_a_corpus(tmp_path, capsys, argv, message):
@@ -308,3 +308,14 @@ def test_the_demo_corpus_refuses_bad_options_before_it_writes_over_a_corpus(tmp_
     assert stop.value.code == 2
     assert capsys.readouterr().err == f"error: {message}\n"
     assert (tmp_path / "corpus.txt").read_text() == "an earlier corpus\n"
+
+
+def test_the_vocabulary_is_read_as_the_tokenizer_reads_it_one_token_a_line(tmp_path):
+    """Split on newlines only, trailing spaces dropped: 'cat ' is 'cat' again; a form feed inside a line is not a
+    line break; blank lines are no token."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\n\n\ncat\ncat \n")
+    with pytest.raises(DataError, match=r"line 10: token 'cat' again \(first on line 9\)"):
+        load_tokenizer(vocab, lowercase=True)
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\na\nb\n\n")
+    load_tokenizer(vocab, lowercase=True)  # 'a\x0cb' is one token, not 'a' and 'b' twice
