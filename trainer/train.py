@@ -165,8 +165,10 @@ def resolve_micro_batch(
 
 
 # The keys a checkpoint's run must share with the run that resumes it: they shape the model's tensors and the
-# optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly).
+# optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly), and
+# the order of the data (another seed would go on in another order from the position it resumes at).
 RESUME_KEYS = (
+    "seed",
     "model.vocab_size",
     "model.pad_vocab_to_multiple_of",
     "model.hidden_size",
@@ -182,7 +184,7 @@ RESUME_KEYS = (
 def refuse_before_work(cfg: TrainerConfig) -> None:
     """What the config names on disk and cannot work, refused before any work (`ConfigError`, exit code 2): a
     checkpoint.dir that is a file or cannot be written (it is made here where missing), a model.init_checkpoint that
-    does not exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer or
+    does not exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer, seed or
     micro-batch wrote."""
     init = cfg.model.init_checkpoint
     if init and not Path(init).is_file():
@@ -202,15 +204,16 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
                           f"({e.__cause__ or e}); {_earlier_save(path)}") from None  # fmt: skip
     differ = []
     for key in RESUME_KEYS:
-        section, name = key.split(".")
-        there = (saved.get(section) or {}).get(name)
-        if there is not None and there != mine[section][name]:
-            differ.append(f"{key} {there} there, {mine[section][name]} here")
+        *section, name = key.split(".")
+        there = (saved.get(section[0]) or {}).get(name) if section else saved.get(name)
+        here = mine[section[0]][name] if section else mine[name]
+        if there is not None and there != here:
+            differ.append(f"{key} {there} there, {here} here")
     if differ:
         raise ConfigError(
-            f"checkpoint.dir: {path} was written by another model or optimizer ({'; '.join(differ)}), so it cannot "
-            "be resumed: set those keys as the checkpoint has them, or start afresh in another checkpoint.dir (or "
-            "with checkpoint.resume: false, which writes over the checkpoints there)"
+            f"checkpoint.dir: {path} was written by another model, optimizer or seed ({'; '.join(differ)}), so it "
+            "cannot be resumed: set those keys as the checkpoint has them, or start afresh in another checkpoint.dir "
+            "(or with checkpoint.resume: false, which writes over the checkpoints there)"
         )
     micro, there = mine["batch"]["micro_batch_size"], (saved.get("batch") or {}).get("micro_batch_size")
     if isinstance(micro, int) and isinstance(there, int) and micro != there:  # auto keeps the checkpoint's

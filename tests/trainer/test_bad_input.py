@@ -124,8 +124,9 @@ def test_initial_weights_that_cannot_be_used_end_the_run_with_a_final_record(tmp
         ({"model.hidden_size": 64, "model.intermediate_size": 128}, "model.hidden_size 32 there, 64 here"),
         ({"model.num_hidden_layers": 3}, "model.num_hidden_layers 2 there, 3 here"),
         ({"optimizer.name": "adamw"}, "optimizer.name lamb there, adamw here"),
+        ({"seed": 7}, "seed 1234 there, 7 here"),
     ],
-    ids=["hidden", "layers", "optimizer"],
+    ids=["hidden", "layers", "optimizer", "seed"],
 )
 def test_resuming_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_keys(
     tmp_path, capsys, change, named
@@ -136,7 +137,9 @@ def test_resuming_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_t
     saved = (ck / "latest.pt").read_bytes()
     code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), **change})
     assert code == 2, err
-    assert err.startswith(f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model or optimizer"), err
+    assert err.startswith(
+        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer or seed"
+    ), err
     assert named in err and "checkpoint.resume: false" in err
     assert "Traceback" not in err and "training BERT" not in err
     assert (ck / "latest.pt").read_bytes() == saved
