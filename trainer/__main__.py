@@ -14,7 +14,7 @@ import sys
 import threading
 
 from trainer.config import dump_config, load_config
-from trainer.errors import ConfigError, TrainerError
+from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch loads only after the config is valid, so a bad config is refused at once.
     from trainer.distributed import check_device, cleanup, dist_env_from_environ
     from trainer.report import JsonLinesReporter
-    from trainer.train import Terminated, refuse_before_work, train
+    from trainer.train import Terminated, crash_reason, refuse_before_work, train
 
     if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    except TrainerError as e:
+    except TrainerError as e:  # outside the loop (a checkpoint that does not load, say)
+        record_unended(cfg, reporter, str(e), "data" if isinstance(e, DataError) else "crash")
         print(f"error: {e}", file=sys.stderr)
         return TrainStatus.FAILED.exit_code
     except KeyboardInterrupt as e:
@@ -74,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.checkpoint.dir
             else "set checkpoint.dir to make a run resumable"
         )
-        stopped = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
-        print(f"error: {str(e) or stopped}; {again}", file=sys.stderr)
+        what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        reason = str(e) or f"interrupted ({what}) before training began"
+        record_unended(cfg, reporter, reason, "interrupted")
+        print(f"error: {reason}; {again}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    except Exception as e:  # outside the loop (which records its own): a bug, a collective whose peer died
+        record_unended(cfg, reporter, crash_reason(e), "crash")
+        raise
     finally:
         if catch:
             signal.signal(signal.SIGTERM, previous)
@@ -87,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     elif dist_env_from_environ().is_main:  # every rank returns the result; rank 0 says how the run ended
         print(f"finished: {result.status.value}" + (f" ({result.reason})" if result.reason else ""), file=sys.stderr)
     return result.status.exit_code
+
+
+def record_unended(cfg, reporter, reason: str, error: str) -> None:
+    """The final record of a run that ended before `train` wrote one (rank 0's, as `train` writes it)."""
+    from trainer.distributed import dist_env_from_environ
+    from trainer.result import TrainResult
+
+    if reporter.finals or not dist_env_from_environ().is_main:
+        return
+    micro = cfg.batch.micro_batch_size
+    reporter.final(TrainResult(TrainStatus.FAILED, reason, global_batch_size=cfg.batch.global_batch_size,
+                               micro_batch_size=None if micro == "auto" else micro,
+                               target_mlm_accuracy=cfg.eval.target_mlm_accuracy, error=error))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ class JsonLinesReporter:
             self._stream: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         else:
             self._stream = stream or sys.stdout
+        self.finals = 0  # final records written: the CLI writes one for a run that ended before train() could
 
     def _write(self, kind: str, record: dict[str, Any]) -> None:
         self._stream.write(json.dumps({"kind": kind, **record}, default=float) + "\n")
@@ -42,6 +43,7 @@ class JsonLinesReporter:
 
     def final(self, result: TrainResult) -> None:
         self._write("final", result.to_dict())
+        self.finals += 1
 
     def close(self) -> None:
         if self._own:

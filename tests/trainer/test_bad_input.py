@@ -243,6 +243,30 @@ def test_an_unexpected_error_leaves_a_final_record_naming_it(tmp_path, capsys, m
     )
 
 
+@pytest.mark.parametrize("ending", ["sigterm", "error"])
+def test_a_run_that_ends_before_its_first_step_still_leaves_a_final_record(tmp_path, capsys, monkeypatch, ending):
+    """SIGTERM or an unexpected error while the run is set up (the data loading, the model's build): the loop never
+    ran, so the CLI writes the final record."""
+
+    def ended_while_building(*args, **kwargs):
+        if ending == "sigterm":
+            raise train_module.Terminated
+        raise RuntimeError("gloo: Connection closed by peer")
+
+    monkeypatch.setattr(train_module, "build_run", ended_while_building)
+    if ending == "sigterm":
+        code, err, records = cli(tmp_path, capsys)
+        assert code == 143 and "error: interrupted (SIGTERM) before training began" in err, err
+    else:
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            cli(tmp_path, capsys)
+        records = read_jsonl(tmp_path / "report.jsonl")
+    (final,) = [r for r in records if r["kind"] == "final"]
+    expected = ("interrupted", "interrupted (SIGTERM) before training began") if ending == "sigterm" else (
+        "crash", "RuntimeError: gloo: Connection closed by peer")  # fmt: skip
+    assert (final["status"], final["error"], final["reason"], final["steps"]) == ("failed", *expected, 0)
+
+
 def test_options_and_overrides_may_come_in_any_order(tmp_path, capsys):
     overrides = make_train_overrides(tmp_path)
     assert main([*overrides[:3], "--print-config", *overrides[3:], "seed=4242"]) == 0
