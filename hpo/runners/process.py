@@ -114,11 +114,11 @@ class TrialProcess:
         """The exit code once the process has announced it (and is leaving) or has ended; kills it when its time
         limit has passed."""
         code = self.popen.poll()
-        if code is None and self.announced is None and self._read_announced() is not None:
+        if self.announced is None and self._read_announced() is not None and code is None:
             # The kernel is still freeing its memory: reap it when done, without making anyone wait for that.
             threading.Thread(target=self.popen.wait, name=f"reap-{self.popen.pid}", daemon=True).start()
-        if code is None:
-            code = self.announced
+        if self.announced is not None:  # what the trial said as it left: also where a launcher that forked it and
+            code = self.announced  # died meanwhile can only say SIGKILL for a process it no longer sees
         if code is None and self.timeout_s is not None and self.elapsed_s > self.timeout_s:
             self.timed_out = True
             self.kill()

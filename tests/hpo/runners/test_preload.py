@@ -38,6 +38,11 @@ if mode == "announce":
     exit_recorded(3)
 if mode == "sleep":
     time.sleep(60)
+if mode == "late":  # announce 3 once the file argv[2] exists
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+    from hpo.trial.exit import exit_recorded
+    exit_recorded(3)
 sys.exit(int(mode))
 """
 
@@ -134,6 +139,32 @@ def test_forked_trials_die_with_the_launcher_only_where_asked(tmp_path, probe_en
             assert process.poll() is None and os.getpgid(pid) == pid  # still running, in its own group
     finally:
         process.kill()
+
+
+def test_a_trial_that_outlives_its_launcher_is_known_by_the_exit_code_it_announced(tmp_path, probe_env, launcher):
+    """The launcher dies (SIGKILL); the trial it forked goes on, records its outcome and announces exit code 3: that
+    is its code, not the SIGKILL the dead launcher can only assume for a process it no longer sees."""
+    flag = tmp_path / "go"
+    process = TrialProcess.start([sys.executable, "-m", "preload_probe", "late", str(flag)], probe_env, tmp_path,
+                                 None, launcher=launcher)  # fmt: skip
+    launcher.server.kill()
+    launcher.server.wait(30)
+    flag.touch()
+    deadline = time.monotonic() + 30
+    while (code := process.poll()) is None and time.monotonic() < deadline:
+        wait_any([process], 0.2)
+    deadline = time.monotonic() + 30
+    while process_alive(process.popen.pid) and time.monotonic() < deadline:  # gone: the launcher would guess now
+        time.sleep(0.05)
+    assert code == 3 and process.poll() == 3
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
