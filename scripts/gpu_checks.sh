@@ -89,11 +89,13 @@ PYTHON
 cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
-run experiment 170 env OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+MARK="HPO_GPU_CHECKS_RUN=$$.$RANDOM"  # in the environment of every process of the experiment, and of no other
+run experiment 170 env "$MARK" OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # A controller cut at its limit may leave trial processes (each in a session of its own) on the GPU: they would
-# share it with the throughput checks.
-if left=$(pgrep -f -- "-m hpo[.](trial[.]entry|runners[.]preload)"); then
-  pkill -9 -f -- "-m hpo[.](trial[.]entry|runners[.]preload)"
+# share it with the throughput checks. They are found by the mark, so that no one else's process is touched.
+left=$(grep -lsxzF -- "$MARK" /proc/[0-9]*/environ | cut -d/ -f3)
+if [ -n "$left" ]; then
+  kill -9 $left 2>/dev/null
   echo "=== experiment: $(echo "$left" | wc -l) leftover trial process(es) ended before the next check" \
     | tee -a "$OUT/experiment.txt"
 fi

@@ -63,15 +63,15 @@ def test_the_script_runs_its_checks_within_its_deadline():
 
 
 def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_archive_still_written(tmp_path):
-    """An interpreter that runs Python as usual but never ends a module (`-m`): the experiment's `hpo run`, every
-    benchmark and pytest hang as a stuck GPU would (the machine's line gets a stand-in for torch's, and wheels in .whl/
-    do not install). With a deadline of 6 s, 1 of them kept for the summary, the experiment gets what the set-up left
+    """An interpreter that runs Python as usual but never ends a module (`-m`), in a session of its own as a trial
+    is: the experiment's `hpo run`, every benchmark and pytest hang as a stuck GPU would (the machine's line gets a
+    stand-in for torch's, and wheels in .whl/ do not install). With a deadline of 6 s, 1 of them kept for the summary, the experiment gets what the set-up left
     of 5 s and is cut; no time is left for the other checks, which are named as skipped."""
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n"
                       'case "$*" in *"import torch"*) echo "torch (none)"; exit 0;; *"-m pip"*) exit 1;;\n'
                       '  -) cat > /dev/null; echo "torch (none)"; exit 0;; esac\n'
-                      'for a in "$@"; do [ "$a" = -m ] && exec sleep 300; done\n'
+                      'for a in "$@"; do [ "$a" = -m ] && exec setsid -w sleep 300 >/dev/null 2>&1; done\n'
                       f'exec {sys.executable} "$@"\n')  # fmt: skip
     python.chmod(0o755)
     out = tmp_path / "out"
@@ -79,9 +79,19 @@ def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_a
            "DEADLINE_S": "6", "KEEP_S": "1", "MIN_S": "1",
            "EXPERIMENT_OUT": str(tmp_path / "experiment"), "DATA": str(tmp_path / "data")}  # fmt: skip
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # Another user's trial launcher on the machine: not the script's to end (a pattern on command lines killed it)
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "hpo.runners.preload"])
+    try:
+        done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert decoy.poll() is None
+    finally:
+        decoy.kill()
+        decoy.wait()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text()
+    # the experiment's `hpo run` (a sleep here) outlived its cut: found by the mark in its environment, and ended
+    assert re.search(r"^=== experiment: [1-9]\d* leftover trial process\(es\) ended before the next check$", summary,
+                     re.MULTILINE), summary  # fmt: skip
     exits = re.findall(r"^=== (\w+) exit (\d+) after \d+ s \(limit (\d+) s\)$", summary, re.MULTILINE)
     assert len(exits) == 1 and exits[0][0] == "experiment" and exits[0][1] == "124" and int(exits[0][2]) <= 5
     skipped = re.findall(r"^=== (\w+) skipped: -?\d+ s left of the script's 6 s$", summary, re.MULTILINE)
