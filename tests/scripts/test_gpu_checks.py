@@ -65,8 +65,10 @@ def test_the_script_runs_its_checks_within_its_deadline():
 def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_archive_still_written(tmp_path):
     """An interpreter that runs Python as usual but never ends a module (`-m`), in a session of its own as a trial
     is: the experiment's `hpo run`, every benchmark and pytest hang as a stuck GPU would (the machine's line gets a
-    stand-in for torch's, and wheels in .whl/ do not install). With a deadline of 6 s, 1 of them kept for the summary, the experiment gets what the set-up left
-    of 5 s and is cut; no time is left for the other checks, which are named as skipped."""
+    stand-in for torch's, and wheels in .whl/ do not install). With a deadline of 6 s, 1 of them kept for the
+    summary, the experiment gets what the set-up left of 5 s and is cut, and its process left in a session of its
+    own is found by the script's mark and ended (another user's launcher is not); no time is left for the other
+    checks, which are named as skipped."""
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n"
                       'case "$*" in *"import torch"*) echo "torch (none)"; exit 0;; *"-m pip"*) exit 1;;\n'
