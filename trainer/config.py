@@ -460,6 +460,14 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return config_from_dict(raw, source)
 
 
+def file_in_the_way(directory: Path) -> str | None:
+    """What keeps `directory` from being one (or being made): "is a file", "is under F, a file"; None if nothing."""
+    blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if blocker is None or blocker.is_dir():
+        return None
+    return "is a file" if blocker == directory else f"is under {blocker}, a file"
+
+
 def dump_config(cfg: TrainerConfig) -> str:
     """The resolved config as YAML, loadable again by `load_config`."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -37,7 +37,7 @@ from trainer.checkpoint import (
     saved_state,
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
-from trainer.config import TrainerConfig, dump_config
+from trainer.config import TrainerConfig, dump_config, file_in_the_way
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples
@@ -228,9 +228,7 @@ def check_checkpoint_dir(directory: Path, saves: bool) -> None:
     """checkpoint.dir is a directory, not a file; where this rank `saves` (rank 0) one it can write: made where
     missing, and a file written there and removed (a run that trains and then cannot save would lose what it
     trained). `ConfigError` naming it."""
-    blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        where = "is a file" if blocker == directory else f"is under {blocker}, a file"
+    if where := file_in_the_way(directory):
         raise ConfigError(f"checkpoint.dir: {directory} {where}, not a directory; give a directory (it is made if "
                           "missing)")  # fmt: skip
     if not saves:

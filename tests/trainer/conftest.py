@@ -111,3 +111,18 @@ def start_ranks(worker, args: tuple, nprocs: int) -> None:
     from torch import multiprocessing as torch_mp
 
     torch_mp.start_processes(worker, args=args, nprocs=nprocs, start_method="forkserver", join=True)
+
+
+def act_at_step(monkeypatch, at: int, act) -> None:
+    """From now on the trainer's step `at` first calls `act()` (which raises, or sends this process a signal), then
+    runs as usual; `monkeypatch.undo()` puts the real step back."""
+    import trainer.train as train_module
+
+    real_step = train_module.train_step
+
+    def step_that_acts(run, micro_batches, step):
+        if step == at:
+            act()
+        return real_step(run, micro_batches, step)
+
+    monkeypatch.setattr(train_module, "train_step", step_that_acts)

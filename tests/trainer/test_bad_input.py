@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import trainer.train as train_module
-from tests.trainer.conftest import make_train_overrides
+from tests.trainer.conftest import act_at_step, make_train_overrides
 from trainer.__main__ import main
 from trainer.report import read_jsonl
 
@@ -157,14 +157,10 @@ def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_un
     code, err, uninterrupted = cli(full_dir, capsys, **common, **{"checkpoint.dir": str(full_dir / "ck")})
     assert code == 0, err
 
-    real_step = train_module.train_step
+    def ctrl_c():
+        raise KeyboardInterrupt
 
-    def interrupted_at_step_6(run, micro_batches, step):
-        if step == 6:
-            raise KeyboardInterrupt
-        return real_step(run, micro_batches, step)
-
-    monkeypatch.setattr(train_module, "train_step", interrupted_at_step_6)
+    act_at_step(monkeypatch, 6, ctrl_c)
     code, err, first = cli(cut_dir, capsys, **common, **{"checkpoint.dir": str(cut_dir / "ck")})
     assert code == 130, err
     assert "Traceback" not in err
@@ -172,7 +168,7 @@ def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_un
     final = first[-1]
     assert (final["kind"], final["status"], final["error"], final["steps"]) == ("final", "failed", "interrupted", 5)
     assert final["reason"].startswith("interrupted (Ctrl-C)")
-    monkeypatch.setattr(train_module, "train_step", real_step)
+    monkeypatch.undo()
 
     code, err, records = cli(cut_dir, capsys, **common, **{"checkpoint.dir": str(cut_dir / "ck")})
     assert code == 0, err
@@ -192,13 +188,6 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
     """A scheduler's or a container's stop (SIGTERM) in the 6th step: exit 143, the final record says so, and the
     command run again resumes from the checkpoint at 32 samples to the end."""
     common = {"checkpoint.every_samples": 16, "checkpoint.dir": str(tmp_path / "ck")}
-    real_step = train_module.train_step
-
-    def terminated_at_step_6(run, micro_batches, step):
-        if step == 6:
-            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this thread, at the next bytecode
-        return real_step(run, micro_batches, step)
-
     real_final = train_module.final_result
 
     def terminated_again_while_recording(*args, **kwargs):
@@ -206,7 +195,8 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
         return real_final(*args, **kwargs)
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(train_module, "train_step", terminated_at_step_6)
+    # the handler raises in this thread, at the next bytecode
+    act_at_step(monkeypatch, 6, lambda: os.kill(os.getpid(), signal.SIGTERM))
     monkeypatch.setattr(train_module, "final_result", terminated_again_while_recording)
     code, err, first = cli(tmp_path, capsys, **common)
     assert code == 143, err
@@ -216,8 +206,7 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
     assert (final["kind"], final["status"], final["error"]) == ("final", "failed", "interrupted")
     assert final["reason"].startswith("interrupted (SIGTERM)")
     assert signal.getsignal(signal.SIGTERM) is before  # the CLI's handler is gone with the run
-    monkeypatch.setattr(train_module, "train_step", real_step)
-    monkeypatch.setattr(train_module, "final_result", real_final)
+    monkeypatch.undo()
     code, err, records = cli(tmp_path, capsys, **common)
     assert code == 0, err
     assert "resumed from" in err and "at step 4, 32 samples" in err and records[-1]["samples"] == 96
@@ -226,14 +215,11 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
 def test_an_unexpected_error_leaves_a_final_record_naming_it(tmp_path, capsys, monkeypatch):
     """What a peer rank's death looks like to gloo (or a bug): the error is raised on with its traceback, and the
     final record says what it was, as the kind "crash"."""
-    real_step = train_module.train_step
 
-    def peer_gone_at_step_3(run, micro_batches, step):
-        if step == 3:
-            raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:21313")
-        return real_step(run, micro_batches, step)
+    def peer_gone():
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:21313")
 
-    monkeypatch.setattr(train_module, "train_step", peer_gone_at_step_3)
+    act_at_step(monkeypatch, 3, peer_gone)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         cli(tmp_path, capsys)
     final = read_jsonl(tmp_path / "report.jsonl")[-1]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trainer.train as train_module
-from tests.trainer.conftest import make_shards, make_train_overrides
+from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_config
 from trainer.errors import TrainerError
@@ -230,14 +230,11 @@ def test_a_run_that_fails_between_reads_checkpoints_the_noise_scale_of_every_ste
     """A step that fails (here the 4th, with a trainer error) ends the run with its norms of steps 1-3 still on the
     device when reads come every 5 steps: they are read back on the way out, so the checkpoint written after the
     failure holds the noise-scale estimate that a run reading every step holds."""
-    real_step = train_module.train_step
 
-    def fails_at_step_4(run_, micro_batches, step):
-        if step == 4:
-            raise TrainerError("a step that fails")
-        return real_step(run_, micro_batches, step)
+    def fails():
+        raise TrainerError("a step that fails")
 
-    monkeypatch.setattr(train_module, "train_step", fails_at_step_4)
+    act_at_step(monkeypatch, 4, fails)
     saved = {}
     for every in (1, 5):
         directory = tmp_path / f"every{every}"

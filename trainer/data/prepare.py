@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trainer.config import file_in_the_way
 from trainer.data.masking import SPECIAL_TOKENS, MaskingRule, mask_tokens
 from trainer.data.shards import PretrainingSamples, write_shard
 from trainer.data.wordpiece import count_words, train_wordpiece
@@ -339,9 +340,7 @@ def check_options(options: PrepareOptions) -> None:
 
 def check_out_dir(out_dir: Path) -> None:
     """--out is a directory, or can be made one: not a file, nor under one."""
-    blocker = next((p for p in (out_dir, *out_dir.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        where = "is a file" if blocker == out_dir else f"is under {blocker}, a file"
+    if where := file_in_the_way(out_dir):
         raise DataError(f"--out {out_dir} {where}; give a directory (it is made if missing)")
 
 
