@@ -2,7 +2,8 @@
 
 A checkpoint holds the model, optimizer, scheduler and loss-scaler states, the loop position (`TrainState`),
 the RNG states and the resolved config (as YAML text, so a checkpoint says how it was made). Files are written
-to a temporary name and renamed, so a run killed mid-save never leaves a half-written "latest" checkpoint.
+to a temporary name and renamed, so a run killed mid-save never leaves a half-written "latest" checkpoint; a save
+cut short removes its temporary file, and the next save removes any that a killed one left.
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
     directory.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "state": asdict(state), "rng": rng_state()}
     path = directory / f"ckpt-{state.samples:012d}.pt"
+    for left in directory.glob(".*.pt.tmp"):  # what a save killed outright (SIGKILL) left
+        left.unlink(missing_ok=True)
     tmp = directory / f".{path.name}.tmp"
-    torch.save(payload, tmp)
+    try:
+        torch.save(payload, tmp)
+    except BaseException:  # SIGTERM or Ctrl-C (KeyboardInterrupt), a full disk: nothing half-written stays
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     tmp_latest = directory / f".{LATEST}.tmp"
     if tmp_latest.exists():

@@ -1,0 +1,38 @@
+"""Checkpoint files: a save cut short leaves the latest checkpoint as it was and nothing half-written beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer import checkpoint
+from trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+
+
+def test_a_save_cut_short_leaves_the_latest_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, {"model": {"w": torch.ones(3)}}, TrainState(step=1, samples=8))
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    real_save = torch.save
+
+    def cut_short(obj, f, *args, **kwargs):  # SIGTERM (a KeyboardInterrupt) after part of the file was written
+        real_save(obj, f, *args, **kwargs)
+        with open(f, "r+b") as out:
+            out.truncate(10)
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(checkpoint.torch, "save", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, {"model": {"w": torch.zeros(3)}}, TrainState(step=2, samples=16))
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    payload, state = load_checkpoint(latest_checkpoint(tmp_path))
+    assert state.samples == 8 and payload["model"]["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_save_sweeps_what_an_earlier_killed_save_left(tmp_path):
+    (tmp_path / ".ckpt-000000000008.pt.tmp").write_bytes(b"half")  # a save killed with SIGKILL
+    (tmp_path / ".latest.pt.tmp").write_bytes(b"")
+    (tmp_path / "notes.tmp").write_text("not ours")
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000000016.pt", "latest.pt", "notes.tmp"]
