@@ -847,5 +847,16 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         run.reporter.final(result)
         mlperf.run_stop(result)
     if status is not TrainStatus.DIVERGED:  # its weights are not finite: the last checkpoint before stays the latest
-        checkpoint(run, state, every_rank=status is not TrainStatus.FAILED)  # a failed rank may not get here
+        try:
+            checkpoint(run, state, every_rank=status is not TrainStatus.FAILED)  # a failed rank may not get here
+        except KeyboardInterrupt as e:  # after the final record: the message says so, the CLI how to go on
+            raise type(e)(final_save_interrupted(cfg, e, result)) from None
     return result
+
+
+def final_save_interrupted(cfg: TrainerConfig, e: KeyboardInterrupt, result: TrainResult) -> str:
+    what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+    latest = latest_checkpoint(cfg.checkpoint.dir)
+    kept = f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
+    return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
+            f" {kept} stays the latest")  # fmt: skip

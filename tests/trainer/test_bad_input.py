@@ -212,6 +212,41 @@ def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_
     assert "resumed from" in err and "at step 4, 32 samples" in err and records[-1]["samples"] == 96
 
 
+def test_sigterm_while_the_final_checkpoint_is_saved_says_the_run_had_ended_and_leaves_no_partial_file(
+    tmp_path, capsys, monkeypatch
+):
+    """A stop that lands after the final record, while the last checkpoint is written: exit 143, the message says
+    the run had ended and which save stays the latest (not "before training began"), no second final record, and
+    no half-written file; the command run again finds the run finished or trains the rest."""
+    common = {"checkpoint.every_samples": 32, "checkpoint.dir": str(tmp_path / "ck"), "budget.max_samples": 88}
+    real_final, real_save = train_module.final_result, train_module.save_checkpoint
+    ended = []
+
+    def final_result(*args, **kwargs):
+        ended.append(True)
+        return real_final(*args, **kwargs)
+
+    def save_checkpoint(*args, **kwargs):
+        if ended:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this thread, at the next bytecode
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "final_result", final_result)
+    monkeypatch.setattr(train_module, "save_checkpoint", save_checkpoint)
+    code, err, first = cli(tmp_path, capsys, **common)
+    assert code == 143, err
+    assert "Traceback" not in err and "before training began" not in err, err
+    assert "error: interrupted (SIGTERM) while the final checkpoint was saved, after the run ended (budget_exh" in err
+    assert "; the checkpoint at 64 samples stays the latest; run the same command again to resume" in err, err
+    assert [r["status"] for r in first if r["kind"] == "final"] == ["budget_exhausted"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "ckpt-000000000032.pt", "ckpt-000000000064.pt", "latest.pt"]  # fmt: skip
+    monkeypatch.undo()
+    code, err, records = cli(tmp_path, capsys, **common)
+    assert code == 0, err
+    assert "resumed from" in err and "at step 8, 64 samples" in err and records[-1]["samples"] == 88
+
+
 def test_an_unexpected_error_leaves_a_final_record_naming_it(tmp_path, capsys, monkeypatch):
     """What a peer rank's death looks like to gloo (or a bug): the error is raised on with its traceback, and the
     final record says what it was, as the kind "crash"."""
