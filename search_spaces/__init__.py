@@ -24,6 +24,7 @@ __all__ = [
     "SearchSpaceError",
     "list_presets",
     "preset_path",
+    "shipped_preset",
     "trainer_key",
 ]
 
@@ -39,3 +40,13 @@ def preset_path(name: str) -> Path:
     if not path.is_file():
         raise SearchSpaceError(None, f"no preset named {name!r}; presets: {', '.join(list_presets())}")
     return path
+
+
+def shipped_preset(path: str | Path) -> Path | None:
+    """The shipped preset a bare name stands for (`adam_vs_lamb_simulated`, with or without `.yaml`), where no file
+    of that name is at hand; None for anything else (a path with a folder in it, an existing file, no such preset)."""
+    path = Path(path)
+    if path.exists() or path.parent != Path("."):
+        return None
+    name = path.name.removesuffix(".yaml")
+    return PRESETS_DIR / f"{name}.yaml" if name in list_presets() else None

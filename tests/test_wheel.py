@@ -1,5 +1,6 @@
 """The package runs outside the checkout: a wheel built from the source, installed into a fresh virtual environment,
-runs `hpo --help`, `hpo plan` and `hpo run` on its installed simulated preset from an empty directory.
+runs `hpo --help`, `hpo presets`, `hpo plan` and `hpo run` on its installed simulated preset (by its name) from an
+empty directory.
 
 The fresh environment gets the project's dependencies from the environment running the tests (a `.pth` line, so
 nothing is downloaded) but not the project itself: the editable install's finder lives in a `.pth` file there,
@@ -69,10 +70,10 @@ def test_the_installed_wheel_runs_plan_and_run_without_a_checkout(tmp_path):
     where = run(str(bin_dir / "python"), "-c", "import hpo, search_spaces; print(hpo.__file__, search_spaces.__file__)")
     assert str(ROOT) not in where and str(tmp_path / "venv") in where  # the wheel's copy, not the checkout's
     assert "plan" in run(str(bin_dir / "hpo"), "--help")
-    preset = Path(where.split()[1]).parent / "presets" / f"{PRESET}.yaml"
-    plan = run(str(bin_dir / "hpo"), "plan", str(preset), "--repetitions", "2")
+    assert PRESET in run(str(bin_dir / "hpo"), "presets")
+    plan = run(str(bin_dir / "hpo"), "plan", PRESET, "--repetitions", "2")  # the shipped preset, by its name
     assert "GPU-hours" in plan and "hpo/simulation/tables/curves.jsonl" in plan  # the shipped table
-    out = run(str(bin_dir / "hpo"), "--db", "sqlite:///hpo.db", "run", str(preset), "--quiet")
+    out = run(str(bin_dir / "hpo"), "--db", "sqlite:///hpo.db", "run", PRESET, "--quiet")
     status = run(str(bin_dir / "hpo"), "--db", "sqlite:///hpo.db", "status", PRESET)
     assert "verdict now" in status, out
     assert sorted(p.name for p in empty.iterdir()) == ["hpo.db", "runs"]  # everything it wrote is where it ran

@@ -370,13 +370,29 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> TrainerConf
         raise ConfigError(_format_validation_error(e, source)) from None
 
 
+CONFIGS_DIR = Path(__file__).parent / "configs"  # the shipped configs (`python -m trainer --config NAME`)
+
+
+def shipped_config(path: str | Path, folder: Path = Path(".")) -> Path | None:
+    """The shipped config a bare name stands for (`demo_cpu`, with or without `.yaml`), where no file of that name is
+    in `folder`; None for anything else."""
+    path = Path(path)
+    if (folder / path).exists() or path.parent != Path("."):
+        return None
+    found = CONFIGS_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
+    return found if found.is_file() else None
+
+
 def read_config_text(path: Path) -> str:
     """The text of a config file (UTF-8); a path that is missing, a directory, unreadable or not UTF-8 raises
     `ConfigError` naming it."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        shipped = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
+        raise ConfigError(
+            f"config file {path} does not exist (a shipped config may be named instead: {shipped})"
+        ) from None
     except IsADirectoryError:
         found = sorted(p.name for p in path.glob("*.yaml"))[:5]
         hint = f" (it holds {', '.join(found)})" if found else ""
@@ -445,9 +461,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
+        path = shipped_config(path) or Path(path)
         source = str(path)
         try:
-            raw = read_yaml(read_config_text(Path(path))) or {}
+            raw = read_yaml(read_config_text(path)) or {}
         except DuplicateKeyError as e:
             raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:

@@ -2,6 +2,7 @@
 its group (run, plan, inspection, export, report, serve, imports) with its own parser.
 
     hpo db upgrade                      create or migrate the database (HPO_DATABASE_URL, else ./.hpo/hpo.db)
+    hpo presets                         the experiment files that ship with hpo (a name stands for its file)
     hpo run EXPERIMENT.yaml             run an experiment (the local engine) with a live progress display
     hpo resume NAME                     finish an experiment whose controller died or was stopped
     hpo plan EXPERIMENT.yaml [--slots N] [--gpus-per-slot G] [--repetitions R] [--seed S]
@@ -39,7 +40,7 @@ from hpo.cli.imports import add_import
 from hpo.cli.inspection import add_best, add_status, add_trials
 from hpo.cli.plan import add_plan, add_table
 from hpo.cli.report import add_report
-from hpo.cli.run import add_db, add_resume, add_run
+from hpo.cli.run import add_db, add_presets, add_resume, add_run
 from hpo.cli.serve import add_serve, add_webui
 from hpo.errors import BadDatabaseError, HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
 
@@ -47,6 +48,7 @@ from hpo.errors import BadDatabaseError, HpoError, NotFoundError, ResourceError,
 # load the study loop, SMAC, Dask, matplotlib, the server or the trainer's config models.
 COMMANDS = (
     add_db,
+    add_presets,
     add_run,
     add_resume,
     add_plan,
@@ -110,7 +112,7 @@ def bad_database_url(error: StorageError) -> bool:
 # interpreter's start can set; the commands that only read, export or import never propose a trial and are spared
 # the second start (about 0.1 s of each).
 FIXED_HASH_SEED = "0"
-NO_TUNER = frozenset({"db", "status", "trials", "best", "export", "table", "report", "import"})
+NO_TUNER = frozenset({"db", "presets", "status", "trials", "best", "export", "table", "report", "import"})
 
 
 def entry() -> None:

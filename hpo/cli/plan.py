@@ -195,7 +195,8 @@ def add_plan(sub) -> None:
     )
     plan.add_argument(
         "experiment",
-        help="the experiment YAML file: runner: simulated, or a real one whose space the "
+        help="the experiment YAML file or a shipped preset's name (`hpo presets`): runner: simulated, or a real "
+        "one whose space the "
         "default learning-curve table (hpo/simulation/tables/curves.jsonl) covers",
     )
     plan.add_argument(

@@ -1,4 +1,5 @@
-"""`hpo db upgrade`, `hpo run` and `hpo resume`: the commands that write an experiment and drive it."""
+"""`hpo db upgrade`, `hpo presets`, `hpo run` and `hpo resume`: the commands that write an experiment and drive it,
+and the list of the experiment files that ship with hpo."""
 
 from __future__ import annotations
 
@@ -27,6 +28,25 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
                        "(sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
     upgrade_database(url)  # makes a SQLite file's folder, or says why it cannot
     print(f"database {safe_url(url)} is at revision {current_revision(url)}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """The shipped experiment files, each by the name `hpo run` and `hpo plan` take, with its description."""
+    import yaml
+
+    from search_spaces import PRESETS_DIR, list_presets
+
+    names = list_presets()
+    width = max(map(len, names))
+    for name in names:
+        spec = yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text()) or {}
+        runner = (spec.get("runner") or {}).get("name") or spec.get("engine") or "local"
+        print(f"{name:<{width}}  {runner:<9}  {spec.get('description', '')}")
+    print(
+        f"`hpo plan NAME` forecasts one, `hpo run NAME` runs it; to change one, copy its file from {PRESETS_DIR}"
+        " and set its base_config to a shipped trainer config's name (demo_cpu, bert_large) or to your own file"
+    )
     return 0
 
 
@@ -219,10 +239,16 @@ def add_db(sub) -> None:
     db.add_parser("upgrade", help="create or migrate the schema to the current version").set_defaults(fn=cmd_db_upgrade)
 
 
+def add_presets(sub) -> None:
+    """`hpo presets`."""
+    presets = sub.add_parser("presets", help="the experiment files that ship with hpo, by name")
+    presets.set_defaults(fn=cmd_presets)
+
+
 def add_run(sub) -> None:
     """`hpo run`."""
     run = sub.add_parser("run", help="run an experiment file (live progress; Ctrl-C stops, resume finishes)")
-    run.add_argument("experiment", help="the experiment YAML file (see search_spaces/presets/)")
+    run.add_argument("experiment", help="the experiment YAML file, or a shipped preset's name (`hpo presets`)")
     run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
     run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
     run.add_argument("--port", type=tcp_port, default=8080, help="engine nni: first port tried for its web UI")

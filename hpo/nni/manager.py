@@ -186,7 +186,10 @@ def require_node() -> None:
     """Raise, naming the file, unless NNI's bundled node is there and runs (checked before anything is written:
     without it NNI's launcher fails with a connection error to a manager that never started)."""
     node = node_binary()
-    fix = "reinstall NNI (`pip install --force-reinstall nni==3.0`, then `make setup`, which patches it again)"
+    fix = (
+        "reinstall NNI (`pip install --force-reinstall nni==3.0`, then `python -m hpo.nni.patch`, which patches it "
+        "again; in a checkout, `make setup` does both)"
+    )
     if not os.access(node, os.X_OK):
         raise NniEngineError(f"NNI's bundled node ({node}) is missing or not executable; NNI's manager runs on it: "
                              + fix)  # fmt: skip

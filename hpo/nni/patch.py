@@ -136,7 +136,10 @@ def compat_js() -> Path:
     try:
         import nni_node
     except ImportError:
-        raise NniPatchError("NNI is not installed; run `make setup` (it installs nni==3.0)") from None
+        raise NniPatchError(
+            "NNI is not installed: `pip install nni==3.0`, then `python -m hpo.nni.patch` (in a checkout, "
+            "`make setup` does both)"
+        ) from None
     return Path(nni_node.__file__).parent / "training_service" / "v3" / "compat.js"
 
 

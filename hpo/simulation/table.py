@@ -41,6 +41,7 @@ RUN_LENGTH = ("budget.max_samples", "eval.every_samples")
 # The tables that ship with hpo (package data; bench/curves/generate.py writes them and bench/curves/README.md
 # documents their grids): an experiment file names one by its name (`table: curves`) instead of a path.
 TABLES = Path(__file__).with_name("tables")
+IN_A_CHECKOUT = "(in a checkout of the project: bench/ is not installed with hpo)"
 _BUDGET_KEYS = {"budget.max_samples": "max_samples", "eval.every_samples": "every"}  # fixed key -> per-batch key
 Series = tuple[tuple[int, float], ...]
 
@@ -199,7 +200,7 @@ class CurveTable:
     def resume_hint(self) -> str:
         """How to complete a partial table."""
         flag = " --large-batch" if self.per_batch else ""
-        return f"the table is not complete yet: `python -m bench.curves.generate{flag}` resumes it"
+        return f"the table is not complete yet: `python -m bench.curves.generate{flag}` resumes it {IN_A_CHECKOUT}"
 
     def line(self, optimizer: str, warmup_steps: int, global_batch_size: int) -> dict[float, dict[int, Run]]:
         """The runs of one (optimizer, warmup, batch) point: learning rate -> seed -> run."""
@@ -234,7 +235,7 @@ def load_table(path: str | Path) -> CurveTable:
     except OSError as e:
         raise HpoError(
             f"cannot read the curve table {path}: {e.strerror}; generate it with "
-            "`python -m bench.curves.generate` or point runner.simulation.table at it"
+            f"`python -m bench.curves.generate` {IN_A_CHECKOUT} or point runner.simulation.table at it"
         ) from None
     lines = text.splitlines()
     being_written = len(lines) if not text.endswith("\n") else None  # the generator appends whole lines
@@ -256,7 +257,7 @@ def load_table(path: str | Path) -> CurveTable:
     batches = meta.get("grid", {}).get("batches")
     if not runs:
         command = "python -m bench.curves.generate" + (" --large-batch" if batches is not None else "")
-        raise HpoError(f"{path}: no runs recorded yet; `{command}` records them")
+        raise HpoError(f"{path}: no runs recorded yet; `{command}` records them {IN_A_CHECKOUT}")
     for (number, _), run in zip(records[1:], runs, strict=True):
         if batches is not None and str(run.global_batch_size) not in batches:
             raise HpoError(f"{path} line {number}: global_batch_size {run.global_batch_size} has no plan in the meta "

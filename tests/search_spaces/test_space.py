@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from search_spaces import (
+    PRESETS_DIR,
     CategoricalParam,
     FloatParam,
     IntParam,
@@ -16,6 +17,7 @@ from search_spaces import (
     SearchSpaceError,
     list_presets,
     preset_path,
+    shipped_preset,
     trainer_key,
 )
 
@@ -268,6 +270,15 @@ def test_presets_are_listed_and_found():
         assert preset_path(base).is_file()
     with pytest.raises(SearchSpaceError, match="no preset named 'nope'"):
         preset_path("nope")
+
+
+def test_a_bare_preset_name_stands_for_its_file_unless_a_file_of_that_name_is_at_hand(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shipped = PRESETS_DIR / "adam_vs_lamb_simulated.yaml"
+    assert shipped_preset("adam_vs_lamb_simulated") == shipped_preset("adam_vs_lamb_simulated.yaml") == shipped
+    assert shipped_preset("nope") is None and shipped_preset("somewhere/adam_vs_lamb_simulated.yaml") is None
+    (tmp_path / "adam_vs_lamb_simulated.yaml").write_text("name: mine\n")  # the user's own file wins
+    assert shipped_preset("adam_vs_lamb_simulated.yaml") is None
 
 
 # ------------------------------------------------------------------------------------------------ YAML oddities

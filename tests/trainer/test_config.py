@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from trainer import config as trainer_config
 from trainer.__main__ import main
 from trainer.balance import assign_bins
 from trainer.config import dump_config, load_config
@@ -229,3 +231,14 @@ def test_pick_device_refuses_cuda_without_cuda_and_a_local_rank_without_its_gpu(
     for requested in ("cuda", "auto"):
         with pytest.raises(ConfigError, match="LOCAL_RANK 2, but this machine has 2 CUDA devices"):
             pick_device(requested, DistEnv(rank=2, world_size=4, local_rank=2, local_world_size=4))
+
+
+def test_a_shipped_config_is_named_by_its_name_and_an_unknown_name_lists_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shipped = Path(trainer_config.__file__).parent / "configs" / "demo_cpu.yaml"
+    assert load_config("demo_cpu") == load_config("demo_cpu.yaml") == load_config(shipped)
+    with pytest.raises(ConfigError, match=r"config file nope does not exist \(a shipped config may be named instead: "
+                                          r"bert_large, demo_cpu, gpu_check\)"):  # fmt: skip
+        load_config("nope")
+    (tmp_path / "demo_cpu.yaml").write_text("seed: 7\n")  # the user's own file wins
+    assert load_config("demo_cpu.yaml").seed == 7

@@ -86,6 +86,34 @@ def test_read_only_commands_never_create_a_database_or_directory(tmp_path, capsy
     assert not (tmp_path / "typo").exists()
 
 
+def test_presets_lists_every_shipped_experiment_file_by_the_name_run_and_plan_take(tmp_path, capsys, monkeypatch):
+    from search_spaces import PRESETS_DIR, list_presets
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in lines[:-1]}
+    assert list(rows) == list_presets()
+    for name, (runner, description) in rows.items():
+        spec = yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text())
+        assert description == spec["description"]
+        assert runner == (spec.get("runner") or {}).get("name", spec.get("engine", "local"))
+    assert rows["adam_vs_lamb_simulated"][0] == "simulated" and rows["adam_vs_lamb_demo_cpu_nni"][0] == "nni"
+    assert f"copy its file from {PRESETS_DIR}" in lines[-1]
+    assert list(tmp_path.iterdir()) == []  # it reads no database and writes nothing
+
+
+def test_a_preset_is_run_by_name_from_any_folder_and_an_unknown_name_says_where_to_look(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", db, "run", "adam_vs_lamb_simulated", "--quiet"]) == 0, capsys.readouterr().err
+    assert main(["--db", db, "status", "adam_vs_lamb_simulated"]) == 0
+    assert "finished" in capsys.readouterr().out
+    assert main(["--db", db, "run", "adam_vs_lamb_simulatd"]) == 2
+    assert capsys.readouterr().err == ("error: adam_vs_lamb_simulatd: the experiment file does not exist, and no "
+                                       "shipped preset is named so (`hpo presets` lists them)\n")  # fmt: skip
+
+
 def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(tmp_path, monkeypatch, capsys):
     """In this process, with a 1 s connection timeout instead of the runner's 10 s (Dask retries until then)."""
     import hpo.runners.dask

@@ -169,7 +169,8 @@ def test_a_preset_copied_out_of_its_folder_is_told_where_its_base_config_is_read
         load_experiment(copy_of)
     message = str(e.value)
     assert message.startswith(f"{copy_of}: base_config: file {tmp_path / '../../trainer/configs/bert_large.yaml'}")
-    assert f"read from the experiment file's folder, {tmp_path}" in message and "or an absolute one" in message
+    assert f"read from the experiment file's folder, {tmp_path}" in message
+    assert "an absolute one, or the name of a shipped trainer config" in message
     copy_of.write_text(copy_of.read_text().replace("../../trainer", str(ROOT_DIR / "trainer")))  # as the message says
     assert load_experiment(copy_of).resolved_base()["model"]["hidden_size"] == 1024
 
@@ -655,3 +656,19 @@ def test_an_auto_micro_batch_loads_where_each_trial_has_its_device_to_itself(tmp
     data = make_experiment(overrides={"batch.micro_batch_size": "auto"}, resources=resources)
     spec = load_experiment(write_experiment(tmp_path, data))
     assert spec.overrides["batch.micro_batch_size"] == "auto"
+
+
+def test_a_copied_preset_names_its_base_config_by_the_shipped_configs_name(tmp_path):
+    """A preset copied elsewhere: its relative base_config no longer resolves, and the error says what may be given
+    instead; the name of a shipped trainer config resolves from any folder (a file of that name beside it wins)."""
+    copy_path = tmp_path / "mine.yaml"
+    text = preset_path("adam_vs_lamb_demo_cpu").read_text()
+    copy_path.write_text(text)
+    with pytest.raises(ExperimentFileError, match="or the name of a shipped trainer config: bert_large, demo_cpu"):
+        load_experiment(copy_path)
+    named = text.replace("base_config: ../../trainer/configs/demo_cpu.yaml", "base_config: demo_cpu")
+    assert named != text
+    copy_path.write_text(named)
+    assert load_experiment(copy_path)._base == load_experiment(preset_path("adam_vs_lamb_demo_cpu"))._base
+    (tmp_path / "demo_cpu").write_text("seed: 11\n")  # a file of that name in the copy's folder is read instead
+    assert load_experiment(copy_path)._base["seed"] == 11
