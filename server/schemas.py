@@ -346,18 +346,20 @@ class CurvePublic(BaseModel):
 
     @classmethod
     def from_records(cls, experiment: str, trial: int, records: list[MetricRecord]) -> CurvePublic:
-        by_step: dict[int, MetricPointPublic] = {}
+        # A point per (step, samples): a simulated trial stored before its points had steps has them all at step 0
+        by_step: dict[tuple[int, int], MetricPointPublic] = {}
         for record in records:
-            point = by_step.get(record.step)
+            key = (record.step, -1 if record.samples is None else record.samples)
+            point = by_step.get(key)
             if point is None:
-                point = by_step[record.step] = MetricPointPublic(
+                point = by_step[key] = MetricPointPublic(
                     step=record.step, samples=record.samples, time_s=None, loss=None, mlm_accuracy=None, values={}
                 )
             value = _finite(record.value)
             point.values[record.name] = value
             if record.name in ("time_s", "loss", "mlm_accuracy"):
                 setattr(point, record.name, value)
-        return cls(experiment=experiment, trial=trial, points=[by_step[step] for step in sorted(by_step)])
+        return cls(experiment=experiment, trial=trial, points=[by_step[key] for key in sorted(by_step)])
 
 
 class BestAcrossPublic(BaseModel):

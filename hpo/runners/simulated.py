@@ -163,7 +163,10 @@ class SimulatedRunner(Runner):
         if self.continues:
             self.trained[key] = max(already, train.samples)
         seconds = self._seconds(train.samples - already)
-        points = tuple((self._seconds(s - already), p) for s, p in _points(curve, train.evals, already, train.samples))
+        points = tuple(
+            (self._seconds(s - already), p)
+            for s, p in _points(curve, train.evals, already, train.samples, cfg.batch.global_batch_size)
+        )
         result = trial_result(self.spec, self._result(curve, cfg, train, already), cfg, seconds)
         code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
         return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
@@ -240,19 +243,20 @@ def trained_run(curve: Curve, cfg, already: int = 0) -> TrainedRun:
     return TrainedRun(evals, min(budget, curve.end), False)
 
 
-def _points(curve: Curve, evals, already: int, until: int):
+def _points(curve: Curve, evals, already: int, until: int, batch: int):
     """(samples, MetricPoint) the attempt records, in order: progress (loss, noise scale) and evaluations after
-    `already` (the checkpoint it continued from) up to `until`."""
+    `already` (the checkpoint it continued from) up to `until`, each at the optimizer step of its sample count (of
+    global batch `batch`), as a trainer records it."""
     points: list[tuple[int, int, MetricPoint]] = []
     for samples, loss in curve.loss:
         if already < samples <= until:
-            points.append((samples, 0, MetricPoint(0, samples, {"loss": loss})))
+            points.append((samples, 0, MetricPoint(samples // batch, samples, {"loss": loss})))
     for samples, scale in curve.noise_scale:
         if already < samples <= until:
-            points.append((samples, 1, MetricPoint(0, samples, {"noise_scale": scale})))
+            points.append((samples, 1, MetricPoint(samples // batch, samples, {"noise_scale": scale})))
     for samples, accuracy in evals:
         if already < samples <= until:
-            points.append((samples, 2, MetricPoint(0, samples, {"mlm_accuracy": accuracy})))
+            points.append((samples, 2, MetricPoint(samples // batch, samples, {"mlm_accuracy": accuracy})))
     return [(s, p) for s, _, p in sorted(points, key=lambda x: (x[0], x[1]))]
 
 

@@ -175,6 +175,13 @@ def test_the_database_answers_status_best_report_and_the_api(simulated, capsys):
             body = client.get("/experiments/sim-exp").json()
             assert body["simulated"] is True and sum(body["trials"].values()) == 204
             assert client.get("/experiments/sim-exp/best", params={"arm": "optimizer.name=lamb"}).status_code == 200
+            # a trial's learning curve: a point per optimizer step it recorded, as a trainer's
+            with SqlStorage(url) as storage:
+                trial = storage.list_trials(storage.get_experiment_by_name("sim-exp").id)[0]
+                rows = storage.get_metrics(trial.id)
+            points = client.get(f"/experiments/sim-exp/trials/{trial.number}/metrics").json()["points"]
+            assert [(p["step"], p["samples"]) for p in points] == sorted({(r.samples // 32, r.samples) for r in rows})
+            assert len(points) > 2 and max(p["mlm_accuracy"] or 0 for p in points) == trial.best_mlm_accuracy
     finally:
         stop_server(server)
 
