@@ -51,6 +51,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from hpo.engine.liveness import controller_identity
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
@@ -102,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet and runner is not None:
         print(describe_plan(spec, runner), file=sys.stderr)
     stored = ran_on(stored_form(spec, run_dir), args.runner, args.scheduler)
-    experiment_id = storage.create_experiment(spec.name, stored, spec.direction)
+    experiment_id = storage.create_experiment(spec.name, stored, spec.direction, controller=controller_identity())
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from hpo.engine.liveness import Heartbeat, controller_identity
+from hpo.engine.liveness import Heartbeat
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, HpoError
@@ -120,19 +120,25 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     """Run the study loop under a heartbeat and a progress view; returns the process exit code."""
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The heartbeat from the start: while the tuners load (seconds), readers see a live controller, not a dead one
+    heartbeat = Heartbeat(storage, experiment_id, note=lambda: "loading its tuners").start()
     try:  # until the signal handlers are in place (the tuners' imports take seconds): Ctrl-C stops it cleanly
         runner.attach(storage, experiment_id)
         study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
     except KeyboardInterrupt:
         runner.close()
         storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
-        storage.release_controller(experiment_id, *controller_identity())  # a resume claimed it: the next may at once
+        heartbeat.stop()  # and the claim released: the next controller may resume at once
         print(f"stopped (Ctrl-C) while it loaded its tuners; `hpo resume {spec.name}` runs the experiment",
               file=sys.stderr)  # fmt: skip
         return 1
+    except BaseException:
+        heartbeat.stop()
+        runner.close()
+        raise
+    heartbeat.note = lambda: study.note
     bound = outage_bound(spec.database.outage_s)
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
-    heartbeat = Heartbeat(storage, experiment_id, note=lambda: study.note).start()
     study.claim_lost = lambda: heartbeat.lost
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound)

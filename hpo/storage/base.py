@@ -227,8 +227,12 @@ class Storage(abc.ABC):
     # -- experiments ---------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def create_experiment(self, name: str, spec: Mapping[str, Any], direction: Direction | str) -> int:
-        """Record a new RUNNING experiment and return its id; a name already taken raises StorageError."""
+    def create_experiment(
+        self, name: str, spec: Mapping[str, Any], direction: Direction | str, controller: tuple[str, int] | None = None
+    ) -> int:
+        """Record a new RUNNING experiment and return its id; a name already taken raises StorageError.
+        `controller` (host, pid): the process that drives it, claimed with a heartbeat now, in the same write, so
+        that no reader sees the experiment without its controller (as if it had died)."""
 
     @abc.abstractmethod
     def get_experiment(self, experiment_id: int) -> ExperimentRecord:

@@ -205,7 +205,9 @@ class SqlStorage(TrialReads, Storage):
 
     # -- experiments ---------------------------------------------------------------------------------------
 
-    def create_experiment(self, name: str, spec: Mapping[str, Any], direction: Direction | str) -> int:
+    def create_experiment(
+        self, name: str, spec: Mapping[str, Any], direction: Direction | str, controller: tuple[str, int] | None = None
+    ) -> int:
         experiment = ExperimentModel(
             name=name,
             direction=Direction(direction).value,
@@ -217,6 +219,9 @@ class SqlStorage(TrialReads, Storage):
         if replaying() and (earlier := self._created_experiment(name, experiment)) is not None:
             return earlier  # the first try's commit landed before the connection broke
         with self._session(write=True) as session:
+            if controller is not None:
+                experiment.controller_host, experiment.controller_pid = controller
+                experiment.heartbeat_at = _controller_time(session)
             session.add(experiment)
             try:
                 session.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -320,6 +321,43 @@ def test_a_plan_seed_whose_last_repetition_would_pass_the_database_is_refused_be
     err = capsys.readouterr().err
     assert f"--seed {largest + 1}: repetition r trains with seed" in err and f"give --seed {largest} or less" in err
     assert prepare_plan(str(path), PlanOptions(repetitions=3, seed=largest)).seeds(2)[1] <= 2**31 - 1
+
+
+def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_tuners_load(tmp_path, monkeypatch):
+    """From the moment `hpo run` records the experiment, and while its tuners load (seconds; here past the point a
+    silent controller counts as gone), readers see it live, with its controller, not interrupted: the API's stop
+    used to refuse it as "not running" and send the user to `hpo resume`."""
+    import hpo.engine.liveness as liveness_module
+    import hpo.engine.local as local
+    from hpo.engine.liveness import controller_identity, liveness
+
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.2")  # a controller silent for 0.3 s counts as gone
+    path = write(tmp_path / "exp.yaml", small_preset(name="starting"))
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    real_study, seen = local.Study, []
+
+    def slow_to_load(spec, storage, experiment_id, *args, **kwargs):
+        for _ in range(3):
+            seen.append(liveness(storage.get_experiment(experiment_id)))
+            time.sleep(0.3)
+        record = storage.get_experiment(experiment_id)
+        seen.append((record.controller_host, record.controller_pid, liveness(record)))
+        return real_study(spec, storage, experiment_id, *args, **kwargs)
+
+    created = []
+    real_create = SqlStorage.create_experiment
+
+    def create_and_look(self, *args, **kwargs):
+        experiment_id = real_create(self, *args, **kwargs)
+        created.append(liveness(self.get_experiment(experiment_id)))
+        return experiment_id
+
+    monkeypatch.setattr(local, "Study", slow_to_load)
+    monkeypatch.setattr(SqlStorage, "create_experiment", create_and_look)
+    assert liveness_module.stale_after_s() == pytest.approx(0.3)
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert created == ["live"]
+    assert seen == ["live", "live", "live", (*controller_identity(), "live")]
 
 
 def test_ctrl_c_before_the_first_trial_stops_the_experiment_cleanly_and_resume_runs_it(tmp_path, capsys, monkeypatch):
