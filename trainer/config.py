@@ -383,6 +383,13 @@ def shipped_config(path: str | Path, folder: Path = Path(".")) -> Path | None:
     return found if found.is_file() else None
 
 
+def yaml_error(e: yaml.YAMLError) -> str:
+    """A YAML parser's error in one line: where, and the problem (PyYAML's own text spans several, with carets)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return f"{where}not valid YAML ({getattr(e, 'problem', None) or str(e).splitlines()[0]})"
+
+
 def read_config_text(path: Path) -> str:
     """The text of a config file (UTF-8); a path that is missing, a directory, unreadable or not UTF-8 raises
     `ConfigError` naming it."""
@@ -468,7 +475,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except DuplicateKeyError as e:
             raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {path}: {yaml_error(e)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
     if overrides:

@@ -26,6 +26,7 @@ from trainer.config import (
     read_yaml,
     set_dotted,
     shipped_config,
+    yaml_error,
 )
 
 
@@ -48,7 +49,7 @@ def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSp
     except DuplicateKeyError as e:
         raise ExperimentFileError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
-        raise ExperimentFileError(f"{path}: {_yaml_where(e)}not valid YAML ({_yaml_problem(e)})") from None
+        raise ExperimentFileError(f"{path}: {yaml_error(e)}") from None
     if engine is not None and isinstance(data, Mapping):
         data = {**data, "engine": engine}
     spec = experiment_from_dict(data, str(path), base_dir=path.parent)
@@ -62,6 +63,9 @@ def experiment_from_dict(
     """Validate a parsed experiment file. Relative base_config paths resolve against `base_dir`
     (default: the directory of `source` when it is a file, else the working directory). `current_rules=False`
     reads a stored experiment as it ran, without the rules of newer versions that it may predate (`check_spec`)."""
+    if data is None:
+        raise ExperimentFileError(f"{source}: the experiment file is empty: its top level is a mapping of fields "
+                                  "(name, base_config, space, budget, ...)")  # fmt: skip
     if not isinstance(data, Mapping):
         raise ExperimentFileError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     if base_dir is None:
@@ -103,15 +107,6 @@ def _absolute_table(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     shipped = shipped_table(table)
     absolute = str(shipped if shipped else (base_dir / Path(table)).resolve())
     return {**data, "runner": {**runner, "simulation": {**simulation, "table": absolute}}}
-
-
-def _yaml_where(e: yaml.YAMLError) -> str:
-    mark = getattr(e, "problem_mark", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    return getattr(e, "problem", None) or str(e).splitlines()[0]
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -207,7 +202,9 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
             raise ExperimentFileError(f"{source}: base_config: {path}: {not_utf8(e)}") from None
         except DuplicateKeyError as e:
             raise ExperimentFileError(f"{source}: base_config: {path}: {e}") from None
-        except (OSError, yaml.YAMLError) as e:
+        except yaml.YAMLError as e:
+            raise ExperimentFileError(f"{source}: base_config: {path}: {yaml_error(e)}") from None
+        except OSError as e:
             raise ExperimentFileError(f"{source}: base_config: cannot read {path}: {e}") from None
         where = str(path)
     try:

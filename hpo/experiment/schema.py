@@ -45,7 +45,7 @@ NATURAL_DIRECTION = {
     "best_mlm_accuracy": "maximize",
     "final_mlm_accuracy": "maximize",
 }
-_SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_SLUG = r"[a-z0-9][a-z0-9_-]{0,63}"  # the whole name (fullmatch: `$` would let a final newline by)
 DEFAULT_MAX_CONFIRM_SEEDS = 12
 
 
@@ -273,7 +273,7 @@ class Runner(_Section):
     @field_validator("scheduler")
     @classmethod
     def _scheduler(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^(tcp|tls|inproc|ucx)://[^\s]+$", value):
+        if value is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx)://[^\s]+", value):
             raise ValueError(f"expected an address such as tcp://host:8786, got {value!r}")
         return value
 
@@ -307,7 +307,7 @@ class ExperimentSpec(_Section):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: Any) -> Any:
-        if not isinstance(value, str) or not re.match(_SLUG, value):
+        if not isinstance(value, str) or not re.fullmatch(_SLUG, value):
             raise ValueError(f"expected a slug of lowercase letters, digits, '-' and '_' (<= 64), got {value!r}")
         return value
 

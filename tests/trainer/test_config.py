@@ -242,3 +242,11 @@ def test_a_shipped_config_is_named_by_its_name_and_an_unknown_name_lists_them(tm
         load_config("nope")
     (tmp_path / "demo_cpu.yaml").write_text("seed: 7\n")  # the user's own file wins
     assert load_config("demo_cpu.yaml").seed == 7
+
+
+def test_a_config_file_that_is_not_yaml_is_named_with_its_line_in_one_line(tmp_path):
+    path = write(tmp_path, "model:\n  hidden_size: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"config file {path}: line 3, column 1: not valid YAML (expected ',' or ']'")
+    assert "\n" not in str(err.value)

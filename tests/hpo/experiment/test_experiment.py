@@ -294,10 +294,11 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ("bad_yaml", "name: tiny\nspace: {optimizer.lr: [1, 2\n", "line 3", "not valid YAML"),
     ("tab_indentation", "name: tiny\nspace:\n\toptimizer.lr: 1\n", "line 3", "not valid YAML"),
     ("top_level_list", "- name\n- tiny\n", "top level", "must be a mapping"),
-    ("empty_file", "", "top level", "must be a mapping"),
+    ("empty_file", "", "top level", "the experiment file is empty"),
     ("unknown_top_level_key", {"tunner": {"name": "random"}}, "tunner", "did you mean tuner"),
     ("missing_name", without("name"), "name", "required"),
     ("name_not_a_slug", {"name": "My Experiment!"}, "name", "expected a slug"),
+    ("name_ending_in_a_newline", {"name": "tiny\n"}, "name", "expected a slug"),  # `name: |` in YAML
     ("missing_space", without("space"), "space", "required"),
     ("missing_budget", without("budget"), "budget", "required"),
     ("empty_space", {"space": {}}, "space", "non-empty mapping"),
@@ -672,3 +673,14 @@ def test_a_copied_preset_names_its_base_config_by_the_shipped_configs_name(tmp_p
     assert load_experiment(copy_path)._base == load_experiment(preset_path("adam_vs_lamb_demo_cpu"))._base
     (tmp_path / "demo_cpu").write_text("seed: 11\n")  # a file of that name in the copy's folder is read instead
     assert load_experiment(copy_path)._base["seed"] == 11
+
+
+def test_a_base_config_that_is_not_yaml_is_named_with_its_line_in_one_line(tmp_path):
+    (tmp_path / "base.yaml").write_text("model:\n  hidden_size: [1, 2\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**make_experiment(), "base_config": "base.yaml"}))
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: base_config: {tmp_path / 'base.yaml'}: line 3, column 1: not valid YAML (")
+    assert "\n" not in message and "<unicode string>" not in message, message
