@@ -12,11 +12,12 @@ from hpo.errors import HpoError
 _OPENED: list = []  # the storages a command opened, closed by `close_storages` when it returns
 
 
-def open_storage(url: str | None, *, read_only: bool = False):
+def open_storage(url: str | None, *, read_only: bool = False, existing: bool = False):
     """The storage at `url` (default: HPO_DATABASE_URL or the embedded SQLite file). A new embedded database is
-    created at the current schema, except for read-only commands, which never create a file or directory. It
-    stays open until the command returns (`close_storages`)."""
-    storage = _open_storage(url, read_only)
+    created at the current schema, except for read-only commands, which never create a file or directory and open
+    a SQLite file read-only, and for commands that write only to an `existing` database (`hpo resume`, `hpo
+    webui`). It stays open until the command returns (`close_storages`)."""
+    storage = _open_storage(url, read_only or existing, writes=not read_only)
     _OPENED.append(storage)
     return storage
 
@@ -28,7 +29,7 @@ def close_storages() -> None:
         _OPENED.pop().close()
 
 
-def _open_storage(url: str | None, read_only: bool):
+def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
     from hpo.storage.engine import sqlite_file
 
@@ -41,7 +42,7 @@ def _open_storage(url: str | None, read_only: bool):
                 "or start one with `hpo run EXPERIMENT.yaml`"
             )
         return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
-    return SqlStorage(url, read_only=read_only, one_shot=read_only)  # a command's reads
+    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes)  # a command's reads
 
 
 def safe_url(url: str) -> str:

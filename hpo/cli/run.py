@@ -194,7 +194,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.storage.base import ExperimentStatus
 
     url = args.db or default_database_url()
-    storage = open_storage(url, read_only=True)
+    storage = open_storage(url, existing=True)
     record = storage.get_experiment_by_name(args.name)
     refuse_imported(record, "resume")
     if record.status is ExperimentStatus.FINISHED:  # nothing is left to run: nothing is written (its end time stays)

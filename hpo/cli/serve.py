@@ -28,7 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_webui(args: argparse.Namespace) -> int:
     from hpo.nni.engine import webui
 
-    storage = open_storage(args.db, read_only=True)  # no new database; the web UI's address is stored
+    storage = open_storage(args.db, existing=True)  # no new database; the web UI's address is stored
     return webui(storage.get_experiment_by_name(args.name), stop=args.stop, port=args.port, storage=storage)
 
 

@@ -71,15 +71,17 @@ def safe_url(url: str | URL) -> str:
         return "<unparsable database URL>"
 
 
-def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False) -> Engine:
+def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False, writes: bool = True) -> Engine:
     """An engine for `url` with the project's connection settings; a bad URL raises StorageError. `read_only`: for
     readers that must leave a SQLite file as they found it (no directory made, its journal mode kept); `one_shot`
     too, a command's reads over in moments: a SQLite file it may not write, closed by its last writer, is read as
-    an immutable file (see `_sqlite_engine`)."""
+    an immutable file (see `_sqlite_engine`). `writes=False` (with `read_only`): a command that only reads opens a
+    SQLite file read-only, so that its last connection's close does not fold a log left by a writer that died into
+    the file."""
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(parsed, read_only, one_shot=read_only and one_shot)
+            return _sqlite_engine(parsed, read_only, one_shot=read_only and one_shot, writes=writes or not read_only)
         engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))
         _ping_idle_connections(engine)
         return engine
@@ -146,7 +148,7 @@ def in_memory_sqlite(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
-def _sqlite_engine(url: URL, read_only: bool = False, one_shot: bool = False) -> Engine:
+def _sqlite_engine(url: URL, read_only: bool = False, one_shot: bool = False, writes: bool = True) -> Engine:
     if not read_only and url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         directory = Path(url.database).parent
         try:
@@ -162,6 +164,11 @@ def _sqlite_engine(url: URL, read_only: bool = False, one_shot: bool = False) ->
         # long-lived reader (the API's): a writer that starts later would go unseen.
         url = url.set(database=f"file:{quote(str(Path(url.database).resolve()))}",
                       query={"immutable": "1", "uri": "true"})  # fmt: skip
+    elif not writes and (path := _sqlite_path(url.database)) is not None and Path(f"{path}-wal").exists():
+        # A log beside the file (a writer's, or one that a killed controller left): read-only, a connection reads
+        # what the log holds and never checkpoints it into the file when it closes, as the last one to close would.
+        # Without a log the file is opened as usual: read-only, SQLite would leave an empty -wal and -shm behind.
+        url = url.set(database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
     engine = create_engine(url, json_serializer=dumps_json, connect_args={"check_same_thread": False})
     configure = _configure_sqlite_reader if read_only else _configure_sqlite_connection
     event.listen(engine, "connect", configure)
@@ -169,13 +176,18 @@ def _sqlite_engine(url: URL, read_only: bool = False, one_shot: bool = False) ->
     return engine
 
 
+def _sqlite_path(database: str | None) -> Path | None:
+    """The file a SQLite URL's database names, where it is a plain path to an existing file."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database) if Path(database).is_file() else None
+
+
 def _unwritable_and_closed(database: str | None) -> bool:
     """A SQLite file in WAL mode (its header's versions 2) that exists, that this process may not write, and that
     has no -wal or -journal file (its last writer closed it, so the file holds every commit)."""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return False
-    path = Path(database)
-    if not path.is_file() or os.access(path, os.W_OK) or any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal")):
+    path = _sqlite_path(database)
+    if path is None or os.access(path, os.W_OK) or any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal")):
         return False
     try:
         with path.open("rb") as file:

@@ -99,7 +99,7 @@ class SqlStorage(TrialReads, Storage):
     """The storage on an SQL database reached through SQLAlchemy (see the module docstring)."""
 
     def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0,
-                 read_only: bool = False, one_shot: bool = False) -> None:  # fmt: skip
+                 read_only: bool = False, one_shot: bool = False, writes: bool = True) -> None:  # fmt: skip
         self.url = url or default_database_url()
         self._trial_clock: Callable[[], datetime] = _now
         self.outage_s = outage_s  # how long a call waits for a database that is away (hpo.storage.retry)
@@ -109,8 +109,9 @@ class SqlStorage(TrialReads, Storage):
         self._stamps = threading.local()  # the creation time a create's first try stamped, for its retries
         if upgrade:
             upgrade_database(self.url)
-        # read_only: a SQLite file stays as it was; one_shot: a command's reads, over in moments (never a server's)
-        self._engine = create_storage_engine(self.url, read_only, one_shot)
+        # read_only: a SQLite file stays as it was; one_shot: a command's reads, over in moments (never a server's);
+        # writes=False: a command that only reads (a SQLite file opened read-only)
+        self._engine = create_storage_engine(self.url, read_only, one_shot, writes)
         # Both share the engine's connection pool. Writes take SQLite's write lock up front. Reads on PostgreSQL
         # skip BEGIN/COMMIT (two round trips): at READ COMMITTED every statement has its own snapshot anyway,
         # while SQLite's read transaction does give all statements of a method one snapshot, so it stays.

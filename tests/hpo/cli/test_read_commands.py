@@ -226,6 +226,29 @@ def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands,
     assert snapshot(directory) == before  # the same bytes and times, and no new file (no -wal or -shm left)
 
 
+def test_a_read_command_reads_a_log_a_killed_writer_left_and_leaves_the_file_and_log_as_they_were(stored, tmp_path):
+    """A controller killed outright leaves its last commits in hpo.db-wal. A read command sees them, and its close
+    does not fold the log into the file, which SQLite's last connection to close does (it rewrote the file)."""
+    directory = sqlite_copy(stored, tmp_path)
+    killed_writer = (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_autocheckpoint = 0')\n"
+        "c.execute(\"UPDATE experiments SET controller_note = 'from the log' WHERE name = ?\", (sys.argv[2],))\n"
+        "c.commit(); os._exit(0)  # no close: the log stays, as a SIGKILL leaves it\n"
+    )
+    subprocess.run([sys.executable, "-c", killed_writer, str(directory / "hpo.db"), NAME], check=True, timeout=60)
+    assert (directory / "hpo.db-wal").stat().st_size > 0
+    before = snapshot(directory)
+    url = f"sqlite:///{directory / 'hpo.db'}"
+    for command in (["status", NAME], ["trials", NAME, "--limit", "3"], ["best", NAME, "--per-arm"]):
+        hpo(url, *command)
+    after = snapshot(directory)
+    assert after.keys() == before.keys() == {"hpo.db", "hpo.db-wal", "hpo.db-shm"}
+    assert {name for name in after if after[name] != before[name]} <= {"hpo.db-shm"}  # SQLite's index of the log
+    with SqlStorage(url, read_only=True, one_shot=True, writes=False) as storage:  # what the commands open
+        assert storage.get_experiment_by_name(NAME).controller_note == "from the log"
+
+
 def test_a_read_command_on_a_sqlite_file_it_may_not_write_leaves_no_wal_or_shm_beside_it(stored, tmp_path):
     """A results file shared read-only (a file this user may not write, in a folder it may): SQLite opened it as
     usual and left -wal and -shm files beside it; it is read as an immutable file."""
