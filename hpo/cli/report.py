@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +29,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     _check_directory("-o", Path(args.output))  # both outputs usable before anything is written
     if args.png:
         _check_directory("--png", Path(args.png), pages)
-    out = _directory("-o", Path(args.output))
+    for page in pages:
+        if page.is_dir() or (page.exists() and not os.access(page, os.W_OK)):
+            raise HpoError(f"hpo report: cannot write {page} ({'a directory' if page.is_dir() else 'not writable'} is "
+                           "there); move it, or give another directory with -o")  # fmt: skip
+    out = _directories(Path(args.output), Path(args.png) if args.png else None)
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
     studies = []
@@ -79,6 +85,27 @@ def _check_directory(option: str, path: Path, pages: list[Path] | None = None) -
         raise HpoError(f"hpo report {option} {path}: is a file, not a directory; {_HINT}")
     cause = "Permission denied" if why == "unwritable" else "Not a directory"
     raise HpoError(f"hpo report {option} {path}: cannot be created ({cause}); {_HINT}")
+
+
+def _directories(output: Path, png: Path | None) -> Path:
+    """The output directory made (where missing) and the --png one shown to be makeable before any page is written
+    (made and removed again: it is made for good only where there is a figure); the first is removed again, if this
+    made it, where the second cannot be made (a place only trying shows: /proc, a full or read-only disk)."""
+    made = not output.exists()
+    out = _directory("-o", output)
+    if png is not None and not png.exists():
+        missing = [png, *(d for d in png.parents if not d.exists())]  # the deepest first
+        try:
+            _directory("--png", png)
+        except HpoError:
+            if made:
+                with contextlib.suppress(OSError):
+                    output.rmdir()
+            raise
+        for directory in missing:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+    return out
 
 
 def _directory(option: str, path: Path) -> Path:

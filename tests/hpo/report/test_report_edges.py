@@ -109,10 +109,10 @@ def test_nothing_finished_says_so_instead_of_empty_plots_and_counts_what_is_plan
 def test_png_export_of_nothing_finished_writes_no_file_and_says_why(tmp_path, capsys):
     storage, eid, url = make_experiment(tmp_path)
     add_trial(storage, eid, LAMB, "queued")
-    out = tmp_path / "png"
+    out = tmp_path / "figures" / "png"
     assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 0
     assert "no figure for edge: Nothing to draw yet: no trial has finished (0 of 6 planned" in capsys.readouterr().err
-    assert not out.exists()
+    assert not (tmp_path / "figures").exists()
 
 
 @pytest.mark.parametrize("where,under,why", [("-o", "", "is a file, not a directory"),
@@ -134,13 +134,29 @@ def test_an_output_path_that_is_a_file_or_cannot_be_made_is_named_in_an_error(tm
     assert "Traceback" not in error and afile.read_text() == "kept"
 
 
-def test_a_directory_where_the_page_would_go_is_named_in_an_error(tmp_path, capsys):
+@pytest.mark.parametrize("page", ["edge.html", "compare.html"])
+def test_a_directory_where_a_page_would_go_is_named_before_any_page_is_written(tmp_path, capsys, page):
     storage, eid, url = make_experiment(tmp_path)
     add_trial(storage, eid, ADAMW, "reached")
-    (tmp_path / "html" / "edge.html").mkdir(parents=True)
-    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html")]) == 2
+    storage.create_experiment("other", storage.get_experiment(eid).spec, "minimize")
+    (tmp_path / "html" / page).mkdir(parents=True)
+    assert main(["--db", url, "report", "edge", "other", "-o", str(tmp_path / "html")]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"error: hpo report: cannot write {tmp_path / 'html' / 'edge.html'} (Is a directory)")
+    assert (
+        error == f"error: hpo report: cannot write {tmp_path / 'html' / page} (a directory is there); move it, "
+        "or give another directory with -o\n"
+    )
+    assert [p.name for p in (tmp_path / "html").iterdir()] == [page]  # no page written
+
+
+def test_a_png_directory_that_only_creating_it_shows_is_refused_before_any_page_is_written(tmp_path, capsys):
+    """/proc: a directory root may write by its mode bits, where nothing can be made."""
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    html = tmp_path / "html"
+    assert main(["--db", url, "report", "edge", "-o", str(html), "--png", "/proc/hpo-report-figures"]) == 2
+    assert "hpo report --png /proc/hpo-report-figures: cannot be created" in capsys.readouterr().err
+    assert not html.exists()
 
 
 # --------------------------------------------------------------------------- arms with nothing measured
