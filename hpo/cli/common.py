@@ -31,10 +31,15 @@ def close_storages() -> None:
 
 def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
-    from hpo.storage.engine import sqlite_file
+    from hpo.storage.engine import in_memory_sqlite, sqlite_file
 
     url = url or default_database_url()
+    if in_memory_sqlite(url):  # trials, the API and the next command would each see a database of their own
+        raise HpoError(f"--db {url} is an in-memory SQLite database, which keeps nothing and which no trial process "
+                       "sees: give a file (sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
     path = sqlite_file(url)
+    if path is not None and path.is_file() and path.stat().st_size == 0 and not read_only:
+        return SqlStorage(url, upgrade=True)  # an empty file (`touch hpo.db`) is a new SQLite database
     if path is not None and not path.exists():
         if read_only:
             raise HpoError(

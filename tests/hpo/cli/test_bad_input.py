@@ -237,9 +237,25 @@ def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
-def test_db_upgrade_refuses_an_in_memory_database(capsys, url):
-    assert main(["--db", url, "db", "upgrade"]) == 2  # it said "at revision None" of a database gone at exit
-    assert "is an in-memory SQLite database, which keeps nothing" in capsys.readouterr().err
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["status"], ["trials", "e"], ["run", "adam_vs_lamb_simulated"]])
+def test_every_command_refuses_an_in_memory_database(tmp_path, capsys, monkeypatch, url, command):
+    """`db upgrade` said "at revision None" of a database gone at exit; the others sent the user to `db upgrade`."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", url, *command]) == 2
+    err = capsys.readouterr().err
+    assert "is an in-memory SQLite database, which keeps nothing" in err and "hpo db upgrade" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_file_is_a_new_database_to_a_command_that_writes(tmp_path, capsys):
+    """`touch hpo.db`: `hpo run` refused it ("no hpo tables yet: run hpo db upgrade") after it had written to it."""
+    (tmp_path / "hpo.db").touch()
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", url, "status"]) == 2  # a read: nothing is written, and it says what is missing
+    assert "has no hpo tables yet" in capsys.readouterr().err and (tmp_path / "hpo.db").stat().st_size == 0
+    assert main(["--db", url, "run", "adam_vs_lamb_simulated", "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert main(["--db", url, "status", "adam_vs_lamb_simulated"]) == 0
+    assert "finished" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", [["status"], ["db", "upgrade"], ["best", "e"]])
