@@ -8,7 +8,8 @@ file written by `hpo report` (file:///abs/path/NAME.html). Chromium runs with a 
 services of its own (no component updates, sync or background fetches), and is driven over the Chrome DevTools
 protocol: every request the page makes is recorded, and one for another host is failed before it is sent (so
 even a broken page cannot reach the network from here). Exit status 1 when an image did not load or a request went
-to another host; the lines printed say which.
+to another host, or when the page is wider than the window (the screenshot would cut it); the lines printed say
+which.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Rendered:
     title: str
     images: list[tuple[bool, int, str]]
     requests: list[str] = field(default_factory=list)
+    width: int = 0  # the page's laid-out width (CSS pixels): more than the window's where something overflows
 
     @property
     def broken_images(self) -> list[str]:
@@ -169,10 +171,13 @@ def _load(devtools: _DevTools, url: str, screenshot: Path | None, width: int, ma
     for domain in ("Page", "Network", "Runtime"):
         devtools.call(f"{domain}.enable", session)
     devtools.call("Fetch.enable", session, patterns=[{"urlPattern": "*"}])  # every request pauses for a check
+    devtools.call("Emulation.setDeviceMetricsOverride", session, width=width, height=1000, deviceScaleFactor=1,
+                  mobile=False)  # fmt: skip
     devtools.call("Page.navigate", session, url=url)
     devtools.wait_for("Page.loadEventFired")
     images = json.loads(devtools.call("Runtime.evaluate", session, expression=IMAGES_JS)["result"]["value"])
     title = devtools.call("Runtime.evaluate", session, expression="document.title")["result"].get("value", "")
+    laid_out = devtools.call("Runtime.evaluate", session, expression="document.documentElement.scrollWidth")
     sent = [e["params"]["request"]["url"] for e in devtools.events if e.get("method") == "Network.requestWillBeSent"]
     requests = list(dict.fromkeys(sent + devtools.blocked))
     if screenshot is not None:
@@ -182,7 +187,7 @@ def _load(devtools: _DevTools, url: str, screenshot: Path | None, width: int, ma
         shot = devtools.call("Page.captureScreenshot", session, format="png", captureBeyondViewport=True, clip=clip)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
-    return Rendered(title, [tuple(i) for i in images], requests)
+    return Rendered(title, [tuple(i) for i in images], requests, laid_out["result"].get("value", 0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"image not loaded: {alt}", file=sys.stderr)
     for url in page.external_requests:
         print(f"request left the machine: {url}", file=sys.stderr)
-    return 1 if page.broken_images or page.external_requests else 0
+    if page.width > args.width:
+        print(f"the page is {page.width} px wide, wider than the window's {args.width}: the screenshot cuts it",
+              file=sys.stderr)  # fmt: skip
+    return 1 if page.broken_images or page.external_requests or page.width > args.width else 0
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ table{border-collapse:collapse;margin:8px 0;font-size:0.92em}th,td{border:1px so
 text-align:right;vertical-align:top}th{background:#f5f5f5}td.l,th.l{text-align:left}
 img{max-width:100%;height:auto;display:block;margin:8px 0}code,pre{background:#f5f5f5;padding:2px 5px}
 pre{padding:8px;overflow-x:auto}.bar{background:#3b75af;height:10px;display:inline-block}
-details summary{cursor:pointer;font-weight:600}.muted{color:#777}
+details summary{cursor:pointer;font-weight:600}.muted{color:#777}.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -60,7 +60,10 @@ def fmt_interval(low: float | None, high: float | None) -> str:
 
 def cell(text: str, field: str | None = None, arm: str | None = None, cls: str = "") -> str:
     attrs = (f' data-field="{escape(field)}"' if field else "") + (f' data-arm="{escape(arm)}"' if arm else "")
-    return f"<td{attrs}{f' class={cls!r}' if cls else ''}>{escape(text)}</td>"
+    shown = escape(text)
+    if "=" in text:  # an arm's label (key=value,key=value): a line may break after each comma, so the table fits
+        shown = shown.replace(",", ",<wbr>")
+    return f"<td{attrs}{f' class={cls!r}' if cls else ''}>{shown}</td>"
 
 
 def tagged(arm: str, label: str, fields: Sequence[tuple[str, str]]) -> str:
@@ -70,7 +73,8 @@ def tagged(arm: str, label: str, fields: Sequence[tuple[str, str]]) -> str:
 
 def html_table(head: Sequence[str], rows: Sequence[str], left: int = 1) -> str:
     cells = "".join(f"<th{' class=l' if i < left else ''}>{escape(h)}</th>" for i, h in enumerate(head))
-    return f"<table><tr>{cells}</tr>{''.join(f'<tr>{r}</tr>' for r in rows)}</table>"
+    rows_html = "".join(f"<tr>{r}</tr>" for r in rows)
+    return f"<div class=wide><table><tr>{cells}</tr>{rows_html}</table></div>"  # a table wider than the page scrolls
 
 
 def img(fig, alt: str) -> str:

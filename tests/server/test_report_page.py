@@ -82,7 +82,25 @@ def test_report_renders_in_headless_chromium_with_every_image_and_no_request_lea
     assert page.title == f"{EXPERIMENT}: comparison report"
     assert len(page.images) == 5 and page.broken_images == []
     assert page.requests and page.external_requests == []
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and page.width == 1300  # nothing runs past the window
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason=NO_CHROMIUM)
+def test_a_table_of_long_arm_labels_fits_the_window_and_a_wider_one_scrolls_inside_the_page(tmp_path):
+    """Arm labels are one long word (`optimizer.name=adamw,batch.global_batch_size=32`): the batch-size table ran
+    past a 1,300-pixel window, cut off in a screenshot. A line breaks after each comma of a label, and a table that
+    is wider still scrolls in its own box, so the page keeps the window's width."""
+    from hpo.report.markup import html_table, page, tagged
+
+    labels = [f"optimizer.name={o},batch.global_batch_size={b},clipping.strategy=bucketwise"
+              for o in ("adamw", "lamb") for b in (32, 128)]  # fmt: skip
+    rows = [tagged(label, label, [(f"f{i}", f"{1234567 * (i + 1):,}") for i in range(6)]) for label in labels]
+    fits = tmp_path / "fits.html"
+    fits.write_text(page("fits", html_table(["arm", *(f"field {i}" for i in range(6))], rows)))
+    assert report_screenshot.render(fits.as_uri(), width=900).width == 900
+    wide = tmp_path / "wide.html"  # 40 columns of numbers: no break helps
+    wide.write_text(page("wide", html_table([f"field {i}" for i in range(40)], ["<td>1,234,567</td>" * 40])))
+    assert report_screenshot.render(wide.as_uri(), width=900).width == 900
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason=NO_CHROMIUM)
