@@ -66,11 +66,22 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
+    parser.add_argument("--version", action="version", version=f"hpo {installed_version()}")
     parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(sub)
     return parser
+
+
+def installed_version() -> str:
+    """The installed distribution's version (bert-hpo), or a note where the source runs without being installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bert-hpo")
+    except PackageNotFoundError:
+        return "(not installed: running from the source)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from hpo.cli.main import NO_TUNER, build_parser, command_of
+from hpo.cli.main import NO_TUNER, build_parser, command_of, main
 
 
 @pytest.mark.parametrize("argv, command", [
@@ -42,3 +42,11 @@ def test_ctrl_c_where_no_command_handles_it_exits_130_without_a_traceback(monkey
         cli.entry()
     assert stopped.value.code == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"hpo {version('bert-hpo')}\n"
