@@ -50,8 +50,9 @@ RENDEZVOUS_PORT = 29400
 MLPERF_LOG = "mlperf/result_0.txt"  # log.mlperf of an exported config: MLPerf's result file name for run 0
 
 # Characters that end a line for YAML (LF, CR, NEL, U+2028/9) or for Python's str.splitlines (also VT, FF,
-# U+001C-1E), and those YAML cannot carry at all (other C0/C1 controls, DEL, surrogates, U+FFFE/F).
-_LINE_UNSAFE = r"\x00-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff"
+# U+001C-1E), those YAML cannot carry at all (other C0/C1 controls, DEL, surrogates, U+FFFE/F), and U+FFFD, what
+# bytes that are not UTF-8 in the API's query string become (a name no one typed).
+_LINE_UNSAFE = r"\x00-\x1f\x7f-\x9f\u2028\u2029\ufffd\ufffe\uffff"
 LINE_UNSAFE = re.compile(rf"[{_LINE_UNSAFE}\ud800-\udfff]")
 # The same rule as a JSON-schema pattern for the API's config_path (a query string never holds a surrogate).
 CONFIG_PATH_PATTERN = f"^[^{_LINE_UNSAFE}]+$"

@@ -259,6 +259,8 @@ def test_export_formats(api, stored):
     for bad in ("b\x85.yaml", "b\x96.yaml", "b\u2028.yaml", "b\u2029.yaml", "b\n.yaml", "b\x00.yaml", "b\x7f.yaml"):
         refused = api.get(url, params={"config_path": bad})
         assert refused.status_code == 422 and "config_path" in str(refused.json()["detail"]), bad
+    not_utf8 = api.get(f"{url}?format=torchrun&config_path=b%C3.yaml")  # it ended `--config 'b\ufffd.yaml'`
+    assert not_utf8.status_code == 422 and "config_path" in str(not_utf8.json()["detail"])
     quoted = api.get(url, params={"config_path": "my 'best' \"ü\".yaml"})
     assert quoted.status_code == 200 and yaml.safe_load(quoted.text) == yaml.safe_load(exported.text)
     run = next(line for line in quoted.text.splitlines() if line.startswith("# run: "))
