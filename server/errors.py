@@ -11,12 +11,16 @@ import logging
 
 from fastapi import FastAPI, Request, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hpo.errors import HpoError, NotFoundError, StorageError
 from hpo.export.production import ExportError
 from server.schemas import ErrorPublic, InvalidRequestPublic
+
+DOCS_PATH = "/api/v1/docs"  # where server.app installs the Swagger UI page
 
 log = logging.getLogger("server")
 RETRY_AFTER_S = 5  # what a 503 asks clients to wait before they ask again
@@ -68,7 +72,18 @@ async def _invalid_request(_request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": errors}, status_code=422)
 
 
+async def _no_route(request: Request, exc: StarletteHTTPException):
+    """Starlette's bare "Not Found" for a path no endpoint has (a name holding '/', `%2F`, lands here): what is
+    there instead. Every other HTTP error (an endpoint's own 404, a 405 with its Allow header) as FastAPI sends it."""
+    if exc.status_code == status.HTTP_404_NOT_FOUND and exc.detail == "Not Found":
+        detail = (f"no endpoint at {request.url.path}: the API's endpoints are listed at {DOCS_PATH} (an "
+                  "experiment's name never holds '/')")  # fmt: skip
+        return JSONResponse({"detail": detail}, status_code=status.HTTP_404_NOT_FOUND)
+    return await http_exception_handler(request, exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _no_route)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     # Starlette picks the handler of the most specific class in the exception's MRO.
     app.add_exception_handler(NotFoundError, _not_found)

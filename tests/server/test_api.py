@@ -272,7 +272,11 @@ def test_bad_names_are_404_or_422(api):
     assert api.get("/experiments/nope").status_code == 404
     assert "nope" in api.get("/experiments/nope").json()["detail"]
     assert api.get("/experiments/Not%20A%20Slug").status_code == 422
-    assert api.get("/nowhere").status_code == 404
+    nowhere = api.get("/nowhere")
+    assert nowhere.status_code == 404
+    assert nowhere.json()["detail"] == ("no endpoint at /api/v1/nowhere: the API's endpoints are listed at /api/v1/docs"
+                                        " (an experiment's name never holds '/')")  # fmt: skip
+    assert api.get("/experiments/a%2Fb").json()["detail"].startswith("no endpoint at /api/v1/experiments/a/b: ")
 
 
 def test_head_answers_as_get_without_a_body(api):
