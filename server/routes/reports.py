@@ -86,13 +86,18 @@ def experiment_report(record: ExperimentDep, storage: StorageDep, settings: Sett
 def compare_report(
     storage: StorageDep,
     name: Annotated[
-        list[str],
-        Query(min_length=1, max_length=MAX_COMPARED, description="The experiments to compare (repeat the parameter)."),
-    ],
+        list[str] | None,
+        Query(max_length=MAX_COMPARED, description="The experiments to compare (repeat the parameter)."),
+    ] = None,
 ):
     """Several experiments: samples to target and the measured noise scale against global batch size."""
     from hpo.report.html import comparison_report  # matplotlib: loaded by the first report, not at start-up
+    from hpo.report.markup import page
 
+    if not name:  # the index page's form sent with nothing ticked: a page that says so, for the browser it came from
+        body = ("<h1>Nothing to compare</h1><p>Tick one or more experiments on <a href='/'>the list of experiments</a>"
+                ", then compare them (or give <code>?name=A&amp;name=B</code>).</p>")  # fmt: skip
+        return HTMLResponse(page("nothing to compare", body), status_code=422)
     bad = [n for n in name if not _is_name(n)]
     if bad:
         raise HpoError(f"name {bad[0]!r} is not an experiment name (lowercase letters, digits, '-' and '_')")

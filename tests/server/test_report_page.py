@@ -61,7 +61,9 @@ def test_report_endpoints_answer_404_and_422_for_bad_names(report_server):
     with report_server.client() as api:
         assert api.get("/experiments/nope/report").status_code == 404
         assert api.get("/reports/compare", params={"name": ["nope"]}).status_code == 404
-        assert api.get("/reports/compare").status_code == 422
+        nothing = api.get("/reports/compare")  # the index page's form sent with nothing ticked: a page, not JSON
+        assert nothing.status_code == 422 and nothing.headers["content-type"].startswith("text/html")
+        assert "<h1>Nothing to compare</h1>" in nothing.text and "href='/'" in nothing.text
         assert api.get("/reports/compare", params={"name": ["Bad Name!"]}).status_code == 422
         compare = api.get("/reports/compare", params={"name": [EXPERIMENT]}, timeout=60)
         assert compare.status_code == 200
