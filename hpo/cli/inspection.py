@@ -18,7 +18,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from hpo.trials import TrialState
 
     storage = open_storage(args.db, read_only=True)
-    if not args.name:
+    if args.name is None:  # `hpo status ''` asks for an experiment named '', which there cannot be
         experiments = storage.list_experiments()
         if not experiments:
             print("no experiments yet; start one with `hpo run EXPERIMENT.yaml`")

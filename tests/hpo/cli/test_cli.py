@@ -64,6 +64,8 @@ def test_run_then_inspect(tmp_path, capsys):
     assert "already exists (status finished); `hpo status cli-demo`" in capsys.readouterr().err
     assert main(["--db", db, "trials", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+    assert main(["--db", db, "status", ""]) == 2  # an empty name is a name no experiment has, not "list them all"
+    assert "no experiment named ''" in capsys.readouterr().err
 
 
 def small_experiment(tmp_path, **changes) -> str:
