@@ -80,6 +80,8 @@ def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = Fa
     the file."""
     try:
         parsed = make_url(url)
+        if parsed.drivername == "postgres":  # Heroku's and libpq's spelling, which SQLAlchemy no longer takes
+            parsed = parsed.set(drivername="postgresql+psycopg")
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed, read_only, one_shot=read_only and one_shot, writes=writes or not read_only)
         engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))

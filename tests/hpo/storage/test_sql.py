@@ -285,3 +285,13 @@ def test_the_best_trial_is_read_from_the_objective_index_even_right_after_a_bulk
         next(schema, None)  # drops the schema
     assert "ix_trials_experiment_state_objective" in plan, plan
     assert "ix_trials_experiment_kind_state_arm_target" not in plan, plan
+
+
+def test_a_postgres_url_in_libpqs_spelling_is_read_as_postgresql_with_psycopg():
+    """`postgres://` (libpq's and many hosts' spelling) was refused: SQLAlchemy no longer knows that name."""
+    from hpo.storage.engine import create_storage_engine
+
+    engine = create_storage_engine("postgres://user@db.example:5432/hpo")  # nothing connects until used
+    assert (engine.dialect.name, engine.dialect.driver, engine.url.host, engine.url.database) == (
+        "postgresql", "psycopg", "db.example", "hpo")  # fmt: skip
+    engine.dispose()
