@@ -45,8 +45,7 @@ def preset_path(name: str) -> Path:
 def shipped_preset(path: str | Path) -> Path | None:
     """The shipped preset a bare name stands for (`adam_vs_lamb_simulated`, with or without `.yaml`), where no file
     of that name is at hand; None for anything else (a path with a folder in it, an existing file, no such preset)."""
-    path = Path(path)
-    if path.exists() or path.parent != Path("."):
+    if "/" in str(path) or Path(path).exists():  # `./name` is a path, and a file at hand comes first
         return None
-    name = path.name.removesuffix(".yaml")
+    name = str(path).removesuffix(".yaml")
     return PRESETS_DIR / f"{name}.yaml" if name in list_presets() else None

@@ -46,7 +46,7 @@ from search_spaces.errors import SearchSpaceError
 
 Scalar = str | int | float | bool
 
-_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(@[\w.-]+)?$")
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(@[\w.-]+)?")  # the whole name (fullmatch)
 _KINDS = ("choice", "float", "int")
 _PARAM_FIELDS = {*_KINDS, "log", "when"}
 # A number with an exponent that YAML 1.1 (PyYAML) leaves as a string: no dot or no sign (1e-3, 1.0e3).
@@ -370,7 +370,7 @@ class SearchSpace:
 
     @staticmethod
     def _check_name(name: str) -> None:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise SearchSpaceError(name, "not a dotted key such as optimizer.lr (optionally with an @label)")
 
     def _check_clause(self, name: str, clause: Clause) -> None:

@@ -13,14 +13,14 @@ import signal
 import sys
 import threading
 
-from trainer.config import CONFIGS_DIR, dump_config, load_config
+from trainer.config import dump_config, load_config, shipped_config_names
 from trainer.errors import ConfigError, DataError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    shipped = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
     parser = argparse.ArgumentParser(prog="python -m trainer", description="BERT pretraining (MLM + NSP).")
+    shipped = shipped_config_names()
     parser.add_argument("--config", help=f"YAML trainer config, or the name of a shipped one ({shipped})")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optimizer.lr=1e-3")

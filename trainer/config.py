@@ -376,11 +376,15 @@ CONFIGS_DIR = Path(__file__).parent / "configs"  # the shipped configs (`python 
 def shipped_config(path: str | Path, folder: Path = Path(".")) -> Path | None:
     """The shipped config a bare name stands for (`demo_cpu`, with or without `.yaml`), where no file of that name is
     in `folder`; None for anything else."""
-    path = Path(path)
-    if (folder / path).exists() or path.parent != Path("."):
+    if "/" in str(path) or (folder / path).exists():  # `./name` is a path, and a file at hand comes first
         return None
-    found = CONFIGS_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
+    found = CONFIGS_DIR / f"{str(path).removesuffix('.yaml')}.yaml"
     return found if found.is_file() else None
+
+
+def shipped_config_names() -> str:
+    """The shipped configs' names, for help and messages: `bert_large, demo_cpu, gpu_check`."""
+    return ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
 
 
 def yaml_error(e: yaml.YAMLError) -> str:
@@ -396,9 +400,8 @@ def read_config_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        shipped = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
         raise ConfigError(
-            f"config file {path} does not exist (a shipped config may be named instead: {shipped})"
+            f"config file {path} does not exist (a shipped config may be named instead: {shipped_config_names()})"
         ) from None
     except IsADirectoryError:
         found = sorted(p.name for p in path.glob("*.yaml"))[:5]

@@ -857,6 +857,9 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
 def final_save_interrupted(cfg: TrainerConfig, e: KeyboardInterrupt, result: TrainResult) -> str:
     what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
     latest = latest_checkpoint(cfg.checkpoint.dir)
-    kept = f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
+    try:
+        kept = f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
+    except CheckpointError:  # what the message says must not replace the stop
+        kept = f"{latest}, which does not read,"
     return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
             f" {kept} stays the latest")  # fmt: skip

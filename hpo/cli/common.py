@@ -14,9 +14,9 @@ _OPENED: list = []  # the storages a command opened, closed by `close_storages` 
 
 def open_storage(url: str | None, *, read_only: bool = False, existing: bool = False):
     """The storage at `url` (default: HPO_DATABASE_URL or the embedded SQLite file). A new embedded database is
-    created at the current schema, except for read-only commands, which never create a file or directory and open
-    a SQLite file read-only, and for commands that write only to an `existing` database (`hpo resume`, `hpo
-    webui`). It stays open until the command returns (`close_storages`)."""
+    created at the current schema, except for read-only commands, which never create a file or directory (and open
+    a SQLite file read-only where a log is beside it: `hpo.storage.engine`), and for commands that write only to an
+    `existing` database (`hpo resume`, `hpo webui`). It stays open until the command returns (`close_storages`)."""
     storage = _open_storage(url, read_only or existing, writes=not read_only)
     _OPENED.append(storage)
     return storage
@@ -31,12 +31,10 @@ def close_storages() -> None:
 
 def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
-    from hpo.storage.engine import in_memory_sqlite, sqlite_file
+    from hpo.storage.engine import sqlite_file
 
     url = url or default_database_url()
-    if in_memory_sqlite(url):  # trials, the API and the next command would each see a database of their own
-        raise HpoError(f"--db {url} is an in-memory SQLite database, which keeps nothing and which no trial process "
-                       "sees: give a file (sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
+    refuse_in_memory(url)
     path = sqlite_file(url)
     if path is not None and path.is_file() and path.stat().st_size == 0 and not read_only:
         return SqlStorage(url, upgrade=True)  # an empty file (`touch hpo.db`) is a new SQLite database
@@ -48,6 +46,16 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
             )
         return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
     return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes)  # a command's reads
+
+
+def refuse_in_memory(url: str) -> None:
+    """HpoError for an in-memory SQLite URL: a database gone when its process ends, which trials, the API and the
+    next command would each see a new empty one of."""
+    from hpo.storage.engine import in_memory_sqlite
+
+    if in_memory_sqlite(url):
+        raise HpoError(f"the database URL {url} is an in-memory SQLite database, which keeps nothing and which no "
+                       "other process sees: give a file (sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
 
 
 def safe_url(url: str) -> str:

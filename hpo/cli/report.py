@@ -31,8 +31,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _check_directory("--png", Path(args.png), pages)
     for page in pages:
         if page.is_dir() or (page.exists() and not os.access(page, os.W_OK)):
-            raise HpoError(f"hpo report: cannot write {page} ({'a directory' if page.is_dir() else 'not writable'} is "
-                           "there); move it, or give another directory with -o")  # fmt: skip
+            what = "a directory is there" if page.is_dir() else "a file this user may not write is there"
+            raise HpoError(f"hpo report: cannot write {page} ({what}); move it, or give another directory with -o")
     out = _directories(Path(args.output), Path(args.png) if args.png else None)
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
@@ -91,21 +91,28 @@ def _directories(output: Path, png: Path | None) -> Path:
     """The output directory made (where missing) and the --png one shown to be makeable before any page is written
     (made and removed again: it is made for good only where there is a figure); the first is removed again, if this
     made it, where the second cannot be made (a place only trying shows: /proc, a full or read-only disk)."""
-    made = not output.exists()
+    made = _missing(output)
     out = _directory("-o", output)
     if png is not None and not png.exists():
-        missing = [png, *(d for d in png.parents if not d.exists())]  # the deepest first
+        missing = _missing(png)
         try:
             _directory("--png", png)
         except HpoError:
-            if made:
-                with contextlib.suppress(OSError):
-                    output.rmdir()
+            _remove(made)
             raise
-        for directory in missing:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        _remove(missing)
     return out
+
+
+def _missing(path: Path) -> list[Path]:
+    """`path` and those of its parents that are not there, the deepest first (what making it makes)."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def _remove(made: list[Path]) -> None:
+    for directory in made:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def _directory(option: str, path: Path) -> Path:

@@ -11,6 +11,7 @@ from hpo.cli.common import (
     directory_blocker,
     open_storage,
     refuse_imported,
+    refuse_in_memory,
     runner_options,
     safe_url,
     tcp_port,
@@ -20,12 +21,9 @@ from hpo.errors import HpoError, NotFoundError
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from hpo.storage import current_revision, default_database_url, upgrade_database
-    from hpo.storage.engine import in_memory_sqlite
 
     url = args.db or default_database_url()
-    if in_memory_sqlite(url):  # the upgrade would succeed on a database that is gone when the command ends
-        raise HpoError(f"--db {url} is an in-memory SQLite database, which keeps nothing: give a file "
-                       "(sqlite:///path/to/hpo.db) or a PostgreSQL URL")  # fmt: skip
+    refuse_in_memory(url)  # the upgrade would succeed on a database that is gone when the command ends
     upgrade_database(url)  # makes a SQLite file's folder, or says why it cannot
     print(f"database {safe_url(url)} is at revision {current_revision(url)}")
     return 0
@@ -57,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
+    from search_spaces import shipped_preset
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
     _check_outage_bound(spec)
@@ -93,8 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             finished = existing.status is ExperimentStatus.FINISHED
             then = (f"`hpo status {spec.name}` and `hpo report {spec.name}` read it" if finished
                     else f"use `hpo resume {spec.name}` to finish it")  # fmt: skip
+            rename = (f"copy {spec.source} and change its `name:`" if shipped_preset(args.experiment) else
+                      f"change `name:` in {args.experiment}")  # fmt: skip
             raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or "
-                           f"change `name:` in {args.experiment}")  # fmt: skip
+                           f"{rename}")  # fmt: skip
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
     except BaseException:
         if runner is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpo.cli.common import open_storage, tcp_port
+from hpo.cli.common import open_storage, refuse_in_memory, tcp_port
 from hpo.errors import HpoError
 
 
@@ -21,6 +21,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValidationError as e:
         where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
         raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
+    refuse_in_memory(settings.database_url)
     serve(settings)
     return 0
 

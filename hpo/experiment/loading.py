@@ -16,16 +16,16 @@ from pydantic import BaseModel, ValidationError
 from hpo.errors import ExperimentFileError
 from hpo.experiment.checks import check_spec, check_trainer_key, check_trainer_value, did_you_mean, error_line
 from hpo.experiment.schema import ExperimentSpec
-from hpo.simulation.table import TABLES, shipped_table
+from hpo.simulation.table import IN_A_CHECKOUT, TABLES, shipped_table
 from search_spaces import shipped_preset
 from trainer.config import (
-    CONFIGS_DIR,
     ConfigError,
     DuplicateKeyError,
     config_from_dict,
     read_yaml,
     set_dotted,
     shipped_config,
+    shipped_config_names,
     yaml_error,
 )
 
@@ -33,13 +33,13 @@ from trainer.config import (
 def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSpec:
     """Read and validate an experiment file; errors name the file and the dotted field. `engine` validates it as
     if it said `engine: ENGINE` (the CLI's --engine)."""
-    path = shipped_preset(path) or Path(path)  # a bare preset name: the shipped file (`hpo presets` lists them)
+    bare = "/" not in str(path)  # a name, not a path: it may stand for a shipped preset (`hpo presets` lists them)
+    path = shipped_preset(path) or Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ExperimentFileError(
-            f"{path}: the experiment file does not exist, and no shipped preset is named so (`hpo presets` lists them)"
-        ) from None
+        preset = ", and no shipped preset is named so (`hpo presets` lists them)" if bare else ""
+        raise ExperimentFileError(f"{path}: the experiment file does not exist{preset}") from None
     except OSError as e:
         raise ExperimentFileError(f"{path}: cannot read the experiment file ({e.strerror})") from None
     except UnicodeDecodeError as e:
@@ -92,7 +92,7 @@ def _check_table_file(spec: ExperimentSpec, source: str) -> None:
     raise ExperimentFileError(
         f"{source}: runner.simulation.table: the curve table {simulation.table} {what} (a relative path is read "
         f"from the experiment file's directory); name a table shipped with hpo ({shipped}) or a JSON lines file "
-        "(`python -m bench.curves.generate` writes one, in a checkout of the project: bench/ is not installed)"
+        f"(`python -m bench.curves.generate` writes one {IN_A_CHECKOUT})"
     )
 
 
@@ -196,7 +196,7 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
             where = "" if Path(base_config).expanduser().is_absolute() else (
                 f" (a relative base_config is read from the experiment file's folder, {base_dir}: in a copy of the "
                 "file elsewhere, give the path from the copy's folder, an absolute one, or the name of a shipped "
-                f"trainer config: {', '.join(sorted(p.stem for p in CONFIGS_DIR.glob('*.yaml')))})")  # fmt: skip
+                f"trainer config: {shipped_config_names()})")  # fmt: skip
             raise ExperimentFileError(f"{source}: base_config: file {path} does not exist{where}") from None
         except UnicodeDecodeError as e:
             raise ExperimentFileError(f"{source}: base_config: {path}: {not_utf8(e)}") from None

@@ -225,8 +225,10 @@ def check_config_path(config_path: str) -> None:
         raise ExportError("the config path is empty: name the YAML file the torchrun command runs")
     bad = LINE_UNSAFE.search(config_path)
     if bad:
+        what = ("U+FFFD, what bytes that are not UTF-8 become," if bad.group() == "\ufffd" else
+                f"the control or line-break character {bad.group()!r}")  # fmt: skip
         raise ExportError(
-            f"config path {config_path!r} holds the control or line-break character {bad.group()!r} "
+            f"config path {config_path!r} holds {what} "
             f"(position {bad.start()}), which would break the exported file's `run:` line; name a file without "
             "control characters (`hpo export --config-path` / `-o`, or the API's config_path)"
         )

@@ -492,12 +492,14 @@ def _load_curves(storage: Storage, records: Sequence[TrialRecord], data: Experim
 
 def curve_of(number: int, arm: str, records: Sequence[MetricRecord]) -> Curve:
     """Evaluations (mlm_accuracy with the samples and time of the same step) and noise-scale points."""
-    by_step: dict[int, dict[str, float]] = {}
-    samples_at: dict[int, float] = {}
+    # A point per (step, samples): a simulated trial stored before its points had steps has them all at step 0
+    by_step: dict[tuple[int, int], dict[str, float]] = {}
+    samples_at: dict[tuple[int, int], float] = {}
     for r in records:
-        by_step.setdefault(r.step, {})[r.name] = r.value
+        step = (r.step, -1 if r.samples is None else r.samples)
+        by_step.setdefault(step, {})[r.name] = r.value
         if r.samples is not None:
-            samples_at[r.step] = float(r.samples)
+            samples_at[step] = float(r.samples)
     evals = [(samples_at.get(step), v.get("time_s"), v["mlm_accuracy"]) for step, v in sorted(by_step.items())
              if "mlm_accuracy" in v and math.isfinite(v["mlm_accuracy"])]  # fmt: skip
     evals = [(s, t if t is not None else math.nan, a) for s, t, a in evals if s is not None]

@@ -224,12 +224,14 @@ BAD_SPACES = [
     ("x.a: {choice: [u], when: {x.b: u}}\nx.b: {choice: [u], when: {x.a: u}}", "x.a", "cycle (x.a -> x.b -> x.a)"),
     ("'x a': {float: [0, 1]}", "x a", "not a dotted key"),
     ("x.a@: {float: [0, 1]}", "x.a@", "not a dotted key"),
+    ('"x.a\\n": {float: [0, 1]}', "x.a\n", "not a dotted key"),  # `$` lets a final newline by
     ("x.a@1: {float: [0, 1]}\nx.a@2: {float: [1, 2]}", "x.a@2", "same trainer key x.a"),
     ("x.a: {float: [0, 1]}\nx.a@2: {float: [1, 2]}", "x.a@2", "both are active together (always)"),
 ]
 
 
-@pytest.mark.parametrize(("text", "key", "message"), BAD_SPACES, ids=[m for _, _, m in BAD_SPACES])
+@pytest.mark.parametrize(("text", "key", "message"), BAD_SPACES,
+                         ids=[f"{i}-{m}" for i, (_, _, m) in enumerate(BAD_SPACES)])  # fmt: skip
 def test_malformed_spaces_name_the_key_and_the_problem(text, key, message):
     with pytest.raises(SearchSpaceError) as err:
         make_space(text)

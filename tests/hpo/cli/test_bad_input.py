@@ -237,7 +237,8 @@ def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
-@pytest.mark.parametrize("command", [["db", "upgrade"], ["status"], ["trials", "e"], ["run", "adam_vs_lamb_simulated"]])
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["status"], ["trials", "e"], ["run", "adam_vs_lamb_simulated"],
+                                     ["serve"]])  # fmt: skip
 def test_every_command_refuses_an_in_memory_database(tmp_path, capsys, monkeypatch, url, command):
     """`db upgrade` said "at revision None" of a database gone at exit; the others sent the user to `db upgrade`."""
     monkeypatch.chdir(tmp_path)
@@ -347,7 +348,7 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
     import hpo.engine.local as local
     from hpo.engine.liveness import controller_identity, liveness
 
-    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.2")  # a controller silent for 0.3 s counts as gone
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.4")  # a controller silent for 0.6 s counts as gone
     path = write(tmp_path / "exp.yaml", small_preset(name="starting"))
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     real_study, seen = local.Study, []
@@ -355,7 +356,7 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
     def slow_to_load(spec, storage, experiment_id, *args, **kwargs):
         for _ in range(3):
             seen.append(liveness(storage.get_experiment(experiment_id)))
-            time.sleep(0.3)
+            time.sleep(0.4)
         record = storage.get_experiment(experiment_id)
         seen.append((record.controller_host, record.controller_pid, liveness(record)))
         return real_study(spec, storage, experiment_id, *args, **kwargs)
@@ -370,7 +371,7 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
 
     monkeypatch.setattr(local, "Study", slow_to_load)
     monkeypatch.setattr(SqlStorage, "create_experiment", create_and_look)
-    assert liveness_module.stale_after_s() == pytest.approx(0.3)
+    assert liveness_module.stale_after_s() == pytest.approx(0.6)
     assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
     assert created == ["live"]
     assert seen == ["live", "live", "live", (*controller_identity(), "live")]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hpo.cli.main import main
+from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.report.data import NOISE_CHECKED_RATIO, NOISE_UNDEFINED_SHARE, big_batch, lower_bound_reason
 from hpo.report.html import experiment_report
@@ -149,14 +150,26 @@ def test_a_directory_where_a_page_would_go_is_named_before_any_page_is_written(t
     assert [p.name for p in (tmp_path / "html").iterdir()] == [page]  # no page written
 
 
-def test_a_png_directory_that_only_creating_it_shows_is_refused_before_any_page_is_written(tmp_path, capsys):
-    """/proc: a directory root may write by its mode bits, where nothing can be made."""
+def test_a_png_directory_that_only_creating_it_shows_is_refused_before_any_page_is_written(tmp_path, capsys,
+                                                                                            monkeypatch):  # fmt: skip
+    """A --png folder that passes the checks but cannot be made (/proc, a full or read-only disk: here the making
+    fails): refused before any page is written, and the -o folders this run made are removed again."""
+    import hpo.cli.report as report_cli
+
     storage, eid, url = make_experiment(tmp_path)
     add_trial(storage, eid, ADAMW, "reached")
-    html = tmp_path / "html"
-    assert main(["--db", url, "report", "edge", "-o", str(html), "--png", "/proc/hpo-report-figures"]) == 2
-    assert "hpo report --png /proc/hpo-report-figures: cannot be created" in capsys.readouterr().err
-    assert not html.exists()
+    real_directory = report_cli._directory
+
+    def png_fails(option, path):
+        if option == "--png":
+            raise HpoError(f"hpo report --png {path}: cannot be created (No space left on device)")
+        return real_directory(option, path)
+
+    monkeypatch.setattr(report_cli, "_directory", png_fails)
+    html = tmp_path / "a" / "b" / "html"
+    assert main(["--db", url, "report", "edge", "-o", str(html), "--png", str(tmp_path / "png")]) == 2
+    assert "--png" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "png").exists()
 
 
 # --------------------------------------------------------------------------- arms with nothing measured
@@ -368,3 +381,14 @@ def test_status_lists_an_experiment_whose_stored_spec_no_longer_validates_from_i
     listing = capsys.readouterr().out.splitlines()
     assert any(line.startswith("old ") and "0/3 tuning trials done, 0/2 confirmation runs" in line for line in listing)
     assert any(line.startswith("edge ") and "0/4 tuning trials done, 0/2 confirmation runs" in line for line in listing)
+
+
+def test_the_reports_curve_of_a_trial_whose_points_are_all_at_step_0_has_a_point_per_sample_count():
+    """A simulated trial stored by an earlier version kept every point at step 0: its samples tell them apart."""
+    from hpo.report.data import curve_of
+
+    records = [MetricRecord(1, 0, s, "mlm_accuracy", a, None) for s, a in ((256, 0.05), (512, 0.08), (1024, 0.13))]
+    records += [MetricRecord(1, 0, s, "noise_scale", n, None) for s, n in ((256, 90.0), (1024, 120.0))]
+    curve = curve_of(3, "optimizer.name=lamb", records)
+    assert curve.eval_samples == (256.0, 512.0, 1024.0) and curve.mlm_accuracy == (0.05, 0.08, 0.13)
+    assert curve.noise_samples == (256.0, 1024.0) and curve.noise_scale == (90.0, 120.0)
