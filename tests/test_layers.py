@@ -53,14 +53,17 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
-    """Project module -> the project modules it imports (anywhere in its file)."""
+def import_graph(root: Path, packages: tuple[str, ...], when_imported: bool = False) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (anywhere in its file). `when_imported`: only what runs
+    when the module is imported (not the imports inside its functions), and the packages that importing those runs
+    first (see `with_packages`)."""
     modules = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in _run_on_import(tree) if when_imported else ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -71,6 +74,26 @@ def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
                 targets.add(base)
                 targets.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
         graph[name] = {t for t in targets if t in modules and t != name}
+    return with_packages(graph) if when_imported else graph
+
+
+def _run_on_import(tree: ast.AST):
+    """The nodes of a module that run when it is imported: all but the bodies of its functions."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def with_packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Importing a.b.c runs the packages a and a.b first (their __init__), unless they are the importing module's
+    own (those are being imported already when it runs): a package whose __init__ imports modules of the project is
+    a step of the path too."""
+    for name, imported in graph.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        parents = {".".join(t.split(".")[:i]) for t in imported for i in range(1, t.count(".") + 1)}
+        imported |= {p for p in parents - own if graph.get(p) and p != name}
     return graph
 
 
@@ -103,6 +126,14 @@ def _within(module: str, prefix: str) -> bool:
 
 def test_no_module_imports_itself_through_others():
     cycle = find_cycle(import_graph(ROOT, PACKAGES))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_imports_first_without_a_cycle_through_a_package():
+    """What runs when a module is imported, packages' __init__ included: a cycle there fails the import of the
+    module that starts it (`import hpo.nni.config` failed on hpo.nni.config -> hpo.experiment, the package, whose
+    checks import hpo.nni.config; only the order in which other modules imported them hid it)."""
+    cycle = find_cycle(import_graph(ROOT, PACKAGES, when_imported=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 

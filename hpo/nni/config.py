@@ -42,8 +42,9 @@ from typing import Any
 
 import hpo
 from hpo.errors import ExperimentFileError, ResourceError
-from hpo.experiment.arms import ArmPlan
 from search_spaces.nni import to_nni
+
+# `plan` below is an hpo.experiment.arms.ArmPlan, not imported: hpo.experiment's checks import this module
 
 NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")
 # NNI built-in tuner name of each of our tuner names (nni_smac is a custom tuner).
@@ -129,7 +130,7 @@ def database_url_file(run_dir: Path) -> Path:
 
 
 def nni_experiment_config(
-    spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool, restart: int = 0
+    spec: Any, plan: Any, run_dir: Path, command: str, code_dir: Path, on_gpu: bool, restart: int = 0
 ) -> dict[str, Any]:
     """NNI's experiment config (the camelCase mapping `nni.experiment.ExperimentConfig(**config)` takes).
     `restart` counts the arm's earlier NNI experiments (a resume): its tuner gets another seed, so that it does
@@ -189,7 +190,7 @@ def confirmation_search_space(params: Mapping[str, Any], seeds: Sequence[int]) -
     return space
 
 
-def confirmation_experiment_config(spec: Any, plan: ArmPlan, run_dir: Path, command: str, code_dir: Path, on_gpu: bool,
+def confirmation_experiment_config(spec: Any, plan: Any, run_dir: Path, command: str, code_dir: Path, on_gpu: bool,
                                    params: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:  # fmt: skip
     """NNI's experiment config of one arm's confirmation round: the arm's trial command, resources and time limit
     (`nni_experiment_config`), the configuration and the seeds as its space (`confirmation_search_space`), NNI's
@@ -247,7 +248,7 @@ def check_remote(spec: Any, db_url: str) -> None:
 RESTART_SEED_STEP = 7919  # a resumed arm's tuner seed: seed + arm + this * restart (never another arm's seed)
 
 
-def _tuner(spec: Any, plan: ArmPlan, run_dir: Path, restart: int = 0) -> dict[str, Any]:
+def _tuner(spec: Any, plan: Any, run_dir: Path, restart: int = 0) -> dict[str, Any]:
     name, options = spec.tuner.name, spec.tuner.options
     seed = spec.tuner.seed + plan.index + RESTART_SEED_STEP * restart
     if name == "nni_smac":
