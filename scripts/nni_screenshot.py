@@ -1,7 +1,8 @@
 """Screenshot an engine: nni experiment's NNI web UI with headless Chromium (Debian's `chromium`, installed by
 `make system-deps`), for the README.
 
-    python scripts/nni_screenshot.py NAME [--db URL] [--page oview] [--out docs/img/nni_webui.png]
+    python scripts/nni_screenshot.py NAME [--db URL] [--page oview] [--arm N | --nni-experiment ID]
+        [--out docs/img/nni_webui.png]
 
 It reopens the experiment's web UI in view mode (like `hpo webui NAME`), waits until the page has rendered,
 saves the screenshot, and closes the web UI again if it was not open before.
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="the experiment (it must have run under engine: nni)")
     parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
     parser.add_argument("--page", choices=PAGES, default="oview", help="the web UI page (default oview)")
-    parser.add_argument("--arm", type=int, default=0, help="which arm's NNI experiment (default 0)")
+    parser.add_argument("--arm", type=int, default=0, help="which arm's NNI experiment (default 0: its latest)")
+    parser.add_argument("--nni-experiment", metavar="ID", help="the NNI experiment by its id (e.g. hpo1-arm1-r1, an "
+                                                                "arm's tuning), instead of --arm's latest")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/img/nni_webui.png"), help="the PNG to write")
     parser.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
     parser.add_argument("--wait-ms", type=int, default=15000, help="virtual time for the page to render")
@@ -52,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     was_open = any(is_answering(e) for e in load_experiments(run_dir))
     experiments = view(run_dir)
     try:
-        experiment = [e for e in experiments if e.arm == args.arm][-1]  # the arm's latest run (after a resume)
+        if args.nni_experiment:
+            ids = [e.nni_id for e in experiments]
+            if args.nni_experiment not in ids:
+                raise SystemExit(f"error: --nni-experiment {args.nni_experiment}: not one of {', '.join(ids)}")
+            experiment = experiments[ids.index(args.nni_experiment)]
+        else:
+            experiment = [e for e in experiments if e.arm == args.arm][-1]  # the arm's latest run (after a resume)
         width, height = (int(v) for v in args.size.split("x"))
         screenshot(f"http://127.0.0.1:{experiment.port}/{args.page}", args.out, width, height, args.wait_ms)
     finally:
