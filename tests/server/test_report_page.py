@@ -97,12 +97,11 @@ def test_a_table_of_long_arm_labels_fits_the_window_and_a_wider_one_scrolls_insi
     labels = [f"optimizer.name={o},batch.global_batch_size={b},clipping.strategy=bucketwise"
               for o in ("adamw", "lamb") for b in (32, 128)]  # fmt: skip
     rows = [tagged(label, label, [(f"f{i}", f"{1234567 * (i + 1):,}") for i in range(6)]) for label in labels]
-    fits = tmp_path / "fits.html"
-    fits.write_text(page("fits", html_table(["arm", *(f"field {i}" for i in range(6))], rows)))
-    assert report_screenshot.render(fits.as_uri(), width=900).width == 900
-    wide = tmp_path / "wide.html"  # 40 columns of numbers: no break helps
-    wide.write_text(page("wide", html_table([f"field {i}" for i in range(40)], ["<td>1,234,567</td>" * 40])))
-    assert report_screenshot.render(wide.as_uri(), width=900).width == 900
+    labelled = html_table(["arm", *(f"field {i}" for i in range(6))], rows)
+    wide = html_table([f"field {i}" for i in range(40)], ["<td>1,234,567</td>" * 40])  # no break helps 40 numbers
+    path = tmp_path / "tables.html"
+    path.write_text(page("tables", labelled + wide))
+    assert report_screenshot.render(path.as_uri(), width=900).width == 900
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason=NO_CHROMIUM)

@@ -254,8 +254,9 @@ def test_an_empty_file_is_a_new_database_to_a_command_that_writes(tmp_path, caps
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     assert main(["--db", url, "status"]) == 2  # a read: nothing is written, and it says what is missing
     assert "has no hpo tables yet" in capsys.readouterr().err and (tmp_path / "hpo.db").stat().st_size == 0
-    assert main(["--db", url, "run", "adam_vs_lamb_simulated", "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
-    assert main(["--db", url, "status", "adam_vs_lamb_simulated"]) == 0
+    path = write(tmp_path / "exp.yaml", small_preset(name="touched"))
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert main(["--db", url, "status", "touched"]) == 0
     assert "finished" in capsys.readouterr().out
 
 
