@@ -566,7 +566,8 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
     back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
     listing = "".join(f"<li><a href='{escape(link(d.name))}'>{escape(d.name)}</a> — {escape(d.liveness)}; "
                       f"{escape(d.verdict.line if d.verdict else 'no arms')}</li>" for d in experiments)  # fmt: skip
-    body = (f"{back}<h1>Comparing {len(experiments)} experiments</h1><ul>{listing}</ul>"
+    heading = f"Comparing {len(experiments)} experiments" if len(experiments) != 1 else "Batch sizes of one experiment"
+    body = (f"{back}<h1>{escape(heading)}</h1><ul>{listing}</ul>"
             + scaling_notes(experiments) + scaling_table(points)
             + (img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
                if points else "<p>No arm has a best trial yet.</p>")

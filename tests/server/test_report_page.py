@@ -68,6 +68,7 @@ def test_report_endpoints_answer_404_and_422_for_bad_names(report_server):
         compare = api.get("/reports/compare", params={"name": [EXPERIMENT]}, timeout=60)
         assert compare.status_code == 200
         assert f"href='/api/v1/experiments/{EXPERIMENT}/report'" in compare.text
+        assert "<h1>Batch sizes of one experiment</h1>" in compare.text  # not "Comparing 1 experiments"
 
 
 def test_trial_curve_from_the_api_carries_the_noise_scale(report_server):
