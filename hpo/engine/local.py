@@ -251,9 +251,8 @@ def next_commands(database_url: str | None) -> tuple[str, str]:
 
     python = Path(sys.executable).absolute()  # not resolved: a virtualenv's python is a link to the system's
     found = {name: shutil.which(name) for name in ("python", "hpo")}
-    on_path = found["python"] and Path(found["python"]).absolute() == python and found["hpo"] and (
-        Path(found["hpo"]).absolute() == python.parent / "hpo"
-    )  # fmt: skip
+    # `python` and `hpo` on the PATH are this environment's (its bin/ folder; sys.executable may be python3.11)
+    on_path = all(path and Path(path).absolute().parent == python.parent for path in found.values())
     here = shlex.quote(os.path.relpath(python) if python.is_relative_to(Path.cwd()) else str(python))
     python, hpo = ("python", "hpo") if on_path else (here, f"{here} -m hpo")
     if database_url and absolute_database_url(database_url) != absolute_database_url(default_database_url()):
