@@ -44,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
     parser.add_argument("--page", choices=PAGES, default="oview", help="the web UI page (default oview)")
     parser.add_argument("--arm", type=int, default=0, help="which arm's NNI experiment (default 0: its latest)")
-    parser.add_argument("--nni-experiment", metavar="ID", help="the NNI experiment by its id (e.g. hpo1-arm1-r1, an "
+    parser.add_argument("--nni-experiment", metavar="ID", help="the NNI experiment by its id (e.g. hpo1-arm1, an "
                                                                 "arm's tuning), instead of --arm's latest")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/img/nni_webui.png"), help="the PNG to write")
-    parser.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
+    parser.add_argument("--size", default="1920x1080", help="window size WIDTHxHEIGHT (default 1920x1080)")
     parser.add_argument("--wait-ms", type=int, default=15000, help="virtual time for the page to render")
     args = parser.parse_args(argv)
     record = open_storage(args.db, read_only=True).get_experiment_by_name(args.name)
