@@ -82,7 +82,12 @@ def experiment_report(record: ExperimentDep, storage: StorageDep, settings: Sett
     return HTMLResponse(page)
 
 
-@router.get("/reports/compare", response_class=HTMLResponse, responses={200: HTML})
+NOTHING_TO_COMPARE = {  # the 422 of a form sent with nothing ticked is a page; other 422s stay JSON
+    422: {**JSON_ERROR_RESPONSES[422], "content": {**JSON_ERROR_RESPONSES[422]["content"], "text/html": {}}}
+}
+
+
+@router.get("/reports/compare", response_class=HTMLResponse, responses={200: HTML, **NOTHING_TO_COMPARE})
 def compare_report(
     storage: StorageDep,
     name: Annotated[
