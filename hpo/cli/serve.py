@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpo.cli.common import open_storage, refuse_in_memory, tcp_port
+from hpo.cli.common import open_storage, refuse_in_memory, safe_url, tcp_port
 from hpo.errors import HpoError
 
 
@@ -22,8 +22,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
         raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
     refuse_in_memory(settings.database_url)
+    check_database_url(settings.database_url)
     serve(settings)
     return 0
+
+
+def check_database_url(url: str) -> None:
+    """Refuse, before the server starts, a database URL no request could use: one that does not parse or names no
+    driver there is, a folder, a file that is not SQLite. A database that is away, or a SQLite file not made yet (an
+    API started before the first experiment), is not refused: requests answer 503 until it is there."""
+    import sys
+
+    from hpo.errors import BadDatabaseError
+    from hpo.storage.engine import create_storage_engine, sqlite_file
+
+    create_storage_engine(url, read_only=True).dispose()  # parses the URL and loads its driver; connects to nothing
+    path, shown = sqlite_file(url), safe_url(url)
+    if path is None:
+        return
+    if path.is_dir():
+        raise BadDatabaseError(f"the database URL {shown} names {path}, a folder: name the SQLite file in it (hpo.db)")
+    if not path.exists():
+        print(f"note: there is no database at {path} yet; requests answer 503 until an experiment (or `hpo db "
+              "upgrade`) makes it", file=sys.stderr)  # fmt: skip
+        return
+    try:
+        with path.open("rb") as file:
+            header = file.read(16)
+    except OSError as e:
+        raise BadDatabaseError(f"the database URL {shown} names {path}, which cannot be read ({e.strerror})") from None
+    if header and header != b"SQLite format 3\x00":
+        raise BadDatabaseError(f"the database URL {shown} names {path}, which is not a SQLite database: check --db "
+                               "(or HPO_DATABASE_URL)")  # fmt: skip
 
 
 def cmd_webui(args: argparse.Namespace) -> int:

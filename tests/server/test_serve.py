@@ -41,3 +41,22 @@ def test_a_port_in_use_is_named_with_the_fix_and_exit_code_2(tmp_path: Path):
     assert result.returncode == 2, result.stderr  # hpo's exit code for bad input (hpo/cli/main.py)
     assert f"error: port {port} is in use on 127.0.0.1" in result.stderr and "--port" in result.stderr
     assert "Traceback" not in result.stderr and "serving" not in result.stdout
+
+
+def test_a_database_url_no_request_could_use_is_refused_before_the_server_starts(tmp_path: Path, capsys):
+    """It started, and answered every request with a 503 and Retry-After, as if the database were only away."""
+    from hpo.cli.main import main
+
+    (tmp_path / "notes.db").write_text("not a database\n")
+    cases = {"notaurl": "cannot use the database URL <unparsable database URL>",
+             "mysql://user@host/db": "cannot use the database URL mysql://user@host/db: No module named",
+             f"sqlite:///{tmp_path}": f"names {tmp_path}, a folder: name the SQLite file in it",
+             f"sqlite:///{tmp_path / 'notes.db'}": "which is not a SQLite database"}  # fmt: skip
+    with socket.socket() as taken:  # were the URL let by, the server would stop at once on this port, in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for url, says in cases.items():
+            assert main(["--db", url, "serve", "--port", str(taken.getsockname()[1])]) == 2, url
+            err = capsys.readouterr().err
+            assert says in err and "is in use" not in err, (url, err)  # refused before the port is tried
+    assert (tmp_path / "notes.db").read_text() == "not a database\n"
