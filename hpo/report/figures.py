@@ -385,7 +385,8 @@ def scaling_figure(points: Sequence[ScalingPoint], fits: dict[str, BatchScaling]
                  transform=stt.transAxes)  # fmt: skip
     stt.set_xlabel("global batch size")
     stt.set_ylabel("samples to target (mean over the runs that reached it)")
-    _miss_strip(stt)
+    if any(p.evidence.mean is None for p in points):  # the strip of the sizes where every run missed
+        _miss_strip(stt)
     noise.set_xlabel("global batch size")
     noise.set_ylabel("noise scale B_simple (median; bar: min to max)")
     for ax in (stt, noise):

@@ -394,6 +394,13 @@ def test_comparison_page_draws_and_tabulates_the_fit_of_each_optimizer(report_db
         fig = figures.scaling_figure(unmeasured, fits)
     assert fig.axes[1].get_legend() is None and fig.axes[0].get_legend() is not None
 
+    def labels(fig) -> list[str]:
+        return [t.get_text().strip() for t in fig.axes[0].texts]
+
+    assert "missed" not in labels(fig)  # a miss among hits is in the hit count (3/4), not on the strip
+    all_missed = dataclasses.replace(points[0], evidence=summarize(ArmRuns(points[0].arm, (None, None), 10**6)))
+    assert "missed" in labels(figures.scaling_figure([all_missed, *points[1:]], fits))
+
 
 def test_report_of_an_unknown_experiment_exits_2_and_writes_nothing(report_db, tmp_path, capsys):
     assert main(["--db", report_db, "report", EXPERIMENT, "nope", "-o", str(tmp_path / "out")]) == 2
