@@ -155,5 +155,6 @@ def test_a_zero_length_row_is_refused_before_any_other_check(mixed_samples):
 
 def test_rows_longer_than_the_position_table_are_refused(mixed_samples):
     first_too_long = int(np.flatnonzero(mixed_samples.lengths > 40)[0])
-    with pytest.raises(DataError, match=rf"'input_mask', row {first_too_long}, column 40 .*embeddings = 40"):
+    with pytest.raises(DataError, match=rf"'input_mask', row {first_too_long}, column 40 .*embeddings = 40") as err:
         check_rows(mixed_samples, Path("x.h5"), make_model_config(max_position_embeddings=40))
+    assert "cut the rows to it (data.max_seq_length=40)" in str(err.value)  # the option made for it

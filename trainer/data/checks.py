@@ -67,7 +67,8 @@ def check_rows(samples: PretrainingSamples, path: Path, model: ModelConfig) -> N
         (samples.input_mask > 0) & beyond_table,
         path,
         f"a valid token at or past model.max_position_embeddings = {model.max_position_embeddings}",
-        "raise model.max_position_embeddings or prepare shorter sequences",
+        f"raise model.max_position_embeddings, cut the rows to it (data.max_seq_length="
+        f"{model.max_position_embeddings}), or prepare shorter sequences",
     )
     _refuse_rows(
         samples,
