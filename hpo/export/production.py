@@ -211,6 +211,15 @@ def warnings_for(origin: Provenance) -> tuple[str, ...]:
     return tuple(warnings)
 
 
+def device_warning(config: dict[str, Any], ranks: int) -> tuple[str, ...]:
+    """A config for several ranks that trains on the CPU (a CPU experiment's base config): said, as it is seldom
+    what an export for GPUs means."""
+    if ranks == 1 or config.get("device") != "cpu":
+        return ()
+    return (f"the config trains on device cpu (from the experiment's base config), so its {ranks} ranks are CPU "
+            "processes; set device: cuda (or auto) to train on GPUs",)  # fmt: skip
+
+
 # ASCII only: the API sends a warning as the X-HPO-Warning header too.
 SIMULATED = (
     "experiment {experiment} ran on the simulated runner: no training happened; its objective, samples to target "
@@ -280,7 +289,7 @@ def render(
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
     config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
     origin = provenance(record, spec, trial, config)
-    warnings = warnings_for(origin)
+    warnings = warnings_for(origin) + device_warning(config, nodes * gpus_per_node)
     if fmt == "json":
         body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}
         text = json.dumps(body, indent=2) + "\n"

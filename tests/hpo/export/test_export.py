@@ -170,6 +170,17 @@ def test_json_and_torchrun_formats(tmp_path):
         render(record, trial, "xml")
 
 
+def test_an_export_for_several_ranks_of_a_cpu_config_says_it_trains_on_the_cpu(tmp_path):
+    record, trial = make_record(tmp_path), make_trial()
+    assert render(record, trial, "yaml").warnings == ()  # one rank: as the experiment ran
+    exported = render(record, trial, "yaml", nodes=2, gpus_per_node=4)
+    assert exported.warnings == ("the config trains on device cpu (from the experiment's base config), so its 8 ranks "
+                                 "are CPU processes; set device: cuda (or auto) to train on GPUs",)  # fmt: skip
+    assert f"# WARNING: {exported.warnings[0]}" in exported.text.splitlines() and exported.warnings[0].isascii()
+    gpu = make_record(tmp_path, overrides={**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "device": "auto"})
+    assert render(gpu, trial, "yaml", nodes=2, gpus_per_node=4).warnings == ()
+
+
 def test_torchrun_command_for_several_nodes():
     line = torchrun_command("best.yaml", nodes=4, gpus_per_node=8, run_id="adam_vs_lamb")
     assert line.startswith("torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ")
