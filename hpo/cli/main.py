@@ -66,12 +66,23 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
-    parser.add_argument("--version", action="version", version=f"hpo {installed_version()}")
+    parser.add_argument("--version", action=VersionAction, help="print hpo's version and exit")
     parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(sub)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the distribution's metadata is read only when asked for (it costs 25 ms of every command)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"hpo {installed_version()}")
+        parser.exit()
 
 
 def installed_version() -> str:
