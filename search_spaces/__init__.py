@@ -47,5 +47,5 @@ def shipped_preset(path: str | Path) -> Path | None:
     of that name is at hand; None for anything else (a path with a folder in it, an existing file, no such preset)."""
     if "/" in str(path) or Path(path).exists():  # `./name` is a path, and a file at hand comes first
         return None
-    name = str(path).removesuffix(".yaml")
-    return PRESETS_DIR / f"{name}.yaml" if name in list_presets() else None
+    found = PRESETS_DIR / f"{str(path).removesuffix('.yaml')}.yaml"
+    return found if found.is_file() else None

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from hpo.evidence.verdict import Verdict, verdict_lines
 from hpo.export.production import reached_target
-from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord
+from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord, curve_point
 from hpo.trials import TrialState
 
 # Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
@@ -346,10 +346,9 @@ class CurvePublic(BaseModel):
 
     @classmethod
     def from_records(cls, experiment: str, trial: int, records: list[MetricRecord]) -> CurvePublic:
-        # A point per (step, samples): a simulated trial stored before its points had steps has them all at step 0
         by_step: dict[tuple[int, int], MetricPointPublic] = {}
         for record in records:
-            key = (record.step, -1 if record.samples is None else record.samples)
+            key = curve_point(record)
             point = by_step.get(key)
             if point is None:
                 point = by_step[key] = MetricPointPublic(

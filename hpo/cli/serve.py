@@ -34,7 +34,7 @@ def check_database_url(url: str) -> None:
     import sys
 
     from hpo.errors import BadDatabaseError
-    from hpo.storage.engine import create_storage_engine, sqlite_file
+    from hpo.storage.engine import SQLITE_MAGIC, create_storage_engine, sqlite_file
 
     create_storage_engine(url, read_only=True).dispose()  # parses the URL and loads its driver; connects to nothing
     path, shown = sqlite_file(url), safe_url(url)
@@ -51,7 +51,7 @@ def check_database_url(url: str) -> None:
             header = file.read(16)
     except OSError as e:
         raise BadDatabaseError(f"the database URL {shown} names {path}, which cannot be read ({e.strerror})") from None
-    if header and header != b"SQLite format 3\x00":
+    if header and header != SQLITE_MAGIC:
         raise BadDatabaseError(f"the database URL {shown} names {path}, which is not a SQLite database: check --db "
                                "(or HPO_DATABASE_URL)")  # fmt: skip
 

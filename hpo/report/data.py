@@ -57,7 +57,7 @@ from hpo.experiment.arms import arm_label, arms, params_key
 from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
-from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord
+from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord, curve_point
 from hpo.storage.noise import NOISE_METRICS, LateNoise, late_noise_of
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -492,11 +492,10 @@ def _load_curves(storage: Storage, records: Sequence[TrialRecord], data: Experim
 
 def curve_of(number: int, arm: str, records: Sequence[MetricRecord]) -> Curve:
     """Evaluations (mlm_accuracy with the samples and time of the same step) and noise-scale points."""
-    # A point per (step, samples): a simulated trial stored before its points had steps has them all at step 0
     by_step: dict[tuple[int, int], dict[str, float]] = {}
     samples_at: dict[tuple[int, int], float] = {}
     for r in records:
-        step = (r.step, -1 if r.samples is None else r.samples)
+        step = curve_point(r)
         by_step.setdefault(step, {})[r.name] = r.value
         if r.samples is not None:
             samples_at[step] = float(r.samples)

@@ -174,6 +174,12 @@ class MetricRecord(NamedTuple):
     created_at: datetime | None  # None only from get_experiment_metrics(..., times=False)
 
 
+def curve_point(record: MetricRecord) -> tuple[int, int]:
+    """The point of a trial's curve a record belongs to: its step and sample count (a simulated trial stored before
+    its points had steps has them all at step 0, told apart by their samples; -1 for no sample count)."""
+    return record.step, -1 if record.samples is None else record.samples
+
+
 class Storage(abc.ABC):
     """Where experiments, their trials and the trials' learning curves live. The contract every backend keeps:
 

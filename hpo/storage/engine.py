@@ -47,6 +47,7 @@ DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
 DEFAULT_HOME = ".hpo"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite file
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long a connection attempt may take
 DEAD_CONNECTION_S = 18  # PostgreSQL: how long a connection may go unanswered before it counts as lost
 PING_AFTER_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle this long is pinged before it is handed out
@@ -196,7 +197,7 @@ def _unwritable_and_closed(database: str | None) -> bool:
             header = file.read(20)
     except OSError:
         return False
-    return header[:16] == b"SQLite format 3\x00" and header[18:20] == b"\x02\x02"
+    return header[:16] == SQLITE_MAGIC and header[18:20] == b"\x02\x02"
 
 
 def _configure_sqlite_connection(dbapi_connection: Any, _record: Any, journal: bool = True) -> None:
