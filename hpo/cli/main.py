@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class VersionAction(argparse.Action):
-    """`--version`: the distribution's metadata is read only when asked for (it costs 25 ms of every command)."""
+    """`--version`: the distribution's metadata is read only when asked for, not at every command's start."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
