@@ -104,23 +104,34 @@ class ProgressView:
                 best = self.storage.best_per_arm(self.experiment_id) or self._overall()
                 note = self.storage.get_experiment(self.experiment_id).controller_note or ""
         except StorageError:
-            away = self.storage.unreachable_for()
-            if away is not None:
-                self._away_s = away
-                self._show(self.outage_line(away), final)
+            self._show_outage(final)
             return  # busy or away for a moment: the next tick tries again
-        if self._away_s is not None:
-            self.console.print(f"database reachable again (it was away for at least {self._away_s:.0f} s)")
-            self._away_s = None
         for trial in sorted((t for t in finished if t.number not in self._seen), key=lambda t: t.number):
             self._seen.add(trial.number)
             self.console.print(describe_trial(trial))
         while self._below in self._seen:
             self._below += 1
+        if self._show_outage(final):  # the reads answered, the writes do not: an SQLite file another writer locks
+            return
+        if self._away_s is not None:
+            self.console.print(f"database reachable again (it was away for at least {self._away_s:.0f} s)")
+            self._away_s = None
         self._show(self.status_line(counts, best, note, final), final, best)
+
+    def _show_outage(self, final: bool) -> bool:
+        """The outage line, while some call of this process finds the database unreachable; whether it showed."""
+        away = self.storage.unreachable_for()
+        if away is None:
+            return False
+        self._away_s = away
+        self._show(self.outage_line(away), final)
+        return True
 
     def outage_line(self, away_s: float) -> str:
         """The status line while the database is away."""
+        if self.outage_s and away_s >= self.outage_s:  # running trials train on; the next write ends the run
+            return (f"database unreachable for {away_s:.0f} s, past the {self.outage_s:g} s the controller waits "
+                    "(database.outage_s): it stops at its next write")  # fmt: skip
         bound = f" (the controller waits up to {self.outage_s:g} s: database.outage_s)" if self.outage_s else ""
         return f"database unreachable for {away_s:.0f} s, retrying{bound}"
 

@@ -103,36 +103,46 @@ def as_replay() -> Iterator[None]:
 
 
 class Outage:
-    """Since when the database has been unreachable, shared by every thread of one storage (thread-safe)."""
+    """Since when the database has been unreachable, for writes and for reads apart, shared by every thread of one
+    storage (thread-safe). A write that gets through ends both; a read that answers ends only an outage of reads: an
+    SQLite file that another writer keeps locked still answers reads (WAL), and those answers must not restart the
+    clock of the writes that wait for it."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._since: float | None = None
+        self._since: dict[bool, float] = {}  # write? -> when the first try that failed began
         self._lock = threading.Lock()
 
-    def failed(self, started: float) -> float:
-        """A try that began at `started` (clock seconds) failed: how long the database has now been unreachable."""
+    def failed(self, started: float, write: bool = True) -> float:
+        """A try (a write, or only reads) that began at `started` (clock seconds) failed: how long the database
+        has now been unreachable for such calls."""
         with self._lock:
-            if self._since is None:
-                self._since = started
-            return self._clock() - self._since
+            since = self._since.setdefault(write, started)
+        return self._clock() - since
 
-    def ended(self) -> None:
-        """The database answered."""
+    def ended(self, write: bool = True) -> None:
+        """The database answered a write (every outage is over) or a read (an outage of reads is)."""
         with self._lock:
-            self._since = None
+            if write:
+                self._since.clear()
+            else:
+                self._since.pop(False, None)
 
     def unreachable_for(self) -> float | None:
-        """Seconds since the outage began, or None when the database answered last."""
-        since = self._since
+        """Seconds since the longest outage began, or None when the database answered every kind of call last."""
+        with self._lock:
+            since = min(self._since.values(), default=None)
         return None if since is None else self._clock() - since
 
 
 def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: random.Random,
                     stop: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic) -> T:  # fmt: skip
+                    clock: Callable[[], float] = time.monotonic,
+                    wrote: Callable[[], bool] = lambda: True) -> T:  # fmt: skip
     """`call()`, run again after each DatabaseUnavailableError until the database has been unreachable for
-    `bound_s` (see the module docstring); `stop()` returns a reason to give up early, or None."""
+    `bound_s` (see the module docstring); `stop()` returns a reason to give up early, or None. `wrote()`, asked
+    after each try, says whether that try wrote (or tried to): a try that only read neither starts nor ends an
+    outage of writes."""
     pauses = backoff(rng)
     replay = False
     while True:
@@ -144,7 +154,7 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
             else:
                 result = call()
         except DatabaseUnavailableError as exc:
-            waited = outage.failed(started)
+            waited = outage.failed(started, wrote())
             if bound_s <= 0 or not _may_wait():
                 raise
             if waited >= bound_s:
@@ -156,9 +166,9 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
             replay = True
             continue
         except StorageError:
-            outage.ended()  # the database answered, with a refusal
+            outage.ended(wrote())  # the database answered, with a refusal
             raise
-        outage.ended()
+        outage.ended(wrote())
         return result
 
 

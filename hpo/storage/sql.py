@@ -25,7 +25,6 @@ import contextlib
 import functools
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,7 +39,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from hpo.errors import ControllerBusyError, NotFoundError, StorageError, TrialClosedError
@@ -56,7 +55,6 @@ from hpo.storage.engine import (
     WRITE_OPTION,
     create_storage_engine,
     default_database_url,
-    is_locked_error,
     safe_url,
     storage_error,
 )
@@ -68,8 +66,6 @@ from hpo.storage.sql_reads import TrialReads
 from hpo.storage.statements import (
     _UNFINISHED,
     DEFINITION_KEYS,
-    LOCK_BACKOFF_S,
-    LOCK_RETRIES,
     REQUEUE_REASON,
     _as_stored,
     _count_change,
@@ -107,6 +103,7 @@ class SqlStorage(TrialReads, Storage):
         self._rng = random.Random()  # jitter: differs between processes on purpose
         self._stop_waiting: Callable[[], str | None] = lambda: None
         self._stamps = threading.local()  # the creation time a create's first try stamped, for its retries
+        self._writes = threading.local()  # `count`: the write transactions this thread began (hpo.storage.retry)
         if upgrade:
             upgrade_database(self.url)
         # read_only: a SQLite file stays as it was; one_shot: a command's reads, over in moments (never a server's);
@@ -156,8 +153,19 @@ class SqlStorage(TrialReads, Storage):
         return self._stamps.kept[1]
 
     def _retry(self, call: Callable[[], Any]) -> Any:
-        """`call()` under the retry of hpo.storage.retry (this storage's bound, outage clock and stop)."""
-        return call_with_retry(call, self._outage, self.outage_s, self._rng, self._stop_waiting)
+        """`call()` under the retry of hpo.storage.retry (this storage's bound, outage clock and stop); a try that
+        began a write transaction counts as a write, one that only read as a read."""
+        began = [0]
+
+        def attempt() -> Any:
+            began[0] = self._write_count()
+            return call()
+
+        return call_with_retry(attempt, self._outage, self.outage_s, self._rng, self._stop_waiting,
+                               wrote=lambda: self._write_count() > began[0])  # fmt: skip
+
+    def _write_count(self) -> int:
+        return getattr(self._writes, "count", 0)
 
     # -- the session helper --------------------------------------------------------------------------------
 
@@ -166,9 +174,11 @@ class SqlStorage(TrialReads, Storage):
         """One transaction: committed when the block succeeds, rolled back otherwise.
 
         Database errors leave as StorageError naming the database (password hidden); `write=True` takes
-        SQLite's write lock when the block starts, retrying with backoff while the database is locked.
+        SQLite's write lock when the block starts, waiting up to its busy timeout for it.
         """
         session = Session(self._write_engine if write else self._read_engine, expire_on_commit=False)
+        if write:
+            self._writes.count = self._write_count() + 1
         try:
             self._begin(session)
             yield session
@@ -183,16 +193,10 @@ class SqlStorage(TrialReads, Storage):
     @staticmethod
     def _begin(session: Session) -> None:
         # Starting the transaction here (not at the first statement) means the only place SQLite can report
-        # "database is locked" is this call, which is safe to repeat: nothing has happened yet.
-        for attempt in range(LOCK_RETRIES):
-            try:
-                session.connection()
-                return
-            except OperationalError as exc:
-                if not is_locked_error(exc) or attempt == LOCK_RETRIES - 1:
-                    raise
-                session.close()
-                time.sleep(LOCK_BACKOFF_S * 2**attempt)
+        # "database is locked" is this call, which is safe to repeat: nothing has happened yet. It is tried once,
+        # after SQLite's busy timeout: longer waits are the retry's (hpo/storage/retry.py), counted against
+        # database.outage_s and shown on the progress line.
+        session.connection()
 
     def _rows(self, statement: Select, params: dict[str, Any]) -> list:
         """The rows of one read-only statement, on a pooled connection without a Session: a Session's own set-up and

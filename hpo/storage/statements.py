@@ -39,10 +39,6 @@ from hpo.storage.models import ExperimentModel, TrialMetricModel, TrialModel
 from hpo.storage.noise import NOISE_METRICS
 from hpo.trials import TrialKind, TrialState
 
-# SQLite already waits up to its busy timeout for the write lock; these retries cover the rare case where a
-# writer holds it longer (e.g. a checkpoint of a large WAL file on a slow disk).
-LOCK_RETRIES = 4
-LOCK_BACKOFF_S = 0.2
 _STATES = {state.value: state for state in TrialState}  # a dict lookup; TrialState(value) costs 10x more
 REQUEUE_REASON = "interrupted: the controller stopped while the trial ran; re-queued on resume"
 DEFINITION_KEYS = ("experiment", "run_dir")  # what `annotate_experiment` never changes

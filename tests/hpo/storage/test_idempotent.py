@@ -98,7 +98,6 @@ def test_a_retried_create_whose_first_try_never_landed_does_not_take_an_earlier_
     # A tuner may propose the same configuration twice in a row. Here the second create's first try meets a locked
     # SQLite file (another writer), so it never commits; its retry must create the trial, not return the twin's id.
     monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 1)
-    monkeypatch.setattr("hpo.storage.sql.LOCK_RETRIES", 1)
     path = tmp_path / "hpo.db"
     other = sqlite3.connect(path, isolation_level=None)
     with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:

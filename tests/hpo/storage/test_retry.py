@@ -23,7 +23,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from hpo.errors import BadDatabaseError, DatabaseUnavailableError, HpoError, NotFoundError
 from hpo.storage import SqlStorage
 from hpo.storage import engine as engine_module
-from hpo.storage import sql as sql_module
 from hpo.storage.engine import is_transient, storage_error
 from hpo.storage.retry import (
     DEFAULT_OUTAGE_S,
@@ -217,6 +216,33 @@ def test_a_refusal_is_an_answer_it_ends_the_outage_and_is_not_retried():
     assert tries == [1] and outage.unreachable_for() is None
 
 
+def test_reads_that_answer_do_not_end_an_outage_of_writes():
+    """An SQLite file that another writer keeps locked still answers reads (WAL): the progress view's reads between
+    a write's tries must not restart the write's outage, or the write waits past its bound for as long as the lock
+    lasts. A write that gets through ends both."""
+    time = FakeTime()
+    outage = Outage(time.clock)
+    locked = Away(time, back_at=float("inf"))
+    reads: list[str] = []
+
+    def read_between_tries() -> None:  # another thread of the process reads while the write waits
+        if len(reads) > 1000:
+            pytest.fail("the write never reached its bound: the reads kept ending its outage")
+        reads.append(call_with_retry(lambda: "read", outage, 30, random.Random(0), wrote=lambda: False))
+
+    with pytest.raises(DatabaseUnavailableError, match="unreachable for 30 s"):
+        retry(locked, time, bound_s=30, outage=outage, stop=lambda: read_between_tries())
+    assert reads and time.now - 1000 == pytest.approx(30)
+    assert outage.unreachable_for() == pytest.approx(30)  # the reads answered, the writes still do not
+    outage.failed(started=time.now, write=False)
+    time.now += 5
+    assert outage.unreachable_for() == pytest.approx(35)  # the longest outage of the two
+    outage.ended(write=False)
+    assert outage.unreachable_for() == pytest.approx(35)
+    outage.ended(write=True)
+    assert outage.unreachable_for() is None
+
+
 def test_replaying_is_false_outside_a_retry():
     assert replaying() is False
     with as_replay():
@@ -229,10 +255,8 @@ def test_replaying_is_false_outside_a_retry():
 
 @pytest.fixture
 def short_sqlite_waits(monkeypatch):
-    """SQLite waits 50 ms for a lock instead of 30 s, and its own lock retries take 0.35 s: past that, the lock is an
-    outage for the storage's retry."""
+    """SQLite waits 50 ms for a lock instead of 5 s: past that, the lock is an outage for the storage's retry."""
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
-    monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.05)
 
 
 def hold_lock(path: Path, release: threading.Event) -> threading.Thread:
@@ -291,6 +315,33 @@ def test_a_storage_gives_up_at_its_bound(short_sqlite_waits, tmp_path: Path):
             release.set()
             holder.join()
         assert storage.list_experiments() == []
+
+
+def test_a_storage_gives_up_at_its_bound_while_its_reads_still_answer(short_sqlite_waits, tmp_path: Path):
+    """The file locked by another writer: the storage's reads answer (WAL) while a write waits, as the progress
+    view's do every few seconds, and the write still gives up at its bound."""
+    path = tmp_path / "hpo.db"
+    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
+        reads: list[int] = []
+
+        def read_while_waiting() -> str | None:  # called at every step of the write's pauses
+            reads.append(len(storage.list_experiments()))
+            return "the write never reached its bound" if len(reads) > 200 else None
+
+        storage.wait_for_outages(0.5, stop=read_while_waiting)
+        release = threading.Event()
+        holder = hold_lock(path, release)
+        try:
+            gives_up = r"stayed locked by another writer.*unreachable for \d+ s, the longest"
+            with pytest.raises(DatabaseUnavailableError, match=gives_up):
+                storage.create_experiment("impatient", {}, "minimize")
+            assert reads and set(reads) == {0}
+            assert storage.unreachable_for() is not None  # the reads answered; the write did not get through
+        finally:
+            release.set()
+            holder.join()
+        storage.create_experiment("patient", {}, "minimize")
+        assert storage.unreachable_for() is None
 
 
 def test_a_call_on_a_running_event_loop_never_waits():

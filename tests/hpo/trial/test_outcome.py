@@ -19,7 +19,6 @@ from hpo.experiment import stored_form
 from hpo.runners import build_runner
 from hpo.storage import SqlStorage
 from hpo.storage import engine as engine_module
-from hpo.storage import sql as sql_module
 from hpo.storage.base import MetricPoint
 from hpo.trial.entry import DatabaseReporter
 from hpo.trial.outcome import OUTCOME_FILE, keep_outcome, kept_outcome, store_kept_outcome
@@ -78,7 +77,6 @@ def test_a_kept_outcome_of_a_record_closed_meanwhile_is_dropped_and_the_record_s
 @pytest.fixture
 def short_sqlite_waits(monkeypatch):
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 20)
-    monkeypatch.setattr(sql_module, "LOCK_BACKOFF_S", 0.01)
 
 
 def test_the_reporter_keeps_points_while_the_database_is_away_and_stores_them_once_it_is_back(
