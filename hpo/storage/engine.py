@@ -4,7 +4,7 @@ The database URL is `HPO_DATABASE_URL` when set, else the SQLite file `$HPO_HOME
 defaults to `./.hpo` relative to the current directory (the directory is created on first use).
 PostgreSQL URLs look like `postgresql+psycopg://user:password@host:5432/dbname`.
 
-SQLite connections get WAL mode (readers never block the writer), a 5 s busy timeout, foreign keys on, and
+SQLite connections get WAL mode (readers never block the writer), a 10 s busy timeout, foreign keys on, and
 `synchronous=NORMAL` (in WAL mode this cannot corrupt the file; a power loss may drop the last commits).
 Write transactions start with `BEGIN IMMEDIATE` so two writers queue on the busy timeout instead of failing
 when one upgrades a read lock. A lock held past the busy timeout is an outage like a server that is down: the
@@ -48,7 +48,7 @@ from hpo.errors import BadDatabaseError, DatabaseUnavailableError, StorageError
 DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
 DEFAULT_HOME = ".hpo"
-SQLITE_BUSY_TIMEOUT_MS = 5_000  # a write queues this long for another writer; longer is an outage
+SQLITE_BUSY_TIMEOUT_MS = 10_000  # a write queues this long for other writers; longer is an outage (hpo.storage.retry)
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite file
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long a connection attempt may take
 DEAD_CONNECTION_S = 18  # PostgreSQL: how long a connection may go unanswered before it counts as lost

@@ -255,7 +255,7 @@ def test_replaying_is_false_outside_a_retry():
 
 @pytest.fixture
 def short_sqlite_waits(monkeypatch):
-    """SQLite waits 50 ms for a lock instead of 5 s: past that, the lock is an outage for the storage's retry."""
+    """SQLite waits 50 ms for a lock instead of 10 s: past that, the lock is an outage for the storage's retry."""
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 50)
 
 

@@ -45,7 +45,7 @@ def test_sqlite_file_is_in_wal_mode_with_busy_timeout_and_foreign_keys(tmp_path:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     engine = create_storage_engine(url)
     with engine.connect() as connection:
-        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5_000
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 10_000
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     engine.dispose()
 
