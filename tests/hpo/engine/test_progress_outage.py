@@ -20,6 +20,14 @@ from hpo.storage import engine as engine_module
 from hpo.storage.retry import without_waiting
 
 
+def assert_away_then_back(lines: list[str]) -> None:
+    """The view's lines: the database away, back again, then the status line."""
+    assert re.fullmatch(r"database unreachable for \d+ s, retrying \(the controller waits up to 600 s: "
+                        r"database\.outage_s\)", lines[0])  # fmt: skip
+    assert re.fullmatch(r"database reachable again \(it was away for at least \d+ s\)", lines[1])
+    assert lines[2].startswith("trials: 0/4 done, 0 running, 4 waiting")
+
+
 def test_the_status_line_says_the_database_is_unreachable_and_when_it_is_back(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 20)
     path = tmp_path / "hpo.db"
@@ -38,11 +46,7 @@ def test_the_status_line_says_the_database_is_unreachable_and_when_it_is_back(mo
         holder.execute("COMMIT")
         holder.close()
     view._tick()
-    lines = out.getvalue().splitlines()
-    assert re.fullmatch(r"database unreachable for \d+ s, retrying \(the controller waits up to 600 s: "
-                        r"database\.outage_s\)", lines[0])  # fmt: skip
-    assert re.fullmatch(r"database reachable again \(it was away for at least \d+ s\)", lines[1])
-    assert lines[2].startswith("trials: 0/4 done, 0 running, 4 waiting")
+    assert_away_then_back(out.getvalue().splitlines())
     storage.close()
 
 
@@ -66,11 +70,7 @@ def test_the_status_line_says_so_while_reads_answer_but_writes_do_not(monkeypatc
         holder.close()
     storage.heartbeat(experiment_id, "host", 1, "")  # a write gets through
     view._tick()
-    lines = out.getvalue().splitlines()
-    assert re.fullmatch(r"database unreachable for \d+ s, retrying \(the controller waits up to 600 s: "
-                        r"database\.outage_s\)", lines[0])  # fmt: skip
-    assert re.fullmatch(r"database reachable again \(it was away for at least \d+ s\)", lines[1])
-    assert lines[2].startswith("trials: 0/4 done, 0 running, 4 waiting")
+    assert_away_then_back(out.getvalue().splitlines())
     storage.close()
 
 

@@ -301,22 +301,6 @@ def test_a_storage_waits_for_a_locked_database_and_says_for_how_long(short_sqlit
         assert seen and seen[0] >= 0 and storage.unreachable_for() is None
 
 
-def test_a_storage_gives_up_at_its_bound(short_sqlite_waits, tmp_path: Path):
-    path = tmp_path / "hpo.db"
-    with SqlStorage(f"sqlite:///{path}", upgrade=True) as storage:
-        storage.wait_for_outages(1.0)
-        release = threading.Event()
-        holder = hold_lock(path, release)
-        try:
-            gives_up = r"stayed locked by another writer.*unreachable for \d+ s"
-            with pytest.raises(DatabaseUnavailableError, match=gives_up):
-                storage.create_experiment("impatient", {}, "minimize")
-        finally:
-            release.set()
-            holder.join()
-        assert storage.list_experiments() == []
-
-
 def test_a_storage_gives_up_at_its_bound_while_its_reads_still_answer(short_sqlite_waits, tmp_path: Path):
     """The file locked by another writer: the storage's reads answer (WAL) while a write waits, as the progress
     view's do every few seconds, and the write still gives up at its bound."""
