@@ -22,6 +22,7 @@ from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
 from server.errors import ERROR_RESPONSES
 from server.schemas import NAME_PATTERN, ErrorPublic, InvalidRequestPublic
+from trainer.config import shipped_config
 
 router = APIRouter(tags=["plan"], responses=ERROR_RESPONSES)
 
@@ -149,10 +150,11 @@ async def plan_stored(
 
 def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     """Relative base_config and runner.simulation.table read from the server's working directory (the file is
-    planned from a temporary copy elsewhere); a shipped table's name (`curves`) is left for `hpo plan` to find, as
-    in a file."""
-    if isinstance(data.get("base_config"), str):
-        data["base_config"] = os.path.abspath(data["base_config"])
+    planned from a temporary copy elsewhere); a shipped config's or table's name (`bert_large`, `curves`) is left
+    for `hpo plan` to find, as in a file, unless a file of that name is at hand there."""
+    base = data.get("base_config")
+    if isinstance(base, str) and shipped_config(base, Path.cwd()) is None:
+        data["base_config"] = os.path.abspath(base)
     simulation = (data.get("runner") or {}).get("simulation") if isinstance(data.get("runner"), dict) else None
     table = simulation.get("table") if isinstance(simulation, dict) else None
     if isinstance(table, str) and shipped_table(table) is None:

@@ -16,6 +16,7 @@ from hpo.simulation.table import TABLES
 from search_spaces import preset_path
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
+from trainer.config import CONFIGS_DIR
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 YAML = {"Content-Type": "application/yaml"}
@@ -89,17 +90,19 @@ def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_writ
     assert database.read_bytes() == before
 
 
-def test_a_posted_file_naming_a_shipped_table_is_planned_on_that_table(planned):
-    """`table: curves` names the table shipped with hpo, in a posted file as in a file on disk (not a path in the
-    server's working directory): planned as the same file giving that table's path."""
+def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(planned):
+    """`table: curves` and `base_config: bert_large` name the table and the trainer config shipped with hpo, in a
+    posted file as in a file on disk (not paths in the server's working directory): planned as the same file giving
+    their paths."""
     _, _, server = planned
     preset = preset_path("adam_vs_lamb_simulated")
     data = yaml.safe_load(preset.read_text())
     assert data["runner"]["simulation"]["table"] == "curves"
-    data["base_config"] = str((preset.parent / data["base_config"]).resolve())
+    data["base_config"] = "bert_large"
     data["budget"].update(trials=20, max_parallel=8)  # smaller, so that it plans in seconds
     by_path = copy.deepcopy(data)
     by_path["runner"]["simulation"]["table"] = str(TABLES / "curves.jsonl")
+    by_path["base_config"] = str(CONFIGS_DIR / "bert_large.yaml")
     with server.client() as api:
         named, pathed = (api.post("/plan", content=yaml.safe_dump(d), headers=AUTH | YAML, params={"repetitions": 1})
                          for d in (data, by_path))  # fmt: skip
