@@ -67,7 +67,9 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
     parser.add_argument("--version", action=VersionAction, help="print hpo's version and exit")
-    parser.add_argument("--db", help="database URL (default: HPO_DATABASE_URL, else sqlite:///.hpo/hpo.db)")
+    parser.add_argument(
+        "--db", help="database URL (default: HPO_DATABASE_URL, else $HPO_HOME/hpo.db; HPO_HOME: ./.hpo)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(sub)

@@ -278,8 +278,9 @@ def add_plan(sub) -> None:
         metavar="P",
         help="advice for a right answer in at least P of experiments (0.8 or 80%%): with --cv/--like the fewest "
         "confirmation runs per arm (confirm_seeds 2 to 12; auto with max_confirm_seeds 6, 9, 12) and their runs per "
-        "arm; alone, the file planned again at 0.5x and 2x its tuning trials (the same repetitions each): the "
-        "fewest budget.trials whose right answers reach P, with its GPU-hours",
+        "arm; alone, the file planned at 0.5x, 1x and 2x its tuning trials (with confirm_seeds: auto, each at "
+        "max_confirm_seeds 6, 9 and 12; the same repetitions each): the fewest budget.trials whose right answers "
+        "reach P, with its GPU-hours",
     )
     chances.add_argument(
         "--draws",
