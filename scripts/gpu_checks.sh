@@ -58,7 +58,7 @@ if ! missing=$(timeout 60 $PY -c "import pydantic, sqlalchemy, alembic, mlperf_l
   exit 2
 fi
 DEADLINE_S=${DEADLINE_S:-480}
-KEEP_S=${KEEP_S:-15}  # of the deadline, for the summary and the archive
+KEEP_S=${KEEP_S:-10}  # of the deadline, for the summary and the archive (about a second)
 MIN_S=${MIN_S:-5}     # a check with less than this left is skipped
 run() {  # run NAME SECONDS CMD...: its output to $OUT/NAME.txt and to the terminal, within the deadline
   local name=$1 secs=$2; shift 2

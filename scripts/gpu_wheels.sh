@@ -16,6 +16,7 @@ print(" ".join(f"{name}=={version(name)}" for name in sys.argv[1:]))
 PYTHON
 )
 mkdir -p "$DEST"
+rm -f "$DEST"/*.whl  # an earlier run's: two versions of a package side by side would not install together
 platforms=""
 for n in 17 24 27 28 31 34; do platforms="$platforms --platform manylinux_2_${n}_x86_64"; done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
