@@ -13,9 +13,10 @@ Under torchrun each rank dies with torchrun (`die_with_launcher`), and only rank
 
 A database that is away: every call waits for it, retrying, up to `database.outage_s` (HPO_DATABASE_OUTAGE_S;
 `hpo.storage.retry`), except the intermediate metrics, which are tried once and kept in memory while it is away
-(training goes on; the next record tries them again, at most every `KEPT_RETRY_S` seconds). The outcome is written
-to `outcome.json` in the working directory before it is stored and removed once it is (`hpo.trial.outcome`), so a
-trial that gives up on the database, or is killed while it waits, leaves it for the controller or `hpo resume`.
+(training goes on; a later record tries them again, after pauses that double from `KEPT_RETRY_S` to
+`KEPT_RETRY_MAX_S` seconds). The outcome is written to `outcome.json` in the working directory before it is stored
+and removed once it is (`hpo.trial.outcome`), so a trial that gives up on the database, or is killed while it waits,
+leaves it for the controller or `hpo resume`.
 
 Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
 rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed),
@@ -31,7 +32,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,10 @@ WORKER_ENV = "HPO_WORKER"  # set by the runner: where this trial runs (a Dask wo
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun in each rank's environment
 
 
-KEPT_RETRY_S = 5.0  # while the database is away, kept metric points are tried again at most this often
+# While the database is away, kept metric points are tried again after a pause that doubles from KEPT_RETRY_S to
+# KEPT_RETRY_MAX_S: each try at an SQLite file another writer keeps locked holds training for SQLite's busy timeout.
+KEPT_RETRY_S = 5.0
+KEPT_RETRY_MAX_S = 60.0
 
 
 class DatabaseReporter:
@@ -74,11 +78,13 @@ class DatabaseReporter:
     away the points are kept (`pending`, each with the time it was measured) and training goes on; a later
     record, or `flush`, stores them."""
 
-    def __init__(self, storage: Storage, trial_id: int, attempt: int):
+    def __init__(self, storage: Storage, trial_id: int, attempt: int, clock: Callable[[], float] = time.monotonic):
         self.storage, self.trial_id, self.attempt = storage, trial_id, attempt
         self.result = None
         self.pending: list[MetricPoint] = []
+        self._clock = clock
         self._failed_at: float | None = None  # when the last try met an unreachable database
+        self._pause_s = KEPT_RETRY_S  # the pause before the next try while it is away
 
     def intermediate(self, metrics: dict[str, Any]) -> None:
         values = {k: float(v) for k in METRIC_KEYS if _is_number(v := metrics.get(k))}
@@ -87,7 +93,7 @@ class DatabaseReporter:
             if self._failed_at is not None:  # the database is away: kept, with the time it was measured
                 point = point._replace(at=datetime.now(timezone.utc))
             self.pending.append(point)
-            if self._failed_at is None or time.monotonic() - self._failed_at >= KEPT_RETRY_S:
+            if self._failed_at is None or self._clock() - self._failed_at >= self._pause_s:
                 with contextlib.suppress(DatabaseUnavailableError), without_waiting():
                     self.flush()
 
@@ -101,9 +107,11 @@ class DatabaseReporter:
         except DatabaseUnavailableError:
             now = datetime.now(timezone.utc)
             self.pending = [p if p.at else p._replace(at=now) for p in self.pending]
-            self._failed_at = time.monotonic()
+            if self._failed_at is not None:  # away since an earlier try: wait longer before the next
+                self._pause_s = min(KEPT_RETRY_MAX_S, self._pause_s * 2)
+            self._failed_at = self._clock()
             raise
-        self.pending, self._failed_at = [], None
+        self.pending, self._failed_at, self._pause_s = [], None, KEPT_RETRY_S
 
     def final(self, result) -> None:
         self.result = result

@@ -20,7 +20,7 @@ from hpo.runners import build_runner
 from hpo.storage import SqlStorage
 from hpo.storage import engine as engine_module
 from hpo.storage.base import MetricPoint
-from hpo.trial.entry import DatabaseReporter
+from hpo.trial.entry import KEPT_RETRY_MAX_S, KEPT_RETRY_S, DatabaseReporter
 from hpo.trial.outcome import OUTCOME_FILE, keep_outcome, kept_outcome, store_kept_outcome
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.engine.test_study import make_spec
@@ -104,6 +104,43 @@ def test_the_reporter_keeps_points_while_the_database_is_away_and_stores_them_on
     assert [(m.step, m.name, m.value) for m in stored] == [(1, "loss", 5.0), (2, "loss", 4.5), (2, "lr", 0.001),
                                                            (3, "loss", 4.0)]  # fmt: skip
     assert before <= stored[1].created_at <= stored[3].created_at <= kept_by  # stamped when measured, not stored
+
+
+def test_kept_points_are_tried_again_less_and_less_often_while_the_database_stays_away(
+    short_sqlite_waits, tmp_path: Path, monkeypatch
+):
+    """Each try at a locked file holds the training loop for SQLite's busy timeout (10 s): the pauses between tries
+    double from KEPT_RETRY_S up to KEPT_RETRY_MAX_S, so a long lock costs training a shrinking share of its time."""
+    storage, trial_id = running_trial(tmp_path)
+    now = [0.0]
+    reporter = DatabaseReporter(storage, trial_id, 0, clock=lambda: now[0])
+    tries: list[float] = []
+    add_metrics = storage.add_metrics
+
+    def counted(*args, **kwargs):
+        tries.append(now[0])
+        return add_metrics(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "add_metrics", counted)
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for second in range(400):  # a record every second for 400 s, the file locked throughout
+            now[0] = float(second)
+            reporter.intermediate({"step": second, "samples": 8 * second, "loss": 1.0})
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert KEPT_RETRY_S == 5 and KEPT_RETRY_MAX_S == 60
+    assert tries == [0, 5, 15, 35, 75, 135, 195, 255, 315, 375]
+    now[0] = 376.0
+    reporter.intermediate({"step": 400, "samples": 3200, "loss": 1.0})  # paused: kept
+    now[0] = 435.0
+    reporter.intermediate({"step": 401, "samples": 3208, "loss": 1.0})  # the lock gone: every point stored
+    assert reporter.pending == [] and len(storage.get_metrics(trial_id)) == 402
+    now[0] = 436.0
+    reporter.intermediate({"step": 402, "samples": 3216, "loss": 1.0})  # stored at once again
+    assert tries[-2:] == [435, 436] and reporter.pending == []
 
 
 def test_resume_stores_a_kept_outcome_instead_of_running_the_trial_again(tmp_path: Path):
