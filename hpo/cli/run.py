@@ -16,7 +16,7 @@ from hpo.cli.common import (
     safe_url,
     tcp_port,
 )
-from hpo.errors import HpoError, NotFoundError
+from hpo.errors import ControllerBusyError, HpoError, NotFoundError
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import controller_identity
+    from hpo.engine.liveness import controller_identity, liveness
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
@@ -90,8 +90,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if _experiment_exists(storage, spec.name):
             existing = storage.get_experiment_by_name(spec.name)
             finished = existing.status is ExperimentStatus.FINISHED
-            then = (f"`hpo status {spec.name}` and `hpo report {spec.name}` read it" if finished
-                    else f"use `hpo resume {spec.name}` to finish it")  # fmt: skip
+            if finished:
+                then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
+            elif liveness(existing) == "live":
+                then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
+            else:
+                then = f"use `hpo resume {spec.name}` to finish it"
             rename = (f"copy {spec.source} and change its `name:`" if shipped_preset(args.experiment) else
                       f"change `name:` in {args.experiment}")  # fmt: skip
             raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or "
@@ -187,7 +191,7 @@ def _experiment_exists(storage, name: str) -> bool:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import controller_identity, stale_after_s
+    from hpo.engine.liveness import controller_identity, running_here, stale_after_s
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
@@ -219,6 +223,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
+        holder = (record.controller_host, record.controller_pid)
+        if holder != (host, pid) and running_here(*holder):  # its heartbeat may be stale: it could not write
+            raise ControllerBusyError(
+                f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid "
+                f"{record.controller_pid}), though its last heartbeat is old: it could not write to the database "
+                "(another process keeps it locked, or it is away); stop it first (Ctrl-C there, or `kill "
+                f"{record.controller_pid}`), or wait until it ends"
+            )
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
     except BaseException:
         if runner is not None:

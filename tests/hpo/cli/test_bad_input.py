@@ -8,13 +8,17 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
 from hpo.cli.main import main
+from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.storage import SqlStorage
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
@@ -439,3 +443,46 @@ def test_status_of_an_experiment_whose_controller_ended_unfinished_says_so_witho
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("cut: interrupted (its controller ended without finishing it; last seen "), first
     assert "None" not in first
+
+
+def held_by(tmp_path: Path, name: str, host: str, pid: int, beat_age_s: float) -> str:
+    """A stored experiment claimed by (host, pid), its last heartbeat `beat_age_s` ago; its database URL."""
+    spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    with SqlStorage(url, upgrade=True) as storage:
+        eid = storage.create_experiment(name, stored_form(spec, tmp_path / "run"), spec.direction)
+        storage.claim_controller(eid, host, pid, stale_after_s=30.0)
+    beat = (datetime.now(timezone.utc) - timedelta(seconds=beat_age_s)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(tmp_path / "hpo.db") as connection:
+        connection.execute("UPDATE experiments SET heartbeat_at = ? WHERE id = ?", (beat, eid))
+    return url
+
+
+def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_heartbeat_is_stale(tmp_path, capsys):
+    """A controller that could not write its heartbeat (another process kept the SQLite file locked past the stale
+    limit) still runs: `hpo resume` on its machine refuses to take its experiment over (it killed its trials)."""
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "hpo", "run", "held"])
+    try:
+        url = held_by(tmp_path, "held", socket.gethostname(), controller.pid, beat_age_s=3600)
+        with SqlStorage(url) as storage:
+            assert liveness(storage.get_experiment_by_name("held")) == "interrupted"  # by its heartbeat alone
+        assert main(["--db", url, "resume", "held", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"is driven by a controller that still runs on this machine (pid {controller.pid})" in err
+        with SqlStorage(url) as storage:
+            assert storage.get_experiment_by_name("held").controller_pid == controller.pid  # not taken over
+    finally:
+        controller.kill()
+        controller.wait()
+    assert main(["--db", url, "resume", "held", "--quiet"]) == 0  # its process gone: resumed and finished
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("held").status.value == "finished"
+
+
+def test_running_an_experiment_that_runs_now_says_so_not_to_resume_it(tmp_path, capsys):
+    url = held_by(tmp_path, "busy", "gpu-node-3", 4242, beat_age_s=0)
+    path = write(tmp_path / "busy.yaml", small_preset(name="busy"))
+    assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run2"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "experiment 'busy' already exists (status running); its controller runs now (`hpo status busy`" in err
+    assert "hpo resume" not in err
