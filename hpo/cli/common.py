@@ -32,20 +32,25 @@ def close_storages() -> None:
 def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
     from hpo.storage.engine import sqlite_file
+    from hpo.storage.retry import OUTAGE_ENV, outage_bound
 
     url = url or default_database_url()
     refuse_in_memory(url)
+    # A command that writes waits for a database that is away from its first call on when HPO_DATABASE_OUTAGE_S
+    # says so (`hpo run` and `hpo resume` then take the experiment file's bound unless it is set); one that only
+    # reads never waits.
+    wait = outage_bound() if writes and os.environ.get(OUTAGE_ENV, "").strip() else 0.0
     path = sqlite_file(url)
     if path is not None and path.is_file() and path.stat().st_size == 0 and not read_only:
-        return SqlStorage(url, upgrade=True)  # an empty file (`touch hpo.db`) is a new SQLite database
+        return SqlStorage(url, upgrade=True, outage_s=wait)  # an empty file (`touch hpo.db`) is a new SQLite database
     if path is not None and not path.exists():
         if read_only:
             raise HpoError(
                 f"there is no database at {path}: no experiment has run with it; check --db / HPO_DATABASE_URL, "
                 "or start one with `hpo run EXPERIMENT.yaml`"
             )
-        return SqlStorage(url, upgrade=True)  # a new embedded database starts at the current schema
-    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes)  # a command's reads
+        return SqlStorage(url, upgrade=True, outage_s=wait)  # a new embedded database starts at the current schema
+    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait)  # a command's
 
 
 def refuse_in_memory(url: str) -> None:

@@ -320,7 +320,10 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
         )
     if is_locked_error(exc):
         return DatabaseUnavailableError(
-            f"the SQLite database {where} stayed locked by another writer: {reason}. Use PostgreSQL "
+            f"the SQLite database {where} stayed locked by another writer: {reason} (for longer than SQLite's "
+            f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s busy timeout). Another process holds a write transaction on it (a "
+            "sqlite3 shell or a database browser with changes not committed, or another command's long write): end "
+            "it and try again, set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, or use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
         )
     if isinstance(exc, OperationalError) and REFUSED_FOR_GOOD.search(reason):

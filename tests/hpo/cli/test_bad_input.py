@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -486,3 +487,28 @@ def test_running_an_experiment_that_runs_now_says_so_not_to_resume_it(tmp_path, 
     err = capsys.readouterr().err
     assert "experiment 'busy' already exists (status running); its controller runs now (`hpo status busy`" in err
     assert "hpo resume" not in err
+
+
+def test_a_command_that_writes_waits_for_a_locked_file_as_long_as_the_environment_says(tmp_path, capsys, monkeypatch):
+    """`HPO_DATABASE_OUTAGE_S=3600 hpo resume NAME` (the docs' example) waits for a database that is away from its
+    first write on, not only once the experiment file's bound is read; without it the command fails at once, saying
+    what holds the file and what to do."""
+    monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
+    url = held_by(tmp_path, "locked", "gpu-node-3", 4242, beat_age_s=3600)
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    monkeypatch.delenv("HPO_DATABASE_OUTAGE_S", raising=False)
+    try:
+        assert main(["--db", url, "resume", "locked", "--quiet"]) == 1  # unreachable, not bad input
+        err = capsys.readouterr().err
+        assert "stayed locked by another writer" in err and "Another process holds a write transaction" in err
+        assert "HPO_DATABASE_OUTAGE_S" in err
+        monkeypatch.setenv("HPO_DATABASE_OUTAGE_S", "60")
+        released = threading.Timer(1.0, lambda: holder.execute("ROLLBACK"))  # another process ends its write
+        released.start()
+        assert main(["--db", url, "resume", "locked", "--quiet"]) == 0
+        released.join()
+    finally:
+        holder.close()
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("locked").status.value == "finished"
