@@ -53,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
+    from hpo.runners.process import controller_running_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
     from search_spaces import shipped_preset
@@ -92,7 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             finished = existing.status is ExperimentStatus.FINISHED
             if finished:
                 then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
-            elif liveness(existing) == "live":
+            elif liveness(existing) == "live" or controller_running_here(
+                existing.controller_host, existing.controller_pid, existing.heartbeat_at
+            ):
                 then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
             else:
                 then = f"use `hpo resume {spec.name}` to finish it"
@@ -191,10 +194,11 @@ def _experiment_exists(storage, name: str) -> bool:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import controller_identity, running_here, stale_after_s
+    from hpo.engine.liveness import controller_identity, liveness, stale_after_s
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
+    from hpo.runners.process import controller_running_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
 
@@ -224,7 +228,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
         holder = (record.controller_host, record.controller_pid)
-        if holder != (host, pid) and running_here(*holder):  # its heartbeat may be stale: it could not write
+        if (
+            holder != (host, pid)
+            and liveness(record) == "interrupted"
+            and controller_running_here(*holder, record.heartbeat_at)
+        ):
             raise ControllerBusyError(
                 f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid "
                 f"{record.controller_pid}), though its last heartbeat is old: it could not write to the database "

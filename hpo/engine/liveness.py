@@ -8,7 +8,8 @@ experiment whose last heartbeat is older than `STALE_AFTER` intervals has lost i
 `interrupted`, and `hpo resume` may take it over. The thread, not the study loop, beats, so a tuner that thinks
 for a few seconds does not look dead. A beat tries the database once (`without_waiting`): while it is away the
 thread tries every `OUTAGE_BEAT_S` seconds, so the claim is fresh again right after it returns. A stale claim
-whose controller still runs on this machine (`running_here`) is not taken over by `hpo resume` here.
+whose controller still runs on this machine (`hpo.runners.process.controller_running_here`) is not taken over by
+`hpo resume` there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 
 from hpo.errors import HpoError, StorageError
 from hpo.storage.retry import without_waiting
@@ -54,19 +54,6 @@ def check_heartbeat_env() -> None:
 
 def stale_after_s() -> float:
     return STALE_AFTER * heartbeat_interval_s()
-
-
-def running_here(host: str | None, pid: int | None) -> bool:
-    """Whether (host, pid) names a process of this machine that still runs hpo (its command line, read from /proc,
-    names it): a controller whose heartbeat went stale because it could not write (an SQLite file another process
-    kept locked past the stale limit) is alive all the same. False where /proc cannot tell, or on another host."""
-    if not pid or host != socket.gethostname():
-        return False
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"hpo" in command
 
 
 def controller_identity() -> tuple[str, int]:

@@ -25,12 +25,13 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol
 
@@ -285,6 +286,24 @@ def process_started_at(pid: int) -> datetime | None:
     except (OSError, StopIteration):
         return None
     return datetime.fromtimestamp(boot + int(state[1]) / os.sysconf("SC_CLK_TCK"), timezone.utc)
+
+
+def controller_running_here(host: str | None, pid: int | None, last_beat: datetime | None) -> bool:
+    """Whether the controller recorded as (host, pid) still runs on this machine though its heartbeat `last_beat` went
+    stale (it could not write: another process kept an SQLite file locked): a live process of that pid, not a
+    zombie, started before that heartbeat (not a later process that took the pid over), whose arguments run or
+    resume an experiment with hpo. False on another host, or where /proc cannot tell."""
+    if not pid or last_beat is None or host != socket.gethostname():
+        return False
+    state = process_state(pid)
+    started = process_started_at(pid)
+    if state is None or state[0] in "ZX" or started is None or started > last_beat + timedelta(seconds=CLOCK_SLACK_S):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(arg) == b"hpo" for arg in argv) and bool({b"run", b"resume"} & set(argv))
 
 
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from hpo.cli.main import main
 from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
+from hpo.runners.process import controller_running_here
 from hpo.storage import SqlStorage
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
@@ -459,12 +460,27 @@ def held_by(tmp_path: Path, name: str, host: str, pid: int, beat_age_s: float) -
     return url
 
 
-def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_heartbeat_is_stale(tmp_path, capsys):
+def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_heartbeat_is_stale(
+    tmp_path, capsys, monkeypatch
+):
     """A controller that could not write its heartbeat (another process kept the SQLite file locked past the stale
-    limit) still runs: `hpo resume` on its machine refuses to take its experiment over (it killed its trials)."""
-    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "hpo", "run", "held"])
+    limit) still runs: `hpo resume` on its machine refuses to take its experiment over (it killed its trials). A
+    process that only took its pid over later, or one that runs no experiment, is not it."""
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.2")  # stale after 0.3 s
+    argv = [sys.executable, "-c", "import time; time.sleep(120)", "hpo", "run", "held"]
+    controller = subprocess.Popen(argv)
+    time.sleep(1.0)  # its heartbeat, 0.5 s ago below, comes after its start
+    assert not controller_running_here(socket.gethostname(), controller.pid, datetime.now(timezone.utc) - timedelta(
+        seconds=30))  # a beat before the process started: another process took the pid over  # fmt: skip
+    assert not controller_running_here("another-host", controller.pid, datetime.now(timezone.utc))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", ".hpo/hpo.db"])
     try:
-        url = held_by(tmp_path, "held", socket.gethostname(), controller.pid, beat_age_s=3600)
+        assert not controller_running_here(socket.gethostname(), other.pid, datetime.now(timezone.utc))
+    finally:
+        other.kill()
+        other.wait()
+    try:
+        url = held_by(tmp_path, "held", socket.gethostname(), controller.pid, beat_age_s=0.5)
         with SqlStorage(url) as storage:
             assert liveness(storage.get_experiment_by_name("held")) == "interrupted"  # by its heartbeat alone
         assert main(["--db", url, "resume", "held", "--quiet"]) == 2
@@ -512,3 +528,17 @@ def test_a_command_that_writes_waits_for_a_locked_file_as_long_as_the_environmen
         holder.close()
     with SqlStorage(url) as storage:
         assert storage.get_experiment_by_name("locked").status.value == "finished"
+
+
+def test_resume_of_a_controller_that_runs_here_and_beats_names_it_as_live(tmp_path, capsys):
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "hpo", "run", "beating"])
+    try:
+        time.sleep(0.2)  # its heartbeat, now, comes after its start
+        url = held_by(tmp_path, "beating", socket.gethostname(), controller.pid, beat_age_s=0)
+        assert main(["--db", url, "resume", "beating", "--quiet"]) == 2
+    finally:
+        controller.kill()
+        controller.wait()
+    err = capsys.readouterr().err
+    assert f"is driven by a live controller (host {socket.gethostname()}, pid {controller.pid}" in err
+    assert "heartbeat is old" not in err
