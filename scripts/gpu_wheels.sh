@@ -15,10 +15,15 @@ from importlib.metadata import version
 print(" ".join(f"{name}=={version(name)}" for name in sys.argv[1:]))
 PYTHON
 )
-mkdir -p "$DEST"
-rm -f "$DEST"/*.whl  # an earlier run's: two versions of a package side by side would not install together
+# Into a folder of their own first, then in place of an earlier run's wheels (two versions of one package side by
+# side would not install together; a failed download leaves the earlier ones)
+fresh=$(mktemp -d)
+trap 'rm -rf "$fresh"' EXIT
 platforms=""
 for n in 17 24 27 28 31 34; do platforms="$platforms --platform manylinux_2_${n}_x86_64"; done
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  $platforms --platform manylinux2014_x86_64 --platform any -d "$DEST" $pins
+  $platforms --platform manylinux2014_x86_64 --platform any -d "$fresh" $pins
+mkdir -p "$DEST"
+rm -f "$DEST"/*.whl
+mv "$fresh"/*.whl "$DEST"/
 ls -la "$DEST"

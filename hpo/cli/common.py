@@ -50,7 +50,8 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
                 "or start one with `hpo run EXPERIMENT.yaml`"
             )
         return SqlStorage(url, upgrade=True, outage_s=wait)  # a new embedded database starts at the current schema
-    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait)  # a command's
+    # a command's reads, or its writes to an existing database
+    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait)
 
 
 def refuse_in_memory(url: str) -> None:

@@ -109,6 +109,7 @@ from hpo.nni.manager import (
 )
 from hpo.nni.patch import require_patched
 from hpo.storage.base import ExperimentStatus
+from hpo.storage.retry import outage_bound
 from hpo.trials import TrialResult, TrialState
 
 
@@ -120,6 +121,7 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
 
     note = {"text": "starting NNI"}
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: note["text"]).start()
+    storage.wait_for_outages(outage_bound(spec.database.outage_s))  # as the local engine's controller does
     status = ExperimentStatus.FAILED
     failed_start: NniStartError | None = None
     try:

@@ -39,6 +39,7 @@ from hpo.nni.confirm import queued_confirmation
 from hpo.nni.jobs import WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
+from hpo.storage.retry import outage_bound
 from hpo.trial.entry import WORKER_ENV, run_trial
 from hpo.trials import TrialSpec
 from search_spaces.nni import from_nni_params
@@ -72,6 +73,7 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
     with SqlStorage(db_url) as storage:
         stored = storage.get_experiment(experiment_id)
         spec = spec_from_stored(stored)
+        storage.wait_for_outages(outage_bound(spec.database.outage_s))  # from its first write, as `run_trial` does
         plan = arm_plans(spec)[arm]
         generated, seed = split_confirmation(nni.get_next_parameter())
         if seed is None:

@@ -484,8 +484,9 @@ class Storage(abc.ABC):
         controller asked to stop). Backends that are never away need not override it."""
 
     def unreachable_for(self) -> float | None:
-        """For how many seconds the database has been unreachable, or None when it answered last: what a progress
-        line says while the controller waits."""
+        """For how many seconds the database has been unreachable, or None when it answered every kind of call last
+        (a read's answer does not end an outage of writes: hpo.storage.retry.Outage): what a progress line says while
+        the controller waits."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, backends without resources need not override it

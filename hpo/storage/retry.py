@@ -11,8 +11,9 @@ The bound is `database.outage_s` of the experiment file (default `DEFAULT_OUTAGE
 `HPO_DATABASE_OUTAGE_S` when set: the environment wins, so an operator can change it for an experiment that is
 already stored (a resume reads the stored file) without editing anything. The outage is counted from the first
 failure any caller of the same storage saw, not per call: a controller whose threads each meet it gives up once,
-at the bound, and after the bound every call tries once and fails at once. Any answer from the database (a row,
-or a refusal such as NotFoundError) ends the outage.
+at the bound, and after the bound every call tries once and fails at once. Writes and reads keep apart clocks
+(`Outage`): an answer to a write (a row, or a refusal such as NotFoundError) ends the outage, an answer to a read
+only an outage of reads, since an SQLite file another writer keeps locked still answers reads.
 
 `without_waiting()` makes the calls inside it try once (the progress view and the heartbeat, which try again at
 their next tick anyway; a trial's intermediate metrics, which it keeps until a later write gets through). A call
@@ -43,6 +44,9 @@ DEFAULT_OUTAGE_S = 600.0
 BASE_DELAY_S = 0.25  # the first pause: a lock or a dropped connection is often gone by then
 MAX_DELAY_S = 5.0  # the longest pause: a database that is back is noticed within this
 STOP_CHECK_S = 0.2  # how often a pause looks whether its caller has given up
+# A write's failure this long after the last one, with none between, starts a new outage: a write that waits fails
+# every MAX_DELAY_S plus SQLite's busy timeout (10 s) at most.
+STALE_FAILURE_S = 60.0
 
 T = TypeVar("T")
 
@@ -106,25 +110,36 @@ class Outage:
     """Since when the database has been unreachable, for writes and for reads apart, shared by every thread of one
     storage (thread-safe). A write that gets through ends both; a read that answers ends only an outage of reads: an
     SQLite file that another writer keeps locked still answers reads (WAL), and those answers must not restart the
-    clock of the writes that wait for it."""
+    clock of the writes that wait for it. Reads that fail mean writes fail too (a server that is down), so a write's
+    outage counts from the first failure of either. A write failure with no other for `STALE_FAILURE_S` was one
+    that no write waited on (a server that writes once in hours): the next starts a new outage."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._since: dict[bool, float] = {}  # write? -> when the first try that failed began
+        self._last_write_failure: float | None = None
         self._lock = threading.Lock()
 
     def failed(self, started: float, write: bool = True) -> float:
         """A try (a write, or only reads) that began at `started` (clock seconds) failed: how long the database
         has now been unreachable for such calls."""
         with self._lock:
+            now = self._clock()
+            if write:
+                last, self._last_write_failure = self._last_write_failure, now
+                if last is not None and now - last > STALE_FAILURE_S:
+                    self._since.pop(True, None)
             since = self._since.setdefault(write, started)
-        return self._clock() - since
+            if write:
+                since = min(self._since.values())
+        return now - since
 
     def ended(self, write: bool = True) -> None:
         """The database answered a write (every outage is over) or a read (an outage of reads is)."""
         with self._lock:
             if write:
                 self._since.clear()
+                self._last_write_failure = None
             else:
                 self._since.pop(False, None)
 

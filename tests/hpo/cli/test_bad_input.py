@@ -10,7 +10,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -23,6 +22,7 @@ from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.runners.process import controller_running_here
 from hpo.storage import SqlStorage
+from hpo.storage import retry as retry_module
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
 
@@ -520,10 +520,18 @@ def test_a_command_that_writes_waits_for_a_locked_file_as_long_as_the_environmen
         assert "stayed locked by another writer" in err and "Another process holds a write transaction" in err
         assert "HPO_DATABASE_OUTAGE_S" in err
         monkeypatch.setenv("HPO_DATABASE_OUTAGE_S", "60")
-        released = threading.Timer(1.0, lambda: holder.execute("ROLLBACK"))  # another process ends its write
-        released.start()
+        pauses: list[float] = []
+        pause = retry_module._pause
+
+        def release_then_pause(seconds, *args):  # the resume waits: the other process ends its write meanwhile
+            if not pauses:
+                holder.execute("ROLLBACK")
+            pauses.append(seconds)
+            pause(seconds, *args)
+
+        monkeypatch.setattr(retry_module, "_pause", release_then_pause)
         assert main(["--db", url, "resume", "locked", "--quiet"]) == 0
-        released.join()
+        assert pauses  # it waited for the lock instead of failing
     finally:
         holder.close()
     with SqlStorage(url) as storage:

@@ -28,6 +28,7 @@ from hpo.storage.retry import (
     DEFAULT_OUTAGE_S,
     MAX_DELAY_S,
     OUTAGE_ENV,
+    STALE_FAILURE_S,
     Outage,
     as_replay,
     backoff,
@@ -241,6 +242,24 @@ def test_reads_that_answer_do_not_end_an_outage_of_writes():
     assert outage.unreachable_for() == pytest.approx(35)
     outage.ended(write=True)
     assert outage.unreachable_for() is None
+
+
+def test_a_write_counts_from_the_first_failed_read_and_a_lone_old_failure_starts_no_outage():
+    """A server that is down fails reads first (the progress view's), then the controller's write: the write's bound
+    counts from the first read that failed. A write that failed once, hours before, with no write waiting since
+    (a server that writes rarely), does not make the next failure hours long."""
+    time = FakeTime()
+    outage = Outage(time.clock)
+    outage.failed(started=time.now, write=False)
+    time.now += 5
+    assert outage.failed(started=time.now, write=True) == pytest.approx(5)
+    outage.ended(write=True)
+    assert outage.failed(started=time.now, write=True) == 0  # one failed write, then reads that answer for 3 h
+    outage.ended(write=False)
+    time.now += STALE_FAILURE_S + 3 * 3600
+    assert outage.failed(started=time.now - 0.5, write=True) == pytest.approx(0.5)
+    time.now += STALE_FAILURE_S / 2  # a write waiting on it fails again within the limit: the same outage
+    assert outage.failed(started=time.now, write=True) == pytest.approx(0.5 + STALE_FAILURE_S / 2)
 
 
 def test_replaying_is_false_outside_a_retry():
