@@ -198,7 +198,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_running_here
+    from hpo.runners.process import controller_running_here, process_state
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
 
@@ -233,11 +233,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
             and liveness(record) == "interrupted"
             and controller_running_here(*holder, record.heartbeat_at)
         ):
+            held = record.controller_pid
+            state = process_state(held)
+            why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)"
+                   if state and state[0] == "T" else
+                   "it could not write to the database (another process keeps it locked, or it is away); stop it "
+                   f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
             raise ControllerBusyError(
-                f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid "
-                f"{record.controller_pid}), though its last heartbeat is old: it could not write to the database "
-                "(another process keeps it locked, or it is away); stop it first (Ctrl-C there, or `kill "
-                f"{record.controller_pid}`), or wait until it ends"
+                f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid {held}), "
+                f"though its last heartbeat is old: {why}"
             )
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
     except BaseException:

@@ -6,6 +6,7 @@ an arm or a batch size the experiment does not have, a database URL that does no
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ from sqlalchemy.engine import make_url
 from hpo.cli.main import main
 from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.runners.process import controller_running_here
+from hpo.runners.process import controller_running_here, process_state
 from hpo.storage import SqlStorage
 from hpo.storage import retry as retry_module
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
@@ -486,6 +487,12 @@ def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_
         assert main(["--db", url, "resume", "held", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"is driven by a controller that still runs on this machine (pid {controller.pid})" in err
+        assert "it could not write to the database" in err
+        controller.send_signal(signal.SIGSTOP)  # Ctrl-Z in its terminal: Ctrl-C and `kill` wait until it continues
+        while process_state(controller.pid)[0] != "T":
+            time.sleep(0.01)
+        assert main(["--db", url, "resume", "held", "--quiet"]) == 2
+        assert f"it is stopped (Ctrl-Z: `kill -CONT {controller.pid}` continues it" in capsys.readouterr().err
         with SqlStorage(url) as storage:
             assert storage.get_experiment_by_name("held").controller_pid == controller.pid  # not taken over
     finally:
