@@ -32,14 +32,14 @@ def close_storages() -> None:
 def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
     from hpo.storage.engine import sqlite_file
-    from hpo.storage.retry import OUTAGE_ENV, outage_bound
+    from hpo.storage.retry import outage_bound
 
     url = url or default_database_url()
     refuse_in_memory(url)
     # A command that writes waits for a database that is away from its first call on when HPO_DATABASE_OUTAGE_S
     # says so (`hpo run` and `hpo resume` then take the experiment file's bound unless it is set); one that only
     # reads never waits.
-    wait = outage_bound() if writes and os.environ.get(OUTAGE_ENV, "").strip() else 0.0
+    wait = outage_bound(0.0) if writes else 0.0
     path = sqlite_file(url)
     if path is not None and path.is_file() and path.stat().st_size == 0 and not read_only:
         return SqlStorage(url, upgrade=True, outage_s=wait)  # an empty file (`touch hpo.db`) is a new SQLite database

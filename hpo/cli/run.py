@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_running_here
+    from hpo.runners.process import controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
     from search_spaces import shipped_preset
@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             finished = existing.status is ExperimentStatus.FINISHED
             if finished:
                 then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
-            elif liveness(existing) == "live" or controller_running_here(
+            elif liveness(existing) == "live" or controller_here(
                 existing.controller_host, existing.controller_pid, existing.heartbeat_at
             ):
                 then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
@@ -198,7 +198,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_running_here, process_state
+    from hpo.runners.process import controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
 
@@ -228,15 +228,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
         holder = (record.controller_host, record.controller_pid)
-        if (
-            holder != (host, pid)
-            and liveness(record) == "interrupted"
-            and controller_running_here(*holder, record.heartbeat_at)
-        ):
+        stale = holder != (host, pid) and liveness(record) == "interrupted"
+        state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
+        if state:
             held = record.controller_pid
-            state = process_state(held)
             why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)"
-                   if state and state[0] == "T" else
+                   if state == "T" else
                    "it could not write to the database (another process keeps it locked, or it is away); stop it "
                    f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
             raise ControllerBusyError(

@@ -8,7 +8,7 @@ experiment whose last heartbeat is older than `STALE_AFTER` intervals has lost i
 `interrupted`, and `hpo resume` may take it over. The thread, not the study loop, beats, so a tuner that thinks
 for a few seconds does not look dead. A beat tries the database once (`without_waiting`): while it is away the
 thread tries every `OUTAGE_BEAT_S` seconds, so the claim is fresh again right after it returns. A stale claim
-whose controller still runs on this machine (`hpo.runners.process.controller_running_here`) is not taken over by
+whose controller still runs on this machine (`hpo.runners.process.controller_here`) is not taken over by
 `hpo resume` there.
 """
 

@@ -288,22 +288,24 @@ def process_started_at(pid: int) -> datetime | None:
     return datetime.fromtimestamp(boot + int(state[1]) / os.sysconf("SC_CLK_TCK"), timezone.utc)
 
 
-def controller_running_here(host: str | None, pid: int | None, last_beat: datetime | None) -> bool:
-    """Whether the controller recorded as (host, pid) still runs on this machine though its heartbeat `last_beat` went
-    stale (it could not write: another process kept an SQLite file locked): a live process of that pid, not a
-    zombie, started before that heartbeat (not a later process that took the pid over), whose arguments run or
-    resume an experiment with hpo. False on another host, or where /proc cannot tell."""
+def controller_here(host: str | None, pid: int | None, last_beat: datetime | None) -> str | None:
+    """The state letter (/proc's: R, S, T for stopped...) of the controller recorded as (host, pid) where it still
+    runs on this machine though its heartbeat `last_beat` went stale (it could not write: another process kept an
+    SQLite file locked): a live process of that pid, not a zombie, started before that heartbeat (not a later
+    process that took the pid over), whose arguments run or resume an experiment with hpo. None otherwise, on
+    another host, or where /proc cannot tell."""
     if not pid or last_beat is None or host != socket.gethostname():
-        return False
+        return None
     state = process_state(pid)
     started = process_started_at(pid)
     if state is None or state[0] in "ZX" or started is None or started > last_beat + timedelta(seconds=CLOCK_SLACK_S):
-        return False
+        return None
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return any(os.path.basename(arg) == b"hpo" for arg in argv) and bool({b"run", b"resume"} & set(argv))
+        return None
+    runs = any(os.path.basename(arg) == b"hpo" for arg in argv) and bool({b"run", b"resume"} & set(argv))
+    return state[0] if runs else None
 
 
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:

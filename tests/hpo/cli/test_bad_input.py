@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from hpo.cli.main import main
 from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.runners.process import controller_running_here, process_state
+from hpo.runners.process import controller_here, process_state
 from hpo.storage import SqlStorage
 from hpo.storage import retry as retry_module
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
@@ -471,12 +471,12 @@ def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_
     argv = [sys.executable, "-c", "import time; time.sleep(120)", "hpo", "run", "held"]
     controller = subprocess.Popen(argv)
     time.sleep(1.0)  # its heartbeat, 0.5 s ago below, comes after its start
-    assert not controller_running_here(socket.gethostname(), controller.pid, datetime.now(timezone.utc) - timedelta(
+    assert not controller_here(socket.gethostname(), controller.pid, datetime.now(timezone.utc) - timedelta(
         seconds=30))  # a beat before the process started: another process took the pid over  # fmt: skip
-    assert not controller_running_here("another-host", controller.pid, datetime.now(timezone.utc))
+    assert not controller_here("another-host", controller.pid, datetime.now(timezone.utc))
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", ".hpo/hpo.db"])
     try:
-        assert not controller_running_here(socket.gethostname(), other.pid, datetime.now(timezone.utc))
+        assert not controller_here(socket.gethostname(), other.pid, datetime.now(timezone.utc))
     finally:
         other.kill()
         other.wait()
