@@ -15,11 +15,15 @@ and clean the generated file in `migrations/versions/` by hand (tests check migr
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from hpo.errors import BadDatabaseError, SchemaOutOfDateError, StorageError
@@ -37,9 +41,13 @@ HEAD_REVISION = "0006_trial_told_before"
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:
-    """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed."""
+    """Bring the database at `url` to `revision` (default: the newest), creating the tables if needed. A new SQLite
+    file appears with its tables in it (`_create_sqlite_file`): no other process sees it half made."""
     from alembic import command
 
+    path = sqlite_file(url)
+    if path is not None and not path.exists() and _create_sqlite_file(url, path, revision):
+        return
     _refuse_tables_not_ours(url)
 
     def upgrade(config: Config) -> None:
@@ -50,6 +58,35 @@ def upgrade_database(url: str, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
     _run_alembic(url, upgrade)
+
+
+def _create_sqlite_file(url: str, path: Path, revision: str) -> bool:
+    """Make a new SQLite database at `path` whole: its schema is built in a hidden file beside it, which is then
+    linked to `path` in one step (a link, unlike a rename, never replaces a file another process made meanwhile).
+    Built in place, the file would be seen before its schema was committed, and `hpo status` or a second `hpo run`
+    on it would say it had no hpo tables. False when `path` should be upgraded as it is instead: another process
+    made it first, or this file system makes no hard links."""
+    from alembic import command
+
+    hidden = path.with_name(f".{path.name}.new-{os.getpid()}-{threading.get_ident()}")
+    try:
+        _run_alembic(make_url(url).set(database=str(hidden)).render_as_string(hide_password=False),
+                     lambda config: command.upgrade(config, revision), shown=url)  # fmt: skip
+        if _sqlite_leftovers(hidden):  # a log not folded into the file when it closed: link nothing
+            return False
+        os.link(hidden, path)
+        return True
+    except OSError:  # made by another process meanwhile (EEXIST), or no hard links here: upgrade what is there
+        return False
+    finally:
+        for leftover in (hidden, *_sqlite_leftovers(hidden)):
+            with contextlib.suppress(OSError):  # none where the folder could not be made
+                leftover.unlink(missing_ok=True)
+
+
+def _sqlite_leftovers(path: Path) -> list[Path]:
+    """The files SQLite keeps beside a database while it is open (its write-ahead log and shared memory)."""
+    return [Path(f"{path}{suffix}") for suffix in ("-wal", "-shm", "-journal") if Path(f"{path}{suffix}").exists()]
 
 
 def downgrade_database(url: str, revision: str) -> None:
@@ -157,8 +194,11 @@ def alembic_config(connection: Connection) -> Config:
     return config
 
 
-def _run_alembic(url: str, alembic_command) -> None:
+def _run_alembic(url: str, alembic_command, shown: str | None = None) -> None:
+    """Run `alembic_command` on the database at `url`; errors name `shown` (default: `url`)."""
     from alembic.util import CommandError
+
+    shown = shown or url
 
     engine = create_storage_engine(url)
     try:
@@ -171,9 +211,9 @@ def _run_alembic(url: str, alembic_command) -> None:
             connection.execution_options(**{WRITE_OPTION: True})
             alembic_command(alembic_config(connection))
     except SQLAlchemyError as exc:
-        raise storage_error(exc, url) from exc
+        raise storage_error(exc, shown) from exc
     except CommandError as exc:
-        raise StorageError(f"cannot migrate the database {safe_url(url)}: {exc}") from exc
+        raise StorageError(f"cannot migrate the database {safe_url(shown)}: {exc}") from exc
     finally:
         engine.dispose()
 

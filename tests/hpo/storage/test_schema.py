@@ -82,6 +82,54 @@ def test_a_file_that_is_not_a_sqlite_database_is_named_and_left_as_it_is(tmp_pat
     assert path.read_text() == "notes, not a database\n"
 
 
+def test_a_new_sqlite_file_appears_with_its_schema_in_it(tmp_path, monkeypatch):
+    # Built in place, the file was there before its tables: `hpo status` or a second `hpo run` opening it then was
+    # told it had no hpo tables yet. Now a reader finds no file until the schema is in it.
+    from alembic import command
+
+    path = tmp_path / "new" / "hpo.db"
+    url = f"sqlite:///{path}"
+    upgrade, seen = command.upgrade, []
+
+    def watched(config, revision):
+        seen.append(path.exists())
+        upgrade(config, revision)
+        seen.append(path.exists())
+
+    monkeypatch.setattr(command, "upgrade", watched)
+    upgrade_database(url)
+    assert seen == [False, False]
+    assert current_revision(url) == head_revision()
+    assert [p.name for p in path.parent.iterdir()] == ["hpo.db"]  # nothing hidden left beside it
+
+
+def test_a_new_sqlite_file_another_process_made_first_is_kept(tmp_path, monkeypatch):
+    import threading
+
+    from alembic import command
+
+    path = tmp_path / "hpo.db"
+    url = f"sqlite:///{path}"
+    upgrade = command.upgrade
+
+    def theirs() -> None:  # another creator, which finishes while this one builds its schema
+        with SqlStorage(url, upgrade=True) as storage:
+            storage.create_experiment("theirs", {}, "minimize")
+
+    def racing(config, revision):
+        upgrade(config, revision)
+        if threading.current_thread() is threading.main_thread() and not path.exists():
+            other = threading.Thread(target=theirs)
+            other.start()
+            other.join()
+
+    monkeypatch.setattr(command, "upgrade", racing)
+    upgrade_database(url)
+    with SqlStorage(url) as storage:
+        assert [e.name for e in storage.list_experiments()] == ["theirs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hpo.db"]
+
+
 def test_migrations_build_exactly_the_models(database_url: str):
     upgrade_database(database_url)
     engine = create_storage_engine(database_url)
