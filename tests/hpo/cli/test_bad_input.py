@@ -22,7 +22,7 @@ from hpo.cli.main import main
 from hpo.engine.liveness import liveness
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.runners.process import controller_here, process_state
-from hpo.storage import SqlStorage
+from hpo.storage import SqlStorage, current_revision, head_revision, upgrade_database
 from hpo.storage import retry as retry_module
 from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
@@ -543,6 +543,39 @@ def test_a_command_that_writes_waits_for_a_locked_file_as_long_as_the_environmen
         holder.close()
     with SqlStorage(url) as storage:
         assert storage.get_experiment_by_name("locked").status.value == "finished"
+
+
+def test_db_upgrade_waits_for_a_locked_file_as_long_as_the_environment_says(tmp_path, capsys, monkeypatch):
+    """`hpo db upgrade` failed at SQLite's busy timeout whatever HPO_DATABASE_OUTAGE_S said, though its error
+    named the variable."""
+    monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    upgrade_database(url, "0005_trials_version_filters")  # an older schema, which the upgrade must write to
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    monkeypatch.delenv("HPO_DATABASE_OUTAGE_S", raising=False)
+    try:
+        assert main(["--db", url, "db", "upgrade"]) == 1
+        err = capsys.readouterr().err
+        assert "stayed locked by another writer" in err and "HPO_DATABASE_OUTAGE_S" in err
+        assert current_revision(url) == "0005_trials_version_filters"
+        monkeypatch.setenv("HPO_DATABASE_OUTAGE_S", "60")
+        pauses: list[float] = []
+        pause = retry_module._pause
+
+        def release_then_pause(seconds, *args):  # the other process ends its write while the upgrade waits
+            if not pauses:
+                holder.execute("ROLLBACK")
+            pauses.append(seconds)
+            pause(seconds, *args)
+
+        monkeypatch.setattr(retry_module, "_pause", release_then_pause)
+        assert main(["--db", url, "db", "upgrade"]) == 0
+        assert len(pauses) == 1
+        assert "waiting up to 60 s (HPO_DATABASE_OUTAGE_S) for the database" in capsys.readouterr().err
+    finally:
+        holder.close()
+    assert current_revision(url) == head_revision()
 
 
 def test_resume_of_a_controller_that_runs_here_and_beats_names_it_as_live(tmp_path, capsys):
