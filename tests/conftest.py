@@ -16,10 +16,12 @@ default 2 threads and 2.7 s with one, on a busy 2-core machine.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Before anything imports torch: its thread pool reads this once per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 CI_PROFILE = "ci"
@@ -38,3 +40,27 @@ if settings.get_current_profile_name() == "default":
 def examples(ci: int, fuzz: int) -> int:
     """How many examples a test draws under the current profile: `ci` in `make test`, `fuzz` in `make fuzz`."""
     return fuzz if settings.get_current_profile_name() == FUZZ_PROFILE else ci
+
+
+# Tests never write into the checkout's runs/ (where `hpo run` puts an experiment's run directory by default): a
+# run directory left there by one test is an earlier run's to the next, which `hpo run` then refuses.
+_CHECKOUT_RUNS = Path(__file__).resolve().parents[1] / "runs"
+_RUNS_BEFORE = pytest.StashKey[set]()
+
+
+def _runs_entries() -> set[str]:
+    return set(os.listdir(_CHECKOUT_RUNS)) if _CHECKOUT_RUNS.is_dir() else set()
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[_RUNS_BEFORE] = _runs_entries()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # with xdist the controller looks, once every worker is done
+    left = sorted(_runs_entries() - session.config.stash.get(_RUNS_BEFORE, set()))
+    if left:
+        print(f"\nerror: the tests left run directories in {_CHECKOUT_RUNS}: {', '.join(left)} (a test ran `hpo run` "
+              "without --run-dir from the checkout)")  # fmt: skip
+        session.exitstatus = 1

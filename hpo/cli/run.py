@@ -97,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise HpoError(f"{where}: the run directory {run_dir} holds the NNI experiments of an earlier run "
                            f"({', '.join(earlier)}): choose another --run-dir, or `hpo resume` the experiment that "
                            "ran there")  # fmt: skip
+    check_run_dir_unused(run_dir, where)
     if _trials_run_here(spec, args.runner):
         check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
@@ -169,6 +170,22 @@ def check_run_dir(path: Path, where: str, recorded: bool = False) -> None:
     remedy = ("move that file away (the run directory is recorded with the experiment)" if recorded
               else "choose a directory (it is made if missing) or move that file away")  # fmt: skip
     raise HpoError(f"{where}: the run directory {path} {place} {what}; {remedy}")
+
+
+RUN_FILES = ("trials", "tuner", "checkpoints", "nni")  # what an experiment writes into its run directory
+
+
+def check_run_dir_unused(path: Path, where: str) -> None:
+    """Refuse, for a new experiment, a run directory that holds an earlier run's files: its trials would resume that
+    run's checkpoints as their own (a finished one trains nothing and reports the earlier result) and write over its
+    trial directories and tuner state."""
+    found = [name for name in RUN_FILES if (path / name).is_dir() and any((path / name).iterdir())]
+    if found:
+        raise HpoError(
+            f"{where}: the run directory {path} holds an earlier run's files ({', '.join(f'{n}/' for n in found)}): "
+            "a new experiment there would take that run's checkpoints as its own trials' and write over its files; "
+            "choose another --run-dir or remove the directory, or `hpo resume` the experiment that ran there"
+        )
 
 
 def make_run_dir(path: Path, where: str) -> None:

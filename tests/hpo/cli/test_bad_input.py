@@ -80,6 +80,27 @@ def test_a_file_where_the_default_run_directory_goes_is_refused(tmp_path, capsys
     assert experiments(db_file) == []
 
 
+def test_a_run_directory_of_an_earlier_experiment_is_refused_to_a_new_one_and_kept(tmp_path, capsys):
+    """Its trials would have resumed the earlier run's checkpoints (a finished one trains nothing and reports the
+    earlier result) and written over its trial directories and tuner state: with another database, or another
+    experiment name in the same one."""
+    run_dir = tmp_path / "run"
+    path = write(tmp_path / "e.yaml", small_preset(name="first"))
+    assert hpo(f"sqlite:///{tmp_path / 'a.db'}", "run", str(path), "--run-dir", str(run_dir), "--quiet") == 0
+    for kept in ("trials/00000/report.jsonl", "checkpoints/7b71b77109811a45-seed1234/latest.pt"):  # a trainer's
+        (run_dir / kept).parent.mkdir(parents=True)
+        (run_dir / kept).write_text("the earlier run's")
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    other = write(tmp_path / "other.yaml", small_preset(name="second"))
+    for db, experiment in (("b.db", path), ("a.db", other)):
+        assert hpo(f"sqlite:///{tmp_path / db}", "run", str(experiment), "--run-dir", str(run_dir), "--quiet") == 2
+        err = capsys.readouterr().err
+        assert f"--run-dir: the run directory {run_dir} holds an earlier run's files (trials/, checkpoints/)" in err
+        assert "choose another --run-dir" in err
+    assert experiments(tmp_path / "b.db") == [] and experiments(tmp_path / "a.db") == ["first"]
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+
 def stored_experiment(tmp_path, name: str, run_dir: Path) -> tuple[str, SqlStorage]:
     """(URL, storage) of a database with the experiment `name` (the small simulated preset) stored to run in
     run_dir, as `hpo run` left it after its controller stopped."""

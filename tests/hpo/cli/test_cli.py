@@ -125,7 +125,7 @@ def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(
     db_file = tmp_path / "hpo.db"
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     code = main(["--db", f"sqlite:///{db_file}", "run", small_experiment(tmp_path), "--runner", "dask",
-                 "--scheduler", address])  # fmt: skip
+                 "--scheduler", address, "--run-dir", str(tmp_path / "run")])  # fmt: skip
     assert code == 2
     assert f"cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
     assert not db_file.exists()
@@ -160,7 +160,7 @@ def test_a_resume_runs_the_trials_on_the_dask_cluster_the_run_chose_on_the_comma
         stopper = threading.Thread(target=stop_after_the_first_trial, daemon=True)
         stopper.start()
         code = main(["--db", url, "run", small_experiment(tmp_path), "--runner", "dask", "--scheduler", address,
-                     "--quiet"])  # fmt: skip
+                     "--run-dir", str(tmp_path / "run"), "--quiet"])  # fmt: skip
         stopper.join()
         assert code == 1  # stopped: `hpo resume` finishes it
         with SqlStorage(url) as storage:
@@ -179,7 +179,7 @@ def test_a_resume_runs_the_trials_on_the_dask_cluster_the_run_chose_on_the_comma
 def test_tuner_options_that_would_be_ignored_are_refused(tmp_path):
     db_file = tmp_path / "hpo.db"
     path = small_experiment(tmp_path, tuner={"name": "random", "seed": 0, "options": {"n_initial_configs": 3}})
-    result = hpo("--db", f"sqlite:///{db_file}", "run", path)
+    result = hpo("--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "tuner.options.n_initial_configs: not an option of random (it takes no options)" in result.stderr
     assert not db_file.exists()
@@ -288,7 +288,7 @@ def test_bad_shards_are_refused_before_the_first_trial(tmp_path):
     check at the start, naming the file, the key and the row, with no experiment row."""
     db_file = tmp_path / "hpo.db"
     path = small_experiment(tmp_path, overrides=tiny_overrides(tmp_path / "data", **{"model.vocab_size": 50}))
-    result = hpo("--db", f"sqlite:///{db_file}", "run", path)
+    result = hpo("--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr
     assert "base_config data.train" in result.stderr
     assert "HDF5 key 'input_ids'" in result.stderr and "model.vocab_size = 50" in result.stderr

@@ -268,7 +268,9 @@ def test_an_evaluation_interval_off_the_tables_is_refused_before_anything_is_wri
     assert hpo_main(["--db", f"sqlite:///{db}", "run", str(path), "--quiet"]) == 2
     assert not db.exists()
     on_grid = experiment_file(tmp_path, "on-grid", trials=2, slots=2, overrides={"eval.every_samples": 2 * EVERY})
-    assert hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet"]) == 0
+    assert (
+        hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    )
 
 
 def test_an_experiment_recorded_with_choices_read_as_strings_resumes(tmp_path):
