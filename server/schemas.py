@@ -13,13 +13,14 @@ from pydantic import BaseModel, Field
 
 from hpo.evidence.verdict import Verdict, verdict_lines
 from hpo.export.production import reached_target
+from hpo.limits import MAX_COUNT
 from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord, curve_point
 from hpo.trials import TrialState
 
 # Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 ARM_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
-MAX_INT = 2**31 - 1
+MAX_INT = MAX_COUNT
 MAX_PAGE = 1000
 CURVE_METRICS = ("loss", "mlm_accuracy", "train_mlm_accuracy", "lr", "time_s", "sequences_per_s", "tokens_per_s")
 

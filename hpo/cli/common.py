@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from hpo.errors import HpoError
+from hpo.limits import MAX_COUNT
 
 _OPENED: list = []  # the storages a command opened, closed by `close_storages` when it returns
 
@@ -181,8 +182,8 @@ def whole_number(minimum: int, wanted: str, maximum: int | None = None):
     return parse
 
 
-positive = whole_number(1, "a positive whole number")
-non_negative = whole_number(0, "a whole number >= 0")
+positive = whole_number(1, f"a whole number from 1 to {MAX_COUNT:,}", maximum=MAX_COUNT)
+non_negative = whole_number(0, f"a whole number from 0 to {MAX_COUNT:,}", maximum=MAX_COUNT)
 tcp_port = whole_number(1, "a TCP port (1 to 65535)", maximum=65535)
 
 

@@ -77,7 +77,7 @@ def add_export(sub) -> None:
                         help="yaml: a trainer config (python -m trainer --config FILE runs it); json: provenance + "
                              "config; torchrun: the command line (default yaml)")  # fmt: skip
     export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: overall)")
-    export.add_argument("--batch-size", type=int, help="the best trial with this global batch size")
+    export.add_argument("--batch-size", type=positive, help="the best trial with this global batch size")
     export.add_argument("--nodes", type=positive, default=1, help="nodes of the production run (default 1)")
     export.add_argument("--gpus-per-node", type=positive, default=1, help="GPUs (ranks) per node (default 1)")
     export.add_argument("-o", "--output", help="write to this file instead of standard output")

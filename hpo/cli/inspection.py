@@ -200,5 +200,5 @@ def add_best(sub) -> None:
         help="the best trial of every arm, with the verdict (not with --arm or --batch-size)",
     )
     best.add_argument("--arm", help="only this arm, e.g. optimizer.name=lamb")
-    best.add_argument("--batch-size", type=int, help="only trials with this global batch size")
+    best.add_argument("--batch-size", type=positive, help="only trials with this global batch size")
     best.set_defaults(fn=cmd_best)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hpo.cli.common import check_output_file, fraction, open_storage, positive, positive_float, whole_number
 from hpo.errors import HpoError
+from hpo.limits import MAX_DRAWS, MAX_PROCESSES, MAX_REPETITIONS, MAX_SLOTS
 
 MAX_PLAN_SEED = 2**31 - 1  # with a file's tuner.seed and the repetition added, a seed must stay below 2**32
 
@@ -200,12 +201,20 @@ def add_plan(sub) -> None:
         "default learning-curve table (hpo/simulation/tables/curves.jsonl) covers",
     )
     plan.add_argument(
-        "--slots", type=positive, help="slots of the simulated cluster (default: the file's budget.max_parallel)"
+        "--slots",
+        type=whole_number(1, f"a whole number of slots from 1 to {MAX_SLOTS:,}", maximum=MAX_SLOTS),
+        help="slots of the simulated cluster (default: the file's budget.max_parallel)",
     )
     plan.add_argument(
-        "--gpus-per-slot", type=positive, help="GPUs per slot (default: the file's resources.gpus_per_trial)"
+        "--gpus-per-slot",
+        type=whole_number(1, f"a whole number of GPUs from 1 to {MAX_PROCESSES:,}", maximum=MAX_PROCESSES),
+        help="GPUs per slot (default: the file's resources.gpus_per_trial)",
     )
-    plan.add_argument("--repetitions", type=positive, help="simulated runs of the file (default 20)")
+    plan.add_argument(
+        "--repetitions",
+        type=whole_number(1, f"a whole number of repetitions from 1 to {MAX_REPETITIONS:,}", maximum=MAX_REPETITIONS),
+        help=f"simulated runs of the file (default 20, at most {MAX_REPETITIONS:,})",
+    )
     plan.add_argument(
         "--jobs",
         type=positive,
@@ -284,7 +293,7 @@ def add_plan(sub) -> None:
     )
     chances.add_argument(
         "--draws",
-        type=positive,
+        type=whole_number(1, f"a whole number of draws from 1 to {MAX_DRAWS:,}", maximum=MAX_DRAWS),
         metavar="N",
         help="drawn experiments per confirmation budget (default 2,000; about 1 ms a verdict)",
     )

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from hpo.errors import ExperimentFileError
+from hpo.limits import MAX_CONFIRM_SEEDS, MAX_PROCESSES, MAX_SLOTS, MAX_TRIALS
 from search_spaces.errors import SearchSpaceError
 from search_spaces.space import SearchSpace
 
@@ -110,8 +111,8 @@ class Tuner(_Section):
 
 
 class Budget(_Section):
-    trials: int = Field(ge=1, description="Trials in total (over all arms).")
-    max_parallel: int = Field(1, ge=1, description="Trials running at the same time at most.")
+    trials: int = Field(ge=1, le=MAX_TRIALS, description="Trials in total (over all arms).")
+    max_parallel: int = Field(1, ge=1, le=MAX_SLOTS, description="Trials running at the same time at most.")
     trial_timeout_s: float | None = Field(None, gt=0, description="Kill a trial after this many seconds.")
     min_budget: float = Field(1 / 9, gt=0, le=1, description="Hyperband: smallest fraction of budget.max_samples.")
     max_budget: float = Field(1.0, gt=0, le=1, description="Hyperband: largest fraction of budget.max_samples.")
@@ -119,8 +120,11 @@ class Budget(_Section):
     confirm_seeds: int | Literal["auto"] = Field(0, description="Re-run each arm's best config with this many more "
                                                  "seeds (the verdict's evidence), or auto: in rounds until the verdict "
                                                  "decides or max_confirm_seeds is reached.")  # fmt: skip
-    max_confirm_seeds: int | None = Field(None, ge=2, description="confirm_seeds: auto only: the most confirmation "
-                                          f"runs per arm (default {DEFAULT_MAX_CONFIRM_SEEDS}).")  # fmt: skip
+    max_confirm_seeds: int | None = Field(
+        None, ge=2, le=MAX_CONFIRM_SEEDS,
+        description="confirm_seeds: auto only: the most confirmation runs per arm "
+        f"(default {DEFAULT_MAX_CONFIRM_SEEDS}).",
+    )  # fmt: skip
 
     @field_validator("confirm_seeds", mode="before")
     @classmethod
@@ -128,9 +132,9 @@ class Budget(_Section):
         if value == "auto":
             return value
         seeds = whole_number(value)
-        if seeds is None or seeds < 0:
+        if seeds is None or not 0 <= seeds <= MAX_CONFIRM_SEEDS:
             shown = str(value).lower() if isinstance(value, bool) else repr(value)
-            raise ValueError(f"expected a whole number of seeds (>= 0) or auto, got {shown}")
+            raise ValueError(f"expected a whole number of seeds (0 to {MAX_CONFIRM_SEEDS:,}) or auto, got {shown}")
         return seeds
 
     @model_validator(mode="after")
@@ -195,10 +199,12 @@ class Machine(_Section):
 
 class Resources(_Section):
     gpus: list[int] | Literal["all", "none"] = Field("all", description="GPU ids to use, all, or none (CPU).")
-    gpus_per_trial: int = Field(1, ge=1, description="GPUs per trial, one rank (process) each.")
-    trials_per_gpu: int = Field(1, ge=1, description="Small trials sharing one GPU (gpus_per_trial must be 1).")
-    cpu_slots: int = Field(1, ge=1, description="Trials side by side when no GPU is used.")
-    cpu_ranks_per_trial: int = Field(1, ge=1, description="gloo ranks (processes) of one trial on CPU.")
+    gpus_per_trial: int = Field(1, ge=1, le=MAX_PROCESSES, description="GPUs per trial, one rank (process) each.")
+    trials_per_gpu: int = Field(1, ge=1, le=MAX_PROCESSES, description="Small trials sharing one GPU (gpus_per_trial "
+                                "must be 1).")  # fmt: skip
+    cpu_slots: int = Field(1, ge=1, le=MAX_PROCESSES, description="Trials side by side when no GPU is used.")
+    cpu_ranks_per_trial: int = Field(1, ge=1, le=MAX_PROCESSES, description="gloo ranks (processes) of one trial on "
+                                     "CPU.")  # fmt: skip
     memory_limit_mb: int | None = Field(
         None, ge=MIN_MEMORY_LIMIT_MB, description="Address-space limit of each trial process (CPU); importing PyTorch "
         "alone takes about 0.75 GB.")  # fmt: skip

@@ -18,6 +18,7 @@ import yaml
 from fastapi import APIRouter, Body, HTTPException, Query
 from pydantic import BaseModel, Field
 
+from hpo.limits import MAX_PROCESSES, MAX_SLOTS
 from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
 from server.errors import ERROR_RESPONSES
@@ -43,9 +44,9 @@ ACTION = {
     },  # fmt: skip
 }
 Repetitions = Annotated[int, Query(ge=1, le=MAX_REPETITIONS, description="Simulated runs of the experiment.")]
-Slots = Annotated[int | None, Query(ge=1, le=1_000_000, description="Slots of the simulated cluster (default: the "
+Slots = Annotated[int | None, Query(ge=1, le=MAX_SLOTS, description="Slots of the simulated cluster (default: the "
                                     "file's budget.max_parallel).")]  # fmt: skip
-GpusPerSlot = Annotated[int | None, Query(ge=1, le=1024, description="GPUs per slot (default: the file's "
+GpusPerSlot = Annotated[int | None, Query(ge=1, le=MAX_PROCESSES, description="GPUs per slot (default: the file's "
                                           "resources.gpus_per_trial).")]  # fmt: skip
 Gpu = Annotated[Literal["a100", "h100"] | None, Query(description="The GPU whose samples/s set simulated durations.")]
 Difference = Annotated[

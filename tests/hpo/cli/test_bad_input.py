@@ -611,3 +611,28 @@ def test_resume_of_a_controller_that_runs_here_and_beats_names_it_as_live(tmp_pa
     err = capsys.readouterr().err
     assert f"is driven by a live controller (host {socket.gethostname()}, pid {controller.pid}" in err
     assert "heartbeat is old" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["trials", "e", "--after", str(10**23)], "--after: expected a whole number from 0 to 2,147,483,647"),
+        (["trials", "e", "--limit", str(2**31)], "--limit: expected a whole number from 1 to 2,147,483,647"),
+        (["best", "e", "--batch-size", str(10**23)], "--batch-size: expected a whole number from 1 to 2,147,483,647"),
+        (["export", "e", "--batch-size", "0"], "--batch-size: expected a whole number from 1 to 2,147,483,647, got 0"),
+        (["plan", "adam_vs_lamb_simulated", "--slots", str(10**9)], "--slots: expected a whole number of slots from 1"),
+        (["plan", "adam_vs_lamb_simulated", "--draws", str(10**12)], "--draws: expected a whole number of draws"),
+        (["plan", "adam_vs_lamb_simulated", "--repetitions", str(10**9)], "--repetitions: expected a whole number of"),
+    ],
+    ids=["trials-after", "trials-limit", "best-batch-size", "export-batch-size-0", "plan-slots", "plan-draws",
+         "plan-repetitions"],
+)  # fmt: skip
+def test_counts_past_what_the_database_or_the_machine_takes_are_bad_input_naming_the_option(
+    tmp_path, capsys, args, says
+):
+    """They ended in tracebacks: an integer too large for SQLite, or a plan allocating 87 TiB or a billion slots."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -480,6 +480,21 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     ),
     ("compare_listed_twice", {"compare": ["optimizer.name", "optimizer.name"]}, "compare", "listed twice"),
     ("negative_trials", {"budget": {"trials": -3}}, "budget.trials", "greater than or equal to 1"),
+    # counts past any real experiment (a typo): a billion slots or trials filled the memory of `hpo plan` and `run`
+    ("a_billion_trials", {"budget": {"trials": 10**9}}, "budget.trials", "less than or equal to 1000000"),
+    ("a_billion_slots", {"budget": {"trials": 4, "max_parallel": 10**9}}, "budget.max_parallel", "less than or equal"),
+    (
+        "a_billion_cpu_slots",
+        {"resources": {"gpus": "none", "cpu_slots": 10**9}},
+        "resources.cpu_slots",
+        "or equal to 1024",
+    ),
+    (
+        "a_billion_confirm_seeds",
+        {"budget": {"trials": 4, "confirm_seeds": 10**9}},
+        "budget.confirm_seeds",
+        "0 to 10,000",
+    ),
     ("trials_fewer_than_arms", {"budget": {"trials": 1}}, "budget.trials", "2 arms"),
     ("misspelled_budget_field", {"budget": {"trials": 4, "trails": 5}}, "budget.trails", "did you mean trials"),
     (
