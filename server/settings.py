@@ -9,7 +9,7 @@ HPO_API_ACCESS_LOG one line per request on stdout (default 1; 0 turns it off, fo
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hpo.storage.engine import default_database_url
@@ -23,6 +23,15 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
     api_token: SecretStr | None = Field(None, description="Bearer token for actions; None refuses every action.")
     api_access_log: bool = Field(True, description="Log one line per request (uvicorn's access log).")
+
+    @field_validator("api_host")
+    @classmethod
+    def _named_host(cls, value: str) -> str:
+        """An empty address would bind every interface (uvicorn passes it on as is): it must be said, 0.0.0.0."""
+        if not value.strip():
+            raise ValueError("an empty address binds every network interface: give 127.0.0.1 (this machine only) "
+                             "or, to expose the API to the network, 0.0.0.0")  # fmt: skip
+        return value.strip()
 
     @property
     def token(self) -> str | None:

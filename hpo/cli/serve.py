@@ -19,7 +19,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
     except ValidationError as e:
-        where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
+        where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg'].removeprefix('Value error, ')}"
+                          for err in e.errors())  # fmt: skip
         raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
     refuse_in_memory(settings.database_url)
     check_database_url(settings.database_url)

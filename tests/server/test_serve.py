@@ -60,3 +60,21 @@ def test_a_database_url_no_request_could_use_is_refused_before_the_server_starts
             err = capsys.readouterr().err
             assert says in err and "is in use" not in err, (url, err)  # refused before the port is tried
     assert (tmp_path / "notes.db").read_text() == "not a database\n"
+
+
+def test_an_empty_host_is_refused_not_bound_to_every_interface(tmp_path: Path, monkeypatch, capsys):
+    """uvicorn binds '' to every interface (0.0.0.0), where the default is this machine only."""
+    from hpo.cli.main import main
+
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'absent.db'}")
+    with socket.socket() as taken:  # were the host let by, the server would stop at once on this port, in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for flag, variable in ((["--host", ""], None), ([], " ")):
+            if variable is not None:
+                monkeypatch.setenv("HPO_API_HOST", variable)
+            assert main(["serve", *flag, "--port", port]) == 2
+            err = capsys.readouterr().err
+            assert "HPO_API_HOST: an empty address binds every network interface: give 127.0.0.1" in err
+            assert "is in use" not in err

@@ -165,7 +165,8 @@ def test_a_section_with_every_line_commented_out_is_called_empty(tmp_path, secti
 def test_confirm_seeds_that_is_neither_a_number_nor_auto_is_one_line(tmp_path, value):
     path, message = refusal(tmp_path, make_experiment(budget={"trials": 4, "confirm_seeds": value}))
     shown = "true" if value is True else repr(value)
-    assert message == f"{path}: budget.confirm_seeds: expected a whole number of seeds (0 to 10,000) or auto, got {shown}"
+    expected = f"budget.confirm_seeds: expected a whole number of seeds (0 to 10,000) or auto, got {shown}"
+    assert message == f"{path}: {expected}"
 
 
 def test_an_unknown_asha_option_names_the_valid_ones(tmp_path):
