@@ -68,7 +68,10 @@ class SimulatedRunner(Runner):
         before anything is written."""
         simulation = spec.runner.simulation
         self.spec = spec
-        self.table = load_table(simulation.table)
+        try:
+            self.table = load_table(simulation.table)
+        except HpoError as e:  # the file and the field that named the table, before what is wrong with it
+            raise HpoError(f"{spec.source}: runner.simulation.table: {e}") from None
         handicaps = {name: (h.curves_of, h.delay_samples) for name, h in simulation.handicaps.items()}
         self.surrogate = Surrogate(self.table, handicaps)
         self.clock = SimulatedClock()

@@ -300,3 +300,15 @@ def test_an_experiment_recorded_with_choices_read_as_strings_resumes(tmp_path):
     assert [t.state for t in trials if t.kind is TrialKind.TUNING] == [TrialState.COMPLETED] * 4
     assert trials[0].params == params  # the record stays as it ran
     assert hpo_main(["--db", url, "report", "old", "-o", str(tmp_path / "report")]) == 0  # its figures place them
+
+
+def test_a_bad_curve_table_is_named_with_the_experiment_file_and_its_field(tmp_path, capsys):
+    """The error named only the table (`/etc/passwd line 1: not JSON`): which file and field chose it is what to fix."""
+    path = experiment_file(tmp_path, "bad-table", trials=2, slots=2)
+    (tmp_path / "curves.jsonl").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    says = f"{path}: runner.simulation.table: {tmp_path / 'curves.jsonl'} line 1: not JSON (Expecting value)"
+    db = tmp_path / "hpo.db"
+    for command in (["run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")], ["plan", str(path)]):
+        assert hpo_main(["--db", f"sqlite:///{db}", *command]) == 2
+        assert says in capsys.readouterr().err
+        assert not db.exists()
