@@ -18,6 +18,8 @@ from hpo.cli.common import (
 )
 from hpo.errors import ControllerBusyError, HpoError, NotFoundError
 
+NNI_PORT = 8080  # the first port tried for an NNI experiment's web UI (NNI's own default)
+
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     import random
@@ -82,6 +84,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
     if spec.engine == "nni" and (args.runner or args.scheduler):
         raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine != "nni" and args.port is not None:
+        raise HpoError(f"--port applies to engine: nni (the first port tried for NNI's web UI); {spec.name} runs on "
+                       f"engine: {spec.engine}, which has no web UI (`hpo serve` starts the REST API)")  # fmt: skip
     if spec.engine == "local":
         check_runner_options(spec, args.runner, args.scheduler)  # the options themselves, before data or a cluster
     run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
@@ -135,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port)
+        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port or NNI_PORT)
     return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
 
 
@@ -250,6 +255,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_outage_bound(spec)
     if spec.engine == "nni" and (args.runner or args.scheduler):
         raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine != "nni" and args.port is not None:
+        raise HpoError(f"--port applies to engine: nni (the first port tried for NNI's web UI); {spec.name} runs on "
+                       f"engine: {spec.engine}, which has no web UI (`hpo serve` starts the REST API)")  # fmt: skip
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
 
@@ -284,7 +292,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if spec.engine == "nni":
         from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True, port=args.port)
+        return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True, port=args.port or NNI_PORT)
     return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
 
 
@@ -310,7 +318,7 @@ def add_run(sub) -> None:
     run.add_argument("experiment", help="the experiment YAML file, or a shipped preset's name (`hpo presets`)")
     run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
     run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
-    run.add_argument("--port", type=tcp_port, default=8080, help="engine nni: first port tried for its web UI")
+    run.add_argument("--port", type=tcp_port, help=f"engine nni: first port tried for its web UI (default {NNI_PORT})")
     runner_options(run)
     run.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     run.set_defaults(fn=cmd_run)
@@ -320,7 +328,8 @@ def add_resume(sub) -> None:
     """`hpo resume`."""
     resume = sub.add_parser("resume", help="finish an experiment whose controller died or was stopped")
     resume.add_argument("name", help="the experiment's name")
-    resume.add_argument("--port", type=tcp_port, default=8080, help="engine nni: first port tried for its web UI")
+    resume.add_argument("--port", type=tcp_port,
+                        help=f"engine nni: first port tried for its web UI (default {NNI_PORT})")  # fmt: skip
     runner_options(resume)
     resume.add_argument("--quiet", action="store_true", help="no progress display and no summary")
     resume.set_defaults(fn=cmd_resume)

@@ -636,3 +636,18 @@ def test_counts_past_what_the_database_or_the_machine_takes_are_bad_input_naming
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_web_ui_port_for_an_experiment_without_nni_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`hpo run FILE --port 9000` on the local engine ran and ignored it, as `--scheduler` without dask is not."""
+    path = write(tmp_path / "e.yaml", small_preset(name="local-port"))
+    db_file = tmp_path / "hpo.db"
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), "--port", "9000", "--run-dir", str(tmp_path / "run")) == 2
+    assert "--port applies to engine: nni" in capsys.readouterr().err
+    assert experiments(db_file) == [] and not (tmp_path / "run").exists()
+    url, storage = stored_experiment(tmp_path, "stopped", tmp_path / "run")  # stored, as a stopped run leaves it
+    storage.close()
+    assert hpo(url, "resume", "stopped", "--port", "9000") == 2
+    assert "--port applies to engine: nni" in capsys.readouterr().err
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("stopped").status.value == "running"  # not claimed, not run

@@ -134,7 +134,7 @@ def test_resume_takes_port_like_run(tmp_path):
 
     args = build_parser().parse_args(["resume", "nniexp", "--port", "18123"])
     assert args.port == 18123
-    assert build_parser().parse_args(["resume", "nniexp"]).port == 8080
+    assert build_parser().parse_args(["resume", "nniexp"]).port is None  # NNI_PORT where the engine is nni
 
 
 @pytest.mark.nni
