@@ -182,6 +182,19 @@ def whole_number(minimum: int, wanted: str, maximum: int | None = None):
     return parse
 
 
+def given(what: str):
+    """An argparse type: a non-empty string (`what` names it in the message). An empty one (`--db ""`, a variable
+    that expanded to nothing) is refused, not taken for the option left out."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string (leave the option out for its "
+                                             "default)")  # fmt: skip
+        return text
+
+    return parse
+
+
 positive = whole_number(1, f"a whole number from 1 to {MAX_COUNT:,}", maximum=MAX_COUNT)
 non_negative = whole_number(0, f"a whole number from 0 to {MAX_COUNT:,}", maximum=MAX_COUNT)
 tcp_port = whole_number(1, "a TCP port (1 to 65535)", maximum=65535)

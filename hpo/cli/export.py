@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hpo.cli.common import check_output_file, open_storage, positive, write_output_file, wrong_batch_size
+from hpo.cli.common import check_output_file, given, open_storage, positive, write_output_file, wrong_batch_size
 from hpo.errors import HpoError
 
 
@@ -80,7 +80,9 @@ def add_export(sub) -> None:
     export.add_argument("--batch-size", type=positive, help="the best trial with this global batch size")
     export.add_argument("--nodes", type=positive, default=1, help="nodes of the production run (default 1)")
     export.add_argument("--gpus-per-node", type=positive, default=1, help="GPUs (ranks) per node (default 1)")
-    export.add_argument("-o", "--output", help="write to this file instead of standard output")
+    export.add_argument(
+        "-o", "--output", type=given("a file to write"), help="write to this file instead of standard output"
+    )
     export.add_argument("--config-path", help="the config file the torchrun command names (default: -o, else "
                                               "best.yaml)")  # fmt: skip
     export.set_defaults(fn=cmd_export)

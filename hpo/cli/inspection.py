@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from hpo.cli.common import check_stored_arm, non_negative, open_storage, parse_state, positive, wrong_batch_size
+from hpo.cli.common import check_stored_arm, given, non_negative, open_storage, parse_state, positive, wrong_batch_size
 from hpo.errors import HpoError
 
 
@@ -181,7 +181,11 @@ def add_trials(sub) -> None:
     """`hpo trials`."""
     trials = sub.add_parser("trials", help="list an experiment's trials")
     trials.add_argument("name", help="the experiment's name")
-    trials.add_argument("--state", help="only trials in this state (queued, running, completed, failed, ...)")
+    trials.add_argument(
+        "--state",
+        type=given("a trial state"),
+        help="only trials in this state (queued, running, completed, failed, ...)",
+    )
     trials.add_argument("--arm", help="only trials of this arm, e.g. optimizer.name=lamb")
     trials.add_argument("--offset", type=non_negative, default=0, help="skip this many trials (paging)")
     trials.add_argument("--after", type=non_negative, metavar="N",

@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 
-from hpo.cli.common import close_storages
+from hpo.cli.common import close_storages, given
 from hpo.cli.export import add_export
 from hpo.cli.imports import add_import
 from hpo.cli.inspection import add_best, add_status, add_trials
@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
     parser.add_argument("--version", action=VersionAction, help="print hpo's version and exit")
     parser.add_argument(
-        "--db", help="database URL (default: HPO_DATABASE_URL, else $HPO_HOME/hpo.db; HPO_HOME: ./.hpo)"
+        "--db",
+        type=given("a database URL"),
+        help="database URL (default: HPO_DATABASE_URL, else $HPO_HOME/hpo.db; HPO_HOME: ./.hpo)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpo.cli.common import directory_blocker, open_storage, safe_url
+from hpo.cli.common import directory_blocker, given, open_storage, safe_url
 from hpo.errors import HpoError
 
 
@@ -147,7 +147,7 @@ def add_report(sub) -> None:
     report.add_argument("names", nargs="+", metavar="NAME",
                         help="the experiment(s); with several, compare.html plots samples to target and the noise "
                              "scale against global batch size per optimizer (e.g. the batch_scaling runs)")  # fmt: skip
-    report.add_argument("-o", "--output", default="reports",
+    report.add_argument("-o", "--output", default="reports", type=given("a directory"),
                         help="the directory for NAME.html (and compare.html); default ./reports")  # fmt: skip
     report.add_argument("--png", metavar="DIR", help="also write each figure of the report(s) as DIR/NAME-FIGURE.png "
                                                      "(for slides and papers)")  # fmt: skip

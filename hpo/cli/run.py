@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hpo.cli.common import (
     directory_blocker,
+    given,
     open_storage,
     refuse_imported,
     refuse_in_memory,
@@ -316,7 +317,9 @@ def add_run(sub) -> None:
     """`hpo run`."""
     run = sub.add_parser("run", help="run an experiment file (live progress; Ctrl-C stops, resume finishes)")
     run.add_argument("experiment", help="the experiment YAML file, or a shipped preset's name (`hpo presets`)")
-    run.add_argument("--run-dir", help="where trial configs, logs and checkpoints go (default runs/NAME)")
+    run.add_argument(
+        "--run-dir", type=given("a directory"), help="where trial configs, logs and checkpoints go (default runs/NAME)"
+    )
     run.add_argument("--engine", choices=["local", "nni"], help="override the file's engine (default: the file's)")
     run.add_argument("--port", type=tcp_port, help=f"engine nni: first port tried for its web UI (default {NNI_PORT})")
     runner_options(run)

@@ -651,3 +651,26 @@ def test_a_web_ui_port_for_an_experiment_without_nni_is_refused_before_anything_
     assert "--port applies to engine: nni" in capsys.readouterr().err
     with SqlStorage(url) as storage:
         assert storage.get_experiment_by_name("stopped").status.value == "running"  # not claimed, not run
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--db", "", "status"], "--db"),
+        (["trials", "e", "--state", " "], "--state"),
+        (["export", "e", "-o", ""], "-o/--output"),
+        (["report", "e", "-o", ""], "-o/--output"),
+        (["run", "adam_vs_lamb_simulated", "--run-dir", ""], "--run-dir"),
+    ],
+    ids=["db", "trials-state", "export-output", "report-output", "run-dir"],
+)
+def test_an_empty_option_is_refused_not_taken_for_its_default(tmp_path, capsys, monkeypatch, args, option):
+    """`--db ""` used the default database, `-o ""` printed or wrote ./NAME.html, `--state ""` listed every trial and
+    `--run-dir ""` ran in runs/NAME: a variable that expanded to nothing would go unnoticed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HPO_HOME", str(tmp_path / "home"))
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert f"argument {option}: expected" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
