@@ -54,6 +54,7 @@ Difference = Annotated[
     Query(
         ge=0,
         lt=1,
+        allow_inf_nan=False,  # else nan is refused as "less than 1"
         description="A stated true difference (0.1: the first arm needs "
         "10 % fewer samples; 0: a tie) the repetitions run at and are judged "
         "against (`hpo plan --difference`); default: the table's own truth.",

@@ -154,3 +154,13 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     assert "application/yaml" in post["requestBody"]["content"]
     assert {"401", "403", "422", "504"} <= set(post["responses"])
     assert "get" in schema["paths"]["/api/v1/experiments/{name}/plan"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_difference_that_is_not_a_finite_number_is_named_so(planned, value):
+    """nan was refused as "Input should be less than 1"."""
+    path, _, server = planned
+    with server.client() as api:
+        answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"difference": value})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["msg"] == "Input should be a finite number", answer.text
