@@ -63,4 +63,5 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if left:
         print(f"\nerror: the tests left run directories in {_CHECKOUT_RUNS}: {', '.join(left)} (a test ran `hpo run` "
               "without --run-dir from the checkout)")  # fmt: skip
-        session.exitstatus = 1
+        if session.exitstatus == 0:  # an interrupted or failed session keeps its own status
+            session.exitstatus = 1

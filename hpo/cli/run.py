@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.runners.process import controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
+    from hpo.storage.engine import sqlite_file
     from search_spaces import shipped_preset
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
@@ -103,12 +104,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise HpoError(f"{where}: the run directory {run_dir} holds the NNI experiments of an earlier run "
                            f"({', '.join(earlier)}): choose another --run-dir, or `hpo resume` the experiment that "
                            "ran there")  # fmt: skip
-    check_run_dir_unused(run_dir, where)
+    leftovers = earlier_run_files(run_dir)
+    url = args.db or default_database_url()
+    if leftovers and (path := sqlite_file(url)) is not None and not path.exists():
+        refuse_earlier_run(run_dir, where, leftovers)  # no database to find the experiment in: and none is made
     if _trials_run_here(spec, args.runner):
         check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
-        url = args.db or default_database_url()
         if spec.engine == "nni":
             from hpo.nni.config import check_remote
 
@@ -129,6 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"change `name:` in {args.experiment}")  # fmt: skip
             raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or "
                            f"{rename}")  # fmt: skip
+        refuse_earlier_run(run_dir, where, leftovers)  # after that: the same experiment again is told what it is
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
     except BaseException:
         if runner is not None:
@@ -178,19 +182,33 @@ def check_run_dir(path: Path, where: str, recorded: bool = False) -> None:
     raise HpoError(f"{where}: the run directory {path} {place} {what}; {remedy}")
 
 
-RUN_FILES = ("trials", "tuner", "checkpoints", "nni")  # what an experiment writes into its run directory
+# What an experiment's trials and tuners write into its run directory. NNI's own files (nni/) are not here: a failed
+# NNI start leaves them for its logs, and the same `hpo run` starts again there; an NNI experiment that did run is
+# refused by its own check (`hpo.nni.manager.load_experiments`).
+RUN_FILES = ("trials", "tuner", "checkpoints")
 
 
-def check_run_dir_unused(path: Path, where: str) -> None:
+def earlier_run_files(path: Path) -> list[str]:
+    """The entries of RUN_FILES in the run directory `path` that hold something (an unreadable one counts)."""
+    found = []
+    for name in RUN_FILES:
+        try:
+            if (path / name).is_dir() and any((path / name).iterdir()):
+                found.append(name)
+        except OSError:
+            found.append(name)
+    return found
+
+
+def refuse_earlier_run(path: Path, where: str, found: list[str]) -> None:
     """Refuse, for a new experiment, a run directory that holds an earlier run's files: its trials would resume that
     run's checkpoints as their own (a finished one trains nothing and reports the earlier result) and write over its
     trial directories and tuner state."""
-    found = [name for name in RUN_FILES if (path / name).is_dir() and any((path / name).iterdir())]
     if found:
         raise HpoError(
             f"{where}: the run directory {path} holds an earlier run's files ({', '.join(f'{n}/' for n in found)}): "
-            "a new experiment there would take that run's checkpoints as its own trials' and write over its files; "
-            "choose another --run-dir or remove the directory, or `hpo resume` the experiment that ran there"
+            "a new experiment there would resume that run's trials from their checkpoints and write over its files; "
+            "choose another --run-dir (or move that directory away), or `hpo resume` the experiment that ran there"
         )
 
 

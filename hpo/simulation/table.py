@@ -237,6 +237,10 @@ def load_table(path: str | Path) -> CurveTable:
             f"cannot read the curve table {path}: {e.strerror}; generate it with "
             f"`python -m bench.curves.generate` {IN_A_CHECKOUT} or point runner.simulation.table at it"
         ) from None
+    except UnicodeDecodeError as e:
+        raise HpoError(f"{path}: not a curve table: not UTF-8 text (byte 0x{e.object[e.start : e.start + 1].hex()} "
+                       f"at offset {e.start}); a table is JSON lines, as `python -m bench.curves.generate` writes "
+                       "them") from None  # fmt: skip
     lines = text.splitlines()
     being_written = len(lines) if not text.endswith("\n") else None  # the generator appends whole lines
     records = []

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +71,7 @@ def _create_sqlite_file(url: str, path: Path, revision: str) -> bool:
     from alembic import command
 
     hidden = path.with_name(f".{path.name}.new-{os.getpid()}-{threading.get_ident()}")
+    _remove_abandoned(path)
     try:
         _run_alembic(make_url(url).set(database=str(hidden)).render_as_string(hide_password=False),
                      lambda config: command.upgrade(config, revision), shown=url)  # fmt: skip
@@ -82,6 +85,19 @@ def _create_sqlite_file(url: str, path: Path, revision: str) -> bool:
         for leftover in (hidden, *_sqlite_leftovers(hidden)):
             with contextlib.suppress(OSError):  # none where the folder could not be made
                 leftover.unlink(missing_ok=True)
+
+
+ABANDONED_AFTER_S = 3600.0  # a hidden new database this old was left by a creator that was killed: none takes as long
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove the hidden files of creations of `path` that a killed process left (SIGKILL, or SIGTERM, which runs no
+    cleanup) an hour or more ago; younger ones may be another process's, still building."""
+    now = time.time()
+    for hidden in path.parent.glob(f".{glob.escape(path.name)}.new-*"):
+        with contextlib.suppress(OSError):
+            if now - hidden.stat().st_mtime >= ABANDONED_AFTER_S:
+                hidden.unlink()
 
 
 def _sqlite_leftovers(path: Path) -> list[Path]:

@@ -97,6 +97,10 @@ def test_a_run_directory_of_an_earlier_experiment_is_refused_to_a_new_one_and_ke
         err = capsys.readouterr().err
         assert f"--run-dir: the run directory {run_dir} holds an earlier run's files (trials/, checkpoints/)" in err
         assert "choose another --run-dir" in err
+    # the same experiment again, where it ran: told that it exists and what reads it (not to resume it)
+    assert hpo(f"sqlite:///{tmp_path / 'a.db'}", "run", str(path), "--run-dir", str(run_dir), "--quiet") == 2
+    err = capsys.readouterr().err
+    assert "experiment 'first' already exists (status finished)" in err and "hpo resume" not in err
     assert experiments(tmp_path / "b.db") == [] and experiments(tmp_path / "a.db") == ["first"]
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
 

@@ -84,6 +84,9 @@ def test_a_bad_table_line_is_named(tmp_path):
         load_table(path)
     with pytest.raises(HpoError, match=r"cannot read the curve table .*missing.jsonl.*bench.curves.generate"):
         load_table(tmp_path / "missing.jsonl")
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(HpoError, match=r"binary.jsonl: not a curve table: not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_table(tmp_path / "binary.jsonl")
 
 
 def test_a_handicapped_optimizer_reads_another_ones_curves_delayed(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -128,6 +130,21 @@ def test_a_new_sqlite_file_another_process_made_first_is_kept(tmp_path, monkeypa
     with SqlStorage(url) as storage:
         assert [e.name for e in storage.list_experiments()] == ["theirs"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hpo.db"]
+
+
+def test_a_new_sqlite_file_removes_what_a_killed_creator_left_an_hour_ago_and_nothing_younger(tmp_path):
+    import os
+    import time
+
+    path = tmp_path / "hpo.db"
+    old, young = (tmp_path / f".hpo.db.new-{pid}-1" for pid in (4242, 4343))
+    for hidden in (old, Path(f"{old}-wal"), young):
+        hidden.write_bytes(b"half made")
+    hour_ago = time.time() - 3601
+    for hidden in (old, Path(f"{old}-wal")):
+        os.utime(hidden, (hour_ago, hour_ago))
+    upgrade_database(f"sqlite:///{path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [young.name, "hpo.db"]
 
 
 def test_migrations_build_exactly_the_models(database_url: str):
