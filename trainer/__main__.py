@@ -14,7 +14,7 @@ import sys
 import threading
 
 from trainer.config import dump_config, load_config, shipped_config_names
-from trainer.errors import ConfigError, DataError, TrainerError
+from trainer.errors import ConfigError, DataError, FinalSaveError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    except FinalSaveError as e:  # its final record is written: not a second one
+        print(f"error: {e}", file=sys.stderr)
+        return TrainStatus.FAILED.exit_code
     except TrainerError as e:  # outside the loop (a checkpoint that does not load, say)
         record_unended(cfg, reporter, str(e), "data" if isinstance(e, DataError) else "crash")
         print(f"error: {e}", file=sys.stderr)

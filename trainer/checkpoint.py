@@ -8,7 +8,9 @@ cut short removes its temporary file, and the next save removes any that a kille
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,16 +50,34 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
     tmp = directory / f".{path.name}.tmp"
     try:
         torch.save(payload, tmp)
-    except BaseException:  # SIGTERM or Ctrl-C (KeyboardInterrupt), a full disk: nothing half-written stays
+    except BaseException as e:  # SIGTERM or Ctrl-C (KeyboardInterrupt), a full disk: nothing half-written stays
         tmp.unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):  # torch.save's writer says a full disk as a RuntimeError
+            raise CheckpointError(f"checkpoint.dir: cannot save {path}: {_why_not_written(e, directory)}") from e
         raise
-    os.replace(tmp, path)
-    tmp_latest = directory / f".{LATEST}.tmp"
-    if tmp_latest.exists():
-        tmp_latest.unlink()
-    os.link(path, tmp_latest)
-    os.replace(tmp_latest, directory / LATEST)
+    try:
+        os.replace(tmp, path)
+        tmp_latest = directory / f".{LATEST}.tmp"
+        if tmp_latest.exists():
+            tmp_latest.unlink()
+        os.link(path, tmp_latest)
+        os.replace(tmp_latest, directory / LATEST)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint.dir: cannot make {directory / LATEST} point at {path}: "
+                              f"{_why_not_written(e, directory)}") from e  # fmt: skip
     return path
+
+
+def _why_not_written(error: BaseException, directory: Path) -> str:
+    """What stopped a checkpoint's write, with the free space of its disk (a full disk is the usual cause)."""
+    what = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
+    if isinstance(error, OSError) and error.errno != errno.ENOSPC:
+        return f"{what}: fix that, or choose another checkpoint.dir"
+    try:  # no space left, or torch's writer failing part-way (how it says a full disk)
+        free = f"; {shutil.disk_usage(directory).free / 2**20:,.0f} MiB free on its disk"
+    except OSError:
+        free = ""
+    return f"{what}{free}: free space there, or choose another checkpoint.dir"
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], TrainState]:

@@ -27,3 +27,12 @@ class CheckpointError(TrainerError):
 
 class BackendUnavailableError(TrainerError):
     """An optional backend (for example NVIDIA apex) was requested but cannot be imported."""
+
+
+class FinalSaveError(CheckpointError):
+    """The run ended and its final record was written, but its final checkpoint could not be saved: the result
+    stands (`result`), the latest checkpoint is an earlier one."""
+
+    def __init__(self, message: str, result) -> None:
+        super().__init__(message)
+        self.result = result  # the run's TrainResult, as its final record has it

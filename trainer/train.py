@@ -49,7 +49,7 @@ from trainer.distributed import (
     init_process_group,
     pick_device,
 )
-from trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
+from trainer.errors import CheckpointError, ConfigError, DataError, FinalSaveError, TrainerError
 from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
@@ -315,9 +315,7 @@ class Run:
 
 
 def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: Reporter, mlperf: MLPerfLog) -> Run:
-    accumulation_steps(cfg, env)  # a batch that does not split is refused before any work
     autocast = resolve_autocast(cfg, device)
-    check_attention(cfg, device, autocast)
     width = cfg.data.max_seq_length
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model, max_seq_length=width)
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, cfg.eval.max_samples, width)
@@ -803,6 +801,9 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     refuse_before_work(cfg)
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
+    # what this machine cannot run, refused before the MLPerf log (which opening replaces) is touched
+    accumulation_steps(cfg, env)  # a batch that does not split
+    check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
     init_process_group(env, device)
     if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is
         log(env, f"{done} is the checkpoint of a finished run: nothing is left to train (its MLPerf log is kept)")
@@ -851,15 +852,23 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
             checkpoint(run, state, every_rank=status is not TrainStatus.FAILED)  # a failed rank may not get here
         except KeyboardInterrupt as e:  # after the final record: the message says so, the CLI how to go on
             raise type(e)(final_save_interrupted(cfg, e, result)) from None
+        except CheckpointError as e:  # a full disk: the result stands, the CLI says what was not saved
+            raise FinalSaveError(f"the run ended ({result.status.value}) and its final record is written, but its "
+                                 f"final checkpoint was not saved: {e}; {kept_checkpoint(cfg)} stays the latest",
+                                 result) from None  # fmt: skip
     return result
 
 
 def final_save_interrupted(cfg: TrainerConfig, e: KeyboardInterrupt, result: TrainResult) -> str:
     what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+    return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
+            f" {kept_checkpoint(cfg)} stays the latest")  # fmt: skip
+
+
+def kept_checkpoint(cfg: TrainerConfig) -> str:
+    """The latest checkpoint of checkpoint.dir, in words, for a message about a final save that did not happen."""
     latest = latest_checkpoint(cfg.checkpoint.dir)
     try:
-        kept = f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
+        return f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
     except CheckpointError:  # what the message says must not replace the stop
-        kept = f"{latest}, which does not read,"
-    return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
-            f" {kept} stays the latest")  # fmt: skip
+        return f"{latest}, which does not read,"

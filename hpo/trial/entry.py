@@ -176,7 +176,7 @@ def run_trial(
 ) -> TrialResult:
     """Claim, train and record one attempt of a trial; returns what was recorded."""
     # The trainer imports torch: loaded by the trial that trains, not by the preloaded launcher (hpo.runners.preload).
-    from trainer.errors import ConfigError
+    from trainer.errors import ConfigError, FinalSaveError
     from trainer.report import JsonLinesReporter
     from trainer.train import train
 
@@ -203,7 +203,11 @@ def run_trial(
     jsonl = JsonLinesReporter(cfg.log.jsonl)
     try:
         # train's own return value: only rank 0 reports a final record (database.result is None on the others)
-        trained = train(cfg, FanOutReporter([database, jsonl, *extra_reporters]))
+        try:
+            trained = train(cfg, FanOutReporter([database, jsonl, *extra_reporters]))
+        except FinalSaveError as e:  # the result stands; a continuation (Hyperband, ASHA) starts from the last save
+            print(f"warning: {e}", file=sys.stderr)
+            trained = e.result
         result = trial_result(spec, trained, cfg, time.monotonic() - started)
     except ConfigError as e:  # valid on paper, refused on this machine (e.g. fp16 without a GPU)
         result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})

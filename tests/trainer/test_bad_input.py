@@ -305,3 +305,39 @@ def test_a_warmup_longer_than_the_run_is_said_with_the_highest_rate_it_reaches(t
     )
     code, err, _ = cli(tmp_path / "short", capsys, **{"schedule.warmup_steps": 11})  # the peak at step 11, the last
     assert code == 0 and "warning: schedule.warmup_steps" not in err
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ({"batch.global_batch_size": 30}, "batch."),
+        ({"model.attention": "varlen"}, "varlen"),
+        ({"precision.dtype": "fp16"}, "precision.dtype: fp16 needs a CUDA device"),
+    ],
+    ids=["batch-that-does-not-split", "varlen-on-cpu", "fp16-on-cpu"],
+)
+def test_a_run_this_machine_refuses_leaves_the_mlperf_log_of_the_last_run_as_it_was(tmp_path, capsys, override, says):
+    """These were refused after the MLPerf log had been opened, which replaced it with a 7-line start."""
+    mlperf = tmp_path / "mlperf.log"
+    code, err, _ = cli(tmp_path, capsys, **{"log.mlperf": str(mlperf), "budget.max_samples": 16})
+    assert code == 0, err
+    kept = mlperf.read_text()
+    code, err, _ = cli(tmp_path, capsys, **{"log.mlperf": str(mlperf), "budget.max_samples": 16}, **override)
+    assert code == 2 and says in err, err
+    assert "Traceback" not in err and "training BERT" not in err
+    assert mlperf.read_text() == kept
+
+
+def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_final_record(tmp_path, capsys):
+    """It wrote the run's final record (a success), then ended in a traceback: the exit code and the record now agree
+    on what happened, and the message says what was not saved and why."""
+    ck = tmp_path / "ck"
+    (ck / "latest.pt").mkdir(parents=True)  # in the way of the save's last step
+    code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
+    assert code == 1, err
+    said = "error: the run ended (budget_exhausted) and its final record is written, but its final checkpoint was "
+    assert f"{said}not saved: checkpoint.dir: cannot make {ck / 'latest.pt'} point at" in err, err
+    assert "Is a directory: fix that, or choose another checkpoint.dir; no checkpoint stays the latest" in err, err
+    assert "Traceback" not in err
+    finals = [r for r in records if r.get("kind") == "final"]
+    assert [r["status"] for r in finals] == ["budget_exhausted"]

@@ -7,6 +7,7 @@ import torch
 
 from trainer import checkpoint
 from trainer.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.errors import CheckpointError
 
 
 def test_a_save_cut_short_leaves_the_latest_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
@@ -36,3 +37,18 @@ def test_a_save_sweeps_what_an_earlier_killed_save_left(tmp_path):
     (tmp_path / "notes.tmp").write_text("not ours")
     save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000000016.pt", "latest.pt", "notes.tmp"]
+
+
+def test_a_full_disk_is_said_with_the_free_space_and_leaves_the_latest_checkpoint(tmp_path, monkeypatch):
+    """torch's writer says a full disk as `[enforce fail at inline_container.cc] unexpected pos`: the error now names
+    checkpoint.dir, the space left and what to do. /dev/full stands for the full disk (writes to it fail, ENOSPC)."""
+    save_checkpoint(tmp_path, {"model": {"w": torch.ones(3)}}, TrainState(step=1, samples=8))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    real_save = torch.save
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f, *a, **k: real_save(obj, "/dev/full", *a, **k))
+    with pytest.raises(CheckpointError) as error:
+        save_checkpoint(tmp_path, {"model": {"w": torch.zeros(3)}}, TrainState(step=2, samples=16))
+    message = str(error.value)
+    assert message.startswith(f"checkpoint.dir: cannot save {tmp_path / 'ckpt-000000000016.pt'}: "), message
+    assert "unexpected pos" in message and "MiB free on its disk: free space there, or choose another" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
