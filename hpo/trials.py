@@ -6,6 +6,7 @@ Failures are data: a trial that crashes, is killed, runs out of memory, diverges
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -57,3 +58,11 @@ class TrialResult:
     best_mlm_accuracy: float | None = None
     duration_s: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)  # the trainer's final record
+
+
+def objective_text(value: float) -> str:
+    """An objective for people: samples or seconds of 1,000 and more whole, with every digit (98,304, not 9.83e+04:
+    trials that differ by a few samples must not look equal); others to 4 significant digits (0.1175, 12.5)."""
+    if math.isfinite(value) and 1000 <= abs(value) < 1e15:
+        return f"{value:,.0f}"
+    return f"{value:,.4g}"

@@ -9,6 +9,7 @@ from typing import Any
 
 from hpo.cli.common import check_stored_arm, given, non_negative, open_storage, parse_state, positive, wrong_batch_size
 from hpo.errors import HpoError
+from hpo.trials import objective_text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -108,7 +109,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
     trials = trials[: args.limit]
     print(f"{'#':>4} {'state':<10} {'arm':<24} {'budget':>6} {'objective':>12} {'acc':>7}  reason / params")
     for t in trials:
-        objective = f"{t.objective:,.4g}" if t.objective is not None else "-"
+        objective = objective_text(t.objective) if t.objective is not None else "-"
         acc = f"{t.best_mlm_accuracy:.4f}" if t.best_mlm_accuracy is not None else "-"
         detail = t.reason or json.dumps(t.params, default=str)
         if t.kind is not TrialKind.TUNING:  # a re-run of its arm's best configuration with another seed
@@ -132,6 +133,11 @@ def cmd_best(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     check_stored_arm(record, args.arm)  # an arm it does not have would match nothing
     if args.per_arm:
+        from hpo.experiment import spec_from_stored
+
+        if not spec_from_stored(record).compare:
+            raise HpoError(f"experiment {record.name} compares no arms (its file has no `compare:`): "
+                           f"`hpo best {record.name}` shows its best trial")  # fmt: skip
         best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
     else:
         trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)

@@ -36,6 +36,7 @@ from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
 from hpo.storage.engine import safe_url
 from hpo.storage.retry import outage_bound
+from hpo.trials import objective_text
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
 from trainer.data.checks import load_checked_samples
@@ -239,7 +240,10 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")
-    print(f"  {hpo} best {spec.name} --per-arm  # the winners and the verdict again, as YAML")
+    if spec.compare:
+        print(f"  {hpo} best {spec.name} --per-arm  # the winners and the verdict again, as YAML")
+    else:
+        print(f"  {hpo} best {spec.name}            # the best configuration again, as YAML")
     print(f"  {hpo} export {spec.name} -o best.yaml && {python} -m trainer --config best.yaml  # train the best")
 
 
@@ -266,9 +270,11 @@ def experiment_verdict(storage: Storage, experiment_id: int, spec):
 
 
 def describe_best(trial, spec) -> str:
-    parts = [f"{spec.objective.metric} {trial.objective:,.6g}"]
-    if trial.samples_to_target is None and spec.objective.metric in ("samples_to_target", "time_to_target_s"):
-        parts.append("(target not reached: penalized)")
+    objective, metric = objective_text(trial.objective), spec.objective.metric
+    if trial.samples_to_target is None and metric in ("samples_to_target", "time_to_target_s"):
+        parts = [f"target not reached: objective {objective} (the penalty {metric} takes)"]
+    else:
+        parts = [f"{metric} {objective}"]
     if trial.best_mlm_accuracy is not None:
         parts.append(f"best mlm_accuracy {trial.best_mlm_accuracy:.4f}")
     return ", ".join(parts)

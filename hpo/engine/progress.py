@@ -22,7 +22,7 @@ from hpo.experiment.arms import arms
 from hpo.mlperf import imported
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.storage.retry import without_waiting
-from hpo.trials import TrialKind, TrialState
+from hpo.trials import TrialKind, TrialState, objective_text
 
 FINISHED = [s for s in TrialState if s.finished]
 
@@ -43,7 +43,7 @@ def describe_trial(trial: TrialRecord) -> str:
     if trial.reason:
         parts.append(trial.reason)
     if trial.objective is not None:
-        parts.append(f"objective {trial.objective:,.4g}")
+        parts.append(f"objective {objective_text(trial.objective)}")
     label = f"trial {trial.number}" + (f" [{trial.arm}]" if trial.arm else "")
     label += f" (budget {trial.budget:.2f})" if trial.budget < 1 else ""
     label += f" (confirmation, seed {trial.seed})" if trial.kind.value == "confirmation" else ""
@@ -165,7 +165,9 @@ class ProgressView:
         if note.startswith("confirmations:"):  # sequential confirmations (hpo.engine.study): the round and the verdict
             line += f" | {note.split(';', 1)[0]}"
         if best:
-            line += " | best: " + "; ".join(f"{arm}: trial {t.number} ({t.objective:,.4g})" for arm, t in best.items())
+            line += " | best: " + "; ".join(
+                f"{arm}: trial {t.number} ({objective_text(t.objective)})" for arm, t in best.items()
+            )
         return line
 
     def _table(self, line: str, best: dict[str, TrialRecord] | None = None) -> Table:
@@ -174,7 +176,7 @@ class ProgressView:
         table = Table(show_header=False, box=None, pad_edge=False)
         table.add_row(line.split(" | best:")[0] or "starting ...")
         for arm, trial in (best or {}).items():
-            table.add_row(f"  best {arm}: trial {trial.number}, objective {trial.objective:,.4g}")
+            table.add_row(f"  best {arm}: trial {trial.number}, objective {objective_text(trial.objective)}")
         return table
 
 

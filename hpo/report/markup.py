@@ -10,6 +10,7 @@ from hpo.report import figures
 from hpo.report.data import (
     TrialRow,
 )
+from hpo.trials import objective_text
 
 Link = Callable[[str], str]
 
@@ -36,7 +37,7 @@ def fmt_samples(value: float | None) -> str:
 
 
 def fmt_objective(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.6g}"
+    return "–" if value is None else objective_text(value)
 
 
 def fmt_accuracy(value: float | None) -> str:

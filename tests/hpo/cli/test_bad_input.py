@@ -678,3 +678,19 @@ def test_an_empty_option_is_refused_not_taken_for_its_default(tmp_path, capsys, 
     assert exit_.value.code == 2
     assert f"argument {option}: expected" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_best_per_arm_of_an_experiment_that_compares_no_arms_says_so_and_what_shows_its_best(tmp_path, capsys):
+    """It said "no completed trial matches" (exit 1), and `hpo run`'s summary suggested that very command."""
+    data = small_preset(name="one-arm", compare=[])
+    data["space"] = {k: v for k, v in data["space"].items() if not k.startswith("optimizer.name")}
+    path = write(tmp_path / "e.yaml", data)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert hpo(url, "run", str(path), "--run-dir", str(tmp_path / "run")) == 0
+    out = capsys.readouterr().out
+    assert "best one-arm --per-arm" not in out and "best one-arm            # the best configuration again" in out
+    assert hpo(url, "best", "one-arm", "--per-arm") == 2
+    assert "experiment one-arm compares no arms (its file has no `compare:`): `hpo best one-arm` shows" in (
+        capsys.readouterr().err
+    )
+    assert hpo(url, "best", "one-arm") == 0
