@@ -35,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     # torch loads only after the config is valid, so a bad config is refused at once.
-    from trainer.distributed import check_device, cleanup, dist_env_from_environ
-    from trainer.report import JsonLinesReporter
-    from trainer.train import Terminated, crash_reason, refuse_before_work, train
+    try:
+        from trainer.distributed import check_device, cleanup, dist_env_from_environ
+        from trainer.report import JsonLinesReporter
+        from trainer.train import Terminated, crash_reason, refuse_before_work, train
+    except KeyboardInterrupt:  # while torch loads (a second or two): nothing began, nothing is written
+        print("error: interrupted (Ctrl-C) while PyTorch loaded, before anything began", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
     if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")

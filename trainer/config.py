@@ -71,7 +71,9 @@ class ModelConfig(Section):
     attention_probs_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout on attention weights.")
     layer_norm_eps: float = Field(1e-12, gt=0.0, description="LayerNorm epsilon (HF BERT: 1e-12).")
     initializer_range: float = Field(0.02, gt=0.0, description="Std of the normal init of weights.")
-    init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
+    init_checkpoint: str | None = Field(
+        None, min_length=1, description="HF state dict (.bin/.pt) or .safetensors to start from."
+    )
     attention: Literal["auto", "packed", "padded", "jagged", "varlen"] = Field(
         "auto",
         description="Attention kernel over the packed stream: varlen (PyTorch's flash kernel, with dropout; a GPU of "
@@ -116,8 +118,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train: str = Field("data/demo/train", description="Directory or glob of training HDF5 shards.")
-    eval: str = Field("data/demo/eval", description="Directory or glob of evaluation HDF5 shards.")
+    train: str = Field("data/demo/train", min_length=1, description="Directory or glob of training HDF5 shards.")
+    eval: str = Field("data/demo/eval", min_length=1, description="Directory or glob of evaluation HDF5 shards.")
     max_seq_length: int | None = Field(
         None,
         ge=8,
@@ -237,7 +239,7 @@ class BudgetConfig(Section):
 
 
 class CheckpointConfig(Section):
-    dir: str | None = Field(None, description="Directory for checkpoints (None: no checkpoints).")
+    dir: str | None = Field(None, min_length=1, description="Directory for checkpoints (None: no checkpoints).")
     every_samples: int | None = Field(None, ge=1, description="Save every this many samples (None: only at end).")
     resume: bool = Field(True, description="Resume from the latest checkpoint in dir if one exists.")
 
@@ -260,7 +262,9 @@ class MLPerfSubmissionConfig(Section):
 
 class LogConfig(Section):
     every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
-    jsonl: str | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
+    jsonl: str | None = Field(
+        None, min_length=1, description="Write JSON-lines reports to this file (None: stdout only)."
+    )
     noise_scale: bool = Field(True, description="Measure the gradient noise scale B_simple (log.noise_scale_every).")
     noise_scale_every: int = Field(
         1,

@@ -182,10 +182,18 @@ RESUME_KEYS = (
 
 
 def refuse_before_work(cfg: TrainerConfig) -> None:
-    """What the config names on disk and cannot work, refused before any work (`ConfigError`, exit code 2): a
-    checkpoint.dir that is a file or cannot be written (it is made here where missing), a model.init_checkpoint that
-    does not exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer, seed or
-    micro-batch wrote."""
+    """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2): optimizer.impl
+    apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
+    missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
+    that another model, optimizer, seed or micro-batch wrote."""
+    if cfg.optimizer.impl == "apex":
+        try:
+            import apex.optimizers  # noqa: F401  (the optimizer is built after the data and the model)
+        except ImportError as e:
+            raise ConfigError(
+                f"optimizer.impl: apex needs NVIDIA apex, which cannot be imported ({e}); install apex from source "
+                "(with its CUDA extensions) or set optimizer.impl=torch"
+            ) from None
     init = cfg.model.init_checkpoint
     if init and not Path(init).is_file():
         what = "is a directory" if Path(init).is_dir() else "does not exist"

@@ -3,6 +3,7 @@ and a run stopped with Ctrl-C: no traceback, and the same command resumes it to 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 
@@ -341,3 +342,41 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
     assert "Traceback" not in err
     finals = [r for r in records if r.get("kind") == "final"]
     assert [r["status"] for r in finals] == ["budget_exhausted"]
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ({"checkpoint.dir": "''"}, "checkpoint.dir: String should have at least 1 character"),  # wrote into the cwd
+        ({"data.eval": "''"}, "data.eval: String should have at least 1 character"),  # "no shard files found for ''"
+        ({"optimizer.impl": "apex"}, "optimizer.impl: apex needs NVIDIA apex, which cannot be imported"),  # a crash
+    ],
+    ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed"],
+)
+def test_settings_this_run_cannot_use_are_refused_before_any_work(tmp_path, capsys, monkeypatch, override, says):
+    pytest.importorskip("torch")
+    if "optimizer.impl" in override and importlib.util.find_spec("apex") is not None:
+        pytest.skip("apex is installed here")
+    monkeypatch.chdir(tmp_path)
+    code, err, records = cli(tmp_path, capsys, **override)
+    assert code == 2, err
+    assert says in err and "Traceback" not in err and "training BERT" not in err, err
+    assert records == [] and not list(tmp_path.glob("*.pt"))
+
+
+def test_ctrl_c_while_pytorch_loads_ends_with_a_line_and_exit_130_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """The first second or two of `python -m trainer` imports PyTorch; Ctrl-C then printed a traceback from torch's
+    import. A finder that raises KeyboardInterrupt on that import stands for the keypress, at that moment."""
+    import sys
+
+    class CtrlC:
+        def find_spec(self, name, path=None, target=None):
+            if name == "trainer.distributed":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "trainer.distributed")
+    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
+    assert main(make_train_overrides(tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert err == "error: interrupted (Ctrl-C) while PyTorch loaded, before anything began\n"
