@@ -432,8 +432,8 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
     for fixed in arms(spec):
         key = arm_label(fixed) if fixed else None
         label, top = key or "all", best.get(key)
-        if top is None:
-            evidence.append(ArmRuns(label, (), None))
+        if top is None:  # no tuning trial of the arm completed (none yet, or all failed or diverged)
+            evidence.append(ArmRuns(label, (), None, found=False))
             continue
         cfg = trial_config(spec, top.params)
         target, every = cfg.eval.target_mlm_accuracy, cfg.eval.every_samples

@@ -210,6 +210,25 @@ def test_found_is_a_hit_among_the_arms_tuning_trials_or_its_best_configurations_
     assert found == {"optimizer.name=lamb": True, "optimizer.name=adamw": False}
 
 
+def test_an_arm_none_of_whose_tuning_trials_completed_is_one_whose_tuning_found_nothing():
+    """Every tuning trial of adamw diverged (no best trial): the verdict said "adamw has 0 run(s); a comparison
+    needs at least 2 per arm" and "about 2 runs per arm would likely decide", of a finished experiment where no
+    confirmation run could start."""
+    from hpo.evidence.verdict import arm_runs
+    from hpo.trials import TrialKind, TrialState
+    from tests.hpo.test_objective import objective_spec
+
+    spec = objective_spec(metric="samples_to_target")
+    params = {"optimizer.name": "lamb", "optimizer.lr@lamb": 2e-3}
+    lamb = SimpleNamespace(id=1, arm="optimizer.name=lamb", budget=1.0, samples_to_target=3000, params=params,
+                           kind=TrialKind.TUNING, state=TrialState.COMPLETED, metrics={})  # fmt: skip
+    evidence = arm_runs(spec, {"optimizer.name=lamb": lamb}, [lamb])
+    assert {a.label: a.found for a in evidence} == {"optimizer.name=lamb": True, "optimizer.name=adamw": False}
+    verdict = decide(evidence)
+    assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None
+    assert "the tuning of optimizer.name=adamw found no configuration that reaches the target" in verdict.line
+
+
 def test_fewer_than_two_runs_in_an_arm_is_not_yet():
     verdict = decide([ArmRuns("a", (3000.0, 3100.0), 9000), ArmRuns("b", (3500.0,), 9000)])
     assert verdict.outcome is Outcome.NOT_YET and "b has 1 run(s); a comparison needs at least 2 per arm" in (
