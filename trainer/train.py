@@ -787,9 +787,11 @@ def crash_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
 
 
-def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError) -> TrainResult:
+def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError | str,
+                kind: str = "data") -> TrainResult:  # fmt: skip
     """The result of a run whose data (the shards, or model.init_checkpoint's weights) was refused before any step:
-    failed, with the error as its reason and "data" as its kind (not the hyperparameters' fault)."""
+    failed, with the error as its reason and "data" as its kind (not the hyperparameters' fault); or, of `kind`
+    "oom", one whose model and data did not fit the device's memory."""
     result = TrainResult(
         status=TrainStatus.FAILED,
         reason=str(error),
@@ -797,7 +799,7 @@ def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: Tra
         global_batch_size=cfg.batch.global_batch_size,
         micro_batch_size=cfg.batch.micro_batch_size if cfg.batch.micro_batch_size != "auto" else None,
         target_mlm_accuracy=cfg.eval.target_mlm_accuracy,
-        error="data",
+        error=kind,
     )
     if env.is_main:
         reporter.final(result)
@@ -823,6 +825,11 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     except (DataError, CheckpointError) as e:  # bad data (or initial weights) is refused before the first step, as a
         mlperf.close()  # result of its own
         return refuse_data(cfg, env, reporter, e)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:  # a model too large for the device, likewise
+        mlperf.close()
+        if not out_of_memory(e):
+            raise
+        return refuse_data(cfg, env, reporter, f"out of memory before the first step: {crash_reason(e)}", "oom")
     state = restore(run)
     mlperf.run_start(run.accumulation, run.total_steps, run.train_samples, run.eval_samples)
     log(

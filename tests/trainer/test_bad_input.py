@@ -380,3 +380,14 @@ def test_ctrl_c_while_pytorch_loads_ends_with_a_line_and_exit_130_not_a_tracebac
     assert main(make_train_overrides(tmp_path)) == 130
     err = capsys.readouterr().err
     assert err == "error: interrupted (Ctrl-C) while PyTorch loaded, before anything began\n"
+
+
+def test_a_model_too_large_for_the_memory_ends_as_out_of_memory_not_a_crash(tmp_path, capsys):
+    """Built before the first step, it ended in the allocator's traceback, recorded as a crash; in the loop the same
+    error is an `oom` (on a GPU: a model that does not fit the device). 10**13 vocabulary rows fit no machine."""
+    code, err, records = cli(tmp_path, capsys, **{"model.vocab_size": 10**13})
+    assert code == 1, err
+    assert "error: out of memory before the first step: RuntimeError:" in err and "can't allocate memory" in err
+    assert "Traceback" not in err and "training BERT" not in err
+    finals = [r for r in records if r.get("kind") == "final"]
+    assert [(r["status"], r["error"]) for r in finals] == [("failed", "oom")]
