@@ -497,9 +497,18 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file: say which one
-        detail = "the file is empty" if path.stat().st_size == 0 else str(e) or type(e).__name__
-        raise CheckpointError(f"cannot read weights file {path} (model.init_checkpoint): {detail}") from e
-    return state.get("model", state) if isinstance(state, dict) else state
+        detail = "the file is empty" if path.stat().st_size == 0 else str(e).strip()
+        if "WeightsUnpickler error:" in detail:  # PyTorch's advice to load with weights_only=False would run code
+            why = detail.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0].strip()
+            detail = f"not tensors that torch.load reads without running code ({why})"
+        raise CheckpointError(f"cannot read weights file {path} (model.init_checkpoint): "
+                              f"{detail or type(e).__name__}") from e  # fmt: skip
+    state = state.get("model", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"weights file {path} (model.init_checkpoint) holds a {type(state).__name__}, not a "
+                              "state dict (parameter names mapped to tensors, as `torch.save(model.state_dict())` "
+                              "writes)")  # fmt: skip
+    return state
 
 
 def _hf_key(key: str) -> str:

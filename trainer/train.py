@@ -268,7 +268,11 @@ def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = BertForPreTraining(cfg.model)
     if cfg.model.init_checkpoint:
-        load_hf_state_dict(model, read_state_dict(cfg.model.init_checkpoint))
+        state = read_state_dict(cfg.model.init_checkpoint)  # its errors name the file
+        try:
+            load_hf_state_dict(model, state)
+        except CheckpointError as e:
+            raise CheckpointError(f"model.init_checkpoint {cfg.model.init_checkpoint}: {e}") from None
     return model.to(device)
 
 

@@ -98,22 +98,29 @@ def test_a_missing_init_checkpoint_is_refused_before_any_work(tmp_path, capsys):
     assert records == []
 
 
-@pytest.mark.parametrize("weights", ["empty", "other_shape"])
+@pytest.mark.parametrize("weights", ["empty", "other_shape", "a_list", "not_torch"])
 def test_initial_weights_that_cannot_be_used_end_the_run_with_a_final_record(tmp_path, capsys, weights):
     """model.init_checkpoint exists but cannot serve: the run is refused before its first step, as bad data is
-    (exit 1, a final record of kind "data": not the hyperparameters' fault), naming the file and why."""
+    (exit 1, a final record of kind "data": not the hyperparameters' fault), naming the file and why (a list ended
+    in a traceback; a file torch.load refused passed on PyTorch's advice to load it with weights_only=False)."""
     import torch
 
     path = tmp_path / "bert.pt"
     if weights == "empty":
         path.write_bytes(b"")
         why = f"cannot read weights file {path} (model.init_checkpoint): the file is empty"
-    else:
+    elif weights == "other_shape":
         torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(3, 3)}, path)
-        why = "bert.embeddings.word_embeddings.weight"
+        why = f"model.init_checkpoint {path}: weights key 'bert.embeddings.word_embeddings.weight' has shape (3, 3)"
+    elif weights == "a_list":
+        torch.save([1, 2], path)
+        why = f"weights file {path} (model.init_checkpoint) holds a list, not a state dict"
+    else:
+        path.write_bytes(bytes(range(256)) * 40)
+        why = f"cannot read weights file {path} (model.init_checkpoint): not tensors that torch.load reads without"
     code, err, records = cli(tmp_path, capsys, **{"model.init_checkpoint": str(path)})
     assert code == 1, err
-    assert why in err and "Traceback" not in err
+    assert why in err and "Traceback" not in err and "weights_only" not in err
     final = records[-1]
     assert (final["kind"], final["status"], final["error"], final["steps"]) == ("final", "failed", "data", 0)
     assert why in final["reason"]
