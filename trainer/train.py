@@ -402,6 +402,17 @@ def restore(run: Run) -> TrainState:
     if path is None:
         return TrainState(next_eval_samples=run.cfg.eval.every_samples)
     payload, state = load_checkpoint(path)  # at the micro-batch it was saved with (refuse_before_work, auto)
+    try:
+        _restore_from(run, payload, state)
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:  # a damaged or foreign file that loaded
+        what = f"it has no {e.args[0]!r} entry" if isinstance(e, KeyError) else str(e).strip().splitlines()[0][:300]
+        raise ConfigError(f"checkpoint.dir: {path} does not fit this run ({what}); {_earlier_save(path)}") from None
+    log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
+    return state
+
+
+def _restore_from(run: Run, payload: dict[str, Any], state: TrainState) -> None:
+    """Put the model, optimizer, schedule, loss scale, noise-scale estimate and random state back from `payload`."""
     run.model.load_state_dict(payload["model"])
     # The optimizer's moments are the checkpoint's, its hyperparameters (betas, eps, weight decay) this run's config's,
     # as its MLPerf log says: loading a state dict would put back the saved run's.
@@ -419,8 +430,6 @@ def restore(run: Run) -> TrainState:
     if "noise_scale" in payload:
         run.noise_scale.load_state_dict(payload["noise_scale"])
     restore_rank_rng(payload, run.env.rank, run.env.world_size, run.cfg.seed, state.step)
-    log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
-    return state
 
 
 def warn_long_warmup(run: Run) -> None:

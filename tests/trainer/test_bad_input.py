@@ -398,3 +398,21 @@ def test_a_model_too_large_for_the_memory_ends_as_out_of_memory_not_a_crash(tmp_
     assert "Traceback" not in err and "training BERT" not in err
     finals = [r for r in records if r.get("kind") == "final"]
     assert [(r["status"], r["error"]) for r in finals] == [("failed", "oom")]
+
+
+def test_a_checkpoint_that_loads_but_lacks_what_a_resume_needs_is_named_not_a_traceback(tmp_path, capsys):
+    """A latest.pt without its model weights (a damaged or foreign file that torch.load reads) ended in KeyError."""
+    import torch
+
+    ck = tmp_path / "ck"
+    code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
+    assert code == 0, err
+    latest = ck / "latest.pt"
+    payload = torch.load(latest, weights_only=False)
+    del payload["model"]
+    latest.unlink()  # a file of its own, not the hard link to the ckpt-*.pt it was
+    torch.save(payload, latest)
+    code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 32})
+    assert code == 2, err
+    assert f"error: checkpoint.dir: {latest} does not fit this run (it has no 'model' entry); " in err, err
+    assert "ckpt-000000000016.pt, saved at 16 samples, reads" in err and "Traceback" not in err
