@@ -354,8 +354,8 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ({"checkpoint.dir": "''"}, "checkpoint.dir: String should have at least 1 character"),  # wrote into the cwd
-        ({"data.eval": "''"}, "data.eval: String should have at least 1 character"),  # "no shard files found for ''"
+        ({"checkpoint.dir": "''"}, "checkpoint.dir: an empty path: give a path"),  # wrote into the cwd
+        ({"data.eval": "''"}, "data.eval: an empty path: give a path"),  # "no shard files found for ''"
         ({"optimizer.impl": "apex"}, "optimizer.impl: apex needs NVIDIA apex, which cannot be imported"),  # a crash
     ],
     ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed"],
