@@ -57,7 +57,7 @@ from hpo.experiment.arms import arm_label, arms, params_key
 from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
-from hpo.storage.base import Direction, MetricRecord, Storage, TrialRecord, curve_point
+from hpo.storage.base import Direction, ExperimentStatus, MetricRecord, Storage, TrialRecord, curve_point
 from hpo.storage.noise import NOISE_METRICS, LateNoise, late_noise_of
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -234,7 +234,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         tuner=spec.tuner.name,
         trials_budget=spec.budget.trials,
         confirm_seeds=spec.budget.confirm_seeds,
-        planned_confirmations=spec.budget.most_confirm_seeds * len(labels),
+        planned_confirmations=_planned_confirmations(record, spec, len(labels), records),
         compare=tuple(spec.compare),
         dimensions=_dimensions(spec),
         arms=tuple(arm_data),
@@ -513,3 +513,12 @@ def curve_of(number: int, arm: str, records: Sequence[MetricRecord]) -> Curve:
         tuple(s for s, _ in noise),
         tuple(v for _, v in noise),
     )
+
+
+def _planned_confirmations(record, spec, arm_count: int, records: Sequence[TrialRecord]) -> int:
+    """The confirmation runs an experiment plans over all its arms: confirm_seeds per arm (with auto, the cap); once
+    it has finished, those it made (auto confirmations end when the verdict decides, before the cap), as
+    `hpo status` counts them."""
+    if record.status is ExperimentStatus.FINISHED:
+        return sum(1 for t in records if t.kind is not TrialKind.TUNING)
+    return spec.budget.most_confirm_seeds * arm_count

@@ -227,6 +227,24 @@ def test_status_counts_tuning_trials_against_the_budget_and_confirmations_apart(
     assert page.cells[(None, "finished")] == "4" and page.cells[(None, "planned")] == "5"
 
 
+def test_a_finished_experiment_counts_the_confirmation_runs_it_made_as_hpo_status_does(tmp_path, capsys):
+    """confirm_seeds: auto ends when the verdict decides, before its cap: the report said "12/24 confirmation runs"
+    of a finished experiment where `hpo status` said 12/12."""
+    storage, eid, url = make_experiment(tmp_path, trials=2, confirm_seeds="auto")  # the cap: 12 per arm, 24
+    for arm in (ADAMW, LAMB):
+        add_trial(storage, eid, arm, "reached")
+        for _ in range(3):
+            add_trial(storage, eid, arm, "reached", kind=TrialKind.CONFIRMATION)
+    page = Page(experiment_report(storage, "edge"))
+    assert page.cells[(None, "progress")] == "2/2 tuning trials done, 6/24 confirmation runs"  # running: the cap
+    storage.set_experiment_status(eid, "finished")
+    page = Page(experiment_report(storage, "edge"))
+    assert page.cells[(None, "progress")] == "2/2 tuning trials done, 6/6 confirmation runs"
+    assert page.cells[(None, "planned")] == "8"
+    assert main(["--db", url, "status", "edge"]) == 0
+    assert "2/2 tuning trials done, 6/6 confirmation runs" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- the noise scale's lower bound
 
 
