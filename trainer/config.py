@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from trainer.errors import ConfigError
 
@@ -66,6 +75,9 @@ def _a_path(value: Any) -> Any:
     return value
 
 
+PathText = Annotated[str, BeforeValidator(_a_path)]  # a file or directory key's value (`_a_path`)
+
+
 class ModelConfig(Section):
     vocab_size: int = Field(30522, ge=1, description="Vocabulary size before padding (HF checkpoints use this).")
     pad_vocab_to_multiple_of: int = Field(8, ge=1, description="Pad the embedding rows to a multiple of this.")
@@ -79,7 +91,9 @@ class ModelConfig(Section):
     attention_probs_dropout_prob: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout on attention weights.")
     layer_norm_eps: float = Field(1e-12, gt=0.0, description="LayerNorm epsilon (HF BERT: 1e-12).")
     initializer_range: float = Field(0.02, gt=0.0, description="Std of the normal init of weights.")
-    init_checkpoint: str | None = Field(None, description="HF state dict (.bin/.pt) or .safetensors to start from.")
+    init_checkpoint: PathText | None = Field(
+        None, description="HF state dict (.bin/.pt) or .safetensors to start from."
+    )
     attention: Literal["auto", "packed", "padded", "jagged", "varlen"] = Field(
         "auto",
         description="Attention kernel over the packed stream: varlen (PyTorch's flash kernel, with dropout; a GPU of "
@@ -103,11 +117,6 @@ class ModelConfig(Section):
         "autocast. No effect in fp32.",
     )
 
-    @field_validator("init_checkpoint", mode="before")
-    @classmethod
-    def _paths(cls, value: Any) -> Any:
-        return _a_path(value)
-
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelConfig:
         if self.hidden_size % self.num_attention_heads:
@@ -129,8 +138,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train: str = Field("data/demo/train", description="Directory or glob of training HDF5 shards.")
-    eval: str = Field("data/demo/eval", description="Directory or glob of evaluation HDF5 shards.")
+    train: PathText = Field("data/demo/train", description="Directory or glob of training HDF5 shards.")
+    eval: PathText = Field("data/demo/eval", description="Directory or glob of evaluation HDF5 shards.")
     max_seq_length: int | None = Field(
         None,
         ge=8,
@@ -138,11 +147,6 @@ class DataConfig(Section):
         "positions past the cut (None: the shards' width).",
     )
     shuffle: bool = Field(True, description="Shuffle training samples every epoch.")
-
-    @field_validator("train", "eval", mode="before")
-    @classmethod
-    def _paths(cls, value: Any) -> Any:
-        return _a_path(value)
 
 
 class OptimizerConfig(Section):
@@ -255,14 +259,9 @@ class BudgetConfig(Section):
 
 
 class CheckpointConfig(Section):
-    dir: str | None = Field(None, description="Directory for checkpoints (None: no checkpoints).")
+    dir: PathText | None = Field(None, description="Directory for checkpoints (None: no checkpoints).")
     every_samples: int | None = Field(None, ge=1, description="Save every this many samples (None: only at end).")
     resume: bool = Field(True, description="Resume from the latest checkpoint in dir if one exists.")
-
-    @field_validator("dir", mode="before")
-    @classmethod
-    def _paths(cls, value: Any) -> Any:
-        return _a_path(value)
 
 
 class MLPerfSubmissionConfig(Section):
@@ -283,12 +282,7 @@ class MLPerfSubmissionConfig(Section):
 
 class LogConfig(Section):
     every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
-    jsonl: str | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
-
-    @field_validator("jsonl", mode="before")
-    @classmethod
-    def _paths(cls, value: Any) -> Any:
-        return _a_path(value)
+    jsonl: PathText | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
 
     noise_scale: bool = Field(True, description="Measure the gradient noise scale B_simple (log.noise_scale_every).")
     noise_scale_every: int = Field(

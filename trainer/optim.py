@@ -246,14 +246,20 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **fused)
 
 
-def _build_apex(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def apex_optimizers() -> tuple[type, type]:
+    """apex's (FusedAdam, FusedLAMB); BackendUnavailableError where apex does not import."""
     try:
         from apex.optimizers import FusedAdam, FusedLAMB
     except ImportError as e:
         raise BackendUnavailableError(
-            f"optimizer.impl=apex needs NVIDIA apex, which cannot be imported ({e}). Install apex from source "
-            "(https://github.com/NVIDIA/apex, with its CUDA extensions) or set optimizer.impl=torch."
+            f"optimizer.impl: apex needs NVIDIA apex, which cannot be imported ({e}); install apex from source "
+            "(https://github.com/NVIDIA/apex, with its CUDA extensions) or set optimizer.impl=torch"
         ) from e
+    return FusedAdam, FusedLAMB
+
+
+def _build_apex(groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    FusedAdam, FusedLAMB = apex_optimizers()  # noqa: N806 (classes)
     betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "lamb":
         return FusedLAMB(

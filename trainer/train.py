@@ -49,7 +49,14 @@ from trainer.distributed import (
     init_process_group,
     pick_device,
 )
-from trainer.errors import CheckpointError, ConfigError, DataError, FinalSaveError, TrainerError
+from trainer.errors import (
+    BackendUnavailableError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    FinalSaveError,
+    TrainerError,
+)
 from trainer.evaluate import evaluate
 from trainer.memory import choose_micro_batch
 from trainer.mlperf_log import MLPerfLog, open_log
@@ -65,7 +72,7 @@ from trainer.model import (
 )
 from trainer.noise_probe import NormProbe, PendingNorms
 from trainer.noise_scale import NOT_MEASURED, NoiseScale, NoiseScaleEstimator
-from trainer.optim import build_optimizer
+from trainer.optim import apex_optimizers, build_optimizer
 from trainer.precision import autocast, resolve_autocast
 from trainer.report import NullReporter, Reporter
 from trainer.result import TrainResult, TrainStatus
@@ -186,14 +193,11 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
     missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
     that another model, optimizer, seed or micro-batch wrote."""
-    if cfg.optimizer.impl == "apex":
+    if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:
-            import apex.optimizers  # noqa: F401  (the optimizer is built after the data and the model)
-        except ImportError as e:
-            raise ConfigError(
-                f"optimizer.impl: apex needs NVIDIA apex, which cannot be imported ({e}); install apex from source "
-                "(with its CUDA extensions) or set optimizer.impl=torch"
-            ) from None
+            apex_optimizers()
+        except BackendUnavailableError as e:
+            raise ConfigError(str(e)) from None
     init = cfg.model.init_checkpoint
     if init and not Path(init).is_file():
         what = "is a directory" if Path(init).is_dir() else "does not exist"
@@ -800,7 +804,7 @@ def crash_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
 
 
-def refuse_data(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError | str,
+def failed_before_training(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError | str,
                 kind: str = "data") -> TrainResult:  # fmt: skip
     """The result of a run whose data (the shards, or model.init_checkpoint's weights) was refused before any step:
     failed, with the error as its reason and "data" as its kind (not the hyperparameters' fault); or, of `kind`
@@ -837,12 +841,14 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         run = build_run(cfg, env, device, reporter, mlperf)
     except (DataError, CheckpointError) as e:  # bad data (or initial weights) is refused before the first step, as a
         mlperf.close()  # result of its own
-        return refuse_data(cfg, env, reporter, e)
+        return failed_before_training(cfg, env, reporter, e)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:  # a model too large for the device, likewise
         mlperf.close()
         if not out_of_memory(e):
             raise
-        return refuse_data(cfg, env, reporter, f"out of memory before the first step: {crash_reason(e)}", "oom")
+        return failed_before_training(
+            cfg, env, reporter, f"out of memory before the first step: {crash_reason(e)}", "oom"
+        )
     state = restore(run)
     mlperf.run_start(run.accumulation, run.total_steps, run.train_samples, run.eval_samples)
     log(

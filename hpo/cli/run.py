@@ -84,11 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
     _check_outage_bound(spec)
     # resources are checked before anything is written (NNI's own training service places the nni engine's trials)
-    if spec.engine == "nni" and (args.runner or args.scheduler):
-        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
-    if spec.engine != "nni" and args.port is not None:
-        raise HpoError(f"--port applies to engine: nni (the first port tried for NNI's web UI); {spec.name} runs on "
-                       f"engine: {spec.engine}, which has no web UI (`hpo serve` starts the REST API)")  # fmt: skip
+    _check_engine_options(spec, args)
     if spec.engine == "local":
         check_runner_options(spec, args.runner, args.scheduler)  # the options themselves, before data or a cluster
     run_dir = Path(args.run_dir or Path("runs") / spec.name).resolve()
@@ -231,6 +227,15 @@ def _check_outage_bound(spec) -> None:
     check_heartbeat_env()
 
 
+def _check_engine_options(spec, args: argparse.Namespace) -> None:
+    """Options of one engine given to an experiment of the other are refused, not ignored."""
+    if spec.engine == "nni" and (args.runner or args.scheduler):
+        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
+    if spec.engine != "nni" and args.port is not None:
+        raise HpoError(f"--port applies to engine: nni (the first port tried for NNI's web UI); {spec.name} runs on "
+                       f"engine: {spec.engine}, which has no web UI (`hpo serve` starts the REST API)")  # fmt: skip
+
+
 def _trials_run_here(spec, runner: str | None) -> bool:
     """Whether the trials read this machine's files (the local runner, or NNI's local training service)."""
     if spec.engine == "nni":
@@ -272,11 +277,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 0
     spec = spec_from_stored(record)
     _check_outage_bound(spec)
-    if spec.engine == "nni" and (args.runner or args.scheduler):
-        raise HpoError("--runner and --scheduler apply to engine: local; NNI's training service runs nni trials")
-    if spec.engine != "nni" and args.port is not None:
-        raise HpoError(f"--port applies to engine: nni (the first port tried for NNI's web UI); {spec.name} runs on "
-                       f"engine: {spec.engine}, which has no web UI (`hpo serve` starts the REST API)")  # fmt: skip
+    _check_engine_options(spec, args)
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
 
