@@ -17,6 +17,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.output:
         check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
+        _check_replaceable(Path(args.output))
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
@@ -42,6 +43,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
         print(f"run it with: {command}", file=sys.stderr)
     return 0
+
+
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace a file that is not an earlier export (a hand-written config, anything else): it would be
+    lost. An earlier export is replaced, so that exporting again after more trials updates it."""
+    from hpo.export.production import is_export
+
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        with path.open("rb") as file:
+            text = file.read(1 << 20).decode()
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    if not is_export(text):
+        raise HpoError(f"-o {path}: exists and is not an earlier `hpo export`, so replacing it would lose it; give -o "
+                       "a new file, or move that one away first")  # fmt: skip
 
 
 def _check_config_file(args: argparse.Namespace, config_path: str) -> None:

@@ -243,6 +243,21 @@ def check_config_path(config_path: str) -> None:
         )
 
 
+EXPORT_HEADER = "# Best configuration of experiment "  # the first line of a YAML or torchrun export
+
+
+def is_export(text: str) -> bool:
+    """Whether `text` is what `render` writes: a YAML or torchrun export (its first comment line) or a JSON one (an
+    object with `provenance` and `config`). `hpo export -o` replaces such a file and no other."""
+    if text.startswith(EXPORT_HEADER) and "exported by `hpo export`" in text.partition("\n")[0]:
+        return True
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and {"provenance", "config"} <= body.keys()
+
+
 def comment_text(text: str) -> str:
     r"""`text` fit for one comment line: characters in LINE_UNSAFE as Python escapes (`\x85`, `\u2028`)."""
     return LINE_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)

@@ -368,3 +368,27 @@ def test_every_export_says_how_its_global_batch_splits(tmp_path, nodes, gpus):
         assert config["batch"] == {"global_batch_size": 8, "micro_batch_size": micro} and micro * ranks * steps == 8
         assert (f"# batch: global_batch_size 8 = micro_batch_size {micro} x {ranks} rank(s) x {steps} accumulation "
                 f"step(s)") in text.splitlines()  # fmt: skip
+
+
+def test_an_output_file_that_is_not_an_earlier_export_is_not_replaced(tmp_path, capsys):
+    """-o replaces what an earlier export wrote (in each format: exporting again updates it) and refuses anything
+    else, which is left byte for byte as it was."""
+    from hpo.cli.main import main
+
+    db = pilot_db(tmp_path)
+    for fmt in FORMATS:
+        out = tmp_path / f"best.{fmt}"
+        assert main(["--db", db, "export", "pilot", "--format", fmt, "-o", str(out)]) == 0
+        first = out.read_bytes()
+        out.write_bytes(first.replace(b"pilot", b"pilot", 1) + b"\n")  # an earlier export, touched
+        assert main(["--db", db, "export", "pilot", "--format", fmt, "-o", str(out)]) == 0
+        assert out.read_bytes() == first
+    capsys.readouterr()
+    mine = tmp_path / "mine.yaml"
+    for text in (b"model:\n  hidden_size: 64\n", b"# Best configuration of my own\n", b"", b"\xff\xfe",
+                 b'{"config": {}}'):  # fmt: skip
+        mine.write_bytes(text)
+        assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 2
+        assert mine.read_bytes() == text
+        err = capsys.readouterr().err
+        assert f"-o {mine}: exists and is not an earlier `hpo export`" in err and "Traceback" not in err
