@@ -62,6 +62,10 @@ class _Attempt:
     returncode: int
 
 
+SECONDS_A_YEAR = 365.25 * 24 * 3600
+MAX_TRIAL_YEARS = 10  # one simulated trial at most: a real one lasts hours to days
+
+
 class SimulatedRunner(Runner):
     def __init__(self, spec, slots: int):
         """Reads and checks the table now: a table that cannot serve the experiment's space raises HpoError
@@ -85,6 +89,20 @@ class SimulatedRunner(Runner):
         self.running: list[tuple[Any, int, _Attempt]] = []  # a heap by end time
         self._order = itertools.count()
         check_table_covers(spec, self.table)
+        self._check_trial_length()
+
+    def _check_trial_length(self) -> None:
+        """Refuse a throughput or scale that makes one full-budget trial last past MAX_TRIAL_YEARS of simulated time
+        (a typo in samples_per_s or sample_scale): the simulated clock would run past its calendar mid-experiment."""
+        budgets = [self.table.max_samples_for(b) for b in self.table.batch_sizes()] or [self.table.max_samples]
+        years = self._seconds(max(budgets)) / SECONDS_A_YEAR
+        if years > MAX_TRIAL_YEARS:
+            sim = self.spec.runner.simulation
+            raise HpoError(f"{self.spec.source}: runner.simulation: at {self.slot_samples_per_s:.4g} samples/s a slot "
+                           f"(samples_per_s x resources.gpus_per_trial) and 1 table sample = {sim.sample_scale:.4g} "
+                           f"samples (sample_scale), one trial of the table's {max(budgets):,} samples would take "
+                           f"{years:.3g} simulated years, more than {MAX_TRIAL_YEARS}; check samples_per_s and "
+                           "sample_scale")  # fmt: skip
 
     def describe(self) -> str:
         sim = self.spec.runner.simulation

@@ -210,6 +210,32 @@ def test_a_curve_table_that_is_not_there_names_the_file_and_the_field(tmp_path, 
                               "table shipped with hpo (curves, ")  # fmt: skip
 
 
+@pytest.mark.parametrize("years", [9.9, 10.1])
+def test_a_throughput_that_makes_one_trial_last_past_ten_simulated_years_is_refused_before_anything(
+    tmp_path, capsys, years
+):
+    """The curves table's budget is 12,288 table samples of 256 samples each (the default sample_scale): one trial
+    lasts 12,288 x 256 / samples_per_s seconds. Past 10 years (a typo: its clock would leave the calendar mid-run)
+    `hpo run` refuses the file and writes no database; under it, the runner is built."""
+    from hpo.cli.main import main
+    from hpo.runners.simulated import SimulatedRunner
+
+    rate = 12_288 * 256 / (years * 365.25 * 86400)
+    runner = {"name": "simulated", "simulation": {"table": "curves", "samples_per_s": rate}}
+    data = simulated(runner=runner)
+    data["overrides"]["schedule.warmup_steps"] = 40  # a warm-up the table recorded
+    path = write_experiment(tmp_path, data)
+    db = tmp_path / "hpo.db"
+    if years < 10:
+        SimulatedRunner(load_experiment(path), 4)
+        return
+    assert main(["--db", f"sqlite:///{db}", "run", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: runner.simulation: at {rate:.4g} samples/s a slot" in err
+    assert f"one trial of the table's 12,288 samples would take {years:.3g} simulated years" in err
+    assert "check samples_per_s and sample_scale" in err and not db.exists() and not (tmp_path / "run").exists()
+
+
 def test_a_stored_experiment_whose_table_has_gone_is_still_read(tmp_path):
     table = tmp_path / "gone.jsonl"
     table.write_text((TABLES / "curves.jsonl").read_text())
