@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.balance import build_batch_sampler, make_node_groups
 from trainer.checkpoint import (
     TrainState,
+    check_intact,
     latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
@@ -210,6 +211,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     if path is None:
         return
     try:
+        check_intact(path)
         saved, mine = saved_config(path), cfg.model_dump(mode="json")
     except CheckpointError as e:
         raise ConfigError(f"checkpoint.dir: cannot read {path}, the checkpoint a resume starts from "
@@ -262,6 +264,7 @@ def _earlier_save(latest: Path) -> str:
             if older.samefile(latest):
                 continue
         with suppress(CheckpointError):
+            check_intact(older)
             samples = saved_state(older).samples
             return (f"{older.name}, saved at {samples:,} samples, reads: copy it over {latest.name} to resume from "
                     f"there, or {afresh}")  # fmt: skip

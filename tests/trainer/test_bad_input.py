@@ -81,6 +81,37 @@ def test_an_unreadable_latest_checkpoint_is_refused_naming_the_earlier_save_that
     assert latest.read_bytes() == damaged  # nothing removed
 
 
+def test_a_latest_checkpoint_changed_on_disk_is_refused_not_trained_from(tmp_path, capsys):
+    """Bytes overwritten inside a tensor of latest.pt (a bad disk, a partial copy over it): torch.load reads the
+    file all the same, as other weights. The resume is refused before any work, naming the save that is intact."""
+    import struct
+    import zipfile
+
+    import torch
+
+    ck = tmp_path / "ck"
+    common = {"checkpoint.dir": str(ck), "checkpoint.every_samples": 16}
+    code, err, first = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32})
+    assert code == 0, err
+    latest = ck / "latest.pt"
+    with zipfile.ZipFile(latest) as archive:  # the largest tensor record
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(latest.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)  # its local header
+    start = info.header_offset + 30 + name_length + extra_length
+    data[start : start + 4096] = bytes(4096)  # 1,024 float32 weights set to zero
+    latest.unlink()  # a hard link of the newest save: change this copy only
+    latest.write_bytes(data)
+    torch.load(latest, weights_only=False)  # torch reads it without a word
+    code, err, records = cli(tmp_path, capsys, **common, **{"budget.max_samples": 48})
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: cannot read {latest}, the checkpoint a resume starts from (its "
+                          f"record {info.filename} does not match the checksum saved with it"), err  # fmt: skip
+    assert "ckpt-000000000032.pt, saved at 32 samples, reads: copy it over latest.pt" in err
+    assert "Traceback" not in err and "training BERT" not in err and records == first  # nothing more reported
+    assert latest.read_bytes() == data  # nothing removed
+
+
 @pytest.mark.parametrize("where", ["directory", "under_a_file"])
 def test_a_report_file_that_cannot_be_written_is_refused_naming_it(tmp_path, capsys, where):
     (tmp_path / "a_file").write_text("x")
