@@ -41,7 +41,7 @@ from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
-from trainer.data.shards import PretrainingSamples
+from trainer.data.shards import PretrainingSamples, count_samples
 from trainer.distributed import (
     DistEnv,
     all_gather_scalars,
@@ -130,6 +130,24 @@ def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
             f"batch.micro_batch_size x world size ({cfg.batch.micro_batch_size} x {env.world_size})"
         )
     return cfg.batch.global_batch_size // per_step
+
+
+def check_train_set(cfg: TrainerConfig) -> None:
+    """A training set smaller than the global batch is refused (`ConfigError`): every step would train all of it, a
+    smaller batch than the one configured, which is the number runs are compared by. Every rank loads the whole of
+    data.train (the sampler deals it out), so every rank counts the same and refuses alike. Shards that cannot be
+    counted are left to the data checks, which name what is wrong with them, as is an empty set."""
+    try:
+        sequences = count_samples(cfg.data.train)
+    except DataError:
+        return
+    batch = cfg.batch.global_batch_size
+    if 0 < sequences < batch:
+        raise ConfigError(
+            f"data.train: {cfg.data.train} holds {sequences:,} sequence{'s' * (sequences != 1)}, fewer than the "
+            f"global batch of {batch:,} (batch.global_batch_size): every step would train them all, a smaller batch "
+            f"than configured; set batch.global_batch_size to at most {sequences:,}, or give data.train more data"
+        )
 
 
 def resolve_micro_batch(
@@ -831,8 +849,9 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     refuse_before_work(cfg)
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
-    # what this machine cannot run, refused before the MLPerf log (which opening replaces) is touched
+    # what cannot run as configured here, refused before the MLPerf log (which opening replaces) is touched
     accumulation_steps(cfg, env)  # a batch that does not split
+    check_train_set(cfg)  # a training set smaller than the batch
     check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
     init_process_group(env, device)
     if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import trainer.train as train_module
-from tests.trainer.conftest import act_at_step, make_train_overrides
+from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.__main__ import main
 from trainer.report import read_jsonl
 
@@ -447,3 +447,29 @@ def test_a_checkpoint_that_loads_but_lacks_what_a_resume_needs_is_named_not_a_tr
     assert code == 2, err
     assert f"error: checkpoint.dir: {latest} does not fit this run (it has no 'model' entry); " in err, err
     assert "ckpt-000000000016.pt, saved at 16 samples, reads" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("sequences", "refused"), [(7, True), (8, False)], ids=["one-short", "exactly-one-batch"])
+def test_a_training_set_smaller_than_the_global_batch_is_refused_before_the_mlperf_log(
+    tmp_path, capsys, sequences, refused
+):
+    """7 sequences trained 7 a step where the config says 8, without a word; 8 train two steps of 8 (the budget)."""
+    mlperf = tmp_path / "mlperf.log"
+    code, err, _ = cli(tmp_path, capsys, **{"log.mlperf": str(mlperf), "budget.max_samples": 16})
+    assert code == 0, err
+    kept = mlperf.read_text()
+    train_dir, eval_dir = make_shards(tmp_path / f"data{sequences}", n_train=sequences)
+    small = {"log.mlperf": str(mlperf), "budget.max_samples": 16, "data.train": train_dir, "data.eval": eval_dir}
+    code, err, records = cli(tmp_path / "small", capsys, **small)
+    if refused:
+        assert code == 2, err
+        assert err == (
+            f"error: data.train: {train_dir} holds 7 sequences, fewer than the global batch of 8 "
+            "(batch.global_batch_size): every step would train them all, a smaller batch than configured; set "
+            "batch.global_batch_size to at most 7, or give data.train more data\n"
+        )
+        assert records == [] and mlperf.read_text() == kept
+    else:
+        assert code == 0, err
+        progress = [r for r in records if r.get("event") == "progress"]
+        assert [r["samples"] for r in progress] == [8, 16]

@@ -148,6 +148,23 @@ def find_shards(spec: str) -> list[Path]:
     return sorted(found)
 
 
+def count_samples(spec: str) -> int:
+    """How many samples the shards named by `spec` hold, read from each file's HDF5 header (no rows are read): what
+    `load_samples` loads without a limit. `DataError` naming a shard that cannot be opened or has no input_ids array
+    (the checks of `read_shard` then say more)."""
+    total = 0
+    for path in find_shards(spec):
+        try:
+            with h5py.File(path, "r") as f:
+                rows = f.get("input_ids")
+                if not isinstance(rows, h5py.Dataset) or rows.ndim < 1:
+                    raise DataError(f"{path}: HDF5 key 'input_ids' is missing or not an array of rows")
+                total += int(rows.shape[0])
+        except (OSError, RuntimeError, ValueError) as e:
+            raise DataError(f"{path}: not a readable HDF5 file ({e}); re-create the shard") from e
+    return total
+
+
 def load_samples(
     spec: str,
     limit: int | None = None,

@@ -10,6 +10,7 @@ from tests.trainer.conftest import make_samples
 from trainer.data.shards import (
     SHARD_LAYOUT,
     PretrainingSamples,
+    count_samples,
     find_shards,
     load_samples,
     read_shard,
@@ -191,3 +192,14 @@ def test_truncated_rows_keep_their_first_tokens_and_the_masks_inside_them(tmp_pa
     same = load_samples(str(tmp_path), max_seq_length=64)  # as wide as the shard, or wider: the rows as they are
     assert_same_samples(same, samples)
     assert_same_samples(load_samples(str(tmp_path), max_seq_length=100), samples)
+
+
+def test_count_samples_is_what_load_samples_loads_without_reading_rows(tmp_path):
+    """Three shards (one empty) count as the rows load_samples returns; a shard that is no HDF5 file is named."""
+    write_shard(tmp_path / "a.h5", make_samples([10, 20, 30]))
+    write_shard(tmp_path / "b.h5", make_samples([]))
+    write_shard(tmp_path / "c.hdf5", make_samples([12, 40]))
+    assert count_samples(str(tmp_path)) == len(load_samples(str(tmp_path))) == 5
+    (tmp_path / "d.h5").write_bytes(b"not hdf5")
+    with pytest.raises(DataError, match="d.h5: not a readable HDF5 file"):
+        count_samples(str(tmp_path))
