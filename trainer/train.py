@@ -192,9 +192,12 @@ def resolve_micro_batch(
 
 # The keys a checkpoint's run must share with the run that resumes it: they shape the model's tensors and the
 # optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly), and
-# the order of the data (another seed would go on in another order from the position it resumes at).
+# the order of the data (another seed, shuffling or balancing would go on in another order from the position it
+# resumes at, which counts micro-batches of the epoch's plan: samples would be trained twice and others not at all).
 RESUME_KEYS = (
     "seed",
+    "data.shuffle",
+    "balance.method",
     "model.vocab_size",
     "model.pad_vocab_to_multiple_of",
     "model.hidden_size",
@@ -211,7 +214,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2): optimizer.impl
     apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
     missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
-    that another model, optimizer, seed or micro-batch wrote."""
+    that another model, optimizer, data order (seed, data.shuffle, balance.method) or micro-batch wrote."""
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:
             apex_optimizers()
@@ -240,12 +243,13 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
         there = (saved.get(section[0]) or {}).get(name) if section else saved.get(name)
         here = mine[section[0]][name] if section else mine[name]
         if there is not None and there != here:
-            differ.append(f"{key} {there} there, {here} here")
+            differ.append(f"{key} {_yaml_text(there)} there, {_yaml_text(here)} here")
     if differ:
         raise ConfigError(
-            f"checkpoint.dir: {path} was written by another model, optimizer or seed ({'; '.join(differ)}), so it "
-            "cannot be resumed: set those keys as the checkpoint has them, or start afresh in another checkpoint.dir "
-            "(or with checkpoint.resume: false, which writes over the checkpoints there)"
+            f"checkpoint.dir: {path} was written by another model, optimizer, seed or data order "
+            f"({'; '.join(differ)}), so it cannot be resumed: set those keys as the checkpoint has them, or start "
+            "afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints "
+            "there)"
         )
     micro, there = mine["batch"]["micro_batch_size"], (saved.get("batch") or {}).get("micro_batch_size")
     if isinstance(micro, int) and isinstance(there, int) and micro != there:  # auto keeps the checkpoint's
@@ -254,6 +258,11 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
             f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's), or start afresh in "
             "another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
         )
+
+
+def _yaml_text(value: Any) -> str:
+    """A config value as a config file writes it: `false`, not Python's `False`."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check_checkpoint_dir(directory: Path, saves: bool) -> None:

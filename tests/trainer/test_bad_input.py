@@ -164,12 +164,16 @@ def test_initial_weights_that_cannot_be_used_end_the_run_with_a_final_record(tmp
         ({"model.num_hidden_layers": 3}, "model.num_hidden_layers 2 there, 3 here"),
         ({"optimizer.name": "adamw"}, "optimizer.name lamb there, adamw here"),
         ({"seed": 7}, "seed 1234 there, 7 here"),
+        ({"data.shuffle": False}, "data.shuffle true there, false here"),
+        ({"balance.method": "stratified"}, "balance.method none there, stratified here"),
     ],
-    ids=["hidden", "layers", "optimizer", "seed"],
+    ids=["hidden", "layers", "optimizer", "seed", "shuffle", "balance"],
 )
-def test_resuming_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_keys(
+def test_resuming_a_checkpoint_of_another_model_optimizer_or_data_order_is_refused_naming_the_keys(
     tmp_path, capsys, change, named
 ):
+    """Another shuffle or balancing (as another seed) deals the epoch out otherwise, and the position a resume starts
+    from counts the epoch's micro-batches: some samples would be trained twice, others not at all."""
     ck = tmp_path / "ck"
     code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
     assert code == 0, err
@@ -177,7 +181,7 @@ def test_resuming_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_t
     code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), **change})
     assert code == 2, err
     assert err.startswith(
-        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer or seed"
+        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed or data order"
     ), err
     assert named in err and "checkpoint.resume: false" in err
     assert "Traceback" not in err and "training BERT" not in err
