@@ -36,6 +36,17 @@ def mlperf_lr(
     return (base_lr - end_lr) * (1.0 - decay_progress) ** power + end_lr
 
 
+def idle_steps(cfg: ScheduleConfig, total_steps: int, run_steps: int) -> int:
+    """How many of a run's first `run_steps` optimizer steps come after the schedule has reached a learning rate of 0
+    for good: past the decay horizon `total_steps` and the warmup, the rate stays at `cfg.end_lr` (at the base rate
+    with power 0), so with end_lr 0 these steps change no weight. 0 when there are none."""
+    first = max(total_steps, cfg.start_warmup_step + cfg.warmup_steps) if cfg.warmup_steps else total_steps
+    if first >= run_steps:
+        return 0
+    rate = mlperf_lr(first, 1.0, cfg.warmup_steps, cfg.start_warmup_step, total_steps, cfg.power, cfg.end_lr)
+    return run_steps - first if rate == 0 else 0
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, base_lr: float, total_steps: int
 ) -> LambdaLR:

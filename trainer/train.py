@@ -77,7 +77,7 @@ from trainer.optim import apex_optimizers, build_optimizer
 from trainer.precision import autocast, resolve_autocast
 from trainer.report import NullReporter, Reporter
 from trainer.result import TrainResult, TrainStatus
-from trainer.schedule import build_scheduler, mlperf_lr
+from trainer.schedule import build_scheduler, idle_steps, mlperf_lr
 
 
 def log(env: DistEnv, message: str) -> None:
@@ -214,7 +214,9 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2): optimizer.impl
     apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
     missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
-    that another model, optimizer, data order (seed, data.shuffle, balance.method) or micro-batch wrote."""
+    that another model, optimizer, data order (seed, data.shuffle, balance.method) or micro-batch wrote; and a
+    schedule.total_steps that ends before a run nothing can stop sooner (`check_decay_horizon`)."""
+    check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:
             apex_optimizers()
@@ -263,6 +265,28 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
 def _yaml_text(value: Any) -> str:
     """A config value as a config file writes it: `false`, not Python's `False`."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_decay_horizon(cfg: TrainerConfig) -> None:
+    """schedule.total_steps shorter than the run, where nothing can stop the run sooner (eval.stop_at_target off, no
+    budget.max_time_s), is refused (`ConfigError`) when its last steps would train at a learning rate of 0: they
+    would change nothing. A step trains at most the global batch, so budget.max_samples takes at least
+    ceil(max_samples / global batch) steps (more where an epoch's last step is short: `warn_idle_steps` says so at
+    the start). A run that may stop at its target or its time is not refused: it may never get there."""
+    total, budget = cfg.schedule.total_steps, cfg.budget
+    if total is None or cfg.eval.stop_at_target or budget.max_time_s is not None:
+        return
+    batch = cfg.batch.global_batch_size
+    least = -(-budget.max_samples // batch)
+    if idle := idle_steps(cfg.schedule, total, least):
+        raise ConfigError(
+            f"schedule.total_steps: {total:,} is shorter than the run: budget.max_samples {budget.max_samples:,} at "
+            f"batch.global_batch_size {batch:,} takes at least {least:,} optimizer steps, and nothing stops it "
+            f"sooner (eval.stop_at_target false, no budget.max_time_s); steps {least - idle + 1:,} to {least:,} "
+            f"would train at learning rate 0 (schedule.end_lr) and change nothing: leave schedule.total_steps out "
+            f"(the decay then spans the run's own steps), set it to at least {least:,}, or lower budget.max_samples "
+            f"to {(least - idle) * batch:,}"
+        )
 
 
 def check_checkpoint_dir(directory: Path, saves: bool) -> None:
@@ -481,6 +505,23 @@ def warn_long_warmup(run: Run) -> None:
         f"warning: schedule.warmup_steps {schedule.warmup_steps} is longer than the run ({steps} "
         f"step{'s' * (steps != 1)}): the learning rate rises to {highest:.2g} at most, never to optimizer.lr "
         f"{cfg.optimizer.lr}",
+    )
+
+
+def warn_idle_steps(run: Run) -> None:
+    """Say so when the schedule reaches a learning rate of 0 before the steps the sample budget allows are done:
+    those steps would change nothing, unless the run stops sooner (at its target or its time budget; a run that
+    cannot is refused before any work, `check_decay_horizon`)."""
+    cfg, steps = run.cfg, run.budget_steps
+    if not (idle := idle_steps(cfg.schedule, run.total_steps, steps)):
+        return
+    horizon = (f"schedule.total_steps {cfg.schedule.total_steps:,}" if cfg.schedule.total_steps is not None else
+               f"schedule.horizon_samples {cfg.schedule.horizon_samples:,}, {run.total_steps:,} steps")  # fmt: skip
+    log(
+        run.env,
+        f"warning: the learning rate reaches 0 after step {steps - idle:,} ({horizon}), but budget.max_samples "
+        f"{cfg.budget.max_samples:,} takes {steps:,} steps: steps {steps - idle + 1:,} to {steps:,} would train at "
+        "learning rate 0 and change nothing, unless the run stops sooner (its target, budget.max_time_s)",
     )
 
 
@@ -890,6 +931,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
     )
     warn_long_warmup(run)
+    warn_idle_steps(run)
     status, reason, error = TrainStatus.FAILED, None, None
     try:
         status = loop(run, state)

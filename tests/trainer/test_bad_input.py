@@ -477,3 +477,45 @@ def test_a_training_set_smaller_than_the_global_batch_is_refused_before_the_mlpe
         assert code == 0, err
         progress = [r for r in records if r.get("event") == "progress"]
         assert [r["samples"] for r in progress] == [8, 16]
+
+
+def test_a_decay_horizon_shorter_than_a_run_nothing_stops_sooner_is_refused_naming_both(tmp_path, capsys):
+    """96 samples at batch 8 are 12 steps; a horizon of 10 leaves steps 11 and 12 at learning rate 0, and with
+    eval.stop_at_target off and no time budget the run is sure to take them."""
+    settings = {"schedule.total_steps": 10, "eval.stop_at_target": False}
+    code, err, records = cli(tmp_path, capsys, **settings)
+    assert code == 2, err
+    assert err == (
+        "error: schedule.total_steps: 10 is shorter than the run: budget.max_samples 96 at batch.global_batch_size 8 "
+        "takes at least 12 optimizer steps, and nothing stops it sooner (eval.stop_at_target false, no "
+        "budget.max_time_s); steps 11 to 12 would train at learning rate 0 (schedule.end_lr) and change nothing: "
+        "leave schedule.total_steps out (the decay then spans the run's own steps), set it to at least 12, or lower "
+        "budget.max_samples to 80\n"
+    )
+    assert records == []
+    code, err, _ = cli(tmp_path / "fits", capsys, **settings, **{"budget.max_samples": 80})  # as it says: 10 steps
+    assert code == 0 and "learning rate 0" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("horizon", "named"),
+    [
+        ({"schedule.total_steps": 10}, "schedule.total_steps 10"),
+        ({"schedule.horizon_samples": 80}, "schedule.horizon_samples 80, 10 steps"),
+    ],  # fmt: skip
+    ids=["total-steps", "horizon-samples"],
+)
+def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_at_the_start(
+    tmp_path, capsys, horizon, named
+):
+    """The run may reach its target before the horizon, so it trains; the steps past it ran at learning rate 0
+    without a word (here, target 1.0 unreached, they are steps 11 and 12: the records say 0 for those)."""
+    code, err, records = cli(tmp_path, capsys, **horizon)
+    assert code == 0, err
+    said = (
+        f"warning: the learning rate reaches 0 after step 10 ({named}), but budget.max_samples 96 takes 12 steps: "
+        "steps 11 to 12 would train at learning rate 0 and change nothing, unless the run stops sooner (its target, "
+        "budget.max_time_s)\n"
+    )
+    assert err.count(said) == 1, err
+    assert [r["step"] for r in records if r.get("event") == "progress" and r["lr"] == 0] == [11, 12]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.config import ScheduleConfig
-from trainer.schedule import build_scheduler, mlperf_lr
+from trainer.schedule import build_scheduler, idle_steps, mlperf_lr
 
 BASE, END = 4e-3, 1e-4
 
@@ -108,3 +108,25 @@ def test_matches_the_mlperf_reference_on_every_step(power, end):
                     assert got == pytest.approx(expected, rel=1e-12, abs=1e-18), (warmup, start, total, step)
                     checked += 1
     assert checked > 2800  # all but the 36 steps before the positive offset
+
+
+@pytest.mark.parametrize(
+    ("warmup", "start", "power", "end", "idle"),
+    [
+        (0, 0, 1.0, 0.0, 8),  # 0 from step index 12 (the horizon) on: indices 12..19
+        (4, 0, 1.0, 0.0, 8),  # a warmup inside the horizon changes nothing
+        (15, 0, 1.0, 0.0, 5),  # a warmup past the horizon: it rises to index 14, then drops to 0 at 15
+        (15, -5, 2.0, 0.0, 8),  # started part of the way up: over at 10, inside the horizon
+        (0, 0, 0.0, 0.0, 0),  # power 0: (1 - 1) ** 0 = 1, the base rate for ever
+        (0, 0, 1.0, 1e-5, 0),  # an end rate above 0 trains on
+    ],
+    ids=["decay", "warmup", "long-warmup", "offset-warmup", "power-0", "end-lr"],
+)
+def test_idle_steps_are_the_steps_past_the_horizon_whose_rate_is_0(warmup, start, power, end, idle):
+    """20 steps over a horizon of 12: the steps from index 12 on whose rate, evaluated one by one, is 0 (a warmup's
+    first step at 0 before the horizon does not count: the rate rises after it)."""
+    cfg = ScheduleConfig(warmup_steps=warmup, start_warmup_step=start, power=power, end_lr=end)
+    zero = [s for s in range(12, 20) if mlperf_lr(s, BASE, warmup, start, 12, power, end) == 0]
+    assert zero == list(range(20 - len(zero), 20)) and len(zero) == idle  # the last ones, all of them
+    assert idle_steps(cfg, total_steps=12, run_steps=20) == idle
+    assert idle_steps(cfg, total_steps=12, run_steps=12) == 0  # the run ends at the horizon
