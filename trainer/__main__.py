@@ -9,9 +9,11 @@ from its last checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+import time
 
 from trainer.config import dump_config, load_config, shipped_config_names
 from trainer.errors import ConfigError, DataError, FinalSaveError, TrainerError
@@ -32,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return refuse(e)
     # torch loads only after the config is valid, so a bad config is refused at once.
     try:
         from trainer.distributed import check_device, cleanup, dist_env_from_environ
@@ -54,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             raise ConfigError(f"log.jsonl: cannot write the report file {cfg.log.jsonl!r}: {e}") from None
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return refuse(e)
 
     def terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (a launcher passing its own on)
@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = train(cfg, reporter)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return refuse(e)
     except FinalSaveError as e:  # its final record is written: not a second one
         print(f"error: {e}", file=sys.stderr)
         return TrainStatus.FAILED.exit_code
@@ -101,6 +100,41 @@ def main(argv: list[str] | None = None) -> int:
     elif dist_env_from_environ().is_main:  # every rank returns the result; rank 0 says how the run ended
         print(f"finished: {result.status.value}" + (f" ({result.reason})" if result.reason else ""), file=sys.stderr)
     return result.status.exit_code
+
+
+# How long a rank other than 0 keeps a config error to itself, waiting for torchrun to end it (`refuse`)
+OWN_ERROR_AFTER_S = 10.0
+
+
+def refuse(error: ConfigError) -> int:
+    """Say a config error once, return its exit code (2). Under torchrun every rank reads the same config and refuses
+    it alike: rank 0 says so, the others say nothing and wait for torchrun, which ends them (here, with this exit
+    code) once rank 0 has exited. A rank > 0 whose error is its own (a LOCAL_RANK without a GPU of its own; rank 0
+    then goes on, waiting for it) would never be ended: after `OWN_ERROR_AFTER_S` it says it, naming its rank. Not
+    quiet at once: torchrun ends every rank when one exits, so rank 0 could be ended before it said anything."""
+    rank = os.environ.get("RANK", "0").strip()
+    if rank in ("", "0"):
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    stop = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _rank_ended) if stop else None
+    try:
+        time.sleep(OWN_ERROR_AFTER_S)
+    except (KeyboardInterrupt, _RankEnded):  # ended by torchrun (or Ctrl-C): rank 0 said it
+        return EXIT_BAD_CONFIG
+    finally:
+        if stop:
+            signal.signal(signal.SIGTERM, previous)
+    print(f"error (rank {rank}): {error}", file=sys.stderr)
+    return EXIT_BAD_CONFIG
+
+
+class _RankEnded(Exception):
+    """SIGTERM to a rank > 0 waiting with a config error (`refuse`)."""
+
+
+def _rank_ended(signum, frame):
+    raise _RankEnded
 
 
 def record_unended(cfg, reporter, reason: str, error: str) -> None:

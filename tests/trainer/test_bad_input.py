@@ -519,3 +519,28 @@ def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_
     )
     assert err.count(said) == 1, err
     assert [r["step"] for r in records if r.get("event") == "progress" and r["lr"] == 0] == [11, 12]
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["its-own-error", "ended-by-torchrun"])
+def test_a_config_error_of_a_rank_past_0_is_said_only_where_torchrun_does_not_end_it(
+    tmp_path, capsys, monkeypatch, ended
+):
+    """Rank 1 keeps the error to itself while rank 0 (which says it) exits and torchrun ends the others with SIGTERM:
+    then it exits 2 without a word. Still running after the wait, its error is its own (rank 0 went on): it says it,
+    naming its rank. The SIGTERM here is a real one, to this process."""
+    import threading
+
+    import trainer.__main__ as cli_module
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(cli_module, "OWN_ERROR_AFTER_S", 60.0 if ended else 0.01)
+    if ended:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    previous = signal.getsignal(signal.SIGTERM)
+    assert main(make_train_overrides(tmp_path, **{"optimizer.lrr": 1})) == 2
+    err = capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is previous
+    if ended:
+        assert err == ""
+    else:
+        assert err.startswith("error (rank 1): invalid trainer config (defaults + overrides):\n  optimizer.lrr: "), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,3 +162,16 @@ def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert "Signal 9 (SIGKILL)" in stderr or "exitcode" in stderr
+
+
+def test_a_config_error_is_said_once_by_rank_0_and_the_run_ends_at_once(tmp_path):
+    """Every rank refused the same config and printed it: 2 copies on 2 ranks (N on N). Rank 0 says it and exits 2,
+    the first failure torchrun observes; rank 1 waits quietly and torchrun ends it (rank 1 exiting first could end
+    rank 0 before it said anything)."""
+    proc = subprocess.run(torchrun(2, make_train_overrides(tmp_path, **{"optimizer.lrr": 1})), capture_output=True,
+                          text=True, timeout=120, env=child_env())  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's own exit code for a failed rank
+    said = "error: invalid trainer config (defaults + overrides):\n  optimizer.lrr: unknown key"
+    assert proc.stderr.count(said) == 1 and proc.stderr.count("unknown key") == 1, proc.stderr
+    root_cause = proc.stderr.split("Root Cause")[-1]
+    assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)\s*exitcode\s*:\s*2 ", root_cause), proc.stderr
