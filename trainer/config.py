@@ -490,18 +490,24 @@ def _check_unique_keys(
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainerConfig:
-    """Read a YAML config file (or defaults when `path` is None) and apply dotted overrides."""
+    """Read a YAML config file (or defaults when `path` is None) and apply dotted overrides. A file that sets nothing
+    (empty, comments, null) is refused: `{}` says every default."""
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
         path = shipped_config(path) or Path(path)
         source = str(path)
         try:
-            raw = read_yaml(read_config_text(path)) or {}
+            raw = read_yaml(read_config_text(path))
         except DuplicateKeyError as e:
             raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: {yaml_error(e)}") from None
+        if raw is None:  # it would mean every default (BERT-large), which nobody writes by leaving a file empty
+            raise ConfigError(
+                f"config file {path} sets nothing (it is empty, or only comments or null): write {{}} in it to train "
+                "with every default (BERT-large), or the keys to set"
+            )
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
     if overrides:

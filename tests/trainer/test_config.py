@@ -13,7 +13,7 @@ import torch
 from trainer import config as trainer_config
 from trainer.__main__ import main
 from trainer.balance import assign_bins
-from trainer.config import dump_config, load_config
+from trainer.config import TrainerConfig, dump_config, load_config
 from trainer.distributed import DistEnv, pick_device
 from trainer.errors import ConfigError
 
@@ -250,3 +250,14 @@ def test_a_config_file_that_is_not_yaml_is_named_with_its_line_in_one_line(tmp_p
         load_config(path)
     assert str(err.value).startswith(f"config file {path}: line 3, column 1: not valid YAML (expected ',' or ']'")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n", "# my settings, to come\n", "---\n", "null\n"],
+                         ids=["empty", "blank", "comments", "bare-document", "null"])  # fmt: skip
+def test_a_config_file_that_sets_nothing_is_refused_and_braces_are_every_default(tmp_path, text):
+    """An empty file trained BERT-large with every default, without a word; `{}` says so on purpose."""
+    path = write(tmp_path, text)
+    assert_refused(cli("--config", str(path), "--print-config"), f"config file {path} sets nothing",
+                   "write {} in it to train with every default")  # fmt: skip
+    path.write_text("{}\n")
+    assert load_config(path) == load_config(None) == TrainerConfig()
