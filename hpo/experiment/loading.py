@@ -191,7 +191,7 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
         path = Path(base_config).expanduser()
         path = shipped_config(path, base_dir) or (path if path.is_absolute() else base_dir / path)
         try:
-            raw = read_yaml(path.read_text()) or {}
+            raw = read_yaml(path.read_text())
         except FileNotFoundError:
             where = "" if Path(base_config).expanduser().is_absolute() else (
                 f" (a relative base_config is read from the experiment file's folder, {base_dir}: in a copy of the "
@@ -206,6 +206,10 @@ def _load_base(base_config: str | dict[str, Any], base_dir: Path, source: str) -
             raise ExperimentFileError(f"{source}: base_config: {path}: {yaml_error(e)}") from None
         except OSError as e:
             raise ExperimentFileError(f"{source}: base_config: cannot read {path}: {e}") from None
+        if raw is None:  # as the trainer refuses such a file: every default (BERT-large) is seldom what was meant
+            raise ExperimentFileError(f"{source}: base_config: {path} sets nothing (it is empty, or only comments or "
+                                      "null): write {} in it to start from every default (BERT-large), or the keys "
+                                      "to set")  # fmt: skip
         where = str(path)
     try:
         config_from_dict(raw, where)

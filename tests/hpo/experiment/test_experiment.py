@@ -699,3 +699,18 @@ def test_a_base_config_that_is_not_yaml_is_named_with_its_line_in_one_line(tmp_p
     message = str(err.value)
     assert message.startswith(f"{path}: base_config: {tmp_path / 'base.yaml'}: line 3, column 1: not valid YAML (")
     assert "\n" not in message and "<unicode string>" not in message, message
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n", "# nothing yet\n", "---\n", "null\n"])
+def test_a_base_config_file_that_sets_nothing_is_refused_and_braces_are_every_default(tmp_path, text):
+    """As the trainer refuses such a config file: an empty base config would tune BERT-large with every default."""
+    (tmp_path / "base.yaml").write_text(text)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**make_experiment(), "base_config": "base.yaml"}))
+    with pytest.raises(ExperimentFileError) as err:
+        load_experiment(path)
+    assert str(err.value) == (f"{path}: base_config: {tmp_path / 'base.yaml'} sets nothing (it is empty, or only "
+                              "comments or null): write {} in it to start from every default (BERT-large), or the "
+                              "keys to set")  # fmt: skip
+    (tmp_path / "base.yaml").write_text("{}\n")
+    assert load_experiment(path).self_contained()["base_config"] == {"budget": {"max_samples": 4096}}  # its override
