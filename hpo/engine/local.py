@@ -40,6 +40,7 @@ from hpo.trials import objective_text
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict
 from trainer.data.checks import load_checked_samples
+from trainer.data.shards import count_samples
 from trainer.errors import DataError
 
 
@@ -70,6 +71,8 @@ def check_trial_data(spec) -> None:
         except DataError as e:
             raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
                            f"{_data_hint(path)}") from None  # fmt: skip
+    if "data.train" not in tuned:
+        _check_train_set_size(spec, cfg)
     start = cfg.model.init_checkpoint
     if "model.init_checkpoint" not in tuned and start is not None and not Path(start).expanduser().is_file():
         raise HpoError(f"{spec.source}: base_config model.init_checkpoint = {start!r} (from {Path.cwd()}): no such "
@@ -79,6 +82,29 @@ def check_trial_data(spec) -> None:
             f"{spec.source}: base_config optimizer.impl = apex, but NVIDIA apex cannot be imported here, "
             "where the trials run: install it (with its CUDA extensions), or set optimizer.impl: torch"
         )
+
+
+def _check_train_set_size(spec, cfg) -> None:
+    """Refuse global batch sizes the base config's training set cannot fill (the trainer refuses each such trial:
+    every step would train the whole set, a smaller batch than the one compared): the largest the experiment can
+    run, fixed or tuned (a choice's largest value, a range's upper end)."""
+    from search_spaces.space import CategoricalParam, IntParam
+
+    tuned = {n: p for n, p in spec.space.params.items() if trainer_key(n) == "batch.global_batch_size"}
+    batches = [cfg.batch.global_batch_size] if not tuned else [
+        v for p in tuned.values() for v in (p.choices if isinstance(p, CategoricalParam) else
+                                            [p.high] if isinstance(p, IntParam) else [])]  # fmt: skip
+    largest = max((b for b in batches if isinstance(b, int) and not isinstance(b, bool)), default=None)
+    try:
+        sequences = count_samples(cfg.data.train)
+    except DataError:
+        return  # read above: the trainer's own checks say what is wrong
+    if largest is not None and sequences < largest:
+        where = f"space.{next(iter(tuned))}" if tuned else "base_config batch.global_batch_size"
+        raise HpoError(f"{spec.source}: {where}: a global batch of {largest:,}, but base_config data.train = "
+                       f"{cfg.data.train!r} holds {sequences:,} sequences; every trial at that batch would be "
+                       f"refused: give data.train at least {largest:,} sequences, or a batch of at most "
+                       f"{sequences:,}")  # fmt: skip
 
 
 def _data_hint(path: str) -> str:

@@ -4,6 +4,7 @@ that cannot be imported where the trials run."""
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 
 import pytest
@@ -40,3 +41,28 @@ def test_the_data_is_checked_as_the_trials_read_it_cut_to_data_max_seq_length(tm
     with pytest.raises(HpoError, match="model.max_position_embeddings = 16"):
         check_trial_data(spec)
     check_trial_data(make_spec(tmp_path, **{"model.max_position_embeddings": 16, "data.max_seq_length": 16}))
+
+
+def test_a_global_batch_larger_than_the_training_set_is_refused_fixed_or_tuned(tmp_path):
+    """Every trial at a batch its training set cannot fill would be refused by the trainer: the experiment is
+    refused first, at the largest batch it can run (a choice's largest, a range's upper end)."""
+    import h5py
+
+    spec = make_spec(tmp_path)
+    train = spec.resolved_base()["data"]["train"]
+    sequences = sum(h5py.File(path, "r")["input_ids"].shape[0] for path in glob.glob(f"{train}/*.h5"))
+    too_large = sequences + 1
+    for space, where in (
+        (None, "base_config batch.global_batch_size"),
+        ({"batch.global_batch_size": {"choice": [8, too_large]}}, "space.batch.global_batch_size"),
+        ({"batch.global_batch_size": {"int": [8, too_large]}}, "space.batch.global_batch_size"),
+    ):
+        overrides = {"batch.global_batch_size": too_large, "batch.micro_batch_size": 1} if space is None else {
+            "batch.micro_batch_size": 1}  # fmt: skip
+        with pytest.raises(HpoError) as err:
+            check_trial_data(make_spec(tmp_path, space=space, **overrides))
+        assert str(err.value) == (f"exp.yaml: {where}: a global batch of {too_large:,}, but base_config data.train = "
+                                  f"{train!r} holds {sequences:,} sequences; every trial at that batch would be "
+                                  f"refused: give data.train at least {too_large:,} sequences, or a batch of at most "
+                                  f"{sequences:,}")  # fmt: skip
+    check_trial_data(make_spec(tmp_path, **{"batch.global_batch_size": sequences, "batch.micro_batch_size": 1}))
