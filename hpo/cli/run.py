@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from hpo.cli.common import (
@@ -263,7 +264,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_here
+    from hpo.runners.process import controller_gone_here, controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
 
@@ -292,6 +293,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
         holder = (record.controller_host, record.controller_pid)
+        if holder != (host, pid) and liveness(record) == "live" and controller_gone_here(*holder):
+            record = _wait_for_lapse(storage, record, args.quiet)
         stale = holder != (host, pid) and liveness(record) == "interrupted"
         state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
         if state:
@@ -314,6 +317,24 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
         return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True, port=args.port or NNI_PORT)
     return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
+
+
+def _wait_for_lapse(storage, record, quiet: bool):
+    """The record once the claim of a controller that no longer runs on this machine (killed with SIGKILL, or by a
+    power cut, a moment ago) has lapsed: its last heartbeat is fresh for at most `stale_after_s`. Waiting is safe
+    where taking over at once is not: a controller of the same host name in another PID namespace (a container) is
+    not seen here, and its heartbeats go on, so the claim that follows is refused as before."""
+    from hpo.engine.liveness import liveness, stale_after_s
+
+    beat = record.heartbeat_at
+    deadline = time.monotonic() + stale_after_s() + 1.0
+    if not quiet:
+        print(f"experiment {record.name}: its controller (pid {record.controller_pid}) no longer runs on this machine; "
+              f"waiting up to {stale_after_s():.1f} s for its last heartbeat to lapse", file=sys.stderr)  # fmt: skip
+    while liveness(record) == "live" and record.heartbeat_at == beat and time.monotonic() < deadline:
+        time.sleep(0.2)
+        record = storage.get_experiment_by_name(record.name)
+    return record
 
 
 # --------------------------------------------------------------------------- plan

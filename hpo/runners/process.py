@@ -308,6 +308,16 @@ def controller_here(host: str | None, pid: int | None, last_beat: datetime | Non
     return state[0] if runs else None
 
 
+def controller_gone_here(host: str | None, pid: int | None) -> bool:
+    """Whether the controller recorded as (host, pid) ran on this machine and no longer does: no process of that
+    pid, or a zombie. False on another host or where /proc cannot tell (a live process of that pid may be another
+    program, but is not taken for gone)."""
+    if not pid or host != socket.gethostname() or not Path("/proc/self/stat").exists():
+        return False
+    state = process_state(pid)
+    return state is None or state[0] in "ZX"
+
+
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
     """SIGKILL an attempt's process `group` and every process carrying its `tag`, and look again until none is
     left (one started by torchrun between a look and the kill is found by the next look) and every process killed

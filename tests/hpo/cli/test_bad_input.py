@@ -528,6 +528,35 @@ def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_
         assert storage.get_experiment_by_name("held").status.value == "finished"
 
 
+def test_resume_right_after_its_controller_was_killed_here_waits_for_the_claim_to_lapse(tmp_path, capsys, monkeypatch):
+    """A controller killed with SIGKILL leaves its last heartbeat fresh for up to 1.5 intervals: `hpo resume` on its
+    machine was refused ("a live controller") and had to be run again. Its process gone, the resume waits for the
+    claim to lapse, then runs the experiment; a holder whose process still runs is refused at once, as before."""
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "1")  # stale after 1.5 s
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    url = held_by(tmp_path, "killed", socket.gethostname(), gone.pid, beat_age_s=0)
+    with SqlStorage(url) as storage:
+        assert liveness(storage.get_experiment_by_name("killed")) == "live"  # by its heartbeat alone
+    assert main(["--db", url, "resume", "killed"]) == 0
+    err = capsys.readouterr().err
+    assert (f"experiment killed: its controller (pid {gone.pid}) no longer runs on this machine; waiting up to 1.5 s "
+            "for its last heartbeat to lapse") in err  # fmt: skip
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("killed").status.value == "finished"
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "alive").mkdir()
+        url = held_by(tmp_path / "alive", "alive", socket.gethostname(), alive.pid, beat_age_s=0)
+        assert main(["--db", url, "resume", "alive"]) == 2
+        err = capsys.readouterr().err
+        assert f"is driven by a live controller (host {socket.gethostname()}, pid {alive.pid}" in err
+        assert "waiting" not in err
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_running_an_experiment_that_runs_now_says_so_not_to_resume_it(tmp_path, capsys):
     url = held_by(tmp_path, "busy", "gpu-node-3", 4242, beat_age_s=0)
     path = write(tmp_path / "busy.yaml", small_preset(name="busy"))
