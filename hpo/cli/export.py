@@ -46,12 +46,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _check_replaceable(path: Path) -> None:
-    """Refuse to replace a file that is not an earlier export (a hand-written config, anything else): it would be
-    lost. An earlier export is replaced, so that exporting again after more trials updates it."""
+    """Refuse to replace a file that is not an earlier export (a hand-written config, anything else that is not
+    empty): it would be lost. An earlier export is replaced, so that exporting again after more trials updates it."""
     from hpo.export.production import is_export
 
-    if not (path.exists() or path.is_symlink()):
-        return
+    if not path.is_file() or path.stat().st_size == 0:
+        return  # nothing to lose: no file, an empty one, a device (/dev/null) or a pipe; a broken link is written
     try:
         with path.open("rb") as file:
             text = file.read(1 << 20).decode()

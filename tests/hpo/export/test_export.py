@@ -385,10 +385,12 @@ def test_an_output_file_that_is_not_an_earlier_export_is_not_replaced(tmp_path, 
         assert out.read_bytes() == first
     capsys.readouterr()
     mine = tmp_path / "mine.yaml"
-    for text in (b"model:\n  hidden_size: 64\n", b"# Best configuration of my own\n", b"", b"\xff\xfe",
+    for text in (b"model:\n  hidden_size: 64\n", b"# Best configuration of my own\n", b"\n", b"\xff\xfe",
                  b'{"config": {}}'):  # fmt: skip
         mine.write_bytes(text)
         assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 2
         assert mine.read_bytes() == text
         err = capsys.readouterr().err
         assert f"-o {mine}: exists and is not an earlier `hpo export`" in err and "Traceback" not in err
+    mine.write_bytes(b"")  # nothing to lose: an empty file (a shell's `>` made it) is written
+    assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 0 and mine.read_text().startswith("# Best")
