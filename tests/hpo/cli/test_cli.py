@@ -256,7 +256,7 @@ def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_nami
 
     gpus = discover_gpus()
     preset = yaml.safe_load((PRESETS / "adam_vs_lamb.yaml").read_text())
-    train_dir, eval_dir = make_shards(tmp_path / "data")
+    train_dir, eval_dir = make_shards(tmp_path / "data", n_train=512)  # the preset's global batch: 448
     preset.update(base_config=str(PRESETS / preset["base_config"]),
                   overrides={"data.train": str(train_dir), "data.eval": str(eval_dir)})  # fmt: skip
     per_trial = max(preset["resources"]["gpus_per_trial"], len(gpus) + 1)  # 8 unless this machine has 8 or more
@@ -303,7 +303,8 @@ def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(prese
     from hpo.experiment import load_experiment
     from hpo.runners import build_runner
 
-    make_shards(tmp_path / "data" / "demo")  # where the demo presets' base config reads data/demo/{train,eval}
+    # where the demo presets' base config reads data/demo/{train,eval}; enough sequences for their largest batch
+    make_shards(tmp_path / "data" / "demo", n_train=256)
     monkeypatch.chdir(tmp_path)
     spec = load_experiment(PRESETS / preset)
     check_trial_data(spec)
