@@ -36,9 +36,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = _directories(Path(args.output), Path(args.png) if args.png else None)
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
-    studies = []
+    studies, experiments = [], []
     for name in names:
         data = load_experiment(storage, name)
+        experiments.append(data)
         path = out / f"{name}.html"
         _write(path, experiment_page(data, hpo_command=hpo_command, index=index))
         print(f"wrote {path}")
@@ -48,25 +49,35 @@ def cmd_report(args: argparse.Namespace) -> int:
         _write(path, comparison_report(storage, names))
         print(f"wrote {path} (links to the reports above)")
     if args.png:
-        _write_pngs(storage, names, Path(args.png))
+        _write_pngs(experiments, Path(args.png))
     print("\n".join(studies), end="\n" if studies else "")
     return 0
 
 
-def _write_pngs(storage, names: list[str], directory: Path) -> None:
-    """Each report's figures as NAME-FIGURE.png in `directory`, or why an experiment has none."""
-    from hpo.report.html import experiment_pngs
+def _write_pngs(experiments: list, directory: Path) -> None:
+    """Each report's figures as NAME-FIGURE.png in `directory` (or why an experiment has none), and with several
+    experiments compare.html's as compare-FIGURE.png."""
+    from hpo.report.html import comparison_pngs, experiment_pngs
 
-    for name in names:
-        pngs, why = experiment_pngs(storage, name)
+    for data in experiments:
+        pngs, why = experiment_pngs(data)
         if not pngs:
-            print(f"no figure for {name}: {why}", file=sys.stderr)
-            continue
+            print(f"no figure for {data.name}: {why}", file=sys.stderr)
+        _write_figures(directory, data.name, pngs)
+    if len(experiments) > 1:
+        pngs = comparison_pngs(experiments)
+        if not pngs:
+            print("no figure for compare.html: no arm has a best trial yet", file=sys.stderr)
+        _write_figures(directory, "compare", pngs)
+
+
+def _write_figures(directory: Path, page: str, pngs: dict[str, bytes]) -> None:
+    if pngs:
         _directory("--png", directory)
-        for slug, contents in pngs.items():
-            path = directory / f"{name}-{slug}.png"
-            _write(path, contents)
-            print(f"wrote {path}")
+    for slug, contents in pngs.items():
+        path = directory / f"{page}-{slug}.png"
+        _write(path, contents)
+        print(f"wrote {path}")
 
 
 _HINT = "give a directory that is not a file (it is created where missing), in a place you can write to"
@@ -149,6 +160,7 @@ def add_report(sub) -> None:
                              "scale against global batch size per optimizer (e.g. the batch_scaling runs)")  # fmt: skip
     report.add_argument("-o", "--output", default="reports", type=given("a directory"),
                         help="the directory for NAME.html (and compare.html); default ./reports")  # fmt: skip
-    report.add_argument("--png", metavar="DIR", help="also write each figure of the report(s) as DIR/NAME-FIGURE.png "
-                                                     "(for slides and papers)")  # fmt: skip
+    report.add_argument("--png", metavar="DIR", help="also write each figure of the report(s) as DIR/NAME-FIGURE.png, "
+                                                     "and compare.html's as DIR/compare-FIGURE.png (for slides and "
+                                                     "papers)")  # fmt: skip
     report.set_defaults(fn=cmd_report)

@@ -7,15 +7,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from html import escape
+from typing import TYPE_CHECKING
 
 from hpo.evidence.batch_scaling import WELL, BatchScaling, Estimate
 from hpo.evidence.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary
-from hpo.report import figures
 from hpo.report.data import (
     ExperimentData,
 )
 from hpo.report.markup import cell, fmt_interval, fmt_noise, fmt_samples, html_table, img, tagged
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def scaling_notes(experiments: Sequence[ExperimentData]) -> str:
@@ -73,16 +76,29 @@ def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float) -> str:
             "winner in at most 5 %.</p>" + html_table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
 
 
-def batch_study_view(data: ExperimentData) -> str:
-    """An experiment whose arms ran at two or more global batch sizes (a batch-scaling study): the comparison
-    page's batch-size view of its own arms, and the verdict at each batch size."""
+BATCH_FIGURE = "samples to target and noise scale against batch size"  # the figure's alt text
+BatchSizes = tuple[list[ScalingPoint], dict[str, BatchScaling]]  # an experiment's batch-size view: points, fits
+
+
+def batch_sizes(data: ExperimentData) -> BatchSizes | None:
+    """The points and per-optimizer fits of an experiment's batch-size view; None unless its arms ran at two or more
+    global batch sizes (a batch-scaling study)."""
     points = scaling_points([data], experiment_runs([data]))
     if len({p.global_batch_size for p in points}) < 2:
+        return None
+    return points, scaling_fits(points)
+
+
+def batch_study_view(data: ExperimentData, sizes: BatchSizes | None, figure: Figure | None) -> str:
+    """An experiment whose arms ran at two or more global batch sizes (`sizes`, as `batch_sizes` reads them): the
+    comparison page's batch-size view of its own arms (`figure`: `figures.scaling_figure` of them), and the verdict
+    at each batch size."""
+    if sizes is None:
         return ""
-    fits = scaling_fits(points)
+    points, fits = sizes
     margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
-    return ("<h2>Batch sizes</h2>" + scaling_notes([data]) + scaling_table(points)
-            + img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
+    drawn = img(figure, BATCH_FIGURE) if figure is not None else ""
+    return ("<h2>Batch sizes</h2>" + scaling_notes([data]) + scaling_table(points) + drawn
             + fit_section(points, fits) + verdicts_by_batch(points, margin))  # fmt: skip
 
 

@@ -19,7 +19,16 @@ from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.mlperf import imported_line
 from hpo.report import figures
-from hpo.report.batch_view import batch_study_view, fit_section, scaling_notes, scaling_table, verdicts_by_batch
+from hpo.report.batch_view import (
+    BATCH_FIGURE,
+    BatchSizes,
+    batch_sizes,
+    batch_study_view,
+    fit_section,
+    scaling_notes,
+    scaling_table,
+    verdicts_by_batch,
+)
 from hpo.report.data import (
     BEST_DRAWN,
     MAX_DRAWN,
@@ -67,12 +76,13 @@ def experiment_report(storage: Storage, name: str, *, hpo_command: str = "hpo", 
 def experiment_page(data: ExperimentData, *, hpo_command: str = "hpo", index: str | None = None) -> str:
     """The report of one experiment as `load_experiment` read it."""
     importance = {arm.label: rank_importance(arm.tuning, _tuned(data), data.direction) for arm in data.arms}
-    drawn = report_figures(data)
+    sizes = batch_sizes(data)
+    drawn = report_figures(data, sizes)
     parts = [
         _header(data, index),
         _notes(data),
         _verdict_section(data),
-        batch_study_view(data),
+        batch_study_view(data, sizes, drawn.get(BATCH_SIZES)),
         _outcomes_section(data, drawn),
         _rungs_section(data),
         _best_so_far_section(data, drawn),
@@ -195,16 +205,18 @@ FIGURES = {
     "noise-scale": ("gradient noise scale", figures.noise_figure, False),
     "hyperparameters": ("objective against each hyperparameter", figures.effects_figure, True),
 }
+BATCH_SIZES = "batch-sizes"  # the slug of the batch-size view's figure (a batch-scaling study; compare.html)
 
 
-def report_figures(data: ExperimentData) -> dict:
-    """The figures of the report by slug (what the page embeds and `hpo report --png` writes); one with nothing to
-    draw is left out, and the page says why in words."""
+def report_figures(data: ExperimentData, sizes: BatchSizes | None) -> dict:
+    """The figures of the report by slug (what the page embeds and `hpo report --png` writes): FIGURES, and where
+    the arms span batch sizes (`sizes`: `batch_view.batch_sizes(data)`) the batch-size view's first; one with
+    nothing to draw is left out, and the page says why in words."""
     if _nothing_finished(data):
         return {}
     measured = len(_arms_without_values(data)) < len(data.arms)
     curves = any(c.mlm_accuracy for c in data.curves.values())
-    drawn = {}
+    drawn = {BATCH_SIZES: figures.scaling_figure(*sizes)} if sizes is not None else {}
     for slug, (_, draw, needs_value) in FIGURES.items():
         if (needs_value and not measured) or (slug == "learning-curves" and not curves):
             continue
@@ -214,10 +226,9 @@ def report_figures(data: ExperimentData) -> dict:
     return drawn
 
 
-def experiment_pngs(storage: Storage, name: str) -> tuple[dict[str, bytes], str | None]:
+def experiment_pngs(data: ExperimentData) -> tuple[dict[str, bytes], str | None]:
     """The report's figures as PNG files (slug -> contents), and why there are none when there are none."""
-    data = load_experiment(storage, name)
-    drawn = report_figures(data)
+    drawn = report_figures(data, batch_sizes(data))
     if drawn:
         return {slug: figures.png_bytes(fig, figures.FILE_DPI) for slug, fig in drawn.items()}, None
     why = _nothing_finished(data) or "; ".join(_arms_without_values(data)) or "nothing was measured"
@@ -562,6 +573,7 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
                     link: Link | None = None, index: str | None = None) -> str:  # fmt: skip
     """The comparison page of `experiments` drawn from their scaling points (what `comparison_report` reads)."""
     fits = scaling_fits(points)
+    drawn = comparison_figures(points, fits)
     link = link or (lambda name: f"{name}.html")
     back = f'<p><a href="{escape(index)}">all experiments</a></p>' if index else ""
     listing = "".join(f"<li><a href='{escape(link(d.name))}'>{escape(d.name)}</a> — {escape(d.liveness)}; "
@@ -569,11 +581,23 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
     heading = f"Comparing {len(experiments)} experiments" if len(experiments) != 1 else "Batch sizes of one experiment"
     body = (f"{back}<h1>{escape(heading)}</h1><ul>{listing}</ul>"
             + scaling_notes(experiments) + scaling_table(points)
-            + (img(figures.scaling_figure(points, fits), "samples to target and noise scale against batch size")
-               if points else "<p>No arm has a best trial yet.</p>")
+            + (img(drawn[BATCH_SIZES], BATCH_FIGURE) if drawn else "<p>No arm has a best trial yet.</p>")
             + (fit_section(points, fits) if points else "")
             + verdicts_by_batch(points, DEFAULT_MARGIN))  # fmt: skip
     return page("comparison report", body)
+
+
+def comparison_figures(points: Sequence[ScalingPoint], fits: dict) -> dict:
+    """The figures of the comparison page by slug (what it embeds and `hpo report --png` writes as compare-SLUG.png):
+    the batch-size view's, where some arm has a best trial (`points`)."""
+    return {BATCH_SIZES: figures.scaling_figure(points, fits)} if points else {}
+
+
+def comparison_pngs(experiments: Sequence[ExperimentData]) -> dict[str, bytes]:
+    """The comparison page's figures as PNG files (slug -> contents); none where no arm has a best trial yet."""
+    points = scaling_points(experiments, experiment_runs(experiments))
+    drawn = comparison_figures(points, scaling_fits(points))
+    return {slug: figures.png_bytes(fig, figures.FILE_DPI) for slug, fig in drawn.items()}
 
 
 # --------------------------------------------------------------------------- the list of experiments

@@ -356,6 +356,47 @@ def test_png_export_writes_the_figures_the_page_embeds_as_valid_pngs(tmp_path, c
     assert len(written) == len(page.images)
 
 
+SLUGS = {"samples to target per arm": "outcomes", "best objective so far per arm": "best-so-far",
+         "learning curves": "learning-curves", "gradient noise scale": "noise-scale",
+         "objective against each hyperparameter": "hyperparameters",
+         "samples to target and noise scale against batch size": "batch-sizes"}  # fmt: skip
+
+
+def test_png_export_of_a_batch_size_study_writes_its_batch_size_figure_and_compare_htmls(tmp_path, capsys):
+    """A study whose arms span batch sizes (the batch_scaling_simulated preset on the formula table) draws its
+    batch-size figure on its page, and compare.html draws one of the experiments compared: --png writes every
+    image of every page, NAME-batch-sizes.png and compare-batch-sizes.png among them (they were left out)."""
+    from PIL import Image
+
+    from hpo.simulation.table import load_table
+    from tests.hpo.simulation.conftest import write_large_batch_table
+    from tests.hpo.simulation.test_large_batch import run_preset
+
+    study = "batch_scaling_simulated"
+    table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
+    url, _ = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
+    storage, eid, same = make_experiment(tmp_path)  # a second experiment, "edge", in the same database
+    assert same == url
+    for arm, lr in ((ADAMW, 1e-3), (ADAMW, 2e-3), (LAMB, 1e-3), (LAMB, 3e-3)):
+        add_trial(storage, eid, arm, "reached", lr=lr, points=curve([30.0] * 8))
+    html, out = tmp_path / "html", tmp_path / "png"
+    assert main(["--db", url, "report", study, "edge", "-o", str(html), "--png", str(out)]) == 0
+    expected = sorted(f"{name}-{SLUGS[img['alt']]}.png" for name in (study, "edge", "compare")
+                      for img in Page((html / f"{name}.html").read_text()).images)  # fmt: skip
+    written = sorted(p.name for p in out.iterdir())
+    assert written == expected
+    assert {f"{study}-batch-sizes.png", "compare-batch-sizes.png"} <= set(written)
+    printed = capsys.readouterr().out
+    for name in written:
+        path = out / name
+        assert f"wrote {path}" in printed
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size[0] > 500 and image.size[1] > 300  # 150 dpi: above the page's 90
+
+
 def simulated_run(rng, dims: int, ratio: float, b_small: int = 8, accumulation: int = 2, steps: int = 200):
     """The trainer's estimator on Gaussian gradients whose noise scale is known: |G|² = 1, tr(Σ) = ratio x B_big,
     so B_simple = ratio x B_big; `dims` dimensions (few: heavy-tailed norms). Returns (estimate / truth, flag)."""
