@@ -6,7 +6,8 @@ Outcomes. Every trial has one outcome, from its stored state and result:
 - `missed`: it ended normally without reaching the target (its whole sample budget used up);
 - `diverged`, `failed`, `timeout`: as stored; `bad data`: a failure on bad data, which says nothing about the
   hyperparameters (the tuner was not told, the verdict leaves it out);
-- `unfinished`: queued, running or interrupted.
+- `unfinished`: queued, running or interrupted (its stored state, `TrialRow.state`, says which: the report counts
+  and lists it by that state, as `hpo status` and `hpo trials` do).
 
 Values. A trial's `value` is its stored objective when that objective is a measurement: for the "to target"
 metrics only a run that reached the target has one (a miss's objective is a penalty, shown as a miss and never
@@ -96,6 +97,7 @@ class TrialRow:
     noise_big_batch: int | None = None  # the estimator's big batch B_big (see the module docstring)
     noise_undefined: float = 0.0  # the share of its measured late steps that gave no estimate
     unselected: bool = False  # nothing picked it on its outcome (an imported configuration alone in its arm): evidence
+    state: str = "completed"  # its stored state (TrialState's value): what `hpo status` counts it as
 
     @property
     def noise_lower_bound(self) -> str | None:
@@ -308,6 +310,7 @@ def _row(trial: TrialRecord, metric: str, noise: LateNoise | None, noise_big_bat
         kind=trial.kind.value,
         seed=trial.seed,
         outcome=outcome(trial),
+        state=trial.state.value,
         objective=trial.objective,
         value=measured_value(trial, metric),
         samples_to_target=trial.samples_to_target,

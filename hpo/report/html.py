@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
@@ -59,6 +60,7 @@ from hpo.report.markup import (
 )
 from hpo.report.scaling import ScalingPoint, experiment_runs, scaling_fits, scaling_points
 from hpo.storage.base import Storage
+from hpo.trials import TrialState
 
 SMALL_ARM = 10  # fewer tuning trials per arm than this: the page says the experiment is small
 LISTED_TRIALS = 500  # more trials than this: the trial table lists each arm's best and the confirmation runs only
@@ -173,9 +175,13 @@ def _nothing_finished(data: ExperimentData) -> str | None:
     """What every figure says while no trial has finished (None once one has)."""
     if any(t.outcome != "unfinished" for t in data.trials):
         return None
-    waiting = len(data.trials)
-    return (f"Nothing to draw yet: no trial has finished (0 of {_planned(data)} planned; "
-            f"{waiting} created and queued or running).")  # fmt: skip
+    return f"Nothing to draw yet: no trial has finished (0 of {_planned(data)} planned; created: {_by_state(data)})."
+
+
+def _by_state(data: ExperimentData) -> str:
+    """The trials per stored state in `hpo status`'s order and words: `1 queued, 1 running, 2 interrupted`."""
+    counts = Counter(t.state for t in data.trials)
+    return ", ".join(f"{counts[s.value]} {s.value}" for s in TrialState if counts[s.value]) or "none yet"
 
 
 def _arms_without_values(data: ExperimentData) -> list[str]:
@@ -349,7 +355,8 @@ def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
     head = ["arm", "tuning trials", *OUTCOMES, f"best {data.metric}", "best trial"]
     return (f"<h2>Samples to target and outcomes</h2>"
             f"<p>Tuning trials per outcome: reached the target, missed it (used the whole sample budget), diverged, "
-            f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished. The best is the "
+            f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished (queued, running or "
+            f"interrupted: the trial table says which). The best is the "
             f"storage's best tuning trial of the arm (what <code>hpo export</code> exports); a miss there means no "
             f"trial of the arm reached the target and its objective is the penalty.</p>"
             f"{html_table(head, rows)}"
@@ -550,7 +557,8 @@ def listed_trials(data: ExperimentData) -> list[TrialRow]:
 
 def _trial_row(t: TrialRow) -> str:
     params = ", ".join(f"{k}={_param(v)}" for k, v in t.params.items())
-    left = [t.arm, t.kind, "–" if t.seed is None else str(t.seed), t.outcome]
+    shown = t.state if t.outcome == "unfinished" else t.outcome  # queued, running or interrupted, as hpo trials says
+    left = [t.arm, t.kind, "–" if t.seed is None else str(t.seed), shown]
     right = [fmt_objective(t.objective), fmt_samples(t.samples_to_target), fmt_accuracy(t.best_mlm_accuracy),
              fmt_samples(t.samples), fmt_samples(t.global_batch_size), fmt_trial_noise(t)]  # fmt: skip
     return (cell(str(t.number)) + "".join(cell(v, cls="l") for v in left) + "".join(cell(v) for v in right)

@@ -22,7 +22,7 @@ from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, MetricRecord
 from hpo.storage.noise import late_noise
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
-from tests.hpo.report.test_report import Page
+from tests.hpo.report.test_report import Page, table_with
 
 MAX_SAMPLES = 512
 ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
@@ -101,10 +101,32 @@ def test_nothing_finished_says_so_instead_of_empty_plots_and_counts_what_is_plan
     assert page.images == []
     assert page.cells[(None, "finished")] == "0" and page.cells[(None, "planned")] == "6"
     assert page.cells[(None, "progress")] == "0/4 tuning trials done, 0/2 confirmation runs"
-    said = "Nothing to draw yet: no trial has finished (0 of 6 planned; 1 created and queued or running)."
+    said = "Nothing to draw yet: no trial has finished (0 of 6 planned; created: 1 running)."
     assert html.count(said) == 5  # outcomes, best so far, learning curves, noise scale, hyperparameters
     assert page.cells[(None, "noise")] == said
     assert "reported a noise scale" not in html and "it needs two batch sizes" not in html
+
+
+def test_unfinished_trials_are_counted_by_state_as_hpo_status_counts_them(tmp_path, capsys):
+    """A trial whose controller stopped while it ran is interrupted, as `hpo status` says: the report counted it as
+    queued or running."""
+    storage, eid, url = make_experiment(tmp_path, trials=4, confirm_seeds=1)  # 6 planned
+    add_trial(storage, eid, ADAMW, "queued")
+    add_trial(storage, eid, ADAMW, "running", lr=2e-3)
+    for lr in (3e-3, 4e-3):
+        storage.interrupt_trial(add_trial(storage, eid, LAMB, "running", lr=lr), "its controller stopped")
+    assert main(["--db", url, "status", "edge"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trials: ")]
+    status = line.removeprefix("trials: ")
+    assert status == "1 queued, 1 running, 2 interrupted"
+    html, page = report(storage)
+    said = f"Nothing to draw yet: no trial has finished (0 of 6 planned; created: {status})."
+    assert page.cells[(None, "nothing")] == said and "queued or running" not in html
+    rows = table_with(page, "outcome")
+    column = rows[0].index("outcome")
+    shown = [row[column] for row in rows[1:]]
+    listed = {f"{n} {state}" for state in ("queued", "running", "interrupted") if (n := shown.count(state))}
+    assert listed == set(status.split(", ")) and len(shown) == 4
 
 
 def test_png_export_of_nothing_finished_writes_no_file_and_says_why(tmp_path, capsys):
