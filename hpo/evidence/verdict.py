@@ -14,9 +14,14 @@ Quantity. Per run, samples to target *between* evaluation points: the run's `mlm
 interpolated between the last evaluation below the target and the first at or above it. The stored
 `samples_to_target` keeps MLPerf's meaning (the first evaluation at or above the target); runs that hit at the
 same evaluation are not identical measurements, and treating them so gave zero-width intervals. A run without
-an evaluation below the target before its hit (or without a stored curve) counts its stored value; in an arm
-with such a run, the spread is at least the resolution of one evaluation interval (every / √12, the spread of a
-uniform error over one interval), so runs that coincide at an evaluation never make an interval of zero width.
+an evaluation below the target before its hit (or without a stored curve) counts its stored value. In an arm
+with such a run, or with two runs whose values coincide (interpolated on identical curves: a replayed seed,
+training that ignores its seed), the measurement did not tell the runs apart and their spread says nothing of
+the seed-to-seed spread: the arm's spread is then at least the resolution of one evaluation interval (every / √12,
+the standard deviation of a uniform error over one interval), in the verdict's test and in the arm's 95 %
+interval (`ArmSummary.floored` says so), so runs that agree exactly never make an interval of zero width. Runs the
+interpolation tells apart keep their own spread, however small: between evaluations it resolves more finely
+than one interval, and a floor on every arm would throw that away.
 
 Misses are censored. A run that missed the target (it used its whole sample budget, diverged, crashed or timed
 out) needed *more than the budget*: it enters as the budget, the least it would have needed. That can only make
@@ -73,7 +78,7 @@ import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from itertools import combinations
+from itertools import combinations, pairwise
 
 from scipy import special  # scipy.stats's quantiles are these functions; importing it costs 0.5 s more
 
@@ -122,6 +127,9 @@ class ArmSummary:
     low: float | None  # the 95 % t interval of that mean, at least 0 (None with fewer than 2 hits)
     high: float | None
     max_samples: int | None
+    # the evaluation interval (samples) whose resolution gives the interval, where the hits' own spread was below
+    # it (they agree within a fraction of one interval, or exactly); None: the interval is the hits' spread
+    floored: float | None = None
 
     @property
     def hit_rate(self) -> float | None:
@@ -137,6 +145,10 @@ class ArmSummary:
         text += f"; samples to target {self.mean:,.0f}"
         if self.low is None:
             return text + " (one run: no interval)"
+        if self.floored is not None:
+            return text + (f" (95 % interval {self.low:,.0f} to {self.high:,.0f}: the runs agree closer than one "
+                           f"evaluation interval of {self.floored:,.0f} samples can tell, so the interval is that "
+                           "resolution's, not their spread's)")  # fmt: skip
         return text + f" (95 % interval {self.low:,.0f} to {self.high:,.0f})"
 
 
@@ -242,14 +254,19 @@ def samples_between_evaluations(curve: Sequence[tuple[float, float]], target: fl
 
 
 def summarize(runs: ArmRuns) -> ArmSummary:
-    """Hit rate, mean samples to target over the hits, and its 95 % t interval."""
+    """Hit rate, mean samples to target over the hits, and its 95 % t interval, whose spread is at least one
+    evaluation interval's resolution (`runs.resolution` / √12): hits that agree closer than that, or exactly, give
+    the interval of that resolution, not one of zero width (module docstring)."""
     hits = [s for s in runs.samples_to_target if s is not None]
     mean = statistics.fmean(hits) if hits else None
     low = high = None
+    floored = None
     if len(hits) >= 2:
-        half = t_quantile(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
+        spread, floor = statistics.stdev(hits), runs.resolution / math.sqrt(12)
+        floored = runs.resolution if spread < floor else None
+        half = t_quantile(0.975, len(hits) - 1) * max(spread, floor) / math.sqrt(len(hits))
         low, high = max(mean - half, 0.0), mean + half  # a count of samples: never below 0 (few runs, wide t)
-    return ArmSummary(runs.label, len(runs.samples_to_target), len(hits), mean, low, high, runs.max_samples)
+    return ArmSummary(runs.label, len(runs.samples_to_target), len(hits), mean, low, high, runs.max_samples, floored)
 
 
 def _logs(runs: ArmRuns) -> list[float]:
@@ -438,7 +455,7 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
         cfg = trial_config(spec, top.params)
         target, every = cfg.eval.target_mlm_accuracy, cfg.eval.every_samples
         runs = tuple(_samples(t, curves.get(getattr(t, "id", None), ()), target) for t in confirmations(top, trials))
-        quantized = any(s is not None and s % every == 0 for s in runs)  # a hit not read between evaluations
+        resolution = every if unresolved(runs, every) else 0
         tuned = (
             top.arm in reached
             if reached is not None
@@ -447,8 +464,16 @@ def arm_runs(spec, best: Mapping[str, object], trials: Sequence[object],
         found = tuned or any(s is not None for s in runs)
         picked = _samples(top, curves.get(getattr(top, "id", None), ()), target)
         picked = None if unselected(top) else math.inf if picked is None else picked
-        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, every if quantized else 0, found, picked))
+        evidence.append(ArmRuns(label, runs, cfg.budget.max_samples, resolution, found, picked))
     return evidence
+
+
+def unresolved(runs: Sequence[float | None], every: int) -> bool:
+    """Whether the measurement did not tell some of these runs' samples to target apart (module docstring): a hit
+    read at an evaluation (a multiple of `every`), or two hits that coincide (read at the same evaluation, or
+    interpolated on identical curves)."""
+    hits = sorted(s for s in runs if s is not None)
+    return any(s % every == 0 for s in hits) or any(math.isclose(a, b, rel_tol=1e-9) for a, b in pairwise(hits))
 
 
 def confirmations(top, trials: Sequence[object]) -> list:

@@ -336,11 +336,17 @@ def _evidence_table(data: ExperimentData, head: str) -> str:
     selected = ("the best tuning trial itself was selected, so it is not evidence" if not any(
         t.unselected for arm in data.arms for t in arm.trials) else "a configuration alone in its arm, as an imported "
         "one is, was not selected on its outcome, so its own run is evidence too")  # fmt: skip
+    floored = "".join(
+        f"<p class=note data-field=floored data-arm='{escape(arm.label)}'>{escape(arm.label)}: its runs agree closer "
+        f"than one evaluation interval ({arm.evidence.floored:,.0f} samples) can tell, so its interval is that "
+        "resolution's, not their spread's: they were read at the same evaluation, or on identical curves.</p>"
+        for arm in data.arms if arm.evidence is not None and arm.evidence.floored is not None)  # fmt: skip
     return (f"{head}<p>Per arm, from the confirmation runs of its best configuration ({escape(data.confirmation_plan)}"
             f"; {selected}). Samples to target interpolated "
             f"between evaluations. Mean over the runs that reached the target; 95 % interval mean ± t(0.975, n−1)·s/√n "
-            f"over those n runs (none below 2). The verdict compares arms on the log scale (Welch) and counts a miss "
-            f"at its budget, the least it would have needed.</p>{table}")  # fmt: skip
+            f"over those n runs (none below 2), s at least the evaluation interval / √12 where the evaluations did not "
+            f"tell the runs apart. The verdict compares arms on the log scale (Welch) and counts a miss "
+            f"at its budget, the least it would have needed.</p>{table}{floored}")  # fmt: skip
 
 
 def _outcomes_section(data: ExperimentData, drawn: dict) -> str:

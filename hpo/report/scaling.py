@@ -77,8 +77,9 @@ def scaling_points(experiments: Sequence[ExperimentData],
             median = statistics.median(noise) if noise else None
             bounds = sum(1 for t in rows if t.noise_lower_bound)
             mine = tuple((runs or {}).get((data.name, arm.label), ()))
-            evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples)) if mine else arm.evidence
             resolution = data.confirmation_resolution.get(arm.label, 0.0) if mine else 0.0
+            evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples, resolution)) if mine else \
+                arm.evidence  # fmt: skip
             points.append(ScalingPoint(data.name, arm.label, series(data, arm.optimizer or "?"), batch, evidence,
                                        median, min(noise, default=None), max(noise, default=None), len(noise),
                                        bounds, mine, is_reference(data), resolution))  # fmt: skip

@@ -21,10 +21,12 @@ from hpo.evidence.verdict import Outcome, arm_runs, look_level
 from hpo.experiment import experiment_from_dict, spec_from_stored, stored_form
 from hpo.plan.forecast import DEFAULT_TABLE
 from hpo.report.data import load_experiment
+from hpo.report.html import experiment_report
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from tests.hpo.evidence.independent import interpolated
+from tests.hpo.report.test_report import Page
 
 ROOT = Path(__file__).resolve().parents[3]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
@@ -160,3 +162,40 @@ def test_mid_round_the_verdict_is_the_last_finished_looks_on_that_looks_runs(tmp
         censored = [*hand[LAMB], BUDGET]  # the sixth missed: at its budget, which makes AdamW the leader
         assert np.mean(np.log(hand[ADAMW])) < np.mean(np.log(censored)) and (c.a, c.b) == (ADAMW, LAMB)
         assert (c.ratio, c.low, c.high) == pytest.approx(welch(hand[ADAMW], censored, 1 - look_level(2, 4)), rel=1e-9)
+
+
+def test_runs_that_agree_exactly_keep_the_spread_of_one_evaluation_interval(tmp_path):
+    """AdamW's three confirmation runs reached the target between the same two evaluations on identical curves (a
+    replayed seed): their samples to target agree exactly, and the arm's interval and the verdict's had zero width.
+    The measurement did not tell them apart, so the arm's spread is that of one evaluation interval (EVERY / √12,
+    a uniform error over it); LAMB's runs, told apart, keep their own spread."""
+    adamw, lamb = [5000.0] * 3, [4300.0, 4500.0, 4650.0]
+    storage, eid = write(tmp_path / "hpo.db", 3, {"adamw": adamw, "lamb": lamb}, {"adamw": 5000, "lamb": 4500})
+    with storage:
+        spec, trials = spec_from_stored(storage.get_experiment(eid)), storage.list_trials(eid)
+        hand = {arm: by_hand(storage, trials, arm) for arm in (ADAMW, LAMB)}
+        verdict = stored_verdict(storage, eid, spec)
+        page = Page(experiment_report(storage, spec.name))
+    assert hand[ADAMW] == pytest.approx(adamw) and np.std(hand[ADAMW]) == 0 and hand[LAMB] == pytest.approx(lamb)
+    floor = EVERY / math.sqrt(12)  # the standard deviation of a uniform error over one evaluation interval
+    summaries = {a.label: a for a in verdict.arms}
+    for arm, sd in ((ADAMW, floor), (LAMB, np.std(hand[LAMB], ddof=1))):
+        mean = np.mean(hand[arm])
+        half = stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
+        assert (summaries[arm].low, summaries[arm].high) == pytest.approx((mean - half, mean + half), rel=1e-9)
+    assert summaries[ADAMW].high - summaries[ADAMW].low > 1000
+    assert summaries[ADAMW].floored == EVERY and summaries[LAMB].floored is None
+    assert f"the runs agree closer than one evaluation interval of {EVERY:,} samples" in summaries[ADAMW].describe()
+    for arm in (ADAMW, LAMB):  # the report shows the same interval, and says which arm's is the resolution's
+        assert page.cells[(arm, "interval")] == f"{summaries[arm].low:,.0f} to {summaries[arm].high:,.0f}"
+    assert (ADAMW, "floored") in page.cells and (LAMB, "floored") not in page.cells
+    # the verdict: Welch on ln samples, AdamW's variance that of the floor at its geometric mean
+    va = np.var(np.log(hand[LAMB]), ddof=1) / 3
+    vb = (floor / math.exp(np.mean(np.log(hand[ADAMW])))) ** 2 / 3
+    df = (va + vb) ** 2 / (va * va / 2 + vb * vb / 2)
+    d = np.mean(np.log(hand[LAMB])) - np.mean(np.log(hand[ADAMW]))
+    half = stats.t.ppf(1 - 0.04 / 2, df) * math.sqrt(va + vb)
+    (c,) = verdict.comparisons
+    assert (c.a, c.b) == (LAMB, ADAMW)
+    assert (c.ratio, c.low, c.high) == pytest.approx((math.exp(d), math.exp(d - half), math.exp(d + half)), rel=1e-9)
+    assert c.high - c.low > 0.1

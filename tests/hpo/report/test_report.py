@@ -30,6 +30,7 @@ from tests.hpo.evidence.independent import arm_evidence
 
 EXPERIMENT = "report-demo"
 TARGET = 0.015  # the experiment's target MLM accuracy
+EVERY = 16  # its evaluation interval in samples (tiny_overrides' eval.every_samples)
 _BUILT: dict[str, str] = {}  # one experiment per test session, shared with tests/server/test_report_page.py
 
 
@@ -169,7 +170,10 @@ def expected_evidence(trials, arm: str, url: str | None = None):
     mean = sum(hits) / len(hits) if hits else None
     interval = None
     if len(hits) >= 2:
-        half = stats.t.ppf(0.975, len(hits) - 1) * statistics.stdev(hits) / math.sqrt(len(hits))
+        sd = statistics.stdev(hits)
+        if any(h % EVERY == 0 for h in hits) or len(set(hits)) < len(hits):  # runs the evaluations did not tell apart
+            sd = max(sd, EVERY / math.sqrt(12))  # at least a uniform error over one evaluation interval
+        half = stats.t.ppf(0.975, len(hits) - 1) * sd / math.sqrt(len(hits))
         interval = (max(mean - half, 0.0), mean + half)  # samples: never below 0
     return best, runs, hits, mean, interval
 
