@@ -79,6 +79,12 @@ def _value_label(data: ExperimentData) -> str:
     )
 
 
+def best_of(label: str) -> str:
+    """`best samples to target`; a name that says best already stays as it is (`best_mlm_accuracy`, not "best
+    best_mlm_accuracy")."""
+    return label if label.startswith("best") else f"best {label}"
+
+
 # --------------------------------------------------------------------------- best so far
 
 
@@ -106,7 +112,7 @@ def best_so_far_figure(data: ExperimentData) -> Figure:
     by_trials.set_xlabel("tuning trials of the arm, in the order they ran")
     by_cost.set_xlabel("GPU-hours used by the arm's trials" if gpu else "training samples used by the arm's trials")
     for ax in (by_trials, by_cost):
-        ax.set_ylabel(f"best {_value_label(data)} so far")
+        ax.set_ylabel(f"{best_of(_value_label(data))} so far")
         ax.grid(alpha=0.3)
     by_trials.legend(loc="best", fontsize=8)
     fig.suptitle("Best so far per arm (line), 95 % bootstrap band over trial order (shaded); x: a missed trial")

@@ -358,7 +358,7 @@ def _outcomes_section(data: ExperimentData, drawn: dict) -> str:
         fields = [("tuning", str(len(arm.tuning)))] + [(o.replace(" ", "_"), str(counts[o])) for o in OUTCOMES]
         fields += [("best_objective", best_text), ("best_trial", "–" if best is None else str(best.number))]
         rows.append(tagged(arm.label, arm.label, fields))
-    head = ["arm", "tuning trials", *OUTCOMES, f"best {data.metric}", "best trial"]
+    head = ["arm", "tuning trials", *OUTCOMES, figures.best_of(data.metric), "best trial"]
     return (f"<h2>Samples to target and outcomes</h2>"
             f"<p>Tuning trials per outcome: reached the target, missed it (used the whole sample budget), diverged, "
             f"failed, timed out, failed on bad data (not the hyperparameters' fault), unfinished (queued, running or "
