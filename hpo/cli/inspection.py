@@ -23,8 +23,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         experiments = storage.list_experiments()
         if not experiments:
             print("no experiments yet; start one with `hpo run EXPERIMENT.yaml`")
-        for e in experiments:
-            print(f"{e.name:<32} {liveness(e):<11} {experiment_progress(storage, e)}{_last_seen(e)}")
+        rows = [[e.name, liveness(e), f"{experiment_progress(storage, e)}{_last_seen(e)}"] for e in experiments]
+        for line in text_table(rows, widths=[32, 11]):
+            print(line)
         return 0
     record = storage.get_experiment_by_name(args.name)
     state = liveness(record)
@@ -107,19 +108,27 @@ def cmd_trials(args: argparse.Namespace) -> int:
                                  offset=args.offset, limit=more, after=args.after)  # fmt: skip
     next_page = trials[args.limit - 1].number if args.limit is not None and len(trials) > args.limit else None
     trials = trials[: args.limit]
-    print(f"{'#':>4} {'state':<10} {'arm':<24} {'budget':>6} {'objective':>12} {'acc':>7}  reason / params")
+    rows = [["#", "state", "arm", "budget", "objective", "acc", " reason / params"]]
     for t in trials:
         objective = objective_text(t.objective) if t.objective is not None else "-"
         acc = f"{t.best_mlm_accuracy:.4f}" if t.best_mlm_accuracy is not None else "-"
         detail = t.reason or json.dumps(t.params, default=str)
         if t.kind is not TrialKind.TUNING:  # a re-run of its arm's best configuration with another seed
             detail = f"{t.kind.value} (seed {t.seed}): {detail}"
-        print(
-            f"{t.number:>4} {t.state.value:<10} {t.arm or '-':<24} {t.budget:>6.2f} {objective:>12} {acc:>7}  {detail}"
-        )
+        rows.append([str(t.number), t.state.value, t.arm or "-", f"{t.budget:.2f}", objective, acc, f" {detail}"])
+    for line in text_table(rows, widths=[4, 10, 24, 6, 12, 7], right={0, 3, 4, 5}):
+        print(line)
     if next_page is not None:
         print(f"more trials follow: --after {next_page} --limit {args.limit} shows the next page", file=sys.stderr)
     return 0
+
+
+def text_table(rows: list[list[str]], widths: list[int], right: set[int] = frozenset()) -> list[str]:
+    """`rows` as lines of aligned columns, each at least its `widths` entry and as wide as its widest value (the
+    columns in `right` right-aligned); the last column, free text, is not padded."""
+    fitted = [max([width, *(len(row[i]) for row in rows)]) for i, width in enumerate(widths)]
+    return [" ".join([*(row[i].rjust(w) if i in right else row[i].ljust(w) for i, w in enumerate(fitted)), row[-1]])
+            for row in rows]  # fmt: skip
 
 
 def cmd_best(args: argparse.Namespace) -> int:

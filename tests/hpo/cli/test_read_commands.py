@@ -315,3 +315,38 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
     listing.stdout.close()
     _, err = listing.communicate(timeout=120)
     assert listing.returncode == 141 and err == b"", err.decode()[-2000:]
+
+
+def columns(line: str, fields: int) -> list[tuple[int, int]]:
+    """The (start, end) offsets of the first `fields` space-separated values of a line."""
+    spans, at = [], 0
+    for value in line.split()[:fields]:
+        start = line.index(value, at)
+        spans.append((start, start + len(value)))
+        at = start + len(value)
+    return spans
+
+
+def test_trials_and_status_columns_fit_their_values(tmp_path, capsys):
+    """A state of 11 letters (interrupted), an arm of more than 24 and an experiment name of more than 32 pushed the
+    columns after them out of line with the header and the other rows."""
+    from tests.hpo.report.test_report_edges import ADAMW, LAMB, add_trial, make_experiment
+
+    storage, eid, url = make_experiment(tmp_path, name="a-rather-long-experiment-name-of-40-chars")
+    add_trial(storage, eid, ADAMW, "reached")
+    storage.interrupt_trial(add_trial(storage, eid, LAMB, "running", lr=2e-3), "its controller stopped")
+    add_trial(storage, eid, "optimizer.name=adamw,batch.global_batch_size=16", "failed", lr=3e-3)
+    make_experiment(tmp_path, name="short")
+    assert main(["--db", url, "trials", "a-rather-long-experiment-name-of-40-chars"]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in rows] == ["completed", "interrupted", "failed"]
+    expected = columns(head, 6)  # #, budget, objective, acc right-aligned; state, arm left-aligned
+    for line in rows:
+        spans = columns(line, 6)
+        assert [spans[i][1] for i in (0, 3, 4, 5)] == [expected[i][1] for i in (0, 3, 4, 5)], line
+        assert [spans[i][0] for i in (1, 2)] == [expected[i][0] for i in (1, 2)], line
+        assert line[spans[5][1] : spans[5][1] + 2] == "  "  # the reason after two spaces, as in the header
+    assert main(["--db", url, "status"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert len(listing) == 2 and len({columns(line, 3)[1][0] for line in listing}) == 1, listing
+    assert len({columns(line, 3)[2][0] for line in listing}) == 1, listing
