@@ -42,6 +42,7 @@ import yaml
 
 from hpo.errors import HpoError
 from hpo.storage.base import ExperimentRecord, TrialRecord
+from hpo.trials import objective_text
 
 Format = Literal["yaml", "json", "torchrun"]
 FORMATS: tuple[str, ...] = ("yaml", "json", "torchrun")
@@ -319,7 +320,7 @@ def render(
 def _comment_lines(
     origin: Provenance, tuned_micro: int | str, config: dict[str, Any], warnings, command: str, ranks: int
 ) -> list[str]:
-    objective = "none" if origin.objective is None else f"{origin.objective:.6g}"
+    objective = "none" if origin.objective is None else objective_text(origin.objective)
     simulated = " (simulated: read from a learning-curve table, not trained)" if origin.simulated else ""
     lines = [
         f"Best configuration of experiment {origin.experiment}, exported by `hpo export`."
@@ -328,7 +329,7 @@ def _comment_lines(
         f"objective: {origin.metric} = {objective} ({origin.direction})",
     ]
     if origin.reached_target:
-        reached = f"after {origin.samples_to_target} samples" if origin.samples_to_target is not None else ""
+        reached = f"after {origin.samples_to_target:,} samples" if origin.samples_to_target is not None else ""
         lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip() + simulated)
     lines += [f"WARNING: {warning}" for warning in warnings]
     lines += [f"tuned: {key} = {value}" for key, value in origin.params.items()]

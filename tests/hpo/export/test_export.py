@@ -159,6 +159,14 @@ def test_a_simulated_experiment_says_no_training_happened_wherever_its_export_is
     assert json.loads(trained)["provenance"]["simulated"] is False and "simulated runner" not in trained
 
 
+def test_the_comments_write_objectives_and_samples_as_the_other_commands_do(tmp_path):
+    """Whole samples with every digit and commas, as `hpo trials` and the run's summary print them."""
+    trial = dataclasses.replace(make_trial(), objective=98_304.0, samples_to_target=98_304)
+    comments = render(make_record(tmp_path), trial, "yaml").text.splitlines()
+    assert "# objective: samples_to_target = 98,304 (minimize)" in comments
+    assert any(line.startswith("# reached the target mlm_accuracy 0.008 after 98,304 samples") for line in comments)
+
+
 def test_json_and_torchrun_formats(tmp_path):
     record, trial = make_record(tmp_path), make_trial()
     body = json.loads(render(record, trial, "json", nodes=2, gpus_per_node=4).text)
