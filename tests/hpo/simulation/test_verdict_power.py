@@ -162,6 +162,7 @@ def test_seed_values_are_interpolated_between_evaluations():
     assert power.seed_values(surrogate, spec, "adamw", power.BEST["adamw"], [20]) == [value]  # seed 20 reads seed 0
     assert power.service_resolution([value, 8192.0], 1024) == 1024
     assert power.service_resolution([value], 1024) == 0
+    assert power.service_resolution([value, value], 1024) == 1024  # seed 20 reads seed 0: they coincide
 
 
 def test_a_good_pick_reaches_the_target_on_every_seed_near_the_arms_best_truth():
