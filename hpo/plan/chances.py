@@ -258,8 +258,8 @@ def _without_seed(params: dict) -> dict:
 
 
 def _too_little(name: str, label: str, runs: int, hits: int) -> str:
-    return (f"--like {name}: too little evidence for a spread: arm {label} has {hits} run(s) that reached the target "
-            f"of {runs} (its best configuration's confirmation runs, and its best tuning run when there are fewer "
+    return (f"--like {name}: too little evidence for a spread: in arm {label}, {hits} of {runs} run(s) reached the "
+            "target (its best configuration's confirmation runs, and its best tuning run when there are fewer "
             "than 2); a spread needs at least 2 per arm. Run the pilot with `budget.confirm_seeds: 3` or more, or "
             "state a spread with --cv and --difference")  # fmt: skip
 

@@ -19,6 +19,7 @@ It is pure: the file's self-contained form and the table in, the simulated form 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
         overrides |= {"budget.max_samples": table.max_samples_for(batch), "eval.every_samples":
                       table.eval_every_for(batch), WARMUP: _warmups(table, batch)[0]}  # fmt: skip
     scale = base.budget.max_samples / _table_budget(table, batches)
-    table_base = _table_base(table)
+    table_base = _table_base(table, spec)
     for key, value in overrides.items():
         set_dotted(table_base, key, value)
     moved = {**data, "base_config": table_base, "overrides": {}, "space": space, "engine": "local",
@@ -164,8 +165,12 @@ def _table_budget(table: CurveTable, batches: dict[int, int]) -> int:
     return max(table.max_samples_for(b) for b in batches.values())
 
 
-def _table_base(table: CurveTable) -> dict[str, Any]:
-    """The table's base trainer config, as shipped in the trainer package."""
+def _table_base(table: CurveTable, spec) -> dict[str, Any]:
+    """The table's base trainer config, as shipped in the trainer package; a table that names none (a pilot's, as
+    `hpo table` writes it: its runs trained the pilot's model) takes the file's own, with its overrides: the curves,
+    not the model, are what the simulated trials read."""
+    if "base_config" not in table.meta:
+        return copy.deepcopy(spec.resolved_base())
     path = Path(trainer.__file__).parent / "configs" / Path(table.meta["base_config"]).name
     return yaml.safe_load(path.read_text())
 

@@ -165,3 +165,15 @@ def test_plan_like_a_pilot_whose_curves_do_not_cover_the_file_says_what_they_lac
     assert "the pilot pilot's table" in note and "hpo-plan-" not in note  # not the temporary file's name
     assert data["table"] == str(DEFAULT_TABLE)
     assert not math.isnan(data["answer"]["gpu_hours"]["median"])
+
+
+def test_plan_like_a_pilot_moves_a_real_experiment_file_onto_its_curves(piloted):
+    """A real file (local runner) is moved onto the pilot's table, which names no base config (its runs trained the
+    pilot's model): the file's own base config stands in (it ended in a KeyError)."""
+    real = planned_file()
+    real["runner"] = {"name": "local"}
+    real["resources"] = {"gpus": "none", "cpu_slots": 1}
+    data = plan_json(piloted["db"], write(piloted["directory"] / "real.yaml", real), "--like", "pilot")
+    assert data["pilot_curves"]["used"] is True, data["pilot_curves"]
+    assert any("learning curves: the pilot pilot's 18 runs" in line for line in data["lines"])
+    assert not math.isnan(data["answer"]["gpu_hours"]["median"])

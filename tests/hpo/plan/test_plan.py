@@ -560,7 +560,7 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
     path = write(tmp_path / "file.yaml", small_preset())
     assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "thin", "--verdict-only"]) == 2
     error = capsys.readouterr().err
-    assert f"--like thin: too little evidence for a spread: arm {LAMB} has 1 run(s) that reached the target of 1" \
+    assert f"--like thin: too little evidence for a spread: in arm {LAMB}, 1 of 1 run(s) reached the target" \
         in error  # fmt: skip  # its best tuning run only
     assert "Run the pilot with `budget.confirm_seeds: 3` or more" in error
 
