@@ -105,10 +105,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     url = args.db or default_database_url()
     if leftovers and (path := sqlite_file(url)) is not None and not path.exists():
         refuse_earlier_run(run_dir, where, leftovers)  # no database to find the experiment in: and none is made
-    if _trials_run_here(spec, args.runner):
-        check_trial_data(spec)  # data the trials could only fail on is refused before anything is written
+    # The resources first (a GPU experiment on a machine without GPUs is told so before it is told its data is
+    # missing there), then the data the trials could only fail on; both before anything is written.
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
     try:
+        if _trials_run_here(spec, args.runner):
+            check_trial_data(spec)
         if spec.engine == "nni":
             from hpo.nni.config import check_remote
 

@@ -72,8 +72,8 @@ def select_gpus(inventory: list[Gpu], requested: list[int] | str) -> tuple[list[
         raise ResourceError(
             f"resources.gpus is {asked!r} but this machine has no GPU (NVML sees none: no NVIDIA driver, no "
             "nvidia-ml-py, or no device); to train on CPU set `resources.gpus: none` with `cpu_slots` (trials side "
-            "by side) and `cpu_ranks_per_trial`, and a base config sized for a CPU (e.g. "
-            "search_spaces/presets/*_demo_cpu.yaml); or run on a machine with GPUs"
+            "by side) and `cpu_ranks_per_trial`, and a base config sized for a CPU (e.g. `base_config: demo_cpu`, "
+            "as the *_demo_cpu presets have; `hpo presets` lists them); or run on a machine with GPUs"
         )
     by_index = {g.index: g for g in inventory}
     wanted = sorted(by_index) if requested == "all" else list(requested)

@@ -240,13 +240,20 @@ def hpo_in(cwd, *args: str) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env)  # fmt: skip
 
 
-def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_data(tmp_path):
-    """adam_vs_lamb.yaml as shipped, started where data/mlperf does not exist: refused, no experiment row."""
+def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_gpus_then_the_data(tmp_path):
+    """adam_vs_lamb.yaml as shipped, started where data/mlperf does not exist: refused, no experiment row; on a
+    machine without GPUs for that first (preparing the data would not make it run there), else for the data."""
+    from hpo.runners.resources import discover_gpus
+
     db_file = tmp_path / "hpo.db"
     result = hpo_in(tmp_path, "--db", f"sqlite:///{db_file}", "run", str(PRESETS / "adam_vs_lamb.yaml"))
     assert result.returncode == 2, result.stderr
-    assert "adam_vs_lamb.yaml: base_config data.train = 'data/mlperf/train'" in result.stderr
-    assert "no shard files found for 'data/mlperf/train'" in result.stderr
+    if not discover_gpus():
+        assert "adam_vs_lamb.yaml: resources.gpus is 'all' but this machine has no GPU" in result.stderr
+        assert "`base_config: demo_cpu`, as the *_demo_cpu presets have; `hpo presets` lists them" in result.stderr
+    else:
+        assert "adam_vs_lamb.yaml: base_config data.train = 'data/mlperf/train'" in result.stderr
+        assert "no shard files found for 'data/mlperf/train'" in result.stderr
     assert not db_file.exists()
 
 
