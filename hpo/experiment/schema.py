@@ -211,6 +211,16 @@ class Resources(_Section):
     machines: list[Machine] = Field(default_factory=list, description="engine: nni only: run the trials on these "
                                     "machines (NNI's remote training service) instead of this one.")  # fmt: skip
 
+    @field_validator("gpus_per_trial", "trials_per_gpu")
+    @classmethod
+    def _gpus_used(cls, value: int, info: ValidationInfo) -> int:
+        """GPUs per trial, or trials per GPU, asked of an experiment without GPUs would be ignored without a word."""
+        if value > 1 and info.data.get("gpus") == "none":
+            how = "cpu_ranks_per_trial ranks each" if info.field_name == "gpus_per_trial" else "cpu_slots at a time"
+            raise ValueError(f"{value}, but resources.gpus is none: the trials run on the CPU, {how}; remove "
+                             f"{info.field_name} (or set resources.gpus to GPUs)")  # fmt: skip
+        return value
+
     def ranks_per_trial(self, on_gpu: bool) -> int:
         """Data-parallel ranks of one trial on GPUs or on CPU."""
         return self.gpus_per_trial if on_gpu else self.cpu_ranks_per_trial

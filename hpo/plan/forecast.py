@@ -199,6 +199,8 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
         data["budget"]["max_parallel"] = options.slots
     if options.gpus_per_slot is not None:
         data["resources"]["gpus_per_trial"] = options.gpus_per_slot
+        if options.gpus_per_slot > 1 and data["resources"].get("gpus") == "none":
+            data["resources"]["gpus"] = "all"  # a CPU file planned on slots of several (simulated) GPUs
     if options.gpu is not None:
         simulation.update(gpu=options.gpu, samples_per_s=None)
     if options.samples_per_s is not None:

@@ -266,3 +266,16 @@ def test_an_assumption_about_a_key_the_space_does_not_tune_is_refused(tmp_path, 
     runner["simulation"]["assume_no_effect"] = ["optimizer.beta1"]  # what `hpo plan` writes: a compared key
     load_experiment(write_experiment(tmp_path, simulated(space=space, compare=["optimizer.name", "optimizer.beta1"],
                                                          runner=runner, budget={"trials": 4}), "ok.yaml"))  # fmt: skip
+
+
+@pytest.mark.parametrize("field", ["gpus_per_trial", "trials_per_gpu"])
+def test_gpus_asked_of_an_experiment_without_gpus_are_refused_not_ignored(tmp_path, field):
+    """resources.gpus: none with 8 GPUs per trial (a GPU preset switched to the CPU): the 8 were ignored without a
+    word and each trial trained on one CPU process."""
+    data = simulated(resources={"gpus": "none", "cpu_slots": 1, field: 8})
+    path, message = refusal(tmp_path, data)
+    assert message.startswith(f"{path}: resources.{field}: 8, but resources.gpus is none: the trials run on the CPU"), (
+        message
+    )
+    assert message.endswith(f"remove {field} (or set resources.gpus to GPUs)")
+    load_experiment(write_experiment(tmp_path, simulated(resources={"gpus": "none", "cpu_slots": 1, field: 1})))
