@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from hpo.errors import HpoError
+from hpo.files import write_whole
 from hpo.limits import MAX_COUNT
 
 _OPENED: list = []  # the storages a command opened, closed by `close_storages` when it returns
@@ -110,9 +111,10 @@ def check_output_file(path: Path, option: str = "-o") -> None:
 
 
 def write_output_file(path: Path, text: str, option: str = "-o") -> None:
-    """Write `text` to the output file, an error naming it if that fails (a full disk, a file it may not replace)."""
+    """Write `text` to the output file, whole or not at all (`write_whole`); an error naming it if that fails (a full
+    disk, a file it may not replace)."""
     try:
-        path.write_text(text)
+        write_whole(path, text)
     except OSError as exc:
         raise HpoError(f"{option} {path}: cannot write it: {exc.strerror or exc}") from None
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from pathlib import Path
 
 from hpo.cli.common import directory_blocker, given, open_storage, safe_url
 from hpo.errors import HpoError
+from hpo.files import write_whole
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -140,13 +142,11 @@ def _directory(option: str, path: Path) -> Path:
 def _write(path: Path, contents: str | bytes) -> None:
     """Write one output file; HpoError naming it where that cannot be (e.g. a directory of that name)."""
     try:
-        if isinstance(contents, bytes):
-            path.write_bytes(contents)
-        else:
-            path.write_text(contents)
+        write_whole(path, contents)  # an earlier report stays whole until the new one is
     except OSError as e:
-        raise HpoError(f"hpo report: cannot write {path} ({e.strerror}); move what is there, or give another "
-                       "directory with -o (or --png)") from None  # fmt: skip
+        fix = "free space on its disk" if e.errno == errno.ENOSPC else "move what is there"
+        raise HpoError(f"hpo report: cannot write {path} ({e.strerror}); {fix}, or give another directory with -o "
+                       "(or --png)") from None  # fmt: skip
 
 
 # --------------------------------------------------------------------------- import

@@ -24,6 +24,7 @@ from typing import Any
 from hpo.errors import HpoError
 from hpo.experiment.arms import trial_config
 from hpo.experiment.loading import spec_from_stored
+from hpo.files import write_whole
 from hpo.storage.base import Storage, TrialRecord
 from hpo.trials import TrialState
 
@@ -101,8 +102,7 @@ def write_table(path: Path, meta: dict[str, Any], runs: list[dict[str, Any]]) ->
     missing, a directory itself, a full disk) raises PilotTableError naming it."""
     text = "\n".join(json.dumps(r) for r in [meta, *runs]) + "\n"
     try:
-        with open(path, "x") as out:
-            out.write(text)
+        write_whole(Path(path), text, replace=False)  # whole or not at all: a cut table would read as a shorter one
     except FileExistsError:
         raise PilotTableError(f"{path}: exists; give a new file (a curve table never replaces one)") from None
     except OSError as exc:
