@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpo.engine.local import check_trial_data, describe_plan, drive
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_here
+    from hpo.runners.process import controller_gone_here, controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
     from hpo.storage.engine import sqlite_file
@@ -121,9 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             finished = existing.status is ExperimentStatus.FINISHED
             if finished:
                 then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
-            elif liveness(existing) == "live" or controller_here(
+            elif (liveness(existing) == "live" and not controller_gone_here(existing.controller_host,
+                  existing.controller_pid)) or controller_here(
                 existing.controller_host, existing.controller_pid, existing.heartbeat_at
-            ):
+            ):  # fmt: skip
                 then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
             else:
                 then = f"use `hpo resume {spec.name}` to finish it"

@@ -538,6 +538,9 @@ def test_resume_right_after_its_controller_was_killed_here_waits_for_the_claim_t
     url = held_by(tmp_path, "killed", socket.gethostname(), gone.pid, beat_age_s=0)
     with SqlStorage(url) as storage:
         assert liveness(storage.get_experiment_by_name("killed")) == "live"  # by its heartbeat alone
+    again = write(tmp_path / "killed.yaml", small_preset(name="killed"))  # `hpo run` of it again: told to resume
+    assert main(["--db", url, "run", str(again), "--run-dir", str(tmp_path / "run2"), "--quiet"]) == 2
+    assert "already exists (status running); use `hpo resume killed` to finish it" in capsys.readouterr().err
     assert main(["--db", url, "resume", "killed"]) == 0
     err = capsys.readouterr().err
     assert (f"experiment killed: its controller (pid {gone.pid}) no longer runs on this machine; waiting up to 1.5 s "
