@@ -216,14 +216,16 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
 STOP_REASONS = {
     signal.SIGINT: "interrupted by the user (Ctrl-C); `hpo resume` runs it again",
     signal.SIGTERM: "the controller was terminated (SIGTERM); `hpo resume` runs it again",
+    signal.SIGHUP: "the controller's terminal closed (SIGHUP); `hpo resume` runs it again",
 }
 
 
 @contextlib.contextmanager
 def stop_on_signals(study):
-    """While inside: SIGTERM and SIGINT ask `study` to stop at the loop's next turn (within a poll interval)
-    rather than raise wherever the controller happens to be (between starting a trial process and noting it, a
-    process would be lost)."""
+    """While inside: SIGTERM, SIGINT and SIGHUP (its terminal closed) ask `study` to stop at the loop's next turn
+    (within a poll interval) rather than raise wherever the controller happens to be (between starting a trial process
+    and noting it, a process would be lost); its trials end with it, not left to train for hours. A signal ignored
+    when the controller started (`nohup hpo run ...` ignores SIGHUP) stays ignored."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread can take signals
         yield
         return
@@ -231,7 +233,8 @@ def stop_on_signals(study):
     def ask_to_stop(signum: int, _frame) -> None:
         study.stop_reason = study.stop_reason or STOP_REASONS[signal.Signals(signum)]
 
-    previous = {sig: signal.signal(sig, ask_to_stop) for sig in STOP_REASONS}
+    previous = {sig: signal.signal(sig, ask_to_stop) for sig in STOP_REASONS
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # fmt: skip
     try:
         yield
     finally:

@@ -1,0 +1,36 @@
+"""hpo.engine.local.stop_on_signals: the signals that stop a controller at its loop's next turn, sent for real to
+this process: Ctrl-C, SIGTERM and a closed terminal (SIGHUP); one ignored when it started (nohup) stays ignored."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from hpo.engine.local import STOP_REASONS, stop_on_signals
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_each_stop_signal_asks_the_study_to_stop_with_its_reason(sig):
+    study = SimpleNamespace(stop_reason=None)
+    before = signal.getsignal(sig)
+    with stop_on_signals(study):
+        os.kill(os.getpid(), sig)  # delivered before the next bytecode of this thread
+        assert study.stop_reason == STOP_REASONS[sig]
+    assert signal.getsignal(sig) is before  # put back
+    assert "SIGHUP" in STOP_REASONS[signal.SIGHUP] and "hpo resume" in STOP_REASONS[signal.SIGHUP]
+
+
+def test_a_hangup_ignored_when_the_controller_started_stays_ignored():
+    """`nohup hpo run ... &`: the terminal may close; the experiment goes on."""
+    study = SimpleNamespace(stop_reason=None)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_on_signals(study):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert study.stop_reason is None
+    finally:
+        signal.signal(signal.SIGHUP, before)
