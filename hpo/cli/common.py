@@ -76,7 +76,11 @@ def refuse_imported(record, action: str) -> None:
     from hpo.mlperf import imported
 
     if imported(record):
-        raise HpoError(f"experiment {record.name} was imported (hpo import {imported(record).get('kind')}): there is "
+        kind = imported(record).get("kind")
+        if record.status.value == "running" and action == "resume":  # an import cut short
+            raise HpoError(f"experiment {record.name} is an import (hpo import {kind}) that stopped before it "
+                           f"finished: run the same `hpo import {kind}` command again to finish it")  # fmt: skip
+        raise HpoError(f"experiment {record.name} was imported (hpo import {kind}): there is "
                        f"nothing to {action}; its runs ran elsewhere")  # fmt: skip
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from hpo.cli.common import open_storage, safe_url
 
@@ -14,10 +16,21 @@ def cmd_import_mlperf(args: argparse.Namespace) -> int:
     # every file is read and checked first; a directory's files of other benchmarks are skipped, each with a note
     runs = read_result_files(result_files(args.paths, note=print), args.optimizer)
     plan = plan_mlperf(runs, args.name, args.compare.split(","), args.target)
-    written = write_plan(open_storage(args.db), plan)
+    storage = open_storage(args.db)
+    try:
+        written = write_plan(storage, plan)
+    except KeyboardInterrupt:
+        return _interrupted()
     print("\n".join(describe(plan, written)))
     print(_after_import(args, plan.name))
     return 0
+
+
+def _interrupted() -> int:
+    """Ctrl-C while an import writes its runs: what it wrote stays; the same command again adds the rest."""
+    print("import interrupted (Ctrl-C) before it finished: the runs it stored are kept; run the same command again to "
+          "finish it (it adds only the runs not stored yet)", file=sys.stderr)  # fmt: skip
+    return 128 + signal.SIGINT
 
 
 def cmd_import_rcp(args: argparse.Namespace) -> int:
@@ -30,7 +43,10 @@ def cmd_import_rcp(args: argparse.Namespace) -> int:
     name = args.name or "rcp-bert" + (f"-{ruleset(args.file).replace('.', '-')}" if ruleset(args.file) else "")
     plan = plan_rcp(records, args.file, name)
     storage = open_storage(args.db)
-    written = write_plan(storage, plan)
+    try:
+        written = write_plan(storage, plan)
+    except KeyboardInterrupt:
+        return _interrupted()
     print("\n".join(describe(plan, written)))
     for series, fit in experiment_fits(storage, name).items() if written.added else ():  # the batch-size view's fit
         print(fit_line(series, fit))

@@ -45,7 +45,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(simulated)
     if state == "live" and record.controller_note:
         print(f"controller on {record.controller_host} (pid {record.controller_pid}): {record.controller_note}")
-    if state == "interrupted":
+    if state == "interrupted" and imported(record):
+        kind = imported(record).get("kind", "mlperf")
+        print(f"the import stopped before it finished: run the same `hpo import {kind}` command again to finish it")
+    elif state == "interrupted":
         print(f"the controller stopped heartbeating; `hpo resume {record.name}` takes the experiment over")
     for trial in storage.list_trials(record.id, state=parse_state("running")):
         where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")

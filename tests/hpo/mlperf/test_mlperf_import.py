@@ -782,3 +782,29 @@ def test_an_arm_with_several_configurations_leaves_out_the_runs_that_picked_its_
     best = yaml.safe_load(capsys.readouterr().out)
     assert best["optimizer.name=adamw"]["params"]["optimizer.lr"] == 0.001
     assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw": 2, "optimizer.name=lamb": 3}
+
+
+def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes_it(tmp_path, capsys):
+    """What a killed `hpo import` leaves (its experiment row, running, with no controller): status and resume said
+    `hpo resume`, which then refused it as imported; the same import again finishes it."""
+    from hpo.mlperf.importer import plan_mlperf
+    from hpo.mlperf.logs import read_result_files, result_files
+
+    d = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write(d / f"result_{seed}.txt", run_lines(seed=seed))
+    db = db_url(tmp_path)
+    plan = plan_mlperf(read_result_files(result_files([str(d)]), None), "cut", ["optimizer", "global_batch_size"], None)
+    with SqlStorage(db, upgrade=True) as storage:
+        storage.create_experiment(plan.name, plan.stored, plan.spec.direction)  # where a SIGKILL stopped it
+    assert main(["--db", db, "status", "cut"]) == 0
+    out = capsys.readouterr().out
+    assert "cut: interrupted" in out and "hpo resume" not in out
+    assert "the import stopped before it finished: run the same `hpo import mlperf` command again to finish it" in out
+    assert main(["--db", db, "resume", "cut"]) == 2
+    assert ("experiment cut is an import (hpo import mlperf) that stopped before it finished: run the same `hpo "
+            "import mlperf` command again to finish it") in capsys.readouterr().err  # fmt: skip
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "cut"]) == 0
+    with SqlStorage(db) as storage:
+        record = storage.get_experiment_by_name("cut")
+        assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
