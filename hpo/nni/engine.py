@@ -173,14 +173,20 @@ def start_failure(spec, storage, experiment_id: int, error: NniStartError, resum
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the controller: it stops its NNI experiments as on Ctrl-C."""
+    """SIGTERM (or SIGHUP) reached the controller: it stops its NNI experiments as on Ctrl-C; its argument names the
+    signal."""
+
+
+def _signal_name(signalled: Terminated) -> str:
+    return str(signalled.args[0]) if signalled.args else "SIGTERM"
 
 
 @contextlib.contextmanager
 def sigterm_stops():
-    """While NNI experiments run, SIGTERM stops them as Ctrl-C does (NNI's managers run detached, in process
-    groups of their own, so nothing else would end them, their tuners or their trials). The first SIGTERM
-    interrupts; later ones are ignored so that they cannot cut the stop short (SIGKILL still ends the process)."""
+    """While NNI experiments run, SIGTERM (and SIGHUP, a closed terminal, unless under nohup) stops them as Ctrl-C
+    does (NNI's managers run detached, in process groups of their own, so nothing else would end them, their tuners
+    or their trials). The first signal interrupts; later ones are ignored so that they cannot cut the stop short
+    (SIGKILL still ends the process)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -189,13 +195,16 @@ def sigterm_stops():
     def interrupt(signum, frame):
         if not received:
             received.append(signum)
-            raise Terminated
+            raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    hangup = signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN  # a closed terminal, unless under nohup
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if sig == signal.SIGTERM or hangup}  # fmt: skip
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -341,7 +350,8 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
         if experiment.port is not None:  # a port was chosen: the launcher ran
             stop_manager(run_dir, experiment, wait_s=5.0)  # asks it to stop its trials; records it, using its id up
         end_managers_of(experiment.nni_id)
-        return ("stopped by SIGTERM" if isinstance(signalled, Terminated) else "stopped by the user (Ctrl-C)"), []
+        return (f"stopped by {_signal_name(signalled)}" if isinstance(signalled, Terminated) else
+                "stopped by the user (Ctrl-C)"), []  # fmt: skip
     logs = nni_home(run_dir) / "nni-experiments" / experiment.nni_id / "log"
     tuner = TunerLog(logs)
     ending, trials_before = "stopped by an error of the engine", None
@@ -359,8 +369,8 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
         ending = watch(spec, storage, experiment_id, plan, experiment, tick, quiet, tuner)
     except NniEngineError as e:  # the manager stopped answering
         ending = NNI_ERROR + str(e)
-    except Terminated:
-        ending = "stopped by SIGTERM"
+    except Terminated as signalled:
+        ending = f"stopped by {_signal_name(signalled)}"
     except KeyboardInterrupt:
         ending = "stopped by the user (Ctrl-C)"
     finally:  # never leave an NNI manager behind

@@ -34,3 +34,17 @@ def test_a_hangup_ignored_when_the_controller_started_stays_ignored():
         assert study.stop_reason is None
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_the_nni_engine_stops_on_a_hangup_as_on_sigterm_naming_it():
+    from hpo.nni.engine import Terminated, sigterm_stops
+
+    with pytest.raises(Terminated) as stopped, sigterm_stops():
+        os.kill(os.getpid(), signal.SIGHUP)
+    assert stopped.value.args == ("SIGHUP",)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # under nohup: it goes on
+    try:
+        with sigterm_stops():
+            os.kill(os.getpid(), signal.SIGHUP)
+    finally:
+        signal.signal(signal.SIGHUP, before)
