@@ -305,9 +305,9 @@ def test_a_bad_file_gets_the_errors_hpo_run_gives_and_nothing_is_written(tmp_pat
 
 
 def test_a_real_experiment_runs_on_the_default_table_when_it_covers_the_space(tmp_path, capsys):
-    data = small_preset(name="real", resources={"gpus": "none", "gpus_per_trial": 8}, engine="local")
+    data = small_preset(name="real", resources={"gpus": "none"}, engine="local")  # a CPU file, planned on GPUs
     path = write(tmp_path / "real.yaml", {k: v for k, v in data.items() if k != "runner"})
-    assert main(["plan", str(path), "--repetitions", "1", "--slots", "2", "--gpu", "h100"]) == 0
+    assert main(["plan", str(path), "--repetitions", "1", "--slots", "2", "--gpu", "h100", "--gpus-per-slot", "8"]) == 0
     out = capsys.readouterr().out
     assert "is a real experiment (runner local, engine local): planned on the simulated runner" in out
     assert "2 slot(s) of 8 GPU(s), H100, 1,100 samples/s a GPU" in out
