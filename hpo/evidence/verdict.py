@@ -48,7 +48,7 @@ it under the guarantee (BENCHMARKS.md, "Verdict power").
   `confirm_seeds` there is one look at the full ALPHA.
 
 The outcomes, in order:
-- not yet, before any test, when an arm's tuning found no configuration that reaches the target (none of its
+- not yet, before any test, when an arm's tuning has found no configuration that reaches the target (none of its
   tuning trials nor of its best configuration's confirmation runs reached it; under a multi-fidelity tuner the
   tuning trials may all be short, and the confirmations at the full budget show it): the comparison would be
   between a tuned optimizer and an untuned one, so it says so and asks
@@ -335,10 +335,10 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
 
 def _not_found(labels: Sequence[str]) -> str:
     names = " and ".join(labels)
-    return (f"the tuning of {names} found no configuration that reaches the target (none of its tuning trials nor "
-            "of its best configuration's runs reached it): a claim against it would be about its tuning, not its "
-            "optimizer; more tuning trials (budget.trials) or a larger sample budget would decide, not more "
-            "confirmation runs")  # fmt: skip
+    return (f"the tuning of {names} has found no configuration that reaches the target yet (none of its finished "
+            "tuning trials nor of its best configuration's runs reached it): a claim against it would be about its "
+            "tuning, not its optimizer; more tuning trials (budget.trials) or a larger sample budget would decide, "
+            "not more confirmation runs")  # fmt: skip
 
 
 def _lucky(b: ArmRuns, leader: ArmRuns) -> bool:

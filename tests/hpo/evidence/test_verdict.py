@@ -184,7 +184,7 @@ def test_an_arm_whose_tuning_found_nothing_on_target_is_not_compared():
     fast = ArmRuns("adamw", (6100.0, 6300.0, 5900.0), budget)
     verdict = decide([fast, untuned])
     assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None and not verdict.comparisons
-    assert "the tuning of lamb found no configuration that reaches the target" in verdict.line
+    assert "the tuning of lamb has found no configuration that reaches the target yet" in verdict.line
     assert decide([fast, ArmRuns("lamb", (None, None, None), budget)]).winner == "adamw"  # a trial of it had hit
 
 
@@ -226,7 +226,7 @@ def test_an_arm_none_of_whose_tuning_trials_completed_is_one_whose_tuning_found_
     assert {a.label: a.found for a in evidence} == {"optimizer.name=lamb": True, "optimizer.name=adamw": False}
     verdict = decide(evidence)
     assert verdict.outcome is Outcome.NOT_YET and verdict.runs_needed is None
-    assert "the tuning of optimizer.name=adamw found no configuration that reaches the target" in verdict.line
+    assert "the tuning of optimizer.name=adamw has found no configuration that reaches the target yet" in verdict.line
 
 
 def test_fewer_than_two_runs_in_an_arm_is_not_yet():
