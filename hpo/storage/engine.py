@@ -326,6 +326,11 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             "it and try again, set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, or use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
         )
+    if "database or disk is full" in reason.lower():  # SQLite's words (its file's disk), or a server's full disk
+        return DatabaseUnavailableError(
+            f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), and the "
+            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it"
+        )
     if isinstance(exc, OperationalError) and REFUSED_FOR_GOOD.search(reason):
         return BadDatabaseError(
             f"the database server refused {where}: {reason}. Check that {DATABASE_URL_ENV} (or --db) names an "

@@ -357,3 +357,23 @@ def test_a_call_on_a_running_event_loop_never_waits():
     with pytest.raises(DatabaseUnavailableError, match="connection refused"):
         asyncio.run(on_the_loop())
     assert away.tries == [False] and time.slept == []
+
+
+def test_a_full_disk_under_a_sqlite_file_is_an_outage_that_says_to_free_space(tmp_path):
+    """SQLite's own error when it cannot grow its file (here at its page limit, as at a full disk): the commands
+    wait for it as for a database away, and the message speaks of the disk, not of a server."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    engine = create_engine(url)
+    try:
+        with pytest.raises(OperationalError) as raised, engine.begin() as connection:
+            connection.execute(text("CREATE TABLE t (b BLOB)"))
+            connection.execute(text("PRAGMA max_page_count = 4"))
+            connection.execute(text("INSERT INTO t VALUES (zeroblob(1000000))"))
+    finally:
+        engine.dispose()
+    assert "database or disk is full" in str(raised.value.orig)
+    assert is_transient(raised.value)
+    translated = storage_error(raised.value, url)
+    assert isinstance(translated, DatabaseUnavailableError)
+    assert str(translated).startswith(f"the disk of the database {url} is full: database or disk is full. Free space")
+    assert "database server" not in str(translated)
