@@ -109,6 +109,7 @@ class Plan:
     file_seeds: tuple[int, int]  # the file's tuner seed and training seed
     truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
     assumptions: tuple[str, ...] = ()  # how a real file the table cannot serve as it is was moved onto it
+    on_cpus: bool = False  # the file's trials train on CPUs (resources.gpus: none); its slots are timed as GPUs
 
     def seeds(self, index: int) -> tuple[int, int]:
         """(tuner seed, training seed) of repetition `index`."""
@@ -189,7 +190,18 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
             truth = replace(truth, stated=options.difference, delay_samples=handicap["delay_samples"])
     runner.close()
     table = Path(first.runner.simulation.table)
-    return Plan(path, data, first, table, moved, options, seeds, truth, tuple(assumptions))
+    return Plan(
+        path,
+        data,
+        first,
+        table,
+        moved,
+        options,
+        seeds,
+        truth,
+        tuple(assumptions),
+        on_cpus=spec.resources.gpus == "none",
+    )
 
 
 def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
@@ -546,6 +558,11 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
         over = "the pilot's curves" if plan.options.table else "the default learning-curve table"
         lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
                         f"{over}, which cover(s) its space")  # fmt: skip
+    if plan.moved and plan.on_cpus:  # its slots are timed as GPUs: said beside the hours
+        at = next(i for i, line in enumerate(lines) if line.startswith("  cluster: "))
+        lines.insert(at + 1, "  resources.gpus is none (its trials train on CPUs): each slot is timed as GPUs "
+                             "(runner.simulation.gpu, --gpu, --samples-per-s), so the hours are a GPU cluster's, not "
+                             "those of this file's CPU slots")  # fmt: skip
     return lines
 
 

@@ -311,6 +311,7 @@ def test_a_real_experiment_runs_on_the_default_table_when_it_covers_the_space(tm
     out = capsys.readouterr().out
     assert "is a real experiment (runner local, engine local): planned on the simulated runner" in out
     assert "2 slot(s) of 8 GPU(s), H100, 1,100 samples/s a GPU" in out
+    assert "\n  resources.gpus is none (its trials train on CPUs): each slot is timed as GPUs" in out
 
 
 def test_a_real_experiment_whose_shape_no_table_keeps_is_refused_saying_why(tmp_path, capsys):
