@@ -88,19 +88,21 @@ def _check_train_set_size(spec, cfg) -> None:
     """Refuse global batch sizes the base config's training set cannot fill (the trainer refuses each such trial:
     every step would train the whole set, a smaller batch than the one compared): the largest the experiment can
     run, fixed or tuned (a choice's largest value, a range's upper end)."""
-    from search_spaces.space import CategoricalParam, IntParam
+    from hpo.experiment.checks import key_values
 
-    tuned = {n: p for n, p in spec.space.params.items() if trainer_key(n) == "batch.global_batch_size"}
-    batches = [cfg.batch.global_batch_size] if not tuned else [
-        v for p in tuned.values() for v in (p.choices if isinstance(p, CategoricalParam) else
-                                            [p.high] if isinstance(p, IntParam) else [])]  # fmt: skip
-    largest = max((b for b in batches if isinstance(b, int) and not isinstance(b, bool)), default=None)
+    key = "batch.global_batch_size"
+    values = key_values(spec, cfg, key)
+    if values is None:  # a range: its upper end
+        field = next(name for name in spec.space.names if trainer_key(name) == key)
+        values = (f"space.{field}", [spec.space[field].high])
+    field, batches = values
+    largest = max(b for b in batches if isinstance(b, int) and not isinstance(b, bool))
     try:
         sequences = count_samples(cfg.data.train)
     except DataError:
         return  # read above: the trainer's own checks say what is wrong
-    if largest is not None and sequences < largest:
-        where = f"space.{next(iter(tuned))}" if tuned else "base_config batch.global_batch_size"
+    if sequences < largest:
+        where = field or f"base_config {key}"
         raise HpoError(f"{spec.source}: {where}: a global batch of {largest:,}, but base_config data.train = "
                        f"{cfg.data.train!r} holds {sequences:,} sequences; every trial at that batch would be "
                        f"refused: give data.train at least {largest:,} sequences, or a batch of at most "

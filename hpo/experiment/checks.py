@@ -353,7 +353,7 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
         )
     if res.trials_per_gpu > 1 and res.gpus_per_trial > 1:
         raise ExperimentFileError(f"{source}: resources.trials_per_gpu: sharing a GPU needs gpus_per_trial: 1")
-    micro = _candidates(spec, cfg, "batch.micro_batch_size")
+    micro = key_values(spec, cfg, "batch.micro_batch_size")
     if res.trials_per_gpu > 1 and res.gpus != "none" and micro is not None and "auto" in micro[1]:
         raise ExperimentFileError(
             f"{source}: {micro[0] or 'base_config'}: batch.micro_batch_size auto fills the memory a GPU "
@@ -403,7 +403,7 @@ NEEDS_CUDA = {
 def _check_cpu_trials(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     """With resources.gpus: none every trial runs on the CPU: a setting that needs CUDA would fail every one."""
     for key, (value, why) in NEEDS_CUDA.items():
-        candidates = _candidates(spec, cfg, key)
+        candidates = key_values(spec, cfg, key)
         if candidates is not None and value in candidates[1]:
             raise ExperimentFileError(
                 f"{source}: {candidates[0] or 'base_config'}: {key} {value}, but resources.gpus: none runs every "
@@ -411,8 +411,9 @@ def _check_cpu_trials(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> 
             )
 
 
-def _candidates(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str | None, list[Any]] | None:
-    """(the space field, the values) trainer `key` can take; None for a numeric range (checked when a trial runs)."""
+def key_values(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str | None, list[Any]] | None:
+    """(the space field, the values) trainer `key` can take: the base config's where the space does not tune it
+    (field None), a choice's values; None for a numeric range (checked when a trial runs)."""
     params = {name: spec.space[name] for name in spec.space if trainer_key(name) == key}
     if not params:
         value = cfg
@@ -426,8 +427,8 @@ def _candidates(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str
 
 def _check_batch_divisibility(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     """The trainer needs global_batch_size % (micro_batch_size x ranks) == 0; catch it before any trial runs."""
-    global_ = _candidates(spec, cfg, "batch.global_batch_size")
-    micro = _candidates(spec, cfg, "batch.micro_batch_size")
+    global_ = key_values(spec, cfg, "batch.global_batch_size")
+    micro = key_values(spec, cfg, "batch.micro_batch_size")
     if global_ is None or micro is None:
         return
     field = global_[0] or micro[0] or "base_config"
