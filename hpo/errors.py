@@ -55,3 +55,7 @@ class SchemaOutOfDateError(StorageError):
 
 class ResourceError(HpoError):
     """GPU/slot allocation is impossible as asked (e.g. more GPUs per trial than exist)."""
+
+
+class DiskFullError(HpoError):
+    """A trial's disk is full: its attempt records nothing (the configuration is not to blame) and is queued again."""

@@ -1,10 +1,32 @@
-"""Output files written whole or not at all (reports, exports, curve tables): what a reader later finds under the
-name is a complete file, whatever stopped the writer (a full disk, a signal)."""
+"""Files and their disk: output files written whole or not at all (reports, exports, curve tables), so that what a
+reader later finds under the name is a complete file, whatever stopped the writer (a full disk, a signal); and
+whether a write failed because its disk is full (`full_disk`), which is the machine's fault, not a trial's."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+
+FULL_BELOW_BYTES = 16 << 20  # a disk with less free than this cannot take a trial's logs: it is full
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the disk that holds `path` (or the nearest folder above it that is there); None if unknown."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def full_disk(path: Path) -> str | None:
+    """'the disk under PATH is full (N MiB free)' where it has less than `FULL_BELOW_BYTES` free, else None."""
+    free = free_bytes(path)
+    if free is None or free >= FULL_BELOW_BYTES:
+        return None
+    return f"the disk under {path} is full ({free / 2**20:,.1f} MiB free)"
 
 
 def write_whole(path: Path, contents: str | bytes, replace: bool = True) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, DiskFullError
 
 LATEST = "latest.pt"
+FULL_BELOW_BYTES = 1 << 20  # a disk with less free than this when a write failed was full
 
 
 @dataclass
@@ -53,9 +54,11 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
     try:
         torch.save(payload, tmp)
     except BaseException as e:  # SIGTERM or Ctrl-C (KeyboardInterrupt), a full disk: nothing half-written stays
+        full = isinstance(e, (OSError, RuntimeError)) and _disk_full(e, directory)  # measured while tmp is there
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):  # torch.save's writer says a full disk as a RuntimeError
-            raise CheckpointError(f"checkpoint.dir: cannot save {path}: {_why_not_written(e, directory)}") from e
+            error = DiskFullError if full else CheckpointError
+            raise error(f"checkpoint.dir: cannot save {path}: {_why_not_written(e, directory)}") from e
         raise
     try:
         os.replace(tmp, path)
@@ -68,6 +71,17 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
         raise CheckpointError(f"checkpoint.dir: cannot make {directory / LATEST} point at {path}: "
                               f"{_why_not_written(e, directory)}") from e  # fmt: skip
     return path
+
+
+def _disk_full(error: BaseException, directory: Path) -> bool:
+    """Whether a failed write was a full disk: ENOSPC, or torch's writer failing with (almost) nothing left free
+    (it says `file write failed`, not why)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno == errno.ENOSPC
+    try:
+        return shutil.disk_usage(directory).free < FULL_BELOW_BYTES
+    except OSError:
+        return False
 
 
 def _why_not_written(error: BaseException, directory: Path) -> str:

@@ -25,6 +25,10 @@ class CheckpointError(TrainerError):
     """A checkpoint or weights file cannot be read or does not fit the model."""
 
 
+class DiskFullError(CheckpointError):
+    """A checkpoint could not be written because its disk is full: the machine's fault, not the configuration's."""
+
+
 class BackendUnavailableError(TrainerError):
     """An optional backend (for example NVIDIA apex) was requested but cannot be imported."""
 

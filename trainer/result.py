@@ -52,7 +52,8 @@ class TrainResult:
     global_batch_size: int | None = None
     micro_batch_size: int | None = None  # sequences per forward/backward on a rank (`auto`: the one chosen)
     target_mlm_accuracy: float | None = None
-    error: str | None = None  # the kind of failure: "data", "oom", "crash" or "interrupted" (None unless FAILED)
+    # the kind of failure: "data", "oom", "disk_full", "crash" or "interrupted" (None unless FAILED)
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping (status as its string)."""

@@ -55,6 +55,7 @@ from trainer.errors import (
     CheckpointError,
     ConfigError,
     DataError,
+    DiskFullError,
     FinalSaveError,
     TrainerError,
 )
@@ -942,7 +943,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
             raise
         reason, error = f"out of memory: {e}", "oom"
     except TrainerError as e:
-        reason, error = str(e), "data" if isinstance(e, DataError) else "crash"
+        kinds = {DataError: "data", DiskFullError: "disk_full"}
+        reason, error = str(e), next((k for t, k in kinds.items() if isinstance(e, t)), "crash")
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: reported, and raised on with where the run was (the CLI
         what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"  # says what to do)
         reason, error = f"interrupted ({what}) at step {state.step}, {state.samples:,} samples", "interrupted"

@@ -200,8 +200,8 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
               "or cut off from the database for longer than its heartbeat allows); this one ended its trials' "
               "processes and left the experiment to it", file=sys.stderr)  # fmt: skip
         return 1
-    if study.workers_error:
-        print(f"stopped: {study.workers_error}", file=sys.stderr)
+    if study.workers_error or study.disk_error:
+        print(f"stopped: {study.workers_error or study.disk_error}", file=sys.stderr)
         return 1
     if study.database_error:
         then = f"`hpo resume {spec.name}` stores what they kept and finishes the experiment"

@@ -30,6 +30,11 @@ on SIGTERM: it ends every running attempt and leaves (`database_error` says why)
 stay RUNNING, which a resume re-queues. An attempt that ended without a result in the database may have kept its
 outcome in its directory (`hpo.trial.outcome`): the loop stores that before anything else (and a resume does, for
 every unfinished trial); an attempt that gave up on the database before it had an outcome is re-queued.
+
+A full disk: an attempt that ended without a result because it could not write (its process said so,
+`EXIT_DISK_FULL`, or the disk of its directory has next to nothing free, `hpo.files.full_disk`) is not its
+configuration's failure: it is re-queued, nothing is told to its tuner, and the loop stops as past a database outage
+(`disk_error` says why), so that the next trial does not meet the same disk; `hpo resume` runs it once there is space.
 """
 
 from __future__ import annotations
@@ -48,10 +53,11 @@ from hpo.evidence.confirmations import runs_to_queue, stored_verdict
 from hpo.experiment import ExperimentSpec
 from hpo.experiment.arms import arm_plans, trial_config
 from hpo.experiment.rungs import asha_plan
+from hpo.files import full_disk
 from hpo.objective import NOT_TOLD, objective_value, reached_target_at_most, tuner_feedback
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
-from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, store_kept_outcome
+from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, EXIT_DISK_FULL, store_kept_outcome
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
 from trainer.config import config_from_dict
@@ -104,6 +110,7 @@ class Study:
         self.lost_workers: dict[int, int] = {}  # trial id -> attempts of it whose worker was lost (not resumes)
         self.lost_before_start = 0  # attempts in a row whose worker was lost before the trial started
         self.workers_error: str | None = None  # why the loop stopped when workers kept being lost before a start
+        self.disk_error: str | None = None  # why the loop stopped when a trial found its disk full
         self.told: list[int] = []  # trials told to their tuners since the newest trial was created (not yet stamped)
 
     # -- set-up ------------------------------------------------------------------------------------------
@@ -287,6 +294,11 @@ class Study:
                 lost_before_start = True
                 continue
             self.lost_before_start = 0
+            if not record.state.finished and (full := self._full_disk(pending, exit)):
+                record = self.storage.requeue_trial(record.id, record.attempt, f"interrupted: {full}; re-queued")
+                self.queue.insert(0, replace(pending, attempt=record.attempt))
+                self._stop_for_disk(record, full)
+                continue
             lost = exit.lost and self.lost_workers.get(record.id, 0) < MAX_REQUEUES
             if not record.state.finished and (lost or exit.returncode == EXIT_DATABASE_UNREACHABLE):
                 why = exit.lost if lost else "the database was unreachable before it had a result"
@@ -321,6 +333,28 @@ class Study:
                 "trials are queued; once the workers stay up, `hpo resume` runs them"
             )
             self.stop_reason = self.workers_error
+
+    def _full_disk(self, pending: Pending, exit: TrialExit) -> str | None:
+        """Why an attempt that ended without a result failed for a full disk (it said so, or the disk of its
+        directory has next to nothing free), else None: an error of its own, or ended by a signal or a stop."""
+        if exit.lost or exit.timed_out or exit.returncode is None or exit.returncode <= 0:
+            return None
+        if full := full_disk(self._launch(pending).workdir):
+            return full
+        if exit.returncode == EXIT_DISK_FULL:
+            said = next((line for line in reversed(exit.stderr_tail.splitlines()) if line.strip()), "")
+            return f"its disk is full ({said.strip()[:300] or 'it said no more'})"
+        return None
+
+    def _stop_for_disk(self, record: TrialRecord, full: str) -> None:
+        """A trial that could not write for a full disk is queued again (not failed: its configuration is not to
+        blame), and the loop stops as for a database away, before the next trial meets the same disk."""
+        if self.disk_error is None:
+            self.disk_error = (
+                f"trial {record.number} could not write its files: {full}. It is queued again; free space on that "
+                f"disk, then `hpo resume {self.spec.name}` runs it and the rest"
+            )
+        self.stop_reason = self.stop_reason or self.disk_error
 
     def _store_kept(self, pending: Pending, attempt: int) -> bool:
         """Store the outcome the attempt kept in its directory (hpo.trial.outcome); whether there was one."""

@@ -21,13 +21,16 @@ leaves it for the controller or `hpo resume`.
 Exit codes: the trainer's (`trainer.result.TrainStatus.exit_code`), 2 for a configuration the trainer
 rejects, 4 when the trial could not be claimed or recorded (not queued, another attempt, or its record closed),
 5 when the database stayed unreachable for longer than the bound (the outcome, if any, kept in `outcome.json`),
-6 for another database error (no such trial, a schema that needs `hpo db upgrade`), which the message names.
+6 for another database error (no such trial, a schema that needs `hpo db upgrade`), which the message names, 7 when
+the attempt failed because the disk of its directory or checkpoints is full: it records nothing, and the controller
+queues the trial again and stops the experiment until there is space (`hpo.engine.study`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import socket
 import sys
@@ -41,6 +44,7 @@ import yaml
 
 from hpo.errors import (
     DatabaseUnavailableError,
+    DiskFullError,
     HpoError,
     StaleAttemptError,
     StorageError,
@@ -49,11 +53,12 @@ from hpo.errors import (
 )
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import checkpoint_name, continues_from_checkpoint, trial_config
+from hpo.files import full_disk
 from hpo.objective import trial_result
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, Storage, TrialRecord
 from hpo.storage.retry import outage_bound, without_waiting
-from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, OUTCOME_FILE, forget_outcome, keep_outcome
+from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, EXIT_DISK_FULL, OUTCOME_FILE, forget_outcome, keep_outcome
 from hpo.trials import TrialResult, TrialState
 
 EXIT_NOT_CLAIMED = 4
@@ -213,6 +218,10 @@ def run_trial(
         result = TrialResult(TrialState.FAILED, f"invalid trial config: {e}", metrics={"error": "config"})
     finally:
         jsonl.close()
+    if result.state is TrialState.FAILED and (
+        (full := full_disk(workdir)) or result.metrics.get("error") == "disk_full"
+    ):
+        raise DiskFullError(f"{full or result.reason}; the attempt records no result")
     if rank0:
         record_outcome(database, workdir, result)
     return result
@@ -265,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as e:  # another database error (no such trial, a schema to upgrade): said, not taken for one
         print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_STORAGE_ERROR
+    except (DiskFullError, OSError) as e:  # a full disk is the machine's fault: the controller queues it again
+        if isinstance(e, OSError) and e.errno != errno.ENOSPC:
+            raise
+        with contextlib.suppress(OSError):  # its log may be on that disk
+            print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     finally:
         cleanup()
     if is_rank_zero():

@@ -15,7 +15,8 @@ trial (a directory is per trial number) is never stored. Only a controller that 
 
 A trial process that could not reach the database within the bound exits with `EXIT_DATABASE_UNREACHABLE`; without
 a kept outcome (it never got to train) the controller re-queues the trial rather than fail it: the database, not
-its configuration, is to blame.
+its configuration, is to blame. Likewise one whose disk filled up exits with `EXIT_DISK_FULL` and records nothing:
+the controller re-queues the trial and stops the experiment until there is space (`hpo.engine.study`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hpo.trials import TrialResult, TrialState
 
 OUTCOME_FILE = "outcome.json"
 EXIT_DATABASE_UNREACHABLE = 5  # a trial process gave up on an unreachable database
+EXIT_DISK_FULL = 7  # a trial process could not write its directory or checkpoints: its disk is full
 
 
 def keep_outcome(workdir: Path, trial_id: int, attempt: int, result: TrialResult,

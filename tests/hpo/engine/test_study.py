@@ -128,6 +128,31 @@ def test_a_crashing_trial_is_recorded_and_the_experiment_goes_on(tmp_path):
     assert len(got) == 2 and all(s == TrialState.FAILED and "missing" in r for s, r in got)
 
 
+def test_a_trial_whose_disk_is_full_is_queued_again_and_stops_the_experiment_until_a_resume(tmp_path):
+    # /dev/full answers every write with ENOSPC ("No space left on device"): the first trial's report file is a
+    # link to it, so that trial meets a full disk on its first record, as on a disk that filled up
+    spec = make_spec(tmp_path, budget={"max_parallel": 1})
+    report = tmp_path / "run" / "trials" / "00000" / "report.jsonl"
+    report.parent.mkdir(parents=True)
+    report.symlink_to("/dev/full")
+    storage, eid, status = run_study(tmp_path, spec)
+    assert status == ExperimentStatus.STOPPED  # not FINISHED with every later trial failed on the same disk
+    [trial] = storage.list_trials(eid)  # the next trial never started
+    assert trial.state is TrialState.QUEUED and trial.attempt == 1, trial  # not failed: not its configuration's fault
+    assert "No space left on device" in trial.reason and trial.reason.endswith("; re-queued"), trial.reason
+    assert storage.get_experiment(eid).status is not ExperimentStatus.FINISHED
+
+    report.unlink()  # space again: a resume runs it, as a new attempt, and the rest
+    study = Study(spec, storage, eid, tmp_path / "run", build_runner(spec), f"sqlite:///{tmp_path / 'hpo.db'}")
+    study.restore()
+    assert study.run() == ExperimentStatus.FINISHED
+    trials = storage.list_trials(eid)
+    assert [(t.number, t.state, t.attempt) for t in trials] == [
+        (0, TrialState.COMPLETED, 1),
+        (1, TrialState.COMPLETED, 0),
+    ]
+
+
 def test_a_diverging_trial_is_recorded_as_diverged(tmp_path):
     spec = make_spec(tmp_path, space={"optimizer.lr": {"float": [1e29, 1e30]}},
                      **{"optimizer.name": "adamw", "optimizer.eps": 1e-30})  # fmt: skip
