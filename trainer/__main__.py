@@ -3,7 +3,8 @@
 Exit codes (`trainer.result`): 0 reached_target or budget_exhausted, 1 failed, 2 bad config (nothing
 trained), 3 diverged, 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (a scheduler, a container's stop; one
 process: torchrun ends its ranks itself): both end the run with its final record, and the same command resumes it
-from its last checkpoint.
+from its last checkpoint. Under torchrun an error every rank reaches alike (the config's, the data's, a
+checkpoint's) is said once, by rank 0 (`say_once`), as is a warning about the data.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 from trainer.config import dump_config, load_config, shipped_config_names
-from trainer.errors import ConfigError, DataError, FinalSaveError, TrainerError
+from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
@@ -66,16 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     catch = threading.current_thread() is threading.main_thread() and dist_env_from_environ().world_size == 1
     previous = signal.signal(signal.SIGTERM, terminate) if catch else None
     try:
-        result = train(cfg, reporter)
+        with warnings.catch_warnings():
+            if not dist_env_from_environ().is_main:  # every rank reads the same files: rank 0 names what it skips
+                warnings.simplefilter("ignore", DataWarning)
+            result = train(cfg, reporter)
     except ConfigError as e:
         return refuse(e)
     except FinalSaveError as e:  # its final record is written: not a second one
         print(f"error: {e}", file=sys.stderr)
         return TrainStatus.FAILED.exit_code
-    except TrainerError as e:  # outside the loop (a checkpoint that does not load, say)
+    except TrainerError as e:  # before the loop (a checkpoint that does not load, say): every rank reads it alike
         record_unended(cfg, reporter, str(e), "data" if isinstance(e, DataError) else "crash")
-        print(f"error: {e}", file=sys.stderr)
-        return TrainStatus.FAILED.exit_code
+        return say_once(str(e), TrainStatus.FAILED.exit_code)
     except KeyboardInterrupt as e:
         again = (
             f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
@@ -95,42 +99,51 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         reporter.close()
         cleanup()
-    if result.status is TrainStatus.FAILED:
+    if result.status is TrainStatus.FAILED and result.error == "data":  # files every rank reads alike
+        return say_once(str(result.reason), result.status.exit_code)
+    if result.status is TrainStatus.FAILED:  # out of memory, a crash: a rank's own
         print(f"error: {result.reason}", file=sys.stderr)
     elif dist_env_from_environ().is_main:  # every rank returns the result; rank 0 says how the run ended
         print(f"finished: {result.status.value}" + (f" ({result.reason})" if result.reason else ""), file=sys.stderr)
     return result.status.exit_code
 
 
-# How long a rank other than 0 keeps a config error to itself, waiting for torchrun to end it (`refuse`)
+# How long a rank other than 0 keeps an error every rank may reach to itself, waiting for torchrun to end it
+# (`say_once`)
 OWN_ERROR_AFTER_S = 10.0
 
 
 def refuse(error: ConfigError) -> int:
-    """Say a config error once, return its exit code (2). Under torchrun every rank reads the same config and refuses
-    it alike: rank 0 says so, the others say nothing and wait for torchrun, which ends them (here, with this exit
-    code) once rank 0 has exited. A rank > 0 whose error is its own (a LOCAL_RANK without a GPU of its own; rank 0
-    then goes on, waiting for it) would never be ended: after `OWN_ERROR_AFTER_S` it says it, naming its rank. Not
-    quiet at once: torchrun ends every rank when one exits, so rank 0 could be ended before it said anything."""
+    """Say a config error once (`say_once`), return its exit code (2)."""
+    return say_once(str(error), EXIT_BAD_CONFIG)
+
+
+def say_once(message: str, exit_code: int) -> int:
+    """Say an error that every rank reaches alike once, return `exit_code`: a config error, or one of the data or
+    of a checkpoint (files every rank reads). Under torchrun rank 0 says it, the others say nothing and wait for
+    torchrun, which ends them (here, with this exit code) once rank 0 has exited. A rank > 0 whose error is its own
+    (a LOCAL_RANK without a GPU of its own, a shard its node cannot read; rank 0 then goes on, waiting for it) would
+    never be ended: after `OWN_ERROR_AFTER_S` it says it, naming its rank. Not quiet at once: torchrun ends every
+    rank when one exits, so rank 0 could be ended before it said anything."""
     rank = os.environ.get("RANK", "0").strip()
     if rank in ("", "0"):
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        print(f"error: {message}", file=sys.stderr)
+        return exit_code
     stop = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _rank_ended) if stop else None
     try:
         time.sleep(OWN_ERROR_AFTER_S)
     except (KeyboardInterrupt, _RankEnded):  # ended by torchrun (or Ctrl-C): rank 0 said it
-        return EXIT_BAD_CONFIG
+        return exit_code
     finally:
         if stop:
             signal.signal(signal.SIGTERM, previous)
-    print(f"error (rank {rank}): {error}", file=sys.stderr)
-    return EXIT_BAD_CONFIG
+    print(f"error (rank {rank}): {message}", file=sys.stderr)
+    return exit_code
 
 
 class _RankEnded(Exception):
-    """SIGTERM to a rank > 0 waiting with a config error (`refuse`)."""
+    """SIGTERM to a rank > 0 waiting with an error rank 0 says (`say_once`)."""
 
 
 def _rank_ended(signum, frame):

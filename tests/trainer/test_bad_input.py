@@ -521,13 +521,22 @@ def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_
     assert [r["step"] for r in records if r.get("event") == "progress" and r["lr"] == 0] == [11, 12]
 
 
+@pytest.mark.parametrize(
+    ("wrong", "code", "said"),
+    [
+        ({"optimizer.lrr": 1}, 2, "invalid trainer config (defaults + overrides):\n  optimizer.lrr: "),
+        ({"data.train": "{tmp_path}/missing"}, 1, "no shard files found for '{tmp_path}/missing'"),
+    ],
+    ids=["config", "data"],
+)
 @pytest.mark.parametrize("ended", [False, True], ids=["its-own-error", "ended-by-torchrun"])
-def test_a_config_error_of_a_rank_past_0_is_said_only_where_torchrun_does_not_end_it(
-    tmp_path, capsys, monkeypatch, ended
+def test_an_error_of_a_rank_past_0_is_said_only_where_torchrun_does_not_end_it(
+    tmp_path, capsys, monkeypatch, ended, wrong, code, said
 ):
-    """Rank 1 keeps the error to itself while rank 0 (which says it) exits and torchrun ends the others with SIGTERM:
-    then it exits 2 without a word. Still running after the wait, its error is its own (rank 0 went on): it says it,
-    naming its rank. The SIGTERM here is a real one, to this process."""
+    """Rank 1 keeps an error every rank reaches alike (a config's, the data's) to itself while rank 0 (which says it)
+    exits and torchrun ends the others with SIGTERM: then it exits with the error's code without a word. Still
+    running after the wait, its error is its own (rank 0 went on): it says it, naming its rank. The SIGTERM here is a
+    real one, to this process."""
     import threading
 
     import trainer.__main__ as cli_module
@@ -537,10 +546,11 @@ def test_a_config_error_of_a_rank_past_0_is_said_only_where_torchrun_does_not_en
     if ended:
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
     previous = signal.getsignal(signal.SIGTERM)
-    assert main(make_train_overrides(tmp_path, **{"optimizer.lrr": 1})) == 2
+    wrong = {key: value.format(tmp_path=tmp_path) if isinstance(value, str) else value for key, value in wrong.items()}
+    assert main(make_train_overrides(tmp_path, **wrong)) == code
     err = capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is previous
     if ended:
         assert err == ""
     else:
-        assert err.startswith("error (rank 1): invalid trainer config (defaults + overrides):\n  optimizer.lrr: "), err
+        assert err.startswith(f"error (rank 1): {said.format(tmp_path=tmp_path)}"), err

@@ -175,3 +175,50 @@ def test_a_config_error_is_said_once_by_rank_0_and_the_run_ends_at_once(tmp_path
     assert proc.stderr.count(said) == 1 and proc.stderr.count("unknown key") == 1, proc.stderr
     root_cause = proc.stderr.split("Root Cause")[-1]
     assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)\s*exitcode\s*:\s*2 ", root_cause), proc.stderr
+
+
+def unreadable_shard(tmp_path) -> dict[str, str]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "part-00000.h5").write_text("not HDF5")
+    return {"data.train": str(bad)}
+
+
+def garbage_weights(tmp_path) -> dict[str, str]:
+    (tmp_path / "weights.bin").write_text("not tensors")
+    return {"model.init_checkpoint": str(tmp_path / "weights.bin")}
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (lambda tmp_path: {"data.train": str(tmp_path / "missing")}, "error: no shard files found for "),
+        (unreadable_shard, "part-00000.h5: not a readable HDF5 file"),
+        (garbage_weights, "(model.init_checkpoint): not tensors that torch.load reads"),
+    ],
+    ids=["missing-data", "unreadable-shard", "unreadable-init-weights"],
+)
+def test_a_data_error_is_said_once_by_rank_0_with_exit_code_1(tmp_path, settings, said):
+    """Every rank reads the same files and refused them alike, each printing it: 2 copies on 2 ranks. Rank 0 says
+    it, exits 1 (a failed run, as on one process) and writes the final record; rank 1 waits quietly for torchrun to
+    end it, as for a config error."""
+    overrides = make_train_overrides(tmp_path, **settings(tmp_path))
+    proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=120, env=child_env())
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count(said) == 1 and proc.stderr.count("error: ") == 1, proc.stderr
+    root_cause = proc.stderr.split("Root Cause")[-1]
+    assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)\s*exitcode\s*:\s*1 ", root_cause), proc.stderr
+    finals = [r for r in read_jsonl(tmp_path / "report.jsonl") if r["kind"] == "final"]
+    assert [(f["status"], f["error"], f["steps"]) for f in finals] == [("failed", "data", 0)]
+
+
+def test_an_empty_shard_is_named_once_by_rank_0(tmp_path):
+    """Every rank reads the same shards and skipped the empty one alike, each warning of it: rank 0 names it."""
+    from trainer.data.shards import read_shard, write_shard
+
+    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16})
+    empty_shard = tmp_path / "train" / "part-00001.h5"
+    write_shard(empty_shard, read_shard(tmp_path / "train" / "part-00000.h5").subset(slice(0, 0)))
+    proc = subprocess.run(torchrun(2, overrides), capture_output=True, text=True, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"DataWarning: {empty_shard}: data.train shard has no rows") == 1, proc.stderr
