@@ -209,13 +209,19 @@ RESUME_KEYS = (
     "model.type_vocab_size",
     "optimizer.name",
 )
+# And those that order the data only where balance.method deals the sequences out by their length (stratified,
+# local_presort): the bins, and the lengths themselves (data.max_seq_length cuts them). Under `none` an epoch's
+# plan is a permutation of the samples' count alone, which these do not change.
+RESUME_KEYS_BINNED = ("balance.bins", "data.max_seq_length")
+_ABSENT = object()  # a key a checkpoint's config does not have (written before the key existed)
 
 
 def refuse_before_work(cfg: TrainerConfig) -> None:
     """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2): optimizer.impl
     apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
     missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
-    that another model, optimizer, data order (seed, data.shuffle, balance.method) or micro-batch wrote; and a
+    that another model, optimizer, data order (seed, data.shuffle, balance.method; balance.bins and
+    data.max_seq_length where the method bins the sequences by length) or micro-batch wrote; and a
     schedule.total_steps that ends before a run nothing can stop sooner (`check_decay_horizon`)."""
     check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
@@ -241,11 +247,11 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
         raise ConfigError(f"checkpoint.dir: cannot read {path}, the checkpoint a resume starts from "
                           f"({e.__cause__ or e}); {_earlier_save(path)}") from None  # fmt: skip
     differ = []
-    for key in RESUME_KEYS:
+    for key in RESUME_KEYS + (RESUME_KEYS_BINNED if mine["balance"]["method"] != "none" else ()):
         *section, name = key.split(".")
-        there = (saved.get(section[0]) or {}).get(name) if section else saved.get(name)
+        there = (saved.get(section[0]) or {}).get(name, _ABSENT) if section else saved.get(name, _ABSENT)
         here = mine[section[0]][name] if section else mine[name]
-        if there is not None and there != here:
+        if there is not _ABSENT and there != here:
             differ.append(f"{key} {_yaml_text(there)} there, {_yaml_text(here)} here")
     if differ:
         raise ConfigError(
@@ -264,8 +270,8 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
 
 
 def _yaml_text(value: Any) -> str:
-    """A config value as a config file writes it: `false`, not Python's `False`."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A config value as a config file writes it: `false`, not Python's `False`, `null`, not `None`."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check_decay_horizon(cfg: TrainerConfig) -> None:

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import signal
 
+import numpy as np
 import pytest
 import yaml
 
@@ -185,6 +186,50 @@ def test_resuming_a_checkpoint_of_another_model_optimizer_or_data_order_is_refus
     ), err
     assert named in err and "checkpoint.resume: false" in err
     assert "Traceback" not in err and "training BERT" not in err
+    assert (ck / "latest.pt").read_bytes() == saved
+    assert len(records) == len([r for r in records if r.get("samples", 0) <= 16])  # the second run added nothing
+
+
+@pytest.mark.parametrize(
+    ("method", "change", "named"),
+    [
+        ("stratified", {"balance.bins": "[24,40,64]"}, "balance.bins [16, 32, 48, 64] there, [24, 40, 64] here"),
+        ("local_presort", {"balance.bins": "[24,40,64]"}, "balance.bins [16, 32, 48, 64] there, [24, 40, 64] here"),
+        ("stratified", {"data.max_seq_length": 48}, "data.max_seq_length null there, 48 here"),
+        ("none", {"balance.bins": "[24,40,64]", "data.max_seq_length": 48}, None),
+    ],
+    ids=["stratified-bins", "presort-bins", "stratified-cut", "none-both"],
+)
+def test_resuming_with_other_length_bins_is_refused_where_the_method_bins_by_length(
+    tmp_path, capsys, method, change, named
+):
+    """Stratified and presorted batches take each micro-batch's sequences bin by bin: other bins, or lengths cut
+    otherwise (data.max_seq_length), deal the epoch out in another order, so the rest of it from the position a
+    resume starts at would train some of the first 16 samples again and others never (here 13 and 13 of 96).
+    Under `none` the plan is a permutation of the samples' count alone: the resume trains on."""
+    from trainer.balance import plan_epoch
+    from trainer.data.shards import load_samples
+
+    ck = tmp_path / "ck"
+    first = {"checkpoint.dir": str(ck), "balance.method": method, "balance.bins": "[16,32,48,64]"}
+    code, err, _ = cli(tmp_path, capsys, **first, **{"budget.max_samples": 16})
+    assert code == 0, err
+    lengths = load_samples(str(tmp_path / "train")).lengths
+    before = plan_epoch(lengths, method, [16, 32, 48, 64], 8, 1, 1, 1234, 0)
+    after = plan_epoch(np.minimum(lengths, change.get("data.max_seq_length", 64)), method,
+                       yaml.safe_load(change.get("balance.bins", "[16,32,48,64]")), 8, 1, 1, 1234, 0)  # fmt: skip
+    again = np.intersect1d(np.concatenate([s[0] for s in before[:2]]), np.concatenate([s[0] for s in after[2:]]))
+    assert (len(again) > 0) == (named is not None)  # what a resume in the other order would train twice
+    saved = (ck / "latest.pt").read_bytes()
+    code, err, records = cli(tmp_path, capsys, **{**first, **change})
+    if named is None:
+        assert code == 0 and f"resumed from {ck / 'latest.pt'} at step 2, 16 samples" in err, err
+        return
+    assert code == 2, err
+    assert err.startswith(
+        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed or data order "
+        f"({named}), so it cannot be resumed"
+    ), err
     assert (ck / "latest.pt").read_bytes() == saved
     assert len(records) == len([r for r in records if r.get("samples", 0) <= 16])  # the second run added nothing
 
