@@ -5,7 +5,8 @@ Ending all of a trial: torchrun starts each rank in a session of its own (`start
 to torchrun's process group does not reach the ranks, and a rank whose torchrun is killed is reparented to init
 and trains on. So every process of an attempt carries a tag in its environment (`HPO_TRIAL_TAG`, inherited by
 torchrun, its ranks and whatever they start, from the moment each is exec'd or forked), and `end_trial` kills the
-attempt's process group and every process whose environment carries its tag, again until none is left. The tag
+attempt's process group, every process whose environment carries its tag and their descendants (found before any
+is killed, while they still have their parents), again until none is left, and waits for them to exit. The tag
 is made from the trial's id, attempt and directory, so a resumed controller that lost everything (SIGKILL) can
 end a leftover attempt from its database record alone. A single-process trial forked by the preloaded launcher
 (`hpo.runners.preload`) has the tag in its environment, but /proc shows the launcher's: it is ended through its
@@ -223,24 +224,44 @@ def trial_tag(trial_id: int, attempt: int, workdir: Path | str) -> str:
     return f"{trial_id}.{attempt}:{workdir}"
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """The pids of the live processes (zombies excluded) whose environment carries `tag`, this one excepted."""
-    needle = f"{TRIAL_TAG_ENV}={tag}\0".encode()
-    found = []
+def attempt_processes(tag: str | None, group: int | None = None) -> dict[int, str]:
+    """The live processes (zombies excluded) of an attempt, this one excepted: those whose environment carries `tag`,
+    those of process `group`, and the descendants of any of them (a child started with an environment of its own,
+    or in a session of its own); pid -> start time (/proc's, as `exiting` compares it). Empty without /proc."""
+    needle = f"{TRIAL_TAG_ENV}={tag}\0".encode() if tag else None
     try:
-        entries = os.listdir("/proc")
+        entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
     except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
+        return {}
+    started: dict[int, str] = {}
+    children: dict[int, list[int]] = {}
+    seeds = []
+    for pid in entries:
+        if pid == os.getpid():
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:  # empty for a zombie; unreadable for others' processes
-                environ = f.read()
-        except OSError:
+        try:  # state, parent, process group, ... start time (fields 3, 4, 5 and 22)
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
             continue
-        if needle in environ:
-            found.append(int(entry))
+        if fields[0] in ("Z", "X"):
+            continue
+        started[pid] = fields[19]
+        children.setdefault(int(fields[1]), []).append(pid)
+        if group and int(fields[2]) == group:
+            seeds.append(pid)
+        elif needle is not None:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:  # unreadable for others' processes
+                    if needle in f.read():
+                        seeds.append(pid)
+            except OSError:
+                continue
+    found: dict[int, str] = {}
+    while seeds:
+        pid = seeds.pop()
+        if pid not in found:
+            found[pid] = started[pid]
+            seeds.extend(children.get(pid, []))
     return found
 
 
@@ -255,7 +276,7 @@ def process_state(pid: int) -> tuple[str, str] | None:
 
 def exiting(pid: int, started: str) -> bool:
     """Whether the process `pid` (started at `started`, its /proc start time) still runs: a SIGKILLed process gives
-    up its memory, and with it the environment `tagged_processes` reads, before it turns zombie, so until then it is
+    up its memory, and with it the environment `attempt_processes` reads, before it turns zombie, so until then it is
     found only by its pid. A pid reused by another process (another start time) does not count."""
     state = process_state(pid)
     return state is not None and state[0] not in ("Z", "X") and state[1] == started
@@ -319,22 +340,25 @@ def controller_gone_here(host: str | None, pid: int | None) -> bool:
 
 
 def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
-    """SIGKILL an attempt's process `group` and every process carrying its `tag`, and look again until none is
-    left (one started by torchrun between a look and the kill is found by the next look) and every process killed
-    has finished exiting."""
+    """SIGKILL every process of an attempt (`attempt_processes`: its process `group`, those carrying its `tag`, and
+    their descendants), and look again until none is left (one started by torchrun between a look and the kill is
+    found by the next look) and every process killed has finished exiting. Each look comes before its kills: a rank
+    dies with its torchrun (PR_SET_PDEATHSIG) the moment the group's SIGKILL ends torchrun, and gives up the
+    environment a look reads (and its parent) before it has finished exiting: a look after the kill would not find
+    it, nor wait for it, and the trial would be said to be ended while a rank still ran."""
     deadline = time.monotonic() + timeout_s
     killed: dict[int, str] = {}  # pid: start time
     while True:
+        found = attempt_processes(tag, group)
+        for pid, started in found.items():
+            killed.setdefault(pid, started)
         if group:
             kill_process_group(group)
-        pids = tagged_processes(tag) if tag else []
-        for pid in pids:
-            if pid not in killed and (state := process_state(pid)):
-                killed[pid] = state[1]
+        for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         still = [pid for pid, started in killed.items() if exiting(pid, started)]
-        if (not pids and not still) or time.monotonic() > deadline:
+        if (not found and not still) or time.monotonic() > deadline:
             return
         time.sleep(0.01)
 

@@ -10,6 +10,7 @@ after its record's `finished_at`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -312,9 +313,13 @@ DYING_WITH_LAUNCHER = (  # says "ready" once its death signal is set (one write:
 )
 
 
-def start_launcher(tag: str | None, child: str = SLEEPER) -> tuple[subprocess.Popen, list[int]]:
+def start_launcher(
+    tag: str | None, child: str = SLEEPER, launcher: str = LAUNCHER
+) -> tuple[subprocess.Popen, list[int]]:
+    """`launcher` (LAUNCHER: its children, running `child`, inherit its environment) with `tag` in its environment;
+    with the pids of its children."""
     env = {k: v for k, v in os.environ.items() if k != TRIAL_TAG_ENV} | ({TRIAL_TAG_ENV: tag} if tag else {})
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, child], env=env, stdout=subprocess.PIPE, text=True,
+    launcher = subprocess.Popen([sys.executable, "-c", launcher, child], env=env, stdout=subprocess.PIPE, text=True,
                                 process_group=0)  # fmt: skip
     return launcher, [int(pid) for pid in launcher.stdout.readline().split()]
 
@@ -336,6 +341,25 @@ def test_end_trial_finds_ranks_in_sessions_of_their_own_after_their_launcher_is_
         end_trial(tag)
         end_trial(trial_tag(8, 0, tmp_path / "run" / "trials" / "00008"), other.pid)
         other.wait()
+
+
+def test_end_trial_returns_once_every_process_it_found_is_gone_untagged_children_of_the_attempt_included(tmp_path):
+    """A rank that dies with its torchrun gives up its environment (the tag) and, its parent gone, its parent's pid,
+    before it has finished exiting: found only after the group's kill, it was not waited for, and the stop said the
+    trial ended while a rank still ran (under load). Children whose environment lacks the tag (started with one of
+    their own) make that deterministic: they are the attempt's by their parent, which only a look before the kill
+    sees. No waiting here: when end_trial returns, none of them runs."""
+    tag = trial_tag(10, 0, tmp_path / "trials" / "00010")
+    launcher, ranks = start_launcher(tag, SLEEPER, f"import os\nos.environ.pop({TRIAL_TAG_ENV!r})\n{LAUNCHER}")
+    try:
+        end_trial(tag, launcher.pid)
+        assert [pid for pid in ranks if alive(pid)] == []
+        assert launcher.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for pid in [launcher.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
 
 
 def test_a_rank_dies_with_its_launcher_and_refuses_to_start_under_another_parent(tmp_path):
