@@ -7,7 +7,11 @@ trial. It moves the rest onto the table, and states each move as an assumption t
 
 - the table's model and data: its base config and fixed settings (budget, evaluations, target) replace the
   file's; one table sample stands for `sample_scale` of the file's samples (its budget over the table's), so
-  simulated durations are those of the file's budget on the file's GPUs;
+  simulated durations are those of the file's budget on the file's GPUs. A file that sets its budget per batch
+  size (one-value choices conditioned on the batch size) has each batch size's budget over the table's at the
+  batch size read for it, which must be one number at every batch size: in other proportions one table sample
+  cannot stand for the same number of the file's samples everywhere, and the move is refused (HpoError naming
+  each batch size's budget and the table's), never read as a run length held at its best;
 - learning rates over the table's grid at each optimizer and batch size (where the best of each lies), warmup
   over the table's; batch sizes the file tunes or compares read the table's, smallest to smallest;
 - a dimension the table does not vary is held at its best: it is assumed not to change samples to target, and
@@ -20,6 +24,7 @@ It is pure: the file's self-contained form and the table in, the simulated form 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ import yaml
 
 import trainer
 from hpo.errors import HpoError
+from hpo.runners.simulated import batch_budgets
 from hpo.simulation.table import DIMENSIONS, CurveTable
 from search_spaces.space import trainer_key
 from trainer.config import config_from_dict, set_dotted
@@ -42,10 +48,12 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
     base = config_from_dict(spec.resolved_base())  # the file's base config with its overrides: budget, batch
     batches = _batch_map(data, table, base.batch.global_batch_size, source)
     smallest = min(batches.values())
-    space, held, equal = {}, [], []
+    space, held, equal, lengths = {}, [], [], set()
     for name, param in data["space"].items():
         key = trainer_key(name)
-        if key == OPTIMIZER:
+        if key in _RUN_LENGTH:  # the table's run length at each batch size stands for the file's (the scale below)
+            lengths.add(key)
+        elif key == OPTIMIZER:
             _check_optimizers(param.get("choice", []), table, source, name)
             space[name] = param
         elif key in DIMENSIONS:
@@ -69,7 +77,13 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
         (batch,) = batches.values()
         overrides |= {"budget.max_samples": table.max_samples_for(batch), "eval.every_samples":
                       table.eval_every_for(batch), WARMUP: _warmups(table, batch)[0]}  # fmt: skip
-    scale = base.budget.max_samples / _table_budget(table, batches)
+    budgets = None  # the file's budget at each of its batch sizes, where it sets one per batch size
+    if "budget.max_samples" in lengths:
+        budgets = {b: batch_budgets(spec).get(b, base.budget.max_samples) for b in batches}
+    if budgets:
+        scale = _scale(spec, table, batches, budgets)
+    else:
+        scale = base.budget.max_samples / _table_budget(table, batches)
     table_base = _table_base(table, spec)
     for key, value in overrides.items():
         set_dotted(table_base, key, value)
@@ -80,7 +94,7 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
     moved.pop("allow_unequal_arms", None)  # what made the file's arms unequal is held at its best (or is the table's)
     if table.per_batch and BATCH in {trainer_key(n) for n in space}:
         moved["allow_unequal_arms"] = "planned on the curve table: each batch size has the table's own run length"
-    assumptions = _assumptions(table, base, scale, held, equal, batches)
+    assumptions = _assumptions(table, base, scale, held, equal, batches, budgets)
     if data["tuner"]["name"] == "nni_smac":  # SMAC3 inside NNI's manager; the plan runs the study loop itself
         moved["tuner"] = {**data["tuner"], "name": "smac_bo", "options": {}}
         assumptions.append("tuner nni_smac (SMAC3 inside NNI's manager) planned as smac_bo, the same SMAC3 Bayesian "
@@ -161,6 +175,22 @@ def _run_lengths(table: CurveTable, batches: dict[int, int]) -> dict[str, Any]:
     return space
 
 
+def _scale(spec, table: CurveTable, batches: dict[int, int], budgets: dict[int, int]) -> float:
+    """The file's samples one table sample stands for, where the file sets its budget per batch size: its budget at
+    each batch size over the table's at the batch size read for it, the same at every one; HpoError naming them
+    where they differ."""
+    ratios = {b: budgets[b] / table.max_samples_for(t) for b, t in batches.items()}
+    first = next(iter(ratios.values()))
+    if all(math.isclose(r, first, rel_tol=1e-9) for r in ratios.values()):
+        return first
+    each = "; ".join(f"batch {b:,} trains {budgets[b]:,} samples, read from the table's batch {t:,}, whose runs stop "
+                     f"at {table.max_samples_for(t):,} (one table sample = {ratios[b]:,.4g} of the file's)"
+                     for b, t in batches.items())  # fmt: skip
+    raise HpoError(f"{spec.source}: budget.max_samples: the file sets a budget per batch size, and the curve table "
+                   f"{table.path} has them in other proportions: {each}; one table sample cannot stand for the same "
+                   "number of the file's samples at every batch size")  # fmt: skip
+
+
 def _table_budget(table: CurveTable, batches: dict[int, int]) -> int:
     return max(table.max_samples_for(b) for b in batches.values())
 
@@ -175,11 +205,14 @@ def _table_base(table: CurveTable, spec) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def _assumptions(table, base, scale, held, equal, batches) -> list[str]:
+def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]:
+    stands = f"{scale:,.0f} of the file's {base.budget.max_samples:,} samples"
+    if budgets:
+        stands = f"{scale:,.4g} of the file's samples (its budget at each batch size over the table's there)"
     lines = [
         f"planned on the curve table {table.path.name} (the tiny BERT of its base config, on its data): the "
         f"file's shape (arms, tuner, trials, confirmations, slots, GPUs per trial) on the table's curves; one "
-        f"table sample stands for {scale:,.0f} of the file's {base.budget.max_samples:,} samples",
+        f"table sample stands for {stands}",
         "learning rates over the table's grid at each optimizer and batch size, warmup over the table's",
     ]
     # fmt: skip
@@ -192,12 +225,16 @@ def _assumptions(table, base, scale, held, equal, batches) -> list[str]:
     if len(batches) > 1 or next(iter(batches)) != next(iter(batches.values())):
         pairs = ", ".join(f"{a:,} -> {b:,}" for a, b in batches.items())
         lines.append(f"global batch sizes read the table's, smallest to smallest: {pairs}")
-    budgets = {b: table.max_samples_for(b) for b in sorted(set(batches.values()))}
-    if table.per_batch and len(set(budgets.values())) > 1:  # one scale, from the largest of them
-        shortest = min(budgets, key=budgets.get)
-        lengths = ", ".join(f"{n:,} at {b:,}" for b, n in budgets.items())
+    theirs = {b: table.max_samples_for(b) for b in sorted(set(batches.values()))}
+    if budgets and len(set(budgets.values())) > 1:  # the file's own budget at each batch size, as the table's
+        pairs = ", ".join(f"{theirs[t]:,} at table batch {t:,} for the file's {budgets[b]:,} at {b:,}"
+                          for b, t in batches.items())  # fmt: skip
+        lines.append(f"each batch size trains the file's own budget there, in the table's proportions: {pairs}")
+    elif table.per_batch and len(set(theirs.values())) > 1:  # one scale, from the largest of them
+        shortest = min(theirs, key=theirs.get)
+        lengths = ", ".join(f"{n:,} at {b:,}" for b, n in theirs.items())
         lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples); one table "
                      f"sample stands for the same {scale:,.0f} file samples at each, so a full run at table batch "
-                     f"{shortest:,} stands for {budgets[shortest] * scale:,.0f} of the file's samples, not "
+                     f"{shortest:,} stands for {theirs[shortest] * scale:,.0f} of the file's samples, not "
                      f"{base.budget.max_samples:,}: its simulated hours are that much shorter")  # fmt: skip
     return lines

@@ -335,6 +335,17 @@ def table_gaps(spec, table) -> list[str]:
     return gaps
 
 
+def batch_budgets(spec) -> dict[int, int]:
+    """The global batch sizes a trial of the experiment may run, each with the largest sample budget a trial trains
+    there (a budget may be set per batch size, as a one-value choice conditioned on it)."""
+    budgets: dict[int, int] = {}
+    for _, point in _arm_points(spec):
+        budget = int(_bounds(point["budget.max_samples"][0])[1])
+        for batch in _ints(point["batch.global_batch_size"][0]):
+            budgets[batch] = max(budgets.get(batch, 0), budget)
+    return dict(sorted(budgets.items()))
+
+
 READ = (*DIMENSIONS, *RUN_LENGTH)  # the keys of a trial's config that must fit the table
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hpo.cli.main import main
+from hpo.errors import HpoError
 from hpo.experiment import load_experiment
 from hpo.plan.proxy import table_proxy
 from hpo.simulation.table import TABLES, load_table
@@ -95,3 +96,43 @@ def test_the_plan_of_a_gpu_preset_prints_its_assumptions_its_cost_and_its_chance
     assert re.search(r"  GPU-hours +[\d,.]+", out) and "wall-clock" in out and "winner optimizer.name=lamb" in out
     assert math.isclose(float(re.search(r"1 table sample = ([\d.]+) samples", out).group(1)), 8_000_000 / 12288,
                         rel_tol=1e-5)  # fmt: skip
+
+
+def test_a_budget_per_batch_size_is_never_held_and_other_proportions_than_the_tables_are_refused():
+    spec = load_experiment(PRESETS / "batch_scaling_demo_cpu.yaml")  # 12,288 samples at batch 32, 49,152 at 128
+    budget = meta("curves")["fixed"]["budget.max_samples"]  # one for both batch sizes
+    with pytest.raises(HpoError) as refused:
+        table_proxy(spec, spec.self_contained(), load_table(TABLES / "curves.jsonl"))
+    said = str(refused.value)
+    assert "budget.max_samples: the file sets a budget per batch size" in said
+    assert f"batch 32 trains 12,288 samples, read from the table's batch 32, whose runs stop at {budget:,} (one " \
+           f"table sample = {12288 / budget:g} of the file's)" in said  # fmt: skip
+    assert f"batch 128 trains 49,152 samples, read from the table's batch 128, whose runs stop at {budget:,} (one " \
+           f"table sample = {49152 / budget:g} of the file's)" in said  # fmt: skip
+
+
+def test_a_budget_per_batch_size_in_the_tables_proportions_sets_the_scale(tmp_path):
+    file = yaml.safe_load((PRESETS / "batch_scaling.yaml").read_text())
+    file["base_config"] = str((PRESETS / file["base_config"]).resolve())
+    plans = meta("large_batch")["grid"]["batches"]
+    ours = sorted(int(b) for b in plans)
+    theirs = file["space"]["batch.global_batch_size"]["choice"]  # read smallest to smallest
+    for b, t in zip(theirs, ours, strict=True):
+        file["space"][f"budget.max_samples@b{b}"] = {"choice": [20 * plans[str(t)]["max_samples"]],
+                                                     "when": {"batch.global_batch_size": b}}  # fmt: skip
+    file["allow_unequal_arms"] = "each batch size trains its own budget"
+    path = tmp_path / "budgets.yaml"
+    path.write_text(yaml.safe_dump(file))
+    spec = load_experiment(path)
+    data, assumptions = table_proxy(spec, spec.self_contained(), load_table(TABLES / "large_batch.jsonl"))
+    assert data["runner"]["simulation"]["sample_scale"] == pytest.approx(20)
+    assert any("one table sample stands for 20 of the file's samples (its budget at each batch size" in a
+               for a in assumptions)  # fmt: skip
+    assert not any("budget.max_samples" in a for a in assumptions if a.startswith("held at their best"))
+    for b, t in zip(theirs, ours, strict=True):
+        assert data["space"][f"budget.max_samples@b{t}"]["choice"] == [plans[str(t)]["max_samples"]]
+        assert f"budget.max_samples@b{b}" not in data["space"] or b == t
+    lengths = {t: plans[str(t)]["max_samples"] for t in ours}
+    pairs = ", ".join(f"{lengths[t]:,} at table batch {t:,} for the file's {20 * lengths[t]:,} at {b:,}"
+                      for b, t in zip(theirs, ours, strict=True))  # fmt: skip
+    assert f"each batch size trains the file's own budget there, in the table's proportions: {pairs}" in assumptions
