@@ -62,6 +62,7 @@ from hpo.evidence.confirmations import stored_verdict
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import arm_labels
 from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
+from hpo.plan.combined import covering_table, sources_line
 from hpo.plan.proxy import table_proxy
 from hpo.plan.truth import JUDGED, Truth, stated_handicap, table_truth
 from hpo.runners import build_runner
@@ -162,8 +163,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     data = spec.self_contained()
     moved = None if spec.runner.name == "simulated" else f"runner {spec.runner.name}, engine {spec.engine}"
     if moved:
-        data.update(engine="local", runner={"name": "simulated", "simulation": {"table": str(DEFAULT_TABLE)}})
-        data["resources"] = {**data["resources"], "machines": []}
+        data = _on_simulated(data, DEFAULT_TABLE)
     data = _with_options(data, options)
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
     check_repetition_seeds(seeds, options, max(spec.budget.most_confirm_seeds, options.max_confirm_seeds or 0))
@@ -204,6 +204,12 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     )
 
 
+def _on_simulated(data: dict[str, Any], table: Path) -> dict[str, Any]:
+    """A real file's self-contained form on the simulated runner over `table`, as it is."""
+    data = {**data, "engine": "local", "runner": {"name": "simulated", "simulation": {"table": str(table)}}}
+    return {**data, "resources": {**data["resources"], "machines": []}}
+
+
 def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
     data = copy.deepcopy(data)
     simulation = data["runner"]["simulation"]
@@ -227,10 +233,26 @@ def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
 
 
 def _on_a_table(spec, options: PlanOptions, error: HpoError) -> tuple[dict[str, Any], list[str]]:
-    """A real file the table cannot serve as it is, moved onto the given table (`--like`'s), else the default one,
-    else the large-batch one (more batch sizes); PlanError naming why not when none can keep its shape."""
+    """A real file the default table cannot serve as it is (`error`): as it is over the shipped table, or the
+    shipped tables combined, that has each batch size it runs to its budget there (hpo.plan.combined); else moved
+    onto the given table (`--like`'s), else the default one, else the large-batch one (more batch sizes); PlanError
+    naming why not, each way, when none serves it."""
     tables = [options.table] if options.table else [DEFAULT_TABLE, TABLES / "large_batch.jsonl"]
-    reasons = [str(error)]
+    reasons = [f"as it is over {tables[0]}: {_unprefixed(error, spec)}"]
+    if not options.table:
+        try:
+            covering = covering_table(spec)
+        except HpoError as e:  # said first: what the file runs that no shipped table has
+            reasons.insert(0, str(e))
+            covering = DEFAULT_TABLE
+        if covering != DEFAULT_TABLE:  # the default table alone is what `error` is about
+            try:
+                data = _with_options(_on_simulated(spec.self_contained(), covering), options)
+                build_runner(_repetition_spec(data, spec.source, (0, 0))).close()  # the table serves the file
+                return data, []
+            except HpoError as e:
+                over = sources_line(load_table(covering)) or covering
+                reasons.append(f"as it is over {over}: {_unprefixed(e, spec)}")
     for table in tables:
         try:
             data, assumptions = table_proxy(spec, spec.self_contained(), load_table(table))
@@ -238,22 +260,23 @@ def _on_a_table(spec, options: PlanOptions, error: HpoError) -> tuple[dict[str, 
             build_runner(_repetition_spec(data, spec.source, (0, 0))).close()  # the table serves the moved file
             return data, assumptions
         except HpoError as e:
-            reasons.append(str(e))
-    moved = f"runner {spec.runner.name}, engine {spec.engine}"
-    why = "; and ".join(
-        f"over {table}: {reason.removeprefix(f'{spec.source}: ')}"
-        for table, reason in zip(tables, reasons[1:], strict=True)
-    )
-    raise PlanError(_not_plannable(spec.source, moved, HpoError(f"{reasons[0]} (as it is); {why}"), str(tables[0])))
+            reasons.append(f"moved onto {table}: {_unprefixed(e, spec)}")
+    raise PlanError(_not_plannable(spec, reasons))
 
 
-def _not_plannable(path: str, moved: str, error: HpoError, table: str) -> str:
-    reason = str(error).removeprefix(f"{path}: ")
-    return (f"{path}: cannot be planned: it is a real experiment ({moved}), and `hpo plan` runs it on the simulated "
-            f"runner over the learning-curve table {table}, which cannot serve it: {reason}\nA plannable file "
+def _unprefixed(error: HpoError, spec) -> str:
+    return str(error).removeprefix(f"{spec.source}: ")
+
+
+def _not_plannable(spec, reasons: list[str]) -> str:
+    return (f"{spec.source}: cannot be planned: it is a real experiment (runner {spec.runner.name}, engine "
+            f"{spec.engine}), and `hpo plan` runs it on the simulated runner over a learning-curve table that serves "
+            f"it, as it is or with its shape moved onto the table; none does: {'; '.join(reasons)}\nA plannable file "
             f"tunes only what a table varies ({', '.join(DIMENSIONS)}) within the table's grid, with its budget and "
-            "evaluations (see the table's meta line); or copy the file with `runner: {name: simulated, simulation: "
-            "{table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is one)")  # fmt: skip
+            "evaluations at each batch size (see the table's meta line); or copy the file with `runner: {name: "
+            "simulated, simulation: {table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is "
+            "one); or forecast it from curves of your own: run a pilot of the file with eval.stop_at_target: false "
+            "(a grid of learning rates and seeds) and `hpo plan FILE --like PILOT`")  # fmt: skip
 
 
 def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], table: Path | None = None):
@@ -533,6 +556,7 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
     rate = (f"{simulation.samples_per_s:,.0f} samples/s a GPU (samples_per_s)" if simulation.samples_per_s else
             f"{simulation.gpu.upper()}, {simulation.gpu_samples_per_s:,.0f} samples/s a GPU")  # fmt: skip
     tuner_seed, training_seed = plan.seeds(0)
+    sources = sources_line(load_table(plan.table))  # a combination of the shipped tables: what each batch size reads
     confirm = spec.budget.confirm_seeds
     confirm = f"auto (at most {spec.budget.most_confirm_seeds} per arm)" if confirm == "auto" else confirm
     lines = [
@@ -542,7 +566,7 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
         "samples (the simulated runner's duration model: a conversion, not a measurement)",
         f"  learning curves: {curves}"
         if plan.options.table and curves
-        else f"  learning curves: {plan.table}" + _table_data(plan.table),
+        else f"  learning curves: {sources or plan.table}" + _table_data(plan.table),
         f"  each: {spec.budget.trials} trials, tuner {spec.tuner.name}, confirm_seeds {confirm}; repetition r: "
         f"tuner seed {tuner_seed} + r, training seed {training_seed} + {SEED_STRIDE} r",
         "  each repetition ran in a temporary database, deleted after; your database was "
@@ -555,7 +579,7 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
                       "on the simulated runner under these assumptions:"]  # fmt: skip
         lines[2:2] = [f"    assumption: {a}" for a in plan.assumptions]
     elif plan.moved:
-        over = "the pilot's curves" if plan.options.table else "the default learning-curve table"
+        over = _over(plan, sources)
         lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
                         f"{over}, which cover(s) its space")  # fmt: skip
     if plan.moved and plan.on_cpus:  # its slots are timed as GPUs: said beside the hours
@@ -564,6 +588,19 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
                              "(runner.simulation.gpu, --gpu, --samples-per-s), so the hours are a GPU cluster's, not "
                              "those of this file's CPU slots")  # fmt: skip
     return lines
+
+
+def _over(plan: Plan, sources: str | None) -> str:
+    """The curves a real file the table covers as it is was planned over."""
+    if plan.options.table:
+        return "the pilot's curves"
+    if sources:
+        return "the shipped learning-curve tables, each batch size from one that has it to its budget there"
+    return (
+        "the default learning-curve table"
+        if plan.table == DEFAULT_TABLE
+        else f"the learning-curve table {plan.table.name}"
+    )
 
 
 def _table_data(table: Path) -> str:

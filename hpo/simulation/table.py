@@ -10,8 +10,10 @@ scale ([samples, value] every few steps), and its measured seconds. bench/curves
 Two kinds of meta line. A table with one budget (curves.jsonl) has `fixed["budget.max_samples"]` and
 `fixed["eval.every_samples"]`, the same for every run. A table with a plan per global batch size
 (large_batch.jsonl) has them per batch instead: `grid["batches"]["512"] = {"max_samples": ..., "every": ...,
-"warmup_steps": ..., "lr": {"adamw": [...], "lamb": [...]}, "micro": ...}`. `max_samples_for(batch)` and
-`eval_every_for(batch)` answer both (a one-budget table gives the same value for every batch).
+"warmup_steps": ..., "lr": {"adamw": [...], "lamb": [...]}, "micro": ...}` (`warmup_steps` a number, or a list where
+the batch size's runs have several: `hpo plan` writes such a plan when it reads a batch size of a one-budget table
+into a table of several, hpo.plan.combined). `max_samples_for(batch)` and `eval_every_for(batch)` answer both (a
+one-budget table gives the same value for every batch).
 
 A table may be partial (the generator appends run by run): `gaps` says which runs a range of learning rates
 at one point still lacks, so an experiment that needs them is refused by name before it starts.
@@ -331,7 +333,8 @@ def _plan_values(plan: dict[str, Any], key: str) -> list:
         return list(lrs)
     if key == "optimizer.lr":
         return [lr for values in lrs.values() for lr in values]
-    return [plan["warmup_steps"]] if "warmup_steps" in plan else []
+    warmups = plan.get("warmup_steps", [])
+    return list(warmups) if isinstance(warmups, list) else [warmups]
 
 
 def _needed(lrs: list[float], low: float, high: float) -> list[float]:
