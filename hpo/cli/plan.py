@@ -197,8 +197,8 @@ def add_plan(sub) -> None:
     plan.add_argument(
         "experiment",
         help="the experiment YAML file or a shipped preset's name (`hpo presets`): runner: simulated, or a real "
-        "one whose space the "
-        "default learning-curve table (hpo/simulation/tables/curves.jsonl) covers",
+        "one whose space and budgets the shipped learning-curve tables (hpo/simulation/tables/) cover, batch size "
+        "by batch size (else --like a pilot)",
     )
     plan.add_argument(
         "--slots",
