@@ -4,6 +4,7 @@ whether a write failed because its disk is full (`full_disk`), which is the mach
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -27,6 +28,17 @@ def full_disk(path: Path) -> str | None:
     if free is None or free >= FULL_BELOW_BYTES:
         return None
     return f"the disk under {path} is full ({free / 2**20:,.1f} MiB free)"
+
+
+def no_space(error: BaseException) -> str | None:
+    """For an error of a write to a full disk (ENOSPC): 'FILE: No space left on device (N MiB free there)'; else
+    None."""
+    if not isinstance(error, OSError) or error.errno != errno.ENOSPC:
+        return None
+    where = Path(error.filename) if isinstance(error.filename, str) else None
+    free = free_bytes(where) if where is not None else None
+    said = f"{where}: {error.strerror}" if where is not None else str(error.strerror or error)
+    return said + (f" ({free / 2**20:,.1f} MiB free there)" if free is not None else "")
 
 
 def write_whole(path: Path, contents: str | bytes, replace: bool = True) -> None:

@@ -42,7 +42,15 @@ from hpo.cli.plan import add_plan, add_table
 from hpo.cli.report import add_report
 from hpo.cli.run import add_db, add_presets, add_resume, add_run
 from hpo.cli.serve import add_serve, add_webui
-from hpo.errors import BadDatabaseError, HpoError, NotFoundError, ResourceError, SchemaOutOfDateError, StorageError
+from hpo.errors import (
+    BadDatabaseError,
+    DiskFullError,
+    HpoError,
+    NotFoundError,
+    ResourceError,
+    SchemaOutOfDateError,
+    StorageError,
+)
 
 # The order of `hpo --help`. Each command imports what it uses when it runs, so `hpo status` or `hpo --help` does not
 # load the study loop, SMAC, Dask, matplotlib, the server or the trainer's config models.
@@ -115,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except ResourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except DiskFullError as e:  # the machine's state, not bad input
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except HpoError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

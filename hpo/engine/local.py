@@ -21,16 +21,18 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
 from hpo.engine.liveness import Heartbeat
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
-from hpo.errors import DatabaseUnavailableError, HpoError
+from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
 from hpo.evidence.confirmations import stored_verdict
 from hpo.evidence.verdict import verdict_lines
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study
+from hpo.files import full_disk, no_space
 from hpo.simulation.cost import simulated_line
 from hpo.storage import default_database_url
 from hpo.storage.base import ExperimentStatus, Storage
@@ -161,9 +163,11 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
         print(f"stopped (Ctrl-C) while it loaded its tuners; `hpo resume {spec.name}` runs the experiment",
               file=sys.stderr)  # fmt: skip
         return 1
-    except BaseException:
+    except BaseException as e:
         heartbeat.stop()
         runner.close()
+        if full := no_space(e):  # the tuner's files (e.g. SMAC3's scenario) on a full disk
+            _stopped_for_disk(storage, experiment_id, spec.name, full_disk(run_dir) or full)
         raise
     heartbeat.note = lambda: study.note
     bound = outage_bound(spec.database.outage_s)
@@ -184,6 +188,10 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             except KeyboardInterrupt:  # before the handlers were in place, or from a thread's wait
                 study.stop(STOP_REASONS[signal.SIGINT])
                 status = ExperimentStatus.STOPPED
+            except OSError as e:  # a tuner that cannot write its files (its trials were ended: Study.run)
+                if full := no_space(e):
+                    _stopped_for_disk(storage, experiment_id, spec.name, full_disk(run_dir) or full)
+                raise
         try:
             if not heartbeat.lost:  # else the experiment is the other controller's now
                 storage.set_experiment_status(experiment_id, status)
@@ -213,6 +221,14 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     if not quiet:
         print_summary(storage, experiment_id, spec, database_url=database_url)
     return 0 if status is ExperimentStatus.FINISHED else 1
+
+
+def _stopped_for_disk(storage: Storage, experiment_id: int, name: str, full: str) -> NoReturn:
+    """The controller's own write failed on a full disk: the experiment is left stopped, for `hpo resume`."""
+    with contextlib.suppress(StorageError):
+        storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
+    raise DiskFullError(f"the controller could not write its files: {full}. Free space on that disk, then "
+                        f"`hpo resume {name}` runs the experiment")  # fmt: skip
 
 
 STOP_REASONS = {
