@@ -173,6 +173,41 @@ def _presort_step(step: list[np.ndarray], lengths: np.ndarray, local_world_size:
     return [batch for node in nodes for batch in presort_node(node, lengths)]
 
 
+def epoch_samples(n: int, micro_batch_size: int, world_size: int) -> int:
+    """The samples an epoch of `n` trains: all, but for fewer than world_size left over (`_with_last_step`)."""
+    rest = n % (world_size * micro_batch_size)
+    return n - (rest if rest < world_size else 0)
+
+
+def steps_per_epoch(n: int, micro_batch_size: int, world_size: int) -> int:
+    """The micro-batches each rank trains in an epoch of `n` samples (a plan's steps)."""
+    return -(-epoch_samples(n, micro_batch_size, world_size) // (world_size * micro_batch_size))
+
+
+def resume_batch(method: str, n: int, micro_batch_size: int, saved_world_size: int, batches: int,
+                 world_size: int) -> int | None:  # fmt: skip
+    """Where an epoch's plan on `world_size` ranks goes on from a run on `saved_world_size` ranks that trained the
+    first `batches` micro-batches of every rank's plan of the same epoch (the same `n` samples, method, bins, seed,
+    shuffle and micro-batch): the micro-batch of this plan after which the same samples are trained. None where no
+    position of this plan has trained the same samples.
+
+    Under `none` both plans take the epoch's permutation in order, world_size x micro_batch_size samples a step
+    (`_random_plan`), so the first k samples are the same whatever the number of ranks: the position is the saved
+    run's samples of the epoch over this run's per step, where that is a whole number (under the same global batch
+    it always is). `stratified` and `local_presort` draw their micro-batches in rounds whose size depends on the
+    number of ranks (`_draw_round`), so the plans part after the first round: only an epoch's start and its end
+    carry over. An epoch ended carries over as ended, the samples the one plan left out (fewer than its ranks) left
+    out of it."""
+    if batches >= steps_per_epoch(n, micro_batch_size, saved_world_size):
+        return steps_per_epoch(n, micro_batch_size, world_size)
+    if batches == 0 or saved_world_size == world_size:
+        return batches
+    if method != "none":
+        return None
+    samples, per_step = batches * saved_world_size * micro_batch_size, world_size * micro_batch_size
+    return samples // per_step if samples % per_step == 0 else None
+
+
 # --------------------------------------------------------------------------- the trainer's sampler
 
 
@@ -227,12 +262,11 @@ class RankBatchSampler:
     @property
     def epoch_samples(self) -> int:
         """The samples an epoch trains: all, but for fewer than world_size left over (`_with_last_step`)."""
-        rest = len(self.lengths) % (self.world_size * self.micro_batch_size)
-        return len(self.lengths) - (rest if rest < self.world_size else 0)
+        return epoch_samples(len(self.lengths), self.micro_batch_size, self.world_size)
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.epoch_samples // (self.world_size * self.micro_batch_size))
+        return steps_per_epoch(len(self.lengths), self.micro_batch_size, self.world_size)
 
     def __len__(self) -> int:
         return self.steps_per_epoch

@@ -27,7 +27,8 @@ FULL_BELOW_BYTES = 1 << 20  # a disk with less free than this when a write faile
 
 @dataclass
 class TrainState:
-    """Where the loop is. `batch_in_epoch` counts micro-batches of this epoch already consumed."""
+    """Where the loop is. `batch_in_epoch` counts micro-batches of this epoch already consumed, on each of
+    `world_size` ranks (None in a checkpoint written before it was recorded: `saved_world_size`)."""
 
     step: int = 0
     samples: int = 0
@@ -40,6 +41,7 @@ class TrainState:
     samples_to_target: int | None = None
     time_to_target_s: float | None = None
     evals: list[dict[str, Any]] = field(default_factory=list)
+    world_size: int | None = None
 
 
 def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState) -> Path:
@@ -125,6 +127,26 @@ def saved_state(path: str | Path) -> TrainState:
     """Where the checkpoint's run was, reading no weights (memory-mapped)."""
     try:
         return TrainState(**torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state"])
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
+
+
+def saved_world_size(payload: dict[str, Any], state: TrainState) -> int | None:
+    """The number of ranks whose micro-batches a checkpoint's position counts: its own record; in a checkpoint
+    written before that was recorded, the number of ranks whose random states it holds (all the ranks of a run that
+    saved together), else None (one process, or rank 0 of a failed run saving alone: not known)."""
+    if state.world_size is not None:
+        return state.world_size
+    return len(payload["rng_ranks"]) if payload.get("rng_ranks") else None
+
+
+def saved_position(path: str | Path) -> tuple[TrainState, int | None]:
+    """Where the checkpoint's run was, and on how many ranks (`saved_world_size`), reading no weights
+    (memory-mapped)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = TrainState(**payload["state"])
+        return state, saved_world_size(payload, state)
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}; delete it to start from scratch") from e
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.balance import build_batch_sampler, make_node_groups
+from trainer.balance import build_batch_sampler, make_node_groups, resume_batch, steps_per_epoch
 from trainer.checkpoint import (
     TrainState,
     check_intact,
@@ -35,7 +35,9 @@ from trainer.checkpoint import (
     save_checkpoint,
     saved_config,
     saved_micro_batch,
+    saved_position,
     saved_state,
+    saved_world_size,
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
@@ -221,7 +223,8 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
     missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
     that another model, optimizer, data order (seed, data.shuffle, balance.method; balance.bins and
-    data.max_seq_length where the method bins the sequences by length) or micro-batch wrote; and a
+    data.max_seq_length where the method bins the sequences by length) or micro-batch wrote, or that another number
+    of ranks saved where this run's plan of the epoch does not reach the same samples (`resumed_batch`); and a
     schedule.total_steps that ends before a run nothing can stop sooner (`check_decay_horizon`)."""
     check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
@@ -243,6 +246,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     try:
         check_intact(path)
         saved, mine = saved_config(path), cfg.model_dump(mode="json")
+        state, ranks = saved_position(path)
     except CheckpointError as e:
         raise ConfigError(f"checkpoint.dir: cannot read {path}, the checkpoint a resume starts from "
                           f"({e.__cause__ or e}); {_earlier_save(path)}") from None  # fmt: skip
@@ -267,6 +271,47 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
             f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's), or start afresh in "
             "another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
         )
+    micro = micro if isinstance(micro, int) else there  # auto resumes with the checkpoint's
+    if not isinstance(micro, int) or finished_status(cfg, state) is not None:  # a finished run trains nothing more
+        return
+    try:
+        sequences = count_samples(cfg.data.train)
+    except DataError:  # the data checks say what is wrong with the shards
+        return
+    resumed_batch(cfg, path, state, ranks, dist_env_from_environ().world_size, sequences, micro)
+
+
+def resumed_batch(cfg: TrainerConfig, path: Path, state: TrainState, saved_world_size: int | None, world_size: int,
+                  sequences: int, micro: int) -> int:  # fmt: skip
+    """The micro-batch of its epoch at which a run on `world_size` ranks resumes checkpoint `path`, saved on
+    `saved_world_size` (`saved_world_size`; None, a checkpoint that does not say, is taken as saved on this run's
+    number): where this run's plan of the epoch has trained the samples the saved run had (`resume_batch`), the
+    saved position itself on as many ranks. `ConfigError` where no position of this run's plan has, saying what to
+    do."""
+    saved = saved_world_size or world_size
+    method, done = cfg.balance.method, state.batch_in_epoch
+    batch = resume_batch(method, sequences, micro, saved, done, world_size)
+    if batch is not None:
+        return batch
+    ranks = f"{saved} rank{'s' * (saved != 1)}"
+    on_saved = f"resume on {ranks} (torchrun --nproc-per-node {saved}{', or one process' * (saved == 1)})"
+    afresh = ("start afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the "
+              "checkpoints there)")  # fmt: skip
+    if method != "none":
+        steps = steps_per_epoch(sequences, micro, saved)
+        raise ConfigError(
+            f"checkpoint.dir: {path} was saved on {ranks}, this run has {world_size}: balance.method {method} deals "
+            f"an epoch's sequences out by length in rounds that the number of ranks decides, so the rest of epoch "
+            f"{state.epoch} from where it was saved (micro-batch {done} of {steps} on each rank) would train some of "
+            f"its sequences again and others never; {on_saved}, or {afresh}"
+        )
+    before = _yaml_text((saved_config(path).get("batch") or {}).get("global_batch_size"))
+    raise ConfigError(
+        f"checkpoint.dir: {path} was saved on {ranks} {done * saved * micro:,} samples into epoch {state.epoch}, "
+        f"which is not a whole number of this run's rounds of a micro-batch a rank ({micro} x {world_size} ranks = "
+        f"{world_size * micro} sequences; batch.global_batch_size {before} there, {cfg.batch.global_batch_size} here): "
+        f"{on_saved}, or {afresh}"
+    )
 
 
 def _yaml_text(value: Any) -> str:
@@ -465,14 +510,24 @@ def restore(run: Run) -> TrainState:
     """Continue from the latest checkpoint of `checkpoint.dir` when there is one, else start fresh."""
     path = latest_checkpoint(run.cfg.checkpoint.dir) if run.cfg.checkpoint.resume else None
     if path is None:
-        return TrainState(next_eval_samples=run.cfg.eval.every_samples)
+        return TrainState(next_eval_samples=run.cfg.eval.every_samples, world_size=run.env.world_size)
     payload, state = load_checkpoint(path)  # at the micro-batch it was saved with (refuse_before_work, auto)
+    saved, moved = saved_world_size(payload, state), ""
+    if finished_status(run.cfg, state) is None:  # else it trains nothing, and saves the position as it was
+        state.batch_in_epoch = resumed_batch(run.cfg, path, state, saved, run.env.world_size,
+                                             len(run.sampler.lengths), run.cfg.batch.micro_batch_size)  # fmt: skip
+        if saved is not None and saved != run.env.world_size:
+            moved = (
+                f" (saved on {saved} rank{'s' * (saved != 1)}: epoch {state.epoch} goes on at micro-batch "
+                f"{state.batch_in_epoch} of {run.sampler.steps_per_epoch} a rank, after the same samples)"
+            )
+        state.world_size = run.env.world_size
     try:
         _restore_from(run, payload, state)
     except (KeyError, RuntimeError, ValueError, TypeError) as e:  # a damaged or foreign file that loaded
         what = f"it has no {e.args[0]!r} entry" if isinstance(e, KeyError) else str(e).strip().splitlines()[0][:300]
         raise ConfigError(f"checkpoint.dir: {path} does not fit this run ({what}); {_earlier_save(path)}") from None
-    log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples")
+    log(run.env, f"resumed from {path} at step {state.step}, {state.samples:,} samples{moved}")
     return state
 
 

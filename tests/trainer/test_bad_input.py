@@ -234,6 +234,68 @@ def test_resuming_with_other_length_bins_is_refused_where_the_method_bins_by_len
     assert len(records) == len([r for r in records if r.get("samples", 0) <= 16])  # the second run added nothing
 
 
+@pytest.mark.parametrize(
+    ("first", "then", "says"),
+    [
+        ({"balance.method": "stratified", "balance.bins": "[16,32,48,64]"}, {},
+         "was saved on 1 rank, this run has 2: balance.method stratified deals an epoch's sequences out by length in "
+         "rounds that the number of ranks decides, so the rest of epoch 0 from where it was saved (micro-batch 4 of 24 "
+         "on each rank) would train some of its sequences again and others never; resume on 1 rank (torchrun "
+         "--nproc-per-node 1, or one process), or start afresh"),
+        ({"batch.global_batch_size": 4, "budget.max_samples": 12}, {"batch.global_batch_size": 8},
+         "was saved on 1 rank 12 samples into epoch 0, which is not a whole number of this run's rounds of a "
+         "micro-batch a rank (4 x 2 ranks = 8 sequences; batch.global_batch_size 4 there, 8 here): resume on 1 rank"),
+    ],
+    ids=["stratified", "none-other-global-batch"],
+)  # fmt: skip
+def test_resuming_on_another_number_of_ranks_where_the_epoch_would_not_go_on_after_its_samples_is_refused(
+    tmp_path, capsys, monkeypatch, first, then, says
+):
+    """A checkpoint of one process, resumed on 2 ranks (rank 0's view: refused before any work, so
+    before the process group). Stratified batches are drawn in rounds the number of ranks decides: the plans part
+    (tests/trainer/test_balance.py). Under `none` the samples come in the same order, but a global batch of 4 stopped
+    at 12, not a whole number of the resumed run's steps of 8. Resumed the same on 1 process, both train on; under
+    `none` and the same global batch, 2 ranks go on after the same samples (tests/trainer/test_distributed_train.py)."""
+    ck = tmp_path / "ck"
+    code, err, _ = cli(tmp_path, capsys, **{"budget.max_samples": 16, **first, "checkpoint.dir": str(ck)})
+    assert code == 0, err
+    saved = (ck / "latest.pt").read_bytes()
+    with monkeypatch.context() as patch:
+        for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+            patch.setenv(key, value)
+        code, err, records = cli(
+            tmp_path, capsys, **{**first, "budget.max_samples": 32, **then, "checkpoint.dir": str(ck)}
+        )
+    assert code == 2, err
+    assert err.startswith(f"error: checkpoint.dir: {ck / 'latest.pt'} {says}"), err
+    assert "checkpoint.resume: false" in err and "Traceback" not in err and "training BERT" not in err
+    assert (ck / "latest.pt").read_bytes() == saved
+    assert len(records) == len([r for r in records if r.get("samples", 0) <= 16])  # the second run added nothing
+    code, err, _ = cli(tmp_path, capsys, **{**first, "checkpoint.dir": str(ck), "budget.max_samples": 32})
+    assert code == 0 and f"resumed from {ck / 'latest.pt'} at step " in err and "saved on" not in err, err
+
+
+def test_a_checkpoint_that_does_not_say_its_number_of_ranks_resumes_as_before(tmp_path, capsys):
+    """A checkpoint written before the number of ranks was saved with its position is taken to be of this run's
+    number (as every resume was): one process resumes it at its position, to the uninterrupted run's losses."""
+    import torch
+
+    fixed = {"schedule.total_steps": 100}  # the same decay in every run
+    code, err, whole = cli(tmp_path / "whole", capsys, **fixed, **{"budget.max_samples": 32})
+    assert code == 0, err
+    ck = tmp_path / "ck"
+    code, err, first = cli(tmp_path, capsys, **fixed, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
+    assert code == 0, err
+    latest = ck / "latest.pt"
+    payload = torch.load(latest, weights_only=False)
+    assert payload["state"].pop("world_size") == 1
+    latest.unlink()  # a file of its own, not the hard link to the ckpt-*.pt it was
+    torch.save(payload, latest)
+    code, err, then = cli(tmp_path, capsys, **fixed, **{"checkpoint.dir": str(ck), "budget.max_samples": 32})
+    assert code == 0 and f"resumed from {latest} at step 2, 16 samples\n" in err, err
+    assert losses(then) == losses(whole)
+
+
 def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_uninterrupted_numbers(
     tmp_path, capsys, monkeypatch
 ):

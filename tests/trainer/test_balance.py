@@ -20,6 +20,8 @@ from trainer.balance import (
     make_node_groups,
     plan_epoch,
     presort_node,
+    resume_batch,
+    steps_per_epoch,
     token_imbalance,
 )
 from trainer.errors import ConfigError
@@ -141,6 +143,68 @@ def test_optimizer_steps_are_the_steps_the_loop_takes_to_a_budget(n, world_size,
                     break
             epoch += 1
         assert sampler.optimizer_steps(budget, accumulation) == steps, budget
+
+
+def trained(plan, batches: int) -> list[int]:
+    """The samples a plan's first `batches` micro-batches of every rank train, sorted."""
+    return sorted(int(i) for step in plan[:batches] for batch in step for i in batch)
+
+
+@st.composite
+def resumes(draw):
+    """A run on `saved` ranks stopped after `batches` micro-batches of an epoch, resumed on `ranks`: any lengths,
+    micro-batch, method, seed, epoch and shuffling; half the time at an optimizer step of a global batch both
+    numbers of ranks share (what a resume of the same config stops at)."""
+    lengths = np.array(draw(st.lists(st.integers(1, 512), min_size=4, max_size=200)), dtype=np.int64)
+    saved, ranks, micro = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    steps = steps_per_epoch(len(lengths), micro, saved)
+    if draw(st.booleans()):
+        accumulation = np.lcm(saved, ranks) // saved * draw(st.integers(1, 3))  # same global batch on both
+        batches = accumulation * draw(st.integers(0, steps // accumulation)) if steps >= accumulation else steps
+    else:
+        batches = draw(st.integers(0, steps))
+    method, seed, epoch, shuffle = (
+        draw(st.sampled_from(METHODS)),
+        draw(st.integers(0, 2**32 - 1)),
+        draw(st.integers(0, 3)),
+        draw(st.booleans()),
+    )
+    return lengths, seed, epoch, shuffle, method, micro, saved, ranks, batches
+
+
+@pytest.mark.hypothesis
+@given(resume=resumes())
+@settings(max_examples=examples(ci=300, fuzz=5000))
+def test_a_resume_on_another_number_of_ranks_goes_on_after_the_same_samples(resume):
+    """`resume_batch` against the plans themselves: where it gives a position, the resumed plan's micro-batches
+    before it train exactly the samples the saved run's did (nothing again, nothing skipped), or the epoch was done
+    on both; under `none` at an optimizer step of a global batch both share it always gives one; `stratified` and
+    `local_presort` (whose plans part with the number of ranks) only at an epoch's start or end, or on as many ranks."""
+    lengths, seed, epoch, shuffle, method, micro, saved, ranks, batches = resume
+    before = plan_epoch(lengths, method, [64, 128, 256, 512], micro, saved, saved, seed, epoch, shuffle)
+    after = plan_epoch(lengths, method, [64, 128, 256, 512], micro, ranks, ranks, seed, epoch, shuffle)
+    at = resume_batch(method, len(lengths), micro, saved, batches, ranks)
+    if batches == len(before):
+        assert at == len(after)  # the epoch is done: the next starts (the few either plan leaves out stay out)
+    elif at is not None:
+        assert trained(after, at) == trained(before, batches)
+    if method == "none" and (batches * saved) % ranks == 0:
+        assert at is not None
+    if method != "none" and saved != ranks and 0 < batches < len(before):
+        assert at is None
+
+
+def test_stratified_plans_on_other_numbers_of_ranks_part_after_their_first_round():
+    """Why `stratified` (and `local_presort`, which re-deals its steps) resume only on as many ranks: the rounds a
+    plan draws its micro-batches in depend on the number of ranks, so after the first round the same number of
+    micro-batches trains other samples on 1 rank than on 2 (and under `none` the same)."""
+    lengths = make_mlperf_like_lengths(96, seed=1)
+    for method, parts in (("stratified", True), ("none", False)):
+        one, two = (plan_epoch(lengths, method, BINS, 4, ranks, ranks, 1234, 0) for ranks in (1, 2))
+        differ = [k for k in range(len(two) + 1) if trained(one, 2 * k) != trained(two, k)]
+        assert bool(differ) == parts, differ
+        assert all(resume_batch(method, 96, 4, 2, k, 1) == (None if parts and 0 < k < len(two) else 2 * k)
+                   for k in range(len(two) + 1))  # fmt: skip
 
 
 def test_a_training_set_smaller_than_the_ranks_is_refused():

@@ -77,3 +77,15 @@ def test_an_enospc_error_is_a_full_disk_whatever_the_free_space(tmp_path, monkey
     monkeypatch.setattr(checkpoint.torch, "save", no_space)
     with pytest.raises(DiskFullError, match="No space left on device; .* MiB free on its disk"):
         save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16))
+
+
+def test_the_number_of_ranks_of_a_checkpoint_that_does_not_record_it_is_that_of_its_random_states():
+    """A checkpoint written before its position said its number of ranks: a run whose ranks saved together holds each
+    rank's random state (`rng_ranks`), so as many ranks; without them (one process, or rank 0 of a failed run saving
+    alone) it is not known."""
+    from trainer.checkpoint import saved_world_size
+
+    older = TrainState(step=2, samples=16)  # world_size None: what an older file's state loads as
+    assert saved_world_size({"rng_ranks": [{}, {}]}, older) == 2
+    assert saved_world_size({"rng": {}}, older) is None
+    assert saved_world_size({"rng_ranks": [{}, {}]}, TrainState(world_size=1)) == 1  # its own record first

@@ -8,24 +8,27 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import trainer.train as train_module
 from tests.trainer.conftest import make_shards, make_train_overrides
+from tests.trainer.steps_recorder import read_steps, recording_step
+from trainer.__main__ import main
 from trainer.report import read_jsonl
 
 pytestmark = pytest.mark.distributed
 
 
-def torchrun(nproc: int, overrides: list[str]) -> list[str]:
+def torchrun(nproc: int, overrides: list[str], program: tuple[str, ...] = ("-m", "trainer")) -> list[str]:
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        "-m",
-        "trainer",
+        *program,
         *overrides,
     ]
 
@@ -122,6 +125,45 @@ def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_pat
     then = torchrun_to(tmp_path / "then", 64, tmp_path / "ck")
     assert len(uninterrupted) == 8 and len(first) == 4 and len(then) == 4
     assert first + then == uninterrupted
+
+
+def test_a_checkpoint_resumed_on_another_number_of_ranks_trains_the_samples_of_an_uninterrupted_run(
+    tmp_path, monkeypatch, capsys
+):
+    """A checkpoint's position counts the micro-batches of each rank: 2 ranks stopped at 16 samples (2 micro-batches
+    of 4 a rank) and resumed on one process went on after its 2nd micro-batch, training samples 8 to 16 again; one
+    process stopped at 16 and resumed on 2 ranks skipped 16. Under balance.method none an epoch's samples come in
+    the same order on any number of ranks: each goes on after the samples it trained, and step by step trains those
+    of a run of one process never stopped (which are a run of 2 ranks' too)."""
+    settings = {"eval.every_samples": 10**6, "batch.global_batch_size": 8, "batch.micro_batch_size": 4}
+
+    def one_process(name: str, samples: int, checkpoints: Path | None = None) -> list[list[int]]:
+        extra = {**settings, "budget.max_samples": samples, "log.jsonl": str(tmp_path / f"{name}.jsonl")}
+        if checkpoints is not None:
+            extra["checkpoint.dir"] = str(checkpoints)
+        with monkeypatch.context() as patch:
+            patch.setattr(train_module, "train_step", recording_step(tmp_path / name, train_module.train_step))
+            assert main(make_train_overrides(tmp_path, **extra)) == 0
+        said[name] = capsys.readouterr().err
+        return read_steps(tmp_path / name)
+
+    def two_ranks(name: str, samples: int, checkpoints: Path) -> list[list[int]]:
+        extra = {**settings, "budget.max_samples": samples, "checkpoint.dir": str(checkpoints),
+                 "log.jsonl": str(tmp_path / f"{name}.jsonl")}  # fmt: skip
+        recorder = (str(Path(__file__).parent / "steps_recorder.py"), str(tmp_path / name))
+        proc = subprocess.run(torchrun(2, make_train_overrides(tmp_path, **extra), recorder), capture_output=True,
+                              text=True, timeout=240, env=child_env())  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        said[name] = proc.stderr
+        return read_steps(tmp_path / name)
+
+    said: dict[str, str] = {}
+    uninterrupted = one_process("whole", 32)
+    assert len(uninterrupted) == 4 and len({i for step in uninterrupted for i in step}) == 32
+    assert two_ranks("two", 16, tmp_path / "ck2") + one_process("then-one", 32, tmp_path / "ck2") == uninterrupted
+    assert "16 samples (saved on 2 ranks: epoch 0 goes on at micro-batch 4 of 24 a rank" in said["then-one"]
+    assert one_process("one", 16, tmp_path / "ck1") + two_ranks("then-two", 32, tmp_path / "ck1") == uninterrupted
+    assert "16 samples (saved on 1 rank: epoch 0 goes on at micro-batch 2 of 12 a rank" in said["then-two"]
 
 
 def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
