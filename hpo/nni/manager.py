@@ -28,7 +28,7 @@ from typing import Any
 
 from hpo.errors import HpoError
 from hpo.nni.config import nni_home
-from hpo.runners.process import kill_process_group, pid_exists
+from hpo.runners.process import END_TRIAL_S, end_trial, pid_exists
 
 
 class NniEngineError(HpoError):
@@ -135,34 +135,18 @@ def end_managers_of(nni_id: str) -> list[int]:
 NNI_TRIAL_ENV = "NNI_TRIAL_JOB_ID"  # NNI's manager puts it in the environment of every trial it starts
 
 
-def end_trial_processes(job_id: str, group: int | None, timeout_s: float = 10.0) -> list[int]:
+def end_trial_processes(job_id: str, group: int | None, timeout_s: float = END_TRIAL_S) -> list[int]:
     """SIGKILL what is left of NNI trial `job_id` on this machine (a manager that was killed leaves its trials
-    running): its process `group` (the trial's own, see `hpo.nni.trial.lead_process_group`), but only while that
-    group's leader is this trial, and every process whose environment names the trial (NNI sets NNI_TRIAL_JOB_ID
-    when it starts one; its children inherit it). A group that is not the trial's (an NNI manager's, or a pid used
-    again since) is left alone: a manager's environment names no trial. Returns the pids it found."""
+    running), and return once all of it has exited (`hpo.runners.process.end_trial`, which looks for the processes
+    before it kills them: a rank dying with its torchrun gives up its environment before it has exited): its
+    process `group` (the trial's own, see `hpo.nni.trial.lead_process_group`), but only where that group's leader is
+    this trial, every process whose environment names the trial (NNI sets NNI_TRIAL_JOB_ID when it starts one; its
+    children inherit it), and their descendants. A group that is not the trial's (an NNI manager's, or a pid used
+    again since) is left alone: a manager's environment names no trial, nor is the manager a trial's descendant.
+    Returns the pids it found."""
     needle = f"{NNI_TRIAL_ENV}={job_id}\0".encode()
-    found: list[int] = []
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if group and _environ_has(group, needle):
-            found.append(group)
-            kill_process_group(group)
-        pids = [pid for pid in _pids() if pid != os.getpid() and _environ_has(pid, needle)]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        found += pids
-        if not pids or time.monotonic() > deadline:
-            return sorted(set(found))
-        time.sleep(0.01)
-
-
-def _pids() -> list[int]:
-    try:
-        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-    except OSError:  # no /proc
-        return []
+    own = group if group and _environ_has(group, needle) else None
+    return end_trial(job_id, own, timeout_s, variable=NNI_TRIAL_ENV)
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:

@@ -224,11 +224,12 @@ def trial_tag(trial_id: int, attempt: int, workdir: Path | str) -> str:
     return f"{trial_id}.{attempt}:{workdir}"
 
 
-def attempt_processes(tag: str | None, group: int | None = None) -> dict[int, str]:
-    """The live processes (zombies excluded) of an attempt, this one excepted: those whose environment carries `tag`,
-    those of process `group`, and the descendants of any of them (a child started with an environment of its own,
-    or in a session of its own); pid -> start time (/proc's, as `exiting` compares it). Empty without /proc."""
-    needle = f"{TRIAL_TAG_ENV}={tag}\0".encode() if tag else None
+def attempt_processes(tag: str | None, group: int | None = None, variable: str = TRIAL_TAG_ENV) -> dict[int, str]:
+    """The live processes (zombies excluded) of an attempt, this one excepted: those whose environment carries `tag`
+    (as `variable`: TRIAL_TAG_ENV, or NNI's trial id), those of process `group`, and the descendants of any of them
+    (a child started with an environment of its own, or in a session of its own); pid -> start time (/proc's, as
+    `exiting` compares it). Empty without /proc."""
+    needle = f"{variable}={tag}\0".encode() if tag else None
     try:
         entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
     except OSError:
@@ -339,17 +340,20 @@ def controller_gone_here(host: str | None, pid: int | None) -> bool:
     return state is None or state[0] in "ZX"
 
 
-def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S) -> None:
-    """SIGKILL every process of an attempt (`attempt_processes`: its process `group`, those carrying its `tag`, and
-    their descendants), and look again until none is left (one started by torchrun between a look and the kill is
-    found by the next look) and every process killed has finished exiting. Each look comes before its kills: a rank
-    dies with its torchrun (PR_SET_PDEATHSIG) the moment the group's SIGKILL ends torchrun, and gives up the
-    environment a look reads (and its parent) before it has finished exiting: a look after the kill would not find
-    it, nor wait for it, and the trial would be said to be ended while a rank still ran."""
+def end_trial(
+    tag: str | None, group: int | None = None, timeout_s: float = END_TRIAL_S, variable: str = TRIAL_TAG_ENV
+) -> list[int]:
+    """SIGKILL every process of an attempt (`attempt_processes`: its process `group`, those carrying its `tag` as
+    `variable`, and their descendants), and look again until none is left (one started by torchrun between a look
+    and the kill is found by the next look) and every process killed has finished exiting; returns the pids found.
+    Each look comes before its kills: a rank dies with its torchrun (PR_SET_PDEATHSIG) the moment the group's
+    SIGKILL ends torchrun, and gives up the environment a look reads (and its parent) before it has finished
+    exiting: a look after the kill would not find it, nor wait for it, and the trial would be said to be ended
+    while a rank still ran."""
     deadline = time.monotonic() + timeout_s
     killed: dict[int, str] = {}  # pid: start time
     while True:
-        found = attempt_processes(tag, group)
+        found = attempt_processes(tag, group, variable)
         for pid, started in found.items():
             killed.setdefault(pid, started)
         if group:
@@ -359,7 +363,7 @@ def end_trial(tag: str | None, group: int | None = None, timeout_s: float = END_
                 os.kill(pid, signal.SIGKILL)
         still = [pid for pid, started in killed.items() if exiting(pid, started)]
         if (not found and not still) or time.monotonic() > deadline:
-            return
+            return sorted(killed)
         time.sleep(0.01)
 
 

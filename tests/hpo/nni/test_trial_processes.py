@@ -4,8 +4,9 @@ NNI's launcher makes the manager a process-group leader, and the manager runs ea
 `/bin/bash -c` with NNI_TRIAL_JOB_ID in its environment, so without `lead_process_group` a trial's process group
 (what it records as its pid) is the manager's. Here a stand-in manager does exactly that (no NNI needed): it
 starts two trials that lead their groups as `hpo.nni.trial` does, each with a child, one child without NNI's
-variables (only its process group finds it). Then the engine's stop path (`interrupt_leftovers`) ends them: a record
-with the trial's own group, and an old-style record naming the manager's group; the manager stays alive.
+variables (its process group finds it, and its parent). Then the engine's stop path (`interrupt_leftovers`) ends
+them: a record with the trial's own group, and an old-style record naming the manager's group; the manager stays
+alive.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os, subprocess, sys, time
 from hpo.nni.trial import lead_process_group
 group = lead_process_group()
 inherits = subprocess.Popen(["sleep", "300"])  # NNI_TRIAL_JOB_ID inherited
-bare = subprocess.Popen(["sleep", "301"], env={"PATH": os.environ["PATH"]})  # only its process group finds it
+bare = subprocess.Popen(["sleep", "301"], env={"PATH": os.environ["PATH"]})  # found by its group, or its parent
 out = os.path.join(sys.argv[1], os.environ["NNI_TRIAL_JOB_ID"])
 with open(out + ".tmp", "w") as f:
     f.write(f"{os.getpid()} {group} {inherits.pid} {bare.pid}")
@@ -112,8 +113,44 @@ def test_a_trial_leads_its_own_group_and_a_stop_ends_it_but_never_the_manager(tm
     trial_b = list(trials["bbbbb"])
     assert wait_gone(trial_b) == []  # the trial, its child and the child only its group holds
     pid_a, _, inherits_a, bare_a = trials["aaaaa"]
-    assert wait_gone([pid_a, inherits_a]) == []  # found by NNI's trial id in their environment
-    assert alive(bare_a)  # the manager's group was not killed, and this one carries no trial id
+    # the trial and its child by NNI's trial id in their environment, the child without it as the trial's child (the
+    # manager's group is not killed)
+    assert wait_gone([pid_a, inherits_a, bare_a]) == []
     for trial_id in records.values():
         record = storage.get_trial(trial_id)
         assert record.state is TrialState.INTERRUPTED and record.reason.startswith("interrupted: ")  # as locally
+
+
+# A trial's launcher (as torchrun) whose children run in sessions of their own without NNI's variables (as a rank
+# that has given up its environment): only their parent, seen before it is killed, makes them the trial's.
+LAUNCHER = """
+import os, subprocess, sys, time
+bare = {"PATH": os.environ["PATH"]}
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=bare, start_new_session=True)
+         for _ in range(2)]
+print(" ".join(str(rank.pid) for rank in ranks), flush=True)
+time.sleep(600)
+"""
+
+
+def test_ending_a_trial_returns_once_every_process_it_found_is_gone_its_untagged_children_included():
+    """A rank dying with its torchrun gives up its environment (NNI's trial id) and its parent before it has exited:
+    looked for after the kill, it was not found, nor waited for, and the trial was recorded ended while a rank still
+    ran. The look comes first: children whose environment lacks the id are the trial's by their parent, and when
+    end_trial_processes returns none of them runs (no waiting here)."""
+    from hpo.nni.manager import NNI_TRIAL_ENV, end_trial_processes
+
+    env = {**os.environ, NNI_TRIAL_ENV: "ccccc"}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=env, stdout=subprocess.PIPE, text=True,
+                                process_group=0)  # fmt: skip
+    ranks = [int(pid) for pid in launcher.stdout.readline().split()]
+    try:
+        found = end_trial_processes("ccccc", launcher.pid)
+        assert [pid for pid in ranks if alive(pid)] == []
+        assert set(found) >= {launcher.pid, *ranks}
+        assert launcher.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for pid in [launcher.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
