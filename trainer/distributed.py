@@ -89,13 +89,15 @@ def all_reduce_sum(values: list[float], device: torch.device, env: DistEnv) -> l
 
 
 def all_gather_scalars(values: list[float], device: torch.device, env: DistEnv) -> list[list[float]]:
-    """A few numbers from every rank, in rank order, in one collective: [rank][value] (one process: [values])."""
+    """A few numbers from every rank, in rank order, in one collective: [rank][value] (one process: [values]).
+    `dist.all_gather` into a tensor a rank: torch 2.13 deprecated `all_gather_into_tensor` (a FutureWarning every
+    rank printed) for `all_gather_single`, which earlier versions lack; this one every version has, undeprecated."""
     if not env.enabled:
         return [list(values)]
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    out = torch.zeros(env.world_size * len(values), dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(out, t)
-    return out.view(env.world_size, len(values)).tolist()
+    out = [torch.empty_like(t) for _ in range(env.world_size)]
+    dist.all_gather(out, t)
+    return torch.stack(out).tolist()
 
 
 def any_rank(flags: list[bool], device: torch.device, env: DistEnv) -> list[bool]:

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import types
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -16,31 +17,41 @@ import torch
 import torch.distributed as dist
 
 from tests.trainer.conftest import make_train_overrides, start_ranks
-from trainer.distributed import DistEnv, any_rank
+from trainer.distributed import DistEnv, all_gather_scalars, any_rank
 
 pytestmark = pytest.mark.distributed
 
 # What each rank raises, call by call: [out of time, diverged]
 RAISED = {0: [[True, False], [False, False], [False, True]], 1: [[False, False], [False, False], [False, False]]}
+# What each rank gathers: float64 values a float32 would round (0.1, 2**53 - 1), a count, a huge one
+SCALARS = {0: [0.1, 2.0**53 - 1, 7.0], 1: [-1e300, 3.0, 0.0]}
 
 
 def worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     env = DistEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
-    answers = [any_rank(flags, torch.device("cpu"), env) for flags in RAISED[rank]]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # a deprecation torch would print once per rank
+        answers = [any_rank(flags, torch.device("cpu"), env) for flags in RAISED[rank]]
+        gathered = all_gather_scalars(SCALARS[rank], torch.device("cpu"), env)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(answers, f)
+        json.dump({"answers": answers, "gathered": gathered, "warnings": [str(w.message) for w in said]}, f)
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
 
 
 def test_every_rank_learns_a_flag_that_one_rank_raised(tmp_path):
+    """And `all_gather_scalars`, which `any_rank` asks, gives every rank every rank's values in rank order, exactly,
+    without a word: torch 2.13 deprecated the collective it called (all_gather_into_tensor), and its FutureWarning
+    was printed once per rank under torchrun."""
     start_ranks(worker, (str(tmp_path / "init"), str(tmp_path)), 2)
-    answers = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     expected = [[a or b for a, b in zip(*calls, strict=True)] for calls in zip(RAISED[0], RAISED[1], strict=True)]
-    assert answers[0] == answers[1] == expected == [[True, False], [False, False], [False, True]]
+    assert ranks[0]["answers"] == ranks[1]["answers"] == expected == [[True, False], [False, False], [False, True]]
+    assert ranks[0]["gathered"] == ranks[1]["gathered"] == [SCALARS[0], SCALARS[1]]
+    assert ranks[0]["warnings"] == ranks[1]["warnings"] == []
 
 
 def test_one_process_answers_its_own_flags():
