@@ -339,12 +339,14 @@ class Study:
         directory has next to nothing free), else None: an error of its own, or ended by a signal or a stop."""
         if exit.lost or exit.timed_out or exit.returncode is None or exit.returncode <= 0:
             return None
-        if full := full_disk(self._launch(pending).workdir):
+        workdir = self._launch(pending).workdir
+        if full := full_disk(workdir):
             return full
-        if exit.returncode == EXIT_DISK_FULL:
-            said = next((line for line in reversed(exit.stderr_tail.splitlines()) if line.strip()), "")
-            return f"its disk is full ({said.strip()[:300] or 'it said no more'})"
-        return None
+        if exit.returncode != EXIT_DISK_FULL:
+            return None
+        if said := _trial_said(exit):
+            return f"its disk is full ({said[:300]})"
+        return f"the disk of {workdir} is full (exit code {EXIT_DISK_FULL}; its stderr.log names the write that failed)"
 
     def _stop_for_disk(self, record: TrialRecord, full: str) -> None:
         """A trial that could not write for a full disk is queued again (not failed: its configuration is not to
@@ -492,6 +494,13 @@ class Study:
         self.note = f"{len(self.running)} running, {len(self.queue)} queued" + (f"; waiting: {why}" if why else "")
         if self.round_note:
             self.note = f"{self.round_note}; {self.note}"
+
+
+def _trial_said(exit: TrialExit) -> str:
+    """The error line the trial entry wrote as its attempt ended (`error: trial ID attempt N: ...`), where its stderr
+    tail still holds it ("" where the lines other ranks and torchrun wrote after it pushed it out)."""
+    own = f"error: trial {exit.trial_id} attempt {exit.attempt}: "
+    return next((line.strip() for line in reversed(exit.stderr_tail.splitlines()) if line.startswith(own)), "")
 
 
 def _history_events(records: list[TrialRecord]):

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial.exit import EXIT_PIPE_ENV
+from hpo.trial.launch import TORCHRUN
 
 # Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
 # which runs as `__main__`).
@@ -46,7 +47,7 @@ MAX_MESSAGE = 1 << 20
 # Variables the interpreter reads when it starts: a trial whose values differ from the server's is exec'd.
 _STARTUP_PREFIXES = ("PYTHON", "LD_")
 _UNBUFFERED = "PYTHONUNBUFFERED"
-_EXEC_MODULES = ("torch.distributed.run",)  # always exec'd (see the module docstring)
+_EXEC_MODULES = ("torch.distributed.run", TORCHRUN)  # always exec'd (see the module docstring)
 
 
 @dataclass(frozen=True)

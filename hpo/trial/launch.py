@@ -4,8 +4,9 @@ Every runner launches the trial entry (`python -m hpo.trial.entry ...`, which wr
 the trial in the database) the same way:
 
 k = 1 GPU (or a CPU slot): `python -m hpo.trial.entry ARGS`.
-k > 1: `python -m torch.distributed.run --nnodes=1 --nproc_per_node k --master_addr=127.0.0.1
---master_port=<port> -m hpo.trial.entry ARGS`, gloo on CPU and NCCL on GPU (the trainer picks the backend).
+k > 1: `python -m hpo.trial.torchrun --nnodes=1 --nproc_per_node k --master_addr=127.0.0.1
+--master_port=<port> -m hpo.trial.entry ARGS` (torchrun, ending with the code of the rank that failed first:
+`hpo.trial.torchrun`), gloo on CPU and NCCL on GPU (the trainer picks the backend).
 Each trial sees only its own GPUs through CUDA_VISIBLE_DEVICES; a CPU trial sees none.
 """
 
@@ -16,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 TRIAL_ENTRY = "hpo.trial.entry"
+TORCHRUN = "hpo.trial.torchrun"  # torchrun, exiting with its first failed rank's code
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def build_launch(spec: LaunchSpec, base_env: dict[str, str]) -> tuple[list[str],
     cmd = [spec.python]
     if spec.nproc > 1:
         cmd += [
-            "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={spec.nproc}",
+            "-m", TORCHRUN, "--nnodes=1", f"--nproc_per_node={spec.nproc}",
             "--master_addr=127.0.0.1", f"--master_port={spec.master_port}",
         ]  # fmt: skip
     cmd += ["-m", spec.module, *spec.entry_args]

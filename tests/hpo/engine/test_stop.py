@@ -73,7 +73,7 @@ def training_trial(storage: SqlStorage, experiment_id: int, run_dir: Path):
     """The running trial once it has stored a metric row and torchrun and both ranks are up; with their pids."""
     trials = str(run_dir / "trials")  # not the run dir: `hpo run --run-dir RUN_DIR` names it too
     for trial in storage.list_trials(experiment_id, state=TrialState.RUNNING):
-        ranks = [cmd for cmd in processes_naming(trials).values() if "torch.distributed.run" not in cmd]
+        ranks = [cmd for cmd in processes_naming(trials).values() if "hpo.trial.torchrun" not in cmd]
         if storage.get_metrics(trial.id) and len(ranks) == RANKS:
             return trial, processes_naming(trials)
     return None

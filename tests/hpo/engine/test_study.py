@@ -153,6 +153,23 @@ def test_a_trial_whose_disk_is_full_is_queued_again_and_stops_the_experiment_unt
     ]
 
 
+@pytest.mark.distributed
+def test_a_torchrun_trial_whose_disk_is_full_is_queued_again_and_stops_the_experiment(tmp_path):
+    # torchrun exits with 1 whatever its ranks' codes: rank 0's 7 (its disk is full) reaches the study loop through
+    # hpo.trial.torchrun, and the trial is queued again, not failed with "exit code 1 without a result"
+    spec = make_spec(tmp_path, budget={"max_parallel": 1}, resources={"cpu_slots": 2, "cpu_ranks_per_trial": 2},
+                     **{"batch.micro_batch_size": 4})  # fmt: skip
+    report = tmp_path / "run" / "trials" / "00000" / "report.jsonl"
+    report.parent.mkdir(parents=True)
+    report.symlink_to("/dev/full")
+    storage, eid, status = run_study(tmp_path, spec)
+    assert status == ExperimentStatus.STOPPED
+    [trial] = storage.list_trials(eid)
+    assert trial.state is TrialState.QUEUED and trial.attempt == 1, trial
+    # rank 0's own line is above the other rank's traceback and torchrun's summary: the reason names the directory
+    assert f"the disk of {report.parent} is full (exit code 7" in trial.reason, trial.reason
+
+
 def test_a_diverging_trial_is_recorded_as_diverged(tmp_path):
     spec = make_spec(tmp_path, space={"optimizer.lr": {"float": [1e29, 1e30]}},
                      **{"optimizer.name": "adamw", "optimizer.eps": 1e-30})  # fmt: skip

@@ -175,8 +175,9 @@ def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
     assert not launcher.accepts([sys.executable, "-m", "preload_probe", "0"], buffered)
     assert not launcher.accepts([sys.executable, "-c", "pass"], probe_env)
     assert not launcher.accepts(["/bin/sh", "-m", "x"], probe_env)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hpo.trial.entry"]
-    assert not launcher.accepts(torchrun, probe_env)  # its ranks check their parent's environment as exec'd
+    for module in ("torch.distributed.run", "hpo.trial.torchrun"):  # the ranks check their parent's environment
+        torchrun = [sys.executable, "-m", module, "--nproc_per_node=2", "-m", "hpo.trial.entry"]
+        assert not launcher.accepts(torchrun, probe_env)  # as exec'd
     process, code = run([sys.executable, "-c", "print('hi')"], probe_env, tmp_path, launcher)
     assert isinstance(process.popen, subprocess.Popen) and code == 0
 

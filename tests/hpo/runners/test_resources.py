@@ -92,7 +92,7 @@ def test_single_gpu_trial_command_and_environment():
 def test_multi_gpu_trial_uses_torchrun_on_its_own_devices_and_port():
     spec = LaunchSpec(ARGS, gpus=(2, 3), nproc=2, master_port=29611, python="py")
     cmd, env = build_launch(spec, {})
-    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert cmd[:3] == ["py", "-m", "hpo.trial.torchrun"]
     assert "--nproc_per_node=2" in cmd and "--master_port=29611" in cmd
     assert cmd[-6:] == ["-m", "hpo.trial.entry", *ARGS]
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"

@@ -1,0 +1,38 @@
+"""torchrun for a trial's ranks, ending with the exit code of the rank that failed first.
+
+    python -m hpo.trial.torchrun TORCHRUN_ARGS -m hpo.trial.entry ARGS
+
+torchrun itself exits with 1 whatever a rank's code was, so a trial of several ranks would lose what the trial
+entry says with its exit code and the study loop reads (`hpo.trial.entry`): 5, the database stayed unreachable
+(re-queued), 7, its disk is full (re-queued, the experiment stopped), 4, the attempt was not this one's (a Dask
+worker re-ran it). This runs torchrun in this process (`torch.distributed.run`, the same arguments, the same
+ranks as its children) and, where a rank failed, prints torchrun's summary of the failures and exits with the
+code of its root cause (the first rank it saw fail), as a single-process trial would have; a rank ended by a
+signal (a negative code) gives 1, torchrun's own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def root_cause_code(error) -> int:
+    """The exit code of a `ChildFailedError`'s root cause (its first failure): a rank's own code, else 1."""
+    _, failure = error.get_first_failure()
+    return failure.exitcode if failure.exitcode > 0 else 1
+
+
+def main() -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun()
+    except ChildFailedError as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)  # what torchrun's traceback would have ended with
+        return root_cause_code(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
