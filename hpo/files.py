@@ -23,9 +23,14 @@ def free_bytes(path: Path) -> int | None:
 
 
 def full_disk(path: Path) -> str | None:
-    """'the disk under PATH is full (N MiB free)' where it has less than `FULL_BELOW_BYTES` free, else None."""
-    free = free_bytes(path)
-    if free is None or free >= FULL_BELOW_BYTES:
+    """'the disk under PATH is full (N MiB free)' where it has less than `FULL_BELOW_BYTES` free, else None; None
+    also where this machine does not have PATH: the directory of a trial that ran on another machine (a Dask
+    worker's) is on that machine's disk, not on the one that holds the nearest folder above it here."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return None
+    if free >= FULL_BELOW_BYTES:
         return None
     return f"the disk under {path} is full ({free / 2**20:,.1f} MiB free)"
 

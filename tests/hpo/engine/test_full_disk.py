@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpo.files import full_disk
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialState
@@ -83,3 +84,15 @@ def test_a_tuner_that_cannot_write_its_files_leaves_the_experiment_stopped_for_a
         record = storage.get_experiment_by_name("full")
         assert record.status is ExperimentStatus.FINISHED
         assert [t.state for t in storage.list_trials(record.id)] == [TrialState.COMPLETED]
+
+
+def test_a_trial_directory_this_machine_does_not_have_is_not_taken_for_a_full_disk(small_disk):
+    # a Dask worker's trial directory is on the worker's disk: the controller, whose run directory holds no such
+    # directory, measured the nearest folder above it, its own disk, and re-queued a trial that had failed for its
+    # own reasons, stopping the experiment for a disk the trial never wrote to
+    fill(small_disk)
+    trials = small_disk / "run" / "trials"
+    trials.mkdir(parents=True)
+    assert full_disk(trials / "00003") is None
+    (trials / "00003").mkdir()
+    assert full_disk(trials / "00003") == f"the disk under {trials / '00003'} is full (0.0 MiB free)"
