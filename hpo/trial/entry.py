@@ -229,8 +229,14 @@ def run_trial(
 
 def record_outcome(database: DatabaseReporter, workdir: Path, result: TrialResult) -> None:
     """Keep the outcome in `workdir` (hpo.trial.outcome), store the kept metric points and the result (waiting for
-    the database up to the bound), then drop the file. DatabaseUnavailableError leaves it for the controller."""
-    keep_outcome(workdir, database.trial_id, database.attempt, result, database.pending)
+    the database up to the bound), then drop the file. DatabaseUnavailableError leaves it for the controller. A disk
+    too full for the file (ENOSPC) does not hold the result back: it is stored without it (the file is for a database
+    that is away; a trial that trained to its end would otherwise be queued to train again)."""
+    try:
+        keep_outcome(workdir, database.trial_id, database.attempt, result, database.pending)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
     database.flush()
     database.storage.finish_trial(database.trial_id, result, attempt=database.attempt)
     forget_outcome(workdir)

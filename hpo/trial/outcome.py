@@ -16,19 +16,20 @@ trial (a directory is per trial number) is never stored. Only a controller that 
 A trial process that could not reach the database within the bound exits with `EXIT_DATABASE_UNREACHABLE`; without
 a kept outcome (it never got to train) the controller re-queues the trial rather than fail it: the database, not
 its configuration, is to blame. Likewise one whose disk filled up exits with `EXIT_DISK_FULL` and records nothing:
-the controller re-queues the trial and stops the experiment until there is space (`hpo.engine.study`).
+the controller re-queues the trial and stops the experiment until there is space (`hpo.engine.study`). A disk too
+full for the file alone does not hold an outcome back: it is stored without the file (`hpo.trial.entry`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
 from hpo.errors import DatabaseUnavailableError, StorageError
+from hpo.files import write_whole
 from hpo.storage.base import MetricPoint, Storage
 from hpo.trials import TrialResult, TrialState
 
@@ -48,9 +49,7 @@ def keep_outcome(workdir: Path, trial_id: int, attempt: int, result: TrialResult
         "points": [[p.step, p.samples, dict(p.values), p.at.isoformat() if p.at else None] for p in points],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{OUTCOME_FILE}.{os.getpid()}")
-    partial.write_text(json.dumps(data, default=float))
-    partial.replace(path)  # whole or not at all
+    write_whole(path, json.dumps(data, default=float))  # nothing half-written is left, on a full disk either
     return path
 
 

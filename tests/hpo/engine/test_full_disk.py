@@ -1,4 +1,5 @@
-"""A full disk under the run directory, for real: a small tmpfs mounted for the test and filled up.
+"""A full disk under the run directory, for real: a small tmpfs mounted for the test and filled up (the controller's
+files, a trial's directory, a trial's kept outcome).
 
 Mounting needs root (CI's machines run the tests as root); elsewhere these tests say why they cannot run. The
 trial-side case (a trial whose own files meet a full disk) runs everywhere, through /dev/full, in test_study.py.
@@ -18,8 +19,10 @@ import yaml
 from hpo.files import full_disk
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
+from hpo.trial.entry import DatabaseReporter, record_outcome
 from hpo.trials import TrialState
 from tests.hpo.engine.test_study import tiny_overrides
+from tests.hpo.trial.test_outcome import POINTS, RESULT, running_trial
 
 
 @pytest.fixture
@@ -96,3 +99,20 @@ def test_a_trial_directory_this_machine_does_not_have_is_not_taken_for_a_full_di
     assert full_disk(trials / "00003") is None
     (trials / "00003").mkdir()
     assert full_disk(trials / "00003") == f"the disk under {trials / '00003'} is full (0.0 MiB free)"
+
+
+def test_a_disk_too_full_for_the_kept_outcome_does_not_hold_the_result_back(tmp_path, small_disk):
+    # the outcome file is for a database that is away; a trial that had trained to its end when its disk filled up
+    # (its final checkpoint, say) failed to write it, recorded nothing and was queued again to train it all over,
+    # while the database could take its result
+    storage, trial_id = running_trial(tmp_path)
+    workdir = small_disk / "trial"
+    workdir.mkdir()
+    fill(small_disk)
+    database = DatabaseReporter(storage, trial_id, 0)
+    database.pending = POINTS[:1]  # kept while the database was away
+    record_outcome(database, workdir, RESULT)
+    trial = storage.get_trial(trial_id)
+    assert (trial.state, trial.objective, trial.samples_to_target) == (TrialState.COMPLETED, 96.0, 96)
+    assert [(m.step, m.value) for m in storage.get_metrics(trial_id)] == [(2, 4.5)]
+    assert list(workdir.iterdir()) == []  # nothing half-written left on the full disk
