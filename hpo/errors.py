@@ -58,4 +58,5 @@ class ResourceError(HpoError):
 
 
 class DiskFullError(HpoError):
-    """A trial's disk is full: its attempt records nothing (the configuration is not to blame) and is queued again."""
+    """A disk is full: under a trial's files (its attempt records nothing, the configuration is not to blame, and is
+    queued again) or the controller's (the experiment is left stopped for `hpo resume`)."""
