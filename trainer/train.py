@@ -307,7 +307,7 @@ def resumed_batch(cfg: TrainerConfig, path: Path, state: TrainState, saved_world
         )
     before = _yaml_text((saved_config(path).get("batch") or {}).get("global_batch_size"))
     raise ConfigError(
-        f"checkpoint.dir: {path} was saved on {ranks} {done * saved * micro:,} samples into epoch {state.epoch}, "
+        f"checkpoint.dir: {path} was saved on {ranks}, {done * saved * micro:,} samples into epoch {state.epoch}, "
         f"which is not a whole number of this run's rounds of a micro-batch a rank ({micro} x {world_size} ranks = "
         f"{world_size * micro} sequences; batch.global_batch_size {before} there, {cfg.batch.global_batch_size} here): "
         f"{on_saved}, or {afresh}"

@@ -243,7 +243,7 @@ def test_resuming_with_other_length_bins_is_refused_where_the_method_bins_by_len
          "on each rank) would train some of its sequences again and others never; resume on 1 rank (torchrun "
          "--nproc-per-node 1, or one process), or start afresh"),
         ({"batch.global_batch_size": 4, "budget.max_samples": 12}, {"batch.global_batch_size": 8},
-         "was saved on 1 rank 12 samples into epoch 0, which is not a whole number of this run's rounds of a "
+         "was saved on 1 rank, 12 samples into epoch 0, which is not a whole number of this run's rounds of a "
          "micro-batch a rank (4 x 2 ranks = 8 sequences; batch.global_batch_size 4 there, 8 here): resume on 1 rank"),
     ],
     ids=["stratified", "none-other-global-batch"],
