@@ -22,6 +22,14 @@ def root_cause_code(error) -> int:
     return failure.exitcode if failure.exitcode > 0 else 1
 
 
+def root_cause_line(error) -> str:
+    """One line for the end of stderr, which the study loop quotes as the reason of a trial that recorded no result
+    (torchrun's summary ends with a rule): 'rank 1 failed first: killed by SIGKILL' or '...: exit code 7'."""
+    rank, failure = error.get_first_failure()
+    how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    return f"rank {rank} failed first: {how}"
+
+
 def main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -30,6 +38,7 @@ def main() -> int:
         torchrun()
     except ChildFailedError as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)  # what torchrun's traceback would have ended with
+        print(root_cause_line(e), file=sys.stderr)
         return root_cause_code(e)
     return 0
 
