@@ -579,9 +579,9 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
                       "on the simulated runner under these assumptions:"]  # fmt: skip
         lines[2:2] = [f"    assumption: {a}" for a in plan.assumptions]
     elif plan.moved:
-        over = _over(plan, sources)
+        over, verb = _over(plan, sources), "cover" if sources or plan.options.table else "covers"
         lines.insert(1, f"  {plan.source} is a real experiment ({plan.moved}): planned on the simulated runner over "
-                        f"{over}, which cover(s) its space")  # fmt: skip
+                        f"{over}, which {verb} its space")  # fmt: skip
     if plan.moved and plan.on_cpus:  # its slots are timed as GPUs: said beside the hours
         at = next(i for i, line in enumerate(lines) if line.startswith("  cluster: "))
         lines.insert(at + 1, "  resources.gpus is none (its trials train on CPUs): each slot is timed as GPUs "
