@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
                           args.samples_per_s, args.difference)  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="hpo-plan-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-") as scratch:
         return _plan(args, options, Path(scratch))
 
 

@@ -299,7 +299,7 @@ def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, j
     started = time.perf_counter()
     scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # SQLite's syncs cost nothing in memory
     repetitions: list[Repetition] = []
-    with tempfile.TemporaryDirectory(prefix="hpo-plan-", dir=scratch) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-", dir=scratch) as tmp:
         directory = Path(tmp)
         table = without_progress_series(plan.table, directory / "curves.jsonl")
         indices = range(plan.options.repetitions)

@@ -12,6 +12,7 @@ import gc
 import io
 import json
 import math
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -105,12 +106,13 @@ def planned(tmp_path_factory):
         before = files_of(db_file)
         env_db = directory / "env" / "hpo.db"
         patch.setenv("HPO_DATABASE_URL", f"sqlite:///{env_db}")
-        scratch = set(Path(tempfile.gettempdir()).glob("hpo-plan-*")) | set(Path("/dev/shm").glob("hpo-plan-*"))
+        mine = f"hpo-plan-{os.getpid()}-*"  # this process's scratch (a plan in another test worker has its own pid)
+        scratch = set(Path(tempfile.gettempdir()).glob(mine)) | set(Path("/dev/shm").glob(mine))
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(["--db", user, "plan", str(write(directory / "file.yaml", small_preset())), "--repetitions",
                          str(REPETITIONS)])  # fmt: skip
-        left = set(Path(tempfile.gettempdir()).glob("hpo-plan-*")) | set(Path("/dev/shm").glob("hpo-plan-*"))
+        left = set(Path(tempfile.gettempdir()).glob(mine)) | set(Path("/dev/shm").glob(mine))
         capture.update(code=code, out=out.getvalue(), err=err.getvalue(), before=before, after=files_of(db_file),
                        env_db=env_db, scratch_left=left - scratch)  # fmt: skip
     return {**capture, "independent": independent, "outcomes": outcomes, "user": user, "directory": directory}
