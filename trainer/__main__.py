@@ -10,12 +10,15 @@ checkpoint's) is said once, by rank 0 (`say_once`), as is a warning about the da
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 from trainer.config import dump_config, load_config, shipped_config_names
 from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, TrainerError
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # One process, in the main thread (where Python delivers signals). Under torchrun, torchrun ends the ranks: a
     # rank waiting in a collective on a dead peer would not run a Python handler until that wait ends.
     catch = threading.current_thread() is threading.main_thread() and dist_env_from_environ().world_size == 1
+    full = False  # the run stopped on a full disk
     previous = signal.signal(signal.SIGTERM, terminate) if catch else None
     try:
         with warnings.catch_warnings():
@@ -91,13 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         record_unended(cfg, reporter, reason, "interrupted")
         print(f"error: {reason}; {again}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            record_unended(cfg, reporter, crash_reason(e), "crash")
+            raise
+        full = True  # a file the run writes as it goes (log.jsonl, log.mlperf) on a full disk: no record can follow
+        print(f"error: {no_space_left(cfg, e)}", file=sys.stderr)
+        return TrainStatus.FAILED.exit_code
     except Exception as e:  # outside the loop (which records its own): a bug, a collective whose peer died
         record_unended(cfg, reporter, crash_reason(e), "crash")
         raise
     finally:
         if catch:
             signal.signal(signal.SIGTERM, previous)
-        reporter.close()
+        try:
+            reporter.close()
+        except OSError:  # what it could not write before: said above
+            if not full:
+                raise
         cleanup()
     if result.status is TrainStatus.FAILED and result.error == "data":  # files every rank reads alike
         return say_once(str(result.reason), result.status.exit_code)
@@ -148,6 +163,28 @@ class _RankEnded(Exception):
 
 def _rank_ended(signum, frame):
     raise _RankEnded
+
+
+def no_space_left(cfg, error: OSError) -> str:
+    """What to say about a write that found the disk full (ENOSPC) mid-run: the files the run writes as it goes and
+    the free space under each, what to do, and how to go on."""
+    paths = {key: path for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf),
+                                         ("checkpoint.dir", cfg.checkpoint.dir)) if path}  # fmt: skip
+    where = "; ".join(f"{key} {path}: {_free(path)}" for key, path in paths.items())
+    again = (f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
+             if cfg.checkpoint.dir else "then run it again")  # fmt: skip
+    said = f"{error.filename}: {error.strerror}" if error.filename else error.strerror or str(error)
+    return f"a file of the run could not be written: {said} ({where}); free space there, or choose other paths; {again}"
+
+
+def _free(path: str) -> str:
+    """'N MiB free' on the disk of `path` (or of the nearest folder above it that is there)."""
+    for folder in (Path(path), *Path(path).parents):
+        try:
+            return f"{shutil.disk_usage(folder).free / 2**20:,.1f} MiB free"
+        except OSError:
+            continue
+    return "free space unknown"
 
 
 def record_unended(cfg, reporter, reason: str, error: str) -> None:

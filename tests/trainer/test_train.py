@@ -394,6 +394,18 @@ def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
     assert final["kind"] == "final" and final["status"] == "budget_exhausted"
 
 
+def test_a_report_file_on_a_full_disk_ends_the_run_with_one_line_naming_it(tmp_path):
+    # /dev/full answers every write with ENOSPC ("No space left on device"), as a disk that filled up mid-run does
+    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16, "log.jsonl": "/dev/full"})
+    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: a file of the run could not be written: No space left on device (log.jsonl "
+                           "/dev/full: "), last  # fmt: skip
+    assert last.endswith("free space there, or choose other paths; then run it again"), last
+
+
 def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"model.attention": "varlen"})
     done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
