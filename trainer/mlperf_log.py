@@ -182,6 +182,14 @@ class MLPerfLog:
             self._logger, self._mllog = None, None
 
 
+class _FileHandler(logging.FileHandler):
+    """A log file whose failed write (a full disk) stops the run, as the report's does: logging's own handler prints
+    the error and goes on, leaving a log with events missing that would pass for the run's."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        raise  # the write's own error, being handled in `emit`
+
+
 def open_log(cfg: TrainerConfig, env: DistEnv, device: torch.device) -> MLPerfLog:
     """The run's MLPerf log, started (step 1): writing to `log.mlperf` on rank 0, doing nothing elsewhere."""
     if cfg.log.mlperf is None or not env.is_main:
@@ -189,7 +197,7 @@ def open_log(cfg: TrainerConfig, env: DistEnv, device: torch.device) -> MLPerfLo
     path = Path(cfg.log.mlperf)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        handler = _FileHandler(path, mode="w", encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"log.mlperf: cannot write the MLPerf log {str(path)!r}: {e}") from None
     # A logger of its own, outside logging's registry: nothing reaches stdout (the reports) or other handlers.
