@@ -75,6 +75,7 @@ from hpo.nni.jobs import (
     INTERRUPTED,
     NNI_ERROR,
     NO_TUNER,
+    STOPPED_FOR_DISK,
     charged,
     finished_history,
     import_history,
@@ -320,6 +321,9 @@ def _ended(spec, storage, experiment_id: int, plan: ArmPlan, jobs: list, ending:
         print(f"error: {spec.name}{' ' + plan.label if plan.label else ''}: the NNI experiment {ending}",
               file=sys.stderr, flush=True)  # fmt: skip
         return "failed"
+    if ending.startswith(STOPPED_FOR_DISK):  # the trial is not charged: a resume runs another in its place
+        print(f"stopped: {ending.removeprefix(STOPPED_FOR_DISK)}. Free space on that disk, then `hpo resume "
+              f"{spec.name}` runs the trials left", file=sys.stderr, flush=True)  # fmt: skip
     return "stopped"
 
 

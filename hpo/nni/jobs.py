@@ -39,6 +39,8 @@ from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
 
 INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (never charged to its arm)
+DISK_FULL = INTERRUPTED + "its disk is full: "  # a trial that could not write for a full disk (`hpo.nni.trial`)
+STOPPED_FOR_DISK = "stopped for a full disk: "  # how `watch` says an arm's NNI experiment ended for one
 NNI_ERROR = "ended by an NNI error: "  # how `watch` says NNI ended an experiment itself
 FAILED_START = "failed-start"  # <run dir>/nni/failed-start/<NNI id>: files of an NNI experiment that ran no trial
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
@@ -204,6 +206,8 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
         status = rest(experiment.port, "check-status")
         jobs = rest(experiment.port, "trial-jobs")
         done = reconcile(spec, storage, experiment_id, plan, experiment, jobs)
+        if full := _full_disk_trial(storage, experiment_id):  # the next trials would meet the same disk
+            return STOPPED_FOR_DISK + full
         note = f"{what}: {done}/{plan.quota} done, NNI {status['status'].lower()}"
         if tick is not None:
             tick(note)
@@ -223,6 +227,15 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
         time.sleep(POLL_S)
 
 
+def _full_disk_trial(storage, experiment_id: int) -> str | None:
+    """'trial N could not write its files: the disk under ... is full (...)' for a trial of the experiment that
+    stopped for a full disk (recorded interrupted with `DISK_FULL`), else None."""
+    for row in storage.list_trials(experiment_id, state=TrialState.INTERRUPTED):
+        if (row.reason or "").startswith(DISK_FULL):
+            return f"trial {row.number} could not write its files: {row.reason.removeprefix(DISK_FULL)}"
+    return None
+
+
 def reconcile(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, jobs: list) -> int:
     """Record NNI trials that ended without recording themselves (one that never recorded a row gets it from
     `_adopt`); returns how many of the NNI experiment's trials ended."""
@@ -233,8 +246,8 @@ def reconcile(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniE
             continue
         ended += 1
         record = by_worker.get(WORKER_PREFIX + job["trialJobId"])
-        if record is not None and record.state.finished:
-            continue
+        if record is not None and (record.state.finished or record.state is TrialState.INTERRUPTED):
+            continue  # it recorded itself (interrupted: a stop, a full disk)
         result = TrialResult(*_ending(spec, job, record is not None))
         trial_id = record.id if record else _adopt(storage, experiment_id, plan, job, experiment.confirmation)
         if trial_id is not None:

@@ -26,21 +26,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from hpo.errors import HpoError
+from hpo.errors import DiskFullError, HpoError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
+from hpo.files import full_disk
 from hpo.nni.config import database_url_file, split_confirmation
 from hpo.nni.confirm import queued_confirmation
-from hpo.nni.jobs import WORKER_PREFIX
+from hpo.nni.jobs import DISK_FULL, WORKER_PREFIX
 from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
 from hpo.storage.retry import outage_bound
 from hpo.trial.entry import WORKER_ENV, run_trial
+from hpo.trial.outcome import EXIT_DISK_FULL
 from hpo.trials import TrialSpec
 from search_spaces.nni import from_nni_params
 
@@ -83,7 +86,17 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
         number = storage.get_trial(trial_id).number
         os.environ[WORKER_ENV] = worker
         workdir = Path(run_dir) / "trials" / f"{number:05d}"
-        result = run_trial(storage, trial_id, attempt, workdir, [NniReporter(number)])
+        try:
+            result = run_trial(storage, trial_id, attempt, workdir, [NniReporter(number)])
+        except (DiskFullError, OSError) as e:  # not the configuration's failure: not charged, the engine stops
+            if isinstance(e, OSError) and e.errno != errno.ENOSPC:
+                raise
+            full = full_disk(workdir) or str(e)
+            with contextlib.suppress(HpoError):  # a stop closed its record meanwhile
+                storage.interrupt_trial(trial_id, DISK_FULL + full, attempt=attempt)
+            with contextlib.suppress(OSError):  # its log may be on that disk
+                print(f"error: trial {number}: {e}", file=sys.stderr)
+            return EXIT_DISK_FULL
     feedback = tuner_feedback(spec, result.state, result.objective, result.metrics)
     if feedback is None or feedback is NOT_TOLD:
         print(f"trial {number}: {result.state.value} ({result.reason})", file=sys.stderr)
