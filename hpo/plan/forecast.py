@@ -516,7 +516,9 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
             "samples_per_s": simulation.samples_per_s or simulation.gpu_samples_per_s,
             "sample_scale": simulation.sample_scale,
         },  # fmt: skip
-        "table": str(plan.table),
+        # a combination of the shipped tables is a temporary file, gone after the plan: the table of each batch size
+        "table": None if (combined := load_table(plan.table).meta.get("combined")) else str(plan.table),
+        "tables_by_batch": {b: str(TABLES / name) for b, name in combined.items()} if combined else None,
         "trials": spec.budget.trials,
         "tuner": spec.tuner.name,
         "confirm_seeds": spec.budget.confirm_seeds,

@@ -89,7 +89,10 @@ class PlanPublic(BaseModel):
     moved: str | None = Field(description="A real experiment's runner and engine, planned on the simulated runner.")
     repetitions: int
     cluster: dict[str, Any] = Field(description="slots, gpus_per_slot, gpu, samples_per_s, sample_scale.")
-    table: str = Field(description="The learning-curve table the simulated trials read.")
+    table: str | None = Field(description="The learning-curve table the simulated trials read; null where each batch "
+                              "size is read from another shipped table (`tables_by_batch`).")  # fmt: skip
+    tables_by_batch: dict[str, str] | None = Field(description="The shipped table each global batch size is read "
+                                                   "from, where no one table has all to their budgets.")  # fmt: skip
     trials: int
     tuner: str
     confirm_seeds: int | str

@@ -111,6 +111,20 @@ def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(plan
     assert {k: named.json()[k] for k in FIGURES} == {k: pathed.json()[k] for k in FIGURES}
 
 
+def test_a_posted_file_read_from_two_shipped_tables_names_each_batch_sizes_table(planned):
+    """batch_scaling_demo_cpu trains batch 32 and 128 to budgets no one shipped table has both to: each batch size is
+    read from the table that has it, and the answer names those tables (the combination is a temporary file)."""
+    _, _, server = planned
+    data = yaml.safe_load(preset_path("batch_scaling_demo_cpu").read_text())
+    data["base_config"] = "demo_cpu"  # the shipped config, by name (a relative path is the server's)
+    with server.client() as api:
+        answer = api.post("/plan", content=yaml.safe_dump(data), headers=AUTH | YAML, params={"repetitions": 1})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["table"] is None
+    assert answer.json()["tables_by_batch"] == {"32": str(TABLES / "curves.jsonl"),
+                                                "128": str(TABLES / "large_batch.jsonl")}  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["../../victim", "/abs/victim", "a/b", "n" * 300])
 def test_a_posted_name_that_is_not_a_slug_is_a_422_and_writes_no_file_outside_the_plans_folder(planned, tmp_path,
                                                                                                  name):  # fmt: skip

@@ -71,6 +71,14 @@ def test_the_plan_of_the_demo_batch_preset_says_where_each_batch_size_is_read_fr
     assert "planned on the simulated runner over the shipped learning-curve tables, each batch size from one" in out
 
 
+def test_the_json_plan_names_the_shipped_table_of_each_batch_size_not_the_temporary_combination(capsys):
+    assert main(["plan", str(PRESET), "--repetitions", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["table"] is None  # the combination was a temporary file, gone with the plan
+    assert data["tables_by_batch"] == {"32": str(TABLES / "curves.jsonl"), "128": str(TABLES / "large_batch.jsonl")}
+    assert all(Path(path).is_file() for path in data["tables_by_batch"].values())
+
+
 def test_a_budget_no_shipped_table_has_is_refused_naming_the_batch_size_the_budget_and_what_each_has(tmp_path, capsys):
     data = yaml.safe_load(PRESET.read_text())
     data["base_config"] = str((PRESET.parent / data["base_config"]).resolve())
