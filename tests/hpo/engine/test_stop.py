@@ -10,7 +10,6 @@ after its record's `finished_at`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from hpo.trial.entry import EXIT_NOT_CLAIMED
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.engine.test_study import make_spec, tiny_overrides
 from tests.polling import wait_for
+from tests.processes import alive, kill_all
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="Linux only: survivors in /proc")
 
@@ -59,14 +59,6 @@ def processes_naming(text: str) -> dict[int, str]:
         if text in cmdline and state != "Z":
             found[int(entry)] = cmdline
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def training_trial(storage: SqlStorage, experiment_id: int, run_dir: Path):
@@ -356,10 +348,7 @@ def test_end_trial_returns_once_every_process_it_found_is_gone_untagged_children
         assert [pid for pid in ranks if alive(pid)] == []
         assert launcher.wait(timeout=30) == -signal.SIGKILL
     finally:
-        for pid in [launcher.pid, *ranks]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        launcher.wait()
+        kill_all(launcher, ranks)
 
 
 def test_a_rank_dies_with_its_launcher_and_refuses_to_start_under_another_parent(tmp_path):

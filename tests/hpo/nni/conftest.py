@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpo.experiment import experiment_from_dict
+from hpo.storage import SqlStorage
 from tests.hpo.engine.test_study import tiny_overrides
 
 # clipping.max_norm exists only when clipping is on: a conditional space.
@@ -36,3 +37,13 @@ def make_nni_spec(tmp_path: Path, tuner: str, trials: int, parallel: int, **kwar
     """A validated engine: nni experiment (see `nni_experiment_data`)."""
     data = nni_experiment_data(tmp_path, tuner, trials, parallel, **kwargs)
     return experiment_from_dict(data, f"{data['name']}.yaml", base_dir=tmp_path)
+
+
+def store_experiment(tmp_path: Path, spec) -> tuple[str, SqlStorage, int, Path]:
+    """(database URL, storage, experiment id, run directory) of `spec` stored in tmp_path/hpo.db, nothing run yet."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    run_dir = tmp_path / "run"
+    experiment_id = storage.create_experiment(spec.name, {"experiment": spec.self_contained(),
+                                                          "run_dir": str(run_dir)}, spec.direction)  # fmt: skip
+    return url, storage, experiment_id, run_dir

@@ -29,7 +29,7 @@ from hpo.nni.config import CONFIRMATION_SEED
 from hpo.nni.engine import run_nni
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
-from tests.hpo.nni.conftest import nni_experiment_data
+from tests.hpo.nni.conftest import nni_experiment_data, store_experiment
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]
 ARM_SPACE = {
@@ -93,11 +93,7 @@ def test_a_stop_interrupts_confirmation_runs_and_the_resume_reruns_only_those(tm
     data["overrides"].update({"budget.max_samples": 800, "eval.every_samples": 200})  # 100 steps: caught training
     data["budget"]["confirm_seeds"] = 3
     spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
-    url = f"sqlite:///{tmp_path / 'hpo.db'}"
-    storage = SqlStorage(url, upgrade=True)
-    run_dir = tmp_path / "run"
-    eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": str(run_dir)},
-                                    spec.direction)  # fmt: skip
+    url, storage, eid, run_dir = store_experiment(tmp_path, spec)
 
     def confirmations() -> list:
         return [t for t in storage.list_trials(eid) if t.kind is TrialKind.CONFIRMATION]

@@ -18,9 +18,8 @@ import yaml
 
 from hpo.nni.engine import run_nni
 from hpo.nni.manager import NniEngineError, load_experiments, rest, stop_all, view
-from hpo.storage import SqlStorage
 from hpo.trials import TrialState
-from tests.hpo.nni.conftest import make_nni_spec
+from tests.hpo.nni.conftest import make_nni_spec, store_experiment
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]  # each runs 6 trainer trials under a real NNI manager
 PORT = 18300
@@ -44,11 +43,7 @@ class UiProbe:
 
 
 def run_experiment(tmp_path: Path, spec, command_prefix: str = ""):
-    url = f"sqlite:///{tmp_path / 'hpo.db'}"
-    storage = SqlStorage(url, upgrade=True)
-    run_dir = tmp_path / "run"
-    eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": str(run_dir)},
-                                    spec.direction)  # fmt: skip
+    url, storage, eid, run_dir = store_experiment(tmp_path, spec)
     probe = UiProbe(run_dir)
     ending = run_nni(spec, storage, eid, run_dir, url, port=PORT, quiet=True, tick=probe,
                      command_prefix=command_prefix)  # fmt: skip
@@ -136,11 +131,7 @@ def test_tpe_conditional_space_at_concurrency_4_with_a_trial_dying_before_it_ask
 
 def test_a_stop_request_stops_nni_and_records_what_ran(tmp_path):
     spec = make_nni_spec(tmp_path, "nni_random", trials=4, parallel=2)
-    url = f"sqlite:///{tmp_path / 'hpo.db'}"
-    storage = SqlStorage(url, upgrade=True)
-    run_dir = tmp_path / "run"
-    eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": str(run_dir)},
-                                    spec.direction)  # fmt: skip
+    url, storage, eid, run_dir = store_experiment(tmp_path, spec)
     started: list[str] = []
 
     def stop_once_trials_run(note: str) -> None:  # what `POST /experiments/NAME/stop` does

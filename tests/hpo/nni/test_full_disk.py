@@ -9,9 +9,8 @@ import pytest
 
 from hpo.nni.engine import run_nni
 from hpo.nni.jobs import DISK_FULL
-from hpo.storage import SqlStorage
 from hpo.trials import TrialState
-from tests.hpo.nni.conftest import make_nni_spec
+from tests.hpo.nni.conftest import make_nni_spec, store_experiment
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]  # a real NNI manager, started twice, and three trainer trials
 PORT = 18360
@@ -19,11 +18,7 @@ PORT = 18360
 
 def test_a_trial_on_a_full_disk_stops_the_nni_experiment_and_a_resume_runs_another_in_its_place(tmp_path, capsys):
     spec = make_nni_spec(tmp_path, "nni_random", trials=2, parallel=1)
-    url = f"sqlite:///{tmp_path / 'hpo.db'}"
-    storage = SqlStorage(url, upgrade=True)
-    run_dir = tmp_path / "run"
-    eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": str(run_dir)},
-                                    spec.direction)  # fmt: skip
+    url, storage, eid, run_dir = store_experiment(tmp_path, spec)
     report = run_dir / "trials" / "00000" / "report.jsonl"
     report.parent.mkdir(parents=True)
     report.symlink_to("/dev/full")

@@ -18,9 +18,8 @@ from hpo.nni.config import RESTART_SEED_STEP
 from hpo.nni.engine import run_nni
 from hpo.nni.jobs import REPLACED
 from hpo.nni.manager import load_experiments, rest
-from hpo.storage import SqlStorage
 from hpo.trials import TrialState
-from tests.hpo.nni.conftest import make_nni_spec
+from tests.hpo.nni.conftest import make_nni_spec, store_experiment
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]
 PORT = 18800
@@ -37,11 +36,7 @@ def imported(run_dir, nni_id: str) -> list[dict]:
 
 def test_resume_imports_finished_trials_reruns_interrupted_ones_and_repeats_no_configuration(tmp_path):
     spec = make_nni_spec(tmp_path, "nni_tpe", trials=TRIALS, parallel=4)
-    url = f"sqlite:///{tmp_path / 'hpo.db'}"
-    storage = SqlStorage(url, upgrade=True)
-    run_dir = tmp_path / "run"
-    eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": str(run_dir)},
-                                    spec.direction)  # fmt: skip
+    url, storage, eid, run_dir = store_experiment(tmp_path, spec)
 
     def stop_midway(note: str) -> None:  # some trials finished, others still running
         jobs = rest(load_experiments(run_dir)[0].port, "trial-jobs")

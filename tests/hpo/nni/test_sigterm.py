@@ -17,6 +17,7 @@ from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
 from tests.hpo.nni.conftest import nni_experiment_data
+from tests.processes import alive
 
 pytestmark = [pytest.mark.nni, pytest.mark.slow]
 
@@ -46,14 +47,6 @@ def _cmdline(pid: int) -> str:
         return (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(errors="replace")
     except OSError:
         return ""
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie (an exited child waiting for its parent counts as gone)."""
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
 
 
 def test_sigterm_stops_the_nni_manager_its_tuner_and_its_trials(tmp_path):

@@ -25,6 +25,7 @@ import pytest
 from hpo.nni.jobs import interrupt_leftovers
 from hpo.storage import SqlStorage
 from hpo.trials import TrialSpec, TrialState
+from tests.processes import alive, kill_all
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -49,14 +50,6 @@ for job in ("aaaaa", "bbbbb"):  # as NNI's trial keeper spawns a trial command: 
     subprocess.Popen(["/bin/bash", "-c", command], env={**os.environ, "NNI_TRIAL_JOB_ID": job})
 time.sleep(300)
 """
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie (an exited process not yet reaped counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
@@ -150,7 +143,4 @@ def test_ending_a_trial_returns_once_every_process_it_found_is_gone_its_untagged
         assert set(found) >= {launcher.pid, *ranks}
         assert launcher.wait(timeout=30) == -signal.SIGKILL
     finally:
-        for pid in [launcher.pid, *ranks]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        launcher.wait()
+        kill_all(launcher, ranks)

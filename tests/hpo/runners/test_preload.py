@@ -17,6 +17,7 @@ import pytest
 
 from hpo.runners.preload import ForkedProcess, Launcher
 from hpo.runners.process import TrialProcess, wait_any
+from tests.processes import alive
 
 # Prints what a trial could tell apart between being exec'd and forked, then ends as argv[1] says.
 PROBE = """
@@ -216,12 +217,3 @@ def test_a_runner_killed_takes_its_launcher_and_the_trials_that_die_with_it(tmp_
         if trial is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(trial), signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
