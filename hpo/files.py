@@ -9,17 +9,9 @@ import os
 import shutil
 from pathlib import Path
 
+from trainer.disk import free_bytes
+
 FULL_BELOW_BYTES = 16 << 20  # a disk with less free than this cannot take a trial's logs: it is full
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free bytes on the disk that holds `path` (or the nearest folder above it that is there); None if unknown."""
-    for folder in (path, *path.parents):
-        try:
-            return shutil.disk_usage(folder).free
-        except OSError:
-            continue
-    return None
 
 
 def full_disk(path: Path) -> str | None:

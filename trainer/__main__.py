@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 from trainer.config import dump_config, load_config, shipped_config_names
+from trainer.disk import free_text
 from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, TrainerError
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
@@ -170,21 +169,11 @@ def no_space_left(cfg, error: OSError) -> str:
     the free space under each, what to do, and how to go on."""
     paths = {key: path for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf),
                                          ("checkpoint.dir", cfg.checkpoint.dir)) if path}  # fmt: skip
-    where = "; ".join(f"{key} {path}: {_free(path)}" for key, path in paths.items())
+    where = "; ".join(f"{key} {path}: {free_text(path)}" for key, path in paths.items())
     again = (f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
              if cfg.checkpoint.dir else "then run it again")  # fmt: skip
     said = f"{error.filename}: {error.strerror}" if error.filename else error.strerror or str(error)
     return f"a file of the run could not be written: {said} ({where}); free space there, or choose other paths; {again}"
-
-
-def _free(path: str) -> str:
-    """'N MiB free' on the disk of `path` (or of the nearest folder above it that is there)."""
-    for folder in (Path(path), *Path(path).parents):
-        try:
-            return f"{shutil.disk_usage(folder).free / 2**20:,.1f} MiB free"
-        except OSError:
-            continue
-    return "free space unknown"
 
 
 def record_unended(cfg, reporter, reason: str, error: str) -> None:

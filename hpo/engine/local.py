@@ -21,7 +21,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import NoReturn
 
 import yaml
 
@@ -166,8 +165,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     except BaseException as e:
         heartbeat.stop()
         runner.close()
-        if full := no_space(e):  # the tuner's files (e.g. SMAC3's scenario) on a full disk
-            _stopped_for_disk(storage, experiment_id, spec.name, full_disk(run_dir) or full)
+        _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)  # the tuner's files (SMAC3's scenario)
         raise
     heartbeat.note = lambda: study.note
     bound = outage_bound(spec.database.outage_s)
@@ -189,8 +187,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
                 study.stop(STOP_REASONS[signal.SIGINT])
                 status = ExperimentStatus.STOPPED
             except OSError as e:  # a tuner that cannot write its files (its trials were ended: Study.run)
-                if full := no_space(e):
-                    _stopped_for_disk(storage, experiment_id, spec.name, full_disk(run_dir) or full)
+                _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)
                 raise
         try:
             if not heartbeat.lost:  # else the experiment is the other controller's now
@@ -223,12 +220,15 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     return 0 if status is ExperimentStatus.FINISHED else 1
 
 
-def _stopped_for_disk(storage: Storage, experiment_id: int, name: str, full: str) -> NoReturn:
-    """The controller's own write failed on a full disk: the experiment is left stopped, for `hpo resume`."""
+def _stop_if_disk_full(error: BaseException, storage: Storage, experiment_id: int, name: str, run_dir: Path) -> None:
+    """Where the controller's own write failed on a full disk (`error`), the experiment is left stopped, for `hpo
+    resume`, and DiskFullError says so; any other error is left to the caller."""
+    if (full := no_space(error)) is None:
+        return
     with contextlib.suppress(StorageError):
         storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
-    raise DiskFullError(f"the controller could not write its files: {full}. Free space on that disk, then "
-                        f"`hpo resume {name}` runs the experiment")  # fmt: skip
+    raise DiskFullError(f"the controller could not write its files: {full_disk(run_dir) or full}. Free space on that "
+                        f"disk, then `hpo resume {name}` runs the experiment")  # fmt: skip
 
 
 STOP_REASONS = {
