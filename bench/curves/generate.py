@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.simulation.table import TABLES
+from trainer import CURVES_REVISION
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = TABLES / "curves.jsonl"
@@ -151,12 +152,13 @@ def meta(fingerprint: str, seeds_table: bool = False, large_batch: bool = False)
     if large_batch:
         plans = json.loads(json.dumps({str(b): plan for b, plan in LARGE_BATCHES.items()}))  # as the file reads
         return {"kind": "meta", "format": 1, "base_config": BASE_CONFIG, "fixed": LARGE_FIXED,
-                "grid": {"batches": plans, "seed": list(SEEDS)}, "data_sha256": fingerprint}  # fmt: skip
+                "grid": {"batches": plans, "seed": list(SEEDS)}, "data_sha256": fingerprint,
+                "trainer_revision": CURVES_REVISION}  # fmt: skip
     if seeds_table:
         grid_record: dict[str, Any] = {"points": list(BEST_POINTS), "seed": list(POWER_SEEDS),
                                        "micro_batch_size": {"32": BATCHES[32]}}  # fmt: skip
         return {"kind": "meta", "format": 1, "base_config": BASE_CONFIG, "fixed": FIXED, "grid": grid_record,
-                "data_sha256": fingerprint}  # fmt: skip
+                "data_sha256": fingerprint, "trainer_revision": CURVES_REVISION}  # fmt: skip
     return {
         "kind": "meta",
         "format": 1,
@@ -171,6 +173,7 @@ def meta(fingerprint: str, seeds_table: bool = False, large_batch: bool = False)
             "seed": list(SEEDS),
         },
         "data_sha256": fingerprint,
+        "trainer_revision": CURVES_REVISION,
     }
 
 
@@ -255,7 +258,8 @@ def load(table: Path, expected: dict[str, Any]) -> set[tuple]:
     if found != expected:
         changed = sorted(k for k in expected.keys() | found.keys() if found.get(k) != expected.get(k))
         raise SystemExit(
-            f"error: {table} was made for another grid or other data (differs in: {', '.join(changed)}); "
+            f"error: {table} was made for another grid, other data or by another revision of the trainer (differs "
+            f"in: {', '.join(changed)}; a table without trainer_revision was made by revision 1); "
             "move it away to start a new table"
         )
     return {key(json.loads(line)) for line in lines[1:] if line.strip()}

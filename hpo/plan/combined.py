@@ -94,6 +94,7 @@ def _setup(table: CurveTable) -> dict[str, Any]:
         "data_sha256": meta.get("data_sha256"),
         "fixed settings": {k: v for k, v in meta.get("fixed", {}).items() if k not in RUN_LENGTH},
         "seeds": table.grid_seeds(),
+        "trainer revision": table.meta.get("trainer_revision", 1),  # trainer.CURVES_REVISION of the runs
     }
 
 
@@ -120,6 +121,7 @@ def _write(sources: dict[int, CurveTable], setup: dict[str, Any]) -> Path:
         "fixed": setup["fixed settings"],
         "grid": {"batches": {str(b): _plan(t, b) for b, t in sources.items()}, "seed": setup["seeds"]},
         "data_sha256": setup["data_sha256"],
+        "trainer_revision": setup["trainer revision"],
         "combined": {str(b): t.path.name for b, t in sources.items()},
     }
     runs = [record for b, t in sources.items() for record in _records(t.path) if record["global_batch_size"] == b]

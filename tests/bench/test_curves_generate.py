@@ -52,8 +52,9 @@ def test_a_grid_grown_by_a_batch_size_keeps_its_runs(tmp_path):
         lambda m: m["grid"]["batches"]["512"].update(max_samples=1),  # another budget
         lambda m: m.update(data_sha256="0" * 64),  # other data
         lambda m: m["grid"]["batches"].update({"4096": {}}),  # the table has a batch size the grid dropped
+        lambda m: m.pop("trainer_revision"),  # made before the trainer's curves changed (revision 1)
     ],
-    ids=["rate dropped", "budget", "data", "batch dropped"],
+    ids=["rate dropped", "budget", "data", "batch dropped", "trainer revision"],
 )
 def test_any_other_change_of_the_grid_is_refused_and_the_table_is_untouched(tmp_path, change):
     expected = generate.meta("f" * 64, large_batch=True)
@@ -61,7 +62,10 @@ def test_any_other_change_of_the_grid_is_refused_and_the_table_is_untouched(tmp_
     change(older)
     path = _table(tmp_path, older, [{"kind": "run"}])
     before = path.read_bytes()
-    with pytest.raises(SystemExit, match=r"table.jsonl was made for another grid or other data \(differs in: "):
+    with pytest.raises(
+        SystemExit,
+        match=r"table.jsonl was made for another grid, other data or by another revision of the trainer \(differs in: ",
+    ):
         generate.load(path, expected)
     assert path.read_bytes() == before
 

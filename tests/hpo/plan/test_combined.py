@@ -108,3 +108,17 @@ def test_tables_of_another_set_up_are_not_combined(tmp_path):
         covering_table(spec, (TABLES / "curves.jsonl", other))
     with pytest.raises(HpoError, match="no shipped learning-curve table has batch.global_batch_size=128 to 49,152"):
         covering_table(spec, (TABLES / "curves.jsonl",))
+
+
+def test_tables_made_by_other_revisions_of_the_trainer_are_not_combined(tmp_path):
+    """A table made after a change to what the trainer trains (trainer.CURVES_REVISION) is not read as one with a
+    table of before it; a meta line without a revision is revision 1."""
+    spec = load_experiment(PRESET)
+    lines = (TABLES / "large_batch.jsonl").read_text().splitlines()
+    meta = json.loads(lines[0])
+    meta["trainer_revision"] = meta.get("trainer_revision", 1) + 1
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join([json.dumps(meta), *lines[1:]]) + "\n")
+    with pytest.raises(HpoError, match=r"curves\.jsonl and other\.jsonl, differ in trainer revision"):
+        covering_table(spec, (TABLES / "curves.jsonl", other))
+    assert covering_table(spec, (TABLES / "curves.jsonl", TABLES / "large_batch.jsonl")).exists()  # one revision
