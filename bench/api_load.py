@@ -65,6 +65,7 @@ import httpx
 from sqlalchemy import Engine, event, select
 from sqlalchemy.engine import make_url
 
+from bench import machine
 from bench.storage import INSERT_CHUNK, postgres_database, sqlite_database
 from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
@@ -460,9 +461,7 @@ def _summary_row(name: str, column: dict[str, list[float]]) -> str:
 
 
 def cpu_model() -> str:
-    with open("/proc/cpuinfo") as info:
-        models = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-    return f"{models[0] if models else 'unknown'}, {os.cpu_count()} cores"
+    return f"{machine.cpu_model()}, {os.cpu_count()} cores"
 
 
 # -- in-process profile ----------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
+
+from bench.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
@@ -128,13 +129,6 @@ def measure(url: str, name: str, reports: Path, warmup: int, repeats: int) -> li
         page = reports / f"{name}.html" if args[0] == "report" else None
         timings.append(Timing(label, runs, page.stat().st_size / 1e6 if page else None))
     return timings
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def goal(command: str, trials: int) -> float | None:

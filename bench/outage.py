@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy import create_engine, text
 
+from bench.machine import cpu_model
 from tests.pgcluster import PostgresCluster, why_no_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,13 +178,6 @@ def compare(clean_url: str, outage_url: str, result: Result) -> None:
             result.trials_lost += 1
         elif other[4] != row[4]:
             result.trials_with_other_metric_counts += 1
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def run(args: argparse.Namespace) -> Result:

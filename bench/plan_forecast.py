@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from bench.curves.generate import cpu_model
+from bench.machine import cpu_model
 from hpo.plan.forecast import PlanOptions, prepare_plan, run_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.curves.generate import cpu_model
+from bench.machine import cpu_model
 from hpo.cli.main import main as hpo_main
 from hpo.engine.local import experiment_verdict
 from hpo.evidence.confirmations import look, stored_curves

@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.curves.generate import cpu_model
+from bench.machine import cpu_model
 from bench.verdict_calibration import TABLE, WARMUPS, experiment, run_objective, run_quietly, truth
 from hpo.engine.local import experiment_verdict
 from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, decide, samples_between_evaluations, t_quantile

@@ -16,7 +16,8 @@ from bench.cost_at_scale.common import GPUS_PER_SLOT, OURS, SYNETUNE, TABLE, TUN
 from bench.cost_at_scale.controller_cpu import controller_cpu
 from bench.cost_at_scale.repetitions import _confirm, _repetition, read_rows, run_setup
 from bench.cost_at_scale.synetune_peer import synetune_available
-from bench.cost_at_scale.tables import cpu_model, print_cost_table, print_cpu_table, summary_rows
+from bench.cost_at_scale.tables import print_cost_table, print_cpu_table, summary_rows
+from bench.machine import cpu_model
 from hpo.plan.forecast import without_progress_series  # shared with `hpo plan`
 from hpo.simulation.table import load_table
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import platform
-from pathlib import Path
 from typing import Any
 
 from bench.cost_at_scale.common import TUNERS, median_interval
@@ -94,14 +91,6 @@ def print_cpu_table(rows: list[dict[str, Any]]) -> None:
         if not r.get("skipped") and (r["tuner_ms_per_decision_last_tenth"] or 0) >= 1:
             trend = ", ".join(f"{n:,}: {ms:,.0f}" for n, ms in r["trend_ms"])
             print(f"\n{r['tuner']}, {r['trials']:,} trials: tuner CPU ms per decision by trials asked: {trend}")
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -40,7 +40,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench.machine import cpu_model
 from hpo.simulation.table import TABLES
 from trainer import CURVES_REVISION
 
@@ -136,16 +136,6 @@ def data_fingerprint(data: Path = DATA) -> str:
     for path in sorted(p for p in data.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(data)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def meta(fingerprint: str, seeds_table: bool = False, large_batch: bool = False) -> dict[str, Any]:
