@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.storage = StorageHolder(settings.database_url)
+    app.state.storage = StorageHolder(settings.database_url, settings.api_database_timeout_s)
     app.state.specs = SpecCache()
     app.state.answers = AnswerCache()
     install_error_handlers(app)

@@ -5,6 +5,8 @@ HPO_API_HOST       the address to bind (default 127.0.0.1: only this machine can
 HPO_API_PORT       the port (default 8000)
 HPO_API_TOKEN      the bearer token actions (stop an experiment) require; unset: actions are refused (403)
 HPO_API_ACCESS_LOG one line per request on stdout (default 1; 0 turns it off, for a fifth more requests/s)
+HPO_API_DATABASE_TIMEOUT_S  how long a quick read (the best config, a trial page, /health) waits for a database
+                   server's answer before the request answers 503 (default 5; PostgreSQL: server/storage.py)
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
     api_token: SecretStr | None = Field(None, description="Bearer token for actions; None refuses every action.")
     api_access_log: bool = Field(True, description="Log one line per request (uvicorn's access log).")
+    api_database_timeout_s: float = Field(
+        5.0, ge=2, le=3600, description="Seconds a quick read waits for the database server's answer (PostgreSQL)."
+    )
 
     @field_validator("api_host")
     @classmethod

@@ -5,6 +5,11 @@ and a read endpoint never creates a database: a missing SQLite file is reported,
 its journal mode. A database that goes away later is waited for briefly (WAIT_S, counted from the start of the
 outage: hpo.storage.retry), then every request answers 503 at once until it is back; opening never waits, so a
 server started before its database answers 503 without delay.
+
+A database server that stops answering without closing its connections (its process stopped or hung) is not an
+outage the driver notices: each statement has a deadline instead (hpo/storage/deadline.py), `timeout_s` (the
+setting HPO_API_DATABASE_TIMEOUT_S) for the reads made on the event loop and `/health`, SLOW_READ_S for the others,
+each then a 503; after a missed deadline the event loop's reads answer 503 at once until the database answers again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from server.schemas import BestTrialPublic, TrialPublic
 from trainer.errors import ConfigError
 
 WAIT_S = 2.0  # how long requests wait for a database that went away (a restart's blip) before answering 503
+SLOW_READ_S = 120.0  # a statement of a read in the thread pool (a report of 100,000 trials reads for seconds)
 CONFIG_CACHE_SIZE = 1024
 TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB each)
 
@@ -30,8 +36,8 @@ TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB ea
 class StorageHolder:
     """Opens the storage on the first request that needs it (and again after a failed attempt)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        self.url, self.timeout_s = url, timeout_s
         self._storage: Storage | None = None
         self._lock = threading.Lock()
 
@@ -51,7 +57,7 @@ class StorageHolder:
             )
         # read_only: the file's journal mode is kept (setting WAL rewrites a file in another mode); a stop still
         # writes its row
-        storage = SqlStorage(self.url, read_only=True)
+        storage = SqlStorage(self.url, read_only=True, deadlines=(self.timeout_s, max(SLOW_READ_S, self.timeout_s)))
         storage.wait_for_outages(WAIT_S)
         return storage
 

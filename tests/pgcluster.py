@@ -9,6 +9,8 @@ are found on PATH, else under /usr/lib/postgresql/<version>/bin (the newest), el
         url = cluster.url                          # postgresql+psycopg://postgres@127.0.0.1:PORT/postgres
         cluster.stop()                             # pg_ctl stop -m immediate: as if the server died
         cluster.start()
+        cluster.freeze()                           # SIGSTOP: a server that stops answering, its port still open
+        cluster.thaw()
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -86,6 +89,28 @@ class PostgresCluster:
     def stop(self, mode: str = "immediate") -> None:
         """Stop the server (`immediate`: every connection dropped at once, no shutdown checkpoint, as a crash)."""
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "120", "stop")
+
+    def freeze(self) -> None:
+        """Stop the server's processes (SIGSTOP), not the server: its port still accepts connections and the kernel
+        acknowledges what is sent, but nothing answers, as a server hung on its disk or a paused machine."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let the frozen processes run again (SIGCONT)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (the backends, one per connection, and the background workers)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, IndexError):
+                parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] if entry.name.isdigit() else ""
+                if parent == str(postmaster):
+                    children.append(int(entry.name))
+        return [postmaster, *children]
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()

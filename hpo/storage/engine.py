@@ -22,6 +22,7 @@ steady use is not pinged (a ping is a round trip, as long as the API's hottest r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -44,6 +45,7 @@ from sqlalchemy.exc import (
 )
 
 from hpo.errors import BadDatabaseError, DatabaseUnavailableError, StorageError
+from hpo.storage.deadline import NoAnswer, StatementDeadline
 
 DATABASE_URL_ENV = "HPO_DATABASE_URL"
 HOME_ENV = "HPO_HOME"
@@ -74,21 +76,26 @@ def safe_url(url: str | URL) -> str:
         return "<unparsable database URL>"
 
 
-def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False, writes: bool = True) -> Engine:
+def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False, writes: bool = True,
+                          deadline: StatementDeadline | None = None) -> Engine:  # fmt: skip
     """An engine for `url` with the project's connection settings; a bad URL raises StorageError. `read_only`: for
     readers that must leave a SQLite file as they found it (no directory made, its journal mode kept); `one_shot`
     too, a command's reads over in moments: a SQLite file it may not write, closed by its last writer, is read as
     an immutable file (see `_sqlite_engine`). `writes=False` (with `read_only`): a command that only reads opens a
     SQLite file read-only, so that its last connection's close does not fold a log left by a writer that died into
-    the file."""
+    the file. `deadline`: on a database server, each statement, commit, ping and connection attempt fails after its
+    seconds (hpo/storage/deadline.py); ignored for SQLite."""
     try:
         parsed = make_url(url)
         if parsed.drivername == "postgres":  # Heroku's and libpq's spelling, which SQLAlchemy no longer takes
             parsed = parsed.set(drivername="postgresql+psycopg")
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed, read_only, one_shot=read_only and one_shot, writes=writes or not read_only)
-        engine = create_engine(parsed, json_serializer=dumps_json, connect_args=server_connect_args(parsed))
-        _ping_idle_connections(engine)
+        connect_args = server_connect_args(parsed, deadline.seconds if deadline else CONNECT_TIMEOUT_S)
+        engine = create_engine(parsed, json_serializer=dumps_json, connect_args=connect_args)
+        _ping_idle_connections(engine, deadline)
+        if deadline is not None:
+            deadline.install(engine)
         return engine
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StorageError(
@@ -97,24 +104,27 @@ def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = Fa
         ) from exc
 
 
-def server_connect_args(url: URL) -> dict[str, Any]:
+def server_connect_args(url: URL, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """Driver arguments for a database server (each unless the URL sets its own): on PostgreSQL a server that cannot
-    be reached fails after CONNECT_TIMEOUT_S instead of the operating system's minutes, and a connection whose
-    server stopped answering (the network between dropped it; TCP would retransmit for about 15 minutes) fails
-    after DEAD_CONNECTION_S: sent data unacknowledged that long, or an idle connection whose keepalive probes get
-    no answer. The API reads its hottest answers on its event loop, which such a connection would hold."""
+    be reached fails after `connect_timeout_s` (whole seconds, at least 2: psycopg's least) instead of the operating
+    system's minutes, and a connection whose server stopped answering (the network between dropped it; TCP would
+    retransmit for about 15 minutes) fails after DEAD_CONNECTION_S: sent data unacknowledged that long, or an idle
+    connection whose keepalive probes get no answer. The API reads its hottest answers on its event loop, which such
+    a connection would hold (a server process that stops while its machine answers: hpo/storage/deadline.py)."""
     if url.get_backend_name() != "postgresql":
         return {}
-    wanted = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": DEAD_CONNECTION_S // 2,
-              "keepalives_interval": DEAD_CONNECTION_S // 6, "keepalives_count": 3,
+    wanted = {"connect_timeout": max(2, math.ceil(connect_timeout_s)), "keepalives": 1,
+              "keepalives_idle": DEAD_CONNECTION_S // 2, "keepalives_interval": DEAD_CONNECTION_S // 6,
+              "keepalives_count": 3,
               "tcp_user_timeout": DEAD_CONNECTION_S * 1000}  # fmt: skip
     return {key: value for key, value in wanted.items() if key not in url.query}
 
 
-def _ping_idle_connections(engine: Engine) -> None:
+def _ping_idle_connections(engine: Engine, deadline: StatementDeadline | None = None) -> None:
     """SQLAlchemy's pre-ping (`pool_pre_ping`), for connections idle PING_AFTER_IDLE_S or more only: a dead one is
     replaced, as the pool retries a checkout that raises DisconnectionError (a replaced connection's `info` starts
-    empty, so it is not pinged again)."""
+    empty, so it is not pinged again). A ping past `deadline` fails the checkout instead: a server that does not
+    answer would not answer a new connection either, and trying one would wait out another deadline."""
 
     def checked_in(_dbapi_connection: Any, record: Any) -> None:
         record.info["idle_since"] = time.monotonic()
@@ -124,7 +134,10 @@ def _ping_idle_connections(engine: Engine) -> None:
         if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
             return  # new, or in steady use
         try:
-            engine.dialect.do_ping(dbapi_connection)  # the dialect's own ping (psycopg's keeps autocommit as it was)
+            with deadline.watch(dbapi_connection) if deadline else contextlib.nullcontext():
+                engine.dialect.do_ping(dbapi_connection)  # the dialect's own (psycopg's keeps autocommit as it was)
+        except NoAnswer as exc:  # the pool invalidates the connection
+            raise OperationalError("ping", None, exc, connection_invalidated=True) from exc
         except engine.dialect.loaded_dbapi.Error as exc:
             raise DisconnectionError(f"a pooled connection idle for a while no longer answers: {exc}") from exc
 

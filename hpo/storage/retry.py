@@ -170,7 +170,7 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
                 result = call()
         except DatabaseUnavailableError as exc:
             waited = outage.failed(started, wrote())
-            if bound_s <= 0 or not _may_wait():
+            if bound_s <= 0 or not may_wait():
                 raise
             if waited >= bound_s:
                 raise DatabaseUnavailableError(
@@ -187,15 +187,19 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
         return result
 
 
-def _may_wait() -> bool:
+def may_wait() -> bool:
     """Whether the current call may pause: not inside `without_waiting()`, not on a running event loop."""
-    if _no_wait.get():
-        return False
+    return not _no_wait.get() and not on_event_loop()
+
+
+def on_event_loop() -> bool:
+    """Whether this call runs on a running asyncio event loop (the API's fastest routes), where any wait stalls
+    every request the loop serves."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _pause(seconds: float, stop: Callable[[], str | None], sleep: Callable[[float], None],

@@ -42,7 +42,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hpo.errors import ControllerBusyError, NotFoundError, StorageError, TrialClosedError
+from hpo.errors import ControllerBusyError, DatabaseUnavailableError, NotFoundError, StorageError, TrialClosedError
 from hpo.storage.base import (
     Direction,
     ExperimentRecord,
@@ -51,6 +51,7 @@ from hpo.storage.base import (
     Storage,
     TrialRecord,
 )
+from hpo.storage.deadline import StatementDeadline
 from hpo.storage.engine import (
     WRITE_OPTION,
     create_storage_engine,
@@ -61,7 +62,7 @@ from hpo.storage.engine import (
 from hpo.storage.migrate import check_schema, upgrade_database
 from hpo.storage.models import METRIC_KEY, ExperimentModel, TrialMetricModel, TrialModel
 from hpo.storage.noise import late_noise_of
-from hpo.storage.retry import Outage, call_with_retry, replaying
+from hpo.storage.retry import Outage, call_with_retry, may_wait, replaying
 from hpo.storage.sql_reads import TrialReads
 from hpo.storage.statements import (
     _UNFINISHED,
@@ -95,7 +96,8 @@ class SqlStorage(TrialReads, Storage):
     """The storage on an SQL database reached through SQLAlchemy (see the module docstring)."""
 
     def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0,
-                 read_only: bool = False, one_shot: bool = False, writes: bool = True) -> None:  # fmt: skip
+                 read_only: bool = False, one_shot: bool = False, writes: bool = True,
+                 deadlines: tuple[float, float] | None = None) -> None:  # fmt: skip
         self.url = url or default_database_url()
         self._trial_clock: Callable[[], datetime] = _now
         self.outage_s = outage_s  # how long a call waits for a database that is away (hpo.storage.retry)
@@ -108,7 +110,11 @@ class SqlStorage(TrialReads, Storage):
             upgrade_database(self.url)
         # read_only: a SQLite file stays as it was; one_shot: a command's reads, over in moments (never a server's);
         # writes=False: a command that only reads (a SQLite file opened read-only)
-        self._engine = create_storage_engine(self.url, read_only, one_shot, writes)
+        # deadlines: on a database server, a statement with no answer for that long fails, the first for a call that
+        # may not wait (on an event loop, or in without_waiting()), the second for the others: the API's (see
+        # hpo/storage/deadline.py)
+        self._deadline = StatementDeadline(*deadlines, quick=lambda: not may_wait()) if deadlines else None
+        self._engine = create_storage_engine(self.url, read_only, one_shot, writes, self._deadline)
         # Both share the engine's connection pool. Writes take SQLite's write lock up front. Reads on PostgreSQL
         # skip BEGIN/COMMIT (two round trips): at READ COMMITTED every statement has its own snapshot anyway,
         # while SQLite's read transaction does give all statements of a method one snapshot, so it stays.
@@ -131,6 +137,8 @@ class SqlStorage(TrialReads, Storage):
         return f"SqlStorage({safe_url(self.url)!r})"
 
     def close(self) -> None:
+        if self._deadline is not None:
+            self._deadline.close()
         self._engine.dispose()
 
     def use_trial_clock(self, clock: Callable[[], datetime]) -> None:
@@ -176,6 +184,9 @@ class SqlStorage(TrialReads, Storage):
         Database errors leave as StorageError naming the database (password hidden); `write=True` takes
         SQLite's write lock when the block starts, waiting up to its busy timeout for it.
         """
+        held = self._deadline.held() if self._deadline is not None else None
+        if held:  # another try would hold its caller (the API's event loop) for the deadline again
+            raise DatabaseUnavailableError(f"cannot use the database {safe_url(self.url)}: {held}.")
         session = Session(self._write_engine if write else self._read_engine, expire_on_commit=False)
         if write:
             self._writes.count = self._write_count() + 1

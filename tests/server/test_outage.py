@@ -2,7 +2,8 @@
 the same answers as before once the database is back, without restarting the API.
 
 A cluster of the test's own (tests/pgcluster.py) holds the tiny experiment of the API tests, written by `hpo run`;
-`hpo serve` runs in a subprocess; the cluster is stopped with `pg_ctl stop -m immediate` and started again. The
+`hpo serve` runs in a subprocess; the cluster is stopped with `pg_ctl stop -m immediate` and started again, or its
+processes are stopped (SIGSTOP) and let run again, a server that stops answering without closing a connection. The
 client gives up on a request after 30 s, so a request that hangs fails the test with httpx's timeout.
 """
 
@@ -34,7 +35,10 @@ ROUNDS = 3  # every endpoint asked this many times while the database is away
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_the_api_answers_503_with_retry_after_while_postgres_is_away_and_200_after(tmp_path):
+@pytest.mark.parametrize("away_as", ["stopped", "frozen"])
+def test_the_api_answers_503_with_retry_after_while_postgres_is_away_and_200_after(tmp_path, away_as):
+    """`stopped`: the server shut down (pg_ctl stop -m immediate, then start). `frozen`: its processes stopped
+    (SIGSTOP, then SIGCONT), its port still open: nothing answers and no connection closes."""
     reason = why_no_cluster()
     if reason:
         pytest.skip(reason)
@@ -45,16 +49,16 @@ def test_the_api_answers_503_with_retry_after_while_postgres_is_away_and_200_aft
                                          str(tmp_path / "run"), "--quiet"]):  # fmt: skip
             result = hpo(*args, env=env)
             assert result.returncode == 0, result.stderr
-        server = start_server(url, tmp_path)
+        server = start_server(url, tmp_path, HPO_API_DATABASE_TIMEOUT_S="2")
         try:
             with server.client() as api:
                 before = {path: api.get(path) for path in READS}
                 assert {path: r.status_code for path, r in before.items()} == dict.fromkeys(READS, 200)
-                cluster.stop()
+                cluster.stop() if away_as == "stopped" else cluster.freeze()
                 away = [(path, api.get(path)) for _ in range(ROUNDS) for path in READS]
                 away.append(("stop", api.post(f"/experiments/{EXPERIMENT}/stop",
                                               headers={"Authorization": f"Bearer {TOKEN}"})))  # fmt: skip
-                cluster.start()
+                cluster.start() if away_as == "stopped" else cluster.thaw()
                 wait_for(lambda: api.get("/health").status_code == 200, timeout_s=60)
                 after = {path: api.get(path) for path in READS}
         finally:

@@ -1,0 +1,205 @@
+"""A deadline on each statement sent to a database server, for the API: a server that stops answering without closing
+its connections (its process stopped or hung while its machine still answers on the network, so that TCP's own
+timeouts never fire: the kernel acknowledges what is sent) fails a statement after its deadline instead of holding
+its caller until the server runs again. The API reads its hottest answers on its event loop, so one such statement
+would hold every request, `/health` too.
+
+Two deadlines: `seconds` for a call that may not wait (`quick()` true: on the API's event loop, where reads are
+primary-key lookups, and `/health`), `slow_seconds` for the others (a report's reads of 100,000 trials take
+seconds), which hold only their own thread of the API's pool. A connection attempt gives up after `seconds`
+(`connect_timeout`, set by the engine; psycopg's least is 2 s).
+
+A watchdog thread shuts down the socket of a connection whose statement, commit or ping has run past its deadline.
+The driver's wait then ends as on a lost connection: SQLAlchemy invalidates the connection and raises an
+OperationalError that says no answer came in time, which the storage reports as DatabaseUnavailableError (an API
+request answers 503 with Retry-After).
+
+After a missed deadline the server counts as not answering (`held()`) and the storage fails its calls at once (each
+would wait out a deadline again, on the event loop for the hottest reads), until a probe gets an answer: a thread
+of this module tries `SELECT 1` on a new connection every PROBE_INTERVAL_S, under the short deadline.
+
+Only for PostgreSQL: a SQLite file answers or reports itself locked (its busy timeout bounds the wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import OperationalError
+
+PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
+TICK_SHARE = 0.1  # the watchdog looks at the connections waiting every tenth of the shorter deadline
+
+
+class NoAnswer(Exception):
+    """The reason a statement failed: the server did not answer within its deadline."""
+
+
+class StatementDeadline:
+    """Shut down a connection that has waited its deadline for one answer (see the module docstring)."""
+
+    def __init__(self, seconds: float, slow_seconds: float, quick: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.seconds, self.slow_seconds, self.quick, self._clock = seconds, slow_seconds, quick, clock
+        self._tick = min(seconds, slow_seconds) * TICK_SHARE  # a missed deadline is cut at most this late
+        # id() of a driver connection waiting for an answer -> its deadline, its socket's file descriptor (read at
+        # the start: a connection whose socket was shut down may no longer say) and the deadline's seconds
+        self._waiting: dict[int, tuple[float, int, float]] = {}
+        self._cut: dict[int, float] = {}  # id() of connections cut, with their deadline's seconds, until their error
+        self._missed_at: float | None = None  # when a deadline was missed, None once an answer came since
+        self._changed = threading.Condition()
+        self._watchdog: threading.Thread | None = None
+        self._prober: threading.Thread | None = None
+        self._probing = threading.local()  # `active` in the prober's thread: its statements take the short deadline
+        self._engine: Engine | None = None
+        self._closed = False
+
+    def install(self, engine: Engine) -> None:
+        """Watch every statement, commit and pooled-connection ping of `engine` (a PostgreSQL engine)."""
+        self._engine = engine
+        event.listen(engine, "before_cursor_execute", lambda conn, *_: self._begin(conn))
+        event.listen(engine, "after_cursor_execute", lambda conn, *_: self._answered(conn))
+        event.listen(engine, "commit", self._begin)  # ends at the connection's check-in
+        event.listen(engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection))
+        event.listen(engine, "handle_error", self._failed, retval=True)
+
+    def close(self) -> None:
+        """Stop probing (the storage is closed)."""
+        with self._changed:
+            self._closed = True
+
+    @contextlib.contextmanager
+    def watch(self, dbapi_connection: Any) -> Iterator[None]:
+        """A call on `dbapi_connection` outside SQLAlchemy's statements (the pool's ping) under the deadline; a
+        missed one raises NoAnswer."""
+        seconds = self._start(dbapi_connection)
+        try:
+            yield
+        except Exception as exc:
+            if self._end(dbapi_connection) is not None:
+                raise NoAnswer(self.reason(seconds)) from exc
+            raise
+        else:
+            self._end(dbapi_connection)
+            self._heard()
+
+    def held(self) -> str | None:
+        """Why calls should not try the server now (it missed a deadline and no probe got an answer since), or
+        None."""
+        with self._changed:
+            missed = self._missed_at
+        if missed is None:
+            return None
+        return (f"the database server gave no answer in time {self._clock() - missed:.0f} s ago and has not answered "
+                "since (its process may be stopped or hung); it is tried again every "
+                f"{PROBE_INTERVAL_S:g} s")  # fmt: skip
+
+    @staticmethod
+    def reason(seconds: float) -> str:
+        return (f"the database server gave no answer within {seconds:g} s (its process may be stopped or hung, or its "
+                "disk not answering)")  # fmt: skip
+
+    # -- the events ---------------------------------------------------------------------------------------------
+
+    def _begin(self, conn: Any) -> None:
+        self._start(conn.connection.dbapi_connection)
+
+    def _answered(self, conn: Any) -> None:
+        self._end(conn.connection.dbapi_connection)
+        self._heard()
+
+    def _failed(self, context: Any) -> BaseException | None:
+        """A statement's error: OperationalError(NoAnswer) in its place when it was cut for its deadline."""
+        connection = context.connection
+        dbapi_connection = connection.connection.dbapi_connection if connection is not None else None
+        seconds = self._end(dbapi_connection) if dbapi_connection is not None else None
+        if seconds is None:
+            return None
+        context.is_disconnect = True  # the connection is gone: the pool replaces it
+        return OperationalError(context.statement, context.parameters, NoAnswer(self.reason(seconds)),
+                                connection_invalidated=True)  # fmt: skip
+
+    # -- the watchdog and the probe -------------------------------------------------------------------------------
+
+    def _start(self, dbapi_connection: Any) -> float:
+        """Watch `dbapi_connection` from now on; the seconds of its deadline."""
+        quick = getattr(self._probing, "active", False) or self.quick()
+        seconds = self.seconds if quick else self.slow_seconds
+        fd = _socket(dbapi_connection)
+        if fd is None:
+            return seconds
+        with self._changed:
+            self._waiting[id(dbapi_connection)] = (self._clock() + seconds, fd, seconds)
+            self._cut.pop(id(dbapi_connection), None)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, name="hpo-statement-deadline", daemon=True)
+                self._watchdog.start()
+        return seconds
+
+    def _end(self, dbapi_connection: Any) -> float | None:
+        """The wait of `dbapi_connection` is over: the seconds of its deadline when it was cut for it, else None."""
+        key = id(dbapi_connection)
+        with self._changed:
+            self._waiting.pop(key, None)
+            return self._cut.pop(key, None)
+
+    def _heard(self) -> None:
+        with self._changed:
+            self._missed_at = None
+
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                now = self._clock()
+                for key in [key for key, (deadline, *_) in self._waiting.items() if deadline <= now]:
+                    _, fd, seconds = self._waiting.pop(key)
+                    self._cut[key] = seconds
+                    _shut_down(fd)  # under the lock: the connection cannot end its wait and close meanwhile
+                    if self._missed_at is None:
+                        self._missed_at = now
+                    if self._prober is None and self._engine is not None:
+                        self._prober = threading.Thread(target=self._probe, name="hpo-database-probe", daemon=True)
+                        self._prober.start()
+                # It looks every tick, not when told of each statement: a wake-up per statement would cost the
+                # API's hottest reads a thread switch each (a third more time per read, measured)
+                self._changed.wait(self._tick)
+
+    def _probe(self) -> None:
+        """Try the server until it answers (which ends the hold), then end."""
+        assert self._engine is not None
+        self._probing.active = True
+        while True:
+            time.sleep(PROBE_INTERVAL_S)
+            with self._changed:
+                if self._missed_at is None or self._closed:  # an answer came meanwhile, or nobody asks any more
+                    self._prober = None
+                    return
+            with contextlib.suppress(Exception), self._engine.connect() as connection:
+                connection.execute(text("SELECT 1"))  # answered: _answered() ended the hold
+
+
+def _socket(dbapi_connection: Any) -> int | None:
+    """The file descriptor of a driver connection's socket; None when it has none (closed)."""
+    try:
+        fd = dbapi_connection.fileno()
+    except Exception:  # a closed connection
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
+def _shut_down(fd: int) -> None:
+    """End both directions of the socket behind `fd` (shutdown acts on the socket, so on every descriptor of it); the
+    descriptor stays open for its driver to close."""
+    with contextlib.suppress(OSError):
+        duplicate = socket.socket(fileno=os.dup(fd))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()

@@ -1,0 +1,120 @@
+"""A deadline on each statement (hpo/storage/deadline.py): a PostgreSQL server that stops answering without closing
+its connections fails a statement after the deadline, not when it runs again, and the connection is replaced.
+
+On a real throw-away cluster (tests/pgcluster.py): a statement that runs longer than the deadline (`pg_sleep`), and a
+server whose processes are stopped (SIGSTOP: the port still accepts, the kernel acknowledges, nothing answers). Each
+call that should give up runs in a thread joined with a generous limit: a call still waiting past it is the hang the
+deadline exists to end (no test asserts how long a call took)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from hpo.errors import DatabaseUnavailableError, NotFoundError
+from hpo.storage import SqlStorage
+from hpo.storage.deadline import NoAnswer, StatementDeadline
+from hpo.storage.engine import PING_AFTER_IDLE_S, create_storage_engine
+from hpo.storage.retry import without_waiting
+from tests.pgcluster import PostgresCluster, why_no_cluster
+from tests.polling import wait_for
+
+HANG_S = 60  # a call that has not returned by then hangs
+DEADLINE_S = 2.0  # for a call that may not wait (on an event loop, or without_waiting())
+SLOW_DEADLINE_S = 4.0  # for the others
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    reason = why_no_cluster()
+    if reason:
+        pytest.skip(reason)
+    with PostgresCluster.create() as made:
+        yield made
+
+
+def outcome(call: Callable[[], object]) -> BaseException | object:
+    """What `call()` returned or raised, from a thread; fails the test when it is still waiting after HANG_S."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert not thread.is_alive(), f"the call was still waiting for the database after {HANG_S} s"
+    return result[0]
+
+
+@pytest.mark.postgres
+def test_a_statement_past_its_deadline_fails_as_no_answer_and_the_engine_goes_on(cluster):
+    engine = create_storage_engine(cluster.url, deadline=StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S))
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("select 1")).scalar() == 1
+
+            def sleep() -> object:
+                return connection.execute(text("select pg_sleep(600)")).scalar()
+
+            failed = outcome(sleep)
+        assert isinstance(failed, OperationalError) and failed.connection_invalidated
+        assert isinstance(failed.orig, NoAnswer) and f"no answer within {DEADLINE_S:g} s" in str(failed)
+        with engine.connect() as connection:  # a new connection: the cut one was invalidated
+            assert connection.execute(text("select 2")).scalar() == 2
+            assert outcome(lambda: connection.execute(text("select 3 from pg_sleep(0.2)")).scalar()) == 3
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_until_a_probe_hears_it(cluster):
+    storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
+
+    def read() -> object:
+        return storage.get_experiment_by_name("no such experiment")
+
+    def read_on_an_event_loop() -> object:
+        async def on_loop() -> object:
+            return read()
+
+        return asyncio.run(on_loop())
+
+    def read_without_waiting() -> object:
+        with without_waiting():
+            return read()
+
+    try:
+        assert isinstance(outcome(read), NotFoundError)  # answered
+        cluster.freeze()
+        try:
+            failed = outcome(read_on_an_event_loop)  # tries, and gives up at the deadline of a call that may not wait
+            assert isinstance(failed, DatabaseUnavailableError), failed
+            assert f"gave no answer within {DEADLINE_S:g} s" in str(failed)
+            for call in (read_on_an_event_loop, read_without_waiting, read):  # then no call tries until a probe hears
+                held = outcome(call)
+                assert isinstance(held, DatabaseUnavailableError) and "has not answered since" in str(held), held
+        finally:
+            cluster.thaw()
+        wait_for(lambda: isinstance(outcome(read), NotFoundError), timeout_s=HANG_S)  # the probe got an answer
+        assert isinstance(outcome(read_on_an_event_loop), NotFoundError)
+        time.sleep(PING_AFTER_IDLE_S * 1.5)  # the pooled connection is now pinged before it is handed out
+        cluster.freeze()
+        try:
+            failed = outcome(read)
+        finally:
+            cluster.thaw()
+        assert isinstance(failed, DatabaseUnavailableError) and f"within {SLOW_DEADLINE_S:g} s" in str(failed)
+        assert isinstance(failed.__cause__, OperationalError) and failed.__cause__.statement == "ping"
+        wait_for(lambda: isinstance(outcome(read), NotFoundError), timeout_s=HANG_S)
+    finally:
+        storage.close()
