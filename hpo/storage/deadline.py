@@ -9,7 +9,7 @@ primary-key lookups, and `/health`), `slow_seconds` for the others (a report's r
 seconds), which hold only their own thread of the API's pool. A connection attempt gives up after `seconds`
 (`connect_timeout`, set by the engine; psycopg's least is 2 s).
 
-A watchdog thread shuts down the socket of a connection whose statement, commit or ping has run past its deadline.
+A watchdog thread shuts down the socket of a connection whose statement or ping has run past its deadline.
 The driver's wait then ends as on a lost connection: SQLAlchemy invalidates the connection and raises an
 OperationalError that says no answer came in time, which the storage reports as DatabaseUnavailableError (an API
 request answers 503 with Retry-After).
@@ -62,11 +62,12 @@ class StatementDeadline:
         self._closed = False
 
     def install(self, engine: Engine) -> None:
-        """Watch every statement, commit and pooled-connection ping of `engine` (a PostgreSQL engine)."""
+        """Watch every statement and pooled-connection ping of `engine` (a PostgreSQL engine). Not a commit: the
+        statements before it would have met the deadline, and there is no event at its end to stop watching."""
         self._engine = engine
         event.listen(engine, "before_cursor_execute", lambda conn, *_: self._begin(conn))
         event.listen(engine, "after_cursor_execute", lambda conn, *_: self._answered(conn))
-        event.listen(engine, "commit", self._begin)  # ends at the connection's check-in
+        # A statement that neither answered nor failed (interrupted) is not watched once its connection is back
         event.listen(engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection))
         event.listen(engine, "handle_error", self._failed, retval=True)
 

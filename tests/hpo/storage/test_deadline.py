@@ -71,6 +71,9 @@ def test_a_statement_past_its_deadline_fails_as_no_answer_and_the_engine_goes_on
         assert isinstance(failed.orig, NoAnswer) and f"no answer within {DEADLINE_S:g} s" in str(failed)
         with engine.connect() as connection:  # a new connection: the cut one was invalidated
             assert connection.execute(text("select 2")).scalar() == 2
+            connection.commit()
+            time.sleep(DEADLINE_S * 1.5)  # a connection that waits for nothing is never cut, however long it sits
+            assert connection.execute(text("select 4")).scalar() == 4
             assert outcome(lambda: connection.execute(text("select 3 from pg_sleep(0.2)")).scalar()) == 3
     finally:
         engine.dispose()
