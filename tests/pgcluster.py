@@ -117,6 +117,8 @@ class PostgresCluster:
 
     def remove(self) -> None:
         if self.running():
+            with contextlib.suppress(OSError, ValueError):
+                self.thaw()  # a test that failed while the server was frozen: pg_ctl stop would wait on it
             with contextlib.suppress(subprocess.CalledProcessError):
                 self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
