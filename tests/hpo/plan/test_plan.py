@@ -356,9 +356,10 @@ def test_the_share_interval_is_wilsons(count, total):
 
 ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
 SEEDS_TABLE = ROOT / "hpo" / "simulation" / "tables" / "seeds.jsonl"
-# BENCHMARKS.md, "Verdict power", part 1 (the seeds table, LAMB truly 23.8 % faster): the real pair named right in
-# 67.1 % / 59.9 % at 3 runs per arm and 85.4 % / 78.6 % at 4 ("same" / "independent" seeds): 4 reach 80 %.
-VERDICT_POWER_RUNS = 4
+# BENCHMARKS.md, "Verdict power", part 1 (the seeds table, LAMB truly 24.0 % faster): the real pair named right in
+# 81.6 % / 74.8 % at 4 runs per arm and 92.8 % / 87.8 % at 5 ("same" / "independent" seeds): with independent seeds,
+# as the plan draws them, 5 reach 80 %.
+VERDICT_POWER_RUNS = 5
 
 
 def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | None, list]]]) -> None:
@@ -519,7 +520,7 @@ def test_power_advice_on_the_seeds_tables_spread_matches_the_verdict_power_study
                f"geometric mean {math.exp(x.mean()):,.0f}, CV {cv:.1%}" in out  # fmt: skip
     difference = -math.expm1(logs["lamb"].mean() - logs["adamw"].mean())
     assert f"the truth: {LAMB} needs {difference:.1%} fewer than {ADAMW}" in out
-    assert 0.23 < difference < 0.245  # BENCHMARKS.md: LAMB needs 23.8 % fewer samples
+    assert 0.235 < difference < 0.245  # BENCHMARKS.md: LAMB needs 24.0 % fewer samples
     fewest = re.search(r"^fewest fixed: confirm_seeds: (\d+)", out, re.M)
     assert fewest and abs(int(fewest[1]) - VERDICT_POWER_RUNS) <= 1, out
     advice = [line for line in out.splitlines() if line.startswith("  confirm_seeds: ")]
