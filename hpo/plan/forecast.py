@@ -70,6 +70,7 @@ from hpo.simulation.cost import experiment_cost
 from hpo.simulation.table import DIMENSIONS, TABLES, load_table
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind
+from trainer import CURVES_REVISION
 from trainer.config import config_from_dict
 
 DEFAULT_TABLE = TABLES / "curves.jsonl"
@@ -606,9 +607,14 @@ def _over(plan: Plan, sources: str | None) -> str:
 
 
 def _table_data(table: Path) -> str:
-
-    digest = load_table(table).meta.get("data_sha256")
-    return f" (data sha256 {str(digest)[:12]})" if digest else ""
+    """The table's data digest and, when an older trainer made it, which (its curves are not today's trainer's)."""
+    meta = load_table(table).meta
+    digest, revision = meta.get("data_sha256"), meta.get("trainer_revision", 1)
+    notes = [f"data sha256 {str(digest)[:12]}"] if digest else []
+    if revision != CURVES_REVISION:
+        notes.append(f"recorded by the trainer's revision {revision}: today's ({CURVES_REVISION}) gives other curves "
+                     "for the same runs")  # fmt: skip
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _repetitions(n: int) -> str:
