@@ -18,6 +18,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output:
         check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
         _check_replaceable(Path(args.output))
+        if args.format == "torchrun":
+            _check_not_the_config(Path(args.output), args)
     storage = open_storage(args.db, read_only=True)
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
@@ -60,6 +62,18 @@ def _check_replaceable(path: Path) -> None:
     if not is_export(text):
         raise HpoError(f"-o {path}: exists and is not an earlier `hpo export`, so replacing it would lose it; give -o "
                        "a new file, or move that one away first")  # fmt: skip
+
+
+def _check_not_the_config(output: Path, args: argparse.Namespace) -> None:
+    """Refuse -o naming the config file the torchrun line runs: the line would replace that config (an earlier
+    export, which -o may replace) and name itself as the config to run."""
+    config_path = args.config_path if args.config_path is not None else _config_file(args)
+    if not config_path or output.resolve() != Path(config_path).resolve():
+        return
+    given_as = f"--config-path {config_path}" if args.config_path is not None else f"{config_path} by default"
+    raise HpoError(f"-o {output}: is the config file the torchrun line runs ({given_as}), so the line would "
+                   "replace that config and run itself as one; give -o another file (e.g. run.sh), or name the "
+                   "config with --config-path")  # fmt: skip
 
 
 def _check_config_file(args: argparse.Namespace, config_path: str) -> None:

@@ -402,3 +402,25 @@ def test_an_output_file_that_is_not_an_earlier_export_is_not_replaced(tmp_path, 
         assert f"-o {mine}: exists and is not an earlier `hpo export`" in err and "Traceback" not in err
     mine.write_bytes(b"")  # nothing to lose: an empty file (a shell's `>` made it) is written
     assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 0 and mine.read_text().startswith("# Best")
+
+
+@pytest.mark.parametrize("config_path", [None, "best.yaml", "./best.yaml"])
+def test_a_torchrun_line_is_not_written_over_the_config_it_runs(tmp_path, monkeypatch, capsys, config_path):
+    """`--format torchrun -o best.yaml` replaced the exported config best.yaml with a line that runs
+    `--config best.yaml` (the default config path): the config was lost and the line ran a shell line as its
+    config. It is refused before anything is read or written, naming both options."""
+    from hpo.cli.main import main
+
+    db = pilot_db(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", db, "export", "pilot", "-o", "best.yaml"]) == 0
+    config = (tmp_path / "best.yaml").read_bytes()
+    capsys.readouterr()
+    paths = ["--config-path", config_path] if config_path else []
+    assert main(["--db", db, "export", "pilot", "--format", "torchrun", *paths, "-o", "best.yaml"]) == 2
+    assert (tmp_path / "best.yaml").read_bytes() == config
+    err = capsys.readouterr().err
+    assert "-o best.yaml: is the config file the torchrun line runs" in err and "Traceback" not in err
+    assert main(["--db", db, "export", "pilot", "--format", "torchrun", *paths, "-o", "run.sh"]) == 0
+    assert (tmp_path / "run.sh").read_text().splitlines()[-1].endswith("--config best.yaml" if not config_path else
+                                                                        f"--config {config_path}")  # fmt: skip
