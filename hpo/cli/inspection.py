@@ -158,7 +158,9 @@ def cmd_best(args: argparse.Namespace) -> int:
         wrong = None if args.per_arm else wrong_batch_size(storage, record, args.arm, args.batch_size, "to show")
         if wrong:  # completed trials at other batch sizes: --batch-size asked for one the experiment did not run
             raise HpoError(wrong)
-        print("no completed trial matches", file=sys.stderr)
+        of_arm = f" of arm {args.arm}" if args.arm else ""  # nothing else is left to match: name what to read next
+        print(f"experiment {record.name} has no completed trial{of_arm}; `hpo trials {record.name}` says why",
+              file=sys.stderr)  # fmt: skip
         return 1
     out: dict[str, Any] = {
         arm: {"trial": t.number, "objective": t.objective, "samples_to_target": t.samples_to_target,

@@ -726,3 +726,27 @@ def test_best_per_arm_of_an_experiment_that_compares_no_arms_says_so_and_what_sh
         capsys.readouterr().err
     )
     assert hpo(url, "best", "one-arm") == 0
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--arm", "optimizer.name=lamb"], ["--per-arm"]], ids=["overall", "arm", "per-arm"]
+)
+def test_best_of_an_experiment_whose_trials_all_failed_names_it_and_what_says_why(tmp_path, capsys, args):
+    """It said only "no completed trial matches": no experiment, no arm, nothing to do next (`hpo export` of the same
+    experiment names them and `hpo trials`)."""
+    from hpo.trials import TrialResult, TrialSpec, TrialState
+
+    db_file = tmp_path / "failed.db"
+    write_pilot(db_file, "failed", {})
+    with SqlStorage(f"sqlite:///{db_file}") as storage:
+        eid = storage.get_experiment_by_name("failed").id
+        for optimizer in ("adamw", "lamb"):
+            params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
+            trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (), 32))
+            storage.finish_trial(trial_id, TrialResult(TrialState.TIMEOUT, reason="exceeded the trial time limit"))
+    capsys.readouterr()
+    assert hpo(f"sqlite:///{db_file}", "best", "failed", *args) == 1
+    captured = capsys.readouterr()
+    of_arm = " of arm optimizer.name=lamb" if "--arm" in args else ""
+    assert captured.err == f"experiment failed has no completed trial{of_arm}; `hpo trials failed` says why\n"
+    assert captured.out == ""
