@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         record_unended(cfg, reporter, str(e), "data" if isinstance(e, DataError) else "crash")
         return say_once(str(e), TrainStatus.FAILED.exit_code)
     except KeyboardInterrupt as e:
-        again = (
-            f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
-            if cfg.checkpoint.dir
-            else "set checkpoint.dir to make a run resumable"
-        )
+        again = resume_hint(cfg) or "set checkpoint.dir to make a run resumable"
         what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         reason = str(e) or f"interrupted ({what}) before training began"
         record_unended(cfg, reporter, reason, "interrupted")
@@ -170,10 +166,26 @@ def no_space_left(cfg, error: OSError) -> str:
     paths = {key: path for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf),
                                          ("checkpoint.dir", cfg.checkpoint.dir)) if path}  # fmt: skip
     where = "; ".join(f"{key} {path}: {free_text(path)}" for key, path in paths.items())
-    again = (f"run the same command again to resume from the last checkpoint in {cfg.checkpoint.dir}"
-             if cfg.checkpoint.dir else "then run it again")  # fmt: skip
+    again = resume_hint(cfg) or "then run it again"
     said = f"{error.filename}: {error.strerror}" if error.filename else error.strerror or str(error)
     return f"a file of the run could not be written: {said} ({where}); free space there, or choose other paths; {again}"
+
+
+def resume_hint(cfg) -> str | None:
+    """What the same command does after the run stopped early (None without `checkpoint.dir`): it resumes from the
+    last checkpoint, where one is saved; without `checkpoint.every_samples` only the run's end is saved, so a run
+    stopped before it has none, and the same command trains from the start."""
+    from trainer.checkpoint import latest_checkpoint  # imports torch, which the run has loaded by now
+
+    directory = cfg.checkpoint.dir
+    if not directory:
+        return None
+    if latest_checkpoint(directory) is not None:
+        return f"run the same command again to resume from the last checkpoint in {directory}"
+    if cfg.checkpoint.every_samples is None:
+        return (f"no checkpoint is saved in {directory} yet (without checkpoint.every_samples only the run's end is): "
+                "the same command starts afresh; set checkpoint.every_samples to save along the way")  # fmt: skip
+    return f"no checkpoint is saved in {directory} yet: the same command starts afresh"
 
 
 def record_unended(cfg, reporter, reason: str, error: str) -> None:

@@ -332,6 +332,22 @@ def test_ctrl_c_stops_without_a_traceback_and_the_same_command_resumes_to_the_un
     assert resumed[-1]["samples"] == uninterrupted[-1]["samples"] == 96
 
 
+def test_an_interrupted_run_that_saved_no_checkpoint_yet_says_the_command_starts_afresh(tmp_path, capsys, monkeypatch):
+    """`checkpoint.dir` without `checkpoint.every_samples` saves at the end only: stopped before it, the run said
+    "run the same command again to resume from the last checkpoint" with no checkpoint there, and the same command
+    then trained from step 0. It says no checkpoint was saved yet and how to save some along the way."""
+    ck = tmp_path / "ck"
+    act_at_step(monkeypatch, 6, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck)})
+    assert code == 143, err
+    assert "resume from the last checkpoint" not in err
+    assert (f"no checkpoint is saved in {ck} yet (without checkpoint.every_samples only the run's end is): the same "
+            "command starts afresh; set checkpoint.every_samples to save along the way") in err  # fmt: skip
+    monkeypatch.undo()
+    code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck)})
+    assert code == 0 and "resumed from" not in err, err
+
+
 def test_sigterm_ends_the_run_as_interrupted_with_its_final_record_and_the_same_command_resumes(
     tmp_path, capsys, monkeypatch
 ):
