@@ -134,7 +134,8 @@ def micro_batch_for(global_batch: int, micro_batch: int | str, ranks: int) -> in
     if global_batch % ranks:
         raise ExportError(
             f"batch.global_batch_size {global_batch} cannot be split evenly over {ranks} ranks; "
-            "choose --nodes x --gpus-per-node that divides it"
+            "choose nodes x GPUs per node that divides it (`hpo export`'s --nodes and --gpus-per-node, the API's "
+            "nodes and gpus_per_node)"
         )
     per_rank = global_batch // ranks
     if micro_batch == "auto":

@@ -254,7 +254,9 @@ def test_export_formats(api, stored):
     assert line.endswith("-m trainer --config b.yaml")
     assert api.get(url, params={"format": "xml"}).status_code == 422
     assert api.get(url, params={"nodes": 0}).status_code == 422
-    assert api.get(url, params={"gpus_per_node": 3}).status_code == 422  # 8 sequences do not split over 3 ranks
+    uneven = api.get(url, params={"gpus_per_node": 3})  # 8 sequences do not split over 3 ranks
+    assert uneven.status_code == 422  # named by the API's parameters, not only by hpo export's flags
+    assert "the API's nodes and gpus_per_node" in uneven.json()["detail"]
     assert api.get(url, params={"arm": "optimizer.name=sgd"}).status_code == 422
     for bad in ("b\x85.yaml", "b\x96.yaml", "b\u2028.yaml", "b\u2029.yaml", "b\n.yaml", "b\x00.yaml", "b\x7f.yaml"):
         refused = api.get(url, params={"config_path": bad})
