@@ -1,4 +1,5 @@
-"""`hpo export`: the best trial as a complete trainer config, its JSON, or the `torchrun` line. It only reads."""
+"""`hpo export`: the best trial as a complete trainer config, its JSON, or the `torchrun` line (in an experiment that
+compares arms, the best of the verdict's winner when it names one). It only reads."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from hpo.errors import HpoError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from hpo.evidence.confirmations import stored_verdict
     from hpo.experiment import spec_from_stored
-    from hpo.export.production import check_arm, render
+    from hpo.export.production import check_arm, export_arm, render
 
     if args.output:
         check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
@@ -24,14 +26,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
-    trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
+    arm, chosen = export_arm(spec, args.arm, args.batch_size, lambda: stored_verdict(storage, record.id, spec).winner)
+    trial = storage.best_trial(record.id, arm=arm, global_batch_size=args.batch_size)
     if trial is None:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
                        f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "
                        f"export; `hpo trials {args.name}` says why")  # fmt: skip
     config_path = args.config_path if args.config_path is not None else _config_file(args)
     exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                      config_path=config_path, spec=spec)  # fmt: skip
+                      config_path=config_path, spec=spec, chosen=chosen)  # fmt: skip
     if args.format == "torchrun":
         _check_config_file(args, config_path)
     for warning in exported.warnings:
@@ -40,7 +43,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(exported.text, end="")
         return 0
     write_output_file(Path(args.output), exported.text)
-    print(f"wrote {args.format} of trial {trial.number} to {args.output}", file=sys.stderr)
+    print(f"wrote {args.format} of trial {trial.number} ({chosen}) to {args.output}", file=sys.stderr)
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
         print(f"run it with: {command}", file=sys.stderr)
@@ -108,7 +111,8 @@ def add_export(sub) -> None:
     export.add_argument("--format", choices=["yaml", "json", "torchrun"], default="yaml",
                         help="yaml: a trainer config (python -m trainer --config FILE runs it); json: provenance + "
                              "config; torchrun: the command line (default yaml)")  # fmt: skip
-    export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: overall)")
+    export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: the verdict's winner "
+                        "where it names one, else every arm)")  # fmt: skip
     export.add_argument("--batch-size", type=positive, help="the best trial with this global batch size")
     export.add_argument("--nodes", type=positive, default=1, help="nodes of the production run (default 1)")
     export.add_argument("--gpus-per-node", type=positive, default=1, help="GPUs (ranks) per node (default 1)")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import PurePath
 from typing import Any, Literal
@@ -79,6 +80,7 @@ class Provenance:
     best_mlm_accuracy: float | None
     params: dict[str, Any]
     simulated: bool = False  # runner: simulated: the numbers were read from a learning-curve table, not trained
+    chosen: str = "the best trial"  # why this trial (`export_arm`): an arm asked for, the verdict's winner, ...
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,25 @@ def check_arm(spec, arm: str | None) -> None:
     if arm not in known:
         hint = f"its arms are {', '.join(known)}" if known else "it compares nothing, so it has no arms"
         raise ExportError(f"experiment {spec.name} has no arm {arm!r}: {hint}")
+
+
+def export_arm(
+    spec, arm: str | None, global_batch_size: int | None, winner: Callable[[], str | None]
+) -> tuple[str | None, str]:
+    """The arm whose best trial is exported, and why (a comment of the export): the arm asked for; else, in an
+    experiment that compares arms, the verdict's winner (`winner()`, asked only then), whose best trial may not be the
+    best trial overall (a lucky seed of the other arm); else every arm. With a global batch size asked for, the best
+    at that size: the verdict is the experiment's, over its batch sizes."""
+    if arm is not None:
+        return arm, "the best trial of the arm asked for"
+    if not spec.compare:
+        return None, "the best trial"
+    if global_batch_size is not None:
+        return None, "the best trial of any arm at the global batch size asked for"
+    named = winner()
+    if named is not None:
+        return named, "the best trial of the verdict's winner"
+    return None, "the best trial of any arm: the verdict names no winner yet (asked for an arm, the export is its best)"
 
 
 def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
@@ -172,7 +193,8 @@ def check_config_file(path: str, saved: Any, nodes: int, gpus_per_node: int, exp
     )
 
 
-def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any]) -> Provenance:
+def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any],
+               chosen: str = "the best trial") -> Provenance:  # fmt: skip
     """Where the exported `config` (from `production_config`) comes from."""
     target = float(config["eval"]["target_mlm_accuracy"])
     return Provenance(
@@ -188,6 +210,7 @@ def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[
         best_mlm_accuracy=trial.best_mlm_accuracy,
         params=dict(trial.params),
         simulated=spec.runner.name == "simulated",
+        chosen=chosen,
     )
 
 
@@ -294,9 +317,11 @@ def render(
     gpus_per_node: int = 1,
     config_path: str = "best.yaml",
     spec=None,
+    chosen: str = "the best trial",
 ) -> Export:
     """The best config of `record` taken from `trial`, in `fmt`, for `nodes` x `gpus_per_node` ranks
-    (`spec`: the experiment's parsed spec when the caller has it already)."""
+    (`spec`: the experiment's parsed spec when the caller has it already; `chosen`: why this trial, from
+    `export_arm`)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     if spec is None:
@@ -305,7 +330,7 @@ def render(
         spec = spec_from_stored(record)
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
     config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
-    origin = provenance(record, spec, trial, config)
+    origin = provenance(record, spec, trial, config, chosen)
     warnings = warnings_for(origin) + device_warning(config, nodes * gpus_per_node)
     if fmt == "json":
         body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}
@@ -327,6 +352,7 @@ def _comment_lines(
         f"Best configuration of experiment {origin.experiment}, exported by `hpo export`."
         + (" SIMULATED: no training happened." if origin.simulated else ""),
         f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
+        f"chosen as {origin.chosen}",
         f"objective: {origin.metric} = {objective} ({origin.direction})",
     ]
     if origin.reached_target:

@@ -4,7 +4,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from hpo.export.production import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, render
+from hpo.export.production import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, export_arm, render
+from hpo.storage.base import ExperimentRecord, Storage
 from server.deps import ExperimentRefDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.best import Arm, BatchSize, no_best_message
@@ -39,15 +40,26 @@ def export_best_config(
         ),
     ] = "best.yaml",  # fmt: skip
 ):
-    """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it.
-    A config from an experiment where no trial reached the target says so (and the X-HPO-Warning header)."""
+    """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it: in an
+    experiment that compares arms, without `arm` or `global_batch_size`, the best trial of the verdict's winner when
+    it names one. A config from an experiment where no trial reached the target says so (and the X-HPO-Warning
+    header)."""
     spec = specs.spec(record)
     check_arm(spec, arm)
-    trial = storage.best_trial(record.id, arm=arm, global_batch_size=global_batch_size)
+    arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda: _winner(storage, record, spec))
+    trial = storage.best_trial(record.id, arm=arm_of, global_batch_size=global_batch_size)
     if trial is None:
         raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
     exported = render(
-        record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec
-    )
+        record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec,
+        chosen=chosen,
+    )  # fmt: skip
     headers = {"X-HPO-Warning": exported.warnings[0]} if exported.warnings else None
     return Response(exported.text, media_type=exported.media_type, headers=headers)
+
+
+def _winner(storage: Storage, record: ExperimentRecord, spec) -> str | None:
+    """The verdict's winner, from the stored evidence (a few aggregates and the confirmation runs)."""
+    from hpo.evidence.confirmations import stored_verdict  # scipy: loaded on first use, not at start-up
+
+    return stored_verdict(storage, record.id, spec).winner

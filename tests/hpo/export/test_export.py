@@ -424,3 +424,73 @@ def test_a_torchrun_line_is_not_written_over_the_config_it_runs(tmp_path, monkey
     assert main(["--db", db, "export", "pilot", "--format", "torchrun", *paths, "-o", "run.sh"]) == 0
     assert (tmp_path / "run.sh").read_text().splitlines()[-1].endswith("--config best.yaml" if not config_path else
                                                                         f"--config {config_path}")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- which trial: the verdict's winner
+
+
+def lucky_loser_db(tmp_path) -> str:
+    """Experiment `lucky`: AdamW's tuning trial reached the target after 5,000 samples (a lucky seed: the best trial
+    overall), its three confirmation runs after about 9,000; LAMB's tuning trial and confirmation runs after about
+    6,000. The verdict (computed in the test from these numbers) names LAMB."""
+    from hpo.experiment import stored_form
+    from hpo.storage import SqlStorage
+    from hpo.trials import TrialKind, TrialResult, TrialSpec
+    from tests.hpo.plan.test_plan import small_preset
+
+    runs = {"adamw": (5000, [9000, 9100, 8950]), "lamb": (6100, [6000, 6050, 5950])}
+    spec = experiment_from_dict(small_preset(name="lucky"), "lucky.yaml")
+    db = f"sqlite:///{tmp_path / 'lucky.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        eid = storage.create_experiment("lucky", stored_form(spec, tmp_path / "lucky"), spec.direction)
+        for optimizer, (tuning, confirmations) in runs.items():
+            params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
+            for seed, samples in [(None, tuning)] + list(enumerate(confirmations, start=1001)):
+                kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
+                trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (),
+                                                               32, kind, seed))  # fmt: skip
+                storage.mark_trial_running(trial_id, pid=1, host="h")
+                storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples),
+                                                           samples_to_target=samples, best_mlm_accuracy=0.13,
+                                                           metrics={"samples": 12288}))  # fmt: skip
+    return db
+
+
+def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_path, capsys):
+    """The best trial overall is AdamW's lucky tuning run, but the confirmation runs name LAMB: `hpo export` and the
+    API export LAMB's best trial (the best of its tuning trials, as `hpo best --arm` gives it), and say why; an arm
+    asked for, or a batch size, still gets what was asked."""
+    from hpo.cli.main import main
+    from hpo.evidence.verdict import ArmRuns, Outcome, decide
+
+    verdict = decide([ArmRuns("optimizer.name=adamw", (9000, 9100, 8950), 12288),
+                      ArmRuns("optimizer.name=lamb", (6000, 6050, 5950), 12288)])  # fmt: skip
+    assert verdict.outcome is Outcome.WINNER and verdict.winner == "optimizer.name=lamb"  # the premise
+    db = lucky_loser_db(tmp_path)
+    assert main(["--db", db, "best", "lucky"]) == 0
+    assert "optimizer.name: adamw" in capsys.readouterr().out  # the best trial overall: AdamW's lucky run
+
+    def exported(*args: str) -> dict:
+        assert main(["--db", db, "export", "lucky", "--format", "json", *args]) == 0
+        return json.loads(capsys.readouterr().out)["provenance"]
+
+    winner = exported()
+    assert (winner["arm"], winner["samples_to_target"]) == ("optimizer.name=lamb", 6100)  # LAMB's tuning trial
+    assert winner["chosen"] == "the best trial of the verdict's winner"
+    asked = exported("--arm", "optimizer.name=adamw")
+    assert (asked["arm"], asked["samples_to_target"], asked["chosen"]) == (
+        "optimizer.name=adamw", 5000, "the best trial of the arm asked for")  # fmt: skip
+    at_batch = exported("--batch-size", "32")
+    assert (at_batch["arm"], at_batch["samples_to_target"]) == ("optimizer.name=adamw", 5000)
+    assert main(["--db", db, "export", "lucky"]) == 0
+    comments = capsys.readouterr().out.splitlines()[:3]
+    assert comments[1:] == ["# trial 4, arm optimizer.name=lamb", "# chosen as the best trial of the verdict's winner"]
+
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/lucky/export", params={"format": "json"})
+    assert answer.status_code == 200 and answer.json()["provenance"] == winner
