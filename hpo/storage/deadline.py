@@ -94,8 +94,7 @@ class StatementDeadline:
     def held(self) -> str | None:
         """Why calls should not try the server now (it missed a deadline and no probe got an answer since), or
         None."""
-        with self._changed:
-            missed = self._missed_at
+        missed = self._missed_at  # one read of one attribute needs no lock: every read of the API asks
         if missed is None:
             return None
         return (f"the database server gave no answer in time {self._clock() - missed:.0f} s ago and has not answered "

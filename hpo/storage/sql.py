@@ -184,9 +184,7 @@ class SqlStorage(TrialReads, Storage):
         Database errors leave as StorageError naming the database (password hidden); `write=True` takes
         SQLite's write lock when the block starts, waiting up to its busy timeout for it.
         """
-        held = self._deadline.held() if self._deadline is not None else None
-        if held:  # another try would hold its caller (the API's event loop) for the deadline again
-            raise DatabaseUnavailableError(f"cannot use the database {safe_url(self.url)}: {held}.")
+        self._refuse_while_held()
         session = Session(self._write_engine if write else self._read_engine, expire_on_commit=False)
         if write:
             self._writes.count = self._write_count() + 1
@@ -201,6 +199,14 @@ class SqlStorage(TrialReads, Storage):
             with contextlib.suppress(SQLAlchemyError):
                 session.close()
 
+    def _refuse_while_held(self) -> None:
+        """DatabaseUnavailableError while the database server has missed a statement deadline and not answered
+        since (hpo/storage/deadline.py): another try would hold its caller (the API's event loop) for the deadline
+        again, or for a connection attempt's timeout."""
+        held = self._deadline.held() if self._deadline is not None else None
+        if held:
+            raise DatabaseUnavailableError(f"cannot use the database {safe_url(self.url)}: {held}.")
+
     @staticmethod
     def _begin(session: Session) -> None:
         # Starting the transaction here (not at the first statement) means the only place SQLite can report
@@ -212,7 +218,9 @@ class SqlStorage(TrialReads, Storage):
     def _rows(self, statement: Select, params: dict[str, Any]) -> list:
         """The rows of one read-only statement, on a pooled connection without a Session: a Session's own set-up and
         teardown are most of the time of a one-row read (BENCHMARKS.md, "REST API under load"). One statement
-        needs no transaction around it; database errors leave as StorageError, as from `_session`."""
+        needs no transaction around it; database errors leave as StorageError, as from `_session`, and a database
+        server that missed a deadline is not tried, as there."""
+        self._refuse_while_held()
         try:
             with self._read_engine.connect() as connection:
                 return connection.execute(statement, params).all()

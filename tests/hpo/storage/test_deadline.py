@@ -96,6 +96,12 @@ def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_u
         with without_waiting():
             return read()
 
+    def hot_read_on_an_event_loop() -> object:  # the API's best config: one primary-key read without a Session
+        async def on_loop() -> object:
+            return storage.trials_version(1)
+
+        return asyncio.run(on_loop())
+
     try:
         assert isinstance(outcome(read), NotFoundError)  # answered
         cluster.freeze()
@@ -103,7 +109,8 @@ def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_u
             failed = outcome(read_on_an_event_loop)  # tries, and gives up at the deadline of a call that may not wait
             assert isinstance(failed, DatabaseUnavailableError), failed
             assert f"gave no answer within {DEADLINE_S:g} s" in str(failed)
-            for call in (read_on_an_event_loop, read_without_waiting, read):  # then no call tries until a probe hears
+            # then no call tries until a probe hears
+            for call in (read_on_an_event_loop, hot_read_on_an_event_loop, read_without_waiting, read):
                 held = outcome(call)
                 assert isinstance(held, DatabaseUnavailableError) and "has not answered since" in str(held), held
         finally:
