@@ -72,9 +72,11 @@ class StatementDeadline:
         event.listen(engine, "handle_error", self._failed, retval=True)
 
     def close(self) -> None:
-        """Stop probing (the storage is closed)."""
+        """Stop probing, and the watchdog once no statement waits (the storage is closed: a thread left ticking
+        for each storage ever opened would add up in a long-lived process)."""
         with self._changed:
             self._closed = True
+            self._changed.notify_all()
 
     @contextlib.contextmanager
     def watch(self, dbapi_connection: Any) -> Iterator[None]:
@@ -156,7 +158,7 @@ class StatementDeadline:
 
     def _watch(self) -> None:
         with self._changed:
-            while True:
+            while not (self._closed and not self._waiting):  # a statement of a closed storage still gets its cut
                 now = self._clock()
                 for key in [key for key, (deadline, *_) in self._waiting.items() if deadline <= now]:
                     _, fd, seconds = self._waiting.pop(key)
@@ -170,6 +172,7 @@ class StatementDeadline:
                 # It looks every tick, not when told of each statement: a wake-up per statement would cost the
                 # API's hottest reads a thread switch each (a third more time per read, measured)
                 self._changed.wait(self._tick)
+            self._watchdog = None  # a statement after close() starts another
 
     def _probe(self) -> None:
         """Try the server until it answers (which ends the hold), then end."""

@@ -128,3 +128,14 @@ def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_u
         wait_for(lambda: isinstance(outcome(read), NotFoundError), timeout_s=HANG_S)
     finally:
         storage.close()
+
+
+@pytest.mark.postgres
+def test_closing_the_storage_ends_its_watchdog_thread(cluster):
+    storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
+    assert isinstance(outcome(lambda: storage.get_experiment_by_name("no such experiment")), NotFoundError)
+    watchdog = storage._deadline._watchdog  # started by the first statement
+    assert watchdog is not None and watchdog.is_alive()
+    storage.close()
+    watchdog.join(HANG_S)
+    assert not watchdog.is_alive(), "the watchdog of a closed storage still runs (a thread per storage ever opened)"
