@@ -35,6 +35,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import OperationalError
 
 PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
+_CUT = "hpo_deadline_cut"  # in a pooled connection's `info`: its socket was shut down after its answer came
 TICK_SHARE = 0.1  # the watchdog looks at the connections waiting every tenth of the shorter deadline
 
 
@@ -67,8 +68,7 @@ class StatementDeadline:
         self._engine = engine
         event.listen(engine, "before_cursor_execute", lambda conn, *_: self._begin(conn))
         event.listen(engine, "after_cursor_execute", lambda conn, *_: self._answered(conn))
-        # A statement that neither answered nor failed (interrupted) is not watched once its connection is back
-        event.listen(engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection))
+        event.listen(engine, "checkin", self._checked_in)
         event.listen(engine, "handle_error", self._failed, retval=True)
 
     def close(self) -> None:
@@ -114,8 +114,17 @@ class StatementDeadline:
         self._start(conn.connection.dbapi_connection)
 
     def _answered(self, conn: Any) -> None:
-        self._end(conn.connection.dbapi_connection)
+        if self._end(conn.connection.dbapi_connection) is not None:
+            # Cut after its answer came, before this thread ran again (the GIL, a busy machine): the answer stands,
+            # the connection is gone, and a pool that sends nothing at its return (autocommit) would hand it out again
+            conn.connection.info[_CUT] = True
         self._heard()
+
+    def _checked_in(self, dbapi_connection: Any, record: Any) -> None:
+        """A connection back in the pool: a statement that neither answered nor failed (interrupted) is no longer
+        watched, and a connection cut without an error to invalidate it is replaced at its next checkout."""
+        if (dbapi_connection is not None and self._end(dbapi_connection) is not None) or record.info.pop(_CUT, False):
+            record.invalidate()
 
     def _failed(self, context: Any) -> BaseException | None:
         """A statement's error: OperationalError(NoAnswer) in its place when it was cut for its deadline."""

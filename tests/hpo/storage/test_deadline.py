@@ -139,3 +139,25 @@ def test_closing_the_storage_ends_its_watchdog_thread(cluster):
     storage.close()
     watchdog.join(HANG_S)
     assert not watchdog.is_alive(), "the watchdog of a closed storage still runs (a thread per storage ever opened)"
+
+
+@pytest.mark.postgres
+def test_a_connection_cut_just_after_its_answer_came_is_not_handed_out_again(cluster):
+    deadline = StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S)
+    engine = create_storage_engine(cluster.url, deadline=deadline).execution_options(isolation_level="AUTOCOMMIT")
+    answered, late = deadline._answered, [True]
+
+    def answered_late(conn: object) -> None:  # the thread that got the answer runs again after the deadline (the GIL)
+        if late:
+            late.pop()
+            time.sleep(DEADLINE_S * 1.5)
+        answered(conn)
+
+    deadline._answered = answered_late
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("select 1")).scalar() == 1  # answered, then cut at the deadline
+        with engine.connect() as connection:  # not the cut connection: no rollback went out to notice it
+            assert outcome(lambda: connection.execute(text("select 2")).scalar()) == 2
+    finally:
+        engine.dispose()
