@@ -6,8 +6,8 @@ would hold every request, `/health` too.
 
 Two deadlines: `seconds` for a call that may not wait (`quick()` true: on the API's event loop, where reads are
 primary-key lookups, and `/health`), `slow_seconds` for the others (a report's reads of 100,000 trials take
-seconds), which hold only their own thread of the API's pool. A connection attempt gives up after `seconds`
-(`connect_timeout`, set by the engine; psycopg's least is 2 s).
+seconds), which hold only their own thread of the API's pool. A pooled connection's ping and a connection attempt
+take `seconds` whatever the call (`connect_timeout`, set by the engine; psycopg's least is 2 s).
 
 A watchdog thread shuts down the socket of a connection whose statement or ping has run past its deadline.
 The driver's wait then ends as on a lost connection: SQLAlchemy invalidates the connection and raises an
@@ -80,9 +80,10 @@ class StatementDeadline:
 
     @contextlib.contextmanager
     def watch(self, dbapi_connection: Any) -> Iterator[None]:
-        """A call on `dbapi_connection` outside SQLAlchemy's statements (the pool's ping) under the deadline; a
-        missed one raises NoAnswer."""
-        seconds = self._start(dbapi_connection)
+        """A call on `dbapi_connection` outside SQLAlchemy's statements (the pool's ping) under the short deadline,
+        whatever the caller (one round trip: a server that answers at all answers it at once, and a call in the
+        thread pool would otherwise wait the long one for it); a missed one raises NoAnswer."""
+        seconds = self._start(dbapi_connection, quick=True)
         try:
             yield
         except Exception as exc:
@@ -139,9 +140,9 @@ class StatementDeadline:
 
     # -- the watchdog and the probe -------------------------------------------------------------------------------
 
-    def _start(self, dbapi_connection: Any) -> float:
-        """Watch `dbapi_connection` from now on; the seconds of its deadline."""
-        quick = getattr(self._probing, "active", False) or self.quick()
+    def _start(self, dbapi_connection: Any, quick: bool = False) -> float:
+        """Watch `dbapi_connection` from now on (`quick`: under the short deadline); the seconds of its deadline."""
+        quick = quick or getattr(self._probing, "active", False) or self.quick()
         seconds = self.seconds if quick else self.slow_seconds
         fd = _socket(dbapi_connection)
         if fd is None:
