@@ -14,9 +14,10 @@ The driver's wait then ends as on a lost connection: SQLAlchemy invalidates the 
 OperationalError that says no answer came in time, which the storage reports as DatabaseUnavailableError (an API
 request answers 503 with Retry-After).
 
-After a missed deadline the server counts as not answering (`held()`) and the storage fails its calls at once (each
-would wait out a deadline again, on the event loop for the hottest reads), until a probe gets an answer: a thread
-of this module tries `SELECT 1` on a new connection every PROBE_INTERVAL_S, under the short deadline.
+After a missed deadline, or a connection attempt that timed out, the server counts as not answering (`held()`) and
+the storage fails its calls at once (each would wait out a deadline again, on the event loop for the hottest reads),
+until a probe gets an answer: a thread of this module tries `SELECT 1` on a new connection every PROBE_INTERVAL_S,
+under the short deadline.
 
 Only for PostgreSQL: a SQLite file answers or reports itself locked (its busy timeout bounds the wait).
 """
@@ -128,7 +129,14 @@ class StatementDeadline:
             record.invalidate()
 
     def _failed(self, context: Any) -> BaseException | None:
-        """A statement's error: OperationalError(NoAnswer) in its place when it was cut for its deadline."""
+        """A statement's error: OperationalError(NoAnswer) in its place when it was cut for its deadline. A
+        connection attempt that timed out (a stopped server's port still accepts) holds calls as a missed deadline
+        does: every call that needs a new connection would otherwise wait its timeout again, on the event loop too,
+        while the pool's connections are busy with statements under the long deadline."""
+        if context.connection is None and _connect_timed_out(context.original_exception):
+            with self._changed:
+                self._missed()
+            return None
         connection = context.connection
         dbapi_connection = connection.connection.dbapi_connection if connection is not None else None
         seconds = self._end(dbapi_connection) if dbapi_connection is not None else None
@@ -174,15 +182,19 @@ class StatementDeadline:
                     _, fd, seconds = self._waiting.pop(key)
                     self._cut[key] = seconds
                     _shut_down(fd)  # under the lock: the connection cannot end its wait and close meanwhile
-                    if self._missed_at is None:
-                        self._missed_at = now
-                    if self._prober is None and self._engine is not None:
-                        self._prober = threading.Thread(target=self._probe, name="hpo-database-probe", daemon=True)
-                        self._prober.start()
+                    self._missed()
                 # It looks every tick, not when told of each statement: a wake-up per statement would cost the
                 # API's hottest reads a thread switch each (a third more time per read, measured)
                 self._changed.wait(self._tick)
             self._watchdog = None  # a statement after close() starts another
+
+    def _missed(self) -> None:
+        """The server missed a deadline: hold calls until the probe (started here) gets an answer. Under the lock."""
+        if self._missed_at is None:
+            self._missed_at = self._clock()
+        if self._prober is None and self._engine is not None and not self._closed:
+            self._prober = threading.Thread(target=self._probe, name="hpo-database-probe", daemon=True)
+            self._prober.start()
 
     def _probe(self) -> None:
         """Try the server until it answers (which ends the hold), then end."""
@@ -196,6 +208,12 @@ class StatementDeadline:
                     return
             with contextlib.suppress(Exception), self._engine.connect() as connection:
                 connection.execute(text("SELECT 1"))  # answered: _answered() ended the hold
+
+
+def _connect_timed_out(exc: BaseException) -> bool:
+    """Whether a failed connection attempt gave up at its `connect_timeout`: psycopg's ConnectionTimeout (3.2 on),
+    or before it the OperationalError that says so (both read "connection timeout expired")."""
+    return type(exc).__name__ == "ConnectionTimeout" or "connection timeout expired" in str(exc)
 
 
 def _socket(dbapi_connection: Any) -> int | None:

@@ -162,3 +162,28 @@ def test_a_connection_cut_just_after_its_answer_came_is_not_handed_out_again(clu
             assert outcome(lambda: connection.execute(text("select 2")).scalar()) == 2
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_connection_attempt_that_times_out_holds_calls_as_a_missed_deadline_does(cluster):
+    storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
+
+    def read_on_an_event_loop() -> object:
+        async def on_loop() -> object:
+            return storage.get_experiment_by_name("no such experiment")
+
+        return asyncio.run(on_loop())
+
+    try:
+        storage._engine.pool.dispose()  # no pooled connection: the next read connects (the pool's were in use)
+        cluster.freeze()
+        try:
+            failed = outcome(read_on_an_event_loop)  # the stopped server accepts the connection but never answers
+            assert isinstance(failed, DatabaseUnavailableError) and "timeout" in str(failed), failed
+            held = outcome(read_on_an_event_loop)  # not another connection attempt, holding the event loop again
+            assert isinstance(held, DatabaseUnavailableError) and "has not answered since" in str(held), held
+        finally:
+            cluster.thaw()
+        wait_for(lambda: isinstance(outcome(read_on_an_event_loop), NotFoundError), timeout_s=HANG_S)
+    finally:
+        storage.close()
