@@ -101,9 +101,9 @@ class StatementDeadline:
         missed = self._missed_at  # one read of one attribute needs no lock: every read of the API asks
         if missed is None:
             return None
-        return (f"the database server gave no answer in time {self._clock() - missed:.0f} s ago and has not answered "
-                "since (its process may be stopped or hung); it is tried again every "
-                f"{PROBE_INTERVAL_S:g} s")  # fmt: skip
+        return (f"the database server missed a deadline {self._clock() - missed:.0f} s ago and has not answered "
+                "since (its process may be stopped or hung); it is tried again in the background, and calls go "
+                "through as soon as it answers")  # fmt: skip
 
     @staticmethod
     def reason(seconds: float) -> str:
