@@ -93,13 +93,18 @@ class PostgresCluster:
     def freeze(self) -> None:
         """Stop the server's processes (SIGSTOP), not the server: its port still accepts connections and the kernel
         acknowledges what is sent, but nothing answers, as a server hung on its disk or a paused machine."""
-        for pid in self._processes():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
         """Let the frozen processes run again (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
+        """`signum` to every process of the server; one that exited since it was listed (the backend of a connection
+        just closed) is passed over."""
         for pid in self._processes():
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def _processes(self) -> list[int]:
         """The postmaster and its children (the backends, one per connection, and the background workers)."""

@@ -9,9 +9,11 @@ deadline exists to end (no test asserts how long a call took)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -190,3 +192,24 @@ def test_a_connection_attempt_that_times_out_holds_calls_as_a_missed_deadline_do
         wait_for(lambda: isinstance(outcome(read_on_an_event_loop), NotFoundError), timeout_s=HANG_S)
     finally:
         storage.close()
+
+
+def test_freezing_a_cluster_passes_over_a_backend_that_exited_meanwhile(cluster, monkeypatch):
+    gone = subprocess.Popen(["true"])  # a closed connection's backend, listed as the postmaster's child, then gone
+    gone.wait()
+    listed = cluster._processes()
+    monkeypatch.setattr(cluster, "_processes", lambda: [*listed, gone.pid])
+    cluster.freeze()  # no ProcessLookupError, and the others stopped
+    try:
+        assert all(_state(pid) in ("T", "Z", "") for pid in listed)  # Z, "": a backend that exited meanwhile
+    finally:
+        cluster.thaw()
+    assert all(_state(pid) != "T" for pid in listed)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped, Z: exited, not yet waited for), "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
