@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord
+from hpo.storage.deadline import quick_reads
 from server.caching import AnswerCache
 from server.schemas import NAME_PATTERN
 from server.settings import Settings
@@ -53,9 +54,15 @@ async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: S
     from memory, without a database query or a thread-pool round trip."""
     record = specs.known_experiment(name)
     if record is None:
-        record = await run_in_threadpool(storage.get_experiment_by_name, name)  # NotFoundError -> 404
+        record = await run_in_threadpool(_lookup, storage, name)  # NotFoundError -> 404
         specs.remember_experiment(record)
     return record
+
+
+def _lookup(storage: Storage, name: str) -> ExperimentRecord:
+    """One indexed lookup: under the short database deadline, as the event loop's reads (hpo/storage/deadline.py)."""
+    with quick_reads():
+        return storage.get_experiment_by_name(name)
 
 
 ExperimentRefDep = Annotated[ExperimentRecord, Depends(get_experiment_ref)]

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import Engine, event, text
@@ -38,6 +39,20 @@ from sqlalchemy.exc import OperationalError
 PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
 _CUT = "hpo_deadline_cut"  # in a pooled connection's `info`: its socket was shut down after its answer came
 TICK_SHARE = 0.1  # the watchdog looks at the connections waiting every tenth of the shorter deadline
+
+
+_quick: ContextVar[bool] = ContextVar("hpo_storage_quick", default=False)
+
+
+@contextlib.contextmanager
+def quick_reads() -> Iterator[None]:
+    """The statements inside take the short deadline wherever they run: a one-row lookup in a thread (the API's
+    first lookup of an experiment by name) must not wait as long as a report's reads of a whole experiment."""
+    token = _quick.set(True)
+    try:
+        yield
+    finally:
+        _quick.reset(token)
 
 
 class NoAnswer(Exception):
@@ -150,7 +165,7 @@ class StatementDeadline:
 
     def _start(self, dbapi_connection: Any, quick: bool = False) -> float:
         """Watch `dbapi_connection` from now on (`quick`: under the short deadline); the seconds of its deadline."""
-        quick = quick or getattr(self._probing, "active", False) or self.quick()
+        quick = quick or _quick.get() or getattr(self._probing, "active", False) or self.quick()
         seconds = self.seconds if quick else self.slow_seconds
         fd = _socket(dbapi_connection)
         if fd is None:
