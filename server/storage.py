@@ -10,7 +10,7 @@ A database server that stops answering without closing its connections (its proc
 outage the driver notices: each statement has a deadline instead (hpo/storage/deadline.py), `timeout_s` (the
 setting HPO_API_DATABASE_TIMEOUT_S) for the reads made on the event loop, `/health` and an experiment's first lookup
 by name (server.deps), SLOW_READ_S for the others,
-each then a 503; after a missed deadline the event loop's reads answer 503 at once until the database answers again.
+each then a 503; after a missed deadline every request answers 503 at once until a probe hears the database.
 """
 
 from __future__ import annotations
