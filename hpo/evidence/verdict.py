@@ -51,7 +51,7 @@ The outcomes, in order:
 - not yet, before any test, when an arm's tuning has found no configuration that reaches the target (none of its
   tuning trials nor of its best configuration's confirmation runs reached it; under a multi-fidelity tuner the
   tuning trials may all be short, and the confirmations at the full budget show it): the comparison would be
-  between a tuned optimizer and an untuned one, so it says so and asks
+  between a tuned arm and an untuned one, so it says so and asks
   for more tuning trials (or a larger sample budget); more confirmation runs would not help. Calibration found
   most wrong winners on the real pair there (BENCHMARKS.md, "Verdict calibration").
 - winner: A reached the target in every one of at least 2 runs and, against every other arm B, the two-sided
@@ -334,16 +334,21 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
 
 
 def _not_found(labels: Sequence[str]) -> str:
-    names = " and ".join(labels)
-    return (f"the tuning of {names} has found no configuration that reaches the target yet (none of its finished "
-            "tuning trials nor of its best configuration's runs reached it): a claim against it would be about its "
-            "tuning, not its optimizer; more tuning trials (budget.trials) or a larger sample budget would decide, "
-            "not more confirmation runs")  # fmt: skip
+    """The arms compared may be optimizers, clipping strategies or batch sizes: the line names neither, only arms;
+    with several arms unfound, a list ("A, B and C") and what holds for each."""
+    if len(labels) == 1:
+        names, each, claim = labels[0], "", "it"
+    else:
+        names, each, claim = f"{', '.join(labels[:-1])} and {labels[-1]}", "for each, ", "any of them"
+    return (f"the tuning of {names} has found no configuration that reaches the target yet ({each}none of its "
+            "finished tuning trials nor of its best configuration's runs reached it): a claim against "
+            f"{claim} would be about its tuning, not about the arm; more tuning trials (budget.trials) or a larger "
+            "sample budget would decide, not more confirmation runs")  # fmt: skip
 
 
 def _lucky(b: ArmRuns, leader: ArmRuns) -> bool:
     """Whether b's configuration was picked on evidence its own confirmation runs contradict, so that a claim
-    against b would be about the pick, not the optimizer: b's confirmation runs missed the target at least once,
+    against b would be about the pick, not the arm: b's confirmation runs missed the target at least once,
     and the tuning run that picked it either reached the target sooner than the leader's runs do (it ranked the
     configuration ahead of the leader: a lucky seed) or never reached it at all (picked on its accuracy short of
     the target, as a multi-fidelity tuner picks at a short budget, where a high learning rate looks good early)."""

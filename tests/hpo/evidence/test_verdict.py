@@ -188,6 +188,25 @@ def test_an_arm_whose_tuning_found_nothing_on_target_is_not_compared():
     assert decide([fast, ArmRuns("lamb", (None, None, None), budget)]).winner == "adamw"  # a trial of it had hit
 
 
+def test_arms_whose_tuning_found_nothing_are_named_as_a_list_and_not_as_optimizers():
+    """Four clipping strategies none of whose tuning reached the target: the line said "the tuning of A and B and C
+    and D has found ... (none of its finished tuning trials ...): a claim against it would be about its tuning, not
+    its optimizer", an optimizer where the arms are clipping strategies, and one "it" for four arms."""
+    budget = 6144
+    labels = [f"clipping.strategy={s}" for s in ("none", "after_allreduce", "before_allreduce", "bucketwise")]
+    line = decide([ArmRuns(label, (None, None), budget, found=False) for label in labels]).line
+    assert (
+        "the tuning of clipping.strategy=none, clipping.strategy=after_allreduce, clipping.strategy=before_allreduce "
+        "and clipping.strategy=bucketwise has found no configuration that reaches the target yet (for each, none of "
+        "its finished tuning trials nor of its best configuration's runs reached it): a claim against any of them "
+        "would be about its tuning, not about the arm" in line
+    )
+    assert "optimizer" not in line
+    one = decide([ArmRuns("lamb", (None, None), budget, found=False), ArmRuns("adamw", (4000.0, 4100.0), budget)])
+    assert "a claim against it would be about its tuning, not about the arm; " in one.line
+    assert "optimizer" not in one.line
+
+
 def test_found_is_a_hit_among_the_arms_tuning_trials_or_its_best_configurations_runs():
     """Under asha every tuning trial may be short (no hit): the confirmations at the full budget show the arm's
     best configuration reaches the target, so it is compared; with neither, it is not."""
