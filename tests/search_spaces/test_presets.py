@@ -11,7 +11,8 @@ import pytest
 from hpo.experiment import load_experiment
 from hpo.plan.forecast import PlanOptions, prepare_plan
 
-PRESETS = sorted((Path(__file__).resolve().parents[2] / "search_spaces" / "presets").glob("*.yaml"))
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "search_spaces" / "presets"
+PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
 
 
 def test_the_presets_are_found():
@@ -40,3 +41,22 @@ MOVED = [f"{name}.yaml" for name in ("adam_vs_lamb", "batch_scaling", "clipping_
          "clipping_strategies_demo_cpu")]  # fmt: skip
 # batch_scaling_demo_cpu is read batch size by batch size from the tables that have it, on their own model and data:
 # planned as it is, without assumptions
+
+
+CLIPPING_PRESETS = ["clipping_strategies", "clipping_strategies_demo_cpu"]
+
+
+@pytest.mark.parametrize("name", CLIPPING_PRESETS)
+def test_the_clipping_presets_train_lamb_as_they_say(name: str):
+    """The CPU demo said "Clipping strategies with LAMB" and trained AdamW: its base config (demo_cpu) turned to
+    AdamW and the preset never named its optimizer. With LAMB, after_allreduce is LAMB's own pre-normalization."""
+    spec = load_experiment(PRESETS_DIR / f"{name}.yaml")
+    assert "with LAMB" in spec.description and "optimizer.name" not in spec.space
+    assert trainer_config_of(spec).optimizer.name == "lamb"
+
+
+def trainer_config_of(spec):
+    """The trainer config every arm of `spec` shares beyond its space: the base config with the file's overrides."""
+    from trainer.config import config_from_dict
+
+    return config_from_dict(spec.resolved_base())
