@@ -55,6 +55,21 @@ def test_the_clipping_presets_train_lamb_as_they_say(name: str):
     assert trainer_config_of(spec).optimizer.name == "lamb"
 
 
+@pytest.mark.parametrize("name", CLIPPING_PRESETS)
+def test_the_bucketwise_arm_of_a_clipping_preset_clips_several_buckets(name: str):
+    """With one DDP bucket, bucketwise clips the whole local gradient by max_norm: before_allreduce's clip (the CPU
+    demo's tiny BERT, 3.3 MB of gradients, fit DDP's default 25 MB bucket, and its two arms trained alike)."""
+    import torch
+
+    from trainer.model import BertForPreTraining
+
+    cfg = trainer_config_of(load_experiment(PRESETS_DIR / f"{name}.yaml"))
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg.model)
+    gradient_bytes = sum(p.numel() * 4 for p in model.parameters())  # fp32 gradients (the CPU demo trains in fp32)
+    assert gradient_bytes >= 3 * cfg.clipping.bucket_cap_mb * 2**20, f"{name}: too few buckets for bucketwise"
+
+
 def trainer_config_of(spec):
     """The trainer config every arm of `spec` shares beyond its space: the base config with the file's overrides."""
     from trainer.config import config_from_dict
