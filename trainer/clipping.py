@@ -4,7 +4,8 @@ All thresholds are `clipping.max_norm` in unscaled gradient units; the clip coef
 `torch.nn.utils.clip_grad_norm_`: min(1, threshold / (norm + 1e-6)). Norms come from `trainer.norms`
 (exact to float32 rounding also for multi-million-element buckets on the CPU, unlike torch's own).
 
-- `none`: the trainer does not clip.
+- `none`: no clip of its own. LAMB still pre-normalizes the averaged gradient at `optimizer.max_grad_norm` (apex
+  FusedLAMB semantics), so with LAMB `none` clips like `after_allreduce` with max_norm = optimizer.max_grad_norm.
 - `after_allreduce` (the reference): DDP averages, then the averaged gradient is clipped by its global norm.
   With LAMB this *is* LAMB's own pre-normalization, so the trainer does not clip a second time: LAMB's
   `max_grad_norm` is set to `clipping.max_norm` instead (`effective_optimizer_config`).

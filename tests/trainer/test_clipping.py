@@ -340,6 +340,30 @@ def test_lamb_after_allreduce_clips_once_inside_lamb():
     )
 
 
+def test_with_lamb_strategy_none_still_clips_at_lambs_max_grad_norm():
+    """`none` adds no clip, but LAMB's pre-normalization stays (apex semantics): the docs and the clipping presets
+    said that `none` clips nothing. Three LAMB steps on gradients of norm ~1,000 under `none` match
+    `after_allreduce` at max_norm = optimizer.max_grad_norm exactly, and differ from a threshold that never bites."""
+    from trainer.optim import build_optimizer
+
+    def weights_after_steps(strategy: str, max_norm: float) -> torch.Tensor:
+        model = tiny_model()
+        clip = ClippingConfig(strategy=strategy, max_norm=max_norm)
+        optimizer = build_optimizer(model, effective_optimizer_config(OptimizerConfig(name="lamb", lr=0.01), clip))
+        clipper = GradientClipper(clip, "lamb", model, None, torch.amp.GradScaler("cpu", enabled=False), DistEnv())
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=generator) * 10.0
+            clipper.before_step(optimizer)
+            optimizer.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    unclipped = weights_after_steps("after_allreduce", 1e6)
+    assert torch.equal(weights_after_steps("none", 1e6), weights_after_steps("after_allreduce", 1.0))
+    assert not torch.equal(weights_after_steps("none", 1e6), unclipped)
+
+
 def test_loss_scaled_gradients_are_clipped_in_unscaled_units():
     # The threshold is multiplied by the loss scale: clipping scaled grads = scaling clipped grads.
     grads = torch.tensor([3.0, 4.0])

@@ -132,7 +132,7 @@ def test_the_plan_shows_each_arms_dimensions_and_sample_budget():
     assert f"in rounds of {rounds[0]} more seeds until the verdict decides" in plan[-1]
     assert plan[-1].endswith(f"at most {rounds[-1]}") and "equivalent within ±5 %" in plan[-1]
     clipping = describe_plan(load_experiment(preset_path("clipping_strategies")), _Runner())
-    assert "the arms tune different dimensions: strategy none clips nothing" in clipping
+    assert "the arms tune different dimensions: strategy none adds no clip to LAMB's own" in clipping
 
 
 def test_stored_form_keeps_the_reason(tmp_path: Path):
