@@ -44,6 +44,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
         _check_equal_budgets(spec, source)
         _check_tuner_seed(spec, source)
         _check_seed(spec, cfg, source)
+        _check_clipping_ranks(spec, cfg, source)
         if spec.resources.gpus == "none":
             _check_cpu_trials(spec, cfg, source)
 
@@ -390,6 +391,31 @@ def _check_seed(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
             f"{last}, and the database keeps a trial's seed as a 32-bit integer: use a seed of at most "
             f"{SEED_LIMIT - spec.budget.most_confirm_seeds}"
         )
+
+
+# Clipping strategies that clip each rank's gradient before the all-reduce: on one process, a whole-gradient clip
+LOCAL_CLIPS = ("before_allreduce", "bucketwise")
+
+
+def _check_clipping_ranks(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    """Arms of clipping strategies that clip before the all-reduce train alike on one rank per trial: a trial of one
+    process has no all-reduce and no DDP bucket, and its trainer clips the whole gradient by max_norm under
+    before_allreduce and bucketwise, as under after_allreduce. Comparing them there would spend the budget on
+    identical arms and read noise as a verdict."""
+    if "clipping.strategy" not in spec.compare:
+        return
+    strategies = key_values(spec, cfg, "clipping.strategy")
+    local = [s for s in LOCAL_CLIPS if strategies is not None and s in strategies[1]]
+    on_gpu = spec.resources.gpus != "none"
+    if not local or spec.resources.ranks_per_trial(on_gpu) > 1:
+        return
+    field = "gpus_per_trial" if on_gpu else "cpu_ranks_per_trial"
+    raise ExperimentFileError(
+        f"{source}: compare: clipping.strategy compares {' and '.join(local)} on 1 rank per trial "
+        f"(resources.{field}): with one process there is no all-reduce and no DDP bucket, so they clip the whole "
+        f"gradient by max_norm, as after_allreduce does, and their arms would train alike; give each trial several "
+        f"ranks (resources.{field}: 2 or more), or compare none and after_allreduce only"
+    )
 
 
 # Trainer settings a trial without a GPU cannot run: key -> (value, why)

@@ -217,6 +217,32 @@ def test_trial_config_fidelity_shortens_the_run_but_keeps_the_schedule(tmp_path)
         trial_config(spec, params, fidelity=0)
 
 
+def test_comparing_clipping_strategies_that_clip_before_the_all_reduce_needs_several_ranks_per_trial():
+    """With one process there is no all-reduce and no DDP bucket: before_allreduce and bucketwise clip the whole
+    gradient by max_norm, as after_allreduce does, so arms of them on one rank per trial train alike. Such a file
+    was accepted and spent its budget on identical arms; it is refused, naming the field and what to change."""
+    space = {
+        "clipping.strategy": {"choice": ["none", "after_allreduce", "before_allreduce", "bucketwise"]},
+        "clipping.max_norm": {"float": [0.1, 10.0], "log": True, "when": {"clipping.strategy": {"not": "none"}}},
+        "optimizer.lr": {"float": [1e-3, 1e-2], "log": True},
+    }
+    allow = "strategy none has no clipping.max_norm to tune"
+    one_rank = make_experiment(base_config=TINY_BASE, space=space, compare=["clipping.strategy"],
+                               allow_unequal_arms=allow)  # fmt: skip
+    with pytest.raises(ExperimentFileError, match=(
+        r"^<test>: compare: clipping.strategy compares before_allreduce and bucketwise on 1 rank per trial "
+        r"\(resources.cpu_ranks_per_trial\).*; give each trial several ranks"
+    )):  # fmt: skip
+        experiment_from_dict(one_rank, "<test>")
+    on_gpus = {**one_rank, "resources": {"gpus": "all", "gpus_per_trial": 1}}
+    with pytest.raises(ExperimentFileError, match=r"on 1 rank per trial \(resources.gpus_per_trial\)"):
+        experiment_from_dict(on_gpus, "<test>")
+    two_ranks = {**one_rank, "resources": {"gpus": "none", "cpu_slots": 1, "cpu_ranks_per_trial": 2}}
+    assert experiment_from_dict(two_ranks, "<test>").compare == ["clipping.strategy"]
+    where_it_differs = {**one_rank, "space": {**space, "clipping.strategy": {"choice": ["none", "after_allreduce"]}}}
+    assert experiment_from_dict(where_it_differs, "<test>").compare == ["clipping.strategy"]  # differ on one rank
+
+
 def test_arms_cover_every_combination_of_compare_keys():
     spec = experiment_from_dict(
         make_experiment(base_config=TINY_BASE, compare=["optimizer.name", "clipping.strategy"]), "<test>"
