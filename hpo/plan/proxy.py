@@ -205,8 +205,13 @@ def _table_base(table: CurveTable, spec) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
+def _samples(scale: float) -> str:
+    """A count of file samples per table sample: whole above 100 (651), else to 3 significant digits (0.5, not 0)."""
+    return f"{scale:,.0f}" if scale >= 100 else f"{scale:,.3g}"
+
+
 def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]:
-    stands = f"{scale:,.0f} of the file's {base.budget.max_samples:,} samples"
+    stands = f"{_samples(scale)} of the file's {base.budget.max_samples:,} samples"
     if budgets:
         stands = f"{scale:,.4g} of the file's samples (its budget at each batch size over the table's there)"
     lines = [
@@ -234,7 +239,7 @@ def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]
         shortest = min(theirs, key=theirs.get)
         lengths = ", ".join(f"{n:,} at {b:,}" for b, n in theirs.items())
         lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples); one table "
-                     f"sample stands for the same {scale:,.0f} file samples at each, so a full run at table batch "
+                     f"sample stands for the same {_samples(scale)} file samples at each, so a full run at table batch "
                      f"{shortest:,} stands for {theirs[shortest] * scale:,.0f} of the file's samples, not "
                      f"{base.budget.max_samples:,}: its simulated hours are that much shorter")  # fmt: skip
     return lines

@@ -136,3 +136,17 @@ def test_a_budget_per_batch_size_in_the_tables_proportions_sets_the_scale(tmp_pa
     pairs = ", ".join(f"{lengths[t]:,} at table batch {t:,} for the file's {20 * lengths[t]:,} at {b:,}"
                       for b, t in zip(theirs, ours, strict=True))  # fmt: skip
     assert f"each batch size trains the file's own budget there, in the table's proportions: {pairs}" in assumptions
+
+
+def test_a_file_shorter_than_the_tables_runs_says_the_fraction_of_a_sample_one_stands_for(tmp_path):
+    """A file that trains 6,144 samples on a table whose runs train 12,288: one table sample stands for 0.5 of the
+    file's (it printed "stands for 0", the share rounded to whole samples)."""
+    file = yaml.safe_load((PRESETS / "clipping_strategies_demo_cpu.yaml").read_text())
+    file["base_config"] = str((PRESETS / file["base_config"]).resolve())
+    file.setdefault("overrides", {})["budget.max_samples"] = meta("curves")["fixed"]["budget.max_samples"] // 2
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(file))
+    spec = load_experiment(path)
+    data, assumptions = table_proxy(spec, spec.self_contained(), load_table(TABLES / "curves.jsonl"))
+    assert data["runner"]["simulation"]["sample_scale"] == pytest.approx(0.5)
+    assert any("one table sample stands for 0.5 of the file's 6,144 samples" in a for a in assumptions), assumptions
