@@ -1,5 +1,6 @@
 """`hpo export`: the best trial as a complete trainer config, its JSON, or the `torchrun` line (in an experiment that
-compares arms, the best of the verdict's winner when it names one). It only reads."""
+compares arms, the best of the verdict's winner when it names one; at a batch size, of the verdict's winner
+there). It only reads."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hpo.errors import HpoError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hpo.evidence.confirmations import stored_verdict
+    from hpo.evidence.confirmations import stored_verdict, stored_winner_at
     from hpo.experiment import spec_from_stored
     from hpo.export.production import check_arm, export_arm, render
 
@@ -26,7 +27,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
-    arm, chosen = export_arm(spec, args.arm, args.batch_size, lambda: stored_verdict(storage, record.id, spec).winner)
+
+    def winner(batch: int | None) -> str | None:  # the experiment's verdict's, or that of the verdict at `batch`
+        if batch is None:
+            return stored_verdict(storage, record.id, spec).winner
+        return stored_winner_at(storage, record.id, spec, batch)
+
+    arm, chosen = export_arm(spec, args.arm, args.batch_size, winner)
     trial = storage.best_trial(record.id, arm=arm, global_batch_size=args.batch_size)
     if trial is None:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
@@ -113,7 +120,8 @@ def add_export(sub) -> None:
                              "config; torchrun: the command line (default yaml)")  # fmt: skip
     export.add_argument("--arm", help="the best of this arm, e.g. optimizer.name=lamb (default: the verdict's winner "
                         "where it names one, else every arm)")  # fmt: skip
-    export.add_argument("--batch-size", type=positive, help="the best trial with this global batch size")
+    export.add_argument("--batch-size", type=positive, help="the best trial with this global batch size (of the "
+                        "verdict's winner there where it names one)")  # fmt: skip
     export.add_argument("--nodes", type=positive, default=1, help="nodes of the production run (default 1)")
     export.add_argument("--gpus-per-node", type=positive, default=1, help="GPUs (ranks) per node (default 1)")
     export.add_argument(

@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from hpo.evidence.verdict import Outcome, Verdict, arm_runs, decide, unselected
-from hpo.experiment.arms import arm_label, arms
+from hpo.evidence.verdict import Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
+from hpo.experiment.arms import arm_label, arms, batch_study, trial_config
 from hpo.storage.base import Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
@@ -102,6 +102,32 @@ def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
 def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
     """The verdict of a compare experiment from its stored trials and their curves."""
     return stored_evidence(storage, experiment_id).verdict(spec)
+
+
+def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_size: int) -> str | None:
+    """The arm whose best trial at `global_batch_size` the verdict that compared runs at that batch size names the
+    winner (what `hpo export --batch-size` exports); None where no verdict names one there. In a batch-size study
+    (`batch_study`) that is the verdict at that batch size, as the report gives it (`batch_size_verdicts` of every
+    arm's runs at its best configuration's batch size and optimizer): the experiment's verdict compares arms across
+    batch sizes too. Otherwise it is the experiment's verdict, where the winner's confirmed configuration trained at
+    that batch size."""
+    evidence = stored_evidence(storage, experiment_id)
+    if not batch_study(spec.compare):
+        winner = evidence.verdict(spec).winner
+        top = evidence.best.get(winner) if winner is not None else None
+        return winner if top is not None and top.global_batch_size == global_batch_size else None
+    evidence_of = arm_runs(spec, evidence.best, evidence.confirmations, evidence.curves, evidence.reached)
+    points = []  # (batch size, optimizer, arm label, its runs) of every arm with a best trial and runs
+    for fixed, runs in zip(arms(spec), evidence_of, strict=True):
+        top = evidence.best.get(arm_label(fixed))
+        if top is not None and top.global_batch_size is not None and runs.samples_to_target:
+            points.append((top.global_batch_size, trial_config(spec, top.params).optimizer.name, top.arm, runs))
+    verdicts = batch_size_verdicts(((batch, optimizer, runs) for batch, optimizer, _, runs in points),
+                                   spec.verdict.margin)  # fmt: skip
+    winner = verdicts[global_batch_size].winner if global_batch_size in verdicts else None
+    named = [label for batch, optimizer, label, _ in points
+             if winner is not None and batch == global_batch_size and optimizer == winner]  # fmt: skip
+    return named[0] if len(named) == 1 else None  # several arms of the winner there: no one arm is named
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord],

@@ -75,7 +75,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import combinations, pairwise
@@ -331,6 +331,25 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
     needed = _runs_needed(against, margin, level)
     return Verdict(summaries, None, _not_yet_line(leader, against, margin, needed), comparisons=against,
                    runs_needed=needed, **common)  # fmt: skip
+
+
+def batch_size_verdicts(points: Iterable[tuple[int, str, ArmRuns]],
+                        margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:  # fmt: skip
+    """Global batch size -> the verdict between the optimizers measured there (two or more), by `decide` on their
+    runs, the error shared over the batch sizes compared (Bonferroni: each at 1 / their number of the level), so
+    together they name a wrong winner in at most 5 %: in a batch-size study the experiment's verdict compares arms
+    across batch sizes too, and this is the answer at each. `points`: (batch size, optimizer, its runs there); the
+    runs of one optimizer at one batch size from several points (experiments) are pooled, with the largest budget
+    and the widest resolution. The report's verdict at each batch size and `hpo export --batch-size` read it.
+    Ascending by batch size."""
+    by_batch: dict[int, dict[str, list[ArmRuns]]] = {}
+    for batch, optimizer, runs in points:
+        by_batch.setdefault(batch, {}).setdefault(optimizer, []).append(runs)
+    compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
+    return {batch: decide([ArmRuns(name, tuple(s for r in mine for s in r.samples_to_target),
+                                   max(r.max_samples or 0 for r in mine), max(r.resolution for r in mine))
+                           for name, mine in sorted(groups.items())], margin, family=len(compared))
+            for batch, groups in compared.items()}  # fmt: skip
 
 
 def _not_found(labels: Sequence[str]) -> str:

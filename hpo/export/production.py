@@ -110,19 +110,23 @@ def check_arm(spec, arm: str | None) -> None:
 
 
 def export_arm(
-    spec, arm: str | None, global_batch_size: int | None, winner: Callable[[], str | None]
+    spec, arm: str | None, global_batch_size: int | None, winner: Callable[[int | None], str | None]
 ) -> tuple[str | None, str]:
     """The arm whose best trial is exported, and why (a comment of the export): the arm asked for; else, in an
-    experiment that compares arms, the verdict's winner (`winner()`, asked only then), whose best trial may not be the
-    best trial overall (a lucky seed of the other arm); else every arm. With a global batch size asked for, the best
-    at that size: the verdict is the experiment's, over its batch sizes."""
+    experiment that compares arms, the winner of the verdict (`winner(global_batch_size)`, asked only then: the
+    experiment's, or with a global batch size asked for the one that compared runs at that size, e.g. a batch-size
+    study's verdict there), whose best trial may not be the best trial overall (a lucky seed of the other arm); else
+    every arm (at the global batch size asked for)."""
     if arm is not None:
         return arm, "the best trial of the arm asked for"
     if not spec.compare:
         return None, "the best trial"
+    named = winner(global_batch_size)
     if global_batch_size is not None:
-        return None, "the best trial of any arm at the global batch size asked for"
-    named = winner()
+        if named is not None:
+            return named, "the best trial of the verdict's winner at the global batch size asked for"
+        return None, ("the best trial of any arm at the global batch size asked for: no verdict names a winner at "
+                      "that size yet (asked for an arm, the export is its best)")  # fmt: skip
     if named is not None:
         return named, "the best trial of the verdict's winner"
     return None, "the best trial of any arm: the verdict names no winner yet (asked for an arm, the export is its best)"

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpo.evidence.batch_scaling import BatchScaling, fit_batch_scaling
-from hpo.evidence.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, decide, summarize
+from hpo.evidence.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, batch_size_verdicts, summarize
 from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
 
@@ -123,16 +123,9 @@ def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
 
 def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
     """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
-    reference), by the verdict's rule (`hpo.evidence.verdict.decide`) on their runs, the error shared over the batch
-    sizes compared (Bonferroni: each at 1 / their number of the level), so together they name a wrong winner in at
-    most 5 %; runs read at an evaluation keep the verdict's floor of one evaluation interval (points pooled from several
-    experiments: the widest). Ascending by batch size."""
-    by_batch: dict[int, dict[str, list[ScalingPoint]]] = {}
-    for p in points:
-        if p.runs and not p.reference:
-            by_batch.setdefault(p.global_batch_size, {}).setdefault(p.optimizer, []).append(p)
-    compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
-    return {batch: decide([ArmRuns(name, tuple(s for p in mine for s in p.runs),
-                                   max(p.evidence.max_samples or 0 for p in mine), max(p.resolution for p in mine))
-                           for name, mine in sorted(groups.items())], margin, family=len(compared))
-            for batch, groups in compared.items()}  # fmt: skip
+    reference): `hpo.evidence.verdict.batch_size_verdicts` of the points' runs, the error shared over the batch sizes
+    compared; runs read at an evaluation keep the verdict's floor of one evaluation interval (points pooled from
+    several experiments: the widest). Ascending by batch size."""
+    return batch_size_verdicts(((p.global_batch_size, p.optimizer,
+                                 ArmRuns(p.optimizer, p.runs, p.evidence.max_samples, p.resolution))
+                                for p in points if p.runs and not p.reference), margin)  # fmt: skip

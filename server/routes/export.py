@@ -41,12 +41,12 @@ def export_best_config(
     ] = "best.yaml",  # fmt: skip
 ):
     """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it: in an
-    experiment that compares arms, without `arm` or `global_batch_size`, the best trial of the verdict's winner when
-    it names one. A config from an experiment where no trial reached the target says so (and the X-HPO-Warning
-    header)."""
+    experiment that compares arms, without `arm`, the best trial of the verdict's winner when it names one (with
+    `global_batch_size`, of the verdict's winner at that size: a batch-size study's verdict there). A config from
+    an experiment where no trial reached the target says so (and the X-HPO-Warning header)."""
     spec = specs.spec(record)
     check_arm(spec, arm)
-    arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda: _winner(storage, record, spec))
+    arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda batch: _winner(storage, record, spec, batch))
     trial = storage.best_trial(record.id, arm=arm_of, global_batch_size=global_batch_size)
     if trial is None:
         raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
@@ -58,8 +58,14 @@ def export_best_config(
     return Response(exported.text, media_type=exported.media_type, headers=headers)
 
 
-def _winner(storage: Storage, record: ExperimentRecord, spec) -> str | None:
-    """The verdict's winner, from the stored evidence (a few aggregates and the confirmation runs)."""
-    from hpo.evidence.confirmations import stored_verdict  # scipy: loaded on first use, not at start-up
+def _winner(storage: Storage, record: ExperimentRecord, spec, global_batch_size: int | None) -> str | None:
+    """The verdict's winner, from the stored evidence (a few aggregates and the confirmation runs): the experiment's,
+    or at a global batch size the winner of the verdict that compared runs there (`stored_winner_at`)."""
+    from hpo.evidence.confirmations import (  # scipy: loaded on first use, not at start-up
+        stored_verdict,
+        stored_winner_at,
+    )
 
-    return stored_verdict(storage, record.id, spec).winner
+    if global_batch_size is None:
+        return stored_verdict(storage, record.id, spec).winner
+    return stored_winner_at(storage, record.id, spec, global_batch_size)

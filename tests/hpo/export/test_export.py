@@ -458,8 +458,9 @@ def lucky_loser_db(tmp_path) -> str:
 
 def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_path, capsys):
     """The best trial overall is AdamW's lucky tuning run, but the confirmation runs name LAMB: `hpo export` and the
-    API export LAMB's best trial (the best of its tuning trials, as `hpo best --arm` gives it), and say why; an arm
-    asked for, or a batch size, still gets what was asked."""
+    API export LAMB's best trial (the best of its tuning trials, as `hpo best --arm` gives it), and say why; so does
+    an export at the batch size the confirmation runs trained at (the verdict compared them there); an arm asked for
+    still gets what was asked."""
     from hpo.cli.main import main
     from hpo.evidence.verdict import ArmRuns, Outcome, decide
 
@@ -480,8 +481,9 @@ def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_
     asked = exported("--arm", "optimizer.name=adamw")
     assert (asked["arm"], asked["samples_to_target"], asked["chosen"]) == (
         "optimizer.name=adamw", 5000, "the best trial of the arm asked for")  # fmt: skip
-    at_batch = exported("--batch-size", "32")
-    assert (at_batch["arm"], at_batch["samples_to_target"]) == ("optimizer.name=adamw", 5000)
+    at_batch = exported("--batch-size", "32")  # every arm's confirmed configuration trained at 32: the same verdict
+    assert (at_batch["arm"], at_batch["samples_to_target"]) == ("optimizer.name=lamb", 6100)
+    assert at_batch["chosen"] == "the best trial of the verdict's winner at the global batch size asked for"
     assert main(["--db", db, "export", "lucky"]) == 0
     comments = capsys.readouterr().out.splitlines()[:3]
     assert comments[1:] == ["# trial 4, arm optimizer.name=lamb", "# chosen as the best trial of the verdict's winner"]
@@ -494,3 +496,80 @@ def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_
     with TestClient(create_app(Settings(database_url=db))) as client:
         answer = client.get("/api/v1/experiments/lucky/export", params={"format": "json"})
     assert answer.status_code == 200 and answer.json()["provenance"] == winner
+
+
+def lucky_batch_db(tmp_path) -> str:
+    """Experiment `lucky_batch`, a batch-size study (AdamW and LAMB at global batch 32 and 64): at each batch size
+    AdamW's tuning trial is a lucky seed (the best trial there), while LAMB's confirmation runs need a third fewer
+    samples than AdamW's, so the verdict at each batch size (the report's) names LAMB."""
+    from hpo.experiment import stored_form
+    from hpo.storage import SqlStorage
+    from hpo.trials import TrialKind, TrialResult, TrialSpec
+
+    data = {
+        "name": "lucky_batch", "base_config": "demo_cpu",
+        "overrides": {"eval.every_samples": 1024, "budget.max_samples": 12288},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "batch.global_batch_size": {"choice": [32, 64]},
+                  "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
+        "objective": {"metric": "samples_to_target", "direction": "minimize"},
+        "compare": ["optimizer.name", "batch.global_batch_size"],
+        "tuner": {"name": "random", "seed": 0}, "budget": {"trials": 4, "confirm_seeds": 3},
+        "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    runs = {("adamw", 32): (5000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950]),
+            ("adamw", 64): (7000, [12000, 12100, 11950]), ("lamb", 64): (8100, [8000, 8050, 7950])}  # fmt: skip
+    spec = experiment_from_dict(data, "lucky_batch.yaml")
+    db = f"sqlite:///{tmp_path / 'lucky_batch.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        eid = storage.create_experiment("lucky_batch", stored_form(spec, tmp_path), spec.direction)
+        for (optimizer, batch), (tuning, confirmations) in runs.items():
+            params = {"optimizer.name": optimizer, "batch.global_batch_size": batch, "optimizer.lr": 1e-3}
+            arm = f"optimizer.name={optimizer},batch.global_batch_size={batch}"
+            for seed, samples in [(None, tuning)] + list(enumerate(confirmations, start=1001)):
+                kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
+                trial_id = storage.create_trial(eid, TrialSpec(None, params, arm, 1.0, (), batch, kind, seed))
+                storage.mark_trial_running(trial_id, pid=1, host="h")
+                storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples),
+                                                           samples_to_target=samples, best_mlm_accuracy=0.13,
+                                                           metrics={"samples": 12288}))  # fmt: skip
+    return db
+
+
+def test_at_a_batch_size_of_a_batch_size_study_the_export_is_the_best_trial_of_the_verdicts_winner_there(
+    tmp_path, capsys
+):
+    """In a batch-size study the question is answered at each batch size (the report's verdict at each batch size):
+    `hpo export --batch-size N` and the API's export at N give the best trial of that verdict's winner at N, not the
+    loser's lucky seed that is the best trial there; where the verdict there names no winner, the best trial of any
+    arm, and the comment says so."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from hpo.report.data import load_experiment
+    from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
+    from server.app import create_app
+    from server.settings import Settings
+
+    db = lucky_batch_db(tmp_path)
+    from hpo.storage import SqlStorage
+
+    with SqlStorage(db) as storage:
+        experiments = [load_experiment(storage, "lucky_batch", with_noise=False)]
+    verdicts = batch_verdicts(scaling_points(experiments, experiment_runs(experiments)))
+    assert {batch: v.winner for batch, v in verdicts.items()} == {32: "lamb", 64: "lamb"}  # the report's, the premise
+
+    def exported(*args: str) -> dict:
+        assert main(["--db", db, "export", "lucky_batch", "--format", "json", *args]) == 0
+        return json.loads(capsys.readouterr().out)["provenance"]
+
+    for batch, samples in ((32, 6100), (64, 8100)):
+        assert main(["--db", db, "best", "lucky_batch", "--batch-size", str(batch)]) == 0
+        assert "optimizer.name: adamw" in capsys.readouterr().out  # the best trial there: AdamW's lucky seed
+        at_batch = exported("--batch-size", str(batch))
+        assert (at_batch["arm"], at_batch["samples_to_target"]) == (
+            f"optimizer.name=lamb,batch.global_batch_size={batch}", samples)  # fmt: skip
+        assert at_batch["chosen"] == "the best trial of the verdict's winner at the global batch size asked for"
+        with TestClient(create_app(Settings(database_url=db))) as client:
+            answer = client.get("/api/v1/experiments/lucky_batch/export",
+                                params={"format": "json", "global_batch_size": batch})  # fmt: skip
+        assert answer.status_code == 200 and answer.json()["provenance"] == at_batch
