@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from functools import partial
 from pathlib import Path
 
 from hpo.cli.common import check_output_file, given, open_storage, positive, write_output_file, wrong_batch_size
@@ -14,7 +15,7 @@ from hpo.errors import HpoError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hpo.evidence.confirmations import stored_verdict, stored_winner_at
+    from hpo.evidence.confirmations import stored_winner_at
     from hpo.experiment import spec_from_stored
     from hpo.export.production import check_arm, export_arm, render
 
@@ -28,12 +29,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
 
-    def winner(batch: int | None) -> str | None:  # the experiment's verdict's, or that of the verdict at `batch`
-        if batch is None:
-            return stored_verdict(storage, record.id, spec).winner
-        return stored_winner_at(storage, record.id, spec, batch)
+    def best_batch() -> int | None:  # the global batch size of the best trial of any arm
+        best = storage.best_trial(record.id)
+        return best.global_batch_size if best is not None else None
 
-    arm, chosen = export_arm(spec, args.arm, args.batch_size, winner)
+    winner = partial(
+        stored_winner_at, storage, record.id, spec
+    )  # the verdict's at a batch size (None: the experiment's)
+    arm, chosen = export_arm(spec, args.arm, args.batch_size, winner, best_batch)
     trial = storage.best_trial(record.id, arm=arm, global_batch_size=args.batch_size)
     if trial is None:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or

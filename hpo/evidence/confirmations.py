@@ -104,18 +104,19 @@ def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:
     return stored_evidence(storage, experiment_id).verdict(spec)
 
 
-def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_size: int) -> str | None:
+def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_size: int | None) -> str | None:
     """The arm whose best trial at `global_batch_size` the verdict that compared runs at that batch size names the
-    winner (what `hpo export --batch-size` exports); None where no verdict names one there. In a batch-size study
-    (`batch_study`) that is the verdict at that batch size, as the report gives it (`batch_size_verdicts` of every
-    arm's runs at its best configuration's batch size and optimizer): the experiment's verdict compares arms across
-    batch sizes too. Otherwise it is the experiment's verdict, where the winner's confirmed configuration trained at
-    that batch size."""
+    winner (what `hpo export --batch-size` exports; None: the experiment's verdict's winner); None where no verdict
+    names one there. In a batch-size study (`batch_study`) that is the verdict at that batch size, as the report
+    gives it (`batch_size_verdicts` of every arm's runs at its best configuration's batch size and optimizer): the
+    experiment's verdict compares arms across batch sizes too. Otherwise it is the experiment's verdict, where the
+    winner's confirmed configuration trained at that batch size."""
     evidence = stored_evidence(storage, experiment_id)
-    if not batch_study(spec.compare):
+    if global_batch_size is None or not batch_study(spec.compare):
         winner = evidence.verdict(spec).winner
         top = evidence.best.get(winner) if winner is not None else None
-        return winner if top is not None and top.global_batch_size == global_batch_size else None
+        at = global_batch_size is None or (top is not None and top.global_batch_size == global_batch_size)
+        return winner if at else None
     evidence_of = arm_runs(spec, evidence.best, evidence.confirmations, evidence.curves, evidence.reached)
     points = []  # (batch size, optimizer, arm label, its runs) of every arm with a best trial and runs
     for fixed, runs in zip(arms(spec), evidence_of, strict=True):

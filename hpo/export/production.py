@@ -110,17 +110,33 @@ def check_arm(spec, arm: str | None) -> None:
 
 
 def export_arm(
-    spec, arm: str | None, global_batch_size: int | None, winner: Callable[[int | None], str | None]
+    spec,
+    arm: str | None,
+    global_batch_size: int | None,
+    winner: Callable[[int | None], str | None],
+    best_batch: Callable[[], int | None] = lambda: None,
 ) -> tuple[str | None, str]:
     """The arm whose best trial is exported, and why (a comment of the export): the arm asked for; else, in an
     experiment that compares arms, the winner of the verdict (`winner(global_batch_size)`, asked only then: the
     experiment's, or with a global batch size asked for the one that compared runs at that size, e.g. a batch-size
     study's verdict there), whose best trial may not be the best trial overall (a lucky seed of the other arm); else
-    every arm (at the global batch size asked for)."""
+    every arm (at the global batch size asked for). A batch-size study's own verdict compares arms across batch sizes
+    too, a question it does not ask: without a batch size asked for, its export is at the batch size of the best
+    trial of any arm (`best_batch()`: the fewest samples to target), by the verdict there."""
+    from hpo.experiment.arms import batch_study  # the trainer config models: built on first use, not at start-up
+
     if arm is not None:
         return arm, "the best trial of the arm asked for"
     if not spec.compare:
         return None, "the best trial"
+    if global_batch_size is None and batch_study(spec.compare):
+        at = best_batch()
+        named = winner(at) if at is not None else None
+        if named is not None:
+            return named, (f"the best trial of the verdict's winner at global batch size {at}, that of the best trial "
+                           "of any arm (a batch-size study: --batch-size exports another size's)")  # fmt: skip
+        return None, (f"the best trial of any arm, at global batch size {at}, where no verdict names a winner yet (a "
+                      "batch-size study: --batch-size exports another size's)")  # fmt: skip
     named = winner(global_batch_size)
     if global_batch_size is not None:
         if named is not None:

@@ -46,7 +46,8 @@ def export_best_config(
     an experiment where no trial reached the target says so (and the X-HPO-Warning header)."""
     spec = specs.spec(record)
     check_arm(spec, arm)
-    arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda batch: _winner(storage, record, spec, batch))
+    arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda batch: _winner(storage, record, spec, batch),
+                                lambda: _best_batch(storage, record))  # fmt: skip
     trial = storage.best_trial(record.id, arm=arm_of, global_batch_size=global_batch_size)
     if trial is None:
         raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
@@ -61,11 +62,12 @@ def export_best_config(
 def _winner(storage: Storage, record: ExperimentRecord, spec, global_batch_size: int | None) -> str | None:
     """The verdict's winner, from the stored evidence (a few aggregates and the confirmation runs): the experiment's,
     or at a global batch size the winner of the verdict that compared runs there (`stored_winner_at`)."""
-    from hpo.evidence.confirmations import (  # scipy: loaded on first use, not at start-up
-        stored_verdict,
-        stored_winner_at,
-    )
+    from hpo.evidence.confirmations import stored_winner_at  # scipy: loaded on first use, not at start-up
 
-    if global_batch_size is None:
-        return stored_verdict(storage, record.id, spec).winner
     return stored_winner_at(storage, record.id, spec, global_batch_size)
+
+
+def _best_batch(storage: Storage, record: ExperimentRecord) -> int | None:
+    """The global batch size of the best trial of any arm (where a batch-size study's export is, without one asked)."""
+    best = storage.best_trial(record.id)
+    return best.global_batch_size if best is not None else None

@@ -498,10 +498,11 @@ def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_
     assert answer.status_code == 200 and answer.json()["provenance"] == winner
 
 
-def lucky_batch_db(tmp_path) -> str:
+def lucky_batch_db(tmp_path, lamb_64: tuple[int, list[int]] = (8100, [8000, 8050, 7950])) -> str:
     """Experiment `lucky_batch`, a batch-size study (AdamW and LAMB at global batch 32 and 64): at each batch size
     AdamW's tuning trial is a lucky seed (the best trial there), while LAMB's confirmation runs need a third fewer
-    samples than AdamW's, so the verdict at each batch size (the report's) names LAMB."""
+    samples than AdamW's, so the verdict at each batch size (the report's) names LAMB. `lamb_64`: LAMB's tuning
+    trial and confirmation runs at 64."""
     from hpo.experiment import stored_form
     from hpo.storage import SqlStorage
     from hpo.trials import TrialKind, TrialResult, TrialSpec
@@ -517,7 +518,7 @@ def lucky_batch_db(tmp_path) -> str:
         "resources": {"gpus": "none", "cpu_slots": 1},
     }  # fmt: skip
     runs = {("adamw", 32): (5000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950]),
-            ("adamw", 64): (7000, [12000, 12100, 11950]), ("lamb", 64): (8100, [8000, 8050, 7950])}  # fmt: skip
+            ("adamw", 64): (7000, [12000, 12100, 11950]), ("lamb", 64): lamb_64}  # fmt: skip
     spec = experiment_from_dict(data, "lucky_batch.yaml")
     db = f"sqlite:///{tmp_path / 'lucky_batch.db'}"
     with SqlStorage(db, upgrade=True) as storage:
@@ -573,3 +574,37 @@ def test_at_a_batch_size_of_a_batch_size_study_the_export_is_the_best_trial_of_t
             answer = client.get("/api/v1/experiments/lucky_batch/export",
                                 params={"format": "json", "global_batch_size": batch})  # fmt: skip
         assert answer.status_code == 200 and answer.json()["provenance"] == at_batch
+
+
+def test_without_a_batch_size_a_batch_size_study_exports_by_the_verdict_at_a_batch_size_not_across_them(
+    tmp_path, capsys
+):
+    """LAMB at 64 needs about as many samples as at 32, so the experiment's verdict, which compares every arm with
+    every other across batch sizes too, names no winner; the verdict at each batch size (the study's question, the
+    report's) names LAMB at both. `hpo export` without --batch-size exports at the batch size of the best trial of
+    any arm (32: the fewest samples) the best trial of the winner there, LAMB's, not AdamW's lucky seed, and says
+    so; the API alike."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from hpo.evidence.confirmations import stored_verdict
+    from hpo.experiment import spec_from_stored
+    from hpo.storage import SqlStorage
+    from server.app import create_app
+    from server.settings import Settings
+
+    db = lucky_batch_db(tmp_path, lamb_64=(6300, [6200, 5900, 6350]))
+    with SqlStorage(db) as storage:
+        record = storage.get_experiment_by_name("lucky_batch")
+        assert stored_verdict(storage, record.id, spec_from_stored(record)).winner is None  # the premise
+        assert storage.best_trial(record.id).arm == "optimizer.name=adamw,batch.global_batch_size=32"
+    assert main(["--db", db, "export", "lucky_batch", "--format", "json"]) == 0
+    exported = json.loads(capsys.readouterr().out)["provenance"]
+    assert (exported["arm"], exported["samples_to_target"]) == ("optimizer.name=lamb,batch.global_batch_size=32", 6100)
+    assert exported["chosen"] == (
+        "the best trial of the verdict's winner at global batch size 32, that of the best "
+        "trial of any arm (a batch-size study: --batch-size exports another size's)"
+    )
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/lucky_batch/export", params={"format": "json"})
+    assert answer.status_code == 200 and answer.json()["provenance"] == exported
