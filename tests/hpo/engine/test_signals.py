@@ -1,9 +1,10 @@
 """hpo.engine.local.stop_on_signals: the signals that stop a controller at its loop's next turn, sent for real to
 this process: Ctrl-C, SIGTERM and a closed terminal (SIGHUP); one ignored when it started (nohup) stays ignored.
 
-Python runs a signal's handler in the main thread at its next check for one, which need not be the next bytecode:
-where the process has other threads (a test before this one may have left one running) the kernel may deliver the
-signal to one of them, and the main thread sees it a moment later. So the tests wait for the handler's effect."""
+A signal ignored when the tests started stays ignored by design, so each test first gives the process what a command
+started from a terminal has (`from_a_terminal`): the suite run under `nohup` (SIGHUP ignored) or as a background job
+of a script (SIGINT ignored) would otherwise test that case instead. The tests wait for a handler's effect rather
+than take it for granted at the next bytecode."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ import pytest
 
 from hpo.engine.local import STOP_REASONS, stop_on_signals
 from tests.polling import wait_for
+
+TERMINAL = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+
+
+@pytest.fixture(autouse=True)
+def from_a_terminal():
+    """The dispositions of a process started from a terminal, put back as they were after the test."""
+    before = {sig: signal.signal(sig, handler) for sig, handler in TERMINAL.items()}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
