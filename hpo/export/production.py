@@ -265,6 +265,20 @@ def device_warning(config: dict[str, Any], ranks: int) -> tuple[str, ...]:
             "processes; set device: cuda (or auto) to train on GPUs",)  # fmt: skip
 
 
+def ranks_warning(spec, trial: TrialRecord, config: dict[str, Any], ranks: int) -> tuple[str, ...]:
+    """Clipping that acts on each rank's gradient before the ranks average theirs (before_allreduce, bucketwise)
+    clips another gradient on another number of ranks than the trial trained on: its max norm was tuned on that
+    one. Said, with the export that keeps it."""
+    strategy = config.get("clipping", {}).get("strategy")
+    trained = len(trial.gpus) or spec.resources.ranks_per_trial(spec.resources.gpus != "none")
+    if strategy not in ("before_allreduce", "bucketwise") or trained == ranks:
+        return ()
+    return (f"trial {trial.number} trained on {trained} rank(s) with clipping.strategy {strategy}, which clips each "
+            f"rank's gradient before the ranks average them: on {ranks} rank(s) it clips another gradient than the "
+            f"one its clipping.max_norm was tuned on; export for {trained} rank(s) (--nodes x --gpus-per-node) to "
+            "train what was tuned",)  # fmt: skip
+
+
 # ASCII only: the API sends a warning as the X-HPO-Warning header too.
 SIMULATED = (
     "experiment {experiment} ran on the simulated runner: no training happened; its objective, samples to target "
@@ -351,7 +365,8 @@ def render(
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
     config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
     origin = provenance(record, spec, trial, config, chosen)
-    warnings = warnings_for(origin) + device_warning(config, nodes * gpus_per_node)
+    warnings = (warnings_for(origin) + device_warning(config, nodes * gpus_per_node)
+                + ranks_warning(spec, trial, config, nodes * gpus_per_node))  # fmt: skip
     if fmt == "json":
         body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}
         text = json.dumps(body, indent=2) + "\n"

@@ -608,3 +608,25 @@ def test_without_a_batch_size_a_batch_size_study_exports_by_the_verdict_at_a_bat
     with TestClient(create_app(Settings(database_url=db))) as client:
         answer = client.get("/api/v1/experiments/lucky_batch/export", params={"format": "json"})
     assert answer.status_code == 200 and answer.json()["provenance"] == exported
+
+
+@pytest.mark.parametrize("strategy", ["before_allreduce", "bucketwise", "after_allreduce"])
+def test_per_rank_clipping_exported_for_other_ranks_than_the_trial_trained_on_warns(tmp_path, strategy):
+    """A trial of 2 CPU ranks whose clipping acts on each rank's gradient: exported for 1 rank (the default) or 4 it
+    clips another gradient than the one its max norm was tuned on, and the export says so; for 2 ranks, or with
+    clipping after the all-reduce (the averaged gradient, whatever the ranks), it does not."""
+    overrides = {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480,
+                 "clipping.strategy": strategy, "clipping.max_norm": 0.5, "batch.micro_batch_size": 2}  # fmt: skip
+    record = make_record(tmp_path, overrides=overrides, resources={"gpus": "none", "cpu_ranks_per_trial": 2})
+    for ranks, nodes, per_node in ((1, 1, 1), (4, 2, 2), (2, 1, 2)):
+        warnings = [w for w in render(record, make_trial(), "yaml", nodes=nodes, gpus_per_node=per_node).warnings
+                    if "clipping.strategy" in w]  # fmt: skip
+        if strategy == "after_allreduce" or ranks == 2:
+            assert warnings == []
+        else:
+            assert warnings == [
+                f"trial 3 trained on 2 rank(s) with clipping.strategy {strategy}, which clips each rank's gradient "
+                f"before the ranks average them: on {ranks} rank(s) it clips another gradient than the one its "
+                "clipping.max_norm was tuned on; export for 2 rank(s) (--nodes x --gpus-per-node) to train what was "
+                "tuned"
+            ]
