@@ -134,6 +134,13 @@ def text_table(rows: list[list[str]], widths: list[int], right: set[int] = froze
             for row in rows]  # fmt: skip
 
 
+def _best_key(arm: str | None, batch_size: int | None) -> str:
+    """What `hpo best` names its answer by: `overall`, the arm, the batch size (not "overall" for one batch size), or
+    both."""
+    at = f"batch.global_batch_size={batch_size}" if batch_size is not None else None
+    return ", ".join(part for part in (arm, at) if part) or "overall"
+
+
 def cmd_best(args: argparse.Namespace) -> int:
     import yaml
 
@@ -153,7 +160,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
     else:
         trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
-        best = {args.arm or "overall": trial} if trial else {}
+        best = {_best_key(args.arm, args.batch_size): trial} if trial else {}
     if not best:
         wrong = None if args.per_arm else wrong_batch_size(storage, record, args.arm, args.batch_size, "to show")
         if wrong:  # completed trials at other batch sizes: --batch-size asked for one the experiment did not run

@@ -565,7 +565,9 @@ def test_at_a_batch_size_of_a_batch_size_study_the_export_is_the_best_trial_of_t
 
     for batch, samples in ((32, 6100), (64, 8100)):
         assert main(["--db", db, "best", "lucky_batch", "--batch-size", str(batch)]) == 0
-        assert "optimizer.name: adamw" in capsys.readouterr().out  # the best trial there: AdamW's lucky seed
+        out = capsys.readouterr().out
+        assert "optimizer.name: adamw" in out  # the best trial there: AdamW's lucky seed
+        assert out.startswith(f"batch.global_batch_size={batch}:\n")  # named by its batch size, not "overall"
         at_batch = exported("--batch-size", str(batch))
         assert (at_batch["arm"], at_batch["samples_to_target"]) == (
             f"optimizer.name=lamb,batch.global_batch_size={batch}", samples)  # fmt: skip
