@@ -43,7 +43,7 @@ def export_best_config(
     """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it: in an
     experiment that compares arms, without `arm`, the best trial of the verdict's winner when it names one (with
     `global_batch_size`, of the verdict's winner at that size: a batch-size study's verdict there). A config from
-    an experiment where no trial reached the target says so (and the X-HPO-Warning header)."""
+    an experiment where no trial reached the target says so (and an X-HPO-Warning header for each warning)."""
     spec = specs.spec(record)
     check_arm(spec, arm)
     arm_of, chosen = export_arm(spec, arm, global_batch_size, lambda batch: _winner(storage, record, spec, batch),
@@ -55,8 +55,10 @@ def export_best_config(
         record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec,
         chosen=chosen,
     )  # fmt: skip
-    headers = {"X-HPO-Warning": exported.warnings[0]} if exported.warnings else None
-    return Response(exported.text, media_type=exported.media_type, headers=headers)
+    response = Response(exported.text, media_type=exported.media_type)
+    for warning in exported.warnings:  # each its own header line, as HTTP allows for a repeated field
+        response.headers.append("X-HPO-Warning", warning)
+    return response
 
 
 def _winner(storage: Storage, record: ExperimentRecord, spec, global_batch_size: int | None) -> str | None:

@@ -632,3 +632,18 @@ def test_per_rank_clipping_exported_for_other_ranks_than_the_trial_trained_on_wa
                 "clipping.max_norm was tuned on; export for 2 rank(s) (--nodes x --gpus-per-node) to train what was "
                 "tuned"
             ]
+
+
+def test_the_api_sends_every_warning_of_an_export_as_its_own_header(tmp_path):
+    """A simulated experiment exported for 2 CPU ranks has two warnings: the API sent only the first."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    db = lucky_loser_db(tmp_path)
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/lucky/export", params={"gpus_per_node": 2, "format": "json"})
+    assert answer.status_code == 200
+    warnings = answer.json()["warnings"]
+    assert len(warnings) == 2 and answer.headers.get_list("x-hpo-warning") == warnings
