@@ -75,7 +75,15 @@ def _verdict_status(storage, record, spec, tallies) -> list[str]:
     evidence = stored_evidence(storage, record.id, tallies)
     verdict = evidence.verdict(spec)
     look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
-    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}"]
+    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}", *_batch_note(spec)]
+
+
+def _batch_note(spec) -> list[str]:
+    """A batch-size study's note under its verdict (as `hpo run` prints it): the question it asks is answered at
+    each batch size, in the report."""
+    from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
+
+    return [f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)"] if batch_study(spec.compare) else []
 
 
 def _simulated_line(storage, record, spec) -> str | None:
@@ -185,6 +193,10 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")
+        from hpo.experiment import spec_from_stored
+
+        for note in _batch_note(spec_from_stored(record)):
+            print(f"# {note}")
     return 0
 
 

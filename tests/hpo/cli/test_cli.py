@@ -320,3 +320,22 @@ def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(prese
         assert "cpu slot 0" in runner.describe()
     finally:
         runner.close()
+
+
+def test_a_batch_size_studys_status_and_best_per_arm_say_where_the_verdict_at_each_batch_size_is(tmp_path, capsys):
+    """`hpo run` of a batch-size study ends its verdict with the note that it compares arms across batch sizes too
+    and that the report has the verdict at each batch size; `hpo status` and `hpo best --per-arm` showed the same
+    verdict without it."""
+    from hpo.experiment.arms import BATCH_STUDY_NOTE
+
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    preset = Path(__file__).resolve().parents[3] / "search_spaces" / "presets" / "batch_scaling_simulated.yaml"
+    assert main(["--db", db, "run", str(preset), "--run-dir", str(tmp_path / "run")]) == 0
+    note = f"({BATCH_STUDY_NOTE}: `hpo report batch_scaling_simulated` prints it)"
+    assert note in capsys.readouterr().out.splitlines()
+    assert main(["--db", db, "status", "batch_scaling_simulated"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index(note) - 1].startswith("verdict now")
+    assert main(["--db", db, "best", "batch_scaling_simulated", "--per-arm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("# verdict: ") and lines[-1] == f"# {note}"
