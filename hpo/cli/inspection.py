@@ -80,10 +80,12 @@ def _verdict_status(storage, record, spec, tallies) -> list[str]:
 
 def _batch_note(spec) -> list[str]:
     """A batch-size study's note under its verdict (as `hpo run` prints it): the question it asks is answered at
-    each batch size, in the report."""
-    from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
+    each batch size, in the report. Not for arms of one batch size (an MLPerf import's): nothing is across."""
+    from hpo.experiment.arms import BATCH_KEY, BATCH_STUDY_NOTE, arms, batch_study
 
-    return [f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)"] if batch_study(spec.compare) else []
+    if not batch_study(spec.compare) or len({arm.get(BATCH_KEY) for arm in arms(spec)}) < 2:
+        return []
+    return [f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)"]
 
 
 def _simulated_line(storage, record, spec) -> str | None:

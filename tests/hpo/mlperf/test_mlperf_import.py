@@ -604,6 +604,7 @@ def test_samsungs_adam_against_nvidias_lamb_at_16384_in_one_import(tmp_path, cap
     status = capsys.readouterr().out
     assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in status
     assert f"runs per arm: {ADAM_16K} 10, {LAMB_16K} 10 of 10" in status  # every run counts, as the verdict reads
+    assert "batch-size study" not in status  # one batch size: nothing across
     # The report says the same: 20 runs held, none planned beyond them (it said "20 of 22 planned", a tuning run
     # counted among the confirmation seeds), each arm's 10 runs listed as its evidence, and no note of a batch-size
     # study with one batch size.
