@@ -58,6 +58,15 @@ def outcome(call: Callable[[], object]) -> BaseException | object:
     return result[0]
 
 
+def on_an_event_loop(call: Callable[[], object]) -> object:
+    """`call()` made on a running asyncio event loop, as the API's hottest reads are."""
+
+    async def on_loop() -> object:
+        return call()
+
+    return asyncio.run(on_loop())
+
+
 @pytest.mark.postgres
 def test_a_statement_past_its_deadline_fails_as_no_answer_and_the_engine_goes_on(cluster):
     engine = create_storage_engine(cluster.url, deadline=StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S))
@@ -89,20 +98,14 @@ def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_u
         return storage.get_experiment_by_name("no such experiment")
 
     def read_on_an_event_loop() -> object:
-        async def on_loop() -> object:
-            return read()
-
-        return asyncio.run(on_loop())
+        return on_an_event_loop(read)
 
     def read_without_waiting() -> object:
         with without_waiting():
             return read()
 
     def hot_read_on_an_event_loop() -> object:  # the API's best config: one primary-key read without a Session
-        async def on_loop() -> object:
-            return storage.trials_version(1)
-
-        return asyncio.run(on_loop())
+        return on_an_event_loop(lambda: storage.trials_version(1))
 
     try:
         assert isinstance(outcome(read), NotFoundError)  # answered
@@ -188,10 +191,7 @@ def test_a_connection_attempt_that_times_out_holds_calls_as_a_missed_deadline_do
     storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
 
     def read_on_an_event_loop() -> object:
-        async def on_loop() -> object:
-            return storage.get_experiment_by_name("no such experiment")
-
-        return asyncio.run(on_loop())
+        return on_an_event_loop(lambda: storage.get_experiment_by_name("no such experiment"))
 
     try:
         storage._engine.pool.dispose()  # no pooled connection: the next read connects (the pool's were in use)
