@@ -127,13 +127,11 @@ def wrong_batch_size(storage, record, arm: str | None, batch_size: int | None, a
     """Why --batch-size finds no best trial when completed trials (of `arm`) exist at other global batch sizes:
     the message names those sizes (`action`: what the command would do with the trial). None without
     --batch-size, or when no completed trial (of that arm) could be the best at any size."""
-    from hpo.trials import TrialKind, TrialState
+    from hpo.export.production import batch_sizes_done
 
     if batch_size is None:
         return None
-    completed = storage.list_trials(record.id, state=TrialState.COMPLETED, arm=arm)
-    sizes = sorted({t.global_batch_size for t in completed if t.kind is TrialKind.TUNING and t.objective is not None
-                    and t.global_batch_size is not None} - {batch_size})  # fmt: skip
+    sizes = [size for size in batch_sizes_done(storage, record.id, arm) if size != batch_size]
     if not sizes:
         return None
     of_arm = f" of arm {arm}" if arm else ""

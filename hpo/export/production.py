@@ -148,6 +148,16 @@ def export_arm(
     return None, "the best trial of any arm: the verdict names no winner yet (asked for an arm, the export is its best)"
 
 
+def batch_sizes_done(storage, experiment_id: int, arm: str | None = None) -> list[int]:
+    """The global batch sizes at which a best trial (of `arm`) exists: those of its completed tuning trials with an
+    objective. For the message of a batch size asked for where there is none (read only then: it lists trials)."""
+    from hpo.trials import TrialKind, TrialState
+
+    completed = storage.list_trials(experiment_id, state=TrialState.COMPLETED, arm=arm)
+    return sorted({t.global_batch_size for t in completed if t.kind is TrialKind.TUNING and t.objective is not None
+                   and t.global_batch_size is not None})  # fmt: skip
+
+
 def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
     """The complete trainer config (a plain mapping) of `trial` at the full budget, fit for `ranks` ranks."""
     from hpo.experiment.arms import trial_config  # the trainer config models: built on first use, not at start-up

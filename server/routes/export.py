@@ -4,7 +4,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from hpo.export.production import CONFIG_PATH_PATTERN, FORMATS, MEDIA_TYPES, Format, check_arm, export_arm, render
+from hpo.export.production import (
+    CONFIG_PATH_PATTERN,
+    FORMATS,
+    MEDIA_TYPES,
+    Format,
+    batch_sizes_done,
+    check_arm,
+    export_arm,
+    render,
+)
 from hpo.storage.base import ExperimentRecord, Storage
 from server.deps import ExperimentRefDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
@@ -50,7 +59,7 @@ def export_best_config(
                                 lambda: _best_batch(storage, record))  # fmt: skip
     trial = storage.best_trial(record.id, arm=arm_of, global_batch_size=global_batch_size)
     if trial is None:
-        raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
+        raise HTTPException(404, _no_trial_message(storage, record, arm, global_batch_size))
     exported = render(
         record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec,
         chosen=chosen,
@@ -73,3 +82,18 @@ def _best_batch(storage: Storage, record: ExperimentRecord) -> int | None:
     """The global batch size of the best trial of any arm (where a batch-size study's export is, without one asked)."""
     best = storage.best_trial(record.id)
     return best.global_batch_size if best is not None else None
+
+
+def _no_trial_message(storage: Storage, record: ExperimentRecord, arm: str | None, global_batch_size: int | None
+                      ) -> str:  # fmt: skip
+    """Why there is nothing to export; at a batch size where the experiment has none, the sizes it has (as `hpo export
+    --batch-size` says them)."""
+    done = batch_sizes_done(storage, record.id, arm) if global_batch_size else []
+    sizes = [size for size in done if size != global_batch_size]
+    if not sizes:
+        return no_best_message(record.name, arm, global_batch_size)
+    of_arm = f" of arm {arm}" if arm else ""
+    other = " (or another of those)" if len(sizes) > 1 else ""
+    return (f"experiment {record.name} has no completed trial{of_arm} with global batch size {global_batch_size} to "
+            f"export; its completed trials{of_arm} have global batch size {', '.join(map(str, sizes))}: ask "
+            f"global_batch_size={sizes[0]}{other}")  # fmt: skip

@@ -647,3 +647,25 @@ def test_the_api_sends_every_warning_of_an_export_as_its_own_header(tmp_path):
     assert answer.status_code == 200
     warnings = answer.json()["warnings"]
     assert len(warnings) == 2 and answer.headers.get_list("x-hpo-warning") == warnings
+
+
+def test_the_apis_export_at_a_batch_size_with_no_trial_names_the_sizes_there_are(tmp_path, capsys):
+    """As `hpo export --batch-size` does: the API's 404 said only that there was no trial and to read the list."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from server.app import create_app
+    from server.settings import Settings
+
+    db = lucky_loser_db(tmp_path)  # every trial at global batch size 32
+    assert main(["--db", db, "export", "lucky", "--batch-size", "64"]) == 2
+    assert "its completed trials have global batch size 32: use --batch-size 32" in capsys.readouterr().err
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/lucky/export", params={"global_batch_size": 64})
+        arm = client.get("/api/v1/experiments/lucky/export",
+                         params={"global_batch_size": 64, "arm": "optimizer.name=lamb"})  # fmt: skip
+    assert answer.status_code == 404 and answer.json()["detail"] == (
+        "experiment lucky has no completed trial with global batch size 64 to export; its completed trials have "
+        "global batch size 32: ask global_batch_size=32")  # fmt: skip
+    assert arm.status_code == 404 and "its completed trials of arm optimizer.name=lamb have global batch size 32" in (
+        arm.json()["detail"])  # fmt: skip
