@@ -124,21 +124,11 @@ def write_output_file(path: Path, text: str, option: str = "-o") -> None:
 
 
 def wrong_batch_size(storage, record, arm: str | None, batch_size: int | None, action: str) -> str | None:
-    """Why --batch-size finds no best trial when completed trials (of `arm`) exist at other global batch sizes:
-    the message names those sizes (`action`: what the command would do with the trial). None without
-    --batch-size, or when no completed trial (of that arm) could be the best at any size."""
-    from hpo.export.production import batch_sizes_done
+    """Why --batch-size finds no best trial when completed trials (of `arm`) exist at other global batch sizes
+    (`hpo.export.production.other_batch_sizes`, asked as the command line asks)."""
+    from hpo.export.production import other_batch_sizes
 
-    if batch_size is None:
-        return None
-    sizes = [size for size in batch_sizes_done(storage, record.id, arm) if size != batch_size]
-    if not sizes:
-        return None
-    of_arm = f" of arm {arm}" if arm else ""
-    other = " (or another of those)" if len(sizes) > 1 else ""
-    return (f"experiment {record.name} has no completed trial{of_arm} with global batch size {batch_size} {action}; "
-            f"its completed trials{of_arm} have global batch size {', '.join(map(str, sizes))}: use --batch-size "
-            f"{sizes[0]}{other}")  # fmt: skip
+    return other_batch_sizes(storage, record, arm, batch_size, action, "use --batch-size ")
 
 
 def check_stored_arm(record, arm: str | None) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from functools import partial
 from pathlib import Path
 
 from hpo.cli.common import check_output_file, given, open_storage, positive, write_output_file, wrong_batch_size
@@ -15,9 +14,9 @@ from hpo.errors import HpoError
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hpo.evidence.confirmations import stored_winner_at
+    from hpo.evidence.confirmations import chosen_trial
     from hpo.experiment import spec_from_stored
-    from hpo.export.production import check_arm, export_arm, render
+    from hpo.export.production import check_arm, render
 
     if args.output:
         check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
@@ -28,16 +27,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
-
-    def best_batch() -> int | None:  # the global batch size of the best trial of any arm
-        best = storage.best_trial(record.id)
-        return best.global_batch_size if best is not None else None
-
-    winner = partial(
-        stored_winner_at, storage, record.id, spec
-    )  # the verdict's at a batch size (None: the experiment's)
-    arm, chosen = export_arm(spec, args.arm, args.batch_size, winner, best_batch)
-    trial = storage.best_trial(record.id, arm=arm, global_batch_size=args.batch_size)
+    trial, chosen = chosen_trial(storage, record, spec, args.arm, args.batch_size)
     if trial is None:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
                        f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "

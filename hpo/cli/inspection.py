@@ -164,7 +164,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.per_arm:
         from hpo.experiment import spec_from_stored
 
-        if not spec_from_stored(record).compare:
+        spec = spec_from_stored(record)
+        if not spec.compare:
             raise HpoError(f"experiment {record.name} compares no arms (its file has no `compare:`): "
                            f"`hpo best {record.name}` shows its best trial")  # fmt: skip
         best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
@@ -184,7 +185,7 @@ def cmd_best(args: argparse.Namespace) -> int:
               "best_mlm_accuracy": t.best_mlm_accuracy, "params": t.params}
         for arm, t in best.items()
     }  # fmt: skip
-    verdict = _per_arm_verdict(storage, record) if args.per_arm else None
+    verdict = _per_arm_verdict(storage, record, spec) if args.per_arm else None
     for arm in verdict.arms if verdict else ():
         if arm.label in out:
             interval = [arm.low, arm.high] if arm.low is not None else None
@@ -195,19 +196,15 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")
-        from hpo.experiment import spec_from_stored
-
-        for note in _batch_note(spec_from_stored(record)):
+        for note in _batch_note(spec):
             print(f"# {note}")
     return 0
 
 
-def _per_arm_verdict(storage, record):
+def _per_arm_verdict(storage, record, spec):
     """The verdict of a compare experiment (None without compare arms)."""
     from hpo.evidence.confirmations import stored_verdict
-    from hpo.experiment import spec_from_stored
 
-    spec = spec_from_stored(record)
     return stored_verdict(storage, record.id, spec) if spec.compare else None
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
 from hpo.experiment.arms import arm_label, arms, batch_study, trial_config
-from hpo.storage.base import Storage, TrialRecord, TrialTally
+from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
 
@@ -129,6 +129,22 @@ def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_si
     named = [label for batch, optimizer, label, _ in points
              if winner is not None and batch == global_batch_size and optimizer == winner]  # fmt: skip
     return named[0] if len(named) == 1 else None  # several arms of the winner there: no one arm is named
+
+
+def chosen_trial(storage: Storage, record: ExperimentRecord, spec, arm: str | None, global_batch_size: int | None
+                 ) -> tuple[TrialRecord | None, str]:  # fmt: skip
+    """The trial `hpo export` and the API's export give, and why (`export_arm` over the stored verdicts)."""
+    from hpo.export.production import export_arm
+
+    def best_batch() -> int | None:  # the global batch size of the best trial of any arm
+        best = storage.best_trial(record.id)
+        return best.global_batch_size if best is not None else None
+
+    def winner(batch: int | None) -> str | None:
+        return stored_winner_at(storage, record.id, spec, batch)
+
+    chosen_arm, chosen = export_arm(spec, arm, global_batch_size, winner, best_batch)
+    return storage.best_trial(record.id, arm=chosen_arm, global_batch_size=global_batch_size), chosen
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord],

@@ -148,14 +148,26 @@ def export_arm(
     return None, "the best trial of any arm: the verdict names no winner yet (asked for an arm, the export is its best)"
 
 
-def batch_sizes_done(storage, experiment_id: int, arm: str | None = None) -> list[int]:
-    """The global batch sizes at which a best trial (of `arm`) exists: those of its completed tuning trials with an
-    objective. For the message of a batch size asked for where there is none (read only then: it lists trials)."""
+def other_batch_sizes(storage, record: ExperimentRecord, arm: str | None, batch_size: int | None, action: str,
+                      ask: str) -> str | None:  # fmt: skip
+    """Why a batch size asked for has no best trial when completed tuning trials (of `arm`) with an objective exist at
+    other global batch sizes: the message names those sizes (`action`: what would be done with the trial; `ask`:
+    how to ask for a size, e.g. `--batch-size ` or `global_batch_size=`). None without a batch size, or when no
+    completed trial (of that arm) could be the best at any size. It lists trials: asked only for the message."""
     from hpo.trials import TrialKind, TrialState
 
-    completed = storage.list_trials(experiment_id, state=TrialState.COMPLETED, arm=arm)
-    return sorted({t.global_batch_size for t in completed if t.kind is TrialKind.TUNING and t.objective is not None
-                   and t.global_batch_size is not None})  # fmt: skip
+    if batch_size is None:
+        return None
+    completed = storage.list_trials(record.id, state=TrialState.COMPLETED, arm=arm)
+    sizes = sorted({t.global_batch_size for t in completed if t.kind is TrialKind.TUNING and t.objective is not None
+                    and t.global_batch_size is not None} - {batch_size})  # fmt: skip
+    if not sizes:
+        return None
+    of_arm = f" of arm {arm}" if arm else ""
+    other = " (or another of those)" if len(sizes) > 1 else ""
+    return (f"experiment {record.name} has no completed trial{of_arm} with global batch size {batch_size} {action}; "
+            f"its completed trials{of_arm} have global batch size {', '.join(map(str, sizes))}: {ask}{sizes[0]}"
+            f"{other}")  # fmt: skip
 
 
 def production_config(spec, trial: TrialRecord, ranks: int = 1) -> dict[str, Any]:
