@@ -49,7 +49,7 @@ from typing import Any
 
 from hpo.controllers import Controller, Suggestion, build_controller
 from hpo.errors import DatabaseUnavailableError, StorageError
-from hpo.evidence.confirmations import runs_to_queue, stored_verdict
+from hpo.evidence.confirmations import rounds_note, runs_to_queue, stored_evidence
 from hpo.experiment import ExperimentSpec
 from hpo.experiment.arms import arm_plans, trial_config
 from hpo.experiment.rungs import asha_plan
@@ -424,10 +424,9 @@ class Study:
         if not self.spec.budget.sequential:
             return
         trials = self.storage.list_trials(self.experiment_id)
-        verdict = stored_verdict(self.storage, self.experiment_id, self.spec)
-        target = runs_to_queue(self.spec, trials, verdict)
-        self.round_note = (f"confirmations: round {verdict.look} of at most {verdict.looks} done, verdict "
-                           f"{verdict.outcome.value}")  # fmt: skip
+        verdicts = stored_evidence(self.storage, self.experiment_id).deciding(self.spec)
+        target = runs_to_queue(self.spec, trials, verdicts.values())
+        self.round_note = f"confirmations: {rounds_note(verdicts)}"
         for arm in self.arms:
             created = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm.label)
             for _ in range(target - created if created else 0):

@@ -8,7 +8,9 @@ look; a winner or "equivalent" ends the confirmations, "not yet" queues the next
 cap, unless more runs would not decide (`Verdict.runs_needed` None: no arm reached the target, an arm's tuning
 found nothing that does, every arm missed the target in some run, or a pick was lucky). Each look is tested at its
 share of the error (alpha spending, see `hpo.evidence.verdict`) on each arm's runs of the rounds up to it, so
-stopping early does not raise the wrong-answer rate.
+stopping early does not raise the wrong-answer rate. In a batch-size study the question is answered at each batch
+size (`Evidence.deciding`): the rounds go on while the verdict at some batch size is "not yet" and more runs may
+decide it, whatever the experiment's verdict across batch sizes says.
 
 Everything here is computed from the stored trials, so a resumed controller, `hpo status`, the report and the
 API all see the same round and the same verdict. The study loop and the NNI engine only queue what
@@ -20,10 +22,10 @@ the functions that take `trials` answer the same for the confirmation trials alo
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from hpo.evidence.verdict import Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
+from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
 from hpo.experiment.arms import arm_label, arms, batch_study, trial_config
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
@@ -54,19 +56,38 @@ def look(spec, trials: Sequence[TrialRecord]) -> tuple[int, int]:
     return max(1, min(completed_rounds(spec, trials), looks)), looks
 
 
-def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
-               reached: Collection[str | None] | None = None) -> Verdict:  # fmt: skip
-    """The verdict at the current look (`trials` in number order; `curves`: trial id -> its (samples,
-    mlm_accuracy) evaluations, see `stored_curves`; `reached`: the arms whose tuning reached the target, where
-    `trials` are only the confirmation trials, see `arm_runs`). Look j is asked of each arm's first rounds[j - 1]
-    runs: mid-round, or in a stopped experiment, an arm may have finished more, but the look's level is spent on
-    its round's runs (`hpo plan` simulates the looks so); the round line counts them all."""
+def at_look(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
+            reached: Collection[str | None] | None = None) -> tuple[list[ArmRuns], int, int]:  # fmt: skip
+    """Every arm's evidence at the current look, and (look, looks) (`trials` in number order; `curves`: trial id ->
+    its (samples, mlm_accuracy) evaluations, see `stored_curves`; `reached`: the arms whose tuning reached the
+    target, where `trials` are only the confirmation trials, see `arm_runs`). Look j is asked of each arm's first
+    rounds[j - 1] runs: mid-round, or in a stopped experiment, an arm may have finished more, but the look's level
+    is spent on its round's runs (`hpo plan` simulates the looks so); the round line counts them all."""
     at, looks = look(spec, trials)
     evidence = arm_runs(spec, best, trials, curves, reached)
     rounds = spec.budget.confirmation_rounds
     if rounds:
         evidence = [replace(a, samples_to_target=a.samples_to_target[: rounds[at - 1]]) for a in evidence]
+    return evidence, at, looks
+
+
+def verdict_of(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
+               reached: Collection[str | None] | None = None) -> Verdict:  # fmt: skip
+    """The verdict at the current look, of every arm's runs `at_look`."""
+    evidence, at, looks = at_look(spec, best, trials, curves, reached)
     return decide(evidence, spec.verdict.margin, at, looks)
+
+
+def batch_points(spec, best: dict, evidence: Sequence[ArmRuns]) -> list[tuple[int, str, str, ArmRuns]]:
+    """(global batch size, optimizer, arm label, its runs) of every arm with a best trial and runs: where the verdict
+    at each batch size (`batch_size_verdicts`) places an arm's evidence (`evidence`: `arm_runs` of `spec`'s arms, in
+    their order)."""
+    points = []
+    for fixed, runs in zip(arms(spec), evidence, strict=True):
+        top = best.get(arm_label(fixed))
+        if top is not None and top.global_batch_size is not None and runs.samples_to_target:
+            points.append((top.global_batch_size, trial_config(spec, top.params).optimizer.name, top.arm, runs))
+    return points
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,27 @@ class Evidence:
 
     def verdict(self, spec) -> Verdict:
         return verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
+
+    def batch_verdicts(self, spec) -> tuple[list[tuple[int, str, str, ArmRuns]], dict[int, Verdict]]:
+        """The verdict at each batch size where two or more optimizers ran, at the current look (`batch_points` of
+        the arms' runs `at_look`, and `batch_size_verdicts` of them): a batch-size study's question."""
+        evidence, at, looks = at_look(spec, self.best, self.confirmations, self.curves, self.reached)
+        points = batch_points(spec, self.best, evidence)
+        verdicts = batch_size_verdicts(((batch, optimizer, runs) for batch, optimizer, _, runs in points),
+                                       spec.verdict.margin, at, looks)  # fmt: skip
+        return points, verdicts
+
+    def deciding(self, spec) -> dict[int | None, Verdict]:
+        """The verdicts whose answers end the confirmation rounds (`runs_to_queue`): in a batch-size study
+        (`batch_study`), the verdict at each batch size where two or more optimizers ran, keyed by the batch size
+        (the experiment's verdict compares arms across batch sizes too, where a smaller batch needs fewer samples by
+        construction, so it may never answer while every batch size has); otherwise, or where no batch size has two
+        optimizers, the experiment's verdict, keyed None."""
+        if batch_study(spec.compare):
+            _, verdicts = self.batch_verdicts(spec)
+            if verdicts:
+                return dict(verdicts)
+        return {None: self.verdict(spec)}
 
 
 def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[TrialTally] | None = None) -> Evidence:
@@ -117,14 +159,7 @@ def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_si
         top = evidence.best.get(winner) if winner is not None else None
         at = global_batch_size is None or (top is not None and top.global_batch_size == global_batch_size)
         return winner if at else None
-    evidence_of = arm_runs(spec, evidence.best, evidence.confirmations, evidence.curves, evidence.reached)
-    points = []  # (batch size, optimizer, arm label, its runs) of every arm with a best trial and runs
-    for fixed, runs in zip(arms(spec), evidence_of, strict=True):
-        top = evidence.best.get(arm_label(fixed))
-        if top is not None and top.global_batch_size is not None and runs.samples_to_target:
-            points.append((top.global_batch_size, trial_config(spec, top.params).optimizer.name, top.arm, runs))
-    verdicts = batch_size_verdicts(((batch, optimizer, runs) for batch, optimizer, _, runs in points),
-                                   spec.verdict.margin)  # fmt: skip
+    points, verdicts = evidence.batch_verdicts(spec)
     winner = verdicts[global_batch_size].winner if global_batch_size in verdicts else None
     named = [label for batch, optimizer, label, _ in points
              if winner is not None and batch == global_batch_size and optimizer == winner]  # fmt: skip
@@ -162,9 +197,10 @@ def stored_curves(storage: Storage, trials: Sequence[TrialRecord],
     }
 
 
-def runs_to_queue(spec, trials: Sequence[TrialRecord], verdict: Verdict | None) -> int:
+def runs_to_queue(spec, trials: Sequence[TrialRecord], verdicts: Iterable[Verdict] | None) -> int:
     """Confirmation runs every arm should have created by now: the first round once tuning is over; with auto, the
-    next round when every arm finished the current one and `verdict` (asked at that look) is "not yet"."""
+    next round when every arm finished the current one and one of `verdicts` (asked at that look: `Evidence.deciding`)
+    is "not yet" where more runs may decide (`Verdict.runs_needed`)."""
     rounds = spec.budget.confirmation_rounds
     if not rounds:
         return 0
@@ -174,11 +210,20 @@ def runs_to_queue(spec, trials: Sequence[TrialRecord], verdict: Verdict | None) 
                   default=0)  # fmt: skip
     if current == 0:
         return rounds[0]
-    if done < current or current >= len(rounds) or verdict is None or verdict.outcome is not Outcome.NOT_YET:
+    if done < current or current >= len(rounds) or verdicts is None:
         return rounds[current - 1]
-    if verdict.runs_needed is None:  # more confirmation runs would not decide (hpo.evidence.verdict)
-        return rounds[current - 1]
-    return rounds[current]
+    undecided = [v for v in verdicts if v.outcome is Outcome.NOT_YET and v.runs_needed is not None]
+    return rounds[current] if undecided else rounds[current - 1]  # runs_needed None: more runs would not decide
+
+
+def rounds_note(verdicts: Mapping[int | None, Verdict]) -> str:
+    """`round 2 of at most 4 done, verdict not yet`; in a batch-size study each batch size's (`Evidence.deciding`):
+    `..., verdict at batch 128 winner, at batch 512 not yet`."""
+    first = next(iter(verdicts.values()))
+    parts = [
+        v.outcome.value if batch is None else f"at batch {batch:,} {v.outcome.value}" for batch, v in verdicts.items()
+    ]
+    return f"round {first.look} of at most {first.looks} done, verdict " + ", ".join(parts)
 
 
 def round_line(spec, trials: Sequence[TrialRecord]) -> str:

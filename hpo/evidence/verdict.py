@@ -76,7 +76,7 @@ import functools
 import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import combinations, pairwise
 
@@ -333,23 +333,39 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
                    runs_needed=needed, **common)  # fmt: skip
 
 
-def batch_size_verdicts(points: Iterable[tuple[int, str, ArmRuns]],
-                        margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:  # fmt: skip
+def batch_size_verdicts(points: Iterable[tuple[int, str, ArmRuns]], margin: float = DEFAULT_MARGIN, look: int = 1,
+                        looks: int = 1) -> dict[int, Verdict]:  # fmt: skip
     """Global batch size -> the verdict between the optimizers measured there (two or more), by `decide` on their
-    runs, the error shared over the batch sizes compared (Bonferroni: each at 1 / their number of the level), so
-    together they name a wrong winner in at most 5 %: in a batch-size study the experiment's verdict compares arms
-    across batch sizes too, and this is the answer at each. `points`: (batch size, optimizer, its runs there); the
-    runs of one optimizer at one batch size from several points (experiments) are pooled, with the largest budget
-    and the widest resolution. The report's verdict at each batch size and `hpo export --batch-size` read it.
-    Ascending by batch size."""
+    runs at look `look` of `looks` (each arm's runs of the rounds up to it, as the caller cut them), the error shared
+    over the batch sizes compared (Bonferroni: each at 1 / their number of the look's level), so together they name
+    a wrong winner in at most 5 %: in a batch-size study the experiment's verdict compares arms across batch sizes
+    too, and this is the answer at each. `points`: (batch size, optimizer, its runs there); the runs of one
+    optimizer at one batch size from several points (experiments) are pooled (`pool`). The report's verdict at each
+    batch size, `hpo export --batch-size` and the confirmation rounds of a batch-size study read it. Ascending by
+    batch size."""
     by_batch: dict[int, dict[str, list[ArmRuns]]] = {}
     for batch, optimizer, runs in points:
         by_batch.setdefault(batch, {}).setdefault(optimizer, []).append(runs)
     compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
-    return {batch: decide([ArmRuns(name, tuple(s for r in mine for s in r.samples_to_target),
-                                   max(r.max_samples or 0 for r in mine), max(r.resolution for r in mine))
-                           for name, mine in sorted(groups.items())], margin, family=len(compared))
+    return {batch: decide([pool(name, mine) for name, mine in sorted(groups.items())], margin, look, looks,
+                          family=len(compared))
             for batch, groups in compared.items()}  # fmt: skip
+
+
+def pool(label: str, members: Sequence[ArmRuns]) -> ArmRuns:
+    """The runs of several arms (one optimizer at one batch size, from several experiments) as one arm's: their
+    runs together, the largest budget and the widest resolution; found where any member's tuning found a
+    configuration that reaches the target. The pick of the pool is that of the member whose pick the verdict would
+    judge lucky first (`_lucky`: a member with a miss among its runs, whose tuning run never reached the target,
+    else the soonest), so the pool is lucky exactly where one of its members is; None where no member with a miss
+    has a known pick."""
+    if len(members) == 1:
+        return replace(members[0], label=label)
+    picks = [m.picked for m in members if m.picked is not None and None in m.samples_to_target]
+    picked = math.inf if any(math.isinf(p) for p in picks) else min(picks, default=None)
+    return ArmRuns(label, tuple(s for m in members for s in m.samples_to_target),
+                   max(m.max_samples or 0 for m in members) or None, max(m.resolution for m in members),
+                   any(m.found for m in members), picked)  # fmt: skip
 
 
 def _not_found(labels: Sequence[str]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpo.evidence.confirmations import runs_to_queue, stored_verdict
+from hpo.evidence.confirmations import runs_to_queue, stored_evidence
 from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.storage.base import Storage, TrialRecord
 from hpo.trials import TrialKind, TrialSpec, TrialState
@@ -38,12 +38,11 @@ def next_seeds(spec, best: TrialRecord, trials: Sequence[TrialRecord], count: in
 
 def queue_round(spec, storage: Storage, experiment_id: int) -> list[TrialRecord]:
     """Create the confirmation runs every arm should have by now (`hpo.evidence.confirmations.runs_to_queue`, asked
-    with the
-    verdict at the current look under `confirm_seeds: auto`); returns the new rows. An arm without a completed
+    with the verdicts at the current look under `confirm_seeds: auto`); returns the new rows. An arm without a completed
     tuning trial gets none (there is nothing to confirm; the verdict says so)."""
     trials = storage.list_trials(experiment_id)
-    verdict = stored_verdict(storage, experiment_id, spec) if spec.budget.sequential else None
-    target = runs_to_queue(spec, trials, verdict)
+    verdicts = stored_evidence(storage, experiment_id).deciding(spec).values() if spec.budget.sequential else None
+    target = runs_to_queue(spec, trials, verdicts)
     created = []
     for plan in arm_plans(spec):
         have = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == plan.label)

@@ -72,7 +72,8 @@ def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float) -> str:
     return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
             "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
             f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(verdicts)} batch sizes "
-            f"(each tested at 1 / {len(verdicts)} of the {100 * ALPHA:g} %), so all of them together name a wrong "
+            f"(each tested at 1 / {len(verdicts)} of the {100 * ALPHA:g} %, spent over the confirmation rounds as the "
+            "experiment's verdict spends it), so all of them together name a wrong "
             "winner in at most 5 %.</p>" + html_table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
 
 

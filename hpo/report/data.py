@@ -51,8 +51,8 @@ from functools import cached_property
 from typing import Any
 
 from hpo.engine.liveness import liveness
-from hpo.evidence.confirmations import round_line, stored_curves, verdict_of
-from hpo.evidence.verdict import ArmSummary, Verdict, arm_runs, unselected
+from hpo.evidence.confirmations import at_look, round_line, stored_curves
+from hpo.evidence.verdict import ArmRuns, ArmSummary, Verdict, arm_runs, decide, unselected
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arm_label, arms, params_key
 from hpo.mlperf import imported
@@ -184,6 +184,10 @@ class ExperimentData:
     # arm label -> the samples between evaluations of those runs where one was read at an evaluation, else 0: the
     # verdict's floor of their spread (hpo.evidence.verdict.ArmRuns.resolution)
     confirmation_resolution: dict[str, float] = field(default_factory=dict)
+    # arm label -> its evidence as the verdict reads it at the current look (the runs of the rounds up to it, its
+    # pick and whether its tuning found the target: hpo.evidence.confirmations.at_look); the verdict at each batch
+    # size reads it
+    verdict_runs: dict[str, ArmRuns] = field(default_factory=dict)
 
     @property
     def to_target(self) -> bool:
@@ -208,7 +212,8 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     records = storage.list_trials(record.id)
     best = storage.best_per_arm(record.id) if spec.compare else {None: storage.best_trial(record.id)}
     curves = stored_curves(storage, records, best.values())
-    verdict = verdict_of(spec, best, records, curves)
+    at_look_runs, at, looks = at_look(spec, best, records, curves)
+    verdict = decide(at_look_runs, spec.verdict.margin, at, looks)
     confirmed = arm_runs(spec, best, records, curves)  # every finished run, whatever the look (the batch-size fits)
     noise = _noise_by_trial(storage, record.id, records) if with_noise else {}
     labels = [arm_label(fixed) if fixed else None for fixed in arms(spec)]
@@ -249,6 +254,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         imported=imported(record),
         confirmation_runs={arm.label: arm.samples_to_target for arm in confirmed},
         confirmation_resolution={arm.label: arm.resolution for arm in confirmed},
+        verdict_runs={arm.label: arm for arm in at_look_runs} if spec.compare else {},
     )
     _load_curves(storage, records, data)
     return data

@@ -30,7 +30,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpo.evidence.batch_scaling import BatchScaling, fit_batch_scaling
-from hpo.evidence.verdict import DEFAULT_MARGIN, ArmRuns, ArmSummary, Verdict, batch_size_verdicts, summarize
+from hpo.evidence.verdict import (
+    DEFAULT_MARGIN,
+    ArmRuns,
+    ArmSummary,
+    Verdict,
+    batch_size_verdicts,
+    look_level,
+    summarize,
+)
 from hpo.report.data import ExperimentData, load_experiment
 from hpo.storage.base import Storage
 
@@ -52,6 +60,10 @@ class ScalingPoint:
     runs: Runs = ()  # its runs' samples to target, as the verdict counts them (None: a miss); () when not read
     reference: bool = False  # an RCP import: MLPerf's reference curve
     resolution: float = 0.0  # the verdict's floor of the runs' spread (ExperimentData.confirmation_resolution)
+    # the arm's evidence as its experiment's verdict reads it at its current look (ExperimentData.verdict_runs), and
+    # that look (look, looks); None: no verdict of its experiment reads it
+    verdict_runs: ArmRuns | None = None
+    look: tuple[int, int] = (1, 1)
 
 
 def confirmation_runs(storage: Storage, name: str) -> dict[str, Runs]:
@@ -80,9 +92,11 @@ def scaling_points(experiments: Sequence[ExperimentData],
             resolution = data.confirmation_resolution.get(arm.label, 0.0) if mine else 0.0
             evidence = summarize(ArmRuns(arm.label, mine, arm.evidence.max_samples, resolution)) if mine else \
                 arm.evidence  # fmt: skip
+            look = (data.verdict.look, data.verdict.looks) if data.verdict else (1, 1)
             points.append(ScalingPoint(data.name, arm.label, series(data, arm.optimizer or "?"), batch, evidence,
                                        median, min(noise, default=None), max(noise, default=None), len(noise),
-                                       bounds, mine, is_reference(data), resolution))  # fmt: skip
+                                       bounds, mine, is_reference(data), resolution, data.verdict_runs.get(arm.label),
+                                       look))  # fmt: skip
     return sorted(points, key=lambda p: (p.optimizer, p.global_batch_size, p.experiment, p.arm))
 
 
@@ -123,9 +137,13 @@ def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
 
 def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
     """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
-    reference): `hpo.evidence.verdict.batch_size_verdicts` of the points' runs, the error shared over the batch sizes
-    compared; runs read at an evaluation keep the verdict's floor of one evaluation interval (points pooled from
-    several experiments: the widest). Ascending by batch size."""
-    return batch_size_verdicts(((p.global_batch_size, p.optimizer,
-                                 ArmRuns(p.optimizer, p.runs, p.evidence.max_samples, p.resolution))
-                                for p in points if p.runs and not p.reference), margin)  # fmt: skip
+    reference): `hpo.evidence.verdict.batch_size_verdicts` of the points' evidence as their experiment's verdict reads
+    it at its current look (the runs of the rounds up to it, the pick a lucky seed is judged by), the error shared
+    over the batch sizes compared and spent over the looks as the experiment's verdict spends it. Points pooled from
+    several experiments at other looks are tested at the smallest of their looks' levels; runs read at an evaluation
+    keep the verdict's floor of one evaluation interval (pooled: the widest). Ascending by batch size."""
+    used = [p for p in points if p.runs and not p.reference]
+    at, looks = min({p.look for p in used}, key=lambda pair: look_level(*pair), default=(1, 1))
+    return batch_size_verdicts(((p.global_batch_size, p.optimizer, p.verdict_runs or
+                                 ArmRuns(p.optimizer, p.runs, p.evidence.max_samples, p.resolution)) for p in used),
+                               margin, at, looks)  # fmt: skip

@@ -123,7 +123,7 @@ def test_no_further_round_is_queued_when_every_arm_missed_in_some_run(tmp_path):
             verdict = stored_verdict(storage, eid, spec)
             assert verdict.outcome is Outcome.NOT_YET and (verdict.look, verdict.looks) == (1, 4), case
             assert (verdict.runs_needed is None) == (case == "both missed"), case
-            assert runs_to_queue(spec, storage.list_trials(eid), verdict) == queued, case
+            assert runs_to_queue(spec, storage.list_trials(eid), [verdict]) == queued, case
 
 
 def welch(a: list[float], b: list[float], confidence: float) -> tuple[float, float, float]:

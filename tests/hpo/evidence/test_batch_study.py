@@ -1,0 +1,164 @@
+"""A batch-size study's question answered at each batch size (`Evidence.batch_verdicts`, `Evidence.deciding`): the
+verdict there judges a lucky pick and spends the error over the looks as the experiment's verdict does, and the
+confirmation rounds go on while it is "not yet" there, against numbers computed here (scipy's Welch interval, the
+spending function's increments by hand).
+
+Experiments are written straight through the storage API as `hpo run` leaves them: per arm (optimizer, batch size)
+one tuning trial (its best) and confirmation runs of its configuration, each hitting the target between two
+evaluations (its curve stored around the target) or missing it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from hpo.evidence.confirmations import rounds_note, runs_to_queue, stored_evidence, stored_winner_at
+from hpo.evidence.verdict import ALPHA, ArmRuns, Outcome, decide, pool
+from hpo.experiment import experiment_from_dict, spec_from_stored, stored_form
+from hpo.report.data import load_experiment
+from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
+from hpo.storage import SqlStorage
+from hpo.storage.base import MetricPoint
+from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
+from tests.hpo.evidence.test_confirmations import BUDGET, EVERY, curve
+
+Arms = dict[tuple[str, int], tuple[float, list[float | None]]]  # (optimizer, batch) -> (tuning, confirmations)
+
+
+def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
+    """A batch-size study (AdamW and LAMB at global batch 32 and 64) in a new database."""
+    data = {
+        "name": "study", "base_config": "demo_cpu",
+        "overrides": {"eval.every_samples": EVERY, "budget.max_samples": BUDGET, "eval.target_mlm_accuracy": 0.12},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "batch.global_batch_size": {"choice": [32, 64]},
+                  "optimizer.lr": {"float": [1e-4, 1e-2], "log": True}},
+        "objective": {"metric": "samples_to_target", "direction": "minimize"},
+        "compare": ["optimizer.name", "batch.global_batch_size"],
+        "tuner": {"name": "random", "seed": 0}, "budget": {"trials": 4, "confirm_seeds": confirm_seeds},
+        "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    spec = experiment_from_dict(data, "study.yaml")
+    storage = SqlStorage(f"sqlite:///{db_file}", upgrade=True)
+    eid = storage.create_experiment("study", stored_form(spec, db_file.parent), spec.direction)
+    for (optimizer, batch), (tuning, confirmations) in arms.items():
+        params = {"optimizer.name": optimizer, "batch.global_batch_size": batch, "optimizer.lr": 1e-3}
+        arm = f"optimizer.name={optimizer},batch.global_batch_size={batch}"
+        for seed, samples in [(None, tuning), *enumerate(confirmations, start=1001)]:
+            kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
+            trial_id = storage.create_trial(eid, TrialSpec(None, params, arm, 1.0, (), batch, kind, seed))
+            storage.mark_trial_running(trial_id, pid=1, host="h")
+            if samples is None:
+                missed = TrialResult(TrialState.COMPLETED, objective=float(BUDGET), best_mlm_accuracy=0.11,
+                                     metrics={"samples": BUDGET})  # fmt: skip
+                storage.finish_trial(trial_id, missed)
+                continue
+            points = curve(samples)
+            storage.add_metrics(trial_id, [MetricPoint(i, s, {"mlm_accuracy": a}) for i, (s, a) in enumerate(points)])
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(points[1][0]),
+                                                       samples_to_target=points[1][0], best_mlm_accuracy=0.13,
+                                                       metrics={"samples": BUDGET}))  # fmt: skip
+    return storage, eid
+
+
+def welch(a: list[float], b: list[float], confidence: float) -> tuple[float, float, float]:
+    """exp of scipy's Welch interval of mean(ln a) - mean(ln b)."""
+    xa, xb = [math.log(s) for s in a], [math.log(s) for s in b]
+    result = stats.ttest_ind(xa, xb, equal_var=False)
+    low, high = result.confidence_interval(confidence)
+    return math.exp(sum(xa) / len(xa) - sum(xb) / len(xb)), math.exp(low), math.exp(high)
+
+
+def test_the_verdict_at_a_batch_size_judges_a_lucky_pick_as_the_experiments_verdict_does(tmp_path):
+    """At 64 AdamW's tuning run reached the target at 3,900 samples, sooner than LAMB's runs do, and its own
+    confirmation runs missed the target once: LAMB beat a lucky configuration, not AdamW tuned, so the verdict there
+    is "not yet" (more tuning trials decide), as the experiment's verdict says of such a pick; the report's verdict
+    at each batch size and `hpo export --batch-size 64` read the same. At 32 LAMB wins."""
+    arms = {("adamw", 32): (9000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950]),
+            ("adamw", 64): (3900, [None, 11000, 11100]), ("lamb", 64): (4100, [4000, 4050, 3950])}  # fmt: skip
+    storage, eid = study(tmp_path / "hpo.db", 3, arms)
+    with storage:
+        spec = spec_from_stored(storage.get_experiment(eid))
+        _, verdicts = stored_evidence(storage, eid).batch_verdicts(spec)
+        data = load_experiment(storage, "study", with_noise=False)
+        exported = {batch: stored_winner_at(storage, eid, spec, batch) for batch in (32, 64)}
+    report = batch_verdicts(scaling_points([data], experiment_runs([data])))
+    assert {b: v.outcome for b, v in verdicts.items()} == {32: Outcome.WINNER, 64: Outcome.NOT_YET}
+    assert verdicts[32].winner == "lamb" and verdicts[64].runs_needed is None
+    assert "adamw's configuration missed the target in 1 of 3 confirmation run(s)" in verdicts[64].line
+    assert "a lucky seed" in verdicts[64].line
+    # without the pick, LAMB's runs at 64 lie below AdamW's (a miss at the budget) by the Welch test at 64's level
+    ratio, low, high = welch([4000, 4050, 3950], [BUDGET, 11000, 11100], 1 - ALPHA / 2)
+    assert high < 1 and verdicts[64].comparisons[0].ratio == pytest.approx(ratio, rel=2e-3)
+    assert {b: v.line for b, v in report.items()} == {b: v.line for b, v in verdicts.items()}
+    assert exported == {32: "optimizer.name=lamb,batch.global_batch_size=32", 64: None}
+
+
+def test_a_pool_of_arms_is_lucky_exactly_where_one_of_its_members_is():
+    """Runs of one optimizer at one batch size from two experiments pooled: a lucky pick of either member (a miss
+    among its runs and a pick sooner than the leader's runs, or a pick that never reached the target) makes the
+    pool's claim one about a pick; a pick without a miss among its member's runs does not."""
+    leader = ArmRuns("lamb", (4000.0, 4050.0, 3950.0), BUDGET)
+    clean = ArmRuns("adamw", (11000.0, 11100.0), BUDGET, picked=3000.0)  # sooner, but its runs never missed
+    lucky = ArmRuns("adamw", (None, 11050.0), BUDGET, picked=3900.0)
+    never = ArmRuns("adamw", (None, 11050.0), BUDGET, picked=math.inf)
+    late = ArmRuns("adamw", (None, 11050.0), BUDGET, picked=9000.0)  # a miss, but the pick was not ahead of lamb
+    for members, is_lucky in (([clean, late], False), ([clean, lucky], True), ([late, never], True)):
+        pooled = pool("adamw", members)
+        assert pooled.samples_to_target == tuple(s for m in members for s in m.samples_to_target)
+        verdict = decide([leader, pooled])
+        assert ("a lucky seed" in verdict.line or "never reached it" in verdict.line) is is_lucky, members
+        assert (verdict.outcome is Outcome.WINNER) is not is_lucky, verdict.line
+
+
+def test_the_verdict_at_a_batch_size_spends_the_error_over_the_looks(tmp_path):
+    """confirm_seeds auto (rounds of 3, 6, 9, 12): every arm finished round 2 and LAMB at 32 one more run. The
+    verdict at each batch size is look 2 of 4 of each arm's first 6 runs, at the spending function's increment for
+    look 2 shared over the 2 batch sizes, as the experiment's verdict is asked."""
+    lamb_32 = [6000, 6050, 5950, 6100, 5900, 6020, 3000]  # the 7th, past round 2, is not read at look 2
+    adamw_32 = [9000, 9100, 8950, 9200, 8900, 9050]
+    arms = {("adamw", 32): (9000, adamw_32), ("lamb", 32): (6100, lamb_32),
+            ("adamw", 64): (9500, [9500, 9400, 9600, 9450, 9550, 9350]),
+            ("lamb", 64): (7000, [7000, 7100, 6900, 7050, 6950, 7150])}  # fmt: skip
+    storage, eid = study(tmp_path / "hpo.db", "auto", arms)
+    with storage:
+        spec = spec_from_stored(storage.get_experiment(eid))
+        _, verdicts = stored_evidence(storage, eid).batch_verdicts(spec)
+    spent = [ALPHA * math.log1p((math.e - 1) * t) for t in (0.25, 0.5)]  # Lan-DeMets, Pocock type, by hand
+    level = (spent[1] - spent[0]) / 2  # look 2's increment, over 2 batch sizes
+    (c,) = verdicts[32].comparisons
+    assert (verdicts[32].look, verdicts[32].looks) == (2, 4) and c.runs == (6, 6)
+    assert c.level == pytest.approx(level, rel=1e-12)
+    ratio, low, high = welch(lamb_32[:6], adamw_32, 1 - level)
+    assert (c.ratio, c.low, c.high) == pytest.approx((ratio, low, high), rel=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("lamb_64", "queued", "note"),
+    [
+        # at 64 LAMB and AdamW are close: the experiment's verdict names LAMB at 32 (the fewest samples of all), but
+        # the question at 64 is open, so every arm gets a second round
+        ([8300, 7700, 8900], 6, "verdict at batch 32 winner, at batch 64 not yet"),
+        # LAMB wins at each batch size; across batch sizes LAMB at 64 is as fast as at 32, so the experiment's
+        # verdict is "not yet": the rounds end all the same
+        ([5960, 6040, 6010], 3, "verdict at batch 32 winner, at batch 64 winner"),
+    ],
+)
+def test_the_rounds_of_a_batch_size_study_follow_the_verdict_at_each_batch_size(tmp_path, lamb_64, queued, note):
+    arms = {("adamw", 32): (9000, [9000, 9100, 8950]), ("lamb", 32): (3000, [3000, 3010, 2990] if queued == 6
+                                                                       else [6000, 6050, 5950]),
+            ("adamw", 64): (8000, [8000, 8100, 7900] if queued == 6 else [12000, 12100, 11900]),
+            ("lamb", 64): (lamb_64[0], lamb_64)}  # fmt: skip
+    storage, eid = study(tmp_path / "hpo.db", "auto", arms)
+    with storage:
+        spec = spec_from_stored(storage.get_experiment(eid))
+        evidence, trials = stored_evidence(storage, eid), storage.list_trials(eid)
+        experiment = evidence.verdict(spec)
+        deciding = evidence.deciding(spec)
+    assert experiment.outcome is (Outcome.WINNER if queued == 6 else Outcome.NOT_YET), experiment.line  # premise
+    assert runs_to_queue(spec, trials, [experiment]) == 9 - queued  # the experiment's verdict alone: the other way
+    assert runs_to_queue(spec, trials, deciding.values()) == queued
+    assert rounds_note(deciding) == f"round 1 of at most 4 done, {note}"
