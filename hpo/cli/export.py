@@ -37,12 +37,15 @@ def cmd_export(args: argparse.Namespace) -> int:
                       config_path=config_path, spec=spec, chosen=chosen)  # fmt: skip
     if args.format == "torchrun":
         _check_config_file(args, config_path)
+    # Every refusal is above, and a file that cannot be written (a full disk) is said before the warnings too: an
+    # error never follows warnings about an export that did not happen.
+    if args.output:
+        write_output_file(Path(args.output), exported.text)
     for warning in exported.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if not args.output:
         print(exported.text, end="")
         return 0
-    write_output_file(Path(args.output), exported.text)
     print(f"wrote {args.format} of trial {trial.number} ({chosen}) to {args.output}", file=sys.stderr)
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 import yaml
@@ -424,6 +425,47 @@ def test_a_torchrun_line_is_not_written_over_the_config_it_runs(tmp_path, monkey
     assert main(["--db", db, "export", "pilot", "--format", "torchrun", *paths, "-o", "run.sh"]) == 0
     assert (tmp_path / "run.sh").read_text().splitlines()[-1].endswith("--config best.yaml" if not config_path else
                                                                         f"--config {config_path}")  # fmt: skip
+
+
+def test_a_refused_export_says_why_before_any_warning_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Every refusal of `hpo export`'s arguments, on an experiment whose export warns (simulated; and for 2 CPU
+    ranks): the error, exit 2, nothing on stdout, no `warning:` line before or after it, and no file written. A file
+    that cannot be written (/dev/full: a full disk) was said after the warnings of the export that did not happen."""
+    from hpo.cli.main import main
+
+    db = lucky_loser_db(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", db, "export", "lucky", "--gpus-per-node", "2", "-o", "two.yaml"]) == 0
+    assert main(["--db", db, "export", "lucky", "-o", "best.yaml"]) == 0  # one rank: micro batch 4 of 32
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 3  # simulated and 2 CPU ranks, then simulated: these exports warn
+    (tmp_path / "mine.yaml").write_text("model:\n  hidden_size: 64\n")
+    torchrun = ["--format", "torchrun"]
+    refusals = [
+        (["lucky", *torchrun, "-o", "best.yaml"], "-o best.yaml: is the config file the torchrun line runs"),
+        (["lucky", *torchrun, "--gpus-per-node", "2", "--config-path", "two.yaml", "-o", "two.yaml"],
+         "-o two.yaml: is the config file the torchrun line runs"),
+        (["lucky", "-o", "missing/best.yaml"], "the directory missing does not exist"),
+        (["lucky", "-o", "."], "-o .: is a directory"),
+        (["lucky", "-o", "mine.yaml"], "-o mine.yaml: exists and is not an earlier `hpo export`"),
+        (["nope", "-o", "nope.yaml"], "nope"),
+        (["lucky", "--arm", "optimizer.name=sgd", "-o", "sgd.yaml"], "has no arm 'optimizer.name=sgd'"),
+        (["lucky", "--batch-size", "64", "-o", "64.yaml"], "no completed trial with global batch size 64"),
+        (["lucky", "--gpus-per-node", "3", "-o", "three.yaml"], "cannot be split evenly over 3 ranks"),
+        (["lucky", *torchrun, "--gpus-per-node", "2", "--config-path", ""], "the config path is empty"),
+        (["lucky", *torchrun, "--nodes", "2", "--gpus-per-node", "8", "--config-path", "best.yaml", "-o", "run.sh"],
+         "best.yaml has batch.micro_batch_size 4 of batch.global_batch_size 32"),
+        (["lucky", *torchrun, "--gpus-per-node", "2", "-o", "/dev/full"], "-o /dev/full: cannot write it"),
+    ]  # fmt: skip
+    if not Path("/dev/full").exists():
+        refusals.pop()
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    for command, message in refusals:
+        assert main(["--db", db, "export", *command]) == 2, command
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith("error: ") and message in captured.err, command
+        assert "warning" not in captured.err.lower() and "Traceback" not in captured.err, command
+        assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files, command
 
 
 # --------------------------------------------------------------------------- which trial: the verdict's winner
