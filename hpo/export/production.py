@@ -7,7 +7,9 @@ Everything here is pure: an experiment record (its stored, self-contained spec) 
 Choosing the trial (overall, per arm, per batch size) is the caller's job, through the storage.
 
 The exported config is the experiment's base config with its overrides, the trial's parameters, and the full
-training budget (a multi-fidelity trial may have run on a fraction of it). Nothing trial-specific is kept: the
+training budget. A multi-fidelity tuner's trial may have run on a fraction of it (a short rung): its export says so,
+in a comment, a warning and the JSON's provenance (`samples_trained`, the trial's `trial_max_samples` and the
+export's `max_samples`). Nothing trial-specific is kept: the
 trial's report file and checkpoint directory are set by the controller, not by the stored spec, so they never
 appear. Every exported config writes an MLPerf log (`log.mlperf`, MLPerf's mllog events from rank 0, see
 trainer/mlperf_log.py) to `mlperf/result_0.txt`, relative to the directory the trainer runs in, unless the
@@ -78,6 +80,9 @@ class Provenance:
     target_mlm_accuracy: float
     samples_to_target: int | None
     best_mlm_accuracy: float | None
+    samples_trained: int | None  # the trial's training samples (its final record); None where it kept none
+    trial_max_samples: int  # the trial's budget.max_samples: below max_samples for a short multi-fidelity rung
+    max_samples: int  # the export's budget.max_samples: the full budget
     params: dict[str, Any]
     simulated: bool = False  # runner: simulated: the numbers were read from a learning-curve table, not trained
     chosen: str = "the best trial"  # why this trial (`export_arm`): an arm asked for, the verdict's winner, ...
@@ -238,7 +243,7 @@ def check_config_file(path: str, saved: Any, nodes: int, gpus_per_node: int, exp
 def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[str, Any],
                chosen: str = "the best trial") -> Provenance:  # fmt: skip
     """Where the exported `config` (from `production_config`) comes from."""
-    target = float(config["eval"]["target_mlm_accuracy"])
+    target, full = float(config["eval"]["target_mlm_accuracy"]), int(config["budget"]["max_samples"])
     return Provenance(
         experiment=record.name,
         trial=trial.number,
@@ -250,10 +255,29 @@ def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[
         target_mlm_accuracy=target,
         samples_to_target=trial.samples_to_target,
         best_mlm_accuracy=trial.best_mlm_accuracy,
+        samples_trained=samples_trained(trial),
+        trial_max_samples=trial_max_samples(spec, trial, full),
+        max_samples=full,
         params=dict(trial.params),
         simulated=spec.runner.name == "simulated",
         chosen=chosen,
     )
+
+
+def samples_trained(trial: TrialRecord) -> int | None:
+    """The samples `trial` trained (its final record's `samples`), or None where the record has none."""
+    samples = trial.metrics.get("samples")
+    return int(samples) if isinstance(samples, int | float) and not isinstance(samples, bool) else None
+
+
+def trial_max_samples(spec, trial: TrialRecord, full: int) -> int:
+    """The budget.max_samples `trial` ran with: `full` (the export's) unless a multi-fidelity tuner ran it on a
+    fraction of it (a rung: `trial.budget` < 1), as the controller shortened it (`trial_config`)."""
+    from hpo.experiment.arms import trial_config  # the trainer config models: built on first use, not at start-up
+
+    if not 0 < trial.budget < 1:
+        return full
+    return trial_config(spec, trial.params, fidelity=trial.budget).budget.max_samples
 
 
 def reached_target(trial: TrialRecord, target: float) -> bool:
@@ -264,7 +288,8 @@ def reached_target(trial: TrialRecord, target: float) -> bool:
 
 
 def warnings_for(origin: Provenance) -> tuple[str, ...]:
-    """What a user must know before training the export: a best that missed the target, numbers that are simulated."""
+    """What a user must know before training the export: a best that missed the target, or that ran only a short
+    rung of the budget, numbers that are simulated."""
     warnings = []
     if not origin.reached_target:
         best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
@@ -273,9 +298,23 @@ def warnings_for(origin: Provenance) -> tuple[str, ...]:
             f"{origin.target_mlm_accuracy}: trial {origin.trial} is only the best of the misses (it reached {best}); "
             "tune further before production"
         )
+    if origin.trial_max_samples < origin.max_samples:
+        warnings.append(short_budget_warning(origin))
     if origin.simulated:
         warnings.append(SIMULATED.format(experiment=origin.experiment))
     return tuple(warnings)
+
+
+def short_budget_warning(origin: Provenance) -> str:
+    """A best trial that ran a short rung of a multi-fidelity tuner: the export trains the full budget, which that
+    trial never reached."""
+    trained = origin.samples_trained if origin.samples_trained is not None else origin.trial_max_samples
+    what = (f"trained {origin.samples_trained:,} samples" if origin.samples_trained is not None else
+            "kept no count of the samples it trained")  # fmt: skip
+    return (f"trial {origin.trial} ran only a fraction of the sample budget: it {what} on a short rung of the "
+            f"multi-fidelity tuner (budget.max_samples {origin.trial_max_samples:,} of {origin.max_samples:,}); this "
+            f"config has the full budget of {origin.max_samples:,} samples, and how it trains past {trained:,} "
+            "samples is untested")  # fmt: skip
 
 
 def device_warning(config: dict[str, Any], ranks: int) -> tuple[str, ...]:
@@ -410,8 +449,12 @@ def _comment_lines(
         + (" SIMULATED: no training happened." if origin.simulated else ""),
         f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
         f"chosen as {origin.chosen}",
-        f"objective: {origin.metric} = {objective} ({origin.direction})",
     ]
+    if origin.trial_max_samples < origin.max_samples:
+        trained = "" if origin.samples_trained is None else f", trained {origin.samples_trained:,} samples"
+        lines.append(f"trial budget: a short rung, budget.max_samples {origin.trial_max_samples:,} of the full "
+                     f"{origin.max_samples:,}{trained}; exported at the full budget")  # fmt: skip
+    lines.append(f"objective: {origin.metric} = {objective} ({origin.direction})")
     if origin.reached_target:
         reached = f"after {origin.samples_to_target:,} samples" if origin.samples_to_target is not None else ""
         lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip() + simulated)

@@ -50,7 +50,8 @@ def export_best_config(
     """The best config as a complete trainer config (YAML or JSON) or as the torchrun command that runs it: in an
     experiment that compares arms, without `arm`, the best trial of the verdict's winner when it names one (with
     `global_batch_size`, of the verdict's winner at that size: a batch-size study's verdict there). A config from
-    an experiment where no trial reached the target says so (and an X-HPO-Warning header for each warning)."""
+    an experiment where no trial reached the target, or whose trial ran only a short rung of a multi-fidelity tuner,
+    says so (and an X-HPO-Warning header for each warning)."""
     from hpo.evidence.confirmations import chosen_trial  # scipy: loaded on first use, not at start-up
 
     spec = specs.spec(record)

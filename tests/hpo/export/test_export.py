@@ -80,7 +80,9 @@ def test_yaml_is_base_plus_overrides_plus_params_at_full_budget_with_provenance(
     assert "# trial 3, arm optimizer.name=lamb" in comments
     assert "# objective: samples_to_target = 160 (minimize)" in comments
     assert comments[-1] == "# run: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config best.yaml"
-    assert exported.warnings == () and "WARNING" not in exported.text
+    assert [w for w in exported.warnings if "short rung" not in w] == []  # only that it ran a third of the budget
+    full = make_trial()
+    assert render(record, full, "yaml").warnings == () and "WARNING" not in render(record, full, "yaml").text
 
 
 def test_every_export_writes_an_mlperf_log_unless_the_experiment_names_one(tmp_path):
@@ -166,6 +168,83 @@ def test_the_comments_write_objectives_and_samples_as_the_other_commands_do(tmp_
     comments = render(make_record(tmp_path), trial, "yaml").text.splitlines()
     assert "# objective: samples_to_target = 98,304 (minimize)" in comments
     assert any(line.startswith("# reached the target mlm_accuracy 0.008 after 98,304 samples") for line in comments)
+
+
+def short_rung_db(tmp_path) -> str:
+    """Experiment `rungs` of the asha tuner (eta 3: rungs of 160 and 480 samples): AdamW's best trial reached the
+    target after 128 samples on the short rung, where it was finished; LAMB's after 320 on the full budget."""
+    from hpo.experiment import stored_form
+    from hpo.storage import SqlStorage
+    from hpo.trials import TrialKind, TrialResult, TrialSpec
+
+    data = {
+        "name": "rungs", "base_config": {},
+        "overrides": {**tiny_overrides(tmp_path / "data"), "log.jsonl": None, "budget.max_samples": 480},
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"float": [1e-4, 1e-2]}},
+        "compare": ["optimizer.name"], "tuner": {"name": "asha", "options": {"eta": 3, "min_samples": 160}},
+        "budget": {"trials": 8}, "resources": {"gpus": "none"},
+    }  # fmt: skip
+    spec = experiment_from_dict(data, "rungs.yaml", base_dir=tmp_path)
+    db = f"sqlite:///{tmp_path / 'rungs.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        eid = storage.create_experiment("rungs", stored_form(spec, tmp_path / "rungs"), spec.direction)
+        for optimizer, budget, samples in (("adamw", 1 / 3, 128), ("lamb", 1.0, 320)):
+            params = {"optimizer.name": optimizer, "optimizer.lr": 0.004}
+            trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", budget, (), 8,
+                                                           TrialKind.TUNING, None))  # fmt: skip
+            storage.mark_trial_running(trial_id, pid=1, host="h")
+            final = {"status": "reached_target", "samples": samples}
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples),
+                                                       samples_to_target=samples, best_mlm_accuracy=0.01,
+                                                       metrics=final))  # fmt: skip
+    return db
+
+
+def test_a_best_trial_that_ran_a_short_rung_says_so_wherever_its_export_is_read(tmp_path, capsys):
+    """The best trial ran a third of the budget (asha's lower rung): the export trains the full budget, and said
+    nothing of it. Now a comment, a warning (the file, stderr, the JSON, X-HPO-Warning) and the JSON's provenance
+    say how many samples the trial trained and on what budget; the other arm's best, on the full budget, says
+    nothing of it."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from server.app import create_app
+    from server.settings import Settings
+
+    db, out = short_rung_db(tmp_path), tmp_path / "best.yaml"
+    full, rung, trained = 480, 480 // 3, 128  # the experiment's budget, its lower rung (eta 3), the trial's samples
+    warning = (f"trial 0 ran only a fraction of the sample budget: it trained {trained} samples on a short rung of the "
+               f"multi-fidelity tuner (budget.max_samples {rung} of {full}); this config has the full budget of {full} "
+               f"samples, and how it trains past {trained} samples is untested")  # fmt: skip
+    assert main(["--db", db, "export", "rungs", "-o", str(out)]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().err.splitlines()
+    text = out.read_text()
+    assert yaml.safe_load(text)["budget"]["max_samples"] == full
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    chosen = comments.index("# chosen as the best trial of any arm: the verdict names no winner yet (asked for an arm, "
+                            "the export is its best)")  # fmt: skip
+    assert comments[chosen + 1] == (f"# trial budget: a short rung, budget.max_samples {rung} of the full {full}, "
+                                    f"trained {trained} samples; exported at the full budget")  # fmt: skip
+    assert f"# WARNING: {warning}" in comments
+    assert main(["--db", db, "export", "rungs", "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    provenance = body["provenance"]
+    assert (provenance["trial"], provenance["samples_trained"], provenance["trial_max_samples"],
+            provenance["max_samples"]) == (0, trained, rung, full)  # fmt: skip
+    assert body["warnings"] == [warning] and body["config"]["budget"]["max_samples"] == full
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/rungs/export", params={"format": "json"})
+        lamb = client.get("/api/v1/experiments/rungs/export", params={"arm": "optimizer.name=lamb"})
+    assert answer.status_code == 200 and answer.json() == body
+    assert answer.headers.get_list("x-hpo-warning") == [warning]
+    assert lamb.status_code == 200 and "x-hpo-warning" not in lamb.headers
+    assert "short rung" not in lamb.text and "# trial budget" not in lamb.text
+    assert main(["--db", db, "export", "rungs", "--arm", "optimizer.name=lamb", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and json.loads(captured.out)["warnings"] == []
+    lamb_origin = json.loads(captured.out)["provenance"]
+    budgets = (lamb_origin["samples_trained"], lamb_origin["trial_max_samples"], lamb_origin["max_samples"])
+    assert budgets == (320, full, full)
 
 
 def test_json_and_torchrun_formats(tmp_path):
