@@ -319,9 +319,14 @@ class ExperimentPublic(ExperimentSummaryPublic):
     heartbeat_at: datetime | None = Field(description="The controller's last heartbeat.")
     controller_note: str | None = Field(description="What the controller last said: progress, why trials wait.")
     trials: dict[str, int] = Field(description="Trial counts per state.")
-    arms: list[str] = Field(description="The arms compared (equal trial budgets each); empty without compare.")
+    arms: list[str] = Field(
+        description="The arms compared (equal trial budgets each), in the order the experiment "
+        "file declares them, as every per-arm list here; empty without compare."
+    )
     best: BestTrialPublic | None = Field(description="The best trial so far, over all arms.")
-    best_per_arm: dict[str, BestTrialPublic]
+    best_per_arm: dict[str, BestTrialPublic] = Field(
+        description="The best trial of every arm that has a completed trial, keyed by arm."
+    )
     verdict: VerdictPublic | None = Field(description="The comparison of the arms; null without compare arms.")
     nni_webui: list[NniWebUiPublic] = Field(
         description="engine: nni only: the NNI web UI of each of its NNI experiments (one per arm, and one more "

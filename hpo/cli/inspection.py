@@ -163,12 +163,13 @@ def cmd_best(args: argparse.Namespace) -> int:
     check_stored_arm(record, args.arm)  # an arm it does not have would match nothing
     if args.per_arm:
         from hpo.experiment import spec_from_stored
+        from hpo.experiment.arms import in_arm_order
 
         spec = spec_from_stored(record)
         if not spec.compare:
             raise HpoError(f"experiment {record.name} compares no arms (its file has no `compare:`): "
                            f"`hpo best {record.name}` shows its best trial")  # fmt: skip
-        best = {arm: t for arm, t in storage.best_per_arm(record.id).items()}
+        best = in_arm_order(spec, storage.best_per_arm(record.id))  # the file's order, as the verdict lists them
     else:
         trial = storage.best_trial(record.id, arm=args.arm, global_batch_size=args.batch_size)
         best = {_best_key(args.arm, args.batch_size): trial} if trial else {}

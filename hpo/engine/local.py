@@ -30,7 +30,7 @@ from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
 from hpo.evidence.confirmations import stored_verdict
 from hpo.evidence.verdict import verdict_lines
-from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study
+from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study, in_arm_order
 from hpo.files import full_disk, no_space
 from hpo.simulation.cost import simulated_line
 from hpo.storage import default_database_url
@@ -172,7 +172,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
     study.claim_lost = lambda: heartbeat.lost
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
-    view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound)
+    view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound, spec=spec)
     status = None
     try:
         with stop_on_signals(study):
@@ -270,7 +270,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         print(simulated)
     best = storage.best_per_arm(experiment_id) if spec.compare else {}
     overall = storage.best_trial(experiment_id)
-    for arm, trial in sorted(best.items()):
+    for arm, trial in in_arm_order(spec, best).items():
         print(f"\nbest for {arm}: trial {trial.number}, {describe_best(trial, spec)}")
         print(_indent(yaml.safe_dump(trial.params, sort_keys=False)))
     if not best and overall is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
-from hpo.experiment.arms import arms
+from hpo.experiment.arms import arms, in_arm_order
 from hpo.mlperf import imported
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.storage.retry import without_waiting
@@ -29,6 +29,8 @@ FINISHED = [s for s in TrialState if s.finished]
 if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
+
+    from hpo.experiment.schema import ExperimentSpec
 
 
 def describe_trial(trial: TrialRecord) -> str:
@@ -52,10 +54,13 @@ def describe_trial(trial: TrialRecord) -> str:
 
 class ProgressView:
     def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
-                 interval_s: float = 5.0, refresh_s: float = 0.5, outage_s: float | None = None):  # fmt: skip
+                 interval_s: float = 5.0, refresh_s: float = 0.5, outage_s: float | None = None,
+                 spec: ExperimentSpec | None = None):  # fmt: skip
+        """`spec`: the experiment's, whose declared arm order the best per arm follows (None: the storage's)."""
         from rich.console import Console  # here, not at the top: `hpo status` reads `experiment_progress` only
 
         self.storage, self.experiment_id, self.total = storage, experiment_id, total
+        self.spec = spec
         self.outage_s = outage_s  # how long the controller waits for the database (for the outage line)
         self._away_s: float | None = None  # how long the database had been away at the last tick
         self.console = Console(file=stream or sys.stderr, soft_wrap=True, markup=False, highlight=False)
@@ -102,6 +107,8 @@ class ProgressView:
                 new = done > len(self._seen)
                 finished = self.storage.list_trials(self.experiment_id, state=FINISHED, after=after) if new else []
                 best = self.storage.best_per_arm(self.experiment_id) or self._overall()
+                if self.spec is not None and self.spec.compare:
+                    best = in_arm_order(self.spec, best)
                 note = self.storage.get_experiment(self.experiment_id).controller_note or ""
         except StorageError:
             self._show_outage(final)

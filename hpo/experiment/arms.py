@@ -4,6 +4,9 @@ An **arm** is one combination of the values of the experiment's `compare` keys, 
 (several keys: `optimizer.name=lamb,clipping.strategy=bucketwise`). Each arm
 
 - has a **label** (`arm_label`), stored on its trials and shown everywhere an arm is named;
+- has a **place**: every output lists the arms in the order the experiment file declares them (`arms`: the
+  compare keys' choices as written, the first key outermost), never alphabetically (`in_arm_order` puts what the
+  storage keys by label, e.g. `Storage.best_per_arm`, in that order);
 - tunes its own **sub-space** (`arm_subspace`): the space with the compare keys fixed to the arm's values and
   the parameters those values rule out dropped (`optimizer.lr@adamw` is not tuned in the LAMB arm);
 - gets an equal **share** of the trial budget (`arm_quotas`), the first arms taking the remainder;
@@ -23,7 +26,7 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from search_spaces.errors import SearchSpaceError
 from search_spaces.space import CategoricalParam, FloatParam, Param, SearchSpace, trainer_key
@@ -58,6 +61,16 @@ def arm_label(values: Mapping[str, Any]) -> str:
 def arm_labels(spec: ExperimentSpec) -> list[str]:
     """The experiment's arm labels as stored on trials; [] when it compares nothing."""
     return [arm_label(values) for values in arms(spec)] if spec.compare else []
+
+
+V = TypeVar("V")
+
+
+def in_arm_order(spec: ExperimentSpec, by_arm: Mapping[str | None, V]) -> dict[str | None, V]:
+    """`by_arm` (arm label -> anything; the storage keys arms alphabetically) in the order the spec declares its
+    arms (`arm_labels`), so every output lists them alike; a label the spec does not declare follows, in its order."""
+    place = {label: i for i, label in enumerate(arm_labels(spec))}
+    return dict(sorted(by_arm.items(), key=lambda item: place.get(item[0], len(place))))
 
 
 def arm_of(spec: ExperimentSpec, params: Mapping[str, Any]) -> str | None:

@@ -49,7 +49,8 @@ async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global
 
 @router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic], responses=NOT_MODIFIED)
 async def best_config_per_arm(request: Request, hot: HotReadDep):
-    """The best trial of every arm that has a completed trial, keyed by arm. With an `ETag`, as the best config."""
+    """The best trial of every arm that has a completed trial, keyed by arm, in the order the experiment file declares
+    its arms. With an `ETag`, as the best config."""
     record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
     version = storage.trials_version(record.id)  # as for the best config: on the event loop, before the answer
     key = ("best per arm", record.id)
@@ -57,7 +58,9 @@ async def best_config_per_arm(request: Request, hot: HotReadDep):
     if kept is MISSING:
 
         def build() -> bytes:
-            bests = storage.best_per_arm(record.id)
+            from hpo.experiment.arms import in_arm_order  # the trainer config models: on first use, not at start-up
+
+            bests = in_arm_order(specs.spec(record), storage.best_per_arm(record.id))
             entries = [json.dumps(arm).encode() + b":" + specs.best_json(record, trial) for arm, trial in bests.items()]
             return b"{" + b",".join(entries) + b"}"
 

@@ -42,10 +42,14 @@ def list_experiments(
 
 @router.get("/{name}", response_model=ExperimentPublic)
 def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
-    """Status (live, interrupted, finished, ...), trial counts per state, arms, and the best trials so far."""
+    """Status (live, interrupted, finished, ...), trial counts per state, arms, and the best trials so far; arms
+    in the order the experiment file declares them."""
+    from hpo.experiment.arms import in_arm_order  # the trainer config models: built on first use, not at start-up
+
+    spec = specs.spec(record)
     counts = storage.count_trials_by_state(record.id)
     best = storage.best_trial(record.id)
-    best_per_arm = storage.best_per_arm(record.id)
+    best_per_arm = in_arm_order(spec, storage.best_per_arm(record.id))
     summary = ExperimentSummaryPublic.from_record(record, experiment_status(record))
     return ExperimentPublic(
         **summary.model_dump(),
@@ -55,7 +59,7 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
         heartbeat_at=record.heartbeat_at,
         controller_note=record.controller_note,
         trials={state.value: n for state, n in counts.items()},
-        arms=arm_labels(specs.spec(record)),
+        arms=arm_labels(spec),
         best=best_public(record, best, specs) if best else None,
         best_per_arm={arm: best_public(record, t, specs) for arm, t in best_per_arm.items()},
         verdict=experiment_verdict(record, storage, specs, counts),
