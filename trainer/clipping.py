@@ -20,6 +20,9 @@ All thresholds are `clipping.max_norm` in unscaled gradient units; the clip coef
   from the second one on: the first two synchronized iterations wait for the last bucket, then clip and
   launch all buckets (no overlap); from the third on, each bucket goes as soon as it is ready. A change of
   the bucket count after that is detected at the last bucket and the next iteration waits again.
+  How many buckets there are decides what this clips: with one (a model whose gradient fits
+  `clipping.bucket_cap_mb`) it clips the whole local gradient, as `before_allreduce` does. The trainer's start line
+  names the count (`ddp_bucket_count`).
 
 With LAMB, `before_allreduce` and `bucketwise` are local clips before the average; LAMB's global
 pre-normalization after the average still applies (apex FusedLAMB semantics, as in the MLPerf submissions).
@@ -39,6 +42,7 @@ a communication hook doing DDP's plain average (`measured_allreduce_hook`) takes
 
 import math
 import time
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -150,6 +154,22 @@ def _launch_pending(state: BucketClipState) -> None:
         state.num_buckets = count
 
 
+def ddp_bucket_count(params: Iterable[torch.Tensor], bucket_bytes_cap: int) -> int:
+    """How many gradient buckets DDP makes of `params` (a model's trainable parameters, in registration order) with
+    buckets of `bucket_bytes_cap` bytes (a DDP model's `bucket_bytes_cap`: `clipping.bucket_cap_mb` MiB): DDP's own
+    assignment (`torch.distributed._compute_bucket_assignment_by_size`: a bucket closes once it holds the cap), over
+    the parameters in the order DDP expects their gradients, the reverse of registration. DDP rebuilds its buckets
+    after the first iteration in the order the gradients actually became ready, which differs within a layer (a
+    LayerNorm's bias before its weight, an attention's value before its key): the count `bucketwise_clip_hook` finds
+    can then differ by a bucket or two (at a cap of 1 KB on the tests' tiny BERTs; from 5 KB up the two agreed)."""
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        return 0
+    order = list(reversed(trainable))
+    buckets, _ = dist._compute_bucket_assignment_by_size(order, [bucket_bytes_cap], [False] * len(order))
+    return len(buckets)
+
+
 # --------------------------------------------------------------------------- the strategies
 
 
@@ -173,6 +193,10 @@ class GradientClipper:
         self.env = env
         self.probe = probe  # when set, the gradient norms of the noise scale are recorded before any clip
         self.hook_state: BucketClipState | None = None
+        # DDP's gradient buckets, where they decide what the strategy clips (bucketwise) or tell it from bucketwise
+        # (before_allreduce): `ddp_bucket_count`; None without DDP or for the other strategies
+        by_bucket = ddp is not None and cfg.strategy in ("bucketwise", "before_allreduce")
+        self.ddp_buckets = ddp_bucket_count(self.params, ddp.bucket_bytes_cap) if by_bucket else None
         self.timeline: list | None = None  # set to a list to record when the all-reduce starts
         # LAMB clips inside its step (effective_optimizer_config); clipping again here would clip twice.
         self.after_allreduce = cfg.strategy == "after_allreduce" and optimizer_name != "lamb"

@@ -108,6 +108,18 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
         )
 
 
+def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
+    """The clipping strategy, for the start-up line; under DDP with bucketwise or before_allreduce also DDP's number
+    of gradient buckets (`GradientClipper.ddp_buckets`), which decides what bucketwise clips: one bucket clips the
+    whole local gradient, as before_allreduce does."""
+    text, buckets = f"clipping {cfg.clipping.strategy}", clipper.ddp_buckets
+    if buckets is None:
+        return text
+    alike = ": clips like before_allreduce" if buckets == 1 and cfg.clipping.strategy == "bucketwise" else ""
+    plural = "s" if buckets != 1 else ""
+    return f"{text} ({buckets} DDP bucket{plural} at clipping.bucket_cap_mb {cfg.clipping.bucket_cap_mb:g}{alike})"
+
+
 def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
     """How the model runs, for the start-up line: precision (with the residual stream in it, `model.half_residual`),
     the training attention kernel, compiled layers."""
@@ -990,7 +1002,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
         f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {run.cfg.batch.micro_batch_size} x "
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
-        f"clipping {cfg.clipping.strategy}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
+        f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
     )
     warn_long_warmup(run)
     warn_idle_steps(run)

@@ -95,6 +95,17 @@ def make_train_overrides(directory, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+def buckets_by_hand(param_bytes: list[int], cap_bytes: int) -> int:
+    """How many gradient buckets DDP's rule makes of parameters of these sizes (in registration order), written out:
+    taken in the reverse order, a bucket closes as soon as it holds `cap_bytes` or more; what is left is one more."""
+    count, held = 0, 0
+    for size in reversed(param_bytes):
+        held += size
+        if held >= cap_bytes:
+            count, held = count + 1, 0
+    return count + (held > 0)
+
+
 # What a rank of the in-process gloo tests imports before it runs: the fork server imports it once.
 RANK_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "trainer.clipping", "trainer.noise_scale",
                 "trainer.balance", "trainer.model"]  # fmt: skip

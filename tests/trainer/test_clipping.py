@@ -21,15 +21,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.trainer.conftest import make_model_config, make_samples, start_ranks
-from trainer.clipping import EPS, GradientClipper, clip_coefficient, effective_optimizer_config
-from trainer.config import ClippingConfig, OptimizerConfig
+from tests.trainer.conftest import buckets_by_hand, make_model_config, make_samples, start_ranks
+from trainer.clipping import EPS, GradientClipper, clip_coefficient, ddp_bucket_count, effective_optimizer_config
+from trainer.config import ClippingConfig, OptimizerConfig, TrainerConfig
 from trainer.data.batch import pack_batch
 from trainer.distributed import DistEnv
 from trainer.model import BertForPreTraining, pretraining_loss
+from trainer.train import clipping_summary
 
 WORLDS = [2, 4]  # 4 ranks oversubscribe a 2-core machine, which gloo tolerates
 ITERATIONS = 3  # 1: DDP's initial single bucket, 2: rebuilt buckets (both deferred), 3: overlapped hook
+TINY_BUCKET_CAP_MB = 0.02  # several buckets of the tiny model
 MICRO_BATCHES = 2
 MICRO_BATCH_SIZE = 3
 MAX_NORM = 0.8
@@ -62,10 +64,10 @@ def backward(module, samples, iteration, rank, world, clipper=None):
 def run_strategy(rank: int, world: int, strategy: str, samples) -> dict:
     model = tiny_model()
     names = {id(p): n for n, p in model.named_parameters()}
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=TINY_BUCKET_CAP_MB)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     clipper = GradientClipper(
-        ClippingConfig(strategy=strategy, max_norm=MAX_NORM),
+        ClippingConfig(strategy=strategy, max_norm=MAX_NORM, bucket_cap_mb=TINY_BUCKET_CAP_MB),
         "adamw",
         model,
         ddp,
@@ -82,7 +84,7 @@ def run_strategy(rank: int, world: int, strategy: str, samples) -> dict:
     clipper.timeline = timeline
     if clipper.hook_state is not None:
         clipper.hook_state.timeline = timeline
-    out = {"grads": [], "buckets": [], "timeline": []}
+    out = {"grads": [], "buckets": [], "timeline": [], "ddp_buckets": clipper.ddp_buckets}
     for iteration in range(ITERATIONS):
         timeline.clear()
         backward(ddp, samples, iteration, rank, world, clipper)
@@ -97,6 +99,20 @@ def run_strategy(rank: int, world: int, strategy: str, samples) -> dict:
     return out
 
 
+# (strategy, clipping.bucket_cap_mb) of the start lines the ranks write: several buckets, and one (the whole model)
+START_LINES = [*((s, TINY_BUCKET_CAP_MB) for s in STRATEGIES), ("bucketwise", 25.0)]
+
+
+def start_line_clipping(rank: int, world: int, strategy: str, cap_mb: float) -> str:
+    """What the trainer's start line says of clipping for the tiny model wrapped in DDP with buckets of `cap_mb`."""
+    model = tiny_model()
+    cfg = TrainerConfig(clipping=ClippingConfig(strategy=strategy, bucket_cap_mb=cap_mb))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    clipper = GradientClipper(cfg.clipping, "adamw", model, ddp, scaler, DistEnv(rank, world, rank, world))
+    return clipping_summary(cfg, clipper)
+
+
 def worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -104,6 +120,7 @@ def worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     results = {s: run_strategy(rank, world, s, samples) for s in STRATEGIES}
     xs_by_rank = [rank_gradient(r) for r in range(world)]
     results["large_buckets"] = {s: run_large_buckets(rank, world, s, xs_by_rank) for s in CLIPPED}
+    results["start_lines"] = {(s, cap): start_line_clipping(rank, world, s, cap) for s, cap in START_LINES}
     torch.save(results, f"{out_file}.{rank}")
     dist.barrier()  # no rank tears gloo down while another still talks to it (that aborts the process)
     dist.destroy_process_group()
@@ -203,6 +220,49 @@ def test_bucketwise_used_several_buckets_and_the_same_ones_on_every_rank(rank_re
 
 
 @pytest.mark.distributed
+def test_the_clippers_bucket_count_is_the_one_ddp_built(rank_results):
+    """The count the trainer's start line names (`GradientClipper.ddp_buckets`, for bucketwise and before_allreduce
+    under DDP) is the number of buckets DDP rebuilt and the bucket-wise hook clipped, on every rank."""
+    built = len(rank_results[0]["bucketwise"]["buckets"][-1])
+    assert built >= 3
+    for result in rank_results:
+        counts = [result[strategy]["ddp_buckets"] for strategy in STRATEGIES]
+        assert counts == [None, None, built, built]  # none, after_allreduce: buckets change nothing
+    large = rank_results[0]["large_buckets"]["bucketwise"]
+    assert large[-1]["ddp_buckets"] == len(large[-1]["buckets"]) == 2
+
+
+@pytest.mark.distributed
+def test_the_start_line_names_the_ddp_buckets_under_bucketwise_and_before_allreduce(rank_results):
+    """With one bucket (the tiny model's 0.1 MB of gradients under the default cap of 25 MB) bucketwise clips the
+    whole local gradient, as before_allreduce does: the line says so."""
+    built = len(rank_results[0]["bucketwise"]["buckets"][-1])
+    cap = f"clipping.bucket_cap_mb {TINY_BUCKET_CAP_MB:g}"
+    assert [r["start_lines"] for r in rank_results] == [{
+        ("none", TINY_BUCKET_CAP_MB): "clipping none",
+        ("after_allreduce", TINY_BUCKET_CAP_MB): "clipping after_allreduce",
+        ("before_allreduce", TINY_BUCKET_CAP_MB): f"clipping before_allreduce ({built} DDP buckets at {cap})",
+        ("bucketwise", TINY_BUCKET_CAP_MB): f"clipping bucketwise ({built} DDP buckets at {cap})",
+        ("bucketwise", 25.0): "clipping bucketwise (1 DDP bucket at clipping.bucket_cap_mb 25: clips like "
+                              "before_allreduce)",
+    }] * len(rank_results)  # fmt: skip
+
+
+@pytest.mark.parametrize("cap_mb", [1e-5, 0.005, TINY_BUCKET_CAP_MB, 0.05, 25.0])
+def test_the_bucket_count_follows_ddps_rule(cap_mb):
+    """`ddp_bucket_count` against DDP's rule written out by hand (`buckets_by_hand`), at caps from about one bucket
+    per parameter to one for the whole model."""
+    params = list(tiny_model().parameters())
+    cap = int(cap_mb * 1024 * 1024)
+    expected = buckets_by_hand([p.numel() * p.element_size() for p in params], cap)
+    assert ddp_bucket_count(params, cap) == expected
+    assert (expected == 1) == (cap_mb == 25.0)  # one bucket only for the whole model's cap
+    for p in params[:3]:  # DDP buckets the trainable parameters only
+        p.requires_grad_(False)
+    assert ddp_bucket_count(params, cap) == buckets_by_hand([p.numel() * p.element_size() for p in params[3:]], cap)
+
+
+@pytest.mark.distributed
 def test_bucketwise_all_reduce_overlaps_backward_and_before_allreduce_cannot(runs):
     results = runs(2)
     for rank in range(2):
@@ -286,7 +346,8 @@ def run_large_buckets(rank: int, world: int, strategy: str, xs_by_rank) -> list[
             buckets = [list(range(len(SIZES)))]
         grads = [p.grad for p in model.parameters()]
         if rank == 0:
-            out.append({"buckets": buckets, "coefs": [recover_coefficients(grads, xs_by_rank, b) for b in buckets]})
+            out.append({"buckets": buckets, "coefs": [recover_coefficients(grads, xs_by_rank, b) for b in buckets],
+                        "ddp_buckets": clipper.ddp_buckets})  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
     return out
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import trainer.train as train_module
-from tests.trainer.conftest import make_shards, make_train_overrides
+from tests.trainer.conftest import buckets_by_hand, make_model_config, make_shards, make_train_overrides
 from tests.trainer.steps_recorder import read_steps, recording_step
 from trainer.__main__ import main
+from trainer.model import BertForPreTraining
 from trainer.report import read_jsonl
 
 pytestmark = pytest.mark.distributed
@@ -72,6 +73,12 @@ def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
     # micro-batch against a rank's batch (taken before the clip, under bucket-wise clipping)
     assert all(r["grad_sq_norm_small"] > 0 and r["grad_sq_norm_big"] > 0 for r in progress)
     assert proc.stderr.count("training BERT") == 1  # only rank 0 prints
+    # ... naming DDP's buckets, which decide what bucketwise clips: the model's, counted by DDP's rule here
+    settings = dict(o.split("=", 1) for o in overrides)
+    model = BertForPreTraining(make_model_config(**{k[6:]: v for k, v in settings.items() if k.startswith("model.")}))
+    buckets = buckets_by_hand([p.numel() * p.element_size() for p in model.parameters()], int(0.02 * 1024 * 1024))
+    assert buckets >= 3
+    assert f"clipping bucketwise ({buckets} DDP buckets at clipping.bucket_cap_mb 0.02)," in proc.stderr
 
 
 def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_path):
