@@ -27,7 +27,9 @@ Figures of one repetition, from its stored trials:
   up to that moment x GPUs per slot;
 - the verdict: the end of the experiment (its last trial): GPU-hours, wall-clock and the idle share of the
   slot-time (`hpo.simulation.cost`);
-- the outcome: the verdict's winner, equivalent, or not yet (`hpo.evidence.verdict`).
+- the outcome: the verdict's winner, equivalent, or not yet (`hpo.evidence.verdict`); in a batch-size study also
+  the verdict at each batch size (`Evidence.batch_verdicts`, the study's question, which its confirmation rounds
+  follow), judged against the truth there (`hpo.plan.truth.batch_truths`).
 
 Summaries over the R repetitions: the median and the 2.5th to 97.5th percentile (linear interpolation, numpy's
 default), the range 95 % of such experiments fall in (a repetition without a hit counts as never); each outcome's
@@ -50,7 +52,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +60,13 @@ from scipy.stats import binomtest
 
 from hpo.engine.study import Study
 from hpo.errors import HpoError
-from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.confirmations import stored_evidence, stored_verdict
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
-from hpo.experiment.arms import arm_labels
+from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_labels, batch_study
 from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
 from hpo.plan.combined import covering_table, sources_line
 from hpo.plan.proxy import table_proxy
-from hpo.plan.truth import JUDGED, Truth, stated_handicap, table_truth
+from hpo.plan.truth import JUDGED, Truth, batch_truths, stated_handicap, table_truth
 from hpo.runners import build_runner
 from hpo.simulation.cost import experiment_cost
 from hpo.simulation.table import DIMENSIONS, TABLES, load_table
@@ -112,6 +114,8 @@ class Plan:
     truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
     assumptions: tuple[str, ...] = ()  # how a real file the table cannot serve as it is was moved onto it
     on_cpus: bool = False  # the file's trials train on CPUs (resources.gpus: none); its slots are timed as GPUs
+    # a batch-size study: the truth at each batch size where two or more optimizers are compared (the verdict there)
+    batch_truths: dict[int, Truth] = field(default_factory=dict)
 
     def seeds(self, index: int) -> tuple[int, int]:
         """(tuner seed, training seed) of repetition `index`."""
@@ -154,6 +158,8 @@ class Repetition:
     winner: str | None
     tuning_trials: int
     confirmation_runs: int
+    # a batch-size study: the verdict at each batch size where two or more optimizers ran (batch, outcome, winner)
+    at_batches: tuple[tuple[int, str, str | None], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------------ the file
@@ -202,6 +208,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         truth,
         tuple(assumptions),
         on_cpus=spec.resources.gpus == "none",
+        batch_truths=batch_truths(truth, first) if truth is not None and batch_study(first.compare) else {},
     )
 
 
@@ -333,16 +340,25 @@ def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repe
         Study(spec, storage, experiment_id, run_dir, runner, url).run()
         trials = storage.list_trials(experiment_id)
         verdict = _verdict(storage, experiment_id, spec)
+        at_batches = _at_batches(storage, experiment_id, spec)
     finally:
         runner.close()
         storage.close()
         for suffix in ("", "-wal", "-shm"):
             Path(f"{database}{suffix}").unlink(missing_ok=True)
-    return repetition_figures(index, plan.seeds(index), trials, spec, verdict)
+    return replace(repetition_figures(index, plan.seeds(index), trials, spec, verdict), at_batches=at_batches)
 
 
 def _verdict(storage, experiment_id: int, spec):
     return stored_verdict(storage, experiment_id, spec) if spec.compare else None
+
+
+def _at_batches(storage, experiment_id: int, spec) -> tuple[tuple[int, str, str | None], ...]:
+    """A batch-size study's verdict at each batch size (`Evidence.batch_verdicts`); () for another experiment."""
+    if not batch_study(spec.compare):
+        return ()
+    _, verdicts = stored_evidence(storage, experiment_id).batch_verdicts(spec)
+    return tuple((batch, v.outcome.value, v.winner) for batch, v in verdicts.items())
 
 
 def repetition_figures(index: int, seeds: tuple[int, int], trials, spec, verdict) -> Repetition:
@@ -418,6 +434,22 @@ def outcome_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, i
     return counts
 
 
+def batch_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[int, tuple[dict[str, int], dict[str, int]]]:
+    """A batch-size study: per batch size with a truth (`Plan.batch_truths`), how many repetitions' verdicts there
+    ended in each outcome (`winner OPTIMIZER`, `equivalent`, `not yet`) and how many were right, wrong, equivalent
+    (the optimizers truly differ by more than the margin) or not yet against the truth there."""
+    counts = {}
+    for batch, truth in plan.batch_truths.items():
+        outcomes = {f"winner {a.label}": 0 for a in truth.arms} | {"equivalent": 0, "not yet": 0}
+        judged = dict.fromkeys(JUDGED, 0)
+        for r in repetitions:
+            outcome, winner = next(((o, w) for b, o, w in r.at_batches if b == batch), ("not yet", None))
+            outcomes[f"winner {winner}" if outcome == "winner" else outcome] += 1
+            judged[truth.judged(outcome, winner)] += 1
+        counts[batch] = (outcomes, judged)
+    return counts
+
+
 def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
     """How many repetitions' outcomes were right, wrong, equivalent (where the arms truly differ by more than the
     verdict's margin), not yet, judged against the plan's truth (`hpo.plan.truth`)."""
@@ -470,10 +502,28 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
         for judged, share in _shares(judged_counts(plan, repetitions), n).items():
             differ = judged == "equivalent" and not plan.truth.within()  # "equivalent" said wrongly
             lines.append(_share_line("equivalent (the arms truly differ)" if differ else judged, share))
+        lines += _batch_lines(plan, repetitions)
     else:
         lines += ["", "no compare arms: no verdict, only the cost"]
     if seconds is not None:
         lines += ["", f"planned in {seconds:,.0f} s ({seconds / max(n, 1):,.1f} s a repetition on this machine)"]
+    return lines
+
+
+def _batch_lines(plan: Plan, repetitions: Sequence[Repetition]) -> list[str]:
+    """A batch-size study: the note on the experiment's verdict, and the outcomes of the verdict at each batch size
+    (the study's question, which the confirmation rounds follow) with their judgement against the truth there."""
+    if not plan.batch_truths:
+        return []
+    n, lines = len(repetitions), ["", f"({BATCH_STUDY_NOTE}, forecast below)"]
+    for batch, (outcomes, judged) in batch_counts(plan, repetitions).items():
+        truth = plan.batch_truths[batch]
+        lines += ["", f"the verdict at batch {batch:,} (of {_repetitions(n)}; 95 % Wilson interval of the share)"]
+        lines += [_share_line(outcome, s) for outcome, s in _shares(outcomes, n).items()]
+        lines.append(f"judged against the truth at batch {batch:,}: {truth.line()}")
+        for name, share in _shares(judged, n).items():
+            differ = name == "equivalent" and not truth.within()
+            lines.append(_share_line("equivalent (the arms truly differ)" if differ else name, share))
     return lines
 
 
@@ -488,12 +538,8 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         median, low, high = percentile_range(values)
         return {k: None if math.isinf(v) else v for k, v in (("median", median), ("low", low), ("high", high))}
 
-    outcomes, judged, truth = {}, {}, None
-    if spec.compare:
-        outcomes = _shares(outcome_counts(plan, repetitions), n)
-        judged = _shares(judged_counts(plan, repetitions), n)
-        t = plan.truth
-        truth = {
+    def truth_data(t: Truth) -> dict[str, Any]:
+        return {
             "better": t.better,
             "difference": t.difference(),
             "stated": t.stated,
@@ -502,6 +548,17 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
             "line": t.line(),
             "arms": {a.label: {"params": a.params, "objective": a.objective, "figure": a.figure} for a in t.arms},
         }
+
+    outcomes, judged, truth = {}, {}, None
+    if spec.compare:
+        outcomes = _shares(outcome_counts(plan, repetitions), n)
+        judged = _shares(judged_counts(plan, repetitions), n)
+        truth = truth_data(plan.truth)
+    at_batches = {
+        batch: {"outcomes": _shares(outcomes_there, n), "judged": _shares(judged_there, n),
+                "truth": truth_data(plan.batch_truths[batch])}
+        for batch, (outcomes_there, judged_there) in batch_counts(plan, repetitions).items()
+    }  # fmt: skip
     simulation = spec.runner.simulation
     return {
         "simulated": True,
@@ -536,6 +593,7 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
         "outcomes": outcomes,
         "truth": truth,
         "judged": judged,
+        "at_batches": at_batches,
         "seconds": seconds,
         "lines": forecast_lines(plan, repetitions, seconds, pilot, curves),
     }

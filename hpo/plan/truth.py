@@ -34,7 +34,7 @@ from typing import Any
 
 from hpo.errors import HpoError
 from hpo.evidence.verdict import DEFAULT_MARGIN, samples_between_evaluations
-from hpo.experiment.arms import arm_plans
+from hpo.experiment.arms import BATCH_KEY, arm_plans, trial_config
 from hpo.simulation.surrogate import Surrogate
 from search_spaces.space import CategoricalParam, FloatParam, IntParam
 
@@ -102,6 +102,28 @@ class Truth:
         best = next(a for a in self.arms if a.label == self.better)
         return (f"the table's: {self.better} is better, {self.difference():.1%} below the next arm at each arm's best "
                 f"configuration ({unit}: {_number(best.figure)}; {others}){within}")  # fmt: skip
+
+
+def batch_truths(truth: Truth, spec) -> dict[int, Truth]:
+    """A batch-size study's truth at each batch size where two or more optimizers are compared, as the verdict at
+    each batch size compares them (`hpo.evidence.verdict.batch_size_verdicts`): its arms there by optimizer (one
+    optimizer's arms there: the best of them), the truly better the one with the lower figure. Ascending."""
+    by_batch: dict[int, dict[str, ArmTruth]] = {}
+    for arm in truth.arms:
+        batch = arm.params.get(BATCH_KEY)
+        optimizer = trial_config(spec, arm.params).optimizer.name
+        mine = by_batch.setdefault(int(batch), {}) if batch is not None else {}
+        if optimizer not in mine or arm.figure < mine[optimizer].figure:
+            mine[optimizer] = ArmTruth(optimizer, arm.params, arm.objective, arm.figure)
+    truths = {}
+    for batch, found in sorted(by_batch.items()):
+        if len(found) < 2:
+            continue
+        ordered = sorted(found.values(), key=lambda a: a.figure)
+        tie = math.isclose(ordered[0].figure, ordered[1].figure, rel_tol=1e-9)
+        truths[batch] = Truth(tuple(found[o] for o in sorted(found)), None if tie else ordered[0].label, truth.metric,
+                              margin=truth.margin)  # fmt: skip
+    return truths
 
 
 def _number(value: float) -> str:

@@ -80,6 +80,12 @@ class OutcomeSharePublic(BaseModel):
     high: float
 
 
+class BatchOutcomesPublic(BaseModel):
+    outcomes: dict[str, OutcomeSharePublic] = Field(description="`winner OPTIMIZER`, `equivalent`, `not yet`.")
+    judged: dict[str, OutcomeSharePublic] = Field(description="`right`, `wrong`, `equivalent`, `not yet`.")
+    truth: dict[str, Any] = Field(description="The truth at this batch size, as `truth`.")
+
+
 class PlanPublic(BaseModel):
     """What `hpo plan FILE --json` prints: every figure simulated (no training happens)."""
 
@@ -107,6 +113,12 @@ class PlanPublic(BaseModel):
                                          "configuration on the table; null without compare arms.")  # fmt: skip
     judged: dict[str, OutcomeSharePublic] = Field(description="`right`, `wrong`, `equivalent` (the arms truly "
                                                   "differ), `not yet`: the outcomes against the truth.")  # fmt: skip
+    at_batches: dict[int, BatchOutcomesPublic] = Field(
+        default_factory=dict,
+        description="A batch-size study: per global batch size where two or more optimizers are compared, the "
+        "verdict there (the study's question, which the confirmation rounds follow): its outcomes, their judgement "
+        "and the truth there; empty for another experiment.",
+    )
     seconds: float | None = Field(description="How long the plan took on the server.")
     lines: list[str] = Field(description="The forecast as `hpo plan` prints it.")
 

@@ -60,6 +60,13 @@ def test_each_batch_size_is_read_from_the_shipped_table_that_has_it_to_the_files
     assert all(r["samples_to_target"] is None for r in records("curves")[1:] if r["global_batch_size"] == 128)
     at_128 = [a.figure for a in plan.truth.arms if a.label.endswith("batch.global_batch_size=128")]
     assert len(at_128) == 2 and all(budgets[32] < figure <= budgets[128] for figure in at_128)
+    # a batch-size study: the truth at each batch size, the optimizers' arms there (read here from their labels)
+    for batch in budgets:
+        there = {a.label.split(",")[0].removeprefix("optimizer.name="): a.figure for a in plan.truth.arms
+                 if a.label.endswith(f"batch.global_batch_size={batch}")}  # fmt: skip
+        truth = plan.batch_truths[batch]
+        assert {a.label: a.figure for a in truth.arms} == there and truth.better == min(there, key=there.get)
+    assert list(plan.batch_truths) == [32, 128]
 
 
 def test_the_plan_of_the_demo_batch_preset_says_where_each_batch_size_is_read_from(capsys):
@@ -75,6 +82,16 @@ def test_the_json_plan_names_the_shipped_table_of_each_batch_size_not_the_tempor
     assert main(["plan", str(PRESET), "--repetitions", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["table"] is None  # the combination was a temporary file, gone with the plan
+    # a batch-size study: the verdict at each batch size, the study's question, forecast beside the experiment's
+    assert sorted(data["at_batches"]) == ["128", "32"]
+    for batch, there in data["at_batches"].items():
+        assert (
+            sum(s["count"] for s in there["outcomes"].values())
+            == 1
+            == sum(s["count"] for s in there["judged"].values())
+        )
+        assert set(there["outcomes"]) == {"winner adamw", "winner lamb", "equivalent", "not yet"}
+        assert f"the verdict at batch {int(batch):,} (of 1 repetition" in "\n".join(data["lines"])
     assert data["tables_by_batch"] == {"32": str(TABLES / "curves.jsonl"), "128": str(TABLES / "large_batch.jsonl")}
     assert all(Path(path).is_file() for path in data["tables_by_batch"].values())
 
