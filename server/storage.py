@@ -7,9 +7,9 @@ outage: hpo.storage.retry), then every request answers 503 at once until it is b
 server started before its database answers 503 without delay.
 
 A database server that stops answering without closing its connections (its process stopped or hung) is not an
-outage the driver notices: each statement has a deadline instead (hpo/storage/deadline.py), `timeout_s` (the
-setting HPO_API_DATABASE_TIMEOUT_S) for the reads made on the event loop, `/health` and an experiment's first lookup
-by name (server.deps), SLOW_READ_S for the others,
+outage the driver notices: each statement, and the commit or rollback that ends a write (the stop action's), has a
+deadline instead (hpo/storage/deadline.py), `timeout_s` (the setting HPO_API_DATABASE_TIMEOUT_S) for the reads made
+on the event loop, `/health` and an experiment's first lookup by name (server.deps), SLOW_READ_S for the others,
 each then a 503; after a missed deadline every request answers 503 at once until a probe hears the database.
 """
 
@@ -29,7 +29,7 @@ from server.schemas import BestTrialPublic, TrialPublic
 from trainer.errors import ConfigError
 
 WAIT_S = 2.0  # how long requests wait for a database that went away (a restart's blip) before answering 503
-SLOW_READ_S = 120.0  # a statement of a read in the thread pool (a report of 100,000 trials reads for seconds)
+SLOW_READ_S = 120.0  # a statement (or commit) in the thread pool (a report of 100,000 trials reads for seconds)
 CONFIG_CACHE_SIZE = 1024
 TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB each)
 

@@ -9,10 +9,11 @@ primary-key lookups, and `/health`), `slow_seconds` for the others (a report's r
 seconds), which hold only their own thread of the API's pool. A pooled connection's ping and a connection attempt
 take `seconds` whatever the call (`connect_timeout`, set by the engine; psycopg's least is 2 s).
 
-A watchdog thread shuts down the socket of a connection whose statement or ping has run past its deadline.
-The driver's wait then ends as on a lost connection: SQLAlchemy invalidates the connection and raises an
-OperationalError that says no answer came in time, which the storage reports as DatabaseUnavailableError (an API
-request answers 503 with Retry-After).
+A watchdog thread shuts down the socket of a connection whose statement, ping, commit or rollback has run past its
+deadline (a commit or rollback is watched when it sends anything: a server that stops between a write's last
+statement and its COMMIT would otherwise hold its caller until it runs again). The driver's wait then ends as on a
+lost connection: SQLAlchemy invalidates the connection and raises an OperationalError that says no answer came in
+time, which the storage reports as DatabaseUnavailableError (an API request answers 503 with Retry-After).
 
 After a missed deadline, or a connection attempt that timed out, the server counts as not answering (`held()`) and
 the storage fails its calls at once (each would wait out a deadline again, on the event loop for the hottest reads),
@@ -38,6 +39,7 @@ from sqlalchemy.exc import OperationalError
 
 PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
 _CUT = "hpo_deadline_cut"  # in a pooled connection's `info`: its socket was shut down after its answer came
+_IDLE = 0  # libpq's PQTRANS_IDLE (psycopg's pq.TransactionStatus.IDLE): no transaction open, nothing to end
 TICK_SHARE = 0.1  # the watchdog looks at the connections waiting every tenth of the shorter deadline
 
 
@@ -79,13 +81,19 @@ class StatementDeadline:
         self._closed = False
 
     def install(self, engine: Engine) -> None:
-        """Watch every statement and pooled-connection ping of `engine` (a PostgreSQL engine). Not a commit: the
-        statements before it would have met the deadline, and there is no event at its end to stop watching."""
+        """Watch every statement of `engine` (a PostgreSQL engine), and every commit and rollback that sends
+        anything: a server that stops between a write's last statement and its COMMIT would hold its caller as long
+        as a statement would. SQLAlchemy has no event at a commit's end, so the dialect's own `do_commit` and
+        `do_rollback` are wrapped (they serve the engine's connections and its pool's rollback at a connection's
+        return). The pool's pings are watched by `watch()`."""
         self._engine = engine
         event.listen(engine, "before_cursor_execute", lambda conn, *_: self._begin(conn))
         event.listen(engine, "after_cursor_execute", lambda conn, *_: self._answered(conn))
         event.listen(engine, "checkin", self._checked_in)
         event.listen(engine, "handle_error", self._failed, retval=True)
+        dialect = engine.dialect  # the engine's own (create_engine makes one per engine)
+        dialect.do_commit = self._ending(dialect.do_commit)  # type: ignore[method-assign]
+        dialect.do_rollback = self._ending(dialect.do_rollback)  # type: ignore[method-assign]
 
     def close(self) -> None:
         """Stop probing, and the watchdog once no statement waits (the storage is closed: a thread left ticking
@@ -137,6 +145,36 @@ class StatementDeadline:
             conn.connection.info[_CUT] = True
         self._heard()
 
+    def _ending(self, end: Callable[[Any], None]) -> Callable[[Any], None]:
+        """The dialect's `do_commit` or `do_rollback` (`end`), watched when the driver sends anything: psycopg
+        sends nothing when no transaction is open (the rollback of an autocommit connection as it closes, after each
+        of the API's hottest reads), and that case costs a few attribute reads, no lock. Cut for its deadline, it
+        raises NoAnswer, which `_failed` reports as it does a statement's; cut just after its answer came, the
+        commit stands and the connection is replaced at its return, as for a statement (`_answered`)."""
+
+        def ending(connection: Any) -> None:  # a pool's connection (SQLAlchemy's proxy), or a driver's
+            dbapi_connection = getattr(connection, "dbapi_connection", connection)
+            pgconn = getattr(dbapi_connection, "pgconn", None)  # psycopg's; another driver's end is always watched
+            if pgconn is not None and pgconn.transaction_status == _IDLE:
+                return end(connection)
+            seconds = self._start(dbapi_connection)
+            try:
+                end(connection)
+            except Exception as exc:
+                if self._end(dbapi_connection) is not None:
+                    raise NoAnswer(self.reason(seconds)) from exc
+                raise
+            except BaseException:  # interrupted: no longer waiting
+                self._end(dbapi_connection)
+                raise
+            if self._end(dbapi_connection) is not None:
+                info = getattr(connection, "info", None)  # the pool record's (a driver connection's own info is not)
+                if isinstance(info, dict):
+                    info[_CUT] = True
+            self._heard()
+
+        return ending
+
     def _checked_in(self, dbapi_connection: Any, record: Any) -> None:
         """A connection back in the pool: a statement that neither answered nor failed (interrupted) is no longer
         watched, and a connection cut without an error to invalidate it is replaced at its next checkout."""
@@ -152,6 +190,9 @@ class StatementDeadline:
             with self._changed:
                 self._missed()
             return None
+        if isinstance(context.original_exception, NoAnswer):  # a commit or rollback cut for its deadline (_ending)
+            context.is_disconnect = True
+            return OperationalError(None, None, context.original_exception, connection_invalidated=True)
         connection = context.connection
         dbapi_connection = connection.connection.dbapi_connection if connection is not None else None
         seconds = self._end(dbapi_connection) if dbapi_connection is not None else None

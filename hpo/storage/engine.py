@@ -83,8 +83,8 @@ def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = Fa
     too, a command's reads over in moments: a SQLite file it may not write, closed by its last writer, is read as
     an immutable file (see `_sqlite_engine`). `writes=False` (with `read_only`): a command that only reads opens a
     SQLite file read-only, so that its last connection's close does not fold a log left by a writer that died into
-    the file. `deadline`: on a database server, each statement, ping and connection attempt fails after its
-    seconds (hpo/storage/deadline.py); ignored for SQLite."""
+    the file. `deadline`: on a database server, each statement, commit, rollback, ping and connection attempt fails
+    after its seconds (hpo/storage/deadline.py); ignored for SQLite."""
     try:
         parsed = make_url(url)
         if parsed.drivername == "postgres":  # Heroku's and libpq's spelling, which SQLAlchemy no longer takes

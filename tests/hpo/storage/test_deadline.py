@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.exc import OperationalError
 
-from hpo.errors import DatabaseUnavailableError, NotFoundError
+from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
 from hpo.storage import SqlStorage
 from hpo.storage.deadline import NoAnswer, StatementDeadline, quick_reads
 from hpo.storage.engine import PING_AFTER_IDLE_S, create_storage_engine
@@ -56,6 +57,14 @@ def outcome(call: Callable[[], object]) -> BaseException | object:
     thread.join(HANG_S)
     assert not thread.is_alive(), f"the call was still waiting for the database after {HANG_S} s"
     return result[0]
+
+
+def once_answered(call: Callable[[], object]) -> BaseException | object:
+    """The outcome of `call()` once the server answers again (a probe heard it: calls no longer fail at once)."""
+    outcomes: list = []
+    wait_for(lambda: not isinstance(outcomes.append(outcome(call)) or outcomes[-1], DatabaseUnavailableError),
+             timeout_s=HANG_S)  # fmt: skip
+    return outcomes[-1]
 
 
 def on_an_event_loop(call: Callable[[], object]) -> object:
@@ -229,3 +238,55 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return ""
+
+
+def freeze_as_it_ends(cluster: PostgresCluster, engine: Engine, end: str) -> None:
+    """Stop the cluster's processes as the next `end` ("commit" or "rollback") of a transaction that sent a statement
+    on `engine` is about to go out: a server that stops answering between a write's last statement and its end."""
+
+    pending = [True]
+
+    def freeze(connection: Connection) -> None:
+        if pending and connection.connection.dbapi_connection.info.transaction_status != TransactionStatus.IDLE:
+            pending.pop()
+            cluster.freeze()
+
+    event.listen(engine, end, freeze)
+
+
+@pytest.mark.postgres
+def test_a_server_that_stops_before_a_writes_commit_fails_the_write_at_its_deadline(cluster):
+    storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
+    try:
+        experiment_id = storage.create_experiment("stopped before its commit", {}, "minimize")
+        freeze_as_it_ends(cluster, storage._engine, "commit")
+        try:
+            # the API's one write (POST /experiments/{name}/stop), in its thread pool: the long deadline
+            failed = outcome(lambda: storage.request_stop(experiment_id))
+        finally:
+            cluster.thaw()
+        assert isinstance(failed, DatabaseUnavailableError), failed
+        assert f"gave no answer within {SLOW_DEADLINE_S:g} s" in str(failed), failed
+        assert once_answered(lambda: storage.request_stop(experiment_id)) is None
+        assert storage.is_stop_requested(experiment_id)
+    finally:
+        storage.close()
+
+
+@pytest.mark.postgres
+def test_a_server_that_stops_before_a_failed_writes_rollback_fails_the_write_at_its_deadline(cluster):
+    storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
+    try:
+        storage.create_experiment("stopped before its rollback", {}, "minimize")
+        freeze_as_it_ends(cluster, storage._engine, "rollback")
+        try:  # the name is taken: the insert fails, and its transaction is rolled back
+            failed = outcome(lambda: storage.create_experiment("stopped before its rollback", {}, "minimize"))
+        finally:
+            cluster.thaw()
+        assert isinstance(failed, DatabaseUnavailableError), failed
+        assert f"gave no answer within {SLOW_DEADLINE_S:g} s" in str(failed), failed
+
+        again = once_answered(lambda: storage.create_experiment("stopped before its rollback", {}, "minimize"))
+        assert isinstance(again, StorageError) and "already exists" in str(again), again
+    finally:
+        storage.close()
