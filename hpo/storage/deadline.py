@@ -13,7 +13,8 @@ A watchdog thread shuts down the socket of a connection whose statement, ping, c
 deadline (a commit or rollback is watched when it sends anything: a server that stops between a write's last
 statement and its COMMIT would otherwise hold its caller until it runs again). The driver's wait then ends as on a
 lost connection: SQLAlchemy invalidates the connection and raises an OperationalError that says no answer came in
-time, which the storage reports as DatabaseUnavailableError (an API request answers 503 with Retry-After).
+time, which the storage reports as DatabaseUnavailableError (an API request answers 503 with Retry-After). A
+connection cut just as its answer came keeps its answer and is replaced, never handed out again.
 
 After a missed deadline, or a connection attempt that timed out, the server counts as not answering (`held()`) and
 the storage fails its calls at once (each would wait out a deadline again, on the event loop for the hottest reads),
@@ -35,7 +36,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import Engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 
 PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
 _CUT = "hpo_deadline_cut"  # in a pooled connection's `info`: its socket was shut down after its answer came
@@ -106,7 +107,8 @@ class StatementDeadline:
     def watch(self, dbapi_connection: Any) -> Iterator[None]:
         """A call on `dbapi_connection` outside SQLAlchemy's statements (the pool's ping) under the short deadline,
         whatever the caller (one round trip: a server that answers at all answers it at once, and a call in the
-        thread pool would otherwise wait the long one for it); a missed one raises NoAnswer."""
+        thread pool would otherwise wait the long one for it); a missed one raises NoAnswer. A connection cut just
+        after its answer came raises DisconnectionError, which has the pool replace it (see `_answered`)."""
         seconds = self._start(dbapi_connection, quick=True)
         try:
             yield
@@ -115,8 +117,14 @@ class StatementDeadline:
                 raise NoAnswer(self.reason(seconds)) from exc
             raise
         else:
-            self._end(dbapi_connection)
+            cut = self._end(dbapi_connection)
             self._heard()
+            if cut is not None:
+                # The answer came, then the watchdog cut the socket before this thread ran again (the GIL, a busy
+                # machine), as for a statement (`_answered`); here the connection is about to be handed out, so
+                # it is replaced now: one cut socket, and the caller's next statement would fail. _end() reads
+                # and clears the cut under the watchdog's lock, so a cut is seen either here or by the ping's error
+                raise DisconnectionError("a pooled connection was cut for its deadline just after its ping answered")
 
     def held(self) -> str | None:
         """Why calls should not try the server now (it missed a deadline and no probe got an answer since), or

@@ -290,3 +290,28 @@ def test_a_server_that_stops_before_a_failed_writes_rollback_fails_the_write_at_
         assert isinstance(again, StorageError) and "already exists" in str(again), again
     finally:
         storage.close()
+
+
+@pytest.mark.postgres
+def test_a_connection_cut_just_after_its_ping_answered_is_not_handed_out(cluster):
+    engine = create_storage_engine(cluster.url, deadline=StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S))
+    engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    ping, late = engine.dialect.do_ping, [True]
+
+    def ping_answered_late(dbapi_connection: object) -> bool:  # the pinging thread runs again after the deadline
+        answered = ping(dbapi_connection)
+        if late:
+            late.pop()
+            time.sleep(DEADLINE_S * 1.5)
+        return answered
+
+    engine.dialect.do_ping = ping_answered_late
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("select 1")).scalar() == 1
+        time.sleep(PING_AFTER_IDLE_S * 1.5)  # the pooled connection is now pinged before it is handed out
+        with engine.connect() as connection:  # pinged, answered, then cut at the deadline
+            assert not late
+            assert outcome(lambda: connection.execute(text("select 2")).scalar()) == 2
+    finally:
+        engine.dispose()
