@@ -19,7 +19,7 @@ connection cut just as its answer came keeps its answer and is replaced, never h
 After a missed deadline, or a connection attempt that timed out, the server counts as not answering (`held()`) and
 the storage fails its calls at once (each would wait out a deadline again, on the event loop for the hottest reads),
 until a probe gets an answer: a thread of this module tries `SELECT 1` on a new connection every PROBE_INTERVAL_S,
-under the short deadline.
+under the short deadline. Closing waits for a probe under way, so that the engine's disposal closes its connection.
 
 Only for PostgreSQL: a SQLite file answers or reports itself locked (its busy timeout bounds the wait).
 """
@@ -39,6 +39,9 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DisconnectionError, OperationalError
 
 PROBE_INTERVAL_S = 1.0  # between two tries of a server that missed a deadline
+# close() waits this long at most for a probe under way: its connection attempt and its statement end within
+# seconds (their deadlines), a host name's lookup that hangs does not
+CLOSE_WAIT_S = 30.0
 _CUT = "hpo_deadline_cut"  # in a pooled connection's `info`: its socket was shut down after its answer came
 _IDLE = 0  # libpq's PQTRANS_IDLE (psycopg's pq.TransactionStatus.IDLE): no transaction open, nothing to end
 TICK_SHARE = 0.1  # the watchdog looks at the connections waiting every tenth of the shorter deadline
@@ -98,10 +101,16 @@ class StatementDeadline:
 
     def close(self) -> None:
         """Stop probing, and the watchdog once no statement waits (the storage is closed: a thread left ticking
-        for each storage ever opened would add up in a long-lived process)."""
+        for each storage ever opened would add up in a long-lived process). A probe under way is waited for, so that
+        the engine's disposal that follows closes its connection too (one that came after would stay open, in a
+        pool nobody uses): it ends within a connection attempt's timeout and the short deadline (CLOSE_WAIT_S at
+        most)."""
         with self._changed:
             self._closed = True
-            self._changed.notify_all()
+            self._changed.notify_all()  # a probe between two tries ends now
+            prober = self._prober
+        if prober is not None and prober is not threading.current_thread():
+            prober.join(CLOSE_WAIT_S)
 
     @contextlib.contextmanager
     def watch(self, dbapi_connection: Any) -> Iterator[None]:
@@ -265,8 +274,9 @@ class StatementDeadline:
         assert self._engine is not None
         self._probing.active = True
         while True:
-            time.sleep(PROBE_INTERVAL_S)
             with self._changed:
+                if not self._closed:
+                    self._changed.wait(PROBE_INTERVAL_S)  # close() wakes it
                 if self._missed_at is None or self._closed:  # an answer came meanwhile, or nobody asks any more
                     self._prober = None
                     return

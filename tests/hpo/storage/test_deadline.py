@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
@@ -315,3 +315,39 @@ def test_a_connection_cut_just_after_its_ping_answered_is_not_handed_out(cluster
             assert outcome(lambda: connection.execute(text("select 2")).scalar()) == 2
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_closing_the_storage_while_a_probe_connects_leaves_no_connection_open(cluster):
+    name = "hpo-probe-at-close"
+    storage = SqlStorage(f"{cluster.url}?application_name={name}", upgrade=True,
+                         deadlines=(DEADLINE_S, SLOW_DEADLINE_S))  # fmt: skip
+    engine = storage._engine
+    connecting, disposed = threading.Event(), threading.Event()
+
+    def probe_connects(*_: object) -> None:  # the probe's connection attempt goes on once the engine is disposed
+        if threading.current_thread() is storage._deadline._prober:
+            connecting.set()
+            disposed.wait(DEADLINE_S)  # a close that waits for the probe disposes only after it
+
+    event.listen(engine, "do_connect", probe_connects)
+    event.listen(engine, "engine_disposed", lambda *_: disposed.set())
+    try:
+        cluster.freeze()
+        try:
+            # a missed deadline (the short one): the cut connection is replaced, so the probe makes a new one
+            failed = outcome(lambda: on_an_event_loop(lambda: storage.get_experiment_by_name("no such experiment")))
+        finally:
+            cluster.thaw()
+        assert isinstance(failed, DatabaseUnavailableError), failed
+        assert connecting.wait(HANG_S), "no probe tried the server after a missed deadline"
+        prober = storage._deadline._prober
+    finally:
+        storage.close()
+    assert prober is not None
+    prober.join(HANG_S)
+    assert not prober.is_alive()
+    with create_engine(cluster.url).connect() as connection:
+        left = connection.execute(text("select count(*) from pg_stat_activity where application_name = :name"),
+                                  {"name": name}).scalar()  # fmt: skip
+    assert left == 0, "a connection of the closed storage is still open"
