@@ -68,24 +68,15 @@ def _stored_spec(record):
 
 def _verdict_status(storage, record, spec, tallies) -> list[str]:
     """Where a compare experiment's confirmations stand and what the verdict would be now."""
-    from hpo.evidence.confirmations import round_line, stored_evidence
+    from hpo.evidence.confirmations import batch_verdict_lines, round_line, stored_evidence
 
     if spec is None or not spec.compare:
         return []
     evidence = stored_evidence(storage, record.id, tallies)
     verdict = evidence.verdict(spec)
     look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
-    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}", *_batch_note(spec)]
-
-
-def _batch_note(spec) -> list[str]:
-    """A batch-size study's note under its verdict (as `hpo run` prints it): the question it asks is answered at
-    each batch size, in the report. Not for arms of one batch size (an MLPerf import's): nothing is across."""
-    from hpo.experiment.arms import BATCH_KEY, BATCH_STUDY_NOTE, arms, batch_study
-
-    if not batch_study(spec.compare) or len({arm.get(BATCH_KEY) for arm in arms(spec)}) < 2:
-        return []
-    return [f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)"]
+    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}",
+            *batch_verdict_lines(spec, evidence)]  # fmt: skip
 
 
 def _simulated_line(storage, record, spec) -> str | None:
@@ -186,7 +177,8 @@ def cmd_best(args: argparse.Namespace) -> int:
               "best_mlm_accuracy": t.best_mlm_accuracy, "params": t.params}
         for arm, t in best.items()
     }  # fmt: skip
-    verdict = _per_arm_verdict(storage, record, spec) if args.per_arm else None
+    evidence = _evidence(storage, record, spec) if args.per_arm else None
+    verdict = evidence.verdict(spec) if evidence is not None else None
     for arm in verdict.arms if verdict else ():
         if arm.label in out:
             interval = [arm.low, arm.high] if arm.low is not None else None
@@ -197,16 +189,18 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")
-        for note in _batch_note(spec):
-            print(f"# {note}")
+        from hpo.evidence.confirmations import batch_verdict_lines
+
+        for line in batch_verdict_lines(spec, evidence):
+            print(f"# {line}")
     return 0
 
 
-def _per_arm_verdict(storage, record, spec):
-    """The verdict of a compare experiment (None without compare arms)."""
-    from hpo.evidence.confirmations import stored_verdict
+def _evidence(storage, record, spec):
+    """The stored evidence of a compare experiment (None without compare arms)."""
+    from hpo.evidence.confirmations import stored_evidence
 
-    return stored_verdict(storage, record.id, spec) if spec.compare else None
+    return stored_evidence(storage, record.id) if spec.compare else None
 
 
 def add_status(sub) -> None:

@@ -28,9 +28,9 @@ from hpo.engine.liveness import Heartbeat
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
-from hpo.evidence.confirmations import stored_verdict
+from hpo.evidence.confirmations import batch_verdict_lines, stored_evidence, stored_verdict
 from hpo.evidence.verdict import verdict_lines
-from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_plans, batch_study, in_arm_order
+from hpo.experiment.arms import arm_plans, in_arm_order
 from hpo.files import full_disk, no_space
 from hpo.simulation.cost import simulated_line
 from hpo.storage import default_database_url
@@ -280,10 +280,10 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         print(f"no trial completed; `hpo trials {spec.name}` shows why")
         return
     if spec.compare:
-        verdict = experiment_verdict(storage, experiment_id, spec)
-        print("\n" + "\n".join(verdict_lines(verdict, spec.budget.confirmation_plan())))
-        if batch_study(spec.compare):
-            print(f"({BATCH_STUDY_NOTE}: `hpo report {spec.name}` prints it)")
+        evidence = stored_evidence(storage, experiment_id)
+        verdict = evidence.verdict(spec)
+        print("\n" + "\n".join([*verdict_lines(verdict, spec.budget.confirmation_plan()),
+                                 *batch_verdict_lines(spec, evidence)]))  # fmt: skip
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")

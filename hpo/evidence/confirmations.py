@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
-from hpo.experiment.arms import arm_label, arms, batch_study, trial_config
+from hpo.experiment.arms import BATCH_KEY, BATCH_STUDY_NOTE, arm_label, arms, batch_study, trial_config
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
@@ -139,6 +139,19 @@ def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
     """The arms with a completed tuning trial that reached the target (`Storage.tally_trials`)."""
     return frozenset(t.arm for t in tallies
                      if t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED and t.reached)  # fmt: skip
+
+
+def batch_verdict_lines(spec, evidence: Evidence) -> list[str]:
+    """A batch-size study's note under the experiment's verdict, and the verdict at each batch size (the study's
+    question, which the confirmation rounds follow): `  at batch 128: lamb needs ...`. None for another
+    experiment, nor for arms of one batch size (an MLPerf import's: nothing is across)."""
+    if not batch_study(spec.compare) or len({fixed.get(BATCH_KEY) for fixed in arms(spec)}) < 2:
+        return []
+    _, verdicts = evidence.batch_verdicts(spec)
+    if not verdicts:
+        return [f"({BATCH_STUDY_NOTE}: no batch size has runs of two optimizers yet)"]
+    return [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):",
+            *(f"  at batch {batch:,}: {verdict.line}" for batch, verdict in verdicts.items())]  # fmt: skip
 
 
 def stored_verdict(storage: Storage, experiment_id: int, spec) -> Verdict:

@@ -322,20 +322,31 @@ def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(prese
         runner.close()
 
 
-def test_a_batch_size_studys_status_and_best_per_arm_say_where_the_verdict_at_each_batch_size_is(tmp_path, capsys):
-    """`hpo run` of a batch-size study ends its verdict with the note that it compares arms across batch sizes too
-    and that the report has the verdict at each batch size; `hpo status` and `hpo best --per-arm` showed the same
-    verdict without it."""
+def test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_each_batch_size(tmp_path, capsys):
+    """`hpo run` of a batch-size study ends its verdict with the note that it compares arms across batch sizes too,
+    and the verdict at each batch size, which its confirmation rounds follow (the report's, read here from the
+    report's own data); `hpo status` and `hpo best --per-arm` show the same lines."""
     from hpo.experiment.arms import BATCH_STUDY_NOTE
+    from hpo.report.data import load_experiment
+    from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
+    from hpo.storage import SqlStorage
 
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     preset = Path(__file__).resolve().parents[3] / "search_spaces" / "presets" / "batch_scaling_simulated.yaml"
     assert main(["--db", db, "run", str(preset), "--run-dir", str(tmp_path / "run")]) == 0
-    note = f"({BATCH_STUDY_NOTE}: `hpo report batch_scaling_simulated` prints it)"
-    assert note in capsys.readouterr().out.splitlines()
+    with SqlStorage(db) as storage:
+        data = load_experiment(storage, "batch_scaling_simulated", with_noise=False)
+    report = batch_verdicts(scaling_points([data], experiment_runs([data])))
+    assert list(report) == [128, 512, 1024, 2048]
+    expected = [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):"]
+    expected += [f"  at batch {batch:,}: {verdict.line}" for batch, verdict in report.items()]
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index(expected[0])
+    assert lines[start - 1].startswith("verdict: ") and lines[start : start + 5] == expected
     assert main(["--db", db, "status", "batch_scaling_simulated"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[lines.index(note) - 1].startswith("verdict now")
+    start = lines.index(expected[0])
+    assert lines[start - 1].startswith("verdict now") and lines[start : start + 5] == expected
     assert main(["--db", db, "best", "batch_scaling_simulated", "--per-arm"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("# verdict: ") and lines[-1] == f"# {note}"
+    assert lines[-6].startswith("# verdict: ") and lines[-5:] == [f"# {line}" for line in expected]
