@@ -258,6 +258,16 @@ class DifferencePublic(BaseModel):
     )
 
 
+class BatchVerdictPublic(BaseModel):
+    """A batch-size study's verdict at one global batch size, between the optimizers that ran there."""
+
+    outcome: Literal["winner", "equivalent", "not yet"] = Field(description="The verdict's answer there.")
+    winner: str | None = Field(description="The winning optimizer there; null unless the outcome is winner.")
+    line: str = Field(description="The one-line verdict there, with the difference, its interval and the margin.")
+    runs_needed: int | None = Field(description="Not yet: about how many runs per arm would likely decide there.")
+    differences: list[DifferencePublic] = Field(description="The leading optimizer against the others there.")
+
+
 class VerdictPublic(BaseModel):
     """Which compare arm reaches the target in fewer samples, whether the arms are equivalent, or not yet, as
     `hpo run` and the report say (hpo.evidence.verdict)."""
@@ -280,9 +290,19 @@ class VerdictPublic(BaseModel):
                                                 "equivalent).")  # fmt: skip
     arms: list[ArmEvidencePublic]
     lines: list[str] = Field(description="The verdict as `hpo run` prints it, line by line.")
+    at_batches: dict[int, BatchVerdictPublic] = Field(
+        default_factory=dict,
+        description="A batch-size study: the verdict at each global batch size where two or more optimizers ran "
+        "(the study's question, which its confirmation rounds follow; this verdict compares arms across batch sizes "
+        "too); empty for another experiment.",
+    )
 
     @classmethod
-    def from_verdict(cls, verdict: Verdict, confirm_seeds: int | str, plan: str, round_line: str) -> VerdictPublic:
+    def from_verdict(cls, verdict: Verdict, confirm_seeds: int | str, plan: str, round_line: str,
+                     at_batches: dict[int, Verdict] | None = None, batch_lines: list[str] | None = None
+                     ) -> VerdictPublic:  # fmt: skip
+        """`at_batches` and `batch_lines`: a batch-size study's verdict at each batch size and its lines
+        (`hpo.evidence.confirmations.batch_verdict_lines`)."""
         arms = [
             ArmEvidencePublic(
                 label=arm.label,
@@ -297,8 +317,18 @@ class VerdictPublic(BaseModel):
             for arm in verdict.arms
         ]
         data = verdict.as_dict()
+        batches = {
+            batch: BatchVerdictPublic(
+                outcome=v.outcome.value,
+                winner=v.winner,
+                line=v.line,
+                runs_needed=v.runs_needed,
+                differences=[c.as_dict() for c in v.comparisons],
+            )  # fmt: skip
+            for batch, v in (at_batches or {}).items()
+        }
         return cls(**data, confirm_seeds=confirm_seeds, round=round_line, arms=arms,
-                   lines=verdict_lines(verdict, plan))  # fmt: skip
+                   lines=[*verdict_lines(verdict, plan), *(batch_lines or [])], at_batches=batches)  # fmt: skip
 
 
 class NniWebUiPublic(BaseModel):

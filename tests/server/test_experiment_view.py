@@ -31,3 +31,36 @@ def test_the_experiment_views_verdict_is_the_one_over_every_trial_without_listin
     assert public == VerdictPublic.from_verdict(expected, budget.confirm_seeds, budget.confirmation_plan(),
                                                 round_line(spec, trials))  # fmt: skip
     assert public.line == expected.line and public.outcome == expected.outcome.value
+
+
+def test_a_batch_size_studys_view_gives_the_verdict_at_each_batch_size_as_hpo_status_prints_it(tmp_path, capsys):
+    """A batch-size study (AdamW and LAMB at 32 and 64, AdamW's tuning trial at each a lucky seed): over HTTP the
+    experiment view's verdict has the verdict at each batch size (LAMB at both), the same lines `hpo status`
+    prints, and the report's verdict at each batch size."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from hpo.report.data import load_experiment
+    from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
+    from hpo.storage import SqlStorage
+    from server.app import create_app
+    from server.settings import Settings
+    from tests.hpo.export.test_export import lucky_batch_db
+
+    db = lucky_batch_db(tmp_path)
+    with SqlStorage(db) as storage:
+        data = load_experiment(storage, "lucky_batch", with_noise=False)
+    report = batch_verdicts(scaling_points([data], experiment_runs([data])))
+    assert main(["--db", db, "status", "lucky_batch"]) == 0
+    status = capsys.readouterr().out.splitlines()
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/lucky_batch")
+    assert answer.status_code == 200, answer.text
+    verdict = answer.json()["verdict"]
+    assert {int(b): (v["outcome"], v["winner"], v["line"]) for b, v in verdict["at_batches"].items()} == {
+        b: (v.outcome.value, v.winner, v.line) for b, v in report.items()
+    }
+    assert {b: v.winner for b, v in report.items()} == {32: "lamb", 64: "lamb"}
+    batch_lines = verdict["lines"][-3:]
+    start = status.index(batch_lines[0])
+    assert batch_lines[0].startswith("(a batch-size study") and batch_lines == status[start : start + 3]
