@@ -13,9 +13,9 @@ from hpo.plan.forecast import (
     Plan,
     Repetition,
     check_repetition_seeds,
-    judged_counts,
     percentile_range,
     prepare_plan,
+    right_answers,
     run_plan,
     share_interval,
 )
@@ -72,22 +72,24 @@ def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progre
             repetitions = run_plan(plan, jobs=jobs)
         if progress:
             progress(i + 1, len(grid))
-        judged = judged_counts(plan, repetitions) if plan.truth else {"right": 0}
-        cells.append(TrialsCell(trials, trials / arms, cap, judged["right"], len(repetitions),
+        cells.append(TrialsCell(trials, trials / arms, cap, right_answers(plan, repetitions), len(repetitions),
                                 percentile_range([r.answer_gpu_h for r in repetitions])[0],
                                 percentile_range([r.answer_wall_h for r in repetitions])[0]))  # fmt: skip
     return cells
 
 
-def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm) -> list[str]:
-    """The --power table over tuning budgets (and confirmation caps), and the advice to copy into the file."""
+def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm, by_batch: bool = False) -> list[str]:
+    """The --power table over tuning budgets (and confirmation caps), and the advice to copy into the file
+    (`by_batch`: a batch-size study's, right where the verdict at every batch size is)."""
     wanted = f"{power:.0%}"
     caps = sorted({c.max_confirm_seeds for c in cells if c.max_confirm_seeds is not None})
     capped = bool(caps)
     over = (f"its tuning trials x the confirmation cap (max_confirm_seeds {', '.join(map(str, caps))})"
             if capped else f"its tuning trials, confirm_seeds {confirm} kept")  # fmt: skip
     head = "budget.trials (per arm), cap" if capped else "budget.trials (per arm)"
-    lines = [f"advice for a right answer in at least {wanted} of experiments (judged against the truth above): the "
+    judged = "the verdict at every batch size right against the truth there" if by_batch else (
+        "judged against the truth above")  # fmt: skip
+    lines = [f"advice for a right answer in at least {wanted} of experiments ({judged}): the "
              f"file planned at {', '.join(f'{f:g}x' for f in TRIALS_FACTORS)} {over}",
              f"  {head:<{WIDTH - 2}}{'right':>14}{'95 % interval':>17}{'GPU-h':>10}{'wall h':>9}"]  # fmt: skip
     for c in cells:

@@ -443,11 +443,26 @@ def batch_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[int, tup
         outcomes = {f"winner {a.label}": 0 for a in truth.arms} | {"equivalent": 0, "not yet": 0}
         judged = dict.fromkeys(JUDGED, 0)
         for r in repetitions:
-            outcome, winner = next(((o, w) for b, o, w in r.at_batches if b == batch), ("not yet", None))
+            outcome, winner = _at(r, batch)
             outcomes[f"winner {winner}" if outcome == "winner" else outcome] += 1
             judged[truth.judged(outcome, winner)] += 1
         counts[batch] = (outcomes, judged)
     return counts
+
+
+def right_answers(plan: Plan, repetitions: Sequence[Repetition]) -> int:
+    """How many repetitions gave a right answer (`hpo plan --power`'s advice counts them): the verdict's
+    (`judged_counts`); in a batch-size study, the verdict at every batch size right against the truth there (the
+    study's question, `batch_counts`)."""
+    if plan.batch_truths:
+        return sum(all(truth.judged(*_at(r, batch)) == "right" for batch, truth in plan.batch_truths.items())
+                   for r in repetitions)  # fmt: skip
+    return judged_counts(plan, repetitions)["right"] if plan.truth else 0
+
+
+def _at(repetition: Repetition, batch: int) -> tuple[str, str | None]:
+    """A repetition's verdict at one batch size: (outcome, winner); not yet where none was asked there."""
+    return next(((o, w) for b, o, w in repetition.at_batches if b == batch), ("not yet", None))
 
 
 def judged_counts(plan: Plan, repetitions: Sequence[Repetition]) -> dict[str, int]:
