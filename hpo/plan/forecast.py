@@ -483,9 +483,16 @@ def _shares(counts: dict[str, int], n: int) -> dict[str, dict[str, float]]:
     return shares
 
 
-def _share_line(label: str, share: dict[str, float]) -> str:
-    return (f"  {label:<{WIDTH - 2}}{share['count']:>4} {share['share']:>6.0%}   {share['low']:.0%} to "
+def _share_line(label: str, share: dict[str, float], width: int | None = None) -> str:
+    width = width or WIDTH
+    return (f"  {label:<{width - 2}}{share['count']:>4} {share['share']:>6.0%}   {share['low']:.0%} to "
             f"{share['high']:.0%}")  # fmt: skip
+
+
+def _label_width(labels) -> int:
+    """The label column of a block of outcome lines: WIDTH, or wider where a label is longer (a batch-size study's
+    arms: `winner optimizer.name=adamw,batch.global_batch_size=1024`), so the counts stay in one column."""
+    return max(WIDTH, *(len(label) + 4 for label in labels))
 
 
 def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float | None = None,
@@ -512,11 +519,13 @@ def forecast_lines(plan: Plan, repetitions: Sequence[Repetition], seconds: float
         lines.append(f"({misses} of {n} repetitions had no trial that reached the target: counted as never)")
     if spec.compare:
         lines += ["", f"outcome (of {_repetitions(n)}; 95 % Wilson interval of the share)"]
-        lines += [_share_line(outcome, s) for outcome, s in _shares(outcome_counts(plan, repetitions), n).items()]
+        shares = _shares(outcome_counts(plan, repetitions), n)
+        width = _label_width(shares)
+        lines += [_share_line(outcome, s, width) for outcome, s in shares.items()]
         lines += ["", f"judged against the truth: {plan.truth.line()}"]
         for judged, share in _shares(judged_counts(plan, repetitions), n).items():
             differ = judged == "equivalent" and not plan.truth.within()  # "equivalent" said wrongly
-            lines.append(_share_line("equivalent (the arms truly differ)" if differ else judged, share))
+            lines.append(_share_line("equivalent (the arms truly differ)" if differ else judged, share, width))
         lines += _batch_lines(plan, repetitions)
     else:
         lines += ["", "no compare arms: no verdict, only the cost"]
