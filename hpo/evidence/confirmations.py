@@ -149,7 +149,7 @@ def batch_verdict_lines(spec, evidence: Evidence) -> list[str]:
         return []
     _, verdicts = evidence.batch_verdicts(spec)
     if not verdicts:
-        return [f"({BATCH_STUDY_NOTE}: no batch size has runs of two optimizers yet)"]
+        return [f"({BATCH_STUDY_NOTE}: no batch size has confirmation runs of two or more optimizers to compare)"]
     return [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):",
             *(f"  at batch {batch:,}: {verdict.line}" for batch, verdict in verdicts.items())]  # fmt: skip
 
