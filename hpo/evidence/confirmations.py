@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
-from hpo.experiment.arms import BATCH_KEY, BATCH_STUDY_NOTE, arm_label, arms, batch_study, trial_config
+from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_label, arms, batch_study, trial_config
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
@@ -144,10 +144,13 @@ def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
 def batch_verdict_lines(spec, evidence: Evidence) -> list[str]:
     """A batch-size study's note under the experiment's verdict, and the verdict at each batch size (the study's
     question, which the confirmation rounds follow): `  at batch 128: lamb needs ...`. None for another
-    experiment, nor for arms of one batch size (an MLPerf import's: nothing is across)."""
-    if not batch_study(spec.compare) or len({fixed.get(BATCH_KEY) for fixed in arms(spec)}) < 2:
+    experiment, nor while runs are at one batch size only (an MLPerf import's of one: nothing is across; the report
+    alike)."""
+    if not batch_study(spec.compare):
         return []
-    _, verdicts = evidence.batch_verdicts(spec)
+    points, verdicts = evidence.batch_verdicts(spec)
+    if len({batch for batch, *_ in points}) < 2:  # runs at one batch size so far: nothing is across (as the report)
+        return []
     if not verdicts:
         return [f"({BATCH_STUDY_NOTE}: no batch size has confirmation runs of two or more optimizers to compare)"]
     return [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):",

@@ -84,13 +84,17 @@ def arm_of(spec: ExperimentSpec, params: Mapping[str, Any]) -> str | None:
 
 
 BATCH_KEY = "batch.global_batch_size"
+OPTIMIZER_KEY = "optimizer.name"
 
 
 def batch_study(compare: Sequence[str]) -> bool:
-    """Whether arms of these compare keys are a batch-size study: the global batch size and something else (an
-    optimizer). Its experiment-wide verdict compares arms across batch sizes too, where a smaller batch needs fewer
-    samples by construction; the question it asks is answered at each batch size (`report.scaling.batch_verdicts`)."""
-    return BATCH_KEY in compare and len(compare) > 1
+    """Whether arms of these compare keys are a batch-size study: the global batch size and the optimizer, nothing
+    else. Its experiment-wide verdict compares arms across batch sizes too, where a smaller batch needs fewer
+    samples by construction; the question it asks is answered at each batch size, between the optimizers there
+    (`hpo.evidence.verdict.batch_size_verdicts`). With a third key (a clipping strategy, an MLPerf system), the arms
+    of one optimizer at one batch size are not replicates of one configuration, and with another key than the
+    optimizer there are no optimizers to compare: such a comparison's verdict is the experiment's."""
+    return set(compare) == {BATCH_KEY, OPTIMIZER_KEY}
 
 
 BATCH_STUDY_NOTE = ("a batch-size study: this verdict compares every arm with every other, across batch sizes too, "

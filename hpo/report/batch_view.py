@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from hpo.evidence.batch_scaling import WELL, BatchScaling, Estimate
 from hpo.evidence.verdict import ALPHA, DEFAULT_MARGIN, ArmSummary
+from hpo.experiment.arms import batch_study
 from hpo.report.data import (
     ExperimentData,
 )
@@ -71,10 +72,19 @@ def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float) -> str:
             for batch, verdict in verdicts.items()]  # fmt: skip
     return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
             "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
-            f"to target; margin ±{100 * margin:g} %). The error is shared over the {len(verdicts)} batch sizes "
-            f"(each tested at 1 / {len(verdicts)} of the {100 * ALPHA:g} %, spent over the confirmation rounds as the "
-            "experiment's verdict spends it), so all of them together name a wrong "
-            "winner in at most 5 %.</p>" + html_table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
+            f"to target; margin ±{100 * margin:g} %). {_shared(len(verdicts))}</p>"
+            + html_table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
+
+
+def _shared(compared: int) -> str:
+    """How the verdicts at each batch size share the error."""
+    spent = "spent over the confirmation rounds as the experiment's verdict spends it"
+    if compared == 1:
+        return f"One batch size is compared: its verdict has the whole {100 * ALPHA:g} % ({spent})."
+    return (
+        f"The error is shared over the {compared} batch sizes (each tested at 1 / {compared} of the "
+        f"{100 * ALPHA:g} %, {spent}), so all of them together name a wrong winner in at most 5 %."
+    )
 
 
 BATCH_FIGURE = "samples to target and noise scale against batch size"  # the figure's alt text
@@ -99,8 +109,9 @@ def batch_study_view(data: ExperimentData, sizes: BatchSizes | None, figure: Fig
     points, fits = sizes
     margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
     drawn = img(figure, BATCH_FIGURE) if figure is not None else ""
+    verdicts = verdicts_by_batch(points, margin) if batch_study(data.compare) else ""  # optimizers at each batch
     return ("<h2>Batch sizes</h2>" + scaling_notes([data]) + scaling_table(points) + drawn
-            + fit_section(points, fits) + verdicts_by_batch(points, margin))  # fmt: skip
+            + fit_section(points, fits) + verdicts)  # fmt: skip
 
 
 def fmt_steps(evidence: ArmSummary, batch: int) -> str:

@@ -162,3 +162,35 @@ def test_the_rounds_of_a_batch_size_study_follow_the_verdict_at_each_batch_size(
     assert runs_to_queue(spec, trials, [experiment]) == 9 - queued  # the experiment's verdict alone: the other way
     assert runs_to_queue(spec, trials, deciding.values()) == queued
     assert rounds_note(deciding) == f"round 1 of at most 4 done, {note}"
+
+
+def test_runs_at_one_batch_size_so_far_give_no_verdict_at_each_batch_size(tmp_path, capsys):
+    """The file declares 32 and 64, but only the arms at 32 have trials yet: nothing is across batch sizes, so
+    `hpo status` prints the experiment's verdict without the verdict at each batch size, as the report does."""
+    from hpo.cli.main import main
+    from hpo.evidence.confirmations import batch_verdict_lines
+    from hpo.report.text import study_lines
+
+    arms = {("adamw", 32): (9000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950])}
+    storage, eid = study(tmp_path / "hpo.db", 3, arms)
+    with storage:
+        spec = spec_from_stored(storage.get_experiment(eid))
+        lines = batch_verdict_lines(spec, stored_evidence(storage, eid))
+        data = load_experiment(storage, "study", with_noise=False)
+    assert lines == [] and study_lines(data) == []
+    assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "status", "study"]) == 0
+    assert "batch-size study" not in capsys.readouterr().out
+
+
+def test_a_batch_size_study_compares_the_optimizers_at_each_batch_size_and_nothing_else():
+    """Arms of the batch size and the optimizer are a batch-size study; with a third key (a clipping strategy, an
+    MLPerf system) the arms of one optimizer at one batch size are not replicates of one configuration, and with
+    another key than the optimizer there are no optimizers to compare at a batch size: their verdict is the
+    experiment's."""
+    from hpo.experiment.arms import batch_study
+
+    assert batch_study(["optimizer.name", "batch.global_batch_size"])
+    assert batch_study(["batch.global_batch_size", "optimizer.name"])
+    assert not batch_study(["clipping.strategy", "batch.global_batch_size"])
+    assert not batch_study(["optimizer.name", "clipping.strategy", "batch.global_batch_size"])
+    assert not batch_study(["batch.global_batch_size"]) and not batch_study(["optimizer.name"])
