@@ -68,7 +68,7 @@ def _stored_spec(record):
 
 def _verdict_status(storage, record, spec, tallies) -> list[str]:
     """Where a compare experiment's confirmations stand and what the verdict would be now."""
-    from hpo.evidence.confirmations import batch_verdict_lines, round_line, stored_evidence
+    from hpo.evidence.confirmations import batch_verdict_lines, round_line, shown_batch_verdicts, stored_evidence
 
     if spec is None or not spec.compare:
         return []
@@ -76,7 +76,7 @@ def _verdict_status(storage, record, spec, tallies) -> list[str]:
     verdict = evidence.verdict(spec)
     look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
     return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}",
-            *batch_verdict_lines(spec, evidence)]  # fmt: skip
+            *batch_verdict_lines(shown_batch_verdicts(spec, evidence))]  # fmt: skip
 
 
 def _simulated_line(storage, record, spec) -> str | None:
@@ -189,9 +189,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(yaml.safe_dump(out, sort_keys=False, allow_unicode=True), end="")
     if verdict:
         print(f"# verdict: {verdict.line}")
-        from hpo.evidence.confirmations import batch_verdict_lines
+        from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts
 
-        for line in batch_verdict_lines(spec, evidence):
+        for line in batch_verdict_lines(shown_batch_verdicts(spec, evidence)):
             print(f"# {line}")
     return 0
 

@@ -28,7 +28,7 @@ from hpo.engine.liveness import Heartbeat
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
-from hpo.evidence.confirmations import batch_verdict_lines, stored_evidence, stored_verdict
+from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts, stored_evidence, stored_verdict
 from hpo.evidence.verdict import verdict_lines
 from hpo.experiment.arms import arm_plans, in_arm_order
 from hpo.files import full_disk, no_space
@@ -283,7 +283,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         evidence = stored_evidence(storage, experiment_id)
         verdict = evidence.verdict(spec)
         print("\n" + "\n".join([*verdict_lines(verdict, spec.budget.confirmation_plan()),
-                                 *batch_verdict_lines(spec, evidence)]))  # fmt: skip
+                                 *batch_verdict_lines(shown_batch_verdicts(spec, evidence))]))  # fmt: skip
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")

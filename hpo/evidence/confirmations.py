@@ -141,15 +141,20 @@ def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:
                      if t.kind is TrialKind.TUNING and t.state is TrialState.COMPLETED and t.reached)  # fmt: skip
 
 
-def batch_verdict_lines(spec, evidence: Evidence) -> list[str]:
-    """A batch-size study's note under the experiment's verdict, and the verdict at each batch size (the study's
-    question, which the confirmation rounds follow): `  at batch 128: lamb needs ...`. None for another
-    experiment, nor while runs are at one batch size only (an MLPerf import's of one: nothing is across; the report
-    alike)."""
+def shown_batch_verdicts(spec, evidence: Evidence) -> dict[int, Verdict] | None:
+    """A batch-size study's verdict at each batch size, as the outputs show it under the experiment's verdict; None
+    for another experiment, or while runs are at one batch size only (an MLPerf import's of one: nothing is across;
+    the report alike)."""
     if not batch_study(spec.compare):
-        return []
+        return None
     points, verdicts = evidence.batch_verdicts(spec)
-    if len({batch for batch, *_ in points}) < 2:  # runs at one batch size so far: nothing is across (as the report)
+    return verdicts if len({batch for batch, *_ in points}) >= 2 else None
+
+
+def batch_verdict_lines(verdicts: Mapping[int, Verdict] | None) -> list[str]:
+    """`shown_batch_verdicts` as lines: the batch-size study's note, and the verdict at each batch size (the study's
+    question, which the confirmation rounds follow): `  at batch 128: lamb needs ...`; none where None."""
+    if verdicts is None:
         return []
     if not verdicts:
         return [f"({BATCH_STUDY_NOTE}: no batch size has confirmation runs of two or more optimizers to compare)"]

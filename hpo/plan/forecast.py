@@ -60,7 +60,7 @@ from scipy.stats import binomtest
 
 from hpo.engine.study import Study
 from hpo.errors import HpoError
-from hpo.evidence.confirmations import stored_evidence, stored_verdict
+from hpo.evidence.confirmations import stored_evidence
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_labels, batch_study
 from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
@@ -339,8 +339,9 @@ def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repe
         runner.attach(storage, experiment_id)  # as `hpo run` drives it (hpo.engine.local.drive), without a display
         Study(spec, storage, experiment_id, run_dir, runner, url).run()
         trials = storage.list_trials(experiment_id)
-        verdict = _verdict(storage, experiment_id, spec)
-        at_batches = _at_batches(storage, experiment_id, spec)
+        evidence = stored_evidence(storage, experiment_id) if spec.compare else None
+        verdict = evidence.verdict(spec) if evidence is not None else None
+        at_batches = _at_batches(evidence, spec)
     finally:
         runner.close()
         storage.close()
@@ -349,15 +350,11 @@ def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repe
     return replace(repetition_figures(index, plan.seeds(index), trials, spec, verdict), at_batches=at_batches)
 
 
-def _verdict(storage, experiment_id: int, spec):
-    return stored_verdict(storage, experiment_id, spec) if spec.compare else None
-
-
-def _at_batches(storage, experiment_id: int, spec) -> tuple[tuple[int, str, str | None], ...]:
+def _at_batches(evidence, spec) -> tuple[tuple[int, str, str | None], ...]:
     """A batch-size study's verdict at each batch size (`Evidence.batch_verdicts`); () for another experiment."""
-    if not batch_study(spec.compare):
+    if evidence is None or not batch_study(spec.compare):
         return ()
-    _, verdicts = stored_evidence(storage, experiment_id).batch_verdicts(spec)
+    _, verdicts = evidence.batch_verdicts(spec)
     return tuple((batch, v.outcome.value, v.winner) for batch, v in verdicts.items())
 
 

@@ -110,12 +110,12 @@ def experiment_verdict(
         if known is not None:
             return known
     # the trainer config models and scipy: loaded on first use, not at start-up
-    from hpo.evidence.confirmations import batch_verdict_lines, round_line, stored_evidence
+    from hpo.evidence.confirmations import batch_verdict_lines, round_line, shown_batch_verdicts, stored_evidence
 
     evidence = stored_evidence(storage, record.id)
     verdict = evidence.verdict(spec)
-    batch_lines = batch_verdict_lines(spec, evidence)  # a batch-size study's verdict at each batch size
-    at_batches = evidence.batch_verdicts(spec)[1] if batch_lines else {}
+    at_batches = shown_batch_verdicts(spec, evidence)  # a batch-size study's verdict at each batch size
+    batch_lines = batch_verdict_lines(at_batches)
     public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds, spec.budget.confirmation_plan(),
                                         round_line(spec, evidence.confirmations), at_batches, batch_lines)  # fmt: skip
     if key is not None:

@@ -168,14 +168,14 @@ def test_runs_at_one_batch_size_so_far_give_no_verdict_at_each_batch_size(tmp_pa
     """The file declares 32 and 64, but only the arms at 32 have trials yet: nothing is across batch sizes, so
     `hpo status` prints the experiment's verdict without the verdict at each batch size, as the report does."""
     from hpo.cli.main import main
-    from hpo.evidence.confirmations import batch_verdict_lines
+    from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts
     from hpo.report.text import study_lines
 
     arms = {("adamw", 32): (9000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950])}
     storage, eid = study(tmp_path / "hpo.db", 3, arms)
     with storage:
         spec = spec_from_stored(storage.get_experiment(eid))
-        lines = batch_verdict_lines(spec, stored_evidence(storage, eid))
+        lines = batch_verdict_lines(shown_batch_verdicts(spec, stored_evidence(storage, eid)))
         data = load_experiment(storage, "study", with_noise=False)
     assert lines == [] and study_lines(data) == []
     assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "status", "study"]) == 0
