@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
-from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_label, arms, batch_study, trial_config
+from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_label, arms, batch_study, declared_batch_sizes, trial_config
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
@@ -104,11 +104,12 @@ class Evidence:
 
     def batch_verdicts(self, spec) -> tuple[list[tuple[int, str, str, ArmRuns]], dict[int, Verdict]]:
         """The verdict at each batch size where two or more optimizers ran, at the current look (`batch_points` of
-        the arms' runs `at_look`, and `batch_size_verdicts` of them): a batch-size study's question."""
+        the arms' runs `at_look`, and `batch_size_verdicts` of them, the error shared over the batch sizes the
+        study declares): a batch-size study's question."""
         evidence, at, looks = at_look(spec, self.best, self.confirmations, self.curves, self.reached)
         points = batch_points(spec, self.best, evidence)
         verdicts = batch_size_verdicts(((batch, optimizer, runs) for batch, optimizer, _, runs in points),
-                                       spec.verdict.margin, at, looks)  # fmt: skip
+                                       spec.verdict.margin, at, looks, declared_batch_sizes(spec))  # fmt: skip
         return points, verdicts
 
     def deciding(self, spec) -> dict[int | None, Verdict]:

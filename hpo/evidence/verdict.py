@@ -202,6 +202,7 @@ class Verdict:
     look: int = 1  # which look of how many (sequential confirmations)
     looks: int = 1
     runs_needed: int | None = None  # "not yet": runs per arm that would likely decide
+    shared: int = 1  # how many verdicts share the error (a batch-size study: its batch sizes; `decide`'s family)
 
     def as_dict(self) -> dict:
         """The verdict as plain data (the CLI's YAML, the API): outcome, differences with intervals, margin, runs."""
@@ -301,7 +302,7 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
     summaries = tuple(summarize(a) for a in arms)
     pairs = max(1, len(arms) * (len(arms) - 1) // 2)
     level = look_level(look, looks) / pairs / max(1, family)
-    common = {"margin": margin, "look": look, "looks": looks}
+    common = {"margin": margin, "look": look, "looks": looks, "shared": max(1, family)}
     unfound = [a.label for a in arms if not a.found]
     if unfound:
         return Verdict(summaries, None, f"not yet: {_not_found(unfound)}", **common)
@@ -334,12 +335,14 @@ def decide(arms: Sequence[ArmRuns], margin: float = DEFAULT_MARGIN, look: int = 
 
 
 def batch_size_verdicts(points: Iterable[tuple[int, str, ArmRuns]], margin: float = DEFAULT_MARGIN, look: int = 1,
-                        looks: int = 1) -> dict[int, Verdict]:  # fmt: skip
+                        looks: int = 1, declared: Collection[int] = ()) -> dict[int, Verdict]:  # fmt: skip
     """Global batch size -> the verdict between the optimizers measured there (two or more), by `decide` on their
     runs at look `look` of `looks` (each arm's runs of the rounds up to it, as the caller cut them), the error shared
-    over the batch sizes compared (Bonferroni: each at 1 / their number of the look's level), so together they name
-    a wrong winner in at most 5 %: in a batch-size study the experiment's verdict compares arms across batch sizes
-    too, and this is the answer at each. `points`: (batch size, optimizer, its runs there); the runs of one
+    over the batch sizes compared and those `declared` (`hpo.experiment.arms.declared_batch_sizes`: a study's
+    batch sizes whose runs have not come yet count, so a verdict does not change when they come; Bonferroni: each at
+    1 / their number of the look's level, `Verdict.shared`), so together they name a wrong winner in at most 5 %: in
+    a batch-size study the experiment's verdict compares arms across batch sizes too, and this is the answer at
+    each. `points`: (batch size, optimizer, its runs there); the runs of one
     optimizer at one batch size from several points (experiments) are pooled (`pool`). The report's verdict at each
     batch size, `hpo export --batch-size` and the confirmation rounds of a batch-size study read it. Ascending by
     batch size."""
@@ -347,8 +350,8 @@ def batch_size_verdicts(points: Iterable[tuple[int, str, ArmRuns]], margin: floa
     for batch, optimizer, runs in points:
         by_batch.setdefault(batch, {}).setdefault(optimizer, []).append(runs)
     compared = {b: groups for b, groups in sorted(by_batch.items()) if len(groups) >= 2}
-    return {batch: decide([pool(name, mine) for name, mine in sorted(groups.items())], margin, look, looks,
-                          family=len(compared))
+    family = len(set(compared) | set(declared))
+    return {batch: decide([pool(name, mine) for name, mine in sorted(groups.items())], margin, look, looks, family)
             for batch, groups in compared.items()}  # fmt: skip
 
 

@@ -97,6 +97,16 @@ def batch_study(compare: Sequence[str]) -> bool:
     return set(compare) == {BATCH_KEY, OPTIMIZER_KEY}
 
 
+def declared_batch_sizes(spec) -> tuple[int, ...]:
+    """The global batch sizes at which a batch-size study (`batch_study`) declares two or more optimizers, ascending:
+    the verdicts at each batch size share the error over these, whether or not runs are there yet (sharing it over
+    the batch sizes compared so far would let a verdict at one batch size turn from a winner to "not yet" when runs
+    at another arrive). () for another experiment."""
+    if not batch_study(spec.compare) or len(spec.space[OPTIMIZER_KEY].choices) < 2:
+        return ()
+    return tuple(sorted(int(b) for b in spec.space[BATCH_KEY].choices))
+
+
 BATCH_STUDY_NOTE = ("a batch-size study: this verdict compares every arm with every other, across batch sizes too, "
                     "where a smaller batch needs fewer samples by construction; which optimizer is faster at each "
                     "batch size is the verdict at each batch size")  # fmt: skip

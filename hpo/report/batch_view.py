@@ -5,7 +5,7 @@ verdict at each batch size."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -61,9 +61,10 @@ def scaling_table(points: Sequence[ScalingPoint]) -> str:
     return html_table(head, rows)
 
 
-def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float) -> str:
-    """Per global batch size with two or more optimizers: the verdict between them (`scaling.batch_verdicts`)."""
-    verdicts = batch_verdicts(points, margin)
+def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float, declared: Collection[int] = ()) -> str:
+    """Per global batch size with two or more optimizers: the verdict between them (`scaling.batch_verdicts`, the
+    error shared over the batch sizes compared and those `declared`)."""
+    verdicts = batch_verdicts(points, margin, declared)
     if not verdicts:
         return ""
     rows = [cell(f"{batch:,}", "batch_verdict_batch", str(batch))
@@ -72,12 +73,17 @@ def verdicts_by_batch(points: Sequence[ScalingPoint], margin: float) -> str:
             for batch, verdict in verdicts.items()]  # fmt: skip
     return ("<h2>The verdict at each batch size</h2><p>At each global batch size, the optimizers' runs there (the "
             "best configuration's confirmation runs of each arm) compared by the verdict's rule (Welch on ln samples "
-            f"to target; margin ±{100 * margin:g} %). {_shared(len(verdicts))}</p>"
+            f"to target; margin ±{100 * margin:g} %). {_shared(next(iter(verdicts.values())).shared)}</p>"
             + html_table(["global batch", "outcome", "verdict"], rows))  # fmt: skip
 
 
+def shared_note(shared: int) -> str:
+    """The error of the verdicts at each batch size, for a line: `the error shared over 3 batch sizes`."""
+    return f"the error shared over {shared} batch sizes" if shared > 1 else "one batch size compared"
+
+
 def _shared(compared: int) -> str:
-    """How the verdicts at each batch size share the error."""
+    """How the verdicts at each batch size share the error (`Verdict.shared` of them)."""
     spent = "spent over the confirmation rounds as the experiment's verdict spends it"
     if compared == 1:
         return f"One batch size is compared: its verdict has the whole {100 * ALPHA:g} % ({spent})."
@@ -109,7 +115,7 @@ def batch_study_view(data: ExperimentData, sizes: BatchSizes | None, figure: Fig
     points, fits = sizes
     margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
     drawn = img(figure, BATCH_FIGURE) if figure is not None else ""
-    verdicts = verdicts_by_batch(points, margin) if batch_study(data.compare) else ""  # optimizers at each batch
+    verdicts = verdicts_by_batch(points, margin, data.declared_batch_sizes) if batch_study(data.compare) else ""
     return ("<h2>Batch sizes</h2>" + scaling_notes([data]) + scaling_table(points) + drawn
             + fit_section(points, fits) + verdicts)  # fmt: skip
 

@@ -54,7 +54,7 @@ from hpo.engine.liveness import liveness
 from hpo.evidence.confirmations import at_look, round_line, stored_curves
 from hpo.evidence.verdict import ArmRuns, ArmSummary, Verdict, arm_runs, decide, unselected
 from hpo.experiment import spec_from_stored
-from hpo.experiment.arms import arm_label, arms, params_key
+from hpo.experiment.arms import arm_label, arms, declared_batch_sizes, params_key
 from hpo.mlperf import imported
 from hpo.objective import NOT_HYPERPARAMETER_ERRORS
 from hpo.simulation.cost import simulated_line
@@ -188,6 +188,9 @@ class ExperimentData:
     # pick and whether its tuning found the target: hpo.evidence.confirmations.at_look); the verdict at each batch
     # size reads it
     verdict_runs: dict[str, ArmRuns] = field(default_factory=dict)
+    # a batch-size study's batch sizes with two or more optimizers declared, over which the verdicts at each batch
+    # size share the error (hpo.experiment.arms.declared_batch_sizes); () for another experiment
+    declared_batch_sizes: tuple[int, ...] = ()
 
     @property
     def to_target(self) -> bool:
@@ -255,6 +258,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         confirmation_runs={arm.label: arm.samples_to_target for arm in confirmed},
         confirmation_resolution={arm.label: arm.resolution for arm in confirmed},
         verdict_runs={arm.label: arm for arm in at_look_runs} if spec.compare else {},
+        declared_batch_sizes=declared_batch_sizes(spec),
     )
     _load_curves(storage, records, data)
     return data

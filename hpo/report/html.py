@@ -597,7 +597,8 @@ def comparison_page(experiments: Sequence[ExperimentData], points: Sequence[Scal
             + scaling_notes(experiments) + scaling_table(points)
             + (img(drawn[BATCH_SIZES], BATCH_FIGURE) if drawn else "<p>No arm has a best trial yet.</p>")
             + (fit_section(points, fits) if points else "")
-            + verdicts_by_batch(points, DEFAULT_MARGIN))  # fmt: skip
+            + verdicts_by_batch(points, DEFAULT_MARGIN, {b for d in experiments for b in d.declared_batch_sizes})
+            )  # fmt: skip
     return page("comparison report", body)
 
 

@@ -26,7 +26,7 @@ the reference curve beside the user's experiments (`reference` on its points).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpo.evidence.batch_scaling import BatchScaling, fit_batch_scaling
@@ -135,15 +135,17 @@ def optimizers(points: Sequence[ScalingPoint]) -> list[str]:
     return sorted({p.optimizer for p in points})
 
 
-def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN) -> dict[int, Verdict]:
+def batch_verdicts(points: Sequence[ScalingPoint], margin: float = DEFAULT_MARGIN,
+                   declared: Collection[int] = ()) -> dict[int, Verdict]:  # fmt: skip
     """Global batch size -> the verdict between the optimizers measured there (two or more, with runs; never a
     reference): `hpo.evidence.verdict.batch_size_verdicts` of the points' evidence as their experiment's verdict reads
     it at its current look (the runs of the rounds up to it, the pick a lucky seed is judged by), the error shared
-    over the batch sizes compared and spent over the looks as the experiment's verdict spends it. Points pooled from
-    several experiments at other looks are tested at the smallest of their looks' levels; runs read at an evaluation
-    keep the verdict's floor of one evaluation interval (pooled: the widest). Ascending by batch size."""
+    over the batch sizes compared and those `declared` (`ExperimentData.declared_batch_sizes`) and spent over the
+    looks as the experiment's verdict spends it. Points pooled from several experiments at other looks are tested at
+    the smallest of their looks' levels; runs read at an evaluation keep the verdict's floor of one evaluation
+    interval (pooled: the widest). Ascending by batch size."""
     used = [p for p in points if p.runs and not p.reference]
     at, looks = min({p.look for p in used}, key=lambda pair: look_level(*pair), default=(1, 1))
     return batch_size_verdicts(((p.global_batch_size, p.optimizer, p.verdict_runs or
                                  ArmRuns(p.optimizer, p.runs, p.evidence.max_samples, p.resolution)) for p in used),
-                               margin, at, looks)  # fmt: skip
+                               margin, at, looks, declared)  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hpo.evidence.batch_scaling import WELL, BatchScaling
 from hpo.evidence.verdict import DEFAULT_MARGIN
 from hpo.experiment.arms import batch_study
-from hpo.report.batch_view import fmt_estimate, fmt_steps, well_measured
+from hpo.report.batch_view import fmt_estimate, fmt_steps, shared_note, well_measured
 from hpo.report.data import ExperimentData
 from hpo.report.markup import fmt_interval, fmt_noise, fmt_samples
 from hpo.report.scaling import ScalingPoint, batch_verdicts, experiment_runs, scaling_fits, scaling_points
@@ -51,11 +51,11 @@ def study_lines(data: ExperimentData) -> list[str]:
     if len({p.global_batch_size for p in points}) < 2:
         return []
     margin = data.verdict.margin if data.verdict else DEFAULT_MARGIN
-    verdicts = batch_verdicts(points, margin) if batch_study(data.compare) else {}  # optimizers at each batch size
+    verdicts = batch_verdicts(points, margin, data.declared_batch_sizes) if batch_study(data.compare) else {}
     lines = [f"batch sizes of {data.name} (each arm's best configuration's confirmation runs):"]
     lines += [f"  {point_line(p)}" for p in points]
     lines += [f"  {fit_line(series, fit)}" for series, fit in scaling_fits(points).items()]
-    shared = f"the error shared over {len(verdicts)} batch sizes" if len(verdicts) > 1 else "one batch size compared"
+    shared = shared_note(next(iter(verdicts.values())).shared) if verdicts else ""
     lines += [f"  verdict at batch {batch:,} ({shared}): {verdict.line}"
               for batch, verdict in verdicts.items()]  # fmt: skip
     return lines

@@ -194,3 +194,29 @@ def test_a_batch_size_study_compares_the_optimizers_at_each_batch_size_and_nothi
     assert not batch_study(["clipping.strategy", "batch.global_batch_size"])
     assert not batch_study(["optimizer.name", "clipping.strategy", "batch.global_batch_size"])
     assert not batch_study(["batch.global_batch_size"]) and not batch_study(["optimizer.name"])
+
+
+def test_the_verdict_at_a_batch_size_shares_the_error_over_the_batch_sizes_declared(tmp_path):
+    """The study declares 32 and 64. While only the arms at 32 have runs, the verdict there is already tested at
+    half the level (it shares the error with 64's to come), so it is the same verdict once 64's runs arrive: shared
+    over the batch sizes compared so far, a winner at 32 could turn to "not yet" when another batch size's runs
+    came. The report's verdict at each batch size says over how many batch sizes the error is shared."""
+    from hpo.report.text import study_lines
+
+    at_32 = {("adamw", 32): (9000, [9000, 9100, 8950]), ("lamb", 32): (6100, [6000, 6050, 5950])}
+    at_64 = {("adamw", 64): (9500, [9500, 9400, 9600]), ("lamb", 64): (7000, [7000, 7100, 6900])}
+    verdicts = {}
+    for name, arms in (("before", at_32), ("after", at_32 | at_64)):
+        storage, eid = study(tmp_path / f"{name}.db", 3, arms)
+        with storage:
+            spec = spec_from_stored(storage.get_experiment(eid))
+            _, verdicts[name] = stored_evidence(storage, eid).batch_verdicts(spec)
+            data = load_experiment(storage, "study", with_noise=False)
+    (c,) = verdicts["before"][32].comparisons
+    assert c.level == pytest.approx(ALPHA / 2, rel=1e-12) and verdicts["before"][32].shared == 2
+    _, low, high = welch([6000, 6050, 5950], [9000, 9100, 8950], 1 - ALPHA / 2)
+    assert (c.low, c.high) == pytest.approx((low, high), rel=2e-3)
+    assert verdicts["after"][32] == verdicts["before"][32]
+    assert [v.shared for v in verdicts["after"].values()] == [2, 2]
+    assert f"  verdict at batch 32 (the error shared over 2 batch sizes): {verdicts['after'][32].line}" in (
+        study_lines(data))  # fmt: skip
