@@ -75,8 +75,8 @@ def _verdict_status(storage, record, spec, tallies) -> list[str]:
     evidence = stored_evidence(storage, record.id, tallies)
     verdict = evidence.verdict(spec)
     look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
-    return [round_line(spec, evidence.confirmations), f"verdict now{look}: {verdict.line}",
-            *batch_verdict_lines(shown_batch_verdicts(spec, evidence))]  # fmt: skip
+    return [round_line(spec, evidence.confirmations, evidence.best), f"verdict now{look}: {verdict.line}",
+            *batch_verdict_lines(spec, shown_batch_verdicts(spec, evidence))]  # fmt: skip
 
 
 def _simulated_line(storage, record, spec) -> str | None:
@@ -191,7 +191,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"# verdict: {verdict.line}")
         from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts
 
-        for line in batch_verdict_lines(shown_batch_verdicts(spec, evidence)):
+        for line in batch_verdict_lines(spec, shown_batch_verdicts(spec, evidence)):
             print(f"# {line}")
     return 0
 

@@ -283,7 +283,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         evidence = stored_evidence(storage, experiment_id)
         verdict = evidence.verdict(spec)
         print("\n" + "\n".join([*verdict_lines(verdict, spec.budget.confirmation_plan()),
-                                 *batch_verdict_lines(shown_batch_verdicts(spec, evidence))]))  # fmt: skip
+                                 *batch_verdict_lines(spec, shown_batch_verdicts(spec, evidence))]))  # fmt: skip
     hpo, python = next_commands(database_url)
     print("next:")
     print(f"  {hpo} trials {spec.name}          # every trial, with its state, reason and objective")

@@ -424,8 +424,9 @@ class Study:
         if not self.spec.budget.sequential:
             return
         trials = self.storage.list_trials(self.experiment_id)
-        verdicts = stored_evidence(self.storage, self.experiment_id).deciding(self.spec)
-        target = runs_to_queue(self.spec, trials, verdicts.values())
+        evidence = stored_evidence(self.storage, self.experiment_id)
+        verdicts = evidence.deciding(self.spec)
+        target = runs_to_queue(self.spec, trials, verdicts.values(), evidence.best)
         self.round_note = f"confirmations: {rounds_note(verdicts)}"
         for arm in self.arms:
             created = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == arm.label)

@@ -31,9 +31,12 @@ from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
 
-def arm_keys(spec) -> list[str | None]:
-    """The arm label of every arm (None: an experiment without compare)."""
-    return [arm_label(fixed) if fixed else None for fixed in arms(spec)]
+def arm_keys(spec, best: Collection[str | None] | None = None) -> list[str | None]:
+    """The arm label of every arm (None: an experiment without compare); with `best` (the arms with a best trial,
+    `Evidence.best`), only those: an arm none of whose tuning trials completed has nothing to confirm, so the rounds
+    do not wait for its runs (the verdict says it found nothing)."""
+    keys = [arm_label(fixed) if fixed else None for fixed in arms(spec)]
+    return keys if best is None else [key for key in keys if key in best]
 
 
 def _per_arm(trials: Sequence[TrialRecord], finished: bool) -> Counter:
@@ -43,17 +46,18 @@ def _per_arm(trials: Sequence[TrialRecord], finished: bool) -> Counter:
                    and (t.state.finished or not finished))  # fmt: skip
 
 
-def completed_rounds(spec, trials: Sequence[TrialRecord]) -> int:
-    """How many rounds every arm has finished (all their runs ended, whatever the outcome)."""
+def completed_rounds(spec, trials: Sequence[TrialRecord], best: Collection[str | None] | None = None) -> int:
+    """How many rounds every arm (with a best trial, where `best` is given: `arm_keys`) has finished (all their runs
+    ended, whatever the outcome)."""
     done = _per_arm(trials, finished=True)
-    keys = arm_keys(spec)
-    return sum(1 for runs in spec.budget.confirmation_rounds if all(done[key] >= runs for key in keys))
+    keys = arm_keys(spec, best)
+    return sum(1 for runs in spec.budget.confirmation_rounds if keys and all(done[key] >= runs for key in keys))
 
 
-def look(spec, trials: Sequence[TrialRecord]) -> tuple[int, int]:
+def look(spec, trials: Sequence[TrialRecord], best: Collection[str | None] | None = None) -> tuple[int, int]:
     """(look, looks) of the verdict over these trials: the last finished round (at least the first) of all."""
     looks = max(1, len(spec.budget.confirmation_rounds))
-    return max(1, min(completed_rounds(spec, trials), looks)), looks
+    return max(1, min(completed_rounds(spec, trials, best), looks)), looks
 
 
 def at_look(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
@@ -63,7 +67,7 @@ def at_look(spec, best: dict, trials: Sequence[TrialRecord], curves: dict,
     target, where `trials` are only the confirmation trials, see `arm_runs`). Look j is asked of each arm's first
     rounds[j - 1] runs: mid-round, or in a stopped experiment, an arm may have finished more, but the look's level
     is spent on its round's runs (`hpo plan` simulates the looks so); the round line counts them all."""
-    at, looks = look(spec, trials)
+    at, looks = look(spec, trials, best)
     evidence = arm_runs(spec, best, trials, curves, reached)
     rounds = spec.budget.confirmation_rounds
     if rounds:
@@ -152,14 +156,16 @@ def shown_batch_verdicts(spec, evidence: Evidence) -> dict[int, Verdict] | None:
     return verdicts if len({batch for batch, *_ in points}) >= 2 else None
 
 
-def batch_verdict_lines(verdicts: Mapping[int, Verdict] | None) -> list[str]:
+def batch_verdict_lines(spec, verdicts: Mapping[int, Verdict] | None) -> list[str]:
     """`shown_batch_verdicts` as lines: the batch-size study's note, and the verdict at each batch size (the study's
-    question, which the confirmation rounds follow): `  at batch 128: lamb needs ...`; none where None."""
+    question, which the confirmation rounds follow under `confirm_seeds: auto`): `  at batch 128: lamb needs ...`;
+    none where None."""
     if verdicts is None:
         return []
     if not verdicts:
         return [f"({BATCH_STUDY_NOTE}: no batch size has confirmation runs of two or more optimizers to compare)"]
-    return [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):",
+    follow = ", which the confirmation rounds follow" if spec.budget.sequential else ""
+    return [f"({BATCH_STUDY_NOTE}{follow}):",
             *(f"  at batch {batch:,}: {verdict.line}" for batch, verdict in verdicts.items())]  # fmt: skip
 
 
@@ -219,16 +225,19 @@ def stored_curves(storage: Storage, trials: Sequence[TrialRecord],
     }
 
 
-def runs_to_queue(spec, trials: Sequence[TrialRecord], verdicts: Iterable[Verdict] | None) -> int:
+def runs_to_queue(spec, trials: Sequence[TrialRecord], verdicts: Iterable[Verdict] | None,
+                  best: Collection[str | None] | None = None) -> int:  # fmt: skip
     """Confirmation runs every arm should have created by now: the first round once tuning is over; with auto, the
-    next round when every arm finished the current one and one of `verdicts` (asked at that look: `Evidence.deciding`)
-    is "not yet" where more runs may decide (`Verdict.runs_needed`)."""
+    next round when every arm (with a best trial: `best`, see `arm_keys`) finished the current one and one of
+    `verdicts` (asked at that look: `Evidence.deciding`) is "not yet" where more runs may decide
+    (`Verdict.runs_needed`)."""
     rounds = spec.budget.confirmation_rounds
     if not rounds:
         return 0
     created = _per_arm(trials, finished=False)
-    done = completed_rounds(spec, trials)
-    current = max((k + 1 for k, runs in enumerate(rounds) if all(created[key] >= runs for key in arm_keys(spec))),
+    done = completed_rounds(spec, trials, best)
+    keys = arm_keys(spec, best)
+    current = max((k + 1 for k, runs in enumerate(rounds) if keys and all(created[key] >= runs for key in keys)),
                   default=0)  # fmt: skip
     if current == 0:
         return rounds[0]
@@ -248,15 +257,17 @@ def rounds_note(verdicts: Mapping[int | None, Verdict]) -> str:
     return f"round {first.look} of at most {first.looks} done, verdict " + ", ".join(parts)
 
 
-def round_line(spec, trials: Sequence[TrialRecord]) -> str:
-    """Where the confirmations stand: `round 2 of at most 4 (6 of up to 12 runs per arm)`."""
+def round_line(spec, trials: Sequence[TrialRecord], best: Collection[str | None] | None = None) -> str:
+    """Where the confirmations stand: `round 2 of at most 4 (6 of up to 12 runs per arm)` (the rounds of the arms
+    with a best trial, where `best` is given: `arm_keys`)."""
     rounds = spec.budget.confirmation_rounds
     if not rounds:
         return "no confirmation runs (budget.confirm_seeds: 0)"
     created = _per_arm(trials, finished=False)
     per_arm = ", ".join(f"{key or 'all'} {created[key]}" for key in arm_keys(spec))
-    current = sum(1 for runs in rounds if all(created[key] >= runs for key in arm_keys(spec)))
-    finished = completed_rounds(spec, trials)
+    keys = arm_keys(spec, best)
+    current = sum(1 for runs in rounds if keys and all(created[key] >= runs for key in keys))
+    finished = completed_rounds(spec, trials, best)
     if not spec.budget.sequential:
         return f"confirmation runs per arm: {per_arm} of {rounds[0]}"
     return (f"confirmations round {max(current, 1)} of at most {len(rounds)} ({finished} finished); runs per arm: "

@@ -41,8 +41,9 @@ def queue_round(spec, storage: Storage, experiment_id: int) -> list[TrialRecord]
     with the verdicts at the current look under `confirm_seeds: auto`); returns the new rows. An arm without a completed
     tuning trial gets none (there is nothing to confirm; the verdict says so)."""
     trials = storage.list_trials(experiment_id)
-    verdicts = stored_evidence(storage, experiment_id).deciding(spec).values() if spec.budget.sequential else None
-    target = runs_to_queue(spec, trials, verdicts)
+    evidence = stored_evidence(storage, experiment_id)
+    verdicts = evidence.deciding(spec).values() if spec.budget.sequential else None
+    target = runs_to_queue(spec, trials, verdicts, evidence.best)
     created = []
     for plan in arm_plans(spec):
         have = sum(1 for t in trials if t.kind is TrialKind.CONFIRMATION and t.arm == plan.label)

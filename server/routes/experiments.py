@@ -115,9 +115,10 @@ def experiment_verdict(
     evidence = stored_evidence(storage, record.id)
     verdict = evidence.verdict(spec)
     at_batches = shown_batch_verdicts(spec, evidence)  # a batch-size study's verdict at each batch size
-    batch_lines = batch_verdict_lines(at_batches)
-    public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds, spec.budget.confirmation_plan(),
-                                        round_line(spec, evidence.confirmations), at_batches, batch_lines)  # fmt: skip
+    batch_lines = batch_verdict_lines(spec, at_batches)
+    rounds = round_line(spec, evidence.confirmations, evidence.best)
+    public = VerdictPublic.from_verdict(verdict, spec.budget.confirm_seeds, spec.budget.confirmation_plan(), rounds,
+                                        at_batches, batch_lines)  # fmt: skip
     if key is not None:
         specs.remember_verdict(key, public)
     return public

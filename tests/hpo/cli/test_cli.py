@@ -324,7 +324,7 @@ def test_the_demo_presets_pass_the_start_checks_where_the_demo_data_exists(prese
 
 def test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_each_batch_size(tmp_path, capsys):
     """`hpo run` of a batch-size study ends its verdict with the note that it compares arms across batch sizes too,
-    and the verdict at each batch size, which its confirmation rounds follow (the report's, read here from the
+    and the verdict at each batch size (the report's, read here from the
     report's own data); `hpo status` and `hpo best --per-arm` show the same lines."""
     from hpo.experiment.arms import BATCH_STUDY_NOTE
     from hpo.report.data import load_experiment
@@ -338,7 +338,7 @@ def test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_eac
         data = load_experiment(storage, "batch_scaling_simulated", with_noise=False)
     report = batch_verdicts(scaling_points([data], experiment_runs([data])))
     assert list(report) == [128, 512, 1024, 2048]
-    expected = [f"({BATCH_STUDY_NOTE}, which the confirmation rounds follow):"]
+    expected = [f"({BATCH_STUDY_NOTE}):"]  # confirm_seeds: 3, one round: no rounds follow the verdicts
     expected += [f"  at batch {batch:,}: {verdict.line}" for batch, verdict in report.items()]
     lines = capsys.readouterr().out.splitlines()
     start = lines.index(expected[0])

@@ -26,7 +26,8 @@ from hpo.storage.base import MetricPoint
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from tests.hpo.evidence.test_confirmations import BUDGET, EVERY, curve
 
-Arms = dict[tuple[str, int], tuple[float, list[float | None]]]  # (optimizer, batch) -> (tuning, confirmations)
+# (optimizer, batch) -> (tuning, confirmations): samples to target, None a miss, nan a failed trial
+Arms = dict[tuple[str, int], tuple[float, list[float | None]]]
 
 
 def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
@@ -51,6 +52,9 @@ def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
             kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
             trial_id = storage.create_trial(eid, TrialSpec(None, params, arm, 1.0, (), batch, kind, seed))
             storage.mark_trial_running(trial_id, pid=1, host="h")
+            if samples is not None and math.isnan(samples):  # the trial failed (a crash: no outcome)
+                storage.finish_trial(trial_id, TrialResult(TrialState.FAILED, reason="exit code 1"))
+                continue
             if samples is None:
                 missed = TrialResult(TrialState.COMPLETED, objective=float(BUDGET), best_mlm_accuracy=0.11,
                                      metrics={"samples": BUDGET})  # fmt: skip
@@ -175,7 +179,7 @@ def test_runs_at_one_batch_size_so_far_give_no_verdict_at_each_batch_size(tmp_pa
     storage, eid = study(tmp_path / "hpo.db", 3, arms)
     with storage:
         spec = spec_from_stored(storage.get_experiment(eid))
-        lines = batch_verdict_lines(shown_batch_verdicts(spec, stored_evidence(storage, eid)))
+        lines = batch_verdict_lines(spec, shown_batch_verdicts(spec, stored_evidence(storage, eid)))
         data = load_experiment(storage, "study", with_noise=False)
     assert lines == [] and study_lines(data) == []
     assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "status", "study"]) == 0
@@ -220,3 +224,37 @@ def test_the_verdict_at_a_batch_size_shares_the_error_over_the_batch_sizes_decla
     assert [v.shared for v in verdicts["after"].values()] == [2, 2]
     assert f"  verdict at batch 32 (the error shared over 2 batch sizes): {verdicts['after'][32].line}" in (
         study_lines(data))  # fmt: skip
+
+
+def test_an_arm_whose_tuning_found_nothing_does_not_hold_the_rounds_at_other_batch_sizes(tmp_path):
+    """confirm_seeds auto. AdamW's only tuning trial at 64 failed: that arm has nothing to confirm, and the
+    experiment's verdict says it found nothing; 64 has one optimizer, so no verdict there. At 32 the optimizers are
+    close after round 1, so the verdict there is "not yet" and more runs may decide: every arm with a configuration
+    gets round 2 (they waited for AdamW at 64's round 1, which never comes, and stopped at the first). Once they
+    finish it, the verdict is asked at look 2 and the round line counts the round done."""
+    from hpo.evidence.confirmations import batch_verdict_lines, round_line
+
+    arms = {("adamw", 32): (8000, [8000, 8100, 7900]), ("lamb", 32): (8300, [8300, 7700, 8900]),
+            ("adamw", 64): (math.nan, []), ("lamb", 64): (7000, [7000, 7100, 6900])}  # fmt: skip
+    storage, eid = study(tmp_path / "round1.db", "auto", arms)
+    with storage:
+        spec = spec_from_stored(storage.get_experiment(eid))
+        evidence, trials = stored_evidence(storage, eid), storage.list_trials(eid)
+        deciding = evidence.deciding(spec)
+    assert deciding[32].outcome is Outcome.NOT_YET and deciding[32].runs_needed is not None
+    assert 64 not in deciding and "not yet" in evidence.verdict(spec).line  # one optimizer at 64: nothing there
+    assert runs_to_queue(spec, trials, deciding.values(), evidence.best) == 6
+    assert rounds_note(deciding).startswith("round 1 of at most 4 done, verdict at batch 32 not yet")
+    assert batch_verdict_lines(spec, deciding)[0].endswith(", which the confirmation rounds follow):")  # auto
+
+    arms |= {("adamw", 32): (8000, [8000, 8100, 7900, 8050, 7950, 8000]),
+             ("lamb", 32): (8300, [8300, 7700, 8900, 8200, 7800, 8400]),
+             ("lamb", 64): (7000, [7000, 7100, 6900, 7050, 6950, 7000])}  # fmt: skip
+    storage, eid = study(tmp_path / "round2.db", "auto", arms)
+    with storage:
+        evidence, trials = stored_evidence(storage, eid), storage.list_trials(eid)
+        deciding = evidence.deciding(spec)
+        line = round_line(spec, evidence.confirmations, evidence.best)
+    assert {(v.look, v.looks) for v in deciding.values()} == {(2, 4)}
+    assert [v.comparisons[0].runs for v in (deciding[32],)] == [(6, 6)]
+    assert line.startswith("confirmations round 2 of at most 4 (2 finished)"), line
