@@ -40,10 +40,6 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     from hpo.plan.forecast import forecast_data, forecast_lines, prepare_plan, run_plan
 
     curves = None
-    if args.cv is not None or args.like:
-        from hpo.experiment import load_experiment
-
-        _refuse_batch_study_chances(args, load_experiment(args.experiment))  # before the pilot is read
     if args.like:  # the pilot's curves, where they make a table that serves the file
         options, curves = _pilot_curves(args, options, scratch)
     try:
@@ -141,34 +137,28 @@ def _check_plan_options(args: argparse.Namespace) -> None:
                        "--verdict-only to forecast the cost too")  # fmt: skip
 
 
-def _refuse_batch_study_chances(args: argparse.Namespace, spec) -> None:
-    """--cv/--difference and --like draw the chances of one verdict between the file's arms; a batch-size study's
-    question is the verdict at each batch size, which they do not draw: refused, saying what does forecast it."""
-    from hpo.experiment.arms import BATCH_KEY, arms, batch_study
-
-    if not batch_study(spec.compare) or len({fixed.get(BATCH_KEY) for fixed in arms(spec)}) < 2:
-        return
-    given = "--like" if args.like else "--cv and --difference"
-    raise HpoError(f"{args.experiment}: {given} draw the chances of one verdict between the file's arms; this file is "
-                   "a batch-size study, whose question is the verdict at each batch size, which they do not draw: plan "
-                   "it without them (the forecast gives the verdict at each batch size against the table's truth "
-                   "there; --power alone adds advice on tuning trials for a right answer at every batch size), or "
-                   "plan a file of one batch size (compare: [optimizer.name])")  # fmt: skip
-
-
 def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
-    """The verdict's chances (and with --power the advice) at the stated spread or the pilot's."""
+    """The verdict's chances (and with --power the advice) at the stated spread or the pilot's; a batch-size study's
+    at each batch size."""
     from hpo.experiment.arms import arm_labels
-    from hpo.plan.chances import DRAWS, chances_forecast, pilot_evidence, stated_evidence
+    from hpo.plan.chances import (
+        DRAWS,
+        batch_places,
+        chances_forecast,
+        pilot_evidence,
+        stated_batch_evidence,
+        stated_evidence,
+    )
 
-    _refuse_batch_study_chances(args, spec)
-    labels = arm_labels(spec)
+    labels, places = arm_labels(spec), batch_places(spec)
     if args.like:
         storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
         try:
-            evidence = pilot_evidence(storage, args.like, labels)
+            evidence = pilot_evidence(storage, args.like, labels, places)
         finally:
             storage.close()
+    elif places is not None:
+        evidence = stated_batch_evidence(places, args.cv, args.difference)
     else:
         evidence = stated_evidence(labels, args.cv, args.difference)
     return chances_forecast(spec, evidence, args.draws or DRAWS, args.power, args.seed)

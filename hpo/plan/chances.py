@@ -19,13 +19,20 @@ arm named; "equivalent" where every pair's true ratio lies within the margin), w
 Each confirmation budget has its own generator seeded by (--seed, fixed or auto, its most runs per arm): the same
 command prints the same numbers. `--power P` (`advise`) searches fixed k from 2 upwards to the first whose chance
 of a right answer reaches P (at most 12), and auto at caps 6, 9 and 12, with each one's mean runs per arm.
+
+A batch-size study (`hpo.experiment.arms.batch_study`, two or more batch sizes) asks its question at each batch size:
+its drawn experiments are asked of `hpo.evidence.verdict.batch_size_verdicts` as the service asks them (the error
+shared over the declared batch sizes; auto's next round while the verdict at some batch size is "not yet" and more
+runs may decide it), each batch size's verdict judged against the truth there, and a right answer of the study
+(what `--power` counts) is the verdict right at every batch size (`batch_verdict_chances`). A stated spread has the
+file's first optimizer (1 - D) x the others at every batch size.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -36,13 +43,14 @@ from hpo.evidence.verdict import (
     Outcome,
     Verdict,
     arm_runs,
+    batch_size_verdicts,
     compare,
     decide,
     samples_between_evaluations,
     t_quantile,
 )
 from hpo.experiment import Budget, spec_from_stored
-from hpo.experiment.arms import arm_labels, trial_config
+from hpo.experiment.arms import BATCH_KEY, OPTIMIZER_KEY, arm_label, arm_labels, arms, batch_study, trial_config
 from hpo.plan.forecast import WIDTH, PlanError, share_interval
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -169,15 +177,41 @@ def stated_evidence(labels: Sequence[str], cv: float, difference: float) -> Evid
                            f"run reaching the target; the truth: {truth}",))  # fmt: skip
 
 
+def batch_places(spec) -> dict[str, tuple[int, str]] | None:
+    """Arm label -> (global batch size, optimizer) of a batch-size study at two or more batch sizes, whose question
+    is the verdict at each batch size; None for another file (one verdict between its arms)."""
+    if not batch_study(spec.compare):
+        return None
+    places = {arm_label(fixed): (int(fixed[BATCH_KEY]), str(fixed[OPTIMIZER_KEY])) for fixed in arms(spec)}
+    return places if len({batch for batch, _ in places.values()}) >= 2 else None
+
+
+def stated_batch_evidence(places: Mapping[str, tuple[int, str]], cv: float, difference: float) -> Evidence:
+    """A batch-size study's stated spread: every arm log-normal at this coefficient of variation, the first
+    optimizer's samples (1 - difference) x the others' at every batch size (the verdict compares within a batch
+    size only), every run a hit."""
+    sigma = math.sqrt(math.log1p(cv * cv))
+    base = math.log(STATED_SAMPLES) - sigma * sigma / 2
+    optimizers = list(dict.fromkeys(optimizer for _, optimizer in places.values()))
+    arms = tuple(ArmSpread(label, base + (math.log1p(-difference) if optimizer == optimizers[0] else 0.0), sigma)
+                 for label, (_, optimizer) in places.items())  # fmt: skip
+    truth = ("the tie: every optimizer needs the same samples" if difference == 0 else
+             f"{optimizers[0]} needs {difference:.1%} fewer samples than {' and '.join(optimizers[1:])}")  # fmt: skip
+    return Evidence(arms, (f"a stated spread: samples to target log-normal with a CV of {cv:.1%} in every arm, every "
+                           f"run reaching the target; the truth at every batch size: {truth}",))  # fmt: skip
+
+
 STATED_SAMPLES = 10_000  # a stated spread's slower arms' mean samples to target (the verdict is free of scale)
 PILOT_CONFIDENCE = 0.95  # the pilot's difference is printed with its interval at this confidence
 
 
-def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
+def pilot_evidence(storage, name: str, labels: Sequence[str],
+                   places: Mapping[str, tuple[int, str]] | None = None) -> Evidence:  # fmt: skip
     """The spread of experiment `name` (read only): per arm, ln samples to target of its best configuration's
     confirmation runs, plus its best tuning run when it has fewer than 2, interpolated between evaluations as the
     verdict reads them; its hit rate; the floor of one evaluation interval where the verdict would apply it.
-    `PilotError` when an arm has fewer than 2 runs that reached the target, or the arms are not the file's."""
+    `PilotError` when an arm has fewer than 2 runs that reached the target, or the arms are not the file's. With
+    `places` (`batch_places`: a batch-size study), the truth is said at each batch size, between its optimizers."""
     record = storage.get_experiment_by_name(name)
     spec = spec_from_stored(record)
     pilot_labels = arm_labels(spec)
@@ -205,28 +239,41 @@ def pilot_evidence(storage, name: str, labels: Sequence[str]) -> Evidence:
         lines.append(f"  {label}: {len(hits)} of {len(values)} {origin} reached the target; samples to target "
                      f"geometric mean {math.exp(arm.log_mean):,.0f}, CV {arm.cv:.1%} (sd of ln "
                      f"{arm.log_sd:.3f})")  # fmt: skip
-    return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_runs)))
+    if places is None:
+        return Evidence(tuple(arms), tuple(lines + _pilot_truth(arms, pilot_runs)))
+    for batch in sorted({b for b, _ in places.values()}):
+        here = [replace(a, label=places[a.label][1]) for a in arms if places[a.label][0] == batch]
+        runs_here = {places[label][1]: replace(r, label=places[label][1]) for label, r in pilot_runs.items()
+                     if places[label][0] == batch}  # fmt: skip
+        lines += _pilot_truth(here, runs_here, f" at batch {batch:,}", notes=False)
+    return Evidence(tuple(arms), tuple(lines + _pilot_notes(arms)))
 
 
-def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns]) -> list[str]:
+def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns], where: str = "", notes: bool = True
+                 ) -> list[str]:  # fmt: skip
     """The pilot's difference, taken as the truth, with its own 95 % interval: how sure it is. Both count a miss at
     its budget, as the verdict does (`ArmSpread.counted_log_mean`: an arm that misses needed at least that many):
     the interval is Welch's on ln samples of the pilot's runs (hpo.evidence.verdict.compare at the 5 % level, with
-    the verdict's floor of one evaluation interval)."""
+    the verdict's floor of one evaluation interval). `where`: ` at batch 128`; `notes`: the notes after it."""
     top = min(arms, key=lambda a: a.counted_log_mean)
     rest = [a for a in arms if a.counted_log_mean != top.counted_log_mean]
     if not rest:
-        return ["  the truth: the arms tie exactly"]
+        return [f"  the truth{where}: the arms tie exactly"]
     parts = []
     for arm in rest:
         c = compare(runs[top.label], runs[arm.label], 1 - PILOT_CONFIDENCE)
         parts.append(f"{-math.expm1(top.counted_log_mean - arm.counted_log_mean):.1%} fewer than {arm.label} (the "
                      f"pilot's 95 % interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
-    lines = [f"  the truth: {top.label} needs {'; '.join(parts)}"]
-    if any(a.hit_rate < 1 for a in arms):
-        lines.append("  (a miss counts at the sample budget, as the verdict counts it: that arm needed at least "
-                     "that many)")  # fmt: skip
-    return lines + ["  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"]
+    lines = [f"  the truth{where}: {top.label} needs {'; '.join(parts)}"]
+    return lines + (_pilot_notes(arms) if notes else [])
+
+
+def _pilot_notes(arms: Sequence[ArmSpread]) -> list[str]:
+    """What the pilot's truth assumes: how a miss counts (where an arm missed), and that it is an estimate."""
+    missed = ["  (a miss counts at the sample budget, as the verdict counts it: that arm needed at least that many)"]
+    return (missed if any(a.hit_rate < 1 for a in arms) else []) + [
+        "  (the chances below hold where the truth is the pilot's estimate; a short pilot's is uncertain)"
+    ]
 
 
 class PilotError(PlanError):
@@ -302,6 +349,74 @@ def verdict_chances(evidence: Evidence, margin: float, choice: Confirmations, dr
                    evidence.within(margin))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class BatchChances:
+    """A batch-size study's verdicts at each batch size over drawn experiments with one confirmation budget."""
+
+    at: dict[int, Chances]  # batch size -> the outcomes of the verdict there, judged against the truth there
+    # the study's answer: right_winner counts the draws right at every batch size, wrong_winner those wrong at some
+    # (a wrong winner, or "equivalent" where the truth is not within the margin), not_yet the rest
+    every: Chances
+
+
+def batch_confirmation_verdicts(runs: Sequence[tuple[int, str, ArmRuns]], rounds: Sequence[int], margin: float,
+                                declared: Sequence[int]) -> tuple[dict[int, Verdict], int]:  # fmt: skip
+    """The verdicts at each batch size the service reaches over these runs ((batch size, optimizer, runs in the
+    order they would finish)): look j of J over the first rounds[j - 1] runs, stopping when no verdict is "not yet"
+    where more runs may decide (`hpo.evidence.confirmations.runs_to_queue` over `Evidence.deciding`); (those
+    verdicts, the runs per arm they used)."""
+    for look, n in enumerate(rounds, 1):
+        cut = ((b, o, replace(r, samples_to_target=r.samples_to_target[:n])) for b, o, r in runs)
+        verdicts = batch_size_verdicts(cut, margin, look, len(rounds), declared)
+        if not any(v.outcome is Outcome.NOT_YET and v.runs_needed is not None for v in verdicts.values()):
+            return verdicts, n
+    return verdicts, rounds[-1]
+
+
+def batch_verdict_chances(evidence: Evidence, places: Mapping[str, tuple[int, str]], margin: float,
+                          choice: Confirmations, draws: int, seed: int = 0) -> BatchChances:  # fmt: skip
+    """`verdict_chances` of a batch-size study (`places`: `batch_places`): each drawn experiment asked at every batch
+    size as the service asks it (`batch_confirmation_verdicts`), each verdict judged against the truth at its batch
+    size (the arms there, by optimizer), and the study right where every batch size is. Seeded as
+    `verdict_chances`."""
+    rounds = choice.rounds
+    rng = np.random.default_rng([seed, 0 if choice.k is not None else 1, rounds[-1]])
+    columns = [_draw_runs(rng, arm, draws, rounds[-1]) for arm in evidence.arms]
+    batches = sorted({batch for batch, _ in places.values()})
+    truths = {b: Evidence(tuple(replace(a, label=places[a.label][1]) for a in evidence.arms if places[a.label][0] == b),
+                          ()) for b in batches}  # fmt: skip
+    counts = {b: dict.fromkeys(("right", "wrong", "equivalent", "not yet"), 0) for b in batches}
+    every = dict.fromkeys(("right", "wrong"), 0)
+    runs = 0
+    for d in range(draws):
+        drawn = [(*places[a.label], ArmRuns(places[a.label][1], column[d], a.max_samples, a.resolution))
+                 for a, column in zip(evidence.arms, columns, strict=True)]  # fmt: skip
+        verdicts, used = batch_confirmation_verdicts(drawn, rounds, margin, batches)
+        runs += used
+        judged = {b: _judged(verdicts.get(b), truths[b], margin) for b in batches}
+        for b, outcome in judged.items():
+            counts[b][outcome] += 1
+        right = [o == "right" or (o == "equivalent" and truths[b].within(margin)) for b, o in judged.items()]
+        wrong = [o == "wrong" or (o == "equivalent" and not truths[b].within(margin)) for b, o in judged.items()]
+        every["right"] += all(right)
+        every["wrong"] += any(wrong)
+    t_quantile.cache_clear()
+    at = {b: Chances(choice, draws, c["right"], c["wrong"], c["equivalent"], c["not yet"], runs,
+                     truths[b].within(margin)) for b, c in counts.items()}  # fmt: skip
+    total = Chances(choice, draws, every["right"], every["wrong"], 0, draws - every["right"] - every["wrong"], runs,
+                    False)  # fmt: skip
+    return BatchChances(at, total)
+
+
+def _judged(verdict: Verdict | None, truth: Evidence, margin: float) -> str:
+    """right, wrong (a winner), equivalent or not yet: one verdict against its truth (None: not asked: not yet)."""
+    if verdict is None:
+        return "not yet"
+    if verdict.outcome is Outcome.WINNER:
+        return "right" if verdict.winner == truth.better else "wrong"
+    return verdict.outcome.value
+
+
 def _draw_runs(rng: np.random.Generator, arm: ArmSpread, draws: int, n: int) -> list[tuple[float | None, ...]]:
     """`draws` rows of n runs of one arm: samples to target, None for a miss."""
     samples = np.exp(rng.normal(arm.log_mean, arm.log_sd, (draws, n)))
@@ -333,13 +448,16 @@ class Advice:
 
 
 def advise(evidence: Evidence, margin: float, power: float, draws: int, seed: int = 0,
-           known: Sequence[Chances] = ()) -> Advice:  # fmt: skip
+           known: Sequence[Chances] = (), drawn: Callable[[Confirmations], Chances] | None = None
+           ) -> Advice:  # fmt: skip
     """The fewest fixed confirmation runs per arm (2 to 12) whose chance of a right answer reaches `power`, and
-    auto at caps 6, 9 and 12 (`known`: chances already computed, reused where their budget is searched)."""
+    auto at caps 6, 9 and 12 (`known`: chances already computed, reused where their budget is searched; `drawn`: the
+    chances of a budget, `verdict_chances` of `evidence` unless given)."""
     done = {c.choice: c for c in known if c.draws == draws}
+    drawn = drawn or (lambda choice: verdict_chances(evidence, margin, choice, draws, seed))
 
     def chances(choice: Confirmations) -> Chances:
-        return done.get(choice) or verdict_chances(evidence, margin, choice, draws, seed)
+        return done.get(choice) or drawn(choice)
 
     fixed = []
     for k in ADVICE_FIXED:
@@ -352,11 +470,22 @@ def advise(evidence: Evidence, margin: float, power: float, draws: int, seed: in
 
 def chances_forecast(spec, evidence: Evidence, draws: int = DRAWS, power: float | None = None,
                      seed: int = 0) -> list[str]:  # fmt: skip
-    """The verdict's chances with the file's confirmation budget and, for a wanted `power`, the advice: printed."""
+    """The verdict's chances with the file's confirmation budget and, for a wanted `power`, the advice: printed. A
+    batch-size study's (`batch_places`) are of the verdict at each batch size (`batch_verdict_chances`)."""
     margin, choice = spec.verdict.margin, file_confirmations(spec)
-    mine = verdict_chances(evidence, margin, choice, draws, seed) if choice else None
-    advice = advise(evidence, margin, power, draws, seed, [mine] if mine else []) if power else None
-    return chances_lines(evidence, spec, mine, advice, draws, seed)
+    places = batch_places(spec)
+    if places is None:
+        mine = verdict_chances(evidence, margin, choice, draws, seed) if choice else None
+        advice = advise(evidence, margin, power, draws, seed, [mine] if mine else []) if power else None
+        return chances_lines(evidence, spec, mine, advice, draws, seed)
+    by_batch = batch_verdict_chances(evidence, places, margin, choice, draws, seed) if choice else None
+
+    def drawn(budget: Confirmations) -> Chances:
+        return batch_verdict_chances(evidence, places, margin, budget, draws, seed).every
+
+    known = [by_batch.every] if by_batch else []
+    advice = advise(evidence, margin, power, draws, seed, known, drawn) if power else None
+    return batch_chances_lines(evidence, spec, by_batch, advice, draws, seed)
 
 
 def chances_lines(evidence: Evidence, spec, mine: Chances | None, advice: Advice | None, draws: int,
@@ -381,6 +510,38 @@ def chances_lines(evidence: Evidence, spec, mine: Chances | None, advice: Advice
     return lines
 
 
+def batch_chances_lines(evidence: Evidence, spec, mine: BatchChances | None, advice: Advice | None, draws: int,
+                        seed: int = 0) -> list[str]:  # fmt: skip
+    """`chances_lines` of a batch-size study: the outcomes of the verdict at each batch size, against the truth
+    there, and how often it is right at every batch size (the study's right answer, which --power counts)."""
+    margin = spec.verdict.margin
+    lines = [f"the verdict's chances at each batch size: {draws:,} drawn experiments a confirmation budget (seed "
+             f"{seed}), each arm's confirmation runs drawn log-normally from the spread below and judged by the "
+             f"verdict at each batch size itself (hpo.evidence.verdict.batch_size_verdicts, margin ±{margin:.0%}) as "
+             "`hpo run` asks it; no training, no simulated cluster"]  # fmt: skip
+    lines += [f"  {line}" if not line.startswith("  ") else line for line in evidence.source]
+    if mine is None:
+        lines += ["", "this file has no confirmation runs (budget.confirm_seeds: 0): its verdicts have no evidence"]
+    else:
+        batches = len(mine.at)
+        lines += [
+            "",
+            f"outcome with this file's {_budget_words(mine.every.choice)}, the verdict at each of {batches} batch "
+            f"sizes (the error shared over them; of {draws:,} draws; 95 % Wilson interval of the share)",
+        ]
+        places = batch_places(spec) or {}
+        for batch, chances in mine.at.items():
+            here = Evidence(tuple(replace(a, label=places[a.label][1]) for a in evidence.arms
+                                  if places[a.label][0] == batch), ())  # fmt: skip
+            lines.append(f"  at batch {batch:,}:")
+            lines += [_share_line(f"  {label}", count, draws) for label, count in _outcome_rows(here, chances, margin)]
+        lines.append(_share_line("a right answer at every batch size", mine.every.right, draws))
+        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.every.runs_per_arm:>11.1f}")
+    if advice is not None:
+        lines += [""] + advice_lines(advice, len(evidence.arms), " (the verdict right at every batch size)")
+    return lines
+
+
 def _budget_words(choice: Confirmations) -> str:
     if choice.k is not None:
         return f"confirm_seeds: {choice.k} (one look)"
@@ -402,11 +563,12 @@ def _share_line(label: str, count: int, total: int) -> str:
     return f"  {label:<{WIDTH - 2}}{count:>5} {count / total:>6.1%}   {low:.1%} to {high:.1%}"
 
 
-def advice_lines(advice: Advice, arms: int) -> list[str]:
-    """The --power table: each searched budget's chance of a right answer and its cost, and the advice to copy."""
+def advice_lines(advice: Advice, arms: int, what: str = "") -> list[str]:
+    """The --power table: each searched budget's chance of a right answer (`what` it is, where not the verdict's)
+    and its cost, and the advice to copy."""
     wanted = f"{advice.power:.0%}"
-    lines = [f"advice for a right answer in at least {wanted} of experiments: fixed confirm_seeds searched from 2 up "
-             f"to the first that reaches it, and auto at max_confirm_seeds {', '.join(map(str, ADVICE_CAPS))}",
+    lines = [f"advice for a right answer{what} in at least {wanted} of experiments: fixed confirm_seeds searched from "
+             f"2 up to the first that reaches it, and auto at max_confirm_seeds {', '.join(map(str, ADVICE_CAPS))}",
              f"  {'under budget: in the experiment file':<{WIDTH}}{'right':>7}{'not yet':>9}{'wrong':>7}"
              f"{'runs per arm':>14}{'runs in all':>13}"]  # fmt: skip
     for c in (*advice.fixed, *advice.auto):

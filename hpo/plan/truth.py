@@ -144,9 +144,11 @@ def stated_handicap(runner, spec, difference: float) -> dict[str, dict[str, Any]
     the module docstring); HpoError where a stated difference cannot be made."""
     where = f"{spec.source}: --difference"
     if spec.compare != ["optimizer.name"] or len(arm_plans(spec)) != 2:
+        several = len(arm_plans(spec)) > 1
+        alone = "; the verdict's chances at a stated spread alone: add --verdict-only" if several else ""
         raise HpoError(f"{where} makes a true difference between two arms that compare optimizers (compare: "
                        f"[optimizer.name] with two choices); this file compares {spec.compare or 'nothing'}; without "
-                       "--difference the plan judges its outcomes against the table's own truth")  # fmt: skip
+                       f"--difference the plan judges its outcomes against the table's own truth{alone}")  # fmt: skip
     if spec.objective.metric != "samples_to_target":
         raise HpoError(f"{where}: a stated difference is in samples to target; this file's objective is "
                        f"{spec.objective.metric}")  # fmt: skip

@@ -30,9 +30,9 @@ from tests.hpo.evidence.test_confirmations import BUDGET, EVERY, curve
 Arms = dict[tuple[str, int], tuple[float, list[float | None]]]
 
 
-def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
-    """A batch-size study (AdamW and LAMB at global batch 32 and 64) in a new database."""
-    data = {
+def study_file(confirm_seeds) -> dict:
+    """The experiment file of a batch-size study of AdamW and LAMB at global batch 32 and 64, as a mapping."""
+    return {
         "name": "study", "base_config": "demo_cpu",
         "overrides": {"eval.every_samples": EVERY, "budget.max_samples": BUDGET, "eval.target_mlm_accuracy": 0.12},
         "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}, "batch.global_batch_size": {"choice": [32, 64]},
@@ -42,7 +42,11 @@ def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
         "tuner": {"name": "random", "seed": 0}, "budget": {"trials": 4, "confirm_seeds": confirm_seeds},
         "resources": {"gpus": "none", "cpu_slots": 1},
     }  # fmt: skip
-    spec = experiment_from_dict(data, "study.yaml")
+
+
+def study(db_file: Path, confirm_seeds, arms: Arms) -> tuple[SqlStorage, int]:
+    """A batch-size study (`study_file`) in a new database, its trials as `arms` says."""
+    spec = experiment_from_dict(study_file(confirm_seeds), "study.yaml")
     storage = SqlStorage(f"sqlite:///{db_file}", upgrade=True)
     eid = storage.create_experiment("study", stored_form(spec, db_file.parent), spec.direction)
     for (optimizer, batch), (tuning, confirmations) in arms.items():

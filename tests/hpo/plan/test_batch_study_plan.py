@@ -1,13 +1,10 @@
 """`hpo plan` of a batch-size study: its question is the verdict at each batch size, so a right answer (what
-`--power`'s advice counts) is the verdict at every batch size right against the truth there, and the chances
-drawn from a spread (`--cv`/`--difference`, `--like`), which are of one verdict between the file's arms, are
-refused before any work."""
+`--power`'s advice counts) is the verdict at every batch size right against the truth there, in the forecast on
+the table and in the chances drawn from a spread (`--cv`/`--difference`, `--like`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from hpo.cli.main import main
 from hpo.plan.forecast import Plan, PlanOptions, Repetition, judged_counts, right_answers
@@ -45,15 +42,81 @@ def test_a_right_answer_of_a_batch_size_study_is_the_verdict_at_every_batch_size
     assert judged_counts(plan, repetitions)["right"] == 3  # the experiment's verdict: another count
 
 
-@pytest.mark.parametrize("spread", [["--cv", "10%", "--difference", "20%"], ["--like", "pilot"]])
-@pytest.mark.parametrize("verdict_only", [True, False])
-def test_chances_from_a_spread_are_refused_for_a_batch_size_study_before_any_work(tmp_path, capsys, spread,
-                                                                                  verdict_only):  # fmt: skip
-    db = tmp_path / "hpo.db"  # never created: the pilot is not read
-    args = ["--db", f"sqlite:///{db}", "plan", str(PRESET), *spread, *(["--verdict-only"] if verdict_only else [])]
-    assert main(args) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "plan:" not in captured.err
-    assert "batch-size study, whose question is the verdict at each batch size" in captured.err
-    assert "plan a file of one batch size (compare: [optimizer.name])" in captured.err
-    assert not db.exists()
+def rows_at(out: str, heading: str) -> dict[str, int]:
+    """The outcome rows (label -> count) under `  heading` of the chances' table, up to the next heading."""
+    lines = out.splitlines()
+    start = lines.index(heading)
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("    "):
+            break
+        rows[line[:46].strip()] = int(line[46:].split()[0])
+    return rows
+
+
+def every_count(out: str) -> int:
+    line = next(line for line in out.splitlines() if line.startswith("  a right answer at every batch size"))
+    return int(line[44:].split()[0])
+
+
+def test_stated_chances_of_a_batch_size_study_are_the_t_tests_power_at_each_batch_size(tmp_path, capsys):
+    """A stated spread (CV 10 %, AdamW 20 % faster at every batch size), 6 runs per arm: the verdict at each of the
+    2 batch sizes is a Welch test at half the level (the error shared over them), so its chance of naming AdamW is
+    the closed-form power of the two-sample t test on ln values at that level (noncentral t, computed with scipy);
+    the study is right where both are, and the draws at the two batch sizes are independent."""
+    import math
+
+    import yaml
+    from scipy import stats
+
+    from hpo.evidence.verdict import ALPHA
+
+    data = yaml.safe_load(PRESET.read_text())
+    data["budget"]["confirm_seeds"] = 6
+    data["base_config"] = "demo_cpu"  # the shipped config by name, from the copy's folder
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    draws, k = 1000, 6
+    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "20%",
+                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    sigma, delta = math.sqrt(math.log1p(0.1**2)), -math.log(0.8)
+    df, nc = 2 * k - 2, delta / (sigma * math.sqrt(2 / k))
+    power = stats.nct.sf(stats.t.ppf(1 - ALPHA / 2 / 2, df), df, nc)  # two-sided at ALPHA / 2 batch sizes
+    assert "the truth at every batch size: adamw needs 20.0% fewer samples than lamb" in out
+    assert "the verdict at each of 2 batch sizes (the error shared over them" in out
+    shares = {}
+    for batch in (32, 128):
+        rows = rows_at(out, f"  at batch {batch}:")
+        assert rows["right: adamw named"] == rows["a right answer"] and rows["wrong: another arm named"] == 0
+        assert rows["a right answer"] + rows["not yet"] == draws
+        shares[batch] = rows["a right answer"] / draws
+        assert abs(shares[batch] - power) < 0.06, (shares, power)
+    assert abs(every_count(out) / draws - shares[32] * shares[128]) < 0.05
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_pilot_batch_size_study_gives_the_truth_and_the_chances_at_each_batch_size(tmp_path, capsys):
+    """--like a pilot batch-size study of the file's arms, LAMB faster at 32 and AdamW at 64 in its runs: the truth
+    is said at each batch size between its optimizers, each batch size's verdict is judged against its own truth
+    (LAMB named right at 32, AdamW at 64), and the pilot's database is only read."""
+    import yaml
+
+    from tests.hpo.evidence.test_batch_study import study, study_file
+
+    arms = {("adamw", 32): (9000, [9000, 9100, 8950, 9050]), ("lamb", 32): (6100, [6000, 6050, 5950, 6020]),
+            ("adamw", 64): (7000, [7000, 7100, 6900, 7050]),
+            ("lamb", 64): (9500, [9500, 9400, 9600, 9450])}  # fmt: skip
+    db_file = tmp_path / "pilot.db"
+    storage, _ = study(db_file, 4, arms)
+    storage.close()
+    before = db_file.read_bytes()
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_file(4) | {"name": "next"}))
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "study", "--verdict-only", "--draws",
+                 "300"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "  the truth at batch 32: lamb needs 33." in out and "  the truth at batch 64: adamw needs 26." in out
+    assert rows_at(out, "  at batch 32:")["right: lamb named"] > 250
+    assert rows_at(out, "  at batch 64:")["right: adamw named"] > 250
+    assert db_file.read_bytes() == before
