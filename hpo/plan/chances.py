@@ -357,6 +357,7 @@ class BatchChances:
     # the study's answer: right_winner counts the draws right at every batch size, wrong_winner those wrong at some
     # (a wrong winner, or "equivalent" where the truth is not within the margin), not_yet the rest
     every: Chances
+    truths: dict[int, Evidence]  # batch size -> the spreads of the optimizers there (labelled by optimizer)
 
 
 def batch_confirmation_verdicts(runs: Sequence[tuple[int, str, ArmRuns]], rounds: Sequence[int], margin: float,
@@ -405,7 +406,7 @@ def batch_verdict_chances(evidence: Evidence, places: Mapping[str, tuple[int, st
                      truths[b].within(margin)) for b, c in counts.items()}  # fmt: skip
     total = Chances(choice, draws, every["right"], every["wrong"], 0, draws - every["right"] - every["wrong"], runs,
                     False)  # fmt: skip
-    return BatchChances(at, total)
+    return BatchChances(at, total, truths)
 
 
 def _judged(verdict: Verdict | None, truth: Evidence, margin: float) -> str:
@@ -485,60 +486,43 @@ def chances_forecast(spec, evidence: Evidence, draws: int = DRAWS, power: float 
 
     known = [by_batch.every] if by_batch else []
     advice = advise(evidence, margin, power, draws, seed, known, drawn) if power else None
-    return batch_chances_lines(evidence, spec, by_batch, advice, draws, seed)
+    return chances_lines(evidence, spec, by_batch, advice, draws, seed)
 
 
-def chances_lines(evidence: Evidence, spec, mine: Chances | None, advice: Advice | None, draws: int,
+def chances_lines(evidence: Evidence, spec, mine: Chances | BatchChances | None, advice: Advice | None, draws: int,
                   seed: int = 0) -> list[str]:  # fmt: skip
     """What `hpo plan --cv/--like` prints: where the spread comes from, the verdict's chances with the file's
-    confirmation budget, and with --power the advice table."""
-    margin = spec.verdict.margin
-    lines = [f"the verdict's chances: {draws:,} drawn experiments a confirmation budget (seed {seed}), each arm's "
-             "confirmation runs drawn log-normally from the spread below and judged by the verdict itself "
-             f"(hpo.evidence.verdict.decide, margin ±{margin:.0%}) as `hpo run` asks it; no training, no simulated "
+    confirmation budget, and with --power the advice table; of a batch-size study (`BatchChances`), the outcomes of
+    the verdict at each batch size against the truth there, and how often it is right at every batch size (the
+    study's right answer, which --power counts)."""
+    margin, by_batch = spec.verdict.margin, isinstance(mine, BatchChances) or batch_places(spec) is not None
+    what = ("the verdict at each batch size itself (hpo.evidence.verdict.batch_size_verdicts" if by_batch else
+            "the verdict itself (hpo.evidence.verdict.decide")  # fmt: skip
+    lines = [f"the verdict's chances{' at each batch size' if by_batch else ''}: {draws:,} drawn experiments a "
+             f"confirmation budget (seed {seed}), each arm's confirmation runs drawn log-normally from the spread "
+             f"below and judged by {what}, margin ±{margin:.0%}) as `hpo run` asks it; no training, no simulated "
              "cluster"]  # fmt: skip
     lines += [f"  {line}" if not line.startswith("  ") else line for line in evidence.source]
     if mine is None:
         lines += ["", "this file has no confirmation runs (budget.confirm_seeds: 0): its verdict has no evidence"]
+    elif isinstance(mine, BatchChances):
+        lines += ["", f"outcome with this file's {_budget_words(mine.every.choice)}, the verdict at each of "
+                      f"{len(mine.at)} batch sizes (the error shared over them; of {draws:,} draws; 95 % Wilson "
+                      "interval of the share)"]  # fmt: skip
+        for batch, chances in mine.at.items():
+            lines.append(f"  at batch {batch:,}:")
+            lines += [_share_line(f"  {label}", count, draws)
+                      for label, count in _outcome_rows(mine.truths[batch], chances, margin)]  # fmt: skip
+        lines.append(_share_line("a right answer at every batch size", mine.every.right, draws))
+        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.every.runs_per_arm:>11.1f}")
     else:
         lines += ["", f"outcome with this file's {_budget_words(mine.choice)} (of {draws:,} draws; 95 % Wilson "
                       "interval of the share)"]  # fmt: skip
         lines += [_share_line(label, count, draws) for label, count in _outcome_rows(evidence, mine, margin)]
         lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.runs_per_arm:>11.1f}")
     if advice is not None:
-        lines += [""] + advice_lines(advice, len(evidence.arms))
-    return lines
-
-
-def batch_chances_lines(evidence: Evidence, spec, mine: BatchChances | None, advice: Advice | None, draws: int,
-                        seed: int = 0) -> list[str]:  # fmt: skip
-    """`chances_lines` of a batch-size study: the outcomes of the verdict at each batch size, against the truth
-    there, and how often it is right at every batch size (the study's right answer, which --power counts)."""
-    margin = spec.verdict.margin
-    lines = [f"the verdict's chances at each batch size: {draws:,} drawn experiments a confirmation budget (seed "
-             f"{seed}), each arm's confirmation runs drawn log-normally from the spread below and judged by the "
-             f"verdict at each batch size itself (hpo.evidence.verdict.batch_size_verdicts, margin ±{margin:.0%}) as "
-             "`hpo run` asks it; no training, no simulated cluster"]  # fmt: skip
-    lines += [f"  {line}" if not line.startswith("  ") else line for line in evidence.source]
-    if mine is None:
-        lines += ["", "this file has no confirmation runs (budget.confirm_seeds: 0): its verdicts have no evidence"]
-    else:
-        batches = len(mine.at)
-        lines += [
-            "",
-            f"outcome with this file's {_budget_words(mine.every.choice)}, the verdict at each of {batches} batch "
-            f"sizes (the error shared over them; of {draws:,} draws; 95 % Wilson interval of the share)",
-        ]
-        places = batch_places(spec) or {}
-        for batch, chances in mine.at.items():
-            here = Evidence(tuple(replace(a, label=places[a.label][1]) for a in evidence.arms
-                                  if places[a.label][0] == batch), ())  # fmt: skip
-            lines.append(f"  at batch {batch:,}:")
-            lines += [_share_line(f"  {label}", count, draws) for label, count in _outcome_rows(here, chances, margin)]
-        lines.append(_share_line("a right answer at every batch size", mine.every.right, draws))
-        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.every.runs_per_arm:>11.1f}")
-    if advice is not None:
-        lines += [""] + advice_lines(advice, len(evidence.arms), " (the verdict right at every batch size)")
+        every = " (the verdict right at every batch size)" if by_batch else ""
+        lines += [""] + advice_lines(advice, len(evidence.arms), every)
     return lines
 
 
