@@ -514,6 +514,7 @@ def chances_lines(evidence: Evidence, spec, mine: Chances | BatchChances | None,
             lines += [_share_line(f"  {label}", count, draws)
                       for label, count in _outcome_rows(mine.truths[batch], chances, margin)]  # fmt: skip
         lines.append(_share_line("a right answer at every batch size", mine.every.right, draws))
+        lines.append(_share_line("a wrong answer at some batch size", mine.every.wrong, draws))
         lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.every.runs_per_arm:>11.1f}")
     else:
         lines += ["", f"outcome with this file's {_budget_words(mine.choice)} (of {draws:,} draws; 95 % Wilson "

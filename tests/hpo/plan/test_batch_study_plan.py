@@ -120,3 +120,27 @@ def test_a_pilot_batch_size_study_gives_the_truth_and_the_chances_at_each_batch_
     assert rows_at(out, "  at batch 32:")["right: lamb named"] > 250
     assert rows_at(out, "  at batch 64:")["right: adamw named"] > 250
     assert db_file.read_bytes() == before
+
+
+def test_at_a_tie_the_verdicts_at_each_batch_size_name_a_wrong_winner_at_their_shared_error(tmp_path, capsys):
+    """A stated tie at both batch sizes, 10 runs per arm: each verdict is a Welch test at half the level, so each
+    names a winner (wrong at a tie) in about ALPHA / 2 of experiments, and the study is wrong somewhere in about
+    1 - (1 - ALPHA / 2)² (independent batch sizes), at most ALPHA: the error is shared, not spent whole at each."""
+    import yaml
+
+    from hpo.evidence.verdict import ALPHA
+
+    data = yaml.safe_load(PRESET.read_text())
+    data["budget"]["confirm_seeds"] = 10
+    data["base_config"] = "demo_cpu"
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    draws = 2000
+    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "0",
+                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    for batch in (32, 128):
+        assert abs(rows_at(out, f"  at batch {batch}:")["wrong: an arm named"] / draws - ALPHA / 2) < 0.01
+    line = next(line for line in out.splitlines() if line.startswith("  a wrong answer at some batch size"))
+    share = int(line[44:].split()[0]) / draws
+    assert abs(share - (1 - (1 - ALPHA / 2) ** 2)) < 0.013 and share < ALPHA + 0.013
