@@ -50,7 +50,12 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
         reason = str(e).removeprefix(f"{args.experiment}: ").replace(options.table, f"the pilot {args.like}'s table")
         curves = f"not used: they cannot serve {args.experiment}: {reason}"
         plan = prepare_plan(args.experiment, replace(options, table=None))
-    chances = _plan_chances(args, plan.spec) if args.cv is not None or args.like else []  # a bad pilot: before the runs
+    if args.cv is not None or args.like:  # of the file's arms (a file moved onto a table may read other batch sizes)
+        from hpo.experiment import load_experiment
+
+        chances = _plan_chances(args, load_experiment(args.experiment))  # a bad pilot: before the runs
+    else:
+        chances = []
     advising = args.power is not None and not chances and plan.spec.compare  # --power alone: advice on tuning trials
     if advising:
         check_advice_seeds(plan)  # its cells' confirmation caps, before any repetition runs

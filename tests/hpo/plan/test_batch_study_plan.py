@@ -119,6 +119,13 @@ def test_a_pilot_batch_size_study_gives_the_truth_and_the_chances_at_each_batch_
     assert "  the truth at batch 32: lamb needs 33." in out and "  the truth at batch 64: adamw needs 26." in out
     assert rows_at(out, "  at batch 32:")["right: lamb named"] > 250
     assert rows_at(out, "  at batch 64:")["right: adamw named"] > 250
+    # with the forecast: the file is moved onto the shipped table, which reads 64 at its 128, but the chances are
+    # of the file's own arms, as the pilot's
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "study", "--repetitions", "1", "--draws",
+                 "300"]) == 0  # fmt: skip
+    full = capsys.readouterr().out
+    assert "global batch sizes read the table's, smallest to smallest: 32 -> 32, 64 -> 128" in full
+    assert full.endswith(out)  # the same chances, after the forecast
     assert db_file.read_bytes() == before
 
 
