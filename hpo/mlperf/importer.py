@@ -523,7 +523,8 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
             added += 1
     finally:
         storage.use_trial_clock(_now)
-    storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)
+    if added or record is None or record.status is not ExperimentStatus.FINISHED:  # a repeat that adds nothing keeps
+        storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # its end time: it writes nothing
     return Written(experiment_id, added, len(plan.runs) - added)
 
 

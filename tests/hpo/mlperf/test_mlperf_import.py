@@ -372,6 +372,27 @@ def test_a_second_import_adds_nothing_and_other_files_are_refused(tmp_path, caps
     assert storage.count_trials(record.id) == 3
 
 
+def test_a_second_import_that_adds_nothing_writes_nothing(tmp_path, capsys):
+    """The same files again leave the database as it was, the experiment's end time (the API's ended_at) included."""
+    import sqlite3
+
+    d = tmp_path / "runs"
+    for seed in (1, 2):
+        write(d / f"result_{seed}.txt", run_lines(seed=seed))
+    db_file = tmp_path / "hpo.db"
+    args = ["--db", f"sqlite:///{db_file}", "import", "mlperf", str(d), "--name", "again"]
+    assert main(args) == 0
+
+    def dump() -> list[str]:
+        with sqlite3.connect(db_file) as connection:
+            return list(connection.iterdump())
+
+    before = dump()
+    assert main(args) == 0
+    assert "0 run(s) imported, 2 already there" in capsys.readouterr().out
+    assert dump() == before
+
+
 def test_the_verdict_reads_every_run_of_each_arm(tmp_path, capsys):
     """Three ADAM and three LAMB runs: per arm the first file is stored as the tuning trial, but nothing picked it
     (its arm holds one configuration), so the verdict's evidence is all three runs, interpolated between
