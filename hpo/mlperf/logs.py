@@ -288,15 +288,32 @@ def _natural(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, what: str = "an MLPerf result file") -> str:
+    """The file's text: UTF-8, else Latin-1 (as MLPerf's parser reads them); a directory, an empty file and one that
+    is not text (NUL bytes: UTF-16, a binary) are errors naming the file and what to do."""
+    if path.is_dir():
+        raise ResultFileError(f"{path}: a directory, not {what}: name the file")
     try:
         data = path.read_bytes()
     except OSError as e:
         raise ResultFileError(f"{path}: cannot read the file ({e.strerror})") from None
+    if not data.strip():
+        raise ResultFileError(f"{path}: the file is empty, so not {what} (a copy that did not finish?): name a "
+                              "complete one")  # fmt: skip
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return data.decode("latin-1")  # as MLPerf's parser reads them
+
+
+def not_text(path: Path, text: str, what: str) -> str:
+    """Why a file that does not read as `what` may not be text at all (NUL bytes: UTF-16 or a binary), and what to do;
+    '' where it holds none."""
+    if "\0" not in text:
+        return ""
+    kind = "UTF-16, as its byte order mark says" if text[:2] in ("\xff\xfe", "\xfe\xff") else "UTF-16 or binary"
+    return (f"{path}: not UTF-8 text: it holds NUL bytes ({kind}); {what} is UTF-8 text: convert a UTF-16 file "
+            "(iconv -f UTF-16 -t UTF-8) and import the copy")  # fmt: skip
 
 
 def read_result_file(path: str | Path, default_optimizer: str | None = None) -> ResultRun:
@@ -305,7 +322,8 @@ def read_result_file(path: str | Path, default_optimizer: str | None = None) -> 
     text = read_text(path)
     events, payloads, commands = _parse(path, text)
     if not events:
-        raise ResultFileError(f"{path}: no {TOKEN} line: not an MLPerf result file")
+        raise ResultFileError(not_text(path, text, "an MLPerf result file")
+                              or f"{path}: no {TOKEN} line: not an MLPerf result file")  # fmt: skip
     by_key = _lowest_rank(events)
     settings = {key: _setting(path, by_key[key]) for key in SETTINGS if key in by_key}
     benchmark = settings.get("submission_benchmark")
@@ -383,8 +401,10 @@ def _parse(path: Path, text: str) -> tuple[list[Event], list[str], list[tuple[in
         try:
             data = json.loads(payload)
         except json.JSONDecodeError as e:
-            raise ResultFileError(f"{path}:{number}: a broken {TOKEN} line: its JSON does not parse ({e.msg} at "
-                                  f"column {e.colno} of the JSON)") from None  # fmt: skip
+            raise ResultFileError(f"{path}:{number}: a broken {TOKEN} line: its JSON does not parse "
+                                  f"({e.msg.removesuffix(' at')} at column {e.colno} of the JSON): the file is damaged "
+                                  "or cut short (a copy that did not finish, a run still writing it); copy it again "
+                                  "from where it came, or leave it out") from None  # fmt: skip
         if not isinstance(data, dict) or not isinstance(data.get("key"), str):
             raise ResultFileError(f"{path}:{number}: a {TOKEN} line without a key")
         metadata = data.get("metadata") or {}

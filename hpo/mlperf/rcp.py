@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpo.mlperf.logs import HYPERPARAMETERS, INTEGER_KEYS, ResultFileError, read_text
+from hpo.mlperf.logs import HYPERPARAMETERS, INTEGER_KEYS, ResultFileError, not_text, read_text
 from hpo.mlperf.optimizers import KNOWN_OPTIMIZERS, trainer_optimizer
 
 SAMPLES_KEYS = ("Epochs to converge", "samples to converge")
@@ -53,12 +53,15 @@ class RcpRecord:
 def read_rcp_file(path: str | Path, benchmark: str = "bert") -> list[RcpRecord]:
     """The records of an RCP file for `benchmark` (ordered by batch size, then name); other benchmarks are refused."""
     path = Path(path)
+    what = f"an RCP file (mlperf_logging/rcp_checker/training_<ruleset>/rcps_{benchmark}.json)"
+    text = read_text(path, what)
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ResultFileError(f"{path}:{e.lineno}: not an RCP file: its JSON does not parse ({e.msg})") from None
+        why = not_text(path, text, "an RCP file") or f"{path}:{e.lineno}: not {what}: its JSON does not parse ({e.msg})"
+        raise ResultFileError(why) from None
     if not isinstance(data, dict) or not data:
-        raise ResultFileError(f"{path}: not an RCP file: expected a mapping of record name -> record")
+        raise ResultFileError(f"{path}: not {what}: expected a mapping of record name -> record")
     records = [_record(path, str(name), body, benchmark) for name, body in data.items()]
     return sorted(records, key=lambda r: (r.global_batch_size, r.name))
 

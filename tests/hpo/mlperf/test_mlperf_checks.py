@@ -9,6 +9,7 @@ out here from the lines written, not read back from the importer.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hpo.mlperf.importer import plan_mlperf
 from hpo.mlperf.logs import ResultFileError, read_result_file, read_result_files, result_files
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
-from tests.hpo.mlperf.test_mlperf_import import T0, db_url, mllog, run_lines, trials_by_file, write
+from tests.hpo.mlperf.test_mlperf_import import T0, db_url, mllog, rcp_record, run_lines, trials_by_file, write
 
 
 def rnnt_lines() -> list[str]:
@@ -249,3 +250,54 @@ def test_a_damaged_number_is_refused_naming_its_line_and_nothing_is_written(tmp_
     where = line_of(lines, '"key": "' + key + '"')
     assert f"{damaged}:{where}: " in err and says in err, err
     assert not (tmp_path / "hpo.db").exists() or SqlStorage(db).list_experiments() == []
+
+
+# --------------------------------------------------------------------------- files that are not what they should be
+
+
+def test_an_empty_file_a_utf16_file_and_a_directory_are_refused_by_name_and_nothing_is_written(tmp_path, capsys):
+    """An empty result file said it had no MLLOG line, a UTF-16 copy of a good log the same (and an RCP file in
+    UTF-16 'Expecting value'), a directory given as the RCP file 'cannot read the file (Is a directory)': none said
+    what the file was or what to do."""
+    db_file = tmp_path / "hpo.db"
+    db = f"sqlite:///{db_file}"
+    empty = tmp_path / "result_0.txt"
+    empty.write_text("")
+    utf16 = tmp_path / "result_1.txt"
+    utf16.write_text("\n".join(run_lines(seed=1)) + "\n", encoding="utf-16")  # with its byte order mark
+    rcp16 = tmp_path / "rcps_bert.json"
+    rcp16.write_text(json.dumps({"bert_ref_256": rcp_record(256, [40, 41])}), encoding="utf-16")
+    cases = [
+        (["mlperf", str(empty), "--name", "x"], f"{empty}: the file is empty, so not an MLPerf result file"),
+        (["mlperf", str(utf16), "--name", "x"], f"{utf16}: not UTF-8 text: it holds NUL bytes (UTF-16, as its byte "
+                                                "order mark says); an MLPerf result file is UTF-8 text: convert a "
+                                                "UTF-16 file (iconv -f UTF-16 -t UTF-8)"),
+        (["rcp", str(rcp16)], f"{rcp16}: not UTF-8 text: it holds NUL bytes (UTF-16, as its byte order mark says)"),
+        (["rcp", str(tmp_path)], f"{tmp_path}: a directory, not an RCP file "
+                                 "(mlperf_logging/rcp_checker/training_<ruleset>/rcps_bert.json): name the file"),
+    ]  # fmt: skip
+    for args, says in cases:
+        assert main(["--db", db, "import", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert not db_file.exists()  # every file is read before the database is opened
+    # the same log converted to UTF-8 imports
+    utf8 = tmp_path / "utf8" / "result_1.txt"
+    utf8.parent.mkdir()
+    utf8.write_bytes(utf16.read_text(encoding="utf-16").encode())
+    assert main(["--db", db, "import", "mlperf", str(utf8), "--name", "x"]) == 0
+
+
+def test_a_line_cut_short_says_where_and_what_to_do(tmp_path, capsys):
+    """The JSON error read 'Unterminated string starting at at column 19' and said nothing of what to do."""
+    lines = run_lines(seed=1)
+    at = line_of(lines, '"key": "seed"')
+    cut = lines[at - 1]
+    lines[at - 1] = cut[: cut.index('"value"') + 3]  # cut inside a string, as a copy that stopped there leaves it
+    damaged = write(tmp_path / "result_0.txt", lines)
+    db_file = tmp_path / "hpo.db"
+    assert main(["--db", f"sqlite:///{db_file}", "import", "mlperf", str(damaged), "--name", "cut"]) == 2
+    column = len(cut[: cut.index('"value"') + 1]) - len(":::MLLOG ")
+    assert (f"{damaged}:{at}: a broken :::MLLOG line: its JSON does not parse (Unterminated string starting at "
+            f"column {column} of the JSON): the file is damaged or cut short") in capsys.readouterr().err  # fmt: skip
+    assert not db_file.exists()
