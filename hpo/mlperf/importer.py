@@ -368,7 +368,7 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
     planned.sort(key=lambda r: order[r.key])
     notes = [*_arm_notes(spec, compare, planned), *_counted([n for r in runs for n in r.notes]), *notes]
     info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
-            "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned)}  # fmt: skip
+            "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned, spec)}  # fmt: skip
     stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
     return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
 
@@ -399,11 +399,12 @@ def _counted(notes: Sequence[str]) -> list[str]:
     return [f"{n} run(s): {note}" for note, n in Counter(notes).items()]
 
 
-def cost_per_arm(runs: Sequence[PlannedRun]) -> dict[str, dict[str, Any]]:
+def cost_per_arm(runs: Sequence[PlannedRun], spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
     """Arm -> what a run cost, over its runs that logged run_start and run_stop: runs, mean wall-clock seconds, the
-    accelerator counts, mean accelerator-hours (None where a run's count is unknown)."""
+    accelerator counts, mean accelerator-hours (None where a run's count is unknown); in the order of the spec's arms,
+    as the import's summary lists them."""
     cost = {}
-    for arm in dict.fromkeys(r.arm for r in runs):
+    for arm in [arm_label(fixed) for fixed in arms(spec)]:
         timed = [r for r in runs if r.arm == arm and r.wall_clock_s is not None]
         if not timed:
             continue
@@ -590,7 +591,7 @@ def describe(plan: ImportPlan, written: Written) -> list[str]:
     target and cost per run, notes."""
     lines = [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
              f"({plan.configurations} configuration(s) in {len({r.arm for r in plan.runs})} arm(s))"]  # fmt: skip
-    cost = cost_per_arm(plan.runs)
+    cost = cost_per_arm(plan.runs, plan.spec)
     for label in [arm_label(fixed) for fixed in arms(plan.spec)]:
         mine = [r for r in plan.runs if r.arm == label]
         hits = [r.result.samples_to_target for r in mine if r.result.samples_to_target is not None]

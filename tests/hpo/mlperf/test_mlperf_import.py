@@ -624,6 +624,9 @@ def test_samsungs_adam_against_nvidias_lamb_at_16384_in_one_import(tmp_path, cap
     assert main(["--db", db, "status", "bert16k"]) == 0
     status = capsys.readouterr().out
     assert f"arm {ADAM_16K}: per run 22.3 s on 1,024 accelerators" in status
+    costs = next(line for line in status.splitlines() if line.startswith("imported: "))  # arms as the summary has them
+    assert out.index(f"arm {ADAM_16K}:") < out.index(f"arm {LAMB_16K}:")
+    assert costs.index(f"arm {ADAM_16K}:") < costs.index(f"arm {LAMB_16K}:"), costs
     assert f"runs per arm: {ADAM_16K} 10, {LAMB_16K} 10 of 10" in status  # every run counts, as the verdict reads
     assert "batch-size study" not in status  # one batch size: nothing across
     # The report says the same: 20 runs held, none planned beyond them (it said "20 of 22 planned", a tuning run
