@@ -98,6 +98,7 @@ class Written:
     experiment_id: int
     added: int  # trials written now
     present: int  # runs the experiment already held (a second import of the same files)
+    left: int = 0  # runs of the experiment's import that it still does not hold (it stays unfinished)
 
 
 @dataclass
@@ -486,11 +487,14 @@ def _at(time_ms: float | None) -> datetime | None:
 
 
 def write_plan(storage: Storage, plan: ImportPlan) -> Written:
-    """Store the plan's experiment (FINISHED) and the runs it does not hold yet; see the module docstring."""
+    """Store the plan's experiment and the runs it does not hold yet; it is FINISHED once it holds every run of the
+    import that created it (a cut-short import run again with part of its files stays unfinished, `Written.left`);
+    see the module docstring."""
     try:
         record = storage.get_experiment_by_name(plan.name)
     except NotFoundError:
         record = None
+    expected = {r.key for r in plan.runs}  # every run of the experiment's import: it is finished when it holds them
     if record is None:
         experiment_id, present = storage.create_experiment(plan.name, plan.stored, plan.spec.direction), set()
     else:
@@ -509,6 +513,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
                            "an imported experiment's arms and configurations are fixed when it is created, so import "
                            "them under another --name")  # fmt: skip
         _same_options(plan, record, trials)
+        expected = set(info.get("sha256") or []) | expected  # a cut-short import, finished with part of its files
         for trial in trials:  # an earlier import of these very files that stopped between writing a trial's rows
             if not trial.state.finished and trial.state is not TrialState.INTERRUPTED:
                 storage.interrupt_trial(trial.id, "an earlier import stopped before this run was complete; it was "
@@ -524,9 +529,10 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
             added += 1
     finally:
         storage.use_trial_clock(_now)
-    if added or record is None or record.status is not ExperimentStatus.FINISHED:  # a repeat that adds nothing keeps
-        storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # its end time: it writes nothing
-    return Written(experiment_id, added, len(plan.runs) - added)
+    left = len(expected - present - {r.key for r in plan.runs})
+    if not left and (added or record is None or record.status is not ExperimentStatus.FINISHED):  # a repeat that
+        storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # adds nothing writes nothing
+    return Written(experiment_id, added, len(plan.runs) - added, left)
 
 
 def _same_options(plan: ImportPlan, record: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
@@ -601,4 +607,7 @@ def describe(plan: ImportPlan, written: Written) -> list[str]:
             f"  arm {label}: {len(mine)} run(s), {len(hits)} reached the target{mean}" + (f"; {spent}" if spent else "")
         )
     lines += [f"note: {note}" for note in plan.notes]
+    if written.left:
+        lines.append(f"experiment {plan.name} is not finished: {written.left} run(s) of the import that created it are "
+                     "in none of these files; run that import again (its files, its options) to finish it")  # fmt: skip
     return lines

@@ -833,3 +833,33 @@ def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes
     with SqlStorage(db) as storage:
         record = storage.get_experiment_by_name("cut")
         assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
+
+
+def test_an_import_cut_short_is_not_finished_by_importing_part_of_its_files_again(tmp_path, capsys):
+    """The same import with only the files it had stored marked the experiment finished (its other runs never came,
+    and status no longer said to run the import again); it stays unfinished and the import says why."""
+    from hpo.mlperf.importer import _Clock, _write_run, plan_mlperf
+    from hpo.mlperf.logs import read_result_files, result_files
+
+    d = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        write(d / f"result_{seed}.txt", run_lines(seed=seed))
+    db = db_url(tmp_path)
+    plan = plan_mlperf(read_result_files(result_files([str(d)]), None), "cut", ["optimizer", "global_batch_size"], None)
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment(plan.name, plan.stored, plan.spec.direction)
+        _write_run(storage, experiment_id, plan.runs[0], _Clock())  # where a SIGKILL stopped it: one run of three
+    assert Path(plan.runs[0].source).name == "result_1.txt"
+    assert main(["--db", db, "import", "mlperf", str(d / "result_1.txt"), "--name", "cut"]) == 0
+    out = capsys.readouterr().out
+    assert ("experiment cut is not finished: 2 run(s) of the import that created it are in none of these files; run "
+            "that import again (its files, its options) to finish it") in out  # fmt: skip
+    with SqlStorage(db) as storage:
+        assert storage.get_experiment_by_name("cut").status is not ExperimentStatus.FINISHED
+    assert main(["--db", db, "status", "cut"]) == 0
+    assert "the import stopped before it finished" in capsys.readouterr().out
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "cut"]) == 0  # all its files: finished
+    assert "is not finished" not in capsys.readouterr().out
+    with SqlStorage(db) as storage:
+        record = storage.get_experiment_by_name("cut")
+        assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
