@@ -257,6 +257,9 @@ def result_files(paths: Iterable[str | Path], note: Callable[[str], None] = lamb
             found.extend(file for file in files if file not in others)
         elif path.is_file():
             found.append(path)
+        elif path.exists():  # a device or a pipe (/dev/null, <(...)): not a file a run wrote
+            raise ResultFileError(f"{path}: not a regular file or a directory: name result files or their directory "
+                                  "(copy a stream to a file first)")  # fmt: skip
         else:
             raise ResultFileError(f"{path}: no such file or directory")
     unique = list(dict.fromkeys(p.resolve() for p in found))

@@ -10,6 +10,7 @@ out here from the lines written, not read back from the importer.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -300,4 +301,12 @@ def test_a_line_cut_short_says_where_and_what_to_do(tmp_path, capsys):
     column = len(cut[: cut.index('"value"') + 1]) - len(":::MLLOG ")
     assert (f"{damaged}:{at}: a broken :::MLLOG line: its JSON does not parse (Unterminated string starting at "
             f"column {column} of the JSON): the file is damaged or cut short") in capsys.readouterr().err  # fmt: skip
+    assert not db_file.exists()
+
+
+def test_a_path_that_exists_but_is_no_file_is_not_called_missing(tmp_path, capsys):
+    """/dev/null (or a shell's <(...) pipe) was 'no such file or directory'."""
+    db_file = tmp_path / "hpo.db"
+    assert main(["--db", f"sqlite:///{db_file}", "import", "mlperf", os.devnull, "--name", "x"]) == 2
+    assert f"{os.devnull}: not a regular file or a directory: name result files" in capsys.readouterr().err
     assert not db_file.exists()
