@@ -68,14 +68,17 @@ def imported(record) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else None
 
 
-def imported_line(info: dict[str, Any]) -> str:
+def imported_line(info: dict[str, Any], held: int | None = None) -> str:
     """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`, and what a
-    run cost per arm where the runs logged it (`cost_line`)."""
+    run cost per arm where the runs logged it (`cost_line`); `held`: the runs the experiment holds, where an import
+    cut short stored fewer than its files have (`imported: 83 of 263 run(s) ...`)."""
     kind = str(info.get("kind", "mlperf"))
+    runs = int(info.get("runs", 0))
+    count = f"{held} of {runs}" if held is not None and held < runs else f"{runs}"
     files = info.get("files") or []
     cost = info.get("cost") or {}
     costs = "".join(f"; arm {arm}: {cost_line(c)}" for arm, c in cost.items() if isinstance(c, dict) and cost_line(c))
-    return (f"imported: {info.get('runs', 0)} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
+    return (f"imported: {count} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
             f"(hpo import {kind}); nothing was tuned or trained here{costs}")  # fmt: skip
 
 

@@ -825,6 +825,10 @@ def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes
     assert main(["--db", db, "status", "cut"]) == 0
     out = capsys.readouterr().out
     assert "cut: interrupted" in out and "hpo resume" not in out
+    assert "imported: 0 of 3 run(s) from 3 file(s)" in out  # it holds none of them yet
+    assert main(["--db", db, "report", "cut", "-o", str(tmp_path / "reports")]) == 0
+    assert "imported: 0 of 3 run(s) from 3 file(s)" in (tmp_path / "reports" / "cut.html").read_text()
+    capsys.readouterr()
     assert "the import stopped before it finished: run the same `hpo import mlperf` command again to finish it" in out
     assert main(["--db", db, "resume", "cut"]) == 2
     assert ("experiment cut is an import (hpo import mlperf) that stopped before it finished: run the same `hpo "
