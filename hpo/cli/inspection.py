@@ -69,13 +69,16 @@ def _stored_spec(record):
 def _verdict_status(storage, record, spec, tallies) -> list[str]:
     """Where a compare experiment's confirmations stand and what the verdict would be now."""
     from hpo.evidence.confirmations import batch_verdict_lines, round_line, shown_batch_verdicts, stored_evidence
+    from hpo.evidence.verdict import Outcome
+    from hpo.mlperf import IMPORT_VERDICT_NOTE, imported
 
     if spec is None or not spec.compare:
         return []
     evidence = stored_evidence(storage, record.id, tallies)
     verdict = evidence.verdict(spec)
     look = f" (look {verdict.look} of {verdict.looks})" if verdict.looks > 1 else ""
-    return [round_line(spec, evidence.confirmations, evidence.best), f"verdict now{look}: {verdict.line}",
+    note = [IMPORT_VERDICT_NOTE] if imported(record) and verdict.outcome is Outcome.NOT_YET else []
+    return [round_line(spec, evidence.confirmations, evidence.best), f"verdict now{look}: {verdict.line}", *note,
             *batch_verdict_lines(spec, shown_batch_verdicts(spec, evidence))]  # fmt: skip
 
 

@@ -82,6 +82,11 @@ def imported_line(info: dict[str, Any], held: int | None = None) -> str:
             f"(hpo import {kind}); nothing was tuned or trained here{costs}")  # fmt: skip
 
 
+IMPORT_VERDICT_NOTE = ("(an imported experiment: its runs are the evidence as the result files logged them and "
+                       "nothing is tuned or confirmed here, so where the verdict asks for more tuning trials or "
+                       "confirmation runs, more result files imported into it would decide)")  # fmt: skip
+
+
 def cost_line(cost: dict[str, Any] | None) -> str:
     """`per run 22.3 s on 1,024 accelerators: 6.35 accelerator-hours` (means over an arm's runs, as
     `hpo.mlperf.importer.cost_per_arm` keeps them); '' without a cost."""

@@ -18,7 +18,7 @@ from hpo.engine.liveness import liveness
 from hpo.engine.progress import experiment_progress, trials_done
 from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
-from hpo.mlperf import imported_line
+from hpo.mlperf import IMPORT_VERDICT_NOTE, imported_line
 from hpo.report import figures
 from hpo.report.batch_view import (
     BATCH_FIGURE,
@@ -308,6 +308,8 @@ def _verdict_section(data: ExperimentData) -> str:
             f"<span data-field=round>{escape(data.confirmation_round)}</span>"
             + (f"; about <span data-field=runs_needed>{verdict.runs_needed}</span> runs per arm would likely decide"
                if verdict.runs_needed else "") + ".</p>")  # fmt: skip
+    if data.imported and verdict.outcome is Outcome.NOT_YET:
+        line += f"<p class=note data-field=import_note>{escape(IMPORT_VERDICT_NOTE)}</p>"
     batches = {t.global_batch_size for t in data.trials if t.global_batch_size is not None}
     if batch_study(data.compare) and len(batches) > 1:  # one batch size: nothing across
         line += f"<p class=note data-field=batch_study_note>This is {escape(BATCH_STUDY_NOTE)}, below.</p>"
