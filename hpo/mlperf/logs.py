@@ -292,8 +292,9 @@ def _natural(path: Path) -> list[Any]:
 
 
 def read_text(path: Path, what: str = "an MLPerf result file") -> str:
-    """The file's text: UTF-8, else Latin-1 (as MLPerf's parser reads them); a directory, an empty file and one that
-    is not text (NUL bytes: UTF-16, a binary) are errors naming the file and what to do."""
+    """The file's text: UTF-8 (after a byte order mark, if any), else Latin-1 (as MLPerf's parser reads them); a
+    directory, an empty file and one that is not text (NUL bytes: UTF-16, a binary) are errors naming the file and
+    what to do."""
     if path.is_dir():
         raise ResultFileError(f"{path}: a directory, not {what}: name the file")
     try:
@@ -304,7 +305,7 @@ def read_text(path: Path, what: str = "an MLPerf result file") -> str:
         raise ResultFileError(f"{path}: the file is empty, so not {what} (a copy that did not finish?): name a "
                               "complete one")  # fmt: skip
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte order mark (as some editors save UTF-8) is not part of the text
     except UnicodeDecodeError:
         return data.decode("latin-1")  # as MLPerf's parser reads them
 

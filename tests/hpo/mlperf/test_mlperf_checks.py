@@ -287,6 +287,14 @@ def test_an_empty_file_a_utf16_file_and_a_directory_are_refused_by_name_and_noth
     utf8.parent.mkdir()
     utf8.write_bytes(utf16.read_text(encoding="utf-16").encode())
     assert main(["--db", db, "import", "mlperf", str(utf8), "--name", "x"]) == 0
+    # UTF-8 with a byte order mark (as some editors save it) reads as UTF-8: a log and an RCP file import
+    bom = tmp_path / "bom" / "training_9.9.9" / "rcps_bert.json"
+    bom.parent.mkdir(parents=True)
+    bom.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, [40, 42, 41]) for b in (256, 512)}), encoding="utf-8-sig")
+    log = tmp_path / "bom" / "result_2.txt"
+    log.write_text("\n".join(run_lines(seed=2)) + "\n", encoding="utf-8-sig")
+    assert main(["--db", db, "import", "rcp", str(bom)]) == 0
+    assert main(["--db", db, "import", "mlperf", str(log), "--name", "y"]) == 0
 
 
 def test_a_line_cut_short_says_where_and_what_to_do(tmp_path, capsys):
