@@ -266,6 +266,9 @@ class BatchVerdictPublic(BaseModel):
     line: str = Field(description="The one-line verdict there, with the difference, its interval and the margin.")
     runs_needed: int | None = Field(description="Not yet: about how many runs per arm would likely decide there.")
     differences: list[DifferencePublic] = Field(description="The leading optimizer against the others there.")
+    shared: int = Field(description="Over how many batch sizes the error is shared (the batch sizes the study "
+                        "declares: each verdict is tested at 1 / shared of the level; `differences` give the "
+                        "confidence).")  # fmt: skip
 
 
 class VerdictPublic(BaseModel):
@@ -324,6 +327,7 @@ class VerdictPublic(BaseModel):
                 line=v.line,
                 runs_needed=v.runs_needed,
                 differences=[c.as_dict() for c in v.comparisons],
+                shared=v.shared,
             )  # fmt: skip
             for batch, v in (at_batches or {}).items()
         }

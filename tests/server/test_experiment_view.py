@@ -40,6 +40,7 @@ def test_a_batch_size_studys_view_gives_the_verdict_at_each_batch_size_as_hpo_st
     from fastapi.testclient import TestClient
 
     from hpo.cli.main import main
+    from hpo.evidence.verdict import ALPHA
     from hpo.report.data import load_experiment
     from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
     from hpo.storage import SqlStorage
@@ -61,6 +62,9 @@ def test_a_batch_size_studys_view_gives_the_verdict_at_each_batch_size_as_hpo_st
         b: (v.outcome.value, v.winner, v.line) for b, v in report.items()
     }
     assert {b: v.winner for b, v in report.items()} == {32: "lamb", 64: "lamb"}
+    # the error shared over the 2 batch sizes: each difference's confidence is that of half the level
+    assert [v["shared"] for v in verdict["at_batches"].values()] == [2, 2]
+    assert {d["confidence"] for v in verdict["at_batches"].values() for d in v["differences"]} == {1 - ALPHA / 2}
     batch_lines = verdict["lines"][-3:]
     start = status.index(batch_lines[0])
     assert batch_lines[0].startswith("(a batch-size study") and batch_lines == status[start : start + 3]
