@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from hpo.evidence.verdict import ArmRuns, Outcome, Verdict, arm_runs, batch_size_verdicts, decide, unselected
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_label, arms, batch_study, declared_batch_sizes, trial_config
+from hpo.mlperf import imported
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord, TrialTally
 from hpo.trials import TrialKind, TrialState
 
@@ -102,6 +103,7 @@ class Evidence:
     confirmations: list[TrialRecord]  # every confirmation trial and each arm's unselected best, in number order
     reached: frozenset[str | None]  # the arms with a completed tuning trial that reached the target
     curves: dict[int, list[tuple[int, float]]]  # `stored_curves` of the confirmation trials and of `best`
+    imported: bool = False  # an imported experiment (hpo.mlperf): its runs are all there, none is to come
 
     def verdict(self, spec) -> Verdict:
         return verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
@@ -109,11 +111,13 @@ class Evidence:
     def batch_verdicts(self, spec) -> tuple[list[tuple[int, str, str, ArmRuns]], dict[int, Verdict]]:
         """The verdict at each batch size where two or more optimizers ran, at the current look (`batch_points` of
         the arms' runs `at_look`, and `batch_size_verdicts` of them, the error shared over the batch sizes the
-        study declares): a batch-size study's question."""
+        study declares; an import's, over those compared): a batch-size study's question."""
         evidence, at, looks = at_look(spec, self.best, self.confirmations, self.curves, self.reached)
         points = batch_points(spec, self.best, evidence)
+        # an import's arms are every combination of the values its runs logged: those without runs get none later
+        declared = () if self.imported else declared_batch_sizes(spec)
         verdicts = batch_size_verdicts(((batch, optimizer, runs) for batch, optimizer, _, runs in points),
-                                       spec.verdict.margin, at, looks, declared_batch_sizes(spec))  # fmt: skip
+                                       spec.verdict.margin, at, looks, declared)  # fmt: skip
         return points, verdicts
 
     def deciding(self, spec) -> dict[int | None, Verdict]:
@@ -137,7 +141,8 @@ def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[Tria
     runs = [*storage.list_confirmations(experiment_id), *(t for t in best.values() if unselected(t))]
     runs.sort(key=lambda t: t.number)
     reached = reached_arms(storage.tally_trials(experiment_id) if tallies is None else tallies)
-    return Evidence(best, runs, reached, stored_curves(storage, runs, best.values()))
+    record = storage.get_experiment(experiment_id)
+    return Evidence(best, runs, reached, stored_curves(storage, runs, best.values()), imported(record) is not None)
 
 
 def reached_arms(tallies: Sequence[TrialTally]) -> frozenset[str | None]:

@@ -258,7 +258,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         confirmation_runs={arm.label: arm.samples_to_target for arm in confirmed},
         confirmation_resolution={arm.label: arm.resolution for arm in confirmed},
         verdict_runs={arm.label: arm for arm in at_look_runs} if spec.compare else {},
-        declared_batch_sizes=declared_batch_sizes(spec),
+        declared_batch_sizes=() if imported(record) else declared_batch_sizes(spec),  # an import's runs are all there
     )
     _load_curves(storage, records, data)
     return data

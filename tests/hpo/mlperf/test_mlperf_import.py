@@ -872,3 +872,36 @@ def test_an_import_cut_short_is_not_finished_by_importing_part_of_its_files_agai
     with SqlStorage(db) as storage:
         record = storage.get_experiment_by_name("cut")
         assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
+
+
+def test_an_imports_verdicts_at_each_batch_size_share_the_error_over_the_batch_sizes_compared(tmp_path):
+    """Runs of ADAM and LAMB at 256 and of LAMB alone at 512: the import's arms are every combination of the logged
+    values, but ADAM at 512 has no run and never will (an import holds all its runs), so the verdict at 256 is the
+    only one and has the whole level (a study that runs declares its batch sizes: their runs are to come)."""
+    from hpo.evidence.confirmations import stored_evidence
+    from hpo.evidence.verdict import ALPHA
+    from hpo.experiment import spec_from_stored
+    from hpo.experiment.arms import declared_batch_sizes
+    from hpo.report.data import load_experiment
+    from hpo.report.scaling import batch_verdicts, experiment_runs, scaling_points
+
+    d = tmp_path / "runs"
+    slower = ((1000, 0.70), (2000, 0.71), (3000, 0.73))
+    for seed in (1, 2, 3):
+        write(d / "adam" / f"result_{seed}.txt", run_lines(optimizer="adam", seed=seed, evals=slower))
+        write(d / "lamb" / f"result_{seed}.txt", run_lines(seed=seed, evals=((1000, 0.70), (2000 + seed, 0.73))))
+        write(d / "lamb_512" / f"result_{seed}.txt", run_lines(batch=512, seed=seed))
+    db = db_url(tmp_path)
+    compare = "optimizer,global_batch_size"
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "b", "--compare", compare]) == 0
+    with SqlStorage(db) as storage:
+        record = storage.get_experiment_by_name("b")
+        spec = spec_from_stored(record)
+        _, verdicts = stored_evidence(storage, record.id).batch_verdicts(spec)
+        data = load_experiment(storage, "b", with_noise=False)
+    assert declared_batch_sizes(spec) == (256, 512)  # as a study that runs would declare them
+    assert list(verdicts) == [256] and verdicts[256].shared == 1
+    assert {c.level for c in verdicts[256].comparisons} == {ALPHA}
+    report = batch_verdicts(scaling_points([data], experiment_runs([data])), declared=data.declared_batch_sizes)
+    assert {b: (v.outcome, v.shared, [c.level for c in v.comparisons]) for b, v in report.items()} == {
+        256: (verdicts[256].outcome, 1, [ALPHA])}  # the report's too  # fmt: skip
