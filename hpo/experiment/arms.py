@@ -127,7 +127,7 @@ def arm_subspace(space: SearchSpace, fixed: Mapping[str, Any]) -> SearchSpace:
             continue  # its parent was dropped
         when = {c.key: c.to_yaml() for c in clauses if c.key not in fixed}
         kept[name] = {k: v for k, v in param.items() if k != "when"} | ({"when": when} if when else {})
-    return SearchSpace.from_dict(kept)
+    return SearchSpace.from_dict(kept) if kept else SearchSpace({})  # an arm with nothing to tune
 
 
 def arm_quotas(total: int, n: int) -> list[int]:

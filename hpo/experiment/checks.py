@@ -268,6 +268,11 @@ def _nni_engine_available() -> bool:
 def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     if spec.engine == "nni":  # NNI's tuners, their options, and what NNI's training service can run
         check_nni_spec(spec, source)
+        empty = [plan.label for plan in arm_plans(spec) if not len(plan.space)] if spec.compare else []
+        if empty:  # the local engine runs such an arm's one configuration; NNI's tuners need a search space
+            raise ExperimentFileError(f"{source}: space: arm {empty[0]} has nothing to tune (the space is its compared "
+                                      "keys alone), and NNI's tuners need a search space; run it under engine: local "
+                                      "or give the arms a dimension to tune")  # fmt: skip
         return
     if spec.tuner.name == "asha":  # typed options, checked with the rungs they make
         asha_plan(spec, cfg.budget.max_samples, cfg.eval.every_samples, source)

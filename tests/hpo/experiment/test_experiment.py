@@ -259,6 +259,51 @@ def test_arms_cover_every_combination_of_compare_keys():
     assert arms(no_compare) == [{}] and arm_of(no_compare, {"optimizer.name": "lamb"}) is None
 
 
+def compared_only(tmp_path: Path, tuner: str, engine: str = "local") -> Path:
+    """AdamW against LAMB at one fixed configuration each: the space is the compared key alone, so an arm has
+    nothing to tune; on the simulated runner over the shipped curve table, at a point it recorded."""
+    data = {"name": f"fixed_{tuner}", "base_config": "demo_cpu",
+            "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}},
+            "overrides": {"optimizer.lr": 0.001, "schedule.warmup_steps": 0, "eval.every_samples": 1024,
+                          "eval.max_samples": 512, "eval.target_mlm_accuracy": 0.12, "budget.max_samples": 12288},
+            "compare": ["optimizer.name"], "tuner": {"name": tuner}, "budget": {"trials": 2, "confirm_seeds": 2},
+            "runner": {"name": "simulated", "simulation": {"table": "curves"}}, "engine": engine,
+            "resources": {"gpus": "none", "cpu_slots": 2}}  # fmt: skip
+    return write_experiment(tmp_path, data, f"fixed_{tuner}.yaml")
+
+
+@pytest.mark.parametrize("tuner", ["grid", "random", "smac_bo"])
+def test_arms_with_nothing_to_tune_run_their_one_configuration(tmp_path, tuner, capsys):
+    """The study runs an arm with nothing to tune (hpo.engine.study) and a grid counts it one combination, but the
+    file never loaded: building the arm's empty sub-space raised a traceback. Now each arm trains its fixed
+    configuration, then its confirmation runs, and the verdict compares them."""
+    from hpo.cli.main import main
+
+    path = compared_only(tmp_path, tuner)
+    spec = load_experiment(path)
+    assert [(plan.label, len(plan.space), plan.quota) for plan in arm_plans(spec)] == [
+        ("optimizer.name=adamw", 0, 1), ("optimizer.name=lamb", 0, 1)]  # fmt: skip
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", db, "run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "best", spec.name, "--per-arm"]) == 0
+    best = yaml.safe_load(capsys.readouterr().out)
+    for optimizer in ("adamw", "lamb"):
+        arm = best[f"optimizer.name={optimizer}"]
+        assert arm["params"] == {"optimizer.name": optimizer} and arm["evidence"]["runs"] == 2
+    assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw": 2, "optimizer.name=lamb": 2}
+
+
+def test_under_the_nni_engine_an_arm_with_nothing_to_tune_is_refused_naming_it():
+    """NNI's tuners need a search space: such a file is refused as it loads, naming the arm, not started."""
+    data = make_experiment(base_config=TINY_BASE, space={"optimizer.name": {"choice": ["adamw", "lamb"]}},
+                           allow_unequal_arms=None, engine="nni", tuner={"name": "nni_tpe"})  # fmt: skip
+    with pytest.raises(ExperimentFileError, match=r"<test>: space: arm optimizer.name=adamw has nothing to tune"):
+        experiment_from_dict(data, "<test>")
+    tuned = make_experiment(base_config=TINY_BASE, engine="nni", tuner={"name": "nni_tpe"})
+    assert experiment_from_dict(tuned, "<test>").engine == "nni"  # the shipped shape: a space to tune in each arm
+
+
 def test_every_arm_gets_the_same_number_of_trials_or_the_file_says_why_not():
     """5 trials over 2 arms would give the first arm 3 and the other 2: refused in a new file, with the budgets
     that split; allowed with a reason; read as it ran when stored."""
