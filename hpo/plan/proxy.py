@@ -64,6 +64,8 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
         else:
             held.append(key)
     space = {name: _drop_conditions(param, held) for name, param in space.items()}
+    if data["tuner"]["name"] == "grid":
+        _check_grid_kept(data["space"], space, source)
     fixed = {k: v for k, v in table.meta["fixed"].items() if not table.per_batch or k not in _RUN_LENGTH}
     overrides = {**fixed, **_batch_overrides(table, batches, base, data, space)}
     if WARMUP not in {trainer_key(n) for n in space} and base.schedule.warmup_steps not in _warmups(table, smallest):
@@ -103,6 +105,19 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
 
 
 _RUN_LENGTH = ("budget.max_samples", "eval.every_samples")
+
+
+def _check_grid_kept(file_space: dict[str, Any], space: dict[str, Any], source: str) -> None:
+    """A grid's trials are the combinations of its choices: moved onto the table, a learning rate over the table's
+    range (no longer a choice) or a dimension held at its best (no longer tuned) makes it another grid. HpoError
+    naming them; choices moved value for value (the compared batch sizes) keep it."""
+    changed = [name for name, param in file_space.items()
+               if len(space.get(name, {}).get("choice") or []) != len(param.get("choice") or [])]  # fmt: skip
+    if changed:
+        raise HpoError(f"{source}: tuner grid: its trials are the combinations of its choices, and the move onto the "
+                       f"table would not keep those of {', '.join(changed)} (a learning rate over the table's range, "
+                       "what the table does not vary held at its best): a grid is planned only as it is, over a "
+                       "table that has its values")  # fmt: skip
 
 
 def _check_optimizers(names: list[str], table: CurveTable, source: str, where: str) -> None:

@@ -150,3 +150,39 @@ def test_a_file_shorter_than_the_tables_runs_says_the_fraction_of_a_sample_one_s
     data, assumptions = table_proxy(spec, spec.self_contained(), load_table(TABLES / "curves.jsonl"))
     assert data["runner"]["simulation"]["sample_scale"] == pytest.approx(0.5)
     assert any("one table sample stands for 0.5 of the file's 6,144 samples" in a for a in assumptions), assumptions
+
+
+def pilot_file(tmp_path: Path, space: dict, trials: int) -> Path:
+    """A grid over the GPU preset's base config (BERT-large at batch 448): no table serves it as it is."""
+    file = {"name": "pilot", "base_config": str(ROOT / "trainer/configs/bert_large.yaml"), "space": space,
+            "overrides": {"eval.stop_at_target": False}, "compare": ["optimizer.name"],
+            "allow_unequal_arms": "each optimizer has its own grid of learning rates", "tuner": {"name": "grid"},
+            "budget": {"trials": trials}, "resources": {"gpus": "none", "cpu_slots": 1}}  # fmt: skip
+    path = tmp_path / "pilot.yaml"
+    path.write_text(yaml.safe_dump(file))
+    return path
+
+
+def test_a_grid_the_move_onto_the_table_would_change_is_refused_for_that_not_for_choices_it_has(tmp_path, capsys):
+    """The pilot of the planning page (3 learning rates x 3 seeds per optimizer, all choices): moved onto the table,
+    its learning rates become the table's range and its seeds are held, so the grid would be another; the plan said
+    "tuner grid needs every parameter a choice", of a file whose every parameter is one. Now it names what the move
+    would change; a grid the move keeps (the compared optimizers alone) is moved, a grid still."""
+    space = {"optimizer.name": {"choice": ["adamw", "lamb"]},
+             "optimizer.lr@adamw": {"choice": [5.6e-4, 1.0e-3, 1.78e-3], "when": {"optimizer.name": "adamw"}},
+             "optimizer.lr@lamb": {"choice": [5.6e-3, 1.0e-2, 1.78e-2], "when": {"optimizer.name": "lamb"}},
+             "seed": {"choice": [1, 2, 3]}}  # fmt: skip
+    path = pilot_file(tmp_path, space, trials=18)
+    assert main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "plan", str(path), "--repetitions", "1"]) == 2
+    said = capsys.readouterr().err
+    assert "needs every parameter a choice" not in said
+    moved = re.findall(r"moved onto \S+\.jsonl: ([^;\n]+)", said)
+    assert len(moved) == 2 and all(m.startswith("tuner grid: ") for m in moved), said
+    assert all("optimizer.lr@adamw, optimizer.lr@lamb, seed" in m for m in moved), said
+    assert not (tmp_path / "hpo.db").exists()
+    kept = yaml.safe_load(pilot_file(tmp_path, {"optimizer.name": {"choice": ["adamw", "lamb"]}}, trials=2).read_text())
+    del kept["allow_unequal_arms"]  # both arms tune nothing
+    (tmp_path / "kept.yaml").write_text(yaml.safe_dump(kept))
+    spec = load_experiment(tmp_path / "kept.yaml")
+    data, _ = table_proxy(spec, spec.self_contained(), load_table(TABLES / "curves.jsonl"))
+    assert data["tuner"]["name"] == "grid" and data["space"] == {"optimizer.name": {"choice": ["adamw", "lamb"]}}
