@@ -814,27 +814,32 @@ def test_an_arm_with_several_configurations_leaves_out_the_runs_that_picked_its_
     assert best["verdict"]["runs_per_arm"] == {"optimizer.name=adamw": 2, "optimizer.name=lamb": 3}
 
 
-def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes_it(tmp_path, capsys):
-    """What a killed `hpo import` leaves (its experiment row, running, with no controller): status and resume said
-    `hpo resume`, which then refused it as imported; the same import again finishes it."""
+def three_runs_to_import(tmp_path: Path):
+    """Three logs of one configuration in tmp_path/runs, a database URL, and the plan of their import as `cut`."""
     from hpo.mlperf.importer import plan_mlperf
     from hpo.mlperf.logs import read_result_files, result_files
 
     d = tmp_path / "runs"
     for seed in (1, 2, 3):
         write(d / f"result_{seed}.txt", run_lines(seed=seed))
-    db = db_url(tmp_path)
     plan = plan_mlperf(read_result_files(result_files([str(d)]), None), "cut", ["optimizer", "global_batch_size"], None)
+    return d, db_url(tmp_path), plan
+
+
+def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes_it(tmp_path, capsys):
+    """What a killed `hpo import` leaves (its experiment row, running, with no controller): status and resume said
+    `hpo resume`, which then refused it as imported; the same import again finishes it."""
+    d, db, plan = three_runs_to_import(tmp_path)
     with SqlStorage(db, upgrade=True) as storage:
         storage.create_experiment(plan.name, plan.stored, plan.spec.direction)  # where a SIGKILL stopped it
     assert main(["--db", db, "status", "cut"]) == 0
     out = capsys.readouterr().out
     assert "cut: interrupted" in out and "hpo resume" not in out
+    assert "the import stopped before it finished: run the same `hpo import mlperf` command again to finish it" in out
     assert "imported: 0 of 3 run(s) from 3 file(s)" in out  # it holds none of them yet
     assert main(["--db", db, "report", "cut", "-o", str(tmp_path / "reports")]) == 0
     assert "imported: 0 of 3 run(s) from 3 file(s)" in (tmp_path / "reports" / "cut.html").read_text()
     capsys.readouterr()
-    assert "the import stopped before it finished: run the same `hpo import mlperf` command again to finish it" in out
     assert main(["--db", db, "resume", "cut"]) == 2
     assert ("experiment cut is an import (hpo import mlperf) that stopped before it finished: run the same `hpo "
             "import mlperf` command again to finish it") in capsys.readouterr().err  # fmt: skip
@@ -847,14 +852,9 @@ def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes
 def test_an_import_cut_short_is_not_finished_by_importing_part_of_its_files_again(tmp_path, capsys):
     """The same import with only the files it had stored marked the experiment finished (its other runs never came,
     and status no longer said to run the import again); it stays unfinished and the import says why."""
-    from hpo.mlperf.importer import _Clock, _write_run, plan_mlperf
-    from hpo.mlperf.logs import read_result_files, result_files
+    from hpo.mlperf.importer import _Clock, _write_run
 
-    d = tmp_path / "runs"
-    for seed in (1, 2, 3):
-        write(d / f"result_{seed}.txt", run_lines(seed=seed))
-    db = db_url(tmp_path)
-    plan = plan_mlperf(read_result_files(result_files([str(d)]), None), "cut", ["optimizer", "global_batch_size"], None)
+    d, db, plan = three_runs_to_import(tmp_path)
     with SqlStorage(db, upgrade=True) as storage:
         experiment_id = storage.create_experiment(plan.name, plan.stored, plan.spec.direction)
         _write_run(storage, experiment_id, plan.runs[0], _Clock())  # where a SIGKILL stopped it: one run of three
