@@ -43,7 +43,7 @@ from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.checks import load_checked_samples
-from trainer.data.shards import PretrainingSamples, count_samples
+from trainer.data.shards import PretrainingSamples, count_samples, find_shards
 from trainer.distributed import (
     DistEnv,
     all_gather_scalars,
@@ -231,13 +231,16 @@ _ABSENT = object()  # a key a checkpoint's config does not have (written before 
 
 
 def refuse_before_work(cfg: TrainerConfig) -> None:
-    """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2): optimizer.impl
-    apex where apex does not import, a checkpoint.dir that is a file or cannot be written (it is made here where
-    missing), a model.init_checkpoint that does not exist, and a checkpoint to resume from that cannot be read, or
-    that another model, optimizer, data order (seed, data.shuffle, balance.method; balance.bins and
-    data.max_seq_length where the method bins the sequences by length) or micro-batch wrote, or that another number
-    of ranks saved where this run's plan of the epoch does not reach the same samples (`resumed_batch`); and a
-    schedule.total_steps that ends before a run nothing can stop sooner (`check_decay_horizon`)."""
+    """What the config names and cannot work, refused before any work (`ConfigError`, exit code 2) and before any file
+    of the run is made: optimizer.impl apex where apex does not import, what this machine cannot run as configured (a
+    batch that does not split over micro-batches and ranks, a training set smaller than the batch, a precision or
+    attention kernel it lacks), a log.jsonl or log.mlperf that is a directory or under a file, a checkpoint.dir that
+    is a file or cannot be written (it is made here where missing, last), a model.init_checkpoint that does not
+    exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer, data order (seed,
+    data.shuffle, balance.method; balance.bins and data.max_seq_length where the method bins the sequences by length)
+    or micro-batch wrote, or that another number of ranks saved where this run's plan of the epoch does not reach the
+    same samples (`resumed_batch`); and a schedule.total_steps that ends before a run nothing can stop sooner
+    (`check_decay_horizon`)."""
     check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:
@@ -250,8 +253,16 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
         raise ConfigError(
             f"model.init_checkpoint: {init} {what}; give an HF state dict (.bin/.pt) or .safetensors file, or none"
         )
+    env = dist_env_from_environ()
+    device = pick_device(cfg.device, env)
+    accumulation_steps(cfg, env)  # a batch that does not split
+    check_train_set(cfg)  # a training set smaller than the batch
+    check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
+    for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
+        if path is not None and env.is_main:
+            check_output_file(key, Path(path))
     if cfg.checkpoint.dir is not None:  # after the other refusals: it makes the directory
-        check_checkpoint_dir(Path(cfg.checkpoint.dir), dist_env_from_environ().is_main)
+        check_checkpoint_dir(Path(cfg.checkpoint.dir), env.is_main)
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if path is None:
         return
@@ -369,6 +380,16 @@ def check_checkpoint_dir(directory: Path, saves: bool) -> None:
     except OSError as e:
         raise ConfigError(f"checkpoint.dir: cannot write checkpoints in {directory} ({e.strerror or e}); give a "
                           "directory this user can write") from None  # fmt: skip
+
+
+def check_output_file(key: str, path: Path) -> None:
+    """A file the run writes as it goes (log.jsonl, log.mlperf) is not a directory, nor under a file (its folders are
+    made where missing): `ConfigError` naming the key, before any file of the run is made."""
+    if path.is_dir():
+        raise ConfigError(f"{key}: {path} is a directory; give the path of a file (its folder is made if missing)")
+    if where := file_in_the_way(path.parent):
+        raise ConfigError(f"{key}: {path}'s folder {path.parent} {where}, not a directory; give a path in a "
+                          "directory (it is made if missing)")  # fmt: skip
 
 
 def _earlier_save(latest: Path) -> str:
@@ -973,11 +994,12 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     refuse_before_work(cfg)
     env = dist_env_from_environ()
     device = pick_device(cfg.device, env)
-    # what cannot run as configured here, refused before the MLPerf log (which opening replaces) is touched
-    accumulation_steps(cfg, env)  # a batch that does not split
-    check_train_set(cfg)  # a training set smaller than the batch
-    check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
     init_process_group(env, device)
+    try:  # shards that are not there: the MLPerf log (which opening replaces) is left as it was
+        for spec, key in ((cfg.data.train, "data.train"), (cfg.data.eval, "data.eval")):
+            find_shards(spec, key)
+    except DataError as e:
+        return failed_before_training(cfg, env, reporter, e)
     if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is
         log(env, f"{done} is the checkpoint of a finished run: nothing is left to train (its MLPerf log is kept)")
         mlperf = MLPerfLog(cfg, None)

@@ -113,14 +113,66 @@ def test_a_latest_checkpoint_changed_on_disk_is_refused_not_trained_from(tmp_pat
     assert latest.read_bytes() == data  # nothing removed
 
 
+@pytest.mark.parametrize("key", ["log.jsonl", "log.mlperf"])
 @pytest.mark.parametrize("where", ["directory", "under_a_file"])
-def test_a_report_file_that_cannot_be_written_is_refused_naming_it(tmp_path, capsys, where):
+def test_a_report_or_mlperf_file_that_cannot_be_written_is_refused_naming_it_before_any_file_is_made(
+    tmp_path, capsys, where, key
+):
+    """A log.mlperf under a file was refused after the report file and checkpoint.dir had been made."""
     (tmp_path / "a_file").write_text("x")
-    jsonl = tmp_path if where == "directory" else tmp_path / "a_file" / "report.jsonl"
-    code, err, _ = cli(tmp_path, capsys, **{"log.jsonl": str(jsonl)})
+    path = tmp_path if where == "directory" else tmp_path / "a_file" / "out.txt"
+    ck, report = tmp_path / "new" / "ck", tmp_path / "new" / "report.jsonl"
+    other = {"log.jsonl": str(report)} if key == "log.mlperf" else {}
+    code, err, _ = cli(tmp_path, capsys, **{key: str(path), "checkpoint.dir": str(ck)}, **other)
     assert code == 2, err
-    assert err.startswith(f"error: log.jsonl: cannot write the report file {str(jsonl)!r}"), err
+    said = {
+        "directory": f"{path} is a directory; give the path of a file (its folder is made if missing)",
+        "under_a_file": f"{path}'s folder {path.parent} is a file, not a directory; give a path in a directory",
+    }[where]
+    assert err.startswith(f"error: {key}: {said}"), err
     assert "Traceback" not in err and "training BERT" not in err
+    assert not (tmp_path / "new").exists() and (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"batch.global_batch_size": 30},
+        {"model.attention": "varlen"},
+        {"precision.dtype": "fp16"},
+        {"batch.global_batch_size": 400},  # more than the training set's 96 sequences
+    ],
+    ids=["batch-that-does-not-split", "varlen-on-cpu", "fp16-on-cpu", "batch-larger-than-the-data"],
+)
+def test_a_run_this_machine_refuses_makes_no_report_file_and_no_checkpoint_dir(tmp_path, capsys, override):
+    """These were refused (exit 2, nothing trained) after `python -m trainer` had made the report file, empty, and
+    checkpoint.dir, with the folders above them."""
+    new = tmp_path / "new"
+    settings = {"log.jsonl": str(new / "report.jsonl"), "checkpoint.dir": str(new / "ck"), **override}
+    code, err, _ = cli(tmp_path, capsys, **settings)
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
+    assert not new.exists()
+
+
+def test_missing_training_data_is_named_by_its_key_and_leaves_the_mlperf_log_of_the_last_run_as_it_was(
+    tmp_path, capsys, monkeypatch
+):
+    """A data.train that does not exist (a typo, or a relative path run from another folder) replaced the last run's
+    MLPerf log with a 7-line start, and the message named neither the key nor why no shard was found."""
+    mlperf = tmp_path / "mlperf.log"
+    code, err, _ = cli(tmp_path, capsys, **{"log.mlperf": str(mlperf), "budget.max_samples": 16})
+    assert code == 0, err
+    kept = mlperf.read_text()
+    monkeypatch.chdir(tmp_path)
+    code, err, records = cli(tmp_path, capsys, **{"log.mlperf": str(mlperf), "data.train": "data/trian"})
+    assert code == 1, err
+    said = (f"data.train: no shard files found for 'data/trian' (it does not exist; a relative path is read from the "
+            f"current directory, {tmp_path}): give a directory with *.h5/*.hdf5 files")  # fmt: skip
+    assert err.startswith(f"error: {said}"), err
+    assert "Traceback" not in err and "training BERT" not in err
+    assert mlperf.read_text() == kept
+    final = records[-1]
+    assert final["status"] == "failed" and final["error"] == "data" and final["reason"].startswith(said), final
 
 
 def test_a_missing_init_checkpoint_is_refused_before_any_work(tmp_path, capsys):
@@ -648,7 +700,7 @@ def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_
     ("wrong", "code", "said"),
     [
         ({"optimizer.lrr": 1}, 2, "invalid trainer config (defaults + overrides):\n  optimizer.lrr: "),
-        ({"data.train": "{tmp_path}/missing"}, 1, "no shard files found for '{tmp_path}/missing'"),
+        ({"data.train": "{tmp_path}/missing"}, 1, "data.train: no shard files found for '{tmp_path}/missing'"),
     ],
     ids=["config", "data"],
 )

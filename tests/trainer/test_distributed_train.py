@@ -241,7 +241,7 @@ def garbage_weights(tmp_path) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("settings", "said"),
     [
-        (lambda tmp_path: {"data.train": str(tmp_path / "missing")}, "error: no shard files found for "),
+        (lambda tmp_path: {"data.train": str(tmp_path / "missing")}, "error: data.train: no shard files found for "),
         (unreadable_shard, "part-00000.h5: not a readable HDF5 file"),
         (garbage_weights, "(model.init_checkpoint): not tensors that torch.load reads"),
     ],

@@ -39,7 +39,7 @@ def load_checked_samples(
         check_rows(part, path, model)
         summary.add(path, part)
 
-    samples = load_samples(spec, limit, check, max_seq_length)
+    samples = load_samples(spec, limit, check, max_seq_length, key)
     summary.require_rows_and_masks(spec, key)
     summary.warn_empty_shards(key)
     return samples

@@ -131,29 +131,36 @@ def read_shard(path) -> PretrainingSamples:
     return samples
 
 
-def find_shards(spec: str) -> list[Path]:
-    """The shard files named by `spec`: a directory (its *.h5 / *.hdf5 files), one file, or a glob; sorted."""
+def find_shards(spec: str, key: str | None = None) -> list[Path]:
+    """The shard files named by `spec`: a directory (its *.h5 / *.hdf5 files), one file, or a glob; sorted.
+    `DataError` where it names none, saying why (a directory without shards, a path that does not exist, a glob that
+    matches no file), prefixed with the config `key` (data.train, data.eval) when given."""
     path = Path(spec)
     if path.is_dir():
         found = [p for p in path.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file()]
+        why = "a directory without *.h5/*.hdf5 files"
     elif path.is_file():
         found = [path]
     else:
         found = [Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file()]
+        why = "a pattern that matches no file" if glob.has_magic(spec) else "it does not exist"
+        if not path.is_absolute():
+            why += f"; a relative path is read from the current directory, {Path.cwd()}"
     if not found:
         raise DataError(
-            f"no shard files found for {spec!r}: give a directory with *.h5/*.hdf5 files, a file or a glob "
-            "(create shards with `python -m trainer.data.prepare` or `python -m trainer.data.demo_corpus`)"
+            f"{key + ': ' if key else ''}no shard files found for {spec!r} ({why}): give a directory with "
+            "*.h5/*.hdf5 files, a file or a glob (create shards with `python -m trainer.data.prepare` or "
+            "`python -m trainer.data.demo_corpus`)"
         )
     return sorted(found)
 
 
-def count_samples(spec: str) -> int:
+def count_samples(spec: str, key: str | None = None) -> int:
     """How many samples the shards named by `spec` hold, read from each file's HDF5 header (no rows are read): what
     `load_samples` loads without a limit. `DataError` naming a shard that cannot be opened or has no input_ids array
     (the checks of `read_shard` then say more)."""
     total = 0
-    for path in find_shards(spec):
+    for path in find_shards(spec, key):
         try:
             with h5py.File(path, "r") as f:
                 rows = f.get("input_ids")
@@ -170,14 +177,15 @@ def load_samples(
     limit: int | None = None,
     check: Callable[[PretrainingSamples, Path], None] | None = None,
     max_seq_length: int | None = None,
+    key: str | None = None,
 ) -> PretrainingSamples:
-    """All samples of the shards named by `spec` in file order, or only the first `limit` of them, each row cut
-    to `max_seq_length` tokens when given (`PretrainingSamples.truncated`).
+    """All samples of the shards named by `spec` (the config key `key`, for messages) in file order, or only the
+    first `limit` of them, each row cut to `max_seq_length` tokens when given (`PretrainingSamples.truncated`).
 
     `check(part, path)` is called with the samples taken from each shard (row numbers are the shard's own).
     """
     parts, total = [], 0
-    for path in find_shards(spec):
+    for path in find_shards(spec, key):
         if limit is not None and total >= limit:
             break
         part = read_shard(path)

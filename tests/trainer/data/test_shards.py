@@ -152,6 +152,22 @@ def test_find_shards_directory_glob_and_file(tmp_path):
         find_shards(str(tmp_path / "missing" / "*.h5"))
 
 
+def test_find_shards_says_why_it_found_none_and_names_the_key(tmp_path):
+    """It said "no shard files found" alike for a path that does not exist, an empty directory and a glob that
+    matches nothing, without the config key."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a shard")
+    cases = {
+        str(tmp_path / "empty"): "(a directory without *.h5/*.hdf5 files)",
+        str(tmp_path / "missing"): "(it does not exist)",
+        str(tmp_path / "*.hdf5"): "(a pattern that matches no file)",
+    }
+    for spec, why in cases.items():
+        with pytest.raises(DataError) as caught:
+            find_shards(spec, "data.train")
+        assert str(caught.value).startswith(f"data.train: no shard files found for {spec!r} {why}: "), caught.value
+
+
 def test_load_samples_concatenates_in_file_order_and_limits(tmp_path):
     first, second = make_samples([10, 11, 12], seq_len=32, seed=1), make_samples([20, 21], seq_len=32, seed=2)
     write_shard(tmp_path / "part-00000.h5", first)
