@@ -35,6 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.config is None and not args.overrides and not args.print_config:  # as a config file that sets nothing
+        return refuse(ConfigError(
+            f"no config given: pass --config FILE, or the name of a shipped config ({shipped_config_names()}); with "
+            "nothing given the trainer would train BERT-large with every default (to do so, pass a file holding {})"
+        ))  # fmt: skip
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

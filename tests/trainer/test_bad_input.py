@@ -729,3 +729,15 @@ def test_an_error_of_a_rank_past_0_is_said_only_where_torchrun_does_not_end_it(
         assert err == ""
     else:
         assert err.startswith(f"error (rank 1): {said.format(tmp_path=tmp_path)}"), err
+
+
+def test_the_trainer_run_with_nothing_given_is_refused_not_trained_as_bert_large(tmp_path, capsys, monkeypatch):
+    """`python -m trainer` alone trained BERT-large with every default (on the CPU, from data/demo where it is there),
+    as a config file that sets nothing did before it was refused; --print-config alone still prints the defaults."""
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no config given: pass --config FILE, or the name of a shipped config ("), err
+    assert "(to do so, pass a file holding {})" in err and not list(tmp_path.iterdir())
+    assert main(["--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["num_hidden_layers"] == 24
