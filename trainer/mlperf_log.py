@@ -35,7 +35,8 @@ The events, in the order they are written (BERT counts epochs in training sample
    metadata `status` "success" when the run reached eval.target_mlm_accuracy and "aborted" otherwise (budget
    spent, diverged, out of memory, crashed), `train_samples` (sequences trained) and `eval_samples` (the size
    of the evaluation set). A run whose data is refused before any step stops after `init_start` and the
-   submission keys: it never started.
+   submission keys: it never started. One whose data.train or data.eval names no shard file writes no log (the last
+   run's stays as it was).
 
 What the log does not make MLPerf-compliant by itself: the shards are read and checked before `run_start`
 (inside the init interval), while MLPerf's closed rules start the clock when the data is first touched; a

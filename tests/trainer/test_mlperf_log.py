@@ -345,9 +345,21 @@ def test_a_log_that_cannot_be_written_names_the_field(tmp_path):
 
 
 def test_a_run_whose_data_is_refused_never_starts(tmp_path):
-    train_dir = tmp_path / "empty"
+    train_dir = tmp_path / "damaged"
     train_dir.mkdir()
+    (train_dir / "part-00000.h5").write_bytes(b"not HDF5")  # found, and refused as it is read
     result, log = train_logged(tmp_path, **{"data.train": str(train_dir)})
     assert result.status is TrainStatus.FAILED and result.error == "data"
     keys = [e["key"] for e in events(log)]
     assert keys[:2] == ["cache_clear", "init_start"] and "run_start" not in keys and "run_stop" not in keys
+
+
+def test_a_run_whose_data_names_no_shard_writes_no_log(tmp_path):
+    """A data.train or data.eval without shards (missing, an empty directory) is refused before the log is opened,
+    which would replace the last run's log with a start."""
+    (tmp_path / "empty").mkdir()
+    for key, spec in (("data.train", tmp_path / "empty"), ("data.eval", tmp_path / "missing")):
+        result, log = train_logged(tmp_path, **{key: str(spec)})
+        assert result.status is TrainStatus.FAILED and result.error == "data"
+        assert result.reason.startswith(f"{key}: no shard files found for {str(spec)!r}"), result.reason
+        assert not log.exists()
