@@ -66,10 +66,12 @@ def check_nni_spec(spec: Any, source: str) -> None:
     allowed = _COMMON_OPTIONS + _OPTIONS.get(name, ())
     for key in spec.tuner.options:
         if key not in allowed:
-            raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {name}; known: {allowed}")
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {name} under engine: nni "
+                                      f"(it understands {', '.join(allowed)}); remove it")  # fmt: skip
     assessor = spec.tuner.options.get("assessor", "medianstop")
     if assessor not in ("medianstop", "none"):
         raise ExperimentFileError(f"{source}: tuner.options.assessor: {assessor!r}; use medianstop or none")
+    _check_whole_numbers(spec, source)
     host = spec.tuner.options.get("webui_host")
     if host is not None and (not isinstance(host, str) or not host.strip()):
         raise ExperimentFileError(f"{source}: tuner.options.webui_host: {host!r}; use an address of this machine "
@@ -89,6 +91,30 @@ def check_nni_spec(spec: Any, source: str) -> None:
             f"{source}: resources.memory_limit_mb: NNI's training service cannot limit a trial's memory; "
             "remove it or use engine: local"
         )
+
+
+# Whole-number options under engine nni and the values each takes: from NNI's own class-argument checks (Medianstop's
+# start_step 0..9999, Evolution's population_size up to 99999), less what fails or means nothing once NNI runs it
+# (population_size 0: "RuntimeError: The population is empty"; no initial design for SMAC, as under smac_bo).
+_WHOLE_NUMBER_OPTIONS = {"assessor_start_step": (0, 9999), "population_size": (1, 99999),
+                         "n_initial_configs": (1, None)}  # fmt: skip
+
+
+def _check_whole_numbers(spec: Any, source: str) -> None:
+    """The whole-number options, which NNI's manager would pass on unchecked: a wrong one fails (or asks for
+    something else) only once the tuner or assessor runs, after the experiment was written."""
+    options = spec.tuner.options
+    for key, (low, high) in _WHOLE_NUMBER_OPTIONS.items():
+        if key not in options:
+            continue
+        value = options[key]
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise ExperimentFileError(f"{source}: tuner.options.{key}: expected a whole number {span} (got {value!r})")
+    if "assessor_start_step" in options and options.get("assessor", "medianstop") == "none":
+        raise ExperimentFileError(f"{source}: tuner.options.assessor_start_step: applies to the medianstop assessor, "
+                                  "and assessor is none; remove it or use assessor: medianstop")  # fmt: skip
 
 
 def nni_id(experiment_id: int, arm: int) -> str:

@@ -170,6 +170,51 @@ def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, messa
         spec_of(tmp_path, **change)
 
 
+MEDIANSTOP = {"assessor": "medianstop"}
+
+
+@pytest.mark.parametrize(
+    ("tuner", "options", "message"),
+    [
+        ("nni_evolution", {"population_size": 0}, r"population_size: expected a whole number from 1 to 99999 \(got 0"),
+        ("nni_evolution", {"population_size": "abc"}, r"population_size: expected a whole number .* \(got 'abc'\)"),
+        ("nni_evolution", {"population_size": 2.5}, r"population_size: expected a whole number .* \(got 2.5\)"),
+        ("nni_smac", {"n_initial_configs": 0}, r"n_initial_configs: expected a whole number >= 1 \(got 0\)"),
+        ("nni_smac", {"n_initial_configs": True}, r"n_initial_configs: expected a whole number >= 1 \(got True\)"),
+        ("nni_tpe", {**MEDIANSTOP, "assessor_start_step": -3}, r"assessor_start_step: expected a whole number from 0 "),
+        ("nni_tpe", {**MEDIANSTOP, "assessor_start_step": "abc"}, r"assessor_start_step: expected a whole number "),
+        ("nni_tpe", {"assessor": "none", "assessor_start_step": 3}, r"assessor_start_step: applies to the medianstop"),
+    ],
+)
+def test_tuner_options_nni_would_fail_on_or_ignore_are_refused_naming_the_option(tmp_path, tuner, options, message):
+    """Refused at validation, before anything is written: NNI's manager passes these on, and its tuner or assessor
+    fails on them (population_size 0: "The population is empty"; a text: a traceback of ours) or runs without them
+    only once the experiment was recorded and its NNI experiment started."""
+    with pytest.raises(ExperimentFileError, match=f"^exp.yaml: tuner.options.{message}"):
+        spec_of(tmp_path, tuner=tuner, options=options)
+
+
+@pytest.mark.parametrize("start_step", [-1, 0, 9999, 10000])
+def test_assessor_start_step_takes_what_nnis_own_medianstop_check_takes(tmp_path, start_step):
+    """NNI's own class-argument check of its Medianstop assessor is the reference (its manager does not run it)."""
+    from nni.algorithms.hpo.medianstop_assessor import MedianstopClassArgsValidator
+    from schema import SchemaError
+
+    try:
+        MedianstopClassArgsValidator().validate_class_args(optimize_mode="maximize", start_step=start_step)
+        nni_takes = True
+    except SchemaError:
+        nni_takes = False
+    try:
+        spec = spec_of(tmp_path, options={**MEDIANSTOP, "assessor_start_step": start_step})
+    except ExperimentFileError:
+        assert not nni_takes
+        return
+    assert nni_takes
+    config = nni_experiment_config(spec, arm_plans(spec)[0], tmp_path / "run", "true", tmp_path, False)
+    assert config["assessor"]["classArgs"]["start_step"] == start_step
+
+
 @pytest.mark.parametrize("budget", [{"confirm_seeds": 3}, {"confirm_seeds": "auto", "max_confirm_seeds": 6}])
 def test_confirmation_seeds_run_under_nni(tmp_path, budget):
     spec = spec_of(tmp_path, space=ARM_SPACE, compare=["optimizer.name"], budget=budget)
