@@ -20,6 +20,7 @@ from hpo.errors import HpoError, StorageError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import arms, in_arm_order
 from hpo.mlperf import imported
+from hpo.nni.config import replaced_by_resume
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord, TrialTally
 from hpo.storage.retry import without_waiting
 from hpo.trials import TrialKind, TrialState, objective_text
@@ -220,8 +221,19 @@ def experiment_progress(storage: Storage, record, tallies: Sequence[TrialTally] 
     budget, planned = _planned(record)
     if record.status is ExperimentStatus.FINISHED:  # auto confirmations plan up to a cap and may end before it
         planned = created
-    return trials_done(_finished(tuning), max(budget, sum(t.trials for t in tuning)),
+    replaced = _replaced(storage, record, tuning)  # engine: nni: not of the budget, a new trial took each one's place
+    return trials_done(_finished(tuning) - replaced, max(budget, sum(t.trials for t in tuning) - replaced),
                        _finished(confirmations), max(planned, created))  # fmt: skip
+
+
+def _replaced(storage: Storage, record, tuning: Sequence[TrialTally]) -> int:
+    """engine: nni: the tuning trials a stop interrupted that a resume replaced by new ones (failed, never charged,
+    `hpo.nni.config.replaced_by_resume`); read only when the experiment has a failed tuning trial."""
+    if record.spec.get("experiment", {}).get("engine") != "nni" or not any(
+            t.state is TrialState.FAILED for t in tuning):  # fmt: skip
+        return 0
+    failed = storage.list_trials(record.id, state=TrialState.FAILED)
+    return sum(replaced_by_resume(t.kind.value, t.state.value, t.reason) for t in failed)
 
 
 def _finished(tallies: Sequence[TrialTally]) -> int:

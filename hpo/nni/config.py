@@ -117,6 +117,16 @@ def _check_whole_numbers(spec: Any, source: str) -> None:
                                   "and assessor is none; remove it or use assessor: medianstop")  # fmt: skip
 
 
+INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (never charged to its arm)
+
+
+def replaced_by_resume(kind: str, state: str, reason: str | None) -> bool:
+    """Whether a trial row (its kind, state and reason, as stored) is a tuning trial a stop interrupted and a resume
+    replaced by a new trial (see `hpo.nni.jobs.settle_interrupted`): never charged to its arm, so it is no trial of
+    the arm's budget.trials share, which the new trial fills."""
+    return kind == "tuning" and state == "failed" and (reason or "").startswith(INTERRUPTED)
+
+
 def nni_id(experiment_id: int, arm: int) -> str:
     """The NNI experiment id of an arm (unique within the experiment's run directory)."""
     return f"hpo{experiment_id}-arm{arm}"

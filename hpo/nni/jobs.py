@@ -17,6 +17,7 @@ from typing import Any
 from hpo.errors import HpoError
 from hpo.experiment.arms import ArmPlan
 from hpo.nni.config import (
+    INTERRUPTED,
     confirmation_nni_id,
     database_url_file,
     nni_home,
@@ -38,7 +39,6 @@ from hpo.storage.base import NNI_WEBUI_KEY
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
 
-INTERRUPTED = "interrupted: "  # the reason's start of a trial a stop ended (never charged to its arm)
 DISK_FULL = INTERRUPTED + "its disk is full: "  # a trial that could not write for a full disk (`hpo.nni.trial`)
 STOPPED_FOR_DISK = "stopped for a full disk: "  # how `watch` says an arm's NNI experiment ended for one
 NNI_ERROR = "ended by an NNI error: "  # how `watch` says NNI ended an experiment itself
@@ -113,8 +113,8 @@ def charged(storage, experiment_id: int, plan: ArmPlan) -> int:
 def interrupted(row) -> bool:
     """Whether a trial of the NNI engine was ended by a stop of its NNI experiment (never charged): INTERRUPTED,
     or, a tuning trial a resume replaced by a new one, failed with a reason starting "interrupted: "."""
-    replaced = row.state is TrialState.FAILED and (row.reason or "").startswith(INTERRUPTED)
-    return row.state is TrialState.INTERRUPTED or replaced
+    failed = row.state is TrialState.FAILED and (row.reason or "").startswith(INTERRUPTED)
+    return row.state is TrialState.INTERRUPTED or failed
 
 
 REPLACED = "; a resume replaced it by a new trial (NNI's tuner generates every configuration of an arm)"

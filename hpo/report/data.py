@@ -174,6 +174,7 @@ class ExperimentData:
     curves: dict[int, Curve] = field(default_factory=dict)  # trial number -> curve (the top trials of each arm)
     simulated: str | None = None  # a simulated experiment's cost line (hpo.simulation.cost); None for a real one
     nni_webui: tuple[dict[str, Any], ...] = ()  # engine: nni: where each NNI experiment's web UI was last served
+    engine: str = "local"  # spec.engine
     rungs: dict[str, ArmRungs] = field(default_factory=dict)  # arm -> its rungs; empty unless multi-fidelity
     confirmation_plan: str = ""  # budget.confirm_seeds in words (Budget.confirmation_plan)
     confirmation_round: str = ""  # where the confirmation rounds stand (hpo.evidence.confirmations.round_line)
@@ -251,6 +252,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
         verdict=verdict if spec.compare else None,
         simulated=simulated_line(spec, records),
         nni_webui=tuple(record.nni_webui),
+        engine=spec.engine,
         rungs=promotion_rungs(records, int(cfg.budget.max_samples), metric),
         confirmation_plan=spec.budget.confirmation_plan(),
         confirmation_round=round_line(spec, records, best) if spec.compare else "",

@@ -19,6 +19,7 @@ from hpo.engine.progress import experiment_progress, trials_done
 from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.mlperf import IMPORT_VERDICT_NOTE, imported_line
+from hpo.nni.config import replaced_by_resume
 from hpo.report import figures
 from hpo.report.batch_view import (
     BATCH_FIGURE,
@@ -162,7 +163,10 @@ def _planned(data: ExperimentData) -> int:
 
 
 def _count(data: ExperimentData, kind: str, finished: bool = False) -> int:
-    return sum(1 for t in data.trials if t.kind == kind and (not finished or t.outcome != "unfinished"))
+    """The trials of a kind (`finished`: that ended); an engine: nni tuning trial a resume replaced by a new one is
+    none of the budget's (`hpo.nni.config.replaced_by_resume`)."""
+    return sum(1 for t in data.trials if t.kind == kind and (not finished or t.outcome != "unfinished")
+               and not (data.engine == "nni" and replaced_by_resume(t.kind, t.state, t.reason)))  # fmt: skip
 
 
 def _progress(data: ExperimentData) -> str:

@@ -231,3 +231,34 @@ def test_an_interrupted_tuning_trial_keeps_a_reason_starting_interrupted(tmp_pat
     settle_interrupted(storage, eid)
     record = storage.get_trial(cut)
     assert record.state is TrialState.FAILED and record.reason.startswith(INTERRUPTED) and interrupted(record)
+
+
+def test_progress_counts_the_budget_not_the_tuning_trials_a_resume_replaced(tmp_path):
+    """`hpo status`, its listing and the report say how many of budget.trials are done: a tuning trial a stop
+    interrupted and a resume replaced (failed, never charged) is none of them, the new trial in its place is (the
+    progress said 5/5 of a budget of 4, and 4/5 while the last trial ran)."""
+    import re
+
+    from hpo.engine.progress import experiment_progress
+    from hpo.report.data import load_experiment
+    from hpo.report.html import experiment_page
+
+    spec, storage, eid = experiment(tmp_path, {})  # budget.trials 4: 2 per arm
+    tuned(storage, eid, ADAMW, 1e-3, 40.0)
+    tuned(storage, eid, LAMB, 2e-3, 30.0)
+    cut = storage.create_trial(eid, TrialSpec(None, {"optimizer.name": "adamw", "optimizer.lr@adamw": 2e-3}, ADAMW))
+    storage.mark_trial_running(cut, worker="nni:cut01")
+    storage.interrupt_trial(cut, INTERRUPTED + "the NNI experiment was stopped by the user (Ctrl-C)")
+    settle_interrupted(storage, eid)  # what `hpo resume` does first
+
+    def progress() -> tuple[str, str]:
+        record = storage.get_experiment(eid)
+        page = experiment_page(load_experiment(storage, spec.name, with_noise=False))
+        return experiment_progress(storage, record), re.search(r"data-field=progress>([^<]*)<", page)[1]
+
+    assert progress() == ("2/4 tuning trials done",) * 2  # two of the four completed; the replaced one is no trial
+    tuned(storage, eid, ADAMW, 3e-3, 35.0)  # the new trial in its place
+    assert progress() == ("3/4 tuning trials done",) * 2
+    tuned(storage, eid, LAMB, 4e-3, 33.0)
+    assert sum(charged(storage, eid, plan) for plan in arm_plans(spec)) == spec.budget.trials == 4
+    assert progress() == ("4/4 tuning trials done",) * 2
