@@ -363,7 +363,7 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
         record_webui(storage, experiment_id, run_dir)
         if busy:
             say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
-        runs = f"{plan.quota} confirmation runs" if confirmation else f"{plan.quota} trials"
+        runs = quota_text(plan.quota, confirmation)
         say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
                     f"(NNI experiment {experiment.nni_id}, {runs})")  # fmt: skip
         trials_before = storage.count_trials(experiment_id)
@@ -387,6 +387,12 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
         record_webui(storage, experiment_id, run_dir)  # the stored links lose it with the run directory's list
         raise error
     return ending, jobs
+
+
+def quota_text(quota: int, confirmation: bool) -> str:
+    """What an arm's NNI experiment runs, as its start line says it: `2 trials`, `1 trial`, `3 confirmation runs`."""
+    noun = "confirmation run" if confirmation else "trial"
+    return f"{quota} {noun}{'' if quota == 1 else 's'}"
 
 
 def _failed_start(run_dir: Path, experiment: NniExperiment, cause: str, retry: bool = False) -> NniStartError:

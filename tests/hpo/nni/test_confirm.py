@@ -262,3 +262,14 @@ def test_progress_counts_the_budget_not_the_tuning_trials_a_resume_replaced(tmp_
     tuned(storage, eid, LAMB, 4e-3, 33.0)
     assert sum(charged(storage, eid, plan) for plan in arm_plans(spec)) == spec.budget.trials == 4
     assert progress() == ("4/4 tuning trials done",) * 2
+
+
+@pytest.mark.parametrize(("quota", "confirmation", "said"), [(1, False, "1 trial"), (2, False, "2 trials"),
+                                                              (1, True, "1 confirmation run"),
+                                                              (3, True, "3 confirmation runs")])  # fmt: skip
+def test_an_arms_start_line_counts_its_trials_in_words(quota, confirmation, said):
+    """`NNI web UI at ... (NNI experiment hpo1-arm0-r1, 1 trial)`: a resume of an arm with one trial left said
+    `1 trials`."""
+    from hpo.nni.engine import quota_text
+
+    assert quota_text(quota, confirmation) == said
