@@ -211,7 +211,9 @@ class Storage(abc.ABC):
     - One live controller per experiment: `claim_controller` succeeds for a free experiment, for one whose
       holder stopped heartbeating, or for the holder itself; `heartbeat` keeps the claim.
     - `objective` is stored as reported. The best trial is the COMPLETED trial with the lowest objective in a
-      "minimize" experiment, the highest in a "maximize" one; ties go to the lowest trial number. Trials
+      "minimize" experiment, the highest in a "maximize" one; ties go to the lowest trial number, except that a
+      short rung of a multi-fidelity tuner yields to its configuration's trial at the largest budget with the same
+      objective (a promotion continues the run of its lower rung, and ties it where it did not improve). Trials
       without an objective, trials that diverged, failed or timed out, and confirmation trials (re-runs of a
       best configuration with other seeds) are never the best.
     - `finish_trial` keeps the trial's late-training noise scale (`hpo.storage.noise.late_noise` of its stored

@@ -25,6 +25,7 @@ from hpo.storage.base import (
 )
 from hpo.storage.models import TrialMetricModel, TrialModel
 from hpo.storage.statements import (
+    _SAME_OBJECTIVE_FURTHER,
     _STATES,
     _VERSION,
     TRIAL_RECORD_COLUMNS,
@@ -258,13 +259,29 @@ class TrialReads:
     ) -> TrialRecord | None:
         with self._session() as session:
             best = session.scalars(*self._best(session, experiment_id, arm, global_batch_size, id_only=False)).first()
-            return None if best is None else _trial_record(best)
+            return None if best is None else _trial_record(self._further(session, best))
 
     def best_trial_id(
         self, experiment_id: int, *, arm: str | None = None, global_batch_size: int | None = None
     ) -> int | None:
         with self._session() as session:
-            return session.execute(*self._best(session, experiment_id, arm, global_batch_size, id_only=True)).scalar()
+            best = session.execute(*self._best(session, experiment_id, arm, global_batch_size, id_only=True)).first()
+            if best is None or best.budget >= 1:  # a full-budget trial: the answer without reading its row
+                return None if best is None else best.id
+            return self._further(session, session.get(TrialModel, best.id)).id
+
+    @staticmethod
+    def _further(session: Session, best: TrialModel) -> TrialModel:
+        """`best`, or where it ran a short rung of a multi-fidelity tuner, its configuration's trial at the largest
+        budget with the same objective: a promotion continues the run of its lower rung, and one that did not
+        improve on it ties; the tie goes to the run that trained the most of the budget, not to the short one."""
+        if best.budget >= 1:
+            return best
+        further = session.scalars(
+            _SAME_OBJECTIVE_FURTHER,
+            {"experiment_id": best.experiment_id, "arm": best.arm, "objective": best.objective, "budget": best.budget},
+        )
+        return next((t for t in further if t.params == best.params), best)
 
     def _best(
         self, session: Session, experiment_id: int, arm: str | None, global_batch_size: int | None, *, id_only: bool
@@ -296,4 +313,4 @@ class TrialReads:
                 for arm in arms
             ]
             trials = session.scalars(select(TrialModel).where(TrialModel.id.in_(best_ids)).order_by(TrialModel.arm))
-            return {trial.arm: _trial_record(trial) for trial in trials}
+            return {trial.arm: _trial_record(self._further(session, trial)) for trial in trials.all()}

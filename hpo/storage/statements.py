@@ -187,14 +187,32 @@ def _best_trial_query(direction: Direction, conditions: list[ColumnElement[bool]
 @functools.cache
 def _best_trial_statement(direction: Direction, by_arm: bool, by_batch: bool, id_only: bool = False) -> Select:
     """`_best_trial_query` with bound parameters `experiment_id` (and `arm`, `global_batch_size`); with `id_only`
-    it selects only the trial's id (no row to build into an object)."""
+    it selects only the trial's id and budget (no row to build into an object)."""
     conditions = [TrialModel.experiment_id == bindparam("experiment_id")]
     if by_arm:
         conditions.append(TrialModel.arm == bindparam("arm"))
     if by_batch:
         conditions.append(TrialModel.global_batch_size == bindparam("global_batch_size"))
     query = _best_trial_query(direction, conditions)
-    return query.with_only_columns(TrialModel.id) if id_only else query
+    return query.with_only_columns(TrialModel.id, TrialModel.budget) if id_only else query
+
+
+# The completed tuning trials of an experiment and arm with a given objective at a larger budget than a given
+# one (bound parameters `experiment_id`, `arm`, `objective`, `budget`), the largest budget first: where a
+# multi-fidelity tuner's best trial ran a short rung, its configuration's promotions with the same objective are
+# among them (`TrialReads._further`).
+_SAME_OBJECTIVE_FURTHER = (
+    select(TrialModel)
+    .where(
+        TrialModel.experiment_id == bindparam("experiment_id"),
+        TrialModel.state == TrialState.COMPLETED.value,
+        TrialModel.objective == bindparam("objective"),
+        TrialModel.arm.is_not_distinct_from(bindparam("arm")),
+        TrialModel.budget > bindparam("budget"),
+        func.coalesce(TrialModel.kind, TrialKind.TUNING.value) == TrialKind.TUNING.value,
+    )
+    .order_by(TrialModel.budget.desc(), TrialModel.number)
+)
 
 
 def _state_values(state: TrialState | Collection[TrialState] | None) -> list[str] | None:

@@ -679,6 +679,35 @@ def test_best_trial_ties_go_to_the_earliest_trial(storage: SqlStorage):
     assert storage.best_trial(experiment_id).number == 2
 
 
+@pytest.mark.parametrize("arm", [None, "lamb"])
+def test_a_best_short_rung_yields_to_its_configurations_promotion_with_the_same_objective(storage, arm):
+    """Under asha or smac_hyperband a promotion continues its lower rung's run, so one that did not improve on it
+    has the same objective: the best is then the run that trained the most of the budget (what `hpo export` and
+    the report name), not the short rung that came first; another configuration's tie still goes by number."""
+    a, b, c = ({"optimizer.lr": lr, "optimizer.name": "lamb"} for lr in (0.01, 0.02, 0.03))
+
+    def best(trials):  # (params, budget, objective) in number order -> each answer's trial number
+        experiment_id = storage.create_experiment(f"x{len(storage.list_experiments())}", {}, "minimize")
+        numbers = {
+            add_finished_trial(storage, experiment_id, number, objective, params=params, budget=budget, arm=arm): number
+            for number, (params, budget, objective) in enumerate(trials)
+        }
+        answers = {numbers[storage.best_trial_id(experiment_id, arm=arm)], storage.best_trial(experiment_id).number,
+                   storage.best_trial(experiment_id, arm=arm).number}  # fmt: skip
+        if arm is not None:
+            answers.add(storage.best_per_arm(experiment_id)[arm].number)
+        assert len(answers) == 1, answers  # every way of asking agrees
+        return answers.pop()
+
+    # a misses at every rung with the same best accuracy (the promotions carry it), so its three trials tie, and
+    # so does c's full run: a's full-budget run is the best, not its first rung
+    assert best([(a, 1 / 9, 3e4), (b, 1 / 9, 3.1e4), (c, 1.0, 3e4), (a, 1 / 3, 3e4), (a, 1.0, 3e4)]) == 4
+    assert best([(a, 1 / 9, 3e4), (b, 1 / 9, 3.1e4), (a, 1 / 3, 3e4)]) == 2  # its promotion still running
+    # no promotion of a ties (c is another configuration): the earliest, a's short rung
+    assert best([(a, 1 / 9, 3e4), (c, 1.0, 3e4), (a, 1 / 3, 3.2e4)]) == 0
+    assert best([(b, 1 / 3, 2.9e4), (a, 1 / 9, 3e4), (a, 1.0, 3e4)]) == 0  # a short rung strictly better than the rest stays
+
+
 def test_best_trial_is_none_without_completed_trials(storage: SqlStorage):
     experiment_id = storage.create_experiment("x", {}, "minimize")
     assert storage.best_trial(experiment_id) is None
