@@ -50,6 +50,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"the import stopped before it finished: run the same `hpo import {kind}` command again to finish it")
     elif state == "interrupted":
         print(f"the controller stopped heartbeating; `hpo resume {record.name}` takes the experiment over")
+    elif state == "stopped":  # Ctrl-C, SIGTERM or the API's stop: its unfinished trials wait for the resume
+        print(f"stopped before it finished; `hpo resume {record.name}` finishes the experiment")
     for trial in storage.list_trials(record.id, state=parse_state("running")):
         where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
         print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")

@@ -350,3 +350,22 @@ def test_trials_and_status_columns_fit_their_values(tmp_path, capsys):
     listing = capsys.readouterr().out.splitlines()
     assert len(listing) == 2 and len({columns(line, 3)[1][0] for line in listing}) == 1, listing
     assert len({columns(line, 3)[2][0] for line in listing}) == 1, listing
+
+
+def test_status_of_a_stopped_experiment_says_that_hpo_resume_finishes_it(tmp_path, capsys):
+    """Stopped by Ctrl-C (or SIGTERM, the API's stop): its status said `stopped` and no more, while `hpo run` had said
+    what to do next; an interrupted one (its controller gone) names `hpo resume`, a finished one nothing to do."""
+    from hpo.storage.base import ExperimentStatus
+    from tests.hpo.report.test_report_edges import ADAMW, LAMB, add_trial, make_experiment
+
+    storage, eid, url = make_experiment(tmp_path, name="halted")
+    add_trial(storage, eid, ADAMW, "reached")
+    storage.interrupt_trial(add_trial(storage, eid, LAMB, "running", lr=2e-3), "interrupted by the user (Ctrl-C)")
+    storage.set_experiment_status(eid, ExperimentStatus.STOPPED)
+    assert main(["--db", url, "status", "halted"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "halted: stopped"
+    assert lines[-1] == "stopped before it finished; `hpo resume halted` finishes the experiment"
+    storage.set_experiment_status(eid, ExperimentStatus.FINISHED)
+    assert main(["--db", url, "status", "halted"]) == 0
+    assert "hpo resume" not in capsys.readouterr().out
