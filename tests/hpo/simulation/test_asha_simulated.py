@@ -163,3 +163,27 @@ def test_a_stopped_and_resumed_controller_rebuilds_the_same_promotion_state(tmp_
     assert sum(t.kind is TrialKind.TUNING for t in trials) == 160
     assert sum(t.kind is TrialKind.CONFIRMATION for t in trials) == 4
     assert check_promotions(trials) > 10
+
+
+@pytest.mark.parametrize("tuner", ["asha", "smac_hyperband"])
+def test_one_trial_at_a_time_a_stopped_and_resumed_experiment_ends_as_an_uninterrupted_one(tmp_path, tuner):
+    """What docs/experiments.md promises of a resume at `max_parallel: 1`: stopped after 20 results, then `hpo
+    resume`, the experiment ends with the trials, rungs (budgets), promotions and results of an uninterrupted run
+    of the same file (with several trials in flight the re-run trials finish later, and the promotions may differ)."""
+    from tests.hpo.simulation.test_simulated_runner import hpo_run_stopped_after
+
+    def run(name: str, stop_after: int | None) -> list[tuple]:
+        directory = tmp_path / name
+        directory.mkdir()
+        path = experiment_file(directory, "mf", tuner=tuner, trials=40, slots=1, min_budget=1 / 8)  # 1,024 samples
+        url = f"sqlite:///{directory / 'hpo.db'}"
+        assert hpo_run_stopped_after(url, path, directory / "run", stop_after) == (1 if stop_after else 0)
+        if stop_after:
+            assert hpo_main(["--db", url, "resume", "mf", "--quiet"]) == 0
+        with SqlStorage(url) as storage:
+            trials = storage.list_trials(storage.get_experiment_by_name("mf").id)
+        return [(t.number, t.kind, t.arm, t.params, t.budget, t.seed, t.state, t.objective) for t in trials]
+
+    whole, resumed = run("whole", None), run("resumed", 20)
+    assert resumed == whole
+    assert len({t[4] for t in whole}) >= 2  # several rungs: promotions happened
