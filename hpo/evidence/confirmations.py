@@ -264,7 +264,7 @@ def rounds_note(verdicts: Mapping[int | None, Verdict]) -> str:
 
 def round_line(spec, trials: Sequence[TrialRecord], best: Collection[str | None] | None = None) -> str:
     """Where the confirmations stand: `round 2 of at most 4 (6 of up to 12 runs per arm)` (the rounds of the arms
-    with a best trial, where `best` is given: `arm_keys`)."""
+    with a best trial, where `best` is given: `arm_keys`); `none yet` before any arm's first run."""
     rounds = spec.budget.confirmation_rounds
     if not rounds:
         return "no confirmation runs (budget.confirm_seeds: 0)"
@@ -275,5 +275,8 @@ def round_line(spec, trials: Sequence[TrialRecord], best: Collection[str | None]
     finished = completed_rounds(spec, trials, best)
     if not spec.budget.sequential:
         return f"confirmation runs per arm: {per_arm} of {rounds[0]}"
+    if not any(created.values()):  # tuning goes on: no round has begun
+        return (f"confirmations: none yet; each arm's first round ({rounds[0]} runs) starts when its tuning is over "
+                f"(at most {len(rounds)} rounds, up to {rounds[-1]} runs per arm)")  # fmt: skip
     return (f"confirmations round {max(current, 1)} of at most {len(rounds)} ({finished} finished); runs per arm: "
             f"{per_arm} of up to {rounds[-1]}")  # fmt: skip

@@ -199,3 +199,13 @@ def test_runs_that_agree_exactly_keep_the_spread_of_one_evaluation_interval(tmp_
     assert (c.a, c.b) == (LAMB, ADAMW)
     assert (c.ratio, c.low, c.high) == pytest.approx((math.exp(d), math.exp(d - half), math.exp(d + half)), rel=1e-9)
     assert c.high - c.low > 0.1
+
+
+def test_while_tuning_goes_on_the_round_line_says_no_round_has_begun(tmp_path):
+    """Before any arm's first confirmation run the line said `confirmations round 1 of at most 4 (0 finished)`, as if
+    a round were under way; it says none has begun, and when the first begins."""
+    storage, eid = write(tmp_path / "hpo.db", "auto", {"adamw": [], "lamb": []}, {"adamw": 5200, "lamb": 4400})
+    with storage:
+        spec, trials = spec_from_stored(storage.get_experiment(eid)), storage.list_trials(eid)
+    assert round_line(spec, trials) == ("confirmations: none yet; each arm's first round (3 runs) starts when its "
+                                        "tuning is over (at most 4 rounds, up to 12 runs per arm)")  # fmt: skip

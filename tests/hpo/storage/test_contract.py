@@ -705,7 +705,8 @@ def test_a_best_short_rung_yields_to_its_configurations_promotion_with_the_same_
     assert best([(a, 1 / 9, 3e4), (b, 1 / 9, 3.1e4), (a, 1 / 3, 3e4)]) == 2  # its promotion still running
     # no promotion of a ties (c is another configuration): the earliest, a's short rung
     assert best([(a, 1 / 9, 3e4), (c, 1.0, 3e4), (a, 1 / 3, 3.2e4)]) == 0
-    assert best([(b, 1 / 3, 2.9e4), (a, 1 / 9, 3e4), (a, 1.0, 3e4)]) == 0  # a short rung strictly better than the rest stays
+    # a short rung strictly better than the rest stays
+    assert best([(b, 1 / 3, 2.9e4), (a, 1 / 9, 3e4), (a, 1.0, 3e4)]) == 0
 
 
 def test_best_trial_is_none_without_completed_trials(storage: SqlStorage):
