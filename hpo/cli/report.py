@@ -90,6 +90,10 @@ def _check_directory(option: str, path: Path, pages: list[Path] | None = None) -
     cannot be written; one of the pages this command writes); makes nothing."""
     if any(path.resolve() == page.resolve() for page in pages or []):
         raise HpoError(f"hpo report {option} {path}: is where the page {path.name} is written; {_HINT}")
+    if not path.exists() and path.suffix.lower() in (".html", ".htm", ".png"):  # a page's name, taken for the folder
+        raise HpoError(f"hpo report {option} {path}: names a file, but {option} is the directory the pages are "
+                       f"written in (NAME.html), made where missing; give a directory (e.g. {option} "
+                       f"{path.parent / 'reports'}) or make one of that name first")  # fmt: skip
     blocked = directory_blocker(path)
     if blocked is None:
         return

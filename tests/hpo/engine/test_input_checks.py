@@ -48,6 +48,22 @@ def test_gpus_asked_for_on_a_machine_without_any_names_the_experiment_file(tmp_p
 
 
 # ------------------------------------------------------------------------------------------------ hpo report
+def test_report_refuses_a_page_name_given_as_its_output_directory_and_makes_nothing(tmp_path, capsys):
+    """`hpo report NAME -o r.html` made a directory r.html holding NAME.html: -o names the directory, and a name
+    ending as a page's is refused before anything is written (an existing directory of that name is taken)."""
+    storage, eid, url = recorded_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "r.html")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: hpo report -o {tmp_path / 'r.html'}: names a file, but -o is the directory the "
+                            f"pages are written in (NAME.html), made where missing; give a directory (e.g. -o "
+                            f"{tmp_path / 'reports'})")  # fmt: skip
+    assert not (tmp_path / "r.html").exists()
+    (tmp_path / "r.html").mkdir()
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "r.html")]) == 0
+    assert (tmp_path / "r.html" / "edge.html").is_file()
+
+
 @pytest.mark.parametrize(
     ("png", "why"),
     [
