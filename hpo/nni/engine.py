@@ -99,6 +99,7 @@ from hpo.nni.manager import (
     check_port,
     end_managers_of,
     forget,
+    is_answering,
     load_experiments,
     log_errors,
     port_taken,
@@ -432,11 +433,16 @@ def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
         print(f"closed the NNI web UI of {name} ({len(stopped)} NNI experiment(s))" if stopped else
               f"the NNI web UI of {name} is not open")  # fmt: skip
         return 0
+    closed = [e.nni_id for e in load_experiments(run_dir) if not is_answering(e)]
     experiments = view(run_dir, port)
     if not experiments:
         raise HpoError(f"experiment {name!r} has no NNI experiment in {run_dir / 'nni'}; it never started under NNI")
     if storage is not None:
         record_webui(storage, record.id, run_dir)
+    opened = next((e for e in experiments if e.nni_id in closed), None)
+    busy = port_taken(port, opened.host) if opened is not None and opened.port != port else None
+    if busy:  # as `hpo run` says it: the first port tried was taken
+        print(f"port {port}: {busy}; the NNI web UI takes port {opened.port}")
     for e in experiments:
         print(f"{name}{' ' + e.label if e.label else ''}: NNI web UI at {e.url} (NNI experiment {e.nni_id})")
     print(f"`hpo webui {name} --stop` closes it")

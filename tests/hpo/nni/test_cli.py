@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -44,9 +45,14 @@ def test_run_under_nni_then_webui_reopens_and_closes_it(tmp_path):
     rows = storage.list_trials(storage.get_experiment_by_name("nniexp").id)
     assert [t.state.value for t in rows] == ["completed", "completed"]
 
-    webui = hpo(tmp_path, "webui", "nniexp", "--port", "18400")
+    with socket.socket() as taken:  # the first port tried is in use: webui says so, as run does, and takes another
+        taken.bind(("127.0.0.1", 18410))
+        taken.listen()
+        webui = hpo(tmp_path, "webui", "nniexp", "--port", "18410")
     assert webui.returncode == 0, webui.stderr
     port = int(re.search(r"NNI web UI at http://\S+:(\d+) \(NNI experiment hpo1-arm0\)", webui.stdout).group(1))
+    assert port != 18410 and "port 18410: in use on" in webui.stdout
+    assert f"the NNI web UI takes port {port}" in webui.stdout
     assert storage.get_experiment_by_name("nniexp").nni_webui[0]["url"].endswith(f":{port}")  # reopened there
     jobs = rest(port, "trial-jobs")
     assert sorted(j["trialJobId"] for j in jobs) == sorted(t.worker.removeprefix("nni:") for t in rows)
