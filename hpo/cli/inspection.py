@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -30,6 +31,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     state = liveness(record)
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
+    webui = [f"{link['arm'] + ': ' if link.get('arm') else ''}{link['url']}" for link in record.nni_webui
+             if str(link.get("url", "")).startswith(("http://", "https://"))]  # fmt: skip
+    if webui:  # engine: nni
+        print(f"NNI web UI, where last served: {'; '.join(webui)} (it answers while the experiment runs that arm; "
+              f"`hpo webui {shlex.quote(record.name)}` reopens it)")  # fmt: skip
     # Counts, progress, rounds, verdict and cost come from aggregates: a few queries however many trials it has.
     tallies = storage.tally_trials(record.id)
     if imported(record):

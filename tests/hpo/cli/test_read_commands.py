@@ -369,3 +369,22 @@ def test_status_of_a_stopped_experiment_says_that_hpo_resume_finishes_it(tmp_pat
     storage.set_experiment_status(eid, ExperimentStatus.FINISHED)
     assert main(["--db", url, "status", "halted"]) == 0
     assert "hpo resume" not in capsys.readouterr().out
+
+
+def test_status_names_where_the_nni_web_ui_was_last_served_as_the_report_links_it(tmp_path, capsys):
+    """engine: nni stores where each arm's web UI was last served; the report and the API linked it, `hpo status`
+    said nothing of it."""
+    from hpo.report.html import experiment_report
+    from hpo.storage.base import NNI_WEBUI_KEY
+    from tests.hpo.report.test_report_edges import make_experiment as recorded_experiment
+
+    storage, eid, url = recorded_experiment(tmp_path)
+    links = [{"arm": "optimizer.name=adamw", "nni_experiment": "hpo1-arm0", "url": "http://127.0.0.1:8080"},
+             {"arm": "optimizer.name=lamb", "nni_experiment": "hpo1-arm1", "url": "http://127.0.0.1:8081"}]  # fmt: skip
+    storage.annotate_experiment(eid, NNI_WEBUI_KEY, links)
+    page = experiment_report(storage, "edge")
+    assert all(f'href="{link["url"]}"' in page for link in links)
+    assert main(["--db", url, "status", "edge"]) == 0
+    assert ("NNI web UI, where last served: optimizer.name=adamw: http://127.0.0.1:8080; optimizer.name=lamb: "
+            "http://127.0.0.1:8081 (it answers while the experiment runs that arm; `hpo webui edge` reopens it)"
+            ) in capsys.readouterr().out.splitlines()  # fmt: skip
