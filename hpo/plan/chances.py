@@ -50,7 +50,15 @@ from hpo.evidence.verdict import (
     t_quantile,
 )
 from hpo.experiment import Budget, spec_from_stored
-from hpo.experiment.arms import BATCH_KEY, OPTIMIZER_KEY, arm_label, arm_labels, arms, batch_study, trial_config
+from hpo.experiment.arms import (
+    BATCH_KEY,
+    OPTIMIZER_KEY,
+    arm_label,
+    arm_labels,
+    arms,
+    declared_batch_sizes,
+    trial_config,
+)
 from hpo.plan.forecast import WIDTH, PlanError, share_interval
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -178,9 +186,10 @@ def stated_evidence(labels: Sequence[str], cv: float, difference: float) -> Evid
 
 
 def batch_places(spec) -> dict[str, tuple[int, str]] | None:
-    """Arm label -> (global batch size, optimizer) of a batch-size study at two or more batch sizes, whose question
-    is the verdict at each batch size; None for another file (one verdict between its arms)."""
-    if not batch_study(spec.compare):
+    """Arm label -> (global batch size, optimizer) of a batch-size study of two or more optimizers at two or more
+    batch sizes, whose question is the verdict at each batch size; None for another file (one verdict between its
+    arms, as the service asks it of a study of one optimizer: `Evidence.deciding`)."""
+    if not declared_batch_sizes(spec):  # not a batch-size study, or one optimizer: no verdict at each batch size
         return None
     places = {arm_label(fixed): (int(fixed[BATCH_KEY]), str(fixed[OPTIMIZER_KEY])) for fixed in arms(spec)}
     return places if len({batch for batch, _ in places.values()}) >= 2 else None

@@ -151,3 +151,41 @@ def test_at_a_tie_the_verdicts_at_each_batch_size_name_a_wrong_winner_at_their_s
     line = next(line for line in out.splitlines() if line.startswith("  a wrong answer at some batch size"))
     share = int(line[44:].split()[0]) / draws
     assert abs(share - (1 - (1 - ALPHA / 2) ** 2)) < 0.013 and share < ALPHA + 0.013
+
+
+def test_a_batch_size_study_of_one_optimizer_gets_the_chances_of_its_one_verdict(tmp_path, capsys):
+    """One optimizer at two batch sizes has no verdict at each batch size (nothing to compare there): the service
+    asks the experiment's verdict between its arms, so the chances are of that verdict, the first arm (batch 32)
+    20 % faster. 6 runs per arm at the whole level: Welch's test on ln values, its power computed with scipy's
+    ttest_ind over independent draws. (They were drawn at each batch size, 100 % "not yet", the truth "adamw needs
+    20.0% fewer samples than " nothing.)"""
+    import math
+
+    import numpy as np
+    import yaml
+    from scipy import stats
+
+    from hpo.evidence.verdict import ALPHA
+
+    data = yaml.safe_load(PRESET.read_text())
+    data["budget"]["confirm_seeds"] = 6
+    data["base_config"] = "demo_cpu"
+    data["space"]["optimizer.name"] = {"choice": ["adamw"]}
+    data["space"] = {name: param for name, param in data["space"].items() if "lamb" not in name}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    draws, k = 1000, 6
+    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "20%",
+                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    first, second = (f"optimizer.name=adamw,batch.global_batch_size={batch}" for batch in (32, 128))
+    assert f"the truth: {first} needs 20.0% fewer samples than {second}" in out
+    assert "at batch" not in out
+    sigma = math.sqrt(math.log1p(0.1**2))
+    rng = np.random.default_rng(0)
+    fast, slow = rng.normal(math.log(0.8), sigma, (200_000, k)), rng.normal(0.0, sigma, (200_000, k))
+    test = stats.ttest_ind(fast, slow, axis=1, equal_var=False)
+    power = float(np.mean((test.pvalue < ALPHA) & (test.statistic < 0)))
+    right = next(line for line in out.splitlines() if line.startswith(f"  right: {first} named"))
+    assert abs(int(right.split()[-5]) / draws - power) < 0.03, (right, power)
+    assert not (tmp_path / "none.db").exists()
