@@ -39,7 +39,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     # Counts, progress, rounds, verdict and cost come from aggregates: a few queries however many trials it has.
     tallies = storage.tally_trials(record.id)
     if imported(record):
-        print(imported_line(imported(record), sum(t.trials for t in tallies)))  # fewer where an import was cut short
+        held = sum(t.trials for t in tallies if t.state.finished)  # a run cut short mid-write is written again
+        print(imported_line(imported(record), held))  # fewer where an import was cut short
     counts = {s: sum(t.trials for t in tallies if t.state is s) for s in TrialState}
     print("trials: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "none yet"))
     print(experiment_progress(storage, record, tallies))

@@ -126,7 +126,8 @@ def _imported(data: ExperimentData) -> str:
         return ""
     files = data.imported.get("files") or []
     shown = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    line = imported_line(data.imported, len(data.trials))  # the runs it holds: fewer where an import was cut short
+    # the runs it holds (a run cut short mid-write is written again): fewer where an import was cut short
+    line = imported_line(data.imported, sum(1 for t in data.trials if TrialState(t.state).finished))
     return (f"<p class=warn data-field=imported><b>Imported experiment</b>: {escape(line)}. "
             "Per configuration its first run in file order is the tuning trial and the others are its confirmation "
             "runs; all of them are the verdict's evidence where the configuration is alone in its arm (nothing was "

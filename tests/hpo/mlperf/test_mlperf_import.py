@@ -849,6 +849,32 @@ def test_an_import_cut_short_is_told_to_run_the_same_import_again_which_finishes
         assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
 
 
+def test_a_run_an_import_was_writing_when_killed_is_not_counted_as_held(tmp_path, capsys):
+    """Killed after one run and while writing the second: the experiment holds one of its 3 runs (the second's
+    half-written trial is written again as another trial by the next import), so status and the report say `1 of
+    3` (they counted the half-written trial: `2 of 3`), and after the import again, `3`."""
+    from hpo.mlperf.importer import _Clock, _write_run
+    from hpo.trials import TrialSpec
+
+    d, db, plan = three_runs_to_import(tmp_path)
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment(plan.name, plan.stored, plan.spec.direction)
+        _write_run(storage, experiment_id, plan.runs[0], _Clock())
+        run = plan.runs[1]  # where a SIGKILL stopped it: the second run's trial created, not finished
+        spec = TrialSpec(None, run.params, run.arm, 1.0, (), run.global_batch_size, run.kind, run.seed)
+        trial_id = storage.create_trial(experiment_id, spec)
+        storage.mark_trial_running(trial_id, None, worker=run.worker)
+    for held in ("1 of 3", "3"):
+        assert main(["--db", db, "status", "cut"]) == 0
+        assert f"imported: {held} run(s) from 3 file(s)" in capsys.readouterr().out
+        assert main(["--db", db, "report", "cut", "-o", str(tmp_path / "reports")]) == 0
+        assert f"imported: {held} run(s) from 3 file(s)" in (tmp_path / "reports" / "cut.html").read_text()
+        assert main(["--db", db, "import", "mlperf", str(d), "--name", "cut"]) == 0
+        capsys.readouterr()
+    with SqlStorage(db) as storage:  # the half-written trial, interrupted, beside the 3 runs
+        assert storage.count_trials(experiment_id) == 4
+
+
 def test_an_import_cut_short_is_not_finished_by_importing_part_of_its_files_again(tmp_path, capsys):
     """The same import with only the files it had stored marked the experiment finished (its other runs never came,
     and status no longer said to run the import again); it stays unfinished and the import says why."""
