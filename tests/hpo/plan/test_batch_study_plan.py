@@ -59,15 +59,27 @@ def every_count(out: str) -> int:
     return int(line[44:].split()[0])
 
 
+def welch_power(runs: int, level: float, cv: float = 0.1, difference: float = 0.2) -> float:
+    """The chance that Welch's test on ln values (scipy's ttest_ind) names the faster of two log-normal arms at this
+    CV, one (1 - difference) x the other, at this two-sided level, with `runs` runs each: over 200,000 seeded draws
+    (Welch's power has no closed form; Student's, the noncentral t, is some 2 points higher at 6 runs)."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    sigma, rng = math.sqrt(math.log1p(cv * cv)), np.random.default_rng(0)
+    fast, slow = rng.normal(math.log1p(-difference), sigma, (200_000, runs)), rng.normal(0.0, sigma, (200_000, runs))
+    test = stats.ttest_ind(fast, slow, axis=1, equal_var=False)
+    return float(np.mean((test.pvalue < level) & (test.statistic < 0)))
+
+
 def test_stated_chances_of_a_batch_size_study_are_the_t_tests_power_at_each_batch_size(tmp_path, capsys):
     """A stated spread (CV 10 %, AdamW 20 % faster at every batch size), 6 runs per arm: the verdict at each of the
     2 batch sizes is a Welch test at half the level (the error shared over them), so its chance of naming AdamW is
-    the closed-form power of the two-sample t test on ln values at that level (noncentral t, computed with scipy);
-    the study is right where both are, and the draws at the two batch sizes are independent."""
-    import math
-
+    the power of Welch's test on ln values at that level (`welch_power`, with scipy); the study is right where both
+    are, and the draws at the two batch sizes are independent."""
     import yaml
-    from scipy import stats
 
     from hpo.evidence.verdict import ALPHA
 
@@ -80,9 +92,7 @@ def test_stated_chances_of_a_batch_size_study_are_the_t_tests_power_at_each_batc
     assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "20%",
                  "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    sigma, delta = math.sqrt(math.log1p(0.1**2)), -math.log(0.8)
-    df, nc = 2 * k - 2, delta / (sigma * math.sqrt(2 / k))
-    power = stats.nct.sf(stats.t.ppf(1 - ALPHA / 2 / 2, df), df, nc)  # two-sided at ALPHA / 2 batch sizes
+    power = welch_power(k, ALPHA / 2)  # two-sided at ALPHA / 2 batch sizes (the whole level: 0.91; a third: 0.76)
     assert "the truth at every batch size: adamw needs 20.0% fewer samples than lamb" in out
     assert "the verdict at each of 2 batch sizes (the error shared over them" in out
     shares = {}
@@ -91,7 +101,7 @@ def test_stated_chances_of_a_batch_size_study_are_the_t_tests_power_at_each_batc
         assert rows["right: adamw named"] == rows["a right answer"] and rows["wrong: another arm named"] == 0
         assert rows["a right answer"] + rows["not yet"] == draws
         shares[batch] = rows["a right answer"] / draws
-        assert abs(shares[batch] - power) < 0.06, (shares, power)
+        assert abs(shares[batch] - power) < 0.035, (shares, power)
     assert abs(every_count(out) / draws - shares[32] * shares[128]) < 0.05
     assert not (tmp_path / "none.db").exists()
 
@@ -156,14 +166,9 @@ def test_at_a_tie_the_verdicts_at_each_batch_size_name_a_wrong_winner_at_their_s
 def test_a_batch_size_study_of_one_optimizer_gets_the_chances_of_its_one_verdict(tmp_path, capsys):
     """One optimizer at two batch sizes has no verdict at each batch size (nothing to compare there): the service
     asks the experiment's verdict between its arms, so the chances are of that verdict, the first arm (batch 32)
-    20 % faster. 6 runs per arm at the whole level: Welch's test on ln values, its power computed with scipy's
-    ttest_ind over independent draws. (They were drawn at each batch size, 100 % "not yet", the truth "adamw needs
-    20.0% fewer samples than " nothing.)"""
-    import math
-
-    import numpy as np
+    20 % faster. 6 runs per arm at the whole level: the power of Welch's test on ln values (`welch_power`). (They
+    were drawn at each batch size, 100 % "not yet", the truth "adamw needs 20.0% fewer samples than " nothing.)"""
     import yaml
-    from scipy import stats
 
     from hpo.evidence.verdict import ALPHA
 
@@ -181,11 +186,7 @@ def test_a_batch_size_study_of_one_optimizer_gets_the_chances_of_its_one_verdict
     first, second = (f"optimizer.name=adamw,batch.global_batch_size={batch}" for batch in (32, 128))
     assert f"the truth: {first} needs 20.0% fewer samples than {second}" in out
     assert "at batch" not in out
-    sigma = math.sqrt(math.log1p(0.1**2))
-    rng = np.random.default_rng(0)
-    fast, slow = rng.normal(math.log(0.8), sigma, (200_000, k)), rng.normal(0.0, sigma, (200_000, k))
-    test = stats.ttest_ind(fast, slow, axis=1, equal_var=False)
-    power = float(np.mean((test.pvalue < ALPHA) & (test.statistic < 0)))
+    power = welch_power(k, ALPHA)  # one verdict, at the whole level
     right = next(line for line in out.splitlines() if line.startswith(f"  right: {first} named"))
     assert abs(int(right.split()[-5]) / draws - power) < 0.03, (right, power)
     assert not (tmp_path / "none.db").exists()
