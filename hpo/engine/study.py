@@ -198,8 +198,9 @@ class Study:
             self.stop(self.stop_reason)
             return ExperimentStatus.STOPPED
         except Exception as exc:  # a trial that cannot start, a tuner's error: its running trials end first
-            with contextlib.suppress(Exception):
-                self.stop(f"the controller failed ({type(exc).__name__}: {exc}); `hpo resume` runs it again")
+            said = f"the controller failed ({type(exc).__name__}: {exc})"
+            with contextlib.suppress(Exception):  # the error may say what a resume does (a lost Dask scheduler)
+                self.stop(said if "hpo resume" in str(exc) else f"{said}; `hpo resume` runs it again")
             raise
 
     def _run(self) -> ExperimentStatus:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpo.engine.study import Study
+from hpo.errors import ResourceError
 from hpo.experiment import stored_form
 from hpo.runners.base import Runner, TrialExit
 from hpo.storage import SqlStorage
@@ -95,7 +96,29 @@ def test_a_controller_error_ends_the_running_trials_and_records_them_before_it_i
     assert runner.started == []  # ended
     first = storage.list_trials(eid)[0]
     assert first.state is TrialState.INTERRUPTED
-    assert first.reason.startswith("the controller failed (OSError: cannot start a process: out of file descriptors)")
+    assert first.reason == ("the controller failed (OSError: cannot start a process: out of file descriptors); "
+                            "`hpo resume` runs it again")  # fmt: skip
+
+
+class SchedulerLostAtSecondStart(SecondStartFails):
+    """The runner's error says what a resume does itself (as a lost Dask scheduler's does)."""
+
+    def submit(self, launch) -> None:
+        if self.started:
+            raise ResourceError("runner.scheduler: lost the Dask scheduler; start it again, then `hpo resume` runs "
+                                "the interrupted trials again")  # fmt: skip
+        super().submit(launch)
+
+
+def test_a_controller_error_that_says_what_a_resume_does_is_recorded_without_saying_it_twice(tmp_path: Path):
+    spec = make_spec(tmp_path, trials=2, budget={"max_parallel": 2})
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    eid = storage.create_experiment("e", stored_form(spec, tmp_path / "run"), spec.direction)
+    with pytest.raises(ResourceError, match="lost the Dask scheduler"):
+        Study(spec, storage, eid, tmp_path / "run", SchedulerLostAtSecondStart(storage), "sqlite://").run()
+    first = storage.list_trials(eid)[0]
+    assert first.reason == ("the controller failed (ResourceError: runner.scheduler: lost the Dask scheduler; start "
+                            "it again, then `hpo resume` runs the interrupted trials again)")  # fmt: skip
 
 
 class WorkersLostBeforeStart(EveryWorkerLost):
