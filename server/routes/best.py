@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from hpo.export.production import check_arm
+from hpo.export.production import check_arm, other_batch_sizes
 from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -42,8 +42,10 @@ async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global
         if trial_id is not None and body is None:  # a finished trial never changes: its response is built once
             body = await run_in_threadpool(lambda: specs.best_json(record, storage.get_trial(trial_id)))
         kept = answers.put(key, version, body and (body, etag_of(body)))
-    if kept is None:
-        raise HTTPException(404, no_best_message(record.name, arm, global_batch_size))
+    if kept is None:  # at a batch size the experiment has no best at: the message names the sizes it has
+        other = await run_in_threadpool(other_batch_sizes, storage, record, arm, global_batch_size, "to show",
+                                        "ask global_batch_size=")  # fmt: skip
+        raise HTTPException(404, other or no_best_message(record.name, arm, global_batch_size))
     return cached_json(request, *kept)
 
 

@@ -211,6 +211,11 @@ def test_best_config_overall_per_arm_and_batch_size(api, stored):
     assert same["trial"]["number"] == winner.number
     missing = api.get(f"/experiments/{EXPERIMENT}/best", params={"global_batch_size": 16})
     assert missing.status_code == 404 and "global batch size 16" in missing.json()["detail"]
+    # It names the sizes the experiment has a best at, and how to ask for one, as the export does.
+    sizes = sorted({t.global_batch_size for t in trials.values() if t.state is TrialState.COMPLETED})
+    assert sizes == [8] and missing.json()["detail"].endswith("have global batch size 8: ask global_batch_size=8")
+    exported = api.get(f"/experiments/{EXPERIMENT}/export", params={"global_batch_size": 16}).json()["detail"]
+    assert missing.json()["detail"] == exported.replace(" to export;", " to show;")
     unknown = api.get(f"/experiments/{EXPERIMENT}/best", params={"arm": "optimizer.name=sgd"})
     assert unknown.status_code == 422 and "optimizer.name=lamb" in unknown.json()["detail"]
 
