@@ -79,7 +79,8 @@ def best_config_across_experiments(
     optimizer: Annotated[Literal["adamw", "lamb"], Query(description="The optimizer.")],
     metric: Annotated[Metric, Query(description="Only experiments with this objective.")] = "samples_to_target",
 ):
-    """The best config for a global batch size and optimizer over every experiment whose objective is `metric`."""
+    """The best config for a global batch size and optimizer over every experiment whose objective is `metric`: each
+    experiment's best is a candidate, one that reached the target ranking above every one that missed it."""
     candidates: list[tuple[ExperimentRecord, TrialRecord]] = []
     for record in storage.list_experiments():
         spec = specs.spec(record)
@@ -94,8 +95,12 @@ def best_config_across_experiments(
         )  # fmt: skip
     direction = Direction.MAXIMIZE if metric.endswith("accuracy") else Direction.MINIMIZE
     sign = 1.0 if direction is Direction.MINIMIZE else -1.0
-    candidates.sort(key=lambda pair: (sign * pair[1].objective, pair[1].finished_at))
-    public = [best_public(record, trial, specs) for record, trial in candidates]
+    # A miss of samples or time to target scores a penalty scaled by its own experiment's budget (hpo.objective):
+    # below another experiment's hits where that budget is small. Every hit ranks above every miss.
+    ranked = [(best_public(record, trial, specs), trial) for record, trial in candidates]
+    ranked.sort(key=lambda pair: (direction is Direction.MINIMIZE and not pair[0].reached_target,
+                                  sign * pair[1].objective, pair[1].finished_at))  # fmt: skip
+    public = [best for best, _ in ranked]
     return BestAcrossPublic(
         global_batch_size=global_batch_size, optimizer=optimizer, metric=metric, best=public[0], candidates=public
     )

@@ -1,0 +1,46 @@
+"""`GET /best` over several experiments against a real `hpo serve`: a trial that reached the target ranks above one
+that missed it, whatever their objectives. A miss's objective is a penalty scaled by its own experiment's sample
+budget (hpo.objective), so an experiment with a small budget scores its misses below another experiment's hits."""
+
+from __future__ import annotations
+
+import httpx
+
+from hpo.experiment import stored_form
+from hpo.storage import SqlStorage
+from hpo.trials import TrialResult, TrialSpec, TrialState
+from tests.hpo.engine.test_study import make_spec
+from tests.server.conftest import start_server, stop_server
+
+TARGET = 0.02  # tiny_overrides' eval.target_mlm_accuracy
+
+
+def add_finished_trial(storage: SqlStorage, eid: int, result: TrialResult) -> None:
+    trial = storage.create_trial(eid, TrialSpec(None, {"optimizer.lr": 1e-3}, global_batch_size=8))
+    storage.mark_trial_running(trial)
+    storage.finish_trial(trial, result)
+
+
+def test_a_trial_that_reached_the_target_ranks_above_a_miss_of_another_experiment(tmp_path):
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    long = make_spec(tmp_path, name="long-budget", **{"budget.max_samples": 480})
+    short = make_spec(tmp_path, name="short-budget", **{"budget.max_samples": 48})
+    hit = storage.create_experiment(long.name, stored_form(long, tmp_path / "run"), long.direction)
+    add_finished_trial(storage, hit, TrialResult(TrialState.COMPLETED, objective=400.0, samples_to_target=400,
+                                                 best_mlm_accuracy=0.021))  # fmt: skip
+    miss = storage.create_experiment(short.name, stored_form(short, tmp_path / "run"), short.direction)
+    gap = (TARGET - 0.01) / TARGET
+    penalty = short.objective.penalty_factor * 48 * (1 + gap)  # 144 samples: below the hit's 400
+    add_finished_trial(storage, miss, TrialResult(TrialState.COMPLETED, objective=penalty, best_mlm_accuracy=0.01))
+    storage.close()
+    assert penalty < 400
+
+    server = start_server(url, tmp_path)
+    try:
+        body = httpx.get(f"{server.url}/best", params={"global_batch_size": 8, "optimizer": "lamb"}, timeout=30).json()
+    finally:
+        stop_server(server)
+    ranked = [(c["experiment"], c["reached_target"], c["trial"]["result"]["objective"]) for c in body["candidates"]]
+    assert ranked == [("long-budget", True, 400.0), ("short-budget", False, penalty)]
+    assert body["best"]["experiment"] == "long-budget" and body["best"]["reached_target"] is True
