@@ -65,10 +65,21 @@ async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
     return _answer(422, exc)
 
 
+# What a body FastAPI refuses (none, JSON sent as application/json, bytes that are not UTF-8) should have been: the
+# only body the API takes is POST /plan's experiment file.
+BODY_HINT = ("the request body is the experiment file as YAML text: send it with `Content-Type: application/yaml` "
+             "(curl: --data-binary @FILE -H 'Content-Type: application/yaml')")  # fmt: skip
+
+
 async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 (`InvalidRequestPublic`), also for a body that is not UTF-8 text: its bytes are echoed with
-    U+FFFD for what does not decode, where FastAPI's own handler fails on them (a 500)."""
+    U+FFFD for what does not decode, where FastAPI's own handler fails on them (a 500). A refused body's message
+    says what the body must be and how to send it (FastAPI's alone, "Field required" or "JSON decode error", does
+    not)."""
     errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda raw: raw.decode(errors="replace")})
+    for error in errors:
+        if error.get("loc", [None])[0] == "body":
+            error["msg"] = f"{error['msg']}: {BODY_HINT}"
     return JSONResponse({"detail": errors}, status_code=422)
 
 

@@ -154,6 +154,9 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
         not_yaml = api.post("/plan", content="[1, 2", headers=AUTH | YAML)
         not_text = api.post("/plan", content=b"name: \xff\xfe", headers=AUTH | YAML)  # not UTF-8
         too_many = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"repetitions": 51})
+        no_body = api.post("/plan", headers=AUTH)
+        as_json = api.post("/plan", json=yaml.safe_load(path.read_text()), headers=AUTH)  # the wrong content type
+        not_json = api.post("/plan", content=path.read_text(), headers=AUTH | {"Content-Type": "application/json"})
         schema = api.get("/openapi.json").json()
     assert (anonymous.status_code, wrong.status_code) == (401, 401)
     assert bad.status_code == 422 and "budget.trials" in bad.json()["detail"], bad.text
@@ -161,6 +164,10 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     assert not_yaml.status_code == 422 and "not YAML" in not_yaml.json()["detail"]
     assert too_many.status_code == 422
     assert not_text.status_code == 422 and not_text.json()["detail"][0]["loc"] == ["body"], not_text.text
+    for refused in (no_body, as_json, not_json, not_text):  # each says what the body is and how to send it
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][0] == "body", refused.text
+        assert "experiment file as YAML" in refused.json()["detail"][0]["msg"], refused.text
+        assert "Content-Type: application/yaml" in refused.json()["detail"][0]["msg"], refused.text
     assert schema["paths"]["/api/v1/plan"]["post"]["responses"]["422"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/InvalidRequestPublic"  # a list of parameters, or hpo plan's message
     }
