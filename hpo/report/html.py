@@ -518,6 +518,7 @@ def _effects_section(data: ExperimentData, drawn: dict, importance: dict[str, Im
 
 def _best_configs_section(data: ExperimentData, hpo_command: str) -> str:
     parts = ["<h2>Best configuration per arm</h2>"]
+    files = _export_files([arm.label for arm in data.arms])
     for arm in data.arms:
         best = arm.best
         parts.append(f"<h3>{escape(arm.label)}</h3>")
@@ -529,7 +530,7 @@ def _best_configs_section(data: ExperimentData, hpo_command: str) -> str:
                        f"{fmt_objective(best.objective)} is the penalty)")  # fmt: skip
         rows = [cell(k, cls="l") + cell(_param(v), cls="l") for k, v in best.params.items()]
         arm_flag = f" --arm {shlex.quote(arm.label)}" if data.compare else ""
-        out = f"best-{_slug(arm.label)}.yaml" if data.compare else "best.yaml"
+        out = files[arm.label] if data.compare else "best.yaml"
         command = f"{hpo_command} export {shlex.quote(data.name)}{arm_flag} -o {out}"
         parts.append(f"<p>Trial {best.number}: {escape(status)}.</p>{html_table(['parameter', 'value'], rows, left=2)}"
                      f"<pre data-field=export data-arm='{escape(arm.label)}'>{escape(command)}</pre>")  # fmt: skip
@@ -540,8 +541,22 @@ def _param(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in label.split("=")[-1]).strip("-") or "arm"
+def _export_files(labels: list[str]) -> dict[str, str]:
+    """The file each arm's export command writes, one of its own per arm (the commands run one after another, and
+    each replaces a file an earlier export wrote): `best-VALUES.yaml` with every compare value of the arm
+    (`best-lamb-512.yaml`), numbered where two arms' values read alike once made file-name safe."""
+    files: dict[str, str] = {}
+    for label in labels:
+        values = "-".join(_slug(part.split("=", 1)[-1]) for part in label.split(","))
+        name, n = f"best-{values}.yaml", 2
+        while name in files.values():
+            name, n = f"best-{values}-{n}.yaml", n + 1
+        files[label] = name
+    return files
+
+
+def _slug(value: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in value).strip("-") or "arm"
 
 
 def _trials_section(data: ExperimentData) -> str:

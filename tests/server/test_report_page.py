@@ -175,3 +175,46 @@ def test_api_docs_render_in_headless_chromium_with_no_request_leaving(report_ser
     assert page.title == "BERT optimizer HPO - API documentation"
     assert page.external_requests == []
     assert any(url.endswith("/api/v1/openapi.json") for url in page.requests), page.requests  # Swagger UI ran
+
+
+def test_each_arms_export_command_of_a_batch_size_study_writes_a_file_of_its_own(tmp_path):
+    """The report of a study comparing optimizer and batch size showed `-o best-8.yaml` for both optimizers at batch
+    8 (the file name took the last compare value only): run one after the other, the second replaced the first.
+    Each command, run as the page shows it, now leaves a file holding its own arm's optimizer and batch size."""
+    from hpo.experiment import stored_form
+    from hpo.trials import TrialResult, TrialSpec, TrialState
+    from tests.hpo.engine.test_study import make_spec
+
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    spec = make_spec(tmp_path, name="batch-study", trials=4, compare=("optimizer.name", "batch.global_batch_size"),
+                     space={"optimizer.name": {"choice": ["adamw", "lamb"]},
+                            "batch.global_batch_size": {"choice": [8, 16]}})  # fmt: skip
+    with SqlStorage(url, upgrade=True) as storage:
+        eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+        for optimizer in ("adamw", "lamb"):
+            for batch in (8, 16):
+                params = {"optimizer.name": optimizer, "batch.global_batch_size": batch}
+                arm = f"optimizer.name={optimizer},batch.global_batch_size={batch}"
+                trial = storage.create_trial(eid, TrialSpec(None, params, arm=arm, global_batch_size=batch))
+                storage.mark_trial_running(trial)
+                storage.finish_trial(trial, TrialResult(TrialState.COMPLETED, objective=32.0, samples_to_target=32,
+                                                        best_mlm_accuracy=0.03))  # fmt: skip
+    server = start_server(url, tmp_path)
+    try:
+        page = httpx.get(f"{server.url}/experiments/batch-study/report", timeout=60).text
+    finally:
+        stop_server(server)
+    shown = re.findall(r"<pre data-field=export data-arm='([^']*)'>([^<]*)</pre>", page)
+    commands = {html.unescape(arm): shlex.split(html.unescape(command)) for arm, command in shown}
+    assert len(commands) == 4 and len({words[-1] for words in commands.values()}) == 4, commands
+    runs = tmp_path / "exports"
+    runs.mkdir()
+    for words in commands.values():  # one after another, as a reader copies them
+        done = subprocess.run([sys.executable, "-m", "hpo", *words[1:]], cwd=runs, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    for arm, words in commands.items():
+        config = yaml.safe_load((runs / words[-1]).read_text())
+        values = dict(part.split("=") for part in arm.split(","))
+        assert config["optimizer"]["name"] == values["optimizer.name"], (arm, words[-1])
+        assert config["batch"]["global_batch_size"] == int(values["batch.global_batch_size"]), (arm, words[-1])
