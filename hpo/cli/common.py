@@ -67,9 +67,9 @@ def refuse_in_memory(url: str) -> None:
 
 
 def safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    from hpo.storage.engine import safe_url as masked
 
-    return make_url(url).render_as_string(hide_password=True)
+    return masked(url)
 
 
 def refuse_imported(record, action: str) -> None:

@@ -68,12 +68,32 @@ def default_database_url() -> str:
     return f"sqlite:///{(home / 'hpo.db').resolve()}"
 
 
-def safe_url(url: str | URL) -> str:
-    """The URL as it may appear in messages and logs: the password masked."""
+def parse_url(url: str | URL) -> URL:
+    """`make_url`, where every URL no connection could use raises ArgumentError: one that does not parse, a port
+    that is not a number (SQLAlchemy's parser raises a ValueError), a password with an `@` not written `%40` (the
+    URL's first `@` ends the password, and the rest of it would be taken for the host)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+        parsed = make_url(url)
+    except ValueError as exc:  # int() of the port
+        port = str(url).partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2].rpartition(":")[2]
+        raise ArgumentError(f"its port {port!r} is not a number") from exc
+    if parsed.host and "@" in parsed.host:
+        raise ArgumentError("its password holds an '@', which ends the password in a URL: write it %40 there "
+                            "(percent-encoded, as any of : / ? # [ ] @ % in a user name or password)")  # fmt: skip
+    return parsed
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may appear in messages and logs: the password masked, also one in the query (libpq takes
+    `?password=` and `?sslpassword=`) and one with an `@` not percent-encoded (the part taken for the host)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
         return "<unparsable database URL>"
+    if parsed.host and "@" in parsed.host:
+        parsed = parsed.set(password="hidden", host=parsed.host.rpartition("@")[2])
+    shown = parsed.render_as_string(hide_password=True)
+    return re.sub(r"([?&](?:ssl)?password=)[^&]*", r"\1***", shown)
 
 
 def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False, writes: bool = True,
@@ -86,7 +106,7 @@ def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = Fa
     the file. `deadline`: on a database server, each statement, commit, rollback, ping and connection attempt fails
     after its seconds (hpo/storage/deadline.py); ignored for SQLite."""
     try:
-        parsed = make_url(url)
+        parsed = parse_url(url)
         if parsed.drivername == "postgres":  # Heroku's and libpq's spelling, which SQLAlchemy no longer takes
             parsed = parsed.set(drivername="postgresql+psycopg")
         if parsed.get_backend_name() == "sqlite":
@@ -149,7 +169,7 @@ def sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL (`sqlite:///`, `sqlite+pysqlite:///`, ...); None for another database, an
     in-memory one, a `file:` URI or a URL that does not parse (opening it says what is wrong)."""
     try:
-        parsed = make_url(url)
+        parsed = parse_url(url)
     except ArgumentError:
         return None
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
@@ -160,7 +180,7 @@ def sqlite_file(url: str) -> Path | None:
 def in_memory_sqlite(url: str) -> bool:
     """An in-memory SQLite URL (`sqlite://`, `sqlite:///`, `sqlite:///:memory:`): a database gone with its process."""
     try:
-        parsed = make_url(url)
+        parsed = parse_url(url)
     except ArgumentError:
         return False
     return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
@@ -354,7 +374,7 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
         error = DatabaseUnavailableError if is_transient(exc) else StorageError
         return error(
             f"cannot use the database {where}: {reason}. Check that the database server is running and "
-            f"reachable, and that {DATABASE_URL_ENV} names the right host, port, database and user."
+            f"reachable, and that {DATABASE_URL_ENV} (or --db) names the right host, port, database and user."
         )
     return StorageError(f"database error on {where}: {reason}")
 

@@ -259,6 +259,44 @@ def test_a_database_url_that_cannot_be_used_is_bad_input(tmp_path, capsys, url, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["status"], ["best", "e"], ["db", "upgrade"], ["run", "adam_vs_lamb_simulated"]])
+def test_a_database_url_whose_port_is_not_a_number_is_bad_input_without_its_password(tmp_path, capsys, command,
+                                                                                     monkeypatch):  # fmt: skip
+    """SQLAlchemy's parser raises a ValueError for it, which ended every command in a traceback."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", "postgresql+psycopg://u:s3cret-pw@127.0.0.1:54x2/d", *command]) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot use the database URL" in err and "port '54x2' is not a number" in err, err
+    assert "s3cret" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_password_in_the_urls_query_is_not_shown(capsys):
+    """libpq takes `?password=` (and `?sslpassword=`) as well as `user:password@`: errors showed them as given."""
+    pytest.importorskip("psycopg")
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://u@127.0.0.1:{port}/d?password=s3cret-pw&sslpassword=s3cret-key&connect_timeout=2"
+    assert main(["--db", url, "status"]) == 1
+    err = capsys.readouterr().err
+    assert "connection failed" in err and f"127.0.0.1:{port}/d?" in err and "connect_timeout=2" in err, err
+    assert "s3cret" not in err and "password=***" in err and "HPO_DATABASE_URL (or --db)" in err
+
+
+@pytest.mark.parametrize("command", [["status"], ["db", "upgrade"]])
+def test_a_password_with_an_at_sign_not_percent_encoded_is_refused_without_showing_it(tmp_path, capsys, command,
+                                                                                      monkeypatch):  # fmt: skip
+    """The URL's first `@` ends the password: the rest of it was taken for the host, shown in the error and looked
+    up as a host name."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", "postgresql+psycopg://u:s3c@ret-pw@127.0.0.1:5432/d", *command]) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot use the database URL" in err and "%40" in err, err
+    assert "s3c" not in err and "ret-pw" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
     pytest.importorskip("psycopg")
     with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
