@@ -64,7 +64,9 @@ def test_controller_and_dask_worker_reserve_gpus(compose):
 def test_the_image_copies_what_exists_and_dockerignore_keeps_it():
     dockerfile = (ROOT / "Dockerfile").read_text()
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"}
-    for source in re.findall(r"^COPY (\S+) ", dockerfile, re.MULTILINE):
+    copies = [line.split()[1:-1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    assert ["pyproject.toml", "README.md"] in copies  # every source of a COPY, not only its first (the readme)
+    for source in (source for sources in copies for source in sources):
         assert (ROOT / source).exists() and source not in ignored, source
     assert {"trainer", "hpo", "search_spaces", "server"} <= set(re.findall(r"^COPY (\w+) ", dockerfile, re.M))
 
