@@ -72,14 +72,20 @@ def parse_url(url: str | URL) -> URL:
     """`make_url`, where every URL no connection could use raises ArgumentError: one that does not parse, a port
     that is not a number (SQLAlchemy's parser raises a ValueError), a password with an `@` not written `%40` (the
     URL's first `@` ends the password, and the rest of it would be taken for the host)."""
+    at_sign = ArgumentError("its password holds an '@', which ends the password in a URL: write it %40 there "
+                            "(percent-encoded, as any of : / ? # [ ] @ % in a user name or password)")  # fmt: skip
     try:
         parsed = make_url(url)
     except ValueError as exc:  # int() of the port
-        port = str(url).partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2].rpartition(":")[2]
+        rest = str(url).partition("://")[2]
+        # After a password's first '@' SQLAlchemy reads host and port up to the next '/' or '?': another '@' there
+        # (`u:p@ss:w@host:5432`, `u:p@ss@[::1]:5432`) is the password's, and 5432 no wrong port.
+        if ":" in rest.partition("@")[0] and "@" in re.split(r"[/?]", rest.partition("@")[2], maxsplit=1)[0]:
+            raise at_sign from exc
+        port = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2].rpartition(":")[2]
         raise ArgumentError(f"its port {port!r} is not a number") from exc
     if parsed.host and "@" in parsed.host:
-        raise ArgumentError("its password holds an '@', which ends the password in a URL: write it %40 there "
-                            "(percent-encoded, as any of : / ? # [ ] @ % in a user name or password)")  # fmt: skip
+        raise at_sign
     return parsed
 
 
