@@ -80,7 +80,8 @@ def best_config_across_experiments(
     metric: Annotated[Metric, Query(description="Only experiments with this objective.")] = "samples_to_target",
 ):
     """The best config for a global batch size and optimizer over every experiment whose objective is `metric`: each
-    experiment's best is a candidate, one that reached the target ranking above every one that missed it."""
+    experiment's best is a candidate, one that reached the target ranking above every one that missed it, and of
+    two misses the one that ended nearer its target first."""
     candidates: list[tuple[ExperimentRecord, TrialRecord]] = []
     for record in storage.list_experiments():
         spec = specs.spec(record)
@@ -96,14 +97,24 @@ def best_config_across_experiments(
     direction = Direction.MAXIMIZE if metric.endswith("accuracy") else Direction.MINIMIZE
     sign = 1.0 if direction is Direction.MINIMIZE else -1.0
     # A miss of samples or time to target scores a penalty scaled by its own experiment's budget (hpo.objective):
-    # below another experiment's hits where that budget is small. Every hit ranks above every miss.
+    # below another experiment's hits where that budget is small, and below a nearer miss of a longer budget. Every
+    # hit ranks above every miss, and misses rank by how far short of their target they ended.
     ranked = [(best_public(record, trial, specs), trial) for record, trial in candidates]
     ranked.sort(key=lambda pair: (direction is Direction.MINIMIZE and not pair[0].reached_target,
+                                  _shortfall(pair[0], pair[1]) if direction is Direction.MINIMIZE else 0.0,
                                   sign * pair[1].objective, pair[1].finished_at))  # fmt: skip
     public = [best for best, _ in ranked]
     return BestAcrossPublic(
         global_batch_size=global_batch_size, optimizer=optimizer, metric=metric, best=public[0], candidates=public
     )
+
+
+def _shortfall(best: BestTrialPublic, trial: TrialRecord) -> float:
+    """How far short of its target a miss ended, as a share of the target (hpo.objective's gap); 0 for a hit."""
+    if best.reached_target:
+        return 0.0
+    target = best.config["eval"]["target_mlm_accuracy"]
+    return min(max((target - (trial.best_mlm_accuracy or 0.0)) / target, 0.0), 1.0) if target > 0 else 1.0
 
 
 def _best_with(

@@ -44,3 +44,30 @@ def test_a_trial_that_reached_the_target_ranks_above_a_miss_of_another_experimen
     ranked = [(c["experiment"], c["reached_target"], c["trial"]["result"]["objective"]) for c in body["candidates"]]
     assert ranked == [("long-budget", True, 400.0), ("short-budget", False, penalty)]
     assert body["best"]["experiment"] == "long-budget" and body["best"]["reached_target"] is True
+
+
+def test_where_every_experiment_missed_the_one_that_came_nearest_the_target_ranks_first(tmp_path):
+    """Misses of two experiments: each penalty is scaled by its own experiment's budget, so ranked by it, a run of a
+    small-budget experiment that learned nothing came before a long-budget run that all but reached the target."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    long = make_spec(tmp_path, name="long-budget", **{"budget.max_samples": 480})
+    short = make_spec(tmp_path, name="short-budget", **{"budget.max_samples": 48})
+    penalties = {}
+    for spec, budget, accuracy in ((short, 48, 0.001), (long, 480, 0.019)):
+        eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+        gap = (TARGET - accuracy) / TARGET
+        penalties[spec.name] = spec.objective.penalty_factor * budget * (1 + gap)
+        add_finished_trial(storage, eid, TrialResult(TrialState.COMPLETED, objective=penalties[spec.name],
+                                                     best_mlm_accuracy=accuracy))  # fmt: skip
+    storage.close()
+    assert penalties["short-budget"] < penalties["long-budget"]  # the penalty alone would rank the short one first
+
+    server = start_server(url, tmp_path)
+    try:
+        body = httpx.get(f"{server.url}/best", params={"global_batch_size": 8, "optimizer": "lamb"}, timeout=30).json()
+    finally:
+        stop_server(server)
+    ranked = [(c["experiment"], c["reached_target"], c["trial"]["result"]["best_mlm_accuracy"])
+              for c in body["candidates"]]  # fmt: skip
+    assert ranked == [("long-budget", False, 0.019), ("short-budget", False, 0.001)]
