@@ -4,10 +4,13 @@ read the database."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from hpo.cli.common import check_output_file, fraction, open_storage, positive, positive_float, whole_number
@@ -28,8 +31,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
                           args.samples_per_s, args.difference)  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-") as scratch:
+    with _one_interrupt(), tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-") as scratch:
         return _plan(args, options, Path(scratch))
+
+
+@contextlib.contextmanager
+def _one_interrupt():
+    """Ctrl-C interrupts the plan once: another (a key pressed twice; `timeout -s INT`, which signals the command and
+    then its process group) is ignored while the worker processes end and the temporary files are deleted, which it
+    would otherwise cut short. A plan started with Ctrl-C ignored (a script's background job) keeps ignoring it."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    interrupted = False
+
+    def interrupt(signum, frame) -> None:
+        nonlocal interrupted
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if not interrupted:
+            interrupted = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _plan(args: argparse.Namespace, options, scratch: Path) -> int:

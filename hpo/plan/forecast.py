@@ -44,11 +44,13 @@ The verdict's chances from a spread (`--cv`, `--difference`, `--like`, `--power`
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
+import functools
 import json
 import math
+import multiprocessing
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -318,13 +320,32 @@ def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, j
                 if progress:
                     progress(len(repetitions), time.perf_counter() - started)
             return repetitions
-        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(indices))) as pool:
-            futures = [pool.submit(run_repetition, plan, r, directory, table) for r in indices]
-            for future in concurrent.futures.as_completed(futures):
-                repetitions.append(future.result())
+        # Ctrl-C reaches the workers too (the terminal's whole process group): they ignore it, and this process,
+        # interrupted, ends them before the directory they write in is deleted (a pool of concurrent.futures whose
+        # workers took it could wait for them forever)
+        pool = multiprocessing.Pool(min(jobs, len(indices)), initializer=_ignore_interrupts)
+        try:
+            for repetition in pool.imap_unordered(functools.partial(_run_repetition, plan, directory, table), indices):
+                repetitions.append(repetition)
                 if progress:
                     progress(len(repetitions), time.perf_counter() - started)
+        except BaseException:
+            pool.terminate()
+            raise
+        else:
+            pool.close()
+        finally:
+            pool.join()
     return sorted(repetitions, key=lambda r: r.index)
+
+
+def _ignore_interrupts() -> None:
+    """A worker's start: Ctrl-C is the plan's process to handle (it ends the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_repetition(plan: Plan, directory: Path, table: Path, index: int) -> Repetition:
+    return run_repetition(plan, index, directory, table)
 
 
 def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repetition:

@@ -14,6 +14,9 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from hpo.plan.forecast import DEFAULT_TABLE, percentile_range, share_interval
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
+from tests.processes import alive, kill_all
 
 ROOT = Path(__file__).resolve().parents[3]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
@@ -677,3 +681,48 @@ def test_power_advice_checks_the_seeds_of_its_largest_confirmation_cap_before_an
     from hpo.plan.forecast import PlanOptions, prepare_plan
 
     assert prepare_plan(str(path), PlanOptions(repetitions=2, seed=fits_6)).seeds(1)[1] + 6 <= 2**31 - 1
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a plan's worker processes)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("to", ["the-plan", "its-process-group"])
+def test_ctrl_c_ends_a_plan_in_worker_processes_and_deletes_its_temporary_files(tmp_path, to):
+    """Ctrl-C during `hpo plan --jobs 2`, sent to the plan's process alone (`kill -INT`) or as a terminal and
+    `timeout -s INT` send it (the plan, then its whole process group, workers included): the plan ends the repetitions
+    it runs rather than running the thousands it has left, exits 130 without a traceback, its workers gone, nothing
+    left of its temporary directories and no database made."""
+    path = write(tmp_path / "file.yaml", small_preset())
+    db_file = tmp_path / "none.db"
+    as_from_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                          "sys.argv[0] = 'hpo'; runpy.run_module('hpo', run_name='__main__')")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
+    plan = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "--db", f"sqlite:///{db_file}", "plan",
+                             str(path), "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
+    workers = []
+    try:
+        first = plan.stderr.readline()
+        assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
+        workers = children(plan.pid)
+        assert len(workers) == 2
+        os.kill(plan.pid, signal.SIGINT)
+        if to == "its-process-group":
+            os.killpg(plan.pid, signal.SIGINT)
+        _, err = plan.communicate(timeout=120)  # a safety net: the plan has hours of repetitions left
+    finally:
+        kill_all(plan, workers)
+    assert plan.returncode == 130, err
+    assert "plan interrupted; its temporary databases are deleted" in err
+    assert "Traceback" not in err
+    assert not any(alive(pid) for pid in workers)
+    mine = f"hpo-plan-{plan.pid}-*"
+    assert not list(Path(tempfile.gettempdir()).glob(mine)) and not list(Path("/dev/shm").glob(mine))
+    assert not list(tmp_path.glob("none.db*"))
