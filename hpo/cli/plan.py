@@ -119,7 +119,7 @@ def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
 
     from hpo.plan.pilot_table import PilotTableError, pilot_table, write_table
 
-    storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+    storage = _pilot_storage(args)
     try:
         meta, runs = pilot_table(storage, args.like)
     except PilotTableError as e:
@@ -135,6 +135,19 @@ def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
     seeds = ", ".join(map(str, meta["grid"]["seed"]))
     return replace(options, table=str(path)), (f"the pilot {args.like}'s {len(runs)} runs (seeds {seeds}), as "
                                                f"`hpo table {args.like}` writes them")  # fmt: skip
+
+
+def _pilot_storage(args: argparse.Namespace):
+    """The database, read only, holding the pilot `--like` names: the error names the option where it has none."""
+    from hpo.errors import NotFoundError
+
+    storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+    try:
+        storage.get_experiment_by_name(args.like)
+    except NotFoundError as e:
+        storage.close()
+        raise NotFoundError(f"--like {args.like}: {e}") from None
+    return storage
 
 
 def _advice_progress():
@@ -186,7 +199,7 @@ def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
 
     labels, places = arm_labels(spec), batch_places(spec)
     if args.like:
-        storage = open_storage(args.db, read_only=True)  # read only: the pilot's trials and curves
+        storage = _pilot_storage(args)
         try:
             evidence = pilot_evidence(storage, args.like, labels, places)
         finally:

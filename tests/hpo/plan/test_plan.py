@@ -585,6 +585,8 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
             "--slots: --verdict-only runs nothing",
         ),
         (["--like", "nowhere", "--verdict-only"], "there is no database at"),
+        (["--like", "nosuch", "--verdict-only"], "--like nosuch: no experiment named 'nosuch' in sqlite:///"),
+        (["--like", "nosuch", "--repetitions", "1"], "--like nosuch: no experiment named 'nosuch' in sqlite:///"),
     ],
     ids=[
         "cv-alone",
@@ -593,6 +595,8 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
         "draws-alone",
         "verdict-only-with-slots",
         "no-database",
+        "no-such-pilot",
+        "no-such-pilot-for-its-curves",
     ],
 )
 def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, capsys, args, message):
@@ -600,9 +604,16 @@ def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, 
     if "--difference" in args and "--like" not in args:  # a file whose arms are not two optimizers
         data["compare"] = []
     path = write(tmp_path / "file.yaml", data)
-    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), *args]) == 2
+    db_file = tmp_path / "none.db"
+    if "nosuch" in args:  # a database that holds another experiment
+        write_pilot(db_file, "pilot", {"adamw": exact_spread(math.log(8000), 0.1, 3),
+                                       "lamb": exact_spread(math.log(7000), 0.1, 3)})  # fmt: skip
+        gc.collect()
+    before = files_of(db_file)
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), *args]) == 2
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "none.db").exists()
+    gc.collect()
+    assert files_of(db_file) == before  # none made, or the pilots' left as they were
 
 
 def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys):
