@@ -63,9 +63,9 @@ def _one_interrupt():
 
 def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     import time
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
-    from hpo.plan.advice import check_advice_seeds, trials_advice, trials_advice_lines
+    from hpo.plan.advice import advice_data, check_advice_seeds, trials_advice, trials_advice_lines
     from hpo.plan.forecast import forecast_data, forecast_lines, prepare_plan, run_plan
 
     curves = None
@@ -103,7 +103,7 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
         if args.like:
             data["pilot_curves"] = {"used": plan.options.table is not None, "note": curves}
         if advice:
-            data["advice"] = [asdict(c) | {"reaches": c.right / c.repetitions >= args.power} for c in advice]
+            data["advice"] = advice_data(advice, args.power)
         print(json.dumps(data, indent=1))
         return 0
     lines = forecast_lines(plan, repetitions, seconds, pilot=args.like, curves=curves)

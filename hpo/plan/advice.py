@@ -5,7 +5,7 @@ answers with their interval and median GPU-hours, and the cheapest cell whose ri
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from hpo.experiment.arms import arm_labels
 from hpo.plan.forecast import (
@@ -76,6 +76,13 @@ def trials_advice(base: Plan, known: Sequence[Repetition], jobs: int = 1, progre
                                 percentile_range([r.answer_gpu_h for r in repetitions])[0],
                                 percentile_range([r.answer_wall_h for r in repetitions])[0]))  # fmt: skip
     return cells
+
+
+def advice_data(cells: Sequence[TrialsCell], power: float) -> list[dict]:
+    """The --power table as `hpo plan --json` gives it: each cell with its right answers' 95 % interval, as printed,
+    and whether they reach `power`."""
+    return [asdict(c) | dict(zip(("low", "high"), share_interval(c.right, c.repetitions), strict=True))
+            | {"reaches": c.right / c.repetitions >= power} for c in cells]  # fmt: skip
 
 
 def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm, by_batch: bool = False) -> list[str]:

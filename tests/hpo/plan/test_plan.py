@@ -28,7 +28,7 @@ from scipy import stats
 from hpo.cli.main import main
 from hpo.errors import HpoError
 from hpo.experiment import experiment_from_dict, stored_form
-from hpo.plan.advice import advice_budgets
+from hpo.plan.advice import TrialsCell, advice_budgets, advice_data, trials_advice_lines
 from hpo.plan.forecast import DEFAULT_TABLE, percentile_range, share_interval
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint
@@ -649,6 +649,7 @@ def test_power_alone_advises_tuning_trials_and_cap_from_plans_at_each_cell(tmp_p
         assert row["right"] == alone["judged"]["right"]["count"] and row["repetitions"] == 3
         assert row["gpu_hours"] == alone["answer"]["gpu_hours"]["median"]
         assert row["per_arm"] == row["trials"] / 2 and row["reaches"] == (row["right"] / 3 >= 0.6)
+        assert (row["low"], row["high"]) == share_interval(row["right"], 3)
     text = plan_out(capsys, "plan", str(path), "--repetitions", "3", "--power", "0.6")
     enough = [row for row in advice if row["reaches"]]
     if enough:
@@ -659,6 +660,25 @@ def test_power_alone_advises_tuning_trials_and_cap_from_plans_at_each_cell(tmp_p
         ) in text
     else:
         assert "none of these budgets reaches 60%" in text
+
+
+def test_the_advice_as_json_has_the_printed_rows_figures():
+    """`hpo plan --power P --json` without a spread: each cell of the advice has the figures of its printed row (right
+    answers, their share and Wilson's 95 % interval, GPU-hours, wall-clock hours, whether it reaches P)."""
+    cells = [TrialsCell(24, 12.0, 6, 1, 10, 101.25, 0.5), TrialsCell(48, 24.0, 9, 8, 10, 210.5, 1.25),
+             TrialsCell(96, 48.0, 12, 10, 10, 400.0, 2.0)]  # fmt: skip
+    lines = trials_advice_lines(cells, 0.8, "auto")
+    for row in advice_data(cells, 0.8):
+        printed = next(line.split() for line in lines if line.startswith(f"  {row['trials']} ({row['per_arm']:g}), "))
+        z = 1.959963984540054  # Wilson's interval, computed here
+        n, p = row["repetitions"], row["right"] / row["repetitions"]
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(
+            p * (1 - p) / n + z * z / (4 * n * n))  # fmt: skip
+        assert (row["low"], row["high"]) == pytest.approx((centre - half, centre + half))
+        assert printed[2:10] == [str(row["max_confirm_seeds"]), f"{row['right']}/{n}", f"{p:.0%}",
+                                 f"{row['low']:.0%}", "to", f"{row['high']:.0%}", f"{row['gpu_hours']:,.1f}",
+                                 f"{row['wall_hours']:.2f}"]  # fmt: skip
+        assert row["reaches"] == ("reaches" in printed)
 
 
 @pytest.mark.parametrize(
