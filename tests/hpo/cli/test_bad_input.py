@@ -271,12 +271,17 @@ def test_a_database_url_whose_port_is_not_a_number_is_bad_input_without_its_pass
     assert list(tmp_path.iterdir()) == []
 
 
+def unused_port() -> int:
+    """A port nothing listens on: a connection to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_a_password_in_the_urls_query_is_not_shown(capsys):
     """libpq takes `?password=` (and `?sslpassword=`) as well as `user:password@`: errors showed them as given."""
     pytest.importorskip("psycopg")
-    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     url = f"postgresql+psycopg://u@127.0.0.1:{port}/d?password=s3cret-pw&sslpassword=s3cret-key&connect_timeout=2"
     assert main(["--db", url, "status"]) == 1
     err = capsys.readouterr().err
@@ -303,9 +308,7 @@ def test_a_password_with_an_at_sign_not_percent_encoded_is_refused_without_showi
 
 def test_a_database_that_cannot_be_reached_still_exits_1(capsys):
     pytest.importorskip("psycopg")
-    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     assert main(["--db", f"postgresql+psycopg://u@127.0.0.1:{port}/d", "status"]) == 1
     assert "connection failed" in capsys.readouterr().err
 

@@ -74,24 +74,34 @@ def welch_power(runs: int, level: float, cv: float = 0.1, difference: float = 0.
     return float(np.mean((test.pvalue < level) & (test.statistic < 0)))
 
 
+def stated_chances(tmp_path, capsys, difference: str, draws: int, confirm_seeds: int, one_optimizer: bool = False
+                   ) -> str:  # fmt: skip
+    """What `hpo plan --cv 10% --difference D --verdict-only` prints of a copy of the preset with `confirm_seeds` (of
+    AdamW alone: `one_optimizer`); no database is opened."""
+    import yaml
+
+    data = yaml.safe_load(PRESET.read_text())
+    data["budget"]["confirm_seeds"] = confirm_seeds
+    data["base_config"] = "demo_cpu"  # the shipped config by name, from the copy's folder
+    if one_optimizer:
+        data["space"]["optimizer.name"] = {"choice": ["adamw"]}
+        data["space"] = {name: param for name, param in data["space"].items() if "lamb" not in name}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference",
+                 difference, "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
+    return capsys.readouterr().out
+
+
 def test_stated_chances_of_a_batch_size_study_are_the_t_tests_power_at_each_batch_size(tmp_path, capsys):
     """A stated spread (CV 10 %, AdamW 20 % faster at every batch size), 6 runs per arm: the verdict at each of the
     2 batch sizes is a Welch test at half the level (the error shared over them), so its chance of naming AdamW is
     the power of Welch's test on ln values at that level (`welch_power`, with scipy); the study is right where both
     are, and the draws at the two batch sizes are independent."""
-    import yaml
-
     from hpo.evidence.verdict import ALPHA
 
-    data = yaml.safe_load(PRESET.read_text())
-    data["budget"]["confirm_seeds"] = 6
-    data["base_config"] = "demo_cpu"  # the shipped config by name, from the copy's folder
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
     draws, k = 1000, 6
-    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "20%",
-                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out = stated_chances(tmp_path, capsys, "20%", draws, k)
     power = welch_power(k, ALPHA / 2)  # two-sided at ALPHA / 2 batch sizes (the whole level: 0.91; a third: 0.76)
     assert "the truth at every batch size: adamw needs 20.0% fewer samples than lamb" in out
     assert "the verdict at each of 2 batch sizes (the error shared over them" in out
@@ -143,19 +153,10 @@ def test_at_a_tie_the_verdicts_at_each_batch_size_name_a_wrong_winner_at_their_s
     """A stated tie at both batch sizes, 10 runs per arm: each verdict is a Welch test at half the level, so each
     names a winner (wrong at a tie) in about ALPHA / 2 of experiments, and the study is wrong somewhere in about
     1 - (1 - ALPHA / 2)² (independent batch sizes), at most ALPHA: the error is shared, not spent whole at each."""
-    import yaml
-
     from hpo.evidence.verdict import ALPHA
 
-    data = yaml.safe_load(PRESET.read_text())
-    data["budget"]["confirm_seeds"] = 10
-    data["base_config"] = "demo_cpu"
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
     draws = 2000
-    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "0",
-                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out = stated_chances(tmp_path, capsys, "0", draws, 10)
     for batch in (32, 128):
         assert abs(rows_at(out, f"  at batch {batch}:")["wrong: an arm named"] / draws - ALPHA / 2) < 0.01
     line = next(line for line in out.splitlines() if line.startswith("  a wrong answer at some batch size"))
@@ -168,21 +169,10 @@ def test_a_batch_size_study_of_one_optimizer_gets_the_chances_of_its_one_verdict
     asks the experiment's verdict between its arms, so the chances are of that verdict, the first arm (batch 32)
     20 % faster. 6 runs per arm at the whole level: the power of Welch's test on ln values (`welch_power`). (They
     were drawn at each batch size, 100 % "not yet", the truth "adamw needs 20.0% fewer samples than " nothing.)"""
-    import yaml
-
     from hpo.evidence.verdict import ALPHA
 
-    data = yaml.safe_load(PRESET.read_text())
-    data["budget"]["confirm_seeds"] = 6
-    data["base_config"] = "demo_cpu"
-    data["space"]["optimizer.name"] = {"choice": ["adamw"]}
-    data["space"] = {name: param for name, param in data["space"].items() if "lamb" not in name}
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
     draws, k = 1000, 6
-    assert main(["--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path), "--cv", "10%", "--difference", "20%",
-                 "--verdict-only", "--draws", str(draws)]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out = stated_chances(tmp_path, capsys, "20%", draws, k, one_optimizer=True)
     first, second = (f"optimizer.name=adamw,batch.global_batch_size={batch}" for batch in (32, 128))
     assert f"the truth: {first} needs 20.0% fewer samples than {second}" in out
     assert "at batch" not in out
