@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from trainer.config import ModelConfig, OptimizerConfig
-from trainer.data.batch import pack_batch
+from trainer.data.batch import ShapeBudget, masked_counts, pack_batch
 from trainer.data.shards import PretrainingSamples
 from trainer.errors import ConfigError
 from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss
@@ -109,14 +109,16 @@ def category(name: str) -> str | None:
     return None
 
 
-VARIANT_FLAGS = {"compile": "compile", "half": "half_residual"}  # `+FLAG` -> the ModelConfig switch it turns on
+VARIANT_FLAGS = {"compile": "compile", "half": "half_residual", "static": "static_shapes"}  # `+FLAG` -> its switch
 
 
 def parse_variant(text: str) -> dict:
     """`jagged+compile` -> {"attention": "jagged", "compile": True, "half_residual": False}."""
     kernel, *flags = text.split("+")
     if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS for f in flags):
-        raise SystemExit(f"--variants: {text!r} is not KERNEL[+compile][+half] with KERNEL one of {ATTENTION_KERNELS}")
+        raise SystemExit(
+            f"--variants: {text!r} is not KERNEL[+compile][+half][+static] with KERNEL one of {ATTENTION_KERNELS}"
+        )
     return {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
 
 
@@ -191,8 +193,18 @@ def optimizer_step(opt, device, profiled: bool = False) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def step_ours(model, opt, samples, index, device, autocast, profiled=False):
-    batch = pack_batch(samples, index).to(device)
+def fixed_shape(samples: PretrainingSamples, batch: int, steps: int) -> ShapeBudget:
+    """`model.static_shapes`' budget for the benchmark's `steps` batches of `batch` sequences (the trainer's is its
+    first epoch's): above the most tokens and masked positions any of them holds."""
+    masked = masked_counts(samples)
+    spans = [slice(k * batch, (k + 1) * batch) for k in range(steps)]
+    return ShapeBudget.fitting(
+        max(int(samples.lengths[s].sum()) for s in spans), max(int(masked[s].sum()) for s in spans)
+    )
+
+
+def step_ours(model, opt, samples, index, device, autocast, profiled=False, budget: ShapeBudget | None = None):
+    batch = pack_batch(samples, index, budget).to(device)
     with autocast_region(device, autocast):
         loss = pretraining_loss(model(batch), batch).total
     loss.backward()
@@ -358,7 +370,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="auto",
-        help="ours, comma-separated: KERNEL[+compile][+half] (+half: model.half_residual; default: auto)",
+        help="ours, comma-separated: KERNEL[+compile][+half][+static] (+half: model.half_residual; +static: "
+        "model.static_shapes, every batch padded to one budget; default: auto)",
     )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
@@ -386,8 +399,9 @@ def main() -> None:
     opt_cfg = OptimizerConfig(name="lamb", lr=1e-4)
     runners = {}
     for variant, model in ours.items():
-        runners[f"ours {variant}"] = (partial(step_ours, model, samples=samples, device=device, autocast=autocast),
-                                      model)  # fmt: skip
+        budget = fixed_shape(samples, args.batch, args.steps + args.warmup + 1) if model.config.static_shapes else None
+        runners[f"ours {variant}"] = (partial(step_ours, model, samples=samples, device=device, autocast=autocast,
+                                              budget=budget), model)  # fmt: skip
     if not args.no_hf:
         runners["HF padded to seq-len"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
                                                    pad_to=args.seq_len), hf)  # fmt: skip

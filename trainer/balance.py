@@ -293,6 +293,11 @@ class RankBatchSampler:
         return np.array([[(int(self.lengths[b].sum()), len(b)) for b in step] for step in plan],
                         dtype=np.int64).reshape(len(plan), self.world_size, 2)  # fmt: skip
 
+    def largest(self, epoch: int, per_sample: np.ndarray) -> int:
+        """The most of `per_sample` (a number per sample: its tokens, its masked positions) that any micro-batch of
+        `epoch` holds, over every rank's, from the epoch's plan: the same on every rank, without asking the others."""
+        return max(int(per_sample[b].sum()) for step in self._plan(self.method, epoch) for b in step)
+
     def _plan(self, method: str, epoch: int) -> Plan:
         """The epoch's plan, made once: the trainer asks for an epoch's batches and then for its loads."""
         if self._last_plan is None or self._last_plan[0] != (method, epoch):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer.data.batch import pack_batch
+from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_reduce_sum
 from trainer.model import BertForPreTraining, pretraining_loss
@@ -31,15 +31,17 @@ def evaluate(
     device: torch.device,
     env: DistEnv,
     autocast_dtype: torch.dtype | None = None,
+    budget: ShapeBudget | None = None,
 ) -> EvalResult:
-    """Evaluate on all of `samples`; each rank takes every world_size-th sample and the counts are summed."""
+    """Evaluate on all of `samples`; each rank takes every world_size-th sample and the counts are summed. With
+    `budget` (`model.static_shapes`), every batch padded to it."""
     was_training = model.training
     model.eval()
     mine = np.arange(env.rank, len(samples), env.world_size)
     count = 0
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss sum, NSP correct: read once at the end
     for start in range(0, len(mine), batch_size):
-        batch = pack_batch(samples, mine[start : start + batch_size]).to(device)
+        batch = pack_batch(samples, mine[start : start + batch_size], budget).to(device)
         with autocast(device, autocast_dtype):
             out = model(batch)
         loss = pretraining_loss(out, batch)

@@ -25,6 +25,9 @@ With `model.compile`, the per-token parts of every encoder layer (dense + bias +
 + LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
 are the reference, and parameter names do not change.
 
+With `model.static_shapes`, batches come padded to a budget (`trainer.data.batch.ShapeBudget`): the per-token layers
+run on the padding too, attention and the heads only on the sequences, so the compiled layers see one shape.
+
 With `model.half_residual`, under bf16/fp16 autocast every LayerNorm reads and writes the half dtype (statistics in
 fp32), so the residual stream between layers is half precision, as in NVIDIA's MLPerf BERT, instead of autocast's fp32.
 
@@ -43,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
-from trainer.data.batch import PackedBatch, RowPacking
+from trainer.data.batch import IGNORE, PackedBatch, RowPacking
 from trainer.errors import CheckpointError, ConfigError
 
 # PyTorch's CPU math path for jagged attention builds a strided nested tensor internally and warns about that layout
@@ -158,7 +161,18 @@ def packed_attention(
 ) -> torch.Tensor:
     """Attention within each packed sequence of qkv [T, 3, heads, head_dim] (query, key, value); returns
     [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or a grid, padded or packed
-    (see the module's doc)."""
+    (see the module's doc). A batch padded to a budget (`model.static_shapes`) attends over its sequences' tokens
+    only; its padding tokens' rows of the result are zeros (and so are their gradients)."""
+    if batch.padded:
+        out = attend(qkv[: batch.num_tokens], batch, layout, dropout_p)
+        return F.pad(out, (0, 0, 0, 0, 0, qkv.shape[0] - batch.num_tokens))
+    return attend(qkv, batch, layout, dropout_p)
+
+
+def attend(
+    qkv: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
+) -> torch.Tensor:
+    """`packed_attention` of the sequences' tokens of qkv [T, 3, heads, head_dim] (no budget's padding)."""
     if layout is None:  # the varlen kernel works on the packed stream directly
         q, k, v = qkv.unbind(1)
         return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p)
@@ -226,7 +240,8 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
         return JaggedLayout(batch.cu_seqlens.long(), batch.max_seqlen, batch.min_seqlen)
     if kernel == "packed":
         return PaddingLayout.from_rows(batch.row_packing())
-    return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, batch.position_ids, batch.max_seqlen)
+    positions = batch.position_ids[: batch.num_tokens]  # the sequences' tokens, not a budget's padding
+    return PaddingLayout.from_cu_seqlens(batch.cu_seqlens, positions, batch.max_seqlen)
 
 
 # --------------------------------------------------------------------------- encoder
@@ -442,11 +457,13 @@ class BertForPreTraining(nn.Module):
     def compile_token_layers(self) -> None:
         """Compile, in place, the per-token parts of every encoder layer and the MLM transform (`model.compile`):
         `torch.compile` fuses bias + GELU and dropout + residual + LayerNorm into the matrix products' neighbours.
-        Compiled on first use; dynamic in the number of tokens, so batches of any size reuse the same kernels."""
+        Compiled on first use; dynamic in the number of tokens, so batches of any size reuse the same kernels, or,
+        with `model.static_shapes` (every batch padded to one budget), for that one shape."""
+        dynamic = not self.config.static_shapes
         for layer in self.bert.encoder.layer:
             for part in (layer.attention.output, layer.intermediate, layer.output):
-                part.compile(dynamic=True)
-        self.cls.predictions.transform.compile(dynamic=True)
+                part.compile(dynamic=dynamic)
+        self.cls.predictions.transform.compile(dynamic=dynamic)
 
     def _init_weights(self, module: nn.Module) -> None:
         # Same init as HF BERT: N(0, initializer_range) weights, zero biases, unit LayerNorm.
@@ -472,10 +489,12 @@ def pretraining_loss(
     them by `mlm_weight` and `nsp_weight` (a micro-batch's shares of its step's masked tokens and sequences, so that
     the micro-batches' totals add up to the step's own loss: `trainer.train.train_step`).
 
-    A batch without masked tokens (rows too short to mask) has an MLM loss of 0, not the NaN of an empty mean.
+    A batch without masked tokens (rows too short to mask) has an MLM loss of 0, not the NaN of an empty mean. The
+    masked positions that pad a batch to a budget (label IGNORE) count in neither the loss nor the hits.
     """
-    masked = batch.masked_labels.numel()
-    mlm = F.cross_entropy(out.mlm_logits.float(), batch.masked_labels, reduction="sum") / max(masked, 1)
+    masked = batch.num_masked
+    mlm = F.cross_entropy(out.mlm_logits.float(), batch.masked_labels, reduction="sum", ignore_index=IGNORE)
+    mlm = mlm / max(masked, 1)
     nsp = F.cross_entropy(out.nsp_logits.float(), batch.next_sentence_labels)
     with torch.no_grad():
         correct = (out.mlm_logits.argmax(-1) == batch.masked_labels).sum()

@@ -41,7 +41,7 @@ from trainer.checkpoint import (
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
-from trainer.data.batch import PackedBatch, pack_batch
+from trainer.data.batch import PackedBatch, ShapeBudget, masked_counts, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples, count_samples, find_shards
 from trainer.distributed import (
@@ -463,6 +463,8 @@ class Run:
     probe: NormProbe | None  # None: noise scale off or not measurable (one process, no accumulation)
     noise_scale: NoiseScaleEstimator
     mlperf: MLPerfLog  # MLPerf's mllog events (does nothing unless log.mlperf names a file, and on ranks > 0)
+    shapes: ShapeBudget | None = None  # model.static_shapes: what every training micro-batch is padded to
+    eval_shapes: ShapeBudget | None = None  # and every evaluation batch
 
     @property
     def module(self) -> torch.nn.Module:
@@ -515,7 +517,7 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     if probe is not None and accumulation == 1 and env.world_size > 2 and clips_before_allreduce:
         log(env, f"noise scale: approximate while {cfg.clipping.strategy} clipping bites on {env.world_size} ranks "
                  "(the unclipped average is never formed); accumulate >= 2 micro-batches for an exact one")  # fmt: skip
-    return Run(
+    run = Run(
         cfg,
         env,
         device,
@@ -537,6 +539,35 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
         NoiseScaleEstimator(cfg.log.noise_scale_decay),
         mlperf,
     )
+    if cfg.model.static_shapes:
+        run.shapes, run.eval_shapes = shape_budgets(sampler, train_samples, eval_samples, cfg.eval.batch_size, env)
+    return run
+
+
+def fixed_shapes_line(run: Run) -> str:
+    """The start-up line of `model.static_shapes`: the budgets, and the share of the first epoch's padded tokens
+    that are padding (computed and thrown away)."""
+    shapes, evaluation = run.shapes, run.eval_shapes
+    mean = float(run.sampler.loads(0)[:, :, 0].mean())
+    return (f"fixed shapes: micro-batches padded to {shapes.tokens:,} tokens and {shapes.masked:,} masked positions "
+            f"({1 - mean / shapes.tokens:.1%} of the tokens padding in the first epoch), evaluation batches to "
+            f"{evaluation.tokens:,} and {evaluation.masked:,}")  # fmt: skip
+
+
+def shape_budgets(
+    sampler: Any, train: PretrainingSamples, eval_: PretrainingSamples, eval_batch_size: int, env: DistEnv
+) -> tuple[ShapeBudget, ShapeBudget]:
+    """`model.static_shapes`: the budget of the training micro-batches, from the first epoch's (every rank's: each
+    rank pads to the same), and the evaluation batches' (the evaluation set's, split as `evaluate` splits it)."""
+    masked = masked_counts(train)
+    shapes = ShapeBudget.fitting(sampler.largest(0, train.lengths), sampler.largest(0, masked))
+    eval_masked, most = masked_counts(eval_), (0, 0)
+    for rank in range(env.world_size):
+        mine = np.arange(rank, len(eval_), env.world_size)
+        for start in range(0, len(mine), eval_batch_size):
+            index = mine[start : start + eval_batch_size]
+            most = (max(most[0], int(eval_.lengths[index].sum())), max(most[1], int(eval_masked[index].sum())))
+    return shapes, ShapeBudget.fitting(*most)
 
 
 def restore(run: Run) -> TrainState:
@@ -725,8 +756,8 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
     measured = run.probe is not None and step % run.cfg.log.noise_scale_every == 0
     if run.probe is not None:
         run.probe.measure(measured)
-    batches = [pack_batch(run.train_samples, idx).to(run.device) for idx in micro_batches]
-    masked = sum(b.masked_labels.numel() for b in batches)
+    batches = [pack_batch(run.train_samples, idx, run.shapes).to(run.device) for idx in micro_batches]
+    masked = sum(b.num_masked for b in batches)
     loss_sum = torch.zeros((), device=run.device)
     correct = torch.zeros((), device=run.device)
     sequences = sum(b.num_sequences for b in batches)
@@ -734,7 +765,7 @@ def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
         # Each micro-batch's MLM loss weighed by its share of the step's masked tokens and its NSP loss by its share
         # of the sequences: their sum is the step's loss (MLM over all its masked tokens, NSP over all its
         # sequences), and its gradient the same however the step is split (up to rounding and dropout masks).
-        mlm_weight, nsp_weight = batch.masked_labels.numel() / max(masked, 1), batch.num_sequences / sequences
+        mlm_weight, nsp_weight = batch.num_masked / max(masked, 1), batch.num_sequences / sequences
         probe = micro_batch_probe(run, mlm_weight) if measured else nullcontext()  # MLM's gradient dominates
         with run.clipper.backward_context(last_micro_batch=i == len(batches) - 1), probe:
             loss, ok = forward_backward(run, batch, mlm_weight, nsp_weight)
@@ -797,7 +828,8 @@ def epoch_steps(run: Run, state: TrainState):
 def run_eval(run: Run, state: TrainState, elapsed: float) -> bool:
     """Evaluate, record, and say whether the target is reached."""
     run.mlperf.eval_start(state.samples)
-    result = evaluate(run.model, run.eval_samples, run.cfg.eval.batch_size, run.device, run.env, run.autocast)
+    result = evaluate(run.model, run.eval_samples, run.cfg.eval.batch_size, run.device, run.env, run.autocast,
+                      run.eval_shapes)  # fmt: skip
     run.mlperf.eval_stop(state.samples, result.mlm_accuracy)
     record = {"samples": state.samples, "step": state.step, "time_s": round(elapsed, 3), **asdict(result)}
     state.evals.append(record)
@@ -1026,6 +1058,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
         f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
     )
+    if run.shapes is not None:
+        log(env, fixed_shapes_line(run))
     warn_long_warmup(run)
     warn_idle_steps(run)
     status, reason, error = TrainStatus.FAILED, None, None

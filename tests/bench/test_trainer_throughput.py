@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.trainer_throughput import print_breakdowns, step_ours, time_steps
+from bench.trainer_throughput import fixed_shape, parse_variant, print_breakdowns, step_ours, time_steps
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.config import OptimizerConfig
+from trainer.data.batch import masked_counts
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer
 
@@ -222,3 +223,15 @@ def test_a_breakdown_that_fails_is_said_and_the_others_still_come_until_the_dead
     assert lines[2].split()[0] == "ours" and len(lines) == 3  # profiled: the row of its parts
     print_breakdowns(runners, optimizers, sizes, at_step=1, device=torch.device("cpu"), top=0, deadline=0.0)
     assert capsys.readouterr().out == "  breakdown left out: --max-seconds has passed\n"
+
+
+def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_largest():
+    """`+static` (model.static_shapes): one budget for all the benchmark's batches, the next multiple of 64 above the
+    most tokens any of them holds, and masked positions for the most any holds."""
+    assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
+                                                           "half_residual": True, "static_shapes": True}  # fmt: skip
+    samples = make_samples(LENGTHS)
+    budget = fixed_shape(samples, 3, 2)  # batches [7, 33, 64] (104 tokens) and [12, 50, 5] (67)
+    assert budget.tokens == 128
+    masked = masked_counts(samples)
+    assert budget.masked == 8 * -(-max(masked[:3].sum(), masked[3:6].sum()) // 8)

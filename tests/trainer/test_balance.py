@@ -339,6 +339,11 @@ def test_the_loads_are_every_ranks_tokens_and_sequences_of_each_micro_batch(meth
     assert loads.shape == (len(plan), 4, 2)
     assert loads.tolist() == [[[int(lengths[b].sum()), len(b)] for b in step] for step in plan]
     assert len(set(loads[-1, :, 1].tolist())) > 1 and loads[:, :, 1].sum() == len(lengths)
+    # The most any micro-batch holds (model.static_shapes' budget), of every rank's: the tokens from the loads above,
+    # another count per sample (here each sample's index) from the plan's batches
+    assert sampler.largest(1, lengths) == loads[:, :, 0].max()
+    index = np.arange(len(lengths))
+    assert sampler.largest(1, index) == max(int(b.sum()) for step in plan for b in step)
 
 
 def _sampler_worker(rank: int, world_size: int, init_method: str, out_dir: str, lengths: np.ndarray) -> None:

@@ -19,7 +19,7 @@ import torch._inductor.config as inductor_config
 
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.config import OptimizerConfig
-from trainer.data.batch import pack_batch
+from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.errors import ConfigError
 from trainer.model import (
     BertForPreTraining,
@@ -67,13 +67,16 @@ def exact_gradients(model: BertForPreTraining, samples, steps: int = 3) -> dict:
     return train_steps(copy.deepcopy(model).double(), samples, steps)[1]
 
 
-def train_steps(model: BertForPreTraining, samples, steps: int = 3, seed: int = 1) -> tuple[list[float], dict]:
-    """`steps` AdamW steps over rotating micro-batches, dropout drawn from `seed`; the losses and last gradients."""
+def train_steps(
+    model: BertForPreTraining, samples, steps: int = 3, seed: int = 1, budget: ShapeBudget | None = None
+) -> tuple[list[float], dict]:
+    """`steps` AdamW steps over rotating micro-batches (padded to `budget` if given), dropout drawn from `seed`; the
+    losses and last gradients."""
     optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3))
     torch.manual_seed(seed)
     losses = []
     for step in range(steps):
-        batch = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), step)[:6])
+        batch = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), step)[:6], budget)
         loss = pretraining_loss(model(batch), batch)
         optimizer.zero_grad(set_to_none=True)
         loss.total.backward()
@@ -211,6 +214,53 @@ def test_compiled_layers_match_the_eager_model_over_optimizer_steps(inductor_use
     assert graphs["unique_graphs"] > 0
     for index in ([0, 1], [1, 2, 3, 4, 5, 6, 7]):
         batch = pack_batch(samples, np.array(index))
+        pretraining_loss(compiled(batch), batch).total.backward()
+    assert dict(torch._dynamo.utils.counters["stats"]) == graphs
+
+
+@pytest.mark.parametrize("attention", ["padded", "jagged", "packed"])
+def test_batches_padded_to_a_budget_train_as_the_unpadded_ones(attention):
+    """Fixed shapes (`model.static_shapes`): micro-batches of 180 to 256 tokens padded to 320 (and their masked
+    positions to 48) give the unpadded model's losses and gradients over optimizer steps, on every CPU kernel:
+    the padding tokens never reach attention and the padding masked positions no loss (without dropout, whose
+    draws the padding would shift)."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    plain = BertForPreTraining(make_model_config(attention=attention))
+    static = BertForPreTraining(make_model_config(attention=attention, static_shapes=True))
+    static.load_state_dict(plain.state_dict())
+    exact = exact_gradients(plain, samples)
+    reference_losses, reference_grads = train_steps(plain, samples)
+    budget = ShapeBudget(320, 48)
+    batch = pack_batch(samples, np.arange(6), budget)
+    assert batch.input_ids.numel() - batch.num_tokens > 64 and batch.masked_labels.numel() > batch.num_masked
+    losses, grads = train_steps(static, samples, budget=budget)
+    assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
+    assert_gradients_close(grads, reference_grads, exact)
+
+
+def test_compiled_layers_on_fixed_shapes_match_the_eager_model_and_compile_once(inductor_uses_eager_random):
+    """With `model.static_shapes` the layers are compiled for one shape: the compiled model on batches padded to a
+    budget, with BERT's dropout, gives the eager model's losses and gradients on the same batches, and batches of
+    other token counts padded to the same budget run without compiling again."""
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, static_shapes=True)
+    torch.manual_seed(0)
+    eager = BertForPreTraining(cfg)
+    compiled = BertForPreTraining(cfg.model_copy(update={"compile": True}))
+    compiled.load_state_dict(eager.state_dict())
+    budget = ShapeBudget(320, 48)
+    exact = train_steps(copy.deepcopy(eager).double(), samples, budget=budget)[1]
+    reference_losses, reference_grads = train_steps(eager, samples, budget=budget)
+    losses, grads = train_steps(compiled, samples, budget=budget)
+    assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
+    assert losses != train_steps(copy.deepcopy(eager), samples, seed=2, budget=budget)[0]  # the dropout draws matter
+    assert_gradients_close(grads, reference_grads, exact)
+    graphs = dict(torch._dynamo.utils.counters["stats"])
+    assert graphs["unique_graphs"] > 0
+    for index in ([0, 1], [1, 2, 3, 4, 5, 6, 7]):
+        batch = pack_batch(samples, np.array(index), budget)
+        assert batch.input_ids.numel() == 320
         pretraining_loss(compiled(batch), batch).total.backward()
     assert dict(torch._dynamo.utils.counters["stats"]) == graphs
 

@@ -12,8 +12,10 @@ import torch
 
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
+from trainer.balance import plan_epoch
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_config
+from trainer.data.shards import load_samples
 from trainer.errors import TrainerError
 from trainer.model import flash_device
 from trainer.report import JsonLinesReporter, read_jsonl
@@ -93,6 +95,31 @@ def test_the_split_into_micro_batches_changes_neither_the_losses_nor_the_trainin
         losses_of[micro] = losses(records)
     assert len(losses_of[8]) == 12
     assert losses_of[2] == pytest.approx(losses_of[8], rel=1e-5)
+
+
+def test_fixed_shapes_train_as_the_unpadded_batches(tmp_path, capfd):
+    """`model.static_shapes` pads every micro-batch to the first epoch's budget (and every evaluation batch to the
+    evaluation set's): without dropout the losses, evaluations and throughput's token counts are those of the run
+    without padding, with accumulation (micro-batches of 2) and over more than one epoch (96 sequences)."""
+    no_dropout = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0,
+                  "batch.micro_batch_size": 2, "budget.max_samples": 128}  # fmt: skip
+    plain, plain_records = run(tmp_path / "plain", **no_dropout)
+    capfd.readouterr()
+    static, static_records = run(tmp_path / "static", **no_dropout, **{"model.static_shapes": True})
+    printed = capfd.readouterr()
+    line = next(line for line in (printed.out + printed.err).splitlines() if "fixed shapes" in line)
+    # The budget from the first epoch's plan (micro-batches of 2 of the 96 sequences): the next multiple of 64
+    # above its largest micro-batch's tokens
+    cfg = load_config(None, make_train_overrides(tmp_path / "static", **no_dropout))
+    lengths = load_samples(cfg.data.train).lengths
+    plan = plan_epoch(lengths, cfg.balance.method, cfg.balance.bins, 2, 1, 1, cfg.seed, 0, cfg.data.shuffle)
+    largest = max(int(lengths[b].sum()) for step in plan for b in step)
+    assert f"micro-batches padded to {64 * (largest // 64 + 1)} tokens" in line, line
+    assert len(losses(plain_records)) == 16
+    assert losses(static_records) == pytest.approx(losses(plain_records), rel=1e-5)
+    evals = [[r["mlm_accuracy"], r["masked_tokens"]] for r in plain_records if r.get("event") == "eval"]
+    assert [[r["mlm_accuracy"], r["masked_tokens"]] for r in static_records if r.get("event") == "eval"] == evals
+    assert static.samples == plain.samples == 128
 
 
 def test_the_default_decay_horizon_counts_the_short_last_step_of_each_epoch(tmp_path):
@@ -435,7 +462,7 @@ FLASH_ONLY = pytest.mark.skipif(
 @pytest.mark.parametrize(
     ("optimizer", "strategy", "attention", "noise_every"),
     [("lamb", "after_allreduce", "auto", 1), ("adamw", "before_allreduce", "padded", 1),
-     ("lamb", "bucketwise", "padded", 1000), ("adamw", "none", "auto", 1000)],
+     ("lamb", "bucketwise", "padded", 1000), ("adamw", "none", "auto", 1000), ("lamb", "none", "static", 1)],
 )  # fmt: skip
 def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_device(
     tmp_path, optimizer, strategy, attention, noise_every
@@ -457,6 +484,8 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
     overrides = {"optimizer.name": optimizer, "clipping.strategy": strategy, "model.hidden_dropout_prob": 0.1,
                  "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": noise_every,
                  "model.attention": attention}  # fmt: skip
+    if attention == "static":  # fixed shapes (model.static_shapes) on the padded grid
+        overrides.update({"model.attention": "padded", "model.static_shapes": True})
     cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
     env, device = dist_env_from_environ(), torch.device("meta")
     run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))

@@ -8,6 +8,11 @@ so the MLM head runs only on the masked tokens.
 For attention on a grid (`model.attention: packed`), the batch can also say where each token sits when the
 sequences are packed into rows as wide as the longest one, several short sequences to a row (first-fit decreasing,
 on the host, where the lengths are known: `PackedBatch.row_packing`, built the first time the model asks).
+
+With fixed shapes (`model.static_shapes`), every micro-batch is padded to one `ShapeBudget` (as NVIDIA's packed BERT
+runs fixed-size packs): padding tokens after the last sequence and padding masked positions whose labels are
+`IGNORE` (-100), so that the steps repeat one shape. The padding tokens run through the per-token layers and are
+dropped before attention; the padding masked positions count in no loss and no accuracy.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import numpy as np
 import torch
 
 from trainer.data.shards import PretrainingSamples
+
+IGNORE = -100  # the label of a padding masked position: cross-entropy's ignore_index
+TOKEN_MULTIPLE = 64  # a budget's tokens are a multiple of this (tensor-core friendly)
+MASKED_MULTIPLE = 8
 
 
 @dataclass
@@ -34,6 +43,8 @@ class PackedBatch:
     masked_labels: torch.Tensor  # int64 [M], original token ids at those positions
     next_sentence_labels: torch.Tensor  # int64 [B], 0 = IsNext, 1 = NotNext
     lengths: np.ndarray | None = None  # int64 [B] on the host: each sequence's length (for `row_packing`)
+    valid_tokens: int | None = None  # with padding (`ShapeBudget`): the sequences' tokens, the first of the stream
+    valid_masked: int | None = None  # with padding: the real masked positions, the first of masked_positions
     _rows: RowPacking | None = field(default=None, init=False, repr=False, compare=False)  # once built
 
     @property
@@ -42,7 +53,18 @@ class PackedBatch:
 
     @property
     def num_tokens(self) -> int:
-        return self.input_ids.numel()
+        """The sequences' tokens (padding to a budget not counted)."""
+        return self.input_ids.numel() if self.valid_tokens is None else self.valid_tokens
+
+    @property
+    def num_masked(self) -> int:
+        """The masked positions of the sequences (padding to a budget not counted)."""
+        return self.masked_labels.numel() if self.valid_masked is None else self.valid_masked
+
+    @property
+    def padded(self) -> bool:
+        """Whether the stream has padding tokens after its sequences (`ShapeBudget`)."""
+        return self.num_tokens < self.input_ids.numel()
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The batch on `device`; to a GPU from pinned memory, so the copies do not make the host wait."""
@@ -119,8 +141,41 @@ def pack_rows(lengths: np.ndarray) -> RowPacking:
     return RowPacking(torch.from_numpy(slots), torch.from_numpy(segments), rows, width)
 
 
-def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
-    """Gather rows `index` of `samples` into a `PackedBatch` (valid tokens only)."""
+@dataclass(frozen=True)
+class ShapeBudget:
+    """The shape every micro-batch is padded to with fixed shapes: `tokens` in the packed stream (more than any
+    micro-batch's, so that each has a padding token for the padding masked positions to point at) and `masked`
+    masked positions."""
+
+    tokens: int
+    masked: int
+
+    @staticmethod
+    def fitting(tokens: int, masked: int) -> ShapeBudget:
+        """The smallest budget above `tokens` tokens (a multiple of TOKEN_MULTIPLE) that holds `masked` masked
+        positions (a multiple of MASKED_MULTIPLE)."""
+        return ShapeBudget(_round_up(tokens + 1, TOKEN_MULTIPLE), _round_up(max(masked, 1), MASKED_MULTIPLE))
+
+    def holding(self, tokens: int, masked: int) -> ShapeBudget:
+        """This budget, or, for a micro-batch it cannot hold (an epoch's after the one it was made from), one that
+        holds both."""
+        if tokens < self.tokens and masked <= self.masked:
+            return self
+        bigger = ShapeBudget.fitting(tokens, masked)
+        return ShapeBudget(max(self.tokens, bigger.tokens), max(self.masked, bigger.masked))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def masked_counts(samples: PretrainingSamples) -> np.ndarray:
+    """int64 [N]: each sample's masked positions (its nonzero masked_lm_positions)."""
+    return (np.asarray(samples.masked_lm_positions) > 0).sum(axis=1).astype(np.int64)
+
+
+def pack_batch(samples: PretrainingSamples, index: np.ndarray, budget: ShapeBudget | None = None) -> PackedBatch:
+    """Gather rows `index` of `samples` into a `PackedBatch` (valid tokens only; with `budget`, padded to it)."""
     index = np.asarray(index, dtype=np.int64)
     valid = samples.input_mask[index].astype(bool)  # [B, S]; valid tokens are a prefix of each row
     lengths = valid.sum(axis=1)
@@ -135,6 +190,16 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
     row_of_masked = np.nonzero(is_masked)[0]
     masked_positions = cu_seqlens[row_of_masked] + positions[is_masked]
     masked_labels = samples.masked_lm_ids[index][is_masked]
+    extra = {}
+    if budget is not None:
+        tokens, masked = len(input_ids), len(masked_positions)
+        budget = budget.holding(tokens, masked)
+        pad, pad_masked = budget.tokens - tokens, budget.masked - masked
+        input_ids, segment_ids = np.pad(input_ids, (0, pad)), np.pad(segment_ids, (0, pad))  # [PAD], segment 0
+        position_ids = np.pad(position_ids, (0, pad))
+        masked_positions = np.pad(masked_positions, (0, pad_masked), constant_values=budget.tokens - 1)
+        masked_labels = np.pad(masked_labels, (0, pad_masked), constant_values=IGNORE)
+        extra = {"valid_tokens": tokens, "valid_masked": masked}
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids.astype(np.int64)),
         segment_ids=torch.from_numpy(segment_ids.astype(np.int64)),
@@ -146,4 +211,5 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray) -> PackedBatch:
         masked_labels=torch.from_numpy(masked_labels.astype(np.int64)),
         next_sentence_labels=torch.from_numpy(samples.next_sentence_labels[index].astype(np.int64)),
         lengths=lengths.astype(np.int64) if len(index) else None,
+        **extra,
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.conftest import make_samples
-from trainer.data.batch import first_fit_rows, pack_batch
+from trainer.data.batch import IGNORE, ShapeBudget, first_fit_rows, masked_counts, pack_batch
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -47,3 +47,38 @@ def test_a_batch_of_sequences_of_one_length_packs_one_to_a_row():
     assert batch.row_packing() is batch.row_packing()  # built once
     moved = batch.to("meta")  # the lengths travel with the batch (on the host); the packing is built where asked
     assert moved.row_packing().slots.device.type == "meta" and moved.row_packing().rows == 6
+
+
+def test_a_budget_is_the_next_multiple_above_the_tokens_and_holds_the_masked_positions():
+    assert ShapeBudget.fitting(100, 13) == ShapeBudget(128, 16)
+    assert ShapeBudget.fitting(128, 16) == ShapeBudget(192, 16)  # always a padding token past the sequences
+    assert ShapeBudget.fitting(5, 0) == ShapeBudget(64, 8)
+    budget = ShapeBudget(128, 16)
+    assert budget.holding(127, 16) is budget
+    assert budget.holding(128, 3) == ShapeBudget(192, 16)  # a longer micro-batch grows it
+    assert budget.holding(10, 17) == ShapeBudget(128, 24)
+
+
+def test_a_batch_padded_to_a_budget_keeps_its_sequences_and_pads_with_ignored_positions_on_padding_tokens():
+    samples = make_samples([7, 33, 64, 12], seed=3)
+    plain = pack_batch(samples, np.arange(4))
+    padded = pack_batch(samples, np.arange(4), ShapeBudget(192, 40))
+    tokens, masked = plain.num_tokens, plain.num_masked
+    assert (tokens, masked) == (116, len(plain.masked_labels)) and masked > 0
+    assert (padded.num_tokens, padded.num_masked, padded.padded, plain.padded) == (tokens, masked, True, False)
+    assert padded.input_ids.shape == padded.segment_ids.shape == padded.position_ids.shape == (192,)
+    assert padded.masked_positions.shape == padded.masked_labels.shape == (40,)
+    for name in ("input_ids", "segment_ids", "position_ids"):
+        assert getattr(padded, name)[:tokens].equal(getattr(plain, name)), name
+        assert (getattr(padded, name)[tokens:] == 0).all(), name
+    assert padded.masked_positions[:masked].equal(plain.masked_positions)
+    assert padded.masked_labels[:masked].equal(plain.masked_labels)
+    assert (padded.masked_positions[masked:] == 191).all() and (padded.masked_labels[masked:] == IGNORE).all()
+    assert padded.cu_seqlens.equal(plain.cu_seqlens) and padded.next_sentence_labels.equal(plain.next_sentence_labels)
+    bigger = pack_batch(samples, np.arange(4), ShapeBudget(64, 8))  # a budget too small grows for the batch
+    assert (bigger.input_ids.numel(), bigger.masked_labels.numel(), bigger.num_tokens) == (
+        128,
+        8 * -(-masked // 8),
+        116,
+    )
+    assert masked_counts(samples).tolist() == [len(pack_batch(samples, [i]).masked_labels) for i in range(4)]
