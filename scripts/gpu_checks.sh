@@ -6,7 +6,8 @@
 #                beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the most
 #                time (a model that runs out of memory or fails leaves the comparison; the others go on)
 #   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work: the varlen
-#                kernel with the bf16 residual stream, eager and with compiled layers (and the packed grid, should
+#                kernel with the bf16 residual stream, eager and with compiled layers on fixed shapes (every batch
+#                padded to one budget, model.static_shapes: compiled once) (and the packed grid, should
 #                varlen fail on this GPU), beside Hugging Face's model at 128 (where it ran on the H200; ratios of
 #                sequences a second), in a check of its own so that compiling cannot cost the comparison above
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
@@ -109,7 +110,7 @@ cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 45 \
   --variants padded,packed,varlen,varlen+half --breakdown --top 12
 run throughput_best 75 $PY -m bench.trainer_throughput $LARGE --batch 256 --hf-batch 128 --steps 6 --warmup 2 \
-  --max-seconds 58 --variants varlen+half,varlen+compile+half,packed+half --breakdown --top 8
+  --max-seconds 58 --variants varlen+half,varlen+compile+half+static,packed+half --breakdown --top 8
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \

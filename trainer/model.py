@@ -26,7 +26,8 @@ With `model.compile`, the per-token parts of every encoder layer (dense + bias +
 are the reference, and parameter names do not change.
 
 With `model.static_shapes`, batches come padded to a budget (`trainer.data.batch.ShapeBudget`): the per-token layers
-run on the padding too, attention and the heads only on the sequences, so the compiled layers see one shape.
+run on the padding too (so that the compiled layers see one shape), attention only on the sequences, and the MLM head
+also on the padding masked positions, whose labels count in no loss.
 
 With `model.half_residual`, under bf16/fp16 autocast every LayerNorm reads and writes the half dtype (statistics in
 fp32), so the residual stream between layers is half precision, as in NVIDIA's MLPerf BERT, instead of autocast's fp32.

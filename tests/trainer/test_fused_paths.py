@@ -281,7 +281,8 @@ flash_only = pytest.mark.skipif(
 def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype):
     """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the packed grid, the compiled layers
     and, in bf16, the varlen kernel, also with compiled layers, and the bf16 residual stream give the padded eager
-    model's losses; bf16 within 2 %, float32 within 1e-4 (the GPU's kernels sum in other orders)."""
+    model's losses, also on a batch padded to a budget (model.static_shapes); bf16 within 2 %, float32 within 1e-4
+    (the GPU's kernels sum in other orders)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
@@ -291,18 +292,22 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
         variants += [{"attention": "packed", "half_residual": True}]
     if dtype is torch.bfloat16 and flash_device(torch.device("cuda")):  # a half-precision flash kernel
         variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True},
-                     {"attention": "varlen", "half_residual": True}]  # fmt: skip
+                     {"attention": "varlen", "half_residual": True},
+                     {"attention": "varlen", "compile": True, "static_shapes": True}]  # fmt: skip
+    variants += [{"attention": "packed", "static_shapes": True}]
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
         results[tuple(variant.items())] = model
     batch = pack_batch(samples, np.arange(len(LENGTHS))).to("cuda")
+    padded = pack_batch(samples, np.arange(len(LENGTHS)), ShapeBudget(384, 72)).to("cuda")  # model.static_shapes'
     with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float32):
         expected = pretraining_loss(reference(batch), batch).total.item()
         for variant, model in results.items():
+            given = padded if dict(variant).get("static_shapes") else batch
             out = []
             hook = model.bert.encoder.layer[0].register_forward_hook(lambda m, i, o, seen=out: seen.append(o.dtype))
-            loss = pretraining_loss(model(batch), batch).total.item()
+            loss = pretraining_loss(model(given), given).total.item()
             hook.remove()
             assert loss == pytest.approx(expected, rel=2e-2 if dtype is torch.bfloat16 else 1e-4), variant
             half = dict(variant).get("half_residual", False)
