@@ -236,7 +236,8 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     batch that does not split over micro-batches and ranks, a training set smaller than the batch, a precision or
     attention kernel it lacks), a log.jsonl or log.mlperf that is a directory or under a file, a checkpoint.dir that
     is a file or cannot be written (it is made here where missing, last), a model.init_checkpoint that does not
-    exist, and a checkpoint to resume from that cannot be read, or that another model, optimizer, data order (seed,
+    exist, and a checkpoint to resume from that cannot be read, whose weights the model does not take
+    (`check_saved_model`), or that another model, optimizer, data order (seed,
     data.shuffle, balance.method; balance.bins and data.max_seq_length where the method bins the sequences by length)
     or micro-batch wrote, or that another number of ranks saved where this run's plan of the epoch does not reach the
     same samples (`resumed_batch`); and a schedule.total_steps that ends before a run nothing can stop sooner
@@ -287,6 +288,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
             "afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints "
             "there)"
         )
+    check_saved_model(cfg, path)
     micro, there = mine["batch"]["micro_batch_size"], (saved.get("batch") or {}).get("micro_batch_size")
     if isinstance(micro, int) and isinstance(there, int) and micro != there:  # auto keeps the checkpoint's
         raise ConfigError(
@@ -302,6 +304,40 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     except DataError:  # the data checks say what is wrong with the shards
         return
     resumed_batch(cfg, path, state, ranks, dist_env_from_environ().world_size, sequences, micro)
+
+
+def check_saved_model(cfg: TrainerConfig, path: Path) -> None:
+    """`ConfigError` for a checkpoint whose model weights this config's model cannot take (a damaged file that reads,
+    or one other code wrote with the same config): their names and shapes against the model's, built on the meta
+    device (shapes, no memory), the checkpoint memory-mapped (no weights read)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001 - read just before (saved_config): the load of the resume says what it is
+        return
+    weights = payload.get("model") if isinstance(payload, dict) else None
+    if not isinstance(weights, dict):
+        what = "it has no 'model' entry"
+    else:
+        with torch.device("meta"):
+            own = BertForPreTraining(cfg.model.model_copy(update={"compile": False})).state_dict()
+        missing, extra = [k for k in own if k not in weights], [k for k in weights if k not in own]
+        shapes = [f"{k!r} is {_shape(weights[k])} there, {_shape(own[k])} in this run's model"
+                  for k in own if k in weights and _shape(weights[k]) != _shape(own[k])]  # fmt: skip
+        problems = []
+        if missing:
+            problems.append(f"it lacks {len(missing)} of the model's tensors, e.g. {missing[0]!r}")
+        if extra:
+            problems.append(f"it has {len(extra)} the model has not, e.g. {extra[0]!r}")
+        if shapes:
+            problems.append(shapes[0] + (f" (and {len(shapes) - 1} more of another shape)" if len(shapes) > 1 else ""))
+        if not problems:
+            return
+        what = "; ".join(problems)
+    raise ConfigError(f"checkpoint.dir: {path} does not fit this run ({what}); {_earlier_save(path)}")
+
+
+def _shape(value: Any) -> str:
+    return str(list(value.shape)) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}, not a tensor"
 
 
 def resumed_batch(cfg: TrainerConfig, path: Path, state: TrainState, saved_world_size: int | None, world_size: int,

@@ -610,6 +610,41 @@ def test_a_model_too_large_for_the_memory_ends_as_out_of_memory_not_a_crash(tmp_
     assert [(r["status"], r["error"]) for r in finals] == [("failed", "oom")]
 
 
+@pytest.mark.parametrize("change", ["shape", "missing", "extra"])
+def test_a_checkpoint_whose_weights_do_not_fit_the_model_is_refused_before_any_file_of_the_run(
+    tmp_path, capsys, change
+):
+    """A latest.pt that reads, of the same config, whose weights another model's code wrote (a tensor of another
+    shape, one missing, one the model has not) is refused naming the tensor, before the run's report and MLPerf log
+    are touched: it was found only as the weights loaded, after both had been restarted."""
+    import torch
+
+    ck, mlperf = tmp_path / "ck", tmp_path / "mlperf.log"
+    settings = {"checkpoint.dir": str(ck), "log.mlperf": str(mlperf)}
+    code, err, _ = cli(tmp_path, capsys, **settings, **{"budget.max_samples": 16})
+    assert code == 0, err
+    latest, report = ck / "latest.pt", tmp_path / "report.jsonl"
+    payload = torch.load(latest, weights_only=False)
+    name = "bert.encoder.layer.1.output.dense.weight"
+    if change == "shape":
+        payload["model"][name] = torch.zeros(32, 48)
+    elif change == "missing":
+        del payload["model"][name]
+    else:
+        payload["model"]["bert.encoder.layer.2.output.dense.weight"] = torch.zeros(32, 64)
+    latest.unlink()
+    torch.save(payload, latest)
+    kept = (mlperf.read_text(), report.read_text())
+    code, err, _ = cli(tmp_path, capsys, **settings, **{"budget.max_samples": 32})
+    assert code == 2, err
+    what = {"shape": f"'{name}' is [32, 48] there, [32, 64] in this run's model",
+            "missing": f"it lacks 1 of the model's tensors, e.g. '{name}'",
+            "extra": "it has 1 the model has not, e.g. 'bert.encoder.layer.2.output.dense.weight'"}[change]  # fmt: skip
+    assert f"error: checkpoint.dir: {latest} does not fit this run ({what}); " in err, err
+    assert "ckpt-000000000016.pt, saved at 16 samples, reads" in err and "Traceback" not in err
+    assert (mlperf.read_text(), report.read_text()) == kept
+
+
 def test_a_checkpoint_that_loads_but_lacks_what_a_resume_needs_is_named_not_a_traceback(tmp_path, capsys):
     """A latest.pt without its model weights (a damaged or foreign file that torch.load reads) ended in KeyError."""
     import torch
