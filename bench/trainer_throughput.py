@@ -194,8 +194,9 @@ def optimizer_step(opt, device, profiled: bool = False) -> None:
 
 
 def fixed_shape(samples: PretrainingSamples, batch: int, steps: int) -> ShapeBudget:
-    """`model.static_shapes`' budget for the benchmark's `steps` batches of `batch` sequences (the trainer's is its
-    first epoch's): above the most tokens and masked positions any of them holds."""
+    """`model.static_shapes`' budget for the benchmark's `steps` batches of `batch` sequences: one length, above the
+    most tokens and masked positions any of them holds (the trainer's has a few lengths, from its first epoch; here
+    a length first met in a timed step would time its compilation)."""
     masked = masked_counts(samples)
     spans = [slice(k * batch, (k + 1) * batch) for k in range(steps)]
     return ShapeBudget.fitting(

@@ -118,13 +118,14 @@ class ModelConfig(Section):
     )
     static_shapes: bool = Field(
         False,
-        description="Pad every training micro-batch to one shape, as NVIDIA's packed BERT runs fixed-size packs: its "
-        "tokens to a budget just above the most any micro-batch of the first epoch holds (a multiple of 64) and its "
-        "masked positions likewise (evaluation batches to the evaluation set's own budget), so that every step has "
-        "the same shapes and model.compile compiles each layer once for that shape instead of for any number of "
-        "tokens. The padding tokens run through the per-token layers and are dropped before attention; the losses "
-        "and gradients are those without padding (only the dropout draws differ). A later epoch's micro-batch "
-        "beyond the budget grows it. Off: each micro-batch as long as its sequences.",
+        description="Pad every training micro-batch to one of four lengths, as NVIDIA's packed BERT runs fixed-size "
+        "packs: its tokens to the smallest of four lengths spaced from just above the most any micro-batch of the "
+        "first epoch holds (a multiple of 64) down towards the fewest, its masked positions to the most any holds "
+        "(evaluation batches to the evaluation set's own budget), so that model.compile compiles each layer once per "
+        "shape instead of for any number of tokens. The padding tokens run through the per-token layers and are "
+        "dropped before attention; the losses and gradients are those without padding (only the dropout draws "
+        "differ). A later epoch's micro-batch beyond the longest length adds one. Off: each micro-batch as long as "
+        "its sequences.",
     )
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ With `model.compile`, the per-token parts of every encoder layer (dense + bias +
 are the reference, and parameter names do not change.
 
 With `model.static_shapes`, batches come padded to a budget (`trainer.data.batch.ShapeBudget`): the per-token layers
-run on the padding too (so that the compiled layers see one shape), attention only on the sequences, and the MLM head
+run on the padding too (so that the compiled layers see a few shapes), attention only on the sequences, and the MLM head
 also on the padding masked positions, whose labels count in no loss.
 
 With `model.half_residual`, under bf16/fp16 autocast every LayerNorm reads and writes the half dtype (statistics in
@@ -459,8 +459,11 @@ class BertForPreTraining(nn.Module):
         """Compile, in place, the per-token parts of every encoder layer and the MLM transform (`model.compile`):
         `torch.compile` fuses bias + GELU and dropout + residual + LayerNorm into the matrix products' neighbours.
         Compiled on first use; dynamic in the number of tokens, so batches of any size reuse the same kernels, or,
-        with `model.static_shapes` (every batch padded to one budget), for that one shape."""
+        with `model.static_shapes` (every batch padded to one of a few lengths), for each of those shapes."""
         dynamic = not self.config.static_shapes
+        if not dynamic:  # a graph per shape: the layers of one kind share their code, the two output kinds too, and
+            # each padding length of training (trainer.data.batch.TOKEN_LEVELS) and evaluation is a shape of its own
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         for layer in self.bert.encoder.layer:
             for part in (layer.attention.output, layer.intermediate, layer.output):
                 part.compile(dynamic=dynamic)

@@ -41,7 +41,7 @@ from trainer.checkpoint import (
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
-from trainer.data.batch import PackedBatch, ShapeBudget, masked_counts, pack_batch
+from trainer.data.batch import TOKEN_LEVELS, PackedBatch, ShapeBudget, masked_counts, pack_batch
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples, count_samples, find_shards
 from trainer.distributed import (
@@ -584,9 +584,11 @@ def fixed_shapes_line(run: Run) -> str:
     """The start-up line of `model.static_shapes`: the budgets, and the share of the first epoch's padded tokens
     that are padding (computed and thrown away)."""
     shapes, evaluation = run.shapes, run.eval_shapes
-    mean = float(run.sampler.loads(0)[:, :, 0].mean())
-    return (f"fixed shapes: micro-batches padded to {shapes.tokens:,} tokens and {shapes.masked:,} masked positions "
-            f"({1 - mean / shapes.tokens:.1%} of the tokens padding in the first epoch), evaluation batches to "
+    tokens = run.sampler.loads(0)[:, :, 0].ravel()
+    padded = sum(shapes.pad_to(int(t)) for t in tokens)
+    lengths = ", ".join(f"{level:,}" for level in shapes.levels)
+    return (f"fixed shapes: micro-batches padded to {lengths} tokens and {shapes.masked:,} masked positions "
+            f"({1 - tokens.sum() / padded:.1%} of the tokens padding in the first epoch), evaluation batches to "
             f"{evaluation.tokens:,} and {evaluation.masked:,}")  # fmt: skip
 
 
@@ -594,9 +596,13 @@ def shape_budgets(
     sampler: Any, train: PretrainingSamples, eval_: PretrainingSamples, eval_batch_size: int, env: DistEnv
 ) -> tuple[ShapeBudget, ShapeBudget]:
     """`model.static_shapes`: the budget of the training micro-batches, from the first epoch's (every rank's: each
-    rank pads to the same), and the evaluation batches' (the evaluation set's, split as `evaluate` splits it)."""
-    masked = masked_counts(train)
-    shapes = ShapeBudget.fitting(sampler.largest(0, train.lengths), sampler.largest(0, masked))
+    rank pads to the same): TOKEN_LEVELS lengths from above the largest down towards the smallest full micro-batch;
+    and the evaluation batches' (one length, the evaluation set's, split as `evaluate` splits it)."""
+    loads = sampler.loads(0)  # [micro-batch, rank, (tokens, sequences)]
+    tokens, sequences = loads[:, :, 0], loads[:, :, 1]
+    full = tokens[sequences == sequences.max()]  # not the epoch's short last step: the levels span the others
+    shapes = ShapeBudget.fitting(int(tokens.max()), sampler.largest(0, masked_counts(train)), int(full.min()),
+                                 TOKEN_LEVELS)  # fmt: skip
     eval_masked, most = masked_counts(eval_), (0, 0)
     for rank in range(env.world_size):
         mine = np.arange(rank, len(eval_), env.world_size)

@@ -220,10 +220,10 @@ def test_compiled_layers_match_the_eager_model_over_optimizer_steps(inductor_use
 
 @pytest.mark.parametrize("attention", ["padded", "jagged", "packed"])
 def test_batches_padded_to_a_budget_train_as_the_unpadded_ones(attention):
-    """Fixed shapes (`model.static_shapes`): micro-batches of 180 to 256 tokens padded to 320 (and their masked
-    positions to 48) give the unpadded model's losses and gradients over optimizer steps, on every CPU kernel:
-    the padding tokens never reach attention and the padding masked positions no loss (without dropout, whose
-    draws the padding would shift)."""
+    """Fixed shapes (`model.static_shapes`): micro-batches of 171 to 201 tokens padded to lengths of 192 and 256
+    (and their masked positions to 48) give the unpadded model's losses and gradients over optimizer steps, on
+    every CPU kernel: the padding tokens never reach attention and the padding masked positions no loss (without
+    dropout, whose draws the padding would shift)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     plain = BertForPreTraining(make_model_config(attention=attention))
@@ -231,9 +231,9 @@ def test_batches_padded_to_a_budget_train_as_the_unpadded_ones(attention):
     static.load_state_dict(plain.state_dict())
     exact = exact_gradients(plain, samples)
     reference_losses, reference_grads = train_steps(plain, samples)
-    budget = ShapeBudget(320, 48)
-    batch = pack_batch(samples, np.arange(6), budget)
-    assert batch.input_ids.numel() - batch.num_tokens > 64 and batch.masked_labels.numel() > batch.num_masked
+    budget = ShapeBudget((192, 256, 320), 48)  # the steps' 171, 187 and 201 tokens padded to 192, 192 and 256
+    batch = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), 2)[:6], budget)
+    assert (batch.num_tokens, batch.input_ids.numel()) == (201, 256) and batch.masked_labels.numel() > batch.num_masked
     losses, grads = train_steps(static, samples, budget=budget)
     assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
     assert_gradients_close(grads, reference_grads, exact)
@@ -249,7 +249,7 @@ def test_compiled_layers_on_fixed_shapes_match_the_eager_model_and_compile_once(
     eager = BertForPreTraining(cfg)
     compiled = BertForPreTraining(cfg.model_copy(update={"compile": True}))
     compiled.load_state_dict(eager.state_dict())
-    budget = ShapeBudget(320, 48)
+    budget = ShapeBudget((320,), 48)
     exact = train_steps(copy.deepcopy(eager).double(), samples, budget=budget)[1]
     reference_losses, reference_grads = train_steps(eager, samples, budget=budget)
     losses, grads = train_steps(compiled, samples, budget=budget)
@@ -300,7 +300,7 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
         model.load_state_dict(reference.state_dict())
         results[tuple(variant.items())] = model
     batch = pack_batch(samples, np.arange(len(LENGTHS))).to("cuda")
-    padded = pack_batch(samples, np.arange(len(LENGTHS)), ShapeBudget(384, 72)).to("cuda")  # model.static_shapes'
+    padded = pack_batch(samples, np.arange(len(LENGTHS)), ShapeBudget((384,), 72)).to("cuda")  # model.static_shapes'
     with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float32):
         expected = pretraining_loss(reference(batch), batch).total.item()
         for variant, model in results.items():

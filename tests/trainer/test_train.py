@@ -108,13 +108,19 @@ def test_fixed_shapes_train_as_the_unpadded_batches(tmp_path, capfd):
     static, static_records = run(tmp_path / "static", **no_dropout, **{"model.static_shapes": True})
     printed = capfd.readouterr()
     line = next(line for line in (printed.out + printed.err).splitlines() if "fixed shapes" in line)
-    # The budget from the first epoch's plan (micro-batches of 2 of the 96 sequences): the next multiple of 64
-    # above its largest micro-batch's tokens
+    # The lengths from the first epoch's plan (micro-batches of 2 of the 96 sequences): from the next multiple of 64
+    # above its largest micro-batch's tokens down by a quarter of the way to the smallest (rounded up to 64), while
+    # above the smallest; the padding, each micro-batch to the smallest length above it
     cfg = load_config(None, make_train_overrides(tmp_path / "static", **no_dropout))
     lengths = load_samples(cfg.data.train).lengths
     plan = plan_epoch(lengths, cfg.balance.method, cfg.balance.bins, 2, 1, 1, cfg.seed, 0, cfg.data.shuffle)
-    largest = max(int(lengths[b].sum()) for step in plan for b in step)
-    assert f"micro-batches padded to {64 * (largest // 64 + 1)} tokens" in line, line
+    tokens = [int(lengths[b].sum()) for step in plan for b in step]
+    top = 64 * (max(tokens) // 64 + 1)
+    down = 64 * math.ceil(math.ceil((top - min(tokens)) / 4) / 64)
+    levels = sorted(top - k * down for k in range(4) if top - k * down > min(tokens))
+    padding = 1 - sum(tokens) / sum(min(level for level in levels if level > t) for t in tokens)
+    assert f"micro-batches padded to {', '.join(map(str, levels))} tokens" in line, line
+    assert f"({padding:.1%} of the tokens padding in the first epoch)" in line, line
     assert len(losses(plain_records)) == 16
     assert losses(static_records) == pytest.approx(losses(plain_records), rel=1e-5)
     evals = [[r["mlm_accuracy"], r["masked_tokens"]] for r in plain_records if r.get("event") == "eval"]

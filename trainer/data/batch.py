@@ -9,10 +9,10 @@ For attention on a grid (`model.attention: packed`), the batch can also say wher
 sequences are packed into rows as wide as the longest one, several short sequences to a row (first-fit decreasing,
 on the host, where the lengths are known: `PackedBatch.row_packing`, built the first time the model asks).
 
-With fixed shapes (`model.static_shapes`), every micro-batch is padded to one `ShapeBudget` (as NVIDIA's packed BERT
-runs fixed-size packs): padding tokens after the last sequence and padding masked positions whose labels are
-`IGNORE` (-100), so that the steps repeat one shape. The padding tokens run through the per-token layers and are
-dropped before attention; the padding masked positions count in no loss and no accuracy.
+With fixed shapes (`model.static_shapes`), every micro-batch is padded to one of a few lengths (`ShapeBudget`; as
+NVIDIA's packed BERT runs fixed-size packs): padding tokens after the last sequence and padding masked positions
+whose labels are `IGNORE` (-100), so that the steps repeat a few shapes. The padding tokens run through the
+per-token layers and are dropped before attention; the padding masked positions count in no loss and no accuracy.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from trainer.data.shards import PretrainingSamples
 
 IGNORE = -100  # the label of a padding masked position: cross-entropy's ignore_index
 TOKEN_MULTIPLE = 64  # a budget's tokens are a multiple of this (tensor-core friendly)
+TOKEN_LEVELS = 4  # the trainer's budget: micro-batches padded to one of at most this many lengths
 MASKED_MULTIPLE = 8
 
 
@@ -143,26 +144,41 @@ def pack_rows(lengths: np.ndarray) -> RowPacking:
 
 @dataclass(frozen=True)
 class ShapeBudget:
-    """The shape every micro-batch is padded to with fixed shapes: `tokens` in the packed stream (more than any
-    micro-batch's, so that each has a padding token for the padding masked positions to point at) and `masked`
-    masked positions."""
+    """The shapes micro-batches are padded to with fixed shapes: one of a few token counts (`levels`, ascending, each
+    a multiple of TOKEN_MULTIPLE; the largest, `tokens`, more than any micro-batch's, so that each has a padding token
+    for the padding masked positions to point at) and `masked` masked positions. A few levels instead of one keep the
+    padding small where micro-batches differ in length (a few compilations instead of one)."""
 
-    tokens: int
+    levels: tuple[int, ...]
     masked: int
 
+    @property
+    def tokens(self) -> int:
+        return self.levels[-1]
+
     @staticmethod
-    def fitting(tokens: int, masked: int) -> ShapeBudget:
-        """The smallest budget above `tokens` tokens (a multiple of TOKEN_MULTIPLE) that holds `masked` masked
-        positions (a multiple of MASKED_MULTIPLE)."""
-        return ShapeBudget(_round_up(tokens + 1, TOKEN_MULTIPLE), _round_up(max(masked, 1), MASKED_MULTIPLE))
+    def fitting(largest: int, masked: int, smallest: int | None = None, count: int = 1) -> ShapeBudget:
+        """`count` levels (at most) evenly spaced from just above `largest` tokens down towards `smallest` (the levels
+        all above it), and room for `masked` masked positions (a multiple of MASKED_MULTIPLE)."""
+        top = _round_up(largest + 1, TOKEN_MULTIPLE)
+        levels = [top]
+        if smallest is not None and count > 1:
+            step = _round_up(-(-(top - smallest) // count), TOKEN_MULTIPLE)
+            levels += [top - k * step for k in range(1, count) if top - k * step > smallest]
+        return ShapeBudget(tuple(sorted(levels)), _round_up(max(masked, 1), MASKED_MULTIPLE))
+
+    def pad_to(self, tokens: int) -> int:
+        """The level a micro-batch of `tokens` tokens is padded to: the smallest above it (None: none is)."""
+        return next((level for level in self.levels if level > tokens), None)
 
     def holding(self, tokens: int, masked: int) -> ShapeBudget:
-        """This budget, or, for a micro-batch it cannot hold (an epoch's after the one it was made from), one that
-        holds both."""
-        if tokens < self.tokens and masked <= self.masked:
+        """This budget, or, for a micro-batch it cannot hold (an epoch's after the one it was made from), one with a
+        level above the others for it and room for its masked positions."""
+        if self.pad_to(tokens) is not None and masked <= self.masked:
             return self
-        bigger = ShapeBudget.fitting(tokens, masked)
-        return ShapeBudget(max(self.tokens, bigger.tokens), max(self.masked, bigger.masked))
+        bigger = ShapeBudget.fitting(max(tokens, self.tokens - 1), max(masked, self.masked))
+        levels = self.levels if bigger.tokens == self.tokens else (*self.levels, bigger.tokens)
+        return ShapeBudget(levels, bigger.masked)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -194,10 +210,11 @@ def pack_batch(samples: PretrainingSamples, index: np.ndarray, budget: ShapeBudg
     if budget is not None:
         tokens, masked = len(input_ids), len(masked_positions)
         budget = budget.holding(tokens, masked)
-        pad, pad_masked = budget.tokens - tokens, budget.masked - masked
+        padded = budget.pad_to(tokens)
+        pad, pad_masked = padded - tokens, budget.masked - masked
         input_ids, segment_ids = np.pad(input_ids, (0, pad)), np.pad(segment_ids, (0, pad))  # [PAD], segment 0
         position_ids = np.pad(position_ids, (0, pad))
-        masked_positions = np.pad(masked_positions, (0, pad_masked), constant_values=budget.tokens - 1)
+        masked_positions = np.pad(masked_positions, (0, pad_masked), constant_values=padded - 1)
         masked_labels = np.pad(masked_labels, (0, pad_masked), constant_values=IGNORE)
         extra = {"valid_tokens": tokens, "valid_masked": masked}
     return PackedBatch(

@@ -50,32 +50,42 @@ def test_a_batch_of_sequences_of_one_length_packs_one_to_a_row():
 
 
 def test_a_budget_is_the_next_multiple_above_the_tokens_and_holds_the_masked_positions():
-    assert ShapeBudget.fitting(100, 13) == ShapeBudget(128, 16)
-    assert ShapeBudget.fitting(128, 16) == ShapeBudget(192, 16)  # always a padding token past the sequences
-    assert ShapeBudget.fitting(5, 0) == ShapeBudget(64, 8)
-    budget = ShapeBudget(128, 16)
+    assert ShapeBudget.fitting(100, 13) == ShapeBudget((128,), 16)
+    assert ShapeBudget.fitting(128, 16) == ShapeBudget((192,), 16)  # always a padding token past the sequences
+    assert ShapeBudget.fitting(5, 0) == ShapeBudget((64,), 8)
+    budget = ShapeBudget((128,), 16)
     assert budget.holding(127, 16) is budget
-    assert budget.holding(128, 3) == ShapeBudget(192, 16)  # a longer micro-batch grows it
-    assert budget.holding(10, 17) == ShapeBudget(128, 24)
+    assert budget.holding(128, 3) == ShapeBudget((128, 192), 16)  # a longer micro-batch adds a length
+    assert budget.holding(10, 17) == ShapeBudget((128,), 24)
+
+
+def test_a_budgets_lengths_are_evenly_spaced_down_from_above_the_largest_all_above_the_smallest():
+    """From 1,001 up to 1,600 tokens in 4 lengths: 1,664 (the multiple of 64 above 1,600) down by 192 (a quarter of
+    the 663 between, rounded up to a multiple of 64); each micro-batch padded to the smallest above it."""
+    budget = ShapeBudget.fitting(1600, 200, smallest=1001, count=4)
+    assert budget.levels == (1088, 1280, 1472, 1664) and budget.tokens == 1664
+    assert [budget.pad_to(t) for t in (1001, 1087, 1088, 1300, 1600, 1664)] == [1088, 1088, 1280, 1472, 1664, None]
+    assert ShapeBudget.fitting(1600, 200, smallest=1500, count=4).levels == (1536, 1600, 1664)  # none at or below
+    assert ShapeBudget.fitting(1600, 200, smallest=1001, count=1).levels == (1664,)
 
 
 def test_a_batch_padded_to_a_budget_keeps_its_sequences_and_pads_with_ignored_positions_on_padding_tokens():
     samples = make_samples([7, 33, 64, 12], seed=3)
     plain = pack_batch(samples, np.arange(4))
-    padded = pack_batch(samples, np.arange(4), ShapeBudget(192, 40))
+    padded = pack_batch(samples, np.arange(4), ShapeBudget((128, 192), 40))  # 116 tokens: padded to 128
     tokens, masked = plain.num_tokens, plain.num_masked
     assert (tokens, masked) == (116, len(plain.masked_labels)) and masked > 0
     assert (padded.num_tokens, padded.num_masked, padded.padded, plain.padded) == (tokens, masked, True, False)
-    assert padded.input_ids.shape == padded.segment_ids.shape == padded.position_ids.shape == (192,)
+    assert padded.input_ids.shape == padded.segment_ids.shape == padded.position_ids.shape == (128,)
     assert padded.masked_positions.shape == padded.masked_labels.shape == (40,)
     for name in ("input_ids", "segment_ids", "position_ids"):
         assert getattr(padded, name)[:tokens].equal(getattr(plain, name)), name
         assert (getattr(padded, name)[tokens:] == 0).all(), name
     assert padded.masked_positions[:masked].equal(plain.masked_positions)
     assert padded.masked_labels[:masked].equal(plain.masked_labels)
-    assert (padded.masked_positions[masked:] == 191).all() and (padded.masked_labels[masked:] == IGNORE).all()
+    assert (padded.masked_positions[masked:] == 127).all() and (padded.masked_labels[masked:] == IGNORE).all()
     assert padded.cu_seqlens.equal(plain.cu_seqlens) and padded.next_sentence_labels.equal(plain.next_sentence_labels)
-    bigger = pack_batch(samples, np.arange(4), ShapeBudget(64, 8))  # a budget too small grows for the batch
+    bigger = pack_batch(samples, np.arange(4), ShapeBudget((64,), 8))  # a budget too small grows for the batch
     assert (bigger.input_ids.numel(), bigger.masked_labels.numel(), bigger.num_tokens) == (
         128,
         8 * -(-masked // 8),
