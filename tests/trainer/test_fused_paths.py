@@ -163,21 +163,25 @@ def test_auto_attention_is_varlen_where_it_runs_else_the_padded_grid_on_a_gpu_an
         resolve_attention("varlen", flash=True, half=True, dropout_p=0.0, head_dim=12)
 
 
-def test_the_varlen_kernel_is_called_as_pytorchs_flash_operators_take_it_checked_on_the_meta_device():
+@pytest.mark.parametrize("budget", [None, ShapeBudget((320,), 48)], ids=["unpadded", "padded-to-a-budget"])
+def test_the_varlen_kernel_is_called_as_pytorchs_flash_operators_take_it_checked_on_the_meta_device(budget):
     """The varlen path runs only on a GPU, but PyTorch's flash operators have meta kernels: a call on the meta device
     is checked against the operators' schemas (the number of arguments, tensors where tensors go) and gives the
     outputs' shapes. A self-attention layer of BERT's head size, bf16, on the meta device: the forward returns one
     row per token, and the backward, fed what the forward saved, gives every weight a gradient of its own shape,
-    through the strided query/key/value views of one projection."""
+    through the strided query/key/value views of one projection; on a batch padded to a budget (model.static_shapes)
+    the kernel gets the sequences' tokens and the layer returns a row for every token, padding included."""
     from trainer.model import BertSelfAttention
 
     cfg = make_model_config(hidden_size=256, num_attention_heads=4, attention_probs_dropout_prob=0.1)
     attention = BertSelfAttention(cfg).to(device="meta", dtype=torch.bfloat16)
-    host = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
+    host = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)), budget)
     batch = host.to("meta")
-    x = torch.empty(host.num_tokens, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    rows = host.input_ids.numel()  # sum(LENGTHS), or the budget's length
+    x = torch.empty(rows, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
     out = attention(x, batch, None)  # layout None: the varlen kernel
-    assert (out.shape, out.dtype, out.device.type) == ((sum(LENGTHS), 256), torch.bfloat16, "meta")
+    assert (out.shape, out.dtype, out.device.type) == ((rows, 256), torch.bfloat16, "meta")
+    assert rows == (sum(LENGTHS) if budget is None else 320)
     out.sum().backward()
     assert x.grad.shape == x.shape
     for name, parameter in attention.named_parameters():
