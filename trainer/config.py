@@ -124,7 +124,9 @@ class ModelConfig(Section):
         "(evaluation batches to the evaluation set's own budget), so that model.compile compiles each layer once per "
         "shape instead of for any number of tokens. The padding tokens run through the per-token layers and are "
         "dropped before attention; the losses and gradients are those without padding (only the dropout draws "
-        "differ). A later epoch's micro-batch beyond the longest length adds one. Off: each micro-batch as long as "
+        "differ). A later epoch's micro-batch beyond the longest length is padded to the next multiple of 64 above it "
+        "(a shape of its own: padding depends on the micro-batch alone, so a resumed run pads as the uninterrupted "
+        "one did). Off: each micro-batch as long as "
         "its sequences.",
     )
 

@@ -173,7 +173,8 @@ class ShapeBudget:
 
     def holding(self, tokens: int, masked: int) -> ShapeBudget:
         """This budget, or, for a micro-batch it cannot hold (an epoch's after the one it was made from), one with a
-        level above the others for it and room for its masked positions."""
+        level above the others for it and room for its masked positions (for that micro-batch: the padding depends
+        on the micro-batch alone, so a resumed run pads as the uninterrupted one did)."""
         if self.pad_to(tokens) is not None and masked <= self.masked:
             return self
         bigger = ShapeBudget.fitting(max(tokens, self.tokens - 1), max(masked, self.masked))
