@@ -355,7 +355,10 @@ def test_a_step_whose_micro_batches_differ_in_size_is_not_measured(tmp_path):
     assert (saved["grad_sq"], saved["trace"]) == (pytest.approx(grad_ema, rel=1e-9), pytest.approx(trace_ema, rel=1e-9))
 
 
-def test_resume_continues_the_same_loss_sequence(tmp_path):
+@pytest.mark.parametrize("static", [False, True], ids=["", "fixed-shapes"])
+def test_resume_continues_the_same_loss_sequence(tmp_path, static):
+    """With dropout, also with fixed shapes (model.static_shapes: the resumed run pads each micro-batch as the
+    uninterrupted run did, so the dropout draws are the same)."""
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir()
     part_dir.mkdir()
@@ -365,6 +368,7 @@ def test_resume_continues_the_same_loss_sequence(tmp_path):
         "schedule.total_steps": 12,
         "model.hidden_dropout_prob": 0.1,
         "checkpoint.every_samples": 40,
+        "model.static_shapes": static,
     }
     _, uninterrupted = run(full_dir, **common)
     # Stop after 5 steps (a checkpoint at 40 samples), then resume with the full budget.
