@@ -355,7 +355,7 @@ def test_a_step_whose_micro_batches_differ_in_size_is_not_measured(tmp_path):
     assert (saved["grad_sq"], saved["trace"]) == (pytest.approx(grad_ema, rel=1e-9), pytest.approx(trace_ema, rel=1e-9))
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["", "fixed-shapes"])
+@pytest.mark.parametrize("static", [False, True], ids=["any-shapes", "fixed-shapes"])
 def test_resume_continues_the_same_loss_sequence(tmp_path, static):
     """With dropout, also with fixed shapes (model.static_shapes: the resumed run pads each micro-batch as the
     uninterrupted run did, so the dropout draws are the same)."""
