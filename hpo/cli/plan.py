@@ -31,34 +31,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
                           args.samples_per_s, args.difference)  # fmt: skip
-    with _one_interrupt(), tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-") as scratch:
-        return _plan(args, options, Path(scratch))
+    try:
+        with _stop_once(), tempfile.TemporaryDirectory(prefix=f"hpo-plan-{os.getpid()}-") as scratch:
+            return _plan(args, options, Path(scratch))
+    except Terminated:  # after the with: the workers have ended and the temporary files are deleted
+        print("\nplan terminated (SIGTERM); its temporary databases are deleted", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM during a plan (`kill`, `timeout`, the REST API's deadline): raised as Ctrl-C raises KeyboardInterrupt,
+    so that the plan unwinds (its workers end, its temporary files are deleted) where the signal's default action
+    would end the process at once and leave them."""
 
 
 @contextlib.contextmanager
-def _one_interrupt():
-    """Ctrl-C interrupts the plan once: another (a key pressed twice; `timeout -s INT`, which signals the command and
-    then its process group) is ignored while the worker processes end and the temporary files are deleted, which it
-    would otherwise cut short. A plan started with Ctrl-C ignored (a script's background job) keeps ignoring it."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+def _stop_once():
+    """Ctrl-C (SIGINT) or SIGTERM stops the plan once: the first raises (KeyboardInterrupt, Terminated) and any
+    later one (a key pressed twice; `timeout`, which signals the command and then its process group) is ignored
+    while the worker processes end and the temporary files are deleted, which it would otherwise cut short. A signal
+    the plan started with ignored or handled (Ctrl-C in a script's background job) is left as it was."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    interrupted = False
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    caught = [sig for sig, default in defaults.items() if signal.getsignal(sig) is default]
+    stopped = False
 
-    def interrupt(signum, frame) -> None:
-        nonlocal interrupted
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if not interrupted:
-            interrupted = True
-            raise KeyboardInterrupt
+    def stop(signum, frame) -> None:
+        nonlocal stopped
+        for sig in caught:
+            signal.signal(sig, signal.SIG_IGN)
+        if not stopped:
+            stopped = True
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
-    signal.signal(signal.SIGINT, interrupt)
+    previous = {sig: signal.signal(sig, stop) for sig in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _plan(args: argparse.Namespace, options, scratch: Path) -> int:

@@ -321,9 +321,9 @@ def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, j
                     progress(len(repetitions), time.perf_counter() - started)
             return repetitions
         # Ctrl-C reaches the workers too (the terminal's whole process group): they ignore it, and this process,
-        # interrupted, ends them before the directory they write in is deleted (a pool of concurrent.futures whose
-        # workers took it could wait for them forever)
-        pool = multiprocessing.Pool(min(jobs, len(indices)), initializer=_ignore_interrupts)
+        # interrupted, ends them (SIGTERM) before the directory they write in is deleted (a pool of
+        # concurrent.futures whose workers took it could wait for them forever)
+        pool = multiprocessing.Pool(min(jobs, len(indices)), initializer=_worker_signals)
         try:
             for repetition in pool.imap_unordered(functools.partial(_run_repetition, plan, directory, table), indices):
                 repetitions.append(repetition)
@@ -339,9 +339,11 @@ def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, j
     return sorted(repetitions, key=lambda r: r.index)
 
 
-def _ignore_interrupts() -> None:
-    """A worker's start: Ctrl-C is the plan's process to handle (it ends the workers)."""
+def _worker_signals() -> None:
+    """A worker's start: Ctrl-C is the plan's process to handle (it ends the workers), and SIGTERM (the plan's, or
+    `timeout`'s to the process group) ends a worker at once, whatever handler the plan's process had when it forked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_repetition(plan: Plan, directory: Path, table: Path, index: int) -> Repetition:

@@ -29,6 +29,7 @@ router = APIRouter(tags=["plan"], responses=ERROR_RESPONSES)
 
 MAX_REPETITIONS = 50
 PLAN_TIMEOUT_S = 600.0  # a plan of 50 repetitions of a 200-trial SMAC preset takes minutes on 2 cores
+STOP_GRACE_S = 30.0  # a plan stopped by SIGTERM ends its workers and deletes its temporary files within seconds
 ACTION = {
     401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
     403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
@@ -198,8 +199,7 @@ async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_
         try:
             out, err = await asyncio.wait_for(child.communicate(), PLAN_TIMEOUT_S)
         except asyncio.TimeoutError:
-            child.kill()
-            await child.wait()
+            await _stop(child)
             raise HTTPException(504, f"the plan took longer than {PLAN_TIMEOUT_S:.0f} s and was stopped: ask for "
                                      "fewer repetitions") from None  # fmt: skip
     if child.returncode != 0:
@@ -208,3 +208,14 @@ async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_
         detail = "\n".join(lines[first:]) if first is not None else "\n".join(lines)[-2000:] or "hpo plan failed"
         raise HTTPException(422, detail.replace(str(path), f"the experiment file ({path.name})"))
     return json.loads(out)
+
+
+async def _stop(child: asyncio.subprocess.Process) -> None:
+    """End a plan past its deadline: SIGTERM, on which `hpo plan` ends its worker processes and deletes its
+    temporary files (SIGKILL would leave them); SIGKILL only where it has not ended STOP_GRACE_S later."""
+    child.terminate()
+    try:
+        await asyncio.wait_for(child.communicate(), STOP_GRACE_S)  # reading its output, which could fill a pipe
+    except asyncio.TimeoutError:
+        child.kill()
+        await child.wait()

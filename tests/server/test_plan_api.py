@@ -4,8 +4,11 @@ with `hpo plan`'s error, and the database is not written."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +17,12 @@ import yaml
 from hpo.cli.main import main as hpo_main
 from hpo.simulation.table import TABLES
 from search_spaces import preset_path
+from server.routes.plan import _stop
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
 from trainer.config import CONFIGS_DIR
 
+ROOT = Path(__file__).resolve().parents[2]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 YAML = {"Content-Type": "application/yaml"}
 FIGURES = ("first_hit", "answer", "idle_fraction", "confirmation_runs", "outcomes", "repetitions", "cluster",
@@ -185,3 +190,31 @@ def test_a_difference_that_is_not_a_finite_number_is_named_so(planned, value):
         answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML, params={"difference": value})
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["msg"] == "Input should be a finite number", answer.text
+
+
+def test_a_plan_past_its_deadline_is_stopped_so_that_it_deletes_its_temporary_files(planned, tmp_path):
+    """The API stops a plan past its deadline (the 504) with SIGTERM, SIGKILL only if it has not ended a while
+    later: SIGKILL at once left the plan's temporary directories behind."""
+    path, _, _ = planned
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
+
+    async def plan_then_stop() -> tuple[int, list[Path], str]:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hpo", "plan", str(path), "--repetitions", "10000", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            first = (await child.stderr.readline()).decode()  # a repetition done: the plan's directories are there
+            assert first.startswith("plan: 1/10000 repetitions"), first
+            made = [*tmp_path.glob(f"hpo-plan-{child.pid}-*"), *Path("/dev/shm").glob(f"hpo-plan-{child.pid}-*")]
+            await _stop(child)
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+        return child.returncode, made, first
+
+    code, made, first = asyncio.run(plan_then_stop())
+    assert made, first
+    assert code == 143
+    assert not [directory for directory in made if directory.exists()]

@@ -724,17 +724,24 @@ def children(pid: int) -> list[int]:
     return found
 
 
+STOPPED = {
+    signal.SIGINT: "plan interrupted; its temporary databases are deleted",
+    signal.SIGTERM: "plan terminated (SIGTERM); its temporary databases are deleted",
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 @pytest.mark.parametrize("to", ["the-plan", "its-process-group"])
-def test_ctrl_c_ends_a_plan_in_worker_processes_and_deletes_its_temporary_files(tmp_path, to):
-    """Ctrl-C during `hpo plan --jobs 2`, sent to the plan's process alone (`kill -INT`) or as a terminal and
-    `timeout -s INT` send it (the plan, then its whole process group, workers included): the plan ends the repetitions
-    it runs rather than running the thousands it has left, exits 130 without a traceback, its workers gone, nothing
-    left of its temporary directories and no database made."""
+def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_files(tmp_path, to, sig):
+    """Ctrl-C or SIGTERM during `hpo plan --jobs 2`, sent to the plan's process alone (`kill`, the REST API's
+    deadline) or as a terminal and `timeout` send it (the plan, then its whole process group, workers included): the
+    plan ends the repetitions it runs rather than running the thousands it has left, exits 128 + the signal (130,
+    143) without a traceback, its workers gone, nothing left of its temporary directories and no database made."""
     path = write(tmp_path / "file.yaml", small_preset())
     db_file = tmp_path / "none.db"
     as_from_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                           "sys.argv[0] = 'hpo'; runpy.run_module('hpo', run_name='__main__')")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
     plan = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "--db", f"sqlite:///{db_file}", "plan",
                              str(path), "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
@@ -744,16 +751,18 @@ def test_ctrl_c_ends_a_plan_in_worker_processes_and_deletes_its_temporary_files(
         assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
         workers = children(plan.pid)
         assert len(workers) == 2
-        os.kill(plan.pid, signal.SIGINT)
+        mine = f"hpo-plan-{plan.pid}-*"
+        assert list(tmp_path.glob(mine))  # the command's own temporary directory, there while it runs
+        os.kill(plan.pid, sig)
         if to == "its-process-group":
-            os.killpg(plan.pid, signal.SIGINT)
+            os.killpg(plan.pid, sig)
         _, err = plan.communicate(timeout=120)  # a safety net: the plan has hours of repetitions left
     finally:
         kill_all(plan, workers)
-    assert plan.returncode == 130, err
-    assert "plan interrupted; its temporary databases are deleted" in err
+    assert plan.returncode == 128 + sig, err
+    assert STOPPED[sig] in err
     assert "Traceback" not in err
     assert not any(alive(pid) for pid in workers)
-    mine = f"hpo-plan-{plan.pid}-*"
-    assert not list(Path(tempfile.gettempdir()).glob(mine)) and not list(Path("/dev/shm").glob(mine))
+    assert not list(tmp_path.glob(mine)) and not list(Path(tempfile.gettempdir()).glob(mine))
+    assert not list(Path("/dev/shm").glob(mine))
     assert not list(tmp_path.glob("none.db*"))
