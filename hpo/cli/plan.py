@@ -101,16 +101,17 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     advising = args.power is not None and not chances and plan.spec.compare  # --power alone: advice on tuning trials
     if advising:
         check_advice_seeds(plan)  # its cells' confirmation caps, before any repetition runs
+    jobs = _capped_jobs(args.jobs)
     started = time.perf_counter()
     try:
-        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions), jobs=args.jobs or 1)
+        repetitions = run_plan(plan, progress=_plan_progress(options.repetitions), jobs=jobs)
     except KeyboardInterrupt:
         print("\nplan interrupted; its temporary databases are deleted", file=sys.stderr)
         return 130
     seconds = time.perf_counter() - started
     advice = []
     if advising:
-        advice = trials_advice(plan, repetitions, jobs=args.jobs or 1, progress=_advice_progress())
+        advice = trials_advice(plan, repetitions, jobs=jobs, progress=_advice_progress())
     if args.json:
         data = forecast_data(plan, repetitions, seconds, args.like, curves) | ({"chances": chances} if chances else {})
         if args.like:
@@ -161,6 +162,17 @@ def _pilot_storage(args: argparse.Namespace):
         storage.close()
         raise NotFoundError(f"--like {args.like}: {e}") from None
     return storage
+
+
+def _capped_jobs(jobs: int | None) -> int:
+    """--jobs (default 1), at most the CPUs this process may run on: more workers than CPUs only take turns on
+    them, each holding a repetition's memory. A line on standard error says where it is capped."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if jobs is None or jobs <= cpus:
+        return jobs or 1
+    print(f"plan: --jobs {jobs} is more than the {cpus} CPU(s) this process may use; running {cpus} repetitions at "
+          "a time", file=sys.stderr)  # fmt: skip
+    return cpus
 
 
 def _advice_progress():
@@ -290,7 +302,8 @@ def add_plan(sub) -> None:
     plan.add_argument(
         "--jobs",
         type=positive,
-        help="repetitions run at a time, in worker processes (default 1; the figures do not depend on it)",
+        help="repetitions run at a time, in worker processes (default 1, at most the CPUs this process may use; the "
+        "figures do not depend on it)",
     )
     plan.add_argument(
         "--json",

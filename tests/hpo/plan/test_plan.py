@@ -766,3 +766,27 @@ def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_file
     assert not list(tmp_path.glob(mine)) and not list(Path(tempfile.gettempdir()).glob(mine))
     assert not list(Path("/dev/shm").glob(mine))
     assert not list(tmp_path.glob("none.db*"))
+
+
+def test_jobs_beyond_the_cpus_are_capped_at_them_with_a_note(tmp_path):
+    """`--jobs` larger than the CPUs this process may use runs as many workers as there are CPUs (more only take turns
+    on them, each holding a repetition's memory), and says so first."""
+    cpus = len(os.sched_getaffinity(0))
+    path = write(tmp_path / "file.yaml", small_preset())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
+    plan = subprocess.Popen([sys.executable, "-m", "hpo", "plan", str(path), "--repetitions", "10000", "--jobs",
+                             str(cpus + 3)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    workers = []
+    try:
+        note, first = plan.stderr.readline(), plan.stderr.readline()
+        workers = children(plan.pid)
+        assert first.startswith("plan: 1/10000 repetitions"), note + first
+        plan.terminate()
+        _, err = plan.communicate(timeout=120)
+    finally:
+        kill_all(plan, workers)
+    assert note == (f"plan: --jobs {cpus + 3} is more than the {cpus} CPU(s) this process may use; running {cpus} "
+                    "repetitions at a time\n")  # fmt: skip
+    assert len(workers) == cpus
+    assert plan.returncode == 143, err
