@@ -41,16 +41,16 @@ def no_space(error: BaseException) -> str | None:
 def write_whole(path: Path, contents: str | bytes, replace: bool = True) -> None:
     """Write a file whole or not at all: into a hidden file beside it, then renamed over it (`replace`) or linked to
     its name (not `replace`: FileExistsError where it is there), so a full disk or a signal leaves no half-written file
-    under its name, and an earlier file stays as it was until the new one is complete. A link is written through to
-    the file it names; a path that is there and is not a file (/dev/null, /dev/stdout, a pipe) is written in place.
-    Raises OSError."""
+    under its name, and an earlier file stays as it was until the new one is complete. A link (a broken one too) is
+    written through to the file it names; a path that is there and is not a file (/dev/null, /dev/stdout, a pipe) is
+    written in place. Raises OSError."""
     data = contents.encode() if isinstance(contents, str) else contents
-    if path.is_symlink() and path.exists():
-        path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
+    if path.exists() and not path.is_file():  # through a link too: /dev/stdout names a pipe by a name not on disk
         with open(path, "wb") as out:
             out.write(data)
         return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     hidden = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(hidden, "wb") as out:

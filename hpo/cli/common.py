@@ -102,16 +102,21 @@ def directory_blocker(path: Path) -> tuple[str, Path] | None:
 
 def check_output_file(path: Path, option: str = "-o") -> None:
     """Refuse an output file that could not be written, before any work: a directory, or a file whose directory
-    does not exist (or is a file), naming the path and the option."""
+    does not exist (or is a file) or is not writable, naming the path and the option. A link is judged by the file
+    it names, where it is written (`write_whole`); a device or a pipe (/dev/null, /dev/stdout) is written in place."""
     if path.is_dir():
         raise HpoError(f"{option} {path}: is a directory; give {option} a file name (e.g. {path / 'out'})")
-    parent = path.parent
+    if path.exists() and not path.is_file():
+        return
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    named = f"{option} {path}" + (f" (a link to {target})" if target != path else "")
+    parent = target.parent
     if not parent.exists():
-        raise HpoError(f"{option} {path}: the directory {parent} does not exist; make it first, or write elsewhere")
+        raise HpoError(f"{named}: the directory {parent} does not exist; make it first, or write elsewhere")
     if not parent.is_dir():
-        raise HpoError(f"{option} {path}: {parent} is not a directory; give {option} a path in a directory")
+        raise HpoError(f"{named}: {parent} is not a directory; give {option} a path in a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise HpoError(f"{option} {path}: the directory {parent} is not writable; write elsewhere")
+        raise HpoError(f"{named}: the directory {parent} is not writable; write elsewhere")
 
 
 def write_output_file(path: Path, text: str, option: str = "-o") -> None:

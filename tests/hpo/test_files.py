@@ -3,6 +3,8 @@ process whose file-size limit (RLIMIT_FSIZE) is below the file's size, as a full
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,5 +65,25 @@ def test_a_link_is_written_through_and_a_device_in_place(tmp_path):
     (tmp_path / "link.yaml").symlink_to(target)
     write_whole(tmp_path / "link.yaml", "new\n")
     assert (tmp_path / "link.yaml").is_symlink() and target.read_text() == "new\n"
+    (tmp_path / "broken.yaml").symlink_to(tmp_path / "not-yet.yaml")  # a link to a file not there makes the file
+    write_whole(tmp_path / "broken.yaml", "made\n")
+    assert (tmp_path / "broken.yaml").is_symlink() and (tmp_path / "not-yet.yaml").read_text() == "made\n"
     write_whole(Path("/dev/null"), "nothing\n")  # not replaced by a file
     assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_a_link_to_a_pipe_is_written_in_place(tmp_path):
+    """/dev/stdout into a pipe (`hpo export -o /dev/stdout | ...`): the link names the pipe by a name that is no file
+    (/proc/PID/fd/pipe:[N]); it was written beside that name, and failed."""
+    from hpo.files import write_whole
+
+    read_end, write_end = os.pipe()
+    try:
+        write_whole(Path(f"/proc/self/fd/{write_end}"), "through the pipe\n")
+        os.close(write_end)
+        assert os.read(read_end, 100) == b"through the pipe\n"
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(OSError):
+            os.close(write_end)

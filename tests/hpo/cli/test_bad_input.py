@@ -201,6 +201,31 @@ def test_an_output_path_that_cannot_be_written_is_refused_naming_it(pilot, tmp_p
     assert (tmp_path / "out.txt").stat().st_size > 0
 
 
+def test_a_link_as_the_output_is_judged_by_the_file_it_names(pilot, tmp_path, capsys):
+    """-o LINK writes the file the link names: a link into a directory that is not there, or that is a file, is
+    refused as that file would be (it was replaced by a file of its own, the link lost), and a link to a file not yet
+    there makes that file."""
+    nowhere = Path(os.path.realpath(tmp_path)) / "no" / "best.yaml"
+    (tmp_path / "file").write_text("")
+    in_a_file = nowhere.parent.parent / "file" / "best.yaml"
+    for target, message in ((nowhere, f"the directory {nowhere.parent} does not exist"),
+                            (in_a_file, f"{in_a_file.parent} is not a directory")):  # fmt: skip
+        link = tmp_path / f"to-{target.parent.name}.yaml"
+        link.symlink_to(target)
+        assert hpo(pilot, "export", PILOT, "-o", str(link)) == 2
+        assert f"error: -o {link} (a link to {target}): {message}" in capsys.readouterr().err
+        assert link.is_symlink() and not link.exists()
+
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "best.yaml"
+    link.symlink_to(tmp_path / "elsewhere" / "best.yaml")
+    assert hpo(pilot, "export", PILOT, "-o", str(link)) == 0
+    assert link.is_symlink()
+    link.unlink()
+    assert hpo(pilot, "export", PILOT, "-o", str(link)) == 0  # the same export to a file of that name
+    assert (tmp_path / "elsewhere" / "best.yaml").read_text() == link.read_text()
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_export_says_which_file_it_could_not_write(pilot, capsys):
     assert hpo(pilot, "export", PILOT, "-o", "/dev/full") == 2  # every write there fails: no space left
