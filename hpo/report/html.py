@@ -544,12 +544,13 @@ def _param(value) -> str:
 def _export_files(labels: list[str]) -> dict[str, str]:
     """The file each arm's export command writes, one of its own per arm (the commands run one after another, and
     each replaces a file an earlier export wrote): `best-VALUES.yaml` with every compare value of the arm
-    (`best-lamb-512.yaml`), numbered where two arms' values read alike once made file-name safe."""
+    (`best-lamb-512.yaml`), numbered where two arms' values read alike once made file-name safe, in any case: on a
+    file system that ignores case (macOS's, Windows') `best-Adam.yaml` and `best-adam.yaml` are one file."""
     files: dict[str, str] = {}
     for label in labels:
         values = "-".join(_slug(part.split("=", 1)[-1]) for part in label.split(","))
         name, n = f"best-{values}.yaml", 2
-        while name in files.values():
+        while name.casefold() in {taken.casefold() for taken in files.values()}:
             name, n = f"best-{values}-{n}.yaml", n + 1
         files[label] = name
     return files

@@ -6,6 +6,8 @@ count the pages should show is known here by construction.
 
 from __future__ import annotations
 
+import re
+import shlex
 import statistics
 from datetime import UTC, datetime
 from html import unescape
@@ -487,3 +489,33 @@ def test_the_reports_curve_of_a_trial_whose_points_are_all_at_step_0_has_a_point
     curve = curve_of(3, "optimizer.name=lamb", records)
     assert curve.eval_samples == (256.0, 512.0, 1024.0) and curve.mlm_accuracy == (0.05, 0.08, 0.13)
     assert curve.noise_samples == (256.0, 1024.0) and curve.noise_scale == (90.0, 120.0)
+
+
+def test_export_files_of_arms_whose_values_differ_only_in_case_are_distinct_in_any_case(tmp_path):
+    """The page's export commands wrote `best-A100.yaml` and `best-a100.yaml` for arms A100 and a100: one file on a
+    file system that ignores case (macOS's, Windows'), where the second export replaced the first. Each arm's file
+    is now its own whatever the case."""
+    field = "log.mlperf_submission.platform"  # a free string: values differing only in case are different arms
+    data = {
+        "name": "cased", "base_config": {},
+        "overrides": {"device": "cpu", "batch.global_batch_size": 16, "batch.micro_batch_size": 8},
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}, field: {"choice": ["A100", "a100", "B200"]}},
+        "compare": [field], "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 3, "max_parallel": 1, "confirm_seeds": 1}, "resources": {"gpus": "none", "cpu_slots": 1},
+    }  # fmt: skip
+    spec = experiment_from_dict(data, "cased.yaml", base_dir=tmp_path)
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    eid = storage.create_experiment("cased", stored_form(spec, tmp_path / "run"), spec.direction)
+    for value in ("A100", "a100", "B200"):
+        params = {"optimizer.lr": 1e-3, field: value}
+        trial = storage.create_trial(eid, TrialSpec(None, params, arm=f"{field}={value}", global_batch_size=16))
+        storage.mark_trial_running(trial, pid=1, host="h")
+        storage.finish_trial(trial, TrialResult(TrialState.COMPLETED, objective=256.0, samples_to_target=256,
+                                                best_mlm_accuracy=0.55, metrics={"samples": 256}))  # fmt: skip
+    page = experiment_report(storage, "cased")
+    storage.close()
+    shown = dict(re.findall(r"<pre data-field=export data-arm='([^']*)'>([^<]*)</pre>", page))
+    files = {unescape(arm): shlex.split(unescape(command))[-1] for arm, command in shown.items()}
+    assert sorted(files) == [f"{field}={v}" for v in ("A100", "B200", "a100")], files
+    assert len({name.casefold() for name in files.values()}) == 3, files
+    assert files[f"{field}=B200"] == "best-B200.yaml"  # numbered only where names would clash
