@@ -25,6 +25,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.names))
     for name in names:
         storage.get_experiment_by_name(name)  # every name exists before anything is written
+    if len(names) > 1 and "compare" in names:  # its page and figures would be the comparison's own file names
+        raise HpoError("hpo report: an experiment named compare shares its page's name, compare.html, with the "
+                       "comparison of several experiments (and its --png figures with the comparison's); report it "
+                       "on its own (hpo report compare), or compare the others without it")  # fmt: skip
     pages = [Path(args.output) / f"{name}.html" for name in names] + (
         [Path(args.output) / "compare.html"] if len(names) > 1 else []
     )

@@ -30,6 +30,20 @@ MAX_SAMPLES = 512
 ADAMW, LAMB = "optimizer.name=adamw", "optimizer.name=lamb"
 
 
+def test_an_experiment_named_compare_among_several_is_refused_before_any_page_is_written(tmp_path, capsys):
+    """Its page would be compare.html, which the comparison of several then wrote over without a word."""
+    storage, eid, url = make_experiment(tmp_path, name="compare")
+    add_trial(storage, eid, ADAMW, "reached")
+    storage.create_experiment("other", storage.get_experiment(eid).spec, "minimize")
+    out = tmp_path / "html"
+    assert main(["--db", url, "report", "compare", "other", "-o", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: hpo report: an experiment named compare shares its page's name, compare.html, ")
+    assert not out.exists()
+    assert main(["--db", url, "report", "compare", "-o", str(out)]) == 0  # on its own it has the name to itself
+    assert [p.name for p in out.iterdir()] == ["compare.html"]
+
+
 def make_experiment(tmp_path, name="edge", trials=4, confirm_seeds=1, compare=True,
                     metric="samples_to_target") -> tuple[SqlStorage, int, str]:  # fmt: skip
     """An experiment row exactly as `hpo run` writes it (no trial yet): tiny trainer, accumulation 16 = 2 x 8."""
