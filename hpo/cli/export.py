@@ -18,9 +18,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from hpo.experiment import spec_from_stored
     from hpo.export.production import check_arm, render
 
+    replaced = None
     if args.output:
         check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
-        _check_replaceable(Path(args.output))
+        replaced = _check_replaceable(Path(args.output))
         if args.format == "torchrun":
             _check_not_the_config(Path(args.output), args)
     storage = open_storage(args.db, read_only=True)
@@ -46,28 +47,32 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.output:
         print(exported.text, end="")
         return 0
-    print(f"wrote {args.format} of trial {trial.number} ({chosen}) to {args.output}", file=sys.stderr)
+    replacing = f", replacing {replaced} there" if replaced else ""
+    print(f"wrote {args.format} of trial {trial.number} ({chosen}) to {args.output}{replacing}", file=sys.stderr)
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
         print(f"run it with: {command}", file=sys.stderr)
     return 0
 
 
-def _check_replaceable(path: Path) -> None:
+def _check_replaceable(path: Path) -> str | None:
     """Refuse to replace a file that is not an earlier export (a hand-written config, anything else that is not
-    empty): it would be lost. An earlier export is replaced, so that exporting again after more trials updates it."""
-    from hpo.export.production import is_export
+    empty): it would be lost. An earlier export is replaced, so that exporting again after more trials updates it;
+    returns what it holds (`export_origin`), for the line that says it was replaced, else None."""
+    from hpo.export.production import export_origin
 
     if not path.is_file() or path.stat().st_size == 0:
-        return  # nothing to lose: no file, an empty one, a device (/dev/null) or a pipe; a broken link is written
+        return None  # nothing to lose: no file, an empty one, a device (/dev/null) or a pipe; a broken link is written
     try:
         with path.open("rb") as file:
             text = file.read(1 << 20).decode()
     except (OSError, UnicodeDecodeError):
         text = ""
-    if not is_export(text):
+    replaced = export_origin(text)
+    if replaced is None:
         raise HpoError(f"-o {path}: exists and is not an earlier `hpo export`, so replacing it would lose it; give -o "
                        "a new file, or move that one away first")  # fmt: skip
+    return replaced
 
 
 def _check_not_the_config(output: Path, args: argparse.Namespace) -> None:

@@ -378,6 +378,27 @@ def is_export(text: str) -> bool:
     return isinstance(body, dict) and {"provenance", "config"} <= body.keys()
 
 
+def export_origin(text: str) -> str | None:
+    """What an earlier export (`is_export`) holds, as `hpo export -o` says when it replaces it: `a yaml export of
+    trial 3 of experiment exp`; None for any other text."""
+    if not is_export(text):
+        return None
+    if text.startswith(EXPORT_HEADER):
+        lines = text.splitlines()
+        experiment = lines[0][len(EXPORT_HEADER) :].partition(", exported by")[0]
+        number = re.match(r"# trial (\d+)", lines[1]) if len(lines) > 1 else None
+        trial = number.group(1) if number else None
+        body = next((line for line in lines if not line.startswith("#")), "")
+        fmt = "torchrun" if body.startswith("torchrun ") else "yaml"
+    else:
+        origin = json.loads(text)["provenance"]
+        origin = origin if isinstance(origin, dict) else {}
+        fmt, trial, experiment = "json", origin.get("trial"), origin.get("experiment")
+    parts = [f"a {fmt} export", *([f"of trial {trial}"] if trial is not None else []),
+             *([f"of experiment {experiment}"] if experiment else [])]  # fmt: skip
+    return comment_text(" ".join(parts))
+
+
 def comment_text(text: str) -> str:
     r"""`text` fit for one comment line: characters in LINE_UNSAFE as Python escapes (`\x85`, `\u2028`)."""
     return LINE_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)

@@ -484,6 +484,27 @@ def test_an_output_file_that_is_not_an_earlier_export_is_not_replaced(tmp_path, 
     assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 0 and mine.read_text().startswith("# Best")
 
 
+def test_an_earlier_export_replaced_by_o_is_said_with_what_it_held(tmp_path, capsys):
+    """-o over an earlier export replaced it without a word (`wrote json of trial 1 (...) to best.yaml`), whatever
+    it held: the YAML config a torchrun line runs, say. The line says what it replaced, in each format; a file that
+    was not there is only written."""
+    from hpo.cli.main import main
+
+    db, out = pilot_db(tmp_path), tmp_path / "best.yaml"
+    assert main(["--db", db, "export", "pilot", "--format", "json"]) == 0
+    trial = json.loads(capsys.readouterr().out)["provenance"]["trial"]
+    assert main(["--db", db, "export", "pilot", "-o", str(out)]) == 0
+    assert "replacing" not in capsys.readouterr().err
+    previous = "yaml"
+    for fmt in ("json", "torchrun", "yaml", "yaml"):
+        paths = ["--config-path", "other.yaml"] if fmt == "torchrun" else []
+        assert main(["--db", db, "export", "pilot", "--format", fmt, *paths, "-o", str(out)]) == 0
+        wrote = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("wrote "))
+        assert wrote.startswith(f"wrote {fmt} of trial {trial} (")
+        assert wrote.endswith(f"to {out}, replacing a {previous} export of trial {trial} of experiment pilot there")
+        previous = fmt
+
+
 @pytest.mark.parametrize("config_path", [None, "best.yaml", "./best.yaml"])
 def test_a_torchrun_line_is_not_written_over_the_config_it_runs(tmp_path, monkeypatch, capsys, config_path):
     """`--format torchrun -o best.yaml` replaced the exported config best.yaml with a line that runs
