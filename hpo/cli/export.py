@@ -28,14 +28,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     spec = spec_from_stored(record)
     check_arm(spec, args.arm)
-    trial, chosen = chosen_trial(storage, record, spec, args.arm, args.batch_size)
+    trial, chosen, among = chosen_trial(storage, record, spec, args.arm, args.batch_size)
     if trial is None:
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
                        f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "
                        f"export; `hpo trials {args.name}` says why")  # fmt: skip
     config_path = args.config_path if args.config_path is not None else _config_file(args)
     exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                      config_path=config_path, spec=spec, chosen=chosen)  # fmt: skip
+                      config_path=config_path, spec=spec, chosen=chosen, among=among)  # fmt: skip
     if args.format == "torchrun":
         _check_config_file(args, config_path)
     # Every refusal is above, and a file that cannot be written (a full disk) is said before the warnings too: an

@@ -200,8 +200,10 @@ def stored_winner_at(storage: Storage, experiment_id: int, spec, global_batch_si
 
 
 def chosen_trial(storage: Storage, record: ExperimentRecord, spec, arm: str | None, global_batch_size: int | None
-                 ) -> tuple[TrialRecord | None, str]:  # fmt: skip
-    """The trial `hpo export` and the API's export give, and why (`export_arm` over the stored verdicts)."""
+                 ) -> tuple[TrialRecord | None, str, str | None]:  # fmt: skip
+    """The trial `hpo export` and the API's export give, why (`export_arm` over the stored verdicts), and the trials
+    it is the best of where not all of the experiment's (`arm optimizer.name=lamb`, `global batch size 64`), which
+    `render` names in its warning about a best that missed the target."""
     from hpo.export.production import export_arm
 
     def best_batch() -> int | None:  # the global batch size of the best trial of any arm
@@ -212,7 +214,11 @@ def chosen_trial(storage: Storage, record: ExperimentRecord, spec, arm: str | No
         return stored_winner_at(storage, record.id, spec, batch)
 
     chosen_arm, chosen = export_arm(spec, arm, global_batch_size, winner, best_batch)
-    return storage.best_trial(record.id, arm=chosen_arm, global_batch_size=global_batch_size), chosen
+    among = [] if chosen_arm is None else [f"arm {chosen_arm}"]
+    if global_batch_size is not None:
+        among.append(f"global batch size {global_batch_size}")
+    trial = storage.best_trial(record.id, arm=chosen_arm, global_batch_size=global_batch_size)
+    return trial, chosen, " at ".join(among) or None
 
 
 def stored_curves(storage: Storage, trials: Sequence[TrialRecord],

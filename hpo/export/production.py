@@ -287,14 +287,16 @@ def reached_target(trial: TrialRecord, target: float) -> bool:
     return trial.best_mlm_accuracy is not None and trial.best_mlm_accuracy >= target
 
 
-def warnings_for(origin: Provenance) -> tuple[str, ...]:
-    """What a user must know before training the export: a best that missed the target, or that ran only a short
-    rung of the budget, numbers that are simulated."""
+def warnings_for(origin: Provenance, among: str | None = None) -> tuple[str, ...]:
+    """What a user must know before training the export: a best that missed the target (`among`: the trials it is
+    the best of where not all of the experiment's, e.g. `arm optimizer.name=lamb`), or that ran only a short rung of
+    the budget, numbers that are simulated."""
     warnings = []
     if not origin.reached_target:
         best = "no accuracy" if origin.best_mlm_accuracy is None else f"mlm_accuracy {origin.best_mlm_accuracy:.4f}"
+        of = f"{among} of experiment" if among else "experiment"
         warnings.append(
-            f"no trial of experiment {origin.experiment} reached the target mlm_accuracy "
+            f"no trial of {of} {origin.experiment} reached the target mlm_accuracy "
             f"{origin.target_mlm_accuracy}: trial {origin.trial} is only the best of the misses (it reached {best}); "
             "tune further before production"
         )
@@ -434,10 +436,11 @@ def render(
     config_path: str = "best.yaml",
     spec=None,
     chosen: str = "the best trial",
+    among: str | None = None,
 ) -> Export:
     """The best config of `record` taken from `trial`, in `fmt`, for `nodes` x `gpus_per_node` ranks
     (`spec`: the experiment's parsed spec when the caller has it already; `chosen`: why this trial, from
-    `export_arm`)."""
+    `export_arm`; `among`: the trials it is the best of where not all of the experiment's, from `chosen_trial`)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     if spec is None:
@@ -447,7 +450,7 @@ def render(
     command = torchrun_command(config_path, nodes, gpus_per_node, record.name)
     config = with_mlperf_log(production_config(spec, trial, nodes * gpus_per_node))
     origin = provenance(record, spec, trial, config, chosen)
-    warnings = (warnings_for(origin) + device_warning(config, nodes * gpus_per_node)
+    warnings = (warnings_for(origin, among) + device_warning(config, nodes * gpus_per_node)
                 + ranks_warning(spec, trial, config, nodes * gpus_per_node))  # fmt: skip
     if fmt == "json":
         body = {"provenance": asdict(origin), "warnings": list(warnings), "command": command, "config": config}

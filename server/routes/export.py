@@ -56,14 +56,14 @@ def export_best_config(
 
     spec = specs.spec(record)
     check_arm(spec, arm)
-    trial, chosen = chosen_trial(storage, record, spec, arm, global_batch_size)
+    trial, chosen, among = chosen_trial(storage, record, spec, arm, global_batch_size)
     if trial is None:
         raise HTTPException(404, other_batch_sizes(storage, record, arm, global_batch_size, "to export",
                                                    "ask global_batch_size=")
                             or no_best_message(record.name, arm, global_batch_size))  # fmt: skip
     exported = render(
         record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec,
-        chosen=chosen,
+        chosen=chosen, among=among,
     )  # fmt: skip
     response = Response(exported.text, media_type=exported.media_type)
     for warning in exported.warnings:  # each its own header line, as HTTP allows for a repeated field

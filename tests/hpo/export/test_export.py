@@ -640,6 +640,61 @@ def test_without_an_arm_the_export_is_the_best_trial_of_the_verdicts_winner(tmp_
     assert answer.status_code == 200 and answer.json()["provenance"] == winner
 
 
+def missed_db(tmp_path, lamb: int | None) -> str:
+    """Experiment `missed`: an AdamW tuning trial that missed the target (its objective the miss's penalty) and a LAMB
+    one that reached it after `lamb` samples (None: missed too); no confirmation runs, so no verdict."""
+    from hpo.experiment import stored_form
+    from hpo.storage import SqlStorage
+    from hpo.trials import TrialResult, TrialSpec
+    from tests.hpo.plan.test_plan import small_preset
+
+    spec = experiment_from_dict(small_preset(name="missed"), "missed.yaml")
+    db = f"sqlite:///{tmp_path / 'missed.db'}"
+    with SqlStorage(db, upgrade=True) as storage:
+        eid = storage.create_experiment("missed", stored_form(spec, tmp_path / "missed"), spec.direction)
+        for optimizer, samples in (("adamw", None), ("lamb", lamb)):
+            params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
+            trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (), 32))
+            storage.mark_trial_running(trial_id, pid=1, host="h")
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(samples or 24576),
+                                                       samples_to_target=samples, best_mlm_accuracy=0.13 if samples
+                                                       else 0.09, metrics={"samples": 12288}))  # fmt: skip
+    return db
+
+
+def test_a_best_that_missed_the_target_says_of_which_trials_none_reached_it(tmp_path, capsys):
+    """AdamW's best missed the target and LAMB's reached it: `--arm optimizer.name=adamw` warned that no trial of the
+    experiment reached the target, which LAMB's trial had. The warning names the arm (and a batch size asked for),
+    on the console, in the file and from the API; a miss of every trial is still the experiment's."""
+    from fastapi.testclient import TestClient
+
+    from hpo.cli.main import main
+    from server.app import create_app
+    from server.settings import Settings
+
+    db = missed_db(tmp_path, lamb=6000)
+
+    def warning(*args: str) -> str | None:
+        assert main(["--db", db, "export", "missed", *args]) == 0
+        out, err = capsys.readouterr()
+        missed = [line.removeprefix("warning: ") for line in err.splitlines() if "reached the target" in line]
+        assert [line.removeprefix("# WARNING: ") for line in out.splitlines() if "reached the target" in line
+                and line.startswith("# WARNING")] == missed  # fmt: skip
+        return missed[0] if missed else None
+
+    assert warning() is None  # the best of any arm: LAMB's, which reached the target
+    of_arm = warning("--arm", "optimizer.name=adamw")
+    assert of_arm.startswith("no trial of arm optimizer.name=adamw of experiment missed reached the target")
+    at_batch = warning("--arm", "optimizer.name=adamw", "--batch-size", "32")
+    assert at_batch.startswith("no trial of arm optimizer.name=adamw at global batch size 32 of experiment missed ")
+    with TestClient(create_app(Settings(database_url=db))) as client:
+        answer = client.get("/api/v1/experiments/missed/export", params={"arm": "optimizer.name=adamw"})
+    assert answer.status_code == 200 and of_arm in answer.headers.get_list("X-HPO-Warning")
+    (tmp_path / "all").mkdir()
+    db = missed_db(tmp_path / "all", lamb=None)  # what `warning` exports from now on
+    assert warning().startswith("no trial of experiment missed reached the target mlm_accuracy")
+
+
 def lucky_batch_db(tmp_path, lamb_64: tuple[int, list[int]] = (8100, [8000, 8050, 7950])) -> str:
     """Experiment `lucky_batch`, a batch-size study (AdamW and LAMB at global batch 32 and 64): at each batch size
     AdamW's tuning trial is a lucky seed (the best trial there), while LAMB's confirmation runs need a third fewer
