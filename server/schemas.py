@@ -210,7 +210,10 @@ class BestTrialPublic(BaseModel):
     arm: str | None
     reached_target: bool = Field(description="False: no trial reached the target; this is the best miss.")
     trial: TrialPublic
-    config: dict[str, Any] = Field(description="The complete trainer config (see the export endpoint).")
+    config: dict[str, Any] = Field(
+        description="The complete trainer config at the full budget: the export endpoint's, less the log.mlperf file "
+        "every export names."
+    )
 
     @classmethod
     def from_record(cls, record: ExperimentRecord, trial: TrialRecord, config: dict[str, Any]) -> BestTrialPublic:
