@@ -523,6 +523,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             )
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+        if {"provenance", "config"} <= raw.keys():  # what `hpo export --format json` writes, around a config
+            raise ConfigError(
+                f"{path} is an `hpo export --format json` answer (provenance, warnings, command, config), not a "
+                "trainer config: its `config` member is one; export with --format yaml (the default) for a file "
+                "the trainer runs"
+            )
     if overrides:
         raw = apply_overrides(raw, overrides)
         source += " + overrides"

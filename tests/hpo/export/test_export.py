@@ -484,6 +484,24 @@ def test_an_output_file_that_is_not_an_earlier_export_is_not_replaced(tmp_path, 
     assert main(["--db", db, "export", "pilot", "-o", str(mine)]) == 0 and mine.read_text().startswith("# Best")
 
 
+def test_the_trainer_given_a_json_export_says_its_config_member_is_the_config(tmp_path, capsys):
+    """`hpo export --format json -o best.json && python -m trainer --config best.json` listed provenance, warnings,
+    command and config, each with a whole dump of its value, as unknown keys of a trainer config. The trainer says
+    the file is a JSON export and where its config is; that member, on its own, is a config the trainer runs."""
+    from hpo.cli.main import main
+    from trainer.__main__ import main as trainer_main
+
+    db, exported = pilot_db(tmp_path), tmp_path / "best.json"
+    assert main(["--db", db, "export", "pilot", "--format", "json", "-o", str(exported)]) == 0
+    capsys.readouterr()
+    assert trainer_main(["--config", str(exported), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {exported} is an `hpo export --format json` answer") and "unknown key" not in err
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(json.loads(exported.read_text())["config"]))
+    assert load_config(config) == TrainerConfig.model_validate(json.loads(config.read_text()))
+
+
 def test_an_earlier_export_replaced_by_o_is_said_with_what_it_held(tmp_path, capsys):
     """-o over an earlier export replaced it without a word (`wrote json of trial 1 (...) to best.yaml`), whatever
     it held: the YAML config a torchrun line runs, say. The line says what it replaced, in each format; a file that
