@@ -51,7 +51,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"wrote {args.format} of trial {trial.number} ({chosen}) to {args.output}{replacing}", file=sys.stderr)
     if args.format == "yaml":
         command = exported.text.split("# run: ", 1)[1].splitlines()[0]
-        print(f"run it with: {command}", file=sys.stderr)
+        print(f"run it with: {command}", file=sys.stderr)  # a line to paste: what it runs is said on the next
+        if Path(config_path).resolve() != Path(args.output).resolve():
+            print(f"that command names {config_path}, as --config-path asked, not {args.output}, the file written",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 

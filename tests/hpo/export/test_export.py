@@ -502,6 +502,30 @@ def test_the_trainer_given_a_json_export_says_its_config_member_is_the_config(tm
     assert load_config(config) == TrainerConfig.model_validate(json.loads(config.read_text()))
 
 
+def test_a_yaml_written_to_one_file_whose_run_line_names_another_says_so(tmp_path, monkeypatch, capsys):
+    """`-o a.yaml --config-path b.yaml` wrote a.yaml and said `run it with: torchrun ... --config b.yaml`, a file
+    that is not there, and no more: the next line says that the command names b.yaml, not the file written. Where -o
+    is the config path (by default, or the same file by another name), the command is the last line."""
+    from hpo.cli.main import main
+
+    db = pilot_db(tmp_path)
+    monkeypatch.chdir(tmp_path)
+
+    def after_run_line(*args: str) -> list[str]:
+        assert main(["--db", db, "export", "pilot", *args]) == 0
+        lines = capsys.readouterr().err.splitlines()
+        command = (tmp_path / "a.yaml").read_text().split("# run: ", 1)[1].splitlines()[0]
+        at = lines.index(f"run it with: {command}")  # the command alone, to paste
+        return lines[at + 1 :]
+
+    assert after_run_line("-o", "a.yaml", "--config-path", "b.yaml") == [
+        "that command names b.yaml, as --config-path asked, not a.yaml, the file written"
+    ]
+    assert not (tmp_path / "b.yaml").exists()
+    for args in (["-o", "a.yaml"], ["-o", "a.yaml", "--config-path", "./a.yaml"]):
+        assert after_run_line(*args) == []
+
+
 def test_an_earlier_export_replaced_by_o_is_said_with_what_it_held(tmp_path, capsys):
     """-o over an earlier export replaced it without a word (`wrote json of trial 1 (...) to best.yaml`), whatever
     it held: the YAML config a torchrun line runs, say. The line says what it replaced, in each format; a file that
