@@ -26,8 +26,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_plan_options(args)
     if args.verdict_only:
         from hpo.experiment import load_experiment
+        from hpo.plan.chances import chances_lines
 
-        print("\n".join(_plan_chances(args, load_experiment(args.experiment))))  # a bad file: `hpo run`'s errors
+        chances = _plan_chances(args, load_experiment(args.experiment))  # a bad file: `hpo run`'s errors
+        print("\n".join(chances_lines(chances)))
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
                           args.samples_per_s, args.difference)  # fmt: skip
@@ -79,6 +81,7 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     from dataclasses import replace
 
     from hpo.plan.advice import advice_data, check_advice_seeds, trials_advice, trials_advice_lines
+    from hpo.plan.chances import chances_data, chances_lines
     from hpo.plan.forecast import forecast_data, forecast_lines, prepare_plan, run_plan
 
     curves = None
@@ -97,8 +100,8 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
 
         chances = _plan_chances(args, load_experiment(args.experiment))  # a bad pilot: before the runs
     else:
-        chances = []
-    advising = args.power is not None and not chances and plan.spec.compare  # --power alone: advice on tuning trials
+        chances = None
+    advising = args.power is not None and chances is None and plan.spec.compare  # --power alone: trials advice
     if advising:
         check_advice_seeds(plan)  # its cells' confirmation caps, before any repetition runs
     jobs = _capped_jobs(args.jobs)
@@ -113,7 +116,9 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
     if advising:
         advice = trials_advice(plan, repetitions, jobs=jobs, progress=_advice_progress())
     if args.json:
-        data = forecast_data(plan, repetitions, seconds, args.like, curves) | ({"chances": chances} if chances else {})
+        data = forecast_data(plan, repetitions, seconds, args.like, curves)
+        if chances is not None:
+            data["chances"] = chances_data(chances)
         if args.like:
             data["pilot_curves"] = {"used": plan.options.table is not None, "note": curves}
         if advice:
@@ -121,8 +126,11 @@ def _plan(args: argparse.Namespace, options, scratch: Path) -> int:
         print(json.dumps(data, indent=1))
         return 0
     lines = forecast_lines(plan, repetitions, seconds, pilot=args.like, curves=curves)
-    extra = chances or (trials_advice_lines(advice, args.power, plan.spec.budget.confirm_seeds,
-                                            bool(plan.batch_truths)) if advice else [])  # fmt: skip
+    if chances is not None:
+        extra = chances_lines(chances)
+    else:
+        extra = trials_advice_lines(advice, args.power, plan.spec.budget.confirm_seeds,
+                                    bool(plan.batch_truths)) if advice else []  # fmt: skip
     print("\n".join(lines + ([""] + extra if extra else [])))
     return 0
 
@@ -209,9 +217,9 @@ def _check_plan_options(args: argparse.Namespace) -> None:
                        "--verdict-only to forecast the cost too")  # fmt: skip
 
 
-def _plan_chances(args: argparse.Namespace, spec) -> list[str]:
+def _plan_chances(args: argparse.Namespace, spec):
     """The verdict's chances (and with --power the advice) at the stated spread or the pilot's; a batch-size study's
-    at each batch size."""
+    at each batch size (a `hpo.plan.chances.ChancesForecast`)."""
     from hpo.experiment.arms import arm_labels
     from hpo.plan.chances import (
         DRAWS,
@@ -309,7 +317,7 @@ def add_plan(sub) -> None:
         "--json",
         action="store_true",
         help="print the forecast as JSON (figures with their ranges, outcomes with their intervals, the text lines; "
-        "the verdict's chances as `chances` lines); not with --verdict-only",
+        "with --cv/--like the verdict's chances as `chances`: counts, shares and intervals); not with --verdict-only",
     )
     plan.add_argument(
         "--seed",

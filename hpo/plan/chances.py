@@ -19,6 +19,8 @@ arm named; "equivalent" where every pair's true ratio lies within the margin), w
 Each confirmation budget has its own generator seeded by (--seed, fixed or auto, its most runs per arm): the same
 command prints the same numbers. `--power P` (`advise`) searches fixed k from 2 upwards to the first whose chance
 of a right answer reaches P (at most 12), and auto at caps 6, 9 and 12, with each one's mean runs per arm.
+`chances_forecast` computes them once; `chances_data` gives them as numbers (`hpo plan --json`'s `chances`) and
+`chances_lines` prints them, made from those same numbers.
 
 A batch-size study (`hpo.experiment.arms.batch_study`, two or more batch sizes) asks its question at each batch size:
 its drawn experiments are asked of `hpo.evidence.verdict.batch_size_verdicts` as the service asks them (the error
@@ -34,6 +36,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -478,16 +481,30 @@ def advise(evidence: Evidence, margin: float, power: float, draws: int, seed: in
     return Advice(power, tuple(fixed), auto)
 
 
+@dataclass(frozen=True)
+class ChancesForecast:
+    """The verdict's chances, computed once (`chances_forecast`): printed by `chances_lines`, as data (`hpo plan
+    --json`) by `chances_data`, both from the same numbers."""
+
+    evidence: Evidence
+    margin: float
+    by_batch: bool  # a batch-size study (`batch_places`): the verdict at each batch size
+    mine: Chances | BatchChances | None  # with the file's confirmation budget (None: confirm_seeds 0, no verdict)
+    advice: Advice | None  # with --power
+    draws: int
+    seed: int = 0
+
+
 def chances_forecast(spec, evidence: Evidence, draws: int = DRAWS, power: float | None = None,
-                     seed: int = 0) -> list[str]:  # fmt: skip
-    """The verdict's chances with the file's confirmation budget and, for a wanted `power`, the advice: printed. A
-    batch-size study's (`batch_places`) are of the verdict at each batch size (`batch_verdict_chances`)."""
+                     seed: int = 0) -> ChancesForecast:  # fmt: skip
+    """The verdict's chances with the file's confirmation budget and, for a wanted `power`, the advice. A batch-size
+    study's (`batch_places`) are of the verdict at each batch size (`batch_verdict_chances`)."""
     margin, choice = spec.verdict.margin, file_confirmations(spec)
     places = batch_places(spec)
     if places is None:
         mine = verdict_chances(evidence, margin, choice, draws, seed) if choice else None
         advice = advise(evidence, margin, power, draws, seed, [mine] if mine else []) if power else None
-        return chances_lines(evidence, spec, mine, advice, draws, seed)
+        return ChancesForecast(evidence, margin, False, mine, advice, draws, seed)
     by_batch = batch_verdict_chances(evidence, places, margin, choice, draws, seed) if choice else None
 
     def drawn(budget: Confirmations) -> Chances:
@@ -495,93 +512,173 @@ def chances_forecast(spec, evidence: Evidence, draws: int = DRAWS, power: float 
 
     known = [by_batch.every] if by_batch else []
     advice = advise(evidence, margin, power, draws, seed, known, drawn) if power else None
-    return chances_lines(evidence, spec, by_batch, advice, draws, seed)
+    return ChancesForecast(evidence, margin, True, by_batch, advice, draws, seed)
 
 
-def chances_lines(evidence: Evidence, spec, mine: Chances | BatchChances | None, advice: Advice | None, draws: int,
-                  seed: int = 0) -> list[str]:  # fmt: skip
+def chances_lines(forecast: ChancesForecast) -> list[str]:
     """What `hpo plan --cv/--like` prints: where the spread comes from, the verdict's chances with the file's
-    confirmation budget, and with --power the advice table; of a batch-size study (`BatchChances`), the outcomes of
-    the verdict at each batch size against the truth there, and how often it is right at every batch size (the
-    study's right answer, which --power counts)."""
-    margin, by_batch = spec.verdict.margin, isinstance(mine, BatchChances) or batch_places(spec) is not None
+    confirmation budget, and with --power the advice table; of a batch-size study, the outcomes of the verdict at
+    each batch size against the truth there, and how often it is right at every batch size (the study's right
+    answer, which --power counts)."""
+    return chances_data(forecast)["lines"]
+
+
+def chances_data(forecast: ChancesForecast) -> dict[str, Any]:
+    """The verdict's chances as data (`hpo plan --json`'s `chances`), from which the printed lines (`lines`) are
+    made: `draws`, `seed`, `margin`, `by_batch` (a batch-size study), `arms`, `source` (the spread's lines), the
+    file's `confirmations` (`confirm_seeds` k or "auto", `max_confirm_seeds`, the runs per arm of its `rounds`; None
+    without confirmation runs), `truth` (the truly `better` arm, None at a tie; `within` the margin: "equivalent"
+    is right), `outcomes` (key -> `label`, `count`, `share` of the draws and its 95 % Wilson interval `low`,
+    `high`; of a batch-size study `right` at every batch size and `wrong` at some, with `at_batches`: per batch
+    size its `truth` and `outcomes`), `runs_per_arm` (mean confirmation runs per arm) and `advice` (with --power)."""
+    mine, evidence, draws = forecast.mine, forecast.evidence, forecast.draws
+    data: dict[str, Any] = {
+        "draws": draws, "seed": forecast.seed, "margin": forecast.margin, "by_batch": forecast.by_batch,
+        "arms": len(evidence.arms), "source": list(evidence.source), "confirmations": None,
+        "truth": None if forecast.by_batch else _truth_data(evidence, forecast.margin), "outcomes": None,
+        "at_batches": {}, "runs_per_arm": None, "advice": None,
+    }  # fmt: skip
+    if isinstance(mine, BatchChances):
+        data["at_batches"] = {batch: {"truth": _truth_data(mine.truths[batch], forecast.margin),
+                                      "outcomes": _outcomes_data(mine.truths[batch], chances, forecast.margin)}
+                              for batch, chances in mine.at.items()}  # fmt: skip
+        data["outcomes"] = {
+            "right": _share_data("a right answer at every batch size", mine.every.right, draws),
+            "wrong": _share_data("a wrong answer at some batch size", mine.every.wrong, draws),
+        }
+        mine = mine.every
+    elif mine is not None:
+        data["outcomes"] = _outcomes_data(evidence, mine, forecast.margin)
+    if mine is not None:
+        data["confirmations"], data["runs_per_arm"] = _confirmations_data(mine.choice), mine.runs_per_arm
+    if forecast.advice is not None:
+        data["advice"] = _advice_data(forecast.advice, len(evidence.arms))
+    return data | {"lines": _chances_text(data)}
+
+
+def _truth_data(evidence: Evidence, margin: float) -> dict[str, Any]:
+    return {"better": evidence.better, "within": evidence.within(margin)}
+
+
+def _confirmations_data(choice: Confirmations) -> dict[str, Any]:
+    return {"confirm_seeds": "auto" if choice.k is None else choice.k, "max_confirm_seeds": choice.cap,
+            "rounds": list(choice.rounds)}  # fmt: skip
+
+
+def _outcomes_data(evidence: Evidence, chances: Chances, margin: float) -> dict[str, dict[str, Any]]:
+    """The outcome rows of one verdict, as printed: key -> its label, count, share and interval."""
+    better = evidence.better
+    equivalent = f"equivalent within ±{margin:.0%}" + (" (right)" if chances.within else " (wrong)")
+    rows = [("right_winner", f"right: {better} named", chances.right_winner)] if better else []
+    rows += [("wrong_winner", "wrong: another arm named" if better else "wrong: an arm named", chances.wrong_winner),
+             ("equivalent", equivalent, chances.equivalent), ("not_yet", "not yet", chances.not_yet),
+             ("right", "a right answer", chances.right)]  # fmt: skip
+    return {key: _share_data(label, count, chances.draws) for key, label, count in rows}
+
+
+def _share_data(label: str, count: int, total: int) -> dict[str, Any]:
+    low, high = share_interval(count, total)
+    return {"label": label, "count": count, "share": count / total, "low": low, "high": high}
+
+
+def _advice_data(advice: Advice, arms: int) -> dict[str, Any]:
+    """The --power table as data: each searched budget's right answers (with their interval), not yet and wrong
+    ones of its draws, its runs, and whether it `reaches` the wanted `power`; the fewest fixed k and the smallest
+    auto cap that reach it (None: none)."""
+
+    def row(c: Chances) -> dict[str, Any]:
+        low, high = share_interval(c.right, c.draws)
+        return _confirmations_data(c.choice) | {
+            "draws": c.draws, "right": c.right, "not_yet": c.not_yet, "wrong": c.wrong, "share": c.power,
+            "low": low, "high": high, "runs_per_arm": c.runs_per_arm, "runs_in_all": c.runs_per_arm * arms,
+            "reaches": c.power >= advice.power,
+        }  # fmt: skip
+
+    fixed, auto = advice.fewest_fixed, advice.smallest_cap
+    return {
+        "power": advice.power,
+        "budgets": [row(c) for c in (*advice.fixed, *advice.auto)],
+        "fewest_fixed": fixed.choice.k if fixed else None,
+        "smallest_cap": auto.choice.cap if auto else None,
+    }
+
+
+def _chances_text(data: dict[str, Any]) -> list[str]:
+    """`chances_lines` from `chances_data`'s numbers."""
+    by_batch, draws = data["by_batch"], data["draws"]
     what = ("the verdict at each batch size itself (hpo.evidence.verdict.batch_size_verdicts" if by_batch else
             "the verdict itself (hpo.evidence.verdict.decide")  # fmt: skip
     lines = [f"the verdict's chances{' at each batch size' if by_batch else ''}: {draws:,} drawn experiments a "
-             f"confirmation budget (seed {seed}), each arm's confirmation runs drawn log-normally from the spread "
-             f"below and judged by {what}, margin ±{margin:.0%}) as `hpo run` asks it; no training, no simulated "
-             "cluster"]  # fmt: skip
-    lines += [f"  {line}" if not line.startswith("  ") else line for line in evidence.source]
-    if mine is None:
+             f"confirmation budget (seed {data['seed']}), each arm's confirmation runs drawn log-normally from the "
+             f"spread below and judged by {what}, margin ±{data['margin']:.0%}) as `hpo run` asks it; no training, "
+             "no simulated cluster"]  # fmt: skip
+    lines += [f"  {line}" if not line.startswith("  ") else line for line in data["source"]]
+    budget = data["confirmations"]
+    if budget is None:
         lines += ["", "this file has no confirmation runs (budget.confirm_seeds: 0): its verdict has no evidence"]
-    elif isinstance(mine, BatchChances):
-        lines += ["", f"outcome with this file's {_budget_words(mine.every.choice)}, the verdict at each of "
-                      f"{len(mine.at)} batch sizes (the error shared over them; of {draws:,} draws; 95 % Wilson "
-                      "interval of the share)"]  # fmt: skip
-        for batch, chances in mine.at.items():
+    elif by_batch:
+        lines += ["", f"outcome with this file's {_budget_words(budget)}, the verdict at each of "
+                      f"{len(data['at_batches'])} batch sizes (the error shared over them; of {draws:,} draws; 95 % "
+                      "Wilson interval of the share)"]  # fmt: skip
+        for batch, there in data["at_batches"].items():
             lines.append(f"  at batch {batch:,}:")
-            lines += [_share_line(f"  {label}", count, draws)
-                      for label, count in _outcome_rows(mine.truths[batch], chances, margin)]  # fmt: skip
-        lines.append(_share_line("a right answer at every batch size", mine.every.right, draws))
-        lines.append(_share_line("a wrong answer at some batch size", mine.every.wrong, draws))
-        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.every.runs_per_arm:>11.1f}")
+            lines += [_share_line(f"  {row['label']}", row) for row in there["outcomes"].values()]
     else:
-        lines += ["", f"outcome with this file's {_budget_words(mine.choice)} (of {draws:,} draws; 95 % Wilson "
+        lines += ["", f"outcome with this file's {_budget_words(budget)} (of {draws:,} draws; 95 % Wilson "
                       "interval of the share)"]  # fmt: skip
-        lines += [_share_line(label, count, draws) for label, count in _outcome_rows(evidence, mine, margin)]
-        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{mine.runs_per_arm:>11.1f}")
-    if advice is not None:
+    if budget is not None:
+        lines += [_share_line(row["label"], row) for row in data["outcomes"].values()]
+        lines.append(f"  {'confirmation runs per arm (mean)':<{WIDTH - 2}}{data['runs_per_arm']:>11.1f}")
+    if data["advice"] is not None:
         every = " (the verdict right at every batch size)" if by_batch else ""
-        lines += [""] + advice_lines(advice, len(evidence.arms), every)
+        lines += [""] + advice_lines(data["advice"], data["arms"], every)
     return lines
 
 
-def _budget_words(choice: Confirmations) -> str:
-    if choice.k is not None:
-        return f"confirm_seeds: {choice.k} (one look)"
-    return f"confirm_seeds: auto (looks after {', '.join(map(str, choice.rounds))} runs per arm)"
+def _budget_words(budget: dict[str, Any]) -> str:
+    if budget["confirm_seeds"] != "auto":
+        return f"confirm_seeds: {budget['confirm_seeds']} (one look)"
+    return f"confirm_seeds: auto (looks after {', '.join(map(str, budget['rounds']))} runs per arm)"
 
 
-def _outcome_rows(evidence: Evidence, chances: Chances, margin: float) -> list[tuple[str, int]]:
-    better = evidence.better
-    equivalent = f"equivalent within ±{margin:.0%}" + (" (right)" if chances.within else " (wrong)")
-    rows = [(f"right: {better} named", chances.right_winner)] if better else []
-    rows += [("wrong: another arm named" if better else "wrong: an arm named", chances.wrong_winner),
-             (equivalent, chances.equivalent), ("not yet", chances.not_yet),
-             ("a right answer", chances.right)]  # fmt: skip
-    return rows
+def _choice_words(budget: dict[str, Any]) -> str:
+    """A budget as the file says it (`Confirmations.__str__`)."""
+    if budget["confirm_seeds"] != "auto":
+        return f"confirm_seeds: {budget['confirm_seeds']}"
+    return f"confirm_seeds: auto, max_confirm_seeds: {budget['max_confirm_seeds']}"
 
 
-def _share_line(label: str, count: int, total: int) -> str:
-    low, high = share_interval(count, total)
-    return f"  {label:<{WIDTH - 2}}{count:>5} {count / total:>6.1%}   {low:.1%} to {high:.1%}"
+def _share_line(label: str, row: dict[str, Any]) -> str:
+    return f"  {label:<{WIDTH - 2}}{row['count']:>5} {row['share']:>6.1%}   {row['low']:.1%} to {row['high']:.1%}"
 
 
-def advice_lines(advice: Advice, arms: int, what: str = "") -> list[str]:
-    """The --power table: each searched budget's chance of a right answer (`what` it is, where not the verdict's)
-    and its cost, and the advice to copy."""
-    wanted = f"{advice.power:.0%}"
+def advice_lines(advice: dict[str, Any], arms: int, what: str = "") -> list[str]:
+    """The --power table (`chances_data`'s `advice`): each searched budget's chance of a right answer (`what` it
+    is, where not the verdict's) and its cost, and the advice to copy."""
+    wanted = f"{advice['power']:.0%}"
     lines = [f"advice for a right answer{what} in at least {wanted} of experiments: fixed confirm_seeds searched from "
              f"2 up to the first that reaches it, and auto at max_confirm_seeds {', '.join(map(str, ADVICE_CAPS))}",
              f"  {'under budget: in the experiment file':<{WIDTH}}{'right':>7}{'not yet':>9}{'wrong':>7}"
              f"{'runs per arm':>14}{'runs in all':>13}"]  # fmt: skip
-    for c in (*advice.fixed, *advice.auto):
-        mark = f"  reaches {wanted}" if c.power >= advice.power else ""
-        lines.append(f"  {str(c.choice):<{WIDTH}}{c.power:>7.1%}{c.not_yet / c.draws:>9.1%}{c.wrong / c.draws:>7.1%}"
-                     f"{c.runs_per_arm:>14.1f}{c.runs_per_arm * arms:>13.1f}{mark}")  # fmt: skip
-    fixed, auto = advice.fewest_fixed, advice.smallest_cap
-    if fixed:
-        k = fixed.choice.k
+    for row in advice["budgets"]:
+        mark = f"  reaches {wanted}" if row["reaches"] else ""
+        lines.append(f"  {_choice_words(row):<{WIDTH}}{row['share']:>7.1%}{row['not_yet'] / row['draws']:>9.1%}"
+                     f"{row['wrong'] / row['draws']:>7.1%}{row['runs_per_arm']:>14.1f}{row['runs_in_all']:>13.1f}"
+                     f"{mark}")  # fmt: skip
+    fixed = [row for row in advice["budgets"] if row["confirm_seeds"] != "auto"]
+    auto = {row["max_confirm_seeds"]: row for row in advice["budgets"] if row["confirm_seeds"] == "auto"}
+    if (k := advice["fewest_fixed"]) is not None:
+        share = next(row["share"] for row in fixed if row["confirm_seeds"] == k)
         lines.append(f"fewest fixed: confirm_seeds: {k}  ({k} runs per arm, {k * arms} confirmation runs in all; a "
-                     f"right answer in {fixed.power:.1%})")  # fmt: skip
+                     f"right answer in {share:.1%})")  # fmt: skip
     else:
         lines.append(f"no fixed confirm_seeds up to {ADVICE_FIXED[-1]} reaches {wanted} (at {ADVICE_FIXED[-1]}: "
-                     f"{advice.fixed[-1].power:.1%}): the spread is too wide for the difference; more tuning, a "
+                     f"{fixed[-1]['share']:.1%}): the spread is too wide for the difference; more tuning, a "
                      "larger margin, or accepting a lower chance")  # fmt: skip
-    if auto:
-        lines.append(f"smallest auto cap: confirm_seeds: auto + max_confirm_seeds: {auto.choice.cap}  "
-                     f"({auto.runs_per_arm:.1f} runs per arm on average, at most {auto.choice.cap}; a right answer "
-                     f"in {auto.power:.1%})")  # fmt: skip
+    if (cap := advice["smallest_cap"]) is not None:
+        lines.append(f"smallest auto cap: confirm_seeds: auto + max_confirm_seeds: {cap}  "
+                     f"({auto[cap]['runs_per_arm']:.1f} runs per arm on average, at most {cap}; a right answer "
+                     f"in {auto[cap]['share']:.1%})")  # fmt: skip
     else:
         lines.append(f"no auto cap up to {ADVICE_CAPS[-1]} reaches {wanted}")
     return lines

@@ -4,7 +4,7 @@
     repetitions = run_plan(plan)                       # R simulated experiments, each in a temporary database
     print("\\n".join(forecast_lines(plan, repetitions)))
     evidence = stated_evidence(arm_labels(plan.spec), cv=0.05, difference=0.10)   # or pilot_evidence(storage, ...)
-    print("\\n".join(chances_forecast(plan.spec, evidence, power=0.8)))   # the verdict's chances, the advice
+    print("\\n".join(chances_lines(chances_forecast(plan.spec, evidence, power=0.8))))   # the chances, the advice
 
 The experiment file runs R times on the simulated runner (`hpo.runners.simulated`: trials read their learning
 curves from a recorded table, at simulated times): the same study loop, tuner, confirmation runs

@@ -180,3 +180,65 @@ def test_a_batch_size_study_of_one_optimizer_gets_the_chances_of_its_one_verdict
     right = next(line for line in out.splitlines() if line.startswith(f"  right: {first} named"))
     assert abs(int(right.split()[-5]) / draws - power) < 0.03, (right, power)
     assert not (tmp_path / "none.db").exists()
+
+
+def test_json_gives_a_batch_size_studys_chances_at_each_batch_size_as_numbers(tmp_path, capsys):
+    """`hpo plan --like PILOT --power --json` of a batch-size study (the pilot's LAMB faster at 32, AdamW at 64):
+    `chances` carries per batch size its truth and the verdict's outcomes there (count, share of the draws, the
+    share's 95 % Wilson interval, from its formula), the study's right answer at every batch size and wrong one at
+    some, the mean runs per arm and the advice; the same numbers as the same command prints without --json."""
+    import json
+
+    import yaml
+
+    from tests.hpo.evidence.test_batch_study import study, study_file
+    from tests.hpo.plan.test_plan import check_advice, check_share, printed_shares, same_as_printed
+
+    arms = {("adamw", 32): (9000, [9000, 9400, 8650, 9050]), ("lamb", 32): (8100, [8000, 8450, 7700, 8020]),
+            ("adamw", 64): (7000, [7000, 7100, 6900, 7050]),
+            ("lamb", 64): (9500, [9500, 9400, 9600, 9450])}  # fmt: skip
+    db_file = tmp_path / "pilot.db"
+    storage, _ = study(db_file, 4, arms)
+    storage.close()
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_file(4) | {"name": "next"}))
+    draws = 30
+    args = ["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "study", "--repetitions", "1", "--draws",
+            str(draws), "--power", "0.8"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    chances = json.loads(capsys.readouterr().out)["chances"]
+    assert out.endswith("\n".join(chances["lines"]) + "\n")
+    assert chances["by_batch"] is True and chances["truth"] is None and chances["arms"] == 4
+    assert chances["confirmations"] == {"confirm_seeds": 4, "max_confirm_seeds": None, "rounds": [4]}
+    assert chances["runs_per_arm"] == 4
+    at = chances["at_batches"]
+    assert {b: there["truth"] for b, there in at.items()} == {
+        "32": {"better": "lamb", "within": False},
+        "64": {"better": "adamw", "within": False},
+    }
+    lines = out.splitlines()
+    for batch, there in at.items():
+        outcomes = there["outcomes"]
+        assert list(outcomes) == ["right_winner", "wrong_winner", "equivalent", "not_yet", "right"]
+        assert sum(outcomes[k]["count"] for k in ("right_winner", "wrong_winner", "equivalent", "not_yet")) == draws
+        assert outcomes["right"]["count"] == outcomes["right_winner"]["count"]
+        start = lines.index(f"  at batch {batch}:") + 1
+        printed = printed_shares(lines[start : start + len(outcomes)])
+        for row in outcomes.values():
+            check_share(row, draws)
+            assert same_as_printed(row, printed[row["label"]]), (batch, row, printed)
+    every = chances["outcomes"]  # the truth is no tie at either: "equivalent" there is wrong
+    wrong_there = [sum(there["outcomes"][k]["count"] for k in ("wrong_winner", "equivalent")) for there in at.values()]
+    assert list(every) == ["right", "wrong"]
+    assert every["right"]["count"] <= min(there["outcomes"]["right"]["count"] for there in at.values())
+    assert max(wrong_there) <= every["wrong"]["count"] <= sum(wrong_there)
+    assert every["right"]["count"] + every["wrong"]["count"] <= draws
+    printed = printed_shares(lines)
+    for row in every.values():
+        check_share(row, draws)
+        assert same_as_printed(row, printed[row["label"]])
+    check_advice(chances["advice"], out, draws, 4, 0.8)
+    own = next(r for r in chances["advice"]["budgets"] if r["confirm_seeds"] == 4)  # the file's budget, reused
+    assert own["right"] == every["right"]["count"] and own["wrong"] == every["wrong"]["count"]

@@ -141,7 +141,8 @@ def test_plan_like_a_grid_pilot_plans_over_its_curves(piloted):
     for key in ("first_hit", "answer", "outcomes", "judged", "truth"):
         assert liked[key] == direct[key], key
     # the spread: the best configuration's 3 seeds in the grid, as the chances read them
-    assert any("3 of 3 runs (its best tuning run and its other seeds too)" in line for line in liked["chances"])
+    source = liked["chances"]["source"]
+    assert any("3 of 3 runs (its best tuning run and its other seeds too)" in line for line in source)
 
 
 def test_plan_like_a_pilot_that_stopped_at_the_target_keeps_the_files_table(piloted, tmp_path):

@@ -546,6 +546,144 @@ def test_a_stated_spread_gives_the_verdict_power_studys_figure(tmp_path, capsys)
                            "--draws", "1000")  # fmt: skip  # the same seed: the same draws
 
 
+def wilson(count: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of the share count / n, from its formula (the plan asks scipy's binomtest)."""
+    z = stats.norm.ppf(0.5 + level / 2)
+    p, scale = count / n, 1 + z * z / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / scale, (centre + half) / scale
+
+
+def check_share(row: dict, draws: int) -> None:
+    """A row of `chances` data: its share is its count of the draws, its interval Wilson's."""
+    assert row["share"] == row["count"] / draws
+    low, high = wilson(row["count"], draws)
+    assert math.isclose(row["low"], low, abs_tol=1e-9) and math.isclose(row["high"], high, abs_tol=1e-9), row
+
+
+SHARE_ROW = re.compile(r"^ +(.+?) +(\d+) +([\d.]+)% +([\d.]+)% to ([\d.]+)%$")
+
+
+def printed_shares(lines: list[str]) -> dict[str, tuple[int, float, float, float]]:
+    """The outcome rows of printed chances: label -> (count, share, low, high), as printed (to 0.1 %)."""
+    rows = {}
+    for line in lines:
+        if match := SHARE_ROW.match(line):
+            rows[match[1]] = (int(match[2]), *(float(match[i]) / 100 for i in (3, 4, 5)))
+    return rows
+
+
+def same_as_printed(row: dict, printed: tuple[int, float, float, float]) -> bool:
+    """A data row and its printed line agree: the count, and share and interval to the printed 0.1 %."""
+    count, *shares = printed
+    return count == row["count"] and all(abs(row[k] - v) <= 0.0005 + 1e-12
+                                         for k, v in zip(("share", "low", "high"), shares, strict=True))  # fmt: skip
+
+
+ADVICE_ROW = re.compile(r"^  (confirm_seeds: .+?) +([\d.]+)% +([\d.]+)% +([\d.]+)% +([\d.]+) +([\d.]+)(  reaches .+)?$")
+
+
+def check_advice(advice: dict, out: str, draws: int, arms: int, power: float) -> None:
+    """`chances.advice` of `hpo plan --power --json`: each budget's counts of its draws, the interval of its right
+    answers (Wilson's), its runs (a fixed k: k per arm), whether it reaches `power`, the fewest fixed k and the
+    smallest auto cap that do; and the table `out` printed for the same command."""
+    assert advice["power"] == power
+    rows = advice["budgets"]
+    fixed = [r for r in rows if r["confirm_seeds"] != "auto"]
+    auto = [r for r in rows if r["confirm_seeds"] == "auto"]
+    assert [r["confirm_seeds"] for r in fixed] == list(range(2, 2 + len(fixed)))  # searched up from 2
+    assert [r["max_confirm_seeds"] for r in auto] == [6, 9, 12]
+    for r in rows:
+        assert r["draws"] == draws and r["right"] + r["not_yet"] + r["wrong"] == draws
+        check_share({"count": r["right"], "share": r["share"], "low": r["low"], "high": r["high"]}, draws)
+        assert r["reaches"] is (r["share"] >= power)
+        assert math.isclose(r["runs_in_all"], arms * r["runs_per_arm"])
+    for r in fixed:
+        assert r["runs_per_arm"] == r["confirm_seeds"] and r["rounds"] == [r["confirm_seeds"]]
+    assert not any(r["reaches"] for r in fixed[:-1])  # the search stops at the first that reaches it
+    assert advice["fewest_fixed"] == (fixed[-1]["confirm_seeds"] if fixed[-1]["reaches"] else None)
+    assert advice["smallest_cap"] == next((r["max_confirm_seeds"] for r in auto if r["reaches"]), None)
+    printed = [ADVICE_ROW.match(line) for line in out.splitlines() if line.startswith("  confirm_seeds: ")]
+    assert len(printed) == len(rows) and all(printed)
+    for match, r in zip(printed, rows, strict=True):
+        words = (f"confirm_seeds: {r['confirm_seeds']}" if r["confirm_seeds"] != "auto" else
+                 f"confirm_seeds: auto, max_confirm_seeds: {r['max_confirm_seeds']}")  # fmt: skip
+        assert match[1] == words
+        for i, value in ((2, r["share"]), (3, r["not_yet"] / draws), (4, r["wrong"] / draws)):
+            assert abs(float(match[i]) / 100 - value) <= 0.0005 + 1e-12, (match[0], r)
+        assert abs(float(match[5]) - r["runs_per_arm"]) <= 0.05 + 1e-12
+        assert abs(float(match[6]) - r["runs_in_all"]) <= 0.05 + 1e-12
+        assert bool(match[7]) is r["reaches"]
+    if advice["fewest_fixed"] is not None:
+        assert f"fewest fixed: confirm_seeds: {advice['fewest_fixed']}  " in out
+    if advice["smallest_cap"] is not None:
+        assert f"smallest auto cap: confirm_seeds: auto + max_confirm_seeds: {advice['smallest_cap']}  " in out
+
+
+def test_json_gives_the_verdicts_chances_and_advice_as_numbers(tmp_path, capsys):
+    """`hpo plan --cv --difference --power --json`: `chances` carries the draws and their seed, the file's
+    confirmation budget (auto: its rounds), the truth, each outcome's count, its share of the draws and the share's
+    95 % Wilson interval (its formula, here), the mean runs per arm and the advice, as numbers; the same numbers as
+    the lines the same command prints without --json, which the data carries too."""
+    draws = 40
+    budget = {**small_preset()["budget"], "confirm_seeds": "auto", "max_confirm_seeds": 6}
+    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    args = ("plan", str(path), "--cv", "5%", "--difference", "10%", "--power", "0.8", "--repetitions", "1", "--draws",
+            str(draws), "--seed", "2")  # fmt: skip
+    out = plan_out(capsys, *args)
+    chances = json.loads(plan_out(capsys, *args, "--json"))["chances"]
+    assert out.endswith("\n\n" + "\n".join(chances["lines"]) + "\n")  # printed below the forecast
+    assert (chances["draws"], chances["seed"], chances["margin"], chances["arms"]) == (draws, 2, 0.05, 2)
+    assert chances["by_batch"] is False and chances["at_batches"] == {}
+    assert chances["source"] == [line.strip() for line in out.splitlines() if line.startswith("  a stated spread")]
+    assert chances["confirmations"] == {"confirm_seeds": "auto", "max_confirm_seeds": 6, "rounds": [3, 6]}
+    assert "outcome with this file's confirm_seeds: auto (looks after 3, 6 runs per arm)" in out
+    assert chances["truth"] == {"better": ADAMW, "within": False}  # 10 % apart: outside the margin of 5 %
+    outcomes = chances["outcomes"]
+    assert list(outcomes) == ["right_winner", "wrong_winner", "equivalent", "not_yet", "right"]
+    assert sum(outcomes[k]["count"] for k in ("right_winner", "wrong_winner", "equivalent", "not_yet")) == draws
+    assert outcomes["right"]["count"] == outcomes["right_winner"]["count"]  # "equivalent" is wrong here
+    assert outcomes["right_winner"]["label"] == f"right: {ADAMW} named"
+    printed = printed_shares(out.split("outcome with this file's", 1)[1].splitlines())
+    for row in outcomes.values():
+        check_share(row, draws)
+        assert same_as_printed(row, printed[row["label"]]), (row, printed)
+    assert 3 <= chances["runs_per_arm"] <= 6
+    assert f"confirmation runs per arm (mean)                  {chances['runs_per_arm']:.1f}" in out
+    check_advice(chances["advice"], out, draws, 2, 0.8)
+    own = next(r for r in chances["advice"]["budgets"] if r["max_confirm_seeds"] == 6)  # the file's budget
+    assert (own["right"], own["runs_per_arm"]) == (outcomes["right"]["count"], chances["runs_per_arm"])
+
+
+def test_chances_data_of_a_tie_and_of_a_file_without_confirmations():
+    """At a stated tie the truth is "equivalent" (no arm is better): no right-winner row, and an "equivalent" is the
+    right answer; without confirmation runs there are no outcomes. The lines are made from the same data."""
+    from hpo.experiment.arms import arm_labels
+    from hpo.plan.chances import chances_data, chances_forecast, chances_lines, stated_evidence
+
+    spec = experiment_from_dict(small_preset(budget={**small_preset()["budget"], "confirm_seeds": 4}), "f.yaml")
+    forecast = chances_forecast(spec, stated_evidence(arm_labels(spec), 0.02, 0.0), draws=30, seed=1)
+    data = chances_data(forecast)
+    assert data["lines"] == chances_lines(forecast)
+    assert data["truth"] == {"better": None, "within": True} and data["advice"] is None
+    assert data["confirmations"] == {"confirm_seeds": 4, "max_confirm_seeds": None, "rounds": [4]}
+    outcomes = data["outcomes"]
+    assert list(outcomes) == ["wrong_winner", "equivalent", "not_yet", "right"]
+    assert outcomes["equivalent"]["label"] == "equivalent within ±5% (right)"
+    assert outcomes["right"]["count"] == outcomes["equivalent"]["count"]
+    assert sum(outcomes[k]["count"] for k in ("wrong_winner", "equivalent", "not_yet")) == 30
+    assert data["runs_per_arm"] == 4
+    printed = printed_shares(data["lines"])
+    for row in outcomes.values():
+        check_share(row, 30)
+        assert same_as_printed(row, printed[row["label"]])
+
+    none = experiment_from_dict(small_preset(budget={**small_preset()["budget"], "confirm_seeds": 0}), "f.yaml")
+    data = chances_data(chances_forecast(none, stated_evidence(arm_labels(none), 0.05, 0.1), draws=30))
+    assert (data["confirmations"], data["outcomes"], data["runs_per_arm"]) == (None, None, None)
+    assert data["lines"][-1].startswith("this file has no confirmation runs")
+
+
 def test_like_reads_the_users_database_and_writes_nothing(tmp_path, capsys):
     db_file = tmp_path / "user.db"
     write_pilot(db_file, "pilot", {"adamw": exact_spread(math.log(8000), 0.1, 4),
