@@ -124,10 +124,10 @@ class ModelConfig(Section):
         "(evaluation batches to the evaluation set's own budget), so that model.compile compiles each layer once per "
         "shape instead of for any number of tokens. The padding tokens run through the per-token layers and are "
         "dropped before attention; the losses and gradients are those without padding (only the dropout draws "
-        "differ). A later epoch's micro-batch beyond the longest length is padded to the next multiple of 64 above it "
-        "(a shape of its own: padding depends on the micro-batch alone, so a resumed run pads as the uninterrupted "
-        "one did). Off: each micro-batch as long as "
-        "its sequences.",
+        "differ). A later epoch's micro-batch with more tokens than the longest length, or more masked positions, is "
+        "padded to a shape of its own (the next multiple of 64 tokens, of 8 masked positions): a compilation more "
+        "each; the padding depends on the micro-batch alone, so a resumed run pads as the uninterrupted one did. Off: "
+        "each micro-batch as long as its sequences.",
     )
 
     @model_validator(mode="after")

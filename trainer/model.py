@@ -99,7 +99,10 @@ class PaddingLayout:
 
 class GatherRows(torch.autograd.Function):
     """`x.index_select(0, index)` for *distinct* indices. Its backward writes rows back (index_copy) instead of
-    accumulating them (index_add), which is several times slower on CPU and not needed without repeats."""
+    accumulating them (index_add), which is several times slower on CPU and not needed without repeats. A repeated
+    index is right only where every copy's gradient is zero: the masked positions that pad a batch to a budget
+    (`model.static_shapes`) all point at one padding token, and their labels (IGNORE) give them none, so whichever
+    copy the write keeps (on CUDA, any), the row's gradient is zero, as an index_add would make it."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
