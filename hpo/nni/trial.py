@@ -73,10 +73,12 @@ def run(db_url: str, experiment_id: int, arm: int, run_dir: Path) -> int:
 
     lead_process_group()
     worker = WORKER_PREFIX + nni.get_trial_id()
-    with SqlStorage(db_url) as storage:
+    # the bound of the environment or the default until the stored experiment says its own, as the local engine's
+    # trial (hpo.trial.entry): a trial that NNI starts while the database is away waits for it from its first read
+    with SqlStorage(db_url, outage_s=outage_bound()) as storage:
         stored = storage.get_experiment(experiment_id)
         spec = spec_from_stored(stored)
-        storage.wait_for_outages(outage_bound(spec.database.outage_s))  # from its first write, as `run_trial` does
+        storage.wait_for_outages(outage_bound(spec.database.outage_s))
         plan = arm_plans(spec)[arm]
         generated, seed = split_confirmation(nni.get_next_parameter())
         if seed is None:
