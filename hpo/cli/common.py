@@ -39,9 +39,10 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
     url = url or default_database_url()
     refuse_in_memory(url)
     # A command that writes waits for a database that is away from its first call on when HPO_DATABASE_OUTAGE_S
-    # says so (`hpo run` and `hpo resume` then take the experiment file's bound unless it is set); one that only
-    # reads never waits.
+    # says so, and says that it waits (`hpo run` and `hpo resume` then take the experiment file's bound unless it is
+    # set, and their progress line says it); one that only reads never waits.
     wait = outage_bound(0.0) if writes else 0.0
+    told = {"on_wait": waiting_note()} if wait > 0 else {}
     path = sqlite_file(url)
     if path is not None and path.is_file() and path.stat().st_size == 0 and not read_only:
         return SqlStorage(url, upgrade=True, outage_s=wait)  # an empty file (`touch hpo.db`) is a new SQLite database
@@ -53,7 +54,26 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
             )
         return SqlStorage(url, upgrade=True, outage_s=wait)  # a new embedded database starts at the current schema
     # a command's reads, or its writes to an existing database
-    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait)
+    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait, **told)
+
+
+def waiting_note():
+    """What a command that waits for the database tells, once, on standard error: `waiting up to 600 s
+    (HPO_DATABASE_OUTAGE_S) for the database: cannot use the database URL: ...` (the error's first sentence; the
+    rest says what to do, for when it gives up). A call for `hpo.storage.retry.call_with_retry`'s `waiting`."""
+    import sys
+
+    from hpo.storage.retry import OUTAGE_ENV
+
+    told: list[bool] = []
+
+    def tell(error: Exception, bound_s: float) -> None:
+        if not told:
+            what = str(error).split(". ")[0]
+            print(f"waiting up to {bound_s:g} s ({OUTAGE_ENV}) for the database: {what}", file=sys.stderr, flush=True)
+            told.append(True)
+
+    return tell
 
 
 def refuse_in_memory(url: str) -> None:

@@ -17,6 +17,7 @@ from hpo.cli.common import (
     runner_options,
     safe_url,
     tcp_port,
+    waiting_note,
 )
 from hpo.errors import ControllerBusyError, HpoError, NotFoundError
 
@@ -26,28 +27,15 @@ NNI_PORT = 8080  # the first port tried for an NNI experiment's web UI (NNI's ow
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     import random
 
-    from hpo.errors import DatabaseUnavailableError
     from hpo.storage import current_revision, default_database_url, upgrade_database
-    from hpo.storage.retry import OUTAGE_ENV, Outage, call_with_retry, outage_bound
+    from hpo.storage.retry import Outage, call_with_retry, outage_bound
 
     url = args.db or default_database_url()
     refuse_in_memory(url)  # the upgrade would succeed on a database that is gone when the command ends
     # Waits for a database that is away (or a SQLite file another writer keeps locked) as the other commands that
     # write do, when HPO_DATABASE_OUTAGE_S says so: a migration is one transaction, and a try after one whose
     # answer was lost finds the schema at its revision.
-    bound, told = outage_bound(0.0), []
-
-    def upgrade() -> None:
-        try:
-            upgrade_database(url)
-        except DatabaseUnavailableError as exc:
-            if bound > 0 and not told:
-                what = str(exc).split(". ")[0]  # the error's first sentence; the rest says what to do
-                print(f"waiting up to {bound:g} s ({OUTAGE_ENV}) for the database: {what}", file=sys.stderr)
-                told.append(True)
-            raise
-
-    call_with_retry(upgrade, Outage(), bound, random.Random())
+    call_with_retry(lambda: upgrade_database(url), Outage(), outage_bound(0.0), random.Random(), waiting=waiting_note())
     print(f"database {safe_url(url)} is at revision {current_revision(url)}")
     return 0
 

@@ -153,11 +153,12 @@ class Outage:
 def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: random.Random,
                     stop: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
                     clock: Callable[[], float] = time.monotonic,
-                    wrote: Callable[[], bool] = lambda: True) -> T:  # fmt: skip
+                    wrote: Callable[[], bool] = lambda: True,
+                    waiting: Callable[[DatabaseUnavailableError, float], None] | None = None) -> T:  # fmt: skip
     """`call()`, run again after each DatabaseUnavailableError until the database has been unreachable for
     `bound_s` (see the module docstring); `stop()` returns a reason to give up early, or None. `wrote()`, asked
     after each try, says whether that try wrote (or tried to): a try that only read neither starts nor ends an
-    outage of writes."""
+    outage of writes. `waiting(error, bound_s)` is told before each pause (a command says that it waits)."""
     pauses = backoff(rng)
     replay = False
     while True:
@@ -177,6 +178,8 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
                     f"{exc} It has been unreachable for {waited:.0f} s, the longest this process waits "
                     f"(database.outage_s = {bound_s:g} s; {OUTAGE_ENV} sets it)."
                 ) from exc
+            if waiting is not None:
+                waiting(exc, bound_s)
             _pause(min(next(pauses), bound_s - waited), stop, sleep, clock, exc)
             replay = True
             continue

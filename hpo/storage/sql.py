@@ -97,13 +97,16 @@ class SqlStorage(TrialReads, Storage):
 
     def __init__(self, url: str | None = None, *, upgrade: bool = False, outage_s: float = 0.0,
                  read_only: bool = False, one_shot: bool = False, writes: bool = True,
-                 deadlines: tuple[float, float] | None = None) -> None:  # fmt: skip
+                 deadlines: tuple[float, float] | None = None,
+                 on_wait: Callable[[DatabaseUnavailableError, float], None] | None = None) -> None:  # fmt: skip
         self.url = url or default_database_url()
         self._trial_clock: Callable[[], datetime] = _now
         self.outage_s = outage_s  # how long a call waits for a database that is away (hpo.storage.retry)
         self._outage = Outage()
         self._rng = random.Random()  # jitter: differs between processes on purpose
         self._stop_waiting: Callable[[], str | None] = lambda: None
+        # told before each pause for the database (a command that writes says it waits), until `wait_for_outages`
+        self._on_wait = on_wait
         self._stamps = threading.local()  # the creation time a create's first try stamped, for its retries
         self._writes = threading.local()  # `count`: the write transactions this thread began (hpo.storage.retry)
         if upgrade:
@@ -147,6 +150,7 @@ class SqlStorage(TrialReads, Storage):
     def wait_for_outages(self, outage_s: float, stop: Callable[[], str | None] | None = None) -> None:
         self.outage_s = outage_s
         self._stop_waiting = stop or (lambda: None)
+        self._on_wait = None  # the caller that sets the bound says how it waits (the controller's progress line)
 
     def unreachable_for(self) -> float | None:
         return self._outage.unreachable_for()
@@ -170,7 +174,7 @@ class SqlStorage(TrialReads, Storage):
             return call()
 
         return call_with_retry(attempt, self._outage, self.outage_s, self._rng, self._stop_waiting,
-                               wrote=lambda: self._write_count() > began[0])  # fmt: skip
+                               wrote=lambda: self._write_count() > began[0], waiting=self._on_wait)  # fmt: skip
 
     def _write_count(self) -> int:
         return getattr(self._writes, "count", 0)

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from hpo.report.batch_view import fmt_estimate
 from hpo.report.html import comparison_report, experiment_report
 from hpo.report.scaling import confirmation_runs
 from hpo.storage import SqlStorage
+from hpo.storage import retry as retry_module
 from hpo.storage.base import ExperimentStatus
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.engine.test_study import make_spec, run_study
@@ -524,6 +526,44 @@ def test_the_reference_curve_beside_an_experiment_on_the_comparison_page(tmp_pat
     assert "lamb (rcp-bert-9-9-9, MLPerf reference)" in page and "lamb (mine, imported)" in page
     assert 'data-field="fit_b_crit" data-arm="lamb (rcp-bert-9-9-9, MLPerf reference)"' in page  # its fit row
     assert "MLPerf&#x27;s reference (an RCP import, black squares)" in page
+
+
+def test_an_import_waits_for_a_locked_database_when_the_environment_says_so_and_says_that_it_waits(
+    tmp_path, capsys, monkeypatch
+):
+    """With HPO_DATABASE_OUTAGE_S set, an import waits for a database that is away (as `hpo db upgrade` does), but
+    it waited without a word: a command that looked hung for as long as the bound. It says that it waits and why,
+    then stores every run once."""
+    monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setenv("HPO_DATABASE_OUTAGE_S", "60")
+    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
+    rcp.parent.mkdir()
+    runs = {256: [2_500_000, 2_600_000], 2048: [2_700_000, 2_800_000, 2_750_000]}
+    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, samples) for b, samples in runs.items()}))
+    db = db_url(tmp_path)
+    SqlStorage(db, upgrade=True).close()
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another writer: the import's reads answer, its first write waits
+    pauses: list[float] = []
+    pause = retry_module._pause
+
+    def release_then_pause(seconds, *args):  # the other process ends its write while the import waits
+        if not pauses:
+            holder.execute("ROLLBACK")
+        pauses.append(seconds)
+        pause(seconds, *args)
+
+    monkeypatch.setattr(retry_module, "_pause", release_then_pause)
+    try:
+        assert main(["--db", db, "import", "rcp", str(rcp)]) == 0
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert pauses and err.count("waiting up to 60 s (HPO_DATABASE_OUTAGE_S) for the database: the SQLite database "
+                                f"{db} stayed locked by another writer") == 1, err  # fmt: skip
+    with SqlStorage(db) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("rcp-bert-9-9-9").id)
+        assert sorted(t.samples_to_target for t in trials) == sorted(s for samples in runs.values() for s in samples)
 
 
 def test_an_rcp_file_of_another_benchmark_is_a_named_error(tmp_path, capsys):
