@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpo.errors import DiskFullError, HpoError
+from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError
 from hpo.experiment import spec_from_stored
 from hpo.experiment.arms import ArmPlan, arm_plans, trial_config
 from hpo.files import full_disk
@@ -43,7 +43,7 @@ from hpo.objective import NOT_TOLD, tuner_feedback
 from hpo.storage import SqlStorage
 from hpo.storage.retry import outage_bound
 from hpo.trial.entry import WORKER_ENV, run_trial
-from hpo.trial.outcome import EXIT_DISK_FULL
+from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, EXIT_DISK_FULL
 from hpo.trials import TrialSpec
 from search_spaces.nni import from_nni_params
 
@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arm", type=int, required=True, help="the index of the compare arm this NNI experiment runs")
     parser.add_argument("--run-dir", type=Path, required=True, help="the experiment's run directory")
     args = parser.parse_args(argv)
-    return run(args.db or database_url(args.run_dir), args.experiment_id, args.arm, args.run_dir)
+    try:
+        return run(args.db or database_url(args.run_dir), args.experiment_id, args.arm, args.run_dir)
+    except DatabaseUnavailableError as e:  # past the bound: said in a line, as the local engine's trial says it
+        print(f"error: NNI trial of experiment {args.experiment_id}, arm {args.arm}: {e}", file=sys.stderr)
+        return EXIT_DATABASE_UNREACHABLE
 
 
 if __name__ == "__main__":
