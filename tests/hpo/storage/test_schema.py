@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -12,8 +16,11 @@ from sqlalchemy import inspect, text
 from hpo.errors import BadDatabaseError, SchemaOutOfDateError, StorageError
 from hpo.storage import SqlStorage, current_revision, downgrade_database, head_revision, upgrade_database
 from hpo.storage.engine import create_storage_engine
+from hpo.storage.migrate import alembic_config
 from hpo.storage.models import Base
 from hpo.trials import TrialResult, TrialSpec, TrialState
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.polling import wait_for
 
 
 def test_an_empty_database_is_out_of_date_until_upgraded(database_url: str):
@@ -233,3 +240,49 @@ def test_the_upgrade_to_told_before_orders_stored_tells_by_their_times_as_resume
         trials = storage.list_trials(experiment_id)
         assert [t.told_before for t in trials] == [1, 2, None, 4, None, None]
         assert {t.told_order for t in trials} == {None}
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    yield from postgres_schema_url(base_url)
+
+
+@pytest.mark.postgres
+def test_an_upgrade_started_while_another_migrates_waits_for_it_and_finds_nothing_left(postgres_url: str):
+    """Two `hpo db upgrade` at once (two hosts after a new release): the first's migration is held open here, on a
+    connection whose transaction the test commits once the second waits for it. The second then reads the new
+    revision and does nothing, where it used to run the same migration again and fail. (SQLite needs no test: a
+    migration begins with BEGIN IMMEDIATE there, one writer at a time.)"""
+    upgrade_database(postgres_url, "0005_trials_version_filters")
+    engine = create_storage_engine(postgres_url)
+    errors: list[BaseException] = []
+
+    def second_upgrade() -> None:
+        try:
+            upgrade_database(postgres_url)
+        except BaseException as exc:  # the assertion below shows it
+            errors.append(exc)
+
+    second = threading.Thread(target=second_upgrade, daemon=True)
+    try:
+        with engine.connect() as first:
+            first_pid = first.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            command.upgrade(alembic_config(first), "head")  # inside first's transaction, still open
+            second.start()
+            wait_for(lambda: _waiting_for(engine, first_pid), timeout_s=60)
+            first.commit()
+        second.join(timeout=60)
+    finally:
+        engine.dispose()
+    assert not second.is_alive() and errors == []
+    assert current_revision(postgres_url) == head_revision()
+
+
+def _waiting_for(engine, pid: int) -> int:
+    """How many server processes wait for a lock that the process `pid` holds."""
+    with engine.connect() as connection:  # a transaction of its own: pg_stat_activity is read once per transaction
+        query = text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
+        return connection.execute(query, {"pid": pid}).scalar_one()
