@@ -333,7 +333,8 @@ class SqlStorage(TrialReads, Storage):
             holder = f"host {experiment.controller_host}, pid {experiment.controller_pid}"
         raise ControllerBusyError(
             f"experiment {experiment.name!r} is driven by a live controller ({holder}, last heartbeat {age:.0f} s "
-            "ago); stop it first (Ctrl-C there, or `POST /api/v1/experiments/NAME/stop`), or wait until it ends"
+            f"ago); stop it first (Ctrl-C there, or `POST /api/v1/experiments/{experiment.name}/stop`), or wait until "
+            "it ends"
         )
 
     @staticmethod

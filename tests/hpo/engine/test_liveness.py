@@ -35,8 +35,9 @@ def test_interrupted_after_one_and_a_half_missed_heartbeats_and_before_two(stora
 def test_a_second_controller_is_refused_by_host_and_pid_until_the_first_is_stale(storage):
     eid = storage.create_experiment("e", {}, "minimize")
     storage.claim_controller(eid, "hostA", 111, stale_after_s())
-    with pytest.raises(ControllerBusyError, match="hostA, pid 111"):
+    with pytest.raises(ControllerBusyError, match="hostA, pid 111") as refused:
         storage.claim_controller(eid, "hostB", 222, stale_after_s())
+    assert "POST /api/v1/experiments/e/stop" in str(refused.value)  # the request that stops it, with its name
     storage.claim_controller(eid, "hostA", 111, stale_after_s())  # the holder itself may claim again
     storage.claim_controller(eid, "hostB", 222, stale_after_s=0.0)  # a holder past the stale limit is taken over
     assert not storage.heartbeat(eid, "hostA", 111)  # the old holder learns it lost the experiment
