@@ -39,6 +39,7 @@ import yaml
 
 from bench.machine import cpu_model
 from hpo.plan.forecast import PlanOptions, prepare_plan, run_plan
+from hpo.simulation.table import shipped_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_simulated.yaml"
@@ -58,7 +59,9 @@ def shape_file(shape: str, directory: Path) -> Path:
     """The preset with the shape's tuner and budget, written (absolute paths) into `directory`."""
     data = yaml.safe_load(PRESET.read_text())
     data["base_config"] = str((PRESET.parent / data["base_config"]).resolve())
-    data["runner"]["simulation"]["table"] = str((PRESET.parent / data["runner"]["simulation"]["table"]).resolve())
+    table = data["runner"]["simulation"]["table"]
+    if shipped_table(table) is None:  # a path, read from the preset's directory; a shipped table's name reads anywhere
+        data["runner"]["simulation"]["table"] = str((PRESET.parent / table).resolve())
     for section, values in SHAPES[shape].items():
         data[section] = {**data.get(section, {}), **copy.deepcopy(values)} if section == "budget" else values
     data["name"] = f"forecast_{shape.replace('-', '_')}"
