@@ -21,7 +21,7 @@ smaller than the global batch let the trainer measure the gradient noise scale o
     # global batches 128-2,048 (hpo/simulation/tables/large_batch.jsonl)
     python -m bench.curves.generate --large-batch --jobs 1
 
-The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_calibration.py --power): with 3
+The seeds table (`--seeds-table`) is for the verdict's power study (bench/verdict_power.py): with 3
 seeds per point, more than 2 confirmation runs would re-read the same curves; at each optimizer's best point of
 batch 32 (AdamW lr 1e-3, LAMB lr 1e-2, warmup 0) it records seeds 0-19, in the same format and set-up.
 
