@@ -370,6 +370,11 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), and the "
             "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it"
         )
+    if "deadlock detected" in reason.lower():  # PostgreSQL ended one of two transactions waiting for each other
+        return StorageError(
+            f"the database {where} ended this command's transaction to break a deadlock with another client's: "
+            f"{reason}. Its changes were not kept; run the command again"
+        )
     if isinstance(exc, OperationalError) and REFUSED_FOR_GOOD.search(reason):
         return BadDatabaseError(
             f"the database server refused {where}: {reason}. Check that {DATABASE_URL_ENV} (or --db) names an "

@@ -38,7 +38,7 @@ from hpo.storage.retry import (
     without_waiting,
 )
 from hpo.trial.launch import free_port
-from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
+from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 
 # -- which errors are an outage ----------------------------------------------------------------------------------
 
@@ -71,6 +71,46 @@ def test_a_database_name_the_server_does_not_have_is_not_an_outage():
     assert not is_transient(error)
     translated = storage_error(error, base_url)
     assert type(translated) is BadDatabaseError and "names an existing database and user" in str(translated)
+
+
+@pytest.mark.postgres
+def test_a_deadlock_the_server_broke_is_said_as_one_not_as_a_server_to_check():
+    """Two transactions each wait for the other's row: PostgreSQL ends one ("deadlock detected"). It was translated
+    into the advice for a server that cannot be reached; it says what happened and to run the command again."""
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    url = next(schema := postgres_schema_url(base_url))
+    engine = create_engine(url)
+    errors: list[BaseException] = []
+    both_hold = threading.Barrier(2)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TABLE t (x INTEGER PRIMARY KEY, y INTEGER)"))
+            connection.execute(text("INSERT INTO t VALUES (1, 0), (2, 0)"))
+
+        def cross(first: int, second: int) -> None:
+            try:
+                with engine.begin() as connection:
+                    connection.execute(text("UPDATE t SET y = y + 1 WHERE x = :x"), {"x": first})
+                    both_hold.wait(timeout=30)
+                    connection.execute(text("UPDATE t SET y = y + 1 WHERE x = :x"), {"x": second})
+            except OperationalError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=cross, args=pair) for pair in ((1, 2), (2, 1))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        engine.dispose()
+        next(schema, None)  # drops the schema
+    (error,) = errors
+    assert "deadlock detected" in str(error.orig)
+    translated = str(storage_error(error, url))
+    assert "ended this command's transaction to break a deadlock with another client's" in translated
+    assert "run the command again" in translated and "Check that the database server is running" not in translated
 
 
 def test_a_locked_sqlite_file_is_an_outage_and_a_missing_table_is_not(tmp_path: Path):
