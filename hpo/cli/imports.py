@@ -7,6 +7,7 @@ import signal
 import sys
 
 from hpo.cli.common import open_storage, safe_url
+from hpo.errors import DatabaseUnavailableError
 
 
 def cmd_import_mlperf(args: argparse.Namespace) -> int:
@@ -21,6 +22,8 @@ def cmd_import_mlperf(args: argparse.Namespace) -> int:
         written = write_plan(storage, plan)
     except KeyboardInterrupt:
         return _interrupted()
+    except DatabaseUnavailableError as e:
+        raise _cut_short(e) from None
     print("\n".join(describe(plan, written)))
     print(_after_import(args, plan.name))
     return 0
@@ -31,6 +34,14 @@ def _interrupted() -> int:
     print("import interrupted (Ctrl-C) before it finished: the runs it stored are kept; run the same command again to "
           "finish it (it adds only the runs not stored yet)", file=sys.stderr)  # fmt: skip
     return 128 + signal.SIGINT
+
+
+def _cut_short(error: DatabaseUnavailableError) -> DatabaseUnavailableError:
+    """The database went away while an import wrote its runs: what it stored stays, the same command adds the rest."""
+    return DatabaseUnavailableError(
+        f"{error}; the import stopped there: any runs it stored are kept, and the same "
+        "command run again once the database answers adds only the runs not stored yet"
+    )
 
 
 def cmd_import_rcp(args: argparse.Namespace) -> int:
@@ -47,6 +58,8 @@ def cmd_import_rcp(args: argparse.Namespace) -> int:
         written = write_plan(storage, plan)
     except KeyboardInterrupt:
         return _interrupted()
+    except DatabaseUnavailableError as e:
+        raise _cut_short(e) from None
     print("\n".join(describe(plan, written)))
     for series, fit in experiment_fits(storage, name).items() if written.added else ():  # the batch-size view's fit
         print(fit_line(series, fit))

@@ -566,6 +566,35 @@ def test_an_import_waits_for_a_locked_database_when_the_environment_says_so_and_
         assert sorted(t.samples_to_target for t in trials) == sorted(s for samples in runs.values() for s in samples)
 
 
+def test_an_import_the_database_cuts_short_says_what_it_kept_and_the_same_command_finishes_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Without HPO_DATABASE_OUTAGE_S an import stops at an outage with the database's error; it did not say that the
+    runs it stored are kept and that the same command adds the rest, which a re-run then does."""
+    monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.delenv("HPO_DATABASE_OUTAGE_S", raising=False)
+    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
+    rcp.parent.mkdir()
+    runs = {256: [2_500_000, 2_600_000], 2048: [2_700_000, 2_800_000, 2_750_000]}
+    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, samples) for b, samples in runs.items()}))
+    db = db_url(tmp_path)
+    SqlStorage(db, upgrade=True).close()
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another writer: the import's reads answer, its first write fails
+    try:
+        assert main(["--db", db, "import", "rcp", str(rcp)]) == 1
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert f"the SQLite database {db} stayed locked by another writer" in err and "Traceback" not in err
+    assert err.rstrip().endswith("; the import stopped there: any runs it stored are kept, and the same command run "
+                                 "again once the database answers adds only the runs not stored yet"), err  # fmt: skip
+    assert main(["--db", db, "import", "rcp", str(rcp)]) == 0
+    with SqlStorage(db) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("rcp-bert-9-9-9").id)
+        assert sorted(t.samples_to_target for t in trials) == sorted(s for samples in runs.values() for s in samples)
+
+
 def test_an_rcp_file_of_another_benchmark_is_a_named_error(tmp_path, capsys):
     rcp = tmp_path / "rcps_resnet.json"
     rcp.write_text(json.dumps({"resnet_ref_256": rcp_record(256, [40, 41], benchmark="resnet")}))
