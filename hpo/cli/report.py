@@ -39,20 +39,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         if page.is_dir() or (page.exists() and not os.access(page, os.W_OK)):
             what = "a directory is there" if page.is_dir() else "a file this user may not write is there"
             raise HpoError(f"hpo report: cannot write {page} ({what}); move it, or give another directory with -o")
+    # Every read before anything is made: a database that goes away meanwhile leaves no directory or page behind
+    experiments = [load_experiment(storage, name) for name in names]
+    comparison = comparison_report(storage, names) if len(names) > 1 else None
     out = _directories(Path(args.output), Path(args.png) if args.png else None)
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
-    studies, experiments = [], []
-    for name in names:
-        data = load_experiment(storage, name)
-        experiments.append(data)
-        path = out / f"{name}.html"
+    studies = []
+    for data in experiments:
+        path = out / f"{data.name}.html"
         _write(path, experiment_page(data, hpo_command=hpo_command, index=index))
         print(f"wrote {path}")
         studies += study_lines(data)  # an experiment whose arms span batch sizes: its batch-size view as text
-    if len(names) > 1:
+    if comparison is not None:
         path = out / "compare.html"
-        _write(path, comparison_report(storage, names))
+        _write(path, comparison)
         print(f"wrote {path} (links to the reports above)")
     if args.png:
         _write_pngs(experiments, Path(args.png))

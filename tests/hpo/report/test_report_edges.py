@@ -44,6 +44,31 @@ def test_an_experiment_named_compare_among_several_is_refused_before_any_page_is
     assert [p.name for p in out.iterdir()] == ["compare.html"]
 
 
+def test_a_database_that_goes_away_while_a_report_reads_leaves_no_page_or_directory(tmp_path, capsys, monkeypatch):
+    """The names are checked, then the database goes away as the second experiment is read (its read fails as the
+    storage's retry layer fails it): the report had made the -o directory and written the first page."""
+    import hpo.report.data as data_module
+    from hpo.errors import DatabaseUnavailableError
+
+    storage, eid, url = make_experiment(tmp_path)
+    add_trial(storage, eid, ADAMW, "reached")
+    storage.create_experiment("other", storage.get_experiment(eid).spec, "minimize")
+    real, calls = data_module.load_experiment, []
+
+    def read_then_lose_the_database(storage, name, **kwargs):
+        calls.append(name)
+        if len(calls) == 2:
+            raise DatabaseUnavailableError(f"cannot use the database {url}: connection refused")
+        return real(storage, name, **kwargs)
+
+    monkeypatch.setattr(data_module, "load_experiment", read_then_lose_the_database)
+    out = tmp_path / "html"
+    assert main(["--db", url, "report", "edge", "other", "-o", str(out)]) == 1
+    error = capsys.readouterr().err
+    assert calls == ["edge", "other"] and "connection refused" in error and "Traceback" not in error
+    assert not out.exists()
+
+
 def make_experiment(tmp_path, name="edge", trials=4, confirm_seeds=1, compare=True,
                     metric="samples_to_target") -> tuple[SqlStorage, int, str]:  # fmt: skip
     """An experiment row exactly as `hpo run` writes it (no trial yet): tiny trainer, accumulation 16 = 2 x 8."""
