@@ -447,6 +447,14 @@ class PretrainingLoss:
     mlm_count: int
 
 
+def raise_recompile_limit(config, at_least: int) -> None:
+    """Let torch.compile recompile a function for `at_least` shapes before it falls back to eager: `config` is
+    `torch._dynamo.config`, whose limit is `recompile_limit` from PyTorch 2.7 on and `cache_size_limit` before (the
+    project takes torch 2.4 and later; the newer name is an error there)."""
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), at_least))
+
+
 class BertForPreTraining(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -466,7 +474,7 @@ class BertForPreTraining(nn.Module):
         dynamic = not self.config.static_shapes
         if not dynamic:  # a graph per shape: the layers of one kind share their code, the two output kinds too, and
             # each padding length of training (trainer.data.batch.TOKEN_LEVELS) and evaluation is a shape of its own
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+            raise_recompile_limit(torch._dynamo.config, 32)
         for layer in self.bert.encoder.layer:
             for part in (layer.attention.output, layer.intermediate, layer.output):
                 part.compile(dynamic=dynamic)

@@ -393,3 +393,42 @@ def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask():
             error = (ours - reference).abs().max().item()
             assert error <= 2e-2 * reference.abs().max().item(), f"{name}, sequence at {start}: {error:.3g}"
     assert abs(dropped / (kept + dropped) - p) < 0.03
+
+
+class Seen:
+    """`real` as another version of torch has it: the names in `hidden` are no attribute of it, those in `replaced`
+    are other objects; everything else is the real one's."""
+
+    def __init__(self, real, hidden: tuple[str, ...] = (), **replaced) -> None:
+        object.__setattr__(self, "_parts", (real, hidden, replaced))
+
+    def __getattr__(self, name: str):
+        real, hidden, replaced = self._parts
+        if name in hidden:
+            raise AttributeError(name)
+        return replaced[name] if name in replaced else getattr(real, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        real, hidden, _ = self._parts
+        if name in hidden:
+            raise AttributeError(name)
+        setattr(real, name, value)
+
+
+@pytest.mark.parametrize("before", [8, 64])
+def test_compiled_layers_on_fixed_shapes_are_built_on_a_torch_whose_limit_has_its_old_name(monkeypatch, before):
+    """`model.compile` with `model.static_shapes` set torch._dynamo.config.recompile_limit, a name PyTorch took in
+    2.7: on the torch 2.4-2.6 the project takes, whose limit is cache_size_limit, building the model ended in an
+    AttributeError. The limit is raised to 32 under the name the config has (a higher one is kept)."""
+    import trainer.model
+
+    config = torch._dynamo.config
+    kept = config.cache_size_limit  # from 2.7 on, another name for recompile_limit
+    before_27 = Seen(config, hidden=("recompile_limit",))
+    monkeypatch.setattr(trainer.model, "torch", Seen(torch, _dynamo=Seen(torch._dynamo, config=before_27)))
+    try:
+        config.cache_size_limit = before
+        BertForPreTraining(make_model_config(static_shapes=True, compile=True))
+        assert config.cache_size_limit == max(before, 32)
+    finally:
+        config.cache_size_limit = kept
