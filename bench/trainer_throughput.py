@@ -113,7 +113,7 @@ VARIANT_FLAGS = {"compile": "compile", "half": "half_residual", "static": "stati
 
 
 def parse_variant(text: str) -> dict:
-    """`jagged+compile` -> {"attention": "jagged", "compile": True, "half_residual": False}."""
+    """`jagged+compile` -> {"attention": "jagged", "compile": True, "half_residual": False, "static_shapes": False}."""
     kernel, *flags = text.split("+")
     if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS for f in flags):
         raise SystemExit(

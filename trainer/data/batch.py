@@ -167,7 +167,7 @@ class ShapeBudget:
             levels += [top - k * step for k in range(1, count) if top - k * step > smallest]
         return ShapeBudget(tuple(sorted(levels)), _round_up(max(masked, 1), MASKED_MULTIPLE))
 
-    def pad_to(self, tokens: int) -> int:
+    def pad_to(self, tokens: int) -> int | None:
         """The level a micro-batch of `tokens` tokens is padded to: the smallest above it (None: none is)."""
         return next((level for level in self.levels if level > tokens), None)
 
