@@ -139,10 +139,11 @@ def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
     """(options planning over the pilot's curves as a table, what they are), or the options unchanged and why not."""
     from dataclasses import replace
 
-    from hpo.plan.pilot_table import PilotTableError, pilot_table, write_table
+    from hpo.plan.pilot_table import PilotTableError, pilot_table, unfinished, write_table
 
     storage = _pilot_storage(args)
     try:
+        why = unfinished(storage.get_experiment_by_name(args.like))
         meta, runs = pilot_table(storage, args.like)
     except PilotTableError as e:
         return options, f"not used: {e}"
@@ -155,7 +156,8 @@ def _pilot_curves(args: argparse.Namespace, options, scratch: Path):
     path = scratch / f"{args.like}.jsonl"
     write_table(path, meta, runs)
     seeds = ", ".join(map(str, meta["grid"]["seed"]))
-    return replace(options, table=str(path)), (f"the pilot {args.like}'s {len(runs)} runs (seeds {seeds}), as "
+    so_far = f" that ended so far (it has not finished; {why})" if why else ""
+    return replace(options, table=str(path)), (f"the pilot {args.like}'s {len(runs)} runs{so_far} (seeds {seeds}), as "
                                                f"`hpo table {args.like}` writes them")  # fmt: skip
 
 
@@ -261,7 +263,7 @@ def _plan_progress(total: int):
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from hpo.plan.pilot_table import pilot_table, write_table
+    from hpo.plan.pilot_table import pilot_table, unfinished, write_table
 
     out = Path(args.output)
     check_output_file(out)  # a directory, or a file in a directory that is not there: before the database is read
@@ -276,6 +278,10 @@ def cmd_table(args: argparse.Namespace) -> int:
           f"batch size, {len(lrs)} learning rate(s), seeds {', '.join(map(str, meta['grid']['seed']))}; plan over it "
           f"with `runner: {{name: simulated, simulation: {{table: {out}}}}}` or `hpo plan FILE --like {args.name}`",
           file=sys.stderr)  # fmt: skip
+    why = unfinished(storage.get_experiment_by_name(args.name))
+    if why:  # a table of the runs that ended so far: another later holds more
+        print(f"note: experiment {args.name} has not finished, so the table holds only the runs that ended so far; "
+              f"{why}, then write the table again", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -63,6 +63,7 @@ from hpo.experiment.arms import (
     trial_config,
 )
 from hpo.plan.forecast import WIDTH, PlanError, share_interval
+from hpo.plan.pilot_table import unfinished
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
 
@@ -234,12 +235,14 @@ def pilot_evidence(storage, name: str, labels: Sequence[str],
     best = storage.best_per_arm(record.id)
     runs = {r.label: r for r in arm_runs(spec, best, trials, stored_curves(storage, trials, best.values()))}
     arms, pilot_runs = [], {}
-    lines = [f"the spread of experiment {name} in your database (read only), taken as the truth:"]
+    why = unfinished(record)  # a pilot still running: its runs so far
+    so_far = f", of the runs that ended so far (it has not finished; {why})" if why else ""
+    lines = [f"the spread of experiment {name} in your database (read only){so_far}, taken as the truth:"]
     for label in labels:
         values, origin = _pilot_values(storage, spec, runs[label], best.get(label), trials)
         hits = [v for v in values if v is not None]
         if len(hits) < 2:
-            raise PilotError(_too_little(name, label, len(values), len(hits)))
+            raise PilotError(_too_little(name, label, len(values), len(hits), why))
         logs = [math.log(v) for v in hits]
         floor = (
             runs[label].resolution / math.sqrt(12) / math.exp(statistics.fmean(logs))
@@ -316,11 +319,15 @@ def _without_seed(params: dict) -> dict:
     return {k: v for k, v in params.items() if trainer_key(k) != "seed"}
 
 
-def _too_little(name: str, label: str, runs: int, hits: int) -> str:
+def _too_little(name: str, label: str, runs: int, hits: int, why: str | None = None) -> str:
+    """`why`: what to do about a pilot that has not finished (`hpo.plan.pilot_table.unfinished`)."""
+    then = "Run the pilot with `budget.confirm_seeds: 3` or more"
+    if why:
+        then = f"Experiment {name} has not finished: {why}"
     return (f"--like {name}: too little evidence for a spread: in arm {label}, {hits} of {runs} run(s) reached the "
             "target (its best configuration's confirmation runs, and its best tuning run when there are fewer "
-            "than 2); a spread needs at least 2 per arm. Run the pilot with `budget.confirm_seeds: 3` or more, or "
-            "state a spread with --cv and --difference")  # fmt: skip
+            f"than 2); a spread needs at least 2 per arm. {then}; or state a spread with --cv and "
+            "--difference")  # fmt: skip
 
 
 def _names(labels: Sequence[str]) -> str:

@@ -43,8 +43,9 @@ def pilot_table(storage: Storage, name: str) -> tuple[dict[str, Any], list[dict[
     spec = spec_from_stored(record)
     trials = [t for t in storage.list_trials(record.id) if t.state in ENDED and t.budget >= 1.0]
     if not trials:
+        why = unfinished(record)  # a pilot still running: wait for it
         raise PilotTableError(f"experiment {name}: no full-budget run ended (completed or diverged): nothing to "
-                              "make a curve table of")  # fmt: skip
+                              "make a curve table of" + (f"; {why}" if why else ""))  # fmt: skip
     series = storage.get_experiment_metrics(record.id, ["mlm_accuracy", "loss"], times=False)
     runs: dict[tuple, dict[str, Any]] = {}
     fixed: dict[str, Any] | None = None
@@ -71,6 +72,21 @@ def pilot_table(storage: Storage, name: str) -> tuple[dict[str, Any], list[dict[
         "grid": {"seed": sorted({r["seed"] for r in runs.values()})},
     }
     return meta, list(runs.values())
+
+
+def unfinished(record) -> str | None:
+    """What to do about a pilot that has not finished (its runs so far are all a table or a spread can read), or
+    None for a finished one."""
+    from hpo.engine.liveness import liveness
+
+    state = liveness(record)
+    if state == "finished":
+        return None
+    if state == "live":
+        return f"it is still running: wait for it to finish (`hpo status {record.name}`)"
+    if state == "failed":
+        return f"it failed (`hpo status {record.name}` says why)"
+    return f"it is {state}: `hpo resume {record.name}` finishes it"
 
 
 def _run(trial: TrialRecord, cfg, metrics) -> dict[str, Any]:

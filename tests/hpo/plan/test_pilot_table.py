@@ -178,3 +178,54 @@ def test_plan_like_a_pilot_moves_a_real_experiment_file_onto_its_curves(piloted)
     assert data["pilot_curves"]["used"] is True, data["pilot_curves"]
     assert any("learning curves: the pilot pilot's 18 runs" in line for line in data["lines"])
     assert not math.isnan(data["answer"]["gpu_hours"]["median"])
+
+
+def stopped_copy(piloted, tmp_path) -> str:
+    """The pilot's database copied, the pilot recorded as stopped before it finished (as Ctrl-C leaves it)."""
+    copy = tmp_path / "stopped.db"
+    copy.write_bytes(Path(piloted["db"].removeprefix("sqlite:///")).read_bytes())
+    db = f"sqlite:///{copy}"
+    with SqlStorage(db) as storage:
+        storage.set_experiment_status(storage.get_experiment_by_name("pilot").id, "stopped")
+    return db
+
+
+def test_a_table_of_a_pilot_that_has_not_finished_says_it_holds_the_runs_so_far(piloted, tmp_path):
+    db = stopped_copy(piloted, tmp_path)
+    code, _, err = cli("--db", db, "table", "pilot", "-o", str(tmp_path / "so_far.jsonl"))
+    assert code == 0, err
+    assert "experiment pilot has not finished, so the table holds only the runs that ended so far" in err
+    assert "`hpo resume pilot` finishes it" in err
+    _, _, finished = cli("--db", piloted["db"], "table", "pilot", "-o", str(tmp_path / "done.jsonl"))
+    assert "has not finished" not in finished
+
+
+def test_plan_like_a_pilot_that_has_not_finished_says_its_curves_and_spread_are_the_runs_so_far(piloted, tmp_path):
+    db = stopped_copy(piloted, tmp_path)
+    data = plan_json(db, write(tmp_path / "planned.yaml", planned_file()), "--like", "pilot")
+    assert data["pilot_curves"]["used"] is True
+    assert (
+        "the pilot pilot's 18 runs that ended so far (it has not finished; it is stopped"
+        in data["pilot_curves"]["note"]
+    )
+    assert "of the runs that ended so far (it has not finished; it is stopped" in data["chances"]["source"][0]
+
+
+def test_a_pilot_stopped_before_any_run_ended_says_so_and_how_to_finish_it(tmp_path, monkeypatch):
+    import hpo.engine.local as local
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the study loads: the pilot is recorded, no trial
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "Study", interrupted)
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    code, _, _ = cli("--db", db, "run", str(write(tmp_path / "p.yaml", pilot("early"))), "--quiet",
+                     "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    assert code == 1
+    code, _, err = cli("--db", db, "table", "early", "-o", str(tmp_path / "t.jsonl"))
+    assert code != 0 and "no full-budget run ended" in err and "`hpo resume early` finishes it" in err
+    assert not (tmp_path / "t.jsonl").exists()
+    code, _, err = cli("--db", db, "plan", str(write(tmp_path / "planned.yaml", planned_file())), "--like", "early",
+                       "--verdict-only")  # fmt: skip
+    assert code != 0 and "Experiment early has not finished: it is stopped: `hpo resume early` finishes it" in err
+    assert "confirm_seeds: 3" not in err  # not: run it again with confirmation runs

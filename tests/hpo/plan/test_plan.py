@@ -367,8 +367,8 @@ VERDICT_POWER_RUNS = 5
 
 
 def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | None, list]]]) -> None:
-    """Experiment `name` in the database at db_file: per optimizer, a tuning trial (at the middle hit's samples;
-    7,000 without runs) and one confirmation trial per (samples to target, None for a miss; curve [(samples,
+    """Experiment `name` in the database at db_file, finished: per optimizer, a tuning trial (at the middle hit's
+    samples; 7,000 without runs) and one confirmation trial per (samples to target, None for a miss; curve [(samples,
     accuracy), ...] or []) of `runs`."""
     spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
     with SqlStorage(f"sqlite:///{db_file}", upgrade=True) as storage:
@@ -390,6 +390,7 @@ def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | Non
                                                            float(samples), samples_to_target=None if missed else
                                                            int(samples), best_mlm_accuracy=0.11 if missed else 0.13,
                                                            metrics={"samples": 12288}))  # fmt: skip
+        storage.set_experiment_status(eid, "finished")  # a pilot that ran to its end
 
 
 def exact_spread(log_mean: float, log_sd: float, n: int, every: int = 1024) -> list[tuple[float, list]]:
