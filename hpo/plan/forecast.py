@@ -618,8 +618,11 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
             "samples_per_s": simulation.samples_per_s or simulation.gpu_samples_per_s,
             "sample_scale": simulation.sample_scale,
         },  # fmt: skip
-        # a combination of the shipped tables is a temporary file, gone after the plan: the table of each batch size
-        "table": None if (combined := load_table(plan.table).meta.get("combined")) else str(plan.table),
+        # a combination of the shipped tables is a temporary file, gone after the plan: the table of each batch size;
+        # so is a pilot's table (`pilot_curves` says what it held)
+        "table": None
+        if (combined := load_table(plan.table).meta.get("combined")) or (pilot and plan.options.table)
+        else str(plan.table),
         "tables_by_batch": {b: str(TABLES / name) for b, name in combined.items()} if combined else None,
         "trials": spec.budget.trials,
         "tuner": spec.tuner.name,

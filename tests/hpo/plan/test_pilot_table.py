@@ -136,6 +136,7 @@ def test_plan_like_a_grid_pilot_plans_over_its_curves(piloted):
     liked = plan_json(piloted["db"], write(directory / "planned.yaml", planned_file()), "--like", "pilot")
     assert liked["pilot_curves"]["used"] is True
     assert "the pilot pilot's 18 runs (seeds 0, 1, 2)" in liked["pilot_curves"]["note"]
+    assert liked["table"] is None  # not the temporary file the pilot's curves were written to, gone with the plan
     assert any("learning curves: the pilot pilot's 18 runs" in line for line in liked["lines"])
     direct = plan_json(piloted["db"], write(directory / "direct.yaml", planned_file(piloted["table"])))
     for key in ("first_hit", "answer", "outcomes", "judged", "truth"):
