@@ -201,14 +201,15 @@ def whole_number(minimum: int, wanted: str, maximum: int | None = None):
     return parse
 
 
-def given(what: str):
+def given(what: str, default: bool = True):
     """An argparse type: a non-empty string (`what` names it in the message). An empty one (`--db ""`, a variable
-    that expanded to nothing) is refused, not taken for the option left out."""
+    that expanded to nothing) is refused, not taken for the option left out (`default`: the option has a default,
+    which the message points to)."""
 
     def parse(text: str) -> str:
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string (leave the option out for its "
-                                             "default)")  # fmt: skip
+            hint = " (leave the option out for its default)" if default else ""
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty string{hint}")
         return text
 
     return parse

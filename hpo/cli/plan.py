@@ -13,7 +13,15 @@ import tempfile
 import threading
 from pathlib import Path
 
-from hpo.cli.common import check_output_file, fraction, open_storage, positive, positive_float, whole_number
+from hpo.cli.common import (
+    check_output_file,
+    fraction,
+    given,
+    open_storage,
+    positive,
+    positive_float,
+    whole_number,
+)
 from hpo.errors import HpoError
 from hpo.limits import MAX_DRAWS, MAX_PROCESSES, MAX_REPETITIONS, MAX_SLOTS
 
@@ -366,6 +374,7 @@ def add_plan(sub) -> None:
     source.add_argument(
         "--like",
         metavar="EXPERIMENT",
+        type=given("an experiment's name", default=False),
         help="the spread, hit rates and difference of this experiment in the database (a pilot; read only): its "
         "arms' confirmation runs (plus the best tuning run and its other seeds where fewer than 2), taken as the "
         "truth; and its curves, as `hpo table` writes them, where they serve the file (a grid pilot run with "
@@ -408,6 +417,9 @@ def add_table(sub) -> None:
     """`hpo table`."""
     table = sub.add_parser("table", help="a pilot experiment's learning curves as a curve table (for hpo plan and "
                                          "runner: simulated)")  # fmt: skip
-    table.add_argument("name", help="the experiment's name (read only)")
-    table.add_argument("-o", "--output", required=True, help="the table file to write (JSON lines; must not exist)")
+    table.add_argument(
+        "name", type=given("an experiment's name", default=False), help="the experiment's name (read only)"
+    )
+    table.add_argument("-o", "--output", required=True, type=given("a file to write", default=False),
+                       help="the table file to write (JSON lines; must not exist)")  # fmt: skip
     table.set_defaults(fn=cmd_table)

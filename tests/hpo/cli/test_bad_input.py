@@ -767,12 +767,16 @@ def test_a_web_ui_port_for_an_experiment_without_nni_is_refused_before_anything_
         (["export", "e", "-o", ""], "-o/--output"),
         (["report", "e", "-o", ""], "-o/--output"),
         (["run", "adam_vs_lamb_simulated", "--run-dir", ""], "--run-dir"),
+        (["plan", "adam_vs_lamb_simulated", "--like", "", "--verdict-only"], "--like"),
+        (["table", "e", "-o", ""], "-o/--output"),
+        (["table", "", "-o", "t.jsonl"], "name"),
     ],
-    ids=["db", "trials-state", "export-output", "report-output", "run-dir"],
+    ids=["db", "trials-state", "export-output", "report-output", "run-dir", "plan-like", "table-output", "table-name"],
 )
 def test_an_empty_option_is_refused_not_taken_for_its_default(tmp_path, capsys, monkeypatch, args, option):
-    """`--db ""` used the default database, `-o ""` printed or wrote ./NAME.html, `--state ""` listed every trial and
-    `--run-dir ""` ran in runs/NAME: a variable that expanded to nothing would go unnoticed."""
+    """`--db ""` used the default database, `-o ""` printed or wrote ./NAME.html, `--state ""` listed every trial,
+    `--run-dir ""` ran in runs/NAME, `plan --like ""` planned without the pilot (a traceback with --verdict-only) and
+    `table -o ""` said "-o .: is a directory": a variable that expanded to nothing would go unnoticed."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HPO_HOME", str(tmp_path / "home"))
     with pytest.raises(SystemExit) as exit_:
