@@ -324,6 +324,9 @@ def _too_little(name: str, label: str, runs: int, hits: int, why: str | None = N
     then = "Run the pilot with `budget.confirm_seeds: 3` or more"
     if why:
         then = f"Experiment {name} has not finished: {why}"
+    elif runs >= 2:  # it had the runs, and they missed: more of them would miss too
+        then = ("Its runs missed the target: run the pilot where this arm reaches it (a larger budget.max_samples, "
+                "other learning rates)")  # fmt: skip
     return (f"--like {name}: too little evidence for a spread: in arm {label}, {hits} of {runs} run(s) reached the "
             "target (its best configuration's confirmation runs, and its best tuning run when there are fewer "
             f"than 2); a spread needs at least 2 per arm. {then}; or state a spread with --cv and "

@@ -712,6 +712,19 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
     assert "Run the pilot with `budget.confirm_seeds: 3` or more" in error
 
 
+def test_a_pilot_whose_confirmation_runs_missed_the_target_is_not_told_to_run_them(tmp_path, capsys):
+    """An arm with 3 confirmation runs, none reaching the target: the error said to run the pilot with
+    `budget.confirm_seeds: 3` or more, which it had."""
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "missed", {"adamw": exact_spread(math.log(8000), 0.1, 3), "lamb": [(None, [])] * 3})
+    path = write(tmp_path / "file.yaml", small_preset())
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "missed", "--verdict-only"]) == 2
+    error = capsys.readouterr().err
+    assert f"in arm {LAMB}, 0 of 3 run(s) reached the target" in error
+    assert "Its runs missed the target: run the pilot where this arm reaches it" in error
+    assert "confirm_seeds: 3" not in error
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
