@@ -5,7 +5,7 @@ the trial in the database) the same way:
 
 k = 1 GPU (or a CPU slot): `python -m hpo.trial.entry ARGS`.
 k > 1: `python -m hpo.trial.torchrun --nnodes=1 --nproc_per_node k --master_addr=127.0.0.1
---master_port=<port> -m hpo.trial.entry ARGS` (torchrun, ending with the code of the rank that failed first:
+--master_port=<port> -m hpo.trial.entry ARGS` (torchrun, ending with the code of the rank that says why it failed:
 `hpo.trial.torchrun`), gloo on CPU and NCCL on GPU (the trainer picks the backend).
 Each trial sees only its own GPUs through CUDA_VISIBLE_DEVICES; a CPU trial sees none.
 """
