@@ -2,8 +2,8 @@
 
 For each balancing method and micro-batch size, one epoch's plan of `--sequences` sequences drawn from
 `bench/load_balance.py`'s length mix (seed `--seed`), the share of the padded tokens that are padding with the
-trainer's budget (`trainer.train.shape_budgets`: TOKEN_LEVELS lengths from above the largest micro-batch down towards
-the smallest full one) and with a single length above the largest (what one compiled shape would cost):
+trainer's budget (`trainer.data.batch.training_budget`: TOKEN_LEVELS lengths from above the largest micro-batch
+down towards the smallest full one) and with a single length above the largest (what one compiled shape would cost):
 
     python -m bench.static_shapes_padding
     python -m bench.static_shapes_padding --sequences 204800 --micro 32,128,256
@@ -18,7 +18,7 @@ import numpy as np
 from bench.load_balance import mlperf_like_lengths
 from trainer.balance import plan_epoch
 from trainer.config import BalanceConfig
-from trainer.data.batch import TOKEN_LEVELS, ShapeBudget
+from trainer.data.batch import TOKEN_LEVELS, ShapeBudget, training_budget
 
 
 def padding_share(tokens: np.ndarray, budget: ShapeBudget) -> float:
@@ -31,7 +31,7 @@ def epoch_padding(lengths: np.ndarray, method: str, micro: int, seed: int) -> tu
     plan = plan_epoch(lengths, method, BalanceConfig().bins, micro, 1, 1, seed, 0)
     tokens = np.array([int(lengths[b].sum()) for step in plan for b in step])
     sizes = np.array([len(b) for step in plan for b in step])
-    levels = ShapeBudget.fitting(int(tokens.max()), 1, int(tokens[sizes == sizes.max()].min()), TOKEN_LEVELS)
+    levels = training_budget(tokens, sizes, 1)
     return (
         padding_share(tokens, levels),
         padding_share(tokens, ShapeBudget.fitting(int(tokens.max()), 1)),

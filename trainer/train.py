@@ -41,7 +41,7 @@ from trainer.checkpoint import (
 )
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config, file_in_the_way
-from trainer.data.batch import TOKEN_LEVELS, PackedBatch, ShapeBudget, masked_counts, pack_batch
+from trainer.data.batch import PackedBatch, ShapeBudget, masked_counts, pack_batch, training_budget
 from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples, count_samples, find_shards
 from trainer.distributed import (
@@ -599,10 +599,7 @@ def shape_budgets(
     rank pads to the same): TOKEN_LEVELS lengths from above the largest down towards the smallest full micro-batch;
     and the evaluation batches' (one length, the evaluation set's, split as `evaluate` splits it)."""
     loads = sampler.loads(0)  # [micro-batch, rank, (tokens, sequences)]
-    tokens, sequences = loads[:, :, 0], loads[:, :, 1]
-    full = tokens[sequences == sequences.max()]  # not the epoch's short last step: the levels span the others
-    shapes = ShapeBudget.fitting(int(tokens.max()), sampler.largest(0, masked_counts(train)), int(full.min()),
-                                 TOKEN_LEVELS)  # fmt: skip
+    shapes = training_budget(loads[:, :, 0], loads[:, :, 1], sampler.largest(0, masked_counts(train)))
     eval_masked, most = masked_counts(eval_), (0, 0)
     for rank in range(env.world_size):
         mine = np.arange(rank, len(eval_), env.world_size)

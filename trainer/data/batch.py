@@ -182,6 +182,14 @@ class ShapeBudget:
         return ShapeBudget(levels, bigger.masked)
 
 
+def training_budget(tokens: np.ndarray, sequences: np.ndarray, masked: int) -> ShapeBudget:
+    """The training micro-batches' budget (`model.static_shapes`) from an epoch's micro-batches (`tokens` and
+    `sequences` of each, any shape) and the most masked positions one holds: TOKEN_LEVELS lengths from above the
+    largest down towards the smallest full micro-batch (not the epoch's short last step)."""
+    full = tokens[sequences == sequences.max()]
+    return ShapeBudget.fitting(int(tokens.max()), masked, int(full.min()), TOKEN_LEVELS)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
