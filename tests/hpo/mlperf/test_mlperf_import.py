@@ -528,6 +528,28 @@ def test_the_reference_curve_beside_an_experiment_on_the_comparison_page(tmp_pat
     assert "MLPerf&#x27;s reference (an RCP import, black squares)" in page
 
 
+LOCKED_RUNS = {256: [2_500_000, 2_600_000], 2048: [2_700_000, 2_800_000, 2_750_000]}
+
+
+def locked_rcp_import(tmp_path):
+    """An RCP file of LOCKED_RUNS, a migrated SQLite database and another connection to it (to hold a write lock):
+    (rcp path, runs, database URL, that connection)."""
+    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
+    rcp.parent.mkdir()
+    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, samples) for b, samples in LOCKED_RUNS.items()}))
+    db = db_url(tmp_path)
+    SqlStorage(db, upgrade=True).close()
+    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    return rcp, LOCKED_RUNS, db, holder
+
+
+def imported_samples(db: str) -> list[int]:
+    """The samples to target of the imported RCP experiment's trials, sorted."""
+    with SqlStorage(db) as storage:
+        trials = storage.list_trials(storage.get_experiment_by_name("rcp-bert-9-9-9").id)
+        return sorted(t.samples_to_target for t in trials)
+
+
 def test_an_import_waits_for_a_locked_database_when_the_environment_says_so_and_says_that_it_waits(
     tmp_path, capsys, monkeypatch
 ):
@@ -536,13 +558,7 @@ def test_an_import_waits_for_a_locked_database_when_the_environment_says_so_and_
     then stores every run once."""
     monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
     monkeypatch.setenv("HPO_DATABASE_OUTAGE_S", "60")
-    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
-    rcp.parent.mkdir()
-    runs = {256: [2_500_000, 2_600_000], 2048: [2_700_000, 2_800_000, 2_750_000]}
-    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, samples) for b, samples in runs.items()}))
-    db = db_url(tmp_path)
-    SqlStorage(db, upgrade=True).close()
-    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    rcp, runs, db, holder = locked_rcp_import(tmp_path)
     holder.execute("BEGIN IMMEDIATE")  # another writer: the import's reads answer, its first write waits
     pauses: list[float] = []
     pause = retry_module._pause
@@ -561,9 +577,7 @@ def test_an_import_waits_for_a_locked_database_when_the_environment_says_so_and_
     err = capsys.readouterr().err
     assert pauses and err.count("waiting up to 60 s (HPO_DATABASE_OUTAGE_S) for the database: the SQLite database "
                                 f"{db} stayed locked by another writer") == 1, err  # fmt: skip
-    with SqlStorage(db) as storage:
-        trials = storage.list_trials(storage.get_experiment_by_name("rcp-bert-9-9-9").id)
-        assert sorted(t.samples_to_target for t in trials) == sorted(s for samples in runs.values() for s in samples)
+    assert imported_samples(db) == sorted(s for samples in runs.values() for s in samples)
 
 
 def test_an_import_the_database_cuts_short_says_what_it_kept_and_the_same_command_finishes_it(
@@ -573,13 +587,7 @@ def test_an_import_the_database_cuts_short_says_what_it_kept_and_the_same_comman
     runs it stored are kept and that the same command adds the rest, which a re-run then does."""
     monkeypatch.setattr("hpo.storage.engine.SQLITE_BUSY_TIMEOUT_MS", 50)
     monkeypatch.delenv("HPO_DATABASE_OUTAGE_S", raising=False)
-    rcp = tmp_path / "training_9.9.9" / "rcps_bert.json"
-    rcp.parent.mkdir()
-    runs = {256: [2_500_000, 2_600_000], 2048: [2_700_000, 2_800_000, 2_750_000]}
-    rcp.write_text(json.dumps({f"bert_ref_{b}": rcp_record(b, samples) for b, samples in runs.items()}))
-    db = db_url(tmp_path)
-    SqlStorage(db, upgrade=True).close()
-    holder = sqlite3.connect(tmp_path / "hpo.db", isolation_level=None, check_same_thread=False)
+    rcp, runs, db, holder = locked_rcp_import(tmp_path)
     holder.execute("BEGIN IMMEDIATE")  # another writer: the import's reads answer, its first write fails
     try:
         assert main(["--db", db, "import", "rcp", str(rcp)]) == 1
@@ -590,9 +598,7 @@ def test_an_import_the_database_cuts_short_says_what_it_kept_and_the_same_comman
     assert err.rstrip().endswith("; the import stopped there: any runs it stored are kept, and the same command run "
                                  "again once the database answers adds only the runs not stored yet"), err  # fmt: skip
     assert main(["--db", db, "import", "rcp", str(rcp)]) == 0
-    with SqlStorage(db) as storage:
-        trials = storage.list_trials(storage.get_experiment_by_name("rcp-bert-9-9-9").id)
-        assert sorted(t.samples_to_target for t in trials) == sorted(s for samples in runs.values() for s in samples)
+    assert imported_samples(db) == sorted(s for samples in runs.values() for s in samples)
 
 
 def test_an_rcp_file_of_another_benchmark_is_a_named_error(tmp_path, capsys):
