@@ -126,8 +126,7 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
     if autocast is not None and cfg.model.half_residual:
         precision += f" with a {precision} residual stream"
-    kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None,
-                               cfg.model.attention_probs_dropout_prob, cfg.model.head_dim,
+    kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
                                gpu=device.type == "cuda")  # fmt: skip
     return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
 

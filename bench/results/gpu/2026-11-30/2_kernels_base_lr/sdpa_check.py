@@ -1,5 +1,8 @@
 """Padded SDPA with a key-padding mask and dropout on CUDA: is the mask honoured, is dropout unbiased?"""
-import torch, torch.nn.functional as F
+
+import torch
+import torch.nn.functional as F
+
 torch.manual_seed(0)
 dev = "cuda"
 for dtype in (torch.bfloat16, torch.float32):
@@ -9,30 +12,38 @@ for dtype in (torch.bfloat16, torch.float32):
     q, k, v = (torch.randn(B, H, L, D, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     # mask honoured with dropout: same seed, values at padded keys changed -> same output?
-    v2 = v.detach().clone(); pad = ~mask[:, 0, 0, :]
+    v2 = v.detach().clone()
+    pad = ~mask[:, 0, 0, :]
     v2[pad.nonzero(as_tuple=True)[0], :, pad.nonzero(as_tuple=True)[1]] = 100.0
-    torch.manual_seed(1); a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
-    torch.manual_seed(1); b = F.scaled_dot_product_attention(q, k, v2, attn_mask=mask, dropout_p=0.1)
+    torch.manual_seed(1)
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
+    torch.manual_seed(1)
+    b = F.scaled_dot_product_attention(q, k, v2, attn_mask=mask, dropout_p=0.1)
     print(dtype, "mask honoured with dropout: max |a-b| =", (a - b).abs().max().item())
-    n = 200; acc = torch.zeros_like(ref, dtype=torch.float32)
-    for s in range(n):
+    n = 200
+    acc = torch.zeros_like(ref, dtype=torch.float32)
+    for _ in range(n):
         acc += F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1).float()
     valid = mask[:, 0, 0, :][:, None, :, None].expand_as(ref)
-    err = ((acc / n - ref.float()).abs()[valid]).mean().item(); scale = ref.float().abs()[valid].mean().item()
+    err = ((acc / n - ref.float()).abs()[valid]).mean().item()
+    scale = ref.float().abs()[valid].mean().item()
     print(dtype, f"dropout mean vs no-dropout: mean abs err {err:.4f} of mean |ref| {scale:.4f}")
-    # gradient with dropout, same seed twice: deterministic? and grad of no-dropout vs mean of dropout grads
+    # the gradient: the mean over dropout draws against the gradient without dropout
     g = torch.randn_like(ref)
-    gq_ref, = torch.autograd.grad(ref, q, g, retain_graph=True)
+    (gq_ref,) = torch.autograd.grad(ref, q, g, retain_graph=True)
     gacc = torch.zeros_like(q, dtype=torch.float32)
-    for s in range(n):
+    for _ in range(n):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
-        gq, = torch.autograd.grad(o, q, g); gacc += gq.float()
-    gerr = ((gacc / n - gq_ref.float()).abs()[valid]).mean().item(); gscale = gq_ref.float().abs()[valid].mean().item()
+        (gq,) = torch.autograd.grad(o, q, g)
+        gacc += gq.float()
+    gerr = ((gacc / n - gq_ref.float()).abs()[valid]).mean().item()
+    gscale = gq_ref.float().abs()[valid].mean().item()
     print(dtype, f"dq mean with dropout vs without: mean abs err {gerr:.4f} of mean |dq| {gscale:.4f}")
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
         gacc.zero_()
-        for s in range(n):
+        for _ in range(n):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
-            gq, = torch.autograd.grad(o, q, g); gacc += gq.float()
+            (gq,) = torch.autograd.grad(o, q, g)
+            gacc += gq.float()
     gerr = ((gacc / n - gq_ref.float()).abs()[valid]).mean().item()
     print(dtype, f"MATH backend: dq mean with dropout vs without: mean abs err {gerr:.4f} of mean |dq| {gscale:.4f}")
