@@ -27,9 +27,8 @@ def final_record(stdout: str) -> dict:
     return lines[-1]
 
 
-def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
-    url = finished_experiment("sqlite")
-    out = tmp_path / "best.yaml"
+def export_best(url: str, out: Path):
+    """`hpo export` of the finished experiment to `out`: the best trial's config, checked against the database."""
     result = hpo("--db", url, "export", EXPERIMENT, "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert (
@@ -43,6 +42,15 @@ def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
     assert yaml.safe_load(out.read_text()) == expected
     assert f"# trial {best.number}, arm {best.arm}" in out.read_text()
 
+
+def test_export_writes_the_best_trials_config(finished_experiment, tmp_path):
+    export_best(finished_experiment("sqlite"), tmp_path / "best.yaml")
+
+
+@pytest.mark.slow  # the exported config trains in the default suite on two ranks, below, as torchrun runs it
+def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
+    out = tmp_path / "best.yaml"
+    export_best(finished_experiment("sqlite"), out)
     trained = subprocess.run([sys.executable, "-m", "trainer", "--config", str(out), "budget.max_samples=16"],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr

@@ -104,7 +104,7 @@ def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(plan
     data = yaml.safe_load(preset.read_text())
     assert data["runner"]["simulation"]["table"] == "curves"
     data["base_config"] = "bert_large"
-    data["budget"].update(trials=20, max_parallel=8)  # smaller, so that it plans in seconds
+    data["budget"].update(trials=6, max_parallel=3)  # smaller, so that it plans in seconds
     by_path = copy.deepcopy(data)
     by_path["runner"]["simulation"]["table"] = str(TABLES / "curves.jsonl")
     by_path["base_config"] = str(CONFIGS_DIR / "bert_large.yaml")

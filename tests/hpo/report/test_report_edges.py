@@ -439,6 +439,7 @@ SLUGS = {"samples to target per arm": "outcomes", "best objective so far per arm
          "samples to target and noise scale against batch size": "batch-sizes"}  # fmt: skip
 
 
+@pytest.mark.slow  # --png of an experiment's page and its figures: test_png_export_writes_the_figures_the_page_embeds
 def test_png_export_of_a_batch_size_study_writes_its_batch_size_figure_and_compare_htmls(tmp_path, capsys):
     """A study whose arms span batch sizes (the batch_scaling_simulated preset on the formula table) draws its
     batch-size figure on its page, and compare.html draws one of the experiments compared: --png writes every
