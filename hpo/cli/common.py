@@ -120,10 +120,15 @@ def directory_blocker(path: Path) -> tuple[str, Path] | None:
     return None
 
 
-def check_output_file(path: Path, option: str = "-o") -> None:
+def check_output_file(path: Path, option: str = "-o", printed: bool = False) -> None:
     """Refuse an output file that could not be written, before any work: a directory, or a file whose directory
     does not exist (or is a file) or is not writable, naming the path and the option. A link is judged by the file
-    it names, where it is written (`write_whole`); a device or a pipe (/dev/null, /dev/stdout) is written in place."""
+    it names, where it is written (`write_whole`); a device or a pipe (/dev/null, /dev/stdout) is written in place.
+    `-` is refused (it would be a file named `-`, not standard output; `printed`: the command prints its output
+    when the option is left out, which the message says)."""
+    if str(path) == "-":
+        instead = f"leave {option} out to print to standard output" if printed else f"give {option} a file name"
+        raise HpoError(f"{option} -: '-' would be a file named '-', not standard output; {instead}")
     if path.is_dir():
         raise HpoError(f"{option} {path}: is a directory; give {option} a file name (e.g. {path / 'out'})")
     if path.exists() and not path.is_file():

@@ -20,7 +20,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     replaced = None
     if args.output:
-        check_output_file(Path(args.output))  # before the database is read: a path it could not write is refused
+        check_output_file(Path(args.output), printed=True)  # before the database is read: a path it cannot write
         replaced = _check_replaceable(Path(args.output))
         if args.format == "torchrun":
             _check_not_the_config(Path(args.output), args)

@@ -183,7 +183,7 @@ def test_a_scheduler_that_is_no_address_or_that_nothing_would_use_is_refused_at_
 
 
 @pytest.mark.parametrize("command", [["export", PILOT], ["table", PILOT]])
-def test_an_output_path_that_cannot_be_written_is_refused_naming_it(pilot, tmp_path, capsys, command):
+def test_an_output_path_that_cannot_be_written_is_refused_naming_it(pilot, tmp_path, capsys, monkeypatch, command):
     missing = tmp_path / "no" / "such" / "out.txt"
     assert hpo(pilot, *command, "-o", str(missing)) == 2
     assert f"-o {missing}: the directory {missing.parent} does not exist" in capsys.readouterr().err
@@ -196,6 +196,12 @@ def test_an_output_path_that_cannot_be_written_is_refused_naming_it(pilot, tmp_p
     a_file.write_text("")
     assert hpo(pilot, *command, "-o", str(a_file / "out.txt")) == 2
     assert f"-o {a_file / 'out.txt'}: {a_file} is not a directory" in capsys.readouterr().err
+
+    monkeypatch.chdir(tmp_path)  # `-` is not standard output: a file named '-' was written here
+    assert hpo(pilot, *command, "-o", "-") == 2
+    instead = "leave -o out to print to standard output" if command[0] == "export" else "give -o a file name"
+    assert f"-o -: '-' would be a file named '-', not standard output; {instead}" in capsys.readouterr().err
+    assert not (tmp_path / "-").exists()
 
     assert hpo(pilot, *command, "-o", str(tmp_path / "out.txt")) == 0  # where it can write, it does
     assert (tmp_path / "out.txt").stat().st_size > 0
