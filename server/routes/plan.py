@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from hpo.limits import MAX_PROCESSES, MAX_SLOTS
@@ -26,10 +27,12 @@ from server.schemas import NAME_PATTERN, ErrorPublic, InvalidRequestPublic
 from trainer.config import shipped_config
 
 router = APIRouter(tags=["plan"], responses=ERROR_RESPONSES)
+log = logging.getLogger("server")
 
 MAX_REPETITIONS = 50
 PLAN_TIMEOUT_S = 600.0  # a plan of 50 repetitions of a 200-trial SMAC preset takes minutes on 2 cores
 STOP_GRACE_S = 30.0  # a plan stopped by SIGTERM ends its workers and deletes its temporary files within seconds
+LISTEN_S = 0.5  # how often a running plan checks that its client is still there
 ACTION = {
     401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
     403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
@@ -134,6 +137,7 @@ EXPERIMENT_FILE = Body(
 
 @router.post("/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
 async def plan_file(
+    request: Request,
     body: Annotated[str, EXPERIMENT_FILE],
     repetitions: Repetitions = 10,
     slots: Slots = None,
@@ -149,11 +153,12 @@ async def plan_file(
         raise HTTPException(422, f"the request body is not YAML: {exc}") from None
     if not isinstance(data, dict):
         raise HTTPException(422, "the request body must be an experiment file: a YAML mapping with name, space, ...")
-    return await _plan(_absolute_paths(data), repetitions, slots, gpus_per_slot, gpu, difference)
+    return await _plan(request, _absolute_paths(data), repetitions, slots, gpus_per_slot, gpu, difference)
 
 
 @router.get("/experiments/{name}/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
 async def plan_stored(
+    request: Request,
     record: ExperimentDep,
     repetitions: Repetitions = 10,
     slots: Slots = None,
@@ -163,7 +168,7 @@ async def plan_stored(
 ):
     """Forecast a stored experiment again, as its spec was stored (self-contained: its base config inline): what
     it would cost and how likely an answer is, e.g. on more slots. Nothing is written."""
-    return await _plan(dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu, difference)
+    return await _plan(request, dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu, difference)
 
 
 def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
@@ -180,9 +185,17 @@ def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_per_slot: int | None,
-                gpu: str | None, difference: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422."""
+async def _plan(
+    request: Request,
+    data: dict[str, Any],
+    repetitions: int,
+    slots: int | None,
+    gpus_per_slot: int | None,
+    gpu: str | None,
+    difference: float | None = None,
+) -> dict[str, Any]:
+    """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422. A plan
+    whose client has gone (a closed connection, a cancelled request) is stopped as one past its deadline is."""
     with tempfile.TemporaryDirectory(prefix="hpo-api-plan-") as tmp:
         name = data.get("name")  # a slug names the copy (errors quote it); anything else could choose where to write
         path = (
@@ -196,12 +209,20 @@ async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_
                 command += [flag, str(value)]
         child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.PIPE, cwd=os.getcwd())  # fmt: skip
+        talk = asyncio.ensure_future(child.communicate())  # reading its output, which could fill a pipe
         try:
-            out, err = await asyncio.wait_for(child.communicate(), PLAN_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            await _stop(child)
-            raise HTTPException(504, f"the plan took longer than {PLAN_TIMEOUT_S:.0f} s and was stopped: ask for "
-                                     "fewer repetitions") from None  # fmt: skip
+            gone = await _wait_while_heard(talk, request, PLAN_TIMEOUT_S)
+        except BaseException:  # the request cancelled, the server stopping
+            await _stop(child, talk)
+            raise
+        if gone is not None:
+            await _stop(child, talk)
+            if gone == "deadline":
+                raise HTTPException(504, f"the plan took longer than {PLAN_TIMEOUT_S:.0f} s and was stopped: ask "
+                                         "for fewer repetitions")  # fmt: skip
+            log.warning("plan of %s stopped: its client disconnected", path.name)
+            raise HTTPException(499, "the client disconnected; the plan was stopped")  # no one reads it
+        out, err = talk.result()
     if child.returncode != 0:
         lines = err.decode(errors="replace").splitlines()
         first = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
@@ -210,12 +231,31 @@ async def _plan(data: dict[str, Any], repetitions: int, slots: int | None, gpus_
     return json.loads(out)
 
 
-async def _stop(child: asyncio.subprocess.Process) -> None:
-    """End a plan past its deadline: SIGTERM, on which `hpo plan` ends its worker processes and deletes its
-    temporary files (SIGKILL would leave them); SIGKILL only where it has not ended STOP_GRACE_S later."""
-    child.terminate()
+async def _wait_while_heard(talk: asyncio.Future, request: Request, timeout_s: float) -> str | None:
+    """Wait for the plan's output (`talk`): None once it has it, "deadline" past `timeout_s`, "disconnected" once
+    the client has gone (checked every LISTEN_S)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            return "deadline"
+        done, _ = await asyncio.wait({talk}, timeout=min(LISTEN_S, left))
+        if done:
+            return None
+        if await request.is_disconnected():
+            return "disconnected"
+
+
+async def _stop(child: asyncio.subprocess.Process, talk: asyncio.Future | None = None) -> None:
+    """End a plan: SIGTERM, on which `hpo plan` ends its worker processes and deletes its temporary files (SIGKILL
+    would leave them); SIGKILL only where it has not ended STOP_GRACE_S later. `talk`: the read of its output under
+    way, if any (else one is started: its output could fill a pipe)."""
+    if child.returncode is None:
+        child.terminate()
+    talk = talk if talk is not None else asyncio.ensure_future(child.communicate())
     try:
-        await asyncio.wait_for(child.communicate(), STOP_GRACE_S)  # reading its output, which could fill a pipe
+        await asyncio.wait_for(asyncio.shield(talk), STOP_GRACE_S)
     except asyncio.TimeoutError:
         child.kill()
         await child.wait()

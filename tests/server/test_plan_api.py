@@ -17,7 +17,7 @@ import yaml
 from hpo.cli.main import main as hpo_main
 from hpo.simulation.table import TABLES
 from search_spaces import preset_path
-from server.routes.plan import _stop
+from server.routes.plan import MAX_REPETITIONS, _stop
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
 from trainer.config import CONFIGS_DIR
@@ -218,3 +218,44 @@ def test_a_plan_past_its_deadline_is_stopped_so_that_it_deletes_its_temporary_fi
     assert made, first
     assert code == 143
     assert not [directory for directory in made if directory.exists()]
+
+
+def plan_children(server_pid: int) -> list[int]:
+    """The `hpo plan` processes the server started (its children running `-m hpo plan`)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(status.read_text().rsplit(")", 1)[1].split()[1])
+            command = (status.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        if parent == server_pid and command[1:4] == [b"-m", b"hpo", b"plan"]:
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_a_plan_whose_client_disconnected_is_stopped(planned):
+    """A client that goes away (a closed connection: a timeout, Ctrl-C) leaves no plan running on the server's CPU:
+    the server stops it as it stops one past its deadline (it ran on to the end, up to 10 minutes, for no one)."""
+    import socket
+    import time
+
+    path, _, server = planned
+    body = path.read_bytes()
+    host, port = server.url.removeprefix("http://").split("/", 1)[0].split(":")
+    log = server.run_dir / f"server-{port}.log"
+    request = (
+        f"POST /api/v1/plan?repetitions={MAX_REPETITIONS} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+        f"{TOKEN}\r\nContent-Type: application/yaml\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(request)
+        deadline = time.monotonic() + 30
+        while not (children := plan_children(server.process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the server started no plan"
+    deadline = time.monotonic() + 60  # the plan's own end would take longer than this bound's use: see the log check
+    while plan_children(server.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not plan_children(server.process.pid)
+    assert f"plan of {path.name} stopped: its client disconnected" in log.read_text()
