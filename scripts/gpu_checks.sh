@@ -6,12 +6,15 @@
 #                with compiled layers for any number of tokens) beside Hugging Face's padded model, with the per-step
 #                breakdown and the kernels that took the most time (a model that runs out of memory or fails leaves
 #                the comparison; the others go on). On an H200 on 2026-11-30: varlen 716.9 sequences/s, 763.2 with
-#                the bf16 residual stream, 2.53x and 2.69x HF; the padded grid 459.5, the packed one 481.2
+#                the bf16 residual stream, 2.53x and 2.69x HF; the padded grid 459.5 (the packed one, then in this
+#                check, 481.2; varlen with compiled layers was not in that run and has not been timed at 128)
 #   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work: the varlen
 #                kernel with the bf16 residual stream, eager, with compiled layers, and with compiled layers on fixed
-#                shapes (every batch padded to one budget, model.static_shapes: compiled once; 0.83x the eager step
-#                on 2026-11-30), beside Hugging Face's model at 128 (where it ran on the H200; ratios of sequences a
-#                second), in a check of its own so that compiling cannot cost the comparison above
+#                shapes (every batch padded to one budget, model.static_shapes: compiled once; 0.83x the eager
+#                step's sequences a second on 2026-11-30; compiled layers for any number of tokens, in the place of
+#                that run's packed grid, not timed yet), beside Hugging Face's model at 128 (where it ran on the
+#                H200; ratios of sequences a second), in a check of its own so that compiling cannot cost the
+#                comparison above
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
