@@ -38,8 +38,8 @@
 # Packages the GPU image lacks travel as wheels: `bash scripts/gpu_wheels.sh` here makes .whl/; without them (the
 # project's packages do not import) the script says so in its summary and stops before any check.
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
-# With PACK=1 the files end up as two: summary.txt and gpu_checks.tar.gz holding all of them (for a machine that
-# hands back only a few files).
+# With PACK=1 the files end up as two: summary.txt and gpu_checks.tar.gz holding all of them (two files to copy
+# off the machine).
 set -u
 OUT=${OUT:-gpu_checks}
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
