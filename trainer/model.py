@@ -17,7 +17,8 @@ they only ever see real tokens; attention is the one place that needs sequence b
   padding only up to the longest sequence of the batch; the reference the others are tested against.
 
 `auto` picks varlen where it runs (with BERT's attention dropout on an H200 at batch 128 it trained BERT-large 1.56x
-as fast as the padded grid, which ran 1.05x the packed one and 1.5x jagged: BENCHMARKS.md); else, on a GPU, padded;
+as fast as the padded grid, which the packed grid beat by 1.05x and which ran 1.5x jagged on 2026-11-28:
+BENCHMARKS.md); else, on a GPU, padded;
 elsewhere packed.
 The query, key and value projections run as one matrix product (their weights concatenated at each call, so the
 parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
