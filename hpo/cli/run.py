@@ -4,6 +4,11 @@ and the list of the experiment files that ship with hpo."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -96,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The resources first (a GPU experiment on a machine without GPUs is told so before it is told its data is
     # missing there), then the data the trials could only fail on; both before anything is written.
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
+    claim = None
     try:
         if _trials_run_here(spec, args.runner):
             check_trial_data(spec)
@@ -122,19 +128,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                            f"{rename}")  # fmt: skip
         refuse_earlier_run(run_dir, where, leftovers)  # after that: the same experiment again is told what it is
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
+        claim = claim_run_dir(run_dir, where, spec.name)  # another experiment started there a moment ago: no files yet
+        if not args.quiet and runner is not None:
+            print(describe_plan(spec, runner), file=sys.stderr)
+        stored = ran_on(stored_form(spec, run_dir), args.runner, args.scheduler)
+        experiment_id = storage.create_experiment(spec.name, stored, spec.direction, controller=controller_identity())
     except BaseException:
         if runner is not None:
             runner.close()
+        if claim is not None:
+            claim.release()
         raise
-    if not args.quiet and runner is not None:
-        print(describe_plan(spec, runner), file=sys.stderr)
-    stored = ran_on(stored_form(spec, run_dir), args.runner, args.scheduler)
-    experiment_id = storage.create_experiment(spec.name, stored, spec.direction, controller=controller_identity())
-    if spec.engine == "nni":
-        from hpo.nni.engine import drive_nni
+    try:
+        if spec.engine == "nni":
+            from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port or NNI_PORT)
-    return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+            return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port or NNI_PORT)
+        return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+    finally:
+        claim.release()
 
 
 def ran_on(stored: dict, runner: str | None, scheduler: str | None) -> dict:
@@ -198,6 +210,47 @@ def refuse_earlier_run(path: Path, where: str, found: list[str]) -> None:
             "a new experiment there would resume that run's trials from their checkpoints and write over its files; "
             "choose another --run-dir (or move that directory away), or `hpo resume` the experiment that ran there"
         )
+
+
+RUN_DIR_CLAIM = ".hpo-controller"  # in the run directory: locked by the controller that drives an experiment there
+
+
+class RunDirClaim:
+    """An exclusive lock on RUN_DIR_CLAIM in a run directory, held until `release` or the process's end, however
+    it ends (the kernel lets it go; trial processes do not inherit it)."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd  # None: nothing held (a full disk: the claim file could not be made)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def claim_run_dir(path: Path, where: str, name: str) -> RunDirClaim:
+    """Hold the run directory while this controller drives experiment `name` there. Refused, naming the experiment
+    that holds it, while another controller drives an experiment there: two experiments started there within
+    moments of each other both saw it empty, and their trials would share trial directories."""
+    claim = path / RUN_DIR_CLAIM
+    try:
+        fd = os.open(claim, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk: the controller stops on it, saying so
+            return RunDirClaim(None)
+        raise HpoError(f"{where}: cannot claim the run directory {path} ({claim}: {exc.strerror or exc}); choose "
+                       "another directory") from None  # fmt: skip
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another experiment"
+        os.close(fd)
+        raise HpoError(f"{where}: the run directory {path} is in use by {holder}, whose trials write there; "
+                       "choose another --run-dir, or wait until it ends") from None  # fmt: skip
+    with contextlib.suppress(OSError):  # who holds it, for the refusal of another (not written on a full disk)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"experiment {name} (controller pid {os.getpid()} on {socket.gethostname()})\n".encode(), 0)
+    return RunDirClaim(fd)
 
 
 def make_run_dir(path: Path, where: str) -> None:
@@ -280,6 +333,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     where = f"experiment {record.name}"
     check_run_dir(run_dir, where, recorded=True)  # the stored run directory: checked before the claim
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
+    claim = None
     try:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
@@ -299,15 +353,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 f"though its last heartbeat is old: {why}"
             )
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
+        try:
+            claim = claim_run_dir(run_dir, where, record.name)  # and this, while another experiment's runs there
+        except HpoError:
+            storage.release_controller(record.id, host, pid)
+            raise
     except BaseException:
         if runner is not None:
             runner.close()
+        if claim is not None:
+            claim.release()
         raise
-    if spec.engine == "nni":
-        from hpo.nni.engine import drive_nni
+    try:
+        if spec.engine == "nni":
+            from hpo.nni.engine import drive_nni
 
-        return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True, port=args.port or NNI_PORT)
-    return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
+            return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True,
+                             port=args.port or NNI_PORT)  # fmt: skip
+        return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
+    finally:
+        claim.release()
 
 
 def _wait_for_lapse(storage, record, quiet: bool):

@@ -131,6 +131,38 @@ def test_resume_refuses_a_run_directory_that_is_a_file_before_claiming_the_exper
         assert storage.get_experiment_by_name("rs").controller_pid is None  # not claimed: a resume may follow
 
 
+def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_to_run_and_resume(tmp_path, capsys):
+    """Two experiments started in one --run-dir within moments of each other both saw it empty (no trial files
+    yet) and both ran there, their trials sharing trial directories: the controller now holds the directory while
+    it runs, and the second is refused, naming the first, before anything is recorded; once that controller has
+    ended (however it ended: the kernel lets its lock go) the directory is free."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(  # another controller: the claim `hpo run first` takes, in a process of its own
+        [sys.executable, "-c", "import sys; from pathlib import Path; from hpo.cli.run import claim_run_dir; "
+         f"claim_run_dir(Path({str(run_dir)!r}), '--run-dir', 'first'); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        url = f"sqlite:///{tmp_path / 'hpo.db'}"
+        second = write(tmp_path / "second.yaml", small_preset(name="second"))
+        assert hpo(url, "run", str(second), "--run-dir", str(run_dir), "--quiet") == 2
+        in_use = f"the run directory {run_dir} is in use by experiment first (controller pid {holder.pid} on "
+        err = capsys.readouterr().err
+        assert f"--run-dir: {in_use}" in err and "choose another --run-dir, or wait until it ends" in err
+        assert experiments(tmp_path / "hpo.db") == []  # nothing recorded
+        (tmp_path / "stored").mkdir()
+        stored_url, storage = stored_experiment(tmp_path / "stored", "rs", run_dir)  # to run there, as resumed
+        with storage:
+            assert hpo(stored_url, "resume", "rs", "--quiet") == 2
+            assert f"experiment rs: {in_use}" in capsys.readouterr().err
+            assert storage.get_experiment_by_name("rs").controller_pid is None  # its claim given back
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert hpo(url, "run", str(second), "--run-dir", str(run_dir), "--quiet") == 0  # free once that one has ended
+
+
 @pytest.mark.parametrize("options, message", [
     (["--runner", "dask", "--scheduler", "foo"], "--scheduler: expected an address such as tcp://host:8786, got 'foo'"),
     (["--scheduler", "tcp://10.0.0.1:8786"], "--scheduler needs --runner dask: the trials would run on the simulated "
