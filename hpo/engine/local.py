@@ -112,7 +112,8 @@ def _check_train_set_size(spec, cfg) -> None:
 
 def _data_hint(path: str) -> str:
     if Path(path).parts[:2] == ("data", "demo"):
-        return "; the demo corpus is made with `make demo-data` (python -m trainer.data.demo_corpus --out data/demo)"
+        return ("; make the demo corpus with `python -m trainer.data.demo_corpus --out data/demo` (in a checkout of "
+                "the project, `make demo-data` runs it)")  # fmt: skip
     return "; point the base config (or `overrides:`) at your shards"
 
 

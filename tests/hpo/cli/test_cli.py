@@ -286,7 +286,9 @@ def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_pat
     result = hpo_in(tmp_path, "--db", db, "run", str(PRESETS / "adam_vs_lamb_demo_cpu.yaml"))
     assert result.returncode == 2, result.stderr
     assert "base_config data.train = 'data/demo/train'" in result.stderr
-    assert "`make demo-data`" in result.stderr
+    # the command an installed hpo has first; `make` only in a checkout, and said so
+    assert "make the demo corpus with `python -m trainer.data.demo_corpus --out data/demo`" in result.stderr
+    assert "(in a checkout of the project, `make demo-data` runs it)" in result.stderr
     assert not (tmp_path / "hpo.db").exists()
 
 
