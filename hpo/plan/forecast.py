@@ -74,12 +74,14 @@ from hpo.simulation.cost import experiment_cost
 from hpo.simulation.table import DIMENSIONS, TABLES, load_table
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind
+from search_spaces import preset_path
 from trainer import CURVES_REVISION
 from trainer.config import config_from_dict
 
 DEFAULT_TABLE = TABLES / "curves.jsonl"
 SEED_STRIDE = 1000  # training seeds between repetitions: more than any arm's confirmation runs
 LEVEL = 0.95
+SIMULATED_PRESET = "adam_vs_lamb_simulated"  # the example of a file on the simulated runner, named in errors
 
 
 class PlanError(HpoError):
@@ -284,9 +286,10 @@ def _not_plannable(spec, reasons: list[str]) -> str:
             f"it, as it is or with its shape moved onto the table; none does: {'; '.join(reasons)}\nA plannable file "
             f"tunes only what a table varies ({', '.join(DIMENSIONS)}) within the table's grid, with its budget and "
             "evaluations at each batch size (see the table's meta line); or copy the file with `runner: {name: "
-            "simulated, simulation: {table: YOUR_TABLE}}` (search_spaces/presets/adam_vs_lamb_simulated.yaml is "
-            "one); or forecast it from curves of your own: run a pilot of the file with eval.stop_at_target: false "
-            "(a grid of learning rates and seeds) and `hpo plan FILE --like PILOT`")  # fmt: skip
+            f"simulated, simulation: {{table: YOUR_TABLE}}}}` (the shipped preset {SIMULATED_PRESET} is one: "
+            f"{preset_path(SIMULATED_PRESET)}); or forecast it from curves of your own: run a pilot of the file "
+            "with eval.stop_at_target: false (a grid of learning rates and seeds) and "
+            "`hpo plan FILE --like PILOT`")  # fmt: skip
 
 
 def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], table: Path | None = None):

@@ -33,6 +33,7 @@ from hpo.plan.forecast import DEFAULT_TABLE, percentile_range, share_interval
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
+from search_spaces import PRESETS_DIR
 from tests.processes import alive, kill_all
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -331,6 +332,10 @@ def test_a_real_experiment_whose_shape_no_table_keeps_is_refused_saying_why(tmp_
     assert "five.yaml: cannot be planned: it is a real experiment (runner local" in error
     assert "the file has 5 batch sizes [32, 64, 96, 128, 160]" in error
     assert "records 4 ([128, 512, 1024, 2048])" in error
+    # the example of a simulated file by its preset name and its installed path, not a checkout's relative path
+    example = PRESETS_DIR / "adam_vs_lamb_simulated.yaml"
+    assert f"(the shipped preset adam_vs_lamb_simulated is one: {example})" in error
+    assert "`runner: {name: simulated, simulation: {table: YOUR_TABLE}}`" in error
     assert not (tmp_path / "hpo.db").exists()
 
 
