@@ -130,8 +130,9 @@ class PlanPublic(BaseModel):
 EXPERIMENT_FILE = Body(
     media_type="application/yaml",
     description="The experiment file (YAML), as `hpo run` takes it. Relative paths in it (base_config, "
-    "runner.simulation.table) are read from the server's working directory.",
-    examples=["name: my_experiment\nbase_config: trainer/configs/demo_cpu.yaml\n..."],
+    "runner.simulation.table) are read from the server's working directory; a shipped trainer config's or curve "
+    "table's name (`base_config: demo_cpu`, `table: curves`) names it, wherever the server runs.",
+    examples=["name: my_experiment\nbase_config: demo_cpu\n..."],
 )
 
 

@@ -17,10 +17,12 @@ import yaml
 from hpo.cli.main import main as hpo_main
 from hpo.simulation.table import TABLES
 from search_spaces import preset_path
+from server.app import create_app
 from server.routes.plan import MAX_REPETITIONS, _stop
+from server.settings import Settings
 from tests.hpo.simulation.test_simulated_runner import experiment_file
 from tests.server.conftest import TOKEN, start_server, stop_server
-from trainer.config import CONFIGS_DIR
+from trainer.config import CONFIGS_DIR, shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -180,6 +182,16 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
     assert "application/yaml" in post["requestBody"]["content"]
     assert {"401", "403", "422", "504"} <= set(post["responses"])
     assert "get" in schema["paths"]["/api/v1/experiments/{name}/plan"]
+
+
+def test_the_documented_example_file_names_a_shipped_config_that_an_installed_server_finds(tmp_path):
+    """The body's example in the API docs names its base config as an installed server reads it from any working
+    directory (a shipped config's name), not by a path that only a checkout of the project holds."""
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}"))
+    body = app.openapi()["paths"]["/api/v1/plan"]["post"]["requestBody"]["content"]["application/yaml"]["schema"]
+    (example,) = body["examples"]
+    base = yaml.safe_load(example)["base_config"]
+    assert shipped_config(base, folder=tmp_path) is not None, f"{base!r} is not a shipped trainer config's name"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
