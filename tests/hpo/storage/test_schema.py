@@ -41,6 +41,21 @@ def test_upgrade_is_idempotent_and_keeps_data(database_url: str):
         assert [e.name for e in storage.list_experiments()] == ["kept"]
 
 
+def test_experiments_with_trials_from_before_trials_version_get_a_version_above_0(database_url: str):
+    """Revision 0005 started every experiment at version 0; the server keeps an experiment's spec only once its
+    version shows a trial, so an older experiment with trials had its spec parsed on every request."""
+    with SqlStorage(database_url, upgrade=True) as storage:
+        tried = storage.create_experiment("tried", {}, "minimize")
+        for number in range(3):
+            storage.create_trial(tried, TrialSpec(number, {}))
+        empty = storage.create_experiment("empty", {}, "minimize")
+    downgrade_database(database_url, "0004_trial_noise_kind_index")  # the version column dropped, trials kept
+    upgrade_database(database_url)
+    with SqlStorage(database_url) as storage:
+        assert storage.trials_version(tried) == 3  # one per trial it holds
+        assert storage.trials_version(empty) == 0  # no trial: it may still be removed and its name recorded again
+
+
 def test_an_older_schema_is_out_of_date(database_url: str):
     upgrade_database(database_url)
     downgrade_database(database_url, "base")
