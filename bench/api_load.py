@@ -70,7 +70,7 @@ from bench.storage import INSERT_CHUNK, postgres_database, sqlite_database
 from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from hpo.storage.engine import create_storage_engine
-from hpo.storage.models import TrialModel
+from hpo.storage.models import ExperimentModel, TrialModel
 from hpo.trial.launch import free_port
 
 EXPERIMENT = "api-load"
@@ -106,6 +106,10 @@ def fill(url: str, trials: int) -> float:
         for first in range(0, trials, INSERT_CHUNK):
             numbers = range(first, min(first + INSERT_CHUNK, trials))
             connection.execute(TrialModel.__table__.insert(), [_row(experiment_id, n, rng, now) for n in numbers])
+        # what creating them one by one leaves (one version per trial): the server keeps an experiment's spec and
+        # record only once its version shows a trial, and parsed the spec on every request of version 0
+        versions = ExperimentModel.__table__
+        connection.execute(versions.update().where(versions.c.id == experiment_id).values(trials_version=trials))
     # What autovacuum would do to a table grown by 100,000 rows, done now rather than in the middle of a measurement
     # (PostgreSQL's autovacuum otherwise starts within a minute of the load and its scan lands in whichever
     # endpoint runs then); SQLite gets its statistics too.
