@@ -242,7 +242,12 @@ def claim_run_dir(path: Path, where: str, name: str) -> RunDirClaim:
                        "another directory") from None  # fmt: skip
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # a file system without locks (some network mounts)
+            os.close(fd)
+            print(f"note: {where}: the run directory {path} cannot be locked here ({exc.strerror or exc}): nothing "
+                  "stops another experiment from starting there meanwhile", file=sys.stderr)  # fmt: skip
+            return RunDirClaim(None)
         holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another experiment"
         os.close(fd)
         raise HpoError(f"{where}: the run directory {path} is in use by {holder}, whose trials write there; "

@@ -862,3 +862,21 @@ def test_best_of_an_experiment_whose_trials_all_failed_names_it_and_what_says_wh
     of_arm = " of arm optimizer.name=lamb" if "--arm" in args else ""
     assert captured.err == f"experiment failed has no completed trial{of_arm}; `hpo trials failed` says why\n"
     assert captured.out == ""
+
+
+def test_a_run_directory_on_a_file_system_without_locks_is_used_with_a_note(tmp_path, capsys, monkeypatch):
+    """Some network file systems refuse flock (ENOLCK): that is no other experiment holding the run directory, and
+    the run goes on, saying that nothing guards the directory (it was refused as in use by "another experiment")."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run_dir = tmp_path / "run"
+    path = write(tmp_path / "e.yaml", small_preset(name="nolocks"))
+    assert hpo(f"sqlite:///{tmp_path / 'hpo.db'}", "run", str(path), "--run-dir", str(run_dir), "--quiet") == 0
+    err = capsys.readouterr().err
+    assert f"note: --run-dir: the run directory {run_dir} cannot be locked here (No locks available)" in err
+    assert experiments(tmp_path / "hpo.db") == ["nolocks"]
