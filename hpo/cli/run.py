@@ -228,18 +228,21 @@ class RunDirClaim:
             self.fd = None
 
 
-def claim_run_dir(path: Path, where: str, name: str) -> RunDirClaim:
+def claim_run_dir(path: Path, where: str, name: str, recorded: bool = False) -> RunDirClaim:
     """Hold the run directory while this controller drives experiment `name` there. Refused, naming the experiment
     that holds it, while another controller drives an experiment there: two experiments started there within
-    moments of each other both saw it empty, and their trials would share trial directories."""
+    moments of each other both saw it empty, and their trials would share trial directories. `recorded`: the
+    experiment's own run directory (a resume), which cannot be chosen again: the refusal says what else to do."""
     claim = path / RUN_DIR_CLAIM
     try:
         fd = os.open(claim, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk: the controller stops on it, saying so
             return RunDirClaim(None)
-        raise HpoError(f"{where}: cannot claim the run directory {path} ({claim}: {exc.strerror or exc}); choose "
-                       "another directory") from None  # fmt: skip
+        remedy = (f"move {claim} away, or make it a file this user can write (the run directory is recorded "
+                  "with the experiment)" if recorded else "choose another directory")  # fmt: skip
+        raise HpoError(f"{where}: cannot claim the run directory {path} ({claim}: {exc.strerror or exc}); "
+                       f"{remedy}") from None  # fmt: skip
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -250,8 +253,10 @@ def claim_run_dir(path: Path, where: str, name: str) -> RunDirClaim:
             return RunDirClaim(None)
         holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another experiment"
         os.close(fd)
+        remedy = ("wait until it ends, then resume again (the run directory is recorded with the experiment)"
+                  if recorded else "choose another --run-dir, or wait until it ends")  # fmt: skip
         raise HpoError(f"{where}: the run directory {path} is in use by {holder}, whose trials write there; "
-                       "choose another --run-dir, or wait until it ends") from None  # fmt: skip
+                       f"{remedy}") from None  # fmt: skip
     with contextlib.suppress(OSError):  # who holds it, for the refusal of another (not written on a full disk)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"experiment {name} (controller pid {os.getpid()} on {socket.gethostname()})\n".encode(), 0)
@@ -359,7 +364,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             )
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
         try:
-            claim = claim_run_dir(run_dir, where, record.name)  # and this, while another experiment's runs there
+            claim = claim_run_dir(run_dir, where, record.name, recorded=True)  # and this, while another runs there
         except HpoError:
             storage.release_controller(record.id, host, pid)
             raise

@@ -155,12 +155,29 @@ def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_t
         stored_url, storage = stored_experiment(tmp_path / "stored", "rs", run_dir)  # to run there, as resumed
         with storage:
             assert hpo(stored_url, "resume", "rs", "--quiet") == 2
-            assert f"experiment rs: {in_use}" in capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert f"experiment rs: {in_use}" in err
+            assert "--run-dir" not in err  # hpo resume has no such option: its run directory is recorded
+            assert "wait until it ends, then resume again (the run directory is recorded with the experiment)" in err
             assert storage.get_experiment_by_name("rs").controller_pid is None  # its claim given back
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
     assert hpo(url, "run", str(second), "--run-dir", str(run_dir), "--quiet") == 0  # free once that one has ended
+
+
+def test_a_resume_whose_run_directory_cannot_be_claimed_says_what_to_do_there(tmp_path, capsys):
+    """A resume cannot choose another directory (hpo resume has no --run-dir): the refusal says what to do in it."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hpo-controller").mkdir(parents=True)  # in the way of the claim file
+    url, storage = stored_experiment(tmp_path, "rs", run_dir)
+    with storage:
+        assert hpo(url, "resume", "rs", "--quiet") == 2
+        err = capsys.readouterr().err
+        assert f"experiment rs: cannot claim the run directory {run_dir} ({run_dir / '.hpo-controller'}: " in err
+        assert f"move {run_dir / '.hpo-controller'} away, or make it a file this user can write" in err
+        assert "choose another" not in err
+        assert storage.get_experiment_by_name("rs").controller_pid is None  # its claim given back
 
 
 @pytest.mark.parametrize("options, message", [
