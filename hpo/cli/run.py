@@ -129,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_earlier_run(run_dir, where, leftovers)  # after that: the same experiment again is told what it is
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
         claim = claim_run_dir(run_dir, where, spec.name)  # another experiment started there a moment ago: no files yet
+        refuse_earlier_run(run_dir, where, earlier_run_files(run_dir))  # again, held: one that ended meanwhile
         if not args.quiet and runner is not None:
             print(describe_plan(spec, runner), file=sys.stderr)
         stored = ran_on(stored_form(spec, run_dir), args.runner, args.scheduler)

@@ -166,6 +166,25 @@ def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_t
     assert hpo(url, "run", str(second), "--run-dir", str(run_dir), "--quiet") == 0  # free once that one has ended
 
 
+def test_an_experiment_that_ran_in_the_run_directory_before_the_claim_is_seen(tmp_path, capsys, monkeypatch):
+    """The earlier run's files are looked for again once the directory is held: another experiment that started
+    there before the first look and wrote its trials and ended before the claim left files the first look missed."""
+    import hpo.cli.run as run_module
+
+    real = run_module.claim_run_dir
+
+    def after_another_run(path, *args, **kwargs):
+        (path / "trials" / "0").mkdir(parents=True)  # what that experiment left there, meanwhile
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "claim_run_dir", after_another_run)
+    run_dir = tmp_path / "run"
+    path = write(tmp_path / "e.yaml", small_preset(name="late"))
+    assert hpo(f"sqlite:///{tmp_path / 'hpo.db'}", "run", str(path), "--run-dir", str(run_dir), "--quiet") == 2
+    assert f"--run-dir: the run directory {run_dir} holds an earlier run's files (trials/)" in capsys.readouterr().err
+    assert experiments(tmp_path / "hpo.db") == []  # nothing recorded
+
+
 def test_a_resume_whose_run_directory_cannot_be_claimed_says_what_to_do_there(tmp_path, capsys):
     """A resume cannot choose another directory (hpo resume has no --run-dir): the refusal says what to do in it."""
     run_dir = tmp_path / "run"
