@@ -386,7 +386,6 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
-        self.attention_dropout = cfg.attention_probs_dropout_prob
         self.attention = cfg.attention
         self.head_dim = cfg.head_dim
 
