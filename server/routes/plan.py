@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
 import yaml
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from pydantic import BaseModel, Field
@@ -213,8 +214,9 @@ async def _plan(
         talk = asyncio.ensure_future(child.communicate())  # reading its output, which could fill a pipe
         try:
             gone = await _wait_while_heard(talk, request, PLAN_TIMEOUT_S)
-        except BaseException:  # the request cancelled, the server stopping
-            await _stop(child, talk)
+        except BaseException:  # the request cancelled, the server stopping: shielded, as anyio's cancellation would
+            with anyio.CancelScope(shield=True):  # cancel every await of the stop too, the wait for the child's end
+                await _stop(child, talk)
             raise
         if gone is not None:
             await _stop(child, talk)

@@ -272,3 +272,44 @@ def test_a_plan_whose_client_disconnected_is_stopped(planned):
         time.sleep(0.1)
     assert not plan_children(server.process.pid)
     assert stopped in log.read_text()
+
+
+def test_a_plan_whose_request_is_cancelled_is_stopped_and_its_process_ended(planned, monkeypatch):
+    """Starlette runs a handler under anyio, whose cancellation (a server shutting down) cancels every later await
+    in the cancelled scope too: the stop's wait for the plan's end must be shielded, or the plan is left unreaped
+    and past SIGTERM without its SIGKILL. A plan of 50 repetitions (seconds of work) cancelled half a second after
+    its process started: once the cancellation has gone through, that process has ended by SIGTERM (-15) and been
+    waited for."""
+    import anyio
+    from starlette.requests import Request
+
+    from server.routes.plan import _plan
+
+    path, _, _ = planned
+    data = yaml.safe_load(path.read_text())
+    started: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args, **kwargs):
+        started.append(await spawn(*args, **kwargs))
+        return started[-1]
+
+    async def never_disconnects():
+        await anyio.sleep_forever()
+
+    async def cancel_a_plan() -> int | None:
+        request = Request({"type": "http", "method": "POST", "path": "/plan", "headers": []}, never_disconnects)
+        async with anyio.create_task_group() as group:
+
+            async def cancel_once_started():
+                while not started:
+                    await anyio.sleep(0.05)
+                await anyio.sleep(0.5)
+                group.cancel_scope.cancel()
+
+            group.start_soon(cancel_once_started)
+            await _plan(request, data, MAX_REPETITIONS, None, None, None)
+        return started[0].returncode
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    assert anyio.run(cancel_a_plan) == -15
