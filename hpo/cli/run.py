@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The resources first (a GPU experiment on a machine without GPUs is told so before it is told its data is
     # missing there), then the data the trials could only fail on; both before anything is written.
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
-    claim = None
+    claim = RunDirClaim(None)  # nothing held until claimed
     try:
         if _trials_run_here(spec, args.runner):
             check_trial_data(spec)
@@ -137,8 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         if runner is not None:
             runner.close()
-        if claim is not None:
-            claim.release()
+        claim.release()
         raise
     try:
         if spec.engine == "nni":
@@ -344,7 +343,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     where = f"experiment {record.name}"
     check_run_dir(run_dir, where, recorded=True)  # the stored run directory: checked before the claim
     runner = build_runner(spec, args.runner, args.scheduler) if spec.engine == "local" else None
-    claim = None
+    claim = RunDirClaim(None)  # nothing held until claimed
     try:
         make_run_dir(run_dir, where)
         host, pid = controller_identity()
@@ -372,8 +371,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except BaseException:
         if runner is not None:
             runner.close()
-        if claim is not None:
-            claim.release()
+        claim.release()
         raise
     try:
         if spec.engine == "nni":
