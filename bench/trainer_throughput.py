@@ -4,7 +4,8 @@ Both models have the same size and weights, BERT's dropout (0.1 on hidden states
 batches (MLPerf-like lengths: many short sequences, a bump at the maximum) and the same optimizer. HF runs padded
 with SDPA attention, twice: padded to the shard width (how MLPerf shards are stored) and padded to the longest
 sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
-(`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`).
+(`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`),
+`+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`).
 Steps are interleaved so all see the same machine state. Prints valid tokens/s and sequences/s of each, the
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
@@ -109,17 +110,25 @@ def category(name: str) -> str | None:
     return None
 
 
-VARIANT_FLAGS = {"compile": "compile", "half": "half_residual", "static": "static_shapes"}  # `+FLAG` -> its switch
+VARIANT_FLAGS = {"compile": "compile", "whole": "compile_model", "half": "half_residual", "static": "static_shapes"}
+# `+FLAG` -> its switch
 
 
 def parse_variant(text: str) -> dict:
-    """`jagged+compile` -> {"attention": "jagged", "compile": True, "half_residual": False, "static_shapes": False}."""
+    """`jagged+compile` -> {"attention": "jagged", "compile": True, "compile_model": False, "half_residual": False,
+    "static_shapes": False}."""
     kernel, *flags = text.split("+")
     if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS for f in flags):
         raise SystemExit(
-            f"--variants: {text!r} is not KERNEL[+compile][+half][+static] with KERNEL one of {ATTENTION_KERNELS}"
+            f"--variants: {text!r} is not KERNEL[+compile|+whole][+half][+static] with KERNEL one of "
+            f"{ATTENTION_KERNELS}"
         )
-    return {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
+    variant = {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
+    try:  # the switches' own rules (model.compile_model takes no model.compile, nor jagged attention)
+        ModelConfig(**variant)
+    except ValueError as e:
+        raise SystemExit(f"--variants: {text!r}: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}") from None
+    return variant
 
 
 def build_models(cfg: ModelConfig, device, seed: int, variants: list[str], hf_too: bool = True):
@@ -206,6 +215,8 @@ def fixed_shape(samples: PretrainingSamples, batch: int, steps: int) -> ShapeBud
 
 def step_ours(model, opt, samples, index, device, autocast, profiled=False, budget: ShapeBudget | None = None):
     batch = pack_batch(samples, index, budget).to(device)
+    if model.config.compile_model and device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()  # as the trainer's step does
     with autocast_region(device, autocast):
         loss = pretraining_loss(model(batch), batch).total
     loss.backward()
@@ -371,8 +382,9 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="auto",
-        help="ours, comma-separated: KERNEL[+compile][+half][+static] (+half: model.half_residual; +static: "
-        "model.static_shapes, every batch padded to one budget; default: auto)",
+        help="ours, comma-separated: KERNEL[+compile|+whole][+half][+static] (+compile: model.compile; +whole: "
+        "model.compile_model; +half: model.half_residual; +static: model.static_shapes, every batch padded to one "
+        "budget; default: auto)",
     )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")

@@ -2,34 +2,32 @@
 # The checks that need a CUDA GPU, in order of value, within 8 minutes of one H100 or H200 all together:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
 #   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): our padded
-#                grid and the varlen flash kernel (also with the bf16 residual stream, model.half_residual, eager and
-#                with compiled layers for any number of tokens) beside Hugging Face's padded model, with the per-step
-#                breakdown and the kernels that took the most time (a model that runs out of memory or fails leaves
-#                the comparison; the others go on). On an H200 on 2026-11-30: varlen 716.9 sequences/s, 763.2 with
-#                the bf16 residual stream, 2.53x and 2.69x HF; the padded grid 459.5 (the packed one, then in this
-#                check, 481.2; varlen with compiled layers was not in that run and has not been timed at 128)
-#   throughput_best   ours at micro-batch 256, where the host's launches hide behind the GPU's work: the varlen
-#                kernel with the bf16 residual stream, eager, with compiled layers, and with compiled layers on fixed
-#                shapes (every batch padded to one budget, model.static_shapes: compiled once; 0.83x the eager
-#                step's sequences a second on 2026-11-30; compiled layers for any number of tokens, in the place of
-#                that run's packed grid, not timed yet), beside Hugging Face's model at 128 (where it ran on the
-#                H200; ratios of sequences a second), in a check of its own so that compiling cannot cost the
-#                comparison above
+#                grid and the varlen flash kernel (also with the bf16 residual stream, model.half_residual), eager,
+#                beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the most
+#                time (a model that runs out of memory or fails leaves the comparison; the others go on). On an H200
+#                on 2026-11-30: varlen 716.9 sequences/s, 763.2 with the bf16 residual stream, 2.53x and 2.69x HF;
+#                the padded grid 459.5
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
 #                (no DDP: the whole gradient clipped) and in DDP on one rank (its bucket hook), with a profiled step of
 #                each and its top kernels; the noise scale measured every step (the trainer's default) against
 #                not at all, one process, two micro-batches a step
-#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the varlen kernel's dropout
-#                against its own mask, the closed-division MLPerf log)
+#   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the compiled model on CUDA
+#                graphs against the eager one, the varlen kernel's dropout against its own mask, the closed-division
+#                MLPerf log)
+#   throughput_whole  at batch 128 beside Hugging Face's model: the varlen kernel with the bf16 residual stream,
+#                eager and as the compiled model on fixed shapes (model.compile_model with model.static_shapes: one
+#                graph, replayed as CUDA graphs; not timed on a GPU before), with the breakdown and top kernels; last,
+#                as compiling BERT-large whole takes a minute or more. At micro-batch 256 (throughput_best on
+#                2026-11-30: varlen + bf16 residual 777.2 sequences/s, 2.72x HF at 128) the CUDA graphs' memory pool
+#                would sit beside the eager models' cached memory
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
 # file, and of the experiment one trial's MLPerf log and progress lines and the exported config; its other files
 # stay in EXPERIMENT_OUT, default /tmp/gpu_experiment), then summary.txt gathers their result lines; a failing step
 # does not stop the rest.
 # batch.micro_batch_size auto was checked on a GPU on 2026-11-28 (`python3 -m bench.micro_batch_fit --device cuda
-# --size large --dtype bf16 --per-rank 448 --baseline 32 --steps 2`); throughput_best now has the speed at a large
-# micro-batch in its place.
+# --size large --dtype bf16 --per-rank 448 --baseline 32 --steps 2`).
 # The throughput checks stop timing short of their limit (--max-seconds): fewer steps, but figures.
 # Each check has its own time limit, and the whole script a deadline (DEADLINE_S, default 480 s from its start):
 # a check gets at most what is left of it less the time kept for the summary, and a check with too little left
@@ -96,7 +94,7 @@ cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 MARK="HPO_GPU_CHECKS_RUN=$$.$RANDOM"  # in the environment of every process of the experiment, and of no other
-run experiment 120 env "$MARK" OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+run experiment 100 env "$MARK" OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # A controller cut at its limit may leave trial processes (each in a session of its own) on the GPU: they would
 # share it with the throughput checks. They are found by the mark, so that no one else's process is touched.
 left=$(grep -lsxzF -- "$MARK" /proc/[0-9]*/environ | cut -d/ -f3)
@@ -112,17 +110,17 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
   break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
-run throughput_128 85 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 65 \
-  --variants padded,varlen,varlen+half,varlen+compile+half --breakdown --top 12
-run throughput_best 95 $PY -m bench.trainer_throughput $LARGE --batch 256 --hf-batch 128 --steps 6 --warmup 2 \
-  --max-seconds 75 --variants varlen+half,varlen+compile+half,varlen+compile+half+static --breakdown --top 8
+run throughput_128 50 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 45 \
+  --variants padded,varlen,varlen+half --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
-run tests 65 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_train.py $T/test_clipping.py \
+run tests 85 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_train.py $T/test_clipping.py \
   $T/test_memory.py $T/test_mlperf_log.py
+run throughput_whole 135 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 3 --max-seconds 115 \
+  --variants varlen+half,varlen+whole+half+static --breakdown --top 16
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"
   cat "$OUT/machine.txt"

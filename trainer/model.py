@@ -24,7 +24,10 @@ The query, key and value projections run as one matrix product (their weights co
 parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
 With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
 + LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
-are the reference, and parameter names do not change.
+are the reference, and parameter names do not change. With `model.compile_model`, the whole forward pass from the
+batch's tensors to the heads' logits is one compiled graph (`compiled_logits`; the grids' layouts are built before it,
+on the host), LayerNorm kept on PyTorch's kernels (`opaque_layer_norm`); on fixed shapes with the varlen kernel it reads
+no int of the batch's, so each shape compiles once and, on a GPU, runs as CUDA graphs.
 
 With `model.static_shapes`, batches come padded to a budget (`trainer.data.batch.ShapeBudget`): the per-token layers
 run on the padding too (so that the compiled layers see a few shapes), attention only on the sequences, and the MLM head
@@ -39,6 +42,7 @@ as MLPerf's "dense sequence output" does.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,12 +147,14 @@ class FlashVarlenAttention(torch.autograd.Function):
     it. q, k, v: [T, heads, head_dim] (rows may be strided, the last dimension contiguous); CUDA, bf16/fp16."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float):
+    def forward(ctx, q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float, padded: bool = False):
         out, logsumexp, rng_state, rng_rest, _ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False
         )
+        if padded:
+            out = token_rows_only(out, cu_seqlens)
         ctx.save_for_backward(q, k, v, out, logsumexp, cu_seqlens, rng_state, rng_rest)
-        ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+        ctx.max_seqlen, ctx.dropout_p, ctx.padded = max_seqlen, dropout_p, padded
         return out
 
     @staticmethod
@@ -158,16 +164,38 @@ class FlashVarlenAttention(torch.autograd.Function):
             grad.contiguous(), q, k, v, out, logsumexp, cu_seqlens, cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
             ctx.dropout_p, False, rng_state, rng_rest,
         )  # fmt: skip
-        return dq, dk, dv, None, None, None
+        if ctx.padded:
+            dq, dk, dv = (token_rows_only(d, cu_seqlens) for d in (dq, dk, dv))
+        return dq, dk, dv, None, None, None, None
+
+
+def token_rows_only(t: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """`t` [T, ...] with its rows after the sequences' tokens (a budget's padding, `model.static_shapes`) zero: the
+    varlen kernel leaves those rows of its outputs unwritten, whatever memory held (NaN too, which a product with a
+    zero gradient would keep). Read from the device (the sequences' end, cu_seqlens[-1]): no int of the batch's, so
+    a compiled model sees one shape per budget (`model.compile_model`)."""
+    rows = torch.arange(t.shape[0], device=t.device) < cu_seqlens[-1]
+    return torch.where(rows.view(-1, *(1,) * (t.dim() - 1)), t, 0)
 
 
 def packed_attention(
-    qkv: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
+    qkv: torch.Tensor,
+    batch: PackedBatch,
+    layout: PaddingLayout | JaggedLayout | None,
+    dropout_p: float,
+    fixed_max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """Attention within each packed sequence of qkv [T, 3, heads, head_dim] (query, key, value); returns
     [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or a grid, padded or packed
     (see the module's doc). A batch padded to a budget (`model.static_shapes`) attends over its sequences' tokens
-    only; its padding tokens' rows of the result are zeros (and so are their gradients)."""
+    only; its padding tokens' rows of the result are zeros (and so are their gradients). `fixed_max_seqlen`: the
+    varlen kernel is told that bound instead of the batch's longest, and any batch may be padded (the compiled model
+    on fixed shapes: one graph for every batch of a shape, `model.compile_model`)."""
+    if layout is None:  # the varlen kernel: padding rows stay in the stream, zeroed after the kernel
+        q, k, v = qkv.unbind(1)
+        if fixed_max_seqlen is not None:
+            return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, fixed_max_seqlen, dropout_p, True)
+        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p, batch.padded)
     if batch.padded:
         out = attend(qkv[: batch.num_tokens], batch, layout, dropout_p)
         return F.pad(out, (0, 0, 0, 0, 0, qkv.shape[0] - batch.num_tokens))
@@ -177,10 +205,8 @@ def packed_attention(
 def attend(
     qkv: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None, dropout_p: float
 ) -> torch.Tensor:
-    """`packed_attention` of the sequences' tokens of qkv [T, 3, heads, head_dim] (no budget's padding)."""
-    if layout is None:  # the varlen kernel works on the packed stream directly
-        q, k, v = qkv.unbind(1)
-        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p)
+    """`packed_attention` on a grid or the jagged view of the sequences' tokens of qkv [T, 3, heads, head_dim] (no
+    budget's padding)."""
     if isinstance(layout, JaggedLayout):
         q, k, v = (layout.view(t.contiguous()) for t in qkv.unbind(1))
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
@@ -250,6 +276,57 @@ def attention_layout(kernel: str, batch: PackedBatch) -> PaddingLayout | JaggedL
 # --------------------------------------------------------------------------- encoder
 
 
+@torch.library.custom_op("trainer::layer_norm", mutates_args=())
+def _layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+    return out, mean, rstd
+
+
+@_layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+
+
+@torch.library.custom_op("trainer::layer_norm_backward", mutates_args=())
+def _layer_norm_backward(
+    grad: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
+    bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
+        grad, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True]
+    )
+    return dx, dweight, dbias
+
+
+@_layer_norm_backward.register_fake
+def _(grad, x, mean, rstd, weight, bias):
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
+
+
+def _layer_norm_context(ctx, inputs, output) -> None:
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, output[1], output[2], weight, bias)
+
+
+def _layer_norm_grad(ctx, grad, _mean_grad, _rstd_grad):
+    x, mean, rstd, weight, bias = ctx.saved_tensors
+    dx, dweight, dbias = _layer_norm_backward(grad.contiguous(), x, mean, rstd, weight, bias)
+    return dx, dweight, dbias, None
+
+
+_layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_context)
+
+
+def opaque_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.layer_norm` over the last dimension as two operators torch.compile does not see into (forward, backward):
+    a compiled model (`model.compile_model`) runs PyTorch's own LayerNorm kernels between its fused ones. Inductor's
+    generated LayerNorm backward, fused with dropout and the residual, took 1.44 ms a call on an H200: 69 ms of a
+    446 ms step at micro-batch 256, where the eager step's element-wise work took 90 ms in all (BENCHMARKS.md)."""
+    return _layer_norm(x, weight, bias, eps)[0]
+
+
 class LayerNorm(nn.LayerNorm):
     """`nn.LayerNorm` (same parameters, same names) that, with `half_io` and under autocast, reads and writes the
     autocast's half dtype instead of autocast's fp32 (`model.half_residual`). The kernel still accumulates its
@@ -257,25 +334,35 @@ class LayerNorm(nn.LayerNorm):
     the half dtype, cast back to fp32 (as a half-precision model's are). CUDA's autocast would run the kernel in
     fp32 (the CPU's does not), so the call is made with autocast off."""
 
-    def __init__(self, hidden_size: int, eps: float, half_io: bool = False):
+    def __init__(self, hidden_size: int, eps: float, half_io: bool = False, opaque: bool = False):
         super().__init__(hidden_size, eps=eps)
         self.half_io = half_io
+        self.opaque = opaque  # run as `opaque_layer_norm` (model.compile_model), in the dtypes the eager call takes
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (", half_io=True" if self.half_io else "")
+        return super().extra_repr() + (", half_io=True" if self.half_io else "") + (", opaque=True" * self.opaque)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if not (self.half_io and torch.is_autocast_enabled(device)):
+        autocast = device in ("cuda", "cpu") and torch.is_autocast_enabled(device)  # (a meta-device model: none)
+        if not autocast:
+            return opaque_layer_norm(x, self.weight, self.bias, self.eps) if self.opaque else super().forward(x)
+        if not (self.half_io or self.opaque):
             return super().forward(x)
-        dtype = torch.get_autocast_dtype(device)
+        weight, bias = self.weight, self.bias
+        if self.half_io:
+            dtype = torch.get_autocast_dtype(device)
+            weight, bias = weight.to(dtype), bias.to(dtype)
+        else:  # autocast's own choice: fp32 on CUDA; on the CPU the input's dtype (with fp32 weights)
+            dtype = torch.float32 if device == "cuda" else x.dtype
         with torch.autocast(device, enabled=False):
-            weight, bias = self.weight.to(dtype), self.bias.to(dtype)
+            if self.opaque:
+                return opaque_layer_norm(x.to(dtype), weight, bias, self.eps)
             return F.layer_norm(x.to(dtype), self.normalized_shape, weight, bias, self.eps)
 
 
 def layer_norm(cfg: ModelConfig) -> LayerNorm:
-    return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, cfg.half_residual)
+    return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, cfg.half_residual, opaque=cfg.compile_model)
 
 
 class BertEmbeddings(nn.Module):
@@ -302,6 +389,9 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
+        # The compiled model on fixed shapes reads no int of the batch's: the varlen kernel is told the longest a
+        # sequence can be, and every batch may be padded (`packed_attention`)
+        self.fixed_max_seqlen = cfg.max_position_embeddings if cfg.compile_model and cfg.static_shapes else None
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None) -> torch.Tensor:
         projections = (self.query, self.key, self.value)  # one matrix product for the three
@@ -309,7 +399,7 @@ class BertSelfAttention(nn.Module):
         bias = torch.cat([p.bias for p in projections])
         qkv = F.linear(x, weight, bias).view(x.shape[0], 3, self.heads, self.head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
-        return packed_attention(qkv, batch, layout, dropout_p).reshape(x.shape[0], -1)
+        return packed_attention(qkv, batch, layout, dropout_p, self.fixed_max_seqlen).reshape(x.shape[0], -1)
 
 
 class BertSelfOutput(nn.Module):
@@ -389,10 +479,17 @@ class BertModel(nn.Module):
         self.attention = cfg.attention
         self.head_dim = cfg.head_dim
 
-    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]."""
+    def attention_kernel(self) -> str:
+        """The kernel `model.attention` names here: decided by the embeddings' output, whose dtype and device are the
+        word embeddings' (`attention_kernel`), and by autocast."""
+        return attention_kernel(self.attention, self.embeddings.word_embeddings.weight, self.head_dim)
+
+    def forward(
+        self, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the packed sequence output [T, hidden] and the pooled [CLS] output [B, hidden]; `layout`: the
+        attention kernel's (`attention_layout`), built before (on the host, for the grids)."""
         x = self.embeddings(batch)
-        layout = attention_layout(attention_kernel(self.attention, x, self.head_dim), batch)
         x = self.encoder(x, batch, layout)
         first_tokens = gather_rows(x, batch.cu_seqlens[:-1].long())
         return x, self.pooler(first_tokens)
@@ -488,10 +585,36 @@ class BertForPreTraining(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, batch: PackedBatch) -> PretrainingOutput:
-        sequence_output, pooled = self.bert(batch)
-        masked = gather_rows(sequence_output, batch.masked_positions)
-        mlm_logits = self.cls.predictions(masked)[:, : self.config.vocab_size]
-        return PretrainingOutput(mlm_logits, self.cls.seq_relationship(pooled))
+        kernel = self.bert.attention_kernel()
+        layout = attention_layout(kernel, batch)  # eager: the grids are laid out on the host
+        if not self.config.compile_model:
+            return PretrainingOutput(*pretraining_logits(self, batch, layout))
+        fixed = self.config.static_shapes and kernel == "varlen"  # a graph per shape, else one for any shape
+        graphs = fixed and batch.input_ids.is_cuda
+        return PretrainingOutput(*compiled_logits(fixed, graphs)(self, batch, layout))
+
+
+def pretraining_logits(
+    model: BertForPreTraining, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass from the batch's tensors and the attention layout: the MLM logits at the masked positions
+    and the NSP logits (`PretrainingOutput`'s). What `model.compile_model` compiles as one graph."""
+    sequence_output, pooled = model.bert(batch, layout)
+    masked = gather_rows(sequence_output, batch.masked_positions)
+    mlm_logits = model.cls.predictions(masked)[:, : model.config.vocab_size]
+    return mlm_logits, model.cls.seq_relationship(pooled)
+
+
+@functools.cache
+def compiled_logits(fixed_shapes: bool, cuda_graphs: bool):
+    """`pretraining_logits` compiled as one graph (`model.compile_model`): for any number of tokens, or, on fixed
+    shapes (`model.static_shapes` with the varlen kernel, which reads no int of the batch's), once per shape; with
+    `cuda_graphs`, each shape's forward and backward replayed as CUDA graphs (torch.compile's reduce-overhead mode).
+    Compiled on first use, once per model (the layers' code is traced with the model's parameters)."""
+    if fixed_shapes:  # the training budget's levels and the evaluation's shape, in training and evaluation mode
+        raise_recompile_limit(torch._dynamo.config, 32)
+    mode = "reduce-overhead" if cuda_graphs else None
+    return torch.compile(pretraining_logits, fullgraph=True, dynamic=not fixed_shapes, mode=mode)
 
 
 def pretraining_loss(

@@ -128,7 +128,11 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
         precision += f" with a {precision} residual stream"
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
                                gpu=device.type == "cuda")  # fmt: skip
-    return f"{precision}, attention {kernel}" + (", compiled layers" if cfg.model.compile else "")
+    compiled = ", compiled layers" if cfg.model.compile else ""
+    if cfg.model.compile_model:  # CUDA graphs where the model compiles for each shape (`compiled_logits`)
+        graphs = device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen"
+        compiled = ", compiled model" + (" on CUDA graphs" if graphs else "")
+    return f"{precision}, attention {kernel}{compiled}"
 
 
 def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
@@ -791,6 +795,8 @@ def forward_backward(
 def train_step(run: Run, micro_batches: list, step: int) -> StepStats:
     """Optimizer step number `step` (from 1) over `micro_batches`."""
     run.model.train()
+    if run.cfg.model.compile_model and run.device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: the last step's CUDA graph outputs may be reused
     measured = run.probe is not None and step % run.cfg.log.noise_scale_every == 0
     if run.probe is not None:
         run.probe.measure(measured)

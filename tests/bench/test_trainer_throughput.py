@@ -229,7 +229,13 @@ def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_large
     """`+static` (model.static_shapes): one budget for all the benchmark's batches, the next multiple of 64 above the
     most tokens any of them holds, and masked positions for the most any holds."""
     assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
-                                                           "half_residual": True, "static_shapes": True}  # fmt: skip
+                                                           "compile_model": False, "half_residual": True,
+                                                           "static_shapes": True}  # fmt: skip
+    with pytest.raises(SystemExit, match="'varlen\\+compile\\+whole': Value error, model.compile_model compiles"):
+        parse_variant("varlen+compile+whole")
+    assert parse_variant("varlen+whole+half+static") == {"attention": "varlen", "compile": False,
+                                                         "compile_model": True, "half_residual": True,
+                                                         "static_shapes": True}  # fmt: skip
     samples = make_samples(LENGTHS)
     budget = fixed_shape(samples, 3, 2)  # batches [7, 33, 64] (104 tokens) and [12, 50, 5] (67)
     assert budget.tokens == 128

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,16 @@ def test_a_config_file_that_sets_nothing_is_refused_and_braces_are_every_default
                    "write {} in it to train with every default")  # fmt: skip
     path.write_text("{}\n")
     assert load_config(path) == load_config(None) == TrainerConfig()
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model.compile=true", "model.compile_model=true"], "model.compile_model compiles the whole forward pass"),
+        (["model.compile_model=true", "model.attention=jagged"], "attention varlen, packed or padded (or auto), not"),
+    ],
+)
+def test_a_compiled_model_with_compiled_layers_or_jagged_attention_is_refused_before_any_work(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(None, overrides)
+    assert load_config(None, overrides[:1]).model.compile_model is (overrides[0] == "model.compile_model=true")

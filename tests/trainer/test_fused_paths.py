@@ -23,11 +23,14 @@ from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.errors import ConfigError
 from trainer.model import (
     BertForPreTraining,
+    LayerNorm,
     PaddingLayout,
+    PretrainingOutput,
     attention_kernel,
     attention_layout,
     flash_device,
     packed_attention,
+    pretraining_logits,
     pretraining_loss,
     resolve_attention,
 )
@@ -269,6 +272,89 @@ def test_compiled_layers_on_fixed_shapes_match_the_eager_model_and_compile_once(
     assert dict(torch._dynamo.utils.counters["stats"]) == graphs
 
 
+def test_the_compiled_model_matches_the_eager_model_over_optimizer_steps(inductor_uses_eager_random):
+    """`model.compile_model`: the whole forward pass compiled as one graph (no graph break: fullgraph), LayerNorm
+    through its opaque operators, gives the eager model's losses and gradients with BERT's dropout over optimizer
+    steps, on the padded grid (built on the host, outside the graph) and batches of other token counts run on the
+    graph already compiled."""
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, attention="padded")
+    torch.manual_seed(0)
+    eager = BertForPreTraining(cfg)
+    compiled = BertForPreTraining(cfg.model_copy(update={"compile_model": True}))
+    compiled.load_state_dict(eager.state_dict())
+    assert sorted(compiled.state_dict()) == sorted(eager.state_dict())  # checkpoints keep their names
+    assert all(m.opaque for m in compiled.modules() if isinstance(m, LayerNorm))
+    exact = exact_gradients(eager, samples)
+    reference_losses, reference_grads = train_steps(eager, samples)
+    before = dict(torch._dynamo.utils.counters["stats"])
+    losses, grads = train_steps(compiled, samples)
+    graphs = dict(torch._dynamo.utils.counters["stats"])
+    assert graphs["unique_graphs"] == before.get("unique_graphs", 0) + 1  # one graph, for any number of tokens
+    assert np.allclose(losses, reference_losses, rtol=RTOL, atol=0)
+    assert losses != train_steps(copy.deepcopy(eager), samples, seed=2)[0]  # the dropout draws matter
+    assert_gradients_close(grads, reference_grads, exact)
+    with torch.profiler.profile() as profile:  # LayerNorm on PyTorch's kernels, forward and backward, in the graph
+        for index in ([0, 1], [1, 2, 3, 4, 5, 6, 7]):
+            batch = pack_batch(samples, np.array(index))
+            pretraining_loss(compiled(batch), batch).total.backward()
+    assert dict(torch._dynamo.utils.counters["stats"]) == graphs
+    layer_norms = 2 + 2 * cfg.num_hidden_layers  # the embeddings', the MLM transform's, two in each layer
+    calls = [event.name for event in profile.events()]
+    assert calls.count("trainer::layer_norm") == calls.count("trainer::layer_norm_backward") == 2 * layer_norms
+
+
+def test_the_compiled_model_on_fixed_shapes_with_the_varlen_kernel_is_one_graph_for_every_batch_of_a_shape():
+    """The varlen path runs only on a GPU, but its operators have meta kernels: on the meta device, bf16, the compiled
+    model on fixed shapes (`model.compile_model` with `model.static_shapes`, what runs as CUDA graphs on a GPU) traces
+    as one graph through the flash operators, forward and backward (AOT autograd), every parameter gets a gradient,
+    and batches of other token counts (171, 187, 201 tokens of six sequences, padded to 320) reuse the graph: the
+    graph reads no int of the batch's, only its tensors."""
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config(hidden_size=256, num_attention_heads=4, hidden_dropout_prob=0.1,
+                            attention_probs_dropout_prob=0.1, attention="varlen", compile_model=True,
+                            static_shapes=True)  # fmt: skip
+    model = BertForPreTraining(cfg).to(device="meta", dtype=torch.bfloat16)
+    traced = torch.compile(pretraining_logits, fullgraph=True, dynamic=False, backend="aot_eager")
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    tokens = set()
+    for step in range(3):
+        host = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), step)[:6], ShapeBudget((320,), 48))
+        tokens.add(host.num_tokens)
+        batch = host.to("meta")
+        mlm_logits, nsp_logits = traced(model, batch, None)
+        assert (mlm_logits.shape, nsp_logits.shape) == ((48, cfg.vocab_size), (6, 2))
+        pretraining_loss(PretrainingOutput(mlm_logits, nsp_logits), batch).total.backward()
+    assert tokens == {171, 187, 201}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before + 1
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.shape == parameter.shape, name
+
+
+def test_the_opaque_layer_norm_is_layer_norm_forward_and_backward_in_each_dtype_autocast_gives_it():
+    """The operators the compiled model runs LayerNorm through give F.layer_norm's output and gradients: float32,
+    float64, and under the CPU's bf16 autocast (bf16 input, fp32 weights, as the eager call takes them), with and
+    without the bf16 residual stream."""
+    for dtype, autocast, half_io in [(torch.float32, False, False), (torch.float64, False, False),
+                                     (torch.float32, True, False), (torch.float32, True, True)]:  # fmt: skip
+        plain, opaque = LayerNorm(16, 1e-12, half_io), LayerNorm(16, 1e-12, half_io, opaque=True)
+        with torch.no_grad():
+            plain.weight.normal_(), plain.bias.normal_()
+        opaque.load_state_dict(plain.state_dict())
+        plain, opaque = plain.to(dtype), opaque.to(dtype)
+        x = torch.randn(10, 16, dtype=dtype, generator=torch.Generator().manual_seed(0))
+        outputs = []
+        for module in (plain, opaque):
+            source = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = module(source.bfloat16() if autocast else source)
+            (out.float() * torch.arange(16.0)).sum().backward()
+            outputs.append((out, source.grad, module.weight.grad, module.bias.grad))
+        for ours, reference in zip(outputs[1], outputs[0], strict=True):
+            assert ours.dtype == reference.dtype
+            assert torch.equal(ours, reference)
+
+
 # --------------------------------------------------------------------------- the same on a GPU (pytest -m gpu)
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -297,8 +383,10 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
     if dtype is torch.bfloat16 and flash_device(torch.device("cuda")):  # a half-precision flash kernel
         variants += [{"attention": "varlen"}, {"attention": "varlen", "compile": True},
                      {"attention": "varlen", "half_residual": True},
-                     {"attention": "varlen", "compile": True, "static_shapes": True}]  # fmt: skip
-    variants += [{"attention": "packed", "static_shapes": True}]
+                     {"attention": "varlen", "compile": True, "static_shapes": True},
+                     {"attention": "varlen", "compile_model": True},
+                     {"attention": "varlen", "compile_model": True, "static_shapes": True}]  # fmt: skip
+    variants += [{"attention": "packed", "static_shapes": True}, {"attention": "packed", "compile_model": True}]
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
@@ -342,6 +430,40 @@ def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
     model.eval()
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert torch.equal(model(batch).mlm_logits, model(batch).mlm_logits)
+
+
+@pytest.mark.usefixtures("inductor_uses_eager_random")
+@pytest.mark.gpu
+@flash_only
+def test_on_the_gpu_the_compiled_model_on_cuda_graphs_trains_as_the_eager_model():
+    """`model.compile_model` with `model.static_shapes` and the varlen kernel: the forward and backward replayed as
+    CUDA graphs (none skipped), over bf16 optimizer steps on batches of other token counts padded to one budget,
+    give the eager model's losses (within bf16's 2 %); eval mode runs on graphs of its own and gives eval's loss."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    cfg = make_model_config(attention="varlen", static_shapes=True)
+    eager = BertForPreTraining(cfg).cuda()
+    compiled = BertForPreTraining(cfg.model_copy(update={"compile_model": True})).cuda()
+    compiled.load_state_dict(eager.state_dict())
+    budget = ShapeBudget((384,), 72)
+    results = []
+    for model in (eager, compiled):
+        optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=1e-3))
+        losses = []
+        for step in range(6):
+            batch = pack_batch(samples, np.roll(np.arange(len(LENGTHS)), step)[:6], budget).to("cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = pretraining_loss(model(batch), batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+            optimizer.step()
+            losses.append(loss.total.item())
+        model.eval()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(pretraining_loss(model(batch), batch).total.item())
+        results.append(losses)
+    assert np.allclose(results[1], results[0], rtol=2e-2, atol=0), results
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
 
 
 @pytest.mark.gpu

@@ -569,6 +569,13 @@ def test_the_start_line_says_the_precision_residual_stream_attention_kernel_and_
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100: no flash kernel
     assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention padded"
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention padded, compiled layers"
+    whole = load_config(None, ["model.compile_model=true", "model.static_shapes=true"])
+    assert execution(whole, cuda, torch.bfloat16) == "bf16, attention padded, compiled model"  # grids: no graphs
+    assert execution(whole, cpu, None) == "fp32, attention packed, compiled model"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert execution(whole, cuda, torch.bfloat16) == "bf16, attention varlen, compiled model on CUDA graphs"
+    dynamic = load_config(None, ["model.compile_model=true"])  # for any number of tokens: no graphs
+    assert execution(dynamic, cuda, torch.bfloat16) == "bf16, attention varlen, compiled model"
 
 
 def test_data_max_seq_length_trains_on_rows_cut_to_it(tmp_path):
