@@ -559,6 +559,11 @@ class BertForPreTraining(nn.Module):
         self.apply(self._init_weights)
         if cfg.compile:
             self.compile_token_layers()
+        # Whether the compiled model on fixed shapes (`compiled_logits`) may replay CUDA graphs on a GPU. The trainer
+        # says no where gradients accumulate over micro-batches: a backward graph's replay writes its gradients where
+        # the last replay's lie, which the parameters' .grad still holds (PyTorch issue 169545); and while it
+        # measures micro-batches' memory.
+        self.cuda_graphs = True
 
     def compile_token_layers(self) -> None:
         """Compile, in place, the per-token parts of every encoder layer and the MLM transform (`model.compile`):
@@ -590,7 +595,7 @@ class BertForPreTraining(nn.Module):
         if not self.config.compile_model:
             return PretrainingOutput(*pretraining_logits(self, batch, layout))
         fixed = self.config.static_shapes and kernel == "varlen"  # a graph per shape, else one for any shape
-        graphs = fixed and batch.input_ids.is_cuda
+        graphs = fixed and batch.input_ids.is_cuda and self.cuda_graphs
         return PretrainingOutput(*compiled_logits(fixed, graphs)(self, batch, layout))
 
 

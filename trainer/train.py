@@ -120,9 +120,9 @@ def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
     return f"{text} ({buckets} DDP bucket{plural} at clipping.bucket_cap_mb {cfg.clipping.bucket_cap_mb:g}{alike})"
 
 
-def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> str:
+def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None, accumulation: int = 1) -> str:
     """How the model runs, for the start-up line: precision (with the residual stream in it, `model.half_residual`),
-    the training attention kernel, compiled layers."""
+    the training attention kernel, compiled layers or model (on CUDA graphs: `BertForPreTraining.cuda_graphs`)."""
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
     if autocast is not None and cfg.model.half_residual:
         precision += f" with a {precision} residual stream"
@@ -130,8 +130,10 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
                                gpu=device.type == "cuda")  # fmt: skip
     compiled = ", compiled layers" if cfg.model.compile else ""
     if cfg.model.compile_model:  # CUDA graphs where the model compiles for each shape (`compiled_logits`)
-        graphs = device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen"
+        graphs = device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen" and accumulation == 1
         compiled = ", compiled model" + (" on CUDA graphs" if graphs else "")
+        if device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen" and accumulation > 1:
+            compiled += " (no CUDA graphs: gradients accumulate over micro-batches)"
     return f"{precision}, attention {kernel}{compiled}"
 
 
@@ -516,9 +518,11 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model, max_seq_length=width)
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, cfg.eval.max_samples, width)
     model = build_model(cfg, device)
+    model.cuda_graphs = False  # measuring the memory of micro-batches (auto) on graphs would keep each one's pool
     cfg = resolve_micro_batch(cfg, env, device, autocast, model, train_samples)
     seed_rank_stream(cfg.seed, env.rank)
     accumulation = accumulation_steps(cfg, env)
+    model.cuda_graphs = accumulation == 1  # see BertForPreTraining.cuda_graphs
     ddp = None
     if env.enabled:
         ddp = DistributedDataParallel(
@@ -1100,7 +1104,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
         f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {run.cfg.batch.micro_batch_size} x "
         f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
-        f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; {execution(cfg, device, run.autocast)}",
+        f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; "
+        f"{execution(cfg, device, run.autocast, run.accumulation)}",
     )
     if run.shapes is not None:
         log(env, fixed_shapes_line(run))

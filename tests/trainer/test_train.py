@@ -574,6 +574,9 @@ def test_the_start_line_says_the_precision_residual_stream_attention_kernel_and_
     assert execution(whole, cpu, None) == "fp32, attention packed, compiled model"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert execution(whole, cuda, torch.bfloat16) == "bf16, attention varlen, compiled model on CUDA graphs"
+    assert execution(whole, cuda, torch.bfloat16, accumulation=2) == (
+        "bf16, attention varlen, compiled model (no CUDA graphs: gradients accumulate over micro-batches)"
+    )
     dynamic = load_config(None, ["model.compile_model=true"])  # for any number of tokens: no graphs
     assert execution(dynamic, cuda, torch.bfloat16) == "bf16, attention varlen, compiled model"
 
