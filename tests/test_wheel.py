@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import venv
 from pathlib import Path
 
@@ -77,3 +78,20 @@ def test_the_installed_wheel_runs_plan_and_run_without_a_checkout(tmp_path):
     status = run(str(bin_dir / "hpo"), "--db", "sqlite:///hpo.db", "status", PRESET)
     assert "verdict now" in status, out
     assert sorted(p.name for p in empty.iterdir()) == ["hpo.db", "runs"]  # everything it wrote is where it ran
+
+
+def test_the_sdist_holds_the_packages_and_their_data_and_no_tests(tmp_path):
+    """A source distribution built from the source: the packages with their data files (presets, configs, tables,
+    migrations) and no file of tests/ (setuptools' default would add the top of tests/, whose files import the rest)."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=_not_source)
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    name = subprocess.run([sys.executable, "-c", build, str(tmp_path / "dist")], cwd=source, check=True,
+                          capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]  # fmt: skip
+    with tarfile.open(tmp_path / "dist" / name) as sdist:
+        members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+    assert not [m for m in members if m.startswith("tests/")]
+    for path in ("trainer/model.py", "hpo/cli/main.py", "server/app.py", "search_spaces/presets/adam_vs_lamb.yaml",
+                 "trainer/configs/demo_cpu.yaml", "hpo/simulation/tables/curves.jsonl", "pyproject.toml"):  # fmt: skip
+        assert path in members, path
+    assert any(m.startswith("hpo/storage/migrations/versions/") and m.endswith(".py") for m in members)
