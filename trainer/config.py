@@ -110,11 +110,11 @@ class ModelConfig(Section):
     compile_model: bool = Field(
         False,
         description="Compile the whole forward pass (embeddings, every encoder layer with its attention, the heads) "
-        "as one graph with torch.compile, LayerNorm left to PyTorch's own kernels (Inductor's LayerNorm backward "
-        "took 69 ms of a 446 ms step on an H200). With model.static_shapes on a GPU, the compiled forward and "
-        "backward are replayed as CUDA graphs (torch.compile's reduce-overhead mode): the host launches a step's "
-        "thousands of kernels in a few calls. Attention varlen, packed or padded; not with model.compile (per-token "
-        "layers); the first steps of each shape take longer while it compiles.",
+        "as one graph with torch.compile, LayerNorm left to PyTorch's own kernels (with model.compile, Inductor's "
+        "LayerNorm backward took 69 ms of a 446 ms step on an H200). With model.static_shapes on a GPU, the compiled "
+        "forward and backward are replayed as CUDA graphs (torch.compile's reduce-overhead mode): the host launches a "
+        "step's thousands of kernels in a few calls. Attention varlen, packed or padded; not with model.compile "
+        "(per-token layers); the first steps of each shape take longer while it compiles.",
     )
     half_residual: bool = Field(
         False,

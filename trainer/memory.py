@@ -112,12 +112,13 @@ def choose_micro_batch(
         measure(model, samples, longest_first[:1], device, autocast)
     # Not 1: a single sequence's attention can alias buffers that larger micro-batches copy (CPU attention)
     sizes = sorted({min(2, per_rank), min(4, per_rank)})
-    # Layers or a model compiled for fixed shapes (model.compile or model.compile_model, with model.static_shapes)
-    # compile again for each probe's shape, and compiling allocates on the device: each probe's first pass compiles,
-    # its second is measured
+    # Layers compiled for fixed shapes (model.compile with model.static_shapes) compile again for each probe's shape,
+    # and so does a compiled model (model.compile_model) on fixed shapes or where the number of sequences changes (a
+    # shape of its graph, as the one-sequence pass above makes it), and compiling allocates on the device: each
+    # probe's first pass compiles, its second is measured
     config = getattr(model, "config", None)  # the trainer's BertForPreTraining's ModelConfig
-    compiled = config is not None and (config.compile or config.compile_model)
-    if device.type == "cuda" and compiled and config.static_shapes:
+    compiles = config is not None and ((config.compile and config.static_shapes) or config.compile_model)
+    if device.type == "cuda" and compiles:
         for m in sizes:
             measure(model, samples, longest_first[:m], device, autocast)
     probes = tuple(

@@ -286,7 +286,12 @@ def _layer_norm(
 
 @_layer_norm.register_fake
 def _(x, weight, bias, eps):
-    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+    # The statistics' dtype as the kernels give it: fp32 for a half input on CUDA, and on the CPU where the input and
+    # the weights differ in dtype (autocast's bf16 input, fp32 weights); else the input's
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    stats = torch.float32 if half and (x.device.type == "cuda" or weight.dtype != x.dtype) else x.dtype
+    rows = (*x.shape[:-1], 1)
+    return torch.empty_like(x), x.new_empty(rows, dtype=stats), x.new_empty(rows, dtype=stats)
 
 
 @torch.library.custom_op("trainer::layer_norm_backward", mutates_args=())
@@ -321,9 +326,10 @@ _layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_contex
 
 def opaque_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """`F.layer_norm` over the last dimension as two operators torch.compile does not see into (forward, backward):
-    a compiled model (`model.compile_model`) runs PyTorch's own LayerNorm kernels between its fused ones. Inductor's
-    generated LayerNorm backward, fused with dropout and the residual, took 1.44 ms a call on an H200: 69 ms of a
-    446 ms step at micro-batch 256, where the eager step's element-wise work took 90 ms in all (BENCHMARKS.md)."""
+    a compiled model (`model.compile_model`) runs PyTorch's own LayerNorm kernels between its fused ones. With the
+    per-token layers compiled (`model.compile`), Inductor's generated LayerNorm backward, fused with dropout and the
+    residual, took 1.44 ms a call on an H200: 69 ms of a 446 ms step at micro-batch 256, where the eager step's
+    element-wise work took 90 ms in all (BENCHMARKS.md)."""
     return _layer_norm(x, weight, bias, eps)[0]
 
 
@@ -596,7 +602,11 @@ class BertForPreTraining(nn.Module):
             return PretrainingOutput(*pretraining_logits(self, batch, layout))
         fixed = self.config.static_shapes and kernel == "varlen"  # a graph per shape, else one for any shape
         graphs = fixed and batch.input_ids.is_cuda and self.cuda_graphs
-        return PretrainingOutput(*compiled_logits(fixed, graphs)(self, batch, layout))
+        # One graph under DDP too: Dynamo's DDP optimizer would split it at DDP's gradient buckets (and refuses a
+        # bucket cap below DDP's first bucket, 1 MiB: clipping.bucket_cap_mb 0.5); the gradients are all-reduced
+        # once the compiled backward has made them all
+        with torch._dynamo.config.patch(optimize_ddp=False):
+            return PretrainingOutput(*compiled_logits(fixed, graphs)(self, batch, layout))
 
 
 def pretraining_logits(
@@ -613,9 +623,11 @@ def pretraining_logits(
 @functools.cache
 def compiled_logits(fixed_shapes: bool, cuda_graphs: bool):
     """`pretraining_logits` compiled as one graph (`model.compile_model`): for any number of tokens, or, on fixed
-    shapes (`model.static_shapes` with the varlen kernel, which reads no int of the batch's), once per shape; with
-    `cuda_graphs`, each shape's forward and backward replayed as CUDA graphs (torch.compile's reduce-overhead mode).
-    Compiled on first use, once per model (the layers' code is traced with the model's parameters)."""
+    shapes (`model.static_shapes` with the varlen kernel, which reads no int of the batch's), once per shape (the
+    tokens' and masked positions' budget and the number of sequences: an epoch's or an evaluation's smaller last
+    batch is one more); with `cuda_graphs`, each shape's forward and backward replayed as CUDA graphs (torch.compile's
+    reduce-overhead mode). Compiled on first use; one compiled function serves every model of the process, each
+    model's graphs told apart by guards (and counting in one recompile limit)."""
     if fixed_shapes:  # the training budget's levels and the evaluation's shape, in training and evaluation mode
         raise_recompile_limit(torch._dynamo.config, 32)
     mode = "reduce-overhead" if cuda_graphs else None

@@ -331,6 +331,27 @@ def test_the_compiled_model_on_fixed_shapes_with_the_varlen_kernel_is_one_graph_
         assert parameter.grad is not None and parameter.grad.shape == parameter.shape, name
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                    (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)],
+                         ids=["fp32", "fp64", "bf16-fp32-weights", "bf16"])  # fmt: skip
+def test_the_opaque_layer_norm_operators_pass_pytorchs_operator_checks(dtypes):
+    """torch.library.opcheck on both operators: the schema, the fake (meta) implementation against the real outputs'
+    shapes and dtypes (the statistics are fp32 for a bf16 input with fp32 weights on the CPU, bf16 with bf16 ones),
+    the autograd registration, and AOT autograd's tracing of them."""
+    from trainer.model import _layer_norm, _layer_norm_backward
+
+    x_dtype, weight_dtype = dtypes
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=generator).to(x_dtype).requires_grad_()
+    weight = torch.randn(16, generator=generator).to(weight_dtype).requires_grad_()
+    bias = torch.randn(16, generator=generator).to(weight_dtype).requires_grad_()
+    torch.library.opcheck(_layer_norm, (x, weight, bias, 1e-12))
+    _, mean, rstd = _layer_norm(x, weight, bias, 1e-12)
+    grad = torch.randn(6, 16, generator=generator).to(x_dtype)
+    inputs = (grad, x, mean, rstd, weight, bias)
+    torch.library.opcheck(_layer_norm_backward, tuple(t.detach() for t in inputs))  # (no double backward)
+
+
 def test_the_opaque_layer_norm_is_layer_norm_forward_and_backward_in_each_dtype_autocast_gives_it():
     """The operators the compiled model runs LayerNorm through give F.layer_norm's output and gradients: float32,
     float64, and under the CPU's bf16 autocast (bf16 input, fp32 weights, as the eager call takes them), with and
@@ -437,8 +458,10 @@ def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
 @flash_only
 def test_on_the_gpu_the_compiled_model_on_cuda_graphs_trains_as_the_eager_model():
     """`model.compile_model` with `model.static_shapes` and the varlen kernel: the forward and backward replayed as
-    CUDA graphs (none skipped), over bf16 optimizer steps on batches of other token counts padded to one budget,
-    give the eager model's losses (within bf16's 2 %); eval mode runs on graphs of its own and gives eval's loss."""
+    CUDA graphs (recorded, none skipped), over bf16 optimizer steps on batches of other token counts padded to one
+    budget, give the eager model's losses (within bf16's 2 %); eval mode runs on graphs of its own and gives eval's
+    loss. With BERT's dropout (the flash kernel's random state and the eager generator's inside the graphs), 20 steps
+    on one batch lower its loss, and eval mode is deterministic."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     cfg = make_model_config(attention="varlen", static_shapes=True)
@@ -464,6 +487,24 @@ def test_on_the_gpu_the_compiled_model_on_cuda_graphs_trains_as_the_eager_model(
         results.append(losses)
     assert np.allclose(results[1], results[0], rtol=2e-2, atol=0), results
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0  # graphs recorded
+    dropout = cfg.model_copy(update={"compile_model": True, "hidden_dropout_prob": 0.1,
+                                     "attention_probs_dropout_prob": 0.1})  # fmt: skip
+    model = BertForPreTraining(dropout).cuda()
+    optimizer = build_optimizer(model, OptimizerConfig(name="adamw", lr=3e-3))
+    batch = pack_batch(samples, np.arange(6), budget).to("cuda")
+    losses = []
+    for _ in range(20):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = pretraining_loss(model(batch), batch).total
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.5, losses
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert torch.equal(model(batch).mlm_logits.clone(), model(batch).mlm_logits)
 
 
 @pytest.mark.gpu

@@ -507,6 +507,26 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
         read_back([(1, stats)])
 
 
+@pytest.mark.parametrize("micro_batch, graphs", [(4, False), (8, True)], ids=["accumulating", "one-micro-batch"])
+def test_the_compiled_model_may_replay_cuda_graphs_only_where_a_step_is_one_micro_batch(tmp_path, micro_batch, graphs):
+    """`model.compile_model`: a backward graph's replay writes its gradients where the last replay's lie, which the
+    parameters' .grad still holds while a step accumulates micro-batches (PyTorch issue 169545), so the run built for
+    a global batch of 8 in micro-batches of 4 keeps the model off CUDA graphs, and in one micro-batch of 8 lets it
+    (the model reads the switch at each forward, on a GPU with fixed shapes and the varlen kernel)."""
+    import torch
+
+    from trainer.distributed import dist_env_from_environ
+    from trainer.mlperf_log import open_log
+    from trainer.report import NullReporter
+    from trainer.train import build_run
+
+    overrides = {"model.compile_model": True, "model.static_shapes": True, "batch.micro_batch_size": micro_batch}
+    cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
+    env, device = dist_env_from_environ(), torch.device("meta")
+    run = build_run(cfg, env, device, NullReporter(), open_log(cfg, env, device))
+    assert (run.accumulation, run.model.cuda_graphs) == (8 // micro_batch, graphs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
