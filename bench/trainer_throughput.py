@@ -250,6 +250,7 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
     seconds = dict.fromkeys(runners, 0.0)
     tokens = dict.fromkeys(runners, 0)
     timed = 0
+    first = {}  # each runner's first step: its compilation, where compiled (minutes for a whole BERT-large)
     for step in range(warmup + steps):
         for name, (run, _) in list(runners.items()):
             index = np.arange(step * sizes[name], (step + 1) * sizes[name])
@@ -259,6 +260,8 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
             if failure:
                 drop(name, failure, runners, optimizers, (seconds, tokens), device, sizes[name])
                 continue
+            if step == 0:
+                first[name] = time.perf_counter() - t0
             if step >= warmup:
                 seconds[name] += time.perf_counter() - t0
                 tokens[name] += int(samples.lengths[index].sum())
@@ -266,6 +269,8 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
         if deadline is not None and timed and time.perf_counter() > deadline and step < warmup + steps - 1:
             print(f"  time is up (--max-seconds): {timed} of {steps} steps timed")
             break
+    if runners:
+        print("  first step (with any compiling): " + ", ".join(f"{n} {first[n]:.1f} s" for n in runners))
     if not runners:
         at = ", ".join(str(b) for b in sorted(set(sizes.values())))
         raise SystemExit(f"every model ran out of device memory or failed at batch {at}: see above; try a smaller "

@@ -126,7 +126,7 @@ summary() {
   cat "$OUT/machine.txt"
   grep -h "=== .* exit\|=== .* skipped\|=== .* leftover" "$OUT"/*.txt
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-  grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out\|time is up" \
+  grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out\|time is up\|^  first step" \
     "$OUT"/throughput*.txt
   grep -hE "^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.txt" | tail -1  # pytest's last line
   grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"

@@ -199,7 +199,13 @@ def test_past_the_deadline_the_timing_stops_after_the_round_under_way(capsys):
     timing = time_steps(runners, optimizers, samples, batch=2, warmup=1, steps=3, device=torch.device("cpu"),
                         deadline=0.0)  # fmt: skip
     assert timing.steps == 1 and timing.tokens == {"a": sum(LENGTHS[2:4]), "b": sum(LENGTHS[2:4])}
-    assert "time is up (--max-seconds): 1 of 3 steps timed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "time is up (--max-seconds): 1 of 3 steps timed" in out
+    # each model's first step (its compiling, where compiled) is said, from the seconds it took
+    (line,) = [x for x in out.splitlines() if x.startswith("  first step (with any compiling): ")]
+    said = [part.rsplit(" ", 2) for part in line.split(": ", 1)[1].split(", ")]
+    assert [name for name, _, _ in said] == list(runners) and all(unit == "s" for _, _, unit in said)
+    assert all(float(seconds) >= 0 for _, seconds, _ in said)
 
 
 def test_a_breakdown_that_fails_is_said_and_the_others_still_come_until_the_deadline(capsys):
