@@ -6,7 +6,8 @@
 #                beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the most
 #                time (a model that runs out of memory or fails leaves the comparison; the others go on). On an H200
 #                on 2026-11-30: varlen 716.9 sequences/s, 763.2 with the bf16 residual stream, 2.53x and 2.69x HF;
-#                the padded grid 459.5
+#                the padded grid 459.5. Also with the weights in bf16 (+bf16w: a bound on what dropping autocast's
+#                casts of the weights at every step would gain; not a way to train)
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -111,7 +112,7 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 45 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 40 \
-  --variants padded,varlen,varlen+half --breakdown --top 12
+  --variants padded,varlen,varlen+half,varlen+half+bf16w --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from bench.trainer_throughput import fixed_shape, parse_variant, print_breakdowns, step_ours, time_steps
+from bench.trainer_throughput import (
+    bf16_weights,
+    build_models,
+    fixed_shape,
+    parse_variant,
+    print_breakdowns,
+    step_ours,
+    time_steps,
+)
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.config import OptimizerConfig
 from trainer.data.batch import masked_counts
@@ -229,6 +237,26 @@ def test_a_breakdown_that_fails_is_said_and_the_others_still_come_until_the_dead
     assert lines[2].split()[0] == "ours" and len(lines) == 3  # profiled: the row of its parts
     print_breakdowns(runners, optimizers, sizes, at_step=1, device=torch.device("cpu"), top=0, deadline=0.0)
     assert capsys.readouterr().out == "  breakdown left out: --max-seconds has passed\n"
+
+
+def test_the_bf16_weights_variant_holds_bf16_weights_and_its_steps_update_them():
+    """`+bf16w` (the benchmark's own: bf16 weights, no fp32 master copies) is the model of its other switches with
+    every weight in bf16, and a timed step (LAMB, fp32 moments) moves them."""
+    assert parse_variant("packed+half+bf16w") == parse_variant("packed+half")
+    assert bf16_weights("packed+half+bf16w") and not bf16_weights("packed+half")
+    with pytest.raises(SystemExit, match="KERNEL\\[\\+compile\\|\\+whole\\]\\[\\+half\\]\\[\\+static\\]\\[\\+bf16w\\]"):
+        parse_variant("packed+bf16")
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config()
+    ours, _ = build_models(cfg, torch.device("cpu"), 0, ["packed", "packed+bf16w"], hf_too=False)
+    assert {p.dtype for p in ours["packed+bf16w"].parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in ours["packed"].parameters()} == {torch.float32}
+    model = ours["packed+bf16w"]
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = build_optimizer(model, OptimizerConfig(name="lamb", lr=1e-2))
+    step_ours(model, opt, samples, np.arange(4), torch.device("cpu"), None)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
 
 
 def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_largest():
