@@ -5,7 +5,8 @@ batches (MLPerf-like lengths: many short sequences, a bump at the maximum) and t
 with SDPA attention, twice: padded to the shard width (how MLPerf shards are stored) and padded to the longest
 sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
 (`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`),
-`+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`).
+`+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`),
+`+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies).
 Steps are interleaved so all see the same machine state. Prints valid tokens/s and sequences/s of each, the
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
