@@ -290,8 +290,8 @@ def _(x, weight, bias, eps):
     # the weights differ in dtype (autocast's bf16 input, fp32 weights); else the input's
     half = x.dtype in (torch.float16, torch.bfloat16)
     stats = torch.float32 if half and (x.device.type == "cuda" or weight.dtype != x.dtype) else x.dtype
-    rows = (*x.shape[:-1], 1)
-    return torch.empty_like(x), x.new_empty(rows, dtype=stats), x.new_empty(rows, dtype=stats)
+    rows = (*x.shape[:-1], 1)  # the kernel's outputs are contiguous whatever the input's strides
+    return x.new_empty(x.shape), x.new_empty(rows, dtype=stats), x.new_empty(rows, dtype=stats)
 
 
 @torch.library.custom_op("trainer::layer_norm_backward", mutates_args=())
@@ -307,7 +307,7 @@ def _layer_norm_backward(
 
 @_layer_norm_backward.register_fake
 def _(grad, x, mean, rstd, weight, bias):
-    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
 def _layer_norm_context(ctx, inputs, output) -> None:

@@ -346,6 +346,8 @@ def test_the_opaque_layer_norm_operators_pass_pytorchs_operator_checks(dtypes):
     weight = torch.randn(16, generator=generator).to(weight_dtype).requires_grad_()
     bias = torch.randn(16, generator=generator).to(weight_dtype).requires_grad_()
     torch.library.opcheck(_layer_norm, (x, weight, bias, 1e-12))
+    transposed = torch.randn(16, 6, generator=generator).to(x_dtype).t()  # outputs contiguous all the same
+    torch.library.opcheck(_layer_norm, (transposed, weight, bias, 1e-12))
     _, mean, rstd = _layer_norm(x, weight, bias, 1e-12)
     grad = torch.randn(6, 16, generator=generator).to(x_dtype)
     inputs = (grad, x, mean, rstd, weight, bias)
