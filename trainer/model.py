@@ -193,9 +193,9 @@ def packed_attention(
     on fixed shapes: one graph for every batch of a shape, `model.compile_model`)."""
     if layout is None:  # the varlen kernel: padding rows stay in the stream, zeroed after the kernel
         q, k, v = qkv.unbind(1)
-        if fixed_max_seqlen is not None:
-            return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, fixed_max_seqlen, dropout_p, True)
-        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout_p, batch.padded)
+        fixed = fixed_max_seqlen is not None  # (then the batch's ints are not read: see above)
+        max_seqlen, padded = (fixed_max_seqlen, True) if fixed else (batch.max_seqlen, batch.padded)
+        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, max_seqlen, dropout_p, padded)
     if batch.padded:
         out = attend(qkv[: batch.num_tokens], batch, layout, dropout_p)
         return F.pad(out, (0, 0, 0, 0, 0, qkv.shape[0] - batch.num_tokens))
@@ -600,7 +600,7 @@ class BertForPreTraining(nn.Module):
         layout = attention_layout(kernel, batch)  # eager: the grids are laid out on the host
         if not self.config.compile_model:
             return PretrainingOutput(*pretraining_logits(self, batch, layout))
-        fixed = self.config.static_shapes and kernel == "varlen"  # a graph per shape, else one for any shape
+        fixed = graph_per_shape(self.config, kernel)
         graphs = fixed and batch.input_ids.is_cuda and self.cuda_graphs
         # One graph under DDP too: Dynamo's DDP optimizer would split it at DDP's gradient buckets (and refuses a
         # bucket cap below DDP's first bucket, 1 MiB: clipping.bucket_cap_mb 0.5); the gradients are all-reduced
@@ -618,6 +618,12 @@ def pretraining_logits(
     masked = gather_rows(sequence_output, batch.masked_positions)
     mlm_logits = model.cls.predictions(masked)[:, : model.config.vocab_size]
     return mlm_logits, model.cls.seq_relationship(pooled)
+
+
+def graph_per_shape(cfg: ModelConfig, kernel: str) -> bool:
+    """Whether the compiled model (`model.compile_model`) compiles once per shape, and so may replay CUDA graphs: on
+    fixed shapes with the varlen kernel, which reads no int of the batch's; else it compiles once for any shape."""
+    return cfg.compile_model and cfg.static_shapes and kernel == "varlen"
 
 
 @functools.cache

@@ -68,6 +68,7 @@ from trainer.model import (
     VARLEN_NEEDS,
     BertForPreTraining,
     flash_device,
+    graph_per_shape,
     load_hf_state_dict,
     pretraining_loss,
     read_state_dict,
@@ -129,11 +130,11 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
                                gpu=device.type == "cuda")  # fmt: skip
     compiled = ", compiled layers" if cfg.model.compile else ""
-    if cfg.model.compile_model:  # CUDA graphs where the model compiles for each shape (`compiled_logits`)
-        graphs = device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen" and accumulation == 1
-        compiled = ", compiled model" + (" on CUDA graphs" if graphs else "")
-        if device.type == "cuda" and cfg.model.static_shapes and kernel == "varlen" and accumulation > 1:
-            compiled += " (no CUDA graphs: gradients accumulate over micro-batches)"
+    if cfg.model.compile_model:
+        compiled = ", compiled model"
+        if device.type == "cuda" and graph_per_shape(cfg.model, kernel):  # where CUDA graphs may run
+            accumulates = " (no CUDA graphs: gradients accumulate over micro-batches)"
+            compiled += accumulates if accumulation > 1 else " on CUDA graphs"
     return f"{precision}, attention {kernel}{compiled}"
 
 
