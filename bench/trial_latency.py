@@ -8,6 +8,8 @@ as in `bench.controller_overhead`).
 
 Start: `TrialProcess.start` of `python -m bench.started_trial` (imports the storage, prints the time and its own
 CPU time), with and without a launcher; from the call to the printed stamp, and the CPU time the process used.
+Then the same for what a CPU trial imports before it trains (the trainer, torch and torch._dynamo), exec'd and
+forked from a launcher that holds them (`hpo.runners.preload.TRAINER_PRELOAD`, a CPU trial's).
 
 Teardown: a child imports a set of modules, waits for a line on stdin, writes `time.time()` and calls
 `os._exit(0)`; the parent measures from that stamp to its pidfd becoming readable. Dask: `submit` to the task
@@ -60,22 +62,23 @@ def teardown_ms(imports: str, runs: int) -> float:
     return 1000 * statistics.median(samples)
 
 
-def start_ms(preload: bool, runs: int, tmp: Path) -> tuple[float, float]:
-    """Median ms from `TrialProcess.start` to the storage imported, and the process's CPU ms until then."""
-    from hpo.runners.preload import Launcher
+def start_ms(preload: bool, runs: int, tmp: Path, trainer: bool = False) -> tuple[float, float]:
+    """Median ms from `TrialProcess.start` to the storage imported (with `trainer`: the trainer and torch too, from
+    a launcher that holds them, as a CPU trial's is), and the process's CPU ms until then."""
+    from hpo.runners.preload import PRELOAD, TRAINER_PRELOAD, Launcher
     from hpo.runners.process import TrialProcess
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    launcher = Launcher(env=env) if preload else None
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    launcher = Launcher(TRAINER_PRELOAD if trainer else PRELOAD, env=env) if preload else None
     if launcher is not None and not launcher.wait_ready(60):
         raise SystemExit("the preloaded launcher did not start")
     wall, cpu = [], []
     try:
         for i in range(runs):
-            workdir = tmp / f"{'forked' if preload else 'execd'}-{i}"
+            workdir = tmp / f"{'forked' if preload else 'execd'}-{'trainer' if trainer else 'storage'}-{i}"
             started = time.time()
-            process = TrialProcess.start([sys.executable, "-m", "bench.started_trial"], env, workdir, None,
-                                         launcher=launcher)  # fmt: skip
+            cmd = [sys.executable, "-m", "bench.started_trial", *(["trainer"] if trainer else [])]
+            process = TrialProcess.start(cmd, env, workdir, None, launcher=launcher)
             process.popen.wait()
             stamp_s, cpu_s = map(float, (workdir / "stdout.log").read_text().split())
             wall.append(stamp_s - started)
@@ -123,10 +126,12 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100, help="Dask tasks")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for preload in (False, True):
-            wall, cpu = start_ms(preload, args.runs, Path(tmp))
-            how = "forked by the preloaded launcher" if preload else "exec'd"
-            print(f"start -> storage imported, {how}: {wall:.1f} ms, {cpu:.1f} ms of CPU", flush=True)
+        for trainer in (False, True):
+            what = "trainer and torch" if trainer else "storage"
+            for preload in (False, True):
+                wall, cpu = start_ms(preload, args.runs, Path(tmp), trainer)
+                how = "forked by the preloaded launcher" if preload else "exec'd"
+                print(f"start -> {what} imported, {how}: {wall:.1f} ms, {cpu:.1f} ms of CPU", flush=True)
     for name, imports in IMPORT_SETS.items():
         print(f"teardown after the last write, {name}: {teardown_ms(imports, args.runs):.2f} ms", flush=True)
     to_run, back = dask_ms(args.tasks)

@@ -36,7 +36,7 @@ from typing import Any
 
 from hpo.errors import HpoError, ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.preload import Launcher
+from hpo.runners.preload import Launcher, start_launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
@@ -354,7 +354,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
         spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
         cmd, env = launch_builder(spec, dict(os.environ))
-        launcher = _worker_launcher() if preload else None
+        launcher = _worker_launcher(on_gpu=bool(ids)) if preload and ranks == 1 else None
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
                                      die_with_parent=True, launcher=launcher, tag=launch.tag)  # fmt: skip
         _processes[(launch.trial_id, launch.attempt)] = process
@@ -370,11 +370,13 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
     return ended
 
 
-def _worker_launcher() -> Launcher:
+def _worker_launcher(on_gpu: bool) -> Launcher:
+    """This worker's launcher, started by its first single-process trial (with the trainer's side where that trial
+    runs on the CPU: `preload.start_launcher`)."""
     global _launcher
     with _lock:
         if _launcher is None or not _launcher.alive:
-            _launcher = Launcher()
+            _launcher = start_launcher(on_gpu)
         return _launcher
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.preload import Launcher
+from hpo.runners.preload import Launcher, start_launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.runners.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus
 from hpo.trial.entry import WORKER_ENV
@@ -35,7 +35,8 @@ class LocalRunner(Runner):
                  preload: bool = False):  # fmt: skip
         """Plans the slots now: an impossible request (8 GPUs per trial on a 4-GPU machine) raises
         ResourceError before anything is written. With `preload`, single-process trials are forked from a
-        launcher that has imported the trial side (hpo.runners.preload), started with the first trial."""
+        launcher that has imported the trial side (hpo.runners.preload; on the CPU the trainer and torch too),
+        started with the first one."""
         inventory = [] if resources.gpus == "none" else discover_gpus()
         gpus, skipped = select_gpus(inventory, resources.gpus)  # GPUs asked for on a machine without any: refused
         slots = plan_slots(gpus, resources.gpus_per_trial, resources.trials_per_gpu, cpu_slots=resources.cpu_slots)
@@ -68,8 +69,8 @@ class LocalRunner(Runner):
             extra_env={WORKER_ENV: f"{socket.gethostname()}/{slot.label}"},
         )  # fmt: skip
         cmd, env = self.launch_builder(spec, dict(os.environ))
-        if self.preload and self.launcher is None:
-            self.launcher = Launcher()
+        if self.preload and self.launcher is None and ranks == 1:  # torchrun's ranks are exec'd
+            self.launcher = start_launcher(on_gpu=bool(slot.gpus))
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
                                      launcher=self.launcher, tag=launch.tag)  # fmt: skip
         self.running[launch.trial_id] = _Running(launch, slot, process)

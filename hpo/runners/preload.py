@@ -11,10 +11,16 @@ interpreter, an environment that changes how Python starts) start with exec, as 
 ranks check that their parent's environment, as the kernel shows it, carries the attempt's tag
 (`hpo.runners.process.die_with_launcher`), and a forked process shows the server's.
 
-The server is single-threaded and imports no torch (whose thread pools read their settings once per process),
-so forking it is safe and each trial still sets its own threads and GPUs. The server is the trial's parent: it
-reaps each child and sends its exit status to the runner (the trial announces its code earlier on its exit
-pipe, as an exec'd one does). It leaves when the runner closes its end of the socket or dies; trials that asked
+By default the server imports no torch. For trials on the CPU the runner asks for the trainer's side too
+(`TRAINER_PRELOAD`: torch, torch._dynamo, which torch.optim imports at an optimizer's first use, and the trainer):
+about 4 s of CPU less per trial (`bench.trial_latency`), as much as a tiny trial trains. torch reads some variables
+once, as it loads: a trial whose OMP_*, MKL_*, KMP_*, TORCH* or PYTORCH_* variables differ from the server's is
+exec'd, except the thread count (OMP_NUM_THREADS, and MKL_NUM_THREADS where it is the same), which the forked trial
+applies itself (`torch.set_num_threads`) as an exec'd one would have read it; a trial given GPUs
+(CUDA_VISIBLE_DEVICES) is exec'd too, so that CUDA starts in a process of its own. torch's thread pools start at
+their first use, not as it loads, so each forked trial starts its own. The server is the trial's parent: it reaps
+each child and sends its exit status to the runner (the trial announces its code earlier on its exit pipe, as an
+exec'd one does). It leaves when the runner closes its end of the socket or dies; trials that asked
 for death with their parent then die with it, like children of a Dask worker.
 """
 
@@ -40,14 +46,21 @@ from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial.exit import EXIT_PIPE_ENV
 from hpo.trial.launch import TORCHRUN
 
-# Imported once by the server: what the trial entry imports before it trains (not torch; not the entry itself,
-# which runs as `__main__`).
+# Imported once by the server: what the trial entry imports before it trains (not the entry itself, which runs as
+# `__main__`).
 PRELOAD = ("hpo.storage", "hpo.objective", "hpo.experiment")
+# For trials on the CPU: also what they import to train (see the module docstring).
+TRAINER_PRELOAD = (*PRELOAD, "torch", "torch._dynamo", "trainer.train")
 MAX_MESSAGE = 1 << 20
 # Variables the interpreter reads when it starts: a trial whose values differ from the server's is exec'd.
 _STARTUP_PREFIXES = ("PYTHON", "LD_")
 _UNBUFFERED = "PYTHONUNBUFFERED"
 _EXEC_MODULES = ("torch.distributed.run", TORCHRUN)  # always exec'd (see the module docstring)
+# Variables torch reads as it loads: a trial whose values differ from a server that holds torch is exec'd, but for
+# the thread count, which the forked trial applies itself (`_threads`).
+_TORCH_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
+_THREADS = "OMP_NUM_THREADS"
+READY_S = 30.0  # how long a runner waits for its new launcher to import (`start_launcher`)
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,7 @@ class Launcher:
 
     def __init__(self, modules: tuple[str, ...] = PRELOAD, env: dict[str, str] | None = None):
         self.env = {**(os.environ if env is None else env), _UNBUFFERED: "1"}
+        self.holds_torch = "torch" in modules
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             cmd = [sys.executable, "-m", __name__, str(theirs.fileno()), *modules]
@@ -96,20 +110,28 @@ class Launcher:
         self._codes: dict[int, int] = {}
         self._replies: list[tuple] = []
         self.alive = True
-        self.ready = False  # the server has imported the modules (0.3 s); until then, trials are exec'd
+        self.ready = False  # the server has imported the modules (0.3 s, 4 s with torch); until then, trials are exec'd
         self._reader = threading.Thread(target=self._read, name="hpo-launcher", daemon=True)
         self._reader.start()
 
     def accepts(self, cmd: list[str], env: dict[str, str]) -> bool:
         """Whether forking from the server gives what exec'ing `cmd` with `env` would: `python -m MODULE` of
-        this interpreter, unbuffered, started with the server's interpreter settings."""
+        this interpreter, unbuffered, started with the server's interpreter settings (and, where the server holds
+        torch, on the CPU with torch's settings but the thread count)."""
         if not (self.ready and self.alive):
             return False
         if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m" or cmd[2].startswith("-"):
             return False
         if cmd[2] in _EXEC_MODULES:
             return False
-        keys = {k for k in {*env, *self.env} if k.startswith(_STARTUP_PREFIXES)}
+        prefixes, applied = _STARTUP_PREFIXES, ()
+        if self.holds_torch:
+            if env.get("CUDA_VISIBLE_DEVICES"):  # CUDA starts in a process of its own
+                return False
+            prefixes += _TORCH_PREFIXES
+            if _threads(env) is not None:
+                applied = (_THREADS, "MKL_NUM_THREADS")  # by the forked trial
+        keys = {k for k in {*env, *self.env} if k.startswith(prefixes) and k not in applied}
         return env.get(_UNBUFFERED) == "1" and all(env.get(k) == self.env.get(k) for k in keys)
 
     def start(self, cmd: list[str], env: dict[str, str], stdout: Path, stderr: Path, exit_pipe: int,
@@ -181,6 +203,14 @@ class Launcher:
         self.sock.close()
         with contextlib.suppress(Exception):
             self.server.wait(10)
+
+
+def start_launcher(on_gpu: bool, ready_s: float = READY_S) -> Launcher:
+    """A runner's launcher: with the trainer's side for trials on the CPU (`TRAINER_PRELOAD`). Returns once it is
+    ready (or after `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
+    launcher = Launcher(PRELOAD if on_gpu else TRAINER_PRELOAD)
+    launcher.wait_ready(ready_s)
+    return launcher
 
 
 def _start_server(cmd: list[str], env: dict[str, str], fd: int):
@@ -270,6 +300,8 @@ def _child(request: _Request, exit_pipe: int, server_pid: int, server_fds: list[
         env = {**request.env, EXIT_PIPE_ENV: f"{exit_pipe}:{os.fstat(exit_pipe).st_ino}"}
         os.environ.clear()
         os.environ.update(env)
+        if "torch" in sys.modules and (threads := _threads(env)) is not None:  # as torch would have read it
+            sys.modules["torch"].set_num_threads(threads)
         os.chdir(request.cwd)
         import runpy
 
@@ -285,6 +317,15 @@ def _child(request: _Request, exit_pipe: int, server_pid: int, server_fds: list[
         code = 1
     finally:
         os._exit(_leave(code))
+
+
+def _threads(env: dict[str, str]) -> int | None:
+    """The thread count a trial's environment gives torch, where the forked trial can apply it: OMP_NUM_THREADS a
+    positive number, and MKL_NUM_THREADS unset or the same (torch.set_num_threads sets both)."""
+    value = env.get(_THREADS, "")
+    if not value.isdigit() or int(value) < 1 or env.get("MKL_NUM_THREADS", value) != value:
+        return None
+    return int(value)
 
 
 def _redirect(fd: int, path: str, flags: int) -> None:

@@ -180,7 +180,8 @@ def run_trial(
     storage: Storage, trial_id: int, attempt: int, workdir: Path, extra_reporters: Sequence[Any] = ()
 ) -> TrialResult:
     """Claim, train and record one attempt of a trial; returns what was recorded."""
-    # The trainer imports torch: loaded by the trial that trains, not by the preloaded launcher (hpo.runners.preload).
+    # The trainer imports torch: here, not at the top, so that the trial claims its attempt without it where the
+    # launcher holds no torch (a GPU trial's: hpo.runners.preload).
     from trainer.errors import ConfigError, FinalSaveError
     from trainer.report import JsonLinesReporter
     from trainer.train import train

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.runners.preload import ForkedProcess, Launcher
+from hpo.runners.preload import TRAINER_PRELOAD, ForkedProcess, Launcher
 from hpo.runners.process import TrialProcess, wait_any
 from tests.processes import alive
 
@@ -181,6 +181,39 @@ def test_commands_of_another_shape_are_exec_d(tmp_path, probe_env, launcher):
         assert not launcher.accepts(torchrun, probe_env)  # as exec'd
     process, code = run([sys.executable, "-c", "print('hi')"], probe_env, tmp_path, launcher)
     assert isinstance(process.popen, subprocess.Popen) and code == 0
+
+
+THREADS_PROBE = """
+import sys
+held = "torch" in sys.modules
+import torch
+print(held, torch.get_num_threads())
+"""
+
+
+def test_a_launcher_holding_torch_forks_cpu_trials_with_their_own_thread_count(tmp_path, probe_env):
+    """TRAINER_PRELOAD (a CPU trial's launcher): the server loaded torch with 2 threads in its environment; a trial
+    whose environment says 1 runs torch with 1 thread, forked as exec'd (torch read it as it loaded: the forked
+    trial sets it). A trial given GPUs, one whose other torch variables differ, and one whose MKL thread count
+    differs from its OMP one are exec'd."""
+    (tmp_path / "pkg" / "threads_probe.py").write_text(THREADS_PROBE)
+    server_env = {**probe_env, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    launcher = Launcher(TRAINER_PRELOAD, env=server_env)
+    try:
+        assert launcher.wait_ready(120)
+        trial_env = {**server_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        cmd = [sys.executable, "-m", "threads_probe"]
+        forked, forked_code = run(cmd, trial_env, tmp_path / "forked", launcher)
+        execd, execd_code = run(cmd, trial_env, tmp_path / "execd", None)
+        assert isinstance(forked.popen, ForkedProcess) and forked_code == execd_code == 0
+        assert outputs(tmp_path / "forked")[0] == "True 1\n"
+        assert outputs(tmp_path / "execd")[0] == "False 1\n"
+        assert launcher.accepts(cmd, {**trial_env, "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"})
+        for refused in ({"CUDA_VISIBLE_DEVICES": "0"}, {"TORCH_LOGS": "recompiles"}, {"MKL_NUM_THREADS": "2"},
+                        {"OMP_NUM_THREADS": "many"}):  # fmt: skip
+            assert not launcher.accepts(cmd, {**trial_env, **refused}), refused
+    finally:
+        launcher.close()
 
 
 # A runner's process (as a Dask worker is): starts a launcher and a sleeping trial that dies with its parent.
