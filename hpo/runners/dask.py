@@ -354,7 +354,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
         spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
         cmd, env = launch_builder(spec, dict(os.environ))
-        launcher = _worker_launcher(on_gpu=bool(ids)) if preload and ranks == 1 else None
+        launcher = _worker_launcher(cmd, on_gpu=bool(ids)) if preload and ranks == 1 else None
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
                                      die_with_parent=True, launcher=launcher, tag=launch.tag)  # fmt: skip
         _processes[(launch.trial_id, launch.attempt)] = process
@@ -370,13 +370,13 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
     return ended
 
 
-def _worker_launcher(on_gpu: bool) -> Launcher:
+def _worker_launcher(cmd: list[str], on_gpu: bool) -> Launcher:
     """This worker's launcher, started by its first single-process trial (with the trainer's side where that trial
     runs on the CPU: `preload.start_launcher`)."""
     global _launcher
     with _lock:
         if _launcher is None or not _launcher.alive:
-            _launcher = start_launcher(on_gpu)
+            _launcher = start_launcher(cmd, on_gpu)
         return _launcher
 
 

@@ -70,7 +70,7 @@ class LocalRunner(Runner):
         )  # fmt: skip
         cmd, env = self.launch_builder(spec, dict(os.environ))
         if self.preload and self.launcher is None and ranks == 1:  # torchrun's ranks are exec'd
-            self.launcher = start_launcher(on_gpu=bool(slot.gpus))
+            self.launcher = start_launcher(cmd, on_gpu=bool(slot.gpus))
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
                                      launcher=self.launcher, tag=launch.tag)  # fmt: skip
         self.running[launch.trial_id] = _Running(launch, slot, process)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial.exit import EXIT_PIPE_ENV
-from hpo.trial.launch import TORCHRUN
+from hpo.trial.launch import TORCHRUN, TRIAL_ENTRY
 
 # Imported once by the server: what the trial entry imports before it trains (not the entry itself, which runs as
 # `__main__`).
@@ -205,10 +205,12 @@ class Launcher:
             self.server.wait(10)
 
 
-def start_launcher(on_gpu: bool, ready_s: float = READY_S) -> Launcher:
-    """A runner's launcher: with the trainer's side for trials on the CPU (`TRAINER_PRELOAD`). Returns once it is
-    ready (or after `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
-    launcher = Launcher(PRELOAD if on_gpu else TRAINER_PRELOAD)
+def start_launcher(cmd: list[str], on_gpu: bool, ready_s: float = READY_S) -> Launcher:
+    """A runner's launcher for trials such as `cmd`: with the trainer's side where they train on the CPU
+    (`TRAINER_PRELOAD`; not for another module, such as a benchmark's dummy trial). Returns once it is ready (or
+    after `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
+    trains = cmd[1:3] == ["-m", TRIAL_ENTRY]  # a single-process trial of the trial entry
+    launcher = Launcher(TRAINER_PRELOAD if trains and not on_gpu else PRELOAD)
     launcher.wait_ready(ready_s)
     return launcher
 

@@ -29,6 +29,19 @@ EXPERIMENT = "api-demo"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(config, items) -> None:
+    """The PostgreSQL variants of this folder's tests are slow (`make test-all`) but tests/server/test_api.py's: the
+    API over a PostgreSQL database of a real experiment runs by default, and the storage contract covers the rest of
+    PostgreSQL's side (tests/hpo/storage/test_contract.py)."""
+    here = Path(__file__).parent
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if (item.path.parent == here and item.path.name != "test_api.py" and params is not None
+                and "postgresql" in params.params.values()):  # fmt: skip
+            item.add_marker(pytest.mark.slow)
+
+
 def tiny_overrides(data_dir: Path, **extra) -> dict:
     """The hpo tests' seconds-long tiny trainer, with a target low enough that most trials reach it. Which of the
     learning rates near 1e3 diverge depends on every rounding and dropout draw of the run: the attention kernel is

@@ -60,6 +60,7 @@ def test_export_then_train_with_python_m_trainer(finished_experiment, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the exported single-process command trains by default (tests/hpo/export)
 def test_exported_torchrun_command_runs_on_two_gloo_ranks(finished_experiment, tmp_path):
     url = finished_experiment("sqlite")
     config = tmp_path / "best.yaml"

@@ -69,6 +69,7 @@ def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
     assert any("no training happens, every figure is simulated" in line for line in got["lines"])
 
 
+@pytest.mark.slow  # another plan run; the posted files' plans run by default
 def test_a_stated_difference_is_planned_as_hpo_plan_difference_plans_it(planned, capsys):
     path, _, server = planned
     expected = cli_plan(capsys, path, "--repetitions", "2", "--difference", "10%")
@@ -118,6 +119,7 @@ def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(plan
     assert {k: named.json()[k] for k in FIGURES} == {k: pathed.json()[k] for k in FIGURES}
 
 
+@pytest.mark.slow  # another plan run; the posted files' plans run by default
 def test_a_posted_file_read_from_two_shipped_tables_names_each_batch_sizes_table(planned):
     """batch_scaling_demo_cpu trains batch 32 and 128 to budgets no one shipped table has both to: each batch size is
     read from the table that has it, and the answer names those tables (the combination is a temporary file)."""

@@ -81,6 +81,7 @@ def test_two_ranks_bucketwise_local_presort(tmp_path, global_batch):
     assert f"clipping bucketwise ({buckets} DDP buckets at clipping.bucket_cap_mb 0.02)," in proc.stderr
 
 
+@pytest.mark.slow  # a torchrun of its own (make test-all)
 def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_path):
     """batch.micro_batch_size auto on 2 gloo ranks of one host: each measures and plans for its share of the host's
     memory, with DDP's bucket copy of the gradient; the ranks take the smallest choice (here a whole rank's batch,
@@ -96,6 +97,7 @@ def test_two_ranks_with_an_auto_micro_batch_take_the_same_choice_and_train(tmp_p
     assert [(f["micro_batch_size"], f["samples"], f["status"]) for f in finals] == [(8, 32, "budget_exhausted")]
 
 
+@pytest.mark.slow  # a torchrun of its own (make test-all)
 def test_an_epoch_with_fewer_sequences_left_than_ranks_ends_without_them(tmp_path):
     """97 sequences on 2 ranks of 4 x 1: 12 full steps leave one sequence, which a step of its own would give one
     rank and not the other; the rank without one could not join the gradient's all-reduce and the ranks would wait
@@ -112,6 +114,7 @@ def test_an_epoch_with_fewer_sequences_left_than_ranks_ends_without_them(tmp_pat
     assert [(f["status"], f["steps"], f["samples"]) for f in finals] == [("budget_exhausted", 13, 104)]
 
 
+@pytest.mark.slow  # three torchruns; the default suite resumes on ranks in the next test
 def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_path):
     """Each rank draws its own dropout masks, so a checkpoint keeps every rank's random state: two ranks stopped at
     32 samples and resumed to 64 give the losses of a run of 64 never stopped (rank 1's masks differed before)."""
@@ -173,6 +176,7 @@ def test_a_checkpoint_resumed_on_another_number_of_ranks_trains_the_samples_of_a
     assert "16 samples (saved on 1 rank: epoch 0 goes on at micro-batch 2 of 12 a rank" in said["then-two"]
 
 
+@pytest.mark.slow  # a torchrun of its own (make test-all)
 def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
     """The ranks' clocks differ, so the time budget is decided together where they read back their losses (every
     3 steps here): both stop at step 3, although each was out of time after its first step."""
@@ -213,6 +217,7 @@ def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
     assert "Signal 9 (SIGKILL)" in stderr or "exitcode" in stderr
 
 
+@pytest.mark.slow  # a torchrun of its own; rank 0 says an error once in missing-data below
 def test_a_config_error_is_said_once_by_rank_0_and_the_run_ends_at_once(tmp_path):
     """Every rank refused the same config and printed it: 2 copies on 2 ranks (N on N). Rank 0 says it and exits 2,
     the first failure torchrun observes; rank 1 waits quietly and torchrun ends it (rank 1 exiting first could end
@@ -242,8 +247,10 @@ def garbage_weights(tmp_path) -> dict[str, str]:
     ("settings", "said"),
     [
         (lambda tmp_path: {"data.train": str(tmp_path / "missing")}, "error: data.train: no shard files found for "),
-        (unreadable_shard, "part-00000.h5: not a readable HDF5 file"),
-        (garbage_weights, "(model.init_checkpoint): not tensors that torch.load reads"),
+        pytest.param(unreadable_shard, "part-00000.h5: not a readable HDF5 file", marks=pytest.mark.slow),
+        pytest.param(
+            garbage_weights, "(model.init_checkpoint): not tensors that torch.load reads", marks=pytest.mark.slow
+        ),  # each a torchrun; missing-data says it once by default
     ],
     ids=["missing-data", "unreadable-shard", "unreadable-init-weights"],
 )
@@ -261,6 +268,7 @@ def test_a_data_error_is_said_once_by_rank_0_with_exit_code_1(tmp_path, settings
     assert [(f["status"], f["error"], f["steps"]) for f in finals] == [("failed", "data", 0)]
 
 
+@pytest.mark.slow  # a torchrun of its own; rank 0 names a data error once in missing-data above
 def test_an_empty_shard_is_named_once_by_rank_0(tmp_path):
     """Every rank reads the same shards and skipped the empty one alike, each warning of it: rank 0 names it."""
     from trainer.data.shards import read_shard, write_shard

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hpo.controllers.smac import SmacController
 from search_spaces.space import SearchSpace
 
@@ -33,6 +35,7 @@ def proposals(controller: SmacController, running: int, total: int) -> list[tupl
     return asked
 
 
+@pytest.mark.slow  # 60 proposals of each lookup
 def test_the_linear_running_configurations_lookup_changes_no_proposal(tmp_path):
     ours = SmacController(SPACE, seed=3, n_trials=60, output_dir=tmp_path / "a", save_history=False)
     smacs = SmacController(SPACE, seed=3, n_trials=60, output_dir=tmp_path / "b", save_history=False)

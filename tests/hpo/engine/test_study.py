@@ -154,6 +154,7 @@ def test_a_trial_whose_disk_is_full_is_queued_again_and_stops_the_experiment_unt
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # the single-process trial's case runs by default (above)
 def test_a_torchrun_trial_whose_disk_is_full_is_queued_again_and_stops_the_experiment(tmp_path):
     # torchrun exits with 1 whatever its ranks' codes: rank 0's 7 (its disk is full) reaches the study loop through
     # hpo.trial.torchrun, and the trial is queued again, not failed with "exit code 1 without a result"

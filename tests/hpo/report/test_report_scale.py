@@ -21,6 +21,8 @@ from hpo.storage.base import MetricPoint
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from tests.hpo.report.test_report import Page, table_with
 
+pytestmark = pytest.mark.slow  # 2,400 trials written one by one through the storage (about 20 s)
+
 NAME = "large"
 TUNING = 2400  # above every subset the page takes: 500 listed trials, 1,000 drawn and 500 ranked per arm
 MAX_SAMPLES = 1024
