@@ -205,12 +205,17 @@ class Launcher:
             self.server.wait(10)
 
 
-def start_launcher(cmd: list[str], on_gpu: bool, ready_s: float = READY_S) -> Launcher:
-    """A runner's launcher for trials such as `cmd`: with the trainer's side where they train on the CPU
-    (`TRAINER_PRELOAD`; not for another module, such as a benchmark's dummy trial). Returns once it is ready (or
-    after `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
+def launcher_modules(cmd: list[str], on_gpu: bool) -> tuple[str, ...]:
+    """What a launcher for trials such as `cmd` imports: the trainer's side too where they train on the CPU
+    (`TRAINER_PRELOAD`; not for another module, such as a benchmark's dummy trial, nor on GPUs)."""
     trains = cmd[1:3] == ["-m", TRIAL_ENTRY]  # a single-process trial of the trial entry
-    launcher = Launcher(TRAINER_PRELOAD if trains and not on_gpu else PRELOAD)
+    return TRAINER_PRELOAD if trains and not on_gpu else PRELOAD
+
+
+def start_launcher(cmd: list[str], on_gpu: bool, ready_s: float = READY_S) -> Launcher:
+    """A runner's launcher for trials such as `cmd` (`launcher_modules`). Returns once it is ready (or after
+    `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
+    launcher = Launcher(launcher_modules(cmd, on_gpu))
     launcher.wait_ready(ready_s)
     return launcher
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpo.runners.preload import TRAINER_PRELOAD, ForkedProcess, Launcher
+from hpo.runners.preload import PRELOAD, TRAINER_PRELOAD, ForkedProcess, Launcher, launcher_modules
 from hpo.runners.process import TrialProcess, wait_any
+from hpo.trial.launch import LaunchSpec, build_launch
 from tests.processes import alive
 
 # Prints what a trial could tell apart between being exec'd and forked, then ends as argv[1] says.
@@ -214,6 +215,18 @@ def test_a_launcher_holding_torch_forks_cpu_trials_with_their_own_thread_count(t
             assert not launcher.accepts(cmd, {**trial_env, **refused}), refused
     finally:
         launcher.close()
+
+
+def test_a_runner_preloads_the_trainer_only_for_the_trial_entry_on_the_cpu():
+    """The runners' launchers (`start_launcher`): torch and the trainer for the trial entry's single-process CPU
+    trials; without them for GPU trials (CUDA in the trial's own process) and for another module (a benchmark's
+    dummy trial, which would wait for torch for nothing)."""
+    cpu, _ = build_launch(LaunchSpec(("1", "0"), threads_per_process=1), {})
+    gpu, _ = build_launch(LaunchSpec(("1", "0"), gpus=(0,)), {})
+    dummy, _ = build_launch(LaunchSpec(("1", "0"), module="bench.dummy_trial"), {})
+    assert launcher_modules(cpu, on_gpu=False) == TRAINER_PRELOAD
+    assert launcher_modules(gpu, on_gpu=True) == launcher_modules(dummy, on_gpu=False) == PRELOAD
+    assert "torch" not in PRELOAD
 
 
 # A runner's process (as a Dask worker is): starts a launcher and a sleeping trial that dies with its parent.
