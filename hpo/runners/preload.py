@@ -213,10 +213,13 @@ def launcher_modules(cmd: list[str], on_gpu: bool) -> tuple[str, ...]:
 
 
 def start_launcher(cmd: list[str], on_gpu: bool, ready_s: float = READY_S) -> Launcher:
-    """A runner's launcher for trials such as `cmd` (`launcher_modules`). Returns once it is ready (or after
-    `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it."""
-    launcher = Launcher(launcher_modules(cmd, on_gpu))
-    launcher.wait_ready(ready_s)
+    """A runner's launcher for trials such as `cmd` (`launcher_modules`). One that imports torch is waited for (at
+    most `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it: as long a wait
+    as their own imports, with the CPU of one. A light one is not (the first trials are exec'd meanwhile)."""
+    modules = launcher_modules(cmd, on_gpu)
+    launcher = Launcher(modules)
+    if modules == TRAINER_PRELOAD:
+        launcher.wait_ready(ready_s)
     return launcher
 
 
