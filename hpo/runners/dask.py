@@ -36,7 +36,7 @@ from typing import Any
 
 from hpo.errors import HpoError, ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.preload import Launcher, start_launcher
+from hpo.runners.preload import READY_S, TRAINER_PRELOAD, Launcher, launcher_modules
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
@@ -337,7 +337,7 @@ def _send_promptly(client) -> None:
 _lock = threading.Lock()
 _gpus_in_use: set[int] = set()
 _processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> its process
-_launcher: Launcher | None = None  # this worker process's, started with its first preloaded trial
+_launchers: dict[tuple[str, ...], Launcher] = {}  # this worker process's, by modules (`_worker_launcher`)
 
 
 def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, preload: bool = False) -> dict[str, Any]:
@@ -371,13 +371,17 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
 
 
 def _worker_launcher(cmd: list[str], on_gpu: bool) -> Launcher:
-    """This worker's launcher, started by its first single-process trial (with the trainer's side where that trial
-    runs on the CPU: `preload.start_launcher`)."""
-    global _launcher
+    """This worker's launcher for trials such as `cmd`, one per kind (`preload.launcher_modules`: with the trainer's
+    side for CPU trials, without it for GPU trials), started by the first trial of its kind. One that imports torch
+    is waited for as `preload.start_launcher` does, outside the lock (other tasks of the worker go on meanwhile)."""
+    modules = launcher_modules(cmd, on_gpu)
     with _lock:
-        if _launcher is None or not _launcher.alive:
-            _launcher = start_launcher(cmd, on_gpu)
-        return _launcher
+        launcher = _launchers.get(modules)
+        if launcher is None or not launcher.alive:
+            launcher = _launchers[modules] = Launcher(modules)
+    if modules == TRAINER_PRELOAD:
+        launcher.wait_ready(READY_S)
+    return launcher
 
 
 def _take_gpus(total: int, needed: int, wait_s: float = GPU_WAIT_S) -> tuple[int, ...]:

@@ -18,7 +18,8 @@ once, as it loads: a trial whose OMP_*, MKL_*, KMP_*, TORCH* or PYTORCH_* variab
 exec'd, except the thread count (OMP_NUM_THREADS, and MKL_NUM_THREADS where it is the same), which the forked trial
 applies itself (`torch.set_num_threads`) as an exec'd one would have read it; a trial given GPUs
 (CUDA_VISIBLE_DEVICES) is exec'd too, so that CUDA starts in a process of its own. torch's thread pools start at
-their first use, not as it loads, so each forked trial starts its own. The server is the trial's parent: it reaps
+their first use, not as it loads, so each forked trial starts its own (numpy's OpenBLAS pool, started as numpy
+loads, is shut down by OpenBLAS at the fork and started again in the trial). The server is the trial's parent: it reaps
 each child and sends its exit status to the runner (the trial announces its code earlier on its exit pipe, as an
 exec'd one does). It leaves when the runner closes its end of the socket or dies; trials that asked
 for death with their parent then die with it, like children of a Dask worker.
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,7 +242,13 @@ def serve(fd: int, modules: list[str]) -> None:
     for name in modules:
         importlib.import_module(name)
     gc.freeze()  # what was imported stays out of the children's collections (and their pages shared)
-    sock.send(pickle.dumps(("ready",)))
+    try:
+        sock.send(pickle.dumps(("ready",)))
+    except OSError:  # the runner left while the modules were imported (Ctrl-C as an experiment starts)
+        return
+    # os.fork with threads running warns from Python 3.12: the one thread the imports start (numpy's OpenBLAS pool,
+    # with torch) is shut down by OpenBLAS's own fork handler, and the child starts its own.
+    warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
     wake_r, wake_w = os.pipe()
     for end in (wake_r, wake_w):
         os.set_blocking(end, False)
