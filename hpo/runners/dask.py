@@ -36,7 +36,7 @@ from typing import Any
 
 from hpo.errors import HpoError, ResourceError
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
-from hpo.runners.preload import READY_S, TRAINER_PRELOAD, Launcher, launcher_modules
+from hpo.runners.preload import Launcher, launcher_modules
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
 from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
@@ -373,14 +373,13 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
 def _worker_launcher(cmd: list[str], on_gpu: bool) -> Launcher:
     """This worker's launcher for trials such as `cmd`, one per kind (`preload.launcher_modules`: with the trainer's
     side for CPU trials, without it for GPU trials), started by the first trial of its kind. One that imports torch
-    is waited for as `preload.start_launcher` does, outside the lock (other tasks of the worker go on meanwhile)."""
+    is waited for (`Launcher.wait_if_heavy`) outside the lock: the worker's other tasks go on meanwhile."""
     modules = launcher_modules(cmd, on_gpu)
     with _lock:
         launcher = _launchers.get(modules)
         if launcher is None or not launcher.alive:
             launcher = _launchers[modules] = Launcher(modules)
-    if modules == TRAINER_PRELOAD:
-        launcher.wait_ready(READY_S)
+    launcher.wait_if_heavy()
     return launcher
 
 

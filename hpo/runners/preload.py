@@ -62,7 +62,7 @@ _EXEC_MODULES = ("torch.distributed.run", TORCHRUN)  # always exec'd (see the mo
 # the thread count, which the forked trial applies itself (`_threads`).
 _TORCH_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_")
 _THREADS = "OMP_NUM_THREADS"
-READY_S = 30.0  # how long a runner waits for its new launcher to import (`start_launcher`)
+READY_S = 30.0  # how long a runner waits for its new launcher to import (`Launcher.wait_if_heavy`)
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,13 @@ class Launcher:
         self.ready = False  # the server has imported the modules (0.3 s, 4 s with torch); until then, trials are exec'd
         self._reader = threading.Thread(target=self._read, name="hpo-launcher", daemon=True)
         self._reader.start()
+
+    def wait_if_heavy(self, ready_s: float = READY_S) -> None:
+        """Wait (at most `ready_s`) until a launcher that imports torch is ready, so that the first trials are forked
+        too, not exec'd to import torch beside it: as long a wait as their own imports, with the CPU of one. A light
+        launcher is not waited for (the first trials are exec'd meanwhile)."""
+        if self.holds_torch:
+            self.wait_ready(ready_s)
 
     def accepts(self, cmd: list[str], env: dict[str, str]) -> bool:
         """Whether forking from the server gives what exec'ing `cmd` with `env` would: `python -m MODULE` of
@@ -214,14 +221,11 @@ def launcher_modules(cmd: list[str], on_gpu: bool) -> tuple[str, ...]:
     return TRAINER_PRELOAD if trains and not on_gpu else PRELOAD
 
 
-def start_launcher(cmd: list[str], on_gpu: bool, ready_s: float = READY_S) -> Launcher:
-    """A runner's launcher for trials such as `cmd` (`launcher_modules`). One that imports torch is waited for (at
-    most `ready_s`), so that the first trials are forked too, not exec'd to import torch beside it: as long a wait
-    as their own imports, with the CPU of one. A light one is not (the first trials are exec'd meanwhile)."""
-    modules = launcher_modules(cmd, on_gpu)
-    launcher = Launcher(modules)
-    if modules == TRAINER_PRELOAD:
-        launcher.wait_ready(ready_s)
+def start_launcher(cmd: list[str], on_gpu: bool) -> Launcher:
+    """A runner's launcher for trials such as `cmd` (`launcher_modules`), waited for where it imports torch
+    (`Launcher.wait_if_heavy`)."""
+    launcher = Launcher(launcher_modules(cmd, on_gpu))
+    launcher.wait_if_heavy()
     return launcher
 
 
