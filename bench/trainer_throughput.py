@@ -6,9 +6,11 @@ with SDPA attention, twice: padded to the shard width (how MLPerf shards are sto
 sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
 (`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`),
 `+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`),
-`+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies).
-Steps are interleaved so all see the same machine state. Prints valid tokens/s and sequences/s of each, the
-ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
+`+fused` for the bias-dropout-residual-LayerNorm kernels (`model.fused_norm`), `+bf16w` for the weights held in bf16
+(a bound for timing: no fp32 master copies). Steps are interleaved so all see the same machine state: one at a time
+from an idle device by default, or `--chain N` in a row without waiting for the device, as the trainer's loop runs.
+Prints valid tokens/s and sequences/s of each, the ratios, and the share of the device's dense bf16 peak at 6·N
+FLOPs per valid token (`--peak-tflops`).
 
 With `--breakdown`, one more step of each runs under the PyTorch profiler: its time split into attention kernels,
 matrix products, the optimizer step's kernels and the rest, and the host time in which the device had nothing to
@@ -111,7 +113,13 @@ def category(name: str) -> str | None:
     return None
 
 
-VARIANT_FLAGS = {"compile": "compile", "whole": "compile_model", "half": "half_residual", "static": "static_shapes"}
+VARIANT_FLAGS = {
+    "compile": "compile",
+    "whole": "compile_model",
+    "half": "half_residual",
+    "static": "static_shapes",
+    "fused": "fused_norm",
+}
 # `+FLAG` -> its switch. `+bf16w`, the benchmark's own: the model's weights cast to bf16 (no fp32 master copies; the
 # optimizer updates in fp32 and rounds each step to bf16): what a model holding bf16 weights would gain at most over
 # autocast's casts of fp32 weights at every matrix product, a bound for timing, not a way to train
@@ -120,11 +128,11 @@ BENCH_FLAGS = ("bf16w",)
 
 def parse_variant(text: str) -> dict:
     """`jagged+compile` -> {"attention": "jagged", "compile": True, "compile_model": False, "half_residual": False,
-    "static_shapes": False} (the model's switches; `bf16_weights` reads the benchmark's own)."""
+    "static_shapes": False, "fused_norm": False} (the model's switches; `bf16_weights` reads the benchmark's own)."""
     kernel, *flags = text.split("+")
     if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS and f not in BENCH_FLAGS for f in flags):
         raise SystemExit(
-            f"--variants: {text!r} is not KERNEL[+compile|+whole][+half][+static][+bf16w] with KERNEL one of "
+            f"--variants: {text!r} is not KERNEL[+compile|+whole|+fused][+half][+static][+bf16w] with KERNEL one of "
             f"{ATTENTION_KERNELS}"
         )
     variant = {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
@@ -247,35 +255,42 @@ class Timing(NamedTuple):
 
 
 def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warmup: int, steps: int, device,
-               deadline: float | None = None) -> Timing:  # fmt: skip
-    """Seconds of each runner over `steps` timed steps after `warmup`, interleaved step by step so that all see
-    the same machine state, and the valid tokens of each runner's timed steps. `batch`: sequences a step, one number
-    for all or one per runner (each runner's step k takes the samples k·b to (k+1)·b - 1, so runners of one batch
-    size see the same batches). A runner whose step runs out of device memory or fails (a kernel that refuses its
-    input, say) leaves `runners`, said so, and the others go on: a GPU is lent for minutes. None left is an error.
-    Past `deadline` (a `time.perf_counter()` value) the timing stops after the round under way, once at least one
-    step was timed: fewer steps, but figures, where a time limit would leave none."""
+               deadline: float | None = None, chain: int = 1) -> Timing:  # fmt: skip
+    """Seconds of each runner over `steps` timed steps after `warmup`, interleaved so that all see the same machine
+    state, and the valid tokens of each runner's timed steps. `batch`: sequences a step, one number for all or one
+    per runner (each runner's step k takes the samples k·b to (k+1)·b - 1, so runners of one batch size see the same
+    batches). `chain`: timed steps a runner takes in a row before the next runner's, without waiting for the device
+    in between, as the trainer's loop runs (it reads the device back every few steps): the host prepares and
+    launches a step while the device runs the last one, so host time shows only where it is longer than the
+    device's; with 1 (the default) every step is timed from an idle device to an idle device. A runner whose step
+    runs out of device memory or fails (a kernel that refuses its input, say) leaves `runners`, said so, and the
+    others go on: a GPU is lent for minutes. None left is an error. Past `deadline` (a `time.perf_counter()`
+    value) the timing stops after the round under way, once at least one step was timed: fewer steps, but figures,
+    where a time limit would leave none."""
     sizes = batch if isinstance(batch, dict) else dict.fromkeys(runners, batch)
     seconds = dict.fromkeys(runners, 0.0)
     tokens = dict.fromkeys(runners, 0)
     timed = 0
     first = {}  # each runner's first step: its compilation, where compiled (minutes for a whole BERT-large)
-    for step in range(warmup + steps):
+    rounds = [[k] for k in range(warmup)]
+    rounds += [list(range(k, min(k + chain, warmup + steps))) for k in range(warmup, warmup + steps, chain)]
+    for round_steps in rounds:
         for name, (run, _) in list(runners.items()):
-            index = np.arange(step * sizes[name], (step + 1) * sizes[name])
+            indexes = [np.arange(k * sizes[name], (k + 1) * sizes[name]) for k in round_steps]
             synchronize(device)
             t0 = time.perf_counter()
-            failure = try_step(run, device, opt=optimizers[name], index=index)
+            failure = try_steps(run, device, indexes, opt=optimizers[name])
             if failure:
                 drop(name, failure, runners, optimizers, (seconds, tokens), device, sizes[name])
                 continue
-            if step == 0:
+            if round_steps[0] == 0:
                 first[name] = time.perf_counter() - t0
-            if step >= warmup:
+            if round_steps[0] >= warmup:
                 seconds[name] += time.perf_counter() - t0
-                tokens[name] += int(samples.lengths[index].sum())
-        timed += step >= warmup
-        if deadline is not None and timed and time.perf_counter() > deadline and step < warmup + steps - 1:
+                tokens[name] += sum(int(samples.lengths[index].sum()) for index in indexes)
+        timed += len(round_steps) if round_steps[0] >= warmup else 0
+        last = round_steps[-1] == warmup + steps - 1
+        if deadline is not None and timed and time.perf_counter() > deadline and not last:
             print(f"  time is up (--max-seconds): {timed} of {steps} steps timed")
             break
     if runners:
@@ -287,11 +302,12 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
     return Timing(seconds, tokens, timed)
 
 
-def try_step(run, device, **kwargs) -> str | None:
-    """Runs one step to its end on the device; None if it ran, else why not (its activations are freed when this
-    returns). A kernel's error surfaces at the synchronization, which is inside."""
+def try_steps(run, device, indexes: list, **kwargs) -> str | None:
+    """Runs one step per index array in a row, then waits for the device; None if they ran, else why not (their
+    activations are freed when this returns). A kernel's error surfaces at the synchronization, which is inside."""
     try:
-        run(**kwargs)
+        for index in indexes:
+            run(index=index, **kwargs)
         synchronize(device)
     except torch.OutOfMemoryError:
         return "out of device memory"
@@ -390,14 +406,17 @@ def main() -> None:
                     "model at the largest batch it fits, say; ratios are then of sequences a second")  # fmt: skip
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--chain", type=int, default=1, help="timed steps a model takes in a row without waiting "
+                    "for the device in between, as the trainer does (1: each from an idle device)")  # fmt: skip
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's: 0.1)")
     ap.add_argument(
         "--variants",
         default="auto",
-        help="ours, comma-separated: KERNEL[+compile|+whole][+half][+static][+bf16w] (+compile: model.compile; "
-        "+whole: model.compile_model; +half: model.half_residual; +static: model.static_shapes, every batch padded to "
+        help="ours, comma-separated: KERNEL[+compile|+whole|+fused][+half][+static][+bf16w] (+compile: model.compile; "
+        "+whole: model.compile_model; +fused: model.fused_norm; +half: model.half_residual; +static: "
+        "model.static_shapes, every batch padded to "
         "one budget; +bf16w: the weights in bf16, a bound for timing, not a way to train; default: auto)",
     )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
@@ -439,13 +458,16 @@ def main() -> None:
                                                          autocast=autocast, pad_to=None), hf)  # fmt: skip
     optimizers = {name: build_optimizer(model, opt_cfg) for name, (_, model) in runners.items()}
     sizes = {name: hf_batch if name.startswith("HF") else args.batch for name in runners}
-    seconds, tokens, timed = time_steps(runners, optimizers, samples, sizes, args.warmup, args.steps, device, deadline)
+    seconds, tokens, timed = time_steps(
+        runners, optimizers, samples, sizes, args.warmup, args.steps, device, deadline, max(args.chain, 1)
+    )
     first = next(iter(seconds))
     padding = 1 - tokens[first] / (sizes[first] * timed * args.seq_len)
     print(
         f"size={args.size} ({parameters / 1e6:.0f} M parameters) seq_len={args.seq_len} batch={args.batch}"
         f"{f' hf_batch={hf_batch}' if hf_batch != args.batch and not args.no_hf else ''} "
-        f"steps={timed} device={device} dtype={args.dtype} dropout={args.dropout} "
+        f"steps={timed}{f' chain={args.chain}' if args.chain > 1 else ''} device={device} dtype={args.dtype} "
+        f"dropout={args.dropout} "
         f"threads={torch.get_num_threads()} padding_fraction={padding:.2f}"
     )
     seq_s = {name: sizes[name] * timed / secs for name, secs in seconds.items()}

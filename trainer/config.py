@@ -116,6 +116,14 @@ class ModelConfig(Section):
         "step's thousands of kernels in a few calls. Attention varlen, packed or padded; not with model.compile "
         "(per-token layers); the first steps of each shape take longer while it compiles.",
     )
+    fused_norm: bool = Field(
+        False,
+        description="End each half of every encoder layer (the matrix product's bias, dropout, the residual addition "
+        "and LayerNorm) with one Triton kernel forward and one backward instead of eager PyTorch's several (their "
+        "statistics in fp32; the dropout mask drawn in the kernel from torch's generator, not stored). Needs a CUDA "
+        "GPU and the triton package (PyTorch's CUDA wheels bring it); not with model.compile or "
+        "model.compile_model. The output keeps the residual stream's dtype (model.half_residual).",
+    )
     half_residual: bool = Field(
         False,
         description="Under bf16/fp16 autocast, keep the residual stream in the half dtype, as NVIDIA's MLPerf BERT "
@@ -153,6 +161,9 @@ class ModelConfig(Section):
         if self.compile_model and self.compile:
             raise ValueError("model.compile_model compiles the whole forward pass, model.compile its per-token layers: "
                              "set one of them")  # fmt: skip
+        if self.fused_norm and (self.compile or self.compile_model):
+            raise ValueError("model.fused_norm runs its own kernels where model.compile and model.compile_model "
+                             "compile: set one of them")  # fmt: skip
         if self.compile_model and self.attention == "jagged":
             raise ValueError("model.compile_model runs attention varlen, packed or padded (or auto), not jagged")
         return self

@@ -414,8 +414,15 @@ class BertSelfOutput(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.fused = cfg.fused_norm  # the bias, dropout, residual and LayerNorm in one kernel each way
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.fused:  # the matrix product without its bias, which the kernel adds (and sums the gradient of)
+            from trainer.fused_norm import bias_dropout_add_norm  # (imports Triton: only where the switch is on)
+
+            norm = self.LayerNorm
+            return bias_dropout_add_norm(F.linear(h, self.dense.weight), self.dense.bias, residual, norm.weight,
+                                         norm.bias, self.dropout.p, norm.eps, self.training)  # fmt: skip
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)
 
 

@@ -109,6 +109,16 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
         )
 
 
+def check_fused_norm(cfg: TrainerConfig, device: torch.device) -> None:
+    """`model.fused_norm` only where its Triton kernels run, said before any work."""
+    if not cfg.model.fused_norm:
+        return
+    from trainer.fused_norm import FUSED_NORM_NEEDS, fused_norm_runs  # (imports Triton)
+
+    if not fused_norm_runs(device):
+        raise ConfigError(f"model.fused_norm needs {FUSED_NORM_NEEDS} (this run: {device.type}); set it false")
+
+
 def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
     """The clipping strategy, for the start-up line; under DDP with bucketwise or before_allreduce also DDP's number
     of gradient buckets (`GradientClipper.ddp_buckets`), which decides what bucketwise clips: one bucket clips the
@@ -135,7 +145,8 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
         if device.type == "cuda" and graph_per_shape(cfg.model, kernel):  # where CUDA graphs may run
             accumulates = " (no CUDA graphs: gradients accumulate over micro-batches)"
             compiled += accumulates if accumulation > 1 else " on CUDA graphs"
-    return f"{precision}, attention {kernel}{compiled}"
+    fused = ", fused bias-dropout-residual-LayerNorm kernels" if cfg.model.fused_norm else ""
+    return f"{precision}, attention {kernel}{compiled}{fused}"
 
 
 def accumulation_steps(cfg: TrainerConfig, env: DistEnv) -> int:
@@ -265,6 +276,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     accumulation_steps(cfg, env)  # a batch that does not split
     check_train_set(cfg)  # a training set smaller than the batch
     check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
+    check_fused_norm(cfg, device)
     for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
         if path is not None and env.is_main:
             check_output_file(key, Path(path))

@@ -5,6 +5,7 @@ minutes). The allocator failing is stood in for by a step that raises PyTorch's 
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import numpy as np
@@ -244,7 +245,7 @@ def test_the_bf16_weights_variant_holds_bf16_weights_and_its_steps_update_them()
     every weight in bf16, and a timed step (LAMB, fp32 moments) moves them."""
     assert parse_variant("packed+half+bf16w") == parse_variant("packed+half")
     assert bf16_weights("packed+half+bf16w") and not bf16_weights("packed+half")
-    with pytest.raises(SystemExit, match="KERNEL\\[\\+compile\\|\\+whole\\]\\[\\+half\\]\\[\\+static\\]\\[\\+bf16w\\]"):
+    with pytest.raises(SystemExit, match=re.escape("KERNEL[+compile|+whole|+fused][+half][+static][+bf16w]")):
         parse_variant("packed+bf16")
     samples = make_samples(LENGTHS)
     cfg = make_model_config()
@@ -264,14 +265,47 @@ def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_large
     most tokens any of them holds, and masked positions for the most any holds."""
     assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
                                                            "compile_model": False, "half_residual": True,
-                                                           "static_shapes": True}  # fmt: skip
+                                                           "static_shapes": True, "fused_norm": False}  # fmt: skip
     with pytest.raises(SystemExit, match="'varlen\\+compile\\+whole': Value error, model.compile_model compiles"):
         parse_variant("varlen+compile+whole")
     assert parse_variant("varlen+whole+half+static") == {"attention": "varlen", "compile": False,
                                                          "compile_model": True, "half_residual": True,
-                                                         "static_shapes": True}  # fmt: skip
+                                                         "static_shapes": True, "fused_norm": False}  # fmt: skip
+    assert parse_variant("varlen+fused+half")["fused_norm"]
+    with pytest.raises(SystemExit, match="'varlen\\+whole\\+fused': Value error, model.fused_norm runs its own"):
+        parse_variant("varlen+whole+fused")
     samples = make_samples(LENGTHS)
     budget = fixed_shape(samples, 3, 2)  # batches [7, 33, 64] (104 tokens) and [12, 50, 5] (67)
     assert budget.tokens == 128
     masked = masked_counts(samples)
     assert budget.masked == 8 * -(-max(masked[:3].sum(), masked[3:6].sum()) // 8)
+
+
+def test_chained_steps_run_in_a_row_per_model_and_count_the_timed_batches(capsys):
+    """`--chain 2`: after the warm-up, each model takes two steps in a row before the other's (the last round has
+    the one step left); the tokens are of the timed batches; a deadline already passed stops after the first
+    round, with its two steps timed."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    models = {name: BertForPreTraining(make_model_config()) for name in ("a", "b")}
+    calls = []
+
+    def recorded(name, run, index, **kwargs):
+        calls.append((name, int(index[0]) // 2))
+        return run(index=index, **kwargs)
+
+    runners = {}
+    for name, model in models.items():
+        run, _ = runner(model, samples)
+        runners[name] = (partial(recorded, name, run), model)
+    optimizers = {name: build_optimizer(m, OptimizerConfig(name="lamb", lr=1e-4)) for name, m in models.items()}
+    cpu = torch.device("cpu")
+    timing = time_steps(dict(runners), optimizers, samples, batch=2, warmup=1, steps=3, device=cpu, chain=2)
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1), ("b", 2), ("a", 3), ("b", 3)]
+    assert timing.steps == 3 and timing.tokens == {"a": sum(LENGTHS[2:8]), "b": sum(LENGTHS[2:8])}
+    calls.clear()
+    timing = time_steps(dict(runners), optimizers, samples, batch=2, warmup=1, steps=3, device=cpu, chain=2,
+                        deadline=0.0)  # fmt: skip
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert timing.steps == 2 and timing.tokens == {"a": sum(LENGTHS[2:6]), "b": sum(LENGTHS[2:6])}
+    assert "time is up (--max-seconds): 2 of 3 steps timed" in capsys.readouterr().out

@@ -392,10 +392,11 @@ flash_only = pytest.mark.skipif(
 @pytest.mark.gpu
 @cuda_only
 def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype):
-    """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the packed grid, the compiled layers
-    and, in bf16, the varlen kernel, also with compiled layers or as the compiled model, and the bf16 residual
-    stream give the padded eager model's losses, also on a batch padded to a budget (model.static_shapes); bf16
-    within 2 %, float32 within 1e-4 (the GPU's kernels sum in other orders)."""
+    """On CUDA, without dropout: jagged attention (the flash kernel in bf16), the packed grid, the compiled layers,
+    the fused bias-dropout-residual-LayerNorm kernels and, in bf16, the varlen kernel, also with compiled layers, as
+    the compiled model or with the fused kernels, and the bf16 residual stream give the padded eager model's
+    losses, also on a batch padded to a budget (model.static_shapes); bf16 within 2 %, float32 within 1e-4 (the
+    GPU's kernels sum in other orders)."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
     reference = BertForPreTraining(make_model_config(attention="padded")).cuda()
@@ -410,8 +411,9 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
             {"attention": "varlen", "half_residual": True},
             {"attention": "varlen", "compile": True, "static_shapes": True},
             {"attention": "varlen", "compile_model": True},
+            {"attention": "varlen", "half_residual": True, "fused_norm": True},
         ]  # (on fixed shapes: the CUDA graphs' test)
-    variants += [{"attention": "packed", "static_shapes": True}]
+    variants += [{"attention": "packed", "static_shapes": True}, {"attention": "packed", "fused_norm": True}]
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
@@ -442,6 +444,19 @@ def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
     torch.manual_seed(0)
     model = BertForPreTraining(make_model_config(attention=attention, hidden_dropout_prob=0.1,
                                                  attention_probs_dropout_prob=0.1)).cuda()  # fmt: skip
+    assert_trains_on_one_batch_and_evaluates_alike(model, pack_batch(samples, np.arange(len(LENGTHS))).to("cuda"))
+
+
+@pytest.mark.gpu
+@flash_only
+def test_on_the_gpu_the_fused_norm_kernels_train_with_dropout_in_bf16():
+    """`model.fused_norm` with the varlen kernel and the bf16 residual stream, BERT's dropout: a few bf16 steps lower
+    the loss on one repeated batch, and eval mode is deterministic."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    cfg = make_model_config(attention="varlen", half_residual=True, fused_norm=True, hidden_dropout_prob=0.1,
+                            attention_probs_dropout_prob=0.1)  # fmt: skip
+    model = BertForPreTraining(cfg).cuda()
     assert_trains_on_one_batch_and_evaluates_alike(model, pack_batch(samples, np.arange(len(LENGTHS))).to("cuda"))
 
 

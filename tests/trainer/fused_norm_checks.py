@@ -1,0 +1,141 @@
+"""The fused bias-dropout-residual-LayerNorm kernels (`trainer.fused_norm`) against their eager references, run in
+Triton's interpreter on the CPU: `python -m tests.trainer.fused_norm_checks` with TRITON_INTERPRET=1 (read when
+triton is imported, so a process of its own: tests/trainer/test_fused_norm.py starts it). Prints one JSON object of
+measured differences and counts; the test asserts on them."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.test_fused_paths import LENGTHS, exact_gradients, train_steps
+from trainer.data.batch import pack_batch
+from trainer.fused_norm import bias_dropout_add_norm, dropout_keep, interpreting
+from trainer.model import BertForPreTraining, pretraining_loss
+
+
+def relative(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest difference over the reference's largest magnitude."""
+    scale = reference.abs().max().item()
+    return (ours.double() - reference.double()).abs().max().item() / scale if scale else ours.abs().max().item()
+
+
+def ulps(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest difference in units in the last place of `ours`' dtype at each reference value."""
+    exponent = torch.floor(torch.log2(reference.abs().clamp_min(torch.finfo(ours.dtype).tiny)))
+    ulp = torch.pow(2.0, exponent) * torch.finfo(ours.dtype).eps
+    return ((ours.double() - reference) / ulp).abs().max().item() if ours.numel() else 0.0
+
+
+def against_eager(rows: int, cols: int, p: float, training: bool, dtype=torch.float32) -> dict:
+    """The fused op's output and five gradients against the eager composition in float64 with the mask the kernel
+    drew (`dropout_keep` of the seed it drew: torch's generator is reset to draw it again); relative differences."""
+    torch.manual_seed(3)
+    mm, residual = torch.randn(rows, cols, dtype=dtype), torch.randn(rows, cols, dtype=dtype)
+    bias, weight, norm_bias = torch.randn(cols), 1 + 0.1 * torch.randn(cols), torch.randn(cols)
+    grad = torch.randn(rows, cols, dtype=dtype)
+    leaves = [t.clone().requires_grad_() for t in (mm, bias, residual, weight, norm_bias)]
+    torch.manual_seed(11)
+    out = bias_dropout_add_norm(*leaves, p, 1e-12, training)
+    out.backward(grad)
+    torch.manual_seed(11)
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)  # the draw `dropout_seed` made
+    keep = dropout_keep(seed, (rows, cols), p) if training and p > 0 else torch.ones(rows, cols, dtype=torch.bool)
+    exact = [t.detach().double().requires_grad_() for t in (mm, bias, residual, weight, norm_bias)]
+    scale = 1 / (1 - p) if training else 1.0
+    x = exact[2] + (exact[0] + exact[1]) * keep * scale
+    reference = F.layer_norm(x, (cols,), exact[3], exact[4], 1e-12)
+    reference.backward(grad.double())
+    names = ("mm", "bias", "residual", "weight", "norm_bias")
+    result = {"out": relative(out, reference), "out_dtype": str(out.dtype), "dropped": 1 - keep.float().mean().item()}
+    result.update({f"d_{n}": relative(leaf.grad, ref.grad) for n, leaf, ref in zip(names, leaves, exact, strict=True)})
+    if dtype != torch.float32:  # the activations' results in units of their dtype's last place
+        result["ulps"] = {"out": ulps(out, reference.detach()), "d_mm": ulps(leaves[0].grad, exact[0].grad),
+                          "d_residual": ulps(leaves[2].grad, exact[2].grad)}  # fmt: skip
+    return result
+
+
+def mask_statistics(rows: int = 400, cols: int = 250, p: float = 0.1) -> dict:
+    """How many elements a mask drops, and how many positions two seeds' masks share."""
+    first = dropout_keep(torch.tensor([12345]), (rows, cols), p)
+    again = dropout_keep(torch.tensor([12345]), (rows, cols), p)
+    other = dropout_keep(torch.tensor([12346]), (rows, cols), p)
+    return {"n": rows * cols, "dropped": int((~first).sum()), "same_seed_equal": bool(torch.equal(first, again)),
+            "other_seed_agree": int((first == other).sum()),
+            "rows_equal": int((first[0] == first[1]).sum())}  # fmt: skip
+
+
+def model_against_eager() -> dict:
+    """The tiny model with `model.fused_norm` against the eager one, float32, over AdamW steps: BERT's attention
+    dropout seeded (the fused kernels draw nothing at hidden dropout 0, so both draw the same attention masks);
+    losses, and each gradient's difference with the eager one's own float32 error (against float64)."""
+    samples = make_samples(LENGTHS)
+    cfg = make_model_config(attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    eager = BertForPreTraining(cfg)
+    fused = BertForPreTraining(cfg.model_copy(update={"fused_norm": True}))
+    fused.load_state_dict(eager.state_dict())
+    exact = exact_gradients(eager, samples)
+    reference_losses, reference_grads = train_steps(eager, samples)
+    losses, grads = train_steps(fused, samples)
+    other_seed = train_steps(copy.deepcopy(eager), samples, seed=2)[0]
+    gradients = {}
+    for name, grad in grads.items():
+        gradients[name] = {
+            "difference": (grad - reference_grads[name]).abs().max().item(),
+            "scale": reference_grads[name].abs().max().item(),
+            "float32_error": (reference_grads[name].double() - exact[name]).abs().max().item(),
+            "fused_error": (grad.double() - exact[name]).abs().max().item(),
+        }
+    return {"losses": losses, "reference_losses": reference_losses, "other_seed_losses": other_seed,
+            "same_names": sorted(fused.state_dict()) == sorted(eager.state_dict()), "gradients": gradients,
+            "missing": sorted(reference_grads.keys() - grads.keys())}  # fmt: skip
+
+
+def model_with_dropout() -> dict:
+    """The tiny model with `model.fused_norm` and BERT's hidden dropout: the losses of two seeds, of one seed twice,
+    and eval mode's logits twice (no dropout there)."""
+    samples = make_samples(LENGTHS)
+    torch.manual_seed(0)
+    model = BertForPreTraining(make_model_config(hidden_dropout_prob=0.1, fused_norm=True))
+    batch = pack_batch(samples, np.arange(len(LENGTHS)))
+
+    def loss(seed: int) -> float:
+        torch.manual_seed(seed)
+        return pretraining_loss(model(batch), batch).total.item()
+
+    model.eval()
+    with torch.no_grad():
+        eval_equal = torch.equal(model(batch).mlm_logits, model(batch).mlm_logits)
+    eval_loss = pretraining_loss(model(batch), batch).total.item()
+    model.train()
+    return {"seed1": loss(1), "seed1_again": loss(1), "seed2": loss(2), "eval_equal": eval_equal,
+            "eval_loss": eval_loss}  # fmt: skip
+
+
+def main() -> None:
+    assert interpreting(), "run with TRITON_INTERPRET=1"
+    results = {
+        "dropout": against_eager(37, 48, 0.1, True),  # a row narrower than the kernel's block (64)
+        "dropout_quarter": against_eager(29, 64, 0.25, True),
+        "eval": against_eager(37, 48, 0.1, False),
+        "bf16": against_eager(37, 48, 0.1, True, torch.bfloat16),
+        "mask": mask_statistics(),
+        "model": model_against_eager(),
+        "model_dropout": model_with_dropout(),
+    }
+    empty = bias_dropout_add_norm(*(torch.zeros(0, 8, requires_grad=True), torch.zeros(8, requires_grad=True),
+                                    torch.zeros(0, 8, requires_grad=True), torch.ones(8), torch.zeros(8)),
+                                  0.1, 1e-12, True)  # fmt: skip
+    empty.sum().backward()
+    results["no_rows"] = list(empty.shape)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""`model.fused_norm`: the bias, dropout, residual and LayerNorm kernels (`trainer.fused_norm`) against eager PyTorch.
+
+The kernels are Triton's, compiled for a GPU; on the CPU they run in Triton's interpreter, which a process must ask
+for before it imports triton: the checks run once in a process of their own (`tests.trainer.fused_norm_checks`) and
+the tests below read what it measured. In float32 every output and gradient is within 1e-5 of the exact (float64)
+eager composition with the mask the kernel drew; the tiny model with the kernels trains the eager model's losses (within
+1e-5) and gradients over AdamW steps: each within 1e-5 of the eager one, or, where the two differ by more (the
+near-cancelling sums of the next-sentence head: see tests/trainer/test_fused_paths.py), no farther from the exact
+(float64) gradient than the eager float32 one is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import stats
+
+from tests.trainer.conftest import make_model_config
+from tests.trainer.test_fused_paths import RTOL, cuda_only
+from trainer.config import TrainerConfig
+from trainer.errors import ConfigError
+
+triton = pytest.importorskip("triton", reason="the fused kernels are Triton's (installed by make setup)")
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERANDS = ("out", "d_mm", "d_bias", "d_residual", "d_weight", "d_norm_bias")
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "tests.trainer.fused_norm_checks"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("case", ["dropout", "dropout_quarter", "eval"])
+def test_the_kernels_give_the_eager_layer_norm_of_the_residual_plus_the_dropped_out_biased_product(measured, case):
+    """Output and the gradients of all five inputs, float32, within 1e-5 of float64 eager PyTorch: dropout 0.1 on
+    rows of 48 (narrower than the kernel's block), 0.25 on rows of 64, and eval mode (no dropout)."""
+    result = measured[case]
+    for name in OPERANDS:
+        assert result[name] <= RTOL, (case, name, result[name])
+    assert result["out_dtype"] == "torch.float32"
+    assert result["dropped"] == (0.0 if case == "eval" else pytest.approx(0.25 if "quarter" in case else 0.1, abs=0.03))
+
+
+def test_in_bf16_activations_are_within_one_unit_of_the_last_place_and_the_weights_gradients_in_fp32(measured):
+    """bf16 product and residual (the bf16 residual stream): the output and the activations' gradients within one
+    bf16 unit in the last place of the exact values (Triton's interpreter truncates where a GPU rounds to nearest:
+    one unit, not half), the fp32 weights' and biases' gradients within 1e-5."""
+    result = measured["bf16"]
+    assert result["out_dtype"] == "torch.bfloat16"
+    assert all(units <= 1.0 for units in result["ulps"].values()), result["ulps"]
+    for name in ("d_bias", "d_weight", "d_norm_bias"):
+        assert result[name] <= RTOL, (name, result[name])
+
+
+def test_the_dropout_mask_drops_its_share_depends_on_the_seed_alone_and_differs_between_seeds(measured):
+    """100,000 draws at p = 0.1: the dropped count within the binomial's central 1 - 1e-6; the same seed draws the
+    same mask (the backward draws the forward's again); another seed's mask agrees with it as independent draws
+    would ((1-p)^2 + p^2 of the positions), and so do two rows of one mask."""
+    mask = measured["mask"]
+    n, p = mask["n"], 0.1
+    low, high = stats.binom.interval(1 - 1e-6, n, p)
+    assert low <= mask["dropped"] <= high
+    assert mask["same_seed_equal"]
+    agree = (1 - p) ** 2 + p**2
+    low, high = stats.binom.interval(1 - 1e-6, n, agree)
+    assert low <= mask["other_seed_agree"] <= high
+    low, high = stats.binom.interval(1 - 1e-6, 250, agree)
+    assert low <= mask["rows_equal"] <= high
+
+
+def test_the_model_with_the_kernels_trains_the_eager_models_losses_and_gradients(measured):
+    model = measured["model"]
+    assert model["same_names"]  # checkpoints keep their names
+    assert model["missing"] == []
+    assert model["losses"] == pytest.approx(model["reference_losses"], rel=RTOL, abs=0)
+    assert model["other_seed_losses"] != pytest.approx(model["reference_losses"], rel=1e-3)  # dropout matters
+    largest = max(g["scale"] for g in model["gradients"].values())
+    for name, g in model["gradients"].items():
+        if name.endswith("attention.self.key.bias"):  # zero in exact arithmetic: rounding noise in both
+            assert max(g["difference"], g["scale"]) < 1e-6 * largest, name
+            continue
+        assert g["difference"] <= RTOL * g["scale"] or g["fused_error"] <= g["float32_error"], (name, g)
+
+
+def test_the_kernels_dropout_is_drawn_from_torchs_seed_and_off_in_eval(measured):
+    result = measured["model_dropout"]
+    assert result["seed1"] == result["seed1_again"]
+    assert result["seed1"] != result["seed2"]
+    assert result["eval_equal"]
+    assert result["eval_loss"] not in (result["seed1"], result["seed2"])
+
+
+def test_an_empty_micro_batch_passes_through(measured):
+    assert measured["no_rows"] == [0, 8]
+
+
+def test_the_switch_is_refused_with_compiled_layers_or_model_and_where_the_kernels_cannot_run(monkeypatch):
+    from trainer.train import check_fused_norm, execution
+
+    for other in ("compile", "compile_model"):
+        with pytest.raises(ValueError, match="model.fused_norm runs its own kernels"):
+            make_model_config(fused_norm=True, **{other: True})
+    cfg = TrainerConfig(model=make_model_config(fused_norm=True).model_dump())
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match=r"model.fused_norm needs a CUDA GPU .*\(this run: cpu\); set it false"):
+        check_fused_norm(cfg, torch.device("cpu"))
+    assert execution(cfg, torch.device("cpu"), None) == (
+        "fp32, attention packed, fused bias-dropout-residual-LayerNorm kernels"
+    )
+
+
+@pytest.mark.gpu
+@cuda_only
+def test_on_the_gpu_the_kernels_match_eager_pytorch_with_their_mask():
+    """Compiled for the GPU: float32 against float64 eager with the mask the kernel drew (1e-4: other summation
+    orders), bf16 within one unit in the last place, on BERT-large's row of 1,024 and 3,000 rows."""
+    from tests.trainer import fused_norm_checks as checks
+
+    with torch.device("cuda"):
+        fp32 = checks.against_eager(3000, 1024, 0.1, True)
+        bf16 = checks.against_eager(3000, 1024, 0.1, True, torch.bfloat16)
+    assert all(fp32[name] <= 1e-4 for name in OPERANDS), fp32
+    assert all(units <= 1.0 for units in bf16["ulps"].values()), bf16["ulps"]

@@ -1,0 +1,215 @@
+"""Each encoder layer's output block in one kernel each way: bias, dropout, residual add and LayerNorm
+(`model.fused_norm`).
+
+BERT ends both halves of a layer with `LayerNorm(dropout(dense(h)) + residual)`. Eager PyTorch runs that as a matrix
+product with its bias, a dropout kernel (which writes its mask), an addition and a LayerNorm; the backward as a
+LayerNorm backward, a separate kernel for its weights' gradients, the dropout's backward and a reduction for the
+bias's gradient: each a pass over [tokens, hidden] activations. On an H200 at batch 128 (BERT-large, varlen, bf16
+residual stream) that per-token work took 47 ms of a 171 ms step, the LayerNorm weights' gradients alone 6.3 ms.
+
+Here the forward is one Triton kernel: it reads the matrix product (without its bias) and the residual, adds the
+bias, draws the dropout mask (Philox, from a seed drawn with torch's generator, so `torch.manual_seed` and the saved
+RNG state decide it), adds the residual and normalizes, in fp32, and writes the output and each row's mean and
+1/std. Nothing else is kept: the backward kernel reads the same two inputs and draws the same mask again, and writes
+the gradients of the matrix product and of the residual, with per-program partial sums of the bias's, the LayerNorm
+weight's and its bias's gradients (summed by PyTorch, in fp32).
+
+CUDA only (Triton compiles for the GPU); on the CPU the kernels run in Triton's interpreter when the process starts
+with TRITON_INTERPRET=1 (what the tests do). `fused_norm_runs` says whether they can run; the model falls back to
+nothing: the trainer refuses the switch where they cannot (`trainer.train.check_fused_norm`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU set-up need not have it; the switch is refused there
+    triton = None
+
+FUSED_NORM_NEEDS = "a CUDA GPU and the triton package (installed with PyTorch's CUDA wheels)"
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its kernels in its interpreter on the CPU (TRITON_INTERPRET=1 when triton was imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def fused_norm_runs(device: torch.device) -> bool:
+    """Whether the fused kernels can run on `device`: triton imported, and a CUDA device (or the interpreter)."""
+    return triton is not None and (device.type == "cuda" or interpreting())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _forward_kernel(
+        MM, BIAS, RES, W, B, OUT, MEAN, RSTD, SEED,
+        rows, cols, p, scale, eps,
+        ROWS: tl.constexpr, BLOCK: tl.constexpr, DROPOUT: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # a tile of ROWS rows, BLOCK columns
+        col = tl.arange(0, BLOCK)
+        valid = (row < rows)[:, None] & (col < cols)[None, :]
+        at = row[:, None] * cols + col[None, :]
+        x = tl.load(MM + at, mask=valid, other=0.0).to(tl.float32)
+        x += tl.load(BIAS + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
+        if DROPOUT:
+            keep = tl.rand(tl.load(SEED), at) >= p
+            x = tl.where(keep, x * scale, 0.0)
+        s = tl.where(valid, x + tl.load(RES + at, mask=valid, other=0.0).to(tl.float32), 0.0)
+        mean = tl.sum(s, axis=1) / cols
+        centred = tl.where(valid, s - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / cols + eps)
+        w = tl.load(W + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
+        b = tl.load(B + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
+        tl.store(OUT + at, (centred * rstd[:, None] * w + b).to(OUT.dtype.element_ty), mask=valid)
+        tl.store(MEAN + row, mean, mask=row < rows)
+        tl.store(RSTD + row, rstd, mask=row < rows)
+
+    @triton.jit
+    def _backward_kernel(
+        GRAD, MM, BIAS, RES, W, MEAN, RSTD, SEED, D_MM, D_RES, PARTIAL,
+        rows, cols, p, scale,
+        ROWS: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr, DROPOUT: tl.constexpr,
+    ):  # fmt: skip
+        program = tl.program_id(0)
+        col = tl.arange(0, BLOCK)
+        bias = tl.load(BIAS + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(W + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
+        d_w = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        d_b = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        d_bias = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        for i in range(0, TILES_PER_PROGRAM):
+            row = (program.to(tl.int64) * TILES_PER_PROGRAM + i) * ROWS + tl.arange(0, ROWS)
+            valid = (row < rows)[:, None] & (col < cols)[None, :]
+            at = row[:, None] * cols + col[None, :]
+            x = tl.load(MM + at, mask=valid, other=0.0).to(tl.float32) + bias  # the forward's sum, again
+            if DROPOUT:
+                keep = tl.rand(tl.load(SEED), at) >= p
+                x = tl.where(keep, x * scale, 0.0)
+            s = x + tl.load(RES + at, mask=valid, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + row, mask=row < rows, other=0.0)[:, None]
+            rstd = tl.load(RSTD + row, mask=row < rows, other=0.0)[:, None]
+            x_hat = tl.where(valid, (s - mean) * rstd, 0.0)
+            grad = tl.load(GRAD + at, mask=valid, other=0.0).to(tl.float32)
+            w_grad = grad * w
+            c_hat = tl.sum(w_grad * x_hat, axis=1)[:, None] / cols
+            c_one = tl.sum(w_grad, axis=1)[:, None] / cols
+            d_s = (w_grad - x_hat * c_hat - c_one) * rstd
+            d_x = d_s
+            if DROPOUT:
+                d_x = tl.where(keep, d_s * scale, 0.0)
+            tl.store(D_RES + at, d_s.to(D_RES.dtype.element_ty), mask=valid)
+            tl.store(D_MM + at, d_x.to(D_MM.dtype.element_ty), mask=valid)
+            d_w += grad * x_hat
+            d_b += grad
+            d_bias += tl.where(valid, d_x, 0.0)
+        partial = PARTIAL + program * 3 * cols + col
+        tl.store(partial, tl.sum(d_bias, axis=0), mask=col < cols)
+        tl.store(partial + cols, tl.sum(d_w, axis=0), mask=col < cols)
+        tl.store(partial + 2 * cols, tl.sum(d_b, axis=0), mask=col < cols)
+
+
+def _launch_shape(cols: int) -> dict:
+    """A tile's columns (the row, rounded up to a power of two) and rows: one on a GPU (a row of BERT-large is 1,024
+    values: 8 warps keep it in registers), 16 in the interpreter, where each program costs milliseconds."""
+    block = triton.next_power_of_2(cols)
+    return {"BLOCK": block, "ROWS": 16 if interpreting() else 1, "num_warps": min(max(block // 128, 1), 8)}
+
+
+def _tiles_per_program(tiles: int, device: torch.device) -> int:
+    """Tiles each program of the backward kernel loops over, keeping its partial sums of the weights' gradients in
+    registers: a power of two, so that batches of any number of tokens share a few compiled kernels, giving between
+    2 and 4 programs a multiprocessor (4 programs in the interpreter)."""
+    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return triton.next_power_of_2(max(triton.cdiv(tiles, programs), 1))
+
+
+class FusedBiasDropoutAddNorm(torch.autograd.Function):
+    """layer_norm(residual + dropout(mm + bias)) over the last dimension; see the module's doc. mm, residual: [T, H],
+    contiguous; the output has the residual's dtype (the residual stream's); seed: int64 [1] on the device, or None
+    without dropout."""
+
+    @staticmethod
+    def forward(ctx, mm, bias, residual, weight, norm_bias, p: float, eps: float, seed):
+        rows, cols = mm.shape
+        out = torch.empty_like(residual)
+        mean = torch.empty(rows, dtype=torch.float32, device=mm.device)
+        rstd = torch.empty_like(mean)
+        dropout = seed is not None
+        scale = 1.0 / (1.0 - p) if dropout else 1.0
+        seed_arg = seed if dropout else mean  # (not read)
+        if rows:
+            shape = _launch_shape(cols)
+            _forward_kernel[(triton.cdiv(rows, shape["ROWS"]),)](
+                mm, bias, residual, weight, norm_bias, out, mean, rstd, seed_arg, rows, cols, p, scale, eps,
+                DROPOUT=dropout, **shape,
+            )  # fmt: skip
+        ctx.save_for_backward(mm, bias, residual, weight, mean, rstd, seed_arg)
+        ctx.p, ctx.scale, ctx.dropout, ctx.norm_bias_dtype = p, scale, dropout, norm_bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        mm, bias, residual, weight, mean, rstd, seed = ctx.saved_tensors
+        rows, cols = mm.shape
+        d_mm, d_res = torch.empty_like(mm), torch.empty_like(residual)
+        shape = _launch_shape(cols)
+        per_program = _tiles_per_program(triton.cdiv(rows, shape["ROWS"]), mm.device)
+        programs = max(triton.cdiv(rows, shape["ROWS"] * per_program), 1)
+        partial = torch.zeros(programs, 3, cols, dtype=torch.float32, device=mm.device)
+        if rows:
+            _backward_kernel[(programs,)](
+                grad.contiguous(), mm, bias, residual, weight, mean, rstd, seed, d_mm, d_res, partial,
+                rows, cols, ctx.p, ctx.scale,
+                TILES_PER_PROGRAM=per_program, DROPOUT=ctx.dropout, **shape,
+            )  # fmt: skip
+        d_bias, d_weight, d_norm_bias = partial.sum(0).unbind(0)
+        return (d_mm, d_bias.to(bias.dtype), d_res, d_weight.to(weight.dtype), d_norm_bias.to(ctx.norm_bias_dtype),
+                None, None, None)  # fmt: skip
+
+
+def dropout_seed(device: torch.device) -> torch.Tensor:
+    """A seed for the kernels' dropout, drawn on the device from torch's generator (no host sync)."""
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+def bias_dropout_add_norm(
+    mm: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    p: float,
+    eps: float,
+    training: bool,
+) -> torch.Tensor:
+    """`F.layer_norm(residual + F.dropout(mm + bias, p, training), ...)` in one kernel each way (see the module's
+    doc), over the last dimension of mm and residual [..., H]. Its output has the residual's dtype."""
+    shape = residual.shape
+    mm2, res2 = mm.reshape(-1, shape[-1]).contiguous(), residual.reshape(-1, shape[-1]).contiguous()
+    seed = dropout_seed(mm.device) if training and p > 0 else None
+    return FusedBiasDropoutAddNorm.apply(mm2, bias, res2, weight, norm_bias, p, eps, seed).view(shape)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _keep_kernel(KEEP, SEED, n, p, BLOCK: tl.constexpr):
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(KEEP + at, (tl.rand(tl.load(SEED), at) >= p).to(tl.uint8), mask=at < n)
+
+
+def dropout_keep(seed: torch.Tensor, shape: tuple[int, int], p: float) -> torch.Tensor:
+    """The elements the kernels keep (True) for `seed` over a [T, H] input: the mask they draw, for checking them
+    against the eager composition."""
+    n = shape[0] * shape[1]
+    keep = torch.empty(shape, dtype=torch.uint8, device=seed.device)
+    if n:
+        _keep_kernel[(triton.cdiv(n, 1024),)](keep, seed, n, p, BLOCK=1024)
+    return keep.bool()
