@@ -5,14 +5,15 @@ BERT ends both halves of a layer with `LayerNorm(dropout(dense(h)) + residual)`.
 product with its bias, a dropout kernel (which writes its mask), an addition and a LayerNorm; the backward as a
 LayerNorm backward, a separate kernel for its weights' gradients, the dropout's backward and a reduction for the
 bias's gradient: each a pass over [tokens, hidden] activations. On an H200 at batch 128 (BERT-large, varlen, bf16
-residual stream) that per-token work took 47 ms of a 171 ms step, the LayerNorm weights' gradients alone 6.3 ms.
+residual stream) the step's element-wise work took 47 ms of 171, the LayerNorm weights' gradients alone 6.3 ms.
 
 Here the forward is one Triton kernel: it reads the matrix product (without its bias) and the residual, adds the
-bias, draws the dropout mask (Philox, from a seed drawn with torch's generator, so `torch.manual_seed` and the saved
-RNG state decide it), adds the residual and normalizes, in fp32, and writes the output and each row's mean and
-1/std. Nothing else is kept: the backward kernel reads the same two inputs and draws the same mask again, and writes
-the gradients of the matrix product and of the residual, with per-program partial sums of the bias's, the LayerNorm
-weight's and its bias's gradients (summed by PyTorch, in fp32).
+bias, draws the dropout mask (Philox, four draws a call, from a seed drawn with torch's generator, so
+`torch.manual_seed` and the saved RNG state decide it), adds the residual and normalizes, in fp32, and writes the
+output, the mask (a byte an element, as eager dropout's) and each row's mean and 1/std. The backward kernel reads the
+same two inputs and the mask, recomputes the sum, and writes the gradients of the matrix product and of the residual,
+with per-program partial sums of the bias's, the LayerNorm weight's and its bias's gradients (summed by PyTorch, in
+fp32).
 
 CUDA only (Triton compiles for the GPU); on the CPU the kernels run in Triton's interpreter when the process starts
 with TRITON_INTERPRET=1 (what the tests do). `fused_norm_runs` says whether they can run; the model falls back to
@@ -47,8 +48,15 @@ def fused_norm_runs(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _keep_tile(SEED, row, p, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        """Which elements of a [ROWS, BLOCK] tile dropout keeps: uniform draws >= p, four from each Philox call."""
+        counter = row[:, None] * (BLOCK // 4) + tl.arange(0, BLOCK // 4)[None, :]
+        u0, u1, u2, u3 = tl.rand4x(tl.load(SEED), counter)
+        return tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [ROWS, BLOCK]) >= p
+
+    @triton.jit
     def _forward_kernel(
-        MM, BIAS, RES, W, B, OUT, MEAN, RSTD, SEED,
+        MM, BIAS, RES, W, B, OUT, MEAN, RSTD, SEED, KEEP,
         rows, cols, p, scale, eps,
         ROWS: tl.constexpr, BLOCK: tl.constexpr, DROPOUT: tl.constexpr,
     ):  # fmt: skip
@@ -59,7 +67,8 @@ if triton is not None:
         x = tl.load(MM + at, mask=valid, other=0.0).to(tl.float32)
         x += tl.load(BIAS + col, mask=col < cols, other=0.0).to(tl.float32)[None, :]
         if DROPOUT:
-            keep = tl.rand(tl.load(SEED), at) >= p
+            keep = _keep_tile(SEED, row, p, ROWS, BLOCK)
+            tl.store(KEEP + at, keep.to(tl.uint8), mask=valid)
             x = tl.where(keep, x * scale, 0.0)
         s = tl.where(valid, x + tl.load(RES + at, mask=valid, other=0.0).to(tl.float32), 0.0)
         mean = tl.sum(s, axis=1) / cols
@@ -73,7 +82,7 @@ if triton is not None:
 
     @triton.jit
     def _backward_kernel(
-        GRAD, MM, BIAS, RES, W, MEAN, RSTD, SEED, D_MM, D_RES, PARTIAL,
+        GRAD, MM, BIAS, RES, W, MEAN, RSTD, KEEP, D_MM, D_RES, PARTIAL,
         rows, cols, p, scale,
         ROWS: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr, DROPOUT: tl.constexpr,
     ):  # fmt: skip
@@ -90,7 +99,7 @@ if triton is not None:
             at = row[:, None] * cols + col[None, :]
             x = tl.load(MM + at, mask=valid, other=0.0).to(tl.float32) + bias  # the forward's sum, again
             if DROPOUT:
-                keep = tl.rand(tl.load(SEED), at) >= p
+                keep = tl.load(KEEP + at, mask=valid, other=0) != 0
                 x = tl.where(keep, x * scale, 0.0)
             s = x + tl.load(RES + at, mask=valid, other=0.0).to(tl.float32)
             mean = tl.load(MEAN + row, mask=row < rows, other=0.0)[:, None]
@@ -114,11 +123,19 @@ if triton is not None:
         tl.store(partial + cols, tl.sum(d_w, axis=0), mask=col < cols)
         tl.store(partial + 2 * cols, tl.sum(d_b, axis=0), mask=col < cols)
 
+    @triton.jit
+    def _keep_kernel(KEEP, SEED, rows, cols, p, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        col = tl.arange(0, BLOCK)
+        valid = (row < rows)[:, None] & (col < cols)[None, :]
+        keep = _keep_tile(SEED, row, p, ROWS, BLOCK)
+        tl.store(KEEP + row[:, None] * cols + col[None, :], keep.to(tl.uint8), mask=valid)
+
 
 def _launch_shape(cols: int) -> dict:
     """A tile's columns (the row, rounded up to a power of two) and rows: one on a GPU (a row of BERT-large is 1,024
     values: 8 warps keep it in registers), 16 in the interpreter, where each program costs milliseconds."""
-    block = triton.next_power_of_2(cols)
+    block = max(triton.next_power_of_2(cols), 16)
     return {"BLOCK": block, "ROWS": 16 if interpreting() else 1, "num_warps": min(max(block // 128, 1), 8)}
 
 
@@ -143,20 +160,21 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
         rstd = torch.empty_like(mean)
         dropout = seed is not None
         scale = 1.0 / (1.0 - p) if dropout else 1.0
-        seed_arg = seed if dropout else mean  # (not read)
+        keep = torch.empty(mm.shape if dropout else 0, dtype=torch.uint8, device=mm.device)
         if rows:
             shape = _launch_shape(cols)
             _forward_kernel[(triton.cdiv(rows, shape["ROWS"]),)](
-                mm, bias, residual, weight, norm_bias, out, mean, rstd, seed_arg, rows, cols, p, scale, eps,
-                DROPOUT=dropout, **shape,
+                mm, bias, residual, weight, norm_bias, out, mean, rstd,
+                seed if dropout else mean, keep if dropout else mean,  # (not read without dropout)
+                rows, cols, p, scale, eps, DROPOUT=dropout, **shape,
             )  # fmt: skip
-        ctx.save_for_backward(mm, bias, residual, weight, mean, rstd, seed_arg)
+        ctx.save_for_backward(mm, bias, residual, weight, mean, rstd, keep)
         ctx.p, ctx.scale, ctx.dropout, ctx.norm_bias_dtype = p, scale, dropout, norm_bias.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        mm, bias, residual, weight, mean, rstd, seed = ctx.saved_tensors
+        mm, bias, residual, weight, mean, rstd, keep = ctx.saved_tensors
         rows, cols = mm.shape
         d_mm, d_res = torch.empty_like(mm), torch.empty_like(residual)
         shape = _launch_shape(cols)
@@ -165,7 +183,8 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
         partial = torch.zeros(programs, 3, cols, dtype=torch.float32, device=mm.device)
         if rows:
             _backward_kernel[(programs,)](
-                grad.contiguous(), mm, bias, residual, weight, mean, rstd, seed, d_mm, d_res, partial,
+                grad.contiguous(), mm, bias, residual, weight, mean, rstd, keep if ctx.dropout else mean,
+                d_mm, d_res, partial,
                 rows, cols, ctx.p, ctx.scale,
                 TILES_PER_PROGRAM=per_program, DROPOUT=ctx.dropout, **shape,
             )  # fmt: skip
@@ -197,19 +216,12 @@ def bias_dropout_add_norm(
     return FusedBiasDropoutAddNorm.apply(mm2, bias, res2, weight, norm_bias, p, eps, seed).view(shape)
 
 
-if triton is not None:
-
-    @triton.jit
-    def _keep_kernel(KEEP, SEED, n, p, BLOCK: tl.constexpr):
-        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(KEEP + at, (tl.rand(tl.load(SEED), at) >= p).to(tl.uint8), mask=at < n)
-
-
 def dropout_keep(seed: torch.Tensor, shape: tuple[int, int], p: float) -> torch.Tensor:
-    """The elements the kernels keep (True) for `seed` over a [T, H] input: the mask they draw, for checking them
-    against the eager composition."""
-    n = shape[0] * shape[1]
+    """The elements the forward kernel keeps (True) for `seed` over a [T, H] input: the mask it draws, for checking
+    the kernels against the eager composition."""
+    rows, cols = shape
     keep = torch.empty(shape, dtype=torch.uint8, device=seed.device)
-    if n:
-        _keep_kernel[(triton.cdiv(n, 1024),)](keep, seed, n, p, BLOCK=1024)
+    if rows:
+        launch = _launch_shape(cols)
+        _keep_kernel[(triton.cdiv(rows, launch["ROWS"]),)](keep, seed, rows, cols, p, **launch)
     return keep.bool()
