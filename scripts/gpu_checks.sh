@@ -109,14 +109,14 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
   break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
-run throughput_128 45 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 40 \
+run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 52 \
   --variants padded,varlen,varlen+half,varlen+half+fused --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
-run tests 90 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_norm.py \
+run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_norm.py \
   $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py
 run throughput_chained 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
   --max-seconds 50 --variants varlen+half,varlen+half+fused

@@ -56,7 +56,7 @@ def bench_commands() -> list[tuple[str, str, list[str]]]:
 def test_the_script_runs_its_checks_within_its_deadline():
     names = [name for name, _, _ in checks()]
     assert names[0] == "experiment"
-    assert {"throughput_128", "throughput_whole", "tests", "clipping", "noise_scale"} <= set(names)
+    assert {"throughput_128", "throughput_chained", "tests", "clipping", "noise_scale"} <= set(names)
     assert f"DEADLINE_S=${{DEADLINE_S:-{DEADLINE_S}}}" in SCRIPT.read_text()
     keep = int(re.search(r"^KEEP_S=\$\{KEEP_S:-(\d+)\}", SCRIPT.read_text(), re.MULTILINE).group(1))
     assert SETUP_S + sum(seconds for _, seconds, _ in checks()) + keep <= DEADLINE_S
