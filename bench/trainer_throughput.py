@@ -6,11 +6,11 @@ with SDPA attention, twice: padded to the shard width (how MLPerf shards are sto
 sequence of each batch (dynamic padding). Ours runs once per `--variants` entry: an attention kernel
 (`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`),
 `+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`),
-`+fused` for the bias-dropout-residual-LayerNorm kernels (`model.fused_norm`), `+bf16w` for the weights held in bf16
-(a bound for timing: no fp32 master copies). Steps are interleaved so all see the same machine state: one at a time
-from an idle device by default, or `--chain N` in a row without waiting for the device, as the trainer's loop runs.
-Prints valid tokens/s and sequences/s of each, the ratios, and the share of the device's dense bf16 peak at 6·N
-FLOPs per valid token (`--peak-tflops`).
+`+fused` for the bias-dropout-residual-LayerNorm kernels (`model.fused_norm`), `+gelu` for the bias-GELU kernels
+(`model.fused_gelu`), `+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies). Steps are
+interleaved so all see the same machine state: one at a time from an idle device by default, or `--chain N` in a row
+without waiting for the device, as the trainer's loop runs. Prints valid tokens/s and sequences/s of each, the
+ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
 
 With `--breakdown`, one more step of each runs under the PyTorch profiler: its time split into attention kernels,
 matrix products, the optimizer step's kernels and the rest, and the host time in which the device had nothing to
@@ -119,6 +119,7 @@ VARIANT_FLAGS = {
     "half": "half_residual",
     "static": "static_shapes",
     "fused": "fused_norm",
+    "gelu": "fused_gelu",
 }
 # `+FLAG` -> its switch. `+bf16w`, the benchmark's own: the model's weights cast to bf16 (no fp32 master copies; the
 # optimizer updates in fp32 and rounds each step to bf16): what a model holding bf16 weights would gain at most over
@@ -128,11 +129,13 @@ BENCH_FLAGS = ("bf16w",)
 
 def parse_variant(text: str) -> dict:
     """`jagged+compile` -> {"attention": "jagged", "compile": True, "compile_model": False, "half_residual": False,
-    "static_shapes": False, "fused_norm": False} (the model's switches; `bf16_weights` reads the benchmark's own)."""
+    "static_shapes": False, "fused_norm": False, "fused_gelu": False} (the model's switches; `bf16_weights` reads the
+    benchmark's own)."""
     kernel, *flags = text.split("+")
     if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS and f not in BENCH_FLAGS for f in flags):
         raise SystemExit(
-            f"--variants: {text!r} is not KERNEL[+compile|+whole|+fused][+half][+static][+bf16w] with KERNEL one of "
+            f"--variants: {text!r} is not KERNEL[+compile|+whole|+fused|+gelu][+half][+static][+bf16w] with KERNEL "
+            "one of "
             f"{ATTENTION_KERNELS}"
         )
     variant = {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
@@ -414,10 +417,10 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="auto",
-        help="ours, comma-separated: KERNEL[+compile|+whole|+fused][+half][+static][+bf16w] (+compile: model.compile; "
-        "+whole: model.compile_model; +fused: model.fused_norm; +half: model.half_residual; +static: "
-        "model.static_shapes, every batch padded to "
-        "one budget; +bf16w: the weights in bf16, a bound for timing, not a way to train; default: auto)",
+        help="ours, comma-separated: KERNEL[+compile|+whole|+fused|+gelu][+half][+static][+bf16w] (+compile: "
+        "model.compile; +whole: model.compile_model; +fused: model.fused_norm; +gelu: model.fused_gelu; +half: "
+        "model.half_residual; +static: model.static_shapes, every batch padded to one budget; +bf16w: the weights in "
+        "bf16, a bound for timing, not a way to train; default: auto)",
     )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")

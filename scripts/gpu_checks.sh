@@ -7,7 +7,7 @@
 #                time (a model that runs out of memory or fails leaves the comparison; the others go on). On an H200
 #                on 2026-11-30: varlen 716.9 sequences/s, 763.2 with the bf16 residual stream, 2.53x and 2.69x HF;
 #                the padded grid 459.5. Also with the fused bias-dropout-residual-LayerNorm kernels
-#                (model.fused_norm, +fused)
+#                (model.fused_norm, +fused), and with the fused bias-GELU kernels too (model.fused_gelu, +gelu)
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -19,7 +19,7 @@
 #                MLPerf log)
 #   throughput_chained  at batch 128 beside Hugging Face's model, three steps in a row without waiting for the
 #                device (--chain 3), as the trainer's loop runs: varlen with the bf16 residual stream, eager and with
-#                the fused kernels. (The compiled model on CUDA graphs, model.compile_model, measured no faster on an
+#                both fused kernels. (The compiled model on CUDA graphs, model.compile_model, measured no faster on an
 #                H200 on 2026-11-30: 747.8 sequences/s against 764.7 eager, 45 s of compiling.)
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
 # file, and of the experiment one trial's MLPerf log and progress lines and the exported config; its other files
@@ -110,16 +110,16 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 52 \
-  --variants padded,varlen,varlen+half,varlen+half+fused --breakdown --top 12
+  --variants padded,varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
-run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_norm.py \
+run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_kernels.py \
   $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py
 run throughput_chained 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
-  --max-seconds 50 --variants varlen+half,varlen+half+fused
+  --max-seconds 50 --variants varlen+half,varlen+half+fused+gelu
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"
   cat "$OUT/machine.txt"

@@ -124,6 +124,13 @@ class ModelConfig(Section):
         "GPU and the triton package (PyTorch's CUDA wheels bring it); not with model.compile or "
         "model.compile_model. The output keeps the residual stream's dtype (model.half_residual).",
     )
+    fused_gelu: bool = Field(
+        False,
+        description="Add the feed-forward layer's bias and apply GELU (exact) in one Triton kernel forward and one "
+        "backward that also sums the bias's gradient, one pass fewer over the widest activations (in fp32; the output "
+        "in the matrix product's dtype). Needs a CUDA GPU and the triton package; not with model.compile or "
+        "model.compile_model.",
+    )
     half_residual: bool = Field(
         False,
         description="Under bf16/fp16 autocast, keep the residual stream in the half dtype, as NVIDIA's MLPerf BERT "
@@ -161,9 +168,10 @@ class ModelConfig(Section):
         if self.compile_model and self.compile:
             raise ValueError("model.compile_model compiles the whole forward pass, model.compile its per-token layers: "
                              "set one of them")  # fmt: skip
-        if self.fused_norm and (self.compile or self.compile_model):
-            raise ValueError("model.fused_norm runs its own kernels where model.compile and model.compile_model "
-                             "compile: set one of them")  # fmt: skip
+        for key in ("fused_norm", "fused_gelu"):
+            if getattr(self, key) and (self.compile or self.compile_model):
+                raise ValueError(f"model.{key} runs its own kernels where model.compile and model.compile_model "
+                                 "compile: set one of them")  # fmt: skip
         if self.compile_model and self.attention == "jagged":
             raise ValueError("model.compile_model runs attention varlen, packed or padded (or auto), not jagged")
         return self

@@ -418,7 +418,7 @@ class BertSelfOutput(nn.Module):
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if self.fused:  # the matrix product without its bias, which the kernel adds (and sums the gradient of)
-            from trainer.fused_norm import bias_dropout_add_norm  # (imports Triton: only where the switch is on)
+            from trainer.fused.norm import bias_dropout_add_norm  # (imports Triton: only where the switch is on)
 
             norm = self.LayerNorm
             return bias_dropout_add_norm(F.linear(h, self.dense.weight), self.dense.bias, residual, norm.weight,
@@ -440,8 +440,13 @@ class BertIntermediate(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fused = cfg.fused_gelu  # the bias and GELU in one kernel each way
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:  # the matrix product without its bias, which the kernel adds (and sums the gradient of)
+            from trainer.fused.gelu import bias_gelu  # (imports Triton: only where the switch is on)
+
+            return bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
         return F.gelu(self.dense(x))
 
 

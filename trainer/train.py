@@ -109,14 +109,17 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
         )
 
 
-def check_fused_norm(cfg: TrainerConfig, device: torch.device) -> None:
-    """`model.fused_norm` only where its Triton kernels run, said before any work."""
-    if not cfg.model.fused_norm:
+def check_fused_kernels(cfg: TrainerConfig, device: torch.device) -> None:
+    """`model.fused_norm` and `model.fused_gelu` only where their Triton kernels run, said before any work."""
+    on = [key for key in ("fused_norm", "fused_gelu") if getattr(cfg.model, key)]
+    if not on:
         return
-    from trainer.fused_norm import FUSED_NORM_NEEDS, fused_norm_runs  # (imports Triton)
+    from trainer.fused import KERNELS_NEED, kernels_run  # (imports Triton)
 
-    if not fused_norm_runs(device):
-        raise ConfigError(f"model.fused_norm needs {FUSED_NORM_NEEDS} (this run: {device.type}); set it false")
+    if not kernels_run(device):
+        keys = " and ".join(f"model.{key}" for key in on)
+        raise ConfigError(f"{keys} need{'s' if len(on) == 1 else ''} {KERNELS_NEED} (this run: {device.type}); "
+                          f"set {'it' if len(on) == 1 else 'them'} false")  # fmt: skip
 
 
 def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
@@ -145,7 +148,9 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
         if device.type == "cuda" and graph_per_shape(cfg.model, kernel):  # where CUDA graphs may run
             accumulates = " (no CUDA graphs: gradients accumulate over micro-batches)"
             compiled += accumulates if accumulation > 1 else " on CUDA graphs"
-    fused = ", fused bias-dropout-residual-LayerNorm kernels" if cfg.model.fused_norm else ""
+    kernels = [what for key, what in (("fused_norm", "bias-dropout-residual-LayerNorm"), ("fused_gelu", "bias-GELU"))
+               if getattr(cfg.model, key)]  # fmt: skip
+    fused = f", fused {' and '.join(kernels)} kernels" if kernels else ""
     return f"{precision}, attention {kernel}{compiled}{fused}"
 
 
@@ -276,7 +281,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     accumulation_steps(cfg, env)  # a batch that does not split
     check_train_set(cfg)  # a training set smaller than the batch
     check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
-    check_fused_norm(cfg, device)
+    check_fused_kernels(cfg, device)
     for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
         if path is not None and env.is_main:
             check_output_file(key, Path(path))

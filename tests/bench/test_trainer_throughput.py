@@ -245,7 +245,7 @@ def test_the_bf16_weights_variant_holds_bf16_weights_and_its_steps_update_them()
     every weight in bf16, and a timed step (LAMB, fp32 moments) moves them."""
     assert parse_variant("packed+half+bf16w") == parse_variant("packed+half")
     assert bf16_weights("packed+half+bf16w") and not bf16_weights("packed+half")
-    with pytest.raises(SystemExit, match=re.escape("KERNEL[+compile|+whole|+fused][+half][+static][+bf16w]")):
+    with pytest.raises(SystemExit, match=re.escape("KERNEL[+compile|+whole|+fused|+gelu][+half][+static][+bf16w]")):
         parse_variant("packed+bf16")
     samples = make_samples(LENGTHS)
     cfg = make_model_config()
@@ -265,13 +265,13 @@ def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_large
     most tokens any of them holds, and masked positions for the most any holds."""
     assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
                                                            "compile_model": False, "half_residual": True,
-                                                           "static_shapes": True, "fused_norm": False}  # fmt: skip
+                                                           "static_shapes": True, "fused_norm": False, "fused_gelu": False}  # fmt: skip
     with pytest.raises(SystemExit, match="'varlen\\+compile\\+whole': Value error, model.compile_model compiles"):
         parse_variant("varlen+compile+whole")
     assert parse_variant("varlen+whole+half+static") == {"attention": "varlen", "compile": False,
                                                          "compile_model": True, "half_residual": True,
-                                                         "static_shapes": True, "fused_norm": False}  # fmt: skip
-    assert parse_variant("varlen+fused+half")["fused_norm"]
+                                                         "static_shapes": True, "fused_norm": False, "fused_gelu": False}  # fmt: skip
+    assert parse_variant("varlen+fused+half")["fused_norm"] and parse_variant("varlen+gelu")["fused_gelu"]
     with pytest.raises(SystemExit, match="'varlen\\+whole\\+fused': Value error, model.fused_norm runs its own"):
         parse_variant("varlen+whole+fused")
     samples = make_samples(LENGTHS)

@@ -411,9 +411,10 @@ def test_on_the_gpu_jagged_and_compiled_paths_match_the_padded_eager_model(dtype
             {"attention": "varlen", "half_residual": True},
             {"attention": "varlen", "compile": True, "static_shapes": True},
             {"attention": "varlen", "compile_model": True},
-            {"attention": "varlen", "half_residual": True, "fused_norm": True},
+            {"attention": "varlen", "half_residual": True, "fused_norm": True, "fused_gelu": True},
         ]  # (on fixed shapes: the CUDA graphs' test)
-    variants += [{"attention": "packed", "static_shapes": True}, {"attention": "packed", "fused_norm": True}]
+    variants += [{"attention": "packed", "static_shapes": True},
+                 {"attention": "packed", "fused_norm": True, "fused_gelu": True}]  # fmt: skip
     for variant in variants:
         model = BertForPreTraining(make_model_config(**variant)).cuda()
         model.load_state_dict(reference.state_dict())
@@ -449,13 +450,13 @@ def test_on_the_gpu_flash_attention_trains_with_dropout_in_bf16(attention):
 
 @pytest.mark.gpu
 @flash_only
-def test_on_the_gpu_the_fused_norm_kernels_train_with_dropout_in_bf16():
-    """`model.fused_norm` with the varlen kernel and the bf16 residual stream, BERT's dropout: a few bf16 steps lower
-    the loss on one repeated batch, and eval mode is deterministic."""
+def test_on_the_gpu_the_fused_kernels_train_with_dropout_in_bf16():
+    """`model.fused_norm` and `model.fused_gelu` with the varlen kernel and the bf16 residual stream, BERT's
+    dropout: a few bf16 steps lower the loss on one repeated batch, and eval mode is deterministic."""
     samples = make_samples(LENGTHS)
     torch.manual_seed(0)
-    cfg = make_model_config(attention="varlen", half_residual=True, fused_norm=True, hidden_dropout_prob=0.1,
-                            attention_probs_dropout_prob=0.1)  # fmt: skip
+    cfg = make_model_config(attention="varlen", half_residual=True, fused_norm=True, fused_gelu=True,
+                            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)  # fmt: skip
     model = BertForPreTraining(cfg).cuda()
     assert_trains_on_one_batch_and_evaluates_alike(model, pack_batch(samples, np.arange(len(LENGTHS))).to("cuda"))
 

@@ -1,7 +1,7 @@
-"""The fused bias-dropout-residual-LayerNorm kernels (`trainer.fused_norm`) against their eager references, run in
-Triton's interpreter on the CPU: `python -m tests.trainer.fused_norm_checks` with TRITON_INTERPRET=1 (read when
-triton is imported, so a process of its own: tests/trainer/test_fused_norm.py starts it). Prints one JSON object of
-measured differences and counts; the test asserts on them."""
+"""The fused kernels (`trainer.fused`: bias-dropout-residual-LayerNorm, bias-GELU) against their eager references,
+run in Triton's interpreter on the CPU: `python -m tests.trainer.fused_kernels_checks` with TRITON_INTERPRET=1 (read
+when triton is imported, so a process of its own: tests/trainer/test_fused_kernels.py starts it). Prints one JSON
+object of measured differences and counts; the tests assert on them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from tests.trainer.conftest import make_model_config, make_samples
 from tests.trainer.test_fused_paths import LENGTHS, exact_gradients, train_steps
 from trainer.data.batch import pack_batch
-from trainer.fused_norm import bias_dropout_add_norm, dropout_keep, interpreting
+from trainer.fused import interpreting
+from trainer.fused.gelu import bias_gelu
+from trainer.fused.norm import bias_dropout_add_norm, dropout_keep
 from trainer.model import BertForPreTraining, pretraining_loss
 
 
@@ -60,6 +62,25 @@ def against_eager(rows: int, cols: int, p: float, training: bool, dtype=torch.fl
     return result
 
 
+def gelu_against_eager(rows: int, cols: int, dtype=torch.float32) -> dict:
+    """The fused bias-GELU's output and both gradients against float64 eager `F.gelu(mm + bias)`; relative
+    differences (and, in a half dtype, the output's and the product's gradient's in units in the last place)."""
+    torch.manual_seed(5)
+    mm, bias, grad = 2 * torch.randn(rows, cols, dtype=dtype), torch.randn(cols), torch.randn(rows, cols, dtype=dtype)
+    leaves = [mm.clone().requires_grad_(), bias.clone().requires_grad_()]
+    out = bias_gelu(*leaves)
+    out.backward(grad)
+    exact = [t.detach().double().requires_grad_() for t in (mm, bias)]
+    reference = F.gelu(exact[0] + exact[1])
+    reference.backward(grad.double())
+    result = {"out": relative(out, reference), "out_dtype": str(out.dtype),
+              "d_mm": relative(leaves[0].grad, exact[0].grad), "d_bias": relative(leaves[1].grad, exact[1].grad),
+              "d_bias_dtype": str(leaves[1].grad.dtype)}  # fmt: skip
+    if dtype != torch.float32:
+        result["ulps"] = {"out": ulps(out, reference.detach()), "d_mm": ulps(leaves[0].grad, exact[0].grad)}
+    return result
+
+
 def mask_statistics(rows: int = 400, cols: int = 250, p: float = 0.1) -> dict:
     """How many elements a mask drops, and how many positions two seeds' masks share."""
     first = dropout_keep(torch.tensor([12345]), (rows, cols), p)
@@ -70,15 +91,16 @@ def mask_statistics(rows: int = 400, cols: int = 250, p: float = 0.1) -> dict:
             "rows_equal": int((first[0] == first[1]).sum())}  # fmt: skip
 
 
-def model_against_eager() -> dict:
-    """The tiny model with `model.fused_norm` against the eager one, float32, over AdamW steps: BERT's attention
-    dropout seeded (the fused kernels draw nothing at hidden dropout 0, so both draw the same attention masks);
-    losses, and each gradient's difference with the eager one's own float32 error (against float64)."""
+def model_against_eager(switches: dict) -> dict:
+    """The tiny model with the fused kernels `switches` turns on against the eager one, float32, over AdamW steps:
+    BERT's attention dropout seeded (the fused kernels draw nothing at hidden dropout 0, so both draw the same
+    attention masks); losses, and each gradient's difference from the eager one and both their distances from the
+    exact (float64) gradient."""
     samples = make_samples(LENGTHS)
     cfg = make_model_config(attention_probs_dropout_prob=0.1)
     torch.manual_seed(0)
     eager = BertForPreTraining(cfg)
-    fused = BertForPreTraining(cfg.model_copy(update={"fused_norm": True}))
+    fused = BertForPreTraining(cfg.model_copy(update=switches))
     fused.load_state_dict(eager.state_dict())
     exact = exact_gradients(eager, samples)
     reference_losses, reference_grads = train_steps(eager, samples)
@@ -125,8 +147,12 @@ def main() -> None:
         "dropout_quarter": against_eager(29, 64, 0.25, True),
         "eval": against_eager(37, 48, 0.1, False),
         "bf16": against_eager(37, 48, 0.1, True, torch.bfloat16),
+        "gelu": gelu_against_eager(37, 80),  # a row narrower than the kernel's block (128)
+        "gelu_bf16": gelu_against_eager(37, 80, torch.bfloat16),
         "mask": mask_statistics(),
-        "model": model_against_eager(),
+        "model": model_against_eager({"fused_norm": True}),
+        "model_gelu": model_against_eager({"fused_gelu": True}),
+        "model_both": model_against_eager({"fused_norm": True, "fused_gelu": True}),
         "model_dropout": model_with_dropout(),
     }
     empty = bias_dropout_add_norm(*(torch.zeros(0, 8, requires_grad=True), torch.zeros(8, requires_grad=True),

@@ -15,34 +15,17 @@ same two inputs and the mask, recomputes the sum, and writes the gradients of th
 with per-program partial sums of the bias's, the LayerNorm weight's and its bias's gradients (summed by PyTorch, in
 fp32).
 
-CUDA only (Triton compiles for the GPU); on the CPU the kernels run in Triton's interpreter when the process starts
-with TRITON_INTERPRET=1 (what the tests do). `fused_norm_runs` says whether they can run; the model falls back to
-nothing: the trainer refuses the switch where they cannot (`trainer.train.check_fused_norm`).
+Runs where `trainer.fused.kernels_run` says (see the package's doc).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
+from trainer.fused import interpreting, tiles_per_program, triton
+
+if triton is not None:
     import triton.language as tl
-except ImportError:  # the CPU set-up need not have it; the switch is refused there
-    triton = None
-
-FUSED_NORM_NEEDS = "a CUDA GPU and the triton package (installed with PyTorch's CUDA wheels)"
-
-
-def interpreting() -> bool:
-    """Whether Triton runs its kernels in its interpreter on the CPU (TRITON_INTERPRET=1 when triton was imported)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def fused_norm_runs(device: torch.device) -> bool:
-    """Whether the fused kernels can run on `device`: triton imported, and a CUDA device (or the interpreter)."""
-    return triton is not None and (device.type == "cuda" or interpreting())
 
 
 if triton is not None:
@@ -139,14 +122,6 @@ def _launch_shape(cols: int) -> dict:
     return {"BLOCK": block, "ROWS": 16 if interpreting() else 1, "num_warps": min(max(block // 128, 1), 8)}
 
 
-def _tiles_per_program(tiles: int, device: torch.device) -> int:
-    """Tiles each program of the backward kernel loops over, keeping its partial sums of the weights' gradients in
-    registers: a power of two, so that batches of any number of tokens share a few compiled kernels, giving between
-    2 and 4 programs a multiprocessor (4 programs in the interpreter)."""
-    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return triton.next_power_of_2(max(triton.cdiv(tiles, programs), 1))
-
-
 class FusedBiasDropoutAddNorm(torch.autograd.Function):
     """layer_norm(residual + dropout(mm + bias)) over the last dimension; see the module's doc. mm, residual: [T, H],
     contiguous; the output has the residual's dtype (the residual stream's); seed: int64 [1] on the device, or None
@@ -178,7 +153,7 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
         rows, cols = mm.shape
         d_mm, d_res = torch.empty_like(mm), torch.empty_like(residual)
         shape = _launch_shape(cols)
-        per_program = _tiles_per_program(triton.cdiv(rows, shape["ROWS"]), mm.device)
+        per_program = tiles_per_program(triton.cdiv(rows, shape["ROWS"]), mm.device)
         programs = max(triton.cdiv(rows, shape["ROWS"] * per_program), 1)
         partial = torch.zeros(programs, 3, cols, dtype=torch.float32, device=mm.device)
         if rows:
@@ -194,7 +169,7 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
 
 
 def dropout_seed(device: torch.device) -> torch.Tensor:
-    """A seed for the kernels' dropout, drawn on the device from torch's generator (no host sync)."""
+    """A seed for the kernel's dropout, drawn on the device from torch's generator (no host sync)."""
     return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
 
 
