@@ -263,14 +263,15 @@ def test_the_bf16_weights_variant_holds_bf16_weights_and_its_steps_update_them()
 def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_largest():
     """`+static` (model.static_shapes): one budget for all the benchmark's batches, the next multiple of 64 above the
     most tokens any of them holds, and masked positions for the most any holds."""
+    off = {"fused_norm": False, "fused_gelu": False}
     assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
                                                            "compile_model": False, "half_residual": True,
-                                                           "static_shapes": True, "fused_norm": False, "fused_gelu": False}  # fmt: skip
+                                                           "static_shapes": True, **off}  # fmt: skip
     with pytest.raises(SystemExit, match="'varlen\\+compile\\+whole': Value error, model.compile_model compiles"):
         parse_variant("varlen+compile+whole")
     assert parse_variant("varlen+whole+half+static") == {"attention": "varlen", "compile": False,
                                                          "compile_model": True, "half_residual": True,
-                                                         "static_shapes": True, "fused_norm": False, "fused_gelu": False}  # fmt: skip
+                                                         "static_shapes": True, **off}  # fmt: skip
     assert parse_variant("varlen+fused+half")["fused_norm"] and parse_variant("varlen+gelu")["fused_gelu"]
     with pytest.raises(SystemExit, match="'varlen\\+whole\\+fused': Value error, model.fused_norm runs its own"):
         parse_variant("varlen+whole+fused")
