@@ -286,7 +286,7 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
             if failure:
                 drop(name, failure, runners, optimizers, (seconds, tokens), device, sizes[name])
                 continue
-            if round_steps[0] == 0:
+            if round_steps == [0]:  # (a chained first round, without warm-up, is no one step's time)
                 first[name] = time.perf_counter() - t0
             if round_steps[0] >= warmup:
                 seconds[name] += time.perf_counter() - t0
@@ -296,7 +296,7 @@ def time_steps(runners: dict, optimizers: dict, samples, batch: int | dict, warm
         if deadline is not None and timed and time.perf_counter() > deadline and not last:
             print(f"  time is up (--max-seconds): {timed} of {steps} steps timed")
             break
-    if runners:
+    if runners and first:
         print("  first step (with any compiling): " + ", ".join(f"{n} {first[n]:.1f} s" for n in runners))
     if not runners:
         at = ", ".join(str(b) for b in sorted(set(sizes.values())))

@@ -120,9 +120,10 @@ class ModelConfig(Section):
         False,
         description="End each half of every encoder layer (the matrix product's bias, dropout, the residual addition "
         "and LayerNorm) with one Triton kernel forward and one backward instead of eager PyTorch's several (their "
-        "statistics in fp32; the dropout mask drawn in the kernel from torch's generator, not stored). Needs a CUDA "
-        "GPU and the triton package (PyTorch's CUDA wheels bring it); not with model.compile or "
-        "model.compile_model. The output keeps the residual stream's dtype (model.half_residual).",
+        "statistics in fp32; the dropout mask drawn in the kernel from a seed of torch's generator and kept, a byte an "
+        "element, for the backward). Needs a CUDA GPU and the triton package (PyTorch's CUDA wheels bring it), refused "
+        "before any work elsewhere or where a trial launch fails; not with model.compile or model.compile_model. The "
+        "output keeps the residual stream's dtype (model.half_residual).",
     )
     fused_gelu: bool = Field(
         False,

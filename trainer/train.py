@@ -114,12 +114,18 @@ def check_fused_kernels(cfg: TrainerConfig, device: torch.device) -> None:
     on = [key for key in ("fused_norm", "fused_gelu") if getattr(cfg.model, key)]
     if not on:
         return
-    from trainer.fused import KERNELS_NEED, kernels_run  # (imports Triton)
+    from trainer.fused import KERNELS_NEED, kernels_run, try_kernels  # (imports Triton)
 
+    keys, one = " and ".join(f"model.{key}" for key in on), len(on) == 1
     if not kernels_run(device):
-        keys = " and ".join(f"model.{key}" for key in on)
-        raise ConfigError(f"{keys} need{'s' if len(on) == 1 else ''} {KERNELS_NEED} (this run: {device.type}); "
-                          f"set {'it' if len(on) == 1 else 'them'} false")  # fmt: skip
+        raise ConfigError(f"{keys} need{'s' if one else ''} {KERNELS_NEED} (this run: {device.type}); "
+                          f"set {'it' if one else 'them'} false")  # fmt: skip
+    try:
+        try_kernels(device)
+    except Exception as e:  # a launcher Triton cannot build, a GPU it cannot compile for
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ConfigError(f"{keys}: the Triton kernels do not run here ({type(e).__name__}: {first}); set "
+                          f"{'it' if one else 'them'} false") from None  # fmt: skip
 
 
 def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:

@@ -5,6 +5,7 @@ object of measured differences and counts; the tests assert on them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 
@@ -14,11 +15,13 @@ import torch.nn.functional as F
 
 from tests.trainer.conftest import make_model_config, make_samples
 from tests.trainer.test_fused_paths import LENGTHS, exact_gradients, train_steps
+from trainer.config import TrainerConfig
 from trainer.data.batch import pack_batch
-from trainer.fused import interpreting
+from trainer.fused import gelu, interpreting, norm
 from trainer.fused.gelu import bias_gelu
 from trainer.fused.norm import bias_dropout_add_norm, dropout_keep
 from trainer.model import BertForPreTraining, pretraining_loss
+from trainer.train import check_fused_kernels
 
 
 def relative(ours: torch.Tensor, reference: torch.Tensor) -> float:
@@ -102,10 +105,11 @@ def model_against_eager(switches: dict) -> dict:
     eager = BertForPreTraining(cfg)
     fused = BertForPreTraining(cfg.model_copy(update=switches))
     fused.load_state_dict(eager.state_dict())
+    untrained = copy.deepcopy(eager)  # for another seed's run from the same weights
     exact = exact_gradients(eager, samples)
     reference_losses, reference_grads = train_steps(eager, samples)
     losses, grads = train_steps(fused, samples)
-    other_seed = train_steps(copy.deepcopy(eager), samples, seed=2)[0]
+    other_seed = train_steps(untrained, samples, seed=2)[0]
     gradients = {}
     for name, grad in grads.items():
         gradients[name] = {
@@ -140,6 +144,35 @@ def model_with_dropout() -> dict:
             "eval_loss": eval_loss}  # fmt: skip
 
 
+@contextlib.contextmanager
+def gpu_launch_shapes():
+    """The kernels launched as on a GPU, in the interpreter: the norm one row a tile with 16 tiles a program, GELU
+    tiles of 4 rows by 32 columns (rows of 80: three column blocks, the last one part) with 4 tiles a program. The
+    interpreter's own shapes (16 rows a tile) leave those loops and bounds unrun."""
+    saved = norm._launch_shape, norm.tiles_per_program, gelu._launch_shape, gelu.tiles_per_program
+    norm._launch_shape = lambda cols: {**saved[0](cols), "ROWS": 1}
+    norm.tiles_per_program = lambda tiles, device: 16
+    gelu._launch_shape = lambda cols: {**saved[2](cols), "ROWS": 4, "COLS": 32}
+    gelu.tiles_per_program = lambda tiles, device: 4
+    try:
+        yield
+    finally:
+        norm._launch_shape, norm.tiles_per_program, gelu._launch_shape, gelu.tiles_per_program = saved
+
+
+def empty_batch() -> dict:
+    """Both ops on no rows: outputs of no rows, the weights' and biases' gradients zero."""
+    mm, bias, residual = (torch.zeros(0, 8, requires_grad=True), torch.ones(8, requires_grad=True),
+                          torch.zeros(0, 8, requires_grad=True))  # fmt: skip
+    weight, norm_bias = torch.ones(8, requires_grad=True), torch.ones(8, requires_grad=True)
+    out = bias_dropout_add_norm(mm, bias, residual, weight, norm_bias, 0.1, 1e-12, True)
+    activated = bias_gelu(mm, bias)
+    (out.sum() + activated.sum()).backward()
+    grads = [t.grad for t in (mm, bias, residual, weight, norm_bias)]
+    return {"shapes": [list(out.shape), list(activated.shape)],
+            "grads_zero": all(g is not None and not g.any() for g in grads)}  # fmt: skip
+
+
 def main() -> None:
     assert interpreting(), "run with TRITON_INTERPRET=1"
     results = {
@@ -154,12 +187,13 @@ def main() -> None:
         "model_gelu": model_against_eager({"fused_gelu": True}),
         "model_both": model_against_eager({"fused_norm": True, "fused_gelu": True}),
         "model_dropout": model_with_dropout(),
+        "no_rows": empty_batch(),
     }
-    empty = bias_dropout_add_norm(*(torch.zeros(0, 8, requires_grad=True), torch.zeros(8, requires_grad=True),
-                                    torch.zeros(0, 8, requires_grad=True), torch.ones(8), torch.zeros(8)),
-                                  0.1, 1e-12, True)  # fmt: skip
-    empty.sum().backward()
-    results["no_rows"] = list(empty.shape)
+    with gpu_launch_shapes():
+        results["gpu_shapes"] = {"dropout": against_eager(37, 48, 0.1, True), "gelu": gelu_against_eager(37, 80)}
+    cfg = TrainerConfig(model=make_model_config(fused_norm=True, fused_gelu=True).model_dump())
+    check_fused_kernels(cfg, torch.device("cpu"))  # kernels_run and the trial launch pass where the kernels run
+    results["accepted"] = True
     print(json.dumps(results))
 
 

@@ -77,7 +77,7 @@ def test_the_bias_gelu_kernels_give_eager_gelu_of_the_biased_product(measured):
 
 def test_the_dropout_mask_drops_its_share_depends_on_the_seed_alone_and_differs_between_seeds(measured):
     """100,000 draws at p = 0.1: the dropped count within the binomial's central 1 - 1e-6; the same seed draws the
-    same mask (the backward draws the forward's again); another seed's mask agrees with it as independent draws
+    same mask; another seed's mask agrees with it as independent draws
     would ((1-p)^2 + p^2 of the positions), and so do two rows of one mask."""
     mask = measured["mask"]
     n, p = mask["n"], 0.1
@@ -98,7 +98,10 @@ def test_the_model_with_the_kernels_trains_the_eager_models_losses_and_gradients
     assert model["same_names"]  # checkpoints keep their names
     assert model["missing"] == []
     assert model["losses"] == pytest.approx(model["reference_losses"], rel=RTOL, abs=0)
-    assert model["other_seed_losses"] != pytest.approx(model["reference_losses"], rel=1e-3)  # dropout matters
+    # the attention dropout's draws move the losses far more than the kernels' rounding does: the same seed matters
+    ours = max(abs(a - b) for a, b in zip(model["losses"], model["reference_losses"], strict=True))
+    other = max(abs(a - b) for a, b in zip(model["other_seed_losses"], model["reference_losses"], strict=True))
+    assert other > max(10 * ours, 1e-6), (other, ours)
     largest = max(g["scale"] for g in model["gradients"].values())
     for name, g in model["gradients"].items():
         if name.endswith("attention.self.key.bias"):  # zero in exact arithmetic: rounding noise in both
@@ -115,8 +118,41 @@ def test_the_kernels_dropout_is_drawn_from_torchs_seed_and_off_in_eval(measured)
     assert result["eval_loss"] not in (result["seed1"], result["seed2"])
 
 
-def test_an_empty_micro_batch_passes_through(measured):
-    assert measured["no_rows"] == [0, 8]
+def test_an_empty_micro_batch_passes_through_with_zero_gradients(measured):
+    assert measured["no_rows"] == {"shapes": [[0, 8], [0, 8]], "grads_zero": True}
+
+
+@pytest.mark.parametrize("case", ["dropout", "gelu"])
+def test_launched_as_on_a_gpu_the_kernels_give_the_same_results(measured, case):
+    """One row a tile and 16 tiles a program (the norm), 4 x 32 tiles over three column blocks (GELU): the loops
+    and bounds a GPU runs, within 1e-5 of float64 eager as above."""
+    result = measured["gpu_shapes"][case]
+    names = OPERANDS if case == "dropout" else ("out", "d_mm", "d_bias")
+    assert all(result[name] <= RTOL for name in names), result
+
+
+def test_the_trainer_accepts_the_switches_where_the_kernels_run(measured):
+    """In the interpreter the trial launch runs both kernels, forward and backward, and nothing is refused."""
+    assert measured["accepted"]
+
+
+def test_a_trial_launch_that_fails_refuses_the_switch_naming_the_error(monkeypatch):
+    """Where Triton cannot build its launcher (a machine without a C compiler, as its error says) the switch is
+    refused before any work, with Triton's error. Triton's failure is stood in for by a trial launch that raises
+    its message; the device by the interpreter's rule."""
+    import trainer.fused as fused
+    from trainer.train import check_fused_kernels
+
+    def fails(device):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\nmore")
+
+    monkeypatch.setattr(fused, "kernels_run", lambda device: True)
+    monkeypatch.setattr(fused, "try_kernels", fails)
+    cfg = TrainerConfig(model=make_model_config(fused_gelu=True).model_dump())
+    message = (r"^model.fused_gelu: the Triton kernels do not run here \(RuntimeError: Failed to find C compiler\. "
+               r"Please specify via CC environment variable\.\); set it false$")  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        check_fused_kernels(cfg, torch.device("cpu"))
 
 
 def test_the_switches_are_refused_with_compiled_layers_or_model_and_where_the_kernels_cannot_run(monkeypatch):
@@ -204,9 +240,14 @@ def test_the_kernels_compile_for_hopper_in_registers_with_vector_loads():
                      "rows": "i32", "cols": "i32", "ROWS": "constexpr", "COLS": "constexpr",
                      "TILES_PER_PROGRAM": "constexpr"}  # fmt: skip
     tile = {"ROWS": 4, "COLS": 1024}
-    kernels = [(norm._forward_kernel, forward, {"ROWS": 1, "BLOCK": 1024, "DROPOUT": True}),
-               (norm._backward_kernel, backward, {"ROWS": 1, "TILES_PER_PROGRAM": 64, "BLOCK": 1024,
-                                                  "DROPOUT": True}),
+    # and the norm with the fp32 residual stream (model.half_residual off: autocast's fp32 LayerNorm output)
+    fp32_stream = {"RES": "*fp32", "OUT": "*fp32", "D_RES": "*fp32"}
+    norm_constants = {"ROWS": 1, "BLOCK": 1024, "DROPOUT": True}
+    kernels = [(norm._forward_kernel, forward, norm_constants),
+               (norm._backward_kernel, backward, {**norm_constants, "TILES_PER_PROGRAM": 64}),
+               (norm._forward_kernel, {k: fp32_stream.get(k, v) for k, v in forward.items()}, norm_constants),
+               (norm._backward_kernel, {k: fp32_stream.get(k, v) for k, v in backward.items()},
+                {**norm_constants, "TILES_PER_PROGRAM": 64}),
                (gelu._forward_kernel, gelu_forward, tile),
                (gelu._backward_kernel, gelu_backward, {**tile, "TILES_PER_PROGRAM": 64})]  # fmt: skip
     for kernel, signature, constants in kernels:

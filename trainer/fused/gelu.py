@@ -20,7 +20,7 @@ from trainer.fused import interpreting, tiles_per_program, triton
 if triton is not None:
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])  # rows: any count, one compiled kernel
     def _forward_kernel(MM, BIAS, OUT, rows, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
         row = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         col = tl.program_id(0) * COLS + tl.arange(0, COLS)
@@ -31,7 +31,7 @@ if triton is not None:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # x·Φ(x); 0.707...: 1/sqrt(2)
         tl.store(OUT + at, y.to(OUT.dtype.element_ty), mask=valid)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])  # rows: any count, one compiled kernel
     def _backward_kernel(
         GRAD, MM, BIAS, D_MM, PARTIAL, rows, cols,
         ROWS: tl.constexpr, COLS: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
@@ -84,7 +84,7 @@ class FusedBiasGelu(torch.autograd.Function):
         # programs along the rows: about as many in all as tiles_per_program's count for one row of tiles
         per_program = tiles_per_program(triton.cdiv(rows, shape["ROWS"]) * column_blocks, mm.device)
         groups = max(triton.cdiv(rows, shape["ROWS"] * per_program), 1)
-        partial = torch.zeros(groups, cols, dtype=torch.float32, device=mm.device)
+        partial = (torch.empty if rows else torch.zeros)(groups, cols, dtype=torch.float32, device=mm.device)
         if rows:
             _backward_kernel[(column_blocks, groups)](
                 grad.contiguous(), mm, bias, d_mm, partial, rows, cols, TILES_PER_PROGRAM=per_program, **shape

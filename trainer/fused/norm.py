@@ -37,7 +37,7 @@ if triton is not None:
         u0, u1, u2, u3 = tl.rand4x(tl.load(SEED), counter)
         return tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [ROWS, BLOCK]) >= p
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])  # rows: any count, one compiled kernel
     def _forward_kernel(
         MM, BIAS, RES, W, B, OUT, MEAN, RSTD, SEED, KEEP,
         rows, cols, p, scale, eps,
@@ -63,7 +63,7 @@ if triton is not None:
         tl.store(MEAN + row, mean, mask=row < rows)
         tl.store(RSTD + row, rstd, mask=row < rows)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])  # rows: any count, one compiled kernel
     def _backward_kernel(
         GRAD, MM, BIAS, RES, W, MEAN, RSTD, KEEP, D_MM, D_RES, PARTIAL,
         rows, cols, p, scale,
@@ -106,7 +106,7 @@ if triton is not None:
         tl.store(partial + cols, tl.sum(d_w, axis=0), mask=col < cols)
         tl.store(partial + 2 * cols, tl.sum(d_b, axis=0), mask=col < cols)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["rows"])  # rows: any count, one compiled kernel
     def _keep_kernel(KEEP, SEED, rows, cols, p, ROWS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         col = tl.arange(0, BLOCK)
@@ -155,7 +155,7 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
         shape = _launch_shape(cols)
         per_program = tiles_per_program(triton.cdiv(rows, shape["ROWS"]), mm.device)
         programs = max(triton.cdiv(rows, shape["ROWS"] * per_program), 1)
-        partial = torch.zeros(programs, 3, cols, dtype=torch.float32, device=mm.device)
+        partial = (torch.empty if rows else torch.zeros)(programs, 3, cols, dtype=torch.float32, device=mm.device)
         if rows:
             _backward_kernel[(programs,)](
                 grad.contiguous(), mm, bias, residual, weight, mean, rstd, keep if ctx.dropout else mean,
