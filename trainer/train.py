@@ -114,7 +114,8 @@ def check_fused_kernels(cfg: TrainerConfig, device: torch.device) -> None:
     on = [key for key in ("fused_norm", "fused_gelu") if getattr(cfg.model, key)]
     if not on:
         return
-    from trainer.fused import KERNELS_NEED, kernels_run, try_kernels  # (imports Triton)
+    from trainer.fused import KERNELS_NEED, kernels_run  # (imports Triton)
+    from trainer.fused.trial import try_kernels
 
     keys, one = " and ".join(f"model.{key}" for key in on), len(on) == 1
     if not kernels_run(device):

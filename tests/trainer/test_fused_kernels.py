@@ -141,13 +141,14 @@ def test_a_trial_launch_that_fails_refuses_the_switch_naming_the_error(monkeypat
     refused before any work, with Triton's error. Triton's failure is stood in for by a trial launch that raises
     its message; the device by the interpreter's rule."""
     import trainer.fused as fused
+    import trainer.fused.trial as trial
     from trainer.train import check_fused_kernels
 
     def fails(device):
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\nmore")
 
     monkeypatch.setattr(fused, "kernels_run", lambda device: True)
-    monkeypatch.setattr(fused, "try_kernels", fails)
+    monkeypatch.setattr(trial, "try_kernels", fails)
     cfg = TrainerConfig(model=make_model_config(fused_gelu=True).model_dump())
     message = (r"^model.fused_gelu: the Triton kernels do not run here \(RuntimeError: Failed to find C compiler\. "
                r"Please specify via CC environment variable\.\); set it false$")  # fmt: skip

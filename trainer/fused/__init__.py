@@ -8,9 +8,10 @@
 The matrix products before them run without their bias, which the kernels add (and whose gradients they sum), so
 the eager model's parameters, names and checkpoints are unchanged. Both compute in fp32 whatever their inputs'
 dtype. CUDA only (Triton compiles for the GPU); on the CPU the kernels run in Triton's interpreter when the process
-starts with TRITON_INTERPRET=1 (what the tests do). `kernels_run` says whether they may run and `try_kernels` runs
-each once on a few values (Triton compiles its launcher with the machine's C compiler on first use); the trainer
-refuses the switches where either fails, before any work (`trainer.train.check_fused_kernels`).
+starts with TRITON_INTERPRET=1 (what the tests do). `kernels_run` says whether they may run and
+`trainer.fused.trial.try_kernels` runs each once on a few values (Triton compiles its launcher with the machine's C
+compiler on first use); the trainer refuses the switches where either fails, before any work
+(`trainer.train.check_fused_kernels`).
 """
 
 from __future__ import annotations
@@ -48,16 +49,3 @@ def tiles_per_program(tiles: int, device: torch.device) -> int:
     two, so that batches of any number of tokens share a few compiled kernels, giving between 1 and 4 programs a
     multiprocessor."""
     return triton.next_power_of_2(max(triton.cdiv(tiles, programs_per_device(device)), 1))
-
-
-def try_kernels(device: torch.device) -> None:
-    """Each kernel once, forward and backward, on a few values on `device`: compiling and launching fails here, not in
-    a training step, where Triton cannot build its launcher (no C compiler) or compile for the GPU."""
-    from trainer.fused.gelu import bias_gelu
-    from trainer.fused.norm import bias_dropout_add_norm
-
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's draws stay as they are
-        mm = torch.ones(2, 16, device=device, requires_grad=True)
-        ones = torch.ones(16, device=device)
-        out = bias_dropout_add_norm(mm, ones, torch.zeros(2, 16, device=device), ones, ones, 0.1, 1e-12, True)
-        (out.sum() + bias_gelu(mm, ones).sum()).backward()
