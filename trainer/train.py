@@ -109,8 +109,9 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
         )
 
 
-def check_fused_kernels(cfg: TrainerConfig, device: torch.device) -> None:
-    """`model.fused_norm` and `model.fused_gelu` only where their Triton kernels run, said before any work."""
+def check_fused_kernels(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
+    """`model.fused_norm` and `model.fused_gelu` only where their Triton kernels run, said before any work: on a CUDA
+    GPU with triton, and where a trial launch of them compiles and runs (`trainer.fused.trial`)."""
     on = [key for key in ("fused_norm", "fused_gelu") if getattr(cfg.model, key)]
     if not on:
         return
@@ -122,11 +123,18 @@ def check_fused_kernels(cfg: TrainerConfig, device: torch.device) -> None:
         raise ConfigError(f"{keys} need{'s' if one else ''} {KERNELS_NEED} (this run: {device.type}); "
                           f"set {'it' if one else 'them'} false")  # fmt: skip
     try:
-        try_kernels(device)
+        try_kernels(device, cfg.model, autocast)
     except Exception as e:  # a launcher Triton cannot build, a GPU it cannot compile for
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ConfigError(f"{keys}: the Triton kernels do not run here ({type(e).__name__}: {first}); set "
+        raise ConfigError(f"{keys}: the Triton kernels do not run here ({type(e).__name__}: {error_line(e)}); set "
                           f"{'it' if one else 'them'} false") from None  # fmt: skip
+
+
+def error_line(e: Exception) -> str:
+    """The line of an exception's text that says what went wrong: Triton's compile errors carry it in
+    `error_message` (their text starts with the source position), others in their last non-empty line."""
+    text = getattr(e, "error_message", None) or str(e)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]
 
 
 def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
@@ -288,7 +296,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     accumulation_steps(cfg, env)  # a batch that does not split
     check_train_set(cfg)  # a training set smaller than the batch
     check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
-    check_fused_kernels(cfg, device)
+    check_fused_kernels(cfg, device, resolve_autocast(cfg, device))
     for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
         if path is not None and env.is_main:
             check_output_file(key, Path(path))

@@ -146,18 +146,17 @@ def model_with_dropout() -> dict:
 
 @contextlib.contextmanager
 def gpu_launch_shapes():
-    """The kernels launched as on a GPU, in the interpreter: the norm one row a tile with 16 tiles a program, GELU
-    tiles of 4 rows by 32 columns (rows of 80: three column blocks, the last one part) with 4 tiles a program. The
-    interpreter's own shapes (16 rows a tile) leave those loops and bounds unrun."""
-    saved = norm._launch_shape, norm.tiles_per_program, gelu._launch_shape, gelu.tiles_per_program
+    """The kernels launched as on a GPU, in the interpreter: the norm one row a tile, 16 tiles a program in the
+    backward; GELU tiles of 4 rows by 32 columns (rows of 80: three column blocks, the last one part), 4 tiles a
+    program. The interpreter's own shapes (16 rows a tile, the whole row) leave those loops and bounds unrun."""
+    saved = norm._launch_shape, norm._tiles_per_program, gelu._launch_shape
     norm._launch_shape = lambda cols: {**saved[0](cols), "ROWS": 1}
-    norm.tiles_per_program = lambda tiles, device: 16
-    gelu._launch_shape = lambda cols: {**saved[2](cols), "ROWS": 4, "COLS": 32}
-    gelu.tiles_per_program = lambda tiles, device: 4
+    norm._tiles_per_program = lambda: 16
+    gelu._launch_shape = lambda cols: {**saved[2](cols), "ROWS": 4, "COLS": 32, "TILES_PER_PROGRAM": 4}
     try:
         yield
     finally:
-        norm._launch_shape, norm.tiles_per_program, gelu._launch_shape, gelu.tiles_per_program = saved
+        norm._launch_shape, norm._tiles_per_program, gelu._launch_shape = saved
 
 
 def empty_batch() -> dict:
@@ -192,7 +191,9 @@ def main() -> None:
     with gpu_launch_shapes():
         results["gpu_shapes"] = {"dropout": against_eager(37, 48, 0.1, True), "gelu": gelu_against_eager(37, 80)}
     cfg = TrainerConfig(model=make_model_config(fused_norm=True, fused_gelu=True).model_dump())
-    check_fused_kernels(cfg, torch.device("cpu"))  # kernels_run and the trial launch pass where the kernels run
+    check_fused_kernels(cfg, torch.device("cpu"), None)  # kernels_run and the trial launch pass where the kernels run
+    half = TrainerConfig(model=make_model_config(fused_norm=True, fused_gelu=True, half_residual=True).model_dump())
+    check_fused_kernels(half, torch.device("cpu"), torch.bfloat16)  # bf16 products and residual stream
     results["accepted"] = True
     print(json.dumps(results))
 

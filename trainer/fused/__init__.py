@@ -36,16 +36,3 @@ def interpreting() -> bool:
 def kernels_run(device: torch.device) -> bool:
     """Whether the kernels can run on `device`: triton imported, and a CUDA device (or the interpreter)."""
     return triton is not None and (device.type == "cuda" or interpreting())
-
-
-def programs_per_device(device: torch.device) -> int:
-    """How many programs a kernel that loops over rows starts: 4 per multiprocessor of a GPU (4 in the interpreter,
-    where each program costs milliseconds)."""
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-def tiles_per_program(tiles: int, device: torch.device) -> int:
-    """Tiles each program of a looping kernel takes, keeping partial sums of weight gradients in registers: a power of
-    two, so that batches of any number of tokens share a few compiled kernels, giving between 1 and 4 programs a
-    multiprocessor."""
-    return triton.next_power_of_2(max(triton.cdiv(tiles, programs_per_device(device)), 1))
