@@ -27,9 +27,6 @@ from trainer.fused import interpreting, triton
 if triton is not None:
     import triton.language as tl
 
-
-if triton is not None:
-
     @triton.jit
     def _keep_tile(SEED, row, p, ROWS: tl.constexpr, BLOCK: tl.constexpr):
         """Which elements of a [ROWS, BLOCK] tile dropout keeps: uniform draws >= p, four from each Philox call."""
