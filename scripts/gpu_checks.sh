@@ -18,8 +18,9 @@
 #                graphs against the eager one, the varlen kernel's dropout against its own mask, the closed-division
 #                MLPerf log)
 #   throughput_chained  at batch 128 beside Hugging Face's model, three steps in a row without waiting for the
-#                device (--chain 3), as the trainer's loop runs: varlen with the bf16 residual stream, eager and with
-#                both fused kernels. (The compiled model on CUDA graphs, model.compile_model, measured no faster on an
+#                device (--chain 3), as the trainer's loop runs: varlen with the bf16 residual stream, eager, with
+#                both fused kernels, and with those and the attention on cuDNN's kernel (+cudnn, the benchmark's own:
+#                whether building it into the model would pay; PyTorch's flash kernel took 27 ms of a 171 ms step). (The compiled model on CUDA graphs, model.compile_model, measured no faster on an
 #                H200 on 2026-11-30: 747.8 sequences/s against 764.7 eager, 45 s of compiling.)
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
 # file, and of the experiment one trial's MLPerf log and progress lines and the exported config; its other files
@@ -119,7 +120,7 @@ T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytes
 run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_kernels.py \
   $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py
 run throughput_chained 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
-  --max-seconds 50 --variants varlen+half,varlen+half+fused+gelu
+  --max-seconds 50 --variants varlen+half,varlen+half+fused+gelu,varlen+half+fused+gelu+cudnn
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"
   cat "$OUT/machine.txt"

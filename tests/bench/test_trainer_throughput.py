@@ -315,3 +315,35 @@ def test_chained_steps_run_in_a_row_per_model_and_count_the_timed_batches(capsys
     assert calls == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1), ("b", 2)]
     assert timing.steps == 2 and timing.tokens == {"a": sum(LENGTHS[2:6]), "b": sum(LENGTHS[2:6])}
     assert "time is up (--max-seconds): 2 of 3 steps timed" in capsys.readouterr().out
+
+
+def test_the_cudnn_variant_is_the_varlen_model_with_its_attention_on_another_kernel_for_its_steps():
+    """`+cudnn` (the benchmark's own) leaves the model's switches as they are and runs the varlen call on
+    `CudnnVarlenAttention` within its steps only; it takes the varlen kernel on unpadded batches, eager. The
+    swap is checked with a stand-in kernel that records its call: the cuDNN kernel itself needs a GPU."""
+    import trainer.model as model_module
+    from bench.trainer_throughput import CudnnVarlenAttention, attention_on, cudnn_attention
+    from trainer.data.batch import pack_batch
+    from trainer.model import FlashVarlenAttention, packed_attention
+
+    assert parse_variant("varlen+half+cudnn") == parse_variant("varlen+half")
+    assert cudnn_attention("varlen+half+cudnn") and not cudnn_attention("varlen+half")
+    for refused in ("packed+cudnn", "varlen+static+cudnn", "varlen+whole+cudnn"):
+        with pytest.raises(SystemExit, match="cudnn replaces the varlen kernel on unpadded batches"):
+            parse_variant(refused)
+    calls = []
+
+    class Recorder:
+        @staticmethod
+        def apply(q, k, v, cu_seqlens, max_seqlen, dropout_p, padded=False):
+            calls.append((cu_seqlens.tolist(), max_seqlen, dropout_p, padded))
+            return q
+
+    samples = make_samples(LENGTHS)
+    batch = pack_batch(samples, np.arange(3))
+    qkv = torch.zeros(batch.num_tokens, 3, 2, 8)
+    with attention_on(Recorder):
+        packed_attention(qkv, batch, None, 0.1)
+    assert model_module.FlashVarlenAttention is FlashVarlenAttention  # restored
+    assert calls == [([0, *np.cumsum(LENGTHS[:3]).tolist()], max(LENGTHS[:3]), 0.1, False)]
+    assert CudnnVarlenAttention is not FlashVarlenAttention
