@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in order of value, within 8 minutes of one H100 or H200 all together:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
-#   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): our padded
-#                grid and the varlen flash kernel (also with the bf16 residual stream, model.half_residual), eager,
-#                beside Hugging Face's padded model, with the per-step breakdown and the kernels that took the most
-#                time (a model that runs out of memory or fails leaves the comparison; the others go on). On an H200
-#                on 2026-11-30: varlen 716.9 sequences/s, 763.2 with the bf16 residual stream, 2.53x and 2.69x HF;
-#                the padded grid 459.5. Also with the fused bias-dropout-residual-LayerNorm kernels
-#                (model.fused_norm, +fused), and with the fused bias-GELU kernels too (model.fused_gelu, +gelu)
+#   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): the
+#                varlen flash kernel (also with the bf16 residual stream, model.half_residual), eager, beside Hugging
+#                Face's padded model, with the per-step breakdown and the kernels that took the most time (a model
+#                that runs out of memory or fails leaves the comparison; the others go on). On an H200 on 2026-11-30:
+#                varlen 716.9 sequences/s, 763.2 with the bf16 residual stream, 2.53x and 2.69x HF (our padded grid
+#                459.5). Also with the fused bias-dropout-residual-LayerNorm kernels (model.fused_norm, +fused), with
+#                the fused bias-GELU kernels too (model.fused_gelu, +gelu), and with the attention on cuDNN's kernel
+#                instead (+cudnn, the benchmark's own timing probe: its attention milliseconds against flash's)
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -111,7 +112,7 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run throughput_128 75 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 65 \
-  --variants padded,varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu --breakdown --top 12
+  --variants varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu,varlen+half+cudnn --breakdown --top 12
 run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
