@@ -16,8 +16,8 @@
 #                each and its top kernels; the noise scale measured every step (the trainer's default) against
 #                not at all, one process, two micro-batches a step
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the compiled model on CUDA
-#                graphs against the eager one, the varlen kernel's dropout against its own mask, the closed-division
-#                MLPerf log)
+#                graphs against the eager one, the varlen kernel's dropout against its own mask, the Triton kernels
+#                against eager PyTorch, the cuDNN probe against the flash kernel, the closed-division MLPerf log)
 #   throughput_chained  at batch 128 beside Hugging Face's model, three steps in a row without waiting for the
 #                device (--chain 3), as the trainer's loop runs: varlen with the bf16 residual stream, eager, with
 #                both fused kernels, and with those and the attention on cuDNN's kernel (+cudnn, the benchmark's own:
@@ -119,7 +119,7 @@ run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --a
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
 run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_kernels.py \
-  $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py
+  $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py tests/bench/test_trainer_throughput.py
 run throughput_chained 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
   --max-seconds 50 --variants varlen+half,varlen+half+fused+gelu,varlen+half+fused+gelu+cudnn
 summary() {

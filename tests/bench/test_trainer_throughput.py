@@ -22,6 +22,7 @@ from bench.trainer_throughput import (
     time_steps,
 )
 from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.test_fused_paths import flash_only
 from trainer.config import OptimizerConfig
 from trainer.data.batch import masked_counts
 from trainer.model import BertForPreTraining
@@ -347,3 +348,32 @@ def test_the_cudnn_variant_is_the_varlen_model_with_its_attention_on_another_ker
     assert model_module.FlashVarlenAttention is FlashVarlenAttention  # restored
     assert calls == [([0, *np.cumsum(LENGTHS[:3]).tolist()], max(LENGTHS[:3]), 0.1, False)]
     assert CudnnVarlenAttention is not FlashVarlenAttention
+
+
+@pytest.mark.gpu
+@flash_only
+def test_on_the_gpu_the_cudnn_probe_attends_as_the_flash_kernel_and_drops_out():
+    """`+cudnn`'s kernel on a packed bf16 stream of four sequences (strided q, k, v out of one [T, 3, heads, 64]
+    tensor, as the model gives them): without dropout the flash kernel's output and gradients (within 2 % of their
+    largest, bf16); with dropout 0.1 another output, finite gradients (the dropout is applied and the backward
+    runs), so that its timing is of the same work."""
+    from bench.trainer_throughput import CudnnVarlenAttention
+    from trainer.model import FlashVarlenAttention
+
+    torch.manual_seed(0)
+    lengths = [7, 33, 64, 12]
+    cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device="cuda")
+    qkv = torch.randn(sum(lengths), 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def run(kernel, p):
+        q, k, v = qkv.unbind(1)
+        out = kernel.apply(q, k, v, cu_seqlens, max(lengths), p)
+        (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
+        return out.float(), grad.float()
+
+    flash, flash_grad = run(FlashVarlenAttention, 0.0)
+    cudnn, cudnn_grad = run(CudnnVarlenAttention, 0.0)
+    assert (cudnn - flash).abs().max() <= 2e-2 * flash.abs().max()
+    assert (cudnn_grad - flash_grad).abs().max() <= 2e-2 * flash_grad.abs().max()
+    dropped, dropped_grad = run(CudnnVarlenAttention, 0.1)
+    assert (dropped - cudnn).abs().max() > 1e-2 * cudnn.abs().max() and torch.isfinite(dropped_grad).all()
