@@ -414,15 +414,17 @@ class BertSelfOutput(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-        self.fused = cfg.fused_norm  # the bias, dropout, residual and LayerNorm in one kernel each way
-
-    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self.fused:  # the matrix product without its bias, which the kernel adds (and sums the gradient of)
+        self.fused = None  # the bias, dropout, residual and LayerNorm in one kernel each way (model.fused_norm)
+        if cfg.fused_norm:
             from trainer.fused.norm import bias_dropout_add_norm  # (imports Triton: only where the switch is on)
 
+            self.fused = bias_dropout_add_norm
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:  # the matrix product without its bias, which the kernel adds (and sums the grad of)
             norm = self.LayerNorm
-            return bias_dropout_add_norm(F.linear(h, self.dense.weight), self.dense.bias, residual, norm.weight,
-                                         norm.bias, self.dropout.p, norm.eps, self.training)  # fmt: skip
+            return self.fused(F.linear(h, self.dense.weight), self.dense.bias, residual, norm.weight, norm.bias,
+                              self.dropout.p, norm.eps, self.training)  # fmt: skip
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)
 
 
@@ -440,13 +442,15 @@ class BertIntermediate(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.fused = cfg.fused_gelu  # the bias and GELU in one kernel each way
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:  # the matrix product without its bias, which the kernel adds (and sums the gradient of)
+        self.fused = None  # the bias and GELU in one kernel each way (model.fused_gelu)
+        if cfg.fused_gelu:
             from trainer.fused.gelu import bias_gelu  # (imports Triton: only where the switch is on)
 
-            return bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
+            self.fused = bias_gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:  # the matrix product without its bias, which the kernel adds (and sums the grad of)
+            return self.fused(F.linear(x, self.dense.weight), self.dense.bias)
         return F.gelu(self.dense(x))
 
 

@@ -295,8 +295,9 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     device = pick_device(cfg.device, env)
     accumulation_steps(cfg, env)  # a batch that does not split
     check_train_set(cfg)  # a training set smaller than the batch
-    check_attention(cfg, device, resolve_autocast(cfg, device))  # a precision or attention kernel it lacks
-    check_fused_kernels(cfg, device, resolve_autocast(cfg, device))
+    autocast = resolve_autocast(cfg, device)
+    check_attention(cfg, device, autocast)  # a precision or attention kernel it lacks
+    check_fused_kernels(cfg, device, autocast)  # Triton kernels that do not run here
     for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
         if path is not None and env.is_main:
             check_output_file(key, Path(path))
