@@ -8,7 +8,8 @@ sequence of each batch (dynamic padding). Ours runs once per `--variants` entry:
 `+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`),
 `+fused` for the bias-dropout-residual-LayerNorm kernels (`model.fused_norm`), `+gelu` for the bias-GELU kernels
 (`model.fused_gelu`), `+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies), `+cudnn` for
-the varlen attention on cuDNN's kernel instead of the flash one (timing only). Steps are
+the varlen attention on cuDNN's kernel instead of the flash one (timing only); `--fused-launch` launches the fused
+kernels as `bench.fused_kernels` found fastest. Steps are
 interleaved so all see the same machine state: one at a time from an idle device by default, or `--chain N` in a row
 without waiting for the device, as the trainer's loop runs. Prints valid tokens/s and sequences/s of each, the
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
@@ -26,13 +27,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import time
 from functools import partial
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from bench.fused_kernels import use_launch
 from trainer.config import ModelConfig, OptimizerConfig
 from trainer.data.batch import ShapeBudget, masked_counts, pack_batch
 from trainer.data.shards import PretrainingSamples
@@ -467,6 +471,12 @@ def main() -> None:
         "bf16, a bound for timing, not a way to train; +cudnn: varlen attention on cuDNN's kernel, for timing; "
         "default: auto)",
     )
+    ap.add_argument(
+        "--fused-launch",
+        type=Path,
+        help="the fused kernels (+fused, +gelu) launched as this file says "
+        "(`python -m bench.fused_kernels --write FILE`: the fastest of its candidates on this GPU)",
+    )
     ap.add_argument("--no-hf", action="store_true", help="ours only (for batches HF's padded model cannot fit)")
     ap.add_argument("--breakdown", action="store_true", help="one profiled step of each: where its time goes")
     ap.add_argument("--top", type=int, default=0, help="with --breakdown: the N kernels that took the most time")
@@ -484,6 +494,8 @@ def main() -> None:
     variants = args.variants.split(",")
     for variant in variants:
         parse_variant(variant)
+    if args.fused_launch is not None:
+        print(f"fused kernels launched as {args.fused_launch} says: {json.dumps(use_launch(args.fused_launch))}")
     hf_batch = args.hf_batch or args.batch
     most = max(args.batch, 0 if args.no_hf else hf_batch)
     samples = make_samples(most * (args.steps + args.warmup + 1), args.seq_len, args.max_pred, 30522, args.seed)

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in order of value, within 8 minutes of one H100 or H200 all together:
 #   experiment   the GPU preset end to end (scripts/gpu_experiment.sh): trials, verdict, MLPerf compliance, export
+#   fused_kernels  the fused kernels (bias-dropout-residual-LayerNorm, bias-GELU; forward and backward) at BERT-large's
+#                widths on a batch of 128's tokens, with their default launch and with each candidate launch
+#                (bench/fused_kernels.py), against the GPU's copy bandwidth: the fastest of each kernel goes to
+#                fused_launch.json, which the chained throughput check launches them with ({}: the defaults)
 #   throughput_128  BERT-large, bf16, BERT's dropout, at batch 128 (the GPU, not the host, sets the pace): the
 #                varlen flash kernel (also with the bf16 residual stream, model.half_residual), eager, beside Hugging
 #                Face's padded model, with the per-step breakdown and the kernels that took the most time (a model
@@ -20,9 +24,11 @@
 #                against eager PyTorch, the cuDNN probe against the flash kernel, the closed-division MLPerf log)
 #   throughput_chained  at batch 128 beside Hugging Face's model, three steps in a row without waiting for the
 #                device (--chain 3), as the trainer's loop runs: varlen with the bf16 residual stream, eager, with
-#                both fused kernels, and with those and the attention on cuDNN's kernel (+cudnn, the benchmark's own:
-#                whether building it into the model would pay; PyTorch's flash kernel took 27 ms of a 171 ms step). (The compiled model on CUDA graphs, model.compile_model, measured no faster on an
-#                H200 on 2026-11-30: 747.8 sequences/s against 764.7 eager, 45 s of compiling.)
+#                both fused kernels (launched as fused_launch.json says), and with those and the attention on
+#                cuDNN's kernel (+cudnn, the benchmark's own: whether building it into the model would pay; PyTorch's
+#                flash kernel took 27 ms of a 171 ms step). (The compiled model on CUDA graphs, model.compile_model,
+#                measured no faster on an H200 on 2026-11-30: 747.8 sequences/s against 764.7 eager, 45 s of
+#                compiling.)
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
 # file, and of the experiment one trial's MLPerf log and progress lines and the exported config; its other files
 # stay in EXPERIMENT_OUT, default /tmp/gpu_experiment), then summary.txt gathers their result lines; a failing step
@@ -95,7 +101,7 @@ cat "$OUT/machine.txt"
 EXPERIMENT_OUT=${EXPERIMENT_OUT:-/tmp/gpu_experiment}
 LARGE="--device cuda --size large --dtype bf16 --dropout 0.1"
 MARK="HPO_GPU_CHECKS_RUN=$$.$RANDOM"  # in the environment of every process of the experiment, and of no other
-run experiment 100 env "$MARK" OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
+run experiment 85 env "$MARK" OUT="$EXPERIMENT_OUT" PYTHON="$PY" bash scripts/gpu_experiment.sh
 # A controller cut at its limit may leave trial processes (each in a session of its own) on the GPU: they would
 # share it with the throughput checks. They are found by the mark, so that no one else's process is touched.
 left=$(grep -lsxzF -- "$MARK" /proc/[0-9]*/environ | cut -d/ -f3)
@@ -111,24 +117,29 @@ for trial in "$EXPERIMENT_OUT"/experiment/trials/*/; do
   break
 done
 cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
+run fused_kernels 35 $PY -m bench.fused_kernels --device cuda --max-seconds 25 --write "$OUT/fused_launch.json"
+[ -s "$OUT/fused_launch.json" ] || echo "{}" > "$OUT/fused_launch.json"  # (cut or failed: the defaults)
 run throughput_128 75 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 65 \
   --variants varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu,varlen+half+cudnn --breakdown --top 12
-run clipping 45 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
+run clipping 40 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
 run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_kernels.py \
   $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py tests/bench/test_trainer_throughput.py
-run throughput_chained 60 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
-  --max-seconds 50 --variants varlen+half,varlen+half+fused+gelu,varlen+half+fused+gelu+cudnn
+run throughput_chained 55 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --chain 3 \
+  --max-seconds 45 --fused-launch "$OUT/fused_launch.json" \
+  --variants varlen+half,varlen+half+fused+gelu,varlen+half+fused+gelu+cudnn
 summary() {
   echo "=== summary (the full output of each check is in $OUT/)"
   cat "$OUT/machine.txt"
   grep -h "=== .* exit\|=== .* skipped\|=== .* leftover" "$OUT"/*.txt
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-  grep -h "^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out\|time is up\|^  first step" \
+  grep -h "^device: \|^  fastest \|^wrote \|^time is up\|left out" "$OUT/fused_kernels.txt"
+  grep -h "^fused kernels launched\|^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out" \
     "$OUT"/throughput*.txt
+  grep -h "time is up\|^  first step" "$OUT"/throughput*.txt
   grep -hE "^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.txt" | tail -1  # pytest's last line
   grep -h " x[0-9]" "$OUT/clipping.txt" "$OUT/noise_scale.txt"
 }

@@ -377,3 +377,29 @@ def test_on_the_gpu_the_cudnn_probe_attends_as_the_flash_kernel_and_drops_out():
     assert (cudnn_grad - flash_grad).abs().max() <= 2e-2 * flash_grad.abs().max()
     dropped, dropped_grad = run(CudnnVarlenAttention, 0.1)
     assert (dropped - cudnn).abs().max() > 1e-2 * cudnn.abs().max() and torch.isfinite(dropped_grad).all()
+
+
+def test_fused_launch_launches_the_kernels_as_its_file_says_and_a_bad_file_stops_before_any_model(
+    tmp_path, monkeypatch, capsys
+):
+    """`--fused-launch FILE` (what `bench.fused_kernels --write` saves) is set for the run and said; a file it cannot
+    use is named, with what is wrong, before any model is built."""
+    from bench import trainer_throughput
+    from trainer import fused
+
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"norm_backward": {"TILES_PER_PROGRAM": 16}}')
+    bad.write_text('{"norm_backward": {"TILES_PER_PROGRAM": 3}}')
+    args = ["--variants", "padded", "--no-hf", "--steps", "1", "--warmup", "0", "--batch", "2", "--device", "cpu"]
+    try:
+        monkeypatch.setattr("sys.argv", ["trainer_throughput", "--fused-launch", str(good), *args])
+        trainer_throughput.main()
+        out = capsys.readouterr().out
+        assert f'fused kernels launched as {good} says: {{"norm_backward": {{"TILES_PER_PROGRAM": 16}}}}' in out
+        assert fused._launch_overrides == {"norm_backward": {"TILES_PER_PROGRAM": 16}}
+        monkeypatch.setattr("sys.argv", ["trainer_throughput", "--fused-launch", str(bad), *args])
+        monkeypatch.setattr(trainer_throughput, "build_models", lambda *a, **k: pytest.fail("a model was built"))
+        with pytest.raises(SystemExit, match=f"--fused-launch {bad}: .*TILES_PER_PROGRAM must be a power of two"):
+            trainer_throughput.main()
+    finally:
+        fused.set_launch({})

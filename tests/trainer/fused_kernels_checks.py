@@ -17,7 +17,7 @@ from tests.trainer.conftest import make_model_config, make_samples
 from tests.trainer.test_fused_paths import LENGTHS, exact_gradients, train_steps
 from trainer.config import TrainerConfig
 from trainer.data.batch import pack_batch
-from trainer.fused import gelu, interpreting, norm
+from trainer.fused import gelu, interpreting, norm, set_launch
 from trainer.fused.gelu import bias_gelu
 from trainer.fused.norm import bias_dropout_add_norm, dropout_keep
 from trainer.model import BertForPreTraining, pretraining_loss
@@ -149,14 +149,13 @@ def gpu_launch_shapes():
     """The kernels launched as on a GPU, in the interpreter: the norm one row a tile, 16 tiles a program in the
     backward; GELU tiles of 4 rows by 32 columns (rows of 80: three column blocks, the last one part), 4 tiles a
     program. The interpreter's own shapes (16 rows a tile, the whole row) leave those loops and bounds unrun."""
-    saved = norm._launch_shape, norm._tiles_per_program, gelu._launch_shape
-    norm._launch_shape = lambda cols: {**saved[0](cols), "ROWS": 1}
-    norm._tiles_per_program = lambda: 16
-    gelu._launch_shape = lambda cols: {**saved[2](cols), "ROWS": 4, "COLS": 32, "TILES_PER_PROGRAM": 4}
+    set_launch({"norm_forward": {"ROWS": 1}, "norm_backward": {"ROWS": 1, "TILES_PER_PROGRAM": 16},
+                "gelu_forward": {"ROWS": 4, "COLS": 32},
+                "gelu_backward": {"ROWS": 4, "COLS": 32, "TILES_PER_PROGRAM": 4}})  # fmt: skip
     try:
         yield
     finally:
-        norm._launch_shape, norm._tiles_per_program, gelu._launch_shape = saved
+        set_launch({})
 
 
 def empty_batch() -> dict:
@@ -189,7 +188,12 @@ def main() -> None:
         "no_rows": empty_batch(),
     }
     with gpu_launch_shapes():
-        results["gpu_shapes"] = {"dropout": against_eager(37, 48, 0.1, True), "gelu": gelu_against_eager(37, 80)}
+        results["gpu_shapes"] = {
+            "dropout": against_eager(37, 48, 0.1, True),
+            "gelu": gelu_against_eager(37, 80),
+            "launches": [norm._launch("norm_backward", 48), gelu._launch("gelu_backward", 80)],
+        }
+    results["default_launches"] = [norm._launch("norm_backward", 48), gelu._launch("gelu_backward", 80)]
     cfg = TrainerConfig(model=make_model_config(fused_norm=True, fused_gelu=True).model_dump())
     check_fused_kernels(cfg, torch.device("cpu"), None)  # kernels_run and the trial launch pass where the kernels run
     half = TrainerConfig(model=make_model_config(fused_norm=True, fused_gelu=True, half_residual=True).model_dump())

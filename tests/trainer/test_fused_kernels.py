@@ -129,6 +129,13 @@ def test_launched_as_on_a_gpu_the_kernels_give_the_same_results(measured, case):
     result = measured["gpu_shapes"][case]
     names = OPERANDS if case == "dropout" else ("out", "d_mm", "d_bias")
     assert all(result[name] <= RTOL for name in names), result
+    norm_launch, gelu_launch = measured["gpu_shapes"]["launches"]  # set_launch's parameters, the rest defaults
+    assert norm_launch == {"BLOCK": 64, "ROWS": 1, "num_warps": 1, "TILES_PER_PROGRAM": 16}
+    assert gelu_launch == {"ROWS": 4, "COLS": 32, "num_warps": 1, "TILES_PER_PROGRAM": 4}
+    assert measured["default_launches"] == [  # and set_launch({}) restored the interpreter's defaults
+        {"BLOCK": 64, "ROWS": 16, "num_warps": 1, "TILES_PER_PROGRAM": 2},
+        {"ROWS": 16, "COLS": 128, "num_warps": 1, "TILES_PER_PROGRAM": 2},
+    ]
 
 
 def test_the_trainer_accepts_the_switches_where_the_kernels_run(measured):

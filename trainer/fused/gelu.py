@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.fused import interpreting, triton
+from trainer.fused import interpreting, launch, triton
 
 if triton is not None:
     import triton.language as tl
@@ -53,14 +53,44 @@ if triton is not None:
         tl.store(PARTIAL + tl.program_id(0) * cols + col, tl.sum(d_bias, axis=0), mask=col < cols)
 
 
-def _launch_shape(cols: int) -> dict:
-    """A tile: 1,024 columns by 4 rows on a GPU (8 warps, 16 values a thread), the backward's programs taking 64 tiles
-    each (one compiled kernel for any batch; 500 programs at 32,000 tokens and 4,096 columns); in the interpreter,
-    where each program costs milliseconds, 16 rows by the whole row, 2 tiles a program."""
+def _launch(kernel: str, cols: int) -> dict:
+    """`kernel`'s launch parameters (`trainer.fused.launch`). On a GPU by default a tile of 1,024 columns by 4 rows
+    (8 warps, 16 values a thread), the backward's programs taking 64 tiles each (one compiled kernel for any batch;
+    500 programs at 32,000 tokens and 4,096 columns); in the interpreter, where each program costs milliseconds, 16
+    rows by the whole row, 2 tiles a program."""
     if interpreting():
-        return {"ROWS": 16, "COLS": max(triton.next_power_of_2(cols), 16), "TILES_PER_PROGRAM": 2, "num_warps": 1}
-    return {"ROWS": 4, "COLS": min(max(triton.next_power_of_2(cols), 16), 1024), "TILES_PER_PROGRAM": 64,
-            "num_warps": 8}  # fmt: skip
+        defaults = {"ROWS": 16, "COLS": max(triton.next_power_of_2(cols), 16), "num_warps": 1}
+    else:
+        defaults = {"ROWS": 4, "COLS": min(max(triton.next_power_of_2(cols), 16), 1024), "num_warps": 8}
+    if kernel == "gelu_backward":
+        defaults["TILES_PER_PROGRAM"] = 2 if interpreting() else 64
+    return launch(kernel, defaults)
+
+
+def gelu_forward(mm, bias):
+    """The forward kernel's launch: gelu(mm + bias), with mm's dtype."""
+    rows, cols = mm.shape
+    out = torch.empty_like(mm)
+    if rows:
+        shape = _launch("gelu_forward", cols)
+        _forward_kernel[(triton.cdiv(rows, shape["ROWS"]), triton.cdiv(cols, shape["COLS"]))](
+            mm, bias, out, rows, cols, **shape
+        )
+    return out
+
+
+def gelu_backward(grad, mm, bias):
+    """The backward kernel's launch: the gradients of the product and (in fp32) of its bias."""
+    rows, cols = mm.shape
+    d_mm = torch.empty_like(mm)
+    shape = _launch("gelu_backward", cols)
+    groups = max(triton.cdiv(rows, shape["ROWS"] * shape["TILES_PER_PROGRAM"]), 1)
+    partial = (torch.empty if rows else torch.zeros)(groups, cols, dtype=torch.float32, device=mm.device)
+    if rows:
+        _backward_kernel[(groups, triton.cdiv(cols, shape["COLS"]))](
+            grad.contiguous(), mm, bias, d_mm, partial, rows, cols, **shape
+        )
+    return d_mm, partial.sum(0)
 
 
 class FusedBiasGelu(torch.autograd.Function):
@@ -68,29 +98,14 @@ class FusedBiasGelu(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mm, bias):
-        rows, cols = mm.shape
-        out = torch.empty_like(mm)
-        if rows:
-            shape = _launch_shape(cols)
-            grid = (triton.cdiv(rows, shape["ROWS"]), triton.cdiv(cols, shape["COLS"]))
-            _forward_kernel[grid](mm, bias, out, rows, cols, ROWS=shape["ROWS"], COLS=shape["COLS"],
-                                  num_warps=shape["num_warps"])  # fmt: skip
         ctx.save_for_backward(mm, bias)
-        return out
+        return gelu_forward(mm, bias)
 
     @staticmethod
     def backward(ctx, grad):
         mm, bias = ctx.saved_tensors
-        rows, cols = mm.shape
-        d_mm = torch.empty_like(mm)
-        shape = _launch_shape(cols)
-        groups = max(triton.cdiv(rows, shape["ROWS"] * shape["TILES_PER_PROGRAM"]), 1)
-        partial = (torch.empty if rows else torch.zeros)(groups, cols, dtype=torch.float32, device=mm.device)
-        if rows:
-            _backward_kernel[(groups, triton.cdiv(cols, shape["COLS"]))](
-                grad.contiguous(), mm, bias, d_mm, partial, rows, cols, **shape
-            )
-        return d_mm, partial.sum(0).to(bias.dtype)
+        d_mm, d_bias = gelu_backward(grad, mm, bias)
+        return d_mm, d_bias.to(bias.dtype)
 
 
 def bias_gelu(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.fused import interpreting, triton
+from trainer.fused import interpreting, launch, triton
 
 if triton is not None:
     import triton.language as tl
@@ -112,17 +112,58 @@ if triton is not None:
         tl.store(KEEP + row[:, None] * cols + col[None, :], keep.to(tl.uint8), mask=valid)
 
 
-def _launch_shape(cols: int) -> dict:
-    """A tile's columns (the row, rounded up to a power of two) and rows: one on a GPU (a row of BERT-large is 1,024
-    values: 8 warps keep it in registers), 16 in the interpreter, where each program costs milliseconds."""
+def _launch(kernel: str, cols: int) -> dict:
+    """A tile's columns (the row, rounded up to a power of two) and `kernel`'s launch parameters
+    (`trainer.fused.launch`). On a GPU by default one row a tile (a row of BERT-large is 1,024 values: 8 warps keep
+    it in registers), the backward's programs looping over 64 tiles each, keeping their partial sums of the weights'
+    gradients in registers (one number for any batch: one compiled kernel; 500 programs at 32,000 tokens). In the
+    interpreter, where each program costs milliseconds, 16 rows a tile and 2 tiles a program."""
     block = max(triton.next_power_of_2(cols), 16)
-    return {"BLOCK": block, "ROWS": 16 if interpreting() else 1, "num_warps": min(max(block // 128, 1), 8)}
+    defaults = {"BLOCK": block, "ROWS": 16 if interpreting() else 1, "num_warps": min(max(block // 128, 1), 8)}
+    if kernel == "norm_backward":
+        defaults["TILES_PER_PROGRAM"] = 2 if interpreting() else 64
+    return launch(kernel, defaults)
 
 
-def _tiles_per_program() -> int:
-    """Tiles each program of the backward loops over, keeping its partial sums of the weights' gradients in registers:
-    one number for any batch (one compiled kernel; 500 programs at 32,000 tokens), 2 in the interpreter."""
-    return 2 if interpreting() else 64
+def norm_forward(mm, bias, residual, weight, norm_bias, p: float, eps: float, seed):
+    """The forward kernel's launch: (output, mean, 1/std, kept mask) for `FusedBiasDropoutAddNorm`'s arguments; the
+    mask is empty without dropout (seed None)."""
+    rows, cols = mm.shape
+    out = torch.empty_like(residual)
+    mean = torch.empty(rows, dtype=torch.float32, device=mm.device)
+    rstd = torch.empty_like(mean)
+    dropout = seed is not None
+    keep = torch.empty(mm.shape if dropout else 0, dtype=torch.uint8, device=mm.device)
+    if rows:
+        shape = _launch("norm_forward", cols)
+        _forward_kernel[(triton.cdiv(rows, shape["ROWS"]),)](
+            mm, bias, residual, weight, norm_bias, out, mean, rstd,
+            seed if dropout else mean, keep if dropout else mean,  # (not read without dropout)
+            rows, cols, p, _scale(p, dropout), eps, DROPOUT=dropout, **shape,
+        )  # fmt: skip
+    return out, mean, rstd, keep
+
+
+def norm_backward(grad, mm, bias, residual, weight, mean, rstd, keep, p: float, dropout: bool):
+    """The backward kernel's launch: the gradients of the product, its bias, the residual, the LayerNorm weight and
+    its bias (these three in fp32), given the forward's inputs and what `norm_forward` returned."""
+    rows, cols = mm.shape
+    d_mm, d_res = torch.empty_like(mm), torch.empty_like(residual)
+    shape = _launch("norm_backward", cols)
+    programs = max(triton.cdiv(rows, shape["ROWS"] * shape["TILES_PER_PROGRAM"]), 1)
+    partial = (torch.empty if rows else torch.zeros)(programs, 3, cols, dtype=torch.float32, device=mm.device)
+    if rows:
+        _backward_kernel[(programs,)](
+            grad.contiguous(), mm, bias, residual, weight, mean, rstd, keep if dropout else mean,
+            d_mm, d_res, partial, rows, cols, p, _scale(p, dropout), DROPOUT=dropout, **shape,
+        )  # fmt: skip
+    d_bias, d_weight, d_norm_bias = partial.sum(0).unbind(0)
+    return d_mm, d_bias, d_res, d_weight, d_norm_bias
+
+
+def _scale(p: float, dropout: bool) -> float:
+    """What dropout multiplies the kept values by."""
+    return 1.0 / (1.0 - p) if dropout else 1.0
 
 
 class FusedBiasDropoutAddNorm(torch.autograd.Function):
@@ -132,41 +173,17 @@ class FusedBiasDropoutAddNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mm, bias, residual, weight, norm_bias, p: float, eps: float, seed):
-        rows, cols = mm.shape
-        out = torch.empty_like(residual)
-        mean = torch.empty(rows, dtype=torch.float32, device=mm.device)
-        rstd = torch.empty_like(mean)
-        dropout = seed is not None
-        scale = 1.0 / (1.0 - p) if dropout else 1.0
-        keep = torch.empty(mm.shape if dropout else 0, dtype=torch.uint8, device=mm.device)
-        if rows:
-            shape = _launch_shape(cols)
-            _forward_kernel[(triton.cdiv(rows, shape["ROWS"]),)](
-                mm, bias, residual, weight, norm_bias, out, mean, rstd,
-                seed if dropout else mean, keep if dropout else mean,  # (not read without dropout)
-                rows, cols, p, scale, eps, DROPOUT=dropout, **shape,
-            )  # fmt: skip
+        out, mean, rstd, keep = norm_forward(mm, bias, residual, weight, norm_bias, p, eps, seed)
         ctx.save_for_backward(mm, bias, residual, weight, mean, rstd, keep)
-        ctx.p, ctx.scale, ctx.dropout, ctx.norm_bias_dtype = p, scale, dropout, norm_bias.dtype
+        ctx.p, ctx.dropout, ctx.norm_bias_dtype = p, seed is not None, norm_bias.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad):
         mm, bias, residual, weight, mean, rstd, keep = ctx.saved_tensors
-        rows, cols = mm.shape
-        d_mm, d_res = torch.empty_like(mm), torch.empty_like(residual)
-        shape = _launch_shape(cols)
-        per_program = _tiles_per_program()
-        programs = max(triton.cdiv(rows, shape["ROWS"] * per_program), 1)
-        partial = (torch.empty if rows else torch.zeros)(programs, 3, cols, dtype=torch.float32, device=mm.device)
-        if rows:
-            _backward_kernel[(programs,)](
-                grad.contiguous(), mm, bias, residual, weight, mean, rstd, keep if ctx.dropout else mean,
-                d_mm, d_res, partial,
-                rows, cols, ctx.p, ctx.scale,
-                TILES_PER_PROGRAM=per_program, DROPOUT=ctx.dropout, **shape,
-            )  # fmt: skip
-        d_bias, d_weight, d_norm_bias = partial.sum(0).unbind(0)
+        d_mm, d_bias, d_res, d_weight, d_norm_bias = norm_backward(
+            grad, mm, bias, residual, weight, mean, rstd, keep, ctx.p, ctx.dropout
+        )
         return (d_mm, d_bias.to(bias.dtype), d_res, d_weight.to(weight.dtype), d_norm_bias.to(ctx.norm_bias_dtype),
                 None, None, None)  # fmt: skip
 
@@ -200,6 +217,6 @@ def dropout_keep(seed: torch.Tensor, shape: tuple[int, int], p: float) -> torch.
     rows, cols = shape
     keep = torch.empty(shape, dtype=torch.uint8, device=seed.device)
     if rows:
-        launch = _launch_shape(cols)
-        _keep_kernel[(triton.cdiv(rows, launch["ROWS"]),)](keep, seed, rows, cols, p, **launch)
+        tile = _launch("norm_forward", cols)
+        _keep_kernel[(triton.cdiv(rows, tile["ROWS"]),)](keep, seed, rows, cols, p, **tile)
     return keep.bool()

@@ -1,0 +1,145 @@
+"""bench/fused_kernels.py: the fused kernels timed under alternative launches, each checked against the defaults'
+outputs first, the fastest written in the form `trainer.fused.set_launch` takes, and read back by the throughput
+benchmark's --fused-launch. On the CPU the kernels run in Triton's interpreter (a process of its own), which checks
+the script, not the kernels' speed: no test here reads a time."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.fused_kernels import CANDIDATES, agree, use_launch
+from trainer.fused import LAUNCH_PARAMETERS, _launch_overrides, set_launch
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--device", "cpu", "--tokens", "37", "--hidden", "48", "--intermediate", "80", "--copy-bytes", "100000"]
+
+
+def run_bench(*args: str, interpret: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, "-m", "bench.fused_kernels", *SMALL, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@pytest.fixture
+def restored_launch():
+    yield
+    set_launch({})
+
+
+def test_outputs_agree_only_when_equal_masks_and_values_within_their_dtypes_rounding():
+    values = torch.linspace(-3, 3, 1000)
+    mask = (torch.arange(1000) % 7 != 0).to(torch.uint8)
+    reference = [values, values.bfloat16(), mask]
+    assert agree(reference, [values.clone(), values.bfloat16().clone(), mask.clone()]) is None
+    nudged = values.bfloat16().clone()
+    nudged[::10] = torch.nextafter(nudged[::10].float(), torch.tensor(math.inf)).bfloat16()  # a tenth off by an ulp
+    assert agree(reference, [values, nudged, mask]) is None
+    unwritten = values.clone()
+    unwritten[500:] = math.nan
+    assert "500 values not finite" in agree(reference, [unwritten, values.bfloat16(), mask])
+    flipped = mask.clone()
+    flipped[3] = 1 - flipped[3]
+    assert "output 2: 1 of 1000 values differ" in agree(reference, [values, values.bfloat16(), flipped])
+    assert "relative difference" in agree(reference, [values * 1.001, values.bfloat16(), mask])  # 1e-3 > 1e-5
+    assert "not (1000,)" in agree(reference, [values[:999], values.bfloat16(), mask])
+
+
+def test_set_launch_takes_each_kernels_own_parameters_as_powers_of_two_and_refuses_the_rest_whole(restored_launch):
+    set_launch({"norm_backward": {"TILES_PER_PROGRAM": 16}})
+    bad = [
+        ({"norm_middle": {"ROWS": 1}}, "no kernel 'norm_middle'; the kernels are norm_forward, norm_backward"),
+        ({"norm_forward": {"TILES_PER_PROGRAM": 8}}, "norm_forward takes ROWS, num_warps, not 'TILES_PER_PROGRAM'"),
+        ({"gelu_forward": {"ROWS": 3}}, "gelu_forward.ROWS must be a power of two, not 3"),
+        ({"gelu_forward": {"ROWS": 0}}, "gelu_forward.ROWS must be a power of two, not 0"),
+        ({"gelu_forward": {"ROWS": True}}, "gelu_forward.ROWS must be a power of two, not True"),
+        ({"gelu_backward": {"num_warps": 64}}, "gelu_backward.num_warps must be a power of two of at most 32"),
+        ({"gelu_forward": {"COLS": "8"}}, "gelu_forward.COLS must be a power of two, not '8'"),
+        ({"norm_forward": [1, 2]}, "norm_forward: give its parameters as a mapping"),
+    ]
+    for overrides, message in bad:
+        with pytest.raises(ValueError, match="launch: " + message.replace("(", r"\(").replace(")", r"\)")):
+            set_launch({"gelu_forward": {"ROWS": 8}, **overrides})  # a good entry beside the bad one: none is set
+        assert _launch_overrides == {"norm_backward": {"TILES_PER_PROGRAM": 16}}
+    set_launch({})
+    assert _launch_overrides == {}
+
+
+def test_every_candidate_is_a_launch_set_launch_takes(restored_launch):
+    assert set(CANDIDATES) == set(LAUNCH_PARAMETERS)
+    for kernel, candidates in CANDIDATES.items():
+        assert len({json.dumps(c, sort_keys=True) for c in candidates}) == len(candidates), kernel  # no repeats
+        for candidate in candidates:
+            set_launch({kernel: candidate})
+
+
+def test_the_bench_checks_and_times_each_kernels_defaults_and_candidates_and_writes_a_launch_it_reads_back(
+    tmp_path, restored_launch
+):
+    pytest.importorskip("triton", reason="the fused kernels are Triton's (installed by make setup)")
+    written = tmp_path / "launch.json"
+    done = run_bench("--limit", "1", "--write", str(written))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "fused kernels at 37 tokens, hidden 48, intermediate 80, bf16 products, bf16 residual stream" in lines[0]
+    assert "interpreter" in lines[1]
+    for kernel in LAUNCH_PARAMETERS:  # the defaults and the first candidate, each timed: no output differed
+        timed = [line for line in lines if line.split()[:1] == [kernel] and line.rstrip().endswith("%")]
+        first = " ".join(f"{k}={v}" for k, v in CANDIDATES[kernel][0].items())
+        assert len(timed) == 2 and "(default)" in timed[0] and first in timed[1], (kernel, done.stdout)
+        assert sum(line.strip().startswith(f"fastest {kernel}: ") for line in lines) == 1
+    assert "left out" not in done.stdout
+    chosen = json.loads(written.read_text())
+    for kernel, parameters in chosen.items():  # the fastest of each, where a candidate beat the defaults
+        assert parameters == CANDIDATES[kernel][0]
+    assert use_launch(written) == chosen
+    assert _launch_overrides == chosen
+
+
+def test_past_its_seconds_the_bench_runs_the_defaults_alone_and_says_how_many_candidates_it_left():
+    pytest.importorskip("triton", reason="the fused kernels are Triton's (installed by make setup)")
+    done = run_bench("--kernels", "norm_forward,gelu_forward", "--max-seconds", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(default)" in done.stdout and "num_warps=4 " not in done.stdout
+    left = len(CANDIDATES["norm_forward"]) + len(CANDIDATES["gelu_forward"])
+    assert f"time is up: {left} candidate(s) not run (--max-seconds 0)" in done.stdout
+    assert "norm_backward" not in done.stdout
+
+
+def test_without_a_gpu_or_the_interpreter_the_bench_says_where_the_kernels_run_and_writes_nothing(tmp_path):
+    written = tmp_path / "launch.json"
+    done = run_bench("--write", str(written), interpret=False)
+    assert done.returncode == 2
+    assert "the kernels do not run on cpu here: they need a CUDA GPU and triton" in done.stderr
+    assert not written.exists()
+
+
+def test_bad_arguments_are_named_before_any_kernel_runs():
+    done = run_bench("--kernels", "norm_forward,gelu_middle")
+    assert done.returncode == 2 and "--kernels: gelu_middle; the kernels are norm_forward" in done.stderr
+    done = run_bench("--dropout", "1")
+    assert done.returncode == 2 and "--dropout in [0, 1)" in done.stderr
+
+
+def test_a_launch_file_that_cannot_be_used_is_named_with_what_is_wrong_and_nothing_is_set(tmp_path, restored_launch):
+    set_launch({"gelu_forward": {"ROWS": 8}})
+    missing = tmp_path / "none.json"
+    with pytest.raises(SystemExit, match=f"--fused-launch {missing}: cannot read it"):
+        use_launch(missing)
+    for text, why in [("{not json", "Expecting property name"), ('{"norm_forward": {"ROWS": 3}}', "power of two"),
+                      ("[1, 2]", "'list' object has no attribute 'items'")]:  # fmt: skip
+        path = tmp_path / "launch.json"
+        path.write_text(text)
+        with pytest.raises(SystemExit, match=f"--fused-launch {path}: not the launches .* saves .*{why}"):
+            use_launch(path)
+    assert _launch_overrides == {"gelu_forward": {"ROWS": 8}}
