@@ -28,6 +28,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -131,6 +132,21 @@ def problems(tokens: int, hidden: int, intermediate: int, product: torch.dtype, 
         tokens, intermediate, dtype=product)  # fmt: skip
     p, s, mask = product.itemsize, stream.itemsize, 1 if seed is not None else 0
     rows = 8 * tokens  # each row's mean and 1/std, fp32
+    biased, wide_biased = mm + bias.to(product), wide + wide_bias.to(product)  # eager adds these in the product
+
+    def eager_norm(backward: bool):
+        inputs = [t.detach().requires_grad_() for t in (biased, residual, weight, norm_bias)]
+        x, r, w, b = inputs
+        out = torch.nn.functional.layer_norm(torch.nn.functional.dropout(x, dropout) + r, (hidden,), w, b, eps)
+        if backward:
+            torch.autograd.grad(out, inputs, grad)[0].sum(0)  # (and the bias's gradient, a reduction of its own)
+
+    def eager_gelu(backward: bool):
+        x = wide_biased.detach().requires_grad_()
+        out = torch.nn.functional.gelu(x)
+        if backward:
+            torch.autograd.grad(out, x, wide_grad)[0].sum(0)
+
     return {
         "norm_forward": (lambda: list(norm_forward(mm, bias, residual, weight, norm_bias, dropout, eps, seed)),
                          tokens * hidden * (p + s + s + mask) + rows),
@@ -139,6 +155,8 @@ def problems(tokens: int, hidden: int, intermediate: int, product: torch.dtype, 
                           tokens * hidden * (s + p + s + mask + p + s) + rows),
         "gelu_forward": (lambda: [gelu_forward(wide, wide_bias)], tokens * intermediate * 2 * p),
         "gelu_backward": (lambda: list(gelu_backward(wide_grad, wide, wide_bias)), tokens * intermediate * 3 * p),
+        "eager_norm": eager_norm,
+        "eager_gelu": eager_gelu,
     }  # fmt: skip
 
 
@@ -156,6 +174,11 @@ def use_launch(path: Path) -> dict:
     return chosen
 
 
+def failure(error: Exception) -> str:
+    """An error's type and the first line of its message, for one line of the table."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
+
+
 def describe(parameters: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in parameters.items())
 
@@ -170,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--residual", choices=("bf16", "fp16", "fp32"), default="bf16",
                         help="the residual stream's dtype (bf16: model.half_residual)")  # fmt: skip
     parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--layers", type=int, default=24, help="encoder layers, for a step's saving (BERT-large: 24)")
     parser.add_argument("--kernels", default=",".join(LAUNCH_PARAMETERS), help="comma-separated, of those named")
     parser.add_argument("--limit", type=int, default=None, help="candidates a kernel at most (default: all)")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -201,13 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  {'kernel':<14} {'launch':<44} {'time':>10} {'rate':>12} {'of copy':>8}")
     work = problems(args.tokens, args.hidden, args.intermediate, product, stream, args.dropout, device)
-    best, untimed = {}, 0
+    best, fastest, untimed = {}, {}, 0
     deadline = math.inf if args.max_seconds is None else started + args.max_seconds
     for kernel in kernels:
         launch, nbytes = work[kernel]
         candidates = CANDIDATES[kernel][: args.limit]
         set_launch({})
-        reference = launch()
+        try:
+            reference = launch()
+        except Exception as error:  # the defaults do not compile or run here: nothing to check the others against
+            print(f"  {kernel:<14} {'(default)':<44} left out, and its candidates: {failure(error)}")
+            continue
         times = {}
         for parameters in [None, *candidates]:
             if parameters is not None and time.monotonic() > deadline:
@@ -223,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 times[name] = (seconds(launch), parameters)
             except Exception as error:  # a launch Triton cannot compile or run: named, the others go on
-                first = (str(error).strip().splitlines() or [""])[0][:160]
-                print(f"  {kernel:<14} {name:<44} left out: {type(error).__name__}: {first}")
+                print(f"  {kernel:<14} {name:<44} left out: {failure(error)}")
                 continue
             finally:
                 set_launch({})
@@ -233,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         if times:
             name, (t, parameters) = min(times.items(), key=lambda item: item[1][0])
             default = times.get("(default)", (math.nan,))[0]
-            best[kernel] = parameters
+            best[kernel], fastest[kernel] = parameters, t
             print(f"  fastest {kernel}: {name}, {t * 1e6:.1f} us ({default / t:.2f}x the defaults)")
     if untimed:
         print(f"time is up: {untimed} candidate(s) not run (--max-seconds {args.max_seconds:g})")
@@ -241,6 +268,19 @@ def main(argv: list[str] | None = None) -> int:
         chosen = {kernel: parameters for kernel, parameters in best.items() if parameters is not None}
         args.write.write_text(json.dumps(chosen, indent=1) + "\n")
         print(f"wrote {args.write}: {json.dumps(chosen) if chosen else 'the defaults were fastest ({})'}")
+    for op, calls, what in (("norm", 2 * args.layers, "dropout, addition, LayerNorm"), ("gelu", args.layers, "GELU")):
+        if f"{op}_forward" in fastest and f"{op}_backward" in fastest:  # against what eager PyTorch runs for it
+            try:
+                eager = [seconds(partial(work[f"eager_{op}"], backward)) for backward in (False, True)]
+            except Exception as error:  # (the launches are written already)
+                print(f"  {op}: eager PyTorch not timed: {failure(error)}")
+                continue
+            fused = [fastest[f"{op}_forward"], fastest[f"{op}_forward"] + fastest[f"{op}_backward"]]
+            saved = (eager[1] - fused[1]) * calls
+            print(f"  {op}: eager PyTorch ({what}; the backward with the bias's gradient) forward "
+                  f"{eager[0] * 1e6:.1f} us, forward + backward {eager[1] * 1e6:.1f} us; fused {fused[0] * 1e6:.1f} "
+                  f"and {fused[1] * 1e6:.1f} us ({eager[1] / fused[1]:.2f}x): {saved * 1e3:.2f} ms less a step of "
+                  f"{calls} calls ({args.layers} layers)")  # fmt: skip
     return 0
 
 

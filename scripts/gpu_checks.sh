@@ -120,7 +120,7 @@ cp "$EXPERIMENT_OUT/best.yaml" "$OUT/experiment_best.yaml" 2>/dev/null
 run fused_kernels 35 $PY -m bench.fused_kernels --device cuda --max-seconds 25 --write "$OUT/fused_launch.json"
 [ -s "$OUT/fused_launch.json" ] || echo "{}" > "$OUT/fused_launch.json"  # (cut or failed: the defaults)
 run throughput_128 75 $PY -m bench.trainer_throughput $LARGE --batch 128 --steps 6 --warmup 2 --max-seconds 65 \
-  --variants varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu,varlen+half+cudnn --breakdown --top 12
+  --variants varlen,varlen+half,varlen+half+fused,varlen+half+fused+gelu,varlen+half+cudnn --breakdown --top 20
 run clipping 40 $PY -m bench.clipping_overhead --device cuda --nproc 1 --ddp both --size large --dtype bf16 \
   --batch 128 --warmup 2 --rounds 5 --strategies none,bucketwise --breakdown --top 8
 run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --accumulation 2 --size large \
@@ -136,7 +136,7 @@ summary() {
   cat "$OUT/machine.txt"
   grep -h "=== .* exit\|=== .* skipped\|=== .* leftover" "$OUT"/*.txt
   grep -h "^# verdict\|^compliance checker:\|^finished:" "$OUT/experiment.txt"
-  grep -h "^device: \|^  fastest \|^wrote \|^time is up\|left out" "$OUT/fused_kernels.txt"
+  grep -h "^device: \|^  fastest \|^  norm: \|^  gelu: \|^wrote \|^time is up\|left out" "$OUT/fused_kernels.txt"
   grep -h "^fused kernels launched\|^size=\|^  ours \|^  HF \|^HF padded to batch max\|^  breakdown\|left out" \
     "$OUT"/throughput*.txt
   grep -h "time is up\|^  first step" "$OUT"/throughput*.txt

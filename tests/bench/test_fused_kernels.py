@@ -99,6 +99,9 @@ def test_the_bench_checks_and_times_each_kernels_defaults_and_candidates_and_wri
         assert len(timed) == 2 and "(default)" in timed[0] and first in timed[1], (kernel, done.stdout)
         assert sum(line.strip().startswith(f"fastest {kernel}: ") for line in lines) == 1
     assert "left out" not in done.stdout
+    for op, calls in (("norm", 48), ("gelu", 24)):  # beside what eager PyTorch runs for the same work
+        said = [line for line in lines if line.startswith(f"  {op}: eager PyTorch (")]
+        assert len(said) == 1 and f"a step of {calls} calls (24 layers)" in said[0], done.stdout
     chosen = json.loads(written.read_text())
     for kernel, parameters in chosen.items():  # the fastest of each, where a candidate beat the defaults
         assert parameters == CANDIDATES[kernel][0]
@@ -113,7 +116,7 @@ def test_past_its_seconds_the_bench_runs_the_defaults_alone_and_says_how_many_ca
     assert "(default)" in done.stdout and "num_warps=4 " not in done.stdout
     left = len(CANDIDATES["norm_forward"]) + len(CANDIDATES["gelu_forward"])
     assert f"time is up: {left} candidate(s) not run (--max-seconds 0)" in done.stdout
-    assert "norm_backward" not in done.stdout
+    assert "norm_backward" not in done.stdout and "eager PyTorch" not in done.stdout  # (no backward timed)
 
 
 def test_without_a_gpu_or_the_interpreter_the_bench_says_where_the_kernels_run_and_writes_nothing(tmp_path):
