@@ -23,6 +23,7 @@ launches the model's kernels with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -55,13 +56,17 @@ CANDIDATES = {
         {"ROWS": 4, "TILES_PER_PROGRAM": 32, "num_warps": 4},
     ],
 }
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}  # relative, by output dtype
+# Element-wise tolerances by output dtype: |a - b| <= RTOL * |b| + ATOL * max |b|. Half-precision outputs may round
+# one unit in the last place apart (the fp32 values before rounding differ in their last bits: reductions run in
+# another order); fp32 ones differ by reduction order alone (the weights' gradients sum 30,000 rows).
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+ATOL = 1e-6
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def agree(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> str | None:
     """None where a candidate's outputs are the reference's: integer ones (the dropout mask) equal, floating ones
-    finite and within their dtype's rounding (‖a - b‖ / ‖b‖); else what differs."""
+    finite and each element within its dtype's rounding of the reference's (`RTOL`, `ATOL`); else what differs."""
     for i, (ref, got) in enumerate(zip(reference, candidate, strict=True)):
         if ref.shape != got.shape or ref.dtype != got.dtype:
             return f"output {i}: {tuple(got.shape)} {got.dtype}, not {tuple(ref.shape)} {ref.dtype}"
@@ -71,18 +76,56 @@ def agree(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> str |
             continue
         if not torch.isfinite(got).all():
             return f"output {i}: {int((~torch.isfinite(got)).sum())} values not finite (unwritten?)"
-        scale = ref.double().norm().item()
-        difference = (got.double() - ref.double()).norm().item()
-        if difference > TOLERANCE[ref.dtype] * max(scale, 1e-30):
-            return f"output {i}: relative difference {difference / scale:.2e} > {TOLERANCE[ref.dtype]:.0e}"
+        ref64, got64 = ref.double(), got.double()
+        scale = ref64.abs().max().item() if ref.numel() else 0.0
+        off = (got64 - ref64).abs() > RTOL[ref.dtype] * ref64.abs() + ATOL * scale
+        if off.any():
+            return f"output {i}: {int(off.sum())} of {ref.numel()} values beyond {RTOL[ref.dtype]:.0e} relative"
     return None
 
 
-def poison(outputs: list[torch.Tensor]) -> None:
-    """Fill memory of the outputs' sizes with NaN (255 for bytes) and free it, so that the next launch's outputs,
-    which the caching allocator is likely to place there, show any value the kernel did not write."""
-    filled = [torch.full_like(t, math.nan if t.is_floating_point() else 255) for t in outputs]
-    del filled
+def relative_difference(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """‖ours - reference‖ / ‖reference‖, in float64 (inf where they differ in shape)."""
+    if ours.shape != reference.shape:
+        return math.inf
+    scale = reference.double().norm().item()
+    return (ours.double() - reference.double()).norm().item() / max(scale, 1e-300)
+
+
+@contextlib.contextmanager
+def fresh_memory_filled():
+    """Every tensor made in the block without values (torch.empty: the kernels' outputs, the backward's partial
+    sums) filled first with NaN, or the largest integer (PyTorch's deterministic mode), so that a value a launch does
+    not write shows instead of what the allocator's block held before (often the same launch's last result)."""
+    deterministic, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def checked_outputs(launch: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """What `launch` returns, with its fresh memory filled first (`fresh_memory_filled`)."""
+    with fresh_memory_filled():
+        return launch()
+
+
+def pick(times: dict[str, tuple[float, dict | None]], margin: float) -> tuple[str, float, dict | None]:
+    """(name, seconds, parameters) of the launch to keep among `times` (name -> seconds and parameters, None for the
+    defaults): the fastest candidate where it beats the defaults by more than `margin` (a share of their time), else
+    the defaults (where they were timed)."""
+    name, (seconds, parameters) = min(times.items(), key=lambda item: item[1][0])
+    default = times.get("(default)")
+    if default is not None and parameters is not None and seconds > default[0] * (1 - margin):
+        return "(default)", default[0], None
+    return name, seconds, parameters
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -112,9 +155,13 @@ def copy_rate(device: torch.device, nbytes: int, seconds: Callable) -> float:
 def problems(tokens: int, hidden: int, intermediate: int, product: torch.dtype, stream: torch.dtype,
              dropout: float, device: torch.device) -> dict:  # fmt: skip
     """For each kernel: (a function that launches it as the model does and returns its outputs, the bytes it must
-    move at least). Inputs drawn once from a fixed seed; the backward ones take the forward's outputs."""
+    move at least); for "eager_norm" and "eager_gelu", a function of `backward` that runs the eager model's layers
+    for the same work (`trainer.model`'s LayerNorm and dropout under autocast, and GELU; the bias already added, as
+    the matrix product adds it there; with `backward`, their backward and the bias's gradient) and returns the
+    forward's output. Inputs drawn once from a fixed seed; the backward ones take the forward's outputs."""
     from trainer.fused.gelu import gelu_backward, gelu_forward
     from trainer.fused.norm import dropout_seed, norm_backward, norm_forward
+    from trainer.model import LayerNorm
 
     generator = torch.Generator(device="cpu").manual_seed(0)
 
@@ -132,20 +179,29 @@ def problems(tokens: int, hidden: int, intermediate: int, product: torch.dtype, 
         tokens, intermediate, dtype=product)  # fmt: skip
     p, s, mask = product.itemsize, stream.itemsize, 1 if seed is not None else 0
     rows = 8 * tokens  # each row's mean and 1/std, fp32
-    biased, wide_biased = mm + bias.to(product), wide + wide_bias.to(product)  # eager adds these in the product
+    half = product != torch.float32
+    norm = LayerNorm(hidden, eps, half_io=half and stream == product).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(weight), norm.bias.copy_(norm_bias)
+    drop = torch.nn.Dropout(dropout)
+    autocast = torch.autocast(device.type, dtype=product, enabled=half)
 
     def eager_norm(backward: bool):
-        inputs = [t.detach().requires_grad_() for t in (biased, residual, weight, norm_bias)]
-        x, r, w, b = inputs
-        out = torch.nn.functional.layer_norm(torch.nn.functional.dropout(x, dropout) + r, (hidden,), w, b, eps)
+        x = (mm + bias.to(product)).requires_grad_()  # (the product with its bias, as nn.Linear gives it)
+        r = residual.detach().requires_grad_()
+        with autocast:
+            y = norm(drop(x) + r)
         if backward:
-            torch.autograd.grad(out, inputs, grad)[0].sum(0)  # (and the bias's gradient, a reduction of its own)
+            torch.autograd.grad(y, (x, r, norm.weight, norm.bias), grad)[0].sum(0)  # (and the bias's gradient)
+        return [y.detach()]
 
     def eager_gelu(backward: bool):
-        x = wide_biased.detach().requires_grad_()
-        out = torch.nn.functional.gelu(x)
+        x = (wide + wide_bias.to(product)).requires_grad_()
+        with autocast:
+            y = torch.nn.functional.gelu(x)
         if backward:
-            torch.autograd.grad(out, x, wide_grad)[0].sum(0)
+            torch.autograd.grad(y, x, wide_grad)[0].sum(0)
+        return [y.detach()]
 
     return {
         "norm_forward": (lambda: list(norm_forward(mm, bias, residual, weight, norm_bias, dropout, eps, seed)),
@@ -179,6 +235,13 @@ def failure(error: Exception) -> str:
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
 
 
+def write_launches(path: Path, best: dict[str, dict | None]) -> dict:
+    """Write the kept launches other than the defaults to `path` as JSON (`use_launch` reads it); return them."""
+    chosen = {kernel: parameters for kernel, parameters in best.items() if parameters is not None}
+    path.write_text(json.dumps(chosen, indent=1) + "\n")
+    return chosen
+
+
 def describe(parameters: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in parameters.items())
 
@@ -197,9 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default=",".join(LAUNCH_PARAMETERS), help="comma-separated, of those named")
     parser.add_argument("--limit", type=int, default=None, help="candidates a kernel at most (default: all)")
     parser.add_argument("--max-seconds", type=float, default=None,
-                        help="start no candidate after this many seconds (the defaults always run)")  # fmt: skip
+                        help="start no launch after this many seconds of its work (a kernel not begun keeps its "
+                        "defaults)")  # fmt: skip
+    parser.add_argument("--margin", type=float, default=0.03,
+                        help="a candidate is kept where it beats the defaults by more than this share of their "
+                        "time")  # fmt: skip
     parser.add_argument("--copy-bytes", type=int, default=1 << 30, help="the copy timed for the bandwidth")
-    parser.add_argument("--write", type=Path, default=None, help="the fastest launch of each kernel, as JSON")
+    parser.add_argument("--write", type=Path, default=None, help="the kept launch of each kernel, as JSON")
     args = parser.parse_args(argv)
     kernels = [k for k in args.kernels.split(",") if k]
     unknown = [k for k in kernels if k not in LAUNCH_PARAMETERS]
@@ -230,11 +297,19 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in kernels:
         launch, nbytes = work[kernel]
         candidates = CANDIDATES[kernel][: args.limit]
+        if time.monotonic() > deadline:  # its defaults not run either: the kernel keeps them
+            untimed += 1 + len(candidates)
+            print(f"  {kernel:<14} not run: time is up")
+            continue
         set_launch({})
         try:
-            reference = launch()
+            reference = checked_outputs(launch)
+            problem = agree(reference, reference) if reference else None
         except Exception as error:  # the defaults do not compile or run here: nothing to check the others against
             print(f"  {kernel:<14} {'(default)':<44} left out, and its candidates: {failure(error)}")
+            continue
+        if problem is not None:
+            print(f"  {kernel:<14} {'(default)':<44} left out, and its candidates: {problem}")
             continue
         times = {}
         for parameters in [None, *candidates]:
@@ -244,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             name = "(default)" if parameters is None else describe(parameters)
             try:
                 set_launch({} if parameters is None else {kernel: parameters})
-                poison(reference)
-                problem = agree(reference, launch())
+                problem = None if parameters is None else agree(reference, checked_outputs(launch))
                 if problem is not None:
                     print(f"  {kernel:<14} {name:<44} left out: not the defaults' outputs ({problem})")
                     continue
@@ -258,29 +332,41 @@ def main(argv: list[str] | None = None) -> int:
             t = times[name][0]
             print(f"  {kernel:<14} {name:<44} {t * 1e6:8.1f} us {nbytes / t / 1e9:8,.0f} GB/s {nbytes / t / rate:7.0%}")
         if times:
-            name, (t, parameters) = min(times.items(), key=lambda item: item[1][0])
+            name, t, parameters = pick(times, args.margin)
             default = times.get("(default)", (math.nan,))[0]
             best[kernel], fastest[kernel] = parameters, t
-            print(f"  fastest {kernel}: {name}, {t * 1e6:.1f} us ({default / t:.2f}x the defaults)")
+            print(f"  kept {kernel}: {name}, {t * 1e6:.1f} us ({default / t:.2f}x the defaults)")
+            if args.write is not None:  # after each kernel: a run cut short keeps what it found
+                write_launches(args.write, best)
     if untimed:
-        print(f"time is up: {untimed} candidate(s) not run (--max-seconds {args.max_seconds:g})")
+        print(f"time is up: {untimed} launch(es) not run (--max-seconds {args.max_seconds:g})")
     if args.write is not None:
-        chosen = {kernel: parameters for kernel, parameters in best.items() if parameters is not None}
-        args.write.write_text(json.dumps(chosen, indent=1) + "\n")
-        print(f"wrote {args.write}: {json.dumps(chosen) if chosen else 'the defaults were fastest ({})'}")
+        chosen = write_launches(args.write, best)
+        print(f"wrote {args.write}: {json.dumps(chosen) if chosen else 'the defaults were kept ({})'}")
     for op, calls, what in (("norm", 2 * args.layers, "dropout, addition, LayerNorm"), ("gelu", args.layers, "GELU")):
-        if f"{op}_forward" in fastest and f"{op}_backward" in fastest:  # against what eager PyTorch runs for it
-            try:
-                eager = [seconds(partial(work[f"eager_{op}"], backward)) for backward in (False, True)]
-            except Exception as error:  # (the launches are written already)
-                print(f"  {op}: eager PyTorch not timed: {failure(error)}")
-                continue
-            fused = [fastest[f"{op}_forward"], fastest[f"{op}_forward"] + fastest[f"{op}_backward"]]
-            saved = (eager[1] - fused[1]) * calls
-            print(f"  {op}: eager PyTorch ({what}; the backward with the bias's gradient) forward "
-                  f"{eager[0] * 1e6:.1f} us, forward + backward {eager[1] * 1e6:.1f} us; fused {fused[0] * 1e6:.1f} "
-                  f"and {fused[1] * 1e6:.1f} us ({eager[1] / fused[1]:.2f}x): {saved * 1e3:.2f} ms less a step of "
-                  f"{calls} calls ({args.layers} layers)")  # fmt: skip
+        if f"{op}_forward" not in fastest or f"{op}_backward" not in fastest:
+            continue
+        if time.monotonic() > deadline:
+            print(f"  {op}: eager PyTorch not timed: time is up")
+            continue
+        try:  # against what the eager model runs for the same work
+            eager = [seconds(partial(work[f"eager_{op}"], backward)) for backward in (False, True)]
+            eager_out, fused_out = work[f"eager_{op}"](False)[0], work[f"{op}_forward"][0]()[0]
+        except Exception as error:  # (the launches are written already)
+            print(f"  {op}: eager PyTorch not timed: {failure(error)}")
+            continue
+        fused = [fastest[f"{op}_forward"], fastest[f"{op}_forward"] + fastest[f"{op}_backward"]]
+        saved = (eager[1] - fused[1]) * calls
+        print(f"  {op}: eager PyTorch ({what}; the backward with the bias's gradient) forward "
+              f"{eager[0] * 1e6:.1f} us, forward + backward {eager[1] * 1e6:.1f} us; fused {fused[0] * 1e6:.1f} "
+              f"and {fused[1] * 1e6:.1f} us ({eager[1] / fused[1]:.2f}x): {saved * 1e3:.2f} ms less a step of "
+              f"{calls} calls ({args.layers} layers)")  # fmt: skip
+        if args.dropout == 0:  # the same function: without dropout, eager's output is the kernels' within rounding
+            difference = relative_difference(eager_out, fused_out)
+            same = difference <= RTOL[fused_out.dtype]  # (each rounds its sums to the output's dtype at its own step)
+            verdict = "the same function, within" if same else "NOT the same function: over"
+            print(f"  {op}: without dropout, |eager - fused| / |fused| = {difference:.1e}: {verdict} "
+                  f"{RTOL[fused_out.dtype]:.0e}")  # fmt: skip
     return 0
 
 

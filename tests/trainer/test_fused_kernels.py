@@ -280,3 +280,26 @@ def test_the_kernels_compile_for_hopper_in_registers_with_vector_loads():
         assert "U16" not in accesses, (kernel.__name__, accesses)  # no bf16 moved one at a time
         wide = sum(width in ("64", "128") for width in accesses)
         assert wide >= activations_moved, (kernel.__name__, accesses)  # each activation tensor in wide accesses
+
+
+def test_on_a_gpu_the_kernels_launch_with_their_documented_defaults_unless_set_launch_says_otherwise(monkeypatch):
+    """The GPU's launches at BERT-large's widths (the interpreter's are checked above): the norm one row a tile with
+    8 warps, its backward 64 tiles a program; GELU 4 x 1,024 tiles with 8 warps, its backward 64 tiles a program.
+    `set_launch` replaces only what it names."""
+    from trainer.fused import gelu, norm, set_launch
+
+    monkeypatch.setattr(norm, "interpreting", lambda: False)
+    monkeypatch.setattr(gelu, "interpreting", lambda: False)
+    assert norm._launch("norm_forward", 1024) == {"BLOCK": 1024, "ROWS": 1, "num_warps": 8}
+    assert norm._launch("norm_backward", 1024) == {"BLOCK": 1024, "ROWS": 1, "num_warps": 8, "TILES_PER_PROGRAM": 64}
+    assert norm._launch("norm_forward", 768)["BLOCK"] == 1024  # BERT-base: the row rounded up to a power of two
+    assert gelu._launch("gelu_forward", 4096) == {"ROWS": 4, "COLS": 1024, "num_warps": 8}
+    assert gelu._launch("gelu_backward", 4096) == {"ROWS": 4, "COLS": 1024, "num_warps": 8, "TILES_PER_PROGRAM": 64}
+    try:
+        set_launch({"norm_backward": {"TILES_PER_PROGRAM": 16, "num_warps": 4}, "gelu_forward": {"ROWS": 8}})
+        assert norm._launch("norm_backward", 1024) == {"BLOCK": 1024, "ROWS": 1, "num_warps": 4,
+                                                       "TILES_PER_PROGRAM": 16}  # fmt: skip
+        assert norm._launch("norm_forward", 1024) == {"BLOCK": 1024, "ROWS": 1, "num_warps": 8}
+        assert gelu._launch("gelu_forward", 4096) == {"ROWS": 8, "COLS": 1024, "num_warps": 8}
+    finally:
+        set_launch({})

@@ -59,7 +59,8 @@ def launch(kernel: str, defaults: dict) -> dict:
 
 def set_launch(overrides: dict[str, dict[str, int]]) -> None:
     """Launch parameters in place of the kernels' defaults for this process, by kernel name and parameter
-    (`LAUNCH_PARAMETERS`; each a power of two, num_warps at most 32); {} restores the defaults. Checked whole before
+    (`LAUNCH_PARAMETERS`; each a power of two, num_warps at most 32, the others at most 4,096); {} restores the
+    defaults. Checked whole before
     any is set: a ValueError names the kernel, the parameter and what it may be."""
     checked = {}
     for kernel, parameters in overrides.items():
@@ -70,10 +71,10 @@ def set_launch(overrides: dict[str, dict[str, int]]) -> None:
         for name, value in parameters.items():
             if name not in LAUNCH_PARAMETERS[kernel]:
                 raise ValueError(f"launch: {kernel} takes {', '.join(LAUNCH_PARAMETERS[kernel])}, not {name!r}")
+            most = 32 if name == "num_warps" else 4096
             power = isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
-            if not power or (name == "num_warps" and value > 32):
-                raise ValueError(f"launch: {kernel}.{name} must be a power of two"
-                                 f"{' of at most 32' if name == 'num_warps' else ''}, not {value!r}")  # fmt: skip
+            if not power or value > most:
+                raise ValueError(f"launch: {kernel}.{name} must be a power of two of at most {most}, not {value!r}")
         checked[kernel] = dict(parameters)
     _launch_overrides.clear()
     _launch_overrides.update(checked)
