@@ -7,9 +7,9 @@ sequence of each batch (dynamic padding). Ours runs once per `--variants` entry:
 (`model.attention`: padded, packed, jagged, varlen) with `+compile` for the compiled per-token layers (`model.compile`),
 `+whole` for the whole forward pass compiled as one graph (`model.compile_model`; on CUDA graphs with `+static`),
 `+fused` for the bias-dropout-residual-LayerNorm kernels (`model.fused_norm`), `+gelu` for the bias-GELU kernels
-(`model.fused_gelu`), `+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies), `+cudnn` for
-the varlen attention on cuDNN's kernel instead of the flash one (timing only); `--fused-launch` launches the fused
-kernels as `bench.fused_kernels` found fastest. Steps are
+(`model.fused_gelu`), `+cudnn` for the varlen attention on cuDNN's kernel instead of the flash one
+(`model.varlen_kernel: cudnn`), `+bf16w` for the weights held in bf16 (a bound for timing: no fp32 master copies);
+`--fused-launch` launches the fused kernels as `bench.fused_kernels` found fastest. Steps are
 interleaved so all see the same machine state: one at a time from an idle device by default, or `--chain N` in a row
 without waiting for the device, as the trainer's loop runs. Prints valid tokens/s and sequences/s of each, the
 ratios, and the share of the device's dense bf16 peak at 6·N FLOPs per valid token (`--peak-tflops`).
@@ -26,7 +26,6 @@ run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from functools import partial
@@ -126,30 +125,28 @@ VARIANT_FLAGS = {
     "fused": "fused_norm",
     "gelu": "fused_gelu",
 }
-# `+FLAG` -> its switch. `+bf16w`, the benchmark's own: the model's weights cast to bf16 (no fp32 master copies; the
-# optimizer updates in fp32 and rounds each step to bf16): what a model holding bf16 weights would gain at most over
-# autocast's casts of fp32 weights at every matrix product, a bound for timing, not a way to train. `+cudnn`, the
-# benchmark's own too: the varlen attention on cuDNN's kernel instead of the flash one (`CudnnVarlenAttention`), to
-# time whether building it into the model would pay, not a way to train
-BENCH_FLAGS = ("bf16w", "cudnn")
+# `+FLAG` -> its switch; `+cudnn` -> model.varlen_kernel: cudnn. `+bf16w`, the benchmark's own: the model's weights
+# cast to bf16 (no fp32 master copies; the optimizer updates in fp32 and rounds each step to bf16): what a model
+# holding bf16 weights would gain at most over autocast's casts of fp32 weights at every matrix product, a bound for
+# timing, not a way to train
+BENCH_FLAGS = ("bf16w",)
 
 
 def parse_variant(text: str) -> dict:
     """`jagged+compile` -> {"attention": "jagged", "compile": True, "compile_model": False, "half_residual": False,
-    "static_shapes": False, "fused_norm": False, "fused_gelu": False} (the model's switches; `bf16_weights` reads the
-    benchmark's own)."""
+    "static_shapes": False, "fused_norm": False, "fused_gelu": False, "varlen_kernel": "flash"} (the model's
+    switches; `bf16_weights` reads the benchmark's own)."""
     kernel, *flags = text.split("+")
-    if kernel not in ATTENTION_KERNELS or any(f not in VARIANT_FLAGS and f not in BENCH_FLAGS for f in flags):
+    known = (*VARIANT_FLAGS, *BENCH_FLAGS, "cudnn")
+    if kernel not in ATTENTION_KERNELS or any(f not in known for f in flags):
         raise SystemExit(
             f"--variants: {text!r} is not KERNEL[+compile|+whole|+fused|+gelu][+half][+static][+bf16w][+cudnn] with "
             "KERNEL one of "
             f"{ATTENTION_KERNELS}"
         )
-    variant = {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()}}
-    if "cudnn" in flags and (kernel != "varlen" or variant["static_shapes"] or variant["compile_model"]):
-        raise SystemExit(f"--variants: {text!r}: +cudnn replaces the varlen kernel on unpadded batches, eager: "
-                         "varlen, without +static or +whole")  # fmt: skip
-    try:  # the switches' own rules (model.compile_model takes no model.compile, nor jagged attention)
+    variant = {"attention": kernel, **{field: flag in flags for flag, field in VARIANT_FLAGS.items()},
+               "varlen_kernel": "cudnn" if "cudnn" in flags else "flash"}  # fmt: skip
+    try:  # the switches' own rules (model.compile_model takes no model.compile, nor jagged attention; cudnn: varlen)
         ModelConfig(**variant)
     except ValueError as e:
         raise SystemExit(f"--variants: {text!r}: {e.errors()[0]['msg'] if hasattr(e, 'errors') else e}") from None
@@ -159,41 +156,6 @@ def parse_variant(text: str) -> dict:
 def bf16_weights(variant: str) -> bool:
     """Whether the variant holds its weights in bf16 (`+bf16w`)."""
     return "bf16w" in variant.split("+")[1:]
-
-
-def cudnn_attention(variant: str) -> bool:
-    """Whether the variant runs its attention on cuDNN's kernel (`+cudnn`)."""
-    return "cudnn" in variant.split("+")[1:]
-
-
-class CudnnVarlenAttention:
-    """`trainer.model.FlashVarlenAttention`'s call on cuDNN's attention kernel (`+cudnn`, the benchmark's own):
-    PyTorch's `_cudnn_attention_forward` with the packed stream's cumulative sequence lengths, as jagged nested
-    tensors call it on the cuDNN backend, with BERT's attention dropout; autograd runs its backward
-    (`_cudnn_attention_backward`).
-    On Hopper cuDNN's kernels use the wgmma instructions that PyTorch's flash kernel (FlashAttention 2) does not.
-    Unpadded batches only (`parse_variant` refuses +static)."""
-
-    @staticmethod
-    def apply(q, k, v, cu_seqlens, max_seqlen: int, dropout_p: float, padded: bool = False):
-        assert not padded, "+cudnn takes unpadded batches"
-        return torch.ops.aten._cudnn_attention_forward(
-            q, k, v, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, True, dropout_p, False, False
-        )[0]
-
-
-@contextlib.contextmanager
-def attention_on(kernel):
-    """The model's varlen attention on `kernel` (a `FlashVarlenAttention`-like class) for the block's steps: the
-    backward of what ran in the block runs the same kernel's (autograd keeps it)."""
-    import trainer.model as model_module
-
-    saved = model_module.FlashVarlenAttention
-    model_module.FlashVarlenAttention = kernel
-    try:
-        yield
-    finally:
-        model_module.FlashVarlenAttention = saved
 
 
 def build_models(cfg: ModelConfig, device, seed: int, variants: list[str], hf_too: bool = True):
@@ -278,16 +240,14 @@ def fixed_shape(samples: PretrainingSamples, batch: int, steps: int) -> ShapeBud
     )
 
 
-def step_ours(model, opt, samples, index, device, autocast, profiled=False, budget: ShapeBudget | None = None,
-              attention=None):  # fmt: skip
-    """One training step of ours; `attention`: a class in place of the varlen flash kernel's (`+cudnn`)."""
+def step_ours(model, opt, samples, index, device, autocast, profiled=False, budget: ShapeBudget | None = None):
+    """One training step of ours."""
     batch = pack_batch(samples, index, budget).to(device)
     if model.config.compile_model and device.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()  # as the trainer's step does
-    with attention_on(attention) if attention is not None else contextlib.nullcontext():
-        with autocast_region(device, autocast):
-            loss = pretraining_loss(model(batch), batch).total
-        loss.backward()
+    with autocast_region(device, autocast):
+        loss = pretraining_loss(model(batch), batch).total
+    loss.backward()
     optimizer_step(opt, device, profiled)
 
 
@@ -468,7 +428,7 @@ def main() -> None:
         help="ours, comma-separated: KERNEL[+compile|+whole|+fused|+gelu][+half][+static][+bf16w][+cudnn] (+compile: "
         "model.compile; +whole: model.compile_model; +fused: model.fused_norm; +gelu: model.fused_gelu; +half: "
         "model.half_residual; +static: model.static_shapes, every batch padded to one budget; +bf16w: the weights in "
-        "bf16, a bound for timing, not a way to train; +cudnn: varlen attention on cuDNN's kernel, for timing; "
+        "bf16, a bound for timing, not a way to train; +cudnn: model.varlen_kernel: cudnn; "
         "default: auto)",
     )
     ap.add_argument(
@@ -506,9 +466,8 @@ def main() -> None:
     runners = {}
     for variant, model in ours.items():
         budget = fixed_shape(samples, args.batch, args.steps + args.warmup + 1) if model.config.static_shapes else None
-        attention = CudnnVarlenAttention if cudnn_attention(variant) else None
         runners[f"ours {variant}"] = (partial(step_ours, model, samples=samples, device=device, autocast=autocast,
-                                              budget=budget, attention=attention), model)  # fmt: skip
+                                              budget=budget), model)  # fmt: skip
     if not args.no_hf:
         runners["HF padded to seq-len"] = (partial(step_hf, hf, samples=samples, device=device, autocast=autocast,
                                                    pad_to=args.seq_len), hf)  # fmt: skip

@@ -13,7 +13,7 @@
 #                sequences/s, 2.69x HF (the varlen kernel with an fp32 residual stream 716.9, our padded grid 459.5).
 #                Also with the fused bias-dropout-residual-LayerNorm kernels (model.fused_norm, +fused), with the
 #                fused bias-GELU kernels too (model.fused_gelu, +gelu), and with the attention on cuDNN's kernel
-#                instead (+cudnn, the benchmark's own timing probe: its attention milliseconds against flash's)
+#                instead (model.varlen_kernel: cudnn, +cudnn: its attention milliseconds against flash's)
 #   clipping, noise_scale   their overhead on one GPU at micro-batches of 128, where the GPU, not the host, sets
 #                the pace (at 32 and below the step is mostly host time: 1.12x and 1.13x were measured there on
 #                2026-11-28, one NCCL rank in DDP): bucket-wise clipping against none as the trainer runs one process
@@ -22,13 +22,13 @@
 #                not at all, one process, two micro-batches a step
 #   tests        the gpu-marked tests (fused paths against the eager model on CUDA, the compiled model on CUDA
 #                graphs against the eager one, the varlen kernel's dropout against its own mask, the Triton kernels
-#                against eager PyTorch, the cuDNN probe against the flash kernel, the closed-division MLPerf log)
+#                against eager PyTorch, cuDNN's varlen attention against the flash kernel and its own dropout mask,
+#                the closed-division MLPerf log)
 #   throughput_chained  at a micro-batch of 256 (HF's model at 128, the most it fits), three steps in a row without
 #                waiting for the device (--chain 3), as the trainer's loop runs (on 2026-11-30, unchained, 256 gave
 #                777.2 sequences/s against 763.2 at 128): varlen with the bf16 residual stream, eager, with
 #                both fused kernels (launched as fused_launch.json says), and with those and the attention on
-#                cuDNN's kernel (+cudnn, the benchmark's own: whether building it into the model would pay; PyTorch's
-#                flash kernel took 27 ms of a 171 ms step). (The compiled model on CUDA graphs, model.compile_model,
+#                cuDNN's kernel (+cudnn; PyTorch's flash kernel took 27 ms of a 171 ms step). (The compiled model on CUDA graphs, model.compile_model,
 #                measured no faster on an H200 on 2026-11-30: 747.8 sequences/s against 764.7 eager, 45 s of
 #                compiling.)
 # Each writes its output to $OUT (default: gpu_checks/) as one file with the machine's line (with the machine's own
@@ -130,7 +130,7 @@ run noise_scale 30 $PY -m bench.noise_scale_overhead --device cuda --nproc 1 --a
   --dtype bf16 --batch 128 --warmup 2 --rounds 5 --strategies none
 T=tests/trainer  # the files with gpu-marked tests, the fused paths first (pytest keeps the order of its files)
 run tests 120 $PY -m pytest -m gpu -p no:cacheprovider -v $T/test_fused_paths.py $T/test_fused_kernels.py \
-  $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py tests/bench/test_trainer_throughput.py
+  $T/test_train.py $T/test_clipping.py $T/test_memory.py $T/test_mlperf_log.py
 run throughput_chained 55 $PY -m bench.trainer_throughput $LARGE --batch 256 --hf-batch 128 --steps 6 --warmup 2 \
   --chain 3 --max-seconds 45 --fused-launch "$OUT/fused_launch.json" \
   --variants varlen+half,varlen+half+fused+gelu,varlen+half+fused+gelu+cudnn

@@ -102,6 +102,16 @@ class ModelConfig(Section):
         "one sequence to a row). auto: varlen on such a GPU in half precision (1.56x the padded grid's speed on an "
         "H200 with BERT's dropout); else padded on a GPU, packed elsewhere.",
     )
+    varlen_kernel: Literal["flash", "cudnn"] = Field(
+        "flash",
+        description="The kernel the varlen attention runs on (model.attention: varlen, or auto where it takes varlen): "
+        "flash, PyTorch's FlashAttention 2 kernel; cudnn, cuDNN's fused attention on the packed stream (PyTorch's "
+        "cuDNN attention with the sequences' cumulative lengths, as its jagged nested tensors call it on the cuDNN "
+        "backend; on Hopper GPUs cuDNN's kernels use the wgmma instructions the flash kernel does not), with the same "
+        "attention dropout, drawn by cuDNN. cudnn needs a CUDA GPU where PyTorch's cuDNN attention takes a packed "
+        "stream: refused before any work where a trial launch fails; not with model.static_shapes or "
+        "model.compile_model.",
+    )
     compile: bool = Field(
         False,
         description="Compile the per-token parts of each encoder layer (bias + GELU, dropout + residual + LayerNorm) "
@@ -175,6 +185,14 @@ class ModelConfig(Section):
                                  "compile: set one of them")  # fmt: skip
         if self.compile_model and self.attention == "jagged":
             raise ValueError("model.compile_model runs attention varlen, packed or padded (or auto), not jagged")
+        if self.varlen_kernel == "cudnn":
+            if self.attention not in ("varlen", "auto"):
+                raise ValueError(f"model.varlen_kernel: cudnn is a kernel of the varlen attention, not of model."
+                                 f"attention: {self.attention}: set model.attention to varlen or auto")  # fmt: skip
+            for key in ("static_shapes", "compile_model"):
+                if getattr(self, key):
+                    raise ValueError(f"model.varlen_kernel: cudnn takes batches of their sequences' tokens alone, "
+                                     f"eager: not with model.{key}")  # fmt: skip
         return self
 
     @property

@@ -7,7 +7,8 @@ they only ever see real tokens; attention is the one place that needs sequence b
 
 - `varlen`: PyTorch's flash kernel on the packed stream (`aten._flash_attention_forward`, the kernel its jagged
   nested tensors and `varlen_attn` call), with attention dropout; a GPU of compute capability 8.0 or newer,
-  bf16/fp16, heads of a multiple of 8 up to 256;
+  bf16/fp16, heads of a multiple of 8 up to 256. With `model.varlen_kernel: cudnn`, cuDNN's fused attention on the
+  same packed stream instead (`CudnnVarlenAttention`);
 - `jagged`: `scaled_dot_product_attention` on a jagged nested tensor that views the packed stream (no copy); on
   CUDA it runs the same flash kernel through the nested tensor's Python layer, elsewhere PyTorch's per-sequence math;
 - `packed`: the sequences packed into rows of a grid as wide as the longest, several short ones to a row (first-fit
@@ -169,6 +170,27 @@ class FlashVarlenAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+class CudnnVarlenAttention:
+    """`FlashVarlenAttention`'s call on cuDNN's fused attention (`model.varlen_kernel: cudnn`): PyTorch's
+    `_cudnn_attention_forward` with the packed stream's cumulative sequence lengths, as its jagged nested tensors call
+    it on the cuDNN backend, with the attention dropout drawn by cuDNN (its seed and offset kept for the backward);
+    autograd runs cuDNN's backward (`_cudnn_attention_backward`). Batches of their sequences' tokens alone (the
+    config refuses model.static_shapes and model.compile_model with it). q, k, v: [T, heads, head_dim]; CUDA,
+    bf16/fp16."""
+
+    @staticmethod
+    def apply(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float, padded: bool = False):
+        if padded:
+            raise ValueError("cuDNN's varlen attention takes batches of their sequences' tokens alone, not padded ones")
+        stats = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)  # (backward's)
+        return torch.ops.aten._cudnn_attention_forward(
+            q, k, v, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, stats, dropout_p, False, False
+        )[0]
+
+
+VARLEN_KERNELS = {"flash": FlashVarlenAttention, "cudnn": CudnnVarlenAttention}  # model.varlen_kernel
+
+
 def token_rows_only(t: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """`t` [T, ...] with its rows after the sequences' tokens (a budget's padding, `model.static_shapes`) zero: the
     varlen kernel leaves those rows of its outputs unwritten, whatever memory held (NaN too, which a product with a
@@ -184,18 +206,20 @@ def packed_attention(
     layout: PaddingLayout | JaggedLayout | None,
     dropout_p: float,
     fixed_max_seqlen: int | None = None,
+    varlen: type = FlashVarlenAttention,
 ) -> torch.Tensor:
     """Attention within each packed sequence of qkv [T, 3, heads, head_dim] (query, key, value); returns
-    [T, heads, head_dim]. `layout`: None for the varlen kernel, else the jagged view or a grid, padded or packed
-    (see the module's doc). A batch padded to a budget (`model.static_shapes`) attends over its sequences' tokens
-    only; its padding tokens' rows of the result are zeros (and so are their gradients). `fixed_max_seqlen`: the
-    varlen kernel is told that bound instead of the batch's longest, and any batch may be padded (the compiled model
-    on fixed shapes: one graph for every batch of a shape, `model.compile_model`)."""
+    [T, heads, head_dim]. `layout`: None for the varlen kernel (`varlen`: flash's, or cuDNN's, `VARLEN_KERNELS`),
+    else the jagged view or a grid, padded or packed (see the module's doc). A batch padded to a budget
+    (`model.static_shapes`) attends over its sequences' tokens only; its padding tokens' rows of the result are zeros
+    (and so are their gradients). `fixed_max_seqlen`: the varlen kernel is told that bound instead of the batch's
+    longest, and any batch may be padded (the compiled model on fixed shapes: one graph for every batch of a shape,
+    `model.compile_model`)."""
     if layout is None:  # the varlen kernel: padding rows stay in the stream, zeroed after the kernel
         q, k, v = qkv.unbind(1)
         fixed = fixed_max_seqlen is not None  # (then the batch's ints are not read: see above)
         max_seqlen, padded = (fixed_max_seqlen, True) if fixed else (batch.max_seqlen, batch.padded)
-        return FlashVarlenAttention.apply(q, k, v, batch.cu_seqlens, max_seqlen, dropout_p, padded)
+        return varlen.apply(q, k, v, batch.cu_seqlens, max_seqlen, dropout_p, padded)
     if batch.padded:
         out = attend(qkv[: batch.num_tokens], batch, layout, dropout_p)
         return F.pad(out, (0, 0, 0, 0, 0, qkv.shape[0] - batch.num_tokens))
@@ -398,6 +422,7 @@ class BertSelfAttention(nn.Module):
         # The compiled model on fixed shapes reads no int of the batch's: the varlen kernel is told the longest a
         # sequence can be, and every batch may be padded (`packed_attention`)
         self.fixed_max_seqlen = cfg.max_position_embeddings if cfg.compile_model and cfg.static_shapes else None
+        self.varlen = VARLEN_KERNELS[cfg.varlen_kernel]  # the varlen attention's kernel (model.varlen_kernel)
 
     def forward(self, x: torch.Tensor, batch: PackedBatch, layout: PaddingLayout | JaggedLayout | None) -> torch.Tensor:
         projections = (self.query, self.key, self.value)  # one matrix product for the three
@@ -405,7 +430,8 @@ class BertSelfAttention(nn.Module):
         bias = torch.cat([p.bias for p in projections])
         qkv = F.linear(x, weight, bias).view(x.shape[0], 3, self.heads, self.head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
-        return packed_attention(qkv, batch, layout, dropout_p, self.fixed_max_seqlen).reshape(x.shape[0], -1)
+        out = packed_attention(qkv, batch, layout, dropout_p, self.fixed_max_seqlen, self.varlen)
+        return out.reshape(x.shape[0], -1)
 
 
 class BertSelfOutput(nn.Module):

@@ -67,6 +67,7 @@ from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import (
     VARLEN_NEEDS,
     BertForPreTraining,
+    CudnnVarlenAttention,
     flash_device,
     graph_per_shape,
     load_hf_state_dict,
@@ -104,9 +105,45 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
             gpu = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
         raise ConfigError(
             f"model.attention: varlen needs {VARLEN_NEEDS} (this run: {gpu}, "
-            f"{'fp32' if autocast is None else str(autocast).removeprefix('torch.')}, heads of {head_dim}); use "
+            f"{precision_name(autocast)}, heads of {head_dim}); use "
             "auto, jagged, packed or padded"
         )
+
+
+def check_varlen_kernel(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
+    """`model.varlen_kernel: cudnn` only where the varlen attention runs and cuDNN's kernel takes the packed stream,
+    said before any work: a trial launch, forward and backward with dropout, on two short sequences of the model's
+    heads in training's dtype (`try_cudnn_attention`)."""
+    if cfg.model.varlen_kernel != "cudnn":
+        return
+    kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
+                               gpu=device.type == "cuda")  # fmt: skip
+    if kernel != "varlen":
+        raise ConfigError(f"model.varlen_kernel: cudnn is a kernel of the varlen attention, which needs {VARLEN_NEEDS} "
+                          f"(this run: {device.type}, {precision_name(autocast)}: attention {kernel}); set "
+                          "model.varlen_kernel: flash")  # fmt: skip
+    try:
+        try_cudnn_attention(device, cfg.model.num_attention_heads, cfg.model.head_dim, autocast)
+    except Exception as e:  # a PyTorch build or cuDNN version whose attention takes no packed stream
+        raise ConfigError(f"model.varlen_kernel: cudnn: cuDNN's attention does not run on a packed stream here "
+                          f"({type(e).__name__}: {error_line(e)}); set model.varlen_kernel: flash"
+                          ) from None  # fmt: skip
+
+
+def try_cudnn_attention(device: torch.device, heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """cuDNN's varlen attention (`CudnnVarlenAttention`) forward and backward, with dropout, on sequences of 3 and 5
+    tokens, waiting for the device; the run's random state is left as it was."""
+    with torch.random.fork_rng(devices=[device]):
+        qkv = torch.randn(8, 3, heads, head_dim, device=device, dtype=dtype, requires_grad=True)
+        cu_seqlens = torch.tensor([0, 3, 8], device=device, dtype=torch.int32)
+        q, k, v = qkv.unbind(1)
+        CudnnVarlenAttention.apply(q, k, v, cu_seqlens, 5, 0.1).float().sum().backward()
+        torch.cuda.synchronize(device)
+
+
+def precision_name(autocast: torch.dtype | None) -> str:
+    """fp32, bf16 or fp16: the training precision, as the start-up line and the refusals say it."""
+    return "fp32" if autocast is None else str(autocast).removeprefix("torch.")
 
 
 def check_fused_kernels(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
@@ -157,6 +194,8 @@ def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | 
         precision += f" with a {precision} residual stream"
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
                                gpu=device.type == "cuda")  # fmt: skip
+    if kernel == "varlen" and cfg.model.varlen_kernel == "cudnn":
+        kernel += " on cuDNN"
     compiled = ", compiled layers" if cfg.model.compile else ""
     if cfg.model.compile_model:
         compiled = ", compiled model"
@@ -297,6 +336,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     check_train_set(cfg)  # a training set smaller than the batch
     autocast = resolve_autocast(cfg, device)
     check_attention(cfg, device, autocast)  # a precision or attention kernel it lacks
+    check_varlen_kernel(cfg, device, autocast)  # cuDNN's varlen attention where it does not run
     check_fused_kernels(cfg, device, autocast)  # Triton kernels that do not run here
     for key, path in (("log.jsonl", cfg.log.jsonl), ("log.mlperf", cfg.log.mlperf)):
         if path is not None and env.is_main:

@@ -22,7 +22,6 @@ from bench.trainer_throughput import (
     time_steps,
 )
 from tests.trainer.conftest import make_model_config, make_samples
-from tests.trainer.test_fused_paths import flash_only
 from trainer.config import OptimizerConfig
 from trainer.data.batch import masked_counts
 from trainer.model import BertForPreTraining
@@ -269,7 +268,7 @@ def test_the_bf16_weights_variant_holds_bf16_weights_and_its_steps_update_them()
 def test_the_static_variant_pads_every_timed_batch_to_one_budget_above_the_largest():
     """`+static` (model.static_shapes): one budget for all the benchmark's batches, the next multiple of 64 above the
     most tokens any of them holds, and masked positions for the most any holds."""
-    off = {"fused_norm": False, "fused_gelu": False}
+    off = {"fused_norm": False, "fused_gelu": False, "varlen_kernel": "flash"}
     assert parse_variant("varlen+compile+half+static") == {"attention": "varlen", "compile": True,
                                                            "compile_model": False, "half_residual": True,
                                                            "static_shapes": True, **off}  # fmt: skip
@@ -318,65 +317,40 @@ def test_chained_steps_run_in_a_row_per_model_and_count_the_timed_batches(capsys
     assert "time is up (--max-seconds): 2 of 3 steps timed" in capsys.readouterr().out
 
 
-def test_the_cudnn_variant_is_the_varlen_model_with_its_attention_on_another_kernel_for_its_steps():
-    """`+cudnn` (the benchmark's own) leaves the model's switches as they are and runs the varlen call on
-    `CudnnVarlenAttention` within its steps only; it takes the varlen kernel on unpadded batches, eager. The
-    swap is checked with a stand-in kernel that records its call: the cuDNN kernel itself needs a GPU."""
-    import trainer.model as model_module
-    from bench.trainer_throughput import CudnnVarlenAttention, attention_on, cudnn_attention
+def test_the_cudnn_variant_is_the_varlen_model_on_cudnns_kernel(monkeypatch):
+    """`+cudnn` is `model.varlen_kernel: cudnn`: the model's varlen attention calls cuDNN's kernel
+    (`CudnnVarlenAttention`, stood in for by a recorder of its call: the kernel itself needs a GPU), on unpadded
+    batches, eager; what the config refuses the variant refuses, naming it."""
     from trainer.data.batch import pack_batch
-    from trainer.model import FlashVarlenAttention, packed_attention
+    from trainer.model import CudnnVarlenAttention, FlashVarlenAttention
 
-    assert parse_variant("varlen+half+cudnn") == parse_variant("varlen+half")
-    assert cudnn_attention("varlen+half+cudnn") and not cudnn_attention("varlen+half")
-    for refused in ("packed+cudnn", "varlen+static+cudnn", "varlen+whole+cudnn"):
-        with pytest.raises(SystemExit, match="cudnn replaces the varlen kernel on unpadded batches"):
+    assert parse_variant("varlen+half+cudnn") == {**parse_variant("varlen+half"), "varlen_kernel": "cudnn"}
+    assert parse_variant("varlen+half")["varlen_kernel"] == "flash"
+    for refused, why in [("packed+cudnn", "not of model.attention: packed"),
+                         ("varlen+static+cudnn", "not with model.static_shapes"),
+                         ("varlen+whole+cudnn", "not with model.compile_model")]:  # fmt: skip
+        with pytest.raises(SystemExit, match=f"--variants: '{re.escape(refused)}': .*{why}"):
             parse_variant(refused)
+    cfg = make_model_config(attention_probs_dropout_prob=0.1)
+    ours, _ = build_models(cfg, torch.device("cpu"), 0, ["varlen+cudnn", "varlen"], hf_too=False)
+    attention = {v: [layer.attention.self for layer in model.bert.encoder.layer] for v, model in ours.items()}
+    assert all(a.varlen is CudnnVarlenAttention for a in attention["varlen+cudnn"])
+    assert all(a.varlen is FlashVarlenAttention for a in attention["varlen"])
     calls = []
 
-    class Recorder:
-        @staticmethod
-        def apply(q, k, v, cu_seqlens, max_seqlen, dropout_p, padded=False):
-            calls.append((cu_seqlens.tolist(), max_seqlen, dropout_p, padded))
-            return q
+    def record(q, k, v, cu_seqlens, max_seqlen, dropout_p, padded=False):
+        calls.append((cu_seqlens.tolist(), max_seqlen, dropout_p, padded))
+        return q
 
+    monkeypatch.setattr(CudnnVarlenAttention, "apply", staticmethod(record))
     samples = make_samples(LENGTHS)
     batch = pack_batch(samples, np.arange(3))
-    qkv = torch.zeros(batch.num_tokens, 3, 2, 8)
-    with attention_on(Recorder):
-        packed_attention(qkv, batch, None, 0.1)
-    assert model_module.FlashVarlenAttention is FlashVarlenAttention  # restored
+    x = torch.zeros(batch.num_tokens, ours["varlen+cudnn"].config.hidden_size)
+    attention["varlen+cudnn"][0](x, batch, None)  # the varlen call (no layout), as a layer makes it
     assert calls == [([0, *np.cumsum(LENGTHS[:3]).tolist()], max(LENGTHS[:3]), 0.1, False)]
-    assert CudnnVarlenAttention is not FlashVarlenAttention
-
-
-@pytest.mark.gpu
-@flash_only
-def test_on_the_gpu_the_cudnn_probe_attends_as_the_flash_kernel_and_drops_out():
-    """`+cudnn`'s kernel on a packed bf16 stream of four sequences (strided q, k, v out of one [T, 3, heads, 64]
-    tensor, as the model gives them): without dropout the flash kernel's output and gradients (within 2 % of their
-    largest, bf16); with dropout 0.1 another output, finite gradients (the dropout is applied and the backward
-    runs), so that its timing is of the same work."""
-    from bench.trainer_throughput import CudnnVarlenAttention
-    from trainer.model import FlashVarlenAttention
-
-    torch.manual_seed(0)
-    lengths = [7, 33, 64, 12]
-    cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device="cuda")
-    qkv = torch.randn(sum(lengths), 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-    def run(kernel, p):
-        q, k, v = qkv.unbind(1)
-        out = kernel.apply(q, k, v, cu_seqlens, max(lengths), p)
-        (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
-        return out.float(), grad.float()
-
-    flash, flash_grad = run(FlashVarlenAttention, 0.0)
-    cudnn, cudnn_grad = run(CudnnVarlenAttention, 0.0)
-    assert (cudnn - flash).abs().max() <= 2e-2 * flash.abs().max()
-    assert (cudnn_grad - flash_grad).abs().max() <= 2e-2 * flash_grad.abs().max()
-    dropped, dropped_grad = run(CudnnVarlenAttention, 0.1)
-    assert (dropped - cudnn).abs().max() > 1e-2 * cudnn.abs().max() and torch.isfinite(dropped_grad).all()
+    monkeypatch.undo()  # the real call: a padded batch is refused before cuDNN is called
+    with pytest.raises(ValueError, match="cuDNN's varlen attention takes batches of their sequences' tokens alone"):
+        CudnnVarlenAttention.apply(x, x, x, batch.cu_seqlens, 64, 0.0, padded=True)
 
 
 def test_fused_launch_launches_the_kernels_as_its_file_says_and_a_bad_file_stops_before_any_model(

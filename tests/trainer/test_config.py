@@ -14,7 +14,7 @@ import torch
 from trainer import config as trainer_config
 from trainer.__main__ import main
 from trainer.balance import assign_bins
-from trainer.config import TrainerConfig, dump_config, load_config
+from trainer.config import ModelConfig, TrainerConfig, dump_config, load_config
 from trainer.distributed import DistEnv, pick_device
 from trainer.errors import ConfigError
 
@@ -275,3 +275,20 @@ def test_a_compiled_model_with_compiled_layers_or_jagged_attention_is_refused_be
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(None, overrides)
     assert load_config(None, overrides[:1]).model.compile_model is (overrides[0] == "model.compile_model=true")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"attention": "packed"}, "model.varlen_kernel: cudnn is a kernel of the varlen attention, not of "
+                               "model.attention: packed: set model.attention to varlen or auto"),
+     ({"attention": "jagged"}, "not of model.attention: jagged"),
+     ({"static_shapes": True}, "model.varlen_kernel: cudnn takes batches of their sequences' tokens alone, eager: not "
+                               "with model.static_shapes"),
+     ({"compile_model": True}, "eager: not with model.compile_model")],
+)  # fmt: skip
+def test_cudnn_varlen_attention_goes_with_the_varlen_attention_on_unpadded_eager_batches(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(varlen_kernel="cudnn", **overrides)
+    assert ModelConfig(varlen_kernel="cudnn").attention == "auto"
+    assert ModelConfig(varlen_kernel="cudnn", attention="varlen", half_residual=True, fused_norm=True)
+    assert ModelConfig().varlen_kernel == "flash"

@@ -18,7 +18,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 from tests.trainer.conftest import make_model_config, make_samples
-from trainer.config import OptimizerConfig
+from trainer.config import OptimizerConfig, TrainerConfig
 from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.errors import ConfigError
 from trainer.model import (
@@ -523,15 +523,19 @@ def test_on_the_gpu_the_compiled_model_on_cuda_graphs_trains_as_the_eager_model(
     assert_trains_on_one_batch_and_evaluates_alike(model, pack_batch(samples, np.arange(6), budget).to("cuda"))
 
 
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
 @pytest.mark.gpu
 @flash_only
-def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask():
-    """The varlen kernel with dropout against an explicit computation from its own dropout mask. With the values set
-    to the identity (each sequence no longer than head_dim), the output *is* the dropped, rescaled attention matrix
-    P_d = P * M / (1 - p); the mask M is read from it. Then the forward must be softmax(q k^T / sqrt(d)) where kept,
-    about a fraction p dropped, and the backward must be the gradients of that very P_d (float32, from q, k and M):
-    a backward that drew another mask would miss dv by whole entries."""
-    from trainer.model import FlashVarlenAttention
+def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask(kernel):
+    """The varlen kernel with dropout against an explicit computation from its own dropout mask, on flash's kernel
+    and on cuDNN's (`model.varlen_kernel`). With the values set to the identity (each sequence no longer than
+    head_dim), the output *is* the dropped, rescaled attention matrix P_d = P * M / (1 - p); the mask M is read from
+    it. Then the forward must be softmax(q k^T / sqrt(d)) where kept, about a fraction p dropped, and the backward
+    must be the gradients of that very P_d (float32, from q, k and M): a backward that drew another mask would miss
+    dv by whole entries."""
+    from trainer.model import VARLEN_KERNELS
+
+    FlashVarlenAttention = VARLEN_KERNELS[kernel]  # noqa: N806 (the kernel under test)
 
     p, heads, head_dim = 0.25, 2, 64
     lengths = [7, 33, 64, 12, 50, 64]
@@ -572,6 +576,49 @@ def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask():
             error = (ours - reference).abs().max().item()
             assert error <= 2e-2 * reference.abs().max().item(), f"{name}, sequence at {start}: {error:.3g}"
     assert abs(dropped / (kept + dropped) - p) < 0.03
+
+
+@pytest.mark.gpu
+@flash_only
+def test_on_the_gpu_cudnns_varlen_attention_attends_as_the_flash_kernel_and_trains_the_same_model():
+    """cuDNN's kernel (`model.varlen_kernel: cudnn`) on a packed bf16 stream of four sequences (strided q, k, v out of
+    one [T, 3, heads, 64] tensor, as the model gives them): without dropout the flash kernel's output and gradients
+    (within 2 % of their largest, bf16). The tiny model on either kernel, without dropout, in bf16: the same loss and
+    gradients within bf16 rounding; the trial launch the trainer makes passes."""
+    from trainer.model import CudnnVarlenAttention, FlashVarlenAttention
+    from trainer.train import check_varlen_kernel
+
+    torch.manual_seed(0)
+    lengths = [7, 33, 64, 12]
+    cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device="cuda")
+    qkv = torch.randn(sum(lengths), 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def run(kernel):
+        q, k, v = qkv.unbind(1)
+        out = kernel.apply(q, k, v, cu_seqlens, max(lengths), 0.0)
+        (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
+        return out.float(), grad.float()
+
+    (flash, flash_grad), (cudnn, cudnn_grad) = run(FlashVarlenAttention), run(CudnnVarlenAttention)
+    assert (cudnn - flash).abs().max() <= 2e-2 * flash.abs().max()
+    assert (cudnn_grad - flash_grad).abs().max() <= 2e-2 * flash_grad.abs().max()
+    samples = make_samples(LENGTHS)
+    batch = pack_batch(samples, np.arange(len(LENGTHS))).to("cuda")
+    losses, grads = {}, {}
+    for kernel in ("flash", "cudnn"):
+        torch.manual_seed(0)
+        cfg = make_model_config(attention="varlen", varlen_kernel=kernel, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0)  # fmt: skip
+        model = BertForPreTraining(cfg).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = pretraining_loss(model(batch), batch).total
+        loss.backward()
+        losses[kernel] = loss.item()
+        grads[kernel] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert losses["cudnn"] == pytest.approx(losses["flash"], rel=1e-2)
+    assert (grads["cudnn"] - grads["flash"]).norm() <= 2e-2 * grads["flash"].norm()
+    check_varlen_kernel(TrainerConfig(model=make_model_config(varlen_kernel="cudnn").model_dump()),
+                        torch.device("cuda"), torch.bfloat16)  # fmt: skip
 
 
 class Seen:

@@ -455,6 +455,45 @@ def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path):
     assert "training BERT" not in done.stderr
 
 
+def test_cudnn_varlen_attention_where_the_varlen_attention_does_not_run_is_refused_before_any_step(tmp_path):
+    overrides = make_train_overrides(tmp_path, **{"model.varlen_kernel": "cudnn"})
+    done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert ("error: model.varlen_kernel: cudnn is a kernel of the varlen attention, which needs a CUDA GPU of compute "
+            "capability 8.0 or newer") in done.stderr  # fmt: skip
+    assert "(this run: cpu, fp32: attention packed); set model.varlen_kernel: flash" in done.stderr
+    assert "training BERT" not in done.stderr
+
+
+def test_cudnn_varlen_attention_that_fails_its_trial_launch_is_refused_with_the_error(monkeypatch):
+    """Where the varlen attention runs but PyTorch's cuDNN attention takes no packed stream (an older cuDNN, a build
+    without it), the trial launch's error is said before any work. The GPU is stood in for by the kernel choice and
+    the failing launch by one that raises cuDNN's own error."""
+    import torch
+
+    from trainer import train
+    from trainer.errors import ConfigError
+
+    cfg = load_config(None, ["model.varlen_kernel=cudnn"])
+    launched = []
+    monkeypatch.setattr(train, "flash_device", lambda device: True)
+    monkeypatch.setattr(train, "resolve_attention", lambda *args, **kwargs: "varlen")
+
+    def fails(*args):
+        launched.append(args)
+        raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph.")
+
+    monkeypatch.setattr(train, "try_cudnn_attention", fails)
+    with pytest.raises(ConfigError, match=r"model.varlen_kernel: cudnn: cuDNN's attention does not run on a packed "
+                       r"stream here \(RuntimeError: cuDNN Frontend error: \[cudnn_frontend\] Error: No execution "
+                       r"plans support the graph.\); set model.varlen_kernel: flash"):  # fmt: skip
+        train.check_varlen_kernel(cfg, torch.device("cuda"), torch.bfloat16)
+    assert launched == [(torch.device("cuda"), 16, 64, torch.bfloat16)]  # BERT-large's heads, training's dtype
+    launched.clear()
+    train.check_varlen_kernel(load_config(None, []), torch.device("cuda"), torch.bfloat16)  # flash: nothing to try
+    assert launched == []
+
+
 def test_cli_diverged_exit_code(tmp_path):
     overrides = make_train_overrides(
         tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30}
@@ -586,6 +625,9 @@ def test_the_start_line_says_the_precision_residual_stream_attention_kernel_and_
     assert execution(half, cuda, torch.bfloat16) == "bf16 with a bf16 residual stream, attention varlen"
     assert execution(half, cuda, None) == "fp32, attention padded"  # no autocast: no flash kernel
     assert execution(half, cpu, None) == "fp32, attention packed"  # no autocast: nothing is half
+    cudnn = load_config(None, ["model.varlen_kernel=cudnn"])
+    assert execution(cudnn, cuda, torch.bfloat16) == "bf16, attention varlen on cuDNN"
+    assert execution(cudnn, cpu, None) == "fp32, attention packed"  # (refused before any work: check_varlen_kernel)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # a V100: no flash kernel
     assert execution(dropout, cuda, torch.bfloat16) == "bf16, attention padded"
     assert execution(no_dropout, cuda, torch.float16) == "fp16, attention padded, compiled layers"
