@@ -108,9 +108,11 @@ class ModelConfig(Section):
         "flash, PyTorch's FlashAttention 2 kernel; cudnn, cuDNN's fused attention on the packed stream (PyTorch's "
         "cuDNN attention with the sequences' cumulative lengths, as its jagged nested tensors call it on the cuDNN "
         "backend; on Hopper GPUs cuDNN's kernels use the wgmma instructions the flash kernel does not), with the same "
-        "attention dropout, drawn by cuDNN. cudnn needs a CUDA GPU where PyTorch's cuDNN attention takes a packed "
-        "stream: refused before any work where a trial launch fails; not with model.static_shapes or "
-        "model.compile_model.",
+        "attention dropout, drawn by cuDNN. cuDNN plans its kernels for each shape it is given (the number of "
+        "sequences, the longest, the tokens), which packed micro-batches change from step to step: time it on your "
+        "GPU before you keep it. cudnn needs a CUDA GPU where PyTorch's cuDNN attention takes a packed stream and "
+        "computes the flash kernel's attention: refused before any work where a trial of it fails; not with "
+        "model.static_shapes or model.compile_model.",
     )
     compile: bool = Field(
         False,

@@ -68,6 +68,7 @@ from trainer.model import (
     VARLEN_NEEDS,
     BertForPreTraining,
     CudnnVarlenAttention,
+    FlashVarlenAttention,
     flash_device,
     graph_per_shape,
     load_hf_state_dict,
@@ -111,9 +112,9 @@ def check_attention(cfg: TrainerConfig, device: torch.device, autocast: torch.dt
 
 
 def check_varlen_kernel(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
-    """`model.varlen_kernel: cudnn` only where the varlen attention runs and cuDNN's kernel takes the packed stream,
-    said before any work: a trial launch, forward and backward with dropout, on two short sequences of the model's
-    heads in training's dtype (`try_cudnn_attention`)."""
+    """`model.varlen_kernel: cudnn` only where the varlen attention runs and cuDNN's kernel computes it on the packed
+    stream, said before any work: a trial of it against the flash kernel, and as training and evaluation call it
+    (`try_cudnn_attention`)."""
     if cfg.model.varlen_kernel != "cudnn":
         return
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
@@ -123,22 +124,44 @@ def check_varlen_kernel(cfg: TrainerConfig, device: torch.device, autocast: torc
                           f"(this run: {device.type}, {precision_name(autocast)}: attention {kernel}); set "
                           "model.varlen_kernel: flash")  # fmt: skip
     try:
-        try_cudnn_attention(device, cfg.model.num_attention_heads, cfg.model.head_dim, autocast)
-    except Exception as e:  # a PyTorch build or cuDNN version whose attention takes no packed stream
-        raise ConfigError(f"model.varlen_kernel: cudnn: cuDNN's attention does not run on a packed stream here "
+        try_cudnn_attention(device, cfg.model.num_attention_heads, cfg.model.head_dim, autocast,
+                            cfg.model.attention_probs_dropout_prob)  # fmt: skip
+    except Exception as e:  # a PyTorch build or cuDNN version whose attention takes no packed stream, or miscomputes
+        raise ConfigError(f"model.varlen_kernel: cudnn: cuDNN's attention failed its trial on a packed stream here "
                           f"({type(e).__name__}: {error_line(e)}); set model.varlen_kernel: flash"
                           ) from None  # fmt: skip
 
 
-def try_cudnn_attention(device: torch.device, heads: int, head_dim: int, dtype: torch.dtype) -> None:
-    """cuDNN's varlen attention (`CudnnVarlenAttention`) forward and backward, with dropout, on sequences of 3 and 5
-    tokens, waiting for the device; the run's random state is left as it was."""
-    with torch.random.fork_rng(devices=[device]):
+def try_cudnn_attention(device: torch.device, heads: int, head_dim: int, dtype: torch.dtype, dropout_p: float) -> None:
+    """cuDNN's varlen attention (`CudnnVarlenAttention`) on sequences of 3 and 5 tokens whose query, key and value are
+    strided views of one [T, 3, heads, head_dim] tensor, as the model gives them: without dropout, its output and
+    gradients against the flash kernel's (within 2 % of their largest: bf16 rounding; a kernel that placed the second
+    sequence wrongly would be far off), its output under no_grad (evaluation's call) too, and with the run's attention
+    dropout forward and backward; waiting for the device. Raises where a launch fails or the outputs differ. The run's
+    random state is left as it was."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
         qkv = torch.randn(8, 3, heads, head_dim, device=device, dtype=dtype, requires_grad=True)
         cu_seqlens = torch.tensor([0, 3, 8], device=device, dtype=torch.int32)
-        q, k, v = qkv.unbind(1)
-        CudnnVarlenAttention.apply(q, k, v, cu_seqlens, 5, 0.1).float().sum().backward()
-        torch.cuda.synchronize(device)
+
+        def attend(kernel, p: float, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+            with torch.set_grad_enabled(grad):
+                q, k, v = qkv.unbind(1)
+                out = kernel.apply(q, k, v, cu_seqlens, 5, p).float()
+                return out, torch.autograd.grad(out.square().sum(), qkv)[0].float() if grad else None
+
+        flash, flash_grad = attend(FlashVarlenAttention, 0.0)
+        cudnn, cudnn_grad = attend(CudnnVarlenAttention, 0.0)
+        evaluated, _ = attend(CudnnVarlenAttention, 0.0, grad=False)
+        for what, ours, reference in (("output", cudnn, flash), ("gradient", cudnn_grad, flash_grad),
+                                      ("output under no_grad", evaluated, flash)):  # fmt: skip
+            off = ((ours - reference).abs().max() / reference.abs().max()).item()
+            if not off <= 2e-2:
+                raise ValueError(f"its {what} differs from the flash kernel's by {off:.2g} of the largest value")
+        if dropout_p > 0:
+            attend(CudnnVarlenAttention, dropout_p)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # a kernel's fault surfaces here
 
 
 def precision_name(autocast: torch.dtype | None) -> str:

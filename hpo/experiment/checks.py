@@ -428,6 +428,9 @@ NEEDS_CUDA = {
     "device": ("cuda", "there is no CUDA device (auto or cpu run there)"),
     "precision.dtype": ("fp16", "fp16 needs a CUDA device (bf16 or fp32 run there)"),
     "model.attention": ("varlen", "the varlen kernel needs CUDA (auto, packed, jagged or padded run there)"),
+    "model.varlen_kernel": ("cudnn", "cuDNN's varlen attention needs CUDA (flash, the default, is refused nowhere)"),
+    "model.fused_norm": (True, "the fused kernels are Triton's, for a CUDA GPU (false runs there)"),
+    "model.fused_gelu": (True, "the fused kernels are Triton's, for a CUDA GPU (false runs there)"),
 }
 
 

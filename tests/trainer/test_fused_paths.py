@@ -528,11 +528,11 @@ def test_on_the_gpu_the_compiled_model_on_cuda_graphs_trains_as_the_eager_model(
 @flash_only
 def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask(kernel):
     """The varlen kernel with dropout against an explicit computation from its own dropout mask, on flash's kernel
-    and on cuDNN's (`model.varlen_kernel`). With the values set to the identity (each sequence no longer than
-    head_dim), the output *is* the dropped, rescaled attention matrix P_d = P * M / (1 - p); the mask M is read from
-    it. Then the forward must be softmax(q k^T / sqrt(d)) where kept, about a fraction p dropped, and the backward
-    must be the gradients of that very P_d (float32, from q, k and M): a backward that drew another mask would miss
-    dv by whole entries."""
+    and on cuDNN's (`model.varlen_kernel`), q, k and v strided views of one tensor as in the model. With the values
+    set to the identity (each sequence no longer than head_dim), the output *is* the dropped, rescaled attention
+    matrix P_d = P * M / (1 - p); the mask M is read from it. Then the forward must be softmax(q k^T / sqrt(d))
+    where kept, about a fraction p dropped, and the backward must be the gradients of that very P_d (float32, from
+    q, k and M): a backward that drew another mask would miss dv by whole entries."""
     from trainer.model import VARLEN_KERNELS
 
     FlashVarlenAttention = VARLEN_KERNELS[kernel]  # noqa: N806 (the kernel under test)
@@ -542,15 +542,18 @@ def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask(kernel):
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
     T = int(cu[-1])
     generator = torch.Generator("cuda").manual_seed(0)
-    q, k = (torch.randn(T, heads, head_dim, device="cuda", generator=generator).half() for _ in range(2))
-    v = torch.zeros(T, heads, head_dim, device="cuda", dtype=torch.half)
+    qkv = torch.zeros(T, 3, heads, head_dim, device="cuda", dtype=torch.half)  # q, k, v: strided views, as the
+    for i in range(2):  # model gives them (a token's q, k and v side by side)
+        qkv[:, i] = torch.randn(T, heads, head_dim, device="cuda", generator=generator).half()
     position = torch.as_tensor(np.arange(T) - np.repeat(np.cumsum([0] + lengths[:-1]), lengths), device="cuda")
-    v[torch.arange(T, device="cuda"), :, position] = 1.0
+    qkv[torch.arange(T, device="cuda"), 2, :, position] = 1.0
     g = torch.randn(T, heads, head_dim, device="cuda", generator=generator).half()
-    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    qkv.requires_grad_()
+    q, k, v = qkv.unbind(1)
     torch.manual_seed(3)
     out = FlashVarlenAttention.apply(q, k, v, cu, max(lengths), p)
     out.backward(g)
+    grads = dict(zip(("dq", "dk", "dv"), qkv.grad.unbind(1), strict=True))
     kept, dropped = 0, 0
     for start, length in zip(np.cumsum([0] + lengths[:-1]), lengths, strict=True):
         rows = slice(int(start), int(start) + length)
@@ -570,7 +573,7 @@ def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask(kernel):
             "dk": (d_scores.transpose(1, 2) @ qs) * scale,
             "dv": p_d.transpose(1, 2) @ gs,
         }
-        for name, grad in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        for name, grad in grads.items():
             ours = grad[rows].float().transpose(0, 1)
             reference = expected[name]
             error = (ours - reference).abs().max().item()

@@ -688,6 +688,20 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
         "base_config",
         "the varlen kernel needs CUDA",
     ),
+    (
+        "cudnn_attention_on_cpu_slots",
+        {"resources": {"gpus": "none"}, "overrides": {"model.varlen_kernel": "cudnn"}},
+        "base_config",
+        "model.varlen_kernel cudnn, but resources.gpus: none runs every trial on the CPU, where cuDNN's varlen "
+        "attention needs CUDA",
+    ),
+    (
+        "fused_kernels_in_the_space_on_cpu_slots",
+        {**space_with(**{"model.fused_gelu": {"choice": [False, True]}}), "resources": {"gpus": "none"}},
+        "space.model.fused_gelu",
+        "model.fused_gelu True, but resources.gpus: none runs every trial on the CPU, where the fused kernels are "
+        "Triton's",
+    ),
 ]
 
 
