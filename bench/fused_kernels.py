@@ -42,6 +42,7 @@ import torch
 
 from bench.machine import cpu_model
 from trainer.fused import LAUNCH_PARAMETERS, interpreting, kernels_run, set_launch
+from trainer.train import error_line
 
 # Launch parameters tried beside each kernel's defaults, the likeliest first (a limit of seconds stops the list).
 CANDIDATES = {
@@ -238,8 +239,9 @@ def use_launch(path: Path) -> dict:
 
 
 def failure(error: Exception) -> str:
-    """An error's type and the first line of its message, for one line of the table."""
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
+    """An error's type and the line of its text that says what went wrong (`trainer.train.error_line`: Triton's
+    compile errors carry it apart from their source position), for one line of the table."""
+    return f"{type(error).__name__}: {error_line(error)[:160]}"
 
 
 def write_launches(path: Path, best: dict[str, dict | None]) -> dict:

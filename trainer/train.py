@@ -166,7 +166,7 @@ def try_cudnn_attention(device: torch.device, heads: int, head_dim: int, dtype: 
 
 def precision_name(autocast: torch.dtype | None) -> str:
     """fp32, bf16 or fp16: the training precision, as the start-up line and the refusals say it."""
-    return "fp32" if autocast is None else str(autocast).removeprefix("torch.")
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
 
 
 def check_fused_kernels(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None) -> None:
@@ -212,7 +212,7 @@ def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
 def execution(cfg: TrainerConfig, device: torch.device, autocast: torch.dtype | None, accumulation: int = 1) -> str:
     """How the model runs, for the start-up line: precision (with the residual stream in it, `model.half_residual`),
     the training attention kernel, compiled layers or model (on CUDA graphs: `BertForPreTraining.cuda_graphs`)."""
-    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
+    precision = precision_name(autocast)
     if autocast is not None and cfg.model.half_residual:
         precision += f" with a {precision} residual stream"
     kernel = resolve_attention(cfg.model.attention, flash_device(device), autocast is not None, cfg.model.head_dim,
