@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 
 from bench.machine import cpu_model
+from trainer.errors import error_line
 from trainer.fused import LAUNCH_PARAMETERS, interpreting, kernels_run, set_launch
-from trainer.train import error_line
 
 # Launch parameters tried beside each kernel's defaults, the likeliest first (a limit of seconds stops the list).
 CANDIDATES = {
@@ -239,7 +239,7 @@ def use_launch(path: Path) -> dict:
 
 
 def failure(error: Exception) -> str:
-    """An error's type and the line of its text that says what went wrong (`trainer.train.error_line`: Triton's
+    """An error's type and the line of its text that says what went wrong (`trainer.errors.error_line`: Triton's
     compile errors carry it apart from their source position), for one line of the table."""
     return f"{type(error).__name__}: {error_line(error)[:160]}"
 

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     # torch loads only after the config is valid, so a bad config is refused at once.
     try:
         from trainer.distributed import check_device, cleanup, dist_env_from_environ
+        from trainer.preflight import refuse_before_work
         from trainer.report import JsonLinesReporter
-        from trainer.train import Terminated, crash_reason, refuse_before_work, train
+        from trainer.train import Terminated, crash_reason, train
     except KeyboardInterrupt:  # while torch loads (a second or two): nothing began, nothing is written
         print("error: interrupted (Ctrl-C) while PyTorch loaded, before anything began", file=sys.stderr)
         return EXIT_INTERRUPTED

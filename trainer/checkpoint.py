@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from trainer.config import TrainerConfig
 from trainer.errors import CheckpointError, DiskFullError
+from trainer.result import TrainStatus
 
 LATEST = "latest.pt"
 FULL_BELOW_BYTES = 1 << 20  # a disk with less free than this when a write failed was full
@@ -189,3 +191,20 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def finished_status(cfg: TrainerConfig, state: TrainState) -> TrainStatus | None:
+    """How a run that got to `state` ended, when it has nothing left to train under `cfg` (its target reached, or its
+    budget spent); None while it has. A finished run's command run again resumes at its end."""
+    if state.samples_to_target is not None and cfg.eval.stop_at_target:
+        return TrainStatus.REACHED_TARGET
+    spent_time = cfg.budget.max_time_s is not None and state.train_time_s >= cfg.budget.max_time_s
+    if state.samples >= cfg.budget.max_samples or spent_time:
+        return TrainStatus.BUDGET_EXHAUSTED if state.samples_to_target is None else TrainStatus.REACHED_TARGET
+    return None
+
+
+def finished_checkpoint(cfg: TrainerConfig) -> Path | None:
+    """The checkpoint this run would resume from, when it is one of a finished run (`finished_status`)."""
+    path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    return path if path is not None and finished_status(cfg, saved_state(path)) is not None else None

@@ -7,6 +7,7 @@ Collectives get a timeout so that a rank that dies ends the run instead of hangi
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -110,3 +111,8 @@ def any_rank(flags: list[bool], device: torch.device, env: DistEnv) -> list[bool
 def cleanup() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def log(env: DistEnv, message: str) -> None:
+    if env.is_main:
+        print(message, file=sys.stderr, flush=True)

@@ -40,3 +40,11 @@ class FinalSaveError(CheckpointError):
     def __init__(self, message: str, result) -> None:
         super().__init__(message)
         self.result = result  # the run's TrainResult, as its final record has it
+
+
+def error_line(e: Exception) -> str:
+    """The line of an exception's text that says what went wrong: Triton's compile errors carry it in
+    `error_message` (their text starts with the source position), others in their last non-empty line."""
+    text = getattr(e, "error_message", None) or str(e)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]

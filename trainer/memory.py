@@ -225,3 +225,8 @@ def available_host_memory() -> float:
     except OSError:
         pass
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """CUDA's out-of-memory error, Python's, or the CPU allocator's (a RuntimeError that says so)."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)

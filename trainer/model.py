@@ -265,7 +265,7 @@ def varlen_runs(flash: bool, half: bool, head_dim: int = 64) -> bool:
 
 def attention_kernel(choice: str, x: torch.Tensor, head_dim: int) -> str:
     """The kernel `model.attention` names for this batch: varlen, jagged, packed or padded (`auto`: see the module's
-    doc). The trainer refuses a `varlen` that cannot run before any work (`trainer.train.check_attention`)."""
+    doc). The trainer refuses a `varlen` that cannot run before any work (`trainer.preflight.check_attention`)."""
     half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
     return resolve_attention(choice, flash_device(x.device), half, head_dim, gpu=x.device.type == "cuda")
 

@@ -28,3 +28,8 @@ def resolve_autocast(cfg: TrainerConfig, device: torch.device) -> torch.dtype | 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """The autocast region of a forward pass in `dtype` on `device`; for float32 (None), no region."""
     return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def precision_name(autocast: torch.dtype | None) -> str:
+    """fp32, bf16 or fp16: the training precision, as the start-up line and the refusals say it."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")

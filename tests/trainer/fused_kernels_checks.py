@@ -21,7 +21,7 @@ from trainer.fused import gelu, interpreting, norm, set_launch
 from trainer.fused.gelu import bias_gelu
 from trainer.fused.norm import bias_dropout_add_norm, dropout_keep
 from trainer.model import BertForPreTraining, pretraining_loss
-from trainer.train import check_fused_kernels
+from trainer.preflight import check_fused_kernels
 
 
 def relative(ours: torch.Tensor, reference: torch.Tensor) -> float:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+import trainer.run
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.__main__ import main
@@ -437,7 +438,7 @@ def test_sigterm_while_the_final_checkpoint_is_saved_says_the_run_had_ended_and_
     the run had ended and which save stays the latest (not "before training began"), no second final record, and
     no half-written file; the command run again finds the run finished or trains the rest."""
     common = {"checkpoint.every_samples": 32, "checkpoint.dir": str(tmp_path / "ck"), "budget.max_samples": 88}
-    real_final, real_save = train_module.final_result, train_module.save_checkpoint
+    real_final, real_save = train_module.final_result, trainer.run.save_checkpoint
     ended = []
 
     def final_result(*args, **kwargs):
@@ -450,7 +451,7 @@ def test_sigterm_while_the_final_checkpoint_is_saved_says_the_run_had_ended_and_
         return real_save(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "final_result", final_result)
-    monkeypatch.setattr(train_module, "save_checkpoint", save_checkpoint)
+    monkeypatch.setattr(trainer.run, "save_checkpoint", save_checkpoint)
     code, err, first = cli(tmp_path, capsys, **common)
     assert code == 143, err
     assert "Traceback" not in err and "before training began" not in err, err

@@ -27,7 +27,7 @@ from trainer.config import ClippingConfig, OptimizerConfig, TrainerConfig
 from trainer.data.batch import pack_batch
 from trainer.distributed import DistEnv
 from trainer.model import BertForPreTraining, pretraining_loss
-from trainer.train import clipping_summary
+from trainer.run import clipping_summary
 
 WORLDS = [2, 4]  # 4 ranks oversubscribe a 2-core machine, which gloo tolerates
 ITERATIONS = 3  # 1: DDP's initial single bucket, 2: rebuilt buckets (both deferred), 3: overlapped hook

@@ -150,7 +150,7 @@ def test_a_trial_launch_that_fails_refuses_the_switch_naming_the_error(monkeypat
     rule."""
     import trainer.fused as fused
     import trainer.fused.trial as trial
-    from trainer.train import check_fused_kernels
+    from trainer.preflight import check_fused_kernels
 
     class CompilationError(Exception):  # as triton.compiler.errors.CompilationError carries its message
         error_message = "unsupported tensor index: constexpr[0]"
@@ -177,7 +177,8 @@ def test_a_trial_launch_that_fails_refuses_the_switch_naming_the_error(monkeypat
 
 
 def test_the_switches_are_refused_with_compiled_layers_or_model_and_where_the_kernels_cannot_run(monkeypatch):
-    from trainer.train import check_fused_kernels, execution
+    from trainer.preflight import check_fused_kernels
+    from trainer.run import execution
 
     for key in ("fused_norm", "fused_gelu"):
         for other in ("compile", "compile_model"):

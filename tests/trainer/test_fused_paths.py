@@ -589,7 +589,7 @@ def test_on_the_gpu_cudnns_varlen_attention_attends_as_the_flash_kernel_and_trai
     (within 2 % of their largest, bf16). The tiny model on either kernel, without dropout, in bf16: the same loss and
     gradients within bf16 rounding; the trial launch the trainer makes passes."""
     from trainer.model import CudnnVarlenAttention, FlashVarlenAttention
-    from trainer.train import check_varlen_kernel
+    from trainer.preflight import check_varlen_kernel
 
     torch.manual_seed(0)
     lengths = [7, 33, 64, 12]

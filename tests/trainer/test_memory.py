@@ -142,7 +142,7 @@ def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_
     from trainer.config import load_config
     from trainer.distributed import DistEnv
     from trainer.errors import ConfigError
-    from trainer.train import accumulation_steps
+    from trainer.preflight import accumulation_steps
 
     cfg = load_config(None, ["batch.global_batch_size=10", "batch.micro_batch_size=auto"])
     with pytest.raises(ConfigError, match=r"global_batch_size \(10\) must be a multiple of the world size \(4\)"):
@@ -195,7 +195,7 @@ def test_a_probe_that_runs_out_of_memory_leaves_auto_at_one_sequence_and_the_run
     as out of memory like any other. Another error of the probe is not taken for one."""
     from trainer.config import load_config
     from trainer.distributed import DistEnv
-    from trainer.train import resolve_micro_batch
+    from trainer.run import resolve_micro_batch
 
     cfg = load_config(None, ["batch.global_batch_size=8", "batch.micro_batch_size=auto"])
     samples = make_samples([7, 33, 64, 12, 50, 5, 64, 21])

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import trainer.run as run_module
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.balance import plan_epoch
@@ -154,7 +155,7 @@ def test_each_rank_draws_from_a_stream_of_its_own():
     draws = {}
     for seed, rank in [(1234, 0), (1234, 1), (1234, 2), (1235, 0), (1235, 1)]:
         torch.manual_seed(seed)
-        train_module.seed_rank_stream(seed, rank)
+        run_module.seed_rank_stream(seed, rank)
         draws[seed, rank] = torch.rand(8)
     torch.manual_seed(1234)
     assert torch.equal(draws[1234, 0], torch.rand(8))  # one process, or rank 0: the seed's own stream
@@ -173,7 +174,7 @@ def test_a_checkpoint_of_other_ranks_gives_each_resuming_rank_a_stream_of_its_ow
     saved = [state_after(seed) for seed in (11, 12)]
 
     def resumed(payload, rank, world_size, step=5):
-        train_module.restore_rank_rng(payload, rank, world_size, seed=1234, step=step)
+        run_module.restore_rank_rng(payload, rank, world_size, seed=1234, step=step)
         return torch.rand(8)
 
     def continued(state):
@@ -465,72 +466,6 @@ def test_cudnn_varlen_attention_where_the_varlen_attention_does_not_run_is_refus
     assert "training BERT" not in done.stderr
 
 
-def test_cudnn_varlen_attention_that_fails_its_trial_launch_is_refused_with_the_error(monkeypatch):
-    """Where the varlen attention runs but PyTorch's cuDNN attention takes no packed stream (an older cuDNN, a build
-    without it), the trial launch's error is said before any work. The GPU is stood in for by the kernel choice and
-    the failing launch by one that raises cuDNN's own error."""
-    import torch
-
-    from trainer import train
-    from trainer.errors import ConfigError
-
-    cfg = load_config(None, ["model.varlen_kernel=cudnn"])
-    launched = []
-    monkeypatch.setattr(train, "flash_device", lambda device: True)
-    monkeypatch.setattr(train, "resolve_attention", lambda *args, **kwargs: "varlen")
-
-    def fails(*args):
-        launched.append(args)
-        raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph.")
-
-    monkeypatch.setattr(train, "try_cudnn_attention", fails)
-    with pytest.raises(ConfigError, match=r"model.varlen_kernel: cudnn: cuDNN's attention failed its trial on a "
-                       r"packed stream here \(RuntimeError: cuDNN Frontend error: \[cudnn_frontend\] Error: No "
-                       r"execution plans support the graph.\); set model.varlen_kernel: flash"):  # fmt: skip
-        train.check_varlen_kernel(cfg, torch.device("cuda"), torch.bfloat16)
-    assert launched == [(torch.device("cuda"), 16, 64, torch.bfloat16, 0.1)]  # BERT-large's, training's dtype
-    launched.clear()
-    train.check_varlen_kernel(load_config(None, []), torch.device("cuda"), torch.bfloat16)  # flash: nothing to try
-    assert launched == []
-
-
-class SequenceAttention:
-    """The varlen call computed per sequence with PyTorch's SDPA (the CPU's math): a stand-in for a kernel that
-    computes it right; `assumed_stride`: one that reads q, k and v as if their tokens were heads x head_dim apart
-    (contiguous), as a cuDNN that ignored the strides of the model's strided views would."""
-
-    def __init__(self, assumed_stride: bool = False):
-        self.assumed_stride, self.calls = assumed_stride, []
-
-    def apply(self, q, k, v, cu_seqlens, max_seqlen, dropout_p, padded=False):
-        self.calls.append((torch.is_grad_enabled(), dropout_p))
-        if self.assumed_stride:
-            q, k, v = (torch.as_strided(t, t.shape, (t.shape[1] * t.shape[2], t.shape[2], 1)) for t in (q, k, v))
-        bounds = cu_seqlens.tolist()
-        outs = [torch.nn.functional.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)))
-                for a, b in zip(bounds[:-1], bounds[1:], strict=True)]  # fmt: skip
-        return torch.cat([o.transpose(0, 1) for o in outs])
-
-
-def test_the_cudnn_trial_compares_with_the_flash_kernel_on_strided_views_and_runs_evaluations_call(monkeypatch):
-    """The trial launch refuses a cuDNN that computes something else than the flash kernel on the model's strided
-    q, k, v (one that reads them as contiguous gets the second sequence wrong), and calls it as training (with
-    gradients, without and with the run's dropout) and evaluation (no_grad) do. Both kernels need a GPU: they are
-    stood in for by per-sequence attention on the CPU."""
-    import torch
-
-    from trainer import train
-
-    flash, right, wrong = SequenceAttention(), SequenceAttention(), SequenceAttention(assumed_stride=True)
-    monkeypatch.setattr(train, "FlashVarlenAttention", flash)
-    monkeypatch.setattr(train, "CudnnVarlenAttention", right)
-    train.try_cudnn_attention(torch.device("cpu"), 2, 8, torch.float32, 0.1)
-    assert right.calls == [(True, 0.0), (False, 0.0), (True, 0.1)]  # training, evaluation, training with dropout
-    monkeypatch.setattr(train, "CudnnVarlenAttention", wrong)
-    with pytest.raises(ValueError, match="its output differs from the flash kernel's by .* of the largest value"):
-        train.try_cudnn_attention(torch.device("cpu"), 2, 8, torch.float32, 0.1)
-
-
 def test_cli_diverged_exit_code(tmp_path):
     overrides = make_train_overrides(
         tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30}
@@ -565,7 +500,8 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
     from trainer.distributed import dist_env_from_environ
     from trainer.mlperf_log import open_log
     from trainer.report import NullReporter
-    from trainer.train import build_run, epoch_steps, read_back, train_step
+    from trainer.run import build_run
+    from trainer.train import epoch_steps, read_back, train_step
 
     overrides = {"optimizer.name": optimizer, "clipping.strategy": strategy, "model.hidden_dropout_prob": 0.1,
                  "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": noise_every,
@@ -594,7 +530,7 @@ def test_the_compiled_model_may_replay_cuda_graphs_only_where_a_step_is_one_micr
     from trainer.distributed import dist_env_from_environ
     from trainer.mlperf_log import open_log
     from trainer.report import NullReporter
-    from trainer.train import build_run
+    from trainer.run import build_run
 
     overrides = {"model.compile_model": True, "model.static_shapes": True, "batch.micro_batch_size": micro_batch}
     cfg = load_config(None, make_train_overrides(tmp_path, **overrides))
@@ -625,7 +561,8 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     from trainer.distributed import dist_env_from_environ
     from trainer.mlperf_log import open_log
     from trainer.report import NullReporter
-    from trainer.train import build_run, epoch_steps, read_back, train_step
+    from trainer.run import build_run
+    from trainer.train import epoch_steps, read_back, train_step
 
     overrides = {"device": "cuda", "precision.dtype": "bf16", "optimizer.name": optimizer,
                  "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
@@ -649,7 +586,7 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
 def test_the_start_line_says_the_precision_residual_stream_attention_kernel_and_compiled_layers(monkeypatch):
     import torch
 
-    from trainer.train import execution
+    from trainer.run import execution
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 or H200

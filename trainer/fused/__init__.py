@@ -11,7 +11,7 @@ dtype. CUDA only (Triton compiles for the GPU); on the CPU the kernels run in Tr
 starts with TRITON_INTERPRET=1 (what the tests do). `kernels_run` says whether they may run and
 `trainer.fused.trial.try_kernels` runs each once on a few values (Triton compiles its launcher with the machine's C
 compiler on first use); the trainer refuses the switches where either fails, before any work
-(`trainer.train.check_fused_kernels`).
+(`trainer.preflight.check_fused_kernels`).
 
 Each kernel's launch (a tile's rows, the warps of a program, the backward's tiles a program) has a default for a GPU
 and one for the interpreter; `set_launch` puts others in their place for the process (`bench.fused_kernels` times

@@ -407,7 +407,7 @@ def pilot_db(tmp_path) -> str:
 def trainer_steps(config: dict, ranks: int) -> int:
     """The accumulation steps the trainer runs `config` with on `ranks` ranks (its own check; ConfigError if none)."""
     from trainer.distributed import DistEnv
-    from trainer.train import accumulation_steps
+    from trainer.preflight import accumulation_steps
 
     return accumulation_steps(TrainerConfig.model_validate(config), DistEnv(world_size=ranks, local_world_size=1))
 
