@@ -16,6 +16,14 @@ from typing import Any
 
 import torch
 
+from trainer.attention import (
+    VARLEN_NEEDS,
+    CudnnVarlenAttention,
+    FlashVarlenAttention,
+    flash_device,
+    resolve_attention,
+    varlen_runs,
+)
 from trainer.balance import resume_batch, steps_per_epoch
 from trainer.checkpoint import (
     TrainState,
@@ -30,15 +38,7 @@ from trainer.config import TrainerConfig, file_in_the_way
 from trainer.data.shards import count_samples
 from trainer.distributed import DistEnv, dist_env_from_environ, pick_device
 from trainer.errors import BackendUnavailableError, CheckpointError, ConfigError, DataError, error_line
-from trainer.model import (
-    VARLEN_NEEDS,
-    BertForPreTraining,
-    CudnnVarlenAttention,
-    FlashVarlenAttention,
-    flash_device,
-    resolve_attention,
-    varlen_runs,
-)
+from trainer.model import BertForPreTraining
 from trainer.optim import apex_optimizers
 from trainer.precision import precision_name, resolve_autocast
 from trainer.schedule import idle_steps

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.attention import flash_device, resolve_attention
 from trainer.balance import build_batch_sampler, make_node_groups
 from trainer.checkpoint import (
     TrainState,
@@ -35,14 +36,7 @@ from trainer.distributed import DistEnv, all_gather_scalars, log
 from trainer.errors import CheckpointError, ConfigError
 from trainer.memory import choose_micro_batch, out_of_memory
 from trainer.mlperf_log import MLPerfLog
-from trainer.model import (
-    BertForPreTraining,
-    flash_device,
-    graph_per_shape,
-    load_hf_state_dict,
-    read_state_dict,
-    resolve_attention,
-)
+from trainer.model import BertForPreTraining, graph_per_shape, load_hf_state_dict, read_state_dict
 from trainer.noise_probe import NormProbe
 from trainer.noise_scale import NoiseScaleEstimator
 from trainer.optim import build_optimizer

@@ -321,8 +321,8 @@ def test_the_cudnn_variant_is_the_varlen_model_on_cudnns_kernel(monkeypatch):
     """`+cudnn` is `model.varlen_kernel: cudnn`: the model's varlen attention calls cuDNN's kernel
     (`CudnnVarlenAttention`, stood in for by a recorder of its call: the kernel itself needs a GPU), on unpadded
     batches, eager; what the config refuses the variant refuses, naming it."""
+    from trainer.attention import CudnnVarlenAttention, FlashVarlenAttention
     from trainer.data.batch import pack_batch
-    from trainer.model import CudnnVarlenAttention, FlashVarlenAttention
 
     assert parse_variant("varlen+half+cudnn") == {**parse_variant("varlen+half"), "varlen_kernel": "cudnn"}
     assert parse_variant("varlen+half")["varlen_kernel"] == "flash"

@@ -18,21 +18,23 @@ import torch
 import torch._inductor.config as inductor_config
 
 from tests.trainer.conftest import make_model_config, make_samples
+from trainer.attention import (
+    PaddingLayout,
+    attention_kernel,
+    attention_layout,
+    flash_device,
+    packed_attention,
+    resolve_attention,
+)
 from trainer.config import OptimizerConfig, TrainerConfig
 from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.errors import ConfigError
 from trainer.model import (
     BertForPreTraining,
     LayerNorm,
-    PaddingLayout,
     PretrainingOutput,
-    attention_kernel,
-    attention_layout,
-    flash_device,
-    packed_attention,
     pretraining_logits,
     pretraining_loss,
-    resolve_attention,
 )
 from trainer.optim import build_optimizer
 
@@ -533,7 +535,7 @@ def test_on_the_gpu_varlen_dropout_backward_uses_the_forward_mask(kernel):
     matrix P_d = P * M / (1 - p); the mask M is read from it. Then the forward must be softmax(q k^T / sqrt(d))
     where kept, about a fraction p dropped, and the backward must be the gradients of that very P_d (float32, from
     q, k and M): a backward that drew another mask would miss dv by whole entries."""
-    from trainer.model import VARLEN_KERNELS
+    from trainer.attention import VARLEN_KERNELS
 
     FlashVarlenAttention = VARLEN_KERNELS[kernel]  # noqa: N806 (the kernel under test)
 
@@ -588,7 +590,7 @@ def test_on_the_gpu_cudnns_varlen_attention_attends_as_the_flash_kernel_and_trai
     one [T, 3, heads, 64] tensor, as the model gives them): without dropout the flash kernel's output and gradients
     (within 2 % of their largest, bf16). The tiny model on either kernel, without dropout, in bf16: the same loss and
     gradients within bf16 rounding; the trial launch the trainer makes passes."""
-    from trainer.model import CudnnVarlenAttention, FlashVarlenAttention
+    from trainer.attention import CudnnVarlenAttention, FlashVarlenAttention
     from trainer.preflight import check_varlen_kernel
 
     torch.manual_seed(0)

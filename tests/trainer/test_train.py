@@ -13,12 +13,12 @@ import torch
 import trainer.run as run_module
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
+from trainer.attention import flash_device
 from trainer.balance import plan_epoch
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_config
 from trainer.data.shards import load_samples
 from trainer.errors import TrainerError
-from trainer.model import flash_device
 from trainer.report import JsonLinesReporter, read_jsonl
 from trainer.train import train
 
