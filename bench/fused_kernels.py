@@ -163,12 +163,12 @@ def problems(tokens: int, hidden: int, intermediate: int, product: torch.dtype, 
              dropout: float, device: torch.device) -> dict:  # fmt: skip
     """For each kernel: (a function that launches it as the model does and returns its outputs, the bytes it must
     move at least); for "eager_norm" and "eager_gelu", a function of `backward` that runs the eager model's layers
-    for the same work (`trainer.model`'s LayerNorm and dropout under autocast, and GELU; the bias already added, as
+    for the same work (`trainer.layer_norm`'s LayerNorm and dropout under autocast, and GELU; the bias already added, as
     the matrix product adds it there; with `backward`, their backward and the bias's gradient) and returns the
     forward's output. Inputs drawn once from a fixed seed; the backward ones take the forward's outputs."""
     from trainer.fused.gelu import gelu_backward, gelu_forward
     from trainer.fused.norm import dropout_seed, norm_backward, norm_forward
-    from trainer.model import LayerNorm
+    from trainer.layer_norm import LayerNorm
 
     generator = torch.Generator(device="cpu").manual_seed(0)
 

@@ -39,7 +39,8 @@ from bench.fused_kernels import use_launch
 from trainer.config import ModelConfig, OptimizerConfig
 from trainer.data.batch import ShapeBudget, masked_counts, pack_batch
 from trainer.data.shards import PretrainingSamples
-from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss
+from trainer.hf_weights import load_hf_state_dict
+from trainer.model import BertForPreTraining, pretraining_loss
 from trainer.optim import build_optimizer
 from trainer.precision import autocast as autocast_region
 

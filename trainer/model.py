@@ -1,25 +1,26 @@
 """BERT for pretraining (masked LM + next sentence prediction), run without padding.
 
-Parameter names are those of Hugging Face `BertForPreTraining`, so HF checkpoints load as they are and outputs
-can be checked against HF. The forward pass takes a `PackedBatch`: all valid tokens of the micro-batch in one
-[T, hidden] tensor, sequences delimited by `cu_seqlens`. Linear layers, LayerNorm and GELU are per token, so
-they only ever see real tokens; attention is the one place that needs sequence boundaries (`model.attention`:
-varlen, jagged, packed or padded, trainer/attention.py).
-The query, key and value projections run as one matrix product (their weights concatenated at each call, so the
-parameters keep Hugging Face's names) and the attention kernels take the packed [T, 3, heads, head_dim] result.
-With `model.compile`, the per-token parts of every encoder layer (dense + bias + GELU; dense + dropout + residual
-+ LayerNorm) run compiled by `torch.compile` (fused kernels; dynamic in the number of tokens); the eager modules
-are the reference, and parameter names do not change. With `model.compile_model`, the whole forward pass from the
-batch's tensors to the heads' logits is one compiled graph (`compiled_logits`; the grids' layouts are built before it,
-on the host), LayerNorm kept on PyTorch's kernels (`opaque_layer_norm`); on fixed shapes with the varlen kernel it reads
-no int of the batch's, so each shape compiles once and, on a GPU, runs as CUDA graphs.
+Parameter names are those of Hugging Face `BertForPreTraining`, so HF checkpoints load as they are
+(trainer/hf_weights.py) and outputs can be checked against HF. The forward pass takes a `PackedBatch`: all valid
+tokens of the micro-batch in one [T, hidden] tensor, sequences delimited by `cu_seqlens`. Linear layers, LayerNorm
+and GELU are per token, so they only ever see real tokens; attention is the one place that needs sequence boundaries
+(`model.attention`: varlen, jagged, packed or padded, trainer/attention.py). The query, key and value projections run
+as one matrix product (their weights concatenated at each call, so the parameters keep Hugging Face's names) and the
+attention kernels take the packed [T, 3, heads, head_dim] result. With `model.compile`, the per-token parts of every
+encoder layer (dense + bias + GELU; dense + dropout + residual + LayerNorm) run compiled by `torch.compile` (fused
+kernels; dynamic in the number of tokens); the eager modules are the reference, and parameter names do not change.
+With `model.compile_model`, the whole forward pass from the batch's tensors to the heads' logits is one compiled
+graph (`compiled_logits`; the grids' layouts are built before it, on the host), LayerNorm kept on PyTorch's kernels
+(`trainer.layer_norm.opaque_layer_norm`); on fixed shapes with the varlen kernel it reads no int of the batch's, so
+each shape compiles once and, on a GPU, runs as CUDA graphs.
 
 With `model.static_shapes`, batches come padded to a budget (`trainer.data.batch.ShapeBudget`): the per-token layers
-run on the padding too (so that the compiled layers see a few shapes), attention only on the sequences, and the MLM head
-also on the padding masked positions, whose labels count in no loss.
+run on the padding too (so that the compiled layers see a few shapes), attention only on the sequences, and the MLM
+head also on the padding masked positions, whose labels count in no loss.
 
 With `model.half_residual`, under bf16/fp16 autocast every LayerNorm reads and writes the half dtype (statistics in
-fp32), so the residual stream between layers is half precision, as in NVIDIA's MLPerf BERT, instead of autocast's fp32.
+fp32, trainer/layer_norm.py), so the residual stream between layers is half precision, as in NVIDIA's MLPerf BERT,
+instead of autocast's fp32.
 
 The MLM head (transform + vocab projection, the most expensive per-token layer) runs only on masked tokens,
 as MLPerf's "dense sequence output" does.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -46,104 +46,9 @@ from trainer.attention import (
 )
 from trainer.config import ModelConfig
 from trainer.data.batch import IGNORE, PackedBatch
-from trainer.errors import CheckpointError
+from trainer.layer_norm import layer_norm
 
 # --------------------------------------------------------------------------- encoder
-
-
-@torch.library.custom_op("trainer::layer_norm", mutates_args=())
-def _layer_norm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
-    return out, mean, rstd
-
-
-@_layer_norm.register_fake
-def _(x, weight, bias, eps):
-    # The statistics' dtype as the kernels give it: fp32 for a half input on CUDA, and on the CPU where the input and
-    # the weights differ in dtype (autocast's bf16 input, fp32 weights); else the input's
-    half = x.dtype in (torch.float16, torch.bfloat16)
-    stats = torch.float32 if half and (x.device.type == "cuda" or weight.dtype != x.dtype) else x.dtype
-    rows = (*x.shape[:-1], 1)  # the kernel's outputs are contiguous whatever the input's strides
-    return x.new_empty(x.shape), x.new_empty(rows, dtype=stats), x.new_empty(rows, dtype=stats)
-
-
-@torch.library.custom_op("trainer::layer_norm_backward", mutates_args=())
-def _layer_norm_backward(
-    grad: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
-    bias: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
-        grad, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True]
-    )
-    return dx, dweight, dbias
-
-
-@_layer_norm_backward.register_fake
-def _(grad, x, mean, rstd, weight, bias):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
-
-
-def _layer_norm_context(ctx, inputs, output) -> None:
-    x, weight, bias, _ = inputs
-    ctx.save_for_backward(x, output[1], output[2], weight, bias)
-
-
-def _layer_norm_grad(ctx, grad, _mean_grad, _rstd_grad):
-    x, mean, rstd, weight, bias = ctx.saved_tensors
-    dx, dweight, dbias = _layer_norm_backward(grad.contiguous(), x, mean, rstd, weight, bias)
-    return dx, dweight, dbias, None
-
-
-_layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_context)
-
-
-def opaque_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """`F.layer_norm` over the last dimension as two operators torch.compile does not see into (forward, backward):
-    a compiled model (`model.compile_model`) runs PyTorch's own LayerNorm kernels between its fused ones. With the
-    per-token layers compiled (`model.compile`), Inductor's generated LayerNorm backward, fused with dropout and the
-    residual, took 1.44 ms a call on an H200: 69 ms of a 446 ms step at micro-batch 256, where the eager step's
-    element-wise work took 90 ms in all (BENCHMARKS.md)."""
-    return _layer_norm(x, weight, bias, eps)[0]
-
-
-class LayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` (same parameters, same names) that, with `half_io` and under autocast, reads and writes the
-    autocast's half dtype instead of autocast's fp32 (`model.half_residual`). The kernel still accumulates its
-    statistics in fp32; the parameters stay fp32 and are cast for the call, so the kernel writes their gradients in
-    the half dtype, cast back to fp32 (as a half-precision model's are). CUDA's autocast would run the kernel in
-    fp32 (the CPU's does not), so the call is made with autocast off."""
-
-    def __init__(self, hidden_size: int, eps: float, half_io: bool = False, opaque: bool = False):
-        super().__init__(hidden_size, eps=eps)
-        self.half_io = half_io
-        self.opaque = opaque  # run as `opaque_layer_norm` (model.compile_model), in the dtypes the eager call takes
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + (", half_io=True" if self.half_io else "") + (", opaque=True" * self.opaque)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        autocast = device in ("cuda", "cpu") and torch.is_autocast_enabled(device)  # (a meta-device model: none)
-        if not autocast:
-            return opaque_layer_norm(x, self.weight, self.bias, self.eps) if self.opaque else super().forward(x)
-        if not (self.half_io or self.opaque):
-            return super().forward(x)
-        weight, bias = self.weight, self.bias
-        if self.half_io:
-            dtype = torch.get_autocast_dtype(device)
-            weight, bias = weight.to(dtype), bias.to(dtype)
-        else:  # autocast's own choice: fp32 on CUDA; on the CPU the input's dtype (with fp32 weights)
-            dtype = torch.float32 if device == "cuda" else x.dtype
-        with torch.autocast(device, enabled=False):
-            if self.opaque:
-                return opaque_layer_norm(x.to(dtype), weight, bias, self.eps)
-            return F.layer_norm(x.to(dtype), self.normalized_shape, weight, bias, self.eps)
-
-
-def layer_norm(cfg: ModelConfig) -> LayerNorm:
-    return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, cfg.half_residual, opaque=cfg.compile_model)
 
 
 class BertEmbeddings(nn.Module):
@@ -450,62 +355,3 @@ def pretraining_loss(
     with torch.no_grad():
         correct = (out.mlm_logits.argmax(-1) == batch.masked_labels).sum()
     return PretrainingLoss(mlm_weight * mlm + nsp_weight * nsp, mlm.detach(), nsp.detach(), correct, masked)
-
-
-# --------------------------------------------------------------------------- Hugging Face weights
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a state dict from a .safetensors file or a torch-saved .bin/.pt file (tensors only)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"weights file {path} does not exist (model.init_checkpoint)")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt or foreign file: say which one
-        detail = "the file is empty" if path.stat().st_size == 0 else str(e).strip()
-        if "WeightsUnpickler error:" in detail:  # PyTorch's advice to load with weights_only=False would run code
-            why = detail.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0].strip()
-            detail = f"not tensors that torch.load reads without running code ({why})"
-        raise CheckpointError(f"cannot read weights file {path} (model.init_checkpoint): "
-                              f"{detail or type(e).__name__}") from e  # fmt: skip
-    state = state.get("model", state) if isinstance(state, dict) else state
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"weights file {path} (model.init_checkpoint) holds a {type(state).__name__}, not a "
-                              "state dict (parameter names mapped to tensors, as `torch.save(model.state_dict())` "
-                              "writes)")  # fmt: skip
-    return state
-
-
-def _hf_key(key: str) -> str:
-    key = key.removeprefix("module.")  # saved from DDP
-    return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-
-
-def load_hf_state_dict(model: BertForPreTraining, state: dict[str, torch.Tensor]) -> None:
-    """Load HF `BertForPreTraining` weights; an unpadded vocabulary is padded with zero rows."""
-    own = model.state_dict()
-    converted = {}
-    for key, value in state.items():
-        key = _hf_key(key)
-        if key in ("cls.predictions.decoder.bias", "bert.embeddings.position_ids"):
-            continue  # decoder.bias is tied to cls.predictions.bias in HF; position_ids is a buffer
-        if key not in own:
-            raise CheckpointError(f"weights have a key {key!r} that BertForPreTraining does not have")
-        target = own[key]
-        if value.shape != target.shape and value.shape[1:] == target.shape[1:] and len(value) < len(target):
-            value = torch.cat([value, value.new_zeros(len(target) - len(value), *value.shape[1:])])
-        if value.shape != target.shape:
-            raise CheckpointError(
-                f"weights key {key!r} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}; "
-                "check model.* sizes against the checkpoint's config"
-            )
-        converted[key] = value
-    missing = set(own) - set(converted) - {"cls.predictions.decoder.weight"}
-    if missing:
-        raise CheckpointError(f"weights lack {len(missing)} keys, e.g. {sorted(missing)[:3]}")
-    model.load_state_dict(converted, strict=False)

@@ -34,9 +34,10 @@ from trainer.data.checks import load_checked_samples
 from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalars, log
 from trainer.errors import CheckpointError, ConfigError
+from trainer.hf_weights import load_hf_state_dict, read_state_dict
 from trainer.memory import choose_micro_batch, out_of_memory
 from trainer.mlperf_log import MLPerfLog
-from trainer.model import BertForPreTraining, graph_per_shape, load_hf_state_dict, read_state_dict
+from trainer.model import BertForPreTraining, graph_per_shape
 from trainer.noise_probe import NormProbe
 from trainer.noise_scale import NoiseScaleEstimator
 from trainer.optim import build_optimizer

@@ -29,9 +29,9 @@ from trainer.attention import (
 from trainer.config import OptimizerConfig, TrainerConfig
 from trainer.data.batch import ShapeBudget, pack_batch
 from trainer.errors import ConfigError
+from trainer.layer_norm import LayerNorm
 from trainer.model import (
     BertForPreTraining,
-    LayerNorm,
     PretrainingOutput,
     pretraining_logits,
     pretraining_loss,
@@ -343,7 +343,7 @@ def test_the_opaque_layer_norm_operators_pass_pytorchs_operator_checks(dtypes):
     """torch.library.opcheck on both operators: the schema, the fake (meta) implementation against the real outputs'
     shapes and dtypes (the statistics are fp32 for a bf16 input with fp32 weights on the CPU, bf16 with bf16 ones),
     the autograd registration, and AOT autograd's tracing of them."""
-    from trainer.model import _layer_norm, _layer_norm_backward
+    from trainer.layer_norm import _layer_norm, _layer_norm_backward
 
     x_dtype, weight_dtype = dtypes
     generator = torch.Generator().manual_seed(0)

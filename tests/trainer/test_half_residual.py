@@ -10,7 +10,8 @@ import torch
 
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.data.batch import pack_batch
-from trainer.model import BertForPreTraining, LayerNorm, pretraining_loss
+from trainer.layer_norm import LayerNorm
+from trainer.model import BertForPreTraining, pretraining_loss
 
 LENGTHS = [64, 17, 40, 64, 9, 33]
 

@@ -9,7 +9,8 @@ import torch
 from tests.trainer.conftest import make_model_config, make_samples
 from trainer.data.batch import pack_batch
 from trainer.errors import CheckpointError
-from trainer.model import BertForPreTraining, load_hf_state_dict, pretraining_loss, read_state_dict
+from trainer.hf_weights import load_hf_state_dict, read_state_dict
+from trainer.model import BertForPreTraining, pretraining_loss
 
 transformers = pytest.importorskip("transformers")
 
