@@ -68,11 +68,11 @@ def _clause(child: Any, parent: Any, clause: Clause) -> Any:
 
     if clause.op == "eq":
         return CS.EqualsCondition(child, parent, clause.values[0])
-    if clause.op == "not" and len(clause.values) == 1:
-        return CS.NotEqualsCondition(child, parent, clause.values[0])
     if clause.op == "in":
         return CS.InCondition(child, parent, list(clause.values))
-    # {not: [a, b]}: ConfigSpace has no "not in", but the parent's choices are finite, so take the complement.
+    # {not: ...}: the complement of the parent's finite choices. Not ConfigSpace's NotEqualsCondition, which holds on
+    # an inactive parent (its check takes an absent value as unequal, so it would ask for a child our space leaves
+    # out), and it has no "not in".
     allowed = [v for v in parent.choices if clause.holds(_python(v))]
     return CS.InCondition(child, parent, allowed)
 

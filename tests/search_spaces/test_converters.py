@@ -112,11 +112,31 @@ def test_configspace_names_and_kinds():
     kinds = {c.child.name if hasattr(c, "child") else c.get_descendant_literal_conditions()[0].child.name: type(c)
              for c in cs.conditions}  # fmt: skip
     assert kinds["optimizer.lr@lamb"] is CS.EqualsCondition
-    assert kinds["clipping.max_norm"] is CS.NotEqualsCondition
+    assert kinds["clipping.max_norm"] is CS.InCondition  # {not: none} -> the complement (see the next test)
     assert kinds["clipping.bucket_cap_mb"] is CS.InCondition
     assert kinds["precision.dtype"] is CS.InCondition  # {not: [none, stratified]} -> the complement
     assert kinds["optimizer.beta1"] is CS.AndConjunction
     assert kinds["log.every_steps"] is CS.AndConjunction
+
+
+def test_configspace_takes_a_not_clause_on_an_inactive_parent_as_not_holding():
+    """A parameter under {not: a} of a parent that is itself conditional: where the parent is inactive, ConfigSpace
+    takes a configuration without the child (as our space has it) and samples none with it; where the parent is
+    active, the child is there exactly when the parent is not a."""
+    import ConfigSpace as CS
+
+    space = SearchSpace.from_dict({
+        "top": {"choice": ["a", "b"]},
+        "mid": {"choice": ["a", "b"], "when": {"top": "a"}},
+        "leaf": {"float": [0.0, 1.0], "when": {"mid": {"not": "a"}}},
+    })  # fmt: skip
+    cs = to_configspace(space, seed=3)
+    for config in ({"top": "b"}, {"top": "a", "mid": "a"}, {"top": "a", "mid": "b", "leaf": 0.5}):
+        cs.check_configuration(CS.Configuration(cs, values=config))  # raises where ConfigSpace disagrees
+    for configuration in cs.sample_configuration(50):
+        config = from_configuration(configuration)
+        space.validate_params(config)
+        assert ("leaf" in config) == (config.get("mid") == "b")
 
 
 def test_configspace_log_scale_is_kept():
