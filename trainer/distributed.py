@@ -114,5 +114,6 @@ def cleanup() -> None:
 
 
 def log(env: DistEnv, message: str) -> None:
+    """A line of the run's progress or warnings on stderr, from rank 0 only (the others keep quiet)."""
     if env.is_main:
         print(message, file=sys.stderr, flush=True)
