@@ -184,7 +184,7 @@ def test_every_seed_the_field_takes_seeds_numpy_and_torch():
     for seed in (0, 2**64 - 1):
         assert load_config(None, [f"seed={seed}"]).seed == seed
         np.random.default_rng([seed, 7])  # as trainer/balance.py seeds an epoch
-        torch.Generator().manual_seed(seed)  # as torch.manual_seed in trainer/train.py
+        torch.Generator().manual_seed(seed)  # as torch.manual_seed in trainer/run.py
 
 
 @pytest.mark.parametrize(
