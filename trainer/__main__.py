@@ -18,9 +18,10 @@ import threading
 import time
 import warnings
 
-from trainer.config import dump_config, load_config, shipped_config_names
+from trainer.config import TrainerConfig, dump_config, load_config, shipped_config_names
 from trainer.disk import free_text
-from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, TrainerError
+from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, Terminated, TrainerError, crash_reason
+from trainer.report import JsonLinesReporter, Reporter
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
@@ -46,10 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(e)
     # torch loads only after the config is valid, so a bad config is refused at once.
     try:
-        from trainer.distributed import check_device, cleanup, dist_env_from_environ
+        import trainer.train  # noqa: F401  (the model and the loop load here too, under this guard)
+        from trainer.distributed import check_device, dist_env_from_environ
         from trainer.preflight import refuse_before_work
-        from trainer.report import JsonLinesReporter
-        from trainer.train import Terminated, crash_reason, train
     except KeyboardInterrupt:  # while torch loads (a second or two): nothing began, nothing is written
         print("error: interrupted (Ctrl-C) while PyTorch loaded, before anything began", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -66,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"log.jsonl: cannot write the report file {cfg.log.jsonl!r}: {e}") from None
     except ConfigError as e:
         return refuse(e)
+
+    return train_to_exit_code(cfg, reporter)
+
+
+def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
+    """Train as configured, with SIGTERM caught where it can be; say how the run ended and return its exit code. An
+    error outside the loop (which records its own) gets the final record the run did not write."""
+    from trainer.distributed import cleanup, dist_env_from_environ
+    from trainer.train import train
 
     def terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (a launcher passing its own on)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from trainer.config import TrainerConfig
-from trainer.errors import CheckpointError, DiskFullError
-from trainer.result import TrainStatus
+from trainer.errors import CheckpointError, DiskFullError, Terminated
+from trainer.result import TrainResult, TrainStatus
 
 LATEST = "latest.pt"
 FULL_BELOW_BYTES = 1 << 20  # a disk with less free than this when a write failed was full
@@ -208,3 +208,19 @@ def finished_checkpoint(cfg: TrainerConfig) -> Path | None:
     """The checkpoint this run would resume from, when it is one of a finished run (`finished_status`)."""
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     return path if path is not None and finished_status(cfg, saved_state(path)) is not None else None
+
+
+def final_save_interrupted(cfg: TrainerConfig, e: KeyboardInterrupt, result: TrainResult) -> str:
+    """What to say of Ctrl-C or SIGTERM during the final save of a run whose final record is written."""
+    what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+    return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
+            f" {kept_checkpoint(cfg)} stays the latest")  # fmt: skip
+
+
+def kept_checkpoint(cfg: TrainerConfig) -> str:
+    """The latest checkpoint of checkpoint.dir, in words, for a message about a final save that did not happen."""
+    latest = latest_checkpoint(cfg.checkpoint.dir)
+    try:
+        return f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
+    except CheckpointError:  # what the message says must not replace the stop
+        return f"{latest}, which does not read,"

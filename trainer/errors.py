@@ -42,6 +42,17 @@ class FinalSaveError(CheckpointError):
         self.result = result  # the run's TrainResult, as its final record has it
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or container stopping the job), raised where the run is, as Ctrl-C is: the run ends as
+    interrupted, with its final record, and the same command resumes it (`python -m trainer` installs the handler)."""
+
+
+def crash_reason(error: BaseException) -> str:
+    """The final record's reason for an error the trainer did not expect: its type and message, one line."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
+
+
 def error_line(e: Exception) -> str:
     """The line of an exception's text that says what went wrong: Triton's compile errors carry it in
     `error_message` (their text starts with the source position), others in their last non-empty line."""

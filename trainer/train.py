@@ -5,9 +5,9 @@ cannot work before any work (trainer/preflight.py), builds the components (data,
 sampler, clipper: trainer/run.py), optionally resumes, then loops: a step is `accumulation` micro-batches (DDP
 `no_sync` on all but the last), clipping, one optimizer step; evaluate every `eval.every_samples`; stop at the target
 accuracy, at the budget, or on a NaN/inf loss. The host never waits for the device inside a step: losses stay on the
-device and are read back every `log.every_steps` steps (and at evaluations, checkpoints and the end), so a NaN ends
-the run at the next read. Only rank 0 prints and reports. The result says how the run ended and how fast it got to
-the target.
+device and are read back every `log.every_steps` steps, at evaluations, checkpoints and the end
+(trainer/readback.py), so a NaN ends the run at the next read. Only rank 0 prints and reports. The result says how
+the run ended and how fast it got to the target.
 """
 
 from __future__ import annotations
@@ -15,24 +15,32 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 
-from trainer.checkpoint import TrainState, finished_checkpoint, finished_status, latest_checkpoint, saved_state
+from trainer.checkpoint import TrainState, final_save_interrupted, finished_checkpoint, finished_status, kept_checkpoint
 from trainer.config import TrainerConfig
 from trainer.data.batch import PackedBatch, pack_batch
 from trainer.data.shards import find_shards
 from trainer.distributed import DistEnv, any_rank, dist_env_from_environ, init_process_group, log, pick_device
-from trainer.errors import CheckpointError, DataError, DiskFullError, FinalSaveError, TrainerError
+from trainer.errors import (
+    CheckpointError,
+    DataError,
+    DiskFullError,
+    FinalSaveError,
+    Terminated,
+    TrainerError,
+    crash_reason,
+)
 from trainer.evaluate import evaluate
 from trainer.memory import out_of_memory
 from trainer.mlperf_log import MLPerfLog, open_log
 from trainer.model import pretraining_loss
-from trainer.noise_probe import PendingNorms
 from trainer.noise_scale import NOT_MEASURED, NoiseScale
 from trainer.precision import autocast
 from trainer.preflight import refuse_before_work
+from trainer.readback import Reading, StepStats, read_back
 from trainer.report import Reporter
 from trainer.result import TrainResult, TrainStatus
 from trainer.run import (
@@ -48,51 +56,6 @@ from trainer.run import (
 )
 
 # --------------------------------------------------------------------------- one optimizer step
-
-
-@dataclass
-class StepStats:
-    loss_sum: torch.Tensor  # on the device: the step's loss, its micro-batches' shares summed (read back in batches)
-    mlm_correct: torch.Tensor  # on the device: masked tokens predicted right
-    mlm_count: int
-    lr: float  # the learning rate the step ran with
-    sequences: int  # this rank
-    tokens: int  # this rank
-    grad_sq_norms: PendingNorms | None  # (|G_small|², |G_big|²) before any clip, on the device, if measured
-    sequences_per_rank: list[float] = field(default_factory=list)  # every rank's sequences this step (the loop's)
-    micro_batch_sizes: list[int] = field(default_factory=list)  # this rank's micro-batches' sequences
-
-
-@dataclass
-class Reading:
-    """A step's numbers once read back to the host (`read_back`)."""
-
-    step: int
-    loss: float  # the step's: MLM per masked token plus NSP per sequence (this rank's)
-    mlm_accuracy: float  # on the step's masked tokens
-    grad_sq_norms: tuple[float, float] | None  # (|G_small|², |G_big|²) of a measured step
-    lr: float  # the learning rate the step ran with
-
-
-def read_back(pending: list[tuple[int, StepStats]]) -> list[Reading]:
-    """The loss, MLM accuracy and noise-scale norms of the steps since the last read, in one device-to-host copy:
-    the loop does not wait for the device between steps, only every `log.every_steps` steps, at evaluations and
-    at the end."""
-    parts = []
-    for _, s in pending:
-        parts.append(torch.stack([s.loss_sum.double(), s.mlm_correct.double()]))
-        if s.grad_sq_norms is not None:
-            parts.append(s.grad_sq_norms.values.to(s.loss_sum.device))
-    values = torch.cat(parts).tolist()
-    readings, at = [], 0
-    for step, s in pending:
-        (loss, correct), at = values[at : at + 2], at + 2
-        norms = None
-        if s.grad_sq_norms is not None:
-            width = s.grad_sq_norms.values.numel()
-            norms, at = s.grad_sq_norms.finish(values[at : at + width]), at + width
-        readings.append(Reading(step, loss, correct / max(s.mlm_count, 1), norms, s.lr))
-    return readings
 
 
 def forward_backward(
@@ -346,17 +309,6 @@ def final_result(
     )
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler or container stopping the job), raised where the run is, as Ctrl-C is: the run ends as
-    interrupted, with its final record, and the same command resumes it (`python -m trainer` installs the handler)."""
-
-
-def crash_reason(error: BaseException) -> str:
-    """The final record's reason for an error the trainer did not expect: its type and message, one line."""
-    message = " ".join(str(error).split())
-    return f"{type(error).__name__}: {message[:500]}" if message else type(error).__name__
-
-
 def failed_before_training(cfg: TrainerConfig, env: DistEnv, reporter: Reporter, error: TrainerError | str,
                 kind: str = "data") -> TrainResult:  # fmt: skip
     """The result of a run whose data (the shards, or model.init_checkpoint's weights) was refused before any step:
@@ -451,18 +403,3 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
                                  f"final checkpoint was not saved: {e}; {kept_checkpoint(cfg)} stays the latest",
                                  result) from None  # fmt: skip
     return result
-
-
-def final_save_interrupted(cfg: TrainerConfig, e: KeyboardInterrupt, result: TrainResult) -> str:
-    what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-    return (f"interrupted ({what}) while the final checkpoint was saved, after the run ended ({result.status.value});"
-            f" {kept_checkpoint(cfg)} stays the latest")  # fmt: skip
-
-
-def kept_checkpoint(cfg: TrainerConfig) -> str:
-    """The latest checkpoint of checkpoint.dir, in words, for a message about a final save that did not happen."""
-    latest = latest_checkpoint(cfg.checkpoint.dir)
-    try:
-        return f"the checkpoint at {saved_state(latest).samples:,} samples" if latest else "no checkpoint"
-    except CheckpointError:  # what the message says must not replace the stop
-        return f"{latest}, which does not read,"

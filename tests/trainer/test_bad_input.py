@@ -15,6 +15,7 @@ import trainer.run
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.__main__ import main
+from trainer.errors import Terminated
 from trainer.report import read_jsonl
 
 
@@ -490,7 +491,7 @@ def test_a_run_that_ends_before_its_first_step_still_leaves_a_final_record(tmp_p
 
     def ended_while_building(*args, **kwargs):
         if ending == "sigterm":
-            raise train_module.Terminated
+            raise Terminated
         raise RuntimeError("gloo: Connection closed by peer")
 
     monkeypatch.setattr(train_module, "build_run", ended_while_building)

@@ -499,9 +499,10 @@ def test_a_training_step_reads_nothing_back_from_the_device_checked_on_the_meta_
     from trainer.checkpoint import TrainState
     from trainer.distributed import dist_env_from_environ
     from trainer.mlperf_log import open_log
+    from trainer.readback import read_back
     from trainer.report import NullReporter
     from trainer.run import build_run
-    from trainer.train import epoch_steps, read_back, train_step
+    from trainer.train import epoch_steps, train_step
 
     overrides = {"optimizer.name": optimizer, "clipping.strategy": strategy, "model.hidden_dropout_prob": 0.1,
                  "model.attention_probs_dropout_prob": 0.1, "log.noise_scale_every": noise_every,
@@ -560,9 +561,10 @@ def test_on_the_gpu_a_training_step_never_waits_for_the_device(tmp_path, optimiz
     from trainer.checkpoint import TrainState
     from trainer.distributed import dist_env_from_environ
     from trainer.mlperf_log import open_log
+    from trainer.readback import read_back
     from trainer.report import NullReporter
     from trainer.run import build_run
-    from trainer.train import epoch_steps, read_back, train_step
+    from trainer.train import epoch_steps, train_step
 
     overrides = {"device": "cuda", "precision.dtype": "bf16", "optimizer.name": optimizer,
                  "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
