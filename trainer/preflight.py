@@ -241,6 +241,13 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
             check_output_file(key, Path(path))
     if cfg.checkpoint.dir is not None:  # after the other refusals: it makes the directory
         check_checkpoint_dir(Path(cfg.checkpoint.dir), env.is_main)
+    check_resume(cfg)
+
+
+def check_resume(cfg: TrainerConfig) -> None:
+    """The checkpoint a resume starts from, where there is one, refused when it cannot be read, another model,
+    optimizer or data order wrote it, its weights do not fit the model, or this run's ranks and micro-batch do not
+    reach the samples it saved (`resumed_batch`)."""
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if path is None:
         return
@@ -251,14 +258,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     except CheckpointError as e:
         raise ConfigError(f"checkpoint.dir: cannot read {path}, the checkpoint a resume starts from "
                           f"({e.__cause__ or e}); {earlier_save(path)}") from None  # fmt: skip
-    differ = []
-    for key in RESUME_KEYS + (RESUME_KEYS_BINNED if mine["balance"]["method"] != "none" else ()):
-        *section, name = key.split(".")
-        there = (saved.get(section[0]) or {}).get(name, _ABSENT) if section else saved.get(name, _ABSENT)
-        here = mine[section[0]][name] if section else mine[name]
-        if there is not _ABSENT and there != here:
-            differ.append(f"{key} {_yaml_text(there)} there, {_yaml_text(here)} here")
-    if differ:
+    if differ := resume_keys_that_differ(saved, mine):
         raise ConfigError(
             f"checkpoint.dir: {path} was written by another model, optimizer, seed or data order "
             f"({'; '.join(differ)}), so it cannot be resumed: set those keys as the checkpoint has them, or start "
@@ -281,6 +281,19 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     except DataError:  # the data checks say what is wrong with the shards
         return
     resumed_batch(cfg, path, state, ranks, dist_env_from_environ().world_size, sequences, micro)
+
+
+def resume_keys_that_differ(saved: dict, mine: dict) -> list[str]:
+    """The keys a resume must keep (`RESUME_KEYS`, and `RESUME_KEYS_BINNED` where the data is binned by length) that
+    the checkpoint's config `saved` sets otherwise than this run's `mine`, each with both values."""
+    differ = []
+    for key in RESUME_KEYS + (RESUME_KEYS_BINNED if mine["balance"]["method"] != "none" else ()):
+        *section, name = key.split(".")
+        there = (saved.get(section[0]) or {}).get(name, _ABSENT) if section else saved.get(name, _ABSENT)
+        here = mine[section[0]][name] if section else mine[name]
+        if there is not _ABSENT and there != here:
+            differ.append(f"{key} {_yaml_text(there)} there, {_yaml_text(here)} here")
+    return differ
 
 
 def check_saved_model(cfg: TrainerConfig, path: Path) -> None:
