@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.attention import flash_device, resolve_attention
-from trainer.balance import build_batch_sampler, make_node_groups
+from trainer.balance import RankBatchSampler, build_batch_sampler, make_node_groups
 from trainer.checkpoint import (
     TrainState,
     finished_status,
@@ -65,7 +65,7 @@ class Run:
     autocast: torch.dtype | None
     train_samples: PretrainingSamples
     eval_samples: PretrainingSamples
-    sampler: Any
+    sampler: RankBatchSampler
     accumulation: int
     total_steps: int  # the learning rate's decay horizon
     budget_steps: int  # the optimizer steps `budget.max_samples` allows (epochs' short last steps counted)
@@ -103,32 +103,13 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     scaler = torch.amp.GradScaler(
         device.type, init_scale=cfg.precision.initial_loss_scale, enabled=autocast is torch.float16
     )
-    sampler = build_batch_sampler(
-        train_samples.lengths,
-        cfg.balance.method,
-        cfg.balance.bins,
-        cfg.batch.micro_batch_size,
-        cfg.seed,
-        shuffle=cfg.data.shuffle,
-        rank=env.rank,
-        world_size=env.world_size,
-        local_world_size=env.local_world_size,
-        node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
-    )
+    sampler = build_sampler(cfg, env, train_samples)
     budget_steps = sampler.optimizer_steps(cfg.budget.max_samples, accumulation)
     horizon = cfg.schedule.horizon_samples or cfg.budget.max_samples  # by default the run's own steps
     total_steps = cfg.schedule.total_steps or sampler.optimizer_steps(horizon, accumulation)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, total_steps)
-    probe = None
-    if cfg.log.noise_scale and (env.enabled or accumulation > 1):
-        probe = NormProbe(env.world_size, device=device)
-        if accumulation > 1:  # micro-batches are the small batches, on any number of ranks (exact under any clip)
-            probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
+    probe = build_probe(cfg, env, device, model, accumulation)
     clipper = GradientClipper(cfg.clipping, cfg.optimizer.name, model, ddp, scaler, env, probe)
-    clips_before_allreduce = cfg.clipping.strategy in ("before_allreduce", "bucketwise")
-    if probe is not None and accumulation == 1 and env.world_size > 2 and clips_before_allreduce:
-        log(env, f"noise scale: approximate while {cfg.clipping.strategy} clipping bites on {env.world_size} ranks "
-                 "(the unclipped average is never formed); accumulate >= 2 micro-batches for an exact one")  # fmt: skip
     run = Run(
         cfg,
         env,
@@ -154,6 +135,38 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     if cfg.model.static_shapes:
         run.shapes, run.eval_shapes = shape_budgets(sampler, train_samples, eval_samples, cfg.eval.batch_size, env)
     return run
+
+
+def build_sampler(cfg: TrainerConfig, env: DistEnv, train_samples: PretrainingSamples) -> RankBatchSampler:
+    """This rank's micro-batches of every epoch, balanced as `balance` says over the ranks (and nodes)."""
+    return build_batch_sampler(
+        train_samples.lengths,
+        cfg.balance.method,
+        cfg.balance.bins,
+        cfg.batch.micro_batch_size,
+        cfg.seed,
+        shuffle=cfg.data.shuffle,
+        rank=env.rank,
+        world_size=env.world_size,
+        local_world_size=env.local_world_size,
+        node_group=make_node_groups(env.world_size, env.local_world_size) if env.enabled else None,
+    )
+
+
+def build_probe(
+    cfg: TrainerConfig, env: DistEnv, device: torch.device, model: torch.nn.Module, accumulation: int
+) -> NormProbe | None:
+    """The noise-scale probe, where `log.noise_scale` asks for it and a step has small batches to compare with its
+    big one (several ranks, or micro-batches accumulated); None otherwise."""
+    if not cfg.log.noise_scale or not (env.enabled or accumulation > 1):
+        return None
+    probe = NormProbe(env.world_size, device=device)
+    if accumulation > 1:  # micro-batches are the small batches, on any number of ranks (exact under any clip)
+        probe.watch_micro_batches([p for p in model.parameters() if p.requires_grad])
+    elif env.world_size > 2 and cfg.clipping.strategy in ("before_allreduce", "bucketwise"):
+        log(env, f"noise scale: approximate while {cfg.clipping.strategy} clipping bites on {env.world_size} ranks "
+                 "(the unclipped average is never formed); accumulate >= 2 micro-batches for an exact one")  # fmt: skip
+    return probe
 
 
 def build_model(cfg: TrainerConfig, device: torch.device) -> BertForPreTraining:
@@ -229,7 +242,7 @@ def restore_rank_rng(payload: dict[str, Any], rank: int, world_size: int, seed: 
 
 
 def shape_budgets(
-    sampler: Any, train: PretrainingSamples, eval_: PretrainingSamples, eval_batch_size: int, env: DistEnv
+    sampler: RankBatchSampler, train: PretrainingSamples, eval_: PretrainingSamples, eval_batch_size: int, env: DistEnv
 ) -> tuple[ShapeBudget, ShapeBudget]:
     """`model.static_shapes`: the budget of the training micro-batches, from the first epoch's (every rank's: each
     rank pads to the same): TOKEN_LEVELS lengths from above the largest down towards the smallest full micro-batch;
