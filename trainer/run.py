@@ -334,6 +334,24 @@ def checkpoint(run: Run, state: TrainState, every_rank: bool = True) -> None:
 # --------------------------------------------------------------------------- what a run says as it starts
 
 
+def say_start(run: Run) -> None:
+    """The start-up line (the model, the batch, the optimizer, clipping, balance, how it executes), the fixed shapes
+    where there are any, and the warnings about the schedule: from rank 0."""
+    cfg, env = run.cfg, run.env
+    log(
+        env,
+        f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {run.device} x "
+        f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {cfg.batch.micro_batch_size} x "
+        f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
+        f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; "
+        f"{execution(cfg, run.device, run.autocast, run.accumulation)}",
+    )
+    if run.shapes is not None:
+        log(env, fixed_shapes_line(run))
+    warn_long_warmup(run)
+    warn_idle_steps(run)
+
+
 def clipping_summary(cfg: TrainerConfig, clipper: GradientClipper) -> str:
     """The clipping strategy, for the start-up line; under DDP with bucketwise or before_allreduce also DDP's number
     of gradient buckets (`GradientClipper.ddp_buckets`), which decides what bucketwise clips: one bucket clips the

@@ -43,17 +43,7 @@ from trainer.preflight import refuse_before_work
 from trainer.readback import Reading, StepStats, read_back
 from trainer.report import Reporter
 from trainer.result import TrainResult, TrainStatus
-from trainer.run import (
-    Run,
-    build_run,
-    checkpoint,
-    clipping_summary,
-    execution,
-    fixed_shapes_line,
-    restore,
-    warn_idle_steps,
-    warn_long_warmup,
-)
+from trainer.run import Run, build_run, checkpoint, restore, say_start
 
 # --------------------------------------------------------------------------- one optimizer step
 
@@ -358,18 +348,7 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
         )
     state = restore(run)
     mlperf.run_start(run.accumulation, run.total_steps, run.train_samples, run.eval_samples)
-    log(
-        env,
-        f"training BERT ({sum(p.numel() for p in run.model.parameters()):,} parameters) on {device} x "
-        f"{env.world_size}, global batch {cfg.batch.global_batch_size} = {run.cfg.batch.micro_batch_size} x "
-        f"{run.accumulation} accumulation x {env.world_size} ranks, {cfg.optimizer.name}, "
-        f"{clipping_summary(cfg, run.clipper)}, balance {cfg.balance.method}; "
-        f"{execution(cfg, device, run.autocast, run.accumulation)}",
-    )
-    if run.shapes is not None:
-        log(env, fixed_shapes_line(run))
-    warn_long_warmup(run)
-    warn_idle_steps(run)
+    say_start(run)
     status, reason, error = TrainStatus.FAILED, None, None
     try:
         status = loop(run, state)
