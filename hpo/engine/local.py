@@ -153,21 +153,9 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     run_dir.mkdir(parents=True, exist_ok=True)
     # The heartbeat from the start: while the tuners load (seconds), readers see a live controller, not a dead one
     heartbeat = Heartbeat(storage, experiment_id, note=lambda: "loading its tuners").start()
-    try:  # until the signal handlers are in place (the tuners' imports take seconds): Ctrl-C stops it cleanly
-        runner.attach(storage, experiment_id)
-        study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
-    except KeyboardInterrupt:
-        runner.close()
-        storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
-        heartbeat.stop()  # and the claim released: the next controller may resume at once
-        print(f"stopped (Ctrl-C) while it loaded its tuners; `hpo resume {spec.name}` runs the experiment",
-              file=sys.stderr)  # fmt: skip
+    study = load_study(spec, storage, experiment_id, run_dir, runner, database_url, heartbeat)
+    if study is None:
         return 1
-    except BaseException as e:
-        heartbeat.stop()
-        runner.close()
-        _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)  # the tuner's files (SMAC3's scenario)
-        raise
     heartbeat.note = lambda: study.note
     bound = outage_bound(spec.database.outage_s)
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
@@ -201,7 +189,36 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             view.stop(ended=status is ExperimentStatus.FINISHED)
         heartbeat.stop()
         runner.close()
-    if heartbeat.lost:
+    return say_how_it_ended(study, status, heartbeat.lost, spec, storage, experiment_id, database_url, quiet)
+
+
+def load_study(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, database_url: str,
+               heartbeat: Heartbeat) -> Study | None:  # fmt: skip
+    """The study, its runner attached and its tuners loaded; None where Ctrl-C came first (the experiment then is
+    stopped, the claim released, and what to do said). Until the signal handlers are in place (the tuners' imports
+    take seconds) Ctrl-C arrives here as KeyboardInterrupt."""
+    try:
+        runner.attach(storage, experiment_id)
+        return Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+    except KeyboardInterrupt:
+        runner.close()
+        storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
+        heartbeat.stop()  # and the claim released: the next controller may resume at once
+        print(f"stopped (Ctrl-C) while it loaded its tuners; `hpo resume {spec.name}` runs the experiment",
+              file=sys.stderr)  # fmt: skip
+        return None
+    except BaseException as e:
+        heartbeat.stop()
+        runner.close()
+        _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)  # the tuner's files (SMAC3's scenario)
+        raise
+
+
+def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: bool, spec, storage: Storage,
+                     experiment_id: int, database_url: str, quiet: bool) -> int:  # fmt: skip
+    """Say why the study stopped where it did not finish (its claim lost, its workers gone, a full disk, the
+    database away, a signal) and what to do, print the summary unless `quiet`; the process exit code."""
+    if lost:
         print(f"stopped: another controller took {spec.name!r} over (`hpo resume` while this one seemed gone: paused "
               "or cut off from the database for longer than its heartbeat allows); this one ended its trials' "
               "processes and left the experiment to it", file=sys.stderr)  # fmt: skip
