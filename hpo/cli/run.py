@@ -65,15 +65,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import controller_identity, liveness
-    from hpo.engine.local import check_trial_data, describe_plan, drive
+    from hpo.engine.liveness import controller_identity
+    from hpo.engine.local import check_trial_data, describe_plan
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_gone_here, controller_here
     from hpo.storage import default_database_url
-    from hpo.storage.base import ExperimentStatus
     from hpo.storage.engine import sqlite_file
-    from search_spaces import shipped_preset
 
     spec = _load_spec(args.experiment, args.engine)  # pure: a bad file writes nothing
     _check_outage_bound(spec)
@@ -110,22 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             check_remote(spec, url)  # remote trials need a server database and an SSH key, before any write
         storage = open_storage(url)
-        if _experiment_exists(storage, spec.name):
-            existing = storage.get_experiment_by_name(spec.name)
-            finished = existing.status is ExperimentStatus.FINISHED
-            if finished:
-                then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
-            elif (liveness(existing) == "live" and not controller_gone_here(existing.controller_host,
-                  existing.controller_pid)) or controller_here(
-                existing.controller_host, existing.controller_pid, existing.heartbeat_at
-            ):  # fmt: skip
-                then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
-            else:
-                then = f"use `hpo resume {spec.name}` to finish it"
-            rename = (f"copy {spec.source} and change its `name:`" if shipped_preset(args.experiment) else
-                      f"change `name:` in {args.experiment}")  # fmt: skip
-            raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or "
-                           f"{rename}")  # fmt: skip
+        _refuse_existing(storage, spec, args.experiment)
         refuse_earlier_run(run_dir, where, leftovers)  # after that: the same experiment again is told what it is
         make_run_dir(run_dir, where)  # made (and so surely usable) before the experiment is recorded
         claim = claim_run_dir(run_dir, where, spec.name)  # another experiment started there a moment ago: no files yet
@@ -140,11 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         claim.release()
         raise
     try:
-        if spec.engine == "nni":
-            from hpo.nni.engine import drive_nni
-
-            return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, port=args.port or NNI_PORT)
-        return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=False)
+        return _drive(spec, storage, experiment_id, run_dir, runner, url, args, resume=False)
     finally:
         claim.release()
 
@@ -315,7 +293,6 @@ def _experiment_exists(storage, name: str) -> bool:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpo.engine.liveness import controller_identity, liveness, stale_after_s
-    from hpo.engine.local import drive
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
     from hpo.runners.process import controller_gone_here, controller_here
@@ -353,15 +330,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         stale = holder != (host, pid) and liveness(record) == "interrupted"
         state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
         if state:
-            held = record.controller_pid
-            why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)"
-                   if state == "T" else
-                   "it could not write to the database (another process keeps it locked, or it is away); stop it "
-                   f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
-            raise ControllerBusyError(
-                f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid {held}), "
-                f"though its last heartbeat is old: {why}"
-            )
+            raise _running_here(record, state)
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
         try:
             claim = claim_run_dir(run_dir, where, record.name, recorded=True)  # and this, while another runs there
@@ -374,14 +343,60 @@ def cmd_resume(args: argparse.Namespace) -> int:
         claim.release()
         raise
     try:
-        if spec.engine == "nni":
-            from hpo.nni.engine import drive_nni
-
-            return drive_nni(spec, storage, record.id, run_dir, url, args.quiet, resume=True,
-                             port=args.port or NNI_PORT)  # fmt: skip
-        return drive(spec, storage, record.id, run_dir, runner, url, args.quiet, resume=True)
+        return _drive(spec, storage, record.id, run_dir, runner, url, args, resume=True)
     finally:
         claim.release()
+
+
+def _drive(spec, storage, experiment_id: int, run_dir: Path, runner, url: str, args: argparse.Namespace,
+           resume: bool) -> int:  # fmt: skip
+    """The experiment driven by its engine's controller to its end; the process exit code."""
+    if spec.engine == "nni":
+        from hpo.nni.engine import drive_nni
+
+        return drive_nni(spec, storage, experiment_id, run_dir, url, args.quiet, resume=resume,
+                         port=args.port or NNI_PORT)  # fmt: skip
+    from hpo.engine.local import drive
+
+    return drive(spec, storage, experiment_id, run_dir, runner, url, args.quiet, resume=resume)
+
+
+def _refuse_existing(storage, spec, experiment: str) -> None:
+    """`hpo run` of an experiment whose name the database holds: refused, with what to do by its state (read it,
+    watch its controller, resume it) or how to run it anew under another name."""
+    from hpo.engine.liveness import liveness
+    from hpo.runners.process import controller_gone_here, controller_here
+    from hpo.storage.base import ExperimentStatus
+    from search_spaces import shipped_preset
+
+    if not _experiment_exists(storage, spec.name):
+        return
+    existing = storage.get_experiment_by_name(spec.name)
+    host, pid = existing.controller_host, existing.controller_pid
+    if existing.status is ExperimentStatus.FINISHED:
+        then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
+    elif (liveness(existing) == "live" and not controller_gone_here(host, pid)) or controller_here(
+        host, pid, existing.heartbeat_at
+    ):
+        then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
+    else:
+        then = f"use `hpo resume {spec.name}` to finish it"
+    rename = (f"copy {spec.source} and change its `name:`" if shipped_preset(experiment) else
+              f"change `name:` in {experiment}")  # fmt: skip
+    raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or {rename}")
+
+
+def _running_here(record, state: str) -> ControllerBusyError:
+    """The error of a resume whose experiment's controller still runs on this machine though its heartbeat is old:
+    stopped (`state` T, Ctrl-Z) or unable to write to the database."""
+    held = record.controller_pid
+    why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)" if state == "T" else
+           "it could not write to the database (another process keeps it locked, or it is away); stop it "
+           f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
+    return ControllerBusyError(
+        f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid {held}), "
+        f"though its last heartbeat is old: {why}"
+    )
 
 
 def _wait_for_lapse(storage, record, quiet: bool):
