@@ -292,6 +292,7 @@ def _experiment_exists(storage, name: str) -> bool:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    import hpo.engine.local  # noqa: F401  (the loop's modules, before the claim: Ctrl-C while they load leaves none)
     from hpo.engine.liveness import controller_identity, liveness, stale_after_s
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
