@@ -131,12 +131,15 @@ def load_tokenizer(vocab: str | Path, lowercase: bool):
         text = Path(vocab).read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise not_utf8(Path(vocab)) from None
-    lines = [line.rstrip() for line in text.split("\n")]  # as the tokenizer reads the file: one token a line
+    # As the tokenizer reads the file: one token a line, trailing spaces dropped, no line after the last newline; a
+    # blank line is a token too (the empty one)
+    lines = [line.rstrip() for line in text.removesuffix("\n").split("\n")] if text else []
     tokens, first = set(lines), {}
     for number, token in enumerate(lines, 1):
-        if token in first and token:  # the tokenizer numbers a token given twice with its later id: ids past the size
-            raise DataError(f"{vocab}: line {number}: token {token!r} again (first on line {first[token]}); each "
-                            "token must be on one line only")  # fmt: skip
+        if token in first:  # the tokenizer numbers a token given twice with its later id: ids past the size
+            what = f"token {token!r}" if token else "a blank line (the empty token)"
+            raise DataError(f"{vocab}: line {number}: {what} again (first on line {first[token]}); each token must be "
+                            "on one line only" + ("; remove the blank lines" if not token else ""))  # fmt: skip
         first[token] = number
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:

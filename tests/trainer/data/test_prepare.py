@@ -312,10 +312,30 @@ def test_the_demo_corpus_refuses_bad_options_before_it_writes_over_a_corpus(tmp_
 
 def test_the_vocabulary_is_read_as_the_tokenizer_reads_it_one_token_a_line(tmp_path):
     """Split on newlines only, trailing spaces dropped: 'cat ' is 'cat' again; a form feed inside a line is not a
-    line break; blank lines are no token."""
+    line break; a blank line is the empty token, so a second one is a token given twice: the tokenizer would number
+    the tokens after it past the vocabulary's size."""
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\n\n\ncat\ncat \n")
-    with pytest.raises(DataError, match=r"line 10: token 'cat' again \(first on line 9\)"):
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\ncat\ncat \n")
+    with pytest.raises(DataError, match=r"line 8: token 'cat' again \(first on line 7\)"):
         load_tokenizer(vocab, lowercase=True)
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\na\nb\n\n")
-    load_tokenizer(vocab, lowercase=True)  # 'a\x0cb' is one token, not 'a' and 'b' twice
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\n\n\ncat\n")
+    with pytest.raises(DataError, match=r"line 8: a blank line \(the empty token\) again \(first on line 7\)"):
+        load_tokenizer(vocab, lowercase=True)
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\x0cb\na\nb\n\n")  # one blank line, at the end
+    tokenizer = load_tokenizer(vocab, lowercase=True)
+    ids = tokenizer.get_vocab()
+    assert ids["a\x0cb"] == 5 and ids["a"] == 6 and ids["b"] == 7  # 'a\x0cb' is one token, not 'a' and 'b' twice
+    assert sorted(ids.values()) == list(range(tokenizer.get_vocab_size()))  # every id below the size
+
+
+def test_a_vocabulary_with_two_blank_lines_would_number_tokens_past_its_size(tmp_path):
+    """Why two blank lines are refused: the tokenizer itself (the `tokenizers` package, read here without our check)
+    gives the token after them an id equal to the vocabulary's size, one past the model's last embedding row."""
+    from tokenizers import BertWordPieceTokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n\n\nb\n")
+    tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
+    assert tokenizer.encode("a b", add_special_tokens=False).ids == [5, 8] and tokenizer.get_vocab_size() == 8
+    with pytest.raises(DataError, match=r"line 8: a blank line"):
+        load_tokenizer(vocab, lowercase=True)
