@@ -145,6 +145,7 @@ def test_configspace_log_scale_is_kept():
 
 def test_configspace_seed_makes_samples_reproducible():
     assert configspace_samples(3)[:5] == configspace_samples(3)[:5]
+    assert configspace_samples(3)[:5] != configspace_samples(4)[:5]  # the seed is the one given, not a fixed one
 
 
 def test_from_configuration_converts_numpy_scalars():

@@ -172,8 +172,9 @@ def test_arm_specific_ranges_map_to_one_trainer_key():
 
 
 def test_variants_may_be_exclusive_through_an_ancestor():
-    # b.k exists only when a.k = x, so "a.k = y" and "b.k = u" never hold together.
-    make_space(
+    # b.k exists only when a.k = x, so "a.k = y" and "b.k = u" never hold together: the space is accepted, and each
+    # sample holds at most one variant of o.lr, the one its values ask for, in that variant's range.
+    space = make_space(
         """
         a.k: {choice: [x, y]}
         b.k: {choice: [u, v], when: {a.k: x}}
@@ -181,6 +182,18 @@ def test_variants_may_be_exclusive_through_an_ancestor():
         o.lr@2: {float: [1, 2], when: {b.k: u}}
         """
     )
+    rng, seen = random.Random(5), set()
+    for _ in range(200):
+        config = space.sample(rng)
+        variant = "o.lr@1" if config["a.k"] == "y" else "o.lr@2" if config.get("b.k") == "u" else None
+        assert [k for k in config if k.startswith("o.lr@")] == ([variant] if variant else []), config
+        values = space.trainer_values(config)
+        assert ("o.lr" in values) is (variant is not None), values
+        if variant:
+            low, high = (0.1, 1) if variant == "o.lr@1" else (1, 2)
+            assert low <= values["o.lr"] <= high and values["o.lr"] == config[variant]
+        seen.add(variant)
+    assert seen == {"o.lr@1", "o.lr@2", None}  # every case drawn
 
 
 def test_overlapping_variants_are_rejected_with_an_example():

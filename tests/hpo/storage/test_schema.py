@@ -181,7 +181,14 @@ def test_migrations_build_exactly_the_models(database_url: str):
 def test_downgrade_then_upgrade_round_trips(database_url: str):
     upgrade_database(database_url)
     downgrade_database(database_url, "base")
+    engine = create_storage_engine(database_url)
+    with engine.connect() as connection:  # base: none of the models' tables is left
+        left = set(inspect(connection).get_table_names()) & set(Base.metadata.tables)
+    assert left == set()
     upgrade_database(database_url)
+    with engine.connect() as connection:  # and back: the schema the models declare, exactly
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    engine.dispose()
     with SqlStorage(database_url) as storage:
         assert storage.create_experiment("again", {}, "minimize") == 1
 
