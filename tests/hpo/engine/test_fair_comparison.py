@@ -85,7 +85,12 @@ def test_a_stored_experiment_reads_back_as_it_ran():
         name = "old"
         spec = {"experiment": {**experiment(UNEQUAL), "base_config": {"device": "cpu"}}}
 
-    assert spec_from_stored(Record()).allow_unequal_arms is None
+    spec = spec_from_stored(Record())  # unequal arms without a reason: refused in a file, read back as stored
+    assert spec.allow_unequal_arms is None
+    assert arm_dimensions(spec) == {
+        "optimizer.name=adamw": {"optimizer.lr": "float, log", "optimizer.eps": "float, log"},
+        "optimizer.name=lamb": {"optimizer.lr": "float, log", "optimizer.beta2": "float"},
+    }
 
 
 @pytest.mark.parametrize("name", list_presets())

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 RANK_SCRIPT = """
-import os, signal, sys
+import os, pathlib, signal, sys
 if os.environ["RANK"] == "1":
     {action}
+pathlib.Path(__file__).with_name("rank" + os.environ["RANK"]).write_text(os.environ["WORLD_SIZE"])
 sys.exit(0)
 """
 
@@ -36,6 +37,8 @@ def test_ranks_that_all_succeed_end_with_0(tmp_path):
                           "--master_addr=127.0.0.1", "--master_port=0", str(script)],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert ran.returncode == 0, ran.stderr
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["2", "2"]  # both ranks ran to their end
+    assert "failed" not in ran.stderr, ran.stderr
 
 
 @pytest.mark.parametrize(("codes", "code", "line"), [
