@@ -18,6 +18,7 @@ from hpo.experiment import experiment_from_dict
 from hpo.experiment.arms import trial_config
 from hpo.export.production import MLPERF_LOG
 from hpo.storage import SqlStorage
+from hpo.trials import TrialState
 from tests.server.conftest import EXPERIMENT, hpo
 
 
@@ -37,9 +38,19 @@ def export_best(url: str, out: Path):
     with SqlStorage(url) as storage:
         record = storage.get_experiment_by_name(EXPERIMENT)
         best = storage.best_trial(record.id)
+        trials = storage.list_trials(record.id)
     expected = trial_config(experiment_from_dict(record.spec["experiment"]), best.params).model_dump(mode="json")
     expected["log"]["mlperf"] = MLPERF_LOG  # every export writes an MLPerf log, relative to where the trainer runs
-    assert yaml.safe_load(out.read_text()) == expected
+    exported = yaml.safe_load(out.read_text())
+    assert exported == expected
+    # By hand: the completed trial of the lowest objective (the experiment minimizes), ties to the lowest number,
+    # and each of its parameters at its trainer key (the arm's variant suffix dropped) in the file
+    completed = [t for t in trials if t.state is TrialState.COMPLETED and t.objective is not None]
+    assert record.direction == "minimize" and len(completed) >= 2
+    assert best.number == min(completed, key=lambda t: (t.objective, t.number)).number
+    for key, value in best.params.items():
+        section, name = key.split("@")[0].split(".")
+        assert exported[section][name] == pytest.approx(value), key
     assert f"# trial {best.number}, arm {best.arm}" in out.read_text()
 
 
