@@ -40,7 +40,14 @@ def build_runner(spec, name: str | None = None, scheduler: str | None = None, la
 def check_runner_options(spec, name: str | None, scheduler: str | None) -> None:
     """The CLI's --runner/--scheduler against the experiment, before anything starts: --scheduler only where the
     trials run on the dask runner (--runner dask, or the file's runner), and an address of the form the file's
-    `runner.scheduler` must have (the experiment schema's own check, not a copy of it)."""
+    `runner.scheduler` must have (the experiment schema's own check, not a copy of it). A simulated experiment
+    takes neither: its trials read a curve table and train nothing, on any runner but its own."""
+    if name is not None and spec.runner.name == "simulated":
+        raise HpoError(
+            f"--runner {name}: {spec.source} runs on runner: simulated (its trials read the curve table of "
+            "runner.simulation and train nothing), which no other runner can run; leave --runner out, or train for "
+            "real with an experiment file without runner.simulation"
+        )
     if scheduler is None:
         return
     runner = name or spec.runner.name

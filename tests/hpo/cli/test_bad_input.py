@@ -200,11 +200,14 @@ def test_a_resume_whose_run_directory_cannot_be_claimed_says_what_to_do_there(tm
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--runner", "dask", "--scheduler", "foo"], "--scheduler: expected an address such as tcp://host:8786, got 'foo'"),
+    (["--runner", "dask", "--scheduler", "tcp://10.0.0.1:8786"],
+     "--runner dask: experiment rs (stored) runs on runner: simulated (its trials read the curve table"),
+    (["--runner", "local"], "--runner local: experiment rs (stored) runs on runner: simulated"),
     (["--scheduler", "tcp://10.0.0.1:8786"], "--scheduler needs --runner dask: the trials would run on the simulated "
                                               "runner (the runner of experiment rs (stored))"),
-], ids=["no-address", "without-runner-dask"])  # fmt: skip
-def test_resume_refuses_a_scheduler_option_it_cannot_use_before_claiming(tmp_path, capsys, options, message):
+], ids=["runner-dask", "runner-local", "without-runner-dask"])  # fmt: skip
+def test_resume_refuses_a_runner_or_scheduler_option_it_cannot_use_before_claiming(tmp_path, capsys, options, message):
+    """The stored experiment is a simulated one: no other runner runs it, and it uses no scheduler."""
     url, storage = stored_experiment(tmp_path, "rs", tmp_path / "run")
     with storage:
         assert hpo(url, "resume", "rs", *options, "--quiet") == 2
@@ -244,6 +247,18 @@ def test_a_scheduler_that_is_no_address_or_that_nothing_would_use_is_refused_at_
     path = write(tmp_path / "e.yaml", data)
     assert hpo(f"sqlite:///{db_file}", "run", str(path), *options, "--run-dir", str(tmp_path / "run"), "--quiet") == 2
     assert message in capsys.readouterr().err
+    assert not db_file.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("runner", ["local", "dask"])
+def test_a_simulated_experiment_on_another_runner_is_refused_at_once(tmp_path, capsys, runner):
+    """--runner would run a simulated experiment's trials where no curve table is read: every trial would fail."""
+    db_file = tmp_path / "hpo.db"
+    path = write(tmp_path / "e.yaml", small_preset(name="sim"))
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), "--runner", runner, "--run-dir", str(tmp_path / "run")) == 2
+    assert f"error: --runner {runner}: {path} runs on runner: simulated (its trials read the curve table" in (
+        capsys.readouterr().err
+    )
     assert not db_file.exists() and not (tmp_path / "run").exists()
 
 
