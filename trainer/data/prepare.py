@@ -405,7 +405,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--vocab", default=None, help="existing vocab.txt (default: train one on the input)")
-    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"of a vocabulary trained on the input (default: {defaults.vocab_size}; not with --vocab)",
+    )
     parser.add_argument("--cased", action="store_true", help="keep case (default: lowercase, as MLPerf)")
     parser.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
     parser.add_argument("--max-predictions", type=int, default=defaults.max_predictions)
@@ -418,7 +423,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
     options = PrepareOptions(
-        vocab=args.vocab, vocab_size=args.vocab_size, lowercase=not args.cased, max_seq_length=args.max_seq_length,
+        vocab=args.vocab, vocab_size=defaults.vocab_size if args.vocab_size is None else args.vocab_size,
+        lowercase=not args.cased, max_seq_length=args.max_seq_length,
         max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
         dupe_factor=args.dupe_factor, eval_fraction=args.eval_fraction, samples_per_shard=args.samples_per_shard,
         compress=args.compress, seed=args.seed,
@@ -429,6 +435,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, P
 def main(argv: Sequence[str] | None = None) -> None:
     args, options = parse_args(argv)
     try:
+        if args.vocab and args.vocab_size is not None:  # it would be ignored: the file's tokens are the vocabulary
+            raise DataError(
+                f"--vocab-size {args.vocab_size}: sets the size of a vocabulary trained on the input; "
+                f"with --vocab the tokens of {args.vocab} are the vocabulary: leave --vocab-size out"
+            )
         prepare_corpus(args.input, args.out, options)
     except DataError as e:  # bad input or options: said without a traceback, exit code 2 (as argparse's errors)
         print(f"error: {e}", file=sys.stderr)

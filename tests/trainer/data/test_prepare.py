@@ -152,9 +152,9 @@ def test_bad_inputs_raise_data_errors(tmp_path):
 def test_cli_writes_shards_and_meta_and_replaces_old_shards(tmp_path, capsys):
     text, out = tmp_path / "in.txt", tmp_path / "out"
     write_text(generate_documents(30, seed=1), text)
-    args = ["--input", str(text), "--out", str(out), "--vocab-size", "300", "--max-seq-length", "32",
-            "--max-predictions", "5", "--eval-fraction", "0.2", "--seed", "1"]  # fmt: skip
-    main([*args, "--samples-per-shard", "5"])
+    args = ["--input", str(text), "--out", str(out), "--max-seq-length", "32", "--max-predictions", "5",
+            "--eval-fraction", "0.2", "--seed", "1"]  # fmt: skip
+    main([*args, "--samples-per-shard", "5", "--vocab-size", "300"])
     main([*args, "--samples-per-shard", "1000", "--vocab", str(out / "vocab.txt")])
     meta = json.loads((out / "meta.json").read_text())
     assert meta["max_seq_length"] == 32 and meta["options"]["seed"] == 1
@@ -250,6 +250,21 @@ def test_bad_options_are_refused_naming_the_flag_before_any_output(tmp_path, opt
     write_text(generate_documents(5, seed=1), text)
     with pytest.raises(DataError, match=f"^{flag} {value}: "):
         prepare_corpus([text], tmp_path / "out", replace(OPTIONS, **{option: value}), log=quiet)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_vocabulary_size_beside_a_vocabulary_file_is_refused_as_it_would_be_ignored(tmp_path, capsys):
+    text, vocab = tmp_path / "in.txt", tmp_path / "vocab.txt"
+    write_text(generate_documents(5, seed=1), text)
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+    argv = ["--input", str(text), "--out", str(tmp_path / "out"), "--vocab", str(vocab), "--vocab-size", "50"]
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: --vocab-size 50: sets the size of a vocabulary trained on the input; with --vocab the tokens of "
+        f"{vocab} are the vocabulary: leave --vocab-size out\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
