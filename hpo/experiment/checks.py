@@ -216,6 +216,12 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
             f"{source}: resources.machines: other machines run engine: nni trials (NNI's remote training service); "
             "under engine: local, run them on a Dask cluster (runner: {name: dask, scheduler: ...})"
         )
+    if spec.resources.machines and isinstance(spec.resources.gpus, list):  # each machine's own ids apply
+        raise ExperimentFileError(
+            f"{source}: resources.gpus: {spec.resources.gpus} are GPU ids of this machine, but the trials run on "
+            "resources.machines, each on its own GPUs: give the ids per machine (resources.machines[i].gpus) and "
+            "set resources.gpus to all (or none, for trials on their CPUs)"
+        )
 
 
 def _check_simulation(spec: ExperimentSpec, source: str) -> None:

@@ -108,6 +108,19 @@ def test_listed_machines_map_to_nni_remote_training_service(tmp_path):
     assert shlex.split(config["trialCommand"])[:3] == ["python3", "-m", "hpo.nni.trial"]
 
 
+def test_gpu_ids_of_this_machine_beside_other_machines_are_refused_as_they_would_be_ignored(tmp_path):
+    machines = [{"host": "gpu-a", "user": "bert", "gpus": [3]}]
+    with pytest.raises(
+        ExperimentFileError,
+        match=r"resources.gpus: \[0, 1\] are GPU ids of this machine, but the "
+        r"trials run on resources.machines, each on its own GPUs: give the ids per machine",
+    ):
+        spec_of(tmp_path, resources={"gpus": [0, 1], "machines": machines})
+    spec = spec_of(tmp_path, resources={"gpus": "all", "machines": machines})  # the machine's own ids, as NNI gets them
+    service = nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, "true", tmp_path, True)["trainingService"]
+    assert [m["gpuIndices"] for m in service["machineList"]] == [[3]] and "gpuIndices" not in service
+
+
 def test_remote_trials_need_a_server_database_and_a_key_before_anything_is_written(tmp_path):
     from hpo.errors import ResourceError
     from hpo.nni.config import check_remote
