@@ -45,6 +45,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
         _check_tuner_seed(spec, source)
         _check_seed(spec, cfg, source)
         _check_clipping_ranks(spec, cfg, source)
+        _check_resources_read(spec, source)
         if spec.resources.gpus == "none":
             _check_cpu_trials(spec, cfg, source)
 
@@ -216,12 +217,6 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
             f"{source}: resources.machines: other machines run engine: nni trials (NNI's remote training service); "
             "under engine: local, run them on a Dask cluster (runner: {name: dask, scheduler: ...})"
         )
-    if spec.resources.machines and isinstance(spec.resources.gpus, list):  # each machine's own ids apply
-        raise ExperimentFileError(
-            f"{source}: resources.gpus: {spec.resources.gpus} are GPU ids of this machine, but the trials run on "
-            "resources.machines, each on its own GPUs: give the ids per machine (resources.machines[i].gpus) and "
-            "set resources.gpus to all (or none, for trials on their CPUs)"
-        )
 
 
 def _check_simulation(spec: ExperimentSpec, source: str) -> None:
@@ -382,6 +377,33 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
 
 
 TUNER_SEED_LIMIT = 2**32  # SMAC3 and NumPy's legacy seeding take 0 to 2**32 - 1
+
+
+def _check_resources_read(spec: ExperimentSpec, source: str) -> None:
+    """Resources the trials' placement would not read: this machine's GPU ids where the trials run on other machines
+    (NNI's remote service: each machine's own ids) or on a Dask cluster (`ignored_on_dask`)."""
+    if spec.resources.machines and isinstance(spec.resources.gpus, list):
+        raise ExperimentFileError(
+            f"{source}: resources.gpus: {spec.resources.gpus} are GPU ids of this machine, but the trials run on "
+            "resources.machines, each on its own GPUs: give the ids per machine (resources.machines[i].gpus) and "
+            "set resources.gpus to all (or none, for trials on their CPUs)"
+        )
+    if spec.runner.name == "dask" and (ignored := ignored_on_dask(spec.resources)):
+        raise ExperimentFileError(f"{source}: {ignored}")
+
+
+def ignored_on_dask(resources) -> str | None:
+    """What of `resources` the dask runner would not read, in words (None: nothing): it places each trial on a
+    worker that declares the GPUs it needs (`dask worker --resources GPU=N`), so it takes neither this machine's GPU
+    ids nor a share of a GPU (`trials_per_gpu`)."""
+    if isinstance(resources.gpus, list):
+        return (f"resources.gpus: {resources.gpus} are GPU ids of this machine, but the dask runner places trials "
+                "on the GPUs its workers declare (dask worker --resources GPU=N): set resources.gpus to all (or "
+                "none)")  # fmt: skip
+    if resources.trials_per_gpu > 1:
+        return (f"resources.trials_per_gpu: {resources.trials_per_gpu}, but the dask runner gives each trial whole "
+                "GPUs of a worker (resources.gpus_per_trial of them), never a share of one: remove it")  # fmt: skip
+    return None
 
 
 def _check_tuner_seed(spec: ExperimentSpec, source: str) -> None:

@@ -48,6 +48,11 @@ def check_runner_options(spec, name: str | None, scheduler: str | None) -> None:
             "runner.simulation and train nothing), which no other runner can run; leave --runner out, or train for "
             "real with an experiment file without runner.simulation"
         )
+    if name == "dask":
+        from hpo.experiment.checks import ignored_on_dask
+
+        if ignored := ignored_on_dask(spec.resources):
+            raise HpoError(f"--runner dask: {spec.source}: {ignored}")
     if scheduler is None:
         return
     runner = name or spec.runner.name

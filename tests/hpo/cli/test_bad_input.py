@@ -250,6 +250,18 @@ def test_a_scheduler_that_is_no_address_or_that_nothing_would_use_is_refused_at_
     assert not db_file.exists() and not (tmp_path / "run").exists()
 
 
+def test_gpu_ids_of_a_local_experiment_on_a_dask_cluster_are_refused_at_once(tmp_path, capsys):
+    """--runner dask would place the trials on the GPUs the workers declare: the file's ids would be ignored."""
+    db_file = tmp_path / "hpo.db"
+    path = write(tmp_path / "e.yaml", {**LOCAL, "resources": {"gpus": [0, 1]}})
+    options = ["--runner", "dask", "--scheduler", "tcp://127.0.0.1:8786", "--run-dir", str(tmp_path / "run")]
+    assert hpo(f"sqlite:///{db_file}", "run", str(path), *options) == 2
+    assert f"error: --runner dask: {path}: resources.gpus: [0, 1] are GPU ids of this machine, but the dask " in (
+        capsys.readouterr().err
+    )
+    assert not db_file.exists() and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("runner", ["local", "dask"])
 def test_a_simulated_experiment_on_another_runner_is_refused_at_once(tmp_path, capsys, runner):
     """--runner would run a simulated experiment's trials where no curve table is read: every trial would fail."""

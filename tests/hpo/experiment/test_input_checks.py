@@ -279,3 +279,23 @@ def test_gpus_asked_of_an_experiment_without_gpus_are_refused_not_ignored(tmp_pa
     )
     assert message.endswith(f"remove {field} (or set resources.gpus to GPUs)")
     load_experiment(write_experiment(tmp_path, simulated(resources={"gpus": "none", "cpu_slots": 1, field: 1})))
+
+
+@pytest.mark.parametrize(
+    ("resources", "says"),
+    [
+        ({"gpus": [0, 1]}, "resources.gpus: [0, 1] are GPU ids of this machine, but the dask runner places trials on "
+                           "the GPUs its workers declare (dask worker --resources GPU=N): set resources.gpus to all "
+                           "(or none)"),
+        ({"trials_per_gpu": 2}, "resources.trials_per_gpu: 2, but the dask runner gives each trial whole GPUs of a "
+                                "worker (resources.gpus_per_trial of them), never a share of one: remove it"),
+    ],
+    ids=["gpu-ids", "trials-per-gpu"],
+)  # fmt: skip
+def test_resources_the_dask_runner_would_not_read_are_refused(tmp_path, resources, says):
+    dask = {"name": "dask", "scheduler": "tcp://127.0.0.1:8786"}
+    data = {"name": "on_dask", "base_config": str(DEMO_CPU), "space": {"optimizer.lr": {"float": [1e-3, 1e-2]}},
+            "budget": {"trials": 2}, "runner": dask}  # fmt: skip
+    path, message = refusal(tmp_path, {**data, "resources": resources})
+    assert message == f"{path}: {says}", message
+    load_experiment(write_experiment(tmp_path, {**data, "resources": {"gpus": "all", "trials_per_gpu": 1}}))
