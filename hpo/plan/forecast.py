@@ -118,6 +118,7 @@ class Plan:
     truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
     assumptions: tuple[str, ...] = ()  # how a real file the table cannot serve as it is was moved onto it
     on_cpus: bool = False  # the file's trials train on CPUs (resources.gpus: none); its slots are timed as GPUs
+    original: Any = None  # the file's own spec, as `hpo run` reads it
     # a batch-size study: the truth at each batch size where two or more optimizers are compared (the verdict there)
     batch_truths: dict[int, Truth] = field(default_factory=dict)
 
@@ -175,7 +176,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
     moved = None if spec.runner.name == "simulated" else f"runner {spec.runner.name}, engine {spec.engine}"
     if moved:
         data = _on_simulated(data, DEFAULT_TABLE)
-    data = _with_options(data, options)
+    data = _with_options(_cpu_time_limits_out(data, spec) if moved else data, options)
     seeds = (spec.tuner.seed, config_from_dict(spec.resolved_base()).seed)
     check_repetition_seeds(seeds, options, max(spec.budget.most_confirm_seeds, options.max_confirm_seeds or 0))
     assumptions: list[str] = []
@@ -186,6 +187,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         if not moved:
             raise
         data, assumptions = _on_a_table(spec, options, e)  # the file's shape on the table, its moves stated
+        data = _cpu_time_limits_out(data, spec)
         first = _repetition_spec(data, path, repetition_seeds(seeds, options.seed))
         runner = build_runner(first)
     truth = None
@@ -212,6 +214,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         truth,
         tuple(assumptions),
         on_cpus=spec.resources.gpus == "none",
+        original=spec,
         batch_truths=batch_truths(truth, first) if truth is not None and batch_study(first.compare) else {},
     )
 
@@ -220,6 +223,27 @@ def _on_simulated(data: dict[str, Any], table: Path) -> dict[str, Any]:
     """A real file's self-contained form on the simulated runner over `table`, as it is."""
     data = {**data, "engine": "local", "runner": {"name": "simulated", "simulation": {"table": str(table)}}}
     return {**data, "resources": {**data["resources"], "machines": []}}
+
+
+def cpu_time_limits(spec) -> tuple[str, ...]:
+    """The time limits of a real file of CPU trials (resources.gpus: none) that a plan leaves out, as `key value`:
+    budget.trial_timeout_s and the trainer's budget.max_time_s are seconds of its CPUs, and would cut every trial
+    on slots timed as GPUs that a GPU takes longer on. Kept where the objective is time to target (its penalty needs
+    a cap): there they hold in simulated GPU seconds."""
+    if spec.resources.gpus != "none" or spec.objective.metric == "time_to_target_s":
+        return ()
+    limits = {"budget.trial_timeout_s": spec.budget.trial_timeout_s,
+              "budget.max_time_s": config_from_dict(spec.resolved_base()).budget.max_time_s}  # fmt: skip
+    return tuple(f"{key} {value:g} s" for key, value in limits.items() if value is not None)
+
+
+def _cpu_time_limits_out(data: dict[str, Any], spec) -> dict[str, Any]:
+    if not cpu_time_limits(spec):
+        return data
+    data = copy.deepcopy(data)
+    data["budget"]["trial_timeout_s"] = None
+    data["base_config"].setdefault("budget", {})["max_time_s"] = None  # self-contained: the overrides applied
+    return data
 
 
 def _with_options(data: dict[str, Any], options: PlanOptions) -> dict[str, Any]:
@@ -697,8 +721,14 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
         at = next(i for i, line in enumerate(lines) if line.startswith("  cluster: "))
         lines.insert(at + 1, "  resources.gpus is none (its trials train on CPUs): each slot is timed as GPUs "
                              "(runner.simulation.gpu, --gpu, --samples-per-s), so the hours are a GPU cluster's, not "
-                             "those of this file's CPU slots")  # fmt: skip
+                             "those of this file's CPU slots" + _time_limits_said(plan))  # fmt: skip
     return lines
+
+
+def _time_limits_said(plan: Plan) -> str:
+    """What became of a CPU file's time limits (`cpu_time_limits`), when it has any."""
+    limits = cpu_time_limits(plan.original) if plan.original is not None else ()
+    return f"; its time limits ({', '.join(limits)}) are its CPUs' seconds and are left out" if limits else ""
 
 
 def _over(plan: Plan, sources: str | None) -> str:

@@ -15,6 +15,12 @@ from its checkpoint (the real trials do too): a higher budget trains, and is cha
 the same configuration and seed already trained. `poll` moves the simulated clock to the next end of an
 attempt, so an experiment of thousands of trials runs in seconds.
 
+Time limits hold in simulated time as they hold in real time: the trainer's `budget.max_time_s` stops a run at the
+first step at or past it (counted over the runs a checkpoint continues, as the trainer counts it), evaluated there
+and recorded as out of budget; an attempt that would outlast `budget.trial_timeout_s` ends at that moment without
+a result, its evaluations until then recorded, and the study records it as it records a real trial it killed
+(timed out, scored by the best accuracy it reported). A configuration continues only from a run that finished.
+
 Before anything is written, `check_table_covers` checks every trial the experiment can propose against the table:
 its grid points, learning rates and sample budget (against the budget of the trial's batch size, for a table with
 one per batch size, where an experiment sets budget.max_samples and eval.every_samples per batch size in its
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import signal
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,8 +40,8 @@ from typing import Any
 
 from hpo.errors import DatabaseUnavailableError, HpoError
 from hpo.experiment.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
-from hpo.objective import trial_result
-from hpo.runners.base import Runner, TrialExit, TrialLaunch
+from hpo.objective import objective_value, trial_result
+from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.simulation.clock import SimulatedClock
 from hpo.simulation.surrogate import Config, Curve, Surrogate
 from hpo.simulation.table import DIMENSIONS, RUN_LENGTH, load_table, point_label
@@ -58,7 +65,7 @@ class _Attempt:
     started: datetime  # simulated
     duration_s: float
     points: tuple[tuple[float, MetricPoint], ...]  # (seconds after start, point) to record
-    result: TrialResult
+    result: TrialResult | None  # None: killed at budget.trial_timeout_s (the study records it)
     returncode: int
 
 
@@ -180,14 +187,18 @@ class SimulatedRunner(Runner):
             return _Attempt(launch.trial_id, launch.attempt, slot, started, 0.0, (), failed, 2)
         key = (params_key(record.params), seed)
         already = self.trained.get(key, 0) if self.continues else 0
-        train = trained_run(curve, cfg, already)
-        if self.continues:
-            self.trained[key] = max(already, train.samples)
+        train = trained_run(curve, cfg, already, self._time_capped(cfg))
         seconds = self._seconds(train.samples - already)
         points = tuple(
             (self._seconds(s - already), p)
             for s, p in _points(curve, train.evals, already, train.samples, cfg.batch.global_batch_size)
         )
+        if launch.timeout_s is not None and seconds > launch.timeout_s:  # killed then, as a real trial is
+            points = tuple((offset, p) for offset, p in points if offset <= launch.timeout_s)
+            return _Attempt(launch.trial_id, launch.attempt, slot, started, launch.timeout_s, points, None,
+                            -signal.SIGKILL)  # fmt: skip
+        if self.continues:
+            self.trained[key] = max(already, train.samples)
         result = trial_result(self.spec, self._result(curve, cfg, train, already), cfg, seconds)
         code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
         return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
@@ -199,8 +210,15 @@ class SimulatedRunner(Runner):
         cfg = trial_config(self.spec, params).model_copy(update={"seed": seed})
         curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
                                             cfg.batch.global_batch_size, seed))  # fmt: skip
-        train = trained_run(curve, cfg)
-        result = trial_result(self.spec, self._result(curve, cfg, train, 0), cfg, self._seconds(train.samples))
+        train = trained_run(curve, cfg, 0, self._time_capped(cfg))
+        seconds, timeout = self._seconds(train.samples), self.spec.budget.trial_timeout_s
+        if timeout is not None and seconds > timeout:  # killed then: scored by the best accuracy it reported
+            evals = tuple((s, a) for s, a in train.evals if self._seconds(s) <= timeout)
+            best = max((a for _, a in evals), default=None)
+            partial = TrainResult(TrainStatus.FAILED, best_mlm_accuracy=best)
+            state, reason = classify_exit(TrialExit(0, 0, -signal.SIGKILL, timed_out=True))
+            return TrialResult(state, reason, objective_value(self.spec, partial, cfg), duration_s=timeout), evals, cfg
+        result = trial_result(self.spec, self._result(curve, cfg, train, 0), cfg, seconds)
         return result, train.evals, cfg
 
     def _result(self, curve: Curve, cfg, train: TrainedRun, already: int) -> TrainResult:
@@ -227,18 +245,28 @@ class SimulatedRunner(Runner):
             points = [point._replace(at=start + timedelta(seconds=offset)) for offset, point in attempt.points]
             if points:  # one transaction, each point stamped at its own simulated time
                 storage.add_metrics(attempt.trial_id, points, attempt=attempt.attempt)
-            storage.finish_trial(attempt.trial_id, attempt.result, attempt=attempt.attempt)
+            if attempt.result is not None:
+                storage.finish_trial(attempt.trial_id, attempt.result, attempt=attempt.attempt)
         except DatabaseUnavailableError:
             raise  # away for longer than the bound: the study stops, and a resume runs the attempt again
         except HpoError:
             pass  # its record was closed under it (a stop): it records nothing more
         self.free.append(attempt.slot)
         self.free.sort()
-        return TrialExit(attempt.trial_id, attempt.attempt, attempt.returncode, worker=f"sim-slot-{attempt.slot}",
-                         duration_s=attempt.duration_s)  # fmt: skip
+        return TrialExit(attempt.trial_id, attempt.attempt, attempt.returncode, timed_out=attempt.result is None,
+                         worker=f"sim-slot-{attempt.slot}", duration_s=attempt.duration_s)  # fmt: skip
 
     def _seconds(self, samples: float) -> float:
         return max(samples, 0) * self.sample_scale / self.slot_samples_per_s
+
+    def _time_capped(self, cfg) -> int | None:
+        """Where the trainer's budget.max_time_s stops a run of `cfg`, in table samples: the end of the first step
+        at or past it (None: no such cap)."""
+        if cfg.budget.max_time_s is None:
+            return None
+        batch = cfg.batch.global_batch_size
+        steps = math.ceil(cfg.budget.max_time_s * self.slot_samples_per_s / self.sample_scale / batch - 1e-9)
+        return max(steps, 1) * batch
 
 
 @dataclass(frozen=True)
@@ -250,10 +278,11 @@ class TrainedRun:
     diverged: bool
 
 
-def trained_run(curve: Curve, cfg, already: int = 0) -> TrainedRun:
+def trained_run(curve: Curve, cfg, already: int = 0, time_capped: int | None = None) -> TrainedRun:
     """Where a run of `cfg` on `curve` stops: at the first evaluation at or above the target (when it stops at
-    the target), where it diverges, or at its budget. The peers of bench/cost_at_scale/ train by it too."""
-    budget = cfg.budget.max_samples
+    the target), where it diverges, or at its budget: budget.max_samples, or `time_capped` samples where its
+    budget.max_time_s ends it sooner. The peers of bench/cost_at_scale/ train by it too."""
+    budget = cfg.budget.max_samples if time_capped is None else min(cfg.budget.max_samples, time_capped)
     evals = curve.evaluations(cfg.eval.every_samples, budget)
     if cfg.eval.stop_at_target:
         hit = next((i for i, (s, a) in enumerate(evals) if a >= cfg.eval.target_mlm_accuracy), None)

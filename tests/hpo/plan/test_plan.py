@@ -321,6 +321,33 @@ def test_a_real_experiment_runs_on_the_default_table_when_it_covers_the_space(tm
     assert "\n  resources.gpus is none (its trials train on CPUs): each slot is timed as GPUs" in out
 
 
+def test_a_cpu_files_time_limits_are_left_out_of_its_plan_and_a_gpu_files_kept(tmp_path, capsys):
+    """A CPU file's budget.trial_timeout_s and max_time_s are seconds of its CPUs: on slots timed as GPUs they would
+    cut every trial a GPU takes longer on (12,288 table samples at 2,800 samples/s: 1,123 s a trial), so its plan
+    leaves them out and says so; a GPU file's limits hold in the plan as they hold in its run."""
+    from hpo.plan.forecast import PlanOptions, prepare_plan
+
+    data = {k: v for k, v in small_preset(name="real", engine="local").items() if k != "runner"}
+    data["budget"]["trial_timeout_s"] = 900
+    data["overrides"]["budget.max_time_s"] = 170
+    on_gpus = prepare_plan(str(write(tmp_path / "gpus.yaml", data)), PlanOptions(repetitions=1))
+    assert on_gpus.spec.budget.trial_timeout_s == 900
+    assert on_gpus.spec.resolved_base()["budget"]["max_time_s"] == 170
+    cpu = write(tmp_path / "cpus.yaml", {**data, "resources": {"gpus": "none"}})
+    on_cpus = prepare_plan(str(cpu), PlanOptions(repetitions=1))
+    assert on_cpus.spec.budget.trial_timeout_s is None
+    assert on_cpus.spec.resolved_base()["budget"]["max_time_s"] is None
+    assert main(["plan", str(cpu), "--repetitions", "1", "--slots", "4"]) == 0
+    out = capsys.readouterr().out
+    said = ("so the hours are a GPU cluster's, not those of this file's CPU slots; its time limits (budget."
+            "trial_timeout_s 900 s, budget.max_time_s 170 s) are its CPUs' seconds and are left out")  # fmt: skip
+    assert said in out
+    data["objective"] = {"metric": "time_to_target_s"}  # its penalty needs a cap: kept, in simulated GPU seconds
+    timed = prepare_plan(str(write(tmp_path / "timed.yaml", {**data, "resources": {"gpus": "none"}})),
+                         PlanOptions(repetitions=1))  # fmt: skip
+    assert timed.spec.budget.trial_timeout_s == 900
+
+
 def test_a_real_experiment_whose_shape_no_table_keeps_is_refused_saying_why(tmp_path, capsys):
     preset = ROOT / "search_spaces" / "presets" / "adam_vs_lamb_demo_cpu.yaml"
     data = yaml.safe_load(preset.read_text())

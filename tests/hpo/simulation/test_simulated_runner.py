@@ -245,6 +245,100 @@ def test_a_stopped_simulated_experiment_resumes_where_it_stopped(tmp_path):
         assert after[n].started_at >= stopped_at
 
 
+SECONDS_A_SAMPLE = SCALE / (GPU_RATE * GPUS)  # one table sample on a slot of the file's 8 A100s
+
+
+def trial_curve(trial) -> list[tuple[int, float]]:
+    p, seed = trial.params, 1234 if trial.seed is None else trial.seed  # None: the base config's seed
+    return expected_curve(p["optimizer.name"], p["optimizer.lr"], p["schedule.warmup_steps"], seed)
+
+
+def test_an_attempt_that_would_outlast_trial_timeout_s_ends_at_it_recorded_as_a_real_timeout(tmp_path):
+    """At 400 s a run that has not reached the target by 4,096 samples (375 s) is killed: the evaluations it made
+    by then are recorded, the study records it as timed out, scored by the best accuracy it reported; runs that
+    reach the target sooner (or diverge, at 3,072 samples) end as before."""
+    timeout = 400.0
+    path = experiment_file(tmp_path, "sim-timeout", trials=40, slots=8, trial_timeout_s=timeout)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    states = []
+    with SqlStorage(url) as storage:
+        for trial in storage.list_trials(storage.get_experiment_by_name("sim-timeout").id):
+            if trial.params["optimizer.lr"] >= 10**-1.5:  # diverging neighbour nearer: the surrogate's tests
+                continue
+            curve = trial_curve(trial)
+            hit = next((s for s, a in curve if a >= TARGET), None)
+            recorded = storage.get_metrics(trial.id, "mlm_accuracy")
+            states.append(trial.state)
+            if (hit or MAX_SAMPLES) * SECONDS_A_SAMPLE <= timeout:
+                assert (trial.state, trial.samples_to_target) == (TrialState.COMPLETED, hit)
+                continue
+            made = [(s, a) for s, a in curve if s * SECONDS_A_SAMPLE <= timeout]
+            assert [m.samples for m in recorded] == [s for s, _ in made] == [1024, 2048, 3072, 4096]
+            assert [m.value for m in recorded] == pytest.approx([a for _, a in made])
+            assert trial.state is TrialState.TIMEOUT and trial.samples_to_target is None
+            assert trial.reason == "exceeded the trial time limit (budget.trial_timeout_s)"
+            assert trial.duration_s == timeout
+            assert trial.finished_at - trial.started_at == pytest.approx(timedelta(seconds=timeout),
+                                                                         abs=timedelta(milliseconds=1))  # fmt: skip
+            gap = min(max((TARGET - max(a for _, a in made)) / TARGET, 0.0), 1.0)
+            assert trial.objective == pytest.approx(2.0 * MAX_SAMPLES * (1 + gap))  # penalty_factor x cap x (1 + gap)
+    assert states.count(TrialState.TIMEOUT) >= 5 and states.count(TrialState.COMPLETED) >= 5
+
+
+def test_the_plans_truth_of_a_run_that_would_outlast_trial_timeout_s_is_that_timeout(tmp_path):
+    """`full_run` (what `hpo plan` judges outcomes against) ends where an attempt ends: LAMB at lr 1e-4 plateaus
+    below the target, so at 400 s it is a timeout scored by its evaluations until then; ADAM at 1e-4 reaches the
+    target at 3,072 samples (281 s), within the limit."""
+    from hpo.experiment import load_experiment
+    from hpo.runners import build_runner
+
+    runner = build_runner(load_experiment(experiment_file(tmp_path, "truth", trial_timeout_s=400.0)))
+    try:
+        missed, evals, _ = runner.full_run({"optimizer.name": "lamb", "optimizer.lr": 1e-4,
+                                            "schedule.warmup_steps": 0}, 0)  # fmt: skip
+        made = [(s, accuracy("lamb", 1e-4, 0, 32, 0, s)) for s in (1024, 2048, 3072, 4096)]
+        assert [s for s, _ in evals] == [s for s, _ in made]
+        assert [a for _, a in evals] == pytest.approx([a for _, a in made])
+        assert (missed.state, missed.duration_s, missed.samples_to_target) == (TrialState.TIMEOUT, 400.0, None)
+        gap = (TARGET - made[-1][1]) / TARGET
+        assert missed.objective == pytest.approx(2.0 * MAX_SAMPLES * (1 + gap))
+        hit, _, _ = runner.full_run({"optimizer.name": "adamw", "optimizer.lr": 1e-4, "schedule.warmup_steps": 0}, 0)
+        assert (hit.state, hit.samples_to_target) == (TrialState.COMPLETED, 3072)
+        assert hit.duration_s == pytest.approx(3072 * SECONDS_A_SAMPLE)
+    finally:
+        runner.close()
+
+
+def test_the_trainers_max_time_s_stops_a_simulated_run_at_the_first_step_past_it(tmp_path):
+    """budget.max_time_s 300: the run stops after step 103 of 32 samples (3,296 samples, 301.3 s; step 102 ends at
+    298.4 s), evaluates there, and ends out of budget, unless it reached the target before."""
+    path = experiment_file(tmp_path, "sim-max-time", trials=24, slots=8, overrides={"budget.max_time_s": 300})
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert hpo_main(["--db", url, "run", str(path), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
+    stopped = math.ceil(300 / SECONDS_A_SAMPLE / 32) * 32
+    assert stopped == 3296 and (stopped - 32) * SECONDS_A_SAMPLE < 300 <= stopped * SECONDS_A_SAMPLE
+    ends = []
+    with SqlStorage(url) as storage:
+        for trial in storage.list_trials(storage.get_experiment_by_name("sim-max-time").id):
+            if trial.params["optimizer.lr"] >= 10**-1.5:
+                continue
+            curve = trial_curve(trial)
+            (_, at_3072), (_, at_4096) = curve[2], curve[3]
+            made = [*curve[:3], (stopped, at_3072 + (at_4096 - at_3072) * (stopped - 3072) / 1024)]  # linear between
+            hit = next((s for s, a in made if a >= TARGET), None)
+            recorded = storage.get_metrics(trial.id, "mlm_accuracy")
+            assert trial.state is TrialState.COMPLETED and trial.samples_to_target == hit
+            assert trial.metrics["samples"] == (hit or stopped)
+            assert trial.duration_s == pytest.approx((hit or stopped) * SECONDS_A_SAMPLE)
+            assert [m.samples for m in recorded] == [s for s, _ in made if s <= (hit or stopped)]
+            assert [m.value for m in recorded] == pytest.approx([a for s, a in made if s <= (hit or stopped)])
+            ends.append(trial.metrics["status"] if hit != stopped else "reached_target_at_the_stop")
+            if hit is None:
+                assert trial.metrics["status"] == "budget_exhausted"
+    assert ends.count("budget_exhausted") >= 3 and ends.count("reached_target") >= 3
+
+
 def test_smac_does_not_rewrite_its_run_history_after_every_tell_on_the_simulated_runner(tmp_path):
     # SMAC writes its whole run history as JSON after every tell; on the simulated runner that was a tenth of a
     # repetition's time (hpo plan), and nothing reads it there: the study replays the database's history. What
