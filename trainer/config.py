@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import numbers
 import typing
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -400,6 +401,30 @@ class TrainerConfig(Section):
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="When to stop.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     log: LogConfig = Field(default_factory=LogConfig, description="Progress output and reports.")
+
+
+# Keys the trainer reads only under some values of another key: key -> ((that key, the values under which the
+# trainer does not read key), ...), any one of them enough. Under such a value every setting of key trains alike, so
+# the experiment checks refuse tuning (or comparing) key there (`inert_under`).
+# - clipping.max_norm: under clipping.strategy none nothing clips by it (trainer/clipping.py; LAMB's own
+#   pre-normalization reads optimizer.max_grad_norm);
+# - optimizer.max_grad_norm, optimizer.use_nvlamb: LAMB's settings; AdamW, PyTorch's or apex's, takes neither
+#   (trainer/optim.py, build_optimizer).
+INERT_UNDER: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "clipping.max_norm": (("clipping.strategy", ("none",)),),
+    "optimizer.max_grad_norm": (("optimizer.name", ("adamw",)),),
+    "optimizer.use_nvlamb": (("optimizer.name", ("adamw",)),),
+}
+
+
+def inert_under(key: str, value_of: Callable[[str], Any]) -> tuple[str, Any] | None:
+    """(the key, its value) under which the trainer does not read `key` (`INERT_UNDER`), given the value of each key
+    of a config (`value_of("clipping.strategy")`); None where the trainer reads `key`."""
+    for governing, values in INERT_UNDER.get(key, ()):
+        value = value_of(governing)
+        if isinstance(value, str) and value in values:
+            return governing, value
+    return None
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from hpo.errors import ExperimentFileError
-from hpo.experiment.arms import arm_dimensions, arm_plans, arms, unequal_dimensions
+from hpo.experiment.arms import ArmPlan, arm_dimensions, arm_plans, arms, unequal_dimensions, yaml_scalar
 from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION, number_kind
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
 from search_spaces.grid import grid_points, not_a_choice
-from search_spaces.space import CategoricalParam, FloatParam, trainer_key
-from trainer.config import ConfigError, TrainerConfig, config_from_dict, set_dotted
+from search_spaces.space import CategoricalParam, Clause, FloatParam, SearchSpace, trainer_key
+from trainer.config import INERT_UNDER, ConfigError, TrainerConfig, config_from_dict, inert_under, set_dotted
 
 if TYPE_CHECKING:
     from hpo.experiment.schema import ExperimentSpec
@@ -40,6 +40,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
     _check_objective(spec, cfg, source)
     _check_resources(spec, cfg, source)
     if current_rules:
+        _check_inert_keys(spec, cfg, source)
         _check_equal_arms(spec, source)
         _check_equal_budgets(spec, source)
         _check_tuner_seed(spec, source)
@@ -152,6 +153,164 @@ def _check_compare(spec: ExperimentSpec, source: str) -> None:
         raise ExperimentFileError(
             f"{source}: budget.trials: {spec.budget.trials} trials cannot cover the {n_arms} arms of compare"
         )
+
+
+# ------------------------------------------------------------------------------------------------ inert keys
+def _check_inert_keys(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
+    """A key tuned where the trainer does not read it (`trainer.config.INERT_UNDER`: clipping.max_norm under
+    clipping.strategy none, LAMB's settings under AdamW) spends trials on a dimension that changes nothing, and muddies
+    the arms' comparison: refused in each arm and each combination of the choices its space can make, the governing
+    key's value taken from the combination's choice, else the arm's compared value, else the base config. A compared
+    key that no arm reads would make its arms alike: refused too."""
+    compared = [key for key in spec.compare if trainer_key(key) in INERT_UNDER]
+    unread: dict[str, list[tuple[str | None, str, Any, str]]] = {key: [] for key in compared}  # why, by arm
+    read: set[str] = set()  # compared keys some arm reads
+    for plan in arm_plans(spec):
+        tuned = [name for name in plan.space.names if trainer_key(name) in INERT_UNDER]
+        why_not: dict[str, tuple[str, Any, str]] = {}  # compared key -> why a combination of this arm does not read it
+        for picked, setting in _governing_settings(plan, cfg) if tuned or compared else ():
+            value_of = {key: value for key, (value, _) in setting.items()}.__getitem__
+            for name in tuned:
+                inert = inert_under(trainer_key(name), value_of) if plan.space.is_active(name, picked) else None
+                if inert is not None:
+                    raise ExperimentFileError(_inert_message(spec, name, plan.label, *inert, setting[inert[0]][1],
+                                                             source))  # fmt: skip
+            for key in compared:
+                inert = inert_under(trainer_key(key), value_of)
+                if inert is None:
+                    read.add(key)
+                else:
+                    why_not.setdefault(key, (*inert, setting[inert[0]][1]))
+        for key in compared:
+            if key in why_not:
+                unread[key].append((plan.label, *why_not[key]))
+    for key in compared:
+        if key not in read:
+            raise ExperimentFileError(_inert_compare_message(spec, key, unread[key], source))
+
+
+def _governing_settings(plan: ArmPlan, cfg: TrainerConfig):
+    """(the choices picked, governing key -> (its value, where it comes from)) for every combination of the choices
+    that decide a governing key of `INERT_UNDER` or whether a parameter that sets one of its keys is active."""
+    space = plan.space
+    governing = {g for conditions in INERT_UNDER.values() for g, _ in conditions}
+    base = {g: (_attribute(cfg, g), "base_config + overrides") for g in governing}
+    base |= {trainer_key(k): (v, "the arm's compared value") for k, v in plan.fixed.items() if trainer_key(k) in base}
+    deciding = _with_parents(space, [n for n in space.names if trainer_key(n) in governing | INERT_UNDER.keys()])
+    choices = [n for n in deciding if isinstance(space[n], CategoricalParam)]
+    for combo in itertools.product(*(space[n].choices for n in choices)):
+        picked = dict(zip(choices, combo, strict=True))
+        setting = dict(base)
+        for name in choices:
+            if trainer_key(name) in governing and space.is_active(name, picked):
+                setting[trainer_key(name)] = (picked[name], f"a choice of space.{name}")
+        yield picked, setting
+
+
+def _with_parents(space: SearchSpace, names: list[str]) -> list[str]:
+    """`names` and every parameter their `when` conditions read, through their parents' own, in the space's order."""
+    found, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in found:
+            found.add(name)
+            stack.extend(c.key for c in space[name].when)
+    return [n for n in space.names if n in found]
+
+
+def _attribute(cfg: TrainerConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _reading_values(governing: str, inert: tuple[str, ...]) -> list[str]:
+    """The values of `governing` (a trainer key of a few words) under which the trainer reads what they govern."""
+    return [v for v in typing.get_args(_LEAVES[governing].annotation) if v not in inert]
+
+
+def _reads_where(key: str) -> str:
+    """`clipping.strategy is not none`, `optimizer.name is lamb`: where the trainer reads `key`, in words."""
+    words = []
+    for governing, inert in INERT_UNDER[key]:
+        reading = _reading_values(governing, inert)
+        if len(reading) == 1:
+            words.append(f"{governing} is {reading[0]}")
+        else:
+            words.append(f"{governing} is not {_or(list(inert))}")
+    return " and ".join(words)
+
+
+def _when_clause(clause: Clause) -> str:
+    """A clause's right-hand side as the file writes it: `lamb`, `{not: none}`, `{in: [a, b]}`."""
+    values = [yaml_scalar(v) for v in clause.values]
+    if clause.op == "eq":
+        return values[0]
+    shown = values[0] if clause.op == "not" and len(values) == 1 else "[" + ", ".join(values) + "]"
+    return "{" + f"{clause.op}: {shown}" + "}"
+
+
+def _when_fix(spec: ExperimentSpec, name: str, trigger: str) -> str | None:
+    """The `when` that gives parameter `name` only the choices under which the trainer reads its key (its own
+    clauses kept; a clause on `trigger`, the governing key found inert, also where all its choices read it, since it
+    holds only while that parameter is active), as YAML's flow form; None where no choice of the space reads it."""
+    clauses = {c.key: c for c in spec.space[name].when}
+    for governing, inert in INERT_UNDER[trainer_key(name)]:
+        param = spec.space.params.get(governing)
+        if not isinstance(param, CategoricalParam):
+            continue
+        if governing != trigger and not any(v in inert for v in param.choices):
+            continue
+        held = clauses.get(governing)
+        allowed = tuple(v for v in param.choices if v not in inert and (held is None or held.holds(v)))
+        if not allowed:
+            return None
+        left_out = tuple(v for v in param.choices if v not in allowed)
+        # one value as itself (`lamb`, not `{not: adamw}`), unless a threshold's strategies are `{not: none}`
+        one = held is not None or len(_reading_values(governing, inert)) == 1 or not left_out
+        if len(allowed) == 1 and one:
+            clauses[governing] = Clause(governing, "eq", allowed)
+        else:
+            clauses[governing] = Clause(governing, "not", left_out) if left_out else Clause(governing, "in", allowed)
+    return "when: {" + ", ".join(f"{key}: {_when_clause(c)}" for key, c in clauses.items()) + "}"
+
+
+def _or(values: list[str]) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    return " or ".join(filter(None, [", ".join(values[:-1]), values[-1]]))
+
+
+def _inert_message(spec: ExperimentSpec, name: str, arm: str | None, governing: str, value: Any, origin: str,
+                   source: str) -> str:  # fmt: skip
+    key = trainer_key(name)
+    where = f"in arm {arm}, " if arm else ""
+    said = (f"{source}: space.{name}: {where}{governing} is {yaml_scalar(value)} ({origin}), and the trainer reads "
+            f"{key} only where {_reads_where(key)}, so its trials would differ in nothing there: ")  # fmt: skip
+    if governing not in spec.space:
+        reading = _reading_values(governing, dict(INERT_UNDER[key])[governing])
+        return said + f"set {governing} to {_or(reading)} in overrides, or remove it"
+    fix = _when_fix(spec, name, governing)
+    return said + (f"condition it with {fix}, or remove it" if fix else "no choice of the space reads it; remove it")
+
+
+def _inert_compare_message(spec: ExperimentSpec, key: str, reasons: list[tuple[str | None, str, Any, str]],
+                           source: str) -> str:  # fmt: skip
+    field, dotted = f"compare[{spec.compare.index(key)}]", trainer_key(key)
+    whys = {(governing, yaml_scalar(value), origin) for _, governing, value, origin in reasons}
+    if len(whys) == 1:
+        governing, value, origin = next(iter(whys))
+        there = f"{governing} is {value} in every arm ({origin.replace('the arm', 'each arm')})"
+    else:
+        there = "; ".join(f"in arm {arm}, {governing} is {yaml_scalar(value)} ({origin})"
+                          for arm, governing, value, origin in reasons)  # fmt: skip
+    _, governing, _, origin = reasons[0]
+    reading = _or(_reading_values(governing, dict(INERT_UNDER[dotted])[governing]))
+    fix = f"set {governing} to {reading} in overrides" if origin.startswith("base") else f"let {governing} be {reading}"
+    return (
+        f"{source}: {field}: the trainer reads {dotted} only where {_reads_where(dotted)}, and {there}, so its "
+        f"arms would train alike: {fix}, or remove {key} from compare"
+    )
 
 
 def _check_equal_arms(spec: ExperimentSpec, source: str) -> None:
