@@ -409,10 +409,11 @@ class TrainerConfig(Section):
 # - clipping.max_norm: under clipping.strategy none nothing clips by it (trainer/clipping.py; LAMB's own
 #   pre-normalization reads optimizer.max_grad_norm);
 # - optimizer.max_grad_norm, optimizer.use_nvlamb: LAMB's settings; AdamW, PyTorch's or apex's, takes neither
-#   (trainer/optim.py, build_optimizer).
+#   (trainer/optim.py, build_optimizer). Under clipping.strategy after_allreduce, LAMB's pre-normalization is the clip,
+#   at clipping.max_norm (trainer/clipping.py, effective_optimizer_config).
 INERT_UNDER: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "clipping.max_norm": (("clipping.strategy", ("none",)),),
-    "optimizer.max_grad_norm": (("optimizer.name", ("adamw",)),),
+    "optimizer.max_grad_norm": (("optimizer.name", ("adamw",)), ("clipping.strategy", ("after_allreduce",))),
     "optimizer.use_nvlamb": (("optimizer.name", ("adamw",)),),
 }
 

@@ -301,12 +301,16 @@ def _inert_compare_message(spec: ExperimentSpec, key: str, reasons: list[tuple[s
     if len(whys) == 1:
         governing, value, origin = next(iter(whys))
         there = f"{governing} is {value} in every arm ({origin.replace('the arm', 'each arm')})"
+        reading = _or(_reading_values(governing, dict(INERT_UNDER[dotted])[governing]))
+        fix = (
+            f"set {governing} to {reading} in overrides"
+            if origin.startswith("base")
+            else f"let {governing} be {reading}"
+        )
     else:
         there = "; ".join(f"in arm {arm}, {governing} is {yaml_scalar(value)} ({origin})"
                           for arm, governing, value, origin in reasons)  # fmt: skip
-    _, governing, _, origin = reasons[0]
-    reading = _or(_reading_values(governing, dict(INERT_UNDER[dotted])[governing]))
-    fix = f"set {governing} to {reading} in overrides" if origin.startswith("base") else f"let {governing} be {reading}"
+        fix = f"compare it where {_reads_where(dotted)}"
     return (
         f"{source}: {field}: the trainer reads {dotted} only where {_reads_where(dotted)}, and {there}, so its "
         f"arms would train alike: {fix}, or remove {key} from compare"

@@ -13,7 +13,7 @@ from trainer.config import INERT_UNDER, TrainerConfig, inert_under
 # key -> (two values of it, a value of each governing key that reads it); runs of 4 steps on the tiny model
 CASES = {
     "clipping.max_norm": ((1e-3, 10.0), {"clipping.strategy": "after_allreduce"}),
-    "optimizer.max_grad_norm": ((1e-3, 10.0), {"optimizer.name": "lamb"}),
+    "optimizer.max_grad_norm": ((1e-3, 10.0), {"optimizer.name": "lamb", "clipping.strategy": "none"}),
     "optimizer.use_nvlamb": ((True, False), {"optimizer.name": "lamb"}),
 }
 SETTINGS = {"budget.max_samples": 32, "optimizer.eps": 1e-3}  # an eps that makes the gradient's scale count

@@ -76,10 +76,25 @@ def test_the_when_to_add_keeps_the_parameters_own_conditions(tmp_path):
     path, message = refusal(tmp_path, data)
     assert message == (
         f"{path}: space.optimizer.max_grad_norm: optimizer.name is adamw (a choice of space.optimizer.name), and the "
-        "trainer reads optimizer.max_grad_norm only where optimizer.name is lamb, so its trials would differ in "
-        "nothing there: condition it with when: {clipping.strategy: none, optimizer.name: lamb}, or remove it"
+        "trainer reads optimizer.max_grad_norm only where optimizer.name is lamb and clipping.strategy is not "
+        "after_allreduce, so its trials would differ in nothing there: condition it with when: {clipping.strategy: "
+        "none, optimizer.name: lamb}, or remove it"
     )  # no arms: none named
     load_experiment(write_experiment(tmp_path / "fixed", following(message, data, "optimizer.max_grad_norm")))
+
+
+def test_lambs_threshold_where_lamb_clips_at_clipping_max_norm_is_refused(tmp_path):
+    """Under after_allreduce LAMB's pre-normalization is the clip, at clipping.max_norm: its own threshold is unread."""
+    data = make_experiment(space={**SPACE, "optimizer.max_grad_norm@lamb": {**MAX_NORM, "when": {
+        "optimizer.name": "lamb"}}})  # fmt: skip
+    path, message = refusal(tmp_path, data)
+    assert message == (
+        f"{path}: space.optimizer.max_grad_norm@lamb: in arm optimizer.name=lamb, clipping.strategy is after_allreduce "
+        "(a choice of space.clipping.strategy), and the trainer reads optimizer.max_grad_norm only where "
+        "optimizer.name is lamb and clipping.strategy is not after_allreduce, so its trials would differ in nothing "
+        "there: condition it with when: {optimizer.name: lamb, clipping.strategy: {not: after_allreduce}}, or remove it"
+    )
+    load_experiment(write_experiment(tmp_path / "fixed", following(message, data, "optimizer.max_grad_norm@lamb")))
 
 
 def test_a_key_the_base_config_makes_inert_is_refused_naming_the_key_to_set_in_overrides(tmp_path):
@@ -143,14 +158,32 @@ def test_a_compared_key_no_arm_reads_is_refused(tmp_path):
     )
 
 
+def test_a_compared_key_each_arm_leaves_unread_for_its_own_reason_names_each(tmp_path):
+    space = {**SMALL, "optimizer.name": {"choice": ["adamw", "lamb"]}, "clipping.strategy": {"choice": [
+        "after_allreduce"]}, "optimizer.max_grad_norm": {"choice": [0.5, 2.0]}}  # fmt: skip
+    data = make_experiment(space=space, compare=list(space)[1:], allow_unequal_arms=None)
+    path, message = refusal(tmp_path, data)
+    arms = [f"optimizer.name={name},clipping.strategy=after_allreduce,optimizer.max_grad_norm={norm}"
+            for name in ("adamw", "lamb") for norm in (0.5, 2.0)]  # fmt: skip
+    assert message == (
+        f"{path}: compare[2]: the trainer reads optimizer.max_grad_norm only where optimizer.name is lamb and "
+        f"clipping.strategy is not after_allreduce, and in arm {arms[0]}, optimizer.name is adamw (the arm's compared "
+        f"value); in arm {arms[1]}, optimizer.name is adamw (the arm's compared value); in arm {arms[2]}, "
+        f"clipping.strategy is after_allreduce (the arm's compared value); in arm {arms[3]}, clipping.strategy is "
+        "after_allreduce (the arm's compared value), so its arms would train alike: compare it where optimizer.name is "
+        "lamb and clipping.strategy is not after_allreduce, or remove optimizer.max_grad_norm from compare"
+    )
+
+
 # ------------------------------------------------------------------------------------------------ accepted
 ACCEPTED = {
     "max_norm where a strategy clips": {**SPACE},  # {not: none}
     "max_norm under the strategies listed": {
         **SPACE, "clipping.max_norm": {**MAX_NORM, "when": {"clipping.strategy": {"in": ["after_allreduce"]}}}},
     "use_nvlamb where LAMB runs": {**SPACE, "optimizer.use_nvlamb": {**NVLAMB, "when": {"optimizer.name": "lamb"}}},
-    "max_grad_norm of the LAMB arm": {
-        **SPACE, "optimizer.max_grad_norm@lamb": {**MAX_NORM, "when": {"optimizer.name": "lamb"}}},
+    "max_grad_norm of the LAMB arm, where LAMB clips at it": {
+        **SPACE, "optimizer.max_grad_norm@lamb": {
+            **MAX_NORM, "when": {"optimizer.name": "lamb", "clipping.strategy": {"not": "after_allreduce"}}}},
     "max_norm whose parent is not sampled under AdamW": {
         **SPACE,
         "clipping.strategy": {"choice": ["none", "bucketwise"], "when": {"optimizer.name": "lamb"}},
