@@ -410,11 +410,16 @@ class TrainerConfig(Section):
 #   pre-normalization reads optimizer.max_grad_norm);
 # - optimizer.max_grad_norm, optimizer.use_nvlamb: LAMB's settings; AdamW, PyTorch's or apex's, takes neither
 #   (trainer/optim.py, build_optimizer). Under clipping.strategy after_allreduce, LAMB's pre-normalization is the clip,
-#   at clipping.max_norm (trainer/clipping.py, effective_optimizer_config).
+#   at clipping.max_norm (trainer/clipping.py, effective_optimizer_config);
+# - precision.initial_loss_scale: only fp16 scales the loss; the scaler is off otherwise (auto is bf16 or fp32;
+#   trainer/run.py, trainer/precision.py);
+# - model.half_residual: the residual stream's dtype under autocast, which fp32 does not enter (trainer/layer_norm.py).
 INERT_UNDER: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "clipping.max_norm": (("clipping.strategy", ("none",)),),
     "optimizer.max_grad_norm": (("optimizer.name", ("adamw",)), ("clipping.strategy", ("after_allreduce",))),
     "optimizer.use_nvlamb": (("optimizer.name", ("adamw",)),),
+    "precision.initial_loss_scale": (("precision.dtype", ("auto", "fp32", "bf16")),),
+    "model.half_residual": (("precision.dtype", ("fp32",)),),
 }
 
 

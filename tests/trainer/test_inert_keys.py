@@ -6,6 +6,7 @@ from __future__ import annotations
 import typing
 
 import pytest
+import torch
 
 from tests.trainer.test_train import losses, run
 from trainer.config import INERT_UNDER, TrainerConfig, inert_under
@@ -15,6 +16,8 @@ CASES = {
     "clipping.max_norm": ((1e-3, 10.0), {"clipping.strategy": "after_allreduce"}),
     "optimizer.max_grad_norm": ((1e-3, 10.0), {"optimizer.name": "lamb", "clipping.strategy": "none"}),
     "optimizer.use_nvlamb": ((True, False), {"optimizer.name": "lamb"}),
+    "precision.initial_loss_scale": ((1.0, 2.0**40), {"precision.dtype": "fp16", "device": "cuda"}),  # 2**40 overflows
+    "model.half_residual": ((True, False), {"precision.dtype": "bf16"}),
 }
 SETTINGS = {"budget.max_samples": 32, "optimizer.eps": 1e-3}  # an eps that makes the gradient's scale count
 
@@ -44,10 +47,15 @@ def test_every_key_and_value_is_the_trainers_and_has_its_case():
 @pytest.mark.parametrize(
     ("key", "governing", "value"), [pytest.param(*c, id=f"{c[0]}-{c[1]}={c[2]}") for c in inert_cases()]
 )
-def test_the_key_trains_alike_under_the_value_that_makes_it_inert_and_not_under_one_that_reads_it(
-    tmp_path, key, governing, value
-):
+def test_the_key_trains_alike_under_a_value_that_makes_it_inert(tmp_path, key, governing, value):
     values, reading = CASES[key]
-    inert = {**reading, governing: value}
+    inert = {**{k: v for k, v in reading.items() if k != "device"}, governing: value}  # on the CPU
     assert trained(tmp_path, key, values[0], inert) == trained(tmp_path, key, values[1], inert)
+
+
+@pytest.mark.parametrize("key", CASES)
+def test_the_key_changes_the_training_under_a_value_that_reads_it(tmp_path, key):
+    values, reading = CASES[key]
+    if reading.get("device") == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"{key} is read under {reading}, which needs a CUDA device")
     assert trained(tmp_path, key, values[0], reading) != trained(tmp_path, key, values[1], reading)

@@ -21,7 +21,7 @@ from tests.hpo.experiment.test_input_checks import refusal
 
 SPACE = make_experiment()["space"]  # compares optimizer.name (adamw, lamb); clipping.strategy a choice of none too
 MAX_NORM = {"float": [0.1, 10.0], "log": True}
-NVLAMB = {"choice": [True, False]}
+SWITCH = {"choice": [True, False]}
 SMALL = {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}}  # a space that tunes nothing else
 
 
@@ -55,7 +55,7 @@ def test_a_threshold_tuned_where_a_choice_clips_nothing_is_refused_naming_the_ar
 
 
 def test_a_lamb_setting_tuned_in_the_adamw_arm_is_refused_naming_the_arms_compared_value(tmp_path):
-    data = make_experiment(space={**SPACE, "optimizer.use_nvlamb": NVLAMB})
+    data = make_experiment(space={**SPACE, "optimizer.use_nvlamb": SWITCH})
     path, message = refusal(tmp_path, data)
     assert message == (
         f"{path}: space.optimizer.use_nvlamb: in arm optimizer.name=adamw, optimizer.name is adamw (the arm's compared "
@@ -131,7 +131,7 @@ def test_a_choice_whose_parameter_is_inactive_does_not_decide_the_base_config_do
 
 
 def test_a_key_no_choice_of_the_space_reads_is_to_be_removed(tmp_path):
-    data = alone({**SMALL, "optimizer.name": {"choice": ["adamw"]}, "optimizer.use_nvlamb": NVLAMB})
+    data = alone({**SMALL, "optimizer.name": {"choice": ["adamw"]}, "optimizer.use_nvlamb": SWITCH})
     path, message = refusal(tmp_path, data)
     assert message.startswith(f"{path}: space.optimizer.use_nvlamb: optimizer.name is adamw (a choice of space.")
     assert message.endswith("so its trials would differ in nothing there: no choice of the space reads it; remove it")
@@ -140,7 +140,7 @@ def test_a_key_no_choice_of_the_space_reads_is_to_be_removed(tmp_path):
 def test_a_compared_key_no_arm_reads_is_refused(tmp_path):
     """Compared keys take no `when`: each of its arms would train alike."""
     overrides = {"budget.max_samples": 4096, "optimizer.name": "adamw"}
-    data = make_experiment(space={**SMALL, "optimizer.use_nvlamb": NVLAMB}, compare=["optimizer.use_nvlamb"],
+    data = make_experiment(space={**SMALL, "optimizer.use_nvlamb": SWITCH}, compare=["optimizer.use_nvlamb"],
                            overrides=overrides, allow_unequal_arms=None)  # fmt: skip
     path, message = refusal(tmp_path, data)
     assert message == (
@@ -175,12 +175,33 @@ def test_a_compared_key_each_arm_leaves_unread_for_its_own_reason_names_each(tmp
     )
 
 
+def test_precision_settings_tuned_where_the_precision_does_not_read_them_are_refused(tmp_path):
+    """The loss scale is fp16's alone (auto is bf16 or fp32); the residual stream's dtype is autocast's, which fp32
+    does not enter."""
+    on_gpus = {"gpus": "all", "gpus_per_trial": 1}
+    scale = alone({**SMALL, "precision.initial_loss_scale": {"float": [1.0, 65536.0], "log": True}}, resources=on_gpus)
+    path, message = refusal(tmp_path / "scale", scale)
+    assert message == (
+        f"{path}: space.precision.initial_loss_scale: precision.dtype is auto (base_config + overrides), and the "
+        "trainer reads precision.initial_loss_scale only where precision.dtype is fp16, so its trials would differ in "
+        "nothing there: set precision.dtype to fp16 in overrides, or remove it"
+    )
+    space = {**SMALL, "precision.dtype": {"choice": ["fp32", "bf16"]}, "model.half_residual": SWITCH}
+    residual = make_experiment(space=space, compare=["precision.dtype"], allow_unequal_arms=None, resources=on_gpus)
+    path, message = refusal(tmp_path / "residual", residual)
+    assert message == (
+        f"{path}: space.model.half_residual: in arm precision.dtype=fp32, precision.dtype is fp32 (the arm's compared "
+        "value), and the trainer reads model.half_residual only where precision.dtype is not fp32, so its trials "
+        "would differ in nothing there: condition it with when: {precision.dtype: {not: fp32}}, or remove it"
+    )
+
+
 # ------------------------------------------------------------------------------------------------ accepted
 ACCEPTED = {
     "max_norm where a strategy clips": {**SPACE},  # {not: none}
     "max_norm under the strategies listed": {
         **SPACE, "clipping.max_norm": {**MAX_NORM, "when": {"clipping.strategy": {"in": ["after_allreduce"]}}}},
-    "use_nvlamb where LAMB runs": {**SPACE, "optimizer.use_nvlamb": {**NVLAMB, "when": {"optimizer.name": "lamb"}}},
+    "use_nvlamb where LAMB runs": {**SPACE, "optimizer.use_nvlamb": {**SWITCH, "when": {"optimizer.name": "lamb"}}},
     "max_grad_norm of the LAMB arm, where LAMB clips at it": {
         **SPACE, "optimizer.max_grad_norm@lamb": {
             **MAX_NORM, "when": {"optimizer.name": "lamb", "clipping.strategy": {"not": "after_allreduce"}}}},
@@ -198,20 +219,20 @@ def test_a_key_conditioned_on_what_the_trainer_reads_it_under_is_accepted(tmp_pa
 
 
 def test_a_key_the_base_config_or_every_arm_reads_needs_no_condition(tmp_path):
-    lamb = alone({**SMALL, "optimizer.use_nvlamb": NVLAMB, "optimizer.max_grad_norm": MAX_NORM})  # the base: lamb
+    lamb = alone({**SMALL, "optimizer.use_nvlamb": SWITCH, "optimizer.max_grad_norm": MAX_NORM})  # the base: lamb
     load_experiment(write_experiment(tmp_path / "lamb", lamb))
     clipping = alone({**SMALL, "clipping.max_norm": MAX_NORM}, overrides={"clipping.strategy": "after_allreduce"})
     load_experiment(write_experiment(tmp_path / "clipping", clipping))
-    both = make_experiment(space={**SPACE, "optimizer.use_nvlamb": NVLAMB}, compare=["optimizer.name",
+    both = make_experiment(space={**SPACE, "optimizer.use_nvlamb": SWITCH}, compare=["optimizer.name",
                            "optimizer.use_nvlamb"])  # fmt: skip
     load_experiment(write_experiment(tmp_path / "both", both))  # the LAMB arms compare it
-    tuned = make_experiment(space={**SPACE, "optimizer.use_nvlamb": NVLAMB}, compare=["optimizer.use_nvlamb"],
+    tuned = make_experiment(space={**SPACE, "optimizer.use_nvlamb": SWITCH}, compare=["optimizer.use_nvlamb"],
                             allow_unequal_arms=None)  # fmt: skip
     load_experiment(write_experiment(tmp_path / "tuned", tuned))  # each arm tunes optimizer.name, LAMB reads it
 
 
 def test_a_stored_experiment_that_tuned_an_inert_key_is_still_read_as_it_ran(tmp_path):
-    data = make_experiment(space={**SPACE, "clipping.max_norm": MAX_NORM, "optimizer.use_nvlamb": NVLAMB},
+    data = make_experiment(space={**SPACE, "clipping.max_norm": MAX_NORM, "optimizer.use_nvlamb": SWITCH},
                            base_config=TINY_BASE)  # fmt: skip
     with pytest.raises(ExperimentFileError, match="space.clipping.max_norm: in arm optimizer.name=adamw"):
         experiment_from_dict(data, "<new>")
