@@ -433,6 +433,29 @@ def inert_under(key: str, value_of: Callable[[str], Any]) -> tuple[str, Any] | N
     return None
 
 
+def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
+    """Settings of `cfg` that its run would not read: key -> `key: why; what to do`. A decay horizon in samples beside
+    one in steps (the steps win), checkpoints every so many samples without a directory to write them to, the noise
+    scale's interval or decay with the noise scale off. `python -m trainer` refuses them before any work, and so do
+    the experiment checks (but checkpoint.every_samples where the controller gives trials their directory)."""
+    unread = {}
+    schedule, checkpoint, log = cfg.schedule, cfg.checkpoint, cfg.log
+    if schedule.total_steps is not None and schedule.horizon_samples is not None:
+        unread["schedule.horizon_samples"] = (
+            f"schedule.horizon_samples: {schedule.horizon_samples}, but schedule.total_steps ({schedule.total_steps}) "
+            "sets the decay horizon, in steps: set one of them")  # fmt: skip
+    if checkpoint.every_samples is not None and checkpoint.dir is None:
+        unread["checkpoint.every_samples"] = (
+            f"checkpoint.every_samples: {checkpoint.every_samples}, but checkpoint.dir is not set, so no checkpoint "
+            "is saved: set checkpoint.dir, or remove checkpoint.every_samples")  # fmt: skip
+    if not log.noise_scale:
+        for key in ("noise_scale_every", "noise_scale_decay"):
+            if (value := getattr(log, key)) != LogConfig.model_fields[key].default:
+                unread[f"log.{key}"] = (f"log.{key}: {value}, but log.noise_scale is false, so no noise scale is "
+                                        f"measured: set log.noise_scale to true, or remove log.{key}")  # fmt: skip
+    return unread
+
+
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid trainer config ({source}):"]
     for e in err.errors():

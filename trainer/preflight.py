@@ -34,7 +34,7 @@ from trainer.checkpoint import (
     saved_position,
     saved_state,
 )
-from trainer.config import TrainerConfig, file_in_the_way
+from trainer.config import TrainerConfig, file_in_the_way, unread_settings
 from trainer.data.shards import count_samples
 from trainer.distributed import DistEnv, dist_env_from_environ, pick_device
 from trainer.errors import BackendUnavailableError, CheckpointError, ConfigError, DataError, error_line
@@ -215,7 +215,11 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     data.shuffle, balance.method; balance.bins and data.max_seq_length where the method bins the sequences by length)
     or micro-batch wrote, or that another number of ranks saved where this run's plan of the epoch does not reach the
     same samples (`resumed_batch`); and a schedule.total_steps that ends before a run nothing can stop sooner
-    (`check_decay_horizon`)."""
+    (`check_decay_horizon`); and settings the run would not read (`unread_settings`)."""
+    if unread := list(unread_settings(cfg).values()):
+        raise ConfigError(
+            unread[0] if len(unread) == 1 else "settings this run would not read:\n  " + "\n  ".join(unread)
+        )
     check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:

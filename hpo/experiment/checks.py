@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from hpo.errors import ExperimentFileError
-from hpo.experiment.arms import ArmPlan, arm_dimensions, arm_plans, arms, unequal_dimensions, yaml_scalar
+from hpo.experiment.arms import (
+    ArmPlan,
+    arm_dimensions,
+    arm_plans,
+    arms,
+    continues_from_checkpoint,
+    unequal_dimensions,
+    yaml_scalar,
+)
 from hpo.experiment.rungs import asha_plan
 from hpo.experiment.schema import NATURAL_DIRECTION, number_kind
 from hpo.nni.config import check_nni_spec
@@ -21,7 +29,15 @@ from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
 from search_spaces.grid import grid_points, not_a_choice
 from search_spaces.space import CategoricalParam, Clause, FloatParam, SearchSpace, trainer_key
-from trainer.config import INERT_UNDER, ConfigError, TrainerConfig, config_from_dict, inert_under, set_dotted
+from trainer.config import (
+    INERT_UNDER,
+    ConfigError,
+    TrainerConfig,
+    config_from_dict,
+    inert_under,
+    set_dotted,
+    unread_settings,
+)
 
 if TYPE_CHECKING:
     from hpo.experiment.schema import ExperimentSpec
@@ -40,6 +56,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
     _check_objective(spec, cfg, source)
     _check_resources(spec, cfg, source)
     if current_rules:
+        _check_unread_settings(spec, resolved, source)
         _check_inert_keys(spec, cfg, source)
         _check_equal_arms(spec, source)
         _check_equal_budgets(spec, source)
@@ -153,6 +170,32 @@ def _check_compare(spec: ExperimentSpec, source: str) -> None:
         raise ExperimentFileError(
             f"{source}: budget.trials: {spec.budget.trials} trials cannot cover the {n_arms} arms of compare"
         )
+
+
+def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], source: str) -> None:
+    """Settings the trials' runs would not read (`trainer.config.unread_settings`: a decay horizon in samples beside
+    one in steps, checkpoint.every_samples without checkpoint.dir, the noise scale's settings with it off), refused
+    before any trial fails on them: in the base config, and with each value the space tunes (each choice, a range's
+    bounds). checkpoint.every_samples is read where the controller gives each trial its checkpoint directory
+    (Hyperband, ASHA)."""
+    given_dir = continues_from_checkpoint(spec)
+    settings: list[tuple[str | None, Any]] = [(None, None)]
+    for name in spec.space:
+        param = spec.space[name]
+        settings += [
+            (name, v) for v in (param.choices if isinstance(param, CategoricalParam) else (param.low, param.high))
+        ]
+    for name, value in settings:
+        raw = resolved
+        if name is not None:
+            raw = copy.deepcopy(resolved)
+            set_dotted(raw, trainer_key(name), value)
+        unread = unread_settings(config_from_dict(raw))
+        if given_dir:
+            unread.pop("checkpoint.every_samples", None)
+        if unread:
+            where = "base_config + overrides" if name is None else f"space.{name}: with {yaml_scalar(value)}"
+            raise ExperimentFileError(f"{source}: {where}: {next(iter(unread.values()))}")
 
 
 # ------------------------------------------------------------------------------------------------ inert keys

@@ -569,9 +569,20 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
         ({"checkpoint.dir": "''"}, "checkpoint.dir: an empty path: give a path"),  # wrote into the cwd
         ({"data.eval": "''"}, "data.eval: an empty path: give a path"),  # "no shard files found for ''"
         ({"optimizer.impl": "apex"}, "optimizer.impl: apex needs NVIDIA apex, which cannot be imported"),  # a crash
+        # settings the run would not read (trainer.config.unread_settings): said, not ignored
+        ({"checkpoint.every_samples": 16}, "error: checkpoint.every_samples: 16, but checkpoint.dir is not set, so "
+                                           "no checkpoint is saved: set checkpoint.dir, or remove"),
+        ({"schedule.total_steps": 100, "schedule.horizon_samples": 80}, "error: schedule.horizon_samples: 80, but "
+                                                                        "schedule.total_steps (100) sets the decay "
+                                                                        "horizon, in steps: set one of them"),
+        ({"log.noise_scale": "false", "log.noise_scale_every": 4, "log.noise_scale_decay": 0.5},
+         "error: settings this run would not read:\n  log.noise_scale_every: 4, but log.noise_scale is false, so no "
+         "noise scale is measured: set log.noise_scale to true, or remove log.noise_scale_every\n  "
+         "log.noise_scale_decay: 0.5, but log.noise_scale is false"),
     ],
-    ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed"],
-)
+    ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed", "checkpoints-without-dir",
+         "two-decay-horizons", "noise-scale-settings-with-it-off"],
+)  # fmt: skip
 def test_settings_this_run_cannot_use_are_refused_before_any_work(tmp_path, capsys, monkeypatch, override, says):
     pytest.importorskip("torch")
     if "optimizer.impl" in override and importlib.util.find_spec("apex") is not None:
