@@ -111,7 +111,7 @@ def test_a_run_that_resumes_with_auto_keeps_its_checkpoints_micro_batch_and_cont
     """Trained 40 samples with micro-batch 4 (accumulation 2), resumed with auto: auto would take 8 here, but the
     loop's position counts micro-batches, so the resumed run keeps 4 and continues the uninterrupted losses."""
     common = {"batch.micro_batch_size": 4, "checkpoint.every_samples": 40, "schedule.total_steps": 12}
-    _, uninterrupted = run(tmp_path / "full", **common)
+    _, uninterrupted = run(tmp_path / "full", **common, **{"checkpoint.dir": str(tmp_path / "full" / "ck")})
     ck = str(tmp_path / "part" / "ck")
     _, part1 = run(tmp_path / "part", **common, **{"budget.max_samples": 40, "checkpoint.dir": ck})
     second, records = run(tmp_path / "part", **{**common, "batch.micro_batch_size": "auto", "checkpoint.dir": ck})

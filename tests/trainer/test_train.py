@@ -371,7 +371,7 @@ def test_resume_continues_the_same_loss_sequence(tmp_path, static):
         "checkpoint.every_samples": 40,
         "model.static_shapes": static,
     }
-    _, uninterrupted = run(full_dir, **common)
+    _, uninterrupted = run(full_dir, **common, **{"checkpoint.dir": str(full_dir / "ck")})
     # Stop after 5 steps (a checkpoint at 40 samples), then resume with the full budget.
     first, part1 = run(part_dir, **common, **{"budget.max_samples": 40, "checkpoint.dir": str(part_dir / "ck")})
     assert first.status == "budget_exhausted" and first.samples == 40
