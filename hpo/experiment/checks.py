@@ -64,6 +64,7 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
         _check_seed(spec, cfg, source)
         _check_clipping_ranks(spec, cfg, source)
         _check_resources_read(spec, source)
+        _check_settings_read(spec, source)
         if spec.resources.gpus == "none":
             _check_cpu_trials(spec, cfg, source)
 
@@ -601,7 +602,7 @@ def _check_resources_read(spec: ExperimentSpec, source: str) -> None:
 def ignored_on_dask(resources) -> str | None:
     """What of `resources` the dask runner would not read, in words (None: nothing): it places each trial on a
     worker that declares the GPUs it needs (`dask worker --resources GPU=N`), so it takes neither this machine's GPU
-    ids nor a share of a GPU (`trials_per_gpu`)."""
+    ids nor a share of a GPU (`trials_per_gpu`), and runs a CPU trial on each of its workers' threads (`cpu_slots`)."""
     if isinstance(resources.gpus, list):
         return (f"resources.gpus: {resources.gpus} are GPU ids of this machine, but the dask runner places trials "
                 "on the GPUs its workers declare (dask worker --resources GPU=N): set resources.gpus to all (or "
@@ -609,7 +610,35 @@ def ignored_on_dask(resources) -> str | None:
     if resources.trials_per_gpu > 1:
         return (f"resources.trials_per_gpu: {resources.trials_per_gpu}, but the dask runner gives each trial whole "
                 "GPUs of a worker (resources.gpus_per_trial of them), never a share of one: remove it")  # fmt: skip
+    if resources.cpu_slots > 1:
+        return (f"resources.cpu_slots: {resources.cpu_slots}, but the dask runner runs a CPU trial on each thread "
+                "of its workers (dask worker --nthreads N): remove it, and give the workers the threads")  # fmt: skip
     return None
+
+
+def _check_settings_read(spec: ExperimentSpec, source: str) -> None:
+    """Experiment settings only some tuners, objectives or engines read, given where none would read them (a value
+    other than the default): Hyperband's budgets under another tuner, the penalty of a miss under an accuracy metric,
+    runner.preload under NNI's manager (which starts every trial itself)."""
+    budget, defaults = spec.budget, type(spec.budget).model_fields
+    if spec.tuner.name not in ("smac_hyperband", "asha"):
+        for key in ("min_budget", "max_budget", "eta"):
+            if getattr(budget, key) != defaults[key].default:
+                raise ExperimentFileError(
+                    f"{source}: budget.{key}: {getattr(budget, key):g}, but tuner {spec.tuner.name} trains every "
+                    "trial to the full budget; budget.min_budget, max_budget and eta are read by smac_hyperband and "
+                    "asha: remove it, or choose one of them"
+                )
+    penalty = type(spec.objective).model_fields["penalty_factor"].default
+    if spec.objective.metric.endswith("_accuracy") and spec.objective.penalty_factor != penalty:
+        raise ExperimentFileError(
+            f"{source}: objective.penalty_factor: {spec.objective.penalty_factor:g}, but it scores a run that misses "
+            f"the target under samples_to_target and time_to_target_s; {spec.objective.metric} scores the accuracy "
+            "itself (0 for a run that did not end normally): remove it"
+        )
+    if spec.engine == "nni" and not spec.runner.preload:
+        raise ExperimentFileError(f"{source}: runner.preload: false, but under engine: nni NNI's manager starts "
+                                  "every trial itself, without a launcher to fork from: remove it")  # fmt: skip
 
 
 def _check_tuner_seed(spec: ExperimentSpec, source: str) -> None:

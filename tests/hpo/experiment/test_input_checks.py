@@ -289,8 +289,11 @@ def test_gpus_asked_of_an_experiment_without_gpus_are_refused_not_ignored(tmp_pa
                            "(or none)"),
         ({"trials_per_gpu": 2}, "resources.trials_per_gpu: 2, but the dask runner gives each trial whole GPUs of a "
                                 "worker (resources.gpus_per_trial of them), never a share of one: remove it"),
+        ({"gpus": "none", "cpu_slots": 2}, "resources.cpu_slots: 2, but the dask runner runs a CPU trial on each "
+                                           "thread of its workers (dask worker --nthreads N): remove it, and give the "
+                                           "workers the threads"),
     ],
-    ids=["gpu-ids", "trials-per-gpu"],
+    ids=["gpu-ids", "trials-per-gpu", "cpu-slots"],
 )  # fmt: skip
 def test_resources_the_dask_runner_would_not_read_are_refused(tmp_path, resources, says):
     dask = {"name": "dask", "scheduler": "tcp://127.0.0.1:8786"}
@@ -299,3 +302,27 @@ def test_resources_the_dask_runner_would_not_read_are_refused(tmp_path, resource
     path, message = refusal(tmp_path, {**data, "resources": resources})
     assert message == f"{path}: {says}", message
     load_experiment(write_experiment(tmp_path, {**data, "resources": {"gpus": "all", "trials_per_gpu": 1}}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"budget": {"trials": 2, "eta": 4}}, "budget.eta: 4, but tuner random trains every trial to the full "
+                                              "budget; budget.min_budget, max_budget and eta are read by "
+                                              "smac_hyperband and asha: remove it, or choose one of them"),
+        ({"budget": {"trials": 2, "min_budget": 0.25}}, "budget.min_budget: 0.25, but tuner random trains every"),
+        ({"objective": {"metric": "best_mlm_accuracy", "penalty_factor": 3.0}},
+         "objective.penalty_factor: 3, but it scores a run that misses the target under samples_to_target and "
+         "time_to_target_s; best_mlm_accuracy scores the accuracy itself (0 for a run that did not end normally): "
+         "remove it"),
+    ],
+    ids=["eta-without-hyperband", "min-budget-without-hyperband", "penalty-of-an-accuracy-metric"],
+)  # fmt: skip
+def test_settings_no_part_of_the_experiment_would_read_are_refused(tmp_path, changes, says):
+    data = {"name": "unread", "base_config": str(DEMO_CPU), "space": {"optimizer.lr": {"float": [1e-3, 1e-2]}},
+            "tuner": {"name": "random"}, "budget": {"trials": 2}, "resources": {"gpus": "none"}}  # fmt: skip
+    path, message = refusal(tmp_path, {**data, **changes})
+    assert message.startswith(f"{path}: {says}"), message
+    read = {**data, "tuner": {"name": "smac_hyperband"}, "budget": {"trials": 2, "eta": 4, "min_budget": 0.25},
+            "objective": {"metric": "samples_to_target", "penalty_factor": 3.0}}  # fmt: skip
+    load_experiment(write_experiment(tmp_path / "read", read))

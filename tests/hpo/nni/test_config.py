@@ -183,6 +183,16 @@ def test_what_nni_cannot_run_is_refused_naming_the_field(tmp_path, change, messa
         spec_of(tmp_path, **change)
 
 
+def test_runner_preload_off_under_nni_is_refused_as_nni_starts_every_trial_itself(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_tpe", 6, 2)
+    data.update(engine="nni", runner={"preload": False})
+    with pytest.raises(ExperimentFileError, match="^exp.yaml: runner.preload: false, but under engine: nni NNI's "
+                                                  "manager starts every trial itself, without a launcher to fork "
+                                                  "from: remove it$"):  # fmt: skip
+        experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
+    experiment_from_dict({**data, "runner": {"preload": True}}, "exp.yaml", base_dir=tmp_path)
+
+
 MEDIANSTOP = {"assessor": "medianstop"}
 
 
