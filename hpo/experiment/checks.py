@@ -588,7 +588,8 @@ TUNER_SEED_LIMIT = 2**32  # SMAC3 and NumPy's legacy seeding take 0 to 2**32 - 1
 
 def _check_resources_read(spec: ExperimentSpec, source: str) -> None:
     """Resources the trials' placement would not read: this machine's GPU ids where the trials run on other machines
-    (NNI's remote service: each machine's own ids) or on a Dask cluster (`ignored_on_dask`)."""
+    (NNI's remote service: each machine's own ids) or on a Dask cluster (`ignored_on_dask`); a host's limits and
+    slots on the simulated runner (`ignored_when_simulated`)."""
     if spec.resources.machines and isinstance(spec.resources.gpus, list):
         raise ExperimentFileError(
             f"{source}: resources.gpus: {spec.resources.gpus} are GPU ids of this machine, but the trials run on "
@@ -597,6 +598,20 @@ def _check_resources_read(spec: ExperimentSpec, source: str) -> None:
         )
     if spec.runner.name == "dask" and (ignored := ignored_on_dask(spec.resources)):
         raise ExperimentFileError(f"{source}: {ignored}")
+    if spec.runner.name == "simulated" and (ignored := ignored_when_simulated(spec)):
+        raise ExperimentFileError(f"{source}: {ignored}")
+
+
+def ignored_when_simulated(spec: ExperimentSpec) -> str | None:
+    """What the simulated runner would not read, in words (None: nothing): it starts no process and its slots are
+    budget.max_parallel, each training at the pace of resources.gpus_per_trial whole GPUs."""
+    res, why = spec.resources, "the simulated runner starts no process"
+    slots = "its slots are budget.max_parallel, each as fast as resources.gpus_per_trial whole GPUs"
+    ignored = [(res.memory_limit_mb is not None, f"resources.memory_limit_mb: {res.memory_limit_mb}", why),
+               (res.cpu_slots > 1, f"resources.cpu_slots: {res.cpu_slots}", slots),
+               (res.trials_per_gpu > 1, f"resources.trials_per_gpu: {res.trials_per_gpu}", slots),
+               (not spec.runner.preload, "runner.preload: false", why)]  # fmt: skip
+    return next((f"{field}, but {reason}: remove it" for unread, field, reason in ignored if unread), None)
 
 
 def ignored_on_dask(resources) -> str | None:

@@ -67,7 +67,7 @@ from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_labels, batch_study
 from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
 from hpo.plan.combined import covering_table, sources_line
-from hpo.plan.proxy import table_proxy
+from hpo.plan.proxy import simulated_resources, table_proxy
 from hpo.plan.truth import JUDGED, Truth, batch_truths, stated_handicap, table_truth
 from hpo.runners import build_runner
 from hpo.simulation.cost import experiment_cost
@@ -222,7 +222,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
 def _on_simulated(data: dict[str, Any], table: Path) -> dict[str, Any]:
     """A real file's self-contained form on the simulated runner over `table`, as it is."""
     data = {**data, "engine": "local", "runner": {"name": "simulated", "simulation": {"table": str(table)}}}
-    return {**data, "resources": {**data["resources"], "machines": []}}
+    return {**data, "resources": simulated_resources(data["resources"])}
 
 
 def cpu_time_limits(spec) -> tuple[str, ...]:

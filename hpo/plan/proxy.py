@@ -40,6 +40,12 @@ from trainer.config import config_from_dict, set_dotted
 BATCH, LR, WARMUP, OPTIMIZER = "batch.global_batch_size", "optimizer.lr", "schedule.warmup_steps", "optimizer.name"
 
 
+def simulated_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """A real file's resources as the simulated runner takes them: slots of whole GPUs on no machine of its own,
+    without the host's process limits (what a simulated file may not set: `hpo.experiment.checks`)."""
+    return {**resources, "machines": [], "memory_limit_mb": None, "cpu_slots": 1, "trials_per_gpu": 1}
+
+
 def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str, Any], list[str]]:
     """(`data`, the self-contained form of `spec`, moved onto `table` for `runner: simulated`; the assumptions that
     move states). HpoError when even the file's shape cannot be kept (more batch sizes, or other optimizers, than
@@ -92,7 +98,7 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
     moved = {**data, "base_config": table_base, "overrides": {}, "space": space, "engine": "local",
              "runner": {"name": "simulated", "simulation": {"table": str(table.path), "sample_scale": scale,
                                                             "assume_no_effect": equal}},
-             "resources": {**data["resources"], "machines": []}}  # fmt: skip
+             "resources": simulated_resources(data["resources"])}  # fmt: skip
     moved.pop("allow_unequal_arms", None)  # what made the file's arms unequal is held at its best (or is the table's)
     if table.per_batch and BATCH in {trainer_key(n) for n in space}:
         moved["allow_unequal_arms"] = "planned on the curve table: each batch size has the table's own run length"

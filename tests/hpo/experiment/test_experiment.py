@@ -266,9 +266,10 @@ def compared_only(tmp_path: Path, tuner: str, engine: str = "local") -> Path:
             "space": {"optimizer.name": {"choice": ["adamw", "lamb"]}},
             "overrides": {"optimizer.lr": 0.001, "schedule.warmup_steps": 0, "eval.every_samples": 1024,
                           "eval.max_samples": 512, "eval.target_mlm_accuracy": 0.12, "budget.max_samples": 12288},
-            "compare": ["optimizer.name"], "tuner": {"name": tuner}, "budget": {"trials": 2, "confirm_seeds": 2},
+            "compare": ["optimizer.name"], "tuner": {"name": tuner},
+            "budget": {"trials": 2, "confirm_seeds": 2, "max_parallel": 2},
             "runner": {"name": "simulated", "simulation": {"table": "curves"}}, "engine": engine,
-            "resources": {"gpus": "none", "cpu_slots": 2}}  # fmt: skip
+            "resources": {"gpus": "none"}}  # fmt: skip
     return write_experiment(tmp_path, data, f"fixed_{tuner}.yaml")
 
 

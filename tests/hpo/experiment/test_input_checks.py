@@ -326,3 +326,36 @@ def test_settings_no_part_of_the_experiment_would_read_are_refused(tmp_path, cha
     read = {**data, "tuner": {"name": "smac_hyperband"}, "budget": {"trials": 2, "eta": 4, "min_budget": 0.25},
             "objective": {"metric": "samples_to_target", "penalty_factor": 3.0}}  # fmt: skip
     load_experiment(write_experiment(tmp_path / "read", read))
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"resources": {"gpus": "none", "memory_limit_mb": 4000}},
+         "resources.memory_limit_mb: 4000, but the simulated runner starts no process: remove it"),
+        ({"resources": {"gpus": "none", "cpu_slots": 4}},
+         "resources.cpu_slots: 4, but its slots are budget.max_parallel, each as fast as resources.gpus_per_trial "
+         "whole GPUs: remove it"),
+        ({"resources": {"trials_per_gpu": 2}}, "resources.trials_per_gpu: 2, but its slots are budget.max_parallel"),
+        ({"runner": {"name": "simulated", "preload": False, "simulation": {"table": "curves"}}},
+         "runner.preload: false, but the simulated runner starts no process: remove it"),
+    ],
+    ids=["memory-limit", "cpu-slots", "trials-per-gpu", "preload-off"],
+)  # fmt: skip
+def test_what_the_simulated_runner_would_not_read_is_refused(tmp_path, changes, says):
+    path, message = refusal(tmp_path, simulated(**changes))
+    assert message.startswith(f"{path}: {says}"), message
+
+
+def test_a_real_file_with_host_limits_is_planned_without_them(tmp_path):
+    """`hpo plan` of a CPU file with a memory limit and two slots: the simulated runner reads neither, so the plan
+    leaves them out, on the default table as on a table it moves the file onto."""
+    from hpo.plan.forecast import PlanOptions, prepare_plan
+
+    real = {k: v for k, v in simulated(resources={"gpus": "none", "memory_limit_mb": 4000, "cpu_slots": 2}).items()
+            if k != "runner"}  # fmt: skip
+    plan = prepare_plan(str(write_experiment(tmp_path, real)), PlanOptions(repetitions=1))
+    assert plan.moved and (plan.spec.resources.memory_limit_mb, plan.spec.resources.cpu_slots) == (None, 1)
+    moved = {**real, "space": {**real["space"], "optimizer.beta2": {"float": [0.9, 0.999]}}}  # the table lacks beta2
+    plan = prepare_plan(str(write_experiment(tmp_path / "moved", moved)), PlanOptions(repetitions=1))
+    assert plan.assumptions and (plan.spec.resources.memory_limit_mb, plan.spec.resources.cpu_slots) == (None, 1)
