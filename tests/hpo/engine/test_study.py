@@ -45,6 +45,7 @@ def tiny_overrides(data_dir: Path, **extra) -> dict:
 
 def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, compare=(), budget=None,
               resources=None, runner=None, tuner_options=None, **overrides):  # fmt: skip
+    dask = (runner or {}).get("name") == "dask"
     data = {
         "name": name,
         "base_config": {},
@@ -53,7 +54,7 @@ def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, 
         "compare": list(compare),
         "tuner": {"name": tuner, "seed": 0, "options": tuner_options or {}},
         "budget": {"trials": trials, "max_parallel": 2, "trial_timeout_s": 120, **(budget or {})},
-        "resources": {"gpus": "none", "cpu_slots": 2, **(resources or {})},
+        "resources": {"gpus": "none", "cpu_slots": 1 if dask else 2, **(resources or {})},  # dask: its threads
         "runner": runner or {"name": "local"},
     }
     return experiment_from_dict(data, f"{name}.yaml", base_dir=tmp_path)
