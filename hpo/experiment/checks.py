@@ -644,6 +644,16 @@ def _check_settings_read(spec: ExperimentSpec, source: str) -> None:
                     "trial to the full budget; budget.min_budget, max_budget and eta are read by smac_hyperband and "
                     "asha: remove it, or choose one of them"
                 )
+    options = spec.tuner.options
+    if spec.tuner.name == "asha":
+        for option, key in (("eta", "eta"), ("min_samples", "min_budget"), ("max_samples", "max_budget")):
+            if option in options and getattr(budget, key) != defaults[key].default:
+                raise ExperimentFileError(f"{source}: budget.{key}: {getattr(budget, key):g}, but tuner.options."
+                                          f"{option} sets asha's in its place: remove one of them")  # fmt: skip
+        unread = [key for key in ("min_points_in_model", "random_fraction") if key in options]
+        if options.get("sampler") == "random" and unread:
+            raise ExperimentFileError(f"{source}: tuner.options.{unread[0]}: read where asha samples from its model, "
+                                      "and sampler is random: remove it, or set sampler: model")  # fmt: skip
     penalty = type(spec.objective).model_fields["penalty_factor"].default
     if spec.objective.metric.endswith("_accuracy") and spec.objective.penalty_factor != penalty:
         raise ExperimentFileError(

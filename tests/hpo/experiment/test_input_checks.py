@@ -315,8 +315,14 @@ def test_resources_the_dask_runner_would_not_read_are_refused(tmp_path, resource
          "objective.penalty_factor: 3, but it scores a run that misses the target under samples_to_target and "
          "time_to_target_s; best_mlm_accuracy scores the accuracy itself (0 for a run that did not end normally): "
          "remove it"),
+        ({"tuner": {"name": "asha", "options": {"eta": 2}}, "budget": {"trials": 2, "eta": 4}},
+         "budget.eta: 4, but tuner.options.eta sets asha's in its place: remove one of them"),
+        ({"tuner": {"name": "asha", "options": {"sampler": "random", "random_fraction": 0.5}}},
+         "tuner.options.random_fraction: read where asha samples from its model, and sampler is random: remove it, "
+         "or set sampler: model"),
     ],
-    ids=["eta-without-hyperband", "min-budget-without-hyperband", "penalty-of-an-accuracy-metric"],
+    ids=["eta-without-hyperband", "min-budget-without-hyperband", "penalty-of-an-accuracy-metric",
+         "asha-eta-twice", "asha-model-options-with-random-sampling"],
 )  # fmt: skip
 def test_settings_no_part_of_the_experiment_would_read_are_refused(tmp_path, changes, says):
     data = {"name": "unread", "base_config": str(DEMO_CPU), "space": {"optimizer.lr": {"float": [1e-3, 1e-2]}},
