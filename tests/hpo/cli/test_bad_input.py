@@ -552,15 +552,15 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
     import hpo.engine.local as local
     from hpo.engine.liveness import controller_identity, liveness
 
-    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.4")  # a controller silent for 0.6 s counts as gone
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "1.0")  # a controller silent for 1.5 s counts as gone
     path = write(tmp_path / "exp.yaml", small_preset(name="starting"))
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     real_study, seen = local.Study, []
 
     def slow_to_load(spec, storage, experiment_id, *args, **kwargs):
-        for _ in range(3):
+        for _ in range(3):  # 3 s of loading, twice the time after which a silent controller counts as gone
             seen.append(liveness(storage.get_experiment(experiment_id)))
-            time.sleep(0.4)
+            time.sleep(1.0)
         record = storage.get_experiment(experiment_id)
         seen.append((record.controller_host, record.controller_pid, liveness(record)))
         return real_study(spec, storage, experiment_id, *args, **kwargs)
@@ -570,14 +570,15 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
 
     def create_and_look(self, *args, **kwargs):
         experiment_id = real_create(self, *args, **kwargs)
-        created.append(liveness(self.get_experiment(experiment_id)))
+        record = self.get_experiment(experiment_id)  # live as it is written, whatever the load delays this read by
+        created.append((record.controller_pid, liveness(record, now=record.heartbeat_at)))
         return experiment_id
 
     monkeypatch.setattr(local, "Study", slow_to_load)
     monkeypatch.setattr(SqlStorage, "create_experiment", create_and_look)
-    assert liveness_module.stale_after_s() == pytest.approx(0.6)
+    assert liveness_module.stale_after_s() == pytest.approx(1.5)
     assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
-    assert created == ["live"]
+    assert created == [(os.getpid(), "live")]
     assert seen == ["live", "live", "live", (*controller_identity(), "live")]
 
 
