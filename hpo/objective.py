@@ -53,6 +53,11 @@ def objective_value(spec, result: TrainResult | None, cfg) -> float:
     return float(value or 0.0)
 
 
+def missed_objective(spec, cfg, best_mlm_accuracy: float | None) -> float:
+    """The objective of a run that ended without a result (killed, timed out), from the best accuracy it reported."""
+    return objective_value(spec, TrainResult(TrainStatus.FAILED, best_mlm_accuracy=best_mlm_accuracy), cfg)
+
+
 def full_max_samples(spec, cfg) -> int:
     """The experiment's full sample budget: the base config's budget.max_samples (after overrides), or the
     trial's own when it is larger (a tuned budget); a multi-fidelity trial's shortened budget is below it."""

@@ -496,6 +496,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
+def get_dotted(cfg: Any, key: str) -> Any:
+    """The value of dotted `key` (`optimizer.lr`) of a config (or any object of nested attributes)."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def set_dotted(raw: dict[str, Any], key: str, value: Any, what: str = "") -> None:
     """Set `a.b.c = value` in a nested mapping in place, creating sections as needed."""
     *sections, leaf = key.split(".")

@@ -54,14 +54,13 @@ from hpo.experiment import ExperimentSpec
 from hpo.experiment.arms import arm_plans, trial_config
 from hpo.experiment.rungs import asha_plan
 from hpo.files import full_disk
-from hpo.objective import NOT_TOLD, objective_value, reached_target_at_most, tuner_feedback
+from hpo.objective import NOT_TOLD, missed_objective, reached_target_at_most, tuner_feedback
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.storage.base import ExperimentStatus, Storage, TrialRecord
 from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, EXIT_DISK_FULL, store_kept_outcome
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.space import SearchSpace
 from trainer.config import config_from_dict
-from trainer.result import TrainResult, TrainStatus
 
 POLL_INTERVAL_S = 0.1  # longest idle wait: runners wake the loop as soon as an attempt ends
 MAX_REQUEUES = 1  # a trial whose worker is lost runs again once, then fails (attempts a resume made not counted)
@@ -380,8 +379,7 @@ class Study:
         except Exception:
             return None
         evals = [m.value for m in self.storage.get_metrics(record.id, "mlm_accuracy") if m.value == m.value]
-        partial = TrainResult(TrainStatus.FAILED, best_mlm_accuracy=max(evals) if evals else None)
-        return objective_value(self.spec, partial, cfg)
+        return missed_objective(self.spec, cfg, max(evals) if evals else None)
 
     def _tell(self, suggestion: Suggestion | None, record: TrialRecord) -> None:
         if suggestion is None or record.kind is not TrialKind.TUNING:

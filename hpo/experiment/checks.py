@@ -34,6 +34,7 @@ from trainer.config import (
     ConfigError,
     TrainerConfig,
     config_from_dict,
+    get_dotted,
     inert_under,
     set_dotted,
     unread_settings,
@@ -111,10 +112,12 @@ def _trainer_reading(resolved: dict[str, Any], key: str, value: Any) -> tuple[st
     except ConfigError as e:
         why = error_line(str(e), key) or "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
         return why, None
-    read: Any = cfg
-    for part in key.split("."):
-        read = getattr(read, part)
-    return None, read
+    return None, get_dotted(cfg, key)
+
+
+def _param_values(param: Any) -> tuple[Any, ...]:
+    """The values the checks try of a parameter: each choice, or a range's bounds."""
+    return tuple(param.choices) if isinstance(param, CategoricalParam) else (param.low, param.high)
 
 
 def _is_int_field(info: Any) -> bool:
@@ -141,7 +144,7 @@ def _check_space(spec: ExperimentSpec, resolved: dict[str, Any], source: str, cu
         check_trainer_key(key, field, source)
         if isinstance(param, FloatParam) and _is_int_field(_LEAVES[key]):
             raise ExperimentFileError(f"{source}: {field}: {key} is an integer; use int: [low, high]")
-        values = param.choices if isinstance(param, CategoricalParam) else (param.low, param.high)
+        values = _param_values(param)
         read: dict[Any, Any] = {}  # the trainer's value of each choice -> the choice
         for value in values:
             check_trainer_value(key, value, field, source)
@@ -180,12 +183,7 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
     bounds). checkpoint.every_samples is read where the controller gives each trial its checkpoint directory
     (Hyperband, ASHA)."""
     given_dir = continues_from_checkpoint(spec)
-    settings: list[tuple[str | None, Any]] = [(None, None)]
-    for name in spec.space:
-        param = spec.space[name]
-        settings += [
-            (name, v) for v in (param.choices if isinstance(param, CategoricalParam) else (param.low, param.high))
-        ]
+    settings = [(None, None), *((name, v) for name in spec.space for v in _param_values(spec.space[name]))]
     for name, value in settings:
         raw = resolved
         if name is not None:
@@ -238,7 +236,7 @@ def _governing_settings(plan: ArmPlan, cfg: TrainerConfig):
     that decide a governing key of `INERT_UNDER` or whether a parameter that sets one of its keys is active."""
     space = plan.space
     governing = {g for conditions in INERT_UNDER.values() for g, _ in conditions}
-    base = {g: (_attribute(cfg, g), "base_config + overrides") for g in governing}
+    base = {g: (get_dotted(cfg, g), "base_config + overrides") for g in governing}
     base |= {trainer_key(k): (v, "the arm's compared value") for k, v in plan.fixed.items() if trainer_key(k) in base}
     deciding = _with_parents(space, [n for n in space.names if trainer_key(n) in governing | INERT_UNDER.keys()])
     choices = [n for n in deciding if isinstance(space[n], CategoricalParam)]
@@ -260,13 +258,6 @@ def _with_parents(space: SearchSpace, names: list[str]) -> list[str]:
             found.add(name)
             stack.extend(c.key for c in space[name].when)
     return [n for n in space.names if n in found]
-
-
-def _attribute(cfg: TrainerConfig, key: str) -> Any:
-    value: Any = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _reading_values(governing: str, inert: tuple[str, ...]) -> list[str]:
@@ -738,10 +729,7 @@ def key_values(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str 
     (field None), a choice's values; None for a numeric range (checked when a trial runs)."""
     params = {name: spec.space[name] for name in spec.space if trainer_key(name) == key}
     if not params:
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        return None, [value]
+        return None, [get_dotted(cfg, key)]
     if not all(isinstance(p, CategoricalParam) for p in params.values()):
         return None
     return f"space.{next(iter(params))}", [v for p in params.values() for v in p.choices]

@@ -118,7 +118,7 @@ class Plan:
     truth: Truth | None = None  # what the outcomes are judged against; None without compare arms
     assumptions: tuple[str, ...] = ()  # how a real file the table cannot serve as it is was moved onto it
     on_cpus: bool = False  # the file's trials train on CPUs (resources.gpus: none); its slots are timed as GPUs
-    original: Any = None  # the file's own spec, as `hpo run` reads it
+    limits_left_out: tuple[str, ...] = ()  # a real CPU file's time limits, left out (`cpu_time_limits`)
     # a batch-size study: the truth at each batch size where two or more optimizers are compared (the verdict there)
     batch_truths: dict[int, Truth] = field(default_factory=dict)
 
@@ -214,7 +214,7 @@ def prepare_plan(path: str, options: PlanOptions) -> Plan:
         truth,
         tuple(assumptions),
         on_cpus=spec.resources.gpus == "none",
-        original=spec,
+        limits_left_out=cpu_time_limits(spec) if moved else (),
         batch_truths=batch_truths(truth, first) if truth is not None and batch_study(first.compare) else {},
     )
 
@@ -727,7 +727,7 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
 
 def _time_limits_said(plan: Plan) -> str:
     """What became of a CPU file's time limits (`cpu_time_limits`), when it has any."""
-    limits = cpu_time_limits(plan.original) if plan.original is not None else ()
+    limits = plan.limits_left_out
     return f"; its time limits ({', '.join(limits)}) are its CPUs' seconds and are left out" if limits else ""
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from hpo.errors import DatabaseUnavailableError, HpoError
 from hpo.experiment.arms import arm_plans, continues_from_checkpoint, params_key, trial_config
-from hpo.objective import objective_value, trial_result
+from hpo.objective import missed_objective, trial_result
 from hpo.runners.base import Runner, TrialExit, TrialLaunch, classify_exit
 from hpo.simulation.clock import SimulatedClock
 from hpo.simulation.surrogate import Config, Curve, Surrogate
@@ -49,7 +49,7 @@ from hpo.storage.base import MetricPoint, Storage
 from hpo.trial.entry import trial_trainer_config
 from hpo.trials import TrialResult, TrialState
 from search_spaces.space import CategoricalParam, trainer_key
-from trainer.config import config_from_dict
+from trainer.config import config_from_dict, get_dotted
 from trainer.result import TrainResult, TrainStatus
 
 HOST = "simulated"  # the host recorded on every simulated attempt
@@ -214,10 +214,9 @@ class SimulatedRunner(Runner):
         seconds, timeout = self._seconds(train.samples), self.spec.budget.trial_timeout_s
         if timeout is not None and seconds > timeout:  # killed then: scored by the best accuracy it reported
             evals = tuple((s, a) for s, a in train.evals if self._seconds(s) <= timeout)
-            best = max((a for _, a in evals), default=None)
-            partial = TrainResult(TrainStatus.FAILED, best_mlm_accuracy=best)
+            objective = missed_objective(self.spec, cfg, max((a for _, a in evals), default=None))
             state, reason = classify_exit(TrialExit(0, 0, -signal.SIGKILL, timed_out=True))
-            return TrialResult(state, reason, objective_value(self.spec, partial, cfg), duration_s=timeout), evals, cfg
+            return TrialResult(state, reason, objective, duration_s=timeout), evals, cfg
         result = trial_result(self.spec, self._result(curve, cfg, train, 0), cfg, seconds)
         return result, train.evals, cfg
 
@@ -396,7 +395,7 @@ def _arm_points(spec):
         seen: list[dict[str, tuple[Any, str]]] = []
         for combo in itertools.product(*(space[name].choices for name in choices)):
             picked = dict(zip(choices, combo, strict=True))
-            setting = {key: (_attribute(base, key), "base config + overrides") for key in READ}
+            setting = {key: (get_dotted(base, key), "base config + overrides") for key in READ}
             setting |= {trainer_key(k): (v, f"compare {k}") for k, v in plan.fixed.items()}
             for name in space.names:
                 if not space.is_active(name, picked):
@@ -415,10 +414,3 @@ def _ints(value) -> list[int]:
 
 def _bounds(value) -> tuple[float, float]:
     return (value.low, value.high) if isinstance(value, _Range) else (value, value)
-
-
-def _attribute(cfg, key: str) -> Any:
-    value = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
