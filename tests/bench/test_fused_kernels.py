@@ -123,6 +123,7 @@ def test_every_candidate_is_a_launch_set_launch_takes(restored_launch):
             set_launch({kernel: candidate})
 
 
+@pytest.mark.slow  # the bench's runs in the interpreter (make test-all); the kernels' checks are in tests/trainer
 def test_the_bench_checks_and_times_each_kernels_defaults_and_candidates_and_writes_what_it_kept(
     tmp_path, restored_launch
 ):
@@ -160,6 +161,7 @@ def test_without_dropout_the_eager_reference_computes_what_the_kernels_do():
             assert said.endswith(f"the same function, within {within}"), said
 
 
+@pytest.mark.slow  # the bench's runs in the interpreter (make test-all); the kernels' checks are in tests/trainer
 def test_past_its_seconds_the_bench_begins_no_kernel_and_writes_that_the_defaults_stay(tmp_path):
     pytest.importorskip("triton", reason="the fused kernels are Triton's (installed by make setup)")
     written = tmp_path / "launch.json"

@@ -7,6 +7,7 @@ import pytest
 from bench import gloo_init_race
 
 
+@pytest.mark.slow  # 50 gloo starts (make test-all); every distributed test starts the trainer's ranks this way
 def test_the_trainers_ranks_all_connect_and_the_count_is_said(capsys):
     gloo_init_race.main(["--starts", "2", "--busy", "0", "--variants", "trainer"])
     assert capsys.readouterr().out == "trainer: a rank failed to connect in 0 of 2 starts\n"

@@ -118,6 +118,7 @@ def test_the_kernel_is_called_with_autocast_off_on_half_tensors(monkeypatch):
     assert calls == [(False, torch.bfloat16, torch.bfloat16, torch.bfloat16)]
 
 
+@pytest.mark.slow  # compiles the layers in bf16 (make test-all); test_fused_paths.py checks the compiled layers
 def test_compiled_layers_with_the_half_residual_stream_match_the_eager_model():
     """`model.compile` with `model.half_residual` under bf16 autocast: the compiled per-token parts keep the stream in
     bf16 and give the eager model's loss and gradients (to bf16 rounding)."""

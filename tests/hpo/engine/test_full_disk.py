@@ -58,6 +58,7 @@ def hpo(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ))  # fmt: skip
 
 
+@pytest.mark.slow  # a real experiment on a small disk (make test-all); test_study.py has a trial's full disk
 def test_a_tuner_that_cannot_write_its_files_leaves_the_experiment_stopped_for_a_resume(tmp_path, small_disk):
     # SMAC3 writes its scenario as the tuner is built: on a full disk that was a traceback and an experiment left
     # "running" under a controller that was gone

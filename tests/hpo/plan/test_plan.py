@@ -914,8 +914,16 @@ STOPPED = {
 }
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
-@pytest.mark.parametrize("to", ["the-plan", "its-process-group"])
+@pytest.mark.parametrize(
+    ("to", "sig"),
+    [
+        ("the-plan", signal.SIGINT),
+        pytest.param("the-plan", signal.SIGTERM, marks=pytest.mark.slow),  # make test-all: each signal is sent once
+        pytest.param("its-process-group", signal.SIGINT, marks=pytest.mark.slow),  # to each target by default
+        ("its-process-group", signal.SIGTERM),
+    ],
+    ids=["the-plan-sigint", "the-plan-sigterm", "its-process-group-sigint", "its-process-group-sigterm"],
+)
 def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_files(tmp_path, to, sig):
     """Ctrl-C or SIGTERM during `hpo plan --jobs 2`, sent to the plan's process alone (`kill`, the REST API's
     deadline) or as a terminal and `timeout` send it (the plan, then its whole process group, workers included): the

@@ -173,6 +173,7 @@ def test_closing_the_storage_ends_its_watchdog_thread(cluster):
     assert not watchdog.is_alive(), "the watchdog of a closed storage still runs (a thread per storage ever opened)"
 
 
+@pytest.mark.slow  # waits out deadlines (make test-all); a stopped server's read and write stay in the default suite
 @pytest.mark.postgres
 def test_a_connection_cut_just_after_its_answer_came_is_not_handed_out_again(cluster):
     deadline = StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S)
@@ -273,6 +274,7 @@ def test_a_server_that_stops_before_a_writes_commit_fails_the_write_at_its_deadl
         storage.close()
 
 
+@pytest.mark.slow  # waits out deadlines (make test-all); a stopped server's read and write stay in the default suite
 @pytest.mark.postgres
 def test_a_server_that_stops_before_a_failed_writes_rollback_fails_the_write_at_its_deadline(cluster):
     storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
@@ -292,6 +294,7 @@ def test_a_server_that_stops_before_a_failed_writes_rollback_fails_the_write_at_
         storage.close()
 
 
+@pytest.mark.slow  # waits out deadlines (make test-all); a stopped server's read and write stay in the default suite
 @pytest.mark.postgres
 def test_a_connection_cut_just_after_its_ping_answered_is_not_handed_out(cluster):
     engine = create_storage_engine(cluster.url, deadline=StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S))
@@ -317,6 +320,7 @@ def test_a_connection_cut_just_after_its_ping_answered_is_not_handed_out(cluster
         engine.dispose()
 
 
+@pytest.mark.slow  # waits out deadlines (make test-all); a stopped server's read and write stay in the default suite
 @pytest.mark.postgres
 def test_closing_the_storage_while_a_probe_connects_leaves_no_connection_open(cluster):
     name = "hpo-probe-at-close"
