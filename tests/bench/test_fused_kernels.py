@@ -148,6 +148,7 @@ def test_the_bench_checks_and_times_each_kernels_defaults_and_candidates_and_wri
     assert use_launch(written) == chosen
 
 
+@pytest.mark.slow  # the bench's reference in the interpreter (make test-all); tests/trainer checks the kernels
 def test_without_dropout_the_eager_reference_computes_what_the_kernels_do():
     """The eager rows time the same work: without dropout, the eager model's LayerNorm (its residual stream in bf16,
     as `model.half_residual` runs it) and GELU give the kernels' outputs within bf16 rounding; in fp32 within 1e-5."""
