@@ -60,19 +60,28 @@ def _stop_once():
     """Ctrl-C (SIGINT) or SIGTERM stops the plan once: the first raises (KeyboardInterrupt, Terminated) and any
     later one (a key pressed twice; `timeout`, which signals the command and then its process group) is ignored
     while the worker processes end and the temporary files are deleted, which it would otherwise cut short. A signal
-    the plan started with ignored or handled (Ctrl-C in a script's background job) is left as it was."""
+    the plan started with ignored or handled (Ctrl-C in a script's background job) is left as it was.
+
+    A worker process forked from the plan inherits this handler until it sets its own: multiprocessing's pool forks
+    a worker in place of one that died (a SIGTERM to the plan's process group ends them), also while the plan
+    unwinds, and then ends it with SIGTERM. There the handler lets SIGTERM end the worker as its default action does
+    and leaves Ctrl-C to the plan: a worker that ignored SIGTERM (the handler once set SIG_IGN) would keep the plan
+    waiting for it forever, and one that raised Terminated would print a traceback."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     caught = [sig for sig, default in defaults.items() if signal.getsignal(sig) is default]
-    stopped = False
+    plan_pid, stopped = os.getpid(), False
 
     def stop(signum, frame) -> None:
         nonlocal stopped
-        for sig in caught:
-            signal.signal(sig, signal.SIG_IGN)
-        if not stopped:
+        if os.getpid() != plan_pid:  # a worker before its own handlers
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        if not stopped:  # later signals are ignored while the plan ends its workers and deletes its files
             stopped = True
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 

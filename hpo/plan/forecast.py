@@ -45,15 +45,15 @@ The verdict's chances from a spread (`--cv`, `--difference`, `--like`, `--power`
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -347,34 +347,99 @@ def run_plan(plan: Plan, progress: Callable[[int, float], None] | None = None, j
                 if progress:
                     progress(len(repetitions), time.perf_counter() - started)
             return repetitions
-        # Ctrl-C reaches the workers too (the terminal's whole process group): they ignore it, and this process,
-        # interrupted, ends them (SIGTERM) before the directory they write in is deleted (a pool of
-        # concurrent.futures whose workers took it could wait for them forever)
-        pool = multiprocessing.Pool(min(jobs, len(indices)), initializer=_worker_signals)
+        workers = _Workers(plan, directory, table, indices, jobs)
         try:
-            for repetition in pool.imap_unordered(functools.partial(_run_repetition, plan, directory, table), indices):
+            for repetition in workers.results():
                 repetitions.append(repetition)
                 if progress:
                     progress(len(repetitions), time.perf_counter() - started)
-        except BaseException:
-            pool.terminate()
-            raise
-        else:
-            pool.close()
         finally:
-            pool.join()
+            workers.end()  # before the directory they write in is deleted
     return sorted(repetitions, key=lambda r: r.index)
 
 
-def _worker_signals() -> None:
-    """A worker's start: Ctrl-C is the plan's process to handle (it ends the workers), and SIGTERM (the plan's, or
-    `timeout`'s to the process group) ends a worker at once, whatever handler the plan's process had when it forked."""
+class _Workers:
+    """`jobs` worker processes, forked once, that run the repetitions `indices` and send back their figures.
+
+    Not multiprocessing's pool: it forks a worker in place of one that died (a SIGTERM to the plan's process group,
+    `timeout`'s, ends them), also while the plan unwinds, and ends it with SIGTERM, which a process forked a moment
+    before can lose (Python drops a signal that comes before its fork has returned): the plan then waited for that
+    worker forever. These workers are never replaced; one that dies makes the plan fail naming it, and the plan ends
+    those left with SIGKILL, which no process can lose or ignore."""
+
+    def __init__(self, plan: Plan, directory: Path, table: Path, indices: range, jobs: int) -> None:
+        context = multiprocessing.get_context("fork")  # the plan's objects as they are, not pickled
+        self._taken = context.Value("q", 0)  # how many repetitions the workers took, one after another
+        self._left = len(indices)
+        self._processes, self._pipes = [], []
+        for _ in range(min(jobs, len(indices))):
+            reader, writer = context.Pipe(duplex=False)  # one a worker: their figures never interleave
+            process = context.Process(target=_work, args=(plan, directory, table, indices, self._taken, writer),
+                                      daemon=True)  # fmt: skip
+            process.start()
+            writer.close()  # the worker's end: the reader sees the end of the pipe once the worker is gone
+            self._processes.append(process)
+            self._pipes.append(reader)
+
+    def results(self) -> Iterator[Repetition]:
+        """The repetitions' figures as they end (a repetition's error is raised here)."""
+        open_pipes = dict(zip(self._pipes, self._processes, strict=True))
+        while self._left:
+            if not open_pipes:
+                raise HpoError(f"the plan's worker processes ended with {self._left} repetition(s) left")
+            for pipe in multiprocessing.connection.wait(list(open_pipes)):
+                try:
+                    failed, value = pipe.recv()
+                except EOFError:  # the worker is gone: fine once the tasks are done
+                    process = open_pipes.pop(pipe)
+                    process.join()
+                    if process.exitcode != 0:
+                        raise HpoError(f"a worker process of the plan (pid {process.pid}) ended with "
+                                       f"{_ended_how(process.exitcode)}: run the plan again (with fewer --jobs if "
+                                       "memory ran short)") from None  # fmt: skip
+                    continue
+                if failed:
+                    raise value
+                self._left -= 1
+                yield value
+
+    def end(self) -> None:
+        for process in self._processes:
+            if process.exitcode is None:
+                process.kill()
+        for process in self._processes:
+            process.join()
+        for pipe in self._pipes:
+            pipe.close()
+
+
+def _ended_how(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"signal {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
+def _work(plan: Plan, directory: Path, table: Path, indices: range, taken, figures) -> None:
+    """A worker: Ctrl-C is the plan's process to handle (it ends the workers), and SIGTERM (the plan's, or
+    `timeout`'s to the process group) ends a worker at once, whatever handler the plan's process had when it forked;
+    then the next repetition not taken (`taken` counts them) until none is left, each one's figures (or its error)
+    sent on `figures`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _run_repetition(plan: Plan, directory: Path, table: Path, index: int) -> Repetition:
-    return run_repetition(plan, index, directory, table)
+    while True:
+        with taken.get_lock():
+            if taken.value >= len(indices):
+                return
+            index = indices[taken.value]
+            taken.value += 1
+        try:
+            figures.send((False, run_repetition(plan, index, directory, table)))
+        except Exception as error:  # the plan's process raises it
+            try:
+                figures.send((True, error))
+            except Exception:  # an error that does not pickle: its type and message
+                figures.send((True, HpoError(f"repetition {index}: {type(error).__name__}: {error}")))
+            return
 
 
 def run_repetition(plan: Plan, index: int, directory: Path, table: Path) -> Repetition:

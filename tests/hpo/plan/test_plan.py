@@ -960,6 +960,32 @@ def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_file
     assert not list(tmp_path.glob("none.db*"))
 
 
+def test_a_worker_killed_during_a_plan_is_named_not_replaced_and_the_plan_ends_the_other(tmp_path):
+    """A worker of `hpo plan --jobs 2` killed (the kernel's OOM killer, a user's kill -9): the plan fails at once
+    naming it and how it ended, starts no worker in its place, ends the other and deletes its temporary files."""
+    path = write(tmp_path / "file.yaml", small_preset())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
+    plan = subprocess.Popen([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'none.db'}", "plan",
+                             str(path), "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    workers = []
+    try:
+        first = plan.stderr.readline()
+        assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
+        workers = children(plan.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = plan.communicate(timeout=120)  # a safety net: the plan has hours of repetitions left
+    finally:
+        kill_all(plan, workers)
+    assert plan.returncode != 0, err
+    assert f"a worker process of the plan (pid {workers[0]}) ended with signal SIGKILL" in err, err
+    assert "Traceback" not in err
+    assert not any(alive(pid) for pid in workers)
+    mine = f"hpo-plan-{plan.pid}-*"
+    assert not list(tmp_path.glob(mine)) and not list(Path("/dev/shm").glob(mine))
+
+
 def test_jobs_beyond_the_cpus_are_capped_at_them_with_a_note(tmp_path):
     """`--jobs` larger than the CPUs this process may use runs as many workers as there are CPUs (more only take turns
     on them, each holding a repetition's memory), and says so first."""
