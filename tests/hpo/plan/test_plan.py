@@ -914,6 +914,26 @@ STOPPED = {
 }
 
 
+@contextlib.contextmanager
+def a_plan_in_two_workers(tmp_path: Path, start: list[str], **popen):
+    """`hpo plan --repetitions 10000 --jobs 2` of a small file, started with `python START...` and run until its
+    first repetition ended: (its process, its two workers); whatever is left of them is killed at the end."""
+    path = write(tmp_path / "file.yaml", small_preset())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
+    plan = subprocess.Popen([sys.executable, *start, "--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path),
+                             "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)  # fmt: skip
+    workers: list[int] = []
+    try:
+        first = plan.stderr.readline()
+        assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
+        workers.extend(children(plan.pid))
+        assert len(workers) == 2
+        yield plan, workers
+    finally:
+        kill_all(plan, workers)
+
+
 @pytest.mark.parametrize(
     ("to", "sig"),
     [
@@ -929,28 +949,15 @@ def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_file
     deadline) or as a terminal and `timeout` send it (the plan, then its whole process group, workers included): the
     plan ends the repetitions it runs rather than running the thousands it has left, exits 128 + the signal (130,
     143) without a traceback, its workers gone, nothing left of its temporary directories and no database made."""
-    path = write(tmp_path / "file.yaml", small_preset())
-    db_file = tmp_path / "none.db"
     as_from_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                           "sys.argv[0] = 'hpo'; runpy.run_module('hpo', run_name='__main__')")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
-    plan = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "--db", f"sqlite:///{db_file}", "plan",
-                             str(path), "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
-    workers = []
-    try:
-        first = plan.stderr.readline()
-        assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
-        workers = children(plan.pid)
-        assert len(workers) == 2
+    with a_plan_in_two_workers(tmp_path, ["-c", as_from_a_terminal], process_group=0) as (plan, workers):
         mine = f"hpo-plan-{plan.pid}-*"
         assert list(tmp_path.glob(mine))  # the command's own temporary directory, there while it runs
         os.kill(plan.pid, sig)
         if to == "its-process-group":
             os.killpg(plan.pid, sig)
         _, err = plan.communicate(timeout=120)  # a safety net: the plan has hours of repetitions left
-    finally:
-        kill_all(plan, workers)
     assert plan.returncode == 128 + sig, err
     assert STOPPED[sig] in err
     assert "Traceback" not in err
@@ -963,21 +970,9 @@ def test_a_signal_ends_a_plan_in_worker_processes_and_deletes_its_temporary_file
 def test_a_worker_killed_during_a_plan_is_named_not_replaced_and_the_plan_ends_the_other(tmp_path):
     """A worker of `hpo plan --jobs 2` killed (the kernel's OOM killer, a user's kill -9): the plan fails at once
     naming it and how it ended, starts no worker in its place, ends the other and deletes its temporary files."""
-    path = write(tmp_path / "file.yaml", small_preset())
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
-    plan = subprocess.Popen([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'none.db'}", "plan",
-                             str(path), "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    workers = []
-    try:
-        first = plan.stderr.readline()
-        assert first.startswith("plan: 1/10000 repetitions"), first + plan.stderr.read()
-        workers = children(plan.pid)
-        assert len(workers) == 2
+    with a_plan_in_two_workers(tmp_path, ["-m", "hpo"]) as (plan, workers):
         os.kill(workers[0], signal.SIGKILL)
         _, err = plan.communicate(timeout=120)  # a safety net: the plan has hours of repetitions left
-    finally:
-        kill_all(plan, workers)
     assert plan.returncode != 0, err
     assert f"a worker process of the plan (pid {workers[0]}) ended with signal SIGKILL" in err, err
     assert "Traceback" not in err
