@@ -40,6 +40,17 @@ def started_and_terminated() -> int:
     return worker.exitcode
 
 
+@pytest.fixture(autouse=True)
+def as_from_a_terminal():
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal (a test worker may have started with it ignored, which
+    the plan leaves as it was), and SIGTERM's default action: what the plan's handlers take over."""
+    handlers = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def test_a_worker_forked_before_the_plans_stop_dies_of_sigterm_without_a_traceback(capfd):
     with _stop_once():
         code = started_and_terminated()
