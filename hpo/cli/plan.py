@@ -62,11 +62,10 @@ def _stop_once():
     while the worker processes end and the temporary files are deleted, which it would otherwise cut short. A signal
     the plan started with ignored or handled (Ctrl-C in a script's background job) is left as it was.
 
-    A worker process forked from the plan inherits this handler until it sets its own: multiprocessing's pool forks
-    a worker in place of one that died (a SIGTERM to the plan's process group ends them), also while the plan
-    unwinds, and then ends it with SIGTERM. There the handler lets SIGTERM end the worker as its default action does
-    and leaves Ctrl-C to the plan: a worker that ignored SIGTERM (the handler once set SIG_IGN) would keep the plan
-    waiting for it forever, and one that raised Terminated would print a traceback."""
+    A worker process forked from the plan (`hpo.plan.forecast`) inherits this handler until it sets its own; there
+    a SIGTERM (`timeout`'s to the process group) ends it as SIGTERM's default action does, and Ctrl-C is left to the
+    plan, which ends its workers. The handler once set SIG_IGN after the first signal, and a worker forked after that
+    ignored SIGTERM; one forked before raised Terminated and printed a traceback."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,9 +1,9 @@
 """How `hpo plan` stops once on Ctrl-C or SIGTERM (`hpo.cli.plan._stop_once`), seen from a worker process forked
-before it set its own signal handlers: multiprocessing's pool forks a new worker in place of one that died (a
-SIGTERM to the plan's process group ends the workers too), and it may do so while the plan unwinds, before or after
-the plan's own handler ran. A SIGTERM must then end that worker as SIGTERM's default action ends a process, without a
-traceback, and not be ignored. (The plan no longer uses that pool, whose SIGTERM a worker forked a moment before can
-lose: its workers are forked once, and it ends them with SIGKILL; tests/hpo/plan/test_plan.py.)"""
+from the plan that has not set its own signal handlers yet, before or after the plan's handler ran (a SIGTERM to
+the plan's process group, `timeout`'s, reaches it there): the SIGTERM must end it as SIGTERM's default action ends a
+process, without a traceback, and not be ignored. (multiprocessing's pool, which the plan once used, forked such
+workers in place of those the signal ended, while the plan unwound; the plan's own workers, forked once and ended
+with SIGKILL, are tested in tests/hpo/plan/test_plan.py.)"""
 
 from __future__ import annotations
 
