@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from hpo.errors import NotFoundError
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord
 from hpo.storage.deadline import quick_reads
@@ -51,12 +52,24 @@ ExperimentDep = Annotated[ExperimentRecord, Depends(get_experiment)]
 
 async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: SpecsDep) -> ExperimentRecord:
     """The experiment for routes that use only its fixed fields (id, name, direction, spec): read once, then
-    from memory, without a database query or a thread-pool round trip."""
+    from memory, checked with one primary-key read (`current_experiment`)."""
+    return (await current_experiment(name, storage, specs))[0]
+
+
+async def current_experiment(name: str, storage: Storage, specs: SpecCache) -> tuple[ExperimentRecord, int]:
+    """The experiment named `name` and its `trials_version`, read with this request (before its answer). A record
+    kept from an earlier request costs one primary-key read, of its version, on the event loop; one removed since
+    (`hpo delete`) is forgotten and looked up again by name: a 404, or the experiment recorded under the name since
+    (ids are never given twice, so a kept id is the same experiment or none)."""
     record = specs.known_experiment(name)
-    if record is None:
-        record = await run_in_threadpool(_lookup, storage, name)  # NotFoundError -> 404
-        specs.remember_experiment(record)
-    return record
+    if record is not None:
+        try:
+            return record, storage.trials_version(record.id)
+        except NotFoundError:
+            specs.forget_experiment(record)
+    record = await run_in_threadpool(_lookup, storage, name)  # NotFoundError -> 404
+    specs.remember_experiment(record)
+    return record, record.trials_version
 
 
 def _lookup(storage: Storage, name: str) -> ExperimentRecord:
@@ -74,6 +87,7 @@ class HotRead:
     every dependency on every request, about 10 us apiece in process (BENCHMARKS.md, "REST API under load")."""
 
     record: ExperimentRecord  # as ExperimentRefDep: only its fixed fields are current
+    version: int  # its trials_version, read before the answer it guards (server.caching)
     storage: Storage
     specs: SpecCache
     answers: AnswerCache
@@ -82,7 +96,8 @@ class HotRead:
 async def get_hot_read(name: ExperimentName, request: Request) -> HotRead:
     state = request.app.state
     storage, specs = state.storage.get(), state.specs
-    return HotRead(await get_experiment_ref(name, storage, specs), storage, specs, state.answers)
+    record, version = await current_experiment(name, storage, specs)
+    return HotRead(record, version, storage, specs, state.answers)
 
 
 HotReadDep = Annotated[HotRead, Depends(get_hot_read)]

@@ -68,8 +68,9 @@ class StorageHolder:
 
 
 def lasting(record: ExperimentRecord) -> bool:
-    """Whether the experiment has had a trial: it can no longer be removed, so what it is can be kept. A trial's
-    creation moves `trials_version` on, and trials are never removed."""
+    """Whether the experiment has had a trial, so what it is can be kept (by its id, never given twice; a request
+    checks that it still exists, `server.deps.current_experiment`). A trial's creation moves `trials_version` on,
+    and trials are removed only with their experiment."""
     return record.trials_version > 0
 
 
@@ -77,9 +78,11 @@ class SpecCache:
     """What never changes, computed once: experiments' ids, names and specs, the configs built from a spec and a
     finished trial's parameters, best-trial responses and finished trials' entries of the trial list.
 
-    Experiments are never renamed, and removed only before their first trial (an engine that could not start, see
-    `Storage.delete_experiment`); the next `hpo run` may record the name again, with another spec and, on SQLite,
-    the same id. So an experiment's record, spec and verdict are kept only once it has a trial (`lasting`)."""
+    Experiments are never renamed, and their ids, like their trials', are never given twice (migration 0008). One
+    may be removed before its first trial (an engine that could not start, see `Storage.delete_experiment`), and the
+    next `hpo run` records the name again with another spec: so an experiment's record, spec and verdict are kept
+    only once it has a trial (`lasting`). One with trials may be removed by `hpo delete`: every request that uses a
+    kept record reads its version by id first, and forgets it when it is gone (`server.deps.current_experiment`)."""
 
     def __init__(self) -> None:
         self._specs: dict[int, Any] = {}
@@ -99,6 +102,13 @@ class SpecCache:
             return
         with self._lock:
             self._experiments[record.name] = record
+
+    def forget_experiment(self, record: ExperimentRecord) -> None:
+        """Forget a kept experiment that is gone from the database (`hpo delete`) and what was kept of it by id."""
+        with self._lock:
+            if (kept := self._experiments.get(record.name)) is not None and kept.id == record.id:
+                del self._experiments[record.name]
+            self._specs.pop(record.id, None)
 
     def known_best_json(self, record: ExperimentRecord, trial_id: int) -> bytes | None:
         """`best_json` of the trial with this id if it was made before, else None."""

@@ -23,6 +23,7 @@ its group (run, plan, inspection, export, report, serve, imports) with its own p
     hpo import mlperf PATH... --name NAME [--compare optimizer,global_batch_size] [--optimizer O] [--target ACC]
                                         MLPerf result files (result_*.txt) as an imported experiment, one trial per run
     hpo import rcp FILE [--name NAME]   mlperf-logging's RCP file (rcps_bert.json) as reference arms by batch size
+    hpo delete NAME [--yes]             remove an experiment with its trials and curves (asks first; files stay)
 
 Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, arguments; nothing written).
 """
@@ -35,6 +36,7 @@ import signal
 import sys
 
 from hpo.cli.common import close_storages, given
+from hpo.cli.delete import add_delete
 from hpo.cli.export import add_export
 from hpo.cli.imports import add_import
 from hpo.cli.inspection import add_best, add_status, add_trials
@@ -69,6 +71,7 @@ COMMANDS = (
     add_serve,
     add_webui,
     add_import,
+    add_delete,
 )
 
 
@@ -149,7 +152,7 @@ def bad_database_url(error: StorageError) -> bool:
 # interpreter's start can set; the commands that only read, export or import never propose a trial and are spared
 # the second start (about 0.1 s of each).
 FIXED_HASH_SEED = "0"
-NO_TUNER = frozenset({"db", "presets", "status", "trials", "best", "export", "table", "report", "import"})
+NO_TUNER = frozenset({"db", "presets", "status", "trials", "best", "export", "table", "report", "import", "delete"})
 
 
 def entry() -> None:

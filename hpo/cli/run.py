@@ -8,6 +8,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shlex
 import socket
 import sys
 import time
@@ -293,10 +294,9 @@ def _experiment_exists(storage, name: str) -> bool:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     import hpo.engine.local  # noqa: F401  (the loop's modules, before the claim: Ctrl-C while they load leaves none)
-    from hpo.engine.liveness import controller_identity, liveness, stale_after_s
+    from hpo.engine.liveness import controller_identity, stale_after_s
     from hpo.experiment import spec_from_stored
     from hpo.runners import build_runner, check_runner_options
-    from hpo.runners.process import controller_gone_here, controller_here
     from hpo.storage import default_database_url
     from hpo.storage.base import ExperimentStatus
 
@@ -324,14 +324,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     claim = RunDirClaim(None)  # nothing held until claimed
     try:
         make_run_dir(run_dir, where)
+        record = settle_controller(storage, record, args.quiet)
         host, pid = controller_identity()
-        holder = (record.controller_host, record.controller_pid)
-        if holder != (host, pid) and liveness(record) == "live" and controller_gone_here(*holder):
-            record = _wait_for_lapse(storage, record, args.quiet)
-        stale = holder != (host, pid) and liveness(record) == "interrupted"
-        state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
-        if state:
-            raise _running_here(record, state)
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
         try:
             claim = claim_run_dir(run_dir, where, record.name, recorded=True)  # and this, while another runs there
@@ -374,22 +368,45 @@ def _refuse_existing(storage, spec, experiment: str) -> None:
         return
     existing = storage.get_experiment_by_name(spec.name)
     host, pid = existing.controller_host, existing.controller_pid
+    running = existing.status is not ExperimentStatus.FINISHED and (
+        (liveness(existing) == "live" and not controller_gone_here(host, pid))
+        or controller_here(host, pid, existing.heartbeat_at)
+    )
     if existing.status is ExperimentStatus.FINISHED:
         then = f"`hpo status {spec.name}` and `hpo report {spec.name}` read it"
-    elif (liveness(existing) == "live" and not controller_gone_here(host, pid)) or controller_here(
-        host, pid, existing.heartbeat_at
-    ):
+    elif running:
         then = f"its controller runs now (`hpo status {spec.name}` shows its progress)"
     else:
         then = f"use `hpo resume {spec.name}` to finish it"
     rename = (f"copy {spec.source} and change its `name:`" if shipped_preset(experiment) else
               f"change `name:` in {experiment}")  # fmt: skip
+    if not running:  # a live controller keeps its experiment
+        rename += f", or remove the one recorded with `hpo delete {shlex.quote(spec.name)}`"
     raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or {rename}")
 
 
+def settle_controller(storage, record, quiet: bool):
+    """The experiment's record, before this process claims it (`hpo resume`, `hpo delete`): once the claim of a
+    controller that no longer runs on this machine has lapsed (`_wait_for_lapse`); ControllerBusyError where its
+    controller still runs here though its heartbeat is old. A live controller elsewhere is refused by the claim."""
+    from hpo.engine.liveness import controller_identity, liveness
+    from hpo.runners.process import controller_gone_here, controller_here
+
+    holder = (record.controller_host, record.controller_pid)
+    if holder == controller_identity():
+        return record
+    if liveness(record) == "live" and controller_gone_here(*holder):
+        record = _wait_for_lapse(storage, record, quiet)
+    stale = liveness(record) == "interrupted"
+    state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
+    if state:
+        raise _running_here(record, state)
+    return record
+
+
 def _running_here(record, state: str) -> ControllerBusyError:
-    """The error of a resume whose experiment's controller still runs on this machine though its heartbeat is old:
-    stopped (`state` T, Ctrl-Z) or unable to write to the database."""
+    """The error of a claim (a resume, a delete) whose experiment's controller still runs on this machine though
+    its heartbeat is old: stopped (`state` T, Ctrl-Z) or unable to write to the database."""
     held = record.controller_pid
     why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)" if state == "T" else
            "it could not write to the database (another process keeps it locked, or it is away); stop it "

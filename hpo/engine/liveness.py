@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from hpo.errors import HpoError, StorageError
+from hpo.errors import HpoError, NotFoundError, StorageError
 from hpo.storage.retry import without_waiting
 
 HEARTBEAT_ENV = "HPO_HEARTBEAT_S"
@@ -82,7 +82,8 @@ class Heartbeat:
         self.storage, self.experiment_id = storage, experiment_id
         self.host, self.pid = controller_identity()
         self.note = note or (lambda: "")
-        self.lost = False  # another controller took the experiment over
+        self.lost = False  # another controller took the experiment over, or it was deleted
+        self.deleted = False  # deleted (`hpo delete` while this controller seemed gone)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-heartbeat", daemon=True)
 
@@ -102,7 +103,10 @@ class Heartbeat:
     def beat(self) -> None:
         """One beat now: the claim refreshed and the note stored (the thread beats every interval)."""
         with contextlib.suppress(StorageError), without_waiting():  # the database away: the next beat tries again
-            self.lost = not self.storage.heartbeat(self.experiment_id, self.host, self.pid, self.note())
+            try:
+                self.lost = not self.storage.heartbeat(self.experiment_id, self.host, self.pid, self.note())
+            except NotFoundError:
+                self.lost = self.deleted = True
 
     def stop(self) -> None:
         self._stop.set()

@@ -189,7 +189,8 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             view.stop(ended=status is ExperimentStatus.FINISHED)
         heartbeat.stop()
         runner.close()
-    return say_how_it_ended(study, status, heartbeat.lost, spec, storage, experiment_id, database_url, quiet)
+    lost = heartbeat.lost and ("deleted" if heartbeat.deleted else "taken")
+    return say_how_it_ended(study, status, lost or None, spec, storage, experiment_id, database_url, quiet)
 
 
 def load_study(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, database_url: str,
@@ -214,10 +215,16 @@ def load_study(spec, storage: Storage, experiment_id: int, run_dir: Path, runner
         raise
 
 
-def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: bool, spec, storage: Storage,
+def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: str | None, spec, storage: Storage,
                      experiment_id: int, database_url: str, quiet: bool) -> int:  # fmt: skip
-    """Say why the study stopped where it did not finish (its claim lost, its workers gone, a full disk, the
-    database away, a signal) and what to do, print the summary unless `quiet`; the process exit code."""
+    """Say why the study stopped where it did not finish (its claim lost: `taken` by another controller or the
+    experiment `deleted`; its workers gone, a full disk, the database away, a signal) and what to do, print the
+    summary unless `quiet`; the process exit code."""
+    if lost == "deleted":
+        print(f"stopped: experiment {spec.name!r} was deleted (`hpo delete` while this controller seemed gone: paused "
+              "or cut off from the database for longer than its heartbeat allows); this one ended its trials' "
+              "processes", file=sys.stderr)  # fmt: skip
+        return 1
     if lost:
         print(f"stopped: another controller took {spec.name!r} over (`hpo resume` while this one seemed gone: paused "
               "or cut off from the database for longer than its heartbeat allows); this one ended its trials' "

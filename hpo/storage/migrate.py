@@ -39,7 +39,7 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions (tests check it against Alembic's own head). Opening a storage
 # compares the database's revision with it in one query, without importing Alembic: every trial process and
 # read-only command opens one.
-HEAD_REVISION = "0007_trials_version_backfill"
+HEAD_REVISION = "0008_ids_never_reused"
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:

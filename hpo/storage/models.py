@@ -49,6 +49,10 @@ class Base(DeclarativeBase):
 
 class ExperimentModel(Base):
     __tablename__ = "experiments"
+    # An id is never given twice, also on SQLite (which otherwise reuses the highest id once its row is deleted):
+    # `hpo delete` removes experiments with their trials, and what a server keeps is keyed by their ids (migration
+    # 0008). The same for trials, below.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
@@ -92,6 +96,7 @@ class TrialModel(Base):
         Index("ix_trials_experiment_state_number", "experiment_id", "state", "number"),
         Index("ix_trials_experiment_arm_number", "experiment_id", "arm", "number"),
         Index("ix_trials_experiment_arm_state_number", "experiment_id", "arm", "state", "number"),
+        {"sqlite_autoincrement": True},  # ids never given twice (see ExperimentModel)
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

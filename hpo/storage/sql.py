@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -323,15 +325,36 @@ class SqlStorage(TrialReads, Storage):
                 raise StorageError(f"experiment {experiment.name!r} has {trials} trial(s); it is kept")
             session.delete(experiment)
 
+    def purge_experiment(self, experiment_id: int, stale_after_s: float) -> tuple[int, int] | None:
+        host, pid = _purger()
+        with self._session(write=True) as session:
+            if replaying() and session.get(ExperimentModel, experiment_id) is None:
+                return None  # the first try's removal landed
+            now = _controller_time(session)
+            # Claimed first, in this transaction: a live controller keeps its experiment, and on PostgreSQL the
+            # claim's row lock makes a controller claiming at the same moment wait, then find no experiment.
+            if not self._claim(session, experiment_id, host, pid, now - timedelta(seconds=stale_after_s), now):
+                raise self._busy(session, experiment_id, now)
+            trials = select(TrialModel.id).where(TrialModel.experiment_id == experiment_id)
+            metrics = session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trials)))
+            removed = session.execute(delete(TrialModel).where(TrialModel.experiment_id == experiment_id))
+            session.execute(delete(ExperimentModel).where(ExperimentModel.id == experiment_id))
+            return removed.rowcount, metrics.rowcount
+
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
         with self._session(write=True) as session:
             now = _controller_time(session)
             if self._claim(session, experiment_id, host, pid, now - timedelta(seconds=stale_after_s), now):
                 return
-            experiment = _experiment(session, experiment_id)
-            age = max((now - _utc(experiment.heartbeat_at)).total_seconds(), 0.0)  # its clock may run a little ahead
-            holder = f"host {experiment.controller_host}, pid {experiment.controller_pid}"
-        raise ControllerBusyError(
+            raise self._busy(session, experiment_id, now)
+
+    @staticmethod
+    def _busy(session: Session, experiment_id: int, now: datetime) -> ControllerBusyError:
+        """The error of a claim that a live controller holds, naming it (NotFoundError: no such experiment)."""
+        experiment = _experiment(session, experiment_id)
+        age = max((now - _utc(experiment.heartbeat_at)).total_seconds(), 0.0)  # its clock may run a little ahead
+        holder = f"host {experiment.controller_host}, pid {experiment.controller_pid}"
+        return ControllerBusyError(
             f"experiment {experiment.name!r} is driven by a live controller ({holder}, last heartbeat {age:.0f} s "
             f"ago); stop it first (Ctrl-C there, or `POST /api/v1/experiments/{experiment.name}/stop`), or wait until "
             "it ends"
@@ -625,6 +648,11 @@ def _with_clock(session: Session, experiment: ExperimentModel) -> tuple[Experime
     """The experiment and, while it runs, the clock its heartbeat is judged by (`ExperimentRecord.read_at`)."""
     running = experiment.status == ExperimentStatus.RUNNING.value
     return experiment, _controller_time(session) if running else None
+
+
+def _purger() -> tuple[str, int]:
+    """(host, pid) a removal claims its experiment with: this process, as a controller would."""
+    return socket.gethostname(), os.getpid()
 
 
 def _controller_time(session: Session) -> datetime:

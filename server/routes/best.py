@@ -28,12 +28,12 @@ Metric = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "
 async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global_batch_size: BatchSize = None):
     """The best completed trial (optionally within one arm or global batch size) and its complete config. With
     an `ETag`: asked again with `If-None-Match`, an unchanged answer is a 304."""
-    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
+    record, version, storage, specs, answers = hot.record, hot.version, hot.storage, hot.specs, hot.answers
     check_arm(specs.spec(record), arm)
     # The hot path of the API, so it stays on the event loop: one primary-key read (the experiment's trials_version,
-    # read before the answer it guards), less than a round trip through the thread pool and the GIL hand-offs it
-    # brings (BENCHMARKS.md, "REST API under load"). Only when a trial changed is the best trial looked up again.
-    version = storage.trials_version(record.id)
+    # read by the dependency before the answer it guards), less than a round trip through the thread pool and the
+    # GIL hand-offs it brings (BENCHMARKS.md, "REST API under load"). Only when a trial changed is the best trial
+    # looked up again.
     key = ("best", record.id, arm, global_batch_size)
     kept = answers.get(key, version)
     if kept is MISSING:
@@ -53,8 +53,7 @@ async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global
 async def best_config_per_arm(request: Request, hot: HotReadDep):
     """The best trial of every arm that has a completed trial, keyed by arm, in the order the experiment file declares
     its arms. With an `ETag`, as the best config."""
-    record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
-    version = storage.trials_version(record.id)  # as for the best config: on the event loop, before the answer
+    record, version, storage, specs, answers = hot.record, hot.version, hot.storage, hot.specs, hot.answers
     key = ("best per arm", record.id)
     kept = answers.get(key, version)
     if kept is MISSING:

@@ -54,7 +54,7 @@ async def list_trials(
     page = {"state": states, "arm": arm, "offset": offset, "limit": limit + 1, "order_by": order_by, "after": after}
     # A page without `after` shows `total`: the count is kept under the experiment's trials_version, read first.
     counted = ("count", record.id, tuple(sorted({s.value for s in states})) if states else None, arm)
-    version = storage.trials_version(record.id) if after is None else None
+    version = hot.version if after is None else None
     total = None if after is not None else answers.get(counted, version)
     # The page's ids, states and attempts first (one index range, one more row than the page: whether another page
     # follows), then only the trials whose list entry is not kept: a finished trial's is built once. A key page

@@ -100,8 +100,8 @@ def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answ
 
 def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_afresh(empty_database, tmp_path):
     """An engine that could not start removes the experiment it had just recorded (no trial yet), and the next `hpo
-    run` records it again under the same name, perhaps with the same id (SQLite reuses the highest). A server that
-    answered about the first must answer about the second: its id, its spec, its trials."""
+    run` records it again under the same name (with another id: ids are never given twice). A server that answered
+    about the first must answer about the second: its id, its spec, its trials."""
     storage = SqlStorage(empty_database)
     first = served_spec()
     first_id = storage.create_experiment(NAME, first, "minimize")
@@ -131,6 +131,54 @@ def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_a
             assert counts["completed"] == sum(counts.values()) == 1
             exported = api.get(f"/experiments/{NAME}/export")
             assert exported.status_code == 200 and "global_batch_size: 64" in exported.text, exported.text
+    finally:
+        stop_server(server)
+        storage.close()
+
+
+def test_an_experiment_deleted_with_its_trials_while_served_is_gone_and_its_name_served_afresh(
+    empty_database, tmp_path
+):
+    """`hpo delete` of an experiment whose record, spec, best configs and trial entries the server keeps: every route
+    answers 404 at once, and the experiment recorded under the name again is served as itself."""
+    from tests.server.conftest import hpo
+
+    storage = SqlStorage(empty_database)
+    first_id = storage.create_experiment(NAME, served_spec(), "minimize")
+    add_trial(storage, first_id, "lamb", 5.0)
+    add_trial(storage, first_id, "adamw", 7.0)
+    server = start_server(empty_database, tmp_path)
+    name = f"/experiments/{NAME}"
+    routes = [(f"{name}/best", {}), (f"{name}/best", {"arm": LAMB}), (f"{name}/best/arms", {}), (f"{name}/trials", {}),
+              (f"{name}/trials", {"after": 0}), (f"{name}/trials/0", {}), (f"{name}/trials/0/metrics", {}),
+              (f"{name}/export", {}), (name, {}), (f"{name}/report", {})]  # fmt: skip
+    try:
+        with server.client() as api:
+            for path, params in routes * 2:  # the second time from what the server keeps
+                assert api.get(path, params=params).status_code == 200, (path, params)
+            deleted = hpo("--db", empty_database, "delete", NAME, "--yes")
+            assert deleted.returncode == 0 and "deleted experiment 'cached': 2 trials" in deleted.stdout, deleted
+            for path, params in routes:
+                answer = api.get(path, params=params)
+                assert answer.status_code == 404 and NAME in answer.json()["detail"], (path, params, answer.text)
+            assert api.get("/experiments").json()["items"] == []
+
+            second = served_spec()
+            second["experiment"]["overrides"]["batch.global_batch_size"] = 64
+            second_id = storage.create_experiment(NAME, second, "minimize")
+            params = {"optimizer.name": "adamw", "optimizer.lr": 2e-3}
+            trial_id = storage.create_trial(second_id, TrialSpec(None, params, ADAMW, global_batch_size=64))
+            storage.mark_trial_running(trial_id)
+            storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=3.0, samples_to_target=512))
+            assert second_id > first_id
+            answer = ask(api, f"{name}/best")
+            assert answer.json()["trial"]["params"]["optimizer.lr"] == 2e-3
+            assert answer.json()["config"]["batch"]["global_batch_size"] == 64
+            assert list(ask(api, f"{name}/best/arms").json()) == [ADAMW]
+            listed = ask(api, f"{name}/trials").json()
+            assert listed["total"] == 1 and listed["items"][0]["params"]["optimizer.name"] == "adamw"
+            assert api.get(f"{name}/trials/0").json()["params"]["optimizer.lr"] == 2e-3
+            assert api.get(f"{name}/trials/1").status_code == 404
     finally:
         stop_server(server)
         storage.close()

@@ -54,3 +54,16 @@ def test_heartbeat_thread_claims_beats_and_releases(storage):
     heartbeat.stop()
     record = storage.get_experiment(eid)
     assert record.controller_pid is None and liveness(record) == "interrupted"  # RUNNING without a controller
+
+
+def test_a_controller_whose_experiment_was_deleted_learns_it_at_its_next_beat(storage):
+    """`hpo delete` of an experiment whose controller seemed gone (paused, cut off; on another machine): its next
+    beat finds no experiment, and the study loop abandons it as it does a taken-over one (`lost`), saying why."""
+    eid = storage.create_experiment("e", {}, "minimize")
+    heartbeat = Heartbeat(storage, eid)  # not started: beats by hand
+    storage.claim_controller(eid, heartbeat.host, heartbeat.pid, stale_after_s())
+    heartbeat.beat()
+    assert not heartbeat.lost and not heartbeat.deleted
+    assert storage.purge_experiment(eid, stale_after_s=0.0) == (0, 0)
+    heartbeat.beat()
+    assert heartbeat.lost and heartbeat.deleted

@@ -64,6 +64,73 @@ def test_an_experiment_without_trials_can_be_deleted_and_its_name_used_again(sto
         storage.delete_experiment(999)
 
 
+def _experiment_with_curves(storage: SqlStorage, name: str, trials: int) -> tuple[int, list[int]]:
+    """An experiment of `trials` finished trials, each with a curve of 3 reports of 2 values (6 metric rows)."""
+    experiment_id = storage.create_experiment(name, SPEC, "minimize")
+    ids = []
+    for number in range(trials):
+        trial_id = storage.create_trial(experiment_id, make_spec(number))
+        storage.mark_trial_running(trial_id)
+        curve = [(step, 64 * step, {"loss": 2.0 / step, "acc": 0.1 * step}) for step in (1, 2, 3)]
+        storage.add_metrics(trial_id, curve)
+        storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(number)))
+        ids.append(trial_id)
+    return experiment_id, ids
+
+
+def test_purging_an_experiment_removes_its_trials_and_curves_and_nothing_of_another(storage: SqlStorage):
+    kept, kept_trials = _experiment_with_curves(storage, "kept", 2)
+    purged, purged_trials = _experiment_with_curves(storage, "purged", 3)
+    assert storage.purge_experiment(purged, stale_after_s=60) == (3, 3 * 6)
+    with pytest.raises(NotFoundError):
+        storage.get_experiment(purged)
+    for trial_id in purged_trials:
+        with pytest.raises(NotFoundError):
+            storage.get_trial(trial_id)
+    assert [e.name for e in storage.list_experiments()] == ["kept"]
+    assert [t.id for t in storage.list_trials(kept)] == kept_trials
+    assert [len(storage.get_metrics(t)) for t in kept_trials] == [6, 6]
+    with storage._session() as session:  # no row of the purged trials' curves is left behind
+        from sqlalchemy import func, select
+
+        from hpo.storage.models import TrialMetricModel
+
+        assert session.scalar(select(func.count()).select_from(TrialMetricModel)) == 2 * 6
+    with pytest.raises(NotFoundError):
+        storage.purge_experiment(purged, stale_after_s=60)
+
+
+def test_ids_of_a_purged_experiment_and_its_trials_are_never_given_again(storage: SqlStorage):
+    # The newest experiment's ids are the ones SQLite would otherwise give again (the highest plus one); a server
+    # keeps what it read under them.
+    storage.create_experiment("older", SPEC, "minimize")
+    purged, purged_trials = _experiment_with_curves(storage, "again", 2)
+    storage.purge_experiment(purged, stale_after_s=60)
+    again, again_trials = _experiment_with_curves(storage, "again", 2)
+    assert again > purged and min(again_trials) > max(purged_trials)
+
+
+def test_a_live_controller_keeps_its_experiment_from_a_purge_and_a_stale_one_does_not(storage: SqlStorage):
+    experiment_id, trials = _experiment_with_curves(storage, "driven", 1)
+    storage.claim_controller(experiment_id, "hostA", 111, stale_after_s=60)
+    with pytest.raises(ControllerBusyError, match="hostA, pid 111"):
+        storage.purge_experiment(experiment_id, stale_after_s=60)
+    assert storage.get_experiment(experiment_id).controller_pid == 111  # nothing removed, the claim as it was
+    assert len(storage.get_metrics(trials[0])) == 6
+    assert storage.purge_experiment(experiment_id, stale_after_s=0) == (1, 6)  # its heartbeat is older than 0 s
+    with pytest.raises(NotFoundError):  # the controller, should it come back, learns it (Heartbeat.deleted)
+        storage.heartbeat(experiment_id, "hostA", 111)
+
+
+def test_a_purge_retried_after_its_first_try_landed_finds_it_done(storage: SqlStorage):
+    from hpo.storage.retry import as_replay
+
+    experiment_id, _ = _experiment_with_curves(storage, "once", 1)
+    assert storage.purge_experiment(experiment_id, stale_after_s=60) == (1, 6)
+    with as_replay():
+        assert storage.purge_experiment(experiment_id, stale_after_s=60) is None
+
+
 def test_annotations_join_the_spec_and_the_definition_stays(storage: SqlStorage):
     experiment_id = storage.create_experiment("x", {"experiment": {"name": "x"}, "run_dir": "/runs/x"}, "minimize")
     links = [{"arm": None, "nni_experiment": "hpo1-arm0", "url": "http://127.0.0.1:8080"}]

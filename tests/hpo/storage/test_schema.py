@@ -56,6 +56,23 @@ def test_experiments_with_trials_from_before_trials_version_get_a_version_above_
         assert storage.trials_version(empty) == 0  # no trial: it may still be removed and its name recorded again
 
 
+def test_ids_of_a_database_from_before_0008_are_not_given_again_after_a_delete(database_url: str):
+    """SQLite gave the highest id plus one, so the newest experiment's and trials' ids came back once deleted;
+    the upgrade keeps the rows and their ids, and the counter starts above them."""
+    with SqlStorage(database_url, upgrade=True) as storage:
+        kept = storage.create_experiment("kept", {}, "minimize")
+        newest = storage.create_experiment("newest", {}, "minimize")
+        trials = [storage.create_trial(newest, TrialSpec(number, {})) for number in range(2)]
+    downgrade_database(database_url, "0007_trials_version_backfill")
+    upgrade_database(database_url)
+    with SqlStorage(database_url) as storage:
+        assert [(e.id, e.name) for e in storage.list_experiments()] == [(kept, "kept"), (newest, "newest")]
+        assert [t.id for t in storage.list_trials(newest)] == trials
+        storage.purge_experiment(newest, stale_after_s=60)
+        again = storage.create_experiment("newest", {}, "minimize")
+        assert again > newest and storage.create_trial(again, TrialSpec(0, {})) > max(trials)
+
+
 def test_an_older_schema_is_out_of_date(database_url: str):
     upgrade_database(database_url)
     downgrade_database(database_url, "base")
