@@ -23,7 +23,7 @@ from hpo.experiment.arms import (
     yaml_scalar,
 )
 from hpo.experiment.rungs import asha_plan
-from hpo.experiment.schema import NATURAL_DIRECTION, number_kind
+from hpo.experiment.schema import NATURAL_DIRECTION, SEEDLESS_TUNERS, number_kind
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
@@ -661,6 +661,12 @@ def _check_tuner_seed(spec: ExperimentSpec, source: str) -> None:
     if not 0 <= spec.tuner.seed < TUNER_SEED_LIMIT:
         raise ExperimentFileError(f"{source}: tuner.seed: {spec.tuner.seed} is outside 0 to 2**32 - 1, the seeds SMAC3 "
                                   "and NumPy take: use one in that range")  # fmt: skip
+    if spec.tuner.name in SEEDLESS_TUNERS and spec.tuner.seed != 0:
+        raise ExperimentFileError(
+            f"{source}: tuner.seed: {spec.tuner.seed}, but the {spec.tuner.name} tuner draws nothing (it runs the "
+            "space's points in order), so no seed changes its trials: remove it (the trials' training seed is the "
+            "trainer's `seed`, in overrides)"
+        )
 
 
 SEED_LIMIT = 2**31 - 1  # a trial's training seed is stored as a 32-bit integer (PostgreSQL's INTEGER)

@@ -40,6 +40,7 @@ TunerName = Literal[
     "nni_evolution",
     "nni_smac",
 ]
+SEEDLESS_TUNERS = frozenset({"grid"})  # tuners that draw nothing (grid: the space's points in order): no seed to set
 NATURAL_DIRECTION = {
     "samples_to_target": "minimize",
     "time_to_target_s": "minimize",
@@ -106,7 +107,7 @@ class Objective(_Section):
 class Tuner(_Section):
     name: TunerName = Field("smac_bo", description="Controller: SMAC3 BO/Hyperband, ASHA, random, or an NNI tuner.")
     seed: int = Field(0, description="Seed of the tuner (and of random search): 0 to 2**32 - 1, "
-                      "as SMAC3 and NumPy take it.")  # fmt: skip
+                      "as SMAC3 and NumPy take it; grid, which draws nothing, takes none.")  # fmt: skip
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the tuner as is.")
 
 

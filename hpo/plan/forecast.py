@@ -66,6 +66,7 @@ from hpo.evidence.confirmations import stored_evidence
 from hpo.experiment import experiment_from_dict, load_experiment, stored_form
 from hpo.experiment.arms import BATCH_STUDY_NOTE, arm_labels, batch_study
 from hpo.experiment.checks import SEED_LIMIT, TUNER_SEED_LIMIT
+from hpo.experiment.schema import SEEDLESS_TUNERS
 from hpo.plan.combined import covering_table, sources_line
 from hpo.plan.proxy import simulated_resources, table_proxy
 from hpo.plan.truth import JUDGED, Truth, batch_truths, stated_handicap, table_truth
@@ -123,8 +124,9 @@ class Plan:
     batch_truths: dict[int, Truth] = field(default_factory=dict)
 
     def seeds(self, index: int) -> tuple[int, int]:
-        """(tuner seed, training seed) of repetition `index`."""
-        return repetition_seeds(self.file_seeds, self.options.seed + index)
+        """(tuner seed, training seed) of repetition `index` (a tuner that draws nothing keeps the file's seed)."""
+        tuner, training = repetition_seeds(self.file_seeds, self.options.seed + index)
+        return (self.file_seeds[0] if self.spec.tuner.name in SEEDLESS_TUNERS else tuner), training
 
 
 def check_repetition_seeds(file_seeds: tuple[int, int], options: PlanOptions, confirmations: int) -> None:
@@ -321,7 +323,8 @@ def _repetition_spec(data: dict[str, Any], source: str, seeds: tuple[int, int], 
     else the data's)."""
     tuner_seed, training_seed = seeds
     data = copy.deepcopy(data)
-    data["tuner"]["seed"] = tuner_seed
+    if data["tuner"]["name"] not in SEEDLESS_TUNERS:  # one that draws nothing takes no seed (it is refused)
+        data["tuner"]["seed"] = tuner_seed
     data["overrides"] = {"seed": training_seed}
     if table is not None:
         data["runner"]["simulation"]["table"] = str(table)
@@ -768,7 +771,8 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
         if plan.options.table and curves
         else f"  learning curves: {sources or plan.table}" + _table_data(plan.table),
         f"  each: {spec.budget.trials} trials, tuner {spec.tuner.name}, confirm_seeds {confirm}; repetition r: "
-        f"tuner seed {tuner_seed} + r, training seed {training_seed} + {SEED_STRIDE} r",
+        + ("" if spec.tuner.name in SEEDLESS_TUNERS else f"tuner seed {tuner_seed} + r, ")
+        + f"training seed {training_seed} + {SEED_STRIDE} r",
         "  each repetition ran in a temporary database, deleted after; your database was "
         + (f"only read (the pilot {pilot}, below)" if pilot else "not opened"),
     ]

@@ -1003,3 +1003,21 @@ def test_jobs_beyond_the_cpus_are_capped_at_them_with_a_note(tmp_path):
                     "repetitions at a time\n")  # fmt: skip
     assert len(workers) == cpus
     assert plan.returncode == 143, err
+
+
+def test_a_grid_file_is_planned_with_its_training_seed_moved_and_no_tuner_seed(tmp_path, capsys):
+    """The grid tuner draws nothing, so a file of it may set no tuner seed (refused), and the plan's repetitions move
+    only the training seed (they set a tuner seed on every file before: a grid file was refused from r = 1 on)."""
+    space = {"optimizer.name": {"choice": ["adamw", "lamb"]}, "optimizer.lr": {"choice": [1e-3, 1e-2]},
+             "schedule.warmup_steps": {"choice": [0]}}  # fmt: skip
+    grid = small_preset(name="grid-plan", tuner={"name": "grid"}, space=space)
+    grid["budget"].update(trials=4, max_parallel=4)
+    seeded = write(tmp_path / "seeded.yaml", {**grid, "tuner": {"name": "grid", "seed": 3}})
+    assert main(["plan", str(seeded), "--repetitions", "2"]) == 2
+    assert "tuner.seed: 3, but the grid tuner draws nothing" in capsys.readouterr().err
+    path = write(tmp_path / "grid.yaml", grid)
+    assert main(["plan", str(path), "--repetitions", "2", "--seed", "1", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    base = yaml.safe_load((ROOT / "trainer/configs/demo_cpu.yaml").read_text())["seed"]
+    assert f"tuner grid, confirm_seeds auto (at most 12 per arm); repetition r: training seed {base + 1000} + " in out
+    assert "tuner seed" not in out
