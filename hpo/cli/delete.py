@@ -15,6 +15,8 @@ from pathlib import Path
 from hpo.cli.common import open_storage
 from hpo.errors import HpoError
 
+SAY_WORKING_FROM = 5_000  # trials from which the delete says that it works (it takes a second or more)
+
 
 def add_delete(sub) -> None:
     """`hpo delete`."""
@@ -37,6 +39,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
         print(f"kept {what}", file=sys.stderr)
         return 1
     record = settle_controller(storage, record, quiet=False)  # a controller still running here keeps it
+    if trials >= SAY_WORKING_FROM:  # about 2 s a 10,000 trials on SQLite (BENCHMARKS.md)
+        print(f"deleting {trials:,} trials and their curves in one transaction ...", file=sys.stderr, flush=True)
     removed = storage.purge_experiment(record.id, stale_after_s())  # and one that beats elsewhere
     trials, metrics = removed if removed is not None else (trials, None)
     counted = f"{trials:,} trial{'' if trials == 1 else 's'}" + (f", {metrics:,} metric values" if metrics else "")

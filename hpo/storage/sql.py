@@ -335,10 +335,14 @@ class SqlStorage(TrialReads, Storage):
             # claim's row lock makes a controller claiming at the same moment wait, then find no experiment.
             if not self._claim(session, experiment_id, host, pid, now - timedelta(seconds=stale_after_s), now):
                 raise self._busy(session, experiment_id, now)
+            # Plain statements: the session keeps no object of these rows, so none is fetched to be synchronized.
+            plain = {"synchronize_session": False}
             trials = select(TrialModel.id).where(TrialModel.experiment_id == experiment_id)
-            metrics = session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trials)))
-            removed = session.execute(delete(TrialModel).where(TrialModel.experiment_id == experiment_id))
-            session.execute(delete(ExperimentModel).where(ExperimentModel.id == experiment_id))
+            metrics = session.execute(delete(TrialMetricModel).where(TrialMetricModel.trial_id.in_(trials)),
+                                      execution_options=plain)  # fmt: skip
+            removed = session.execute(delete(TrialModel).where(TrialModel.experiment_id == experiment_id),
+                                      execution_options=plain)  # fmt: skip
+            session.execute(delete(ExperimentModel).where(ExperimentModel.id == experiment_id), execution_options=plain)
             return removed.rowcount, metrics.rowcount
 
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:
