@@ -420,5 +420,15 @@ class StopPublic(BaseModel):
     detail: str
 
 
+class DeletedPublic(BaseModel):
+    experiment: str
+    trials: int | None = Field(description="Trials removed with it (tuning trials and confirmation runs); null where "
+                               "a retry of the request found the first try's removal done.")  # fmt: skip
+    metric_values: int | None = Field(description="Values of their learning curves removed (null as trials).")
+    run_dir: str | None = Field(description="Its run directory on the controller's machine, which stays (the trials' "
+                                "logs and checkpoints): a new `hpo run` of its file there needs it gone.")  # fmt: skip
+    detail: str
+
+
 def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None

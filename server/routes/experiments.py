@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
+from hpo.errors import ControllerBusyError
 from hpo.export.production import arm_labels
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord, ExperimentStatus, TrialRecord
@@ -13,6 +14,7 @@ from server.schemas import (
     MAX_INT,
     MAX_PAGE,
     BestTrialPublic,
+    DeletedPublic,
     ErrorPublic,
     ExperimentPublic,
     ExperimentSummaryPublic,
@@ -92,6 +94,33 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
     storage.request_stop(record.id)
     detail = f"stop requested; the controller of {record.name} ends its trials within seconds"
     return StopPublic(experiment=record.name, stop_requested=True, detail=detail)
+
+
+@router.delete(
+    "/{name}",
+    response_model=DeletedPublic,
+    dependencies=[TokenDep],
+    responses={
+        401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
+        403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+        409: {"model": ErrorPublic, "description": "A live controller drives the experiment: stop it first."},
+    },
+)
+def delete_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
+    """Remove the experiment with its trials and their learning curves, in one transaction, as `hpo delete` does;
+    refused (409) while its controller heartbeats. Its run directory stays. Every route answers 404 for it at once."""
+    from hpo.engine.liveness import stale_after_s
+
+    try:
+        removed = storage.purge_experiment(record.id, stale_after_s())
+    except ControllerBusyError as exc:
+        raise HTTPException(409, str(exc)) from exc
+    specs.forget_experiment(record)
+    trials, values = removed if removed is not None else (None, None)  # None: a retry found the removal done
+    counted = "" if trials is None else f": {trials:,} trials, {values:,} metric values"
+    return DeletedPublic(experiment=record.name, trials=trials, metric_values=values,
+                         run_dir=record.spec.get("run_dir"),
+                         detail=f"deleted experiment {record.name!r}{counted}; its run directory stays")  # fmt: skip
 
 
 def experiment_verdict(

@@ -121,3 +121,40 @@ def test_a_database_that_is_down_gives_503_with_the_reason(url, says, tmp_path):
         assert not (tmp_path / "missing").exists()  # a read never creates a database
     finally:
         stop_server(server)
+
+
+def test_delete_removes_an_experiment_with_its_trials_and_refuses_a_live_one(empty_database, tmp_path):
+    """`DELETE /experiments/{name}` (the token's): as `hpo delete` --yes; a controller that heartbeats keeps it."""
+    from hpo.trials import TrialResult, TrialSpec, TrialState
+
+    spec = load_experiment(make_experiment_file(tmp_path, name="gone"))
+    storage = SqlStorage(empty_database)
+    gone = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+    for number in range(3):
+        trial_id = storage.create_trial(gone, TrialSpec(number, {"optimizer.name": "lamb", "optimizer.lr": 1e-3}))
+        storage.mark_trial_running(trial_id)
+        storage.add_metrics(trial_id, [(1, 8, {"loss": 3.0, "mlm_accuracy": 0.1})])
+        storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(number)))
+    storage.claim_controller(gone, "other-host", 4242, stale_after_s=60)  # a live controller elsewhere
+    server = start_server(empty_database, tmp_path)
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        with server.client() as api:
+            assert api.delete("/experiments/gone").status_code == 401
+            busy = api.delete("/experiments/gone", headers=token)
+            assert busy.status_code == 409 and "live controller (host other-host, pid 4242" in busy.json()["detail"]
+            assert api.get("/experiments/gone").json()["trials"]["completed"] == 3  # kept whole
+            storage.release_controller(gone, "other-host", 4242)  # it ended
+            deleted = api.delete("/experiments/gone", headers=token)
+            assert deleted.status_code == 200, deleted.text
+            assert deleted.json() == {"experiment": "gone", "trials": 3, "metric_values": 6,
+                                      "run_dir": str(tmp_path / "run"),
+                                      "detail": "deleted experiment 'gone': 3 trials, 6 metric values; its run "
+                                                "directory stays"}  # fmt: skip
+            for path in ("/experiments/gone", "/experiments/gone/best", "/experiments/gone/trials"):
+                assert api.get(path).status_code == 404, path
+            assert api.delete("/experiments/gone", headers=token).status_code == 404
+    finally:
+        stop_server(server)
+        storage.close()
+    assert SqlStorage(empty_database).list_experiments() == []
