@@ -56,13 +56,18 @@ async def get_experiment_ref(name: ExperimentName, storage: StorageDep, specs: S
     return (await current_experiment(name, storage, specs))[0]
 
 
-async def current_experiment(name: str, storage: Storage, specs: SpecCache) -> tuple[ExperimentRecord, int]:
+async def current_experiment(
+    name: str, storage: Storage, specs: SpecCache, checked: bool = True
+) -> tuple[ExperimentRecord, int | None]:
     """The experiment named `name` and its `trials_version`, read with this request (before its answer). A record
     kept from an earlier request costs one primary-key read, of its version, on the event loop; one removed since
     (`hpo delete`) is forgotten and looked up again by name: a 404, or the experiment recorded under the name since
-    (ids are never given twice, so a kept id is the same experiment or none)."""
+    (ids are never given twice, so a kept id is the same experiment or none). `checked=False`: a kept record as it
+    is, without its version (None), for a route that finds out itself (`gone_unless_read`)."""
     record = specs.known_experiment(name)
     if record is not None:
+        if not checked:
+            return record, None
         try:
             return record, storage.trials_version(record.id)
         except NotFoundError:
@@ -87,20 +92,41 @@ class HotRead:
     every dependency on every request, about 10 us apiece in process (BENCHMARKS.md, "REST API under load")."""
 
     record: ExperimentRecord  # as ExperimentRefDep: only its fixed fields are current
-    version: int  # its trials_version, read before the answer it guards (server.caching)
+    version: int | None  # its trials_version, read before the answer it guards (server.caching); None: not read
     storage: Storage
     specs: SpecCache
     answers: AnswerCache
 
 
 async def get_hot_read(name: ExperimentName, request: Request) -> HotRead:
+    return await _hot_read(name, request, checked=True)
+
+
+async def get_page_read(name: ExperimentName, request: Request) -> HotRead:
+    """As get_hot_read for a trial list, but a page after a cursor reads no version: a page with trials shows that
+    the experiment is there, and the list checks an empty one (`gone_unless_read`)."""
+    return await _hot_read(name, request, checked="after" not in request.query_params)
+
+
+async def _hot_read(name: str, request: Request, checked: bool) -> HotRead:
     state = request.app.state
     storage, specs = state.storage.get(), state.specs
-    record, version = await current_experiment(name, storage, specs)
+    record, version = await current_experiment(name, storage, specs, checked)
     return HotRead(record, version, storage, specs, state.answers)
 
 
+def gone_unless_read(hot: HotRead) -> None:
+    """NotFoundError (a 404) where the experiment of `hot`, read from memory without its version, has been removed
+    since it was kept (`hpo delete`), which then forgets it; nothing where it is there."""
+    try:
+        hot.storage.trials_version(hot.record.id)
+    except NotFoundError:
+        hot.specs.forget_experiment(hot.record)
+        raise
+
+
 HotReadDep = Annotated[HotRead, Depends(get_hot_read)]
+PageReadDep = Annotated[HotRead, Depends(get_page_read)]
 
 
 def require_token(

@@ -11,7 +11,7 @@ from hpo.export.production import check_arm
 from hpo.storage.base import ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialState
 from server.caching import MISSING, NOT_MODIFIED, cached_json
-from server.deps import ExperimentRefDep, HotReadDep, StorageDep
+from server.deps import ExperimentRefDep, PageReadDep, StorageDep, gone_unless_read
 from server.errors import ERROR_RESPONSES
 from server.schemas import ARM_PATTERN, MAX_INT, MAX_PAGE, CurvePublic, TrialPage, TrialPublic
 from server.storage import SpecCache
@@ -28,7 +28,7 @@ TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's num
 @router.get("", response_model=TrialPage, responses=NOT_MODIFIED)
 async def list_trials(
     request: Request,
-    hot: HotReadDep,
+    hot: PageReadDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
     arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
@@ -64,6 +64,8 @@ async def list_trials(
         versions = await run_in_threadpool(lambda: storage.list_trial_versions(record.id, **page))
     else:
         versions = storage.list_trial_versions(record.id, **page)
+    if not versions and after is not None and hot.version is None:  # no trial after it: is the experiment there?
+        gone_unless_read(hot)
     more, versions = len(versions) > limit, versions[:limit]
     bodies = {v.id: specs.known_trial_json(v) for v in versions}
     missing = [v.id for v in versions if bodies[v.id] is None]
