@@ -78,7 +78,8 @@ def _experiment_with_curves(storage: SqlStorage, name: str, trials: int) -> tupl
     return experiment_id, ids
 
 
-def test_purging_an_experiment_removes_its_trials_and_curves_and_nothing_of_another(storage: SqlStorage):
+def test_purging_an_experiment_removes_its_trials_and_curves_and_nothing_of_another(storage: SqlStorage, monkeypatch):
+    monkeypatch.setattr("hpo.storage.sql.PURGE_CHUNK", 2)  # SQLite's curves go in chunks of trials: 2 and 1 here
     kept, kept_trials = _experiment_with_curves(storage, "kept", 2)
     purged, purged_trials = _experiment_with_curves(storage, "purged", 3)
     assert storage.purge_experiment(purged, stale_after_s=60) == (3, 3 * 6)
