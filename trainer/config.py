@@ -435,9 +435,10 @@ def inert_under(key: str, value_of: Callable[[str], Any]) -> tuple[str, Any] | N
 
 def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
     """Settings of `cfg` that its run would not read: key -> `key: why; what to do`. A decay horizon in samples beside
-    one in steps (the steps win), checkpoints every so many samples without a directory to write them to, the noise
-    scale's interval or decay with the noise scale off. `python -m trainer` refuses them before any work, and so do
-    the experiment checks (but checkpoint.every_samples where the controller gives trials their directory)."""
+    one in steps (the steps win), checkpoints every so many samples, or no resume, without a checkpoint directory,
+    the noise scale's interval or decay with the noise scale off. `python -m trainer` refuses them before any work,
+    and so do the experiment checks (which read the checkpoint's keys where the controller gives trials their
+    directory)."""
     unread = {}
     schedule, checkpoint, log = cfg.schedule, cfg.checkpoint, cfg.log
     if schedule.total_steps is not None and schedule.horizon_samples is not None:
@@ -448,6 +449,9 @@ def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
         unread["checkpoint.every_samples"] = (
             f"checkpoint.every_samples: {checkpoint.every_samples}, but checkpoint.dir is not set, so no checkpoint "
             "is saved: set checkpoint.dir, or remove checkpoint.every_samples")  # fmt: skip
+    if not checkpoint.resume and checkpoint.dir is None:
+        unread["checkpoint.resume"] = ("checkpoint.resume: false, but checkpoint.dir is not set, so there is no "
+                                       "checkpoint to resume from: remove checkpoint.resume")  # fmt: skip
     if not log.noise_scale:
         for key in ("noise_scale_every", "noise_scale_decay"):
             if (value := getattr(log, key)) != LogConfig.model_fields[key].default:

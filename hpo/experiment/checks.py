@@ -181,7 +181,7 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
     one in steps, checkpoint.every_samples without checkpoint.dir, the noise scale's settings with it off), refused
     before any trial fails on them: in the base config, and with each value the space tunes (each choice, a range's
     bounds). checkpoint.every_samples is read where the controller gives each trial its checkpoint directory
-    (Hyperband, ASHA)."""
+    (Hyperband, ASHA), and checkpoint.resume: false is never read there (every trial resumes)."""
     given_dir = continues_from_checkpoint(spec)
     settings = [(None, None), *((name, v) for name in spec.space for v in _param_values(spec.space[name]))]
     for name, value in settings:
@@ -189,9 +189,15 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
         if name is not None:
             raw = copy.deepcopy(resolved)
             set_dotted(raw, trainer_key(name), value)
-        unread = unread_settings(config_from_dict(raw))
+        cfg = config_from_dict(raw)
+        unread = unread_settings(cfg)
         if given_dir:
             unread.pop("checkpoint.every_samples", None)
+            unread.pop("checkpoint.resume", None)
+            if not cfg.checkpoint.resume:  # every trial continues its configuration's checkpoint (hpo.trial.entry)
+                unread["checkpoint.resume"] = (
+                    f"checkpoint.resume: false, but tuner {spec.tuner.name} continues each promoted configuration "
+                    "from the checkpoint of its lower budget, so every trial resumes: remove checkpoint.resume")
         if unread:
             where = "base_config + overrides" if name is None else f"space.{name}: with {yaml_scalar(value)}"
             raise ExperimentFileError(f"{source}: {where}: {next(iter(unread.values()))}")

@@ -572,6 +572,8 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
         # settings the run would not read (trainer.config.unread_settings): said, not ignored
         ({"checkpoint.every_samples": 16}, "error: checkpoint.every_samples: 16, but checkpoint.dir is not set, so "
                                            "no checkpoint is saved: set checkpoint.dir, or remove"),
+        ({"checkpoint.resume": "false"}, "error: checkpoint.resume: false, but checkpoint.dir is not set, so there "
+                                         "is no checkpoint to resume from: remove checkpoint.resume"),
         ({"schedule.total_steps": 100, "schedule.horizon_samples": 80}, "error: schedule.horizon_samples: 80, but "
                                                                         "schedule.total_steps (100) sets the decay "
                                                                         "horizon, in steps: set one of them"),
@@ -581,7 +583,7 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
          "log.noise_scale_decay: 0.5, but log.noise_scale is false"),
     ],
     ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed", "checkpoints-without-dir",
-         "two-decay-horizons", "noise-scale-settings-with-it-off"],
+         "no-resume-without-dir", "two-decay-horizons", "noise-scale-settings-with-it-off"],
 )  # fmt: skip
 def test_settings_this_run_cannot_use_are_refused_before_any_work(tmp_path, capsys, monkeypatch, override, says):
     pytest.importorskip("torch")

@@ -41,6 +41,23 @@ def test_under_hyperband_the_controller_gives_each_trial_its_checkpoint_director
     assert unread_settings(cfg) == {}  # what the trial's own run checks before any work
 
 
+def test_no_resume_is_refused_without_a_directory_and_under_a_tuner_whose_every_trial_resumes(tmp_path):
+    """checkpoint.resume: false is read only beside a checkpoint.dir of the file's own; Hyperband and ASHA give each
+    trial its directory and resume every trial from its configuration's checkpoint (hpo.trial.entry)."""
+    path, message = refusal(tmp_path / "a", make_experiment(overrides={"checkpoint.resume": False}))
+    assert message == (f"{path}: base_config + overrides: checkpoint.resume: false, but checkpoint.dir is not set, so "
+                       "there is no checkpoint to resume from: remove checkpoint.resume")  # fmt: skip
+    load_experiment(write_experiment(tmp_path / "b", make_experiment(overrides={"checkpoint.resume": False,
+                                                                                "checkpoint.dir": "ck"})))  # fmt: skip
+    for overrides in ({"checkpoint.resume": False}, {"checkpoint.resume": False, "checkpoint.dir": "ck"}):
+        data = make_experiment(overrides={"budget.max_samples": 4096, **overrides},
+                               tuner={"name": "smac_hyperband", "seed": 1})  # fmt: skip
+        path, message = refusal(tmp_path / str(len(overrides)), data)
+        assert message == (f"{path}: base_config + overrides: checkpoint.resume: false, but tuner smac_hyperband "
+                           "continues each promoted configuration from the checkpoint of its lower budget, so every "
+                           "trial resumes: remove checkpoint.resume")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
