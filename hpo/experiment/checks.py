@@ -197,7 +197,8 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
             if not cfg.checkpoint.resume:  # every trial continues its configuration's checkpoint (hpo.trial.entry)
                 unread["checkpoint.resume"] = (
                     f"checkpoint.resume: false, but tuner {spec.tuner.name} continues each promoted configuration "
-                    "from the checkpoint of its lower budget, so every trial resumes: remove checkpoint.resume")
+                    "from the checkpoint of its lower budget, so every trial resumes: remove checkpoint.resume"
+                )
         if unread:
             where = "base_config + overrides" if name is None else f"space.{name}: with {yaml_scalar(value)}"
             raise ExperimentFileError(f"{source}: {where}: {next(iter(unread.values()))}")
