@@ -41,7 +41,7 @@ HPO_LAYERS = (
     ("hpo.experiment.arms",),
     ("hpo.nni.config",),
     ("hpo.experiment",),
-    ("hpo.controllers", "hpo.nni.tuners"),
+    ("hpo.controllers", "hpo.nni.tuners", "hpo.nni.seeded"),
     ("hpo.runners", "hpo.trial", "hpo.export", "hpo.mlperf"),
     ("hpo.evidence", "hpo.engine", "hpo.report"),
     ("hpo.engine.local", "hpo.plan", "hpo.nni", "hpo.cli", "hpo.__main__"),

@@ -8,7 +8,9 @@ all arms would let the slower-learning arm's trials be stopped because of the ot
 
 Tuners (`tuner.name`): NNI's built-in TPE, Random, Anneal (hyperopt) and Evolution, and `nni_smac`, SMAC3's
 Bayesian optimization running inside NNI as a custom tuner (`hpo.nni.smac_tuner`), which reads our own search
-space, conditions included. NNI's GP and Metis tuners are not offered: both fail on the search spaces here
+space, conditions included. Each gets `tuner.seed` (with the arm's index and a resume's count added); NNI's
+Anneal and Evolution take no seed, so they run as custom tuners that seed them (`hpo.nni.seeded`). NNI's GP and
+Metis tuners are not offered: both fail on the search spaces here
 (GP cannot take nested choices, Metis takes no log scales or nested choices), and NNI's own SMAC tuner needs
 SMAC 0.x.
 
@@ -48,7 +50,8 @@ from search_spaces.nni import to_nni
 
 NNI_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution", "nni_smac")
 # NNI built-in tuner name of each of our tuner names (nni_smac is a custom tuner).
-_BUILTIN = {"nni_tpe": "TPE", "nni_random": "Random", "nni_anneal": "Anneal", "nni_evolution": "Evolution"}
+_BUILTIN = {"nni_tpe": "TPE", "nni_random": "Random"}
+SEEDED_TUNER_CLASSES = {"nni_anneal": "hpo.nni.seeded.SeededAnneal", "nni_evolution": "hpo.nni.seeded.ManagerEvolution"}
 _COMMON_OPTIONS = ("assessor", "assessor_start_step", "webui_host")
 _OPTIONS = {"nni_evolution": ("population_size",), "nni_smac": ("n_initial_configs",)}
 SMAC_TUNER_CLASS = "hpo.nni.smac_tuner.SmacTuner"
@@ -294,13 +297,12 @@ def _tuner(spec: Any, plan: Any, run_dir: Path, restart: int = 0) -> dict[str, A
                 "n_initial_configs": options.get("n_initial_configs")}  # fmt: skip
         return {"className": SMAC_TUNER_CLASS, "codeDirectory": str(Path(hpo.__file__).parent.parent),
                 "classArgs": args}  # fmt: skip
-    args = {"optimize_mode": spec.direction}
-    if name in ("nni_tpe", "nni_random"):
-        args["seed"] = seed
-    if name == "nni_anneal":
-        args["algorithm_name"] = "anneal"
-    if name == "nni_evolution":
-        args["population_size"] = int(options.get("population_size", default_population(plan.quota)))
+    args = {"optimize_mode": spec.direction, "seed": seed}
+    if name in SEEDED_TUNER_CLASSES:  # NNI's own, which take no seed, seeded (hpo.nni.seeded)
+        if name == "nni_evolution":
+            args["population_size"] = int(options.get("population_size", default_population(plan.quota)))
+        return {"className": SEEDED_TUNER_CLASSES[name], "codeDirectory": str(Path(hpo.__file__).parent.parent),
+                "classArgs": args}  # fmt: skip
     return {"name": _BUILTIN[name], "classArgs": args}
 
 

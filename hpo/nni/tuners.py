@@ -8,10 +8,10 @@ it, Evolution replaces it with a random individual). Costs are already minimizat
 minimize).
 
 Seeds. TPE and Random take a seed. NNI's Anneal (hyperopt) and Evolution draw from an unseeded
-`np.random.RandomState()` built in `update_search_space`, and Evolution also from Python's global `random`; here
-they are subclassed so that this state is seeded from `seed` (Evolution's `random` calls run on a private
-`random.Random` state swapped in and out, so the process's global stream is neither used nor changed). So every
-tuner proposes the same sequence for the same seed and history.
+`np.random.RandomState()` built in `update_search_space`, and Evolution also from Python's global `random`; they
+are seeded from `seed` (hpo.nni.seeded; here Evolution's `random` calls run on a private `random.Random` state
+swapped in and out, so the process's global stream is neither used nor changed). So every tuner proposes the same
+sequence for the same seed and history.
 
 Evolution proposes nothing while `population_size` trials are running (NNI's `NoMoreTrialError`; under NNI's
 manager it sends the configuration later). Asked then, the controller answers a random sample of our
@@ -36,47 +36,26 @@ from typing import Any
 
 import nni
 import numpy as np
-from nni.algorithms.hpo.evolution_tuner import EvolutionTuner
-from nni.algorithms.hpo.hyperopt_tuner import HyperoptTuner
 from nni.algorithms.hpo.random_tuner import RandomTuner
 from nni.algorithms.hpo.tpe_tuner import TpeTuner
 
 from hpo.controllers.base import Suggestion
 from hpo.nni.config import default_population
+from hpo.nni.seeded import SeededAnneal, SeededEvolution
 from search_spaces.nni import from_nni_params, to_nni, to_nni_params
 from search_spaces.space import SearchSpace
 
 IN_PROCESS_TUNERS = ("nni_tpe", "nni_random", "nni_anneal", "nni_evolution")
 
 
-class _SeededAnneal(HyperoptTuner):
-    """NNI's hyperopt tuner with algorithm anneal, its random state seeded."""
-
-    def __init__(self, seed: int):
-        super().__init__("anneal", optimize_mode="minimize")
-        self.seed = seed
-
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
-        super().update_search_space(search_space)
-        self.rval.rstate = np.random.RandomState(self.seed)  # NNI builds an unseeded one
-
-
-class _SeededEvolution(EvolutionTuner):
+class _SeededEvolution(SeededEvolution):
     """NNI's evolution tuner, seeded; it counts running trials itself (NNI's dispatcher path,
     `generate_multiple_parameters`, does the counting there) and refuses to propose while `population_size` are
     running without queueing a late configuration (nobody would take it)."""
 
     def __init__(self, seed: int, population_size: int):
-        super().__init__(optimize_mode="minimize", population_size=population_size)
-        self.seed = seed
+        super().__init__(seed, population_size=population_size)
         self._py_random = random.Random(seed).getstate()
-
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
-        super().update_search_space(search_space)
-        self.random_state = np.random.RandomState(self.seed)  # NNI builds an unseeded one: draw the population again
-        self.population = []
-        for _ in range(self.population_size):
-            self._random_generate_individual()
 
     def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any]:
         if self.num_running_trials >= self.population_size or not self.population:
@@ -99,7 +78,7 @@ def build_nni_tuner(name: str, seed: int, options: dict[str, Any], quota: int) -
     if name == "nni_random":
         return RandomTuner(seed=seed, optimize_mode="minimize")
     if name == "nni_anneal":
-        return _SeededAnneal(seed)
+        return SeededAnneal(seed)
     if name == "nni_evolution":
         return _SeededEvolution(seed, int(options.get("population_size", default_population(quota))))
     raise ValueError(f"tuner.name {name!r} is not an NNI tuner that runs in-process ({', '.join(IN_PROCESS_TUNERS)})")

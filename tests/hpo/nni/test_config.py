@@ -22,6 +22,8 @@ from hpo.nni.config import (
 from search_spaces.nni import to_nni
 from tests.hpo.nni.conftest import CONDITIONAL_SPACE, nni_experiment_data
 
+ROOT = Path(__file__).resolve().parents[3]  # the folder that holds the hpo package
+
 ARM_SPACE = {
     "optimizer.name": {"choice": ["adamw", "lamb"]},
     "optimizer.lr@lamb": {"float": [1e-3, 1e-2], "log": True, "when": {"optimizer.name": "lamb"}},
@@ -29,9 +31,10 @@ ARM_SPACE = {
 }
 
 
-def spec_of(tmp_path, tuner="nni_tpe", trials=6, parallel=2, engine="nni", resources=None, budget=None, **kwargs):
+def spec_of(tmp_path, tuner="nni_tpe", trials=6, parallel=2, engine="nni", resources=None, budget=None, seed=0,
+            **kwargs):  # fmt: skip
     data = nni_experiment_data(tmp_path, tuner, trials, parallel, **kwargs)
-    data["engine"] = engine
+    data["engine"], data["tuner"]["seed"] = engine, seed
     data["resources"].update(resources or {})
     data["budget"].update(budget or {})
     return experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
@@ -65,10 +68,17 @@ def test_cpu_trials_and_tuners(tmp_path):
     assert config["assessor"] == {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}}
     assert config["maxTrialDuration"] == "120s"
     assert config["experimentWorkingDirectory"] == str(tmp_path / "run" / "nni" / "nni-experiments")
-    for tuner, name in [("nni_random", "Random"), ("nni_anneal", "Anneal"), ("nni_evolution", "Evolution")]:
-        spec = spec_of(tmp_path, tuner=tuner, options={"assessor": "none"})
+    spec = spec_of(tmp_path, tuner="nni_random", options={"assessor": "none"})
+    config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, "true", tmp_path, False))
+    assert config["tuner"] == {"name": "Random", "classArgs": {"optimize_mode": "minimize", "seed": 0}}
+    assert "assessor" not in config
+    # NNI's Anneal and Evolution take no seed: ours, seeded (hpo.nni.seeded), loaded by the manager by class name
+    for tuner, name, extra in [("nni_anneal", "SeededAnneal", {}),
+                               ("nni_evolution", "ManagerEvolution", {"population_size": 3})]:  # fmt: skip
+        spec = spec_of(tmp_path, tuner=tuner, options={"assessor": "none"}, seed=7)
         config = nni_validates(nni_experiment_config(spec, arm_plans(spec)[0], tmp_path, "true", tmp_path, False))
-        assert config["tuner"]["name"] == name and "assessor" not in config
+        assert config["tuner"] == {"className": f"hpo.nni.seeded.{name}", "codeDirectory": str(ROOT),
+                                   "classArgs": {"optimize_mode": "minimize", "seed": 7, **extra}}  # fmt: skip
 
 
 def test_gpu_resources_map_to_nni_local_training_service(tmp_path):

@@ -151,3 +151,17 @@ def test_a_stop_request_stops_nni_and_records_what_ran(tmp_path):
     assert manager.pid is None
     with pytest.raises(NniEngineError):
         rest(manager.port, "check-status", timeout=2)
+
+
+@pytest.mark.parametrize("tuner", ["nni_anneal", "nni_evolution"])
+def test_anneal_and_evolution_under_the_manager_propose_the_same_trials_for_the_same_seed(tmp_path, tuner):
+    """NNI's own Anneal and Evolution take no seed (they proposed anew every run): under the manager they are ours,
+    seeded (hpo.nni.seeded), so one trial at a time the same file proposes the same trials."""
+    runs = []
+    for attempt in ("first", "again"):
+        options = {"assessor": "none", **({"population_size": 2} if tuner == "nni_evolution" else {})}
+        spec = make_nni_spec(tmp_path / attempt, tuner, trials=4, parallel=1, options=options)
+        storage, eid, _, ending, _ = run_experiment(tmp_path / attempt, spec)
+        assert ending == "finished"
+        runs.append([t.params for t in sorted(storage.list_trials(eid), key=lambda t: t.number)])
+    assert runs[0] == runs[1] and len(runs[0]) == 4, runs
