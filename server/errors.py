@@ -32,6 +32,12 @@ ERROR_RESPONSES = {
     503: {"model": ErrorPublic, "description": "The database cannot be reached, or its schema is out of date."},
 }
 
+# What an action (the routes that need the token) may answer besides.
+TOKEN_RESPONSES = {
+    401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
+    403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+}
+
 # The same for routes that answer HTML: FastAPI would file a `model` under the route's media type (text/html),
 # but the errors are JSON. The schemas are the components the routes above register.
 JSON_ERROR_RESPONSES = {

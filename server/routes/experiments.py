@@ -9,7 +9,7 @@ from hpo.export.production import arm_labels
 from hpo.storage import Storage
 from hpo.storage.base import ExperimentRecord, ExperimentStatus, TrialRecord
 from server.deps import ExperimentDep, SpecsDep, StorageDep, TokenDep
-from server.errors import ERROR_RESPONSES
+from server.errors import ERROR_RESPONSES, TOKEN_RESPONSES
 from server.schemas import (
     MAX_INT,
     MAX_PAGE,
@@ -74,8 +74,7 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
     response_model=StopPublic,
     dependencies=[TokenDep],
     responses={
-        401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
-        403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+        **TOKEN_RESPONSES,
         409: {
             "model": ErrorPublic,
             "description": "The experiment has ended, or its controller is not running "
@@ -101,8 +100,7 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
     response_model=DeletedPublic,
     dependencies=[TokenDep],
     responses={
-        401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
-        403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+        **TOKEN_RESPONSES,
         409: {"model": ErrorPublic, "description": "A live controller drives the experiment: stop it first."},
     },
 )

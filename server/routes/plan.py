@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from hpo.limits import MAX_PROCESSES, MAX_SLOTS
 from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
-from server.errors import ERROR_RESPONSES
+from server.errors import ERROR_RESPONSES, TOKEN_RESPONSES
 from server.schemas import NAME_PATTERN, ErrorPublic, InvalidRequestPublic
 from trainer.config import shipped_config
 
@@ -35,8 +35,7 @@ PLAN_TIMEOUT_S = 600.0  # a plan of 50 repetitions of a 200-trial SMAC preset ta
 STOP_GRACE_S = 30.0  # a plan stopped by SIGTERM ends its workers and deletes its temporary files within seconds
 LISTEN_S = 0.5  # how often a running plan checks that its client is still there
 ACTION = {
-    401: {"model": ErrorPublic, "description": "No bearer token, or not the server's token."},
-    403: {"model": ErrorPublic, "description": "Actions are disabled: the server has no HPO_API_TOKEN."},
+    **TOKEN_RESPONSES,
     422: {
         "model": InvalidRequestPublic,
         "description": "A query parameter is invalid (a list of them), or the experiment file is not valid or "
