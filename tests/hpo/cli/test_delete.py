@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hpo.storage import SqlStorage
@@ -72,25 +74,31 @@ def test_delete_asks_on_a_terminal_and_elsewhere_wants_yes(tmp_path):
         assert ("deleted experiment 'asked': 2 trials, 8 metric values" in out) == (answer == "y"), out
 
 
-def on_a_terminal(argv: list[str], answer: str) -> tuple[str, int]:
+def on_a_terminal(argv: list[str], answer: str, timeout_s: float = 60.0) -> tuple[str, int]:
     """Run `argv` with a pseudo-terminal as its input and output, answer its question with `answer`; (what it wrote,
-    its exit code)."""
+    its exit code). A process that neither asks nor ends within `timeout_s` fails the test rather than hang it."""
     leader, follower = pty.openpty()
     process = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, close_fds=True)
     os.close(follower)
-    written = b""
-    while b"[y/N]" not in written:
-        written += os.read(leader, 4096)
-    os.write(leader, answer.encode() + b"\n")
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the process closed the terminal
-            break
-        if not chunk:
-            break
-        written += chunk
-    os.close(leader)
+    written, answered, deadline = b"", False, time.monotonic() + timeout_s
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no question and no end within {timeout_s:.0f} s; it wrote {written.decode()!r}"
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the process closed the terminal: it ended
+                break
+            if not chunk:
+                break
+            written += chunk
+            if not answered and b"[y/N]" in written:
+                os.write(leader, answer.encode() + b"\n")
+                answered = True
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
     return written.decode(), process.wait(timeout=60)
 
 
