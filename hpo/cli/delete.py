@@ -46,6 +46,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
     counted = f"{trials:,} trial{'' if trials == 1 else 's'}" + (f", {metrics:,} metric values" if metrics else "")
     print(f"deleted experiment {record.name!r}: {counted}")
     run_dir = record.spec.get("run_dir")
+    if run_dir and record.spec.get("experiment", {}).get("engine") == "nni":  # its web UI, if open, shows it no more
+        from hpo.nni.manager import stop_all
+
+        if closed := stop_all(Path(run_dir)):
+            print(f"closed its NNI web UI ({len(closed)} NNI experiment(s))")
     if run_dir and Path(run_dir).exists():
         print(f"its run directory stays, with the trials' logs and checkpoints (`hpo run` of the file again needs it "
               f"gone, or another --run-dir): `rm -r {shlex.quote(_shown(Path(run_dir)))}` removes it")  # fmt: skip

@@ -74,6 +74,14 @@ def test_run_under_nni_then_webui_reopens_and_closes_it(tmp_path):
     trials = hpo(tmp_path, "trials", "nniexp")
     assert trials.returncode == 0 and trials.stdout.count("completed") == 2
 
+    # `hpo delete` closes the NNI web UI of the experiment it removes
+    port = int(re.search(r"NNI web UI at http://\S+:(\d+)", hpo(tmp_path, "webui", "nniexp").stdout).group(1))
+    assert rest(port, "check-status")["status"] in ("STOPPED", "VIEWED", "DONE")
+    deleted = hpo(tmp_path, "delete", "nniexp", "--yes")
+    assert deleted.returncode == 0 and "closed its NNI web UI (1 NNI experiment(s))" in deleted.stdout, deleted
+    with pytest.raises(NniEngineError, match="does not answer"):
+        rest(port, "check-status", timeout=2)
+
 
 def test_webui_refuses_an_experiment_of_the_local_engine(tmp_path):
     data = nni_experiment_data(tmp_path, "random", trials=2, parallel=1, options={})
