@@ -69,9 +69,9 @@ async def current_experiment(
         if not checked:
             return record, None
         try:
-            return record, storage.trials_version(record.id)
+            return record, _kept_version(storage, specs, record)
         except NotFoundError:
-            specs.forget_experiment(record)
+            pass  # forgotten: looked up again by name
     record = await run_in_threadpool(_lookup, storage, name)  # NotFoundError -> 404
     specs.remember_experiment(record)
     return record, record.trials_version
@@ -118,10 +118,16 @@ async def _hot_read(name: str, request: Request, checked: bool) -> HotRead:
 def gone_unless_read(hot: HotRead) -> None:
     """NotFoundError (a 404) where the experiment of `hot`, read from memory without its version, has been removed
     since it was kept (`hpo delete`), which then forgets it; nothing where it is there."""
+    _kept_version(hot.storage, hot.specs, hot.record)
+
+
+def _kept_version(storage: Storage, specs: SpecCache, record: ExperimentRecord) -> int:
+    """The trials_version of a kept experiment (one primary-key read); NotFoundError where it has been removed since,
+    which forgets it."""
     try:
-        hot.storage.trials_version(hot.record.id)
+        return storage.trials_version(record.id)
     except NotFoundError:
-        hot.specs.forget_experiment(hot.record)
+        specs.forget_experiment(record)
         raise
 
 

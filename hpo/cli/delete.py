@@ -29,7 +29,7 @@ def add_delete(sub) -> None:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from hpo.cli.run import settle_controller
-    from hpo.engine.liveness import liveness, stale_after_s
+    from hpo.engine.liveness import controller_identity, liveness, stale_after_s
 
     storage = open_storage(args.db, existing=True)
     record = storage.get_experiment_by_name(args.name)  # NotFoundError: exit 2, naming `hpo status`
@@ -41,7 +41,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     record = settle_controller(storage, record, quiet=False)  # a controller still running here keeps it
     if trials >= SAY_WORKING_FROM:  # about 2 s a 10,000 trials on SQLite (BENCHMARKS.md)
         print(f"deleting {trials:,} trials and their curves in one transaction ...", file=sys.stderr, flush=True)
-    removed = storage.purge_experiment(record.id, stale_after_s())  # and one that beats elsewhere
+    removed = storage.purge_experiment(record.id, *controller_identity(), stale_after_s())  # one beating elsewhere
     trials, metrics = removed if removed is not None else (trials, None)
     counted = f"{trials:,} trial{'' if trials == 1 else 's'}" + (f", {metrics:,} metric values" if metrics else "")
     print(f"deleted experiment {record.name!r}: {counted}")

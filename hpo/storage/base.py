@@ -270,11 +270,12 @@ class Storage(abc.ABC):
         the next `hpo run` of its file). One with trials raises StorageError and stays: its trials are data."""
 
     @abc.abstractmethod
-    def purge_experiment(self, experiment_id: int, stale_after_s: float) -> tuple[int, int] | None:
-        """Remove the experiment with its trials and their metrics, in one transaction (`hpo delete`); returns how
-        many trials and metric values went, or None where a retry finds that its first try's removal landed. A
-        controller whose heartbeat is younger than `stale_after_s` keeps it: ControllerBusyError naming its host
-        and pid, nothing removed. Its id is never given to another experiment."""
+    def purge_experiment(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> tuple[int, int] | None:
+        """Remove the experiment with its trials and their metrics, in one transaction (`hpo delete`, run as (host,
+        pid)); returns how many trials and metric values went, or None where a retry finds that its first try's
+        removal landed. It claims the experiment first, as `claim_controller`: a controller whose heartbeat is
+        younger than `stale_after_s` keeps it (ControllerBusyError naming its host and pid, nothing removed). Its
+        id is never given to another experiment."""
 
     @abc.abstractmethod
     def claim_controller(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> None:

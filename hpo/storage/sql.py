@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import random
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -325,8 +323,7 @@ class SqlStorage(TrialReads, Storage):
                 raise StorageError(f"experiment {experiment.name!r} has {trials} trial(s); it is kept")
             session.delete(experiment)
 
-    def purge_experiment(self, experiment_id: int, stale_after_s: float) -> tuple[int, int] | None:
-        host, pid = _purger()
+    def purge_experiment(self, experiment_id: int, host: str, pid: int, stale_after_s: float) -> tuple[int, int] | None:
         with self._session(write=True) as session:
             if replaying() and session.get(ExperimentModel, experiment_id) is None:
                 return None  # the first try's removal landed
@@ -663,11 +660,6 @@ def _with_clock(session: Session, experiment: ExperimentModel) -> tuple[Experime
 
 
 PURGE_CHUNK = 1_000  # trials whose curves one statement of `purge_experiment` removes
-
-
-def _purger() -> tuple[str, int]:
-    """(host, pid) a removal claims its experiment with: this process, as a controller would."""
-    return socket.gethostname(), os.getpid()
 
 
 def _controller_time(session: Session) -> datetime:

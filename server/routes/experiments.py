@@ -107,10 +107,10 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
 def delete_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
     """Remove the experiment with its trials and their learning curves, in one transaction, as `hpo delete` does;
     refused (409) while its controller heartbeats. Its run directory stays. Every route answers 404 for it at once."""
-    from hpo.engine.liveness import stale_after_s
+    from hpo.engine.liveness import controller_identity, stale_after_s
 
     try:
-        removed = storage.purge_experiment(record.id, stale_after_s())
+        removed = storage.purge_experiment(record.id, *controller_identity(), stale_after_s())
     except ControllerBusyError as exc:
         raise HTTPException(409, str(exc)) from exc
     specs.forget_experiment(record)

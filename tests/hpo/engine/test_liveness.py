@@ -12,6 +12,8 @@ from hpo.errors import ControllerBusyError
 from hpo.storage import SqlStorage
 from hpo.storage.base import ExperimentStatus
 
+DELETER = ("deleter-host", 4321)  # the (host, pid) `hpo delete` claims an experiment with
+
 
 @pytest.fixture
 def storage(tmp_path, monkeypatch):
@@ -64,6 +66,6 @@ def test_a_controller_whose_experiment_was_deleted_learns_it_at_its_next_beat(st
     storage.claim_controller(eid, heartbeat.host, heartbeat.pid, stale_after_s())
     heartbeat.beat()
     assert not heartbeat.lost and not heartbeat.deleted
-    assert storage.purge_experiment(eid, stale_after_s=0.0) == (0, 0)
+    assert storage.purge_experiment(eid, *DELETER, stale_after_s=0.0) == (0, 0)
     heartbeat.beat()
     assert heartbeat.lost and heartbeat.deleted

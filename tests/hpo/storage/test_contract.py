@@ -13,6 +13,8 @@ from hpo.storage.base import TrialVersion
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.storage.conftest import add_finished_trial, make_spec
 
+DELETER = ("deleter-host", 4321)  # the (host, pid) `hpo delete` claims an experiment with
+
 SPEC = {"name": "lamb-vs-adam", "space": {"optimizer.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}}
 
 # -- experiments ---------------------------------------------------------------------------------------------
@@ -82,7 +84,7 @@ def test_purging_an_experiment_removes_its_trials_and_curves_and_nothing_of_anot
     monkeypatch.setattr("hpo.storage.sql.PURGE_CHUNK", 2)  # SQLite's curves go in chunks of trials: 2 and 1 here
     kept, kept_trials = _experiment_with_curves(storage, "kept", 2)
     purged, purged_trials = _experiment_with_curves(storage, "purged", 3)
-    assert storage.purge_experiment(purged, stale_after_s=60) == (3, 3 * 6)
+    assert storage.purge_experiment(purged, *DELETER, stale_after_s=60) == (3, 3 * 6)
     with pytest.raises(NotFoundError):
         storage.get_experiment(purged)
     for trial_id in purged_trials:
@@ -98,7 +100,7 @@ def test_purging_an_experiment_removes_its_trials_and_curves_and_nothing_of_anot
 
         assert session.scalar(select(func.count()).select_from(TrialMetricModel)) == 2 * 6
     with pytest.raises(NotFoundError):
-        storage.purge_experiment(purged, stale_after_s=60)
+        storage.purge_experiment(purged, *DELETER, stale_after_s=60)
 
 
 def test_ids_of_a_purged_experiment_and_its_trials_are_never_given_again(storage: SqlStorage):
@@ -106,7 +108,7 @@ def test_ids_of_a_purged_experiment_and_its_trials_are_never_given_again(storage
     # keeps what it read under them.
     storage.create_experiment("older", SPEC, "minimize")
     purged, purged_trials = _experiment_with_curves(storage, "again", 2)
-    storage.purge_experiment(purged, stale_after_s=60)
+    storage.purge_experiment(purged, *DELETER, stale_after_s=60)
     again, again_trials = _experiment_with_curves(storage, "again", 2)
     assert again > purged and min(again_trials) > max(purged_trials)
 
@@ -115,10 +117,13 @@ def test_a_live_controller_keeps_its_experiment_from_a_purge_and_a_stale_one_doe
     experiment_id, trials = _experiment_with_curves(storage, "driven", 1)
     storage.claim_controller(experiment_id, "hostA", 111, stale_after_s=60)
     with pytest.raises(ControllerBusyError, match="hostA, pid 111"):
-        storage.purge_experiment(experiment_id, stale_after_s=60)
+        storage.purge_experiment(experiment_id, *DELETER, stale_after_s=60)
     assert storage.get_experiment(experiment_id).controller_pid == 111  # nothing removed, the claim as it was
     assert len(storage.get_metrics(trials[0])) == 6
-    assert storage.purge_experiment(experiment_id, stale_after_s=0) == (1, 6)  # its heartbeat is older than 0 s
+    assert storage.purge_experiment(experiment_id, *DELETER, stale_after_s=0) == (
+        1,
+        6,
+    )  # its heartbeat is older than 0 s
     with pytest.raises(NotFoundError):  # the controller, should it come back, learns it (Heartbeat.deleted)
         storage.heartbeat(experiment_id, "hostA", 111)
 
@@ -127,9 +132,9 @@ def test_a_purge_retried_after_its_first_try_landed_finds_it_done(storage: SqlSt
     from hpo.storage.retry import as_replay
 
     experiment_id, _ = _experiment_with_curves(storage, "once", 1)
-    assert storage.purge_experiment(experiment_id, stale_after_s=60) == (1, 6)
+    assert storage.purge_experiment(experiment_id, *DELETER, stale_after_s=60) == (1, 6)
     with as_replay():
-        assert storage.purge_experiment(experiment_id, stale_after_s=60) is None
+        assert storage.purge_experiment(experiment_id, *DELETER, stale_after_s=60) is None
 
 
 def test_annotations_join_the_spec_and_the_definition_stays(storage: SqlStorage):

@@ -22,6 +22,8 @@ from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 from tests.polling import wait_for
 
+DELETER = ("deleter-host", 4321)  # the (host, pid) `hpo delete` claims an experiment with
+
 
 def test_an_empty_database_is_out_of_date_until_upgraded(database_url: str):
     assert current_revision(database_url) is None
@@ -68,7 +70,7 @@ def test_ids_of_a_database_from_before_0008_are_not_given_again_after_a_delete(d
     with SqlStorage(database_url) as storage:
         assert [(e.id, e.name) for e in storage.list_experiments()] == [(kept, "kept"), (newest, "newest")]
         assert [t.id for t in storage.list_trials(newest)] == trials
-        storage.purge_experiment(newest, stale_after_s=60)
+        storage.purge_experiment(newest, *DELETER, stale_after_s=60)
         again = storage.create_experiment("newest", {}, "minimize")
         assert again > newest and storage.create_trial(again, TrialSpec(0, {})) > max(trials)
 
