@@ -80,7 +80,7 @@ def add_import(sub) -> None:
     kinds = imports.add_subparsers(dest="import_kind", required=True, metavar="mlperf|rcp")
     mlperf = kinds.add_parser("mlperf", help="MLPerf training result files as an experiment of finished trials")
     mlperf.add_argument("paths", nargs="+", metavar="PATH",
-                        help="result files, or directories searched for result_*.txt (MLCommons' layout, or "
+                        help="result files, or directories searched for result_N.txt (MLCommons' layout, or "
                              "what `log.mlperf` of our trainer wrote)")  # fmt: skip
     mlperf.add_argument("--name", required=True, help="the experiment's name (a second import of the same files "
                                                       "adds nothing)")  # fmt: skip

@@ -214,8 +214,9 @@ def experiment_progress(storage: Storage, record, tallies: Sequence[TrialTally] 
     confirmations = [t for t in tallies if t.kind is not TrialKind.TUNING]
     info = imported(record)
     if info:
-        runs, hits = sum(t.trials for t in tallies), sum(t.reached for t in tallies)
-        return (f"imported ({info.get('kind')}): {runs} run(s) in {sum(t.trials for t in tuning)} configuration(s), "
+        # a trial an import was writing when it stopped is no run: the import wrote that run again as another
+        runs, hits = _finished(tallies), sum(t.reached for t in tallies)
+        return (f"imported ({info.get('kind')}): {runs} run(s) in {_finished(tuning)} configuration(s), "
                 f"{hits} reached the target")  # fmt: skip
     created = sum(t.trials for t in confirmations)
     budget, planned = _planned(record)

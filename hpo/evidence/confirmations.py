@@ -106,7 +106,11 @@ class Evidence:
     imported: bool = False  # an imported experiment (hpo.mlperf): its runs are all there, none is to come
 
     def verdict(self, spec) -> Verdict:
-        return verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
+        verdict = verdict_of(spec, self.best, self.confirmations, self.curves, self.reached)
+        empty = [a.label for a in verdict.arms if not a.runs and a.label not in self.best] if self.imported else []
+        if empty and verdict.outcome is Outcome.NOT_YET:  # an import's arm without runs never gets any
+            return replace(verdict, line=f"not yet: {no_runs_line(empty)}", runs_needed=None)
+        return verdict
 
     def batch_verdicts(self, spec) -> tuple[list[tuple[int, str, str, ArmRuns]], dict[int, Verdict]]:
         """The verdict at each batch size where two or more optimizers ran, at the current look (`batch_points` of
@@ -133,6 +137,15 @@ class Evidence:
         return {None: self.verdict(spec)}
 
 
+def no_runs_line(labels: Sequence[str]) -> str:
+    """Why an imported experiment's verdict cannot answer where arms hold no run: its arms are every combination of
+    the values compared, and an import holds every run it will have."""
+    names = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+    return (f"{names} {'has' if len(labels) == 1 else 'have'} no runs (an import's arms are every combination of the "
+            "values its runs logged for the keys compared): compare by fewer keys (--compare), or import those arms' "
+            "runs under another --name")  # fmt: skip
+
+
 def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[TrialTally] | None = None) -> Evidence:
     """The evidence of a compare experiment in a few queries, however many tuning trials it has (`tallies`: its
     `Storage.tally_trials`, read here unless given)."""
@@ -142,6 +155,8 @@ def stored_evidence(storage: Storage, experiment_id: int, tallies: Sequence[Tria
     runs.sort(key=lambda t: t.number)
     reached = reached_arms(storage.tally_trials(experiment_id) if tallies is None else tallies)
     record = storage.get_experiment(experiment_id)
+    if imported(record) is not None:  # a trial an import was writing when it stopped is no run (written again)
+        runs = [t for t in runs if t.state.finished]
     return Evidence(best, runs, reached, stored_curves(storage, runs, best.values()), imported(record) is not None)
 
 

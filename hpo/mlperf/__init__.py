@@ -69,22 +69,25 @@ def imported(record) -> dict[str, Any] | None:
 
 
 def imported_line(info: dict[str, Any], held: int | None = None) -> str:
-    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`, and what a
-    run cost per arm where the runs logged it (`cost_line`); `held`: the runs the experiment holds, where an import
-    cut short stored fewer than its files have (`imported: 83 of 263 run(s) ...`)."""
+    """`imported: 3 runs from 3 MLPerf training results file(s) (hpo import mlperf); nothing ran here`, the target
+    and where it came from, and what a run cost per arm where the runs logged it (`cost_line`); `held`: the runs the
+    experiment holds, where an import cut short stored fewer than its files have (`imported: 83 of 263 run(s) ...`)."""
     kind = str(info.get("kind", "mlperf"))
     runs = int(info.get("runs", 0))
     count = f"{held} of {runs}" if held is not None and held < runs else f"{runs}"
     files = info.get("files") or []
     cost = info.get("cost") or {}
     costs = "".join(f"; arm {arm}: {cost_line(c)}" for arm, c in cost.items() if isinstance(c, dict) and cost_line(c))
+    target = info.get("target")  # (an import of an earlier version of hpo did not store it)
+    aim = f"; target {target:g} ({info.get('target_from')})" if isinstance(target, int | float) else ""
     return (f"imported: {count} run(s) from {len(files)} file(s) of {KINDS.get(kind, kind)} "
-            f"(hpo import {kind}); nothing was tuned or trained here{costs}")  # fmt: skip
+            f"(hpo import {kind}); nothing was tuned or trained here{aim}{costs}")  # fmt: skip
 
 
 IMPORT_VERDICT_NOTE = ("(an imported experiment: its runs are the evidence as the result files logged them and "
                        "nothing is tuned or confirmed here, so where the verdict asks for more tuning trials or "
-                       "confirmation runs, more result files imported into it would decide)")  # fmt: skip
+                       "confirmation runs, more result files would decide: import them with these under another "
+                       "--name)")  # fmt: skip
 
 
 def cost_line(cost: dict[str, Any] | None) -> str:

@@ -41,6 +41,9 @@ from trainer.config import ConfigError, config_from_dict, set_dotted
 from trainer.result import TrainResult, TrainStatus
 
 MLPERF_BERT_TARGET = 0.720  # MLPerf BERT's target masked-LM accuracy (closed division)
+# where an import's target came from (stored in its `imported` entry, shown by `imported_line`)
+TARGET_SOURCES = {"given": "--target", "logged": "logged by the runs", "default": "MLPerf BERT's; the runs log none",
+                  "some": "logged by some runs; the others name none: MLPerf BERT's"}  # fmt: skip
 # --compare names -> trainer keys
 COMPARE_KEYS = {
     "optimizer": "optimizer.name",
@@ -99,6 +102,7 @@ class Written:
     added: int  # trials written now
     present: int  # runs the experiment already held (a second import of the same files)
     left: int = 0  # runs of the experiment's import that it still does not hold (it stays unfinished)
+    stored_cost: dict[str, Any] | None = None  # an experiment imported before: the cost per arm it stores
 
 
 @dataclass
@@ -149,7 +153,7 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
         raise HpoError("no MLPerf result file to import")
     keys = compare_keys(compare)
     given = target
-    target = _target(results, target)
+    target, source = _target(results, target)
     runs = [_mlperf_run(run, keys, target) for run in results]
     files = [str(r.path) for r in results]
     submitters = sorted({r.submitter for r in results if r.submitter})
@@ -157,7 +161,7 @@ def plan_mlperf(results: Sequence[ResultRun], name: str, compare: Sequence[str] 
     description = (f"MLPerf results: {len(results)} run(s) of {_listed(submitters) or 'an unnamed submitter'} on "
                    f"{_listed(systems) or 'an unnamed system'}")  # fmt: skip
     below = _below_target(results, target, given is not None)
-    return _plan("mlperf", name, description, runs, keys, target, files, _common_dir(files), below)
+    return _plan("mlperf", name, description, runs, keys, (target, source), files, _common_dir(files), below)
 
 
 def _below_target(results: Sequence[ResultRun], target: float, given: bool, most: int = 5) -> list[str]:
@@ -283,17 +287,26 @@ def _points(run: ResultRun) -> tuple[MetricPoint, ...]:
     return tuple(points)
 
 
-def _target(results: Sequence[ResultRun], target: float | None) -> float:
+def _target(results: Sequence[ResultRun], target: float | None) -> tuple[float, str]:
+    """The import's target and where it came from (`TARGET_SOURCES`): --target, else each run's own, the one it logs
+    or, where it logs none, MLPerf BERT's 0.720 (the closed division's, which a log need not name): runs whose
+    targets differ are an error (v0.7's 0.712 beside a later round's runs)."""
     if target is not None:
         if not 0 < target <= 1:
             raise HpoError(f"--target {target}: a masked-LM accuracy in (0, 1]")
-        return float(target)
-    logged = {r.target for r in results if r.target is not None}
-    if len(logged) > 1:
-        where = "; ".join(f"{r.path}: {r.target}" for r in results if r.target is not None)
-        raise ResultFileError(f"the runs name different targets ({where}): a comparison needs one target; import "
-                              "them separately, or give the one they trained to with --target")  # fmt: skip
-    return logged.pop() if logged else MLPERF_BERT_TARGET
+        return float(target), TARGET_SOURCES["given"]
+    own = [MLPERF_BERT_TARGET if r.target is None else r.target for r in results]
+    if len(set(own)) > 1:
+        first = {}  # of each target, its first run
+        for run, aim in zip(results, own, strict=True):
+            first.setdefault(aim, run)
+        where = "; ".join(f"{run.path}: {aim:g}" + (" (it names none: MLPerf BERT's)" if run.target is None else "")
+                          for aim, run in first.items())  # fmt: skip
+        raise ResultFileError(f"the runs trained to different targets ({where}): a comparison needs one target; "
+                              "import them separately, or give the one they all trained to with --target")  # fmt: skip
+    logged = sum(r.target is not None for r in results)
+    source = "logged" if logged == len(results) else "default" if not logged else "some"
+    return own[0], TARGET_SOURCES[source]
 
 
 # ------------------------------------------------------------------------------------------------ RCP records
@@ -322,16 +335,20 @@ def plan_rcp(records: Sequence[RcpRecord], path: str | Path, name: str) -> Impor
     batches = sorted({r.global_batch_size for r in records})
     description = (f"MLPerf reference convergence points: {Path(path).name}, {len(batches)} batch sizes "
                    f"({batches[0]:,} to {batches[-1]:,}), {len(runs)} runs that reached the target")  # fmt: skip
-    return _plan("rcp", name, description, runs, ["batch.global_batch_size"], MLPERF_BERT_TARGET, [str(path)],
+    target = (MLPERF_BERT_TARGET, "MLPerf BERT's, as the reference runs trained to")
+    return _plan("rcp", name, description, runs, ["batch.global_batch_size"], target, [str(path)],
                  str(Path(path).resolve().parent))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ the plan
 
 
-def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: list[str], target: float,
-          files: list[str], run_dir: str, notes: Sequence[str] = ()) -> ImportPlan:  # fmt: skip
-    """Configurations, their budgets and evaluation intervals, the synthetic spec, and each run's trial."""
+def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: list[str],
+          target_from: tuple[float, str], files: list[str], run_dir: str,
+          notes: Sequence[str] = ()) -> ImportPlan:  # fmt: skip
+    """Configurations, their budgets and evaluation intervals, the synthetic spec, and each run's trial (`target_from`:
+    the target and where it came from)."""
+    target = target_from[0]
     groups: dict[str, list[_Run]] = {}
     for run in runs:
         groups.setdefault(json.dumps(run.params, sort_keys=True), []).append(run)
@@ -369,7 +386,8 @@ def _plan(kind: str, name: str, description: str, runs: list[_Run], compare: lis
     planned.sort(key=lambda r: order[r.key])
     notes = [*_arm_notes(spec, compare, planned), *_counted([n for r in runs for n in r.notes]), *notes]
     info = {"kind": kind, "files": files, "runs": len(planned), "configurations": len(configurations),
-            "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned, spec)}  # fmt: skip
+            "compare": compare, "sha256": [r.key for r in planned], "cost": cost_per_arm(planned, spec),
+            "target": target, "target_from": target_from[1]}  # fmt: skip
     stored = {**stored_form(spec, run_dir), IMPORTED_KEY: info}
     return ImportPlan(kind, name, spec, stored, tuple(planned), tuple(notes))
 
@@ -495,6 +513,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
     except NotFoundError:
         record = None
     expected = {r.key for r in plan.runs}  # every run of the experiment's import: it is finished when it holds them
+    stored_cost = None
     if record is None:
         experiment_id, present = storage.create_experiment(plan.name, plan.stored, plan.spec.direction), set()
     else:
@@ -506,13 +525,21 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
         trials = storage.list_trials(record.id)
         present = {t.metrics.get(HASH_KEY) for t in trials if t.state.finished}
         missing = [r for r in plan.runs if r.key not in present]
-        if missing and (info.get("kind") != plan.kind or set(info.get("sha256") or []) != {r.key for r in plan.runs}):
+        own = set(info.get("sha256") or [])  # every run of the import that created it
+        if missing and (info.get("kind") != plan.kind or not {r.key for r in plan.runs} <= own):
             held = len([t for t in trials if t.metrics.get(HASH_KEY)])
             raise HpoError(f"experiment {plan.name!r} holds an import of other files ({held} run(s)); "
                            f"{len(missing)} of these {len(plan.runs)} run(s) are not in it, e.g. {missing[0].source}: "
                            "an imported experiment's arms and configurations are fixed when it is created, so import "
                            "them under another --name")  # fmt: skip
+        if missing and {r.key for r in plan.runs} != own:
+            raise HpoError(f"experiment {plan.name!r} is an import that stopped before it finished ({len(present)} of "
+                           f"its {len(own)} runs stored), and these files are {len(plan.runs)} of its runs: run the "
+                           "import again with all its files (the same command) to finish it; read without the "
+                           "others, its runs would be grouped into configurations and tuning or confirmation runs "
+                           "otherwise than the import that created it grouped them")  # fmt: skip
         _same_options(plan, record, trials)
+        stored_cost = info.get("cost") or {}
         expected = set(info.get("sha256") or []) | expected  # a cut-short import, finished with part of its files
         for trial in trials:  # an earlier import of these very files that stopped between writing a trial's rows
             if not trial.state.finished and trial.state is not TrialState.INTERRUPTED:
@@ -532,7 +559,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
     left = len(expected - present - {r.key for r in plan.runs})
     if not left and (added or record is None or record.status is not ExperimentStatus.FINISHED):  # a repeat that
         storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # adds nothing writes nothing
-    return Written(experiment_id, added, len(plan.runs) - added, left)
+    return Written(experiment_id, added, len(plan.runs) - added, left, stored_cost)
 
 
 def _same_options(plan: ImportPlan, record: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
@@ -595,9 +622,11 @@ def _now() -> datetime:
 def describe(plan: ImportPlan, written: Written) -> list[str]:
     """What an import did, in lines: runs added or already there, trials by kind, per arm its runs, hits, samples to
     target and cost per run, notes."""
+    info = plan.stored[IMPORTED_KEY]
     lines = [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
-             f"({plan.configurations} configuration(s) in {len({r.arm for r in plan.runs})} arm(s))"]  # fmt: skip
-    cost = cost_per_arm(plan.runs, plan.spec)
+             f"({plan.configurations} configuration(s) in {len({r.arm for r in plan.runs})} arm(s)); target "
+             f"masked-LM accuracy {info['target']:g} ({info['target_from']})"]  # fmt: skip
+    cost = info["cost"] if written.stored_cost is None else written.stored_cost
     for label in [arm_label(fixed) for fixed in arms(plan.spec)]:
         mine = [r for r in plan.runs if r.arm == label]
         hits = [r.result.samples_to_target for r in mine if r.result.samples_to_target is not None]
@@ -607,6 +636,11 @@ def describe(plan: ImportPlan, written: Written) -> list[str]:
             f"  arm {label}: {len(mine)} run(s), {len(hits)} reached the target{mean}" + (f"; {spent}" if spent else "")
         )
     lines += [f"note: {note}" for note in plan.notes]
+    if written.stored_cost is not None and written.stored_cost != info["cost"]:
+        lines.append(
+            "note: the cost above is the one stored when the experiment was imported: the system "
+            "descriptions now say otherwise (import under another --name to read the runs with them)"
+        )
     if written.left:
         lines.append(f"experiment {plan.name} is not finished: {written.left} run(s) of the import that created it are "
                      "in none of these files; run that import again (its files, its options) to finish it")  # fmt: skip

@@ -7,8 +7,9 @@ the command line). Read as MLCommons published them (training rounds 0.7 to 5.0,
 - The benchmark: BERT's. A file whose `submission_benchmark` is another (MLCommons' layout keeps every benchmark of a
   system under `results/<system>/<benchmark>/`) is an error naming it; `result_files` leaves such files of a
   directory out, each with a note. A file that logs no benchmark is read as BERT.
-- Ranks: an event repeated by several ranks (a `rank` in its metadata) counts once, from the lowest rank that logged
-  that key (every rank logs the same settings; rank 0's curve is the run's).
+- Ranks: an event repeated by several ranks (a `rank` in its metadata, else the launcher's label before the token:
+  `srun -l`'s `3: `, Open MPI's `[1,3]<stdout>:`) counts once, from the lowest rank that logged that key (every rank
+  logs the same settings; rank 0's curve is the run's).
 - Repeated keys: a setting logged again with the same value is one setting; with another value it is an error
   (which one the run used is unknown). A number logged as a one-element list (`[3872218]`) is that number.
 - The optimizer: `opt_name`, and an optimizer option on a logged command line (`--optimizer=FusedAdam`,
@@ -81,6 +82,7 @@ from hpo.mlperf.systems import System, system_description
 
 TOKEN = ":::MLLOG"
 RESULT_GLOB = "result_*.txt"
+RESULT_NAME = re.compile(r"result_\d+\.txt")  # of the files the glob finds, a run's result file
 BENCHMARK = "bert"  # the submission_benchmark the importer reads
 
 
@@ -243,7 +245,8 @@ def result_files(paths: Iterable[str | Path], note: Callable[[str], None] = lamb
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(path.rglob(RESULT_GLOB), key=_natural)
+            # result_N.txt only: not what tools write beside one (the compliance checker's result_0.txt.checker.txt)
+            files = sorted((f for f in path.rglob(RESULT_GLOB) if RESULT_NAME.fullmatch(f.name)), key=_natural)
             if not files:
                 raise ResultFileError(f"{path}: no {RESULT_GLOB} file in this directory (MLPerf results are "
                                       "<system>/<benchmark>/result_N.txt)")  # fmt: skip
@@ -414,11 +417,23 @@ def _parse(path: Path, text: str) -> tuple[list[Event], list[str], list[tuple[in
         metadata = data.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise ResultFileError(f"{path}:{number}: {data['key']}: its metadata is not a mapping")
+        if "rank" not in metadata and (rank := _prefix_rank(line[:at])) is not None:
+            metadata = {**metadata, "rank": rank}  # the launcher's rank label stands in for the metadata's
         stamp = data.get("time_ms")
         time_ms = float(stamp) if isinstance(stamp, int | float) and not isinstance(stamp, bool) else None
         events.append(Event(number, data["key"], data.get("value"), metadata, time_ms))
         payloads.append(payload)
     return events, payloads, commands
+
+
+# what launchers put before a rank's lines: `srun -l`'s `3: `, Open MPI's --tag-output `[1,3]<stdout>:`
+_PREFIX_RANK = re.compile(r"\s*(\d+)\s*:\s*|\s*\[\d+,(\d+)\]<std(?:out|err)>:\s*")
+
+
+def _prefix_rank(prefix: str) -> int | None:
+    """The rank a launcher's label before the MLLOG token names; None where there is no such label."""
+    match = _PREFIX_RANK.fullmatch(prefix)
+    return None if match is None else int(match.group(1) or match.group(2))
 
 
 def _rank(event: Event) -> int | None:

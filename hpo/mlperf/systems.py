@@ -35,8 +35,8 @@ def system_description(path: Path) -> System:
     if not file.is_file():
         return System(None, None, None, f"no system description {file}")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(_text(file.read_bytes()))
+    except (OSError, json.JSONDecodeError) as e:
         return System(None, None, file, f"{file}: not readable JSON ({getattr(e, 'msg', e)})")
     data = data if isinstance(data, dict) else {}
     nodes, per_node = _count(data.get("number_of_nodes")), _count(data.get("accelerators_per_node"))
@@ -46,6 +46,15 @@ def system_description(path: Path) -> System:
         said = ", ".join(f"{key} {data.get(key)!r}" for key in ("number_of_nodes", "accelerators_per_node"))
         return System(None, model, file, f"{file}: {said}: no accelerator count")
     return System(nodes * per_node, model, file)
+
+
+def _text(data: bytes) -> str:
+    """A description's text as result files are read: UTF-8 after a byte order mark, if any, else Latin-1 (a
+    description saved by an editor in a Windows code page: `Intel\xae`)."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
 
 
 def _count(value: Any) -> int | None:

@@ -749,10 +749,11 @@ def test_the_epoch_num_1_convention_places_evaluations_by_the_schedule(tmp_path)
         assert run.samples_to_target == raw["end"] == expected[-1][0]
     assert read_result_file(v11, "lamb").hardware.accelerators == 8
     db = db_url(tmp_path)
-    assert main(["--db", db, "import", "mlperf", str(v07), str(v11), "--name", "epoch1", "--optimizer", "lamb"]) == 0
+    for name, path in (("epoch1_v07", v07), ("epoch1_v11", v11)):  # 0.7 trained to 0.712, 1.1 to 0.720: apart
+        assert main(["--db", db, "import", "mlperf", str(path), "--name", name, "--optimizer", "lamb"]) == 0
     storage = SqlStorage(db)
-    assert len(storage.list_trials(storage.get_experiment_by_name("epoch1").id)) == 2  # one a file
-    for trial in storage.list_trials(storage.get_experiment_by_name("epoch1").id):
+    for name in ("epoch1_v07", "epoch1_v11"):
+        (trial,) = storage.list_trials(storage.get_experiment_by_name(name).id)
         raw = raw_run(Path(trial.metrics["mlperf"]["file"]))
         assert stored_curve(storage, trial) == scheduled(raw, *(raw["schedule"] or (150_000, 150_000)))
         assert trial.metrics["mlperf"]["curve"].startswith("the logged command line" if raw["schedule"] else "MLPerf")
@@ -1006,3 +1007,154 @@ def test_an_imports_verdicts_at_each_batch_size_share_the_error_over_the_batch_s
     report = batch_verdicts(scaling_points([data], experiment_runs([data])), declared=data.declared_batch_sizes)
     assert {b: (v.outcome, v.shared, [c.level for c in v.comparisons]) for b, v in report.items()} == {
         256: (verdicts[256].outcome, 1, [ALPHA])}  # the report's too  # fmt: skip
+
+
+# --------------------------------------------------------------------------- what users met
+
+
+def test_a_run_that_names_no_target_beside_one_of_another_target_is_refused_by_name(tmp_path, capsys):
+    """Training 0.7's NVIDIA run names 0.712 on its command line; 2.0's name none and trained to 0.720: read together,
+    0.712 was applied to every run (samples to target from their first evaluation at 0.712, without a word). Now a
+    run that names none is MLPerf BERT's 0.720, so the two targets are refused, naming a file of each."""
+    v07 = PUBLISHED / "training_results_v0.7" / "NVIDIA"
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(v07), str(NVIDIA_16K), "--name", "mixed",
+                 "--optimizer", "lamb"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "the runs trained to different targets (" in err and "result_0.txt: 0.712; " in err
+    assert "result_0.txt: 0.72 (it names none: MLPerf BERT's)" in err and "--target" in err
+    assert not (tmp_path / "hpo.db").exists()
+    # the runs of 2.0 alone read 0.720, as the summary and status say, and where it came from
+    assert main(["--db", db, "import", "mlperf", str(NVIDIA_16K), "--name", "v20", "--optimizer", "lamb"]) == 0
+    out = capsys.readouterr().out
+    assert "target masked-LM accuracy 0.72 (MLPerf BERT's; the runs log none)" in out
+    runs = [raw_run(f) for f in sorted(NVIDIA_16K.glob("result_*.txt"))]
+    first = [next(s for s, acc in run["evals"] if acc >= 0.72) for run in runs]  # the test's own reading
+    mean = sum(first) / len(first)
+    assert f"samples to target {mean:,.0f} on average" in out
+    assert main(["--db", db, "status", "v20"]) == 0
+    assert "; target 0.72 (MLPerf BERT's; the runs log none)" in capsys.readouterr().out
+    assert main(["--db", db, "import", "mlperf", str(v07), "--name", "v07", "--optimizer", "lamb"]) == 0
+    assert "target masked-LM accuracy 0.712 (logged by the runs)" in capsys.readouterr().out
+
+
+def test_what_the_compliance_checker_writes_beside_a_log_is_not_read_as_a_run(tmp_path, capsys):
+    """scripts/check_mlperf_logs.sh leaves result_0.txt.checker.txt beside each log: the directory's import read it as
+    a result file and failed ("no :::MLLOG line")."""
+    d = tmp_path / "trials"
+    for n in (0, 1):
+        write(d / f"{n:05d}" / "mlperf" / "result_0.txt", run_lines(seed=n + 1))
+        write(d / f"{n:05d}" / "mlperf" / "result_0.txt.checker.txt", ["INFO - Running compliance checks", "SUCCESS"])
+    assert main(["--db", db_url(tmp_path), "import", "mlperf", str(d), "--name", "trials"]) == 0
+    assert "experiment trials: 2 run(s) imported" in capsys.readouterr().out
+
+
+def test_part_of_a_cut_short_imports_files_is_refused_and_all_of_them_finish_it(tmp_path, capsys):
+    """Stopped after one of three runs, the import run again with one run it lacks was refused as "an import of other
+    files"; it now says to run it with all its files (read alone, the runs would be grouped otherwise)."""
+    from hpo.mlperf.importer import _Clock, _write_run
+
+    d, db, plan = three_runs_to_import(tmp_path)
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment(plan.name, plan.stored, plan.spec.direction)
+        _write_run(storage, experiment_id, plan.runs[0], _Clock())
+    assert Path(plan.runs[1].source).name == "result_2.txt"
+    assert main(["--db", db, "import", "mlperf", str(d / "result_2.txt"), "--name", "cut"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "experiment 'cut' is an import that stopped before it finished (1 of its 3 runs stored), and these files "
+        "are 1 of its runs: run the import again with all its files (the same command) to finish it"
+    ) in err
+    with SqlStorage(db) as storage:
+        assert storage.count_trials(experiment_id) == 1
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "cut"]) == 0
+    with SqlStorage(db) as storage:
+        record = storage.get_experiment_by_name("cut")
+        assert record.status is ExperimentStatus.FINISHED and storage.count_trials(record.id) == 3
+
+
+def test_a_trial_an_import_was_writing_when_stopped_is_no_run_of_its_counts(tmp_path, capsys):
+    """Status counted the half-written trial among the runs and the runs per arm (`4 run(s)`, `4 of 3`) after the
+    import again had written its run anew."""
+    from hpo.mlperf.importer import _Clock, _write_run
+    from hpo.trials import TrialSpec
+
+    d, db, plan = three_runs_to_import(tmp_path)
+    with SqlStorage(db, upgrade=True) as storage:
+        experiment_id = storage.create_experiment(plan.name, plan.stored, plan.spec.direction)
+        _write_run(storage, experiment_id, plan.runs[0], _Clock())
+        run = plan.runs[1]  # stopped while writing the second run: its trial created, running
+        spec = TrialSpec(None, run.params, run.arm, 1.0, (), run.global_batch_size, run.kind, run.seed)
+        storage.mark_trial_running(storage.create_trial(experiment_id, spec), None, worker=run.worker)
+    arm = "optimizer.name=lamb,batch.global_batch_size=256"
+    for runs, total in ((1, 3), (3, 3)):
+        assert main(["--db", db, "status", "cut"]) == 0
+        out = capsys.readouterr().out
+        assert f"imported (mlperf): {runs} run(s) in 1 configuration(s), {runs} reached the target" in out
+        assert f"confirmation runs per arm: {arm} {runs} of {total}" in out
+        assert main(["--db", db, "import", "mlperf", str(d), "--name", "cut"]) == 0
+        capsys.readouterr()
+    assert main(["--db", db, "best", "cut", "--per-arm"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["verdict"]["runs_per_arm"] == {arm: 3}
+
+
+def test_an_imports_arms_without_runs_are_named_as_such_in_the_verdict(tmp_path, capsys):
+    """By optimizer and submitter, ADAM of ACME and LAMB of Beta have no runs: the verdict said their tuning had found
+    no configuration and asked for more tuning trials."""
+    d = tmp_path / "runs"
+    for seed in (1, 2):
+        write(d / "acme" / f"result_{seed}.txt", run_lines(optimizer="lamb", seed=seed, org="ACME"))
+        write(d / "beta" / f"result_{seed}.txt", run_lines(optimizer="adam", seed=seed, org="Beta"))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "cells", "--compare", "optimizer,submitter"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "status", "cells"]) == 0
+    out = capsys.readouterr().out
+    empty = ("optimizer.name=adamw,log.mlperf_submission.org=ACME and "
+             "optimizer.name=lamb,log.mlperf_submission.org=Beta")  # fmt: skip
+    assert f"verdict now: not yet: {empty} have no runs (an import's arms are every combination" in out
+    assert "tuning" not in out.split("verdict now:")[1].split("\n")[0]
+    assert main(["--db", db, "import", "mlperf", str(d / "acme"), str(d / "beta"), "--name", "two"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "status", "two"]) == 0  # every arm with runs: the verdict as before
+    assert "have no runs" not in capsys.readouterr().out
+
+
+def test_ranks_told_apart_only_by_the_launchers_label_count_once(tmp_path):
+    """`srun -l` labels each rank's lines (`0: `, `1: `) and the metadata names no rank: both ranks' evaluations were
+    read as the run's (rank 1's a millisecond later, its accuracies its own), an error here, a wrong curve where the
+    positions come from the schedule."""
+    lines = run_lines(evals=((1000, 0.70), (2000, 0.73)))
+    rank1 = run_lines(evals=((1000, 0.71), (2000, 0.74)))
+    rank1 = [re.sub(r'"time_ms": (\d+)', lambda m: f'"time_ms": {int(m.group(1)) + 1}', line) for line in rank1]
+    pairs = list(zip(lines, rank1, strict=True))
+    srun = [line for zero, one in pairs for line in (f"0: {zero}", f"1: {one}")]
+    mpi = [line for zero, one in pairs for line in (f"[1,0]<stdout>:{zero}", f"[1,1]<stdout>:{one}")]
+    for name, labelled in (("srun", srun), ("mpi", mpi)):
+        run = read_result_file(write(tmp_path / name / "result_0.txt", labelled))
+        assert [(e.samples, e.accuracy) for e in run.evaluations] == [(1000, 0.70), (2000, 0.73)], name
+        assert run.samples_to_target == 2000
+
+
+def test_a_system_description_with_a_byte_order_mark_or_latin_1_gives_its_count(tmp_path, capsys):
+    """Read strictly as UTF-8, such a description lost the accelerator count; a repeat import after the description
+    was fixed printed the new cost, which the experiment did not store."""
+    root = tmp_path / "Acme"
+    write(root / "results" / "sysA" / "bert" / "result_0.txt", run_lines(seed=1))
+    description = root / "systems" / "sysA.json"
+    description.parent.mkdir()
+    db = db_url(tmp_path)
+    for name, data in (("bom", b'\xef\xbb\xbf{"number_of_nodes": "2", "accelerators_per_node": "8"}'),
+                       ("latin", b'{"number_of_nodes": 2, "accelerators_per_node": 8, '
+                                 b'"accelerator_model_name": "Intel\xae X"}')):  # fmt: skip
+        description.write_bytes(data)
+        assert main(["--db", db, "import", "mlperf", str(root), "--name", name]) == 0
+        out = capsys.readouterr().out
+        assert "on 16 accelerators" in out and "not readable" not in out, out
+    description.write_text('{"number_of_nodes": 4, "accelerators_per_node": 8}')  # the description changed
+    assert main(["--db", db, "import", "mlperf", str(root), "--name", "latin"]) == 0
+    out = capsys.readouterr().out
+    assert "on 16 accelerators" in out and "on 32 accelerators" not in out
+    assert "note: the cost above is the one stored when the experiment was imported" in out
+    assert main(["--db", db, "status", "latin"]) == 0
+    assert "on 16 accelerators" in capsys.readouterr().out
