@@ -379,3 +379,6 @@ def _leave(code: int) -> int:
 
 if __name__ == "__main__":
     serve(int(sys.argv[1]), sys.argv[2:])
+    # Not the interpreter's finalization: there, Triton's bindings (imported with torch) print pages of "nanobind:
+    # leaked ..." on every experiment's end. Nothing of the server's needs it beyond what `_leave` does.
+    os._exit(_leave(0))

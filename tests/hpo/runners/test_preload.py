@@ -238,6 +238,17 @@ def test_a_launcher_closed_while_it_imports_torch_leaves_quietly(capfd, probe_en
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_launcher_holding_torch_leaves_quietly_at_an_experiments_end(capfd, probe_env):
+    """A CPU experiment's end: its launcher, which imported torch and with it Triton's bindings, left through the
+    interpreter's finalization, where nanobind printed pages of "leaked instance/type/function" on the terminal."""
+    launcher = Launcher(TRAINER_PRELOAD, env=probe_env)
+    assert launcher.wait_ready(120)
+    launcher.close()
+    assert launcher.server.wait(120) == 0
+    err = capfd.readouterr().err
+    assert "leaked" not in err and "Traceback" not in err, err[-2000:]
+
+
 # A runner's process (as a Dask worker is): starts a launcher and a sleeping trial that dies with its parent.
 RUNNER = """
 import os, sys
