@@ -20,6 +20,7 @@ import yaml
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
+from hpo.interpreter import module_env
 from hpo.limits import MAX_PROCESSES, MAX_SLOTS
 from hpo.simulation.table import shipped_table
 from server.deps import ExperimentDep, TokenDep
@@ -209,7 +210,8 @@ async def _plan(
             if value is not None:
                 command += [flag, str(value)]
         child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
-                                                     stderr=asyncio.subprocess.PIPE, cwd=os.getcwd())  # fmt: skip
+                                                     stderr=asyncio.subprocess.PIPE, cwd=os.getcwd(),
+                                                     env=module_env(os.environ))  # fmt: skip
         talk = asyncio.ensure_future(child.communicate())  # reading its output, which could fill a pipe
         try:
             gone = await _wait_while_heard(talk, request, PLAN_TIMEOUT_S)

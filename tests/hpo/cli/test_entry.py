@@ -50,3 +50,54 @@ def test_version_prints_the_installed_distributions_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"hpo {version('bert-hpo')}\n"
+
+
+@pytest.fixture
+def own_trainer(tmp_path):
+    """A user's project folder with a trainer of its own: a `trainer.py` module and a `trainer/` folder."""
+    (tmp_path / "trainer.py").write_text("print('the user trainer')\n")
+    (tmp_path / "trainer").mkdir()  # (a folder beside it: a namespace package where the module were absent)
+    return tmp_path
+
+
+def test_a_restarted_command_in_a_folder_with_its_own_trainer_imports_hpos(own_trainer):
+    """`python -m hpo` (the restart) put the current folder first on the import path: `hpo run` and `hpo resume` in a
+    folder with a `trainer.py` failed with "No module named 'trainer.disk'; 'trainer' is not a package"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "PYTHONSAFEPATH")}
+    env.update(HPO_HOME=str(own_trainer / ".hpo"), PYTHONPATH="")
+    hpo = Path(sys.executable).with_name("hpo")
+    done = subprocess.run([str(hpo), "resume", "nothere"], cwd=own_trainer, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "there is no database" in done.stderr, done.stderr[-1500:]
+    assert "Traceback" not in done.stderr
+
+
+def test_an_hpo_module_started_from_such_a_folder_imports_hpos_trainer(own_trainer):
+    """The API's plans start `python -m hpo plan` in the server's folder: with `module_env` the folder's own trainer
+    stays off the import path (without it, the import fails), and the started interpreter passes it on to none of
+    its own processes."""
+    import os
+    import subprocess
+    import sys
+
+    from hpo.interpreter import SAFE_PATH_SET, module_env
+
+    code = "import trainer.config, os; print(os.environ.get('PYTHONSAFEPATH'))"
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    plain = subprocess.run([sys.executable, "-c", code], cwd=own_trainer, env=base, capture_output=True, text=True)
+    assert plain.returncode != 0 and "trainer" in plain.stderr  # the folder's trainer.py stands in
+    old = os.getcwd()
+    os.chdir(own_trainer)
+    try:
+        env = module_env(base)
+    finally:
+        os.chdir(old)
+    assert env["PYTHONSAFEPATH"] == "1" and env[SAFE_PATH_SET] == "1"
+    drop = "from hpo.interpreter import drop_safe_path; drop_safe_path(); " + code
+    safe = subprocess.run([sys.executable, "-c", drop], cwd=own_trainer, env=env, capture_output=True, text=True)
+    assert safe.returncode == 0 and safe.stdout.strip() == "None", safe.stderr[-1500:]
