@@ -28,7 +28,7 @@ EXEMPT = {"hpo.cli.serve": ("server",)}
 # and the layers before it. A module is in the layer of its longest matching prefix, so a package (its
 # `__init__`) sits where its top modules do and a low module of it (`hpo.trial.launch`) can sit below.
 HPO_LAYERS = (
-    ("hpo.errors", "hpo.limits", "hpo.files", "hpo.trials", "hpo.objective"),
+    ("hpo.errors", "hpo.limits", "hpo.files", "hpo.interpreter", "hpo.trials", "hpo.objective"),
     (
         "hpo.storage",
         "hpo.engine.liveness",
