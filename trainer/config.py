@@ -369,6 +369,13 @@ class LogConfig(Section):
         lt=1.0,
         description="EMA decay of the noise scale's numerator and denominator, per measured step (~20 of them).",
     )
+
+    @field_validator("noise_scale_every", "noise_scale_decay", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """null: the default (undoes a base config's value, as `log.noise_scale: false` needs where one sets it)."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
     mlperf: str | None = Field(
         None,
         min_length=1,
@@ -456,8 +463,29 @@ def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
         for key in ("noise_scale_every", "noise_scale_decay"):
             if (value := getattr(log, key)) != LogConfig.model_fields[key].default:
                 unread[f"log.{key}"] = (f"log.{key}: {value}, but log.noise_scale is false, so no noise scale is "
-                                        f"measured: set log.noise_scale to true, or remove log.{key}")  # fmt: skip
+                                        f"measured: set log.noise_scale to true, or remove log.{key} (where a base "
+                                        f"config sets it, set log.{key}=null)")  # fmt: skip
     return unread
+
+
+_ALIASES = {"learning_rate": "lr", "batch_size": "global_batch_size", "train_batch_size": "global_batch_size",
+            "warmup": "warmup_steps", "clip_norm": "max_norm", "max_grad_norm": "max_norm"}  # fmt: skip
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """`; did you mean optimizer.lr?` for an unknown key at `loc` close to a key of its section; '' otherwise."""
+    import difflib
+
+    section: Any = TrainerConfig
+    for part in loc[:-1]:
+        field = section.model_fields.get(str(part)) if isinstance(section, type) else None
+        section = field.annotation if field is not None else None
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            return ""
+    alias = _ALIASES.get(str(loc[-1]))  # names other programs give a key
+    close = [alias] if alias in section.model_fields else []
+    close = close or difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -466,7 +494,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling against trainer/config.py"
+            msg = "unknown key" + _did_you_mean(e["loc"]) + " (`python -m trainer --print-config` shows every key)"
         lines.append(f"  {key}: {msg} (got {e.get('input')!r})")
     return "\n".join(lines)
 

@@ -579,7 +579,8 @@ def test_a_final_checkpoint_that_cannot_be_saved_fails_the_command_after_one_fin
                                                                         "horizon, in steps: set one of them"),
         ({"log.noise_scale": "false", "log.noise_scale_every": 4, "log.noise_scale_decay": 0.5},
          "error: settings this run would not read:\n  log.noise_scale_every: 4, but log.noise_scale is false, so no "
-         "noise scale is measured: set log.noise_scale to true, or remove log.noise_scale_every\n  "
+         "noise scale is measured: set log.noise_scale to true, or remove log.noise_scale_every (where a base "
+         "config sets it, set log.noise_scale_every=null)\n  "
          "log.noise_scale_decay: 0.5, but log.noise_scale is false"),
     ],
     ids=["empty-checkpoint-dir", "empty-eval-data", "apex-not-installed", "checkpoints-without-dir",
@@ -594,6 +595,18 @@ def test_settings_this_run_cannot_use_are_refused_before_any_work(tmp_path, caps
     assert code == 2, err
     assert says in err and "Traceback" not in err and "training BERT" not in err, err
     assert records == [] and not list(tmp_path.glob("*.pt"))
+
+
+def test_the_noise_scale_switched_off_over_a_config_that_sets_its_interval_is_taken_with_the_interval_null():
+    """bert_large.yaml sets log.noise_scale_every 8: `log.noise_scale=false` alone is refused (an unread setting) and
+    the fix it named, removing the key, was not the user's to make; null undoes it (the default)."""
+    from trainer.config import load_config, unread_settings
+
+    off = load_config("bert_large", ["log.noise_scale=false"])
+    assert "log.noise_scale_every" in unread_settings(off)
+    off = load_config("bert_large", ["log.noise_scale=false", "log.noise_scale_every=null",
+                                     "log.noise_scale_decay=null"])  # fmt: skip
+    assert unread_settings(off) == {} and off.log.noise_scale_every == 1 and off.log.noise_scale_decay == 0.95
 
 
 def test_ctrl_c_while_pytorch_loads_ends_with_a_line_and_exit_130_not_a_traceback(tmp_path, capsys, monkeypatch):

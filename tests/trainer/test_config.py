@@ -292,3 +292,21 @@ def test_cudnn_varlen_attention_goes_with_the_varlen_attention_on_unpadded_eager
     assert ModelConfig(varlen_kernel="cudnn").attention == "auto"
     assert ModelConfig(varlen_kernel="cudnn", attention="varlen", half_residual=True, fused_norm=True)
     assert ModelConfig().varlen_kernel == "flash"
+
+
+@pytest.mark.parametrize(("override", "suggested"), [
+    ("optimizer.lrr=0.1", "optimizer.lr"), ("budget.max_sample=5", "budget.max_samples"),
+    ("optimizer.learning_rate=0.1", "optimizer.lr"), ("batch.batch_size=64", "batch.global_batch_size"),
+    ("clipping.max_grad_norm=1", "clipping.max_norm"), ("nonsense.x=1", None), ("eval.colour=1", None),
+])  # fmt: skip
+def test_an_unknown_key_names_the_key_it_is_close_to(override, suggested):
+    """A typo named the source file to check the spelling against (not there for an installed trainer); the key's
+    section names its closest key, as an experiment file's typo does, and --print-config shows them all."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [override])
+    message = str(raised.value)
+    assert "trainer/config.py" not in message and "`python -m trainer --print-config` shows every key" in message
+    if suggested is None:
+        assert "did you mean" not in message
+    else:
+        assert f"unknown key; did you mean {suggested}?" in message

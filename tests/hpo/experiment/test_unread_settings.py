@@ -70,7 +70,8 @@ def test_no_resume_is_refused_without_a_directory_and_under_a_tuner_whose_every_
           "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
                     "log.noise_scale": {"choice": [True, False]}}},
          "space.log.noise_scale: with false: log.noise_scale_every: 8, but log.noise_scale is false, so no noise "
-         "scale is measured: set log.noise_scale to true, or remove log.noise_scale_every"),
+         "scale is measured: set log.noise_scale to true, or remove log.noise_scale_every (where a base config sets "
+         "it, set log.noise_scale_every=null)"),
     ],
     ids=["a-tuned-horizon-beside-steps", "the-noise-scale-switched-off-by-a-choice"],
 )  # fmt: skip
