@@ -116,6 +116,28 @@ def trials_advice_lines(cells: Sequence[TrialsCell], power: float, confirm, by_b
         best = max(cells, key=lambda c: c.right / c.repetitions)
         where = f"budget.trials {best.trials}" + (f", max_confirm_seeds {best.max_confirm_seeds}" if capped else "")
         lines.append(f"none of these budgets reaches {wanted} (at most {best.right / best.repetitions:.0%}, at "
-                     f"{where}): more confirmation runs (see --cv/--like with --power for their chances) or a larger "
-                     "budget than these")  # fmt: skip
+                     f"{where}): {_what_helps(cells)}")  # fmt: skip
     return lines
+
+
+def _what_helps(cells: Sequence[TrialsCell]) -> str:
+    """What the cells say would buy more right answers: more tuning trials where the right answers rose with them,
+    more confirmation runs where they rose with the cap (a cap that changes nothing is not advised)."""
+    right = {(c.trials, c.max_confirm_seeds): c.right / c.repetitions for c in cells}
+    trials = sorted({t for t, _ in right})
+    caps = sorted({cap for _, cap in right}, key=lambda cap: cap or 0)
+    by_trials = any(right[(a, cap)] < right[(b, cap)] for cap in caps for a, b in zip(trials, trials[1:], strict=False))
+    by_cap = any(right[(t, a)] < right[(t, b)] for t in trials for a, b in zip(caps, caps[1:], strict=False))
+    more_trials = f"more tuning trials than {trials[-1]} (budget.trials)"
+    more_runs = "more confirmation runs (see --cv/--like with --power for their chances)"
+    if by_trials and not by_cap:
+        capped = " (a larger confirmation cap changed no answer here)" if len(caps) > 1 else ""
+        return f"{more_trials}: the right answers rose with the tuning trials{capped}"
+    if by_cap and not by_trials:
+        return f"{more_runs}: the right answers rose with the confirmation cap, not with the tuning trials"
+    if by_trials:
+        return f"{more_trials} and {more_runs}"
+    return (
+        "neither more tuning trials nor more confirmation runs changed an answer here: a larger sample budget "
+        "(budget.max_samples), or see --cv/--like with --power for the confirmation runs' chances"
+    )

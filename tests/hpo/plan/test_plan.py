@@ -865,6 +865,25 @@ def test_the_advice_as_json_has_the_printed_rows_figures():
         assert row["reaches"] == ("reaches" in printed)
 
 
+@pytest.mark.parametrize(("right", "says"), [
+    ({(20, 6): 0, (20, 12): 0, (40, 6): 3, (40, 12): 3}, "more tuning trials than 40 (budget.trials): the right "
+     "answers rose with the tuning trials (a larger confirmation cap changed no answer here)"),
+    ({(20, 6): 1, (20, 12): 4, (40, 6): 1, (40, 12): 4}, "more confirmation runs (see --cv/--like with --power for "
+     "their chances): the right answers rose with the confirmation cap, not with the tuning trials"),
+    ({(20, 6): 1, (20, 12): 3, (40, 6): 2, (40, 12): 5}, "more tuning trials than 40 (budget.trials) and more "
+     "confirmation runs"),
+    ({(20, 6): 2, (20, 12): 2, (40, 6): 2, (40, 12): 2}, "neither more tuning trials nor more confirmation runs "
+     "changed an answer here: a larger sample budget (budget.max_samples)"),
+])  # fmt: skip
+def test_advice_that_reaches_nothing_names_what_raised_the_right_answers(right, says):
+    """`hpo plan adam_vs_lamb --power 0.8`: the right answers rose with the tuning trials and not at all with the
+    confirmation cap, yet the advice said "more confirmation runs ... or a larger budget" (a GPU user who followed
+    it would pay for full runs that change nothing)."""
+    cells = [TrialsCell(t, t / 2, cap, r, 10, 1.0, 1.0) for (t, cap), r in right.items()]
+    last = trials_advice_lines(cells, 0.8, "auto")[-1]
+    assert last.startswith("none of these budgets reaches 80%") and says in last, last
+
+
 @pytest.mark.parametrize(
     ("trials", "arms", "equal", "budgets"),
     [(10, 2, True, [4, 10, 20]), (14, 2, True, [8, 14, 28]), (48, 2, True, [24, 48, 96]), (9, 3, True, [6, 9, 18]),
