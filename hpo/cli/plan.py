@@ -294,6 +294,11 @@ def cmd_table(args: argparse.Namespace) -> int:
           f"batch size, {len(lrs)} learning rate(s), seeds {', '.join(map(str, meta['grid']['seed']))}; plan over it "
           f"with `runner: {{name: simulated, simulation: {{table: {out}}}}}` or `hpo plan FILE --like {args.name}`",
           file=sys.stderr)  # fmt: skip
+    if meta["fixed"].get("eval.stop_at_target"):  # its curves end at the target, where blends fall short
+        print(f"note: experiment {args.name} stopped its runs at the target (eval.stop_at_target: true), so their "
+              "curves end there: `hpo plan --like` does not plan over them, and a simulated run between two of its "
+              "learning rates falls short of the target; for a table, run the pilot with eval.stop_at_target: false "
+              "(docs/planning.md, A pilot's curves)", file=sys.stderr)  # fmt: skip
     why = unfinished(storage.get_experiment_by_name(args.name))
     if why:  # a table of the runs that ended so far: another later holds more
         print(f"note: experiment {args.name} has not finished, so the table holds only the runs that ended so far; "

@@ -155,6 +155,16 @@ def test_plan_like_a_pilot_that_stopped_at_the_target_keeps_the_files_table(pilo
     assert data["pilot_curves"]["used"] is False
     assert "ran with eval.stop_at_target: true" in data["pilot_curves"]["note"]
     assert data["table"] == str(DEFAULT_TABLE)
+    # its table is written, with a note (it suggested the simulated runner over it without a word), and a file
+    # the table cannot serve is told to run the pilot again, not `python -m bench.curves.generate`
+    table = tmp_path / "stopped.jsonl"
+    code, _, err = cli("--db", db, "table", "stopped", "-o", str(table))
+    assert code == 0 and "note: experiment stopped stopped its runs at the target (eval.stop_at_target: true)" in err
+    lines = table.read_text().splitlines(keepends=True)
+    table.write_text("".join(lines[:-1]))  # a run the pilot lacks (a trial that failed, say)
+    code, out, err = cli("--db", db, "run", str(write(tmp_path / "on.yaml", planned_file(table))), "--quiet")
+    assert code == 2 and "the table holds the runs of experiment stopped (" in err, (out, err)
+    assert "to the full budget (eval.stop_at_target: false)" in err and "bench.curves" not in err
 
 
 def test_plan_like_a_pilot_whose_curves_do_not_cover_the_file_says_what_they_lack(piloted):
