@@ -190,9 +190,16 @@ class ExperimentSummaryPublic(BaseModel):
             trials_budget=spec.get("budget", {}).get("trials", 0),
             created_at=record.created_at,
             ended_at=record.ended_at,
-            simulated=(spec.get("runner") or {}).get("name") == "simulated",
+            simulated=is_simulated(record),
             imported=_imported(record.spec.get("imported")),
         )
+
+
+def is_simulated(record: ExperimentRecord) -> bool:
+    """Whether the experiment ran on the simulated runner (its stored runner: the file's, or `--runner`'s): its
+    trials' numbers were read from a learning-curve table, nothing was trained."""
+    runner = record.spec.get("experiment", {}).get("runner")
+    return isinstance(runner, dict) and runner.get("name") == "simulated"
 
 
 def _imported(value) -> ImportedPublic | None:
@@ -209,6 +216,10 @@ class BestTrialPublic(BaseModel):
     experiment: str
     arm: str | None
     reached_target: bool = Field(description="False: no trial reached the target; this is the best miss.")
+    simulated: bool = Field(description="True: the experiment ran on the simulated runner (runner: simulated), so "
+                            "nothing was trained: the trial's numbers were read from a learning-curve table and the "
+                            "config is untested until trained (the answer carries an X-HPO-Warning header, as the "
+                            "export does).")  # fmt: skip
     trial: TrialPublic
     config: dict[str, Any] = Field(
         description="The complete trainer config at the full budget: the export endpoint's, less the log.mlperf file "
@@ -221,6 +232,7 @@ class BestTrialPublic(BaseModel):
             experiment=record.name,
             arm=trial.arm,
             reached_target=reached_target(trial, config["eval"]["target_mlm_accuracy"]),
+            simulated=is_simulated(record),
             trial=TrialPublic.from_record(trial),
             config=config,
         )
@@ -410,6 +422,8 @@ class BestAcrossPublic(BaseModel):
     global_batch_size: int
     optimizer: str
     metric: str
+    include_simulated: bool = Field(description="Whether simulated experiments (runner: simulated: nothing trained) "
+                                    "were candidates; they are left out unless asked.")  # fmt: skip
     best: BestTrialPublic
     candidates: list[BestTrialPublic] = Field(description="The best of each experiment that has one, best first.")
 

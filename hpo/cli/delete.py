@@ -28,8 +28,8 @@ def add_delete(sub) -> None:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from hpo.cli.run import settle_controller
     from hpo.engine.liveness import controller_identity, liveness, stale_after_s
+    from hpo.engine.settle import settle_controller
 
     storage = open_storage(args.db, existing=True)
     record = storage.get_experiment_by_name(args.name)  # NotFoundError: exit 2, naming `hpo status`

@@ -11,7 +11,6 @@ import os
 import shlex
 import socket
 import sys
-import time
 from pathlib import Path
 
 from hpo.cli.common import (
@@ -25,7 +24,8 @@ from hpo.cli.common import (
     tcp_port,
     waiting_note,
 )
-from hpo.errors import ControllerBusyError, HpoError, NotFoundError
+from hpo.engine.settle import settle_controller  # `hpo delete` and the API share it
+from hpo.errors import HpoError, NotFoundError
 
 NNI_PORT = 8080  # the first port tried for an NNI experiment's web UI (NNI's own default)
 
@@ -383,56 +383,6 @@ def _refuse_existing(storage, spec, experiment: str) -> None:
     if not running:  # a live controller keeps its experiment
         rename += f", or remove the one recorded with `hpo delete {shlex.quote(spec.name)}`"
     raise HpoError(f"experiment {spec.name!r} already exists (status {existing.status.value}); {then}, or {rename}")
-
-
-def settle_controller(storage, record, quiet: bool):
-    """The experiment's record, before this process claims it (`hpo resume`, `hpo delete`): once the claim of a
-    controller that no longer runs on this machine has lapsed (`_wait_for_lapse`); ControllerBusyError where its
-    controller still runs here though its heartbeat is old. A live controller elsewhere is refused by the claim."""
-    from hpo.engine.liveness import controller_identity, liveness
-    from hpo.runners.process import controller_gone_here, controller_here
-
-    holder = (record.controller_host, record.controller_pid)
-    if holder == controller_identity():
-        return record
-    if liveness(record) == "live" and controller_gone_here(*holder):
-        record = _wait_for_lapse(storage, record, quiet)
-    stale = liveness(record) == "interrupted"
-    state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
-    if state:
-        raise _running_here(record, state)
-    return record
-
-
-def _running_here(record, state: str) -> ControllerBusyError:
-    """The error of a claim (a resume, a delete) whose experiment's controller still runs on this machine though
-    its heartbeat is old: stopped (`state` T, Ctrl-Z) or unable to write to the database."""
-    held = record.controller_pid
-    why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)" if state == "T" else
-           "it could not write to the database (another process keeps it locked, or it is away); stop it "
-           f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
-    return ControllerBusyError(
-        f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid {held}), "
-        f"though its last heartbeat is old: {why}"
-    )
-
-
-def _wait_for_lapse(storage, record, quiet: bool):
-    """The record once the claim of a controller that no longer runs on this machine (killed with SIGKILL, or by a
-    power cut, a moment ago) has lapsed: its last heartbeat is fresh for at most `stale_after_s`. Waiting is safe
-    where taking over at once is not: a controller of the same host name in another PID namespace (a container) is
-    not seen here, and its heartbeats go on, so the claim that follows is refused as before."""
-    from hpo.engine.liveness import liveness, stale_after_s
-
-    beat = record.heartbeat_at
-    deadline = time.monotonic() + stale_after_s() + 1.0
-    if not quiet:
-        print(f"experiment {record.name}: its controller (pid {record.controller_pid}) no longer runs on this machine; "
-              f"waiting up to {stale_after_s():.1f} s for its last heartbeat to lapse", file=sys.stderr)  # fmt: skip
-    while liveness(record) == "live" and record.heartbeat_at == beat and time.monotonic() < deadline:
-        time.sleep(0.2)
-        record = storage.get_experiment_by_name(record.name)
-    return record
 
 
 # --------------------------------------------------------------------------- plan

@@ -3,10 +3,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from hpo.export.production import check_arm, other_batch_sizes
+from hpo.export.production import SIMULATED, check_arm, other_batch_sizes
 from hpo.storage.base import Direction, ExperimentRecord, Storage, TrialRecord
 from hpo.trials import TrialKind, TrialState
 from search_spaces.space import trainer_key
@@ -14,20 +14,27 @@ from server.caching import MISSING, NOT_MODIFIED, cached_json, etag_of
 from server.deps import HotReadDep, SpecsDep, StorageDep
 from server.errors import ERROR_RESPONSES
 from server.routes.experiments import best_public
-from server.schemas import ARM_PATTERN, MAX_INT, BestAcrossPublic, BestTrialPublic
+from server.schemas import ARM_PATTERN, MAX_INT, BestAcrossPublic, BestTrialPublic, is_simulated
 from server.storage import SpecCache
 
 router = APIRouter(tags=["best configs"], responses=ERROR_RESPONSES)
 
+INCLUDE_SIMULATED_DOC = (
+    "Rank simulated experiments too (runner: simulated: their numbers were read from a learning-curve table, nothing "
+    "was trained); left out by default, so a recommendation is a trained configuration."
+)
+
 Arm = Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm, e.g. optimizer.name=lamb.")]
 BatchSize = Annotated[int | None, Query(ge=1, le=MAX_INT, description="Only trials with this global batch size.")]
 Metric = Literal["samples_to_target", "time_to_target_s", "best_mlm_accuracy", "final_mlm_accuracy"]
+WARNING_HEADER = "X-HPO-Warning"  # as the export's: hpo.export.production.SIMULATED is ASCII for it
 
 
 @router.get("/experiments/{name}/best", response_model=BestTrialPublic, responses=NOT_MODIFIED)
 async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global_batch_size: BatchSize = None):
     """The best completed trial (optionally within one arm or global batch size) and its complete config. With
-    an `ETag`: asked again with `If-None-Match`, an unchanged answer is a 304."""
+    an `ETag`: asked again with `If-None-Match`, an unchanged answer is a 304. A simulated experiment's (nothing was
+    trained) says so: `simulated: true` and an X-HPO-Warning header, as its export."""
     record, version, storage, specs, answers = hot.record, hot.version, hot.storage, hot.specs, hot.answers
     check_arm(specs.spec(record), arm)
     # The hot path of the API, so it stays on the event loop: one primary-key read (the experiment's trials_version,
@@ -46,53 +53,76 @@ async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global
         other = await run_in_threadpool(other_batch_sizes, storage, record, arm, global_batch_size, "to show",
                                         "ask global_batch_size=")  # fmt: skip
         raise HTTPException(404, other or no_best_message(record.name, arm, global_batch_size))
-    return cached_json(request, *kept)
+    return warn_if_simulated(cached_json(request, *kept), record)
 
 
 @router.get("/experiments/{name}/best/arms", response_model=dict[str, BestTrialPublic], responses=NOT_MODIFIED)
 async def best_config_per_arm(request: Request, hot: HotReadDep):
     """The best trial of every arm that has a completed trial, keyed by arm, in the order the experiment file declares
-    its arms. With an `ETag`, as the best config."""
+    its arms (`{}` for an experiment without arms that has one); a 404 without a completed trial, as the best config.
+    With an `ETag`, and for a simulated experiment an X-HPO-Warning header, as the best config."""
     record, version, storage, specs, answers = hot.record, hot.version, hot.storage, hot.specs, hot.answers
     key = ("best per arm", record.id)
     kept = answers.get(key, version)
     if kept is MISSING:
 
-        def build() -> bytes:
+        def build() -> bytes | None:
             from hpo.experiment.arms import in_arm_order  # the trainer config models: on first use, not at start-up
 
             bests = in_arm_order(specs.spec(record), storage.best_per_arm(record.id))
+            if not bests and storage.best_trial_id(record.id) is None:  # no completed trial: a 404, as /best's
+                return None
             entries = [json.dumps(arm).encode() + b":" + specs.best_json(record, trial) for arm, trial in bests.items()]
             return b"{" + b",".join(entries) + b"}"
 
         body = await run_in_threadpool(build)
-        kept = answers.put(key, version, (body, etag_of(body)))
-    return cached_json(request, *kept)
+        kept = answers.put(key, version, body and (body, etag_of(body)))
+    if kept is None:
+        raise HTTPException(404, no_best_message(record.name, None, None))
+    return warn_if_simulated(cached_json(request, *kept), record)
+
+
+def warn_if_simulated(response: Response, record: ExperimentRecord) -> Response:
+    """`response` with the export's X-HPO-Warning where `record` ran on the simulated runner (nothing was trained)."""
+    if is_simulated(record):
+        response.headers.append(WARNING_HEADER, SIMULATED.format(experiment=record.name))
+    return response
 
 
 @router.get("/best", response_model=BestAcrossPublic)
 def best_config_across_experiments(
+    response: Response,
     storage: StorageDep,
     specs: SpecsDep,
     global_batch_size: Annotated[int, Query(ge=1, le=MAX_INT, description="The global batch size.")],
     optimizer: Annotated[Literal["adamw", "lamb"], Query(description="The optimizer.")],
     metric: Annotated[Metric, Query(description="Only experiments with this objective.")] = "samples_to_target",
+    include_simulated: Annotated[bool, Query(description=INCLUDE_SIMULATED_DOC)] = False,
 ):
     """The best config for a global batch size and optimizer over every experiment whose objective is `metric`: each
     experiment's best is a candidate, one that reached the target ranking above every one that missed it, and of
-    two misses the one that ended nearer its target first."""
+    two misses the one that ended nearer its target first. Simulated experiments (nothing trained) are left out unless
+    `include_simulated=true`; a simulated best then says so (`simulated: true`, an X-HPO-Warning header)."""
     candidates: list[tuple[ExperimentRecord, TrialRecord]] = []
+    left_out: list[ExperimentRecord] = []  # simulated experiments, not asked for
     for record in storage.list_experiments():
         spec = specs.spec(record)
-        if spec.objective.metric == metric:
-            trial = _best_with(storage, specs, record, global_batch_size, optimizer)
-            if trial is not None:
-                candidates.append((record, trial))
+        if spec.objective.metric != metric:
+            continue
+        if is_simulated(record) and not include_simulated:
+            left_out.append(record)
+            continue
+        trial = _best_with(storage, specs, record, global_batch_size, optimizer)
+        if trial is not None:
+            candidates.append((record, trial))
     if not candidates:
-        raise HTTPException(
-            404, f"no experiment with objective {metric} has a completed {optimizer} trial at global batch size "
-            f"{global_batch_size}",
-        )  # fmt: skip
+        found = (f"no experiment with objective {metric} has a completed {optimizer} trial at global batch size "
+                 f"{global_batch_size}")  # fmt: skip
+        simulated = [r.name for r in left_out if _best_with(storage, specs, r, global_batch_size, optimizer)]
+        if simulated:
+            found += (f", but the simulated {_names(simulated)}, left out (nothing was trained there): ask "
+                      "include_simulated=true to rank simulated experiments too")  # fmt: skip
+        raise HTTPException(404, found)
     direction = Direction.MAXIMIZE if metric.endswith("accuracy") else Direction.MINIMIZE
     sign = 1.0 if direction is Direction.MINIMIZE else -1.0
     # A miss of samples or time to target scores a penalty scaled by its own experiment's budget (hpo.objective):
@@ -103,9 +133,16 @@ def best_config_across_experiments(
                                   _shortfall(pair[0], pair[1]) if direction is Direction.MINIMIZE else 0.0,
                                   sign * pair[1].objective, pair[1].finished_at))  # fmt: skip
     public = [best for best, _ in ranked]
+    if public[0].simulated:
+        response.headers.append(WARNING_HEADER, SIMULATED.format(experiment=public[0].experiment))
     return BestAcrossPublic(
-        global_batch_size=global_batch_size, optimizer=optimizer, metric=metric, best=public[0], candidates=public
-    )
+        global_batch_size=global_batch_size, optimizer=optimizer, metric=metric, include_simulated=include_simulated,
+        best=public[0], candidates=public,
+    )  # fmt: skip
+
+
+def _names(names: list[str]) -> str:
+    return f"experiment {names[0]} has one" if len(names) == 1 else f"experiments {', '.join(names)} have one"
 
 
 def _shortfall(best: BestTrialPublic, trial: TrialRecord) -> float:

@@ -78,12 +78,15 @@ def get_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
         409: {
             "model": ErrorPublic,
             "description": "The experiment has ended, or its controller is not running "
-            "(`interrupted`): no one would see the request.",
+            "(`interrupted`): no one would see the request; or its controller still runs on the server's machine "
+            "though its heartbeat is old (stopped with `kill -STOP`, or unable to write): the message names its "
+            "host and pid and what to do.",
         },  # fmt: skip
     },
 )
 def stop_experiment(record: ExperimentDep, storage: StorageDep):
     """Ask the experiment's controller to stop: running trials are ended, the experiment becomes `stopped`."""
+    record = settled(storage, record)  # a controller that still runs here, its heartbeat old: a 409 that says so
     status = experiment_status(record)
     if status == "interrupted":  # a request no controller reads, which `hpo resume` would clear
         raise HTTPException(409, f"experiment {record.name} is interrupted: its controller is not running, so there "
@@ -101,14 +104,21 @@ def stop_experiment(record: ExperimentDep, storage: StorageDep):
     dependencies=[TokenDep],
     responses={
         **TOKEN_RESPONSES,
-        409: {"model": ErrorPublic, "description": "A live controller drives the experiment: stop it first."},
+        409: {
+            "model": ErrorPublic,
+            "description": "A live controller drives the experiment (its heartbeat is fresh, or its process still "
+            "runs on the server's machine whatever its heartbeat): the message names its host and pid and what to do.",
+        },
     },
 )
 def delete_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDep):
     """Remove the experiment with its trials and their learning curves, in one transaction, as `hpo delete` does;
-    refused (409) while its controller heartbeats. Its run directory stays. Every route answers 404 for it at once."""
+    refused (409) while its controller heartbeats, or while it still runs on the server's machine though its heartbeat
+    is old (stopped, or unable to write: `hpo delete` refuses it too). Its run directory stays. Every route answers
+    404 for it at once."""
     from hpo.engine.liveness import controller_identity, stale_after_s
 
+    record = settled(storage, record)
     try:
         removed = storage.purge_experiment(record.id, *controller_identity(), stale_after_s())
     except ControllerBusyError as exc:
@@ -119,6 +129,18 @@ def delete_experiment(record: ExperimentDep, storage: StorageDep, specs: SpecsDe
     return DeletedPublic(experiment=record.name, trials=trials, metric_values=values,
                          run_dir=record.spec.get("run_dir"),
                          detail=f"deleted experiment {record.name!r}{counted}; its run directory stays")  # fmt: skip
+
+
+def settled(storage: Storage, record: ExperimentRecord) -> ExperimentRecord:
+    """The record once a controller killed on this machine a moment ago has let its claim lapse; a 409 where its
+    controller still runs on this machine (the server's) though its heartbeat is old, as `hpo delete` and `hpo
+    resume` refuse it (hpo.engine.settle)."""
+    from hpo.engine.settle import settle_controller
+
+    try:
+        return settle_controller(storage, record, quiet=True)
+    except ControllerBusyError as exc:
+        raise HTTPException(409, str(exc)) from exc
 
 
 def experiment_verdict(

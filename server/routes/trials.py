@@ -22,6 +22,7 @@ AFTER_DOC = (
     "Cursor: only trials numbered above this one, in number order (a previous page's `next`). A negative or "
     "non-integer value is a 422 naming `after`."
 )
+ARM_DOC = "Only this arm's trials; given once (a repeated arm is a 422 naming it: one request per arm)."
 TrialNumber = Annotated[int, Path(ge=0, le=MAX_INT, description="The trial's number within the experiment.")]
 
 
@@ -30,7 +31,7 @@ async def list_trials(
     request: Request,
     hot: PageReadDep,
     state: Annotated[list[TrialState] | None, Query(description="Only trials in these states.")] = None,
-    arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description="Only this arm's trials.")] = None,
+    arm: Annotated[str | None, Query(pattern=ARM_PATTERN, description=ARM_DOC)] = None,
     order_by: Annotated[Literal["number", "objective"], Query(description="objective: best first.")] = "number",
     offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many trials (for small offsets).")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
@@ -42,6 +43,12 @@ async def list_trials(
     is counted only on pages without `after`. With an `ETag`: asked again with `If-None-Match`, an unchanged page
     is a 304."""
     record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
+    if arm is not None and len(arms := request.query_params.getlist("arm")) > 1:  # FastAPI would keep the last alone
+        raise HTTPException(
+            422,
+            f"arm is given {len(arms)} times ({'&'.join(f'arm={a}' for a in arms)}): a trial list filters by one arm; "
+            "ask each arm's trials with a request of its own, or leave arm out to list every arm's",
+        )
     if arm is not None:  # an arm it does not have would list nothing: a 422 naming its arms, as `hpo trials` has it
         check_listed_arm(record, specs, arm)
     if after is not None and (order_by != "number" or offset):

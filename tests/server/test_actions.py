@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 import yaml
 
 from hpo.experiment import load_experiment, stored_form
+from hpo.runners.process import process_state
 from hpo.storage import SqlStorage
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 from tests.polling import wait_for
@@ -80,6 +83,52 @@ def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_d
         stop_server(server)
     assert refused.status_code == 409 and "hpo resume orphan" in refused.json()["detail"], refused.text
     assert storage.get_experiment_by_name("orphan").stop_requested is False
+
+
+def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatever_its_heartbeat(
+    empty_database, tmp_path
+):
+    """A controller paused (`kill -STOP`, a loaded machine) stops heartbeating and shows as `interrupted`, but its
+    process still runs here: DELETE removed its experiment from under it, and stop said that no controller ran.
+    Both now refuse as `hpo delete` does (hpo.engine.settle), naming its host and pid and what to do."""
+    path = make_experiment_file(tmp_path, name="paused")
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
+    spec["budget"].update({"trials": 2, "max_parallel": 1})
+    spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}  # no trial diverges: it keeps running
+    path.write_text(yaml.safe_dump(spec))
+    beat = {"HPO_HEARTBEAT_S": "0.5"}  # stale after 0.75 s, for the controller and the server alike
+    run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
+                            "--run-dir", str(tmp_path / "run")], env={**os.environ, **beat})  # fmt: skip
+    server = start_server(empty_database, tmp_path, **beat)
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        with server.client() as api:
+            status = lambda: api.get("/experiments/paused").json()["status"]  # noqa: E731
+            wait_for(lambda: _running(api.get("/experiments/paused/trials", params={"state": "running"})))
+            wait_for(lambda: status() == "live")
+            run.send_signal(signal.SIGSTOP)
+            wait_for(lambda: (process_state(run.pid) or "?")[0] == "T")
+            wait_for(lambda: status() == "interrupted")  # by its heartbeat alone
+            pid, host = run.pid, socket.gethostname()
+            says = (f"experiment 'paused' is driven by a controller that still runs on this machine (pid {pid}), host "
+                    f"{host}, though its last heartbeat is old: it is stopped (Ctrl-Z: `kill -CONT {pid}` continues "
+                    f"it, `kill -9 {pid}` ends it)")  # fmt: skip
+            deleted = api.delete("/experiments/paused", headers=token)
+            assert (deleted.status_code, deleted.json()["detail"]) == (409, says)
+            stopped = api.post("/experiments/paused/stop", headers=token)
+            assert (stopped.status_code, stopped.json()["detail"]) == (409, says)
+            assert api.get("/experiments/paused").json()["trials"]["running"] == 1  # kept whole
+            run.send_signal(signal.SIGCONT)
+            wait_for(lambda: status() == "live")  # it beats again: a stop now reaches it
+            assert api.post("/experiments/paused/stop", headers=token).status_code == 200
+            assert run.wait(timeout=60) == 1
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGCONT)
+            run.kill()
+            run.wait()
+        stop_server(server)
 
 
 def _running(response: httpx.Response):

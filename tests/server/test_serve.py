@@ -78,3 +78,21 @@ def test_an_empty_host_is_refused_not_bound_to_every_interface(tmp_path: Path, m
             err = capsys.readouterr().err
             assert "HPO_API_HOST: an empty address binds every network interface: give 127.0.0.1" in err
             assert "is in use" not in err
+
+
+def test_a_token_that_is_not_printable_ascii_is_refused_at_startup(tmp_path: Path, monkeypatch, capsys):
+    """Starlette reads header bytes as Latin-1, so a client sending a non-ASCII token as UTF-8 got a 401 from a server
+    that had started as if its token could be used."""
+    from hpo.cli.main import main
+
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'absent.db'}")
+    with socket.socket() as taken:  # were the token let by, the server would stop at once on this port, in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for token in ("caf\u00e9-s3cret", "tab\tinside"):
+            monkeypatch.setenv("HPO_API_TOKEN", token)
+            assert main(["serve", "--port", str(taken.getsockname()[1])]) == 2, token
+            out, err = capsys.readouterr()
+            assert "HPO_API_TOKEN: the token has a character that is not printable ASCII (its character " in err
+            assert "use ASCII letters, digits and punctuation only" in err and "is in use" not in err
+            assert token not in err and token not in out and "serving" not in out

@@ -61,6 +61,18 @@ def test_the_cursor_keeps_the_filters(api, database_url, numbers):
     assert page_numbers(after) == [n for n in finished if n > numbers[0]]
 
 
+def test_a_repeated_arm_is_a_422_naming_it_not_its_last_value(api):
+    """`state` may repeat (the union); `arm` names one arm, and a second was silently dropped (the last one kept)."""
+    both = [("arm", "optimizer.name=adamw"), ("arm", "optimizer.name=lamb")]
+    answer = api.get(URL, params=both)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"] == (
+        "arm is given 2 times (arm=optimizer.name=adamw&arm=optimizer.name=lamb): a trial list filters by one arm; ask "
+        "each arm's trials with a request of its own, or leave arm out to list every arm's"
+    )
+    assert api.get(URL, params=both[:1]).status_code == 200
+
+
 def test_a_bad_cursor_is_a_422_naming_after(api):
     for bad in ("-1", "x", "1.5", "", "0x10", str(2**31)):
         answer = api.get(URL, params={"after": bad})
