@@ -162,7 +162,8 @@ def test_plan_like_a_pilot_that_stopped_at_the_target_keeps_the_files_table(pilo
     assert code == 0 and "note: experiment stopped stopped its runs at the target (eval.stop_at_target: true)" in err
     lines = table.read_text().splitlines(keepends=True)
     table.write_text("".join(lines[:-1]))  # a run the pilot lacks (a trial that failed, say)
-    code, out, err = cli("--db", db, "run", str(write(tmp_path / "on.yaml", planned_file(table))), "--quiet")
+    code, out, err = cli("--db", db, "run", str(write(tmp_path / "on.yaml", planned_file(table))), "--quiet",
+                         "--run-dir", str(tmp_path / "on"))  # fmt: skip
     assert code == 2 and "the table holds the runs of experiment stopped (" in err, (out, err)
     assert "to the full budget (eval.stop_at_target: false)" in err and "bench.curves" not in err
 
