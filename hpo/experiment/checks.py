@@ -23,10 +23,11 @@ from hpo.experiment.arms import (
     yaml_scalar,
 )
 from hpo.experiment.rungs import asha_plan
-from hpo.experiment.schema import NATURAL_DIRECTION, SEEDLESS_TUNERS, number_kind
+from hpo.experiment.schema import ASHA_BUDGET_OPTIONS, NATURAL_DIRECTION, SEEDLESS_TUNERS, number_kind
 from hpo.nni.config import check_nni_spec
 from hpo.simulation.table import DIMENSIONS as TABLE_DIMENSIONS
 from hpo.simulation.table import RUN_LENGTH
+from search_spaces.errors import SearchSpaceError
 from search_spaces.grid import grid_points, not_a_choice
 from search_spaces.space import CategoricalParam, Clause, FloatParam, SearchSpace, trainer_key
 from trainer.config import (
@@ -68,6 +69,112 @@ def check_spec(spec: ExperimentSpec, resolved: dict[str, Any], source: str, curr
         _check_settings_read(spec, source)
         if spec.resources.gpus == "none":
             _check_cpu_trials(spec, cfg, source)
+
+
+def check_file(spec: ExperimentSpec, source: str) -> None:
+    """The rules of what an experiment file asks for, beyond `check_spec`: checked where a file is read
+    (`load_experiment`: `hpo run`, `hpo plan`, the presets), not where hpo builds a spec of its own (a plan's
+    repetitions set the training seed in overrides, whatever the space tunes) or reads one stored, as it ran. A
+    comparison whose verdict could never decide is refused before it spends a trial, and so is an override that
+    the space replaces in every trial."""
+    _check_verdict_can_decide(spec, source)
+    _check_overrides_tuned(spec, source)
+
+
+def _check_verdict_can_decide(spec: ExperimentSpec, source: str) -> None:
+    """A compare of fewer than 2 arms (its keys' choices one value each) ends every run with "one arm: nothing to
+    compare", and one confirmation run per arm with "a comparison needs at least 2 per arm"; both after spending
+    their trials. `confirm_seeds: 0` runs no confirmation: the arms' best configurations without a verdict."""
+    if not spec.compare:
+        return
+    if len(arms(spec)) < 2:
+        i, key = next((i, key) for i, key in enumerate(spec.compare) if len(spec.space[key].choices) < 2)
+        raise ExperimentFileError(
+            f"{source}: compare[{i}]: {key} has one value in space ({yaml_scalar(spec.space[key].choices[0])}), so "
+            "there is one arm and nothing to compare: give space."
+            f"{key} the values to compare, or remove compare (and set {key} in overrides)"
+        )
+    if spec.budget.confirm_seeds == 1:
+        raise ExperimentFileError(
+            f"{source}: budget.confirm_seeds: 1, but the verdict compares each arm's confirmation runs and needs at "
+            "least 2 per arm, so it could never decide: set 2 or more, or auto (rounds until it decides); or 0 for "
+            "each arm's best configuration without a verdict"
+        )
+
+
+# The run length the controller reads from the base config + overrides even where the space sets it per arm: a
+# multi-fidelity trial's budget is a fraction of budget.max_samples, the rungs multiples of eval.every_samples, and
+# `hpo run` states the most samples a trial trains.
+READ_FROM_THE_BASE = RUN_LENGTH
+
+
+def _check_overrides_tuned(spec: ExperimentSpec, source: str) -> None:
+    """A trainer key set in overrides and tuned by the space in every trial (a parameter without `when`, or
+    per-arm parameters one of which is active in every combination of the choices): the trials take the space's
+    value, and the override would be dropped without a word."""
+    for key in spec.overrides:
+        names = [name for name in spec.space.names if trainer_key(name) == key]
+        if not names or key in READ_FROM_THE_BASE or not _always_active(spec.space, names):
+            continue
+        tuned = " and ".join(f"space.{name}" for name in names)
+        every = "in every trial" if len(names) == 1 else "one of them in every trial"
+        raise ExperimentFileError(
+            f"{source}: overrides.{key}: {tuned} {'tunes' if len(names) == 1 else 'tune'} {key} too, {every}, so "
+            "this value would never be read: remove it from overrides, or the parameter from space"
+        )
+
+
+def _always_active(space: SearchSpace, names: list[str]) -> bool:
+    """Whether one of parameters `names` is active in every combination of the choices their conditions read."""
+    parents = _with_parents(space, [clause.key for name in names for clause in space[name].when])
+    for combo in itertools.product(*(space[parent].choices for parent in parents)):
+        picked = dict(zip(parents, combo, strict=True))
+        if not any(space.is_active(name, picked) for name in names):
+            return False
+    return True
+
+
+def numbers_as_read(spec: ExperimentSpec, resolved: dict[str, Any]) -> SearchSpace | None:
+    """The space with each choice that writes a number as a string (`"40"` for schedule.warmup_steps) as the number
+    the trainer reads, as for numbers elsewhere in the file (`"4"` for a whole number), and `when` clauses on it
+    alike; None where there is none. So every part reads one value: the tuner, the arms, the simulated runner's table
+    (which has 40, not "40"), the stored trials. A choice the trainer refuses, or one that is another choice's number
+    ([4, "4"]), is left as written for `check_spec` to name."""
+    read: dict[str, dict[str, Any]] = {}  # parameter -> {choice as written: the number the trainer reads}
+    for name in spec.space:
+        param, key = spec.space[name], trainer_key(name)
+        if not isinstance(param, CategoricalParam) or key not in _LEAVES:
+            continue
+        numbers = {}
+        for value in param.choices:
+            if isinstance(value, str):
+                why, reading = _trainer_reading(resolved, key, value)
+                if why is None and isinstance(reading, (int, float)) and not isinstance(reading, bool):
+                    numbers[value] = reading
+        choices = [numbers.get(v, v) if isinstance(v, str) else v for v in param.choices]
+        if numbers and len({(type(v) is bool, v) for v in choices}) == len(choices):
+            read[name] = numbers
+    if not read:
+        return None
+    data = spec.space.to_dict()
+    for name, numbers in read.items():
+        data[name]["choice"] = [numbers.get(v, v) if isinstance(v, str) else v for v in data[name]["choice"]]
+    for param in data.values():
+        for parent in set(param.get("when", {})) & set(read):
+            param["when"][parent] = _numbers_in_clause(param["when"][parent], read[parent])
+    try:
+        return SearchSpace.from_dict(data)
+    except SearchSpaceError:
+        return None
+
+
+def _numbers_in_clause(clause: Any, numbers: dict[str, Any]) -> Any:
+    """A `when` clause's YAML form (`"40"`, `{not: "40"}`, `{in: ["0", "40"]}`) with its values as read."""
+    if isinstance(clause, dict):
+        return {op: _numbers_in_clause(values, numbers) for op, values in clause.items()}
+    if isinstance(clause, list):
+        return [_numbers_in_clause(value, numbers) for value in clause]
+    return numbers.get(clause, clause) if isinstance(clause, str) else clause
 
 
 # ------------------------------------------------------------------------------------------------ trainer keys
@@ -630,35 +737,35 @@ def ignored_on_dask(resources) -> str | None:
 
 
 def _check_settings_read(spec: ExperimentSpec, source: str) -> None:
-    """Experiment settings only some tuners, objectives or engines read, given where none would read them (a value
-    other than the default): Hyperband's budgets under another tuner, the penalty of a miss under an accuracy metric,
-    runner.preload under NNI's manager (which starts every trial itself)."""
-    budget, defaults = spec.budget, type(spec.budget).model_fields
-    if spec.tuner.name not in ("smac_hyperband", "asha"):
-        for key in ("min_budget", "max_budget", "eta"):
-            if getattr(budget, key) != defaults[key].default:
-                raise ExperimentFileError(
-                    f"{source}: budget.{key}: {getattr(budget, key):g}, but tuner {spec.tuner.name} trains every "
-                    "trial to the full budget; budget.min_budget, max_budget and eta are read by smac_hyperband and "
-                    "asha: remove it, or choose one of them"
-                )
+    """Experiment settings only some tuners, objectives or engines read, written where none would read them
+    (`ExperimentSpec.unread_fields`), whatever their value (the default too: the file asks for something nothing
+    does): Hyperband's budgets under another tuner, a budget an asha option sets in its place, the penalty of a miss
+    under an accuracy metric; runner.preload: false under NNI's manager (which starts every trial itself)."""
     options = spec.tuner.options
+    for section, key in spec.unread_fields():
+        if key not in getattr(spec, section).model_fields_set:
+            continue
+        value = getattr(getattr(spec, section), key)
+        if section == "objective":
+            raise ExperimentFileError(
+                f"{source}: objective.penalty_factor: {value:g}, but it scores a run that misses the target under "
+                f"samples_to_target and time_to_target_s; {spec.objective.metric} scores the accuracy itself (0 for "
+                "a run that did not end normally): remove it"
+            )
+        if spec.tuner.name == "asha":
+            option = next(o for o, k in ASHA_BUDGET_OPTIONS.items() if k == key)
+            raise ExperimentFileError(f"{source}: budget.{key}: {value:g}, but tuner.options.{option} sets asha's in "
+                                      "its place: remove one of them")  # fmt: skip
+        raise ExperimentFileError(
+            f"{source}: budget.{key}: {value:g}, but tuner {spec.tuner.name} trains every trial to the full budget; "
+            "budget.min_budget, max_budget and eta are read by smac_hyperband and asha: remove it, or choose one of "
+            "them"
+        )
     if spec.tuner.name == "asha":
-        for option, key in (("eta", "eta"), ("min_samples", "min_budget"), ("max_samples", "max_budget")):
-            if option in options and getattr(budget, key) != defaults[key].default:
-                raise ExperimentFileError(f"{source}: budget.{key}: {getattr(budget, key):g}, but tuner.options."
-                                          f"{option} sets asha's in its place: remove one of them")  # fmt: skip
         unread = [key for key in ("min_points_in_model", "random_fraction") if key in options]
         if options.get("sampler") == "random" and unread:
             raise ExperimentFileError(f"{source}: tuner.options.{unread[0]}: read where asha samples from its model, "
                                       "and sampler is random: remove it, or set sampler: model")  # fmt: skip
-    penalty = type(spec.objective).model_fields["penalty_factor"].default
-    if spec.objective.metric.endswith("_accuracy") and spec.objective.penalty_factor != penalty:
-        raise ExperimentFileError(
-            f"{source}: objective.penalty_factor: {spec.objective.penalty_factor:g}, but it scores a run that misses "
-            f"the target under samples_to_target and time_to_target_s; {spec.objective.metric} scores the accuracy "
-            "itself (0 for a run that did not end normally): remove it"
-        )
     if spec.engine == "nni" and not spec.runner.preload:
         raise ExperimentFileError(f"{source}: runner.preload: false, but under engine: nni NNI's manager starts "
                                   "every trial itself, without a launcher to fork from: remove it")  # fmt: skip

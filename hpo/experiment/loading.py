@@ -14,7 +14,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpo.errors import ExperimentFileError
-from hpo.experiment.checks import check_spec, check_trainer_key, check_trainer_value, did_you_mean, error_line
+from hpo.experiment.checks import (
+    check_file,
+    check_spec,
+    check_trainer_key,
+    check_trainer_value,
+    did_you_mean,
+    error_line,
+    numbers_as_read,
+)
 from hpo.experiment.schema import ExperimentSpec
 from hpo.simulation.table import IN_A_CHECKOUT, TABLES, shipped_table
 from search_spaces import shipped_preset
@@ -53,6 +61,7 @@ def load_experiment(path: str | Path, engine: str | None = None) -> ExperimentSp
     if engine is not None and isinstance(data, Mapping):
         data = {**data, "engine": engine}
     spec = experiment_from_dict(data, str(path), base_dir=path.parent)
+    check_file(spec, str(path))
     _check_table_file(spec, str(path))
     return spec
 
@@ -76,6 +85,9 @@ def experiment_from_dict(
         raise ExperimentFileError(_format_validation_error(e, source)) from None
     base = _load_base(spec.base_config, Path(base_dir), source)
     resolved = _apply_overrides(base, spec.overrides, source)
+    space = numbers_as_read(spec, resolved) if current_rules else None  # a stored one's trials have its choices
+    if space is not None:
+        spec = spec.model_copy(update={"space": space})
     check_spec(spec, resolved, source, current_rules)
     spec._source, spec._base = source, resolved
     return spec

@@ -49,6 +49,8 @@ NATURAL_DIRECTION = {
 }
 _SLUG = r"[a-z0-9][a-z0-9_-]{0,63}"  # the whole name (fullmatch: `$` would let a final newline by)
 DEFAULT_MAX_CONFIRM_SEEDS = 12
+MULTI_FIDELITY_TUNERS = ("smac_hyperband", "asha")  # the tuners that read budget.min_budget, max_budget and eta
+ASHA_BUDGET_OPTIONS = {"eta": "eta", "min_samples": "min_budget", "max_samples": "max_budget"}  # option: budget it sets
 
 
 MIN_MEMORY_LIMIT_MB = 1000  # less cannot start a trial: importing PyTorch reserves about 770 MB of address space
@@ -381,8 +383,28 @@ class ExperimentSpec(_Section):
             raise ExperimentFileError(f"{self._source}: build specs with load_experiment / experiment_from_dict")
         return copy.deepcopy(self._base)
 
+    def unread_fields(self) -> list[tuple[str, str]]:
+        """(section, field) of the settings no part of this experiment reads, whatever their value: Hyperband's
+        budgets under a tuner that trains every trial to the full budget, a budget an asha option sets in its place,
+        the penalty of a miss under an accuracy metric (which scores the accuracy itself). A file that writes one is
+        refused (`hpo.experiment.checks`)."""
+        unread = []
+        if self.tuner.name not in MULTI_FIDELITY_TUNERS:
+            unread += [("budget", "min_budget"), ("budget", "max_budget"), ("budget", "eta")]
+        elif self.tuner.name == "asha":
+            options = self.tuner.options
+            unread += [("budget", key) for option, key in ASHA_BUDGET_OPTIONS.items()
+                       if options.get(option) is not None]  # fmt: skip
+        if self.objective.metric.endswith("_accuracy"):
+            unread.append(("objective", "penalty_factor"))
+        return unread
+
     def self_contained(self) -> dict[str, Any]:
-        """The spec as a plain mapping with the base config inline and overrides applied (for storage)."""
+        """The spec as a plain mapping with the base config inline and overrides applied (for storage, and the
+        copies `hpo plan` runs), without the settings it does not read (`unread_fields`), which a file may not
+        write: its copy then reads back as a file would."""
         data = self.model_dump(mode="json")
         data.update(base_config=self.resolved_base(), overrides={})
+        for section, field in self.unread_fields():
+            data[section].pop(field, None)
         return data

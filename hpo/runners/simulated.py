@@ -115,7 +115,18 @@ class SimulatedRunner(Runner):
         sim = self.spec.runner.simulation
         return (f"simulated runner, {self.slots} slot(s) of {self.spec.resources.gpus_per_trial} {sim.gpu.upper()} "
                 f"GPU(s) ({self.slot_samples_per_s:,.0f} samples/s a slot, 1 table sample = {sim.sample_scale:g} "
-                f"samples), curves from {self.table.path}")  # fmt: skip
+                f"samples), curves from {self.table.path}{self._repeats_note()}")  # fmt: skip
+
+    def _repeats_note(self) -> str:
+        """Where an arm's confirmation runs outnumber the table's recorded seeds, they repeat curves: said at the
+        start, as the verdict counts each as a run of its own."""
+        seeds, runs = len(self.table.seeds()), self.spec.budget.most_confirm_seeds if self.spec.compare else 0
+        if not seeds or runs < seeds:
+            return ""
+        return (f"; note: the table records {seeds} training seed(s) (seeds s and s + {seeds} read one), so an arm's "
+                f"confirmation runs from the {_ordinal(seeds)} on read curves that its tuning run or earlier runs "
+                f"read; the verdict counts each as a run, so its intervals are narrower than {runs} real runs an arm "
+                "would give")  # fmt: skip
 
     def attach(self, storage: Storage, experiment_id: int) -> None:
         """Stamp the experiment's trial records with the simulated clock, starting after its last recorded event
@@ -414,3 +425,7 @@ def _ints(value) -> list[int]:
 
 def _bounds(value) -> tuple[float, float]:
     return (value.low, value.high) if isinstance(value, _Range) else (value, value)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

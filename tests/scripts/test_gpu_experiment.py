@@ -25,7 +25,7 @@ def test_the_gpu_experiment_script_runs_the_preset_end_to_end_on_cpu_slots(tmp_p
     data = yaml.safe_load(PRESET.read_text())
     data["base_config"] = str((PRESET.parent / data["base_config"]).resolve())
     data["overrides"] = {**tiny_overrides(tmp_path / "data"), "log.mlperf": "mlperf.log"}
-    data["budget"].update(trials=2, confirm_seeds=1, max_parallel=1)
+    data["budget"].update(trials=2, confirm_seeds=2, max_parallel=1)
     data["resources"] = {"gpus": "none", "cpu_slots": 1}
     preset = tmp_path / "adam_vs_lamb_gpu_check.yaml"
     preset.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -41,9 +41,9 @@ def test_the_gpu_experiment_script_runs_the_preset_end_to_end_on_cpu_slots(tmp_p
     assert [s.split()[1] for s in steps] == ["hpo", "hpo", "hpo", "hpo", "the", "hpo", "training"]
     storage = SqlStorage(f"sqlite:///{out / 'experiment.db'}")
     trials = storage.list_trials(storage.get_experiment_by_name(data["name"]).id)
-    assert len(trials) == 4 and all(t.state.value == "completed" for t in trials)  # 2 tuning + 1 confirmation each
+    assert len(trials) == 6 and all(t.state.value == "completed" for t in trials)  # 2 tuning + 2 confirmations each
     logs = sorted((out / "experiment" / "trials").glob("*/mlperf.log"))
-    assert len(logs) == 4 and "compliance checker: 4 of 4 trial logs passed" in done.stdout
+    assert len(logs) == 6 and "compliance checker: 6 of 6 trial logs passed" in done.stdout
     assert all(f"{log}: SUCCESS" in done.stdout for log in logs)
     assert "# verdict: " in done.stdout and (out / "best.yaml").is_file()
     assert "finished: " in output.splitlines()[-1]

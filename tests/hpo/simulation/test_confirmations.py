@@ -198,3 +198,31 @@ def test_a_controller_that_died_between_a_rounds_confirmations_leaves_none_short
     assert runs[LAMB] == runs[ADAMW] and runs[LAMB] in rounds
     assert confirms == {(arm, BASE_SEED + 1 + k): 1 for arm in (ADAMW, LAMB) for k in range(runs[LAMB])}
     assert all(t.state.finished for t in after)
+
+
+def test_confirmation_runs_that_outnumber_the_tables_seeds_are_said_to_repeat_curves(tmp_path):
+    """The shipped curves table records 3 seeds: an arm's 3rd confirmation run read its tuning run's curve (seed s +
+    3), and later ones earlier runs' curves, without a word, while the verdict counted each as a run of its own. The
+    start says so (and, for the 20-seed table at 12 runs an arm, says nothing)."""
+    from hpo.experiment import load_experiment
+    from hpo.runners.simulated import SimulatedRunner
+    from hpo.simulation.surrogate import Surrogate
+    from hpo.simulation.table import load_table, shipped_table
+    from search_spaces import preset_path
+
+    spec = load_experiment(preset_path("adam_vs_lamb_simulated"))
+    assert spec.budget.most_confirm_seeds == 12
+    line = SimulatedRunner(spec, 4).describe()
+    assert ("note: the table records 3 training seed(s) (seeds s and s + 3 read one), so an arm's confirmation runs "
+            "from the 3rd on read curves that its tuning run or earlier runs read") in line  # fmt: skip
+    assert "narrower than 12 real runs an arm would give" in line
+    surrogate = Surrogate(load_table(shipped_table("curves")), {})  # what the note says, read from the surrogate itself
+    assert len({surrogate.recorded_seed(1234 + k) for k in range(3)}) == 3
+    assert surrogate.recorded_seed(1234 + 3) == surrogate.recorded_seed(1234)
+    fewer = yaml.safe_load(preset_path("adam_vs_lamb_simulated").read_text())
+    fewer["budget"].update(confirm_seeds=2)
+    fewer["base_config"] = "demo_cpu"
+    fewer["budget"].pop("max_confirm_seeds", None)
+    path = tmp_path / "fewer.yaml"
+    path.write_text(yaml.safe_dump(fewer))
+    assert "note:" not in SimulatedRunner(load_experiment(path), 4).describe()  # 2 runs an arm: 2 other seeds

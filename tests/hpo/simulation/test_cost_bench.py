@@ -200,5 +200,5 @@ def test_a_run_with_rows_goes_on_where_an_earlier_one_stopped(tmp_path, capsys):
     lines = rows.read_text().splitlines()
     assert lines[:2] == first and [yaml.safe_load(line)["seed"] for line in lines] == [0, 1, 2]
     assert "| 8 | random | 3 |" in capsys.readouterr().out
-    assert cli.main([*common, "--seeds", "1", "--confirm", "1", "--rows", str(rows)]) == 0
+    assert cli.main([*common, "--seeds", "1", "--confirm", "3", "--rows", str(rows)]) == 0
     assert len(rows.read_text().splitlines()) == 4  # another set-up: its repetition ran again
