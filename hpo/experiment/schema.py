@@ -8,7 +8,7 @@ import numbers
 import re
 import types
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -263,6 +263,10 @@ class Simulation(_Section):
                                         "gpu's, from public MLPerf BERT-large figures).")  # fmt: skip
     sample_scale: float = Field(256.0, gt=0, description="BERT-large samples one table sample stands for (256: "
                                 "the table's 12,288-sample budget is about MLPerf BERT's 3.1 M samples).")  # fmt: skip
+    batch_sample_scale: dict[int, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="Per global batch size of the table, the samples one table sample stands "
+        "for there, in place of sample_scale (`hpo plan` sets it where the table's runs have another length at each "
+        "batch size and the file one budget, so that a full run lasts that budget at every batch size).")  # fmt: skip
     assume_no_effect: list[str] = Field([], description="Dotted trainer keys the table does not vary, tuned or "
                                         "compared all the same and taken as changing nothing: every value reads the "
                                         "same curves (`hpo plan` sets it when it plans a real file).")  # fmt: skip

@@ -712,6 +712,7 @@ def forecast_data(plan: Plan, repetitions: Sequence[Repetition], seconds: float 
             "gpu": None if simulation.samples_per_s else simulation.gpu,
             "samples_per_s": simulation.samples_per_s or simulation.gpu_samples_per_s,
             "sample_scale": simulation.sample_scale,
+            "batch_sample_scale": {str(b): v for b, v in simulation.batch_sample_scale.items()},
         },  # fmt: skip
         # a combination of the shipped tables is a temporary file, gone after the plan: the table of each batch size;
         # so is a pilot's table (`pilot_curves` says what it held)
@@ -765,7 +766,7 @@ def _setup_lines(plan: Plan, n: int, pilot: str | None = None, curves: str | Non
     lines = [
         f"plan of {spec.name} ({plan.source}): {_repetitions(n)} on the simulated runner; no training happens, every "
         "figure is simulated",
-        f"  cluster: {slots} slot(s) of {gpus} GPU(s), {rate}; 1 table sample = {simulation.sample_scale:g} "
+        f"  cluster: {slots} slot(s) of {gpus} GPU(s), {rate}; 1 table sample = {_scales(simulation)} "
         "samples (the simulated runner's duration model: a conversion, not a measurement)",
         f"  learning curves: {curves}"
         if plan.options.table and curves
@@ -826,3 +827,11 @@ def _table_data(table: Path) -> str:
 
 def _repetitions(n: int) -> str:
     return f"{n} repetition" + ("" if n == 1 else "s")
+
+
+def _scales(simulation) -> str:
+    """`256` samples a table sample, or by batch size `20.3 to 163 (by batch size)`."""
+    scales = list(simulation.batch_sample_scale.values())
+    if not scales:
+        return f"{simulation.sample_scale:g}"
+    return f"{min(scales):.3g} to {max(scales):.3g} (by batch size)"

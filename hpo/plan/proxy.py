@@ -6,8 +6,9 @@ chance of an answer, the file's shape: its arms, tuner, trial budget, confirmati
 trial. It moves the rest onto the table, and states each move as an assumption that the plan prints:
 
 - the table's model and data: its base config and fixed settings (budget, evaluations, target) replace the
-  file's; one table sample stands for `sample_scale` of the file's samples (its budget over the table's), so
-  simulated durations are those of the file's budget on the file's GPUs. A file that sets its budget per batch
+  file's; one table sample stands for `sample_scale` of the file's samples (its budget over the table's; where the
+  table's runs have another length at each batch size, `batch_sample_scale`: at each its own), so simulated
+  durations are those of the file's budget on the file's GPUs. A file that sets its budget per batch
   size (one-value choices conditioned on the batch size) has each batch size's budget over the table's at the
   batch size read for it, which must be one number at every batch size: in other proportions one table sample
   cannot stand for the same number of the file's samples everywhere, and the move is refused (HpoError naming
@@ -88,15 +89,20 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
     budgets = None  # the file's budget at each of its batch sizes, where it sets one per batch size
     if "budget.max_samples" in lengths:
         budgets = {b: batch_budgets(spec).get(b, base.budget.max_samples) for b in batches}
+    by_batch: dict[int, float] = {}  # a table batch size -> its own scale (one budget, runs of other lengths)
     if budgets:
         scale = _scale(spec, table, batches, budgets)
     else:
         scale = base.budget.max_samples / _table_budget(table, batches)
+        theirs = {t: table.max_samples_for(t) for t in sorted(set(batches.values()))}
+        if table.per_batch and len(set(theirs.values())) > 1:
+            by_batch = {t: base.budget.max_samples / n for t, n in theirs.items()}
     table_base = _table_base(table, spec)
     for key, value in overrides.items():
         set_dotted(table_base, key, value)
     moved = {**data, "base_config": table_base, "overrides": {}, "space": space, "engine": "local",
              "runner": {"name": "simulated", "simulation": {"table": str(table.path), "sample_scale": scale,
+                                                            "batch_sample_scale": by_batch,
                                                             "assume_no_effect": equal}},
              "resources": simulated_resources(data["resources"])}  # fmt: skip
     moved.pop("allow_unequal_arms", None)  # what made the file's arms unequal is held at its best (or is the table's)
@@ -233,6 +239,8 @@ def _samples(scale: float) -> str:
 
 def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]:
     stands = f"{_samples(scale)} of the file's {base.budget.max_samples:,} samples"
+    if table.per_batch and len({table.max_samples_for(t) for t in batches.values()}) > 1 and not budgets:
+        stands = f"the file's {base.budget.max_samples:,} samples over the table's run at each batch size (below)"
     if budgets:
         stands = f"{scale:,.4g} of the file's samples (its budget at each batch size over the table's there)"
     lines = [
@@ -256,11 +264,10 @@ def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]
         pairs = ", ".join(f"{theirs[t]:,} at table batch {t:,} for the file's {budgets[b]:,} at {b:,}"
                           for b, t in batches.items())  # fmt: skip
         lines.append(f"each batch size trains the file's own budget there, in the table's proportions: {pairs}")
-    elif table.per_batch and len(set(theirs.values())) > 1:  # one scale, from the largest of them
-        shortest = min(theirs, key=theirs.get)
+    elif table.per_batch and len(set(theirs.values())) > 1:  # a scale at each batch size (`batch_sample_scale`)
         lengths = ", ".join(f"{n:,} at {b:,}" for b, n in theirs.items())
-        lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples); one table "
-                     f"sample stands for the same {_samples(scale)} file samples at each, so a full run at table batch "
-                     f"{shortest:,} stands for {theirs[shortest] * scale:,.0f} of the file's samples, not "
-                     f"{base.budget.max_samples:,}: its simulated hours are that much shorter")  # fmt: skip
+        scales = ", ".join(f"{_samples(base.budget.max_samples / n)} at {b:,}" for b, n in theirs.items())
+        lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples): one table "
+                     f"sample stands for the file's budget over the table's run there ({scales}), so a full run "
+                     f"lasts the file's {base.budget.max_samples:,} samples at every batch size")  # fmt: skip
     return lines

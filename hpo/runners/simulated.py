@@ -9,8 +9,9 @@ noise scale, then the final result through `hpo.objective.trial_result`) are wri
 trial would write them, stamped at simulated times.
 
 Time: a slot trains `simulation.gpu_samples_per_s x resources.gpus_per_trial` BERT-large samples per second, and
-one table sample stands for `simulation.sample_scale` BERT-large samples, so an attempt that trains n new table
-samples takes n x scale / throughput simulated seconds. Under smac_hyperband and asha a configuration continues
+one table sample stands for `simulation.sample_scale` BERT-large samples (at a batch size of
+`simulation.batch_sample_scale`, its own), so an attempt that trains n new table samples takes n x scale /
+throughput simulated seconds. Under smac_hyperband and asha a configuration continues
 from its checkpoint (the real trials do too): a higher budget trains, and is charged, only the samples beyond what
 the same configuration and seed already trained. `poll` moves the simulated clock to the next end of an
 attempt, so an experiment of thousands of trials runs in seconds.
@@ -89,6 +90,7 @@ class SimulatedRunner(Runner):
         self.slots = slots
         self.slot_samples_per_s = simulation.gpu_samples_per_s * spec.resources.gpus_per_trial
         self.sample_scale = simulation.sample_scale
+        self.batch_scale = dict(simulation.batch_sample_scale)  # batch size -> its own scale (hpo plan's)
         self.continues = continues_from_checkpoint(spec)  # as the trial entry: checkpoints under Hyperband, ASHA
         self.storage: Storage | None = None
         self.trained: dict[tuple[str, int], int] = {}  # (configuration, seed) -> samples its checkpoint holds
@@ -101,13 +103,14 @@ class SimulatedRunner(Runner):
     def _check_trial_length(self) -> None:
         """Refuse a throughput or scale that makes one full-budget trial last past MAX_TRIAL_YEARS of simulated time
         (a typo in samples_per_s or sample_scale): the simulated clock would run past its calendar mid-experiment."""
-        budgets = [self.table.max_samples_for(b) for b in self.table.batch_sizes()] or [self.table.max_samples]
-        years = self._seconds(max(budgets)) / SECONDS_A_YEAR
+        budgets = {b: self.table.max_samples_for(b) for b in self.table.batch_sizes()} or {0: self.table.max_samples}
+        years = max(self._seconds(n, b) for b, n in budgets.items()) / SECONDS_A_YEAR
         if years > MAX_TRIAL_YEARS:
             sim = self.spec.runner.simulation
             raise HpoError(f"{self.spec.source}: runner.simulation: at {self.slot_samples_per_s:.4g} samples/s a slot "
                            f"(samples_per_s x resources.gpus_per_trial) and 1 table sample = {sim.sample_scale:.4g} "
-                           f"samples (sample_scale), one trial of the table's {max(budgets):,} samples would take "
+                           f"samples (sample_scale), one trial of the table's {max(budgets.values()):,} samples would "
+                           "take "
                            f"{years:.3g} simulated years, more than {MAX_TRIAL_YEARS}; check samples_per_s and "
                            "sample_scale")  # fmt: skip
 
@@ -199,9 +202,10 @@ class SimulatedRunner(Runner):
         key = (params_key(record.params), seed)
         already = self.trained.get(key, 0) if self.continues else 0
         train = trained_run(curve, cfg, already, self._time_capped(cfg))
-        seconds = self._seconds(train.samples - already)
+        batch = cfg.batch.global_batch_size
+        seconds = self._seconds(train.samples - already, batch)
         points = tuple(
-            (self._seconds(s - already), p)
+            (self._seconds(s - already, batch), p)
             for s, p in _points(curve, train.evals, already, train.samples, cfg.batch.global_batch_size)
         )
         if launch.timeout_s is not None and seconds > launch.timeout_s:  # killed then, as a real trial is
@@ -222,9 +226,10 @@ class SimulatedRunner(Runner):
         curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
                                             cfg.batch.global_batch_size, seed))  # fmt: skip
         train = trained_run(curve, cfg, 0, self._time_capped(cfg))
-        seconds, timeout = self._seconds(train.samples), self.spec.budget.trial_timeout_s
+        batch = cfg.batch.global_batch_size
+        seconds, timeout = self._seconds(train.samples, batch), self.spec.budget.trial_timeout_s
         if timeout is not None and seconds > timeout:  # killed then: scored by the best accuracy it reported
-            evals = tuple((s, a) for s, a in train.evals if self._seconds(s) <= timeout)
+            evals = tuple((s, a) for s, a in train.evals if self._seconds(s, batch) <= timeout)
             objective = missed_objective(self.spec, cfg, max((a for _, a in evals), default=None))
             state, reason = classify_exit(TrialExit(0, 0, -signal.SIGKILL, timed_out=True))
             return TrialResult(state, reason, objective, duration_s=timeout), evals, cfg
@@ -237,12 +242,13 @@ class SimulatedRunner(Runner):
         accuracies = [a for _, a in train.evals]
         status = (TrainStatus.DIVERGED if train.diverged else
                   TrainStatus.REACHED_TARGET if hit is not None else TrainStatus.BUDGET_EXHAUSTED)  # fmt: skip
-        samples_per_s = self.slot_samples_per_s / self.sample_scale  # in table samples
+        batch = cfg.batch.global_batch_size
+        samples_per_s = self.slot_samples_per_s / self._scale(batch)  # in table samples
         return TrainResult(
             status, "loss became NaN or inf" if train.diverged else None, train.samples,
-            train.samples // cfg.batch.global_batch_size, hit,
-            None if hit is None else self._seconds(hit), max(accuracies, default=None),
-            accuracies[-1] if accuracies else None, self._seconds(train.samples), samples_per_s, 0.0,
+            train.samples // batch, hit,
+            None if hit is None else self._seconds(hit, batch), max(accuracies, default=None),
+            accuracies[-1] if accuracies else None, self._seconds(train.samples, batch), samples_per_s, 0.0,
             self.spec.resources.gpus_per_trial, cfg.batch.global_batch_size,
             micro_batch_size=micro if isinstance(micro := cfg.batch.micro_batch_size, int) else None,
             target_mlm_accuracy=target,
@@ -266,8 +272,12 @@ class SimulatedRunner(Runner):
         return TrialExit(attempt.trial_id, attempt.attempt, attempt.returncode, timed_out=attempt.result is None,
                          worker=f"sim-slot-{attempt.slot}", duration_s=attempt.duration_s)  # fmt: skip
 
-    def _seconds(self, samples: float) -> float:
-        return max(samples, 0) * self.sample_scale / self.slot_samples_per_s
+    def _scale(self, batch: int) -> float:
+        """The samples one table sample stands for at global batch size `batch` (table units)."""
+        return self.batch_scale.get(batch, self.sample_scale)
+
+    def _seconds(self, samples: float, batch: int) -> float:
+        return max(samples, 0) * self._scale(batch) / self.slot_samples_per_s
 
     def _time_capped(self, cfg) -> int | None:
         """Where the trainer's budget.max_time_s stops a run of `cfg`, in table samples: the end of the first step
@@ -275,7 +285,7 @@ class SimulatedRunner(Runner):
         if cfg.budget.max_time_s is None:
             return None
         batch = cfg.batch.global_batch_size
-        steps = math.ceil(cfg.budget.max_time_s * self.slot_samples_per_s / self.sample_scale / batch - 1e-9)
+        steps = math.ceil(cfg.budget.max_time_s * self.slot_samples_per_s / self._scale(batch) / batch - 1e-9)
         return max(steps, 1) * batch
 
 

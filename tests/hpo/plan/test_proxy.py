@@ -14,8 +14,9 @@ import yaml
 
 from hpo.cli.main import main
 from hpo.errors import HpoError
-from hpo.experiment import load_experiment
+from hpo.experiment import experiment_from_dict, load_experiment
 from hpo.plan.proxy import table_proxy
+from hpo.runners.simulated import SimulatedRunner
 from hpo.simulation.table import TABLES, load_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,18 +75,20 @@ def test_compared_batch_sizes_read_the_tables_smallest_to_smallest_with_its_run_
         assert lr["float"] == [min(plans[str(b)]["lr"]["lamb"]), max(plans[str(b)]["lr"]["lamb"])]
         assert data["space"][f"budget.max_samples@b{b}"]["choice"] == [plans[str(b)]["max_samples"]]
     assert any("448 -> 128, 896 -> 512, 1,792 -> 1,024, 3,584 -> 2,048" in a for a in assumptions)
-    # One scale, the file's budget over the table's longest run, understates the shorter runs' hours: said so
+    # One scale, the file's budget over the table's longest run, understated the shorter runs' hours (a full run at
+    # table batch 128 stood for 1,000,000 of the file's 8,000,000 samples): each batch size has its own scale, so a
+    # full run lasts the file's budget at every one
     lengths = {int(b): plans[b]["max_samples"] for b in plans}
-    scale = data["runner"]["simulation"]["sample_scale"]
-    shortest = min(lengths, key=lengths.get)
+    budget = load_experiment(PRESETS / "batch_scaling.yaml").resolved_base()["budget"]["max_samples"]
+    simulation = data["runner"]["simulation"]
+    assert simulation["batch_sample_scale"] == {b: pytest.approx(budget / n) for b, n in lengths.items()}
+    assert simulation["sample_scale"] == pytest.approx(budget / max(lengths.values()))
     said = [a for a in assumptions if a.startswith("the table's runs are of other lengths at each batch size")]
-    assert (
-        len(said) == 1
-        and f"a full run at table batch {shortest:,} stands for {lengths[shortest] * scale:,.0f} of the file's samples"
-        in said[0]
-    )
-    assert scale == pytest.approx(load_experiment(PRESETS / "batch_scaling.yaml").resolved_base()["budget"]
-                                  ["max_samples"] / max(lengths.values()))  # fmt: skip
+    assert len(said) == 1 and f"a full run lasts the file's {budget:,} samples at every batch size" in said[0]
+    runner = SimulatedRunner(experiment_from_dict(data, "moved", base_dir=ROOT), 1)
+    hours = {b: runner._seconds(n, b) / 3600 for b, n in lengths.items()}  # a full run's simulated hours at each
+    rate = runner.slot_samples_per_s
+    assert hours == {b: pytest.approx(budget / rate / 3600) for b in lengths}, hours
 
 
 def test_the_plan_of_a_gpu_preset_prints_its_assumptions_its_cost_and_its_chances(capsys):
