@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 
-from trainer.config import TrainerConfig, dump_config, load_config, shipped_config_names
+from trainer.config import TrainerConfig, dump_config, load_config, refuse_unread, shipped_config_names
 from trainer.disk import free_text
 from trainer.errors import ConfigError, DataError, DataWarning, FinalSaveError, Terminated, TrainerError, crash_reason
 from trainer.report import JsonLinesReporter, Reporter
@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
         print(dump_config(cfg), end="")
+        try:  # printed, and refused as a run would refuse it
+            refuse_unread(cfg)
+        except ConfigError as e:
+            return refuse(e)
         return 0
     try:
         check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file

@@ -440,6 +440,14 @@ def inert_under(key: str, value_of: Callable[[str], Any]) -> tuple[str, Any] | N
     return None
 
 
+def refuse_unread(cfg: TrainerConfig) -> None:
+    """ConfigError naming the settings this run would not read (`unread_settings`), where there are any."""
+    if unread := list(unread_settings(cfg).values()):
+        raise ConfigError(
+            unread[0] if len(unread) == 1 else "settings this run would not read:\n  " + "\n  ".join(unread)
+        )
+
+
 def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
     """Settings of `cfg` that its run would not read: key -> `key: why; what to do`. A decay horizon in samples beside
     one in steps (the steps win), checkpoints every so many samples, or no resume, without a checkpoint directory,

@@ -34,7 +34,7 @@ from trainer.checkpoint import (
     saved_position,
     saved_state,
 )
-from trainer.config import TrainerConfig, file_in_the_way, unread_settings
+from trainer.config import TrainerConfig, file_in_the_way, refuse_unread
 from trainer.data.shards import count_samples
 from trainer.distributed import DistEnv, dist_env_from_environ, pick_device
 from trainer.errors import BackendUnavailableError, CheckpointError, ConfigError, DataError, error_line
@@ -216,10 +216,7 @@ def refuse_before_work(cfg: TrainerConfig) -> None:
     or micro-batch wrote, or that another number of ranks saved where this run's plan of the epoch does not reach the
     same samples (`resumed_batch`); and a schedule.total_steps that ends before a run nothing can stop sooner
     (`check_decay_horizon`); and settings the run would not read (`unread_settings`)."""
-    if unread := list(unread_settings(cfg).values()):
-        raise ConfigError(
-            unread[0] if len(unread) == 1 else "settings this run would not read:\n  " + "\n  ".join(unread)
-        )
+    refuse_unread(cfg)
     check_decay_horizon(cfg)
     if cfg.optimizer.impl == "apex":  # the optimizer is built after the data and the model
         try:

@@ -597,6 +597,18 @@ def test_settings_this_run_cannot_use_are_refused_before_any_work(tmp_path, caps
     assert records == [] and not list(tmp_path.glob("*.pt"))
 
 
+def test_print_config_prints_a_config_with_unread_settings_and_refuses_it_as_a_run_would(capsys):
+    """--print-config printed such a config and exited 0, so a config checked with it was then refused by the run."""
+    from trainer.__main__ import main
+
+    assert main(["--config", "bert_large", "log.noise_scale=false", "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert "noise_scale: false" in out  # printed all the same
+    assert err.startswith("error: log.noise_scale_every: 8, but log.noise_scale is false"), err
+    assert main(["--config", "bert_large", "log.noise_scale=false", "log.noise_scale_every=null",
+                 "--print-config"]) == 0  # fmt: skip
+
+
 def test_the_noise_scale_switched_off_over_a_config_that_sets_its_interval_is_taken_with_the_interval_null():
     """bert_large.yaml sets log.noise_scale_every 8: `log.noise_scale=false` alone is refused (an unread setting) and
     the fix it named, removing the key, was not the user's to make; null undoes it (the default)."""
