@@ -3,8 +3,11 @@
 Opening is lazy so the server starts (and answers health checks with 503) while the database is still down,
 and a read endpoint never creates a database: a missing SQLite file is reported, not made, and a SQLite file keeps
 its journal mode. A database that goes away later is waited for briefly (WAIT_S, counted from the start of the
-outage: hpo.storage.retry), then every request answers 503 at once until it is back; opening never waits, so a
-server started before its database answers 503 without delay.
+outage: hpo.storage.retry), then every request answers 503 at once until it is back; opening never waits for a
+database that is down, so a server started before its database answers 503 without delay. Opening runs in a thread
+of its own (StorageHolder): the requests that come meanwhile wait for that one attempt, never on the event loop, so
+the routes that need no database (the OpenAPI document, the docs) answer at once; an attempt that gets no answer in
+time holds every request as a missed deadline does (below).
 
 A database server that stops answering without closing its connections (its process stopped or hung) is not an
 outage the driver notices: each statement, and the commit or rollback that ends a write (the stop action's), has a
@@ -15,14 +18,18 @@ each then a 503; after a missed deadline every request answers 503 at once until
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from typing import Any
 
-from hpo.errors import StorageError
+from hpo.errors import DatabaseUnavailableError, StorageError
 from hpo.export.production import ExportError, production_config
 from hpo.storage import SqlStorage, Storage
 from hpo.storage.base import ExperimentRecord, TrialRecord, TrialVersion
+from hpo.storage.deadline import PROBE_INTERVAL_S, quick_reads, unanswered
 from hpo.storage.engine import DATABASE_URL_ENV, safe_url, sqlite_file
 from search_spaces.errors import SearchSpaceError
 from server.schemas import BestTrialPublic, TrialPublic
@@ -35,19 +42,109 @@ TRIAL_CACHE_SIZE = 20_000  # finished trials' list entries kept (about 0.5 KB ea
 
 
 class StorageHolder:
-    """Opens the storage on the first request that needs it (and again after a failed attempt)."""
+    """Opens the storage on the first request that needs it (and again after a failed attempt), in a thread of its own.
+
+    The requests that come while an attempt is under way wait for that attempt, each without holding anything (on
+    the event loop they await it: `opened()`), and get its storage or its error. An attempt refused at once (a server
+    that is down, a missing SQLite file) holds nothing: the next request tries again. One that got no answer in time
+    (a server whose port accepts connections while its process is stopped or hung: the connection attempt's timeout,
+    or a missed deadline of the schema check; hpo/storage/deadline.py) holds every request, which fails at once with
+    the reason (another try would wait as long again), until a new attempt, made in the background PROBE_INTERVAL_S
+    after the last one ended, gets an answer: as a storage's `held()` does after a missed deadline."""
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         self.url, self.timeout_s = url, timeout_s
         self._storage: Storage | None = None
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._opening: Future[Storage] | None = None  # the attempt under way that requests wait for
+        self._held_since: float | None = None  # when an attempt first got no answer; None once one answered
+        self._closed = False
 
     def get(self) -> Storage:
-        if self._storage is None:
-            with self._lock:
-                if self._storage is None:
-                    self._storage = self._open()
-        return self._storage
+        """The storage, opened first where it is not yet: waits for the attempt under way (in a thread; on the event
+        loop, await `opened()`); DatabaseUnavailableError at once while the database is held (see the class)."""
+        storage = self._storage
+        if storage is not None:
+            return storage
+        return self._attempt().result()
+
+    async def opened(self) -> Storage:
+        """`get()` for the event loop: the attempt under way is awaited, so the loop serves other requests meanwhile."""
+        storage = self._storage
+        if storage is not None:
+            return storage
+        return await asyncio.wrap_future(self._attempt())
+
+    def held(self) -> str | None:
+        """Why no attempt is made now (the last ones got no answer in time), or None."""
+        since = self._held_since
+        if since is None:
+            return None
+        return (f"cannot use the database {safe_url(self.url)}: the database server gave no answer to the API's "
+                f"connection within {self.timeout_s:g} s, {time.monotonic() - since:.0f} s ago, and has not answered "
+                "since (its process may be stopped or hung); it is tried again in the background, and requests go "
+                "through as soon as it answers")  # fmt: skip
+
+    def _attempt(self) -> Future[Storage]:
+        """The attempt to wait for: the one under way, else a new one (in a thread); DatabaseUnavailableError while
+        held."""
+        with self._changed:
+            if self._storage is not None:  # opened meanwhile
+                done: Future[Storage] = Future()
+                done.set_result(self._storage)
+                return done
+            reason = self.held()
+            if reason:
+                raise DatabaseUnavailableError(reason)
+            if self._closed:
+                raise self._stopping()
+            if self._opening is None:
+                self._opening = Future()
+                # running: a waiter that gives up (a client gone, its request cancelled) cannot cancel it for the others
+                self._opening.set_running_or_notify_cancel()
+                threading.Thread(target=self._open_until_answered, name="hpo-storage-open", daemon=True).start()
+            return self._opening
+
+    def _open_until_answered(self) -> None:
+        """Open the storage; after an attempt that got no answer, hold requests and try again every
+        PROBE_INTERVAL_S until one gets an answer (the storage, or an error: nothing held then)."""
+        while True:
+            storage: Storage | None = None
+            error: Exception | None = None
+            try:
+                with quick_reads():  # the schema check under the short deadline, as on the event loop
+                    storage = self._open()
+            except Exception as exc:  # handed to the requests that wait for this attempt
+                error = exc
+            with self._changed:
+                waiting, self._opening = self._opening, None
+                again = error is not None and unanswered(error) and not self._closed
+                if again:
+                    if self._held_since is None:
+                        self._held_since = time.monotonic()
+                else:
+                    self._held_since = None
+                    if storage is not None and not self._closed:
+                        self._storage = storage
+                        storage = None  # kept
+            if storage is not None:  # opened as the server stops: nobody holds it
+                storage.close()
+                error = self._stopping()
+            if waiting is not None:
+                if error is not None:
+                    waiting.set_exception(error)
+                else:
+                    waiting.set_result(self._storage)
+            if not again:
+                return
+            with self._changed:
+                if not self._closed:
+                    self._changed.wait(PROBE_INTERVAL_S)  # close() wakes it
+                if self._closed:
+                    return
+
+    def _stopping(self) -> DatabaseUnavailableError:
+        return DatabaseUnavailableError(f"cannot use the database {safe_url(self.url)}: the API server is stopping")
 
     def _open(self) -> Storage:
         path = sqlite_file(self.url)  # any SQLite URL (sqlite+pysqlite:/// too), never a file the server would make
@@ -63,6 +160,10 @@ class StorageHolder:
         return storage
 
     def close(self) -> None:
+        """Close the storage; an attempt under way closes what it opens, and no new one starts."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()  # a retry between two attempts ends now
         if self._storage is not None:
             self._storage.close()
 

@@ -284,6 +284,20 @@ class StatementDeadline:
                 connection.execute(text("SELECT 1"))  # answered: _answered() ended the hold
 
 
+def unanswered(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from, says that the server gave no answer in time: a missed deadline
+    (NoAnswer) or a connection attempt that timed out. The API holds its requests after either (server.storage), as
+    `held()` does a storage's calls: another try would wait as long again."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, NoAnswer) or _connect_timed_out(error):
+            return True
+        error = getattr(error, "orig", None) or error.__cause__
+    return False
+
+
 def _connect_timed_out(exc: BaseException) -> bool:
     """Whether a failed connection attempt gave up at its `connect_timeout`: psycopg's ConnectionTimeout (3.2 on),
     or before it the OperationalError that says so (both read "connection timeout expired")."""

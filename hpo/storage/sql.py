@@ -129,7 +129,9 @@ class SqlStorage(TrialReads, Storage):
         try:
             self._retry(self._check_schema)
         except BaseException:
-            self._engine.dispose()
+            # close(), not only the engine's disposal: a connection attempt that timed out started the deadline's
+            # probe, which would otherwise try this storage nobody holds every second until the server answered
+            self.close()
             raise
 
     def _check_schema(self) -> None:

@@ -9,6 +9,7 @@ deadline exists to end (no test asserts how long a call took)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import threading
 import time
@@ -22,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 
 from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
 from hpo.storage import SqlStorage
-from hpo.storage.deadline import NoAnswer, StatementDeadline, quick_reads
+from hpo.storage.deadline import NoAnswer, StatementDeadline, quick_reads, unanswered
 from hpo.storage.engine import PING_AFTER_IDLE_S, create_storage_engine
 from hpo.storage.retry import without_waiting
 from tests.pgcluster import PostgresCluster, why_no_cluster
@@ -216,6 +217,25 @@ def test_a_connection_attempt_that_times_out_holds_calls_as_a_missed_deadline_do
         wait_for(lambda: isinstance(outcome(read_on_an_event_loop), NotFoundError), timeout_s=HANG_S)
     finally:
         storage.close()
+
+
+def test_a_storage_whose_first_connection_gets_no_answer_fails_and_leaves_no_probe_behind():
+    """A port that accepts connections and never answers (no cluster needed): opening the storage fails as a timeout
+    (unanswered, which the API holds its requests after: server.storage), and the probe that the attempt started
+    ends with it, instead of trying a storage nobody holds every second until a server answers there."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
+    url = f"postgresql+psycopg://hpo@127.0.0.1:{listener.getsockname()[1]}/hpo"
+    try:
+        failed = outcome(lambda: SqlStorage(url, read_only=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S)))
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+    assert isinstance(failed, DatabaseUnavailableError) and "timeout" in str(failed), failed
+    assert unanswered(failed)
+    assert [t for t in threading.enumerate() if t.name == "hpo-database-probe"] == []
 
 
 def test_freezing_a_cluster_passes_over_a_backend_that_exited_meanwhile(cluster, monkeypatch):
