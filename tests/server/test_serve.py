@@ -96,3 +96,33 @@ def test_a_token_that_is_not_printable_ascii_is_refused_at_startup(tmp_path: Pat
             assert "HPO_API_TOKEN: the token has a character that is not printable ASCII (its character " in err
             assert "use ASCII letters, digits and punctuation only" in err and "is in use" not in err
             assert token not in err and token not in out and "serving" not in out
+
+
+def test_a_sqlite_file_deleted_or_replaced_under_the_server_is_a_503_not_the_old_files_answers(
+    finished_experiment, tmp_path: Path
+):
+    """`rm .hpo/hpo.db*` and a new experiment of the same name: the server went on serving the deleted file (its open
+    connection's), with /health ok. Now every request that reads answers 503 saying so, until `hpo serve` restarts."""
+    import shutil
+
+    source = Path(finished_experiment("sqlite").removeprefix("sqlite:///"))
+    db = tmp_path / "hpo.db"
+    shutil.copy(source, db)
+    server = start_server(f"sqlite:///{db}", tmp_path)
+    try:
+        assert httpx.get(f"{server.url}/experiments", timeout=30).status_code == 200
+        assert httpx.get(f"{server.url}/health", timeout=30).json()["status"] == "ok"
+        replacement = tmp_path / "new.db"
+        shutil.copy(source, replacement)
+        replacement.replace(db)  # another file at the same path
+        for path in ("/experiments", "/health"):
+            answer = httpx.get(f"{server.url}{path}", timeout=30)
+            assert answer.status_code == 503, (path, answer.text)
+            assert f"the SQLite database {db} was deleted or replaced after `hpo serve` opened it" in answer.text
+    finally:
+        stop_server(server)
+    server = start_server(f"sqlite:///{db}", tmp_path)  # restarted: the file there now
+    try:
+        assert httpx.get(f"{server.url}/experiments", timeout=30).status_code == 200
+    finally:
+        stop_server(server)
