@@ -49,6 +49,11 @@ class ControllerBusyError(HpoError):
     """Another live controller drives the experiment; the message names its host and pid."""
 
 
+class ClaimLostError(ControllerBusyError):
+    """A controller's write refused: another controller took its experiment over (`hpo resume` while this one seemed
+    gone); the message names the other's host and pid."""
+
+
 class SchemaOutOfDateError(StorageError):
     """The database schema is older than the code; run `hpo db upgrade`."""
 

@@ -326,12 +326,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         make_run_dir(run_dir, where)
         record = settle_controller(storage, record, args.quiet)
         host, pid = controller_identity()
+        # the run directory first: a resume it refuses (a controller paused there still holds it) must leave the
+        # experiment's claim alone, which would otherwise pass to this process and stop the live one
+        claim = claim_run_dir(run_dir, where, record.name, recorded=True)
         storage.claim_controller(record.id, host, pid, stale_after_s())  # refuses while another controller lives
-        try:
-            claim = claim_run_dir(run_dir, where, record.name, recorded=True)  # and this, while another runs there
-        except HpoError:
-            storage.release_controller(record.id, host, pid)
-            raise
     except BaseException:
         if runner is not None:
             runner.close()

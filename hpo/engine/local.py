@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from hpo.engine.liveness import Heartbeat
+from hpo.engine.liveness import Heartbeat, controller_identity
 from hpo.engine.progress import ProgressView
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
@@ -160,6 +160,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
     bound = outage_bound(spec.database.outage_s)
     storage.wait_for_outages(bound, stop=lambda: study.stop_reason)  # a signal ends the wait at once
     study.claim_lost = lambda: heartbeat.lost
+    study.controller = controller_identity()  # its trials are created only while the claim is this one's
     total = spec.budget.trials + spec.budget.most_confirm_seeds * len(study.arms)
     view = None if quiet else ProgressView(storage, experiment_id, total, outage_s=bound, spec=spec)
     status = None
@@ -179,7 +180,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
                 _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)
                 raise
         try:
-            if not heartbeat.lost:  # else the experiment is the other controller's now
+            if not (heartbeat.lost or study.lost_claim):  # else the experiment is the other controller's now
                 storage.set_experiment_status(experiment_id, status)
         except DatabaseUnavailableError as exc:  # still away: it stays RUNNING, and shows as interrupted
             study.database_error = study.database_error or str(exc)
@@ -189,7 +190,7 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
             view.stop(ended=status is ExperimentStatus.FINISHED)
         heartbeat.stop()
         runner.close()
-    lost = heartbeat.lost and ("deleted" if heartbeat.deleted else "taken")
+    lost = (heartbeat.lost or study.lost_claim) and ("deleted" if heartbeat.deleted else "taken")
     return say_how_it_ended(study, status, lost or None, spec, storage, experiment_id, database_url, quiet)
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.controllers import Controller, Suggestion, build_controller
-from hpo.errors import DatabaseUnavailableError, StorageError
+from hpo.errors import ClaimLostError, DatabaseUnavailableError, StorageError
 from hpo.evidence.confirmations import rounds_note, runs_to_queue, stored_evidence
 from hpo.experiment import ExperimentSpec
 from hpo.experiment.arms import arm_plans, trial_config
@@ -106,6 +106,8 @@ class Study:
         self.stop_reason: str | None = None  # set (e.g. by a signal handler) to stop at the loop's next turn
         self.database_error: str | None = None  # why the loop stopped when the database stayed away
         self.claim_lost: Callable[[], bool] = lambda: False  # the heartbeat's: another controller took over
+        self.controller: tuple[str, int] | None = None  # (host, pid) of the claim this controller holds, where set
+        self.lost_claim = False  # another controller took over, seen by the heartbeat or by a refused write
         self.lost_workers: dict[int, int] = {}  # trial id -> attempts of it whose worker was lost (not resumes)
         self.lost_before_start = 0  # attempts in a row whose worker was lost before the trial started
         self.workers_error: str | None = None  # why the loop stopped when workers kept being lost before a start
@@ -189,6 +191,9 @@ class Study:
         (STOPPED also when the database stayed away for longer than the bound: see `database_error`)."""
         try:
             return self._run()
+        except ClaimLostError:  # a trial this one would have created: another controller took the experiment over
+            self.abandon()
+            return ExperimentStatus.RUNNING  # under the other controller
         except DatabaseUnavailableError as exc:
             self.database_error = str(exc)
             self.stop_reason = self.stop_reason or (
@@ -197,6 +202,9 @@ class Study:
             self.stop(self.stop_reason)
             return ExperimentStatus.STOPPED
         except Exception as exc:  # a trial that cannot start, a tuner's error: its running trials end first
+            if self._taken_over():  # a trial the other controller started first ("it is not queued"), say
+                self.abandon()
+                return ExperimentStatus.RUNNING
             said = f"the controller failed ({type(exc).__name__}: {exc})"
             with contextlib.suppress(Exception):  # the error may say what a resume does (a lost Dask scheduler)
                 self.stop(said if "hpo resume" in str(exc) else f"{said}; `hpo resume` runs it again")
@@ -455,9 +463,21 @@ class Study:
         record = self.storage.get_trial(self._create_trial(spec))
         self.queue.append(Pending(record.id, record.number, record.attempt, None, arm, TrialKind.CONFIRMATION))
 
+    def _taken_over(self) -> bool:
+        """Whether the experiment's claim is another controller's now (False where this one's is unknown, or the
+        database cannot say)."""
+        if self.controller is None:
+            return False
+        try:
+            record = self.storage.get_experiment(self.experiment_id)
+        except StorageError:
+            return False
+        return (record.controller_host, record.controller_pid) != tuple(self.controller)
+
     def _create_trial(self, spec: TrialSpec) -> int:
-        """Create a trial, stamping the trials told since the previous one with its number (`told_before`)."""
-        trial_id = self.storage.create_trial(self.experiment_id, spec, told=self.told)
+        """Create a trial, stamping the trials told since the previous one with its number (`told_before`); only
+        while this controller holds the claim (ClaimLostError otherwise: `run` leaves the experiment to the other)."""
+        trial_id = self.storage.create_trial(self.experiment_id, spec, told=self.told, controller=self.controller)
         self.told = []
         return trial_id
 
@@ -479,6 +499,7 @@ class Study:
         from the database): end this one's trial processes, whose attempts the other re-runs, and leave the trial
         records, the queue and the experiment's status to it."""
         self.stop_reason = "another controller took the experiment over"
+        self.lost_claim = True
         self.runner.cancel_all()
         self.running.clear()
         self.queue.clear()

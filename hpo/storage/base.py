@@ -302,10 +302,18 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def create_trial(
-        self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = (), worker: str | None = None
+        self,
+        experiment_id: int,
+        spec: TrialSpec,
+        *,
+        told: Sequence[int] = (),
+        worker: str | None = None,
+        controller: tuple[str, int] | None = None,
     ) -> int:
         """Record a QUEUED trial and return its id. `spec.number=None` takes the next number atomically; a
-        number already used in the experiment raises StorageError. `worker`: who will run it, recorded with the
+        number already used in the experiment raises StorageError. `controller`: the (host, pid) of the controller
+        that creates it, which must hold the experiment's claim (else ClaimLostError, nothing written: a controller
+        paused while another took over would add trials nobody drives). `worker`: who will run it, recorded with the
         row (an NNI trial creates its own row: a process killed before it starts the trial leaves a row its
         engine finds by the worker). `told`: the experiment's trials whose results
         the controller told its tuners since it created the previous trial, in that order; the same write stamps

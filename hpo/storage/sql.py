@@ -42,7 +42,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hpo.errors import ControllerBusyError, DatabaseUnavailableError, NotFoundError, StorageError, TrialClosedError
+from hpo.errors import (
+    ClaimLostError,
+    ControllerBusyError,
+    DatabaseUnavailableError,
+    NotFoundError,
+    StorageError,
+    TrialClosedError,
+)
 from hpo.storage.base import (
     Direction,
     ExperimentRecord,
@@ -434,17 +441,32 @@ class SqlStorage(TrialReads, Storage):
     # -- trials --------------------------------------------------------------------------------------------
 
     def create_trial(
-        self, experiment_id: int, spec: TrialSpec, *, told: Sequence[int] = (), worker: str | None = None
+        self,
+        experiment_id: int,
+        spec: TrialSpec,
+        *,
+        told: Sequence[int] = (),
+        worker: str | None = None,
+        controller: tuple[str, int] | None = None,
     ) -> int:
         created_at = self._stamp(("trial", experiment_id, spec), self._trial_clock)
         if replaying() and (earlier := self._created_trial(experiment_id, spec, created_at)) is not None:
             return earlier  # the first try's commit landed before the connection broke
         with self._session(write=True) as session:
             # Lock the experiment row (PostgreSQL; SQLite's write transaction is already exclusive), so the next
-            # number is computed by one creator at a time.
-            locked = select(ExperimentModel.id).where(ExperimentModel.id == experiment_id).with_for_update()
-            if session.scalar(locked) is None:
+            # number is computed by one creator at a time, and a claim taken over meanwhile is seen.
+            locked = (
+                select(ExperimentModel.controller_host, ExperimentModel.controller_pid)
+                .where(ExperimentModel.id == experiment_id)
+                .with_for_update()
+            )
+            holder = session.execute(locked).first()
+            if holder is None:
                 raise _experiment_not_found(experiment_id)
+            if controller is not None and tuple(holder) != tuple(controller):
+                raise ClaimLostError(f"experiment {experiment_id} is driven by another controller (pid "
+                                     f"{holder.controller_pid} on {holder.controller_host}), which took it over: "
+                                     f"this one (pid {controller[1]} on {controller[0]}) creates no trial")  # fmt: skip
             number = spec.number
             if number is None:
                 highest = session.scalar(

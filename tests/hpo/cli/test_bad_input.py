@@ -131,7 +131,9 @@ def test_resume_refuses_a_run_directory_that_is_a_file_before_claiming_the_exper
         assert storage.get_experiment_by_name("rs").controller_pid is None  # not claimed: a resume may follow
 
 
-def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_to_run_and_resume(tmp_path, capsys):
+def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_to_run_and_resume(
+    tmp_path, capsys, monkeypatch
+):
     """Two experiments started in one --run-dir within moments of each other both saw it empty (no trial files
     yet) and both ran there, their trials sharing trial directories: the controller now holds the directory while
     it runs, and the second is refused, naming the first, before anything is recorded; once that controller has
@@ -154,12 +156,19 @@ def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_t
         (tmp_path / "stored").mkdir()
         stored_url, storage = stored_experiment(tmp_path / "stored", "rs", run_dir)  # to run there, as resumed
         with storage:
+            # its controller elsewhere, its heartbeat old (paused): the refused resume took its claim and gave it
+            # back, and that controller, resumed, stopped ("another controller took 'rs' over"): nobody drove it
+            record = storage.get_experiment_by_name("rs")
+            storage.claim_controller(record.id, "paused-host", 999, stale_after_s=60)
+            monkeypatch.setenv("HPO_HEARTBEAT_S", "0.1")  # so that its heartbeat is old in a moment
+            time.sleep(1.0)
             assert hpo(stored_url, "resume", "rs", "--quiet") == 2
             err = capsys.readouterr().err
             assert f"experiment rs: {in_use}" in err
             assert "--run-dir" not in err  # hpo resume has no such option: its run directory is recorded
             assert "wait until it ends, then resume again (the run directory is recorded with the experiment)" in err
-            assert storage.get_experiment_by_name("rs").controller_pid is None  # its claim given back
+            record = storage.get_experiment_by_name("rs")
+            assert (record.controller_host, record.controller_pid) == ("paused-host", 999)  # its claim untouched
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)

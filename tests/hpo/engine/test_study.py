@@ -346,3 +346,19 @@ def test_bad_data_is_a_failed_trial_with_the_data_error_and_is_not_told_to_the_t
 
     told = [v.status for v in study.arms[0].controller.smac.runhistory._data.values()]
     assert told == [StatusType.RUNNING] * 2  # asked, never told: no crash, no cost
+
+
+def test_a_controller_whose_claim_another_took_creates_no_trial_and_leaves_the_experiment_to_it(tmp_path):
+    """A controller paused while `hpo resume` elsewhere took its experiment over went on, once continued, to create
+    trials before its heartbeat noticed: they stayed running in the experiment the other finished. Its first create
+    is refused (the claim is checked under the experiment's row lock), and it leaves the experiment to the other."""
+    spec = make_spec(tmp_path, trials=2)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    experiment_id = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction,
+                                              controller=("other-host", 4242))  # fmt: skip
+    study = Study(spec, storage, experiment_id, tmp_path / "run", build_runner(spec), url)
+    study.controller = ("this-host", 1111)  # what it claimed before the other took it over
+    assert study.run() is ExperimentStatus.RUNNING  # the other's to finish
+    assert study.lost_claim and study.stop_reason == "another controller took the experiment over"
+    assert storage.count_trials(experiment_id) == 0

@@ -7,7 +7,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hpo.errors import ControllerBusyError, NotFoundError, StaleAttemptError, StorageError, TrialClosedError
+from hpo.errors import (
+    ClaimLostError,
+    ControllerBusyError,
+    NotFoundError,
+    StaleAttemptError,
+    StorageError,
+    TrialClosedError,
+)
 from hpo.storage import Direction, ExperimentStatus, MetricPoint, SqlStorage
 from hpo.storage.base import TrialVersion
 from hpo.trials import TrialResult, TrialSpec, TrialState
@@ -126,6 +133,22 @@ def test_a_live_controller_keeps_its_experiment_from_a_purge_and_a_stale_one_doe
     )  # its heartbeat is older than 0 s
     with pytest.raises(NotFoundError):  # the controller, should it come back, learns it (Heartbeat.deleted)
         storage.heartbeat(experiment_id, "hostA", 111)
+
+
+def test_a_controller_whose_claim_was_taken_over_creates_no_trial(storage: SqlStorage):
+    """A controller paused while another took its experiment over (`hpo resume`) created trials on its return that
+    nobody drove (they stayed running in a finished experiment): the create checks the claim under the row lock."""
+    experiment_id, _ = _experiment_with_curves(storage, "taken", 1)
+    storage.claim_controller(experiment_id, "hostA", 111, stale_after_s=60)
+    created = storage.create_trial(experiment_id, TrialSpec(None, {"x": 1}), controller=("hostA", 111))
+    assert storage.get_trial(created).number == 1
+    storage.claim_controller(experiment_id, "hostB", 222, stale_after_s=0)  # A's heartbeat is older than 0 s
+    with pytest.raises(ClaimLostError, match=r"pid 222 on hostB\), which took it over: this one \(pid 111 on hostA"):
+        storage.create_trial(experiment_id, TrialSpec(None, {"x": 2}), controller=("hostA", 111))
+    assert storage.count_trials(experiment_id) == 2  # nothing written
+    assert storage.get_trial(storage.create_trial(experiment_id, TrialSpec(None, {"x": 2}),
+                                                  controller=("hostB", 222))).number == 2  # fmt: skip
+    storage.create_trial(experiment_id, TrialSpec(None, {"x": 3}))  # no controller named: not checked (NNI's)
 
 
 def test_a_purge_retried_after_its_first_try_landed_finds_it_done(storage: SqlStorage):
