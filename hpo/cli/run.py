@@ -84,9 +84,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_run_dir(run_dir, where)  # before the database is opened: a file in its way would stop the run later
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
+        from hpo.nni.jobs import check_gpus
         from hpo.nni.manager import load_experiments
 
         preflight()  # NNI installed and patched, before anything is written
+        check_gpus(spec)  # and the GPUs it asks for here
         earlier = [e.nni_id for e in load_experiments(run_dir)]  # none where the run directory is new
         if earlier:  # a new run would count them as its own earlier runs: another tuner seed, their web UIs
             raise HpoError(f"{where}: the run directory {run_dir} holds the NNI experiments of an earlier run "
@@ -313,8 +315,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_engine_options(spec, args)
     if spec.engine == "nni":
         from hpo.nni.engine import preflight
+        from hpo.nni.jobs import check_gpus
 
         preflight()  # NNI installed and patched, before the claim writes anything (as `hpo run` checks)
+        check_gpus(spec)
     if spec.engine == "local":
         check_runner_options(spec, args.runner, args.scheduler)
     run_dir = Path(record.spec["run_dir"])

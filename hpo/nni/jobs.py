@@ -34,7 +34,7 @@ from hpo.nni.manager import (
     rest,
 )
 from hpo.objective import NOT_TOLD, tuner_feedback
-from hpo.runners.resources import discover_gpus
+from hpo.runners.resources import discover_gpus, select_gpus
 from hpo.storage.base import NNI_WEBUI_KEY
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 from search_spaces.nni import from_nni_params
@@ -299,6 +299,13 @@ def interrupt_leftovers(storage, experiment_id: int, reason: str) -> None:
                 end_trial_processes(record.worker.removeprefix(WORKER_PREFIX), record.pid if record.host else None)
             with contextlib.suppress(HpoError):  # it may have finished meanwhile
                 storage.interrupt_trial(record.id, reason)
+
+
+def check_gpus(spec) -> None:
+    """Where the trials run on this machine (NNI's local training service), the GPUs `resources.gpus` asks for are
+    there, as the local engine checks them (ResourceError saying what to do): NNI would put them on the CPU."""
+    if spec.resources.gpus != "none" and not spec.resources.machines:
+        select_gpus(discover_gpus(), spec.resources.gpus)
 
 
 def on_gpu(spec) -> bool:

@@ -20,6 +20,7 @@ from hpo.experiment import experiment_from_dict, stored_form
 from hpo.nni.jobs import REPLACED
 from hpo.nni.manager import NniEngineError, load_experiments, rest
 from hpo.nni.patch import compat_js, unpatch_text
+from hpo.runners.resources import discover_gpus
 from hpo.storage import SqlStorage
 from hpo.trials import TrialState
 from tests.hpo.nni.conftest import nni_experiment_data
@@ -157,6 +158,20 @@ def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_w
     assert run.returncode != 0
     assert "resources.machines: trials on other machines record themselves in the database" in run.stderr
     assert not (tmp_path / "hpo.db").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(bool(discover_gpus()), reason="this machine has GPUs: the refusal is of a machine without")
+@pytest.mark.parametrize("gpus", ["all", [0]])
+def test_gpus_asked_for_on_a_machine_without_are_refused_under_nni_as_under_the_local_engine(tmp_path, gpus):
+    """engine: nni passed NNI `trialGpuNumber: 0` and trained a GPU file on the CPU, where the local engine refuses
+    it; run and resume now refuse it before anything is written, with the local engine's message."""
+    data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1)
+    data["resources"] = {"gpus": gpus, "gpus_per_trial": 1}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    assert run.returncode == 2, run.stderr
+    assert "but this machine has no GPU" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "hpo.db").exists()
 
 
 @pytest.mark.nni
