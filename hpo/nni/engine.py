@@ -445,5 +445,9 @@ def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
         print(f"port {port}: {busy}; the NNI web UI takes port {opened.port}")
     for e in experiments:
         print(f"{name}{' ' + e.label if e.label else ''}: NNI web UI at {e.url} (NNI experiment {e.nni_id})")
+    shown = {e.nni_id for e in experiments}
+    for nni_id in [e.nni_id for e in load_experiments(run_dir) if e.nni_id not in shown]:
+        print(f"note: NNI experiment {nni_id} was never made (its start was stopped before NNI's manager made it): "
+              "it has nothing to show")  # fmt: skip
     print(f"`hpo webui {name} --stop` closes it")
     return 0

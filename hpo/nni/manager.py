@@ -80,8 +80,10 @@ def start_experiment(run_dir: Path, experiment: NniExperiment, config: dict, por
 
 
 def view(run_dir: Path, port: int = 8080) -> list[NniExperiment]:
-    """Open every NNI experiment of a run directory in NNI's view mode (those still open are left as they are)."""
-    experiments = load_experiments(run_dir)
+    """Open every NNI experiment of a run directory in NNI's view mode (those still open are left as they are);
+    one NNI's manager never made (a start stopped by Ctrl-C before it did) is left out, as NNI could only refuse to
+    view it."""
+    experiments = [e for e in load_experiments(run_dir) if created(run_dir, e.nni_id)]
     for experiment in experiments:
         if is_answering(experiment):
             continue
@@ -90,6 +92,11 @@ def view(run_dir: Path, port: int = 8080) -> list[NniExperiment]:
         experiment.pid = _launch(nni_home(run_dir), args, experiment.host)["pid"]
         _save(run_dir, experiment)
     return experiments
+
+
+def created(run_dir: Path, nni_id: str) -> bool:
+    """Whether NNI's manager made experiment `nni_id` in the run directory's NNI home (its own directory there)."""
+    return (nni_home(run_dir) / "nni-experiments" / nni_id).is_dir()
 
 
 def stop_all(run_dir: Path) -> list[NniExperiment]:

@@ -72,3 +72,17 @@ def test_an_experiment_of_the_local_engine_has_no_web_ui_link(tmp_path):
     eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
     assert storage.get_experiment(eid).nni_webui == []
     assert "NNI web UI" not in experiment_report(storage, spec.name)
+
+
+def test_an_nni_experiment_whose_start_was_stopped_before_nni_made_it_is_left_out_of_the_web_ui(tmp_path):
+    """Ctrl-C as an arm's NNI experiment started left it in experiments.json without NNI's own record: `hpo webui`
+    then failed on it ("Experiment hpo17-arm0 does not exist thus cannot be viewed") and opened none of the others,
+    even after a resume had run the experiment to its end. It is left out; the made ones are viewed."""
+    from hpo.nni.manager import created, view
+
+    run_dir = tmp_path / "run"
+    write_nni_experiments(run_dir, [NniExperiment(0, ADAMW, "hpo17-arm0")])  # never made: no NNI directory
+    assert not created(run_dir, "hpo17-arm0")
+    assert view(run_dir, 18090) == []  # nothing launched: NNI would refuse it
+    (nni_home(run_dir) / "nni-experiments" / "hpo17-arm0").mkdir(parents=True)
+    assert created(run_dir, "hpo17-arm0")
