@@ -12,7 +12,8 @@ storage's retry (hpo/storage/retry.py) waits for it up to `database.outage_s`, a
 PostgreSQL connection attempts give up after 10 s (`CONNECT_TIMEOUT_S`).
 
 Errors that say the database is away for now (`is_transient`: refused or cut connections, a server shutting down
-or starting up, SQLite's "database is locked" or "database or disk is full") become DatabaseUnavailableError,
+or starting up, a server short of disk, memory or connection slots (SQLSTATE class 53), a database closed to
+connections, SQLite's "database is locked" or "database or disk is full") become DatabaseUnavailableError,
 which callers may retry (hpo/storage/retry.py); a wrong host, user or database name stays a plain StorageError.
 
 A pooled connection that sat idle for a second or more (`PING_AFTER_IDLE_S`) is pinged before it is handed out, so
@@ -71,11 +72,19 @@ def default_database_url() -> str:
 def parse_url(url: str | URL) -> URL:
     """`make_url`, where every URL no connection could use raises ArgumentError: one that does not parse, a port
     that is not a number (SQLAlchemy's parser raises a ValueError), a password with an `@` not written `%40` (the
-    URL's first `@` ends the password, and the rest of it would be taken for the host)."""
-    at_sign = ArgumentError("its password holds an '@', which ends the password in a URL: write it %40 there "
-                            "(percent-encoded, as any of : / ? # [ ] @ % in a user name or password)")  # fmt: skip
+    URL's first `@` ends the password, and the rest of it would be taken for the host, or with a `/`, `?` or `#`
+    after that `@` for the database or the query: `_password_end`)."""
+    at_sign = ArgumentError("its password holds an '@' not written %40: a URL's first '@' ends its password, and the "
+                            "rest of the password would be taken for the host or the database. Percent-encode the "
+                            "password ('@' as %40, each of : / ? # [ ] % as %XX, as Python's "
+                            "urllib.parse.quote(password, safe='') writes it), or give it as ?password=... "
+                            "(percent-encoded too)")  # fmt: skip
+    if isinstance(url, str) and _password_end(url) is not None:
+        raise at_sign
     try:
         parsed = make_url(url)
+        if isinstance(url, str) and "@" in url and parsed.host != make_url(_mask_query_passwords(url)).host:
+            raise at_sign  # `?password=a@b`: SQLAlchemy took `b` for the host (and what was before for a password)
     except ValueError as exc:  # int() of the port
         rest = str(url).partition("://")[2]
         # After a password's first '@' SQLAlchemy reads host and port up to the next '/' or '?': another '@' there
@@ -91,7 +100,13 @@ def parse_url(url: str | URL) -> URL:
 
 def safe_url(url: str | URL) -> str:
     """The URL as it may appear in messages and logs: the password masked, also one in the query (libpq takes
-    `?password=` and `?sslpassword=`) and one with an `@` not percent-encoded (the part taken for the host)."""
+    `?password=` and `?sslpassword=`) and one with an `@` not percent-encoded (all of it up to the `@` that
+    `_password_end` finds before the host, whatever `/`, `?` or `#` it holds)."""
+    if isinstance(url, str):
+        url = _mask_query_passwords(url)
+        end = _password_end(url)
+        if end is not None:
+            url = f"{_USER_AND_PASSWORD.match(url).group('user')}:***{url[end:]}"
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
@@ -99,7 +114,46 @@ def safe_url(url: str | URL) -> str:
     if parsed.host and "@" in parsed.host:
         parsed = parsed.set(password="hidden", host=parsed.host.rpartition("@")[2])
     shown = parsed.render_as_string(hide_password=True)
-    return re.sub(r"([?&](?:ssl)?password=)[^&]*", r"\1***", shown)
+    return _mask_query_passwords(shown)
+
+
+# `scheme://user:password@` as SQLAlchemy reads it: the password ends at the first '@'.
+_USER_AND_PASSWORD = re.compile(r"(?P<user>[\w+]+://[^:/]*):[^@]*@")
+# What follows the '@' that ends the password, where nothing of the password is left in it: a host (an IPv6 one in
+# brackets), a port, a database, a query; an '@' may be in the query only (a path: `?sslrootcert=/a@b/root.crt`).
+_HOST_ON = re.compile(r"(?:\[[^\]/?#@]*\]|[^/:?#@\[\]]*)(?::\d*)?(?:/[^?@]*)?(?:\?(?P<query>.*))?", re.DOTALL)
+_QUERY_PAIR = re.compile(r"[A-Za-z_][\w.-]*=[^&]*")
+# In a query: an '@' followed by a host with a port or a database, as the '@' that ended a password would be.
+_HOST_IN_QUERY = re.compile(r"@[^/:?#@&=\[\]]+(?::\d+)?/|@[^/:?#@&=\[\]]+:\d+(?:&|$)")
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&]*")
+
+
+def _mask_query_passwords(url: str) -> str:
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+def _password_end(url: str) -> int | None:
+    """Where the password of `url` ends (the index of its '@') when it holds an '@' not written %40: SQLAlchemy ends
+    it at its first '@' and reads the rest as host, port, database or query (`u:p@ss/w#rd@db:5432/hpo`: the host
+    `ss` and the database `w#rd@db:5432/hpo`). The password then runs to the first '@' after which only a host,
+    port, database and query follow (`_HOST_ON`), or to the last '@' where none does. None for a URL without a
+    password or whose password SQLAlchemy reads whole."""
+    found = _USER_AND_PASSWORD.match(url)
+    if found is None or "@" not in url[found.end() :] or _host_on(url[found.end() :]):
+        return None
+    ats = [i for i in range(found.end(), len(url)) if url[i] == "@"]
+    return next((i for i in ats if _host_on(url[i + 1 :])), ats[-1])
+
+
+def _host_on(rest: str) -> bool:
+    """Whether `rest`, what follows a URL's '@', is a host and what may follow it, with nothing of a password."""
+    matched = _HOST_ON.fullmatch(rest)
+    if matched is None:
+        return False
+    query = matched.group("query")
+    if query is None or "@" not in query:
+        return True
+    return all(_QUERY_PAIR.fullmatch(pair) for pair in query.split("&")) and not _HOST_IN_QUERY.search(query)
 
 
 def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = False, writes: bool = True,
@@ -319,7 +373,14 @@ TRANSIENT_MESSAGES = (
     "database is locked",
     "database is busy",
     "database or disk is full",
+    "is not currently accepting connections",  # ALTER DATABASE ... ALLOW_CONNECTIONS false (SQLSTATE 55000)
 )
+# SQLSTATEs of a server short of a resource for now, class 53 "insufficient resources": its disk full (53100), out of
+# memory (53200), no connection slot free (53300), or another (53000). The statement's transaction was rolled back,
+# so the call runs again whole as after a lost connection. Not 53400 (configuration_limit_exceeded): a statement
+# over a limit the server is configured with fails the same way on every try.
+TRANSIENT_SQLSTATES = frozenset({"53000", "53100", "53200", "53300"})
+DISK_FULL_SQLSTATE = "53100"
 # A PostgreSQL server's refusals of the URL itself (its database, user or password): no wait ends them.
 REFUSED_FOR_GOOD = re.compile(
     r'(database|role) ".*" does not exist|password authentication failed|no pg_hba\.conf entry'
@@ -328,14 +389,23 @@ REFUSED_FOR_GOOD = re.compile(
 
 def is_transient(exc: BaseException) -> bool:
     """Whether `exc` (a SQLAlchemy error) says the database is away for now, so the same call may succeed later: a
-    connection refused, reset or lost mid-transaction, a server shutting down or starting up, SQLite's "database is
-    locked" and "database or disk is full". Not: refused changes, bad SQL, wrong credentials or database names."""
-    if isinstance(exc, IntegrityError):
+    connection refused, reset or lost mid-transaction, a server shutting down or starting up, a server short of disk,
+    memory or connection slots (SQLSTATE class 53, `TRANSIENT_SQLSTATES`), a database closed to connections
+    (`ALLOW_CONNECTIONS false`), SQLite's "database is locked" and "database or disk is full". Not: refused changes,
+    bad SQL, wrong credentials or database names."""
+    if isinstance(exc, IntegrityError) or not isinstance(exc, OperationalError | DBAPIError):
         return False
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+    if exc.connection_invalidated or sqlstate(exc) in TRANSIENT_SQLSTATES:
         return True
     text = str(getattr(exc, "orig", None) or exc).lower()
-    return isinstance(exc, OperationalError | DBAPIError) and any(message in text for message in TRANSIENT_MESSAGES)
+    return any(message in text for message in TRANSIENT_MESSAGES)
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE a PostgreSQL server gave with the error (psycopg's `sqlstate`, psycopg2's `pgcode`); None for
+    other databases and for errors no server sent (a connection attempt's, which libpq words itself)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
 
 
 def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
@@ -364,6 +434,25 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             "sqlite3 shell or a database browser with changes not committed, or another command's long write): end "
             "it and try again, set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, or use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
+        )
+    if sqlstate(exc) == DISK_FULL_SQLSTATE and is_transient(exc):  # a PostgreSQL server that cannot grow a file
+        return DatabaseUnavailableError(
+            f"the database server of {where} reported its disk full: {reason}. Free space on the disk of its data "
+            "directory (`df` on the database's machine, or its volume: `docker-compose exec postgres df -h "
+            "/var/lib/postgresql/data`), or give it a larger one, and the command that waits goes on; or set "
+            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+        )
+    if sqlstate(exc) in TRANSIENT_SQLSTATES and is_transient(exc):  # short of memory or of another resource
+        return DatabaseUnavailableError(
+            f"the database server of {where} is short of a resource it needs: {reason}. It comes back once other "
+            "clients' load eases (or its settings give it more), and the command that waits goes on; or set "
+            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+        )
+    if "is not currently accepting connections" in reason.lower() and is_transient(exc):
+        return DatabaseUnavailableError(
+            f"the database of {where} is closed to connections: {reason}. Its owner closed it (`ALTER DATABASE ... "
+            "ALLOW_CONNECTIONS false`, e.g. for maintenance); `ALTER DATABASE ... ALLOW_CONNECTIONS true` opens it "
+            "again, and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
         )
     if "database or disk is full" in reason.lower():  # SQLite's words (its file's disk), or a server's full disk
         return DatabaseUnavailableError(

@@ -1,11 +1,12 @@
 """Waiting out a database that is away: how long between tries, for how long, and what a retried write may find.
 
 A storage method that meets a transient error (`hpo.storage.engine.is_transient`: the server down or restarting,
-the connection refused or lost, SQLite's "database is locked") runs again, whole: each method is one transaction,
-so a failed try left nothing behind. The pause before each new try doubles from `BASE_DELAY_S` up to
-`MAX_DELAY_S`, and each is drawn between half and all of that (jitter: the trial processes of an experiment do not
-all come back at the same instant). Once the database has been unreachable for the bound, the call raises
-DatabaseUnavailableError saying for how long.
+the connection refused or lost, the server short of disk, memory or connection slots (SQLSTATE class 53 but 53400),
+the database closed to connections, SQLite's "database is locked") runs again, whole: each method is one
+transaction, so a failed try left nothing behind (a server that refuses a statement rolls its transaction back).
+The pause before each new try doubles from `BASE_DELAY_S` up to `MAX_DELAY_S`, and each is drawn between half and
+all of that (jitter: the trial processes of an experiment do not all come back at the same instant). Once the
+database has been unreachable for the bound, the call raises DatabaseUnavailableError saying for how long.
 
 The bound is `database.outage_s` of the experiment file (default `DEFAULT_OUTAGE_S`, 10 minutes), or
 `HPO_DATABASE_OUTAGE_S` when set: the environment wins, so an operator can change it for an experiment that is
