@@ -108,7 +108,7 @@ def table_proxy(spec, data: dict[str, Any], table: CurveTable) -> tuple[dict[str
     moved.pop("allow_unequal_arms", None)  # what made the file's arms unequal is held at its best (or is the table's)
     if table.per_batch and BATCH in {trainer_key(n) for n in space}:
         moved["allow_unequal_arms"] = "planned on the curve table: each batch size has the table's own run length"
-    assumptions = _assumptions(table, base, scale, held, equal, batches, budgets)
+    assumptions = _assumptions(table, base, scale, held, equal, batches, budgets, by_batch)
     if data["tuner"]["name"] == "nni_smac":  # SMAC3 inside NNI's manager; the plan runs the study loop itself
         moved["tuner"] = {**data["tuner"], "name": "smac_bo", "options": {}}
         assumptions.append("tuner nni_smac (SMAC3 inside NNI's manager) planned as smac_bo, the same SMAC3 Bayesian "
@@ -237,9 +237,9 @@ def _samples(scale: float) -> str:
     return f"{scale:,.0f}" if scale >= 100 else f"{scale:,.3g}"
 
 
-def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]:
+def _assumptions(table, base, scale, held, equal, batches, budgets, by_batch) -> list[str]:
     stands = f"{_samples(scale)} of the file's {base.budget.max_samples:,} samples"
-    if table.per_batch and len({table.max_samples_for(t) for t in batches.values()}) > 1 and not budgets:
+    if by_batch:
         stands = f"the file's {base.budget.max_samples:,} samples over the table's run at each batch size (below)"
     if budgets:
         stands = f"{scale:,.4g} of the file's samples (its budget at each batch size over the table's there)"
@@ -264,9 +264,9 @@ def _assumptions(table, base, scale, held, equal, batches, budgets) -> list[str]
         pairs = ", ".join(f"{theirs[t]:,} at table batch {t:,} for the file's {budgets[b]:,} at {b:,}"
                           for b, t in batches.items())  # fmt: skip
         lines.append(f"each batch size trains the file's own budget there, in the table's proportions: {pairs}")
-    elif table.per_batch and len(set(theirs.values())) > 1:  # a scale at each batch size (`batch_sample_scale`)
+    elif by_batch:  # a scale at each batch size (`batch_sample_scale`)
         lengths = ", ".join(f"{n:,} at {b:,}" for b, n in theirs.items())
-        scales = ", ".join(f"{_samples(base.budget.max_samples / n)} at {b:,}" for b, n in theirs.items())
+        scales = ", ".join(f"{_samples(s)} at {b:,}" for b, s in by_batch.items())
         lines.append(f"the table's runs are of other lengths at each batch size ({lengths} samples): one table "
                      f"sample stands for the file's budget over the table's run there ({scales}), so a full run "
                      f"lasts the file's {base.budget.max_samples:,} samples at every batch size")  # fmt: skip
