@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import numbers
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -482,8 +482,6 @@ _ALIASES = {"learning_rate": "lr", "batch_size": "global_batch_size", "train_bat
 
 def _did_you_mean(loc: tuple) -> str:
     """`; did you mean optimizer.lr?` for an unknown key at `loc` close to a key of its section; '' otherwise."""
-    import difflib
-
     section: Any = TrainerConfig
     for part in loc[:-1]:
         field = section.model_fields.get(str(part)) if isinstance(section, type) else None
@@ -491,9 +489,17 @@ def _did_you_mean(loc: tuple) -> str:
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             return ""
     alias = _ALIASES.get(str(loc[-1]))  # names other programs give a key
-    close = [alias] if alias in section.model_fields else []
-    close = close or difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1, cutoff=0.6)
-    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
+    close = alias if alias in section.model_fields else closest_name(str(loc[-1]), section.model_fields)
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close])}?" if close else ""
+
+
+def closest_name(name: str, names: Iterable[str]) -> str | None:
+    """The one of `names` closest to a misspelt `name` (difflib's ratio at least 0.6), or None: what every "did you
+    mean" of the trainer's and the experiment files' checks names."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

@@ -4,7 +4,6 @@ resources. Each raises `ExperimentFileError` naming the file and the field, befo
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib.util
 import itertools
 import typing
@@ -34,6 +33,7 @@ from trainer.config import (
     INERT_UNDER,
     ConfigError,
     TrainerConfig,
+    closest_name,
     config_from_dict,
     get_dotted,
     inert_under,
@@ -236,8 +236,8 @@ def _is_int_field(info: Any) -> bool:
 
 
 def did_you_mean(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    close = closest_name(name, candidates)
+    return f" (did you mean {close}?)" if close else ""
 
 
 def error_line(message: str, key: str) -> str | None:
@@ -596,8 +596,8 @@ def _check_tuner(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     for key in spec.tuner.options:
         if key not in allowed:
             known = f"it understands {', '.join(allowed)}" if allowed else "it takes no options"
-            close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-            known += f"; did you mean {close[0]}?" if close else ""
+            close = closest_name(key, allowed)
+            known += f"; did you mean {close}?" if close else ""
             raise ExperimentFileError(f"{source}: tuner.options.{key}: not an option of {spec.tuner.name} ({known})")
         value = spec.tuner.options[key]
         if key in WHOLE_NUMBER_OPTIONS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

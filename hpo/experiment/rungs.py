@@ -14,7 +14,6 @@ max_samples = budget.max_budget x the full budget (budget.max_samples of the tra
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from pydantic import Field, ValidationError
 
 from hpo.errors import ExperimentFileError
 from hpo.experiment.schema import _Section
+from trainer.config import closest_name
 
 
 class AshaOptions(_Section):
@@ -78,8 +78,8 @@ def asha_plan(spec: Any, full_samples: int, every_samples: int, source: str = ""
         field = ".".join(str(p) for p in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(field, list(AshaOptions.model_fields), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            close = closest_name(field, AshaOptions.model_fields)
+            hint = f"; did you mean {close}?" if close else ""
             message = f"not an option of asha (it understands {', '.join(AshaOptions.model_fields)}{hint})"
         raise ExperimentFileError(f"{where}: tuner.options.{field}: {message}") from None
     budget = spec.budget
