@@ -321,10 +321,6 @@ class Storage(abc.ABC):
         how a resume replays asks and tells in their order."""
 
     @abc.abstractmethod
-    def next_trial_number(self, experiment_id: int) -> int:
-        """One more than the highest trial number used in the experiment (0 for none): where a resume goes on."""
-
-    @abc.abstractmethod
     def mark_trial_running(
         self,
         trial_id: int,

@@ -495,7 +495,7 @@ class SqlStorage(TrialReads, Storage):
             except IntegrityError as exc:
                 raise StorageError(
                     f"experiment {experiment_id} already has a trial number {number}: "
-                    "number new trials from next_trial_number(), or pass number=None"
+                    "pass number=None to take the next number"
                 ) from exc
             if told:  # in the order they were told
                 trials = TrialModel.__table__
@@ -525,14 +525,6 @@ class SqlStorage(TrialReads, Storage):
                 return None
             wanted = (_as_stored(dict(spec.params)), spec.arm, spec.budget, TrialKind(spec.kind).value, spec.seed)
             return found.id if (found.params, found.arm, found.budget, found.kind, found.seed) == wanted else None
-
-    def next_trial_number(self, experiment_id: int) -> int:
-        with self._session() as session:
-            _require_experiment(session, experiment_id)
-            highest = session.scalar(
-                select(func.max(TrialModel.number)).where(TrialModel.experiment_id == experiment_id)
-            )
-            return 0 if highest is None else highest + 1
 
     def mark_trial_running(
         self,

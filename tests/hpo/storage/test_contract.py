@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import datetime, timedelta, timezone
 
@@ -212,7 +213,6 @@ def test_missing_experiments_raise_not_found_naming_them(storage: SqlStorage):
         lambda: storage.list_trials(999, after=0),
         lambda: storage.count_trials(999),
         lambda: storage.count_trials_by_state(999),
-        lambda: storage.next_trial_number(999),
         lambda: storage.requeue_interrupted(999),
         lambda: storage.best_trial(999),
         lambda: storage.best_trial_id(999),
@@ -316,8 +316,11 @@ def test_duplicate_trial_number_is_a_storage_error(storage: SqlStorage):
         storage.create_trial(experiment_id, make_spec(0))
     other = storage.create_experiment("y", {}, "minimize")
     storage.create_trial(other, make_spec(0))  # numbers are per experiment
-    assert storage.next_trial_number(experiment_id) == 1
-    assert storage.next_trial_number(other) == 1
+    assert [t.number for t in storage.list_trials(experiment_id)] == [0]
+    unnumbered = dataclasses.replace(make_spec(5), number=None)  # takes the next number of its experiment
+    assert storage.create_trial(experiment_id, unnumbered) != storage.create_trial(other, unnumbered)
+    assert [t.number for t in storage.list_trials(experiment_id)] == [0, 1]
+    assert [t.number for t in storage.list_trials(other)] == [0, 1]
 
 
 def test_missing_trials_raise_not_found(storage: SqlStorage):
