@@ -53,7 +53,7 @@ from hpo.errors import (
     SchemaOutOfDateError,
     StorageError,
 )
-from hpo.interpreter import drop_safe_path, module_env
+from hpo.interpreter import module_env
 
 # The order of `hpo --help`. Each command imports what it uses when it runs, so `hpo status` or `hpo --help` does not
 # load the study loop, SMAC, Dask, matplotlib, the server or the trainer's config models.
@@ -162,7 +162,6 @@ def entry() -> None:
     if os.environ.get("PYTHONHASHSEED") != FIXED_HASH_SEED and command_of(sys.argv[1:]) not in NO_TUNER:
         env = module_env({**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED})  # not the current folder's trainer.py
         os.execve(sys.executable, [sys.executable, "-m", "hpo", *sys.argv[1:]], env)
-    drop_safe_path()
     try:
         code = main()
         sys.stdout.flush()

@@ -298,7 +298,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(f"note: experiment {args.name} stopped its runs at the target (eval.stop_at_target: true), so their "
               "curves end there: `hpo plan --like` does not plan over them, and a simulated run between two of its "
               "learning rates falls short of the target; for a table, run the pilot with eval.stop_at_target: false "
-              "(docs/planning.md, A pilot's curves)", file=sys.stderr)  # fmt: skip
+              "(the documentation's Planning page, A pilot's curves)", file=sys.stderr)  # fmt: skip
     why = unfinished(storage.get_experiment_by_name(args.name))
     if why:  # a table of the runs that ended so far: another later holds more
         print(f"note: experiment {args.name} has not finished, so the table holds only the runs that ended so far; "

@@ -243,7 +243,20 @@ def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: str | 
         print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
     if not quiet:
         print_summary(storage, experiment_id, spec, database_url=database_url)
-    return 0 if status is ExperimentStatus.FINISHED else 1
+    return exit_code(status, storage, experiment_id, spec, quiet)
+
+
+def exit_code(status: ExperimentStatus | None, storage: Storage, experiment_id: int, spec, quiet: bool) -> int:
+    """0 for an experiment that finished with a result; 1 for one that stopped, or finished without a completed
+    trial (every trial failed: nothing to export, and a script must not take it for a result; the summary says
+    so, and a quiet run says it here)."""
+    if status is not ExperimentStatus.FINISHED:
+        return 1
+    if storage.best_trial_id(experiment_id) is None:
+        if quiet:
+            print(f"no trial completed; `hpo trials {spec.name}` shows why", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _stop_if_disk_full(error: BaseException, storage: Storage, experiment_id: int, name: str, run_dir: Path) -> None:

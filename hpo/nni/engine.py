@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.engine.liveness import Heartbeat, liveness
-from hpo.engine.local import absolute_database_url, next_commands, print_summary
+from hpo.engine.local import absolute_database_url, exit_code, next_commands, print_summary
 from hpo.errors import HpoError
 from hpo.experiment.arms import ArmPlan, arm_plans
 from hpo.nni.config import (
@@ -148,7 +148,7 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
         print_summary(storage, experiment_id, spec, database_url)
         hpo = next_commands(database_url)[0]
         print(f"  {hpo} webui {spec.name}                 # browse the trials in the NNI web UI")
-    return 0 if status is ExperimentStatus.FINISHED else 1
+    return exit_code(status, storage, experiment_id, spec, quiet)
 
 
 class NniStartError(NniEngineError):

@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from hpo.errors import HpoError, ResourceError
+from hpo.interpreter import module_env
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher, launcher_modules
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
@@ -353,7 +354,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
         ranks = launch.ranks
         spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
-        cmd, env = launch_builder(spec, dict(os.environ))
+        cmd, env = launch_builder(spec, module_env(os.environ))
         launcher = _worker_launcher(cmd, on_gpu=bool(ids)) if preload and ranks == 1 else None
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,
                                      die_with_parent=True, launcher=launcher, tag=launch.tag)  # fmt: skip

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from hpo.interpreter import module_env
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher, start_launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
@@ -68,7 +69,7 @@ class LocalRunner(Runner):
             launch.entry_args(), slot.gpus, ranks, free_port() if ranks > 1 else None, threads,
             extra_env={WORKER_ENV: f"{socket.gethostname()}/{slot.label}"},
         )  # fmt: skip
-        cmd, env = self.launch_builder(spec, dict(os.environ))
+        cmd, env = self.launch_builder(spec, module_env(os.environ))
         if self.preload and self.launcher is None and ranks == 1:  # torchrun's ranks are exec'd
             self.launcher = start_launcher(cmd, on_gpu=bool(slot.gpus))
         process = TrialProcess.start(cmd, env, launch.workdir, launch.timeout_s, launch.memory_limit_mb,

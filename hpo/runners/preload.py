@@ -44,6 +44,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpo.interpreter import module_env
 from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial.exit import EXIT_PIPE_ENV
 from hpo.trial.launch import TORCHRUN, TRIAL_ENTRY
@@ -99,7 +100,7 @@ class Launcher:
     """The runner's side: starts the server, forks trials through it, collects their exit statuses."""
 
     def __init__(self, modules: tuple[str, ...] = PRELOAD, env: dict[str, str] | None = None):
-        self.env = {**(os.environ if env is None else env), _UNBUFFERED: "1"}
+        self.env = {**(module_env(os.environ) if env is None else env), _UNBUFFERED: "1"}
         self.holds_torch = "torch" in modules
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

@@ -206,7 +206,8 @@ class CurveTable:
             stopped = self.meta.get("fixed", {}).get("eval.stop_at_target")
             return (f"the table holds the runs of {source}: run the pilot as a grid over every learning rate and "
                     f"seed the experiment needs, to the full budget{' (eval.stop_at_target: false)' if stopped else ''}"
-                    " (docs/planning.md, A pilot's curves), then write its table again with `hpo table`")  # fmt: skip
+                    " (the documentation's Planning page, A pilot's curves), then write its table again with "
+                    "`hpo table`")  # fmt: skip
         flag = " --large-batch" if self.per_batch else ""
         return f"the table is not complete yet: `python -m bench.curves.generate{flag}` resumes it {IN_A_CHECKOUT}"
 

@@ -353,3 +353,23 @@ def test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_eac
     assert main(["--db", db, "best", "batch_scaling_simulated", "--per-arm"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-6].startswith("# verdict: ") and lines[-5:] == [f"# {line}" for line in expected]
+
+
+def test_a_run_whose_every_trial_failed_exits_1_and_says_so(tmp_path, capsys):
+    """A finished experiment without a completed trial is no result: `hpo run` exited 0 with every trial failed, and
+    a script took it for one."""
+    spec = {
+        "name": "all-diverge", "base_config": {},
+        "overrides": tiny_overrides(tmp_path / "data", **{"optimizer.name": "adamw", "optimizer.eps": 1e-30}),
+        "space": {"optimizer.lr": {"float": [1e29, 1e30]}}, "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 2, "max_parallel": 2}, "resources": {"gpus": "none", "cpu_slots": 2},
+    }  # fmt: skip
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    assert main(["--db", db, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 1
+    assert "no trial completed; `hpo trials all-diverge` shows why" in capsys.readouterr().err
+    storage = SqlStorage(db)
+    record = storage.get_experiment_by_name("all-diverge")
+    assert record.status == "finished"
+    assert {t.state.value for t in storage.list_trials(record.id)} == {"diverged"}
