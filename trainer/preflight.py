@@ -178,9 +178,12 @@ def check_train_set(cfg: TrainerConfig) -> None:
 # The keys a checkpoint's run must share with the run that resumes it: they shape the model's tensors and the
 # optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly), and
 # the order of the data (another seed, shuffling or balancing would go on in another order from the position it
-# resumes at, which counts micro-batches of the epoch's plan: samples would be trained twice and others not at all).
+# resumes at, which counts micro-batches of the epoch's plan: samples would be trained twice and others not at all),
+# and the global batch (the schedule and the position count its steps: a larger batch reached the end of its
+# shorter schedule at once, and trained the rest of its budget at learning rate 0).
 RESUME_KEYS = (
     "seed",
+    "batch.global_batch_size",
     "data.shuffle",
     "balance.method",
     "model.vocab_size",
@@ -261,7 +264,7 @@ def check_resume(cfg: TrainerConfig) -> None:
                           f"({e.__cause__ or e}); {earlier_save(path)}") from None  # fmt: skip
     if differ := resume_keys_that_differ(saved, mine):
         raise ConfigError(
-            f"checkpoint.dir: {path} was written by another model, optimizer, seed or data order "
+            f"checkpoint.dir: {path} was written by another model, optimizer, seed, global batch or data order "
             f"({'; '.join(differ)}), so it cannot be resumed: set those keys as the checkpoint has them, or start "
             "afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints "
             "there)"
@@ -336,31 +339,23 @@ def resumed_batch(cfg: TrainerConfig, path: Path, state: TrainState, saved_world
     """The micro-batch of its epoch at which a run on `world_size` ranks resumes checkpoint `path`, saved on
     `saved_world_size` (`saved_world_size`; None, a checkpoint that does not say, is taken as saved on this run's
     number): where this run's plan of the epoch has trained the samples the saved run had (`resume_batch`), the
-    saved position itself on as many ranks. `ConfigError` where no position of this run's plan has, saying what to
-    do."""
+    saved position itself on as many ranks. `ConfigError` where no position of this run's plan has (a method that
+    bins by length, on another number of ranks), saying what to do."""
     saved = saved_world_size or world_size
     method, done = cfg.balance.method, state.batch_in_epoch
     batch = resume_batch(method, sequences, micro, saved, done, world_size)
-    if batch is not None:
+    if batch is not None:  # always under `none`, whose global batch (a resume key) goes on in whole steps
         return batch
     ranks = f"{saved} rank{'s' * (saved != 1)}"
     on_saved = f"resume on {ranks} (torchrun --nproc-per-node {saved}{', or one process' * (saved == 1)})"
     afresh = ("start afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the "
               "checkpoints there)")  # fmt: skip
-    if method != "none":
-        steps = steps_per_epoch(sequences, micro, saved)
-        raise ConfigError(
-            f"checkpoint.dir: {path} was saved on {ranks}, this run has {world_size}: balance.method {method} deals "
-            f"an epoch's sequences out by length in rounds that the number of ranks decides, so the rest of epoch "
-            f"{state.epoch} from where it was saved (micro-batch {done} of {steps} on each rank) would train some of "
-            f"its sequences again and others never; {on_saved}, or {afresh}"
-        )
-    before = _yaml_text((saved_config(path).get("batch") or {}).get("global_batch_size"))
+    steps = steps_per_epoch(sequences, micro, saved)
     raise ConfigError(
-        f"checkpoint.dir: {path} was saved on {ranks}, {done * saved * micro:,} samples into epoch {state.epoch}, "
-        f"which is not a whole number of this run's rounds of a micro-batch a rank ({micro} x {world_size} ranks = "
-        f"{world_size * micro} sequences; batch.global_batch_size {before} there, {cfg.batch.global_batch_size} here): "
-        f"{on_saved}, or {afresh}"
+        f"checkpoint.dir: {path} was saved on {ranks}, this run has {world_size}: balance.method {method} deals "
+        f"an epoch's sequences out by length in rounds that the number of ranks decides, so the rest of epoch "
+        f"{state.epoch} from where it was saved (micro-batch {done} of {steps} on each rank) would train some of "
+        f"its sequences again and others never; {on_saved}, or {afresh}"
     )
 
 
