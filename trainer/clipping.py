@@ -19,7 +19,9 @@ All thresholds are `clipping.max_norm` in unscaled gradient units; the clip coef
   DDP builds its buckets anew after the first synchronized iteration, so the number of buckets is only known
   from the second one on: the first two synchronized iterations wait for the last bucket, then clip and
   launch all buckets (no overlap); from the third on, each bucket goes as soon as it is ready. A change of
-  the bucket count after that is detected at the last bucket and the next iteration waits again.
+  the bucket count after that is detected at the last bucket and the next iteration waits again. A checkpoint
+  keeps the final buckets' parameters, and a resumed run's first synchronized iteration (DDP's first buckets
+  again) clips by them: it goes on with the losses of a run never stopped.
   How many buckets there are decides what this clips: with one (a model whose gradient fits
   `clipping.bucket_cap_mb`) it clips the whole local gradient, as `before_allreduce` does. The trainer's start line
   names the count (`ddp_bucket_count`).
@@ -89,15 +91,19 @@ class BucketClipState:
     pending: list = field(default_factory=list)
     timeline: list | None = None  # (event, bucket index, perf_counter_ns) when recording
     bucket_params: list | None = None  # parameters of each bucket of the last iteration, when recording
+    param_index: dict[int, int] = field(default_factory=dict)  # id(parameter) -> its place among the trainable ones
+    layout: list[list[int]] | None = None  # the final buckets' parameters (by place), once known: saved with a run
+    resumed_layout: list[list[int]] | None = None  # a resumed run's saved layout, which its first iteration clips by
 
 
-def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_buckets: int) -> torch.futures.Future:
+def _clip_and_launch(state: BucketClipState, bucket: dist.GradBucket, num_buckets: int,
+                     clip: bool = True) -> torch.futures.Future:  # fmt: skip
     buf, index, scale = bucket.buffer(), bucket.index(), state.loss_scale()
     probe = state.probe if state.probe is not None and state.probe.active else None
     coef = 1.0
     if state.max_norm is not None or probe is not None:
         norm = global_norm([buf])
-    if state.max_norm is not None:
+    if state.max_norm is not None and clip:
         coef = clip_coefficient(norm, state.max_norm / math.sqrt(num_buckets) * scale)
         buf.mul_((coef / state.world_size).to(buf.dtype))  # clip and average in one pass over the bucket
     else:
@@ -148,10 +154,44 @@ def _launch_pending(state: BucketClipState) -> None:
     count, pending = state.seen, state.pending
     state.pending, state.seen = [], 0
     state.synced_iterations += 1
-    for bucket, fut in pending:
-        _clip_and_launch(state, bucket, count).then(lambda f, target=fut: target.set_result(f.value()))
+    if state.synced_iterations == 1 and state.resumed_layout is not None and state.max_norm is not None:
+        # A resumed run's first iteration has DDP's first buckets, not the rebuilt ones the uninterrupted run
+        # clipped by at this step (every bucket is here): it clips and measures by the saved layout instead.
+        _clip_by_layout(state, pending, state.resumed_layout)
+    else:
+        for bucket, fut in pending:
+            _clip_and_launch(state, bucket, count).then(lambda f, target=fut: target.set_result(f.value()))
     if state.synced_iterations >= 2:  # DDP rebuilds buckets once, after the first synchronized iteration
         state.num_buckets = count
+        ordered = sorted((bucket for bucket, _ in pending), key=lambda bucket: bucket.index())
+        state.layout = [[state.param_index[id(p)] for p in bucket.parameters()] for bucket in ordered]
+
+
+def _clip_by_layout(state: BucketClipState, pending: list, layout: list[list[int]]) -> None:
+    """Clip and average this rank's gradient in `pending` (every bucket of the iteration, with its future) as the
+    buckets of `layout` would be, through the buckets' views of their gradients: each group flattened in its bucket's
+    order, as `_clip_and_launch` sees a bucket (the same norm, coefficient and product, to the bit), and the noise
+    scale's norms recorded by group. The buckets' all-reduces are waited for here (one iteration of a resumed run)."""
+    grads = {state.param_index[id(p)]: g for bucket, _ in pending
+             for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)}  # fmt: skip
+    groups = [[grads[i] for i in group] for group in layout]
+    scale = state.loss_scale()
+    probe = state.probe if state.probe is not None and state.probe.active else None
+    threshold = state.max_norm / math.sqrt(len(layout)) * scale
+    for index, views in enumerate(groups):
+        flat = torch.cat([v.reshape(-1) for v in views])
+        norm = global_norm([flat])
+        coef = clip_coefficient(norm, threshold)
+        torch._foreach_mul_(views, (coef / state.world_size).to(flat.dtype))
+        if probe is not None:
+            probe.record_local(index, norm, coef, scale)
+    for bucket, _ in pending:
+        dist.all_reduce(bucket.buffer(), group=state.process_group)
+    if probe is not None:
+        for index, views in enumerate(groups):
+            probe.record_mean(index, global_norm([torch.cat([v.reshape(-1) for v in views])]), scale)
+    for bucket, fut in pending:
+        fut.set_result(bucket.buffer())
 
 
 def ddp_bucket_count(params: Iterable[torch.Tensor], bucket_bytes_cap: int) -> int:
@@ -202,11 +242,24 @@ class GradientClipper:
         self.after_allreduce = cfg.strategy == "after_allreduce" and optimizer_name != "lamb"
         self.local_clip = cfg.strategy == "before_allreduce" or (cfg.strategy == "bucketwise" and ddp is None)
         if ddp is not None and cfg.strategy == "bucketwise":
-            self.hook_state = BucketClipState(cfg.max_norm, env.world_size, self.loss_scale, probe)
+            self.hook_state = BucketClipState(cfg.max_norm, env.world_size, self.loss_scale, probe,
+                                              param_index={id(p): i for i, p in enumerate(self.params)})  # fmt: skip
             ddp.register_comm_hook(self.hook_state, bucketwise_clip_hook)
         elif ddp is not None and probe is not None and not self.local_clip:
             self.hook_state = BucketClipState(None, env.world_size, self.loss_scale, probe)
             ddp.register_comm_hook(self.hook_state, measured_allreduce_hook)
+
+    def bucket_layout(self) -> list[list[int]] | None:
+        """Bucket-wise clipping's final DDP buckets (each a list of the trainable parameters' places), once known: a
+        checkpoint keeps them for `resume_layout`. None otherwise."""
+        return self.hook_state.layout if self.hook_state is not None and self.hook_state.max_norm is not None else None
+
+    def resume_layout(self, layout: list[list[int]]) -> None:
+        """The layout of the run this one resumes, which its first synchronized iteration clips by (DDP's buckets
+        are its first ones there, and the uninterrupted run's were rebuilt); a layout of another model is ignored."""
+        places = sorted(i for group in layout for i in group)
+        if self.hook_state is not None and places == list(range(len(self.params))):
+            self.hook_state.resumed_layout = [list(group) for group in layout]
 
     def loss_scale(self):
         """The current loss scale without a host sync (1 without fp16 scaling); before the scaler's first `scale()`

@@ -304,6 +304,8 @@ def _restore_from(run: Run, payload: dict[str, Any], state: TrainState) -> None:
     run.scaler.load_state_dict(payload["scaler"])
     if "noise_scale" in payload:
         run.noise_scale.load_state_dict(payload["noise_scale"])
+    if payload.get("ddp_buckets") is not None:
+        run.clipper.resume_layout(payload["ddp_buckets"])
     restore_rank_rng(payload, run.env.rank, run.env.world_size, run.cfg.seed, state.step)
 
 
@@ -325,6 +327,7 @@ def checkpoint(run: Run, state: TrainState, every_rank: bool = True) -> None:
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
         "noise_scale": run.noise_scale.state_dict(),
+        "ddp_buckets": run.clipper.bucket_layout(),  # bucket-wise clipping's buckets, which a resume clips by
         "config": dump_config(run.cfg),
         **({"rng_ranks": rng_ranks} if rng_ranks is not None else {}),
     }

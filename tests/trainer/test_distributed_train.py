@@ -115,11 +115,16 @@ def test_an_epoch_with_fewer_sequences_left_than_ranks_ends_without_them(tmp_pat
 
 
 @pytest.mark.slow  # three torchruns; the default suite resumes on ranks in the next test
-def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("clipping", [{}, {"clipping.strategy": "bucketwise", "clipping.max_norm": 0.05,
+                                           "clipping.bucket_cap_mb": 0.02}], ids=["default", "bucketwise"])  # fmt: skip
+def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_path, clipping):
     """Each rank draws its own dropout masks, so a checkpoint keeps every rank's random state: two ranks stopped at
-    32 samples and resumed to 64 give the losses of a run of 64 never stopped (rank 1's masks differed before)."""
+    32 samples and resumed to 64 give the losses of a run of 64 never stopped (rank 1's masks differed before).
+    Bucket-wise clipping over several buckets: DDP builds its buckets anew after its first iteration, so a resumed
+    run's first step had the first iteration's buckets, not the later ones an uninterrupted run clips there (its
+    losses parted from the 2nd step after the resume): the checkpoint keeps the layout, which that step clips by."""
     settings = {"schedule.total_steps": 100, "eval.every_samples": 10**6, "model.hidden_dropout_prob": 0.1,
-                "model.attention_probs_dropout_prob": 0.1}  # fmt: skip
+                "model.attention_probs_dropout_prob": 0.1, **clipping}  # fmt: skip
 
     def torchrun_to(directory, samples, checkpoints=None):
         extra = {"budget.max_samples": samples, **settings}
