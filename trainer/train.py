@@ -330,7 +330,8 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     except DataError as e:
         return failed_before_training(cfg, env, reporter, e)
     if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is
-        log(env, f"{done} is the checkpoint of a finished run: nothing is left to train (its MLPerf log is kept)")
+        kept = " (its MLPerf log is kept)" if cfg.log.mlperf is not None else ""
+        log(env, f"{done} is the checkpoint of a finished run: nothing is left to train{kept}")
         mlperf = MLPerfLog(cfg, None)
     else:
         mlperf = open_log(cfg, env, device)  # MLPerf's init_start and submission keys, when log.mlperf names a file

@@ -147,10 +147,10 @@ def export_arm(
         if named is not None:
             return named, "the best trial of the verdict's winner at the global batch size asked for"
         return None, ("the best trial of any arm at the global batch size asked for: no verdict names a winner at "
-                      "that size yet (asked for an arm, the export is its best)")  # fmt: skip
+                      "that size yet (--arm exports an arm's best)")  # fmt: skip
     if named is not None:
         return named, "the best trial of the verdict's winner"
-    return None, "the best trial of any arm: the verdict names no winner yet (asked for an arm, the export is its best)"
+    return None, "the best trial of any arm: the verdict names no winner yet (--arm exports an arm's best)"
 
 
 def other_batch_sizes(storage, record: ExperimentRecord, arm: str | None, batch_size: int | None, action: str,
@@ -478,7 +478,11 @@ def _comment_lines(
         trained = "" if origin.samples_trained is None else f", trained {origin.samples_trained:,} samples"
         lines.append(f"trial budget: a short rung, budget.max_samples {origin.trial_max_samples:,} of the full "
                      f"{origin.max_samples:,}{trained}; exported at the full budget")  # fmt: skip
-    lines.append(f"objective: {origin.metric} = {objective} ({origin.direction})")
+    missed = ""
+    if origin.metric == "samples_to_target" and not origin.reached_target and origin.objective is not None:
+        trained = f" in {origin.samples_trained:,} samples" if origin.samples_trained is not None else ""
+        missed = f": the target was not reached{trained}, so this is the penalty of a miss, not samples to target"
+    lines.append(f"objective: {origin.metric} = {objective} ({origin.direction}){missed}")
     if origin.reached_target:
         reached = f"after {origin.samples_to_target:,} samples" if origin.samples_to_target is not None else ""
         lines.append(f"reached the target mlm_accuracy {origin.target_mlm_accuracy} {reached}".rstrip() + simulated)

@@ -423,6 +423,18 @@ def test_the_same_command_again_after_the_run_finished_trains_nothing_and_keeps_
     assert losses(records) == [] and (tmp_path / "result_0.txt").read_bytes() == log
 
 
+@pytest.mark.parametrize("mlperf", [True, False], ids=["mlperf-log", "none"])
+def test_a_finished_run_run_again_speaks_of_its_mlperf_log_only_where_it_has_one(tmp_path, capsys, mlperf):
+    overrides = {"checkpoint.dir": str(tmp_path / "ck"), "budget.max_samples": 16}
+    if mlperf:
+        overrides["log.mlperf"] = str(tmp_path / "result_0.txt")
+    run(tmp_path, **overrides)
+    capsys.readouterr()
+    run(tmp_path, **overrides)
+    said = next(line for line in capsys.readouterr().err.splitlines() if "checkpoint of a finished run" in line)
+    assert said.endswith("nothing is left to train" + " (its MLPerf log is kept)" * mlperf), said
+
+
 def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16})
     proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)

@@ -170,6 +170,21 @@ def test_the_comments_write_objectives_and_samples_as_the_other_commands_do(tmp_
     assert any(line.startswith("# reached the target mlm_accuracy 0.008 after 98,304 samples") for line in comments)
 
 
+def test_the_objective_of_a_trial_that_missed_the_target_is_called_the_penalty_it_is(tmp_path):
+    """A miss's score under samples_to_target is the penalty (here 1,900), which the comment called samples to target
+    (the JSON's samples_to_target is null)."""
+    missed = dataclasses.replace(make_trial(reached=False), metrics={"status": "budget_exhausted", "samples": 480})
+    comments = render(make_record(tmp_path), missed, "yaml").text.splitlines()
+    objective = next(line for line in comments if line.startswith("# objective:"))
+    assert objective.startswith(
+        "# objective: samples_to_target = 1,900 (minimize): the target was not reached in 480 samples"
+    ), objective
+    assert objective.endswith("so this is the penalty of a miss, not samples to target")
+    assert not any(line.startswith("# reached the target") for line in comments)
+    reached = render(make_record(tmp_path), make_trial(), "yaml").text.splitlines()
+    assert "# objective: samples_to_target = 160 (minimize)" in reached
+
+
 def short_rung_db(tmp_path) -> str:
     """Experiment `rungs` of the asha tuner (eta 3: rungs of 160 and 480 samples): AdamW's best trial reached the
     target after 128 samples on the short rung, where it was finished; LAMB's after 320 on the full budget."""
@@ -221,8 +236,8 @@ def test_a_best_trial_that_ran_a_short_rung_says_so_wherever_its_export_is_read(
     text = out.read_text()
     assert yaml.safe_load(text)["budget"]["max_samples"] == full
     comments = [line for line in text.splitlines() if line.startswith("#")]
-    chosen = comments.index("# chosen as the best trial of any arm: the verdict names no winner yet (asked for an arm, "
-                            "the export is its best)")  # fmt: skip
+    chosen = comments.index("# chosen as the best trial of any arm: the verdict names no winner yet (--arm exports an "
+                            "arm's best)")  # fmt: skip
     assert comments[chosen + 1] == (f"# trial budget: a short rung, budget.max_samples {rung} of the full {full}, "
                                     f"trained {trained} samples; exported at the full budget")  # fmt: skip
     assert f"# WARNING: {warning}" in comments
