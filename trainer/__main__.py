@@ -107,7 +107,8 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
         what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         reason = str(e) or f"interrupted ({what}) before training began"
         record_unended(cfg, reporter, reason, "interrupted")
-        print(f"error: {reason}; {again}", file=sys.stderr)
+        if dist_env_from_environ().is_main:  # Ctrl-C reaches every rank under torchrun: rank 0 says it
+            print(f"error: {reason}; {again}", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     except OSError as e:
         if e.errno != errno.ENOSPC:

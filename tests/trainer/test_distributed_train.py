@@ -194,6 +194,32 @@ def test_two_ranks_stop_for_time_together_where_they_read_back(tmp_path):
     assert [(f["status"], f["steps"], f["samples"]) for f in finals] == [("budget_exhausted", 3, 24)]
 
 
+@pytest.mark.slow  # a torchrun of its own (make test-all)
+def test_ctrl_c_under_torchrun_is_said_once_with_one_final_record_and_the_run_resumes(tmp_path):
+    """Ctrl-C reaches torchrun and every rank (one process group): each rank printed the "interrupted" line."""
+    settings = {"checkpoint.dir": str(tmp_path / "ck"), "checkpoint.every_samples": 16, "eval.every_samples": 10**7}
+    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, **settings})
+    proc = subprocess.Popen(torchrun(2, overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(), start_new_session=True)  # fmt: skip
+    report = tmp_path / "report.jsonl"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (report.exists() and report.read_text().count("progress") >= 3):
+            time.sleep(0.5)
+        assert report.exists(), "training never started"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert stderr.count("error: interrupted (Ctrl-C) at step") == 1, stderr[-3000:]
+    finals = [r for r in read_jsonl(report) if r["kind"] == "final"]
+    assert [(f["status"], f["error"]) for f in finals] == [("failed", "interrupted")]
+    resumed = subprocess.run(torchrun(2, make_train_overrides(tmp_path, **{"budget.max_samples": 64, **settings})),
+                             capture_output=True, text=True, timeout=240, env=child_env())  # fmt: skip
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
+
+
 def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, "eval.every_samples": 10**7})
     proc = subprocess.Popen(
