@@ -46,8 +46,10 @@ class TrainState:
     world_size: int | None = None
 
 
-def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState) -> Path:
-    """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written."""
+def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState, keep: int | None = None) -> Path:
+    """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written. `keep`: then
+    delete the saves of fewer samples beyond the newest `keep` (this one among them); saves of more samples (a run
+    resumed from an earlier save) are left alone."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "state": asdict(state), "rng": rng_state()}
@@ -74,6 +76,10 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
     except OSError as e:
         raise CheckpointError(f"checkpoint.dir: cannot make {directory / LATEST} point at {path}: "
                               f"{_why_not_written(e, directory)}") from e  # fmt: skip
+    if keep is not None:
+        older = sorted(p for p in directory.glob("ckpt-*.pt") if p.name < path.name)
+        for stale in older[: max(0, len(older) - (keep - 1))]:
+            stale.unlink(missing_ok=True)
     return path
 
 

@@ -334,6 +334,12 @@ class CheckpointConfig(Section):
     dir: PathText | None = Field(None, description="Directory for checkpoints (None: no checkpoints).")
     every_samples: int | None = Field(None, ge=1, description="Save every this many samples (None: only at end).")
     resume: bool = Field(True, description="Resume from the latest checkpoint in dir if one exists.")
+    keep: int | None = Field(
+        None,
+        ge=1,
+        description="Keep this many saves (ckpt-<samples>.pt): after each save the older ones beyond it are deleted "
+        "(None: every save stays; a BERT-large save is about 4 GB).",
+    )
 
 
 class MLPerfSubmissionConfig(Section):
@@ -464,6 +470,9 @@ def unread_settings(cfg: TrainerConfig) -> dict[str, str]:
         unread["checkpoint.every_samples"] = (
             f"checkpoint.every_samples: {checkpoint.every_samples}, but checkpoint.dir is not set, so no checkpoint "
             "is saved: set checkpoint.dir, or remove checkpoint.every_samples")  # fmt: skip
+    if checkpoint.keep is not None and checkpoint.dir is None:
+        unread["checkpoint.keep"] = (f"checkpoint.keep: {checkpoint.keep}, but checkpoint.dir is not set, so no "
+                                     "checkpoint is saved: set checkpoint.dir, or remove checkpoint.keep")  # fmt: skip
     if not checkpoint.resume and checkpoint.dir is None:
         unread["checkpoint.resume"] = ("checkpoint.resume: false, but checkpoint.dir is not set, so there is no "
                                        "checkpoint to resume from: remove checkpoint.resume")  # fmt: skip

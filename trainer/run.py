@@ -331,7 +331,7 @@ def checkpoint(run: Run, state: TrainState, every_rank: bool = True) -> None:
         "config": dump_config(run.cfg),
         **({"rng_ranks": rng_ranks} if rng_ranks is not None else {}),
     }
-    save_checkpoint(run.cfg.checkpoint.dir, payload, state)
+    save_checkpoint(run.cfg.checkpoint.dir, payload, state, keep=run.cfg.checkpoint.keep)
 
 
 # --------------------------------------------------------------------------- what a run says as it starts

@@ -287,7 +287,7 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
     """Settings the trials' runs would not read (`trainer.config.unread_settings`: a decay horizon in samples beside
     one in steps, checkpoint.every_samples without checkpoint.dir, the noise scale's settings with it off), refused
     before any trial fails on them: in the base config, and with each value the space tunes (each choice, a range's
-    bounds). checkpoint.every_samples is read where the controller gives each trial its checkpoint directory
+    bounds). checkpoint.every_samples and keep are read where the controller gives each trial its checkpoint directory
     (Hyperband, ASHA), and checkpoint.resume: false is never read there (every trial resumes)."""
     given_dir = continues_from_checkpoint(spec)
     settings = [(None, None), *((name, v) for name in spec.space for v in _param_values(spec.space[name]))]
@@ -300,6 +300,7 @@ def _check_unread_settings(spec: ExperimentSpec, resolved: dict[str, Any], sourc
         unread = unread_settings(cfg)
         if given_dir:
             unread.pop("checkpoint.every_samples", None)
+            unread.pop("checkpoint.keep", None)
             unread.pop("checkpoint.resume", None)
             if not cfg.checkpoint.resume:  # every trial continues its configuration's checkpoint (hpo.trial.entry)
                 unread["checkpoint.resume"] = (
