@@ -25,10 +25,20 @@ from trainer.report import JsonLinesReporter, Reporter
 from trainer.result import EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED, TrainStatus
 
 
+class _Once(argparse.Action):
+    """An option given once: a second --config replaced the first without a word (the first file's settings lost)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if (before := getattr(namespace, self.dest)) is not None:
+            parser.error(f"{option_string} given twice ({before} and {values}): a run has one config file; put the "
+                         "settings of the other in it, or give them as key=value overrides")  # fmt: skip
+        setattr(namespace, self.dest, values)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer", description="BERT pretraining (MLM + NSP).")
     shipped = shipped_config_names()
-    parser.add_argument("--config", help=f"YAML trainer config, or the name of a shipped one ({shipped})")
+    parser.add_argument("--config", action=_Once, help=f"YAML trainer config, or the name of a shipped one ({shipped})")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optimizer.lr=1e-3")
     return parser.parse_intermixed_args(argv)  # options and overrides in any order

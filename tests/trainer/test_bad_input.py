@@ -818,3 +818,11 @@ def test_the_trainer_run_with_nothing_given_is_refused_not_trained_as_bert_large
     assert "(to do so, pass a file holding {})" in err and not list(tmp_path.iterdir())
     assert main(["--print-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["model"]["num_hidden_layers"] == 24
+
+
+def test_a_second_config_file_is_refused_naming_both(capsys):
+    """`--config A --config B` trained with B alone: A's settings were lost without a word."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "demo_cpu", "--print-config", "--config", "bert_large"])
+    assert stop.value.code == 2
+    assert "error: --config given twice (demo_cpu and bert_large): a run has one config file" in capsys.readouterr().err

@@ -315,7 +315,8 @@ def describe(train: PretrainingSamples, eval_: PretrainingSamples, tokenizer, op
         "train_full_length_fraction": float((train.lengths == options.max_seq_length).mean()) if len(train) else 0.0,
         "most_frequent_masked_token": tokenizer.id_to_token(token_id),
         "most_frequent_masked_token_id": token_id,
-        "baseline_mlm_accuracy": accuracy,  # eval accuracy of always predicting that token: the chance level
+        # eval accuracy of always predicting that token: the chance level (None without an evaluation set)
+        "baseline_mlm_accuracy": accuracy if len(eval_) else None,
         "options": asdict(options),
     }
 
@@ -383,6 +384,9 @@ def prepare_corpus(
     samples = {}
     for name, docs in splits.items():
         samples[name] = build_samples(create_instances(docs, options, rng), rule, options.max_seq_length, rng)
+        if name == "eval" and options.eval_fraction == 0:  # no evaluation set: no empty shard a run would fail on
+            log("eval: none (--eval-fraction 0): give a run another preparation's evaluation set as data.eval")
+            continue
         paths = write_shards(samples[name], out_dir / name, options.samples_per_shard, options.compress)
         log(
             f"{name}: {len(docs)} documents -> {len(samples[name])} samples in {len(paths)} shard(s) "
@@ -393,7 +397,8 @@ def prepare_corpus(
     meta = describe(samples["train"], samples["eval"], tokenizer, options)
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     token, accuracy = meta["most_frequent_masked_token"], meta["baseline_mlm_accuracy"]
-    log(f"baseline (always '{token}'): eval MLM accuracy {accuracy:.4f}")
+    if accuracy is not None:
+        log(f"baseline (always '{token}'): eval MLM accuracy {accuracy:.4f}")
     return meta
 
 

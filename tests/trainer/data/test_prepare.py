@@ -285,6 +285,18 @@ def test_one_document_cannot_make_an_eval_set(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_no_eval_fraction_writes_no_evaluation_set_and_no_baseline(tmp_path):
+    """--eval-fraction 0 wrote an empty evaluation shard, and a baseline accuracy of 0.0 over no samples."""
+    text, said = tmp_path / "in.txt", []
+    write_text(generate_documents(20, seed=1), text)
+    meta = prepare_corpus([text], tmp_path / "out", replace(OPTIONS, eval_fraction=0.0), log=said.append)
+    assert not (tmp_path / "out" / "eval").exists() and len(load_samples(str(tmp_path / "out" / "train"))) > 0
+    assert meta["eval_samples"] == 0 and meta["baseline_mlm_accuracy"] is None
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["baseline_mlm_accuracy"] is None
+    assert "eval: none (--eval-fraction 0): give a run another preparation's evaluation set as data.eval" in said
+    assert not any("baseline" in line for line in said)
+
+
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_an_out_dir_that_is_a_file_is_refused_before_any_output(tmp_path, capsys, where):
     text, taken = tmp_path / "in.txt", tmp_path / "taken"
