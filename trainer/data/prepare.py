@@ -75,35 +75,53 @@ def not_utf8(path: Path) -> DataError:
 
 
 def read_documents(paths: Sequence[str | Path]) -> list[list[str]]:
-    """Documents as lists of sentences: one sentence per line, documents separated by blank lines."""
+    """Documents as lists of sentences: one sentence per line, documents separated by blank lines. Every input that
+    cannot be read is named, in one error (a fix of the first would otherwise meet the next)."""
     documents: list[list[str]] = []
+    problems: list[str] = []
     for path in map(Path, paths):
-        if path.is_dir():
-            raise DataError(f"{path}: is a directory: pass the text files in it, e.g. --input {path}/*.txt")
-        if not path.is_file():
-            raise DataError(f"{path}: input text file not found; pass existing files to --input")
-        current: list[str] = []
-        before = len(documents)
         try:
-            with path.open(encoding="utf-8") as f:
-                for line in f:
-                    line = line.strip()
-                    if line:
-                        current.append(line)
-                    elif current:
-                        documents.append(current)
-                        current = []
-        except UnicodeDecodeError:
-            raise not_utf8(path) from None
-        if current:
-            documents.append(current)
-        if len(documents) == before and len(paths) > 1:  # one empty file alone is said below
-            raise DataError(f"{path}: no text in it (empty, or blank lines only); remove it from --input, or give one "
+            read = _read_one(path)
+        except DataError as e:
+            problems.append(str(e))
+            continue
+        if not read and len(paths) > 1:  # one empty file alone is said below
+            problems.append(f"{path}: no text in it (empty, or blank lines only); remove it from --input, or give one "
                             "sentence per line, blank lines between documents")  # fmt: skip
+        documents += read
+    if len(problems) == 1:
+        raise DataError(problems[0])
+    if problems:
+        raise DataError(f"{len(problems)} of the {len(paths)} inputs cannot be read:\n" + "\n".join(
+            f"  {problem}" for problem in problems))  # fmt: skip
     if not documents:
         raise DataError(
             f"no text found in {[str(p) for p in paths]}; give one sentence per line, blank lines between documents"
         )
+    return documents
+
+
+def _read_one(path: Path) -> list[list[str]]:
+    """One input file's documents; DataError naming it where it is not a readable UTF-8 text file."""
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory: pass the text files in it, e.g. --input {path}/*.txt")
+    if not path.is_file():
+        raise DataError(f"{path}: input text file not found; pass existing files to --input")
+    documents: list[list[str]] = []
+    current: list[str] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    current.append(line)
+                elif current:
+                    documents.append(current)
+                    current = []
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    if current:
+        documents.append(current)
     return documents
 
 

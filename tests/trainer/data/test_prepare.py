@@ -277,6 +277,21 @@ def test_an_empty_file_among_several_inputs_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_input_that_cannot_be_read_is_named_in_one_error(tmp_path):
+    """Several bad inputs: the error named the first, and each fix met the next."""
+    text, empty, latin, missing = (tmp_path / name for name in ("in.txt", "empty.txt", "latin.txt", "gone.txt"))
+    write_text(generate_documents(5, seed=1), text)
+    empty.write_text("\n")
+    latin.write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError) as refused:
+        prepare_corpus([text, empty, latin, missing, tmp_path], tmp_path / "out", OPTIONS, log=quiet)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "4 of the 5 inputs cannot be read:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [str(empty), str(latin), str(missing), str(tmp_path)]
+    assert "no text in it" in lines[1] and "UTF-8" in lines[2] and "not found" in lines[3] and "directory" in lines[4]
+    assert not (tmp_path / "out").exists()
+
+
 def test_one_document_cannot_make_an_eval_set(tmp_path):
     text = tmp_path / "in.txt"
     write_text(generate_documents(1, seed=1), text)
