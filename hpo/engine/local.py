@@ -198,10 +198,24 @@ def load_study(spec, storage: Storage, experiment_id: int, run_dir: Path, runner
                heartbeat: Heartbeat) -> Study | None:  # fmt: skip
     """The study, its runner attached and its tuners loaded; None where Ctrl-C came first (the experiment then is
     stopped, the claim released, and what to do said). Until the signal handlers are in place (the tuners' imports
-    take seconds) Ctrl-C arrives here as KeyboardInterrupt."""
+    take seconds) Ctrl-C arrives here as KeyboardInterrupt, and is noted as it is raised: compiled code that cannot
+    raise it swallows it (scipy's Sobol set-up, as SMAC3 builds its initial design, prints "Exception ignored" and
+    goes on with its state half made), and the run went on as if no Ctrl-C had come, proposing other trials."""
+    interrupted = []
+
+    def note_and_raise(signum, frame) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    noting = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler)  # fmt: skip
+    previous = signal.signal(signal.SIGINT, note_and_raise) if noting else None
     try:
         runner.attach(storage, experiment_id)
-        return Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+        study = Study(spec, storage, experiment_id, run_dir, runner, absolute_database_url(database_url))
+        if interrupted:  # swallowed where it was raised: the tuners may be half made
+            raise KeyboardInterrupt
+        return study
     except KeyboardInterrupt:
         runner.close()
         storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
@@ -214,6 +228,9 @@ def load_study(spec, storage: Storage, experiment_id: int, run_dir: Path, runner
         runner.close()
         _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)  # the tuner's files (SMAC3's scenario)
         raise
+    finally:
+        if noting:
+            signal.signal(signal.SIGINT, previous)
 
 
 def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: str | None, spec, storage: Storage,
