@@ -277,6 +277,15 @@ def check_resume(cfg: TrainerConfig) -> None:
             f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's), or start afresh in "
             "another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
         )
+    world = dist_env_from_environ().world_size
+    if micro == "auto" and isinstance(there, int) and cfg.batch.global_batch_size % (there * world):
+        raise ConfigError(
+            f"batch.micro_batch_size auto resumes with checkpoint {path}'s micro-batch, {there}, which does not "
+            f"divide this run's batch (batch.global_batch_size {cfg.batch.global_batch_size} over {world} rank(s)): "
+            f"resume on a number of ranks that {there}-sequence micro-batches divide the batch over (the checkpoint's "
+            "run had that), or start afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes "
+            "over the checkpoints there)"
+        )
     micro = micro if isinstance(micro, int) else there  # auto resumes with the checkpoint's
     if not isinstance(micro, int) or finished_status(cfg, state) is not None:  # a finished run trains nothing more
         return
@@ -284,7 +293,7 @@ def check_resume(cfg: TrainerConfig) -> None:
         sequences = count_samples(cfg.data.train)
     except DataError:  # the data checks say what is wrong with the shards
         return
-    resumed_batch(cfg, path, state, ranks, dist_env_from_environ().world_size, sequences, micro)
+    resumed_batch(cfg, path, state, ranks, world, sequences, micro)
 
 
 def resume_keys_that_differ(saved: dict, mine: dict) -> list[str]:

@@ -191,14 +191,7 @@ def resolve_micro_batch(
         return cfg
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     chosen = saved_micro_batch(path) if path is not None else None
-    if chosen is not None:
-        if cfg.batch.global_batch_size % (chosen * env.world_size):
-            raise ConfigError(
-                f"batch.micro_batch_size auto resumes with checkpoint {path}'s micro-batch, {chosen}, which does not "
-                f"divide this run's batch (batch.global_batch_size {cfg.batch.global_batch_size} over "
-                f"{env.world_size} rank(s)): resume with a global batch that {chosen} x {env.world_size} divides, "
-                "or start without the checkpoint (checkpoint.resume: false)"
-            )
+    if chosen is not None:  # one that does not divide this run's batch was refused before any work (preflight)
         log(env, f"batch.micro_batch_size auto: {chosen}, as checkpoint {path} trained (resumed runs keep it)")
     else:
         per_rank, sharing = (

@@ -34,13 +34,14 @@ def close_storages() -> None:
 def _open_storage(url: str | None, read_only: bool, writes: bool):
     from hpo.storage import SqlStorage, default_database_url
     from hpo.storage.engine import sqlite_file
-    from hpo.storage.retry import outage_bound
+    from hpo.storage.retry import outage_bound, writer_deadlines
 
     url = url or default_database_url()
     refuse_in_memory(url)
     # A command that writes waits for a database that is away from its first call on when HPO_DATABASE_OUTAGE_S
     # says so, and says that it waits (`hpo run` and `hpo resume` then take the experiment file's bound unless it is
-    # set, and their progress line says it); one that only reads never waits.
+    # set, and their progress line says it); one that only reads never waits. Its statements on a database server
+    # have a deadline: a server that stops answering is an outage, not a wait without end.
     wait = outage_bound(0.0) if writes else 0.0
     told = {"on_wait": waiting_note()} if wait > 0 else {}
     path = sqlite_file(url)
@@ -54,7 +55,9 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
             )
         return SqlStorage(url, upgrade=True, outage_s=wait)  # a new embedded database starts at the current schema
     # a command's reads, or its writes to an existing database
-    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait, **told)
+    deadlines = writer_deadlines() if writes and path is None else None
+    return SqlStorage(url, read_only=read_only, one_shot=read_only, writes=writes, outage_s=wait, deadlines=deadlines,
+                      **told)  # fmt: skip
 
 
 def waiting_note():

@@ -457,7 +457,7 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     if "database or disk is full" in reason.lower():  # SQLite's words (its file's disk), or a server's full disk
         return DatabaseUnavailableError(
             f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), and the "
-            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it"
+            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
         )
     if "deadlock detected" in reason.lower():  # PostgreSQL ended one of two transactions waiting for each other
         return StorageError(
@@ -472,6 +472,12 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
         # The database is away for now (DatabaseUnavailableError: callers may wait and retry) or misnamed.
         error = DatabaseUnavailableError if is_transient(exc) else StorageError
+        if make_url(url).get_backend_name() == "sqlite":  # a file: no server, host or user to check
+            return error(
+                f"cannot use the SQLite file of {where}: {reason}. Check the file and the disk under it: that it is "
+                "still there and this user may write it and its -wal and -shm files beside it, and that the disk "
+                "answers (`dmesg` names disk errors)."
+            )
         return error(
             f"cannot use the database {where}: {reason}. Check that the database server is running and "
             f"reachable, and that {DATABASE_URL_ENV} (or --db) names the right host, port, database and user."

@@ -72,6 +72,28 @@ def outage_bound(configured: float | None = None) -> float:
     return value
 
 
+STATEMENT_ENV = "HPO_DATABASE_STATEMENT_S"
+DEFAULT_STATEMENT_S = 60.0
+QUICK_STATEMENT_S = 10.0  # a call that may not wait (the heartbeat, the progress view), and a connection attempt
+
+
+def writer_deadlines() -> tuple[float, float]:
+    """The statement deadlines of a command that writes to a database server (hpo.storage.deadline): a server whose
+    process stopped or hung while its machine answers held the controller without a word, past any outage bound. A
+    statement without an answer for HPO_DATABASE_STATEMENT_S (default DEFAULT_STATEMENT_S; the calls that may not
+    wait, at most QUICK_STATEMENT_S) then fails, and the outage's wait and bound apply. A value that is not a number
+    > 0 raises HpoError naming the variable."""
+    raw = os.environ.get(STATEMENT_ENV, "").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_STATEMENT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise HpoError(f"{STATEMENT_ENV}={raw!r}: expected the seconds a statement waits for the database server's "
+                       f"answer, a number > 0; unset it for {DEFAULT_STATEMENT_S:g}")  # fmt: skip
+    return min(QUICK_STATEMENT_S, seconds), seconds
+
+
 def backoff(rng: random.Random, base_s: float = BASE_DELAY_S, cap_s: float = MAX_DELAY_S) -> Iterator[float]:
     """The pauses between tries: the n-th is drawn uniformly from [d/2, d] with d = min(cap_s, base_s * 2**n)."""
     ceiling = base_s

@@ -128,14 +128,24 @@ def test_resuming_with_another_micro_batch_is_refused_naming_both(tmp_path):
         run(tmp_path, **{"batch.micro_batch_size": 8, "checkpoint.dir": ck})
 
 
-def test_resuming_with_auto_and_a_batch_the_checkpoints_micro_batch_does_not_divide_says_so(tmp_path):
-    from trainer.errors import ConfigError
+def test_resuming_with_auto_on_ranks_the_checkpoints_micro_batch_does_not_divide_the_batch_over_says_so(
+    tmp_path, capsys, monkeypatch
+):
+    """A global batch of 12 trained in micro-batches of 4 on one process, resumed with auto on 2 ranks (rank 0's view:
+    refused before any work, so before the process group): 4 x 2 does not divide 12."""
+    from tests.trainer.conftest import make_train_overrides
+    from trainer.__main__ import main
 
     ck = str(tmp_path / "ck")
-    run(tmp_path, **{"batch.micro_batch_size": 4, "budget.max_samples": 40, "checkpoint.dir": ck})
-    with pytest.raises(ConfigError, match=r"auto resumes with checkpoint .*'s micro-batch, 4, which does not divide "
-                                          r"this run's batch \(batch.global_batch_size 6 over 1 rank"):  # fmt: skip
-        run(tmp_path, **{"batch.micro_batch_size": "auto", "batch.global_batch_size": 6, "checkpoint.dir": ck})
+    settings = {"batch.global_batch_size": 12, "checkpoint.dir": ck}
+    run(tmp_path, **{"batch.micro_batch_size": 4, "budget.max_samples": 48, **settings})
+    capsys.readouterr()
+    for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    assert main(make_train_overrides(tmp_path, **{"batch.micro_batch_size": "auto", **settings})) == 2
+    err = capsys.readouterr().err
+    assert "auto resumes with checkpoint" in err and "'s micro-batch, 4, which does not divide this run's batch " in err
+    assert "(batch.global_batch_size 12 over 2 rank(s)): resume on a number of ranks" in err, err
 
 
 def test_an_auto_micro_batch_with_a_batch_that_does_not_split_over_the_ranks_is_refused_before_any_work():

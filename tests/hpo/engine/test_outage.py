@@ -248,3 +248,28 @@ def test_sigterm_while_waiting_for_the_database_stops_at_once_and_resume_complet
     assert code == 0, output[-3000:]
     check_recorded_once(storage, url, run_dir, reruns_allowed=True)
     storage.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_frozen_server_is_an_outage_at_the_statement_deadline_and_resume_completes_it(cluster, tmp_path):
+    """A server whose processes stopped (SIGSTOP: its port still open, the kernel acknowledging what is sent) held
+    the controller on its open connections without a word, past database.outage_s, for as long as it was frozen: a
+    statement without an answer for HPO_DATABASE_STATEMENT_S is now the start of an outage, and the bound applies."""
+    url, run_dir = cluster.url, tmp_path / "run"
+    storage = SqlStorage(url, upgrade=True)
+    bounds = {"HPO_DATABASE_OUTAGE_S": "8", "HPO_DATABASE_STATEMENT_S": "3"}
+    controller = hpo(url, "run", str(experiment_file(tmp_path)), "--run-dir", str(run_dir), env=bounds)
+    try:
+        assert wait_for(lambda: running_trials(storage, at_least_finished=SLOTS), timeout_s=600)
+        cluster.freeze()
+        code, output = finish(controller, timeout_s=240)  # without the deadline: until the thaw, never here
+        assert code == 1, output[-3000:]
+        assert "the database server missed a deadline" in output and "database.outage_s = 8 s" in output, output[-3000:]
+        assert processes_naming(str(run_dir)) == {}
+    finally:
+        cluster.thaw()
+    code, output = finish(hpo(url, "resume", NAME))
+    assert code == 0, output[-3000:]
+    check_recorded_once(storage, url, run_dir, reruns_allowed=True)
+    storage.close()

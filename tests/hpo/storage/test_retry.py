@@ -26,9 +26,12 @@ from hpo.storage import engine as engine_module
 from hpo.storage.engine import is_transient, storage_error
 from hpo.storage.retry import (
     DEFAULT_OUTAGE_S,
+    DEFAULT_STATEMENT_S,
     MAX_DELAY_S,
     OUTAGE_ENV,
+    QUICK_STATEMENT_S,
     STALE_FAILURE_S,
+    STATEMENT_ENV,
     Outage,
     as_replay,
     backoff,
@@ -36,6 +39,7 @@ from hpo.storage.retry import (
     outage_bound,
     replaying,
     without_waiting,
+    writer_deadlines,
 )
 from hpo.trial.launch import free_port
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
@@ -132,6 +136,26 @@ def test_a_locked_sqlite_file_is_an_outage_and_a_missing_table_is_not(tmp_path: 
         holder.close()
     assert "database is locked" in str(locked.value) and is_transient(locked.value)
     assert not is_transient(missing.value) and not is_transient(refused.value)
+
+
+def test_an_sqlite_file_that_fails_is_said_as_a_file_not_as_a_server_to_check():
+    """SQLite's "disk I/O error" (its file's disk, or a file changed under it) was told to check the database server,
+    its host, port and user."""
+    error = OperationalError("INSERT INTO trials ...", {}, sqlite3.OperationalError("disk I/O error"))
+    translated = str(storage_error(error, "sqlite:////srv/hpo/hpo.db"))
+    assert translated.startswith("cannot use the SQLite file of sqlite:////srv/hpo/hpo.db: disk I/O error. Check the")
+    assert "server" not in translated and "host" not in translated and "-wal and -shm" in translated
+
+
+def test_the_statement_deadline_of_a_command_that_writes_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(STATEMENT_ENV, raising=False)
+    assert writer_deadlines() == (QUICK_STATEMENT_S, DEFAULT_STATEMENT_S) == (10, 60)
+    monkeypatch.setenv(STATEMENT_ENV, "3")
+    assert writer_deadlines() == (3, 3)
+    for bad in ("a minute", "0", "-1", "inf"):
+        monkeypatch.setenv(STATEMENT_ENV, bad)
+        with pytest.raises(HpoError, match=f"{STATEMENT_ENV}={bad!r}: expected the seconds a statement waits"):
+            writer_deadlines()
 
 
 # -- the pauses and the bound ------------------------------------------------------------------------------------
