@@ -253,6 +253,13 @@ def _visible_gpus() -> list[int] | None:
         return None  # UUIDs: keep the planned ids
 
 
+def _who(args) -> str:
+    """The trial as people know it: its number (its work directory's name, `trials/NNNNN`), with its row id, which
+    differs from it wherever the database holds other experiments."""
+    name = Path(args.workdir).name
+    return f"trial {int(name)} (id {args.trial_id})" if name.isdigit() else f"trial id {args.trial_id}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpo.trial.entry", description=__doc__.split("\n")[0])
     parser.add_argument("--db", required=True, help="the experiment's database URL")
@@ -273,24 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseUnavailableError as e:
         kept = args.workdir / OUTCOME_FILE
         where = f"; its outcome is kept in {kept} for the controller or `hpo resume`" if kept.exists() else ""
-        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}{where}", file=sys.stderr)
+        print(f"error: {_who(args)} attempt {args.attempt}: {e}{where}", file=sys.stderr)
         return EXIT_DATABASE_UNREACHABLE
     except (StaleAttemptError, TrialClosedError, TrialStateError) as e:  # the trial is not this attempt's (now)
-        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+        print(f"error: {_who(args)} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_NOT_CLAIMED
     except StorageError as e:  # another database error (no such trial, a schema to upgrade): said, not taken for one
-        print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+        print(f"error: {_who(args)} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_STORAGE_ERROR
     except (DiskFullError, OSError) as e:  # a full disk is the machine's fault: the controller queues it again
         if isinstance(e, OSError) and e.errno != errno.ENOSPC:
             raise
         with contextlib.suppress(OSError):  # its log may be on that disk
-            print(f"error: trial {args.trial_id} attempt {args.attempt}: {e}", file=sys.stderr)
+            print(f"error: {_who(args)} attempt {args.attempt}: {e}", file=sys.stderr)
         return EXIT_DISK_FULL
     finally:
         cleanup()
     if is_rank_zero():
-        print(f"trial {args.trial_id}: {result.state.value}" + (f" ({result.reason})" if result.reason else ""),
+        print(f"{_who(args)}: {result.state.value}" + (f" ({result.reason})" if result.reason else ""),
               file=sys.stderr)  # fmt: skip
     if result.metrics.get("error") == "config":
         return 2

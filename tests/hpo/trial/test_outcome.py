@@ -176,4 +176,7 @@ def test_a_database_error_other_than_a_refused_claim_is_not_taken_for_one(tmp_pa
     SqlStorage(url, upgrade=True).close()
     code = main(["--db", url, "--trial-id", "999", "--attempt", "0", "--workdir", str(tmp_path / "w")])
     assert code == EXIT_STORAGE_ERROR == 6
-    assert "error: trial 999 attempt 0: trial 999 does not exist" in capsys.readouterr().err
+    assert "error: trial id 999 attempt 0: trial 999 does not exist" in capsys.readouterr().err
+    # in a run directory's trials/NNNNN the trial is named by its number, as everything else names it
+    code = main(["--db", url, "--trial-id", "999", "--attempt", "0", "--workdir", str(tmp_path / "trials" / "00007")])
+    assert code == 6 and "error: trial 7 (id 999) attempt 0: trial 999 does not exist" in capsys.readouterr().err
