@@ -238,6 +238,7 @@ class Study:
         if now - self._stop_checked < every_s:
             return False
         self._stop_checked = now
+        self.storage.check_file()  # a SQLite file deleted under the controller: it stops (StorageError)
         return self.storage.is_stop_requested(self.experiment_id)
 
     def _arm_with_quota(self) -> Arm | None:

@@ -298,6 +298,11 @@ class Storage(abc.ABC):
     def is_stop_requested(self, experiment_id: int) -> bool:
         """Whether `request_stop` was called since the experiment last became RUNNING."""
 
+    @abc.abstractmethod
+    def check_file(self) -> None:
+        """StorageError where the database is a file that was deleted or replaced since the storage opened it (a
+        controller would go on writing into the deleted file, which nobody reads). Nothing for a server."""
+
     # -- trials --------------------------------------------------------------------------------------------
 
     @abc.abstractmethod

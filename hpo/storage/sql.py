@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -64,6 +65,7 @@ from hpo.storage.engine import (
     create_storage_engine,
     default_database_url,
     safe_url,
+    sqlite_file,
     storage_error,
 )
 from hpo.storage.migrate import check_schema, upgrade_database
@@ -133,6 +135,11 @@ class SqlStorage(TrialReads, Storage):
         self._directions: dict[int, Direction] = {}  # an experiment's direction never changes
         if self._engine.dialect.name != "sqlite":
             self._read_engine = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._file = None  # (path, (device, inode)) of a SQLite file as opened: `check_file`
+        if (path := sqlite_file(self.url)) is not None:
+            with contextlib.suppress(OSError):
+                opened = os.stat(path)
+                self._file = (path, (opened.st_dev, opened.st_ino))
         try:
             self._retry(self._check_schema)
         except BaseException:
@@ -140,6 +147,22 @@ class SqlStorage(TrialReads, Storage):
             # probe, which would otherwise try this storage nobody holds every second until the server answered
             self.close()
             raise
+
+    def check_file(self) -> None:
+        if self._file is None:
+            return
+        path, opened = self._file
+        try:
+            now = os.stat(path)
+            same = (now.st_dev, now.st_ino) == opened
+        except OSError:
+            same = False
+        if not same:
+            raise StorageError(
+                f"the SQLite database {path} was deleted or replaced while this command used it: what it wrote since "
+                "went into the deleted file. Put the file back where it was (from a backup) and `hpo resume` the "
+                "experiment, or run it again afresh"
+            )
 
     def _check_schema(self) -> None:
         with self._session() as session:
@@ -206,6 +229,7 @@ class SqlStorage(TrialReads, Storage):
             yield session
             session.commit()
         except SQLAlchemyError as exc:
+            self.check_file()  # a file deleted or replaced under it: said as such ("no such table" would not)
             raise storage_error(exc, self.url) from exc
         finally:
             # close() rolls back whatever was not committed; a dead connection must not mask the real error.
@@ -238,6 +262,7 @@ class SqlStorage(TrialReads, Storage):
             with self._read_engine.connect() as connection:
                 return connection.execute(statement, params).all()
         except SQLAlchemyError as exc:
+            self.check_file()
             raise storage_error(exc, self.url) from exc
 
     # -- experiments ---------------------------------------------------------------------------------------

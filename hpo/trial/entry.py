@@ -57,6 +57,7 @@ from hpo.files import full_disk
 from hpo.objective import trial_result
 from hpo.storage import SqlStorage
 from hpo.storage.base import MetricPoint, Storage, TrialRecord
+from hpo.storage.engine import sqlite_file
 from hpo.storage.retry import outage_bound, without_waiting
 from hpo.trial.outcome import EXIT_DATABASE_UNREACHABLE, EXIT_DISK_FULL, OUTCOME_FILE, forget_outcome, keep_outcome
 from hpo.trials import TrialResult, TrialState
@@ -273,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         die_with_launcher()
     from trainer.distributed import cleanup  # torch: see run_trial
 
+    if (path := sqlite_file(args.db)) is not None and not path.is_file():  # not made anew, empty, by the trial
+        print(f"error: {_who(args)} attempt {args.attempt}: the SQLite database {path} is not there (deleted or moved "
+              "after the experiment started)", file=sys.stderr)  # fmt: skip
+        return EXIT_STORAGE_ERROR
     try:
         # the bound of the environment or the default until the stored experiment says its own (run_trial)
         with SqlStorage(args.db, outage_s=outage_bound()) as storage:

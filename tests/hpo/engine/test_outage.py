@@ -10,9 +10,13 @@ whose command line names the run directory).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -273,3 +277,35 @@ def test_a_frozen_server_is_an_outage_at_the_statement_deadline_and_resume_compl
     assert code == 0, output[-3000:]
     check_recorded_once(storage, url, run_dir, reruns_allowed=True)
     storage.close()
+
+
+def test_an_sqlite_file_deleted_under_the_controller_stops_it_saying_so(tmp_path):
+    """The folder of the SQLite file removed while trials ran: the controller went on writing into the deleted file,
+    and ended with the summary of a finished experiment and exit code 0, which no command could then read."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    path = folder / "hpo.db"
+    url, run_dir = f"sqlite:///{path}", tmp_path / "run"
+    controller = hpo(url, "run", str(experiment_file(tmp_path)), "--run-dir", str(run_dir))
+    try:
+
+        def one_completed() -> bool:
+            if not path.exists():
+                return False
+            read = contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True))
+            with read as connection, contextlib.suppress(sqlite3.OperationalError):  # tables not made yet
+                completed = "SELECT COUNT(*) FROM trials WHERE state = 'completed'"
+                return connection.execute(completed).fetchone()[0] > 0
+            return False
+
+        assert wait_for(one_completed, timeout_s=300)
+        shutil.rmtree(folder)
+        code, output = finish(controller, timeout_s=300)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert code == 1, output[-3000:]
+    assert f"error: the SQLite database {path} was deleted or replaced while this command used it" in output
+    assert not re.search(r"^experiment outage: \d+ completed", output, re.M)  # no summary of a finished one
+    assert processes_naming(str(run_dir)) == {}
+    assert not folder.exists()  # no trial made the database anew, empty, where it was
