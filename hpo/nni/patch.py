@@ -15,6 +15,7 @@ replacements, so applying it is idempotent and a file that matches neither the o
 
     python -m hpo.nni.patch            # apply (what `make setup` runs); prints what it did
     python -m hpo.nni.patch --check    # exit 1 unless the installed NNI is patched
+    python -m hpo.nni.patch --revert   # NNI's own file again (the engine then refuses to run)
 """
 
 from __future__ import annotations
@@ -177,10 +178,24 @@ def apply(path: Path | None = None) -> bool:
     patched = patch_text(text)
     if patched == text:
         return False
-    tmp = path.with_name(path.name + ".hpo-tmp")
-    tmp.write_text(patched)
-    tmp.replace(path)
+    _replace(path, patched)
     return True
+
+
+def revert(path: Path | None = None) -> bool:
+    """NNI's own text back in the installed manager; returns whether the file changed (False: it was not patched)."""
+    path = path or compat_js()
+    text = path.read_text()
+    if not any(new in text for _, new in _EDITS):
+        return False
+    _replace(path, unpatch_text(text))
+    return True
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".hpo-tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def require_patched() -> None:
@@ -192,20 +207,38 @@ def require_patched() -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+WHAT = (
+    f"NNI's manager ties each parameter set to the trial it was generated for ({len(_EDITS)} edits of its v3 "
+    "compatibility layer; NNI issues 5689, 5693 and 5726: trials ran with each other's parameters)"
+)
+
+
+def main(argv: list[str] | None = None, path: Path | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpo.nni.patch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 when the fix is missing")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="only check; exit 1 when the fix is missing")
+    action.add_argument("--revert", action="store_true", help="put NNI's own file back (the nni engine then refuses)")
     args = parser.parse_args(argv)
     try:
+        path = path or compat_js()
         if args.check:
-            ok = is_patched()
-            print(f"{compat_js()}: {'patched' if ok else 'NOT patched (run python -m hpo.nni.patch)'}")
+            ok = is_patched(path)
+            print(f"{path}: {'patched' if ok else 'NOT patched (run python -m hpo.nni.patch)'}")
             return 0 if ok else 1
-        changed = apply()
+        if args.revert:
+            if revert(path):
+                print(f"{path}: NNI's own text again; `python -m hpo.nni.patch` applies the fix again")
+            else:
+                print(f"{path}: not patched: left as it is")
+            return 0
+        changed = apply(path)
     except NniPatchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{compat_js()}: {'patched' if changed else 'already patched'}")
+    if changed:
+        print(f"{path}: patched: {WHAT}; `python -m hpo.nni.patch --revert` puts NNI's own file back")
+    else:
+        print(f"{path}: already patched")
     return 0
 
 

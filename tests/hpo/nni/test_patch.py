@@ -43,3 +43,21 @@ def test_a_manager_of_another_version_is_refused_untouched(tmp_path):
     with pytest.raises(NniPatchError, match="reinstall nni==3.0"):
         apply(path)
     assert path.read_text() == other
+
+
+def test_the_command_says_what_it_fixed_and_reverts_to_nnis_own_file(tmp_path, capsys):
+    """It printed only "patched", and NNI's own file came back only by reinstalling nni."""
+    from hpo.nni.patch import main
+
+    path = tmp_path / "compat.js"
+    original = unpatch_text(compat_js().read_text())
+    path.write_text(original)
+    assert main([], path=path) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"{path}: patched: NNI's manager ties each parameter set to the trial it was generated for")
+    assert "NNI issues 5689, 5693 and 5726" in said and "`python -m hpo.nni.patch --revert`" in said
+    assert main(["--revert"], path=path) == 0 and path.read_text() == original
+    assert capsys.readouterr().out == f"{path}: NNI's own text again; `python -m hpo.nni.patch` applies the fix again\n"
+    assert main(["--revert"], path=path) == 0 and path.read_text() == original
+    assert capsys.readouterr().out == f"{path}: not patched: left as it is\n"
+    assert main(["--check"], path=path) == 1
