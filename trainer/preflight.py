@@ -179,11 +179,14 @@ def check_train_set(cfg: TrainerConfig) -> None:
 # optimizer's state (another vocabulary, width, depth, table or optimizer would not load, or would load wrongly), and
 # the order of the data (another seed, shuffling or balancing would go on in another order from the position it
 # resumes at, which counts micro-batches of the epoch's plan: samples would be trained twice and others not at all),
-# and the global batch (the schedule and the position count its steps: a larger batch reached the end of its
-# shorter schedule at once, and trained the rest of its budget at learning rate 0).
+# the global batch (the schedule and the position count its steps: a larger batch reached the end of its
+# shorter schedule at once, and trained the rest of its budget at learning rate 0), and the target (samples to
+# target are counted at the evaluation that first reaches it: a lower one that earlier evaluations passed would
+# never be seen reached, and a finished run's record would name it beside the old outcome).
 RESUME_KEYS = (
     "seed",
     "batch.global_batch_size",
+    "eval.target_mlm_accuracy",
     "data.shuffle",
     "balance.method",
     "model.vocab_size",
@@ -264,7 +267,7 @@ def check_resume(cfg: TrainerConfig) -> None:
                           f"({e.__cause__ or e}); {earlier_save(path)}") from None  # fmt: skip
     if differ := resume_keys_that_differ(saved, mine):
         raise ConfigError(
-            f"checkpoint.dir: {path} was written by another model, optimizer, seed, global batch or data order "
+            f"checkpoint.dir: {path} was written by another model, optimizer, seed, global batch, target or data order "
             f"({'; '.join(differ)}), so it cannot be resumed: set those keys as the checkpoint has them, or start "
             "afresh in another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints "
             "there)"

@@ -222,8 +222,9 @@ def test_initial_weights_that_cannot_be_used_end_the_run_with_a_final_record(tmp
         ({"data.shuffle": False}, "data.shuffle true there, false here"),
         ({"balance.method": "stratified"}, "balance.method none there, stratified here"),
         ({"batch.global_batch_size": 16}, "batch.global_batch_size 8 there, 16 here"),
+        ({"eval.target_mlm_accuracy": 0.5}, "eval.target_mlm_accuracy 1.0 there, 0.5 here"),
     ],
-    ids=["hidden", "layers", "optimizer", "seed", "shuffle", "balance", "global-batch"],
+    ids=["hidden", "layers", "optimizer", "seed", "shuffle", "balance", "global-batch", "target"],
 )
 def test_resuming_a_checkpoint_of_another_model_optimizer_or_data_order_is_refused_naming_the_keys(
     tmp_path, capsys, change, named
@@ -239,8 +240,8 @@ def test_resuming_a_checkpoint_of_another_model_optimizer_or_data_order_is_refus
     code, err, records = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), **change})
     assert code == 2, err
     assert err.startswith(
-        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed, global batch or "
-        "data order"
+        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed, global batch, "
+        "target or data order"
     ), err
     assert named in err and "checkpoint.resume: false" in err
     assert "Traceback" not in err and "training BERT" not in err
@@ -285,8 +286,8 @@ def test_resuming_with_other_length_bins_is_refused_where_the_method_bins_by_len
         return
     assert code == 2, err
     assert err.startswith(
-        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed, global batch or "
-        "data order "
+        f"error: checkpoint.dir: {ck / 'latest.pt'} was written by another model, optimizer, seed, global batch, "
+        "target or data order "
         f"({named}), so it cannot be resumed"
     ), err
     assert (ck / "latest.pt").read_bytes() == saved
