@@ -40,6 +40,7 @@ configuration's failure: it is re-queued, nothing is told to its tuner, and the 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -518,10 +519,11 @@ class Study:
 
 
 def _trial_said(exit: TrialExit) -> str:
-    """The error line the trial entry wrote as its attempt ended (`error: trial ID attempt N: ...`), where its stderr
-    tail still holds it ("" where the lines other ranks and torchrun wrote after it pushed it out)."""
-    own = f"error: trial {exit.trial_id} attempt {exit.attempt}: "
-    return next((line.strip() for line in reversed(exit.stderr_tail.splitlines()) if line.startswith(own)), "")
+    """The error line the trial entry wrote as its attempt ended (`error: trial NUMBER (id ID) attempt N: ...`, or
+    `trial id ID` outside a run directory), where its stderr tail still holds it ("" where the lines other ranks
+    and torchrun wrote after it pushed it out)."""
+    own = re.compile(rf"error: trial (\d+ \(id {exit.trial_id}\)|id {exit.trial_id}) attempt {exit.attempt}: ")
+    return next((line.strip() for line in reversed(exit.stderr_tail.splitlines()) if own.match(line)), "")
 
 
 def _history_events(records: list[TrialRecord]):

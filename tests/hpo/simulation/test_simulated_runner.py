@@ -362,9 +362,11 @@ def test_an_evaluation_interval_off_the_tables_is_refused_before_anything_is_wri
     assert hpo_main(["--db", f"sqlite:///{db}", "run", str(path), "--quiet"]) == 2
     assert not db.exists()
     on_grid = experiment_file(tmp_path, "on-grid", trials=2, slots=2, overrides={"eval.every_samples": 2 * EVERY})
-    assert (
-        hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
-    )
+    code = hpo_main(["--db", f"sqlite:///{db}", "run", str(on_grid), "--quiet", "--run-dir", str(tmp_path / "run")])
+    assert code == 1  # run, not refused (2): its 2 trials diverge on the table's curves, so no result (1)
+    with SqlStorage(f"sqlite:///{db}") as storage:
+        (experiment,) = storage.list_experiments()
+        assert [t.state.value for t in storage.list_trials(experiment.id)] == ["diverged", "diverged"]
 
 
 def test_an_experiment_recorded_with_choices_read_as_strings_resumes(tmp_path):
