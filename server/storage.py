@@ -19,12 +19,10 @@ each then a 503; after a missed deadline every request answers 503 at once until
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from hpo.errors import DatabaseUnavailableError, StorageError
@@ -61,14 +59,13 @@ class StorageHolder:
         self._opening: Future[Storage] | None = None  # the attempt under way that requests wait for
         self._held_since: float | None = None  # when an attempt first got no answer; None once one answered
         self._closed = False
-        self._file: tuple[Path, tuple[int, int]] | None = None  # a SQLite file and its (device, inode) when opened
 
     def get(self) -> Storage:
         """The storage, opened first where it is not yet: waits for the attempt under way (in a thread; on the event
         loop, await `opened()`); DatabaseUnavailableError at once while the database is held (see the class)."""
         storage = self._storage
         if storage is not None:
-            self._check_file()
+            self._check_file(storage)
             return storage
         return self._attempt().result()
 
@@ -76,23 +73,15 @@ class StorageHolder:
         """`get()` for the event loop: the attempt under way is awaited, so the loop serves other requests meanwhile."""
         storage = self._storage
         if storage is not None:
-            self._check_file()
+            self._check_file(storage)
             return storage
         return await asyncio.wrap_future(self._attempt())
 
-    def _check_file(self) -> None:
+    def _check_file(self, storage: Storage) -> None:
         """DatabaseUnavailableError where the SQLite file the storage opened was deleted or replaced since (`rm` and
         a new experiment: the server would go on reading the deleted file, its answers a database nobody sees; its
         caches hold that one's answers, so the server does not switch to the new file): one stat, microseconds."""
-        if self._file is None:
-            return
-        path, opened = self._file
-        try:
-            now = os.stat(path)
-            same = (now.st_dev, now.st_ino) == opened
-        except OSError:
-            same = False
-        if not same:
+        if (path := storage.replaced_file()) is not None:
             raise DatabaseUnavailableError(f"the SQLite database {path} was deleted or replaced after `hpo serve` "
                                            "opened it: restart `hpo serve` to serve the file there now")  # fmt: skip
 
@@ -175,12 +164,9 @@ class StorageHolder:
                 f"{DATABASE_URL_ENV}={safe_url(self.url)} first"
             )
         # read_only: the file's journal mode is kept (setting WAL rewrites a file in another mode); a stop still
-        # writes its row
-        opened = os.stat(path) if path is not None else None  # before it opens: a file replaced meanwhile is said
+        # writes its row. The storage notes its file as it opens it: one replaced since is said (`_check_file`)
         storage = SqlStorage(self.url, read_only=True, deadlines=(self.timeout_s, max(SLOW_READ_S, self.timeout_s)))
         storage.wait_for_outages(WAIT_S)
-        if opened is not None:
-            self._file = (path, (opened.st_dev, opened.st_ino))
         return storage
 
     def close(self) -> None:

@@ -228,6 +228,7 @@ class Study:
             self._handle(exits)
             if not self.running and not self.queue and self._arm_with_quota() is None and self._all_confirmed():
                 self._update_note(every_s=0)  # the last round's note, for the final progress line and heartbeat
+                self.storage.check_file()  # not finished into a deleted file (checked once a second before)
                 return ExperimentStatus.FINISHED
             self._update_note()
             if not exits:

@@ -11,8 +11,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from hpo.errors import StorageError
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
 
@@ -299,9 +301,19 @@ class Storage(abc.ABC):
         """Whether `request_stop` was called since the experiment last became RUNNING."""
 
     @abc.abstractmethod
+    def replaced_file(self) -> Path | None:
+        """The database's file where it was deleted or replaced since the storage opened it (one stat), else None
+        (and always for a database server)."""
+
     def check_file(self) -> None:
-        """StorageError where the database is a file that was deleted or replaced since the storage opened it (a
-        controller would go on writing into the deleted file, which nobody reads). Nothing for a server."""
+        """StorageError where the database's file was deleted or replaced since the storage opened it: a controller
+        would go on writing into the deleted file, which nobody reads."""
+        if (path := self.replaced_file()) is not None:
+            raise StorageError(
+                f"the SQLite database {path} was deleted or replaced while this command used it: what it wrote since "
+                "went into the deleted file. Put the file back where it was (from a backup) and `hpo resume` the "
+                "experiment, or run it again afresh"
+            )
 
     # -- trials --------------------------------------------------------------------------------------------
 

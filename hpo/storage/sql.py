@@ -28,6 +28,7 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -135,7 +136,7 @@ class SqlStorage(TrialReads, Storage):
         self._directions: dict[int, Direction] = {}  # an experiment's direction never changes
         if self._engine.dialect.name != "sqlite":
             self._read_engine = self._engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._file = None  # (path, (device, inode)) of a SQLite file as opened: `check_file`
+        self._file = None  # (path, (device, inode)) of a SQLite file as opened: `replaced_file`
         if (path := sqlite_file(self.url)) is not None:
             with contextlib.suppress(OSError):
                 opened = os.stat(path)
@@ -148,21 +149,15 @@ class SqlStorage(TrialReads, Storage):
             self.close()
             raise
 
-    def check_file(self) -> None:
+    def replaced_file(self) -> Path | None:
         if self._file is None:
-            return
+            return None
         path, opened = self._file
         try:
             now = os.stat(path)
-            same = (now.st_dev, now.st_ino) == opened
         except OSError:
-            same = False
-        if not same:
-            raise StorageError(
-                f"the SQLite database {path} was deleted or replaced while this command used it: what it wrote since "
-                "went into the deleted file. Put the file back where it was (from a backup) and `hpo resume` the "
-                "experiment, or run it again afresh"
-            )
+            return path
+        return None if (now.st_dev, now.st_ino) == opened else path
 
     def _check_schema(self) -> None:
         with self._session() as session:
