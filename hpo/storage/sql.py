@@ -717,7 +717,8 @@ def _retried(method: Callable[..., Any]) -> Callable[..., Any]:
     return retried
 
 
-# Every method of the interface waits out an unreachable database (see the module docstring); the trial clock and
-# the helpers above are not database calls.
-for _name in sorted(Storage.__abstractmethods__ - {"use_trial_clock"}):
+# Every method of the interface waits out an unreachable database (see the module docstring); the trial clock, the
+# file check (one stat, called inside the others' tries: a retry's success there would end their outage) and the
+# helpers above are not database calls.
+for _name in sorted(Storage.__abstractmethods__ - {"use_trial_clock", "replaced_file"}):
     setattr(SqlStorage, _name, _retried(getattr(SqlStorage, _name)))
