@@ -50,7 +50,10 @@ def holder(monkeypatch) -> tuple[StorageHolder, Attempts]:
 
 
 class Opened:
-    """A storage as far as the holder sees it."""
+    """A storage as far as the holder sees it (a database server's: no file to be replaced)."""
+
+    def replaced_file(self) -> None:
+        return None
 
     def close(self) -> None:
         pass
