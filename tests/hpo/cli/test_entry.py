@@ -102,7 +102,7 @@ def test_an_hpo_module_started_from_such_a_folder_imports_hpos_trainer(own_train
     assert safe.returncode == 0 and safe.stdout.strip() == "1", safe.stderr[-1500:]
 
 
-@pytest.mark.parametrize("restarted", [True, False])
+@pytest.mark.parametrize("restarted", [pytest.param(True, marks=pytest.mark.slow), False])  # the restart: above
 def test_an_experiment_run_in_a_folder_with_its_own_trainer_trains_hpos(own_trainer, restarted):
     """`hpo run` in an ML project's folder with its own trainer: the trials' launcher (`python -m
     hpo.runners.preload`) and the trials started there imported the folder's package, and every trial failed
