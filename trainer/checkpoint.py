@@ -48,8 +48,9 @@ class TrainState:
 
 def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState, keep: int | None = None) -> Path:
     """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written. `keep`: then
-    delete the saves of fewer samples beyond the newest `keep` (this one among them); saves of more samples (a run
-    resumed from an earlier save) are left alone."""
+    delete the other saves but the newest `keep` - 1 before this one; saves of more samples go too (an earlier run's
+    in the same directory, started afresh with checkpoint.resume false, or the run resumed from an earlier save):
+    this run's latest is the newest that stays."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "state": asdict(state), "rng": rng_state()}
@@ -78,7 +79,8 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
                               f"{_why_not_written(e, directory)}") from e  # fmt: skip
     if keep is not None:
         older = sorted(p for p in directory.glob("ckpt-*.pt") if p.name < path.name)
-        for stale in older[: max(0, len(older) - (keep - 1))]:
+        later = [p for p in directory.glob("ckpt-*.pt") if p.name > path.name]
+        for stale in older[: max(0, len(older) - (keep - 1))] + later:
             stale.unlink(missing_ok=True)
     return path
 

@@ -439,6 +439,7 @@ def earlier_save(latest: Path) -> str:
         with suppress(CheckpointError):
             check_intact(older)
             samples = saved_state(older).samples
-            return (f"{older.name}, saved at {samples:,} samples, reads: copy it over {latest.name} to resume from "
-                    f"there, or {afresh}")  # fmt: skip
+            return (f"{older.name}, saved at {samples:,} samples, reads: `ln -f {older} {latest}` makes it the "
+                    f"latest to resume from there (not a copy over {latest.name}, a link to the newest save, which a "
+                    f"copy would write over), or {afresh}")  # fmt: skip
     return f"no earlier save there reads: {afresh}"

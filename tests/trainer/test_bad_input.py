@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -79,9 +80,13 @@ def test_an_unreadable_latest_checkpoint_is_refused_naming_the_earlier_save_that
     code, err, records = cli(tmp_path, capsys, **common, **{"budget.max_samples": 48})
     assert code == 2, err
     assert err.startswith(f"error: checkpoint.dir: cannot read {latest}, the checkpoint a resume starts from ("), err
-    assert "ckpt-000000000016.pt, saved at 16 samples, reads: copy it over latest.pt to resume from there" in err
+    older = ck / "ckpt-000000000016.pt"
+    assert f"ckpt-000000000016.pt, saved at 16 samples, reads: `ln -f {older} {latest}` makes it the latest" in err
+    assert "not a copy over latest.pt, a link to the newest save, which a copy would write over" in err
     assert "Traceback" not in err and "training BERT" not in err
     assert latest.read_bytes() == damaged  # nothing removed
+    subprocess.run(["bash", "-c", f"ln -f {older} {latest}"], check=True)  # as said: the saves stay as they were
+    assert latest.samefile(older) and (ck / "ckpt-000000000032.pt").read_bytes() == damaged
 
 
 def test_a_latest_checkpoint_changed_on_disk_is_refused_not_trained_from(tmp_path, capsys):
@@ -110,7 +115,7 @@ def test_a_latest_checkpoint_changed_on_disk_is_refused_not_trained_from(tmp_pat
     assert code == 2, err
     assert err.startswith(f"error: checkpoint.dir: cannot read {latest}, the checkpoint a resume starts from (its "
                           f"record {info.filename} does not match the checksum saved with it"), err  # fmt: skip
-    assert "ckpt-000000000032.pt, saved at 32 samples, reads: copy it over latest.pt" in err
+    assert f"ckpt-000000000032.pt, saved at 32 samples, reads: `ln -f {ck / 'ckpt-000000000032.pt'} {latest}`" in err
     assert "Traceback" not in err and "training BERT" not in err and records == first  # nothing more reported
     assert latest.read_bytes() == data  # nothing removed
 

@@ -91,20 +91,21 @@ def test_the_number_of_ranks_of_a_checkpoint_that_does_not_record_it_is_that_of_
     assert saved_world_size({"rng_ranks": [{}, {}]}, TrainState(world_size=1)) == 1  # its own record first
 
 
-def test_keep_deletes_the_older_saves_beyond_it_and_leaves_saves_of_more_samples(tmp_path):
-    """checkpoint.keep 2: after each save the newest two stay (latest.pt the newest); a directory that also holds a
-    save of more samples (a run resumed from an earlier save copied over latest.pt) keeps it: only older go."""
+def test_keep_deletes_the_older_saves_beyond_it_and_saves_of_more_samples(tmp_path):
+    """checkpoint.keep 2: after each save the newest two stay (latest.pt the newest). Saves of more samples than the
+    run's latest (an earlier run's, started afresh with checkpoint.resume false; the repair hint would have named
+    one, the other run's) go too."""
     for step in range(1, 5):
         weights = {"model": {"w": torch.full((1,), float(step))}}
         save_checkpoint(tmp_path, weights, TrainState(step=step, samples=8 * step), keep=2)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [f"ckpt-{24:012d}.pt", f"ckpt-{32:012d}.pt"]
     payload, state = load_checkpoint(latest_checkpoint(tmp_path))
     assert state.samples == 32 and payload["model"]["w"].item() == 4.0
-    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16), keep=1)  # resumed from an earlier save
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [f"ckpt-{16:012d}.pt", f"ckpt-{24:012d}.pt",
-                                                                  f"ckpt-{32:012d}.pt"]  # fmt: skip
-    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=5, samples=40))  # keep None: every save stays
-    assert len(list(tmp_path.glob("ckpt-*.pt"))) == 4
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=1, samples=8))  # keep None: every save stays
+    assert len(list(tmp_path.glob("ckpt-*.pt"))) == 3
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16), keep=1)  # a run started afresh
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [f"ckpt-{16:012d}.pt"]
+    assert load_checkpoint(latest_checkpoint(tmp_path))[1].samples == 16
 
 
 def test_a_run_with_keep_ends_with_its_newest_saves(tmp_path):

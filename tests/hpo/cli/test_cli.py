@@ -373,3 +373,5 @@ def test_a_run_whose_every_trial_failed_exits_1_and_says_so(tmp_path, capsys):
     record = storage.get_experiment_by_name("all-diverge")
     assert record.status == "finished"
     assert {t.state.value for t in storage.list_trials(record.id)} == {"diverged"}
+    assert main(["--db", db, "resume", "all-diverge"]) == 1  # `hpo run X || hpo resume X` reads no result either
+    assert "is finished: nothing to resume" in capsys.readouterr().err
