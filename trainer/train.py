@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from contextlib import nullcontext, suppress
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -27,6 +29,7 @@ from trainer.distributed import DistEnv, any_rank, dist_env_from_environ, init_p
 from trainer.errors import (
     CheckpointError,
     DataError,
+    DataWarning,
     DiskFullError,
     FinalSaveError,
     Terminated,
@@ -325,10 +328,11 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
     device = pick_device(cfg.device, env)
     init_process_group(env, device)
     try:  # shards that are not there: the MLPerf log (which opening replaces) is left as it was
-        for spec, key in ((cfg.data.train, "data.train"), (cfg.data.eval, "data.eval")):
-            find_shards(spec, key)
+        found = {key: find_shards(spec, key) for spec, key in ((cfg.data.train, "data.train"),
+                                                               (cfg.data.eval, "data.eval"))}  # fmt: skip
     except DataError as e:
         return failed_before_training(cfg, env, reporter, e)
+    warn_evaluated_on_training_shards(found["data.train"], found["data.eval"])
     if (done := finished_checkpoint(cfg)) is not None:  # nothing to train: the run's own MLPerf log stays as it is
         kept = " (its MLPerf log is kept)" if cfg.log.mlperf is not None else ""
         log(env, f"{done} is the checkpoint of a finished run: nothing is left to train{kept}")
@@ -383,3 +387,18 @@ def train(cfg: TrainerConfig, reporter: Reporter) -> TrainResult:
                                  f"final checkpoint was not saved: {e}; {kept_checkpoint(cfg)} stays the latest",
                                  result) from None  # fmt: skip
     return result
+
+
+def warn_evaluated_on_training_shards(train: list[Path], evaluation: list[Path]) -> None:
+    """A DataWarning where data.eval names shards data.train trains on: the accuracy would be measured on sequences
+    the run learns, and a target reached on them says nothing of the model (it ran without a word)."""
+    trained = {path.resolve() for path in train}
+    shared = [path for path in evaluation if path.resolve() in trained]
+    if shared:
+        warnings.warn(
+            f"data.eval names {len(shared)} of data.train's shards ({shared[0]}"
+            f"{' and others' if len(shared) > 1 else ''}): the evaluation measures accuracy on sequences the run "
+            "trains on; give a held-out set (`python -m trainer.data.prepare` writes one beside train/, in eval/)",
+            DataWarning,
+            stacklevel=2,
+        )

@@ -158,3 +158,18 @@ def test_rows_longer_than_the_position_table_are_refused(mixed_samples):
     with pytest.raises(DataError, match=rf"'input_mask', row {first_too_long}, column 40 .*embeddings = 40") as err:
         check_rows(mixed_samples, Path("x.h5"), make_model_config(max_position_embeddings=40))
     assert "cut the rows to it (data.max_seq_length=40)" in str(err.value)  # the option made for it
+
+
+def test_an_evaluation_set_that_names_training_shards_is_warned_of(tmp_path):
+    """data.eval pointing at the training shards ran without a word: accuracy measured on sequences it trains on."""
+    overrides = make_train_overrides(tmp_path, **{"data.eval": str(tmp_path / "train"), "budget.max_samples": 16})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(overrides) == TrainStatus.BUDGET_EXHAUSTED.exit_code
+    about_data = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert len(about_data) == 1 and about_data[0].startswith("data.eval names 1 of data.train's shards ("), about_data
+    assert "the evaluation measures accuracy on sequences the run trains on" in about_data[0]
+    with warnings.catch_warnings(record=True) as caught:  # a held-out set: no word
+        warnings.simplefilter("always")
+        assert main(make_train_overrides(tmp_path, **{"budget.max_samples": 16})) == 0
+    assert not [w for w in caught if issubclass(w.category, DataWarning)]
