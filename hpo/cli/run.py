@@ -309,10 +309,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if record.status is ExperimentStatus.FINISHED:  # nothing is left to run: nothing is written (its end time stays)
         print(f"experiment {record.name} is finished: nothing to resume (`hpo status {record.name}` and `hpo report "
               f"{record.name}` read it)", file=sys.stderr)  # fmt: skip
-        if storage.best_trial_id(record.id) is None:  # as its run ended: without a result (every trial failed)
-            print(f"no trial completed; `hpo trials {record.name}` shows why", file=sys.stderr)
-            return 1
-        return 0
+        from hpo.engine.local import exit_code
+
+        return exit_code(record.status, storage, record.id, record.name, quiet=True)  # as its run's: 1 without a result
     spec = spec_from_stored(record)
     _check_outage_bound(spec)
     _check_engine_options(spec, args)

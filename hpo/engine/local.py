@@ -260,10 +260,10 @@ def say_how_it_ended(study: Study, status: ExperimentStatus | None, lost: str | 
         print(f"stopped; `hpo resume {spec.name}` finishes the experiment", file=sys.stderr)
     if not quiet:
         print_summary(storage, experiment_id, spec, database_url=database_url)
-    return exit_code(status, storage, experiment_id, spec, quiet)
+    return exit_code(status, storage, experiment_id, spec.name, quiet)
 
 
-def exit_code(status: ExperimentStatus | None, storage: Storage, experiment_id: int, spec, quiet: bool) -> int:
+def exit_code(status: ExperimentStatus | None, storage: Storage, experiment_id: int, name: str, quiet: bool) -> int:
     """0 for an experiment that finished with a result; 1 for one that stopped, or finished without a completed
     trial (every trial failed: nothing to export, and a script must not take it for a result; the summary says
     so, and a quiet run says it here)."""
@@ -271,7 +271,7 @@ def exit_code(status: ExperimentStatus | None, storage: Storage, experiment_id: 
         return 1
     if storage.best_trial_id(experiment_id) is None:
         if quiet:
-            print(f"no trial completed; `hpo trials {spec.name}` shows why", file=sys.stderr)
+            print(f"no trial completed; `hpo trials {name}` shows why", file=sys.stderr)
         return 1
     return 0
 

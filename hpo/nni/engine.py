@@ -148,7 +148,7 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
         print_summary(storage, experiment_id, spec, database_url)
         hpo = next_commands(database_url)[0]
         print(f"  {hpo} webui {spec.name}                 # browse the trials in the NNI web UI")
-    return exit_code(status, storage, experiment_id, spec, quiet)
+    return exit_code(status, storage, experiment_id, spec.name, quiet)
 
 
 class NniStartError(NniEngineError):
