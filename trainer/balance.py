@@ -22,13 +22,14 @@ the node's process group.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, DataWarning
 
 METHODS = ("none", "stratified", "local_presort")
 
@@ -45,6 +46,26 @@ def assign_bins(lengths: np.ndarray, bins: Sequence[int]) -> np.ndarray:
     if bounds.ndim != 1 or len(bounds) == 0 or np.any(np.diff(bounds) <= 0):
         raise ConfigError(f"balance.bins must be non-empty, strictly increasing upper bounds; got {list(bins)}")
     return np.minimum(np.searchsorted(bounds, lengths, side="left"), len(bounds) - 1)
+
+
+def warn_one_bin(lengths: np.ndarray, method: str, bins: Sequence[int]) -> None:
+    """A DataWarning where `stratified` finds sequences of several lengths all in one bin of `bins`: every
+    micro-batch then draws from that bin alone, as `none` would, and the method balances nothing (it ran without
+    a word). The warning names bounds inside the lengths (their quartiles)."""
+    if method != "stratified" or len(lengths) == 0 or lengths.min() == lengths.max():
+        return
+    if len(np.unique(assign_bins(lengths, bins))) > 1:
+        return
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    quartiles = {int(q) for q in np.quantile(lengths, [0.25, 0.5, 0.75])}
+    bounds = sorted(q for q in quartiles if shortest <= q < longest) + [longest]
+    warnings.warn(
+        f"balance.method stratified: balance.bins {list(bins)} put all {len(lengths)} training sequences (of "
+        f"{shortest} to {longest} tokens) in one bin, so every micro-batch draws from it as method none would and "
+        f"nothing is balanced; give bounds inside the lengths, e.g. balance.bins=[{','.join(map(str, bounds))}]",
+        DataWarning,
+        stacklevel=2,
+    )
 
 
 def batch_bin_counts(histogram: np.ndarray, micro_batch_size: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """The trainer's exceptions. Everything the trainer raises on purpose derives from `TrainerError`.
 
-`DataWarning` is the one warning (not an error): data that is used, with a part of it skipped.
+`DataWarning` is the one warning (not an error): data that trains, but not as its settings suggest (a part of it
+skipped, a setting that does nothing on it).
 Messages say what was wrong, where (file, dotted config key, shard) and what to do about it.
 """
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.attention import flash_device, resolve_attention
-from trainer.balance import RankBatchSampler, build_batch_sampler, make_node_groups
+from trainer.balance import RankBatchSampler, build_batch_sampler, make_node_groups, warn_one_bin
 from trainer.checkpoint import (
     TrainState,
     finished_status,
@@ -30,7 +30,7 @@ from trainer.checkpoint import (
 from trainer.clipping import GradientClipper, effective_optimizer_config
 from trainer.config import TrainerConfig, dump_config
 from trainer.data.batch import ShapeBudget, masked_counts, training_budget
-from trainer.data.checks import load_checked_samples
+from trainer.data.checks import load_checked_samples, warn_rows_narrower_than
 from trainer.data.shards import PretrainingSamples
 from trainer.distributed import DistEnv, all_gather_scalars, log
 from trainer.errors import CheckpointError, ConfigError
@@ -86,6 +86,8 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
     width = cfg.data.max_seq_length
     train_samples = load_checked_samples(cfg.data.train, "data.train", cfg.model, max_seq_length=width)
     eval_samples = load_checked_samples(cfg.data.eval, "data.eval", cfg.model, cfg.eval.max_samples, width)
+    warn_rows_narrower_than(width, {"data.train": (cfg.data.train, train_samples),
+                                    "data.eval": (cfg.data.eval, eval_samples)})  # fmt: skip
     model = build_model(cfg, device)
     model.cuda_graphs = False  # measuring the memory of micro-batches (auto) on graphs would keep each one's pool
     cfg = resolve_micro_batch(cfg, env, device, autocast, model, train_samples)
@@ -139,6 +141,7 @@ def build_run(cfg: TrainerConfig, env: DistEnv, device: torch.device, reporter: 
 
 def build_sampler(cfg: TrainerConfig, env: DistEnv, train_samples: PretrainingSamples) -> RankBatchSampler:
     """This rank's micro-batches of every epoch, balanced as `balance` says over the ranks (and nodes)."""
+    warn_one_bin(train_samples.lengths, cfg.balance.method, cfg.balance.bins)
     return build_batch_sampler(
         train_samples.lengths,
         cfg.balance.method,

@@ -16,6 +16,7 @@ import pytest
 
 from tests.trainer.conftest import make_model_config, make_train_overrides
 from trainer.__main__ import main
+from trainer.balance import assign_bins
 from trainer.data.checks import check_rows
 from trainer.data.shards import SHARD_LAYOUT, PretrainingSamples, read_shard, write_shard
 from trainer.errors import DataError, DataWarning
@@ -173,3 +174,44 @@ def test_an_evaluation_set_that_names_training_shards_is_warned_of(tmp_path):
         warnings.simplefilter("always")
         assert main(make_train_overrides(tmp_path, **{"budget.max_samples": 16})) == 0
     assert not [w for w in caught if issubclass(w.category, DataWarning)]
+
+
+def data_warnings(overrides: list[str]) -> list[str]:
+    """The DataWarnings of a run of `overrides` (which must end budget_exhausted)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(overrides) == TrainStatus.BUDGET_EXHAUSTED.exit_code
+    return [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+
+
+def test_a_max_seq_length_wider_than_the_shards_is_warned_of_and_a_cutting_one_is_not(tmp_path):
+    """data.max_seq_length above the shards' 64-token rows cut nothing and trained on 64 tokens without a word."""
+    said = data_warnings(make_train_overrides(tmp_path, **{"data.max_seq_length": 128, "budget.max_samples": 16}))
+    assert len(said) == 2, said  # the training and the evaluation rows
+    train = str(tmp_path / "train")
+    assert said[0].startswith(f"data.max_seq_length = 128 is wider than the rows of data.train = '{train}' (64 tokens)")
+    assert "the run trains on sequences of at most 64 tokens" in said[0]
+    assert "`python -m trainer.data.prepare --max-seq-length 128`) or set data.max_seq_length to 64 or less" in said[0]
+    assert said[1].startswith("data.max_seq_length = 128 is wider than the rows of data.eval")
+    assert "the run evaluates on sequences of at most 64 tokens" in said[1]
+    assert not data_warnings(make_train_overrides(tmp_path, **{"data.max_seq_length": 64, "budget.max_samples": 16}))
+    assert not data_warnings(make_train_overrides(tmp_path, **{"data.max_seq_length": 32, "budget.max_samples": 16}))
+
+
+def test_stratified_bins_that_hold_every_sequence_in_one_are_warned_of_with_bounds_inside_the_lengths(tmp_path):
+    """balance.bins above every length made `stratified` draw as `none` does, without a word; the bounds it names
+    split the sequences (checked here by binning them)."""
+    overrides = make_train_overrides(tmp_path, **{"balance.method": "stratified", "budget.max_samples": 16})
+    said = data_warnings(overrides)  # the default bins [64, 128, ...] hold the 8- to 64-token rows in their first
+    lengths = read_shard(tmp_path / "train" / "part-00000.h5").lengths
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"balance.method stratified: balance.bins [64, 128, 192, 256, 320, 384, 448, 511, 512] put all 96 training "
+        f"sequences (of {lengths.min()} to {lengths.max()} tokens) in one bin"
+    )
+    bounds = [int(b) for b in said[0].split("balance.bins=[")[1].rstrip("]").split(",")]
+    assert bounds == sorted(set(bounds)) and bounds[-1] == lengths.max() and len(bounds) == 4
+    assert len(np.unique(assign_bins(lengths, bounds))) == 4  # the named bounds put sequences in each of 4 bins
+    split = {"balance.method": "stratified", "balance.bins": str(bounds), "budget.max_samples": 16}
+    assert not data_warnings(make_train_overrides(tmp_path, **split))
+    assert not data_warnings(make_train_overrides(tmp_path, **{"budget.max_samples": 16}))  # method none: no word

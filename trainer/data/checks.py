@@ -45,6 +45,26 @@ def load_checked_samples(
     return samples
 
 
+def warn_rows_narrower_than(max_seq_length: int | None, samples_of: dict[str, tuple[str, PretrainingSamples]]) -> None:
+    """A DataWarning for each data set (config key -> (spec, samples)) whose rows are narrower than
+    data.max_seq_length: the setting cuts nothing there, and the run trains on shorter sequences than it asks for
+    (it ran without a word)."""
+    if max_seq_length is None:
+        return
+    for key, (spec, samples) in samples_of.items():
+        if samples.max_seq_length < max_seq_length:
+            width = samples.max_seq_length
+            warnings.warn(
+                f"data.max_seq_length = {max_seq_length} is wider than the rows of {key} = {spec!r} ({width} "
+                f"tokens): it cuts nothing, and the run {'trains' if key == 'data.train' else 'evaluates'} on "
+                f"sequences of at most {width} tokens; prepare shards of {max_seq_length} tokens (`python -m "
+                f"trainer.data.prepare --max-seq-length {max_seq_length}`) or set data.max_seq_length to {width} "
+                "or less",
+                DataWarning,
+                stacklevel=2,
+            )
+
+
 def check_rows(samples: PretrainingSamples, path: Path, model: ModelConfig) -> None:
     """Every row fits `model` and its masked positions point into the row's own tokens."""
     lengths = samples.lengths
