@@ -20,7 +20,15 @@ class DatabaseUnavailableError(StorageError):
     """The database cannot be reached for now (its server down or restarting, the connection lost, an SQLite file
     locked by another process): transient, unlike a bad URL or a refused change. Raised once retrying has gone on
     for the bound (`database.outage_s`) or a caller that does not wait asked just once; the message says for how
-    long it has been unreachable."""
+    long it has been unreachable. `state` names what holds it up in a few words, for a progress line ("database
+    <state> for 42 s"): unreachable, locked by another writer, out of disk space, ..."""
+
+    state: str = "unreachable"
+
+    def __init__(self, message: str, state: str | None = None) -> None:
+        super().__init__(message)
+        if state is not None:
+            self.state = state
 
 
 class BadDatabaseError(StorageError):

@@ -5,7 +5,8 @@ The view reads the database in its own thread, so the study loop never prints. O
 `Live` display; otherwise (a log file, CI) it prints plain lines: each finished trial, and the status line
 when it changes, at most every `interval_s` seconds. While the database is away (the view's reads try once; the
 storage counts since when it has been unreachable) the status line says so, "database unreachable for 42 s,
-retrying", and once it is back, for how long it was away.
+retrying" (or what holds it up: "database out of disk space for 42 s"), and once it is back, for how long it was
+away.
 """
 
 from __future__ import annotations
@@ -132,16 +133,16 @@ class ProgressView:
         if away is None:
             return False
         self._away_s = away
-        self._show(self.outage_line(away), final)
+        self._show(self.outage_line(away, self.storage.outage_state()), final)
         return True
 
-    def outage_line(self, away_s: float) -> str:
-        """The status line while the database is away."""
+    def outage_line(self, away_s: float, state: str = "unreachable") -> str:
+        """The status line while the database is away (`state`: what holds it up, `Storage.outage_state`)."""
         if self.outage_s and away_s >= self.outage_s:  # running trials train on; the next write ends the run
-            return (f"database unreachable for {away_s:.0f} s, past the {self.outage_s:g} s the controller waits "
+            return (f"database {state} for {away_s:.0f} s, past the {self.outage_s:g} s the controller waits "
                     "(database.outage_s): it stops at its next write")  # fmt: skip
         bound = f" (the controller waits up to {self.outage_s:g} s: database.outage_s)" if self.outage_s else ""
-        return f"database unreachable for {away_s:.0f} s, retrying{bound}"
+        return f"database {state} for {away_s:.0f} s, retrying{bound}"
 
     def _show(self, line: str, final: bool, best: dict[str, TrialRecord] | None = None) -> None:
         if self._live is not None:

@@ -520,6 +520,12 @@ class Storage(abc.ABC):
         the controller waits."""
         return None
 
+    def outage_state(self) -> str:
+        """While `unreachable_for()` counts: what holds the database up, in a few words for the progress line
+        ("database <state> for 42 s"), as the latest failure said it: unreachable, locked by another writer, out
+        of disk space, short of a resource, closed to connections."""
+        return "unreachable"
+
     def close(self) -> None:  # noqa: B027 - optional hook, backends without resources need not override it
         """Release connections; the storage must not be used afterwards."""
 

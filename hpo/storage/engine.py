@@ -433,31 +433,36 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s busy timeout). Another process holds a write transaction on it (a "
             "sqlite3 shell or a database browser with changes not committed, or another command's long write): end "
             "it and try again, set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, or use PostgreSQL "
-            f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers."
+            f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers.",
+            state="locked by another writer",
         )
     if sqlstate(exc) == DISK_FULL_SQLSTATE and is_transient(exc):  # a PostgreSQL server that cannot grow a file
         return DatabaseUnavailableError(
             f"the database server of {where} reported its disk full: {reason}. Free space on the disk of its data "
             "directory (`df` on the database's machine, or its volume: `docker-compose exec postgres df -h "
             "/var/lib/postgresql/data`), or give it a larger one, and the command that waits goes on; or set "
-            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            state="out of disk space",
         )
     if sqlstate(exc) in TRANSIENT_SQLSTATES and is_transient(exc):  # short of memory or of another resource
         return DatabaseUnavailableError(
             f"the database server of {where} is short of a resource it needs: {reason}. It comes back once other "
             "clients' load eases (or its settings give it more), and the command that waits goes on; or set "
-            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            state="short of a resource",
         )
     if "is not currently accepting connections" in reason.lower() and is_transient(exc):
         return DatabaseUnavailableError(
             f"the database of {where} is closed to connections: {reason}. Its owner closed it (`ALTER DATABASE ... "
             "ALLOW_CONNECTIONS false`, e.g. for maintenance); `ALTER DATABASE ... ALLOW_CONNECTIONS true` opens it "
-            "again, and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+            "again, and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            state="closed to connections",
         )
     if "database or disk is full" in reason.lower():  # SQLite's words (its file's disk), or a server's full disk
         return DatabaseUnavailableError(
             f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), and the "
-            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            state="out of disk space",
         )
     if "deadlock detected" in reason.lower():  # PostgreSQL ended one of two transactions waiting for each other
         return StorageError(

@@ -135,18 +135,21 @@ class Outage:
     SQLite file that another writer keeps locked still answers reads (WAL), and those answers must not restart the
     clock of the writes that wait for it. Reads that fail mean writes fail too (a server that is down), so a write's
     outage counts from the first failure of either. A write failure with no other for `STALE_FAILURE_S` was one
-    that no write waited on (a server that writes once in hours): the next starts a new outage."""
+    that no write waited on (a server that writes once in hours): the next starts a new outage. The latest failure's
+    state (DatabaseUnavailableError.state: unreachable, out of disk space, ...) says what holds the database up."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._since: dict[bool, float] = {}  # write? -> when the first try that failed began
         self._last_write_failure: float | None = None
+        self._state = "unreachable"
         self._lock = threading.Lock()
 
-    def failed(self, started: float, write: bool = True) -> float:
-        """A try (a write, or only reads) that began at `started` (clock seconds) failed: how long the database
-        has now been unreachable for such calls."""
+    def failed(self, started: float, write: bool = True, state: str = "unreachable") -> float:
+        """A try (a write, or only reads) that began at `started` (clock seconds) failed, the database being `state`:
+        how long it has now been unreachable for such calls."""
         with self._lock:
+            self._state = state
             now = self._clock()
             if write:
                 last, self._last_write_failure = self._last_write_failure, now
@@ -172,6 +175,11 @@ class Outage:
             since = min(self._since.values(), default=None)
         return None if since is None else self._clock() - since
 
+    def state(self) -> str:
+        """What the latest failure said holds the database up ("unreachable", "out of disk space", ...)."""
+        with self._lock:
+            return self._state
+
 
 def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: random.Random,
                     stop: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
@@ -193,13 +201,14 @@ def call_with_retry(call: Callable[[], T], outage: Outage, bound_s: float, rng: 
             else:
                 result = call()
         except DatabaseUnavailableError as exc:
-            waited = outage.failed(started, wrote())
+            waited = outage.failed(started, wrote(), exc.state)
             if bound_s <= 0 or not may_wait():
                 raise
             if waited >= bound_s:
                 raise DatabaseUnavailableError(
                     f"{exc} It has been unreachable for {waited:.0f} s, the longest this process waits "
-                    f"(database.outage_s = {bound_s:g} s; {OUTAGE_ENV} sets it)."
+                    f"(database.outage_s = {bound_s:g} s; {OUTAGE_ENV} sets it).",
+                    exc.state,
                 ) from exc
             if waiting is not None:
                 waiting(exc, bound_s)
@@ -235,7 +244,7 @@ def _pause(seconds: float, stop: Callable[[], str | None], sleep: Callable[[floa
     while True:
         reason = stop()
         if reason:
-            raise DatabaseUnavailableError(f"{exc} Stopped waiting for it: {reason}.") from exc
+            raise DatabaseUnavailableError(f"{exc} Stopped waiting for it: {reason}.", exc.state) from exc
         left = deadline - clock()
         if left <= 0:
             return

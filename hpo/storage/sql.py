@@ -182,6 +182,9 @@ class SqlStorage(TrialReads, Storage):
     def unreachable_for(self) -> float | None:
         return self._outage.unreachable_for()
 
+    def outage_state(self) -> str:
+        return self._outage.state()
+
     def _stamp(self, created: tuple, clock: Callable[[], datetime]) -> datetime:
         """The creation time of what a create (its arguments: `created`) makes: `clock()` on a first try, the first
         try's time on a retry, so a retry knows its own first try's row by it from a twin made earlier."""

@@ -21,8 +21,9 @@ from hpo.storage.retry import without_waiting
 
 
 def assert_away_then_back(lines: list[str]) -> None:
-    """The view's lines: the database away, back again, then the status line."""
-    assert re.fullmatch(r"database unreachable for \d+ s, retrying \(the controller waits up to 600 s: "
+    """The view's lines: the database away (an SQLite file locked by another connection: the line says so, not
+    "unreachable"), back again, then the status line."""
+    assert re.fullmatch(r"database locked by another writer for \d+ s, retrying \(the controller waits up to 600 s: "
                         r"database\.outage_s\)", lines[0])  # fmt: skip
     assert re.fullmatch(r"database reachable again \(it was away for at least \d+ s\)", lines[1])
     assert lines[2].startswith("trials: 0/4 done, 0 running, 4 waiting")
@@ -81,4 +82,7 @@ def test_past_the_bound_the_line_says_the_controller_stops_at_its_next_write(tmp
                                     "database.outage_s)"  # fmt: skip
     assert view.outage_line(48) == ("database unreachable for 48 s, past the 10 s the controller waits "
                                     "(database.outage_s): it stops at its next write")  # fmt: skip
+    assert view.outage_line(8, "out of disk space") == (
+        "database out of disk space for 8 s, retrying (the controller waits up to 10 s: database.outage_s)"
+    )
     storage.close()

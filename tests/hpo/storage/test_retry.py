@@ -440,4 +440,5 @@ def test_a_full_disk_under_a_sqlite_file_is_an_outage_that_says_to_free_space(tm
     translated = storage_error(raised.value, url)
     assert isinstance(translated, DatabaseUnavailableError)
     assert str(translated).startswith(f"the disk of the database {url} is full: database or disk is full. Free space")
+    assert translated.state == "out of disk space"  # what the progress line says ("database out of disk space for")
     assert "database server" not in str(translated)

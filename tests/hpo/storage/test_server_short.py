@@ -142,9 +142,11 @@ def full_disk(postgres_url: str) -> Iterator[tuple[str, threading.Event]]:
 def test_a_write_waits_for_a_server_whose_disk_is_full_and_goes_on_once_it_has_space(full_disk):
     url, freed = full_disk
     told: list[str] = []
+    states: set[str] = set()  # what the progress line says the database is, while the write waits
 
     def waiting(error: DatabaseUnavailableError, _bound_s: float) -> None:  # before each pause
         told.append(str(error))
+        states.add(storage.outage_state())
         if len(told) == 3:  # tried three times (about 1 s): the disk gets space
             freed.set()
 
@@ -154,6 +156,7 @@ def test_a_write_waits_for_a_server_whose_disk_is_full_and_goes_on_once_it_has_s
         assert storage.get_experiment(experiment_id).name == "patient"
         assert storage.unreachable_for() is None
     assert len(told) >= 3 and all("reported its disk full: could not extend file" in text for text in told), told
+    assert states == {"out of disk space"}
 
 
 @pytest.mark.postgres
