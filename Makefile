@@ -39,6 +39,8 @@ bench-deps: $(VENV)/.installed
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "hpo needs Python 3.11 or later; $(PYTHON) is $$($(PYTHON) --version 2>&1 || echo missing): give another with PYTHON=python3.11 (make $(MAKECMDGOALS) PYTHON=...)" >&2; exit 2; }
 	@if [ ! -x $(BIN)/python ]; then \
 	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
 	    echo "keeping the torch already installed: $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
