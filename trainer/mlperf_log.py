@@ -48,6 +48,7 @@ submitter's job. `submission_division` "open" (the default) is what a run of thi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 from pathlib import Path
@@ -165,21 +166,25 @@ class MLPerfLog:
             self._block_first = None
 
     def run_stop(self, result: TrainResult) -> None:
-        """Step 4 (when the run started), then the file is closed."""
-        if self._started:
-            self._block_stop()
-            status = keys.SUCCESS if result.status is TrainStatus.REACHED_TARGET else keys.ABORTED
-            self._emit("end", keys.RUN_STOP, metadata={keys.STATUS: status})
-            self._emit("event", keys.TRAIN_SAMPLES, result.samples)
-            self._emit("event", keys.EVAL_SAMPLES, self._eval_samples)
-            self._started = False
-        self.close()
+        """Step 4 (when the run started), then the file is closed (also when a write fails: a full disk)."""
+        try:
+            if self._started:
+                self._started = False
+                self._block_stop()
+                status = keys.SUCCESS if result.status is TrainStatus.REACHED_TARGET else keys.ABORTED
+                self._emit("end", keys.RUN_STOP, metadata={keys.STATUS: status})
+                self._emit("event", keys.TRAIN_SAMPLES, result.samples)
+                self._emit("event", keys.EVAL_SAMPLES, self._eval_samples)
+        finally:
+            self.close()
 
     def close(self) -> None:
+        """Close the file; what a failed write left in its buffer is dropped (the write's error was raised)."""
         if self._logger is not None:
             for handler in list(self._logger.handlers):
-                handler.close()
                 self._logger.removeHandler(handler)
+                with contextlib.suppress(OSError):  # the bytes a failed write left: its error is the one raised
+                    handler.close()  # (every record is flushed as it is written: nothing else is left to flush)
             self._logger, self._mllog = None, None
 
 
@@ -205,5 +210,9 @@ def open_log(cfg: TrainerConfig, env: DistEnv, device: torch.device) -> MLPerfLo
     logger = logging.Logger("trainer.mlperf", logging.INFO)
     logger.addHandler(handler)
     log = MLPerfLog(cfg, logger)
-    log.init_start(env, device)
+    try:
+        log.init_start(env, device)
+    except BaseException:  # a full disk: the file is closed, the error raised
+        log.close()
+        raise
     return log
