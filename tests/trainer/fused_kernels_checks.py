@@ -1,13 +1,15 @@
 """The fused kernels (`trainer.fused`: bias-dropout-residual-LayerNorm, bias-GELU) against their eager references,
 run in Triton's interpreter on the CPU: `python -m tests.trainer.fused_kernels_checks` with TRITON_INTERPRET=1 (read
 when triton is imported, so a process of its own: tests/trainer/test_fused_kernels.py starts it). Prints one JSON
-object of measured differences and counts; the tests assert on them."""
+object of measured differences and counts; the tests assert on them. With `--slow`, only the cases of the slow tests
+(`SLOW_CASES`: the model with one kernel, and with the norm's hidden dropout) instead."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
+import sys
 
 import numpy as np
 import torch
@@ -171,8 +173,22 @@ def empty_batch() -> dict:
             "grads_zero": all(g is not None and not g.any() for g in grads)}  # fmt: skip
 
 
-def main() -> None:
+# The tiny model with one kernel and with the norm's hidden dropout: seconds each in the interpreter, measured for the
+# slow tests only. The default ones run both kernels in the model (`model_both`), and the dropout's seed and eval mode
+# at the op (`dropout`, `eval`, `mask`).
+SLOW_CASES = {
+    "model": lambda: model_against_eager({"fused_norm": True}),
+    "model_gelu": lambda: model_against_eager({"fused_gelu": True}),
+    "model_dropout": model_with_dropout,
+}
+
+
+def main(argv: list[str]) -> None:
     assert interpreting(), "run with TRITON_INTERPRET=1"
+    if argv == ["--slow"]:
+        print(json.dumps({name: measure() for name, measure in SLOW_CASES.items()}))
+        return
+    assert not argv, f"unknown arguments {argv} (--slow or none)"
     results = {
         "dropout": against_eager(37, 48, 0.1, True),  # a row narrower than the kernel's block (64)
         "dropout_quarter": against_eager(29, 64, 0.25, True),
@@ -181,10 +197,7 @@ def main() -> None:
         "gelu": gelu_against_eager(37, 80),  # a row narrower than the kernel's block (128)
         "gelu_bf16": gelu_against_eager(37, 80, torch.bfloat16),
         "mask": mask_statistics(),
-        "model": model_against_eager({"fused_norm": True}),
-        "model_gelu": model_against_eager({"fused_gelu": True}),
         "model_both": model_against_eager({"fused_norm": True, "fused_gelu": True}),
-        "model_dropout": model_with_dropout(),
         "no_rows": empty_batch(),
     }
     with gpu_launch_shapes():
@@ -226,4 +239,4 @@ def trial_launches(cfg: TrainerConfig, autocast: torch.dtype | None) -> list[str
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

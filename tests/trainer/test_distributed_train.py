@@ -142,8 +142,10 @@ def test_two_ranks_resumed_with_dropout_train_on_as_an_uninterrupted_run(tmp_pat
     assert first + then == uninterrupted
 
 
+# Each direction a torchrun (and 2 runs in this process); one of them by default
+@pytest.mark.parametrize("ranks", [pytest.param((2, 1), marks=pytest.mark.slow), (1, 2)], ids=["2-to-1", "1-to-2"])
 def test_a_checkpoint_resumed_on_another_number_of_ranks_trains_the_samples_of_an_uninterrupted_run(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, ranks
 ):
     """A checkpoint's position counts the micro-batches of each rank: 2 ranks stopped at 16 samples (2 micro-batches
     of 4 a rank) and resumed on one process went on after its 2nd micro-batch, training samples 8 to 16 again; one
@@ -173,12 +175,14 @@ def test_a_checkpoint_resumed_on_another_number_of_ranks_trains_the_samples_of_a
         return read_steps(tmp_path / name)
 
     said: dict[str, str] = {}
+    on = {1: one_process, 2: two_ranks}
+    before, after = ranks
     uninterrupted = one_process("whole", 32)
     assert len(uninterrupted) == 4 and len({i for step in uninterrupted for i in step}) == 32
-    assert two_ranks("two", 16, tmp_path / "ck2") + one_process("then-one", 32, tmp_path / "ck2") == uninterrupted
-    assert "16 samples (saved on 2 ranks: epoch 0 goes on at micro-batch 4 of 24 a rank" in said["then-one"]
-    assert one_process("one", 16, tmp_path / "ck1") + two_ranks("then-two", 32, tmp_path / "ck1") == uninterrupted
-    assert "16 samples (saved on 1 rank: epoch 0 goes on at micro-batch 2 of 12 a rank" in said["then-two"]
+    assert on[before]("first", 16, tmp_path / "ck") + on[after]("then", 32, tmp_path / "ck") == uninterrupted
+    saved = {2: "saved on 2 ranks: epoch 0 goes on at micro-batch 4 of 24 a rank",
+             1: "saved on 1 rank: epoch 0 goes on at micro-batch 2 of 12 a rank"}  # fmt: skip
+    assert f"16 samples ({saved[before]}" in said["then"]
 
 
 @pytest.mark.slow  # a torchrun of its own (make test-all)
@@ -220,7 +224,12 @@ def test_ctrl_c_under_torchrun_is_said_once_with_one_final_record_and_the_run_re
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
 
 
+@pytest.mark.slow  # by default: hpo's torchrun [SIGKILL] and test_stop's torchrun stop (see the docstring)
 def test_a_killed_rank_ends_the_run_with_an_error(tmp_path):
+    """torchrun tears down the surviving trainer rank and names the one killed. By default, a killed rank ending the
+    run, named: tests/hpo/trial/test_torchrun.py::test_the_first_failed_ranks_code_and_a_line_naming_it_end_the_run
+    [os.kill(os.getpid(), signal.SIGKILL)-...]; trainer ranks ended mid-training without a hang:
+    tests/hpo/engine/test_stop.py::test_an_api_stop_ends_both_ranks_of_a_torchrun_trial_and_closes_its_record."""
     overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 10**7, "eval.every_samples": 10**7})
     proc = subprocess.Popen(
         torchrun(2, overrides),

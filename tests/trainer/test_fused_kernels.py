@@ -2,12 +2,12 @@
 (`trainer.fused`) against eager PyTorch.
 
 The kernels are Triton's, compiled for a GPU; on the CPU they run in Triton's interpreter, which a process must ask
-for before it imports triton: the checks run once in a process of their own (`tests.trainer.fused_kernels_checks`)
-and the tests below read what it measured. In float32 every output and gradient is within 1e-5 of the exact
-(float64) eager composition (with the mask the kernel drew); the tiny model with the kernels trains the eager model's
-losses (within 1e-5) and gradients over AdamW steps: each within 1e-5 of the eager one, or, where the two differ by
-more (the near-cancelling sums of the next-sentence head: see tests/trainer/test_fused_paths.py), no farther from the
-exact (float64) gradient than the eager float32 one is."""
+for before it imports triton: the checks run once in a process of their own (`tests.trainer.fused_kernels_checks`;
+the slow tests' cases in a second one) and the tests below read what it measured. In float32 every output and
+gradient is within 1e-5 of the exact (float64) eager composition (with the mask the kernel drew); the tiny model with
+the kernels trains the eager model's losses (within 1e-5) and gradients over AdamW steps: each within 1e-5 of the
+eager one, or, where the two differ by more (the near-cancelling sums of the next-sentence head: see
+tests/trainer/test_fused_paths.py), no farther from the exact (float64) gradient than the eager float32 one is."""
 
 from __future__ import annotations
 
@@ -32,13 +32,23 @@ ROOT = Path(__file__).resolve().parents[2]
 OPERANDS = ("out", "d_mm", "d_bias", "d_residual", "d_weight", "d_norm_bias")
 
 
-@pytest.fixture(scope="module")
-def measured() -> dict:
+def run_checks(*args: str) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tests.trainer.fused_kernels_checks"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "tests.trainer.fused_kernels_checks", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    return run_checks()
+
+
+@pytest.fixture(scope="module")
+def measured_slow() -> dict:
+    """The cases only slow tests read (`fused_kernels_checks.SLOW_CASES`), in a process of their own."""
+    return run_checks("--slow")
 
 
 @pytest.mark.parametrize("case", ["dropout", "dropout_quarter", "eval"])
@@ -91,10 +101,13 @@ def test_the_dropout_mask_drops_its_share_depends_on_the_seed_alone_and_differs_
     assert low <= mask["rows_equal"] <= high
 
 
-@pytest.mark.parametrize("case", ["model", "model_gelu", "model_both"])
-def test_the_model_with_the_kernels_trains_the_eager_models_losses_and_gradients(measured, case):
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param("model", marks=pytest.mark.slow), pytest.param("model_gelu", marks=pytest.mark.slow), "model_both"],
+)  # each kernel alone in the model: slow; both kernels run in the same model path by default
+def test_the_model_with_the_kernels_trains_the_eager_models_losses_and_gradients(request, case):
     """model.fused_norm, model.fused_gelu, and both."""
-    model = measured[case]
+    model = request.getfixturevalue("measured" if case == "model_both" else "measured_slow")[case]
     assert model["same_names"]  # checkpoints keep their names
     assert model["missing"] == []
     assert model["losses"] == pytest.approx(model["reference_losses"], rel=RTOL, abs=0)
@@ -110,8 +123,9 @@ def test_the_model_with_the_kernels_trains_the_eager_models_losses_and_gradients
         assert g["difference"] <= RTOL * g["scale"] or g["fused_error"] <= g["float32_error"], (name, g)
 
 
-def test_the_kernels_dropout_is_drawn_from_torchs_seed_and_off_in_eval(measured):
-    result = measured["model_dropout"]
+@pytest.mark.slow  # by default the op's seeded mask and eval mode: the [dropout] and [eval] cases and the mask test
+def test_the_kernels_dropout_is_drawn_from_torchs_seed_and_off_in_eval(measured_slow):
+    result = measured_slow["model_dropout"]
     assert result["seed1"] == result["seed1_again"]
     assert result["seed1"] != result["seed2"]
     assert result["eval_equal"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
-import subprocess
-import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +13,7 @@ import torch
 import trainer.run as run_module
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
+from trainer.__main__ import main
 from trainer.attention import flash_device
 from trainer.balance import plan_epoch
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
@@ -435,55 +436,67 @@ def test_a_finished_run_run_again_speaks_of_its_mlperf_log_only_where_it_has_one
     assert said.endswith("nothing is left to train" + " (its MLPerf log is kept)" * mlperf), said
 
 
-def test_cli_run_writes_jsonl_and_exits_zero(tmp_path):
-    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16})
-    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "seq/s" in proc.stderr and "tok/s" in proc.stderr and "mlm_accuracy" in proc.stderr
+def cli(tmp_path, capsys, **extra) -> tuple[int, str]:
+    """`python -m trainer` in this process on the tiny test run (`trainer.__main__.main`, as the process runs it):
+    its exit code and what it printed on stderr."""
+    code = main(make_train_overrides(tmp_path, **extra))
+    return code, capsys.readouterr().err
+
+
+def test_cli_run_writes_jsonl_and_exits_zero(tmp_path, capsys):
+    code, stderr = cli(tmp_path, capsys, **{"budget.max_samples": 16})
+    assert code == 0, stderr
+    assert "seq/s" in stderr and "tok/s" in stderr and "mlm_accuracy" in stderr
     final = read_jsonl(tmp_path / "report.jsonl")[-1]
     assert final["kind"] == "final" and final["status"] == "budget_exhausted"
 
 
 @pytest.mark.parametrize("key", ["log.jsonl", "log.mlperf"])
-def test_a_log_on_a_full_disk_ends_the_run_with_one_line_naming_it(tmp_path, key):
+def test_a_log_on_a_full_disk_ends_the_run_with_one_line_naming_it(tmp_path, capsys, key):
     # /dev/full answers every write with ENOSPC ("No space left on device"), as a disk that filled up mid-run does;
-    # the MLPerf log's writes went through logging, which printed each failure and went on with events missing
-    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16, key: "/dev/full"})
-    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    # the MLPerf log's writes went through logging, which printed each failure (to sys.stderr, read when it prints)
+    # and went on with events missing
+    code, stderr = cli(tmp_path, capsys, **{"budget.max_samples": 16, key: "/dev/full"})
+    assert code == 1, stderr
+    assert "Traceback" not in stderr and "Logging error" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: a file of the run could not be written: No space left on device (") and (
         f"{key} /dev/full: " in last
     ), last
     assert last.endswith("free space there, or choose other paths; then run it again"), last
 
 
-def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path):
-    overrides = make_train_overrides(tmp_path, **{"model.attention": "varlen"})
-    done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert "error: model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer" in done.stderr
-    assert "(this run: cpu, fp32, heads of 16)" in done.stderr
-    assert "training BERT" not in done.stderr
+def test_a_log_file_on_a_full_disk_is_closed_when_the_run_ends(tmp_path):
+    """The MLPerf log's file stayed open when its first write failed (a ResourceWarning at collection, a descriptor
+    held by a process that goes on, as an hpo launcher does)."""
+    overrides = make_train_overrides(tmp_path, **{"budget.max_samples": 16, "log.mlperf": "/dev/full"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(overrides) == 1
+        gc.collect()  # an unclosed file says so when it is collected
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
 
 
-def test_cudnn_varlen_attention_where_the_varlen_attention_does_not_run_is_refused_before_any_step(tmp_path):
-    overrides = make_train_overrides(tmp_path, **{"model.varlen_kernel": "cudnn"})
-    done = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
+def test_varlen_attention_on_the_cpu_is_refused_before_any_step(tmp_path, capsys):
+    code, stderr = cli(tmp_path, capsys, **{"model.attention": "varlen"})
+    assert code == 2, stderr
+    assert "error: model.attention: varlen needs a CUDA GPU of compute capability 8.0 or newer" in stderr
+    assert "(this run: cpu, fp32, heads of 16)" in stderr
+    assert "training BERT" not in stderr
+
+
+def test_cudnn_varlen_attention_where_the_varlen_attention_does_not_run_is_refused_before_any_step(tmp_path, capsys):
+    code, stderr = cli(tmp_path, capsys, **{"model.varlen_kernel": "cudnn"})
+    assert code == 2, stderr
     assert ("error: model.varlen_kernel: cudnn is a kernel of the varlen attention, which needs a CUDA GPU of compute "
-            "capability 8.0 or newer") in done.stderr  # fmt: skip
-    assert "(this run: cpu, fp32: attention packed); set model.varlen_kernel: flash" in done.stderr
-    assert "training BERT" not in done.stderr
+            "capability 8.0 or newer") in stderr  # fmt: skip
+    assert "(this run: cpu, fp32: attention packed); set model.varlen_kernel: flash" in stderr
+    assert "training BERT" not in stderr
 
 
-def test_cli_diverged_exit_code(tmp_path):
-    overrides = make_train_overrides(
-        tmp_path, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30}
-    )
-    proc = subprocess.run([sys.executable, "-m", "trainer", *overrides], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3, proc.stderr
+def test_cli_diverged_exit_code(tmp_path, capsys):
+    code, stderr = cli(tmp_path, capsys, **{"optimizer.name": "adamw", "optimizer.lr": 1e30, "optimizer.eps": 1e-30})
+    assert code == 3, stderr
 
 
 FLASH_ONLY = pytest.mark.skipif(
