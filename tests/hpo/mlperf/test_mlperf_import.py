@@ -169,6 +169,9 @@ def test_runs_of_two_clipping_strategies_import_as_two_configurations_and_compar
     assert "no opt_gradient_clipping event, which --compare clipping needs" in capsys.readouterr().err
 
 
+# slow: test_our_trainers_logs_import_as_their_reports_say imports our trainer's logs (samples to target,
+# hyperparameters, curves) by default; tests/hpo/trial/test_trial_config.py makes each trial's log.mlperf its own
+@pytest.mark.slow
 def test_the_logs_of_three_hpo_trials_import_as_the_database_recorded_them(tmp_path, capsys):
     # A real experiment (random search, local runner, 3 trials of the tiny model) with `log.mlperf` relative: each
     # trial writes its own MLPerf log in its directory. Imported into another database, every run comes back with

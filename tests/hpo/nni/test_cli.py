@@ -161,7 +161,9 @@ def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_w
 
 
 @pytest.mark.skipif(bool(discover_gpus()), reason="this machine has GPUs: the refusal is of a machine without")
-@pytest.mark.parametrize("gpus", ["all", [0]])
+# [0] is slow: [all] is the same refusal under nni, and tests/hpo/runners/test_resources.py's
+# test_gpus_asked_for_on_a_machine_without_any_are_refused_not_run_on_cpu[requested1] refuses [0] itself
+@pytest.mark.parametrize("gpus", ["all", pytest.param([0], marks=pytest.mark.slow)])
 def test_gpus_asked_for_on_a_machine_without_are_refused_under_nni_as_under_the_local_engine(tmp_path, gpus):
     """engine: nni passed NNI `trialGpuNumber: 0` and trained a GPU file on the CPU, where the local engine refuses
     it; run and resume now refuse it before anything is written, with the local engine's message."""

@@ -5,6 +5,8 @@ YAML, not from the module."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -69,18 +71,26 @@ def test_each_batch_size_is_read_from_the_shipped_table_that_has_it_to_the_files
     assert list(plan.batch_truths) == [32, 128]
 
 
-def test_the_plan_of_the_demo_batch_preset_says_where_each_batch_size_is_read_from(capsys):
-    assert main(["plan", str(PRESET), "--repetitions", "1"]) == 0
-    out = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def demo_plan() -> dict:
+    """`hpo plan PRESET --repetitions 1 --json`, once for the module: its "lines" are the text `hpo plan` prints
+    without --json (hpo.cli.plan prints forecast_lines in both)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", str(PRESET), "--repetitions", "1", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_the_plan_of_the_demo_batch_preset_says_where_each_batch_size_is_read_from(demo_plan):
+    out = "\n".join(demo_plan["lines"])
     assert ("learning curves: the shipped tables batch size by batch size: 32 from curves.jsonl (to 12,288 samples), "
             "128 from large_batch.jsonl (to 49,152 samples)") in out  # fmt: skip
     assert "assumption:" not in out and "stands for 4 of the file's" not in out
     assert "planned on the simulated runner over the shipped learning-curve tables, each batch size from one" in out
 
 
-def test_the_json_plan_names_the_shipped_table_of_each_batch_size_not_the_temporary_combination(capsys):
-    assert main(["plan", str(PRESET), "--repetitions", "1", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+def test_the_json_plan_names_the_shipped_table_of_each_batch_size_not_the_temporary_combination(demo_plan):
+    data = demo_plan
     assert data["table"] is None  # the combination was a temporary file, gone with the plan
     # a batch-size study: the verdict at each batch size, the study's question, forecast beside the experiment's
     assert sorted(data["at_batches"]) == ["128", "32"]

@@ -126,7 +126,7 @@ def test_hpo_table_reads_only_and_never_replaces_a_file(piloted):
 
 
 def plan_json(db: str, path: Path, *extra: str) -> dict:
-    code, out, err = cli("--db", db, "plan", str(path), "--repetitions", "3", "--json", *extra)
+    code, out, err = cli("--db", db, "plan", str(path), "--repetitions", "2", "--json", *extra)
     assert code == 0, err
     return json.loads(out)
 

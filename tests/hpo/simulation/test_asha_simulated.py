@@ -31,16 +31,20 @@ def asha_file(directory, name, trials, slots, sampler="random", confirm=0):
     return path
 
 
+# About 16 trials a slot, as 1,000 on 64 slots: idle 0.027 and tail 0.069 here, 0.026 and 0.069 there.
+TRIALS, SLOTS = 500, 32
+
+
 @pytest.fixture(scope="module")
-def thousand(tmp_path_factory):
-    """1,000 asha trials (random sampler) over two arms on 64 slots, no confirmations."""
+def asha_trials(tmp_path_factory):
+    """500 asha trials (random sampler) over two arms on 32 slots, no confirmations."""
     directory = tmp_path_factory.mktemp("asha")
     url = f"sqlite:///{directory / 'hpo.db'}"
-    code = hpo_main(["--db", url, "run", str(asha_file(directory, "asha-64", 1000, 64)), "--quiet",
+    code = hpo_main(["--db", url, "run", str(asha_file(directory, "asha-32", TRIALS, SLOTS)), "--quiet",
                      "--run-dir", str(directory / "run")])  # fmt: skip
     assert code == 0
     with SqlStorage(url) as storage:
-        return storage.list_trials(storage.get_experiment_by_name("asha-64").id)
+        return storage.list_trials(storage.get_experiment_by_name("asha-32").id)
 
 
 def running_between(trials, moments):
@@ -49,16 +53,16 @@ def running_between(trials, moments):
     return [sum(t.started_at <= a and b <= t.finished_at for t in trials) for a, b in intervals]
 
 
-def test_no_slot_idles_while_a_promotion_or_a_new_configuration_is_possible(thousand):
-    trials = thousand
-    assert len(trials) == 1000 and all(t.state.finished for t in trials)
+def test_no_slot_idles_while_a_promotion_or_a_new_configuration_is_possible(asha_trials):
+    trials = asha_trials
+    assert len(trials) == TRIALS and all(t.state.finished for t in trials)
     last_asked = max(t.created_at for t in trials)
     moments = sorted({m for t in trials for m in (t.started_at, t.finished_at) if m <= last_asked})
-    assert set(running_between(trials, moments)) == {64}  # all 64 slots busy until the last trial is asked
+    assert set(running_between(trials, moments)) == {SLOTS}  # all slots busy until the last trial is asked
     start, end = min(t.started_at for t in trials), max(t.finished_at for t in trials)
     busy = sum((t.finished_at - t.started_at).total_seconds() for t in trials)
-    idle = 1 - busy / (64 * (end - start).total_seconds())
-    cost = experiment_cost(trials, 64, 8)
+    idle = 1 - busy / (SLOTS * (end - start).total_seconds())
+    cost = experiment_cost(trials, SLOTS, 8)
     assert cost.idle_fraction == pytest.approx(idle)
     tail = (end - last_asked).total_seconds() / (end - start).total_seconds()
     # What idles is the tail once the budget of trials is used: the last trials' spread of end times.
@@ -104,15 +108,15 @@ def check_promotions(trials):
     return promotions
 
 
-def test_every_promotion_is_the_one_ashas_rule_picks(thousand):
-    assert check_promotions(thousand) > 150
-    rungs = sorted({t.budget for t in thousand})
+def test_every_promotion_is_the_one_ashas_rule_picks(asha_trials):
+    assert check_promotions(asha_trials) > 75  # 97 of 500 trials (193 of 1,000 on 64 slots)
+    rungs = sorted({t.budget for t in asha_trials})
     assert [round(b * MAX_SAMPLES) for b in rungs] == [2048, MAX_SAMPLES]  # 8,192 / 3 on the evaluation grid
 
 
-def test_a_promoted_trial_trains_and_is_charged_only_the_new_samples(thousand):
+def test_a_promoted_trial_trains_and_is_charged_only_the_new_samples(asha_trials):
     by_config: dict[str, list] = {}
-    for t in sorted(thousand, key=lambda t: t.number):
+    for t in sorted(asha_trials, key=lambda t: t.number):
         by_config.setdefault(str(sorted(t.params.items())), []).append(t)
     continued = [runs for runs in by_config.values() if len(runs) > 1]
     assert continued

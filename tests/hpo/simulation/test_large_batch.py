@@ -231,12 +231,21 @@ def check_trials_read_their_batch_sizes_settings(url: str, trials: list, table) 
             assert evals and all(s % table.eval_every_for(batch) == 0 for s in evals)
 
 
-def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path, capsys):
-    """Random search instead of SMAC (seconds instead of minutes); everything else as shipped. Each trial records
-    what the formulas say at its batch size: its evaluations every interval of that batch size, its samples to
-    target the first of them at or above the target."""
-    table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
-    url, trials = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
+@pytest.fixture(scope="module")
+def on_a_complete_table(tmp_path_factory) -> tuple:
+    """The preset with random search instead of SMAC (seconds instead of minutes), everything else as shipped, run
+    once for the module on the formula table: (the table, the database URL, the stored trials)."""
+    directory = tmp_path_factory.mktemp("complete")
+    table = load_table(write_large_batch_table(directory / "large.jsonl"))
+    url, trials = run_preset(table.path, directory, tuner={"name": "random", "seed": 0})
+    return table, url, trials
+
+
+def test_the_preset_runs_end_to_end_on_a_complete_table(on_a_complete_table, capsys):
+    """Random search instead of SMAC; everything else as shipped. Each trial records what the formulas say at its
+    batch size: its evaluations every interval of that batch size, its samples to target the first of them at or
+    above the target."""
+    table, url, trials = on_a_complete_table
     with SqlStorage(url) as storage:  # the summary `hpo run` prints (--quiet above leaves it out) says where to look
         record = storage.get_experiment_by_name("batch_scaling_simulated")
         print_summary(storage, record.id, spec_from_stored(record), database_url=url)
@@ -258,6 +267,11 @@ def test_the_preset_runs_end_to_end_on_a_complete_table(tmp_path, capsys):
     assert hpo_main(["--db", url, "best", "batch_scaling_simulated", "--per-arm"]) == 0
 
 
+# slow: by default tests/hpo/cli/test_cli.py's
+# test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_each_batch_size runs the shipped preset
+# (SMAC) to the end on the shipped large_batch.jsonl, and test_the_preset_runs_end_to_end_on_a_complete_table checks
+# each batch size's budget and evaluations
+@pytest.mark.slow
 def test_the_preset_runs_end_to_end_on_the_real_table(tmp_path):
     """The preset as shipped (SMAC: about 10 s on 2 cores) on hpo/simulation/tables/large_batch.jsonl (a snapshot of its
     finished lines). The preset must follow the table's plan (its meta line) at once; the table is generated in the
@@ -292,10 +306,11 @@ def test_a_simulated_space_may_set_the_run_length_but_nothing_else_the_table_doe
         experiment_from_dict(data, str(tmp_path / "decay.yaml"))
 
 
-def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(tmp_path, capsys):
+def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(on_a_complete_table, tmp_path, capsys):
     """`hpo report` of the preset's experiment (random search on the formula table): a batch-size view of its own
     arms, with optimizer steps to target (samples / batch), the fit per optimizer, and at each batch size the
-    verdict between AdamW and LAMB on their confirmation runs, the error shared over the 4 batch sizes."""
+    verdict between AdamW and LAMB on their confirmation runs, the error shared over the 4 batch sizes; the page
+    checked is the one `hpo report -o` wrote."""
     import re
     from html import escape
 
@@ -303,13 +318,14 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
     from hpo.evidence.verdict import ArmRuns, decide
     from hpo.experiment.arms import arm_label
     from hpo.report.batch_view import fmt_estimate, fmt_fit
-    from hpo.report.html import experiment_report
     from hpo.report.scaling import confirmation_runs
 
-    table = load_table(write_large_batch_table(tmp_path / "large.jsonl"))
-    url, _ = run_preset(table.path, tmp_path, tuner={"name": "random", "seed": 0})
+    table, url, _ = on_a_complete_table
+    capsys.readouterr()
+    assert hpo_main(["--db", url, "report", "batch_scaling_simulated", "-o", str(tmp_path / "reports")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    page = (tmp_path / "reports" / "batch_scaling_simulated.html").read_text()
     with SqlStorage(url) as storage:
-        page = experiment_report(storage, "batch_scaling_simulated")
         runs = confirmation_runs(storage, "batch_scaling_simulated")
     assert "<h2>Batch sizes</h2>" in page and "<h2>Where the batch stops scaling</h2>" in page
     assert "data-field=batch_study_note>This is a batch-size study: this verdict compares every arm" in page
@@ -328,8 +344,6 @@ def test_the_report_of_a_study_shows_each_batch_size_its_steps_and_its_verdict(t
         steps = re.search(rf'data-field="steps" data-arm="batch_scaling_simulated/{re.escape(label)}">([^<]*)<', page)
         assert hits and steps and steps[1].startswith(fmt_fit(sum(hits) / len(hits) / batch)), (batch, steps)
     # the terminal prints the same view: each batch size's verdict and each optimizer's fit, as computed here
-    assert hpo_main(["--db", url, "report", "batch_scaling_simulated", "-o", str(tmp_path / "reports")]) == 0
-    out = capsys.readouterr().out.splitlines()
     assert all(line in out for line in lines), (lines, out)
     for optimizer in ("adamw", "lamb"):
         fit = fit_batch_scaling(

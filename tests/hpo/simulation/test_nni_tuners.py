@@ -176,7 +176,7 @@ def test_nni_manager_options_are_refused_in_process(tmp_path):
 
 @pytest.mark.parametrize("tuner", TUNERS)
 def test_a_resumed_nni_tuner_proposes_its_stored_trials_again(tmp_path, monkeypatch, tuner):
-    """Stopped after 25 finished trials of 60 (4 slots), then `hpo resume`: the fresh tuner, asked again with the
+    """Stopped after 12 finished trials of 30 (4 slots), then `hpo resume`: the fresh tuner, asked again with the
     stored results told in their order, proposes every stored trial again (the study replays none: `replay` is
     never called), and the trials created before the stop are those of an uninterrupted run. After the stop the two
     runs part: the interrupted trials run again later, so their results reach the tuner in another order."""
@@ -188,17 +188,17 @@ def test_a_resumed_nni_tuner_proposes_its_stored_trials_again(tmp_path, monkeypa
 
     def run_once(directory: Path, stop_after: int | None) -> tuple[str, int]:
         directory.mkdir()
-        path = experiment_file(directory, "nni-resume", tuner=tuner, trials=60, slots=4, confirm_seeds=0)
+        path = experiment_file(directory, "nni-resume", tuner=tuner, trials=30, slots=4, confirm_seeds=0)
         url = f"sqlite:///{directory / 'hpo.db'}"
         return url, hpo_run_stopped_after(url, path, directory / "run", stop_after)
 
     whole, code = run_once(tmp_path / "whole", None)
     assert code == 0
-    parted, code = run_once(tmp_path / "parted", 25)
+    parted, code = run_once(tmp_path / "parted", 12)
     assert code == 1
     with SqlStorage(parted) as storage:
         before = len(storage.list_trials(storage.get_experiment_by_name("nni-resume").id))
-    assert 25 < before < 60
+    assert 12 < before < 30
     assert hpo_main(["--db", parted, "resume", "nni-resume", "--quiet"]) == 0
     assert replayed == []
     trials = {}
@@ -206,5 +206,5 @@ def test_a_resumed_nni_tuner_proposes_its_stored_trials_again(tmp_path, monkeypa
         with SqlStorage(url) as storage:
             trials[url] = sorted(storage.list_trials(storage.get_experiment_by_name("nni-resume").id),
                                  key=lambda t: t.number)  # fmt: skip
-    assert len(trials[parted]) == len(trials[whole]) == 60 and all(t.state.finished for t in trials[parted])
+    assert len(trials[parted]) == len(trials[whole]) == 30 and all(t.state.finished for t in trials[parted])
     assert [t.params for t in trials[parted][:before]] == [t.params for t in trials[whole][:before]]
