@@ -105,12 +105,22 @@ def test_presets_lists_every_shipped_experiment_file_by_the_name_run_and_plan_ta
     assert list(tmp_path.iterdir()) == []  # it reads no database and writes nothing
 
 
-def test_a_preset_is_run_by_name_from_any_folder_and_an_unknown_name_says_where_to_look(tmp_path, capsys, monkeypatch):
+# a full SMAC run of the preset; by default tests/hpo/engine/test_signals.py::test_ctrl_c_that_compiled_code_swallows_
+# while_the_tuners_load_still_stops_the_run runs `hpo run adam_vs_lamb_simulated` by name outside the presets' folder,
+# and test_a_batch_size_studys_run_status_and_best_per_arm_show_the_verdict_at_each_batch_size runs a shipped
+# simulated preset to its end
+@pytest.mark.slow
+def test_a_preset_is_run_by_name_from_any_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     assert main(["--db", db, "run", "adam_vs_lamb_simulated", "--quiet"]) == 0, capsys.readouterr().err
     assert main(["--db", db, "status", "adam_vs_lamb_simulated"]) == 0
     assert "finished" in capsys.readouterr().out
+
+
+def test_an_unknown_preset_name_says_where_to_look(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
     assert main(["--db", db, "run", "adam_vs_lamb_simulatd"]) == 2
     assert capsys.readouterr().err == ("error: adam_vs_lamb_simulatd: the experiment file does not exist, and no "
                                        "shipped preset is named so (`hpo presets` lists them)\n")  # fmt: skip

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpo.cli.main import main
 from hpo.storage import SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.plan.test_plan import small_preset, write
@@ -116,17 +117,19 @@ def test_a_live_controller_keeps_its_experiment(tmp_path):
     assert stale.returncode == 0 and held(db) == {}  # once its heartbeat is older than the stale limit
 
 
-def test_a_deleted_experiments_name_runs_again(tmp_path):
-    """The simulated preset, small (seconds): run, delete, move the run directory away, run again under the name."""
+def test_a_deleted_experiments_name_runs_again(tmp_path, capsys):
+    """The simulated preset, small (seconds): run, delete, move the run directory away, run again under the name.
+    In this process (`hpo.cli.main.main`): the commands' outcome is under test here, not their process."""
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     path = write(tmp_path / "again.yaml", small_preset(name="again"))
     run_dir = tmp_path / "run"
-    assert hpo("--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet").returncode == 0
+    assert main(["--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet"]) == 0, capsys.readouterr().err
     first = held(db)["again"]
-    refused = hpo("--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet")
-    assert refused.returncode == 2 and "or remove the one recorded with `hpo delete again`" in refused.stderr
-    assert hpo("--db", db, "delete", "again", "--yes").returncode == 0
+    refused = main(["--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet"])
+    assert refused == 2 and "or remove the one recorded with `hpo delete again`" in capsys.readouterr().err
+    assert main(["--db", db, "delete", "again", "--yes"]) == 0
     shutil.rmtree(run_dir)
-    rerun = hpo("--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet")
-    assert rerun.returncode == 0, rerun.stderr
+    capsys.readouterr()
+    rerun = main(["--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet"])
+    assert rerun == 0, capsys.readouterr().err
     assert held(db) == {"again": first}  # the same seeds: the same trials

@@ -26,13 +26,16 @@ from hpo.evidence.confirmations import round_line, verdict_of
 from hpo.experiment import spec_from_stored
 from hpo.report.data import load_experiment
 from hpo.storage import SqlStorage, upgrade_database
-from hpo.trials import TrialKind, TrialSpec, TrialState
+from hpo.trials import TrialKind, TrialState
 from tests.hpo.plan.test_plan import small_preset, write
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "stored"
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+# PostgreSQL's read commands are slow (`make test-all`), as tests/server/conftest.py makes the server folder's: by
+# default PostgreSQL is covered by tests/hpo/storage/test_contract.py's [postgresql] params and
+# tests/server/test_api.py's [postgresql] API over a real experiment
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.slow])]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -209,13 +212,22 @@ def sqlite_copy(stored, tmp_path: Path) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("commands", [
-    [["status"], ["status", NAME], ["trials", NAME, "--limit", "5"]],
-    [["best", NAME], ["best", NAME, "--per-arm"]],
-    pytest.param([["report", NAME, "-o", "{reports}"]], marks=pytest.mark.slow),  # imports the plotting: 3 s
-], ids=["status-trials", "best", "report"])  # fmt: skip
-@pytest.mark.parametrize("journal", ["wal", "delete"])  # hpo's own files are WAL; another tool may have changed it
-def test_a_read_command_never_writes_to_the_database(stored, tmp_path, commands, journal):
+STATUS_TRIALS = [["status"], ["status", NAME], ["trials", NAME, "--limit", "5"]]
+BEST = [["best", NAME], ["best", NAME, "--per-arm"]]
+REPORT = [["report", NAME, "-o", "{reports}"]]
+
+
+# hpo's own files are WAL; another tool may have changed it. The report imports the plotting (3 s): slow. [delete-best]
+# is slow: by default [wal-best] runs the same commands and [delete-status-trials] the same journal mode
+@pytest.mark.parametrize(("journal", "commands"), [
+    pytest.param("wal", STATUS_TRIALS, id="wal-status-trials"),
+    pytest.param("wal", BEST, id="wal-best"),
+    pytest.param("wal", REPORT, id="wal-report", marks=pytest.mark.slow),
+    pytest.param("delete", STATUS_TRIALS, id="delete-status-trials"),
+    pytest.param("delete", BEST, id="delete-best", marks=pytest.mark.slow),
+    pytest.param("delete", REPORT, id="delete-report", marks=pytest.mark.slow),
+])  # fmt: skip
+def test_a_read_command_never_writes_to_the_database(stored, tmp_path, journal, commands):
     directory = sqlite_copy(stored, tmp_path)
     connection = sqlite3.connect(directory / "hpo.db")
     assert connection.execute(f"PRAGMA journal_mode = {journal}").fetchone() == (journal,)
@@ -301,14 +313,14 @@ def test_a_read_command_on_a_missing_sqlite_file_creates_neither_file_nor_direct
 def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path):
     """`hpo trials NAME | head`: the command stops at its next write, with the exit status of a Unix filter killed by
     SIGPIPE and no traceback. The listing (2,000 trials) is larger than a pipe holds, so the reader leaves first."""
+    from bench.storage import load_trials
     from tests.hpo.engine.test_study import make_spec
 
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     spec = make_spec(tmp_path, trials=2000)
     with SqlStorage(url, upgrade=True) as storage:
         eid = storage.create_experiment(spec.name, {"experiment": spec.self_contained(), "run_dir": "run"}, "minimize")
-        for _ in range(2000):
-            storage.create_trial(eid, TrialSpec(None, {"optimizer.lr": 1e-3}))
+    load_trials(url, eid, 2000)  # one bulk insert, as tests/hpo/storage/test_sql.py loads its trials
     command = [sys.executable, "-m", "hpo", "--db", url, "trials", spec.name]
     listing = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # noqa: S603
     assert listing.stdout.readline().split()[:2] == [b"#", b"state"]

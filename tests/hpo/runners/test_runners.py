@@ -202,11 +202,11 @@ def test_results_arrive_in_the_database_although_the_controller_never_reads_the_
         workdir = launch.entry_args[launch.entry_args.index("--workdir") + 1]
         return ["/bin/sh", "-c", '"$@"; code=$?; rm -rf "$0"; exit $code', workdir, *cmd], env
 
-    spec = make_spec(tmp_path, trials=2)
+    spec = make_spec(tmp_path, trials=1)
     storage, eid, status = drive(tmp_path, spec, build_runner(spec, launch_builder=removing_workdir))
     assert status == ExperimentStatus.FINISHED
     assert not list((tmp_path / "run" / "trials").glob("*"))
-    assert len(storage.list_trials(eid)) == 2  # both ran (their folders are gone because they ran)
+    assert len(storage.list_trials(eid)) == 1  # it ran (its folder is gone because it ran)
     for trial in storage.list_trials(eid):
         assert trial.state == TrialState.COMPLETED and trial.metrics["samples"] == 48
         evals = storage.get_metrics(trial.id, "mlm_accuracy")

@@ -77,6 +77,9 @@ def on_an_event_loop(call: Callable[[], object]) -> object:
     return asyncio.run(on_loop())
 
 
+# waits out deadlines (make test-all); by default a missed deadline fails a read and the storage goes on in
+# test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_until_a_probe_hears_it
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_statement_past_its_deadline_fails_as_no_answer_and_the_engine_goes_on(cluster):
     engine = create_storage_engine(cluster.url, deadline=StatementDeadline(DEADLINE_S, SLOW_DEADLINE_S))
@@ -197,6 +200,10 @@ def test_a_connection_cut_just_after_its_answer_came_is_not_handed_out_again(clu
         engine.dispose()
 
 
+# waits out deadlines (make test-all); by default a connection timeout counts as unanswered in
+# test_a_storage_whose_first_connection_gets_no_answer_fails_and_leaves_no_probe_behind, and calls are held after a
+# missed deadline in test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_until_a_probe_hears_it
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_connection_attempt_that_times_out_holds_calls_as_a_missed_deadline_does(cluster):
     storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
