@@ -5,8 +5,9 @@ path the current one has.
 (common in an ML project's folder) would stand in for the trainer's package and every process hpo starts there
 would fail with an ImportError: the restarted command, the API's plans, the launcher that forks trials and every
 trial. Where hpo is not imported from the current folder (a checkout run in place), `PYTHONSAFEPATH` keeps it off
-the path (hence Python 3.11 or later: `requires-python`). Every module these processes run is hpo's own (`hpo.trial.entry`, the trainer it
-wraps, `hpo.runners.preload`), so it is passed on to the processes they start in turn.
+the path (hence Python 3.11 or later: `requires-python`). Every module these processes run is hpo's own
+(`hpo.trial.entry`, the trainer it wraps, `hpo.runners.preload`), so it is passed on to the processes they start
+in turn.
 """
 
 from __future__ import annotations
