@@ -147,6 +147,13 @@ class DaskRunner(Runner):
             fit = sum(int(w.get("nthreads", 1)) for w in workers)
         return min(self.max_parallel, fit)
 
+    def _threads_by_host(self) -> dict[str, int]:
+        """The Dask threads of each host's workers: the CPU trials that host runs at once, which share its cores."""
+        threads: dict[str, int] = {}
+        for w in self.client.scheduler_info(n_workers=-1)["workers"].values():
+            threads[w.get("host", "")] = threads.get(w.get("host", ""), 0) + int(w.get("nthreads", 1))
+        return threads
+
     def describe(self) -> str:
         per = f"{self.gpus} GPU(s)" if self.gpus else "a CPU thread"
         return f"dask runner at {self.scheduler}: {self.capacity()} trial(s) at once, {per} each"
@@ -185,6 +192,7 @@ class DaskRunner(Runner):
         self._ending.clear()
         future = self.client.submit(
             run_attempt, launch, self.gpus, self.launch_builder, self.topic, self.preload,
+            None if self.gpus else self._threads_by_host(),
             key=f"hpo-trial-{self.token}-{launch.trial_id}-attempt-{launch.attempt}", pure=False, retries=0,
             resources={"GPU": self.gpus} if self.gpus else None,
         )  # fmt: skip
@@ -341,18 +349,26 @@ _processes: dict[tuple[int, int], TrialProcess] = {}  # (trial id, attempt) -> i
 _launchers: dict[tuple[str, ...], Launcher] = {}  # this worker process's, by modules (`_worker_launcher`)
 
 
-def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, preload: bool = False) -> dict[str, Any]:
+def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, preload: bool = False,
+                threads_by_host: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
     """The task: run one attempt on this worker with `gpus` of its GPUs; how its process ended. That is also
     announced on the scheduler's event log under `topic` as soon as the process has ended: the runner learns it
     without fetching the task's result from the worker. With `preload`, the process is forked from this worker's
-    launcher (which dies with the worker, and so do the trials it forked)."""
+    launcher (which dies with the worker, and so do the trials it forked). A CPU trial gets its share of the
+    machine's cores: divided among the Dask threads of the workers on this host (`threads_by_host`, the runner's
+    view), as the local runner divides them among its slots (without it, Dask's nanny gives every trial 1 thread)."""
     from distributed import get_worker
+    from distributed.comm.addressing import get_address_host
 
     worker = get_worker()
     ids = _take_gpus(int(worker.state.total_resources.get("GPU", 0)), gpus)
     try:
         ranks = launch.ranks
-        spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None,
+        threads = None
+        if not ids:
+            sharing = (threads_by_host or {}).get(get_address_host(worker.address), worker.state.nthreads)
+            threads = max(1, (os.cpu_count() or 1) // max(1, sharing * ranks))
+        spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None, threads,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
         cmd, env = launch_builder(spec, module_env(os.environ))
         launcher = _worker_launcher(cmd, on_gpu=bool(ids)) if preload and ranks == 1 else None

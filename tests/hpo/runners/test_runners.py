@@ -342,3 +342,32 @@ def test_dask_says_a_cluster_whose_workers_all_left_is_empty_not_busy(tmp_path):
             )
         finally:
             runner.close()
+
+
+def test_a_cpu_trial_on_dask_gets_its_share_of_the_hosts_cores(tmp_path):
+    """Dask's nanny starts its workers with OMP_NUM_THREADS=1, which every CPU trial inherited: a worker of one
+    thread (one trial at a time) trained on one core of many. A trial now gets the host's cores divided among its
+    workers' threads (here one), as the local runner divides them among its slots."""
+    from hpo.runners.base import TrialLaunch
+    from hpo.runners.dask import DaskRunner
+    from hpo.trial.launch import build_launch
+
+    def says_its_threads(spec, env):  # the real launch's environment; a command that prints its thread count
+        _, env = build_launch(spec, env)
+        return ["/bin/sh", "-c", 'echo "threads=$OMP_NUM_THREADS" >&2'], env
+
+    spec = make_spec(tmp_path)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster:  # fmt: skip
+        runner = DaskRunner(cluster.scheduler_address, spec.resources, 1, launch_builder=says_its_threads)
+        try:
+            runner.submit(TrialLaunch(1, 1, 1, "sqlite://", tmp_path / "trial"))
+            deadline = time.monotonic() + 60
+            ended = []
+            while not ended and time.monotonic() < deadline:
+                runner.wait(1.0)
+                ended = runner.poll()
+        finally:
+            runner.close()
+    expected = os.cpu_count() or 1  # 2 or more on any machine the suite runs on: the nanny's 1 differs
+    assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, f"threads={expected}")]
