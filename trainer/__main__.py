@@ -84,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     return train_to_exit_code(cfg, reporter)
 
 
+def _said_as_a_warning(message, category, filename, lineno, line=None) -> str:
+    """A DataWarning as the trainer's other warnings read ("warning: ..."), without the source line that raised it;
+    any other warning as Python shows it."""
+    if issubclass(category, DataWarning):
+        return f"warning: {message}\n"
+    return _PYTHONS_FORMAT(message, category, filename, lineno, line)
+
+
+_PYTHONS_FORMAT = warnings.formatwarning
+
+
 def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
     """Train as configured, with SIGTERM caught where it can be; say how the run ended and return its exit code. An
     error outside the loop (which records its own) gets the final record the run did not write."""
@@ -99,6 +110,8 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
     catch = threading.current_thread() is threading.main_thread() and dist_env_from_environ().world_size == 1
     full = False  # the run stopped on a full disk
     previous = signal.signal(signal.SIGTERM, terminate) if catch else None
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = _said_as_a_warning  # restored below
     try:
         with warnings.catch_warnings():
             if not dist_env_from_environ().is_main:  # every rank reads the same files: rank 0 names what it skips
@@ -131,6 +144,7 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
         record_unended(cfg, reporter, crash_reason(e), "crash")
         raise
     finally:
+        warnings.formatwarning = formatwarning
         if catch:
             signal.signal(signal.SIGTERM, previous)
         try:

@@ -60,7 +60,7 @@ def warn_one_bin(lengths: np.ndarray, method: str, bins: Sequence[int]) -> None:
     quartiles = {int(q) for q in np.quantile(lengths, [0.25, 0.5, 0.75])}
     bounds = sorted(q for q in quartiles if shortest <= q < longest) + [longest]
     warnings.warn(
-        f"balance.method stratified: balance.bins {list(bins)} put all {len(lengths)} training sequences (of "
+        f"balance.method stratified: balance.bins {list(bins)} put all {len(lengths):,} training sequences (of "
         f"{shortest} to {longest} tokens) in one bin, so every micro-batch draws from it as method none would and "
         f"nothing is balanced; give bounds inside the lengths, e.g. balance.bins=[{','.join(map(str, bounds))}]",
         DataWarning,
