@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import os
 import signal
 import sys
@@ -84,15 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     return train_to_exit_code(cfg, reporter)
 
 
-def _said_as_a_warning(message, category, filename, lineno, line=None) -> str:
+def _said_as_a_warning(message, category, filename, lineno, line=None, *, otherwise) -> str:
     """A DataWarning as the trainer's other warnings read ("warning: ..."), without the source line that raised it;
-    any other warning as Python shows it."""
+    any other warning as `otherwise` (the formatter in place before) shows it."""
     if issubclass(category, DataWarning):
         return f"warning: {message}\n"
-    return _PYTHONS_FORMAT(message, category, filename, lineno, line)
-
-
-_PYTHONS_FORMAT = warnings.formatwarning
+    return otherwise(message, category, filename, lineno, line)
 
 
 def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
@@ -111,7 +109,7 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
     full = False  # the run stopped on a full disk
     previous = signal.signal(signal.SIGTERM, terminate) if catch else None
     formatwarning = warnings.formatwarning
-    warnings.formatwarning = _said_as_a_warning  # restored below
+    warnings.formatwarning = functools.partial(_said_as_a_warning, otherwise=formatwarning)  # restored below
     try:
         with warnings.catch_warnings():
             if not dist_env_from_environ().is_main:  # every rank reads the same files: rank 0 names what it skips

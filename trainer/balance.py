@@ -52,11 +52,11 @@ def warn_one_bin(lengths: np.ndarray, method: str, bins: Sequence[int]) -> None:
     """A DataWarning where `stratified` finds sequences of several lengths all in one bin of `bins`: every
     micro-batch then draws from that bin alone, as `none` would, and the method balances nothing (it ran without
     a word). The warning names bounds inside the lengths (their quartiles)."""
-    if method != "stratified" or len(lengths) == 0 or lengths.min() == lengths.max():
-        return
-    if len(np.unique(assign_bins(lengths, bins))) > 1:
+    if method != "stratified" or len(lengths) == 0:
         return
     shortest, longest = int(lengths.min()), int(lengths.max())
+    if shortest == longest or len(np.unique(assign_bins(lengths, bins))) > 1:
+        return
     quartiles = {int(q) for q in np.quantile(lengths, [0.25, 0.5, 0.75])}
     bounds = sorted(q for q in quartiles if shortest <= q < longest) + [longest]
     warnings.warn(

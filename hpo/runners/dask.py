@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -121,6 +122,7 @@ class DaskRunner(Runner):
         self.client.subscribe_topic(self.topic, self._on_exit)
         self._checked = 0.0
         self._capacity: tuple[float, int] | None = None  # (when, value): asked of the scheduler at most 1/s
+        self._host_threads: dict[str, int] = {}  # the Dask threads of each host's workers, read with the capacity
         if self.capacity() == 0 and not self.gpus:
             self.client.close()
             raise ResourceError(f"runner.scheduler: the Dask cluster at {scheduler} has no worker; start one with "
@@ -141,6 +143,10 @@ class DaskRunner(Runner):
 
     def _ask_capacity(self) -> int:
         workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        threads: Counter[str] = Counter()
+        for w in workers:
+            threads[w.get("host", "")] += int(w.get("nthreads", 1))
+        self._host_threads = dict(threads)
         if self.gpus:
             fit = sum(int(w.get("resources", {}).get("GPU", 0)) // self.gpus for w in workers)
         else:
@@ -148,11 +154,10 @@ class DaskRunner(Runner):
         return min(self.max_parallel, fit)
 
     def _threads_by_host(self) -> dict[str, int]:
-        """The Dask threads of each host's workers: the CPU trials that host runs at once, which share its cores."""
-        threads: dict[str, int] = {}
-        for w in self.client.scheduler_info(n_workers=-1)["workers"].values():
-            threads[w.get("host", "")] = threads.get(w.get("host", ""), 0) + int(w.get("nthreads", 1))
-        return threads
+        """The Dask threads of each host's workers: the CPU trials that host runs at once, which share its cores
+        (read with the capacity, at most once a second)."""
+        self.capacity()
+        return self._host_threads
 
     def describe(self) -> str:
         per = f"{self.gpus} GPU(s)" if self.gpus else "a CPU thread"
