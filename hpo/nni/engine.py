@@ -102,6 +102,7 @@ from hpo.nni.manager import (
     is_answering,
     load_experiments,
     log_errors,
+    port_lost,
     port_taken,
     require_node,
     start_experiment,
@@ -154,11 +155,13 @@ def drive_nni(spec, storage, experiment_id: int, run_dir: Path, database_url: st
 class NniStartError(NniEngineError):
     """An arm's NNI experiment failed before any of its trials started: its manager did not start or stopped
     answering, or NNI ended it before it ran a trial (a tuner that cannot be built). The message names the
-    cause; `retry` is set when NNI only waited too little for a tuner that reported no error (a busy machine)."""
+    cause; `retry` is set when NNI only waited too little for a tuner that reported no error (a busy machine), or
+    when another process took the web UI's port between its check and the manager's start; `retry_note` then says
+    why in a line, for the start that follows."""
 
-    def __init__(self, message: str, retry: bool = False) -> None:
+    def __init__(self, message: str, retry: bool = False, retry_note: str | None = None) -> None:
         super().__init__(message)
-        self.retry = retry
+        self.retry, self.retry_note = retry, retry_note
 
 
 def start_failure(spec, storage, experiment_id: int, error: NniStartError, resume: bool) -> NniEngineError:
@@ -310,7 +313,7 @@ def _start_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, 
     except NniStartError as e:
         if not e.retry:
             raise
-        say(quiet, f"{e}; starting the arm's NNI experiment once more")
+        say(quiet, f"{e.retry_note or e}; starting the arm's NNI experiment once more")
         return run_arm(*args)
 
 
@@ -348,6 +351,10 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     try:
         start_experiment(run_dir, experiment, config, port)
     except NniLaunchError as e:
+        if port_lost(e):  # the next start takes the next free port
+            note = (f"port {experiment.port} was taken by another process as NNI's manager started "
+                    f"({e.cause.rsplit(': ', 1)[-1]})")  # fmt: skip
+            raise _failed_start(run_dir, experiment, e.cause, retry=True, retry_note=note) from None
         raise _failed_start(run_dir, experiment, e.cause) from None
     except NniEngineError as e:  # no free port
         raise _failed_start(run_dir, experiment, str(e)) from None
@@ -396,7 +403,8 @@ def quota_text(quota: int, confirmation: bool) -> str:
     return f"{quota} {noun}{'' if quota == 1 else 's'}"
 
 
-def _failed_start(run_dir: Path, experiment: NniExperiment, cause: str, retry: bool = False) -> NniStartError:
+def _failed_start(run_dir: Path, experiment: NniExperiment, cause: str, retry: bool = False,
+                  retry_note: str | None = None) -> NniStartError:  # fmt: skip
     """An arm's NNI experiment that ran no trial: its files move to `<run dir>/nni/failed-start/<NNI id>` and it
     leaves the run directory's list, so the next start neither counts it as an earlier run of the arm (another
     tuner seed) nor meets its files; the error names the cause and where NNI's logs of it are."""
@@ -409,7 +417,7 @@ def _failed_start(run_dir: Path, experiment: NniExperiment, cause: str, retry: b
         kept.parent.mkdir(parents=True, exist_ok=True)
         source.rename(kept)
         message += f"\n(NNI's logs: {kept / 'log'}, {nni_home(run_dir) / 'launch.log'})"
-    return NniStartError(message, retry=retry)
+    return NniStartError(message, retry=retry, retry_note=retry_note)
 
 
 # ------------------------------------------------------------------------------------------------ webui

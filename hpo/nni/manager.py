@@ -89,9 +89,22 @@ def view(run_dir: Path, port: int = 8080) -> list[NniExperiment]:
             continue
         experiment.port = free_port(port, experiment.host)
         args = ["view", experiment.nni_id, str(experiment.port)]
-        experiment.pid = _launch(nni_home(run_dir), args, experiment.host)["pid"]
+        try:
+            experiment.pid = _launch(nni_home(run_dir), args, experiment.host)["pid"]
+        except NniLaunchError as e:
+            if not port_lost(e):
+                raise
+            experiment.port = free_port(experiment.port + 1, experiment.host)  # once more, on the next free port
+            args[-1] = str(experiment.port)
+            experiment.pid = _launch(nni_home(run_dir), args, experiment.host)["pid"]
         _save(run_dir, experiment)
     return experiments
+
+
+def port_lost(error: NniLaunchError) -> bool:
+    """Whether NNI's manager could not start because its port, free when `free_port` chose it, was taken in the
+    meantime by another process (an experiment started on this machine in the same moment)."""
+    return "EADDRINUSE" in error.cause
 
 
 def created(run_dir: Path, nni_id: str) -> bool:

@@ -1,6 +1,7 @@
 """Start-up failures of engine nni through the real command line: NNI's bundled node missing, NNI's manager
 exiting at once (a `--require`d script in NODE_OPTIONS, which the manager's node reads, exits it), and the web
-UI's port taken on IPv6 only ([::1]). Each names its cause; nothing is left behind that blocks the next `hpo run`."""
+UI's port taken on IPv6 only ([::1]). Each names its cause; nothing is left behind that blocks the next `hpo run`.
+A port another process takes between its check and the manager's start is left for the next free one."""
 
 from __future__ import annotations
 
@@ -147,3 +148,60 @@ def test_a_port_beyond_65535_is_named_and_leaves_nothing_recorded(tmp_path):
     assert not (tmp_path / "hpo.db").exists() and not (tmp_path / "run").exists()  # refused before anything
     with pytest.raises(NniEngineError, match="--port 70000 is not a TCP port"):  # as `hpo webui --port` gives it
         free_port(70000)
+
+
+# Loaded by NNI's manager (a node process) before it listens: the first manager to load it starts another process
+# that takes the manager's port and keeps it, as an experiment started in the same moment would between our check
+# of the port and the manager's start (it drops every connection: NNI's launcher does not wait on it for an answer).
+# The marker file holds that process's pid.
+TAKE_PORT_JS = """
+const fs = require("fs");
+const marker = process.env.HPO_TEST_TAKE_PORT;
+const at = process.argv.indexOf("--port");
+if (marker && at > 0 && !fs.existsSync(marker)) {
+  fs.writeFileSync(marker, "");
+  const env = {...process.env};
+  delete env.NODE_OPTIONS;
+  const listen = `require("net").createServer((c) => c.destroy()).listen(${process.argv[at + 1]}, "127.0.0.1", () => ` +
+    `require("fs").writeFileSync(${JSON.stringify(marker)}, String(process.pid))); setTimeout(() => {}, 600000);`;
+  require("child_process").spawn(process.execPath, ["-e", listen], {detached: true, stdio: "ignore", env}).unref();
+  const start = Date.now();
+  while (fs.readFileSync(marker, "utf8") === "" && Date.now() - start < 20000) {}
+}
+"""
+
+
+@pytest.mark.nni
+def test_a_port_taken_between_its_check_and_the_managers_start_is_left_for_the_next_free_one(tmp_path):
+    data = nni_experiment_data(tmp_path, "nni_random", trials=1, parallel=1)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "take_port.js").write_text(TAKE_PORT_JS)
+    marker = tmp_path / "taker.pid"
+    port = free_port(PORT + 70)
+    takers: list[int] = []
+    taking = f'--require "{tmp_path / "take_port.js"}"'
+    try:
+        run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(port), NODE_OPTIONS=taking,
+                  HPO_TEST_TAKE_PORT=str(marker))  # fmt: skip
+        takers.append(int(marker.read_text()))  # the port was taken as the first manager started
+        assert run.returncode == 0, run.stderr
+        assert f"port {port} was taken by another process as NNI's manager started (address already in use " \
+               f"127.0.0.1:{port}); starting the arm's NNI experiment once more" in run.stdout  # fmt: skip
+        assert f"port {port}: in use on 127.0.0.1 (Address already in use); the NNI web UI takes port {port + 1}" \
+               in run.stdout  # fmt: skip
+        assert [e.port for e in load_experiments(tmp_path / "run")] == [port + 1]
+        storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}")
+        rows = storage.list_trials(storage.get_experiment_by_name("nniexp").id)
+        assert [t.state.value for t in rows] == ["completed"]
+
+        viewer = tmp_path / "viewer-taker.pid"  # its web UI reopened: the port the view chose is taken as well
+        webui = hpo(tmp_path, "webui", "nniexp", "--port", str(port), NODE_OPTIONS=taking,
+                    HPO_TEST_TAKE_PORT=str(viewer))  # fmt: skip
+        takers.append(int(viewer.read_text()))
+        assert webui.returncode == 0, webui.stderr
+        assert f"nniexp: NNI web UI at http://127.0.0.1:{port + 2} (NNI experiment hpo1-arm0)" in webui.stdout
+        assert rest(port + 2, "experiment")["id"] == "hpo1-arm0"
+        assert hpo(tmp_path, "webui", "nniexp", "--stop").returncode == 0
+    finally:
+        for pid in takers:
+            os.kill(pid, 9)
