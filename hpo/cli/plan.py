@@ -193,7 +193,9 @@ def _pilot_storage(args: argparse.Namespace):
 def _capped_jobs(jobs: int | None) -> int:
     """--jobs (default 1), at most the CPUs this process may run on: more workers than CPUs only take turns on
     them, each holding a repetition's memory. A line on standard error says where it is capped."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from hpo.runners.resources import usable_cores
+
+    cpus = usable_cores()
     if jobs is None or jobs <= cpus:
         return jobs or 1
     print(f"plan: --jobs {jobs} is more than the {cpus} CPU(s) this process may use; running {cpus} repetitions at "

@@ -4,12 +4,13 @@ An `Inventory` is what the machine has (from NVML, or given for tests). `plan_sl
 `gpus_per_trial` disjoint GPUs (several trials per GPU when `trials_per_gpu` > 1 and memory allows); with
 `gpus: none` the slots are CPU slots. GPUs asked for on a machine without any are refused before anything is
 written (a fall-back to CPU slots ran a BERT-large experiment's every trial into a failure in seconds).
-`SlotPool` hands slots out and takes them back. Everything here is pure except `discover_gpus`, so the
-scheduling rules are tested on fake inventories.
+`SlotPool` hands slots out and takes them back. Everything here is pure except `discover_gpus` and
+`usable_cores`, so the scheduling rules are tested on fake inventories.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hpo.errors import ResourceError
@@ -34,6 +35,14 @@ class Slot:
     @property
     def label(self) -> str:
         return f"gpus {','.join(map(str, self.gpus))}" if self.gpus else f"cpu slot {self.number}"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity (a Slurm job's, a container's cpuset, `taskset`), not
+    the machine's count, which CPU trials given a share of it would oversubscribe."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def discover_gpus() -> list[Gpu]:

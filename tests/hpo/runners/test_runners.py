@@ -350,11 +350,6 @@ def test_a_cpu_trial_on_dask_gets_its_share_of_the_hosts_cores(tmp_path):
     workers' threads (here one), as the local runner divides them among its slots."""
     from hpo.runners.base import TrialLaunch
     from hpo.runners.dask import DaskRunner
-    from hpo.trial.launch import build_launch
-
-    def says_its_threads(spec, env):  # the real launch's environment; a command that prints its thread count
-        _, env = build_launch(spec, env)
-        return ["/bin/sh", "-c", 'echo "threads=$OMP_NUM_THREADS" >&2'], env
 
     spec = make_spec(tmp_path)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
@@ -369,5 +364,35 @@ def test_a_cpu_trial_on_dask_gets_its_share_of_the_hosts_cores(tmp_path):
                 ended = runner.poll()
         finally:
             runner.close()
-    expected = os.cpu_count() or 1  # 2 or more on any machine the suite runs on: the nanny's 1 differs
+    expected = len(os.sched_getaffinity(0))  # 2 or more where the suite runs: the nanny's 1 differs
     assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, f"threads={expected}")]
+
+
+def says_its_threads(spec, env):
+    """A launch builder: the real launch's environment, and a command that prints the thread count it gives."""
+    _, env = build_launch(spec, env)
+    return ["/bin/sh", "-c", 'echo "threads=$OMP_NUM_THREADS" >&2'], env
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on 2 cores or more")
+def test_a_cpu_trial_shares_the_cores_this_process_may_run_on_not_the_machines(tmp_path):
+    """Under a Slurm job's or a container's cpuset (here `sched_setaffinity` to one core) a one-slot CPU trial was
+    given every core of the machine (os.cpu_count), oversubscribing the core it may use; it gets that one."""
+    from hpo.runners.base import TrialLaunch
+    from hpo.runners.local import LocalRunner
+
+    spec = make_spec(tmp_path, resources={"cpu_slots": 1})
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        runner = LocalRunner(spec.resources, 1, launch_builder=says_its_threads)
+        runner.submit(TrialLaunch(1, 1, 1, "sqlite://", tmp_path / "trial"))
+        deadline = time.monotonic() + 60
+        ended = []
+        while not ended and time.monotonic() < deadline:
+            runner.wait(1.0)
+            ended = runner.poll()
+        runner.close()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, "threads=1")]
