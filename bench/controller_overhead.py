@@ -25,6 +25,13 @@ multiple of S. Overhead = wall / ideal - 1. Run it from the repository root (NNI
 
     python -m bench.controller_overhead               # 200 x 1 s on 4 slots: local, dask, optuna, optuna-db
     python -m bench.controller_overhead --trials 40 --only local --only nni   # the NNI engine beside ours
+
+With `--db URL` (a PostgreSQL database), our local and Dask runners record their trials there instead of in a
+SQLite file of the run's own (each engine run adds one experiment to it); as under `hpo run`, the controller's
+statements then have deadlines (`hpo.storage.deadline`; `--no-statement-deadlines` runs without them, to measure
+their cost):
+
+    python -m bench.controller_overhead --only local --db postgresql+psycopg://postgres@127.0.0.1:5432/postgres
 """
 
 from __future__ import annotations
@@ -63,10 +70,10 @@ REPO = Path(__file__).resolve().parent.parent
 NNI_TUNERS = ("nni_random", "nni_tpe")
 
 
-def experiment(trials: int, slots: int, runner: dict | None, tuner: dict | None = None):
+def experiment(trials: int, slots: int, runner: dict | None, tuner: dict | None = None, name: str = "overhead"):
     """The benchmark's experiment; `runner=None` with an NNI `tuner` makes it an `engine: nni` experiment."""
     data = {
-        "name": "overhead", "base_config": {}, "overrides": {"device": "cpu"},
+        "name": name, "base_config": {}, "overrides": {"device": "cpu"},
         "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
                   "optimizer.name": {"choice": ["adamw", "lamb"]}},
         "compare": ["optimizer.name"], "tuner": tuner or {"name": "random", "seed": 0},
@@ -118,11 +125,16 @@ def run_nni(trials: int, slots: int, seconds: float, tuner: str, tmp: Path) -> t
     return wall, storage.count_trials(eid, state=TrialState.COMPLETED), nni_ideal(spec, slots, seconds)
 
 
-def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path) -> tuple[float, int]:
-    spec = experiment(trials, slots, runner)
+def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path, db: str | None = None,
+             deadlines: bool = True) -> tuple[float, int]:  # fmt: skip
+    """Our runner on the dummy workload, recording in `db` (default: a SQLite file in `tmp`); on a database server
+    with `deadlines`, the controller's statements have the deadlines `hpo run` gives them."""
+    from hpo.storage.retry import writer_deadlines
+
     name = f"{runner['name']}-{'preload' if runner.get('preload', True) else 'exec'}"
-    url = f"sqlite:///{tmp}/hpo-{name}.db"
-    storage = SqlStorage(url, upgrade=True)
+    spec = experiment(trials, slots, runner, name=f"overhead-{name}-{time.time_ns()}" if db else "overhead")
+    url = db or f"sqlite:///{tmp}/hpo-{name}.db"
+    storage = SqlStorage(url, upgrade=True, deadlines=writer_deadlines() if db and deadlines else None)
     run_dir = tmp / f"run-{name}"
     eid = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
     study = Study(spec, storage, eid, run_dir, build_runner(spec, launch_builder=dummy_launch(seconds)), url)
@@ -130,7 +142,9 @@ def run_ours(trials: int, slots: int, seconds: float, runner: dict, tmp: Path) -
     study.run()
     wall = time.perf_counter() - start
     study.runner.close()
-    return wall, storage.count_trials(eid, state=TrialState.COMPLETED)
+    done = storage.count_trials(eid, state=TrialState.COMPLETED)
+    storage.close()
+    return wall, done
 
 
 def run_optuna(trials: int, slots: int, seconds: float, tmp: Path, record: bool = False) -> tuple[float, int]:
@@ -176,8 +190,17 @@ def main() -> None:
                     action="append", help="run only these engines, in this order (default: local, dask, optuna, "
                     "optuna-db); -exec: that runner with runner.preload off (a new interpreter per trial)")  # fmt: skip
     ap.add_argument("--nni-tuner", choices=NNI_TUNERS, default="nni_random", help="the NNI engine's tuner")
+    ap.add_argument("--db", help="a PostgreSQL database URL our local and Dask runners record in (default: a SQLite "
+                    "file of each run's own)")  # fmt: skip
+    ap.add_argument("--no-statement-deadlines", action="store_true",
+                    help="with --db: the controller's statements without `hpo run`'s deadlines")  # fmt: skip
     args = ap.parse_args()
     engines = args.only or ["local", "dask", "optuna", "optuna-db"]
+    ours_only = {"local", "dask", "local-exec", "dask-exec"}
+    if args.db and (not args.db.startswith("postgresql") or set(engines) - ours_only):
+        ap.error("--db takes a PostgreSQL URL (postgresql+psycopg://...) and runs our local and Dask runners only "
+                 "(--only local, dask, local-exec, dask-exec)")  # fmt: skip
+    ours = {"db": args.db, "deadlines": not args.no_statement_deadlines}
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
             preload = not engine.endswith("-exec")
@@ -193,10 +216,10 @@ def main() -> None:
                 with LocalCluster(n_workers=2, threads_per_worker=args.slots // 2, processes=True,
                                   dashboard_address=None) as cluster:  # fmt: skip
                     runner = {"name": "dask", "scheduler": cluster.scheduler_address, "preload": preload}
-                    wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp))
+                    wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp), **ours)
             else:
                 runner = {"name": "local", "preload": preload}
-                wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp))
+                wall, done = run_ours(args.trials, args.slots, args.seconds, runner, Path(tmp), **ours)
             overhead = 100 * (wall / ideal - 1)
             print(f"{engine:>10}: {args.trials} trials x {args.seconds:g} s on {args.slots} slots: {done} completed, "
                   f"wall {wall:.2f} s, ideal {ideal:.2f} s, overhead {overhead:.1f} %", flush=True)  # fmt: skip
