@@ -348,22 +348,13 @@ def test_a_cpu_trial_on_dask_gets_its_share_of_the_hosts_cores(tmp_path):
     """Dask's nanny starts its workers with OMP_NUM_THREADS=1, which every CPU trial inherited: a worker of one
     thread (one trial at a time) trained on one core of many. A trial now gets the host's cores divided among its
     workers' threads (here one), as the local runner divides them among its slots."""
-    from hpo.runners.base import TrialLaunch
     from hpo.runners.dask import DaskRunner
 
     spec = make_spec(tmp_path)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                   dashboard_address=None, worker_dashboard_address=None) as cluster:  # fmt: skip
-        runner = DaskRunner(cluster.scheduler_address, spec.resources, 1, launch_builder=says_its_threads)
-        try:
-            runner.submit(TrialLaunch(1, 1, 1, "sqlite://", tmp_path / "trial"))
-            deadline = time.monotonic() + 60
-            ended = []
-            while not ended and time.monotonic() < deadline:
-                runner.wait(1.0)
-                ended = runner.poll()
-        finally:
-            runner.close()
+        ended = one_trial_ended(DaskRunner(cluster.scheduler_address, spec.resources, 1,
+                                           launch_builder=says_its_threads), tmp_path)  # fmt: skip
     expected = len(os.sched_getaffinity(0))  # 2 or more where the suite runs: the nanny's 1 differs
     assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, f"threads={expected}")]
 
@@ -374,25 +365,33 @@ def says_its_threads(spec, env):
     return ["/bin/sh", "-c", 'echo "threads=$OMP_NUM_THREADS" >&2'], env
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on 2 cores or more")
-def test_a_cpu_trial_shares_the_cores_this_process_may_run_on_not_the_machines(tmp_path):
-    """Under a Slurm job's or a container's cpuset (here `sched_setaffinity` to one core) a one-slot CPU trial was
-    given every core of the machine (os.cpu_count), oversubscribing the core it may use; it gets that one."""
+def one_trial_ended(runner, tmp_path: Path) -> list:
+    """Submit one trial to `runner`, wait for it (a minute at most) and close the runner; the ends it polled."""
     from hpo.runners.base import TrialLaunch
-    from hpo.runners.local import LocalRunner
 
-    spec = make_spec(tmp_path, resources={"cpu_slots": 1})
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(allowed)})
     try:
-        runner = LocalRunner(spec.resources, 1, launch_builder=says_its_threads)
         runner.submit(TrialLaunch(1, 1, 1, "sqlite://", tmp_path / "trial"))
         deadline = time.monotonic() + 60
         ended = []
         while not ended and time.monotonic() < deadline:
             runner.wait(1.0)
             ended = runner.poll()
+        return ended
+    finally:
         runner.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on 2 cores or more")
+def test_a_cpu_trial_shares_the_cores_this_process_may_run_on_not_the_machines(tmp_path):
+    """Under a Slurm job's or a container's cpuset (here `sched_setaffinity` to one core) a one-slot CPU trial was
+    given every core of the machine (os.cpu_count), oversubscribing the core it may use; it gets that one."""
+    from hpo.runners.local import LocalRunner
+
+    spec = make_spec(tmp_path, resources={"cpu_slots": 1})
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        ended = one_trial_ended(LocalRunner(spec.resources, 1, launch_builder=says_its_threads), tmp_path)
     finally:
         os.sched_setaffinity(0, allowed)
     assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, "threads=1")]
