@@ -16,12 +16,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.settings import Settings
 
     overrides = {"database_url": args.db, "api_host": args.host, "api_port": args.port}
+    flags = {"database_url": "--db", "api_host": "--host", "api_port": "--port"}
+    given = {key: value for key, value in overrides.items() if value is not None}
     try:
-        settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+        settings = Settings(**given)
     except ValidationError as e:
-        where = "; ".join(f"HPO_{str(err['loc'][0]).upper()}: {err['msg'].removeprefix('Value error, ')}"
-                          for err in e.errors())  # fmt: skip
-        raise HpoError(f"bad server settings ({where}); fix the environment variable or the flag") from None
+        # each bad setting named where it came from: the command line's option, else its environment variable
+        said, fixes = [], set()
+        for err in e.errors():
+            key = str(err["loc"][0])
+            name = flags[key] if key in given else f"HPO_{key.upper()}"
+            said.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+            fixes.add("the option" if key in given else "the environment variable")
+        where, fix = "; ".join(said), " and ".join(sorted(fixes))
+        raise HpoError(f"bad server settings ({where}); fix {fix}") from None
     refuse_in_memory(settings.database_url)
     check_database_url(settings.database_url)
     serve(settings)

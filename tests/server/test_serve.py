@@ -76,8 +76,11 @@ def test_an_empty_host_is_refused_not_bound_to_every_interface(tmp_path: Path, m
                 monkeypatch.setenv("HPO_API_HOST", variable)
             assert main(["serve", *flag, "--port", port]) == 2
             err = capsys.readouterr().err
-            assert "HPO_API_HOST: an empty address binds every network interface: give 127.0.0.1" in err
-            assert "is in use" not in err
+            name, fix = (
+                ("HPO_API_HOST", "the environment variable") if variable is not None else ("--host", "the option")
+            )
+            assert f"({name}: an empty address binds every network interface: give 127.0.0.1" in err
+            assert err.rstrip().endswith(f"; fix {fix}") and "is in use" not in err
 
 
 def test_a_token_that_is_not_printable_ascii_is_refused_at_startup(tmp_path: Path, monkeypatch, capsys):
