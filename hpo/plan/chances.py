@@ -278,9 +278,14 @@ def _pilot_truth(arms: Sequence[ArmSpread], runs: dict[str, ArmRuns], where: str
     for arm in rest:
         c = compare(runs[top.label], runs[arm.label], 1 - PILOT_CONFIDENCE)
         parts.append(f"{-math.expm1(top.counted_log_mean - arm.counted_log_mean):.1%} fewer than {arm.label} (the "
-                     f"pilot's 95 % interval: {1 - c.high:.1%} to {1 - c.low:.1%} fewer)")  # fmt: skip
+                     f"pilot's 95 % interval: {_fewer(1 - c.high)} to {_fewer(1 - c.low)})")  # fmt: skip
     lines = [f"  the truth{where}: {top.label} needs {'; '.join(parts)}"]
     return lines + (_pilot_notes(arms) if notes else [])
+
+
+def _fewer(share: float) -> str:
+    """A share fewer samples in words: `12.5% fewer`, and a negative one as what it is, `113.3% more`."""
+    return f"{share:.1%} fewer" if share >= 0 else f"{-share:.1%} more"
 
 
 def _pilot_notes(arms: Sequence[ArmSpread]) -> list[str]:
@@ -296,10 +301,10 @@ class PilotError(PlanError):
 
 
 def _pilot_values(storage, spec, runs: ArmRuns, top, trials) -> tuple[list[float | None], str]:
-    """An arm's runs: its confirmation runs; when there are fewer than 2, its best tuning run too (when it hit),
-    with the tuning runs of the same configuration with other training seeds (a grid pilot over `seed`)."""
+    """An arm's runs: its confirmation runs; when there are fewer than 2, its best tuning run too (a miss counts as
+    one), with the tuning runs of the same configuration with other training seeds (a grid pilot over `seed`)."""
     values = list(runs.samples_to_target)
-    if len(values) >= 2 or top is None or top.state is not TrialState.COMPLETED or top.samples_to_target is None:
+    if len(values) >= 2 or top is None or top.state is not TrialState.COMPLETED:
         return values, "confirmation runs"
     seeded = _without_seed(top.params) != top.params  # the training seed is a tuned parameter (a grid pilot)
     same = [t for t in trials if seeded and t.id != top.id and t.kind is TrialKind.TUNING and t.budget >= 1.0

@@ -398,18 +398,27 @@ SEEDS_TABLE = ROOT / "hpo" / "simulation" / "tables" / "seeds.jsonl"
 VERDICT_POWER_RUNS = 5
 
 
-def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | None, list]]]) -> None:
+def write_pilot(db_file: Path, name: str, runs: dict[str, list[tuple[float | None, list]]],
+                missed_seeds: dict[str, int] | None = None) -> None:  # fmt: skip
     """Experiment `name` in the database at db_file, finished: per optimizer, a tuning trial (at the middle hit's
     samples; 7,000 without runs) and one confirmation trial per (samples to target, None for a miss; curve [(samples,
-    accuracy), ...] or []) of `runs`."""
-    spec = experiment_from_dict(small_preset(name=name), f"{name}.yaml")
+    accuracy), ...] or []) of `runs`. `missed_seeds`: per optimizer, that many tuning trials of one configuration
+    over the training seed (a grid pilot over `seed`), every one a miss, in place of its tuning trial."""
+    data = small_preset(name=name)
+    if missed_seeds:
+        data["space"] = {**data["space"], "seed": {"choice": list(range(max(missed_seeds.values())))}}
+    spec = experiment_from_dict(data, f"{name}.yaml")
     with SqlStorage(f"sqlite:///{db_file}", upgrade=True) as storage:
         eid = storage.create_experiment(name, stored_form(spec, db_file.parent / name), spec.direction)
         for optimizer, values in runs.items():
             params = {"optimizer.name": optimizer, "optimizer.lr": 1e-3, "schedule.warmup_steps": 0}
             hits = [v for v in values if v[0] is not None]
             middle = hits[len(hits) // 2][0] if hits else 7000  # the tuning trial's samples to target
-            for seed, (samples, curve) in [(None, (middle, []))] + list(enumerate(values, start=1001)):
+            tuning = [(None, params, (middle, []))]
+            if optimizer in (missed_seeds or {}):
+                tuning = [(None, {**params, "seed": seed}, (None, [])) for seed in range(missed_seeds[optimizer])]
+            confirmations = [(seed, params, run) for seed, run in enumerate(values, start=1001)]
+            for seed, params, (samples, curve) in tuning + confirmations:
                 kind = TrialKind.TUNING if seed is None else TrialKind.CONFIRMATION
                 trial_id = storage.create_trial(eid, TrialSpec(None, params, f"optimizer.name={optimizer}", 1.0, (),
                                                                32, kind, seed))  # fmt: skip
@@ -497,8 +506,9 @@ def test_the_pilots_interval_is_welchs_95_percent_on_the_runs_of_its_estimate(tm
     low, high = stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
     estimate = -math.expm1(b.mean() - a.mean())
     assert -math.expm1(high) < estimate < -math.expm1(low)
+    assert -math.expm1(high) < 0 < -math.expm1(low)  # the interval spans no difference: more at one end
     assert (f"the truth: {LAMB} needs {estimate:.1%} fewer than {ADAMW} (the pilot's 95 % interval: "
-            f"{-math.expm1(high):.1%} to {-math.expm1(low):.1%} fewer)") in out  # fmt: skip
+            f"{math.expm1(high):.1%} more to {-math.expm1(low):.1%} fewer)") in out  # fmt: skip
     assert f"  {ADAMW}: 3 of 4 confirmation runs reached the target" in out
     assert "a miss counts at the sample budget, as the verdict counts it" in out
 
@@ -742,6 +752,18 @@ def test_a_pilot_with_too_little_evidence_gets_a_named_error(tmp_path, capsys):
     assert f"--like thin: too little evidence for a spread: in arm {LAMB}, 1 of 1 run(s) reached the target" \
         in error  # fmt: skip  # its best tuning run only
     assert "Run the pilot with `budget.confirm_seeds: 3` or more" in error
+
+
+def test_a_grid_pilot_whose_seeds_all_missed_counts_them_and_is_not_told_to_run_confirmations(tmp_path, capsys):
+    """An arm of a grid pilot over `seed` whose 3 runs all missed: the error said "0 of 0 run(s)" (a best tuning run
+    that missed was left out, and its other seeds with it) and to run confirmation seeds, which would miss too."""
+    db_file = tmp_path / "user.db"
+    write_pilot(db_file, "seeded", {"adamw": exact_spread(math.log(8000), 0.1, 3), "lamb": []}, {"lamb": 3})
+    path = write(tmp_path / "file.yaml", small_preset())
+    assert main(["--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "seeded", "--verdict-only"]) == 2
+    error = capsys.readouterr().err
+    assert f"in arm {LAMB}, 0 of 3 run(s) reached the target" in error
+    assert "Its runs missed the target: run the pilot where this arm reaches it" in error
 
 
 def test_a_pilot_whose_confirmation_runs_missed_the_target_is_not_told_to_run_them(tmp_path, capsys):
