@@ -231,7 +231,8 @@ async def _plan(
         lines = err.decode(errors="replace").splitlines()
         first = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
         detail = "\n".join(lines[first:]) if first is not None else "\n".join(lines)[-2000:] or "hpo plan failed"
-        raise HTTPException(422, detail.replace(str(path), f"the experiment file ({path.name})"))
+        detail = detail.removeprefix("error: ")  # the command line's prefix: the status code says it here
+        raise HTTPException(422, detail.replace(str(path), f"the posted experiment file ({path.name})"))
     return json.loads(out)
 
 

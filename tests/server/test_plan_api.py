@@ -174,7 +174,8 @@ def test_plans_are_actions_and_a_bad_file_gets_hpo_plans_error(planned):
         schema = api.get("/openapi.json").json()
     assert (anonymous.status_code, wrong.status_code) == (401, 401)
     assert bad.status_code == 422 and "budget.trials" in bad.json()["detail"], bad.text
-    assert "planned.yaml" in bad.json()["detail"] and "/tmp" not in bad.json()["detail"]
+    assert "the posted experiment file (planned.yaml)" in bad.json()["detail"] and "/tmp" not in bad.json()["detail"]
+    assert not bad.json()["detail"].startswith("error:")
     assert not_yaml.status_code == 422 and "not YAML" in not_yaml.json()["detail"]
     assert too_many.status_code == 422
     assert not_text.status_code == 422 and not_text.json()["detail"][0]["loc"] == ["body"], not_text.text
