@@ -98,9 +98,10 @@ class DaskRunner(Runner):
                 f"runner.scheduler: {scheduler!r} is not a Dask scheduler address ({e}); {ADDRESS_HINT}"
             ) from None
         except (OSError, TimeoutError) as e:
+            workers = "`dask worker ADDRESS --resources GPU=N`" if resources.gpus != "none" else "`dask worker ADDRESS`"
             raise ResourceError(
                 f"runner.scheduler: cannot reach the Dask scheduler at {scheduler} ({e}); start one with "
-                "`dask scheduler` and workers with `dask worker ADDRESS --resources GPU=N`, or use runner: local"
+                f"`dask scheduler` and workers with {workers}, or use runner: local"
             ) from None
         self.scheduler = scheduler
         _send_promptly(self.client)

@@ -137,7 +137,9 @@ def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(
     code = main(["--db", f"sqlite:///{db_file}", "run", small_experiment(tmp_path), "--runner", "dask",
                  "--scheduler", address, "--run-dir", str(tmp_path / "run")])  # fmt: skip
     assert code == 2
-    assert f"cannot reach the Dask scheduler at {address}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"cannot reach the Dask scheduler at {address}" in err
+    assert "workers with `dask worker ADDRESS`, or use runner: local" in err  # CPU trials: no GPU resource to declare
     assert not db_file.exists()
 
 
