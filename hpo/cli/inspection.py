@@ -134,6 +134,10 @@ def cmd_trials(args: argparse.Namespace) -> int:
         rows.append([str(t.number), t.state.value, t.arm or "-", f"{t.budget:.2f}", objective, acc, f" {detail}"])
     for line in text_table(rows, widths=[4, 10, 24, 6, 12, 7], right={0, 3, 4, 5}):
         print(line)
+    if not trials:  # on standard error: the table stays a table for a script
+        chosen = [f"in state {args.state}" if args.state else "", f"of arm {args.arm}" if args.arm else "",
+                  "on this page" if args.offset or args.after is not None else ""]  # fmt: skip
+        print(f"no trial {' '.join(c for c in chosen if c) or 'yet'}", file=sys.stderr)
     if next_page is not None:
         print(f"more trials follow: --after {next_page} --limit {args.limit} shows the next page", file=sys.stderr)
     return 0

@@ -215,7 +215,7 @@ def test_trials_pages_by_number_with_after_and_says_where_the_next_page_starts(t
     more = "more trials follow: --after {} --limit {} shows the next page\n"
     assert listed("--after", "1", "--limit", "2") == ([2, 4], more.format(4, 2))
     assert listed("--after", "4", "--limit", "2") == ([7], "")  # the last page says nothing more
-    assert listed("--after", "7") == ([], "")
+    assert listed("--after", "7") == ([], "no trial on this page\n")  # past the last: says so
     assert listed("--offset", "1", "--limit", "3") == ([1, 2, 4], more.format(4, 3))
     assert main(["--db", db, "trials", "e", "--after", "1", "--offset", "1"]) == 2
     assert "--after and --offset do not combine" in capsys.readouterr().err

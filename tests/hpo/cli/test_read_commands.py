@@ -400,3 +400,22 @@ def test_status_names_where_the_nni_web_ui_was_last_served_as_the_report_links_i
     assert ("NNI web UI, where last served: optimizer.name=adamw: http://127.0.0.1:8080; optimizer.name=lamb: "
             "http://127.0.0.1:8081 (it answers while the experiment runs that arm; `hpo webui edge` reopens it)"
             ) in capsys.readouterr().out.splitlines()  # fmt: skip
+
+
+def test_trials_that_list_none_say_so_on_standard_error(tmp_path, capsys):
+    """`hpo trials NAME --state failed` without a failed trial printed the header alone."""
+    from tests.hpo.report.test_report_edges import ADAMW, add_trial, make_experiment
+
+    storage, eid, url = make_experiment(tmp_path, name="one")
+    assert main(["--db", url, "trials", "one"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and err == "no trial yet\n"
+    add_trial(storage, eid, ADAMW, "reached")
+    assert main(["--db", url, "trials", "one", "--state", "failed"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and err == "no trial in state failed\n"
+    assert main(["--db", url, "trials", "one", "--after", "1"]) == 0
+    assert capsys.readouterr().err == "no trial on this page\n"
+    assert main(["--db", url, "trials", "one"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and err == ""
