@@ -518,7 +518,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(e["loc"]) + " (`python -m trainer --print-config` shows every key)"
-        lines.append(f"  {key}: {msg} (got {e.get('input')!r})")
+        given = e.get("input")  # a whole section's check (its keys named in the message) got the whole section
+        lines.append(f"  {key}: {msg}" + ("" if isinstance(given, dict) else f" (got {given!r})"))
     return "\n".join(lines)
 
 

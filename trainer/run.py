@@ -424,9 +424,11 @@ def warn_idle_steps(run: Run) -> None:
         return
     horizon = (f"schedule.total_steps {cfg.schedule.total_steps:,}" if cfg.schedule.total_steps is not None else
                f"schedule.horizon_samples {cfg.schedule.horizon_samples:,}, {run.total_steps:,} steps")  # fmt: skip
+    stops = [name for name, on in (("its target", cfg.eval.stop_at_target),
+                                   ("budget.max_time_s", cfg.budget.max_time_s is not None)) if on]  # fmt: skip
     log(
         run.env,
         f"warning: the learning rate reaches 0 after step {steps - idle:,} ({horizon}), but budget.max_samples "
         f"{cfg.budget.max_samples:,} takes {steps:,} steps: steps {steps - idle + 1:,} to {steps:,} would train at "
-        "learning rate 0 and change nothing, unless the run stops sooner (its target, budget.max_time_s)",
+        "learning rate 0 and change nothing" + (f", unless the run stops sooner ({', '.join(stops)})" if stops else ""),
     )

@@ -756,15 +756,21 @@ def test_a_decay_horizon_shorter_than_a_run_nothing_stops_sooner_is_refused_nami
 
 
 @pytest.mark.parametrize(
-    ("horizon", "named"),
+    ("horizon", "named", "unless"),
     [
-        ({"schedule.total_steps": 10}, "schedule.total_steps 10"),
-        ({"schedule.horizon_samples": 80}, "schedule.horizon_samples 80, 10 steps"),
+        ({"schedule.total_steps": 10}, "schedule.total_steps 10", ", unless the run stops sooner (its target)"),
+        (
+            {"schedule.horizon_samples": 80},
+            "schedule.horizon_samples 80, 10 steps",
+            ", unless the run stops sooner (its target)",
+        ),
+        # never refused, and nothing can stop it sooner: the warning names no stop it cannot make
+        ({"schedule.horizon_samples": 80, "eval.stop_at_target": False}, "schedule.horizon_samples 80, 10 steps", ""),
     ],  # fmt: skip
-    ids=["total-steps", "horizon-samples"],
+    ids=["total-steps", "horizon-samples", "horizon-samples-no-stop"],
 )
 def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_at_the_start(
-    tmp_path, capsys, horizon, named
+    tmp_path, capsys, horizon, named, unless
 ):
     """The run may reach its target before the horizon, so it trains; the steps past it ran at learning rate 0
     without a word (here, target 1.0 unreached, they are steps 11 and 12: the records say 0 for those)."""
@@ -772,8 +778,7 @@ def test_a_decay_horizon_shorter_than_a_run_that_may_stop_at_its_target_is_said_
     assert code == 0, err
     said = (
         f"warning: the learning rate reaches 0 after step 10 ({named}), but budget.max_samples 96 takes 12 steps: "
-        "steps 11 to 12 would train at learning rate 0 and change nothing, unless the run stops sooner (its target, "
-        "budget.max_time_s)\n"
+        f"steps 11 to 12 would train at learning rate 0 and change nothing{unless}\n"
     )
     assert err.count(said) == 1, err
     assert [r["step"] for r in records if r.get("event") == "progress" and r["lr"] == 0] == [11, 12]

@@ -294,6 +294,15 @@ def test_cudnn_varlen_attention_goes_with_the_varlen_attention_on_unpadded_eager
     assert ModelConfig().varlen_kernel == "flash"
 
 
+def test_a_sections_own_check_names_its_keys_without_the_whole_section():
+    """A check across a section's keys said them, then `(got {...every key of the section...})`."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["model.varlen_kernel=cudnn", "model.attention=packed"])
+    assert str(refused.value).splitlines()[1] == ("  model: model.varlen_kernel: cudnn is a kernel of the varlen "
+                                                  "attention, not of model.attention: packed: set model.attention to "
+                                                  "varlen or auto")  # fmt: skip
+
+
 @pytest.mark.parametrize(("override", "suggested"), [
     ("optimizer.lrr=0.1", "optimizer.lr"), ("budget.max_sample=5", "budget.max_samples"),
     ("optimizer.learning_rate=0.1", "optimizer.lr"), ("batch.batch_size=64", "batch.global_batch_size"),
