@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import random
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -140,7 +141,8 @@ class SqlStorage(TrialReads, Storage):
         if (path := sqlite_file(self.url)) is not None:
             with contextlib.suppress(OSError):
                 opened = os.stat(path)
-                self._file = (path, (opened.st_dev, opened.st_ino))
+                if stat.S_ISREG(opened.st_mode):  # a folder there is refused as such below, not as a replaced file
+                    self._file = (path, (opened.st_dev, opened.st_ino))
         try:
             self._retry(self._check_schema)
         except BaseException:
@@ -157,7 +159,8 @@ class SqlStorage(TrialReads, Storage):
             now = os.stat(path)
         except OSError:
             return path
-        return None if (now.st_dev, now.st_ino) == opened else path
+        # a file of another inode, or no file (a folder put in its place may take the deleted file's inode number)
+        return None if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == opened else path
 
     def _check_schema(self) -> None:
         with self._session() as session:
