@@ -40,7 +40,7 @@ from hpo.interpreter import module_env
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher, launcher_modules
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
-from hpo.runners.resources import usable_cores
+from hpo.runners.resources import cpu_trial_threads
 from hpo.trial.entry import EXIT_NOT_CLAIMED, WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
 
@@ -374,7 +374,7 @@ def run_attempt(launch: TrialLaunch, gpus: int, launch_builder, topic: str, prel
         threads = None
         if not ids:
             sharing = (threads_by_host or {}).get(get_address_host(worker.address), worker.state.nthreads)
-            threads = max(1, usable_cores() // max(1, sharing * ranks))
+            threads = cpu_trial_threads(sharing, ranks)
         spec = LaunchSpec(launch.entry_args(), ids, ranks, free_port() if ranks > 1 else None, threads,
                           extra_env={WORKER_ENV: worker.address})  # fmt: skip
         cmd, env = launch_builder(spec, module_env(os.environ))

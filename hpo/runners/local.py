@@ -17,7 +17,7 @@ from hpo.interpreter import module_env
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher, start_launcher
 from hpo.runners.process import TrialProcess, end_trial, leftover_group, wait_any
-from hpo.runners.resources import Slot, SlotPool, discover_gpus, plan_slots, select_gpus, usable_cores
+from hpo.runners.resources import Slot, SlotPool, cpu_trial_threads, discover_gpus, plan_slots, select_gpus
 from hpo.trial.entry import WORKER_ENV
 from hpo.trial.launch import LaunchSpec, build_launch, free_port
 
@@ -63,7 +63,7 @@ class LocalRunner(Runner):
         if slot is None:
             raise RuntimeError("submit() without a free slot")
         ranks = self.resources.ranks_per_trial(on_gpu=bool(slot.gpus))
-        threads = None if slot.gpus else max(1, usable_cores() // (len(self.pool.slots) * ranks))
+        threads = None if slot.gpus else cpu_trial_threads(len(self.pool.slots), ranks)
         spec = LaunchSpec(
             launch.entry_args(), slot.gpus, ranks, free_port() if ranks > 1 else None, threads,
             extra_env={WORKER_ENV: f"{socket.gethostname()}/{slot.label}"},

@@ -45,6 +45,12 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def cpu_trial_threads(sharing: int, ranks: int) -> int:
+    """The threads of each rank of a CPU trial: the usable cores divided among the `sharing` trials that run at once
+    on them (a local runner's slots, the Dask threads of a host's workers) times the trial's `ranks`, at least 1."""
+    return max(1, usable_cores() // max(1, sharing * ranks))
+
+
 def discover_gpus() -> list[Gpu]:
     """GPUs seen through NVML (nvidia-ml-py); an empty list where there is no NVIDIA driver or library."""
     try:
