@@ -25,6 +25,7 @@ __all__ = [
     "list_presets",
     "preset_path",
     "shipped_preset",
+    "unread_namesake",
     "trainer_key",
 ]
 
@@ -49,3 +50,12 @@ def shipped_preset(path: str | Path) -> Path | None:
         return None
     found = PRESETS_DIR / f"{str(path).removesuffix('.yaml')}.yaml"
     return found if found.is_file() else None
+
+
+def unread_namesake(path: str | Path) -> Path | None:
+    """`NAME.yaml` in the working folder where a bare NAME stands for the shipped preset of that name (the preset is
+    read, this file is not: the CLI says so); None where there is no such file or NAME is not a shipped preset."""
+    if shipped_preset(path) is None or str(path).endswith(".yaml"):
+        return None
+    namesake = Path(f"{path}.yaml")
+    return namesake if namesake.is_file() else None

@@ -24,6 +24,7 @@ elsewhere packed.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from trainer.errors import ConfigError
 
 # PyTorch's CPU math path for jagged attention builds a strided nested tensor internally and warns about that layout
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+# and its backward asks whether FX traces it, a question PyTorch answers with a log line to its own developers
+logging.getLogger("torch.fx._symbolic_trace").addFilter(lambda r: "is_fx_tracing will return" not in r.getMessage())
 
 
 @dataclass

@@ -79,6 +79,19 @@ def waiting_note():
     return tell
 
 
+def note_unread_namesake(experiment: str) -> None:
+    """A bare NAME reads the shipped preset even where `NAME.yaml` is in the working folder: say which file is read
+    and how to read the other."""
+    import sys
+
+    from search_spaces import shipped_preset, unread_namesake
+
+    namesake = unread_namesake(experiment)
+    if namesake is not None:
+        print(f"note: {experiment} is the shipped preset {shipped_preset(experiment)}; {namesake} in this folder is "
+              f"not read (give ./{namesake} to read it)", file=sys.stderr)  # fmt: skip
+
+
 def refuse_in_memory(url: str) -> None:
     """HpoError for an in-memory SQLite URL: a database gone when its process ends, which trials, the API and the
     next command would each see a new empty one of."""

@@ -17,6 +17,7 @@ from hpo.cli.common import (
     check_output_file,
     fraction,
     given,
+    note_unread_namesake,
     open_storage,
     positive,
     positive_float,
@@ -32,6 +33,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from hpo.plan.forecast import PlanOptions
 
     _check_plan_options(args)
+    note_unread_namesake(args.experiment)
     if args.verdict_only:
         from hpo.experiment import load_experiment
         from hpo.plan.chances import chances_lines

@@ -281,8 +281,10 @@ def _trials_run_here(spec, runner: str | None) -> bool:
 
 def _load_spec(path: str, engine: str | None):
     """The experiment file, validated as if it said `engine: ENGINE` when --engine is given."""
+    from hpo.cli.common import note_unread_namesake
     from hpo.experiment import load_experiment
 
+    note_unread_namesake(path)
     return load_experiment(path, engine=engine)  # its errors name the file and what is wrong
 
 

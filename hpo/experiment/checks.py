@@ -522,8 +522,9 @@ def _check_engine(spec: ExperimentSpec, source: str) -> None:
         )
     if spec.runner.name == "dask" and not spec.runner.scheduler:
         raise ExperimentFileError(f"{source}: runner.scheduler: the dask runner needs a scheduler address")
-    if spec.runner.name == "local" and spec.runner.scheduler:
-        raise ExperimentFileError(f"{source}: runner.scheduler: only the dask runner uses a scheduler")
+    if spec.runner.name != "dask" and spec.runner.scheduler:
+        raise ExperimentFileError(f"{source}: runner.scheduler: only the dask runner uses a scheduler (runner.name is "
+                                  f"{spec.runner.name}): remove it, or set runner.name: dask")  # fmt: skip
     _check_simulation(spec, source)
     if spec.engine == "local" and spec.resources.machines:
         raise ExperimentFileError(
@@ -676,15 +677,15 @@ def _check_resources(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> N
     micro = key_values(spec, cfg, "batch.micro_batch_size")
     if res.trials_per_gpu > 1 and res.gpus != "none" and micro is not None and "auto" in micro[1]:
         raise ExperimentFileError(
-            f"{source}: {micro[0] or 'base_config'}: batch.micro_batch_size auto fills the memory a GPU "
-            f"has free when a trial starts, and resources.trials_per_gpu {res.trials_per_gpu} has trials share one: "
-            "set a number, or trials_per_gpu: 1"
+            f"{source}: {where_set(spec, micro[0], 'batch.micro_batch_size')}: batch.micro_batch_size auto fills the "
+            f"memory a GPU has free when a trial starts, and resources.trials_per_gpu {res.trials_per_gpu} has "
+            "trials share one: set a number, or trials_per_gpu: 1"
         )
     if res.cpu_slots > 1 and res.gpus == "none" and micro is not None and "auto" in micro[1]:
         raise ExperimentFileError(
-            f"{source}: {micro[0] or 'base_config'}: batch.micro_batch_size auto plans for the host's memory as if "
-            f"its trial were alone, and resources.cpu_slots {res.cpu_slots} runs trials side by side: set a number "
-            "(on the CPU a small one is also the faster), or cpu_slots: 1"
+            f"{source}: {where_set(spec, micro[0], 'batch.micro_batch_size')}: batch.micro_batch_size auto plans "
+            f"for the host's memory as if its trial were alone, and resources.cpu_slots {res.cpu_slots} runs trials "
+            "side by side: set a number (on the CPU a small one is also the faster), or cpu_slots: 1"
         )
     _check_batch_divisibility(spec, cfg, source)
 
@@ -792,8 +793,8 @@ def _check_seed(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     last = cfg.seed + spec.budget.most_confirm_seeds
     if last > SEED_LIMIT:
         raise ExperimentFileError(
-            f"{source}: base_config: seed {cfg.seed}: the confirmation runs train with the seeds after it, up to "
-            f"{last}, and the database keeps a trial's seed as a 32-bit integer: use a seed of at most "
+            f"{source}: {where_set(spec, None, 'seed')}: seed {cfg.seed}: the confirmation runs train with the seeds "
+            f"after it, up to {last}, and the database keeps a trial's seed as a 32-bit integer: use a seed of at most "
             f"{SEED_LIMIT - spec.budget.most_confirm_seeds}"
         )
 
@@ -840,7 +841,7 @@ def _check_cpu_trials(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> 
         candidates = key_values(spec, cfg, key)
         if candidates is not None and value in candidates[1]:
             raise ExperimentFileError(
-                f"{source}: {candidates[0] or 'base_config'}: {key} {value}, but resources.gpus: none runs every "
+                f"{source}: {where_set(spec, candidates[0], key)}: {key} {value}, but resources.gpus: none runs every "
                 f"trial on the CPU, where {why}: change it, or give the trials GPUs (resources.gpus)"
             )
 
@@ -856,13 +857,21 @@ def key_values(spec: ExperimentSpec, cfg: TrainerConfig, key: str) -> tuple[str 
     return f"space.{next(iter(params))}", [v for p in params.values() for v in p.choices]
 
 
+def where_set(spec: ExperimentSpec, field: str | None, *keys: str) -> str:
+    """The field a message names for trainer `keys`: `field` (the space's) where given, else `overrides.KEY` where
+    the file overrides one of them, else `base_config`."""
+    if field:
+        return field
+    return next((f"overrides.{key}" for key in keys if key in spec.overrides), "base_config")
+
+
 def _check_batch_divisibility(spec: ExperimentSpec, cfg: TrainerConfig, source: str) -> None:
     """The trainer needs global_batch_size % (micro_batch_size x ranks) == 0; catch it before any trial runs."""
     global_ = key_values(spec, cfg, "batch.global_batch_size")
     micro = key_values(spec, cfg, "batch.micro_batch_size")
     if global_ is None or micro is None:
         return
-    field = global_[0] or micro[0] or "base_config"
+    field = global_[0] or micro[0] or where_set(spec, None, "batch.global_batch_size", "batch.micro_batch_size")
     gpus = spec.resources.gpus
     devices = (True, False) if gpus == "all" else (False,) if gpus == "none" else (True,)
     for on_gpu in devices:

@@ -274,14 +274,14 @@ def check_remote(spec: Any, db_url: str) -> None:
         return
     if db_url.startswith("sqlite"):
         raise ResourceError(
-            f"resources.machines: trials on other machines record themselves in the database, and {db_url} is a "
-            "file on this one; use a server database they can reach (--db postgresql+psycopg://USER@HOST/DB)"
+            f"{spec.source}: resources.machines: trials on other machines record themselves in the database, and "
+            f"{db_url} is a file on this one; use a server database they can reach (--db postgresql+psycopg://USER@HOST/DB)"
         )
     for i, machine in enumerate(machines):
         key = Path(machine.ssh_key_file).expanduser()
         if not key.is_file():
-            raise ResourceError(f"resources.machines[{i}].ssh_key_file: {key} is not a file; NNI reaches "
-                                f"{machine.user}@{machine.host} over SSH with a private key")  # fmt: skip
+            raise ResourceError(f"{spec.source}: resources.machines[{i}].ssh_key_file: {key} is not a file; NNI "
+                                f"reaches {machine.user}@{machine.host} over SSH with a private key")  # fmt: skip
 
 
 RESTART_SEED_STEP = 7919  # a resumed arm's tuner seed: seed + arm + this * restart (never another arm's seed)

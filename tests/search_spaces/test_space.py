@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from search_spaces import (
     preset_path,
     shipped_preset,
     trainer_key,
+    unread_namesake,
 )
 
 EXAMPLE = """
@@ -292,8 +294,13 @@ def test_a_bare_preset_name_stands_for_its_file_unless_a_file_of_that_name_is_at
     shipped = PRESETS_DIR / "adam_vs_lamb_simulated.yaml"
     assert shipped_preset("adam_vs_lamb_simulated") == shipped_preset("adam_vs_lamb_simulated.yaml") == shipped
     assert shipped_preset("nope") is None and shipped_preset("somewhere/adam_vs_lamb_simulated.yaml") is None
+    assert unread_namesake("adam_vs_lamb_simulated") is None
     (tmp_path / "adam_vs_lamb_simulated.yaml").write_text("name: mine\n")  # the user's own file wins
     assert shipped_preset("adam_vs_lamb_simulated.yaml") is None
+    # a bare name still reads the preset, and the file beside it that it does not read is named
+    assert shipped_preset("adam_vs_lamb_simulated") == shipped
+    assert unread_namesake("adam_vs_lamb_simulated") == Path("adam_vs_lamb_simulated.yaml")
+    assert unread_namesake("adam_vs_lamb_simulated.yaml") is None and unread_namesake("nope") is None
 
 
 # ------------------------------------------------------------------------------------------------ YAML oddities

@@ -105,6 +105,29 @@ def test_attention_matches_the_padded_grid_forward_and_backward(attention):
     assert_gradients_close(grads, reference_grads, exact)
 
 
+def test_jagged_attention_on_the_cpu_logs_nothing_of_pytorchs_internals():
+    """Its backward asks PyTorch whether FX traces it, and PyTorch answers once per process with a warning for its
+    own developers (`is_fx_tracing will return true ...`) on the trainer's stderr: the trainer drops that line."""
+    import logging
+
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(symbolic_trace.__name__)
+    symbolic_trace.is_fx_tracing_warning.cache_clear()  # as in a fresh process
+    logger.addHandler(handler)
+    try:
+        symbolic_trace.is_fx_tracing_warning()  # called where jagged attention calls it
+        batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))
+        qkv = torch.randn(batch.num_tokens, 3, 4, 8, requires_grad=True)
+        packed_attention(qkv, batch, attention_layout("jagged", batch), 0.1).sum().backward()
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [] and qkv.grad is not None
+
+
 def test_the_packed_grid_has_fewer_rows_than_sequences_on_mixed_lengths():
     """What makes `packed` worth having: the batches above share rows (8 sequences, 5 rows), so its grid is smaller."""
     batch = pack_batch(make_samples(LENGTHS), np.arange(len(LENGTHS)))

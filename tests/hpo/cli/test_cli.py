@@ -126,6 +126,24 @@ def test_an_unknown_preset_name_says_where_to_look(tmp_path, capsys, monkeypatch
                                        "shipped preset is named so (`hpo presets` lists them)\n")  # fmt: skip
 
 
+def test_a_preset_name_says_it_does_not_read_its_namesake_yaml_in_the_working_folder(tmp_path, capsys, monkeypatch):
+    from search_spaces import PRESETS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adam_vs_lamb_simulated.yaml").write_text("name: mine\n")
+    db = f"sqlite:///{tmp_path / 'hpo.db'}"
+    # refused after the file is read (--port is NNI's): nothing runs, and the note comes first
+    assert main(["--db", db, "run", "adam_vs_lamb_simulated", "--port", "8000"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    shipped = PRESETS_DIR / "adam_vs_lamb_simulated.yaml"
+    assert err[0] == (f"note: adam_vs_lamb_simulated is the shipped preset {shipped}; adam_vs_lamb_simulated.yaml "
+                      "in this folder is not read (give ./adam_vs_lamb_simulated.yaml to read it)")  # fmt: skip
+    assert err[1].startswith("error: --port applies to engine: nni") and "adam_vs_lamb_simulated" in err[1]
+    assert main(["--db", db, "run", "./adam_vs_lamb_simulated.yaml", "--port", "8000"]) == 2  # the user's own file
+    assert "note:" not in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adam_vs_lamb_simulated.yaml"]
+
+
 def test_an_unreachable_dask_scheduler_stops_the_run_before_anything_is_written(tmp_path, monkeypatch, capsys):
     """In this process, with a 1 s connection timeout instead of the runner's 10 s (Dask retries until then)."""
     import hpo.runners.dask

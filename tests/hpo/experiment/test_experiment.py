@@ -604,7 +604,7 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     (
         "auto_micro_batch_on_a_shared_gpu",
         {"resources": {"gpus": [0], "trials_per_gpu": 2}, "overrides": {"batch.micro_batch_size": "auto"}},
-        "base_config",
+        "overrides.batch.micro_batch_size",
         "trials_per_gpu 2 has trials share one",
     ),
     (
@@ -619,13 +619,13 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     (
         "auto_micro_batch_on_cpu_slots_side_by_side",
         {"resources": {"gpus": "none", "cpu_slots": 2}, "overrides": {"batch.micro_batch_size": "auto"}},
-        "base_config",
+        "overrides.batch.micro_batch_size",
         "resources.cpu_slots 2 runs trials side by side: set a number",
     ),
     (
         "auto_micro_batch_not_divisible_by_ranks",
         {"resources": {"gpus": "none", "cpu_ranks_per_trial": 3}, "overrides": {"batch.micro_batch_size": "auto"}},
-        "base_config",
+        "overrides.batch.micro_batch_size",
         "not a multiple of the ranks per trial (3 CPU ranks)",
     ),
     (
@@ -660,7 +660,7 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     (
         "seed_beyond_what_the_database_keeps",
         {"overrides": {"seed": 2**31 - 2}, "budget": {"trials": 4, "max_parallel": 2, "confirm_seeds": 2}},
-        "base_config",
+        "overrides.seed",
         "seed 2147483646: the confirmation runs train with the seeds after it, up to 2147483648",
     ),
     ("tuner_seed_negative", {"tuner": {"name": "smac_bo", "seed": -1}}, "tuner.seed", "-1 is outside 0 to 2**32 - 1"),
@@ -674,7 +674,7 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     (
         "cuda_device_on_cpu_slots",
         {"resources": {"gpus": "none"}, "overrides": {"device": "cuda"}},
-        "base_config",
+        "overrides.device",
         "device cuda, but resources.gpus: none runs every trial on the CPU, where there is no CUDA device",
     ),
     (
@@ -686,13 +686,13 @@ MALFORMED: list[tuple[str, Any, str, str]] = [
     (
         "varlen_on_cpu_slots",
         {"resources": {"gpus": "none"}, "overrides": {"model.attention": "varlen"}},
-        "base_config",
+        "overrides.model.attention",
         "the varlen kernel needs CUDA",
     ),
     (
         "cudnn_attention_on_cpu_slots",
         {"resources": {"gpus": "none"}, "overrides": {"model.varlen_kernel": "cudnn"}},
-        "base_config",
+        "overrides.model.varlen_kernel",
         "model.varlen_kernel cudnn, but resources.gpus: none runs every trial on the CPU, where cuDNN's varlen "
         "attention needs CUDA",
     ),

@@ -305,6 +305,26 @@ def test_resources_the_dask_runner_would_not_read_are_refused(tmp_path, resource
 
 
 @pytest.mark.parametrize(
+    ("runner", "says"),
+    [
+        ({"name": "dask"}, "runner.scheduler: the dask runner needs a scheduler address"),
+        ({"name": "local", "scheduler": "tcp://127.0.0.1:8786"},
+         "runner.scheduler: only the dask runner uses a scheduler (runner.name is local): remove it, or set "
+         "runner.name: dask"),
+        ({"name": "simulated", "scheduler": "tcp://127.0.0.1:8786", "simulation": {"table": "curves"}},
+         "runner.scheduler: only the dask runner uses a scheduler (runner.name is simulated): remove it, or set "
+         "runner.name: dask"),
+    ],
+    ids=["dask-without", "local", "simulated"],
+)  # fmt: skip
+def test_a_scheduler_address_is_refused_where_no_dask_runner_reads_it(tmp_path, runner, says):
+    path, message = refusal(tmp_path, simulated(runner=runner))
+    assert message == f"{path}: {says}", message
+    if runner["name"] == "simulated":  # the same file without the address is valid: the refusal is of it alone
+        load_experiment(write_experiment(tmp_path, simulated(runner={**runner, "scheduler": None})))
+
+
+@pytest.mark.parametrize(
     ("changes", "says"),
     [
         ({"budget": {"trials": 2, "eta": 4}}, "budget.eta: 4, but tuner random trains every trial to the full "

@@ -137,9 +137,9 @@ def test_remote_trials_need_a_server_database_and_a_key_before_anything_is_writt
 
     missing = tmp_path / "no-such-key"
     spec = spec_of(tmp_path, resources={"machines": [{"host": "h", "user": "u", "ssh_key_file": str(missing)}]})
-    with pytest.raises(ResourceError, match=r"resources.machines: .* sqlite:///x.db is a file on this one"):
+    with pytest.raises(ResourceError, match=rf"^{spec.source}: resources.machines: .* sqlite:///x.db is a file"):
         check_remote(spec, "sqlite:///x.db")
-    with pytest.raises(ResourceError, match=rf"resources.machines\[0\].ssh_key_file: {missing} is not a file"):
+    with pytest.raises(ResourceError, match=rf"^{spec.source}: resources.machines\[0\].ssh_key_file: {missing} is"):
         check_remote(spec, "postgresql+psycopg://u@db/hpo")
     check_remote(spec_of(tmp_path), "sqlite:///x.db")  # this machine only: any database
     with pytest.raises(ExperimentFileError, match="resources.machines: other machines run engine: nni trials"):
