@@ -7,7 +7,18 @@
 # the rules require of a result: its log is listed as not checked, and does not fail the check. Exit 0 when at least
 # one log was checked and every checked log passed.
 set -uo pipefail
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project's environment where made
+if [ $# -ne 1 ] || [ ! -d "$1" ]; then
+  echo "usage: bash scripts/check_mlperf_logs.sh RUN_DIR/trials (a folder of trial folders; got: ${1:-nothing})" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# the project's environment (`make setup` makes it), from any working folder; PYTHON=... names another
+PY=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+if ! "$PY" -c "import mlperf_logging.compliance_checker" 2>/dev/null; then
+  echo "error: $PY has no MLPerf compliance checker (mlperf-logging): run \`make setup\` in $ROOT, or name a Python" \
+       "that has it with PYTHON=..." >&2
+  exit 2
+fi
 passed=0
 checked=0
 for log in "$1"/*/mlperf.log "$1"/*/mlperf/result_*.txt; do
@@ -19,7 +30,7 @@ for log in "$1"/*/mlperf.log "$1"/*/mlperf/result_*.txt; do
     continue
   fi
   checked=$((checked + 1))
-  if $PY -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 --log_output "$log.checked" "$log" \
+  if "$PY" -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 --log_output "$log.checked" "$log" \
       > "$log.checker.txt" 2>&1; then
     passed=$((passed + 1)); echo "$log: SUCCESS"
   else

@@ -70,3 +70,16 @@ def test_the_logs_where_docs_put_them_are_checked_and_the_checkers_output_is_not
         done = check(trials)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.splitlines()[-1] == "compliance checker: 2 of 2 trial logs passed"
+
+
+def test_a_missing_folder_or_a_python_without_the_checker_is_refused_by_name(tmp_path):
+    run = subprocess.run(["bash", "scripts/check_mlperf_logs.sh", str(tmp_path / "nope")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and f"got: {tmp_path / 'nope'}" in run.stderr and run.stdout == ""
+    bare = tmp_path / "python"  # a Python that cannot import mlperf_logging
+    bare.write_text("#!/bin/sh\nexit 1\n")
+    bare.chmod(0o755)
+    run = subprocess.run(["bash", str(ROOT / "scripts/check_mlperf_logs.sh"), str(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": str(bare)})  # fmt: skip
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith(f"error: {bare} has no MLPerf compliance checker (mlperf-logging): run `make setup`")
