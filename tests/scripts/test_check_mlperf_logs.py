@@ -79,7 +79,8 @@ def test_a_missing_folder_or_a_python_without_the_checker_is_refused_by_name(tmp
     bare = tmp_path / "python"  # a Python that cannot import mlperf_logging
     bare.write_text("#!/bin/sh\nexit 1\n")
     bare.chmod(0o755)
-    run = subprocess.run(["bash", str(ROOT / "scripts/check_mlperf_logs.sh"), str(tmp_path)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": str(bare)})  # fmt: skip
+    script = ROOT / "scripts/check_mlperf_logs.sh"
+    run = subprocess.run(["bash", str(script), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHON": str(bare)})  # fmt: skip
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.startswith(f"error: {bare} has no MLPerf compliance checker (mlperf-logging): run `make setup`")
