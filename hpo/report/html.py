@@ -181,7 +181,9 @@ def _nothing_finished(data: ExperimentData) -> str | None:
     """What every figure says while no trial has finished (None once one has)."""
     if any(t.outcome != "unfinished" for t in data.trials):
         return None
-    return f"Nothing to draw yet: no trial has finished (0 of {_planned(data)} planned; created: {_by_state(data)})."
+    recorded = "" if data.liveness == "live" else ", as last recorded"
+    return (f"Nothing to draw yet: no trial has finished (0 of {_planned(data)} planned; created: {_by_state(data)}"
+            f"{recorded}).")  # fmt: skip
 
 
 def _by_state(data: ExperimentData) -> str:
@@ -274,8 +276,12 @@ def _notes(data: ExperimentData) -> str:
         )
     elif data.confirm_seeds == 1:
         notes.append("One confirmation seed: a comparison needs at least 2 runs per arm.")
-    if data.liveness in ("live", "interrupted"):
-        notes.append(f"The experiment is {data.liveness}: these numbers will change as trials finish.")
+    if data.liveness == "live":
+        notes.append("The experiment is live: these numbers will change as trials finish.")
+    elif data.liveness == "interrupted":
+        notes.append(f"The experiment is interrupted: its controller stopped heartbeating, and its trials' states are "
+                     f"those last recorded; `hpo resume {shlex.quote(data.name)}` takes it over and finishes "
+                     "it.")  # fmt: skip
     if data.to_target:
         notes.append("A run that missed the target is shown as a miss (x), never at its penalized objective.")
     large = _large_experiment(data)

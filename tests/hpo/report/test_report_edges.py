@@ -10,7 +10,7 @@ import re
 import shlex
 import statistics
 from datetime import UTC, datetime
-from html import unescape
+from html import escape, unescape
 
 import numpy as np
 import pytest
@@ -139,6 +139,7 @@ def curve(noise: list[float | None], accuracy: float = 0.55) -> list[MetricPoint
 
 def test_nothing_finished_says_so_instead_of_empty_plots_and_counts_what_is_planned(tmp_path):
     storage, eid, _ = make_experiment(tmp_path, trials=4, confirm_seeds=1)  # 4 tuning + 1 per arm: 6 planned
+    storage.claim_controller(eid, "h", 1, stale_after_s=60.0)  # a live controller (heartbeat now)
     add_trial(storage, eid, ADAMW, "running")
     html, page = report(storage)
     assert page.images == []
@@ -148,6 +149,19 @@ def test_nothing_finished_says_so_instead_of_empty_plots_and_counts_what_is_plan
     assert html.count(said) == 5  # outcomes, best so far, learning curves, noise scale, hyperparameters
     assert page.cells[(None, "noise")] == said
     assert "reported a noise scale" not in html and "it needs two batch sizes" not in html
+    assert "The experiment is live: these numbers will change as trials finish." in html
+
+
+def test_an_interrupted_experiments_report_gives_its_trials_states_as_last_recorded(tmp_path):
+    """Its controller is gone (no heartbeat): a trial stored as running may be running no more; the report says the
+    states are the last recorded, and how to take the experiment over."""
+    storage, eid, _ = make_experiment(tmp_path, trials=4, confirm_seeds=1)
+    add_trial(storage, eid, ADAMW, "running")
+    html, page = report(storage)
+    said = "Nothing to draw yet: no trial has finished (0 of 6 planned; created: 1 running, as last recorded)."
+    assert html.count(said) == 5 and "these numbers will change" not in html
+    assert escape("The experiment is interrupted: its controller stopped heartbeating, and its trials' states are "
+                  "those last recorded; `hpo resume edge` takes it over and finishes it.") in html
 
 
 def test_unfinished_trials_are_counted_by_state_as_hpo_status_counts_them(tmp_path, capsys):
@@ -163,7 +177,7 @@ def test_unfinished_trials_are_counted_by_state_as_hpo_status_counts_them(tmp_pa
     status = line.removeprefix("trials: ")
     assert status == "1 queued, 1 running, 2 interrupted"
     html, page = report(storage)
-    said = f"Nothing to draw yet: no trial has finished (0 of 6 planned; created: {status})."
+    said = f"Nothing to draw yet: no trial has finished (0 of 6 planned; created: {status}, as last recorded)."
     assert page.cells[(None, "nothing")] == said and "queued or running" not in html
     rows = table_with(page, "outcome")
     column = rows[0].index("outcome")
