@@ -160,8 +160,9 @@ def test_an_interrupted_experiments_report_gives_its_trials_states_as_last_recor
     html, page = report(storage)
     said = "Nothing to draw yet: no trial has finished (0 of 6 planned; created: 1 running, as last recorded)."
     assert html.count(said) == 5 and "these numbers will change" not in html
-    assert escape("The experiment is interrupted: its controller stopped heartbeating, and its trials' states are "
-                  "those last recorded; `hpo resume edge` takes it over and finishes it.") in html
+    note = ("The experiment is interrupted: its controller stopped heartbeating, and its trials' states are those last "
+            "recorded; `hpo resume edge` takes it over and finishes it.")  # fmt: skip
+    assert escape(note) in html
 
 
 def test_unfinished_trials_are_counted_by_state_as_hpo_status_counts_them(tmp_path, capsys):
