@@ -103,6 +103,7 @@ class Written:
     present: int  # runs the experiment already held (a second import of the same files)
     left: int = 0  # runs of the experiment's import that it still does not hold (it stays unfinished)
     stored_cost: dict[str, Any] | None = None  # an experiment imported before: the cost per arm it stores
+    cost_differs: bool = False  # the system descriptions now give these runs another cost than the one stored
 
 
 @dataclass
@@ -513,7 +514,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
     except NotFoundError:
         record = None
     expected = {r.key for r in plan.runs}  # every run of the experiment's import: it is finished when it holds them
-    stored_cost = None
+    stored_cost, cost_differs = None, False
     if record is None:
         experiment_id, present = storage.create_experiment(plan.name, plan.stored, plan.spec.direction), set()
     else:
@@ -540,6 +541,7 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
                            "otherwise than the import that created it grouped them")  # fmt: skip
         _same_options(plan, record, trials)
         stored_cost = info.get("cost") or {}
+        cost_differs = _cost_differs(plan, stored_cost, trials)
         expected = set(info.get("sha256") or []) | expected  # a cut-short import, finished with part of its files
         for trial in trials:  # an earlier import of these very files that stopped between writing a trial's rows
             if not trial.state.finished and trial.state is not TrialState.INTERRUPTED:
@@ -559,7 +561,20 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
     left = len(expected - present - {r.key for r in plan.runs})
     if not left and (added or record is None or record.status is not ExperimentStatus.FINISHED):  # a repeat that
         storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # adds nothing writes nothing
-    return Written(experiment_id, added, len(plan.runs) - added, left, stored_cost)
+    return Written(experiment_id, added, len(plan.runs) - added, left, stored_cost, cost_differs)
+
+
+def _cost_differs(plan: ImportPlan, stored_cost: Mapping[str, Any], trials: Sequence[TrialRecord]) -> bool:
+    """Whether the runs now read cost otherwise than the experiment stored (a system description changed since): a
+    run it holds whose wall-clock or accelerator count differs from its trial's, or, where some runs are written only
+    now (these files are then every run of its import), a cost per arm other than the stored one. The cost per arm of
+    part of the import's files is not compared with the stored one: it is over fewer runs, so it differs anyway."""
+    held = {t.metrics.get(HASH_KEY): t.metrics.get("mlperf") or {} for t in trials if t.state.finished}
+    read = [(run, held[run.key]) for run in plan.runs if run.key in held]  # each held run and what its trial keeps
+    if any((run.wall_clock_s, run.accelerators) != (kept.get("wall_clock_s"), kept.get("accelerators"))
+           for run, kept in read):  # fmt: skip
+        return True
+    return len(read) < len(plan.runs) and plan.stored[IMPORTED_KEY]["cost"] != stored_cost
 
 
 def _same_options(plan: ImportPlan, record: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
@@ -636,7 +651,7 @@ def describe(plan: ImportPlan, written: Written) -> list[str]:
             f"  arm {label}: {len(mine)} run(s), {len(hits)} reached the target{mean}" + (f"; {spent}" if spent else "")
         )
     lines += [f"note: {note}" for note in plan.notes]
-    if written.stored_cost is not None and written.stored_cost != info["cost"]:
+    if written.cost_differs:
         lines.append(
             "note: the cost above is the one stored when the experiment was imported: the system "
             "descriptions now say otherwise (import under another --name to read the runs with them)"

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -1161,3 +1162,74 @@ def test_a_system_description_with_a_byte_order_mark_or_latin_1_gives_its_count(
     assert "note: the cost above is the one stored when the experiment was imported" in out
     assert main(["--db", db, "status", "latin"]) == 0
     assert "on 16 accelerators" in capsys.readouterr().out
+
+
+COST_NOTE = "note: the cost above is the one stored when the experiment was imported"
+SAMSUNG_SYSTEM = "samsung_supercomputer21_dgxa100_n128_pytorch"
+
+
+def samsung_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of Samsung's excerpts (results and system description, as published): (its folder, the description)."""
+    samsung = shutil.copytree(V20 / "Samsung", tmp_path / "Samsung")
+    return samsung, samsung / "systems" / f"{SAMSUNG_SYSTEM}.json"
+
+
+def halve_the_nodes(description: Path) -> None:
+    """The system description changed: 64 nodes of 8 accelerators (512) rather than 128 (1,024)."""
+    description.write_text(json.dumps({**json.loads(description.read_text()), "number_of_nodes": "64"}))
+
+
+def test_an_import_again_with_part_of_its_files_notes_a_cost_only_where_a_system_description_changed(tmp_path, capsys):
+    """Samsung's and NVIDIA's runs imported again with part of the files (one submitter's folder, one file, two
+    files) said that the system descriptions now gave another cost: the cost per arm of the runs read (fewer, or
+    another arm's none) was compared with the stored one (of every run). Nothing changed: no note. A description
+    that did change is still noted, with the stored cost."""
+    db = db_url(tmp_path)
+    both = [str(SAMSUNG_16K), str(NVIDIA_16K)]
+    parts = (
+        [str(SAMSUNG_16K)],
+        [str(NVIDIA_16K / "result_3.txt")],
+        [str(SAMSUNG_16K / f"result_{n}.txt") for n in (0, 1)],
+    )
+    for paths in (both, *parts, list(reversed(both))):
+        assert main(["--db", db, "import", "mlperf", *paths, "--name", "bert16k", "--optimizer", "lamb"]) == 0
+        out = capsys.readouterr().out
+        assert COST_NOTE not in out, out
+    assert "0 run(s) imported, 20 already there" in out
+    samsung, description = samsung_copy(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(samsung), "--name", "samsung"]) == 0
+    capsys.readouterr()
+    halve_the_nodes(description)
+    one = samsung / "results" / SAMSUNG_SYSTEM / "bert" / "result_0.txt"
+    assert main(["--db", db, "import", "mlperf", str(one), "--name", "samsung"]) == 0
+    out = capsys.readouterr().out
+    assert "0 run(s) imported, 1 already there" in out and COST_NOTE in out
+    assert f"arm {ADAM_16K}: 1 run(s), 1 reached the target" in out
+    assert "on 1,024 accelerators" in out and "on 512 accelerators" not in out
+
+
+def test_an_import_cut_short_and_finished_after_a_system_description_changed_notes_the_stored_cost(tmp_path, capsys):
+    """Stopped after one of NVIDIA's runs, the import is finished after Samsung's description changed: the runs it
+    writes now read the new description, which the stored cost (of every run, from the import that created the
+    experiment) does not say, though the run it held reads as its trial keeps: noted; where nothing changed,
+    nothing is."""
+    from hpo.mlperf.importer import _Clock, _write_run, plan_mlperf
+    from hpo.mlperf.logs import read_result_files, result_files
+
+    samsung, description = samsung_copy(tmp_path)
+    nvidia = shutil.copytree(V20 / "NVIDIA", tmp_path / "NVIDIA")
+    paths = [str(samsung), str(nvidia)]
+    plan = plan_mlperf(read_result_files(result_files(paths), "lamb"), "cut", ["optimizer", "global_batch_size"], None)
+    first = next(run for run in plan.runs if run.arm == LAMB_16K)
+    db = db_url(tmp_path)
+    for name, changed in (("same", False), ("changed", True)):
+        with SqlStorage(db, upgrade=True) as storage:
+            experiment_id = storage.create_experiment(name, plan.stored, plan.spec.direction)
+            _write_run(storage, experiment_id, first, _Clock())  # stopped after one run of twenty
+        if changed:
+            halve_the_nodes(description)
+        assert main(["--db", db, "import", "mlperf", *paths, "--name", name, "--optimizer", "lamb"]) == 0
+        out = capsys.readouterr().out
+        assert "19 run(s) imported, 1 already there" in out
+        assert (COST_NOTE in out) is changed, out
+        assert "on 1,024 accelerators" in out and "on 512 accelerators" not in out
