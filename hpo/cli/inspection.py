@@ -31,11 +31,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     record = storage.get_experiment_by_name(args.name)
     state = liveness(record)
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
-    webui = [f"{link['arm'] + ': ' if link.get('arm') else ''}{link['url']}" for link in record.nni_webui
-             if str(link.get("url", "")).startswith(("http://", "https://"))]  # fmt: skip
-    if webui:  # engine: nni
-        print(f"NNI web UI, where last served: {'; '.join(webui)} (it answers while the experiment runs that arm; "
-              f"`hpo webui {shlex.quote(record.name)}` reopens it)")  # fmt: skip
+    for line in _nni_webui_lines(record):  # engine: nni
+        print(line)
     # Counts, progress, rounds, verdict and cost come from aggregates: a few queries however many trials it has.
     tallies = storage.tally_trials(record.id)
     if imported(record):
@@ -63,6 +60,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = trial.worker or (f"gpus {','.join(map(str, trial.gpus))}" if trial.gpus else "cpu")
         print(f"  trial {trial.number} running on {where} (attempt {trial.attempt}, pid {trial.pid})")
     return 0
+
+
+def _nni_webui_lines(record) -> list[str]:
+    """engine: nni: where each arm's NNI web UI was last served, one line per arm: the address of its latest NNI
+    experiment with that experiment's id, then the ids of the arm's earlier ones (a start a resume replaced, its
+    tuning before its confirmation rounds), which `hpo webui` reopens too, with their own address where it is not
+    the latest one's. The stored links are in the order the engine started them within each arm
+    (`hpo.nni.jobs.record_webui`); none for engine: local."""
+    arms: dict[str | None, list[dict[str, Any]]] = {}
+    for link in record.nni_webui:
+        if str(link.get("url", "")).startswith(("http://", "https://")):
+            arms.setdefault(link.get("arm"), []).append(link)
+    if not arms:
+        return []
+    lines = [f"NNI web UI, where last served (each answers while the experiment runs it; "
+             f"`hpo webui {shlex.quote(record.name)}` reopens them all):"]  # fmt: skip
+    for arm, links in arms.items():
+        *earlier, latest = links
+        said = f"NNI experiment {latest.get('nni_experiment', '?')}"
+        if earlier:
+            said += "; earlier: " + ", ".join(_earlier(link, latest["url"]) for link in earlier)
+        lines.append(f"  {arm + ': ' if arm else ''}{latest['url']} ({said})")
+    return lines
+
+
+def _earlier(link: dict[str, Any], latest: str) -> str:
+    """An arm's earlier NNI experiment as shown beside its latest one: its id, and where it was last served unless
+    that is the latest one's address (the arms' NNI experiments run one after another, each on the first free port,
+    so they share one until `hpo webui` serves each on its own): `:PORT` on the same host, else the address."""
+    nni_id, url = link.get("nni_experiment", "?"), link["url"]
+    if url == latest:
+        return nni_id
+    host, _, port = url.rpartition(":")
+    return f"{nni_id} at {':' + port if host == latest.rpartition(':')[0] else url}"
 
 
 def _stored_spec(record):

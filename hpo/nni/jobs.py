@@ -51,7 +51,9 @@ NO_TUNER = "Tuner did not connect"  # NNI's error when its tuner process is not 
 
 def record_webui(storage, experiment_id: int, run_dir: Path) -> list[dict[str, Any]]:
     """Store where the NNI web UI of each of the experiment's NNI experiments was last served (read back as
-    `ExperimentRecord.nni_webui`), for the report and the API; returns it."""
+    `ExperimentRecord.nni_webui`), for the report, the API and `hpo status`; returns it. The links are in the order
+    of `<run dir>/nni/experiments.json`: by arm, and each arm's in the order they started (its tuning, a resume's
+    new start, its confirmation rounds), so an arm's last link is its latest NNI experiment."""
     links = [{"arm": e.label, "nni_experiment": e.nni_id, "url": e.url} for e in load_experiments(run_dir) if e.port]
     storage.annotate_experiment(experiment_id, NNI_WEBUI_KEY, links)
     return links

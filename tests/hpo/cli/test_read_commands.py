@@ -397,9 +397,11 @@ def test_status_names_where_the_nni_web_ui_was_last_served_as_the_report_links_i
     page = experiment_report(storage, "edge")
     assert all(f'href="{link["url"]}"' in page for link in links)
     assert main(["--db", url, "status", "edge"]) == 0
-    assert ("NNI web UI, where last served: optimizer.name=adamw: http://127.0.0.1:8080; optimizer.name=lamb: "
-            "http://127.0.0.1:8081 (it answers while the experiment runs that arm; `hpo webui edge` reopens it)"
-            ) in capsys.readouterr().out.splitlines()  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[1:4] == [
+        "NNI web UI, where last served (each answers while the experiment runs it; `hpo webui edge` reopens them all):",
+        "  optimizer.name=adamw: http://127.0.0.1:8080 (NNI experiment hpo1-arm0)",
+        "  optimizer.name=lamb: http://127.0.0.1:8081 (NNI experiment hpo1-arm1)",
+    ]
 
 
 def test_trials_that_list_none_say_so_on_standard_error(tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""The NNI web UI's addresses are stored with an `engine: nni` experiment (per arm, and per resume of an arm), and
-its report links to them; no NNI manager runs here (the run directory's list of NNI experiments is written as
-the engine writes it)."""
+"""The NNI web UI's addresses are stored with an `engine: nni` experiment (per arm, and per resume of an arm), its
+report links to them and `hpo status` names them by arm; no NNI manager runs here (the run directory's list of NNI
+experiments is written as the engine writes it)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,52 @@ def test_an_nni_experiment_whose_start_was_stopped_before_nni_made_it_is_left_ou
     assert view(run_dir, 18090) == []  # nothing launched: NNI would refuse it
     (nni_home(run_dir) / "nni-experiments" / "hpo17-arm0").mkdir(parents=True)
     assert created(run_dir, "hpo17-arm0")
+
+
+def test_status_names_each_arm_once_with_its_latest_nni_experiment_and_its_earlier_ones(tmp_path, capsys):
+    """`hpo status` listed one `arm: URL` per NNI experiment the arm ever started (its first start, the one a resume
+    started in its place, its confirmation rounds), without their NNI ids: after a stop during the second arm's
+    tuning and `hpo resume`, "optimizer.name=lamb: http://127.0.0.1:18100" three times, as each arm's NNI
+    experiments took the first port in turn. Each arm is named once, with its latest NNI experiment's address and
+    id and its earlier ones' ids, as `hpo webui` names them; their own addresses once `hpo webui` serves each."""
+    from hpo.cli.main import main
+    from hpo.nni.jobs import new_nni_id
+    from hpo.nni.manager import _save
+
+    spec = make_nni_spec(tmp_path, "nni_random", trials=4, parallel=2, space=SPACE, compare=["optimizer.name"])
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    storage = SqlStorage(url, upgrade=True)
+    run_dir = tmp_path / "run"
+    eid = storage.create_experiment(spec.name, stored_form(spec, run_dir), spec.direction)
+    nni_home(run_dir).mkdir(parents=True)
+    # the starts in the order the engine made them: `hpo run` (stopped during lamb's tuning), then `hpo resume`;
+    # each manager was stopped before the next started, so every one took the first port
+    for arm, label, confirmation in [(0, ADAMW, False), (1, LAMB, False),  # hpo run
+                                     (1, LAMB, False), (0, ADAMW, True), (1, LAMB, True)]:  # fmt: skip
+        started = NniExperiment(arm, label, new_nni_id(run_dir, eid, arm, confirmation), confirmation=confirmation)
+        started.port = 18100
+        _save(run_dir, started)  # as `start_experiment` records it
+        record_webui(storage, eid, run_dir)
+
+    def webui_lines() -> list[str]:
+        assert main(["--db", url, "status", spec.name]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return [line for line in lines if "NNI" in line or line.startswith("  ")]
+
+    assert webui_lines() == [
+        "NNI web UI, where last served (each answers while the experiment runs it; `hpo webui nniexp` reopens them "
+        "all):",
+        f"  {ADAMW}: http://127.0.0.1:18100 (NNI experiment hpo1-arm0-confirm1; earlier: hpo1-arm0)",
+        f"  {LAMB}: http://127.0.0.1:18100 (NNI experiment hpo1-arm1-confirm1; earlier: hpo1-arm1, hpo1-arm1-r1)",
+    ]
+
+    # `hpo webui` serves every one of them on a port of its own (`view`), in the list's order
+    for port, reopened in enumerate(load_experiments(run_dir), start=18100):
+        reopened.port = port
+        _save(run_dir, reopened)
+    record_webui(storage, eid, run_dir)
+    assert webui_lines()[1:] == [
+        f"  {ADAMW}: http://127.0.0.1:18101 (NNI experiment hpo1-arm0-confirm1; earlier: hpo1-arm0 at :18100)",
+        f"  {LAMB}: http://127.0.0.1:18104 (NNI experiment hpo1-arm1-confirm1; earlier: hpo1-arm1 at :18102, "
+        "hpo1-arm1-r1 at :18103)",
+    ]
