@@ -2,12 +2,17 @@
 
 Per backend and test session: a fresh database (a SQLite file, or a PostgreSQL schema of its own that is dropped
 afterwards), `hpo db upgrade`, one `hpo run` of a 4-trial random-search ADAM-vs-LAMB experiment on the tiny
-trainer, and `hpo serve` in a subprocess on a free port with a token for actions.
+trainer (in the test process; SQLite: once for every pytest-xdist worker, each serving a copy of its own), and
+`hpo serve` in a subprocess on a free port with a token for actions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from hpo.trial.launch import free_port
 from tests.hpo.engine.test_study import tiny_overrides as hpo_tiny_overrides
@@ -120,11 +126,71 @@ def stop_server(server: Server) -> None:
         server.process.wait()
 
 
+@contextlib.contextmanager
+def api_in_process(database_url: str, token: str | None = TOKEN) -> Iterator[httpx.Client]:
+    """The API over `database_url` on a real uvicorn server in a thread of this process (lifespan included), on a
+    free port: for tests of what the API answers, not of `hpo serve` itself, without an interpreter's start. Its
+    paths, as a `Server.client()`'s, are under /api/v1."""
+    import threading
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(database_url=database_url, api_token=token))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on port {port}")
+        time.sleep(0.01)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def run_experiment(database_url: str, directory: Path) -> None:
+    """`hpo db upgrade` and `hpo run` of the tiny experiment into `database_url`, in this process (no interpreter
+    start; the trials are processes of their own, as ever), its file, data and run directory under `directory`."""
+    experiment = make_experiment_file(directory)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        for args in (["db", "upgrade"], ["run", str(experiment), "--run-dir", str(directory / "run"), "--quiet"]):
+            assert hpo_main(["--db", database_url, *args]) == 0, err.getvalue()
+
+
+def shared_sqlite_experiment(request, tmp_path_factory) -> Path:
+    """The SQLite file of the finished tiny experiment, run once per test session: under pytest-xdist the first
+    worker to ask runs it in the session's shared temporary directory (the others wait on a lock and find it done)."""
+    if not hasattr(request.config, "workerinput"):  # a single process
+        directory = tmp_path_factory.mktemp("sqlite-experiment")
+        run_experiment(f"sqlite:///{directory / 'hpo.db'}", directory)
+        return directory / "hpo.db"
+    directory = tmp_path_factory.getbasetemp().parent / "server-finished-experiment"  # every worker's
+    directory.mkdir(exist_ok=True)
+    with open(directory.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (directory / "done").exists():
+                run_experiment(f"sqlite:///{directory / 'hpo.db'}", directory)
+                (directory / "done").touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return directory / "hpo.db"
+
+
 @pytest.fixture(scope="session")
-def finished_experiment(tmp_path_factory) -> Iterator:
+def finished_experiment(request, tmp_path_factory) -> Iterator:
     """`finished_experiment(backend)`: the URL of a database holding the tiny experiment, finished through
-    `hpo run` (once per backend and session; PostgreSQL schemas are dropped at the end)."""
-    experiment = make_experiment_file(tmp_path_factory.mktemp("experiment"))
+    `hpo run` (once per backend and session; PostgreSQL schemas are dropped at the end). SQLite: a copy of the
+    worker's own of the file `hpo run` wrote once for every worker."""
     made: dict[str, str] = {}
     cleanups: list[Iterator[str]] = []
 
@@ -132,17 +198,16 @@ def finished_experiment(tmp_path_factory) -> Iterator:
         if backend not in made:
             directory = tmp_path_factory.mktemp(backend)
             if backend == "sqlite":
-                url = f"sqlite:///{directory / 'hpo.db'}"
-            else:
-                base_url = os.environ.get(POSTGRES_URL_ENV)
-                if not base_url:
-                    pytest.skip(POSTGRES_SKIP_REASON)
-                schema = postgres_schema_url(base_url)
-                url = next(schema)
-                cleanups.append(schema)
-            for args in (["db", "upgrade"], ["run", str(experiment), "--run-dir", str(directory / "run"), "--quiet"]):
-                result = hpo("--db", url, *args)
-                assert result.returncode == 0, result.stderr
+                shutil.copyfile(shared_sqlite_experiment(request, tmp_path_factory), directory / "hpo.db")
+                made[backend] = f"sqlite:///{directory / 'hpo.db'}"
+                return made[backend]
+            base_url = os.environ.get(POSTGRES_URL_ENV)
+            if not base_url:
+                pytest.skip(POSTGRES_SKIP_REASON)
+            schema = postgres_schema_url(base_url)
+            url = next(schema)
+            cleanups.append(schema)
+            run_experiment(url, directory)
             made[backend] = url
         return made[backend]
 

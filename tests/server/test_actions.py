@@ -1,4 +1,5 @@
-"""The stop action on a live experiment, refusals without a configured token, and a database that is down."""
+"""The stop action on a live experiment, refusals without a configured token, and a database that is down. A live
+experiment's `hpo run` meets a real `hpo serve`; the other tests ask the API in the test's process."""
 
 from __future__ import annotations
 
@@ -12,28 +13,12 @@ import httpx
 import pytest
 import yaml
 
+from hpo.cli.main import FIXED_HASH_SEED
 from hpo.experiment import load_experiment, stored_form
 from hpo.runners.process import process_state
 from hpo.storage import SqlStorage
-from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
 from tests.polling import wait_for
-from tests.server.conftest import BACKENDS, TOKEN, hpo, make_experiment_file, start_server, stop_server
-
-
-@pytest.fixture(params=BACKENDS)
-def empty_database(request, tmp_path):
-    """A migrated database without experiments."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'hpo.db'}"
-        assert hpo("--db", url, "db", "upgrade").returncode == 0
-        yield url
-        return
-    base_url = os.environ.get(POSTGRES_URL_ENV)
-    if not base_url:
-        pytest.skip(POSTGRES_SKIP_REASON)
-    for url in postgres_schema_url(base_url):
-        assert hpo("--db", url, "db", "upgrade").returncode == 0
-        yield url
+from tests.server.conftest import TOKEN, api_in_process, make_experiment_file, start_server, stop_server
 
 
 def test_stop_ends_a_live_experiment(empty_database, tmp_path):
@@ -44,8 +29,10 @@ def test_stop_ends_a_live_experiment(empty_database, tmp_path):
     # Learning rates that cannot diverge: the running trial must still be running when the stop arrives.
     spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}
     path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED}  # `hpo run` need not start itself again
     run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
-                            "--run-dir", str(tmp_path / "run")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            "--run-dir", str(tmp_path / "run")], env=env, stderr=subprocess.PIPE,
+                           text=True)  # fmt: skip
     server = start_server(empty_database, tmp_path)
     try:
         with server.client() as api:
@@ -74,13 +61,9 @@ def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_d
     spec = load_experiment(path)
     storage = SqlStorage(empty_database)
     storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)  # never claimed
-    server = start_server(empty_database, tmp_path)
-    try:
-        with server.client() as api:
-            assert api.get("/experiments/orphan").json()["status"] == "interrupted"
-            refused = api.post("/experiments/orphan/stop", headers={"Authorization": f"Bearer {TOKEN}"})
-    finally:
-        stop_server(server)
+    with api_in_process(empty_database) as api:
+        assert api.get("/experiments/orphan").json()["status"] == "interrupted"
+        refused = api.post("/experiments/orphan/stop", headers={"Authorization": f"Bearer {TOKEN}"})
     assert refused.status_code == 409 and "hpo resume orphan" in refused.json()["detail"], refused.text
     assert storage.get_experiment_by_name("orphan").stop_requested is False
 
@@ -98,8 +81,9 @@ def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatev
     spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}  # no trial diverges: it keeps running
     path.write_text(yaml.safe_dump(spec))
     beat = {"HPO_HEARTBEAT_S": "0.5"}  # stale after 0.75 s, for the controller and the server alike
+    env = {**os.environ, **beat, "PYTHONHASHSEED": FIXED_HASH_SEED}  # `hpo run` need not start itself again
     run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
-                            "--run-dir", str(tmp_path / "run")], env={**os.environ, **beat})  # fmt: skip
+                            "--run-dir", str(tmp_path / "run")], env=env)  # fmt: skip
     server = start_server(empty_database, tmp_path, **beat)
     token = {"Authorization": f"Bearer {TOKEN}"}
     try:
@@ -135,16 +119,17 @@ def _running(response: httpx.Response):
     return response.status_code == 200 and response.json()["items"]
 
 
-def test_actions_are_refused_without_a_configured_token(finished_experiment, tmp_path):
-    server = start_server(finished_experiment("sqlite"), tmp_path, token=None)
-    try:
-        with server.client() as api:
-            refused = api.post("/experiments/api-demo/stop", headers={"Authorization": f"Bearer {TOKEN}"})
-            assert refused.status_code == 403 and "HPO_API_TOKEN" in refused.json()["detail"]
-            assert api.post("/experiments/api-demo/stop").status_code == 403
-            assert api.get("/experiments/api-demo").status_code == 200  # reads stay open
-    finally:
-        stop_server(server)
+def test_actions_are_refused_without_a_configured_token(tmp_path):
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    spec = load_experiment(make_experiment_file(tmp_path))
+    with SqlStorage(url, upgrade=True) as storage:  # driven by a live controller: a stop would reach it
+        eid = storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
+        storage.claim_controller(eid, "other-host", 4242, stale_after_s=60)
+    with api_in_process(url, token=None) as api:
+        refused = api.post("/experiments/api-demo/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 403 and "HPO_API_TOKEN" in refused.json()["detail"]
+        assert api.post("/experiments/api-demo/stop").status_code == 403
+        assert api.get("/experiments/api-demo").status_code == 200  # reads stay open
 
 
 @pytest.mark.parametrize(
@@ -157,19 +142,15 @@ def test_actions_are_refused_without_a_configured_token(finished_experiment, tmp
     ids=["postgres-unreachable", "sqlite-missing", "sqlite-driver-missing"],
 )
 def test_a_database_that_is_down_gives_503_with_the_reason(url, says, tmp_path):
-    server = start_server(url.format(tmp=tmp_path), tmp_path)
-    try:
-        with server.client() as api:
-            health = api.get("/health")
-            assert health.status_code == 503 and health.json()["status"] == "unavailable"
-            assert says in health.json()["detail"]
-            for path in ("/experiments", "/experiments/x", "/experiments/x/trials/0/metrics", "/best?global_batch_size"
-                         "=8&optimizer=lamb", "/experiments/x/export", "/experiments/x/best"):  # fmt: skip
-                response = api.get(path)
-                assert response.status_code == 503 and says in response.json()["detail"], path
-        assert not (tmp_path / "missing").exists()  # a read never creates a database
-    finally:
-        stop_server(server)
+    with api_in_process(url.format(tmp=tmp_path)) as api:
+        health = api.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        assert says in health.json()["detail"]
+        for path in ("/experiments", "/experiments/x", "/experiments/x/trials/0/metrics", "/best?global_batch_size"
+                     "=8&optimizer=lamb", "/experiments/x/export", "/experiments/x/best"):  # fmt: skip
+            response = api.get(path)
+            assert response.status_code == 503 and says in response.json()["detail"], path
+    assert not (tmp_path / "missing").exists()  # a read never creates a database
 
 
 def test_delete_removes_an_experiment_with_its_trials_and_refuses_a_live_one(empty_database, tmp_path):
@@ -185,10 +166,9 @@ def test_delete_removes_an_experiment_with_its_trials_and_refuses_a_live_one(emp
         storage.add_metrics(trial_id, [(1, 8, {"loss": 3.0, "mlm_accuracy": 0.1})])
         storage.finish_trial(trial_id, TrialResult(TrialState.COMPLETED, objective=float(number)))
     storage.claim_controller(gone, "other-host", 4242, stale_after_s=60)  # a live controller elsewhere
-    server = start_server(empty_database, tmp_path)
     token = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             assert api.delete("/experiments/gone").status_code == 401
             busy = api.delete("/experiments/gone", headers=token)
             assert busy.status_code == 409 and "live controller (host other-host, pid 4242" in busy.json()["detail"]
@@ -204,6 +184,5 @@ def test_delete_removes_an_experiment_with_its_trials_and_refuses_a_live_one(emp
                 assert api.get(path).status_code == 404, path
             assert api.delete("/experiments/gone", headers=token).status_code == 404
     finally:
-        stop_server(server)
         storage.close()
     assert SqlStorage(empty_database).list_experiments() == []

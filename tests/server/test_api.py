@@ -19,7 +19,7 @@ from hpo.storage import SqlStorage
 from hpo.storage.base import NNI_WEBUI_KEY
 from hpo.trials import TrialState
 from tests.hpo.nni.conftest import make_nni_spec
-from tests.server.conftest import EXPERIMENT, TOKEN, start_server, stop_server
+from tests.server.conftest import EXPERIMENT, TOKEN, api_in_process
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_experiment_shows_status_counts_arms_and_best(api, stored):
 
 def test_an_nni_experiment_links_its_web_ui_in_the_json_and_the_report(tmp_path):
     """The addresses the NNI engine stored (`hpo.nni.engine.record_webui`), as the API and its report page give
-    them; documented in the OpenAPI schema."""
+    them; documented in the OpenAPI schema (the API in the test's process)."""
     spec = make_nni_spec(tmp_path, "nni_tpe", trials=4, parallel=2)
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     storage = SqlStorage(url, upgrade=True)
@@ -120,14 +120,10 @@ def test_an_nni_experiment_links_its_web_ui_in_the_json_and_the_report(tmp_path)
              {"arm": None, "nni_experiment": "hpo1-arm0-r1", "url": "http://127.0.0.1:18081"}]  # fmt: skip
     storage.annotate_experiment(eid, NNI_WEBUI_KEY, links)
     storage.set_experiment_status(eid, "finished")
-    server = start_server(url, tmp_path)
-    try:
-        with server.client() as api:
-            assert api.get(f"/experiments/{spec.name}").json()["nni_webui"] == links
-            page = api.get(f"/experiments/{spec.name}/report").text
-            schema = api.get("/openapi.json").json()["components"]["schemas"]
-    finally:
-        stop_server(server)
+    with api_in_process(url) as api:
+        assert api.get(f"/experiments/{spec.name}").json()["nni_webui"] == links
+        page = api.get(f"/experiments/{spec.name}/report").text
+        schema = api.get("/openapi.json").json()["components"]["schemas"]
     for link in links:
         assert f'<a data-field=nni_webui href="{link["url"]}">' in page
     field = schema["ExperimentPublic"]["properties"]["nni_webui"]

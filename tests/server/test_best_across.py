@@ -1,16 +1,14 @@
-"""`GET /best` over several experiments against a real `hpo serve`: a trial that reached the target ranks above one
-that missed it, whatever their objectives. A miss's objective is a penalty scaled by its own experiment's sample
+"""`GET /best` over several experiments (the API in the test's process): a trial that reached the target ranks above
+one that missed it, whatever their objectives. A miss's objective is a penalty scaled by its own experiment's sample
 budget (hpo.objective), so an experiment with a small budget scores its misses below another experiment's hits."""
 
 from __future__ import annotations
-
-import httpx
 
 from hpo.experiment import stored_form
 from hpo.storage import SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
 from tests.hpo.engine.test_study import make_spec
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import api_in_process
 
 TARGET = 0.02  # tiny_overrides' eval.target_mlm_accuracy
 
@@ -36,11 +34,8 @@ def test_a_trial_that_reached_the_target_ranks_above_a_miss_of_another_experimen
     storage.close()
     assert penalty < 400
 
-    server = start_server(url, tmp_path)
-    try:
-        body = httpx.get(f"{server.url}/best", params={"global_batch_size": 8, "optimizer": "lamb"}, timeout=30).json()
-    finally:
-        stop_server(server)
+    with api_in_process(url) as api:
+        body = api.get("/best", params={"global_batch_size": 8, "optimizer": "lamb"}).json()
     ranked = [(c["experiment"], c["reached_target"], c["trial"]["result"]["objective"]) for c in body["candidates"]]
     assert ranked == [("long-budget", True, 400.0), ("short-budget", False, penalty)]
     assert body["best"]["experiment"] == "long-budget" and body["best"]["reached_target"] is True
@@ -63,11 +58,8 @@ def test_where_every_experiment_missed_the_one_that_came_nearest_the_target_rank
     storage.close()
     assert penalties["short-budget"] < penalties["long-budget"]  # the penalty alone would rank the short one first
 
-    server = start_server(url, tmp_path)
-    try:
-        body = httpx.get(f"{server.url}/best", params={"global_batch_size": 8, "optimizer": "lamb"}, timeout=30).json()
-    finally:
-        stop_server(server)
+    with api_in_process(url) as api:
+        body = api.get("/best", params={"global_batch_size": 8, "optimizer": "lamb"}).json()
     ranked = [(c["experiment"], c["reached_target"], c["trial"]["result"]["best_mlm_accuracy"])
               for c in body["candidates"]]  # fmt: skip
     assert ranked == [("long-budget", False, 0.019), ("short-budget", False, 0.001)]

@@ -1,7 +1,7 @@
-"""HTTP caching of the hot reads against a real `hpo serve`: every best config and trial list answers with an
-ETag (the body's hash) and `Cache-Control: no-cache`; an unchanged answer is a 304 to `If-None-Match`, and a trial
-that finishes changes the answer, and so its ETag, at once. Expected bests are computed here from what the test
-stored."""
+"""HTTP caching of the hot reads (the API in the test's process; tests/server/test_api.py asks a real `hpo serve`
+for a 304): every best config and trial list answers with an ETag (the body's hash) and `Cache-Control: no-cache`; an
+unchanged answer is a 304 to `If-None-Match`, and a trial that finishes changes the answer, and so its ETag, at once.
+Expected bests are computed here from what the test stored."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 from hpo.experiment import experiment_from_dict
 from hpo.storage import SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import api_in_process
 
 NAME = "cached"
 LAMB, ADAMW = "optimizer.name=lamb", "optimizer.name=adamw"
@@ -45,7 +45,7 @@ def ask(api: httpx.Client, path: str, etag: str | None = None, **params) -> http
     return answer
 
 
-def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answers_304(empty_database, tmp_path):
+def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answers_304(empty_database):
     storage = SqlStorage(empty_database)
     experiment_id = storage.create_experiment(NAME, served_spec(), "minimize")
     objectives = {0: 5.0, 1: 7.0}  # trial number -> objective of the completed trials
@@ -53,10 +53,9 @@ def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answ
     add_trial(storage, experiment_id, "adamw", 7.0)
     running = add_trial(storage, experiment_id, "lamb", state=None)
     storage.mark_trial_running(running)
-    server = start_server(empty_database, tmp_path)
     best, arms, trials = f"/experiments/{NAME}/best", f"/experiments/{NAME}/best/arms", f"/experiments/{NAME}/trials"
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             first = ask(api, best)
             assert first.status_code == 200 and first.json()["trial"]["number"] == min(objectives, key=objectives.get)
             etag = first.headers["ETag"]
@@ -94,21 +93,19 @@ def test_a_cached_answer_changes_when_a_trial_finishes_and_an_unchanged_one_answ
             for _ in range(2):  # none at that size, asked afresh and kept
                 assert api.get(best, params={"global_batch_size": 64}).status_code == 404
     finally:
-        stop_server(server)
         storage.close()
 
 
-def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_afresh(empty_database, tmp_path):
+def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_afresh(empty_database):
     """An engine that could not start removes the experiment it had just recorded (no trial yet), and the next `hpo
     run` records it again under the same name (with another id: ids are never given twice). A server that answered
     about the first must answer about the second: its id, its spec, its trials."""
     storage = SqlStorage(empty_database)
     first = served_spec()
     first_id = storage.create_experiment(NAME, first, "minimize")
-    server = start_server(empty_database, tmp_path)
     best, arms, trials = f"/experiments/{NAME}/best", f"/experiments/{NAME}/best/arms", f"/experiments/{NAME}/trials"
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             assert api.get(best, params={"arm": LAMB}).status_code == 404  # no trial yet
             assert api.get(arms).status_code == 404 and ask(api, trials).json()["total"] == 0  # as /best's
             assert sum(api.get(f"/experiments/{NAME}").json()["trials"].values()) == 0
@@ -132,32 +129,30 @@ def test_an_experiment_deleted_before_its_first_trial_and_made_again_is_served_a
             exported = api.get(f"/experiments/{NAME}/export")
             assert exported.status_code == 200 and "global_batch_size: 64" in exported.text, exported.text
     finally:
-        stop_server(server)
         storage.close()
 
 
-def test_an_experiment_deleted_with_its_trials_while_served_is_gone_and_its_name_served_afresh(
-    empty_database, tmp_path
-):
+def test_an_experiment_deleted_with_its_trials_while_served_is_gone_and_its_name_served_afresh(empty_database, capsys):
     """`hpo delete` of an experiment whose record, spec, best configs and trial entries the server keeps: every route
     answers 404 at once, and the experiment recorded under the name again is served as itself."""
-    from tests.server.conftest import hpo
+    from hpo.cli.main import main
 
     storage = SqlStorage(empty_database)
     first_id = storage.create_experiment(NAME, served_spec(), "minimize")
     add_trial(storage, first_id, "lamb", 5.0)
     add_trial(storage, first_id, "adamw", 7.0)
-    server = start_server(empty_database, tmp_path)
     name = f"/experiments/{NAME}"
     routes = [(f"{name}/best", {}), (f"{name}/best", {"arm": LAMB}), (f"{name}/best/arms", {}), (f"{name}/trials", {}),
               (f"{name}/trials", {"after": 0}), (f"{name}/trials/0", {}), (f"{name}/trials/0/metrics", {}),
               (f"{name}/export", {}), (name, {}), (f"{name}/report", {})]  # fmt: skip
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             for path, params in routes * 2:  # the second time from what the server keeps
                 assert api.get(path, params=params).status_code == 200, (path, params)
-            deleted = hpo("--db", empty_database, "delete", NAME, "--yes")
-            assert deleted.returncode == 0 and "deleted experiment 'cached': 2 trials" in deleted.stdout, deleted
+            capsys.readouterr()
+            assert main(["--db", empty_database, "delete", NAME, "--yes"]) == 0  # in this process
+            deleted = capsys.readouterr()
+            assert "deleted experiment 'cached': 2 trials" in deleted.out, deleted
             for path, params in routes:
                 answer = api.get(path, params=params)
                 assert answer.status_code == 404 and NAME in answer.json()["detail"], (path, params, answer.text)
@@ -180,5 +175,4 @@ def test_an_experiment_deleted_with_its_trials_while_served_is_gone_and_its_name
             assert api.get(f"{name}/trials/0").json()["params"]["optimizer.lr"] == 2e-3
             assert api.get(f"{name}/trials/1").status_code == 404
     finally:
-        stop_server(server)
         storage.close()

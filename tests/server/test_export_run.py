@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shlex
@@ -29,11 +31,14 @@ def final_record(stdout: str) -> dict:
 
 
 def export_best(url: str, out: Path):
-    """`hpo export` of the finished experiment to `out`: the best trial's config, checked against the database."""
-    result = hpo("--db", url, "export", EXPERIMENT, "-o", str(out))
-    assert result.returncode == 0, result.stderr
-    assert (
-        f"run it with: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config {out}" in result.stderr
+    """`hpo export` (in this process) of the finished experiment to `out`: the best trial's config, checked against
+    the database."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["--db", url, "export", EXPERIMENT, "-o", str(out)])
+    assert code == 0, err.getvalue()
+    assert f"run it with: torchrun --standalone --nnodes 1 --nproc_per_node 1 -m trainer --config {out}" in (
+        err.getvalue()
     )
     with SqlStorage(url) as storage:
         record = storage.get_experiment_by_name(EXPERIMENT)

@@ -8,7 +8,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from tests.server.conftest import EXPERIMENT, start_server, stop_server
+from tests.server.conftest import EXPERIMENT, api_in_process
 
 READS = ("/health", "/experiments", f"/experiments/{EXPERIMENT}", f"/experiments/{EXPERIMENT}/trials",
          f"/experiments/{EXPERIMENT}/trials/0", f"/experiments/{EXPERIMENT}/trials/0/metrics",
@@ -31,14 +31,10 @@ def test_reads_leave_a_sqlite_file_in_another_journal_mode_byte_for_byte(finishe
     with sqlite3.connect(database) as connection:  # the file as a `.backup` or a network file system has it
         assert connection.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
     before = digest(database)
-    server = start_server(f"sqlite:///{database}", tmp_path)
-    try:
-        with server.client() as api:
-            for path in READS:
-                response = api.get(path)
-                assert response.status_code in (200, 404), (path, response.text)
-                assert digest(database) == before, path
-    finally:
-        stop_server(server)
+    with api_in_process(f"sqlite:///{database}") as api:  # the API in this process: its storage, its connections
+        for path in READS:
+            response = api.get(path)
+            assert response.status_code in (200, 404), (path, response.text)
+            assert digest(database) == before, path
     assert digest(database) == before and journal_mode(database) == "delete"
     assert not (tmp_path / "copy.db-wal").exists()

@@ -7,12 +7,10 @@ The experiment's JSON carries the same verdict, and the API docs page renders of
 from __future__ import annotations
 
 import html
-import os
 import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +19,11 @@ import httpx
 import pytest
 import yaml
 
+from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from tests.hpo.evidence.independent import arm_evidence
-from tests.hpo.report.test_report import EXPERIMENT, TARGET, Page, expected_evidence, hpo, make_report_experiment
-from tests.server.conftest import Server, start_server, stop_server
+from tests.hpo.report.test_report import EXPERIMENT, TARGET, Page, expected_evidence, make_report_experiment
+from tests.server.conftest import Server, api_in_process, start_server, stop_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import report_screenshot  # noqa: E402
@@ -120,7 +119,7 @@ def stored_evidence(url: str, trials, label: str) -> tuple[int, list[float]]:
     return len(runs), hits
 
 
-def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
+def test_experiment_json_carries_the_verdict_the_cli_prints(report_server, capsys):
     with SqlStorage(report_server.database_url) as storage:
         trials = storage.list_trials(storage.get_experiment_by_name(EXPERIMENT).id)
     verdict = httpx.get(f"{report_server.url}/experiments/{EXPERIMENT}", timeout=30).json()["verdict"]
@@ -139,10 +138,11 @@ def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
             assert arm["interval_95"] is None
     assert any(a["interval_95"] for a in verdict["arms"])  # the data has an interval to check, not only empty arms
 
-    cli = hpo("--db", report_server.database_url, "best", EXPERIMENT, "--per-arm")
-    assert cli.returncode == 0, cli.stderr
-    printed = yaml.safe_load(cli.stdout)
-    assert f"# verdict: {verdict['line']}" in cli.stdout.splitlines()  # the same Verdict as the CLI's
+    capsys.readouterr()
+    assert hpo_main(["--db", report_server.database_url, "best", EXPERIMENT, "--per-arm"]) == 0  # in this process
+    cli = capsys.readouterr()
+    printed = yaml.safe_load(cli.out)
+    assert f"# verdict: {verdict['line']}" in cli.out.splitlines()  # the same Verdict as the CLI's
     assert verdict["lines"][-1] == f"verdict: {verdict['line']}" and (verdict["winner"] is None) == (
         verdict["outcome"] != "winner"
     )
@@ -154,18 +154,18 @@ def test_experiment_json_carries_the_verdict_the_cli_prints(report_server):
             assert evidence["interval_95"] == arm["interval_95"]
 
 
-def test_the_export_command_on_the_report_page_reads_the_servers_database(report_server, tmp_path):
+def test_the_export_command_on_the_report_page_reads_the_servers_database(report_server, tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
     page = httpx.get(f"{report_server.url}/experiments/{EXPERIMENT}/report", timeout=60).text
     commands = [html.unescape(c) for c in re.findall(r"<pre data-field=export[^>]*>([^<]*)</pre>", page)]
     assert len(commands) == 2, commands  # one per arm
+    # Run as written (`hpo` in this process) from a directory with no database of its own and no HPO_DATABASE_URL.
+    monkeypatch.delenv("HPO_DATABASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
     for command in commands:
         words = shlex.split(command)
         assert words[:3] == ["hpo", "--db", report_server.database_url] and words[3] == "export", command
-        # Run as written from a directory with no database of its own and no HPO_DATABASE_URL.
-        env = {k: v for k, v in os.environ.items() if k != "HPO_DATABASE_URL"}
-        done = subprocess.run([sys.executable, "-m", "hpo", *words[1:]], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+        assert hpo_main(words[1:]) == 0, capsys.readouterr().err
         assert (tmp_path / words[-1]).exists()
 
 
@@ -177,7 +177,7 @@ def test_api_docs_render_in_headless_chromium_with_no_request_leaving(report_ser
     assert any(url.endswith("/api/v1/openapi.json") for url in page.requests), page.requests  # Swagger UI ran
 
 
-def test_each_arms_export_command_of_a_batch_size_study_writes_a_file_of_its_own(tmp_path):
+def test_each_arms_export_command_of_a_batch_size_study_writes_a_file_of_its_own(tmp_path, monkeypatch, capsys):
     """The report of a study comparing optimizer and batch size showed `-o best-8.yaml` for both optimizers at batch
     8 (the file name took the last compare value only): run one after the other, the second replaced the first.
     Each command, run as the page shows it, now leaves a file holding its own arm's optimizer and batch size."""
@@ -199,20 +199,16 @@ def test_each_arms_export_command_of_a_batch_size_study_writes_a_file_of_its_own
                 storage.mark_trial_running(trial)
                 storage.finish_trial(trial, TrialResult(TrialState.COMPLETED, objective=32.0, samples_to_target=32,
                                                         best_mlm_accuracy=0.03))  # fmt: skip
-    server = start_server(url, tmp_path)
-    try:
-        page = httpx.get(f"{server.url}/experiments/batch-study/report", timeout=60).text
-    finally:
-        stop_server(server)
+    with api_in_process(url) as api:  # the page the server renders
+        page = api.get("/experiments/batch-study/report").text
     shown = re.findall(r"<pre data-field=export data-arm='([^']*)'>([^<]*)</pre>", page)
     commands = {html.unescape(arm): shlex.split(html.unescape(command)) for arm, command in shown}
     assert len(commands) == 4 and len({words[-1] for words in commands.values()}) == 4, commands
     runs = tmp_path / "exports"
     runs.mkdir()
-    for words in commands.values():  # one after another, as a reader copies them
-        done = subprocess.run([sys.executable, "-m", "hpo", *words[1:]], cwd=runs, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(runs)
+    for words in commands.values():  # one after another, as a reader copies them (`hpo` in this process)
+        assert hpo_main(words[1:]) == 0, capsys.readouterr().err
     for arm, words in commands.items():
         config = yaml.safe_load((runs / words[-1]).read_text())
         values = dict(part.split("=") for part in arm.split(","))

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import api_in_process, start_server, stop_server
 
 
 # "1" is slow: it says what the default (None) says
@@ -30,17 +27,19 @@ def test_the_access_log_has_a_line_per_request_unless_turned_off(tmp_path: Path,
     assert logged == (0 if access_log == "0" else 3), log
 
 
-def test_a_port_in_use_is_named_with_the_fix_and_exit_code_2(tmp_path: Path):
+def test_a_port_in_use_is_named_with_the_fix_and_exit_code_2(tmp_path: Path, monkeypatch, capsys):
+    from hpo.cli.main import main
+
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'absent.db'}")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {**os.environ, "HPO_DATABASE_URL": f"sqlite:///{tmp_path / 'absent.db'}"}
-        result = subprocess.run([sys.executable, "-m", "hpo", "serve", "--port", str(port)], capture_output=True,
-                                text=True, timeout=60, env=env)  # fmt: skip
-    assert result.returncode == 2, result.stderr  # hpo's exit code for bad input (hpo/cli/main.py)
-    assert f"error: port {port} is in use on 127.0.0.1" in result.stderr and "--port" in result.stderr
-    assert "Traceback" not in result.stderr and "serving" not in result.stdout
+        code = main(["serve", "--port", str(port)])  # in this process: an exception would fail the test
+    out, err = capsys.readouterr()
+    assert code == 2, err  # hpo's exit code for bad input (hpo/cli/main.py)
+    assert f"error: port {port} is in use on 127.0.0.1" in err and "--port" in err
+    assert "Traceback" not in err and "serving" not in out
 
 
 def test_a_database_url_no_request_could_use_is_refused_before_the_server_starts(tmp_path: Path, capsys):
@@ -111,21 +110,15 @@ def test_a_sqlite_file_deleted_or_replaced_under_the_server_is_a_503_not_the_old
     source = Path(finished_experiment("sqlite").removeprefix("sqlite:///"))
     db = tmp_path / "hpo.db"
     shutil.copy(source, db)
-    server = start_server(f"sqlite:///{db}", tmp_path)
-    try:
-        assert httpx.get(f"{server.url}/experiments", timeout=30).status_code == 200
-        assert httpx.get(f"{server.url}/health", timeout=30).json()["status"] == "ok"
+    with api_in_process(f"sqlite:///{db}") as api:  # the API in this process
+        assert api.get("/experiments").status_code == 200
+        assert api.get("/health").json()["status"] == "ok"
         replacement = tmp_path / "new.db"
         shutil.copy(source, replacement)
         replacement.replace(db)  # another file at the same path
         for path in ("/experiments", "/health"):
-            answer = httpx.get(f"{server.url}{path}", timeout=30)
+            answer = api.get(path)
             assert answer.status_code == 503, (path, answer.text)
             assert f"the SQLite database {db} was deleted or replaced after `hpo serve` opened it" in answer.text
-    finally:
-        stop_server(server)
-    server = start_server(f"sqlite:///{db}", tmp_path)  # restarted: the file there now
-    try:
-        assert httpx.get(f"{server.url}/experiments", timeout=30).status_code == 200
-    finally:
-        stop_server(server)
+    with api_in_process(f"sqlite:///{db}") as api:  # restarted: the file there now
+        assert api.get("/experiments").status_code == 200

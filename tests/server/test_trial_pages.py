@@ -1,5 +1,6 @@
-"""Paging the trial list by key (`after`, `next`) against a real `hpo serve`: over the finished tiny experiment, and
-over an experiment that grows between page requests. Expected values are read through the storage."""
+"""Paging the trial list by key (`after`, `next`): over the finished tiny experiment against a real `hpo serve`, and
+over an experiment that grows between page requests (the API in the test's process). Expected values are read
+through the storage."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from hpo.storage import SqlStorage
 from hpo.trials import TrialResult, TrialSpec, TrialState
-from tests.server.conftest import EXPERIMENT, start_server, stop_server
+from tests.server.conftest import EXPERIMENT, api_in_process
 
 URL = f"/experiments/{EXPERIMENT}/trials"
 
@@ -99,7 +100,7 @@ def test_openapi_documents_the_cursor(api):
     assert {"type": "null"} in page["total"]["anyOf"] and "without `after`" in page["total"]["description"]
 
 
-def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_database, tmp_path):
+def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_database):
     """A client pages with `next` while a controller creates trials (the next numbers, as `hpo run` does) and
     finishes others between its requests: the pages hold every trial exactly once, in number order."""
     storage = SqlStorage(empty_database)
@@ -109,9 +110,8 @@ def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_databa
         return storage.create_trial(experiment_id, TrialSpec(number=None, params={"optimizer.lr": 1e-3}))
 
     created = [create_next() for _ in range(5)]
-    server = start_server(empty_database, tmp_path)
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             pages, params = [], {"limit": 2}
             while True:
                 page = api.get("/experiments/growing/trials", params=params).json()
@@ -127,7 +127,6 @@ def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_databa
             completed = api.get("/experiments/growing/trials", params={"state": "completed"}).json()
         everything = [trial.number for trial in storage.list_trials(experiment_id)]
     finally:
-        stop_server(server)
         storage.close()
     seen = [number for page in pages for number in page_numbers(page)]
     assert len(everything) == 5 + 2 * 4 and seen == everything  # every trial once, in number order
@@ -136,7 +135,7 @@ def test_cursor_pages_cover_every_trial_once_while_trials_are_added(empty_databa
     assert recount["total"] == 13 and completed["total"] == 4 == len(completed["items"])
 
 
-def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(empty_database, tmp_path):
+def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(empty_database):
     """The list keeps the entries of finished trials (by id, state and attempt): each page, asked again after
     trials started, finished and were re-queued, is byte for byte the page built from the storage's records then
     (`TrialPage` of `TrialPublic`s, this test's own computation), on the first ask and on repeats."""
@@ -156,9 +155,8 @@ def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(em
         more = items[-1].number if len(trials) > limit else None
         return TrialPage(items=items, total=total, offset=0, limit=limit, next=more).model_dump_json().encode()
 
-    server = start_server(empty_database, tmp_path)
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             asks = [{"limit": 3}, {"limit": 3, "after": 0}, {}]
 
             def check() -> None:
@@ -181,11 +179,10 @@ def test_every_entry_is_the_trial_as_stored_now_though_finished_ones_are_kept(em
             check()
             assert [t["attempt"] for t in api.get("/experiments/kept/trials").json()["items"]][:3] == [0, 0, 1]
     finally:
-        stop_server(server)
         storage.close()
 
 
-def test_filtered_cursor_pages_cover_the_matching_trials_once_while_trials_are_added(empty_database, tmp_path):
+def test_filtered_cursor_pages_cover_the_matching_trials_once_while_trials_are_added(empty_database):
     """A dashboard pages the completed trials of one arm with `next` while a controller creates trials and finishes
     them between its requests (some completed, some failed, in both arms): the pages hold exactly the trials that
     match, each once, in number order (this test's own record of what it made), and `total` is counted anew on
@@ -208,9 +205,8 @@ def test_filtered_cursor_pages_cover_the_matching_trials_once_while_trials_are_a
     for _ in range(8):
         add()
     url, filters = "/experiments/filtered/trials", {"state": "completed", "arm": "lamb", "limit": 2}
-    server = start_server(empty_database, tmp_path)
     try:
-        with server.client() as api:
+        with api_in_process(empty_database) as api:
             first = api.get(url, params=filters).json()
             assert first["total"] == len(matching()) == 3
             pages, page = [first], first
@@ -222,7 +218,6 @@ def test_filtered_cursor_pages_cover_the_matching_trials_once_while_trials_are_a
                 pages.append(page)
             again = api.get(url, params=filters).json()
     finally:
-        stop_server(server)
         storage.close()
     seen = [number for page in pages for number in page_numbers(page)]
     assert len(made) == 26 and len(pages) == 5  # the walk lasted through the three rounds of new trials
