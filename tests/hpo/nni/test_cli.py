@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpo.cli.main import FIXED_HASH_SEED
 from hpo.errors import SchemaOutOfDateError
 from hpo.experiment import experiment_from_dict, stored_form
 from hpo.nni.jobs import REPLACED
@@ -29,6 +30,18 @@ from tests.hpo.nni.conftest import nni_experiment_data
 def hpo(tmp_path, *args):
     return subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def hpo_here(tmp_path, monkeypatch, capsys, *args) -> subprocess.CompletedProcess:
+    """`hpo` as `hpo(...)` runs it, in this process (`hpo.cli.main.main`, no interpreter start): for a command that
+    is refused before it starts anything."""
+    from hpo.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["hpo", *args], code, out, err)
 
 
 @pytest.mark.nni
@@ -84,13 +97,13 @@ def test_run_under_nni_then_webui_reopens_and_closes_it(tmp_path):
         rest(port, "check-status", timeout=2)
 
 
-def test_webui_refuses_an_experiment_of_the_local_engine(tmp_path):
+def test_webui_refuses_an_experiment_of_the_local_engine(tmp_path, monkeypatch, capsys):
     data = nni_experiment_data(tmp_path, "random", trials=2, parallel=1, options={})
     data["engine"] = "local"
     spec = experiment_from_dict(data, "exp.yaml", base_dir=tmp_path)
     storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
     storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
-    webui = hpo(tmp_path, "webui", "nniexp")
+    webui = hpo_here(tmp_path, monkeypatch, capsys, "webui", "nniexp")
     assert webui.returncode == 2
     assert "experiment 'nniexp' ran under engine: local; the NNI web UI shows engine: nni experiments" in webui.stderr
     assert not (tmp_path / "run").exists()  # nothing written
@@ -104,12 +117,12 @@ def stored_nni_experiment(tmp_path):
     return storage, storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)
 
 
-def test_webui_stop_refuses_a_live_experiment_whose_managers_run_its_trials(tmp_path):
+def test_webui_stop_refuses_a_live_experiment_whose_managers_run_its_trials(tmp_path, monkeypatch, capsys):
     """`hpo webui NAME --stop` stopped every manager of the run directory, a live experiment's too: its run then
     failed ("does not answer GET /check-status") with its running trial interrupted."""
     storage, experiment_id = stored_nni_experiment(tmp_path)
     storage.claim_controller(experiment_id, "here", os.getpid(), stale_after_s=60)  # heartbeats now: live
-    stop = hpo(tmp_path, "webui", "nniexp", "--stop")
+    stop = hpo_here(tmp_path, monkeypatch, capsys, "webui", "nniexp", "--stop")
     assert stop.returncode == 2, stop.stderr
     assert "experiment 'nniexp' is live: its controller's NNI managers run its trials" in stop.stderr
 
@@ -127,7 +140,8 @@ def test_resume_with_an_unpatched_nni_is_refused_before_the_claim_writes(tmp_pat
     (fake / "__init__.py").write_text("")
     (fake / "training_service" / "v3" / "compat.js").write_text(unpatch_text(compat_js().read_text()))
     (fake / "node").symlink_to(Path(nni_node.__file__).parent / "node")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+    path = os.pathsep.join([str(fake.parent), *sys.path])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": FIXED_HASH_SEED}  # `hpo resume` does not re-start
     resume = subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", "resume",
                              "nniexp"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert resume.returncode == 2 and "lacks the fix" in resume.stderr, resume.stderr
@@ -136,7 +150,7 @@ def test_resume_with_an_unpatched_nni_is_refused_before_the_claim_writes(tmp_pat
                                                                                before.controller_pid)  # fmt: skip
 
 
-def test_a_new_run_into_a_run_directory_holding_another_runs_nni_experiments_is_refused(tmp_path):
+def test_a_new_run_into_a_run_directory_holding_another_runs_nni_experiments_is_refused(tmp_path, monkeypatch, capsys):
     """A fresh `hpo run` (another database) there counted them as its own earlier runs: its first NNI experiment
     took another tuner seed (hpo1-arm0-r1) and its stored web UI links listed the old ones."""
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1)
@@ -144,17 +158,17 @@ def test_a_new_run_into_a_run_directory_holding_another_runs_nni_experiments_is_
     earlier = [{"arm": 0, "label": None, "nni_id": "hpo1-arm0", "port": 8080, "pid": None}]
     (tmp_path / "run" / "nni").mkdir(parents=True)
     (tmp_path / "run" / "nni" / "experiments.json").write_text(json.dumps(earlier))
-    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    run = hpo_here(tmp_path, monkeypatch, capsys, "run", "exp.yaml", "--run-dir", "run")
     assert run.returncode == 2, run.stderr
     assert "holds the NNI experiments of an earlier run (hpo1-arm0): choose another --run-dir" in run.stderr
     assert not (tmp_path / "hpo.db").exists()  # nothing written
 
 
-def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_written(tmp_path):
+def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
     data["resources"]["machines"] = [{"host": "gpu-a", "user": "bert"}]
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
-    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    run = hpo_here(tmp_path, monkeypatch, capsys, "run", "exp.yaml", "--run-dir", "run")
     assert run.returncode != 0
     assert "resources.machines: trials on other machines record themselves in the database" in run.stderr
     assert not (tmp_path / "hpo.db").exists() and not (tmp_path / "run").exists()
@@ -164,13 +178,15 @@ def test_remote_machines_with_a_sqlite_database_are_refused_before_anything_is_w
 # [0] is slow: [all] is the same refusal under nni, and tests/hpo/runners/test_resources.py's
 # test_gpus_asked_for_on_a_machine_without_any_are_refused_not_run_on_cpu[requested1] refuses [0] itself
 @pytest.mark.parametrize("gpus", ["all", pytest.param([0], marks=pytest.mark.slow)])
-def test_gpus_asked_for_on_a_machine_without_are_refused_under_nni_as_under_the_local_engine(tmp_path, gpus):
+def test_gpus_asked_for_on_a_machine_without_are_refused_under_nni_as_under_the_local_engine(
+    tmp_path, gpus, monkeypatch, capsys
+):
     """engine: nni passed NNI `trialGpuNumber: 0` and trained a GPU file on the CPU, where the local engine refuses
     it; run and resume now refuse it before anything is written, with the local engine's message."""
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=1)
     data["resources"] = {"gpus": gpus, "gpus_per_trial": 1}
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
-    run = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run")
+    run = hpo_here(tmp_path, monkeypatch, capsys, "run", "exp.yaml", "--run-dir", "run")
     assert run.returncode == 2, run.stderr
     assert "but this machine has no GPU" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "hpo.db").exists()

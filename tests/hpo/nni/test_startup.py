@@ -15,6 +15,7 @@ import nni_node
 import pytest
 import yaml
 
+from hpo.cli.main import FIXED_HASH_SEED
 from hpo.nni.manager import NniEngineError, free_port, load_experiments, rest
 from hpo.storage import SqlStorage
 from tests.hpo.nni.conftest import nni_experiment_data
@@ -23,7 +24,7 @@ PORT = 18700
 
 
 def hpo(tmp_path: Path, *args: str, pythonpath: str | None = None, **env_vars: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **env_vars}
+    env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED, **env_vars}  # `hpo run` need not start itself again
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "hpo", "--db", f"sqlite:///{tmp_path / 'hpo.db'}", *args],
@@ -63,12 +64,18 @@ def assert_manager_exit_named_and_nothing_recorded(tmp_path: Path, failed: subpr
 
 
 @pytest.mark.nni
-def test_a_manager_that_exits_at_once_is_named_and_leaves_nothing_recorded(tmp_path):
+def test_a_manager_that_exits_at_once_is_named_and_leaves_nothing_recorded(tmp_path, monkeypatch, capsys):
+    from hpo.cli.main import main
+
     data = nni_experiment_data(tmp_path, "nni_random", trials=2, parallel=2)
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
-    failed = hpo(tmp_path, "run", "exp.yaml", "--run-dir", "run", "--port", str(PORT + 50),
-                 NODE_OPTIONS=manager_exits_at_once(tmp_path))  # fmt: skip
-    assert_manager_exit_named_and_nothing_recorded(tmp_path, failed)
+    monkeypatch.setenv("NODE_OPTIONS", manager_exits_at_once(tmp_path))  # what NNI's launcher passes its manager
+    monkeypatch.chdir(tmp_path)
+    # `hpo run` in this process (the slow test below runs it as a command); NNI's launcher is a process of its own
+    code = main(["--db", f"sqlite:///{tmp_path / 'hpo.db'}", "run", "exp.yaml", "--run-dir", "run", "--port",
+                 str(PORT + 50)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert_manager_exit_named_and_nothing_recorded(tmp_path, subprocess.CompletedProcess("hpo run", code, out, err))
 
 
 @pytest.mark.nni

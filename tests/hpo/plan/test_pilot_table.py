@@ -125,20 +125,23 @@ def test_hpo_table_reads_only_and_never_replaces_a_file(piloted):
     assert db_file.read_bytes() == before and not (piloted["directory"] / "new.jsonl").exists()
 
 
-def plan_json(db: str, path: Path, *extra: str) -> dict:
-    code, out, err = cli("--db", db, "plan", str(path), "--repetitions", "2", "--json", *extra)
+def plan_json(db: str, path: Path, *extra: str, repetitions: int = 1) -> dict:
+    """`hpo plan --json` of the file: one repetition, enough for which curves it reads and what it says of them."""
+    code, out, err = cli("--db", db, "plan", str(path), "--repetitions", str(repetitions), "--json", *extra)
     assert code == 0, err
     return json.loads(out)
 
 
 def test_plan_like_a_grid_pilot_plans_over_its_curves(piloted):
     directory = piloted["directory"]
-    liked = plan_json(piloted["db"], write(directory / "planned.yaml", planned_file()), "--like", "pilot")
+    liked = plan_json(
+        piloted["db"], write(directory / "planned.yaml", planned_file()), "--like", "pilot", repetitions=2
+    )
     assert liked["pilot_curves"]["used"] is True
     assert "the pilot pilot's 18 runs (seeds 0, 1, 2)" in liked["pilot_curves"]["note"]
     assert liked["table"] is None  # not the temporary file the pilot's curves were written to, gone with the plan
     assert any("learning curves: the pilot pilot's 18 runs" in line for line in liked["lines"])
-    direct = plan_json(piloted["db"], write(directory / "direct.yaml", planned_file(piloted["table"])))
+    direct = plan_json(piloted["db"], write(directory / "direct.yaml", planned_file(piloted["table"])), repetitions=2)
     for key in ("first_hit", "answer", "outcomes", "judged", "truth"):
         assert liked[key] == direct[key], key
     # the spread: the best configuration's 3 seeds in the grid, as the chances read them

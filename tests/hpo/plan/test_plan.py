@@ -52,6 +52,16 @@ def small_preset(**changes) -> dict:
     return {**data, **changes}
 
 
+def quick_preset(**changes) -> dict:
+    """The small preset made quick to plan, for checks that hold whatever the file's size: two of the table's
+    recorded learning rates as a choice (the truth reads 8 configurations, not 484) and 8 trials on 8 slots
+    (confirmations as the preset's: auto, at most 12 per arm)."""
+    data = small_preset(**changes)
+    data["space"] = {**data["space"], "optimizer.lr": {"choice": [1e-3, 1e-2]}}
+    data["budget"].update(trials=8, max_parallel=8)
+    return data
+
+
 def write(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path
@@ -60,7 +70,7 @@ def write(path: Path, data: dict) -> Path:
 def repetition_file(directory: Path, r: int) -> Path:
     """The plan's repetition r as a file of its own: tuner seed 0 + r, training seed 1234 + 1000 r."""
     base_seed = yaml.safe_load((ROOT / "trainer/configs/demo_cpu.yaml").read_text())["seed"]
-    data = small_preset(name=f"rep-{r}")
+    data = quick_preset(name=f"rep-{r}")
     data["tuner"]["seed"] = r
     data["overrides"]["seed"] = base_seed + 1000 * r
     return write(directory / f"rep-{r}.yaml", data)
@@ -115,7 +125,7 @@ def planned(tmp_path_factory):
         scratch = set(Path(tempfile.gettempdir()).glob(mine)) | set(Path("/dev/shm").glob(mine))
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["--db", user, "plan", str(write(directory / "file.yaml", small_preset())), "--repetitions",
+            code = main(["--db", user, "plan", str(write(directory / "file.yaml", quick_preset())), "--repetitions",
                          str(REPETITIONS)])  # fmt: skip
         left = set(Path(tempfile.gettempdir()).glob(mine)) | set(Path("/dev/shm").glob(mine))
         capture.update(code=code, out=out.getvalue(), err=err.getvalue(), before=before, after=files_of(db_file),
@@ -211,7 +221,8 @@ def test_the_tables_truth_is_the_best_grid_point_of_each_arm(tmp_path):
     assert plan.truth.better == LAMB and plan.truth.stated is None
 
 
-@pytest.mark.parametrize("difference", [0.0, 0.05, 0.10])
+# [0.05] is slow: [0.1] makes a difference true on the table by default, and [0.0] a tie
+@pytest.mark.parametrize("difference", [0.0, pytest.param(0.05, marks=pytest.mark.slow), 0.10])
 def test_a_stated_difference_is_made_true_on_the_table(tmp_path, difference):
     """--difference D: the second arm reads the first's curves, delayed until the first needs D fewer samples (within
     0.2 points), the truth each repetition is judged against; D = 0 is a true tie."""
@@ -239,7 +250,7 @@ def test_a_stated_difference_the_table_cannot_make_is_refused_with_the_nearest_i
     difference and still called it the stated one."""
     from hpo.plan.forecast import PlanOptions, prepare_plan
 
-    path = write(tmp_path / "file.yaml", small_preset())
+    path = write(tmp_path / "file.yaml", quick_preset())
     with pytest.raises(HpoError) as refused:
         prepare_plan(str(path), PlanOptions(1, difference=0.9))
     nearest = float(re.search(r"nearest the file's arms come to it is ([0-9.]+)%", str(refused.value)).group(1))
@@ -312,7 +323,7 @@ def test_a_bad_file_gets_the_errors_hpo_run_gives_and_nothing_is_written(tmp_pat
 
 
 def test_a_real_experiment_runs_on_the_default_table_when_it_covers_the_space(tmp_path, capsys):
-    data = small_preset(name="real", resources={"gpus": "none"}, engine="local")  # a CPU file, planned on GPUs
+    data = quick_preset(name="real", resources={"gpus": "none"}, engine="local")  # a CPU file, planned on GPUs
     path = write(tmp_path / "real.yaml", {k: v for k, v in data.items() if k != "runner"})
     assert main(["plan", str(path), "--repetitions", "1", "--slots", "2", "--gpu", "h100", "--gpus-per-slot", "8"]) == 0
     out = capsys.readouterr().out
@@ -327,7 +338,7 @@ def test_a_cpu_files_time_limits_are_left_out_of_its_plan_and_a_gpu_files_kept(t
     leaves them out and says so; a GPU file's limits hold in the plan as they hold in its run."""
     from hpo.plan.forecast import PlanOptions, prepare_plan
 
-    data = {k: v for k, v in small_preset(name="real", engine="local").items() if k != "runner"}
+    data = {k: v for k, v in quick_preset(name="real", engine="local").items() if k != "runner"}
     data["budget"]["trial_timeout_s"] = 900
     data["overrides"]["budget.max_time_s"] = 170
     on_gpus = prepare_plan(str(write(tmp_path / "gpus.yaml", data)), PlanOptions(repetitions=1))
@@ -670,7 +681,7 @@ def test_json_gives_the_verdicts_chances_and_advice_as_numbers(tmp_path, capsys)
     the lines the same command prints without --json, which the data carries too."""
     draws = 40
     budget = {**small_preset()["budget"], "confirm_seeds": "auto", "max_confirm_seeds": 6}
-    path = write(tmp_path / "file.yaml", small_preset(budget=budget))
+    path = write(tmp_path / "file.yaml", quick_preset(budget=budget))  # the chances are the stated spread's
     args = ("plan", str(path), "--cv", "5%", "--difference", "10%", "--power", "0.8", "--repetitions", "1", "--draws",
             str(draws), "--seed", "2")  # fmt: skip
     out = plan_out(capsys, *args)
@@ -733,7 +744,7 @@ def test_like_reads_the_users_database_and_writes_nothing(tmp_path, capsys):
                                    "lamb": exact_spread(math.log(7000), 0.1, 4)})  # fmt: skip
     gc.collect()
     before = files_of(db_file)
-    path = write(tmp_path / "file.yaml", small_preset())
+    path = write(tmp_path / "file.yaml", quick_preset())
     out = plan_out(capsys, "--db", f"sqlite:///{db_file}", "plan", str(path), "--like", "pilot", "--repetitions", "1",
                    "--draws", "100")  # fmt: skip
     gc.collect()
@@ -825,7 +836,7 @@ def test_the_verdicts_options_are_refused_where_they_would_be_ignored(tmp_path, 
 def test_repetitions_in_worker_processes_give_the_same_forecast(tmp_path, capsys):
     """`--jobs 2` runs the repetitions two at a time in worker processes: each has its own seeds and database, so the
     figures are those of one after another."""
-    path = write(tmp_path / "file.yaml", small_preset())
+    path = write(tmp_path / "file.yaml", quick_preset())
     forecasts = []
     for jobs in ("1", "2"):
         capsys.readouterr()
@@ -923,7 +934,7 @@ def test_power_advice_checks_the_seeds_of_its_largest_confirmation_cap_before_an
     the plan's repetitions had run; it is refused first, and the plan alone still takes it."""
     from trainer.config import config_from_dict
 
-    data = small_preset()
+    data = quick_preset()
     data["budget"].update(confirm_seeds="auto", max_confirm_seeds=6)
     data["overrides"]["seed"] = 641  # 2**31 - 1 - 6 - 641 is a multiple of 1000: caps 6 and 12 allow other seeds
     path = write(tmp_path / "file.yaml", data)
@@ -959,7 +970,7 @@ STOPPED = {
 def a_plan_in_two_workers(tmp_path: Path, start: list[str], **popen):
     """`hpo plan --repetitions 10000 --jobs 2` of a small file, started with `python START...` and run until its
     first repetition ended: (its process, its two workers); whatever is left of them is killed at the end."""
-    path = write(tmp_path / "file.yaml", small_preset())
+    path = write(tmp_path / "file.yaml", quick_preset())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
     plan = subprocess.Popen([sys.executable, *start, "--db", f"sqlite:///{tmp_path / 'none.db'}", "plan", str(path),
                              "--repetitions", "10000", "--jobs", "2"], env=env, stdout=subprocess.PIPE,
@@ -1028,7 +1039,7 @@ def test_jobs_beyond_the_cpus_are_capped_at_them_with_a_note(tmp_path):
     """`--jobs` larger than the CPUs this process may use runs as many workers as there are CPUs (more only take turns
     on them, each holding a repetition's memory), and says so first."""
     cpus = len(os.sched_getaffinity(0))
-    path = write(tmp_path / "file.yaml", small_preset())
+    path = write(tmp_path / "file.yaml", quick_preset())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "TMPDIR": str(tmp_path)}
     plan = subprocess.Popen([sys.executable, "-m", "hpo", "plan", str(path), "--repetitions", "10000", "--jobs",
                              str(cpus + 3)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -19,7 +19,7 @@ from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.simulation.conftest import EVERY, MAX_SAMPLES, accuracy, write_table
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import api_in_process
 
 TARGET = 0.12
 SCALE, GPU_RATE, GPUS = 256.0, 350.0, 8  # the defaults of runner.simulation (a100) and the file's gpus_per_trial
@@ -169,21 +169,17 @@ def test_the_database_answers_status_best_report_and_the_api(simulated, capsys):
     assert hpo_main(["--db", url, "report", "sim-exp", "-o", str(directory / "report")]) == 0
     page = (directory / "report" / "sim-exp.html").read_text()
     assert "Simulated experiment" in page and "GPU-hours" in page
-    server = start_server(url, directory)
-    try:
-        with server.client() as client:
-            body = client.get("/experiments/sim-exp").json()
-            assert body["simulated"] is True and sum(body["trials"].values()) == 204
-            assert client.get("/experiments/sim-exp/best", params={"arm": "optimizer.name=lamb"}).status_code == 200
-            # a trial's learning curve: a point per optimizer step it recorded, as a trainer's
-            with SqlStorage(url) as storage:
-                trial = storage.list_trials(storage.get_experiment_by_name("sim-exp").id)[0]
-                rows = storage.get_metrics(trial.id)
-            points = client.get(f"/experiments/sim-exp/trials/{trial.number}/metrics").json()["points"]
-            assert [(p["step"], p["samples"]) for p in points] == sorted({(r.samples // 32, r.samples) for r in rows})
-            assert len(points) > 2 and max(p["mlm_accuracy"] or 0 for p in points) == trial.best_mlm_accuracy
-    finally:
-        stop_server(server)
+    with api_in_process(url) as client:  # the API on a uvicorn server in this process (tests/server: `hpo serve`)
+        body = client.get("/experiments/sim-exp").json()
+        assert body["simulated"] is True and sum(body["trials"].values()) == 204
+        assert client.get("/experiments/sim-exp/best", params={"arm": "optimizer.name=lamb"}).status_code == 200
+        # a trial's learning curve: a point per optimizer step it recorded, as a trainer's
+        with SqlStorage(url) as storage:
+            trial = storage.list_trials(storage.get_experiment_by_name("sim-exp").id)[0]
+            rows = storage.get_metrics(trial.id)
+        points = client.get(f"/experiments/sim-exp/trials/{trial.number}/metrics").json()["points"]
+        assert [(p["step"], p["samples"]) for p in points] == sorted({(r.samples // 32, r.samples) for r in rows})
+        assert len(points) > 2 and max(p["mlm_accuracy"] or 0 for p in points) == trial.best_mlm_accuracy
 
 
 def test_hyperband_continues_a_configuration_and_charges_only_new_samples(tmp_path):

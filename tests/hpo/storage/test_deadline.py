@@ -21,6 +21,8 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
+import hpo.storage.deadline as deadline_module
+import hpo.storage.engine as engine_module
 from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
 from hpo.storage import SqlStorage
 from hpo.storage.deadline import NoAnswer, StatementDeadline, quick_reads, unanswered
@@ -41,6 +43,16 @@ def cluster() -> Iterator[PostgresCluster]:
         pytest.skip(reason)
     with PostgresCluster.create() as made:
         yield made
+
+
+@pytest.fixture
+def quick_probe(monkeypatch) -> float:
+    """The probe tries a server that missed a deadline every 0.1 s (not every second), and a pooled connection idle
+    0.5 s (not a second) is pinged: the calls after a thaw and the wait for a ping are shorter, the deadlines the
+    same. Returns the idle time after which a connection is pinged."""
+    monkeypatch.setattr(deadline_module, "PROBE_INTERVAL_S", 0.1)
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 0.5)
+    return engine_module.PING_AFTER_IDLE_S
 
 
 def outcome(call: Callable[[], object]) -> BaseException | object:
@@ -104,7 +116,9 @@ def test_a_statement_past_its_deadline_fails_as_no_answer_and_the_engine_goes_on
 
 
 @pytest.mark.postgres
-def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_until_a_probe_hears_it(cluster):
+def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_until_a_probe_hears_it(
+    cluster, quick_probe
+):
     storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
 
     def read() -> object:
@@ -138,7 +152,7 @@ def test_a_stopped_server_fails_a_read_at_its_deadline_then_every_call_at_once_u
             cluster.thaw()
         wait_for(lambda: isinstance(outcome(read), NotFoundError), timeout_s=HANG_S)  # the probe got an answer
         assert isinstance(outcome(read_on_an_event_loop), NotFoundError)
-        time.sleep(PING_AFTER_IDLE_S * 1.5)  # the pooled connection is now pinged before it is handed out
+        time.sleep(quick_probe * 1.5)  # the pooled connection is now pinged before it is handed out
         cluster.freeze()
         try:
             failed = outcome(read)
@@ -283,7 +297,7 @@ def freeze_as_it_ends(cluster: PostgresCluster, engine: Engine, end: str) -> Non
 
 
 @pytest.mark.postgres
-def test_a_server_that_stops_before_a_writes_commit_fails_the_write_at_its_deadline(cluster):
+def test_a_server_that_stops_before_a_writes_commit_fails_the_write_at_its_deadline(cluster, quick_probe):
     storage = SqlStorage(cluster.url, upgrade=True, deadlines=(DEADLINE_S, SLOW_DEADLINE_S))
     try:
         experiment_id = storage.create_experiment("stopped before its commit", {}, "minimize")
