@@ -23,11 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--device", "cpu", "--tokens", "37", "--hidden", "48", "--intermediate", "80", "--copy-bytes", "100000"]
 
 
-def run_bench(*args: str, interpret: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
     return subprocess.run([sys.executable, "-m", "bench.fused_kernels", *SMALL, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
@@ -176,16 +173,20 @@ def test_past_its_seconds_the_bench_begins_no_kernel_and_writes_that_the_default
     assert json.loads(written.read_text()) == {}
 
 
-def test_without_a_gpu_or_the_interpreter_the_bench_says_where_the_kernels_run_and_writes_nothing(tmp_path):
+def test_without_a_gpu_or_the_interpreter_the_bench_says_where_the_kernels_run_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """In this process, without TRITON_INTERPRET (read where the bench asks whether the kernels run): its `main`
+    returns the exit code `python -m bench.fused_kernels` exits with."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     written = tmp_path / "launch.json"
-    done = run_bench("--write", str(written), interpret=False)
-    assert done.returncode == 2
-    assert "the kernels do not run on cpu here: they need a CUDA GPU and triton" in done.stderr
+    assert bench_main([*SMALL, "--write", str(written)]) == 2
+    assert "the kernels do not run on cpu here: they need a CUDA GPU and triton" in capsys.readouterr().err
     assert not written.exists()
 
 
 def test_bad_arguments_are_named_before_any_kernel_runs(capsys):
-    """In this process (argparse's error is a SystemExit); the test above runs the bench as a process of its own."""
+    """In this process (argparse's error is a SystemExit)."""
     with pytest.raises(SystemExit) as exited:
         bench_main([*SMALL, "--kernels", "norm_forward,gelu_middle"])
     assert exited.value.code == 2 and "--kernels: gelu_middle; the kernels are norm_forward" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """docs/gpu.md runs as written: every command of its code blocks parses with the command line it calls (the
 subcommand, each flag and its value), its copy of a preset, edited as the page edits it, loads from where the page
 puts it, and its data step runs end to end on a small corpus (prepare the shards with the page's own flags, then
-`python -m trainer` trains on them)."""
+`python -m trainer` trains on them: both programs' `main`, in this process)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hpo.cli.main import build_parser
 from hpo.experiment import load_experiment
+from trainer.__main__ import main as trainer_main
 from trainer.data.demo_corpus import generate_documents, write_text
+from trainer.data.prepare import main as prepare_main
 from trainer.data.prepare import parse_args as prepare_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,22 +77,22 @@ def test_a_broken_command_is_caught():
         check(["hpo", "export", "x", "--gpus-per-nodes", "8"])
 
 
-def test_the_data_step_runs_end_to_end(tmp_path):
+def test_the_data_step_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    """`python -m trainer.data.prepare` and `python -m trainer` as their `main`s in this process (their processes
+    would start Python and import torch again: seconds), the trainer in the directory the page runs it from."""
     (prepare,) = [argv for argv in page_commands() if argv[:3] == ["python", "-m", "trainer.data.prepare"]]
     corpus, out = tmp_path / "corpus.txt", tmp_path / "mine"
     write_text(generate_documents(200, seed=3), corpus)
     argv = [str(corpus) if a == "corpus.txt" else str(out) if a == "data/mine" else a for a in prepare[3:]]
-    done = subprocess.run([sys.executable, "-m", "trainer.data.prepare", *argv], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    prepare_main(argv)  # a refusal raises SystemExit(2)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["max_seq_length"] == 512 and meta["train_samples"] > 0 and meta["eval_samples"] > 0
     overrides = [f"data.train={out / 'train'}", f"data.eval={out / 'eval'}", f"model.vocab_size={meta['vocab_size']}",
                  "model.max_position_embeddings=512", "balance.bins=[128,256,384,511,512]", "budget.max_samples=32",
                  "budget.max_time_s=null", "eval.every_samples=32", "eval.max_samples=16", "eval.batch_size=16",
                  f"log.jsonl={tmp_path / 'train.jsonl'}"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "trainer", "--config", str(ROOT / "trainer/configs/demo_cpu.yaml"),
-                           *overrides], capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    code = trainer_main(["--config", str(ROOT / "trainer/configs/demo_cpu.yaml"), *overrides])
+    assert code == 0, capsys.readouterr().err[-3000:]
     records = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert max(r.get("samples", 0) for r in records) == 32  # trained the whole budget on the prepared shards

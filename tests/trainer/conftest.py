@@ -106,9 +106,10 @@ def buckets_by_hand(param_bytes: list[int], cap_bytes: int) -> int:
     return count + (held > 0)
 
 
-# What a rank of the in-process gloo tests imports before it runs: the fork server imports it once.
-RANK_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "trainer.clipping", "trainer.noise_scale",
-                "trainer.balance", "trainer.model"]  # fmt: skip
+# What a rank of the in-process gloo tests imports before it runs: the fork server imports it once. torch._dynamo
+# (with sympy and Inductor) is imported by the first optimizer step or zero_grad of a process: 2 s of every rank.
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "trainer.clipping",
+                "trainer.noise_scale", "trainer.balance", "trainer.model"]  # fmt: skip
 
 
 def start_ranks(worker, args: tuple, nprocs: int) -> None:

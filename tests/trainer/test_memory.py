@@ -4,8 +4,6 @@ are checked by the gpu-marked test at the end and by `bench/micro_batch_fit.py` 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.trainer.conftest import make_model_config, make_samples
+from tests.trainer.conftest import make_model_config, make_samples, start_ranks
 from tests.trainer.test_train import losses, run
 from trainer.memory import OPTIMIZER_COPIES, SavedBytes, choose_micro_batch, largest_fitting_divisor, measure
 from trainer.model import BertForPreTraining
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CPU = torch.device("cpu")
 
@@ -172,20 +168,26 @@ def test_on_the_gpu_the_line_through_the_allocators_peaks_predicts_a_larger_micr
     assert measured == pytest.approx(fit.bytes_for(32) - optimizer, rel=0.1)
 
 
-def test_on_the_cpu_auto_plans_within_the_address_space_limit_of_the_process():
+def budgets_under_a_limit(rank: int, out_file: str) -> None:
+    """In a process of its own: the CPU budget without a limit, then under an address-space limit 1 GiB above the
+    process's size (the limit stays with the process: never set in the test's own)."""
+    import resource
+
+    from trainer.memory import device_budget
+
+    size = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmSize:"))  # fmt: skip
+    free = device_budget(CPU)
+    resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))
+    Path(out_file).write_text(f"{free} {device_budget(CPU)}")
+
+
+def test_on_the_cpu_auto_plans_within_the_address_space_limit_of_the_process(tmp_path):
     """An HPO trial with `resources.memory_limit_mb` runs under an address-space limit: auto plans for half of what
-    that limit leaves above the process's size (here 1 GiB left: 0.5 GiB), not for half of the host's memory."""
-    child = (
-        "import resource; from pathlib import Path; import torch; from trainer.memory import device_budget\n"
-        "size = next(int(l.split()[1]) * 1024 for l in Path('/proc/self/status').read_text().splitlines()"
-        " if l.startswith('VmSize:'))\n"
-        "free = device_budget(torch.device('cpu'))\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n"
-        "print(free, device_budget(torch.device('cpu')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    unlimited, limited = map(float, done.stdout.split())
+    that limit leaves above the process's size (here 1 GiB left: 0.5 GiB), not for half of the host's memory. The
+    process is forked from the gloo tests' fork server (torch already imported there: no second import of seconds)."""
+    start_ranks(budgets_under_a_limit, (str(tmp_path / "budgets"),), 1)
+    unlimited, limited = map(float, (tmp_path / "budgets").read_text().split())
     assert unlimited > 2**30  # the host's half is more than the limit leaves: the limit is what binds
     assert 0.45 * 2**30 < limited <= 0.5 * 2**30
 

@@ -192,10 +192,9 @@ def test_a_checkpoint_of_other_ranks_gives_each_resuming_rank_a_stream_of_its_ow
 
 
 def test_loss_decreases_on_repeated_data(tmp_path):
-    # Random tokens cannot be generalized, but 12 epochs over 96 samples can be memorized a little.
-    result, records = run(
-        tmp_path, **{"budget.max_samples": 96 * 12, "optimizer.lr": 3e-3, "eval.every_samples": 10**6}
-    )
+    # Random tokens cannot be generalized, but 6 epochs over 96 samples can be memorized a little (at lr 1e-2 the
+    # last epoch's mean loss is about 0.16 below the first's; 12 epochs at 3e-3 got 0.12 in twice the steps).
+    result, records = run(tmp_path, **{"budget.max_samples": 96 * 6, "optimizer.lr": 1e-2, "eval.every_samples": 10**6})
     seq = losses(records)
     assert sum(seq[-12:]) / 12 < sum(seq[:12]) / 12 - 0.1
 
