@@ -24,11 +24,20 @@ from hpo.experiment import experiment_from_dict, stored_form
 from hpo.runners.process import controller_here, process_state
 from hpo.storage import SqlStorage, current_revision, head_revision, upgrade_database
 from hpo.storage import retry as retry_module
-from tests.hpo.plan.test_plan import ROOT, small_preset, write, write_pilot
+from tests.hpo.plan import test_plan
+from tests.hpo.plan.test_plan import ROOT, write, write_pilot
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV
 
 PILOT = "pilot"
 ARMS = "optimizer.name=adamw, optimizer.name=lamb"
+
+
+def small_preset(**changes) -> dict:
+    """The plan tests' small simulated preset (tests/hpo/plan/test_plan.py) with 8 trials, not 48: these tests are
+    about what the commands refuse, say and keep around a run, and a run writes every trial to the database."""
+    data = test_plan.small_preset(**changes)
+    data["budget"] = {**data["budget"], "trials": 8}
+    return data
 
 
 def hpo(url: str, *args: str) -> int:
@@ -161,7 +170,7 @@ def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_t
             record = storage.get_experiment_by_name("rs")
             storage.claim_controller(record.id, "paused-host", 999, stale_after_s=60)
             monkeypatch.setenv("HPO_HEARTBEAT_S", "0.1")  # so that its heartbeat is old in a moment
-            time.sleep(1.0)
+            time.sleep(0.3)  # twice the 0.15 s after which a silent controller counts as gone
             assert hpo(stored_url, "resume", "rs", "--quiet") == 2
             err = capsys.readouterr().err
             assert f"experiment rs: {in_use}" in err
@@ -567,7 +576,7 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
     real_study, seen = local.Study, []
 
     def slow_to_load(spec, storage, experiment_id, *args, **kwargs):
-        for _ in range(3):  # 3 s of loading, twice the time after which a silent controller counts as gone
+        for _ in range(2):  # 2 s of loading, past the time after which a silent controller counts as gone
             seen.append(liveness(storage.get_experiment(experiment_id)))
             time.sleep(1.0)
         record = storage.get_experiment(experiment_id)
@@ -588,7 +597,7 @@ def test_an_experiment_that_is_starting_is_live_from_its_first_record_while_its_
     assert liveness_module.stale_after_s() == pytest.approx(1.5)
     assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
     assert created == [(os.getpid(), "live")]
-    assert seen == ["live", "live", "live", (*controller_identity(), "live")]
+    assert seen == ["live", "live", (*controller_identity(), "live")]
 
 
 def test_ctrl_c_before_the_first_trial_stops_the_experiment_cleanly_and_resume_runs_it(tmp_path, capsys, monkeypatch):

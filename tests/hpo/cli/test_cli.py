@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,15 +17,20 @@ from tests.hpo.engine.test_study import tiny_overrides
 from tests.trainer.conftest import make_shards
 
 
-def hpo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300)
+def hpo(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`hpo ARGS` in this process (`hpo.cli.main.main`), with its exit code and output: the refusals under test are
+    the command's, not its process's (a process of its own would start twice, for the tuner's hash seed)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["hpo", *args], code, out, err)
 
 
-def test_malformed_experiment_file_exits_2_and_writes_nothing(tmp_path):
+def test_malformed_experiment_file_exits_2_and_writes_nothing(tmp_path, capsys):
     db_file = tmp_path / "hpo.db"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nbase_config: {}\nspace: {optimizer.lrr: {float: [1.0e-4, 1.0e-2]}}\nbudget: {trials: 2}\n")
-    result = hpo("--db", f"sqlite:///{db_file}", "run", str(bad))
+    result = hpo(capsys, "--db", f"sqlite:///{db_file}", "run", str(bad))
     assert result.returncode == 2
     assert "bad.yaml" in result.stderr and "optimizer.lrr" in result.stderr and "optimizer.lr" in result.stderr
     assert not db_file.exists()  # validation happens before the database is even opened
@@ -207,10 +210,10 @@ def test_a_resume_runs_the_trials_on_the_dask_cluster_the_run_chose_on_the_comma
     assert all(t.worker in workers for t in trials), [t.worker for t in trials]
 
 
-def test_tuner_options_that_would_be_ignored_are_refused(tmp_path):
+def test_tuner_options_that_would_be_ignored_are_refused(tmp_path, capsys):
     db_file = tmp_path / "hpo.db"
     path = small_experiment(tmp_path, tuner={"name": "random", "seed": 0, "options": {"n_initial_configs": 3}})
-    result = hpo("--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
+    result = hpo(capsys, "--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "tuner.options.n_initial_configs: not an option of random (it takes no options)" in result.stderr
     assert not db_file.exists()
@@ -264,20 +267,23 @@ def test_every_command_and_option_has_help():
 PRESETS = Path(__file__).resolve().parents[3] / "search_spaces" / "presets"
 
 
-def hpo_in(cwd, *args: str) -> subprocess.CompletedProcess:
-    """`hpo` started in `cwd`, with this checkout first on the path (relative data paths are read from `cwd`)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PRESETS.parents[1]), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, env=env)  # fmt: skip
+def hpo_in(cwd, capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """`hpo ARGS` (in this process, as `hpo`) with `cwd` as the working folder: relative data paths are read from it."""
+    monkeypatch.chdir(cwd)
+    return hpo(capsys, *args)
 
 
-def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_gpus_then_the_data(tmp_path):
+def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_gpus_then_the_data(
+    tmp_path, capsys, monkeypatch
+):
     """adam_vs_lamb.yaml as shipped, started where data/mlperf does not exist: refused, no experiment row; on a
     machine without GPUs for that first (preparing the data would not make it run there), else for the data."""
     from hpo.runners.resources import discover_gpus
 
     db_file = tmp_path / "hpo.db"
-    result = hpo_in(tmp_path, "--db", f"sqlite:///{db_file}", "run", str(PRESETS / "adam_vs_lamb.yaml"))
+    result = hpo_in(
+        tmp_path, capsys, monkeypatch, "--db", f"sqlite:///{db_file}", "run", str(PRESETS / "adam_vs_lamb.yaml")
+    )
     assert result.returncode == 2, result.stderr
     if not discover_gpus():
         assert "adam_vs_lamb.yaml: resources.gpus is 'all' but this machine has no GPU" in result.stderr
@@ -288,7 +294,9 @@ def test_the_gpu_preset_on_a_machine_without_its_data_is_refused_naming_the_gpus
     assert not db_file.exists()
 
 
-def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_naming_the_gpus(tmp_path):
+def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_naming_the_gpus(
+    tmp_path, capsys, monkeypatch
+):
     """adam_vs_lamb.yaml (gpus: all, 8 per trial) with data present: refused for its GPUs, no experiment row."""
     from hpo.runners.resources import discover_gpus
 
@@ -302,7 +310,7 @@ def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_nami
     path = tmp_path / "adam_vs_lamb.yaml"
     path.write_text(yaml.safe_dump(preset))
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
-    result = hpo_in(tmp_path, "--db", db, "run", str(path))
+    result = hpo_in(tmp_path, capsys, monkeypatch, "--db", db, "run", str(path))
     assert result.returncode == 2, result.stderr
     if not gpus:  # the case of the issue: a CPU machine
         assert "resources.gpus is 'all' but this machine has no GPU" in result.stderr
@@ -312,9 +320,9 @@ def test_the_gpu_preset_with_its_data_on_a_machine_short_of_gpus_is_refused_nami
     assert not (tmp_path / "hpo.db").exists()
 
 
-def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_path):
+def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_path, capsys, monkeypatch):
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
-    result = hpo_in(tmp_path, "--db", db, "run", str(PRESETS / "adam_vs_lamb_demo_cpu.yaml"))
+    result = hpo_in(tmp_path, capsys, monkeypatch, "--db", db, "run", str(PRESETS / "adam_vs_lamb_demo_cpu.yaml"))
     assert result.returncode == 2, result.stderr
     assert "base_config data.train = 'data/demo/train'" in result.stderr
     # the command an installed hpo has first; `make` only in a checkout, and said so
@@ -323,12 +331,12 @@ def test_the_demo_preset_without_its_data_is_refused_with_how_to_make_it(tmp_pat
     assert not (tmp_path / "hpo.db").exists()
 
 
-def test_bad_shards_are_refused_before_the_first_trial(tmp_path):
+def test_bad_shards_are_refused_before_the_first_trial(tmp_path, capsys):
     """Shards that exist but do not fit the model (token ids past model.vocab_size) fail the trainer's own data
     check at the start, naming the file, the key and the row, with no experiment row."""
     db_file = tmp_path / "hpo.db"
     path = small_experiment(tmp_path, overrides=tiny_overrides(tmp_path / "data", **{"model.vocab_size": 50}))
-    result = hpo("--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
+    result = hpo(capsys, "--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr
     assert "base_config data.train" in result.stderr
     assert "HDF5 key 'input_ids'" in result.stderr and "model.vocab_size = 50" in result.stderr

@@ -22,6 +22,15 @@ def hpo(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpo", *args], capture_output=True, text=True, timeout=300, **kwargs)
 
 
+def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`hpo ARGS` in this process (`hpo.cli.main.main`), with its exit code and output: where the command's outcome
+    is under test, not its process (one is started for each to answer a question on a terminal, below)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["hpo", *args], code, out, err)
+
+
 def recorded(db: str, name: str, trials: int, run_dir: Path | None = None) -> int:
     """Experiment `name` with `trials` finished trials of 2 reports of 2 values each (4 metric values a trial)."""
     with SqlStorage(db, upgrade=True) as storage:
@@ -40,13 +49,13 @@ def held(db: str) -> dict[str, int]:
         return {e.name: storage.count_trials(e.id) for e in storage.list_experiments()}
 
 
-def test_delete_removes_the_experiment_with_its_trials_and_curves_and_keeps_its_files_and_the_others(tmp_path):
+def test_delete_removes_the_experiment_with_its_trials_and_curves_and_keeps_its_files_and_the_others(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     run_dir = tmp_path / "runs" / "gone"
     (run_dir / "trial_0").mkdir(parents=True)
     recorded(db, "kept", 2)
     gone = recorded(db, "gone", 3, run_dir)
-    result = hpo("--db", db, "delete", "gone", "--yes")
+    result = in_process(capsys, "--db", db, "delete", "gone", "--yes")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "deleted experiment 'gone': 3 trials, 12 metric values",
@@ -58,7 +67,7 @@ def test_delete_removes_the_experiment_with_its_trials_and_curves_and_keeps_its_
         assert all(len(storage.get_metrics(t.id)) == 4 for t in storage.list_trials(storage.get_experiment_by_name(
             "kept").id))  # fmt: skip
     assert gone not in [e.id for e in SqlStorage(db).list_experiments()]
-    again = hpo("--db", db, "delete", "gone", "--yes")
+    again = in_process(capsys, "--db", db, "delete", "gone", "--yes")
     assert again.returncode == 2 and "no experiment named 'gone'" in again.stderr
 
 
@@ -103,25 +112,29 @@ def on_a_terminal(argv: list[str], answer: str, timeout_s: float = 60.0) -> tupl
     return written.decode(), process.wait(timeout=60)
 
 
-def test_a_live_controller_keeps_its_experiment(tmp_path):
+def test_a_live_controller_keeps_its_experiment(tmp_path, capsys, monkeypatch):
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     experiment_id = recorded(db, "driven", 1)
     with SqlStorage(db) as storage:
         storage.claim_controller(experiment_id, "other-host", 4242, stale_after_s=60)  # it beats now
-    result = hpo("--db", db, "delete", "driven", "--yes")
+    result = in_process(capsys, "--db", db, "delete", "driven", "--yes")
     assert result.returncode == 2
     assert "driven by a live controller (host other-host, pid 4242" in result.stderr
     assert "stop it first" in result.stderr
     assert held(db) == {"driven": 1}
-    stale = hpo("--db", db, "delete", "driven", "--yes", env={**os.environ, "HPO_HEARTBEAT_S": "0.1"})
+    monkeypatch.setenv("HPO_HEARTBEAT_S", "0.1")  # stale after 0.15 s
+    time.sleep(0.3)
+    stale = in_process(capsys, "--db", db, "delete", "driven", "--yes")
     assert stale.returncode == 0 and held(db) == {}  # once its heartbeat is older than the stale limit
 
 
 def test_a_deleted_experiments_name_runs_again(tmp_path, capsys):
-    """The simulated preset, small (seconds): run, delete, move the run directory away, run again under the name.
+    """The simulated preset, small (8 trials): run, delete, move the run directory away, run again under the name.
     In this process (`hpo.cli.main.main`): the commands' outcome is under test here, not their process."""
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
-    path = write(tmp_path / "again.yaml", small_preset(name="again"))
+    data = small_preset(name="again")
+    data["budget"]["trials"] = 8
+    path = write(tmp_path / "again.yaml", data)
     run_dir = tmp_path / "run"
     assert main(["--db", db, "run", str(path), "--run-dir", str(run_dir), "--quiet"]) == 0, capsys.readouterr().err
     first = held(db)["again"]

@@ -1,8 +1,9 @@
 """The local engine end to end: real SMAC3, real trainer processes, a real SQLite database.
 
-Trials train the tiny BERT on random shards for a few steps, so each takes seconds (mostly importing torch).
-Failures are injected through what a trial really does: a missing data file (crash), a huge learning rate
-(NaN), a memory limit (out of memory), a time limit (timeout), and a SIGKILL from outside.
+Trials train the tiny BERT on random shards for a few steps, so each takes seconds; the studies' runners share one
+preloaded trial launcher (`shared_launcher`), which imports torch once. Failures are injected through what a trial
+really does: a missing data file (crash), a huge learning rate (NaN), a memory limit (out of memory), a time limit
+(timeout), and a SIGKILL from outside.
 """
 
 from __future__ import annotations
@@ -60,6 +61,32 @@ def make_spec(tmp_path: Path, name="exp", tuner="random", trials=2, space=None, 
     return experiment_from_dict(data, f"{name}.yaml", base_dir=tmp_path)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shared_launcher():
+    """The module's local runners share their preloaded trial launcher (hpo.runners.preload): a runner's first trial
+    starts one (`start_launcher`), which imports torch and the trainer, seconds of CPU; here a runner gets the one of
+    the same modules an earlier study of the module started, as a Dask worker's runs share theirs. Whether it forks a
+    trial or execs it is its own check, as ever (`Launcher.accepts`). A launcher's own start and end are tested in
+    tests/hpo/runners/test_preload.py and by every `hpo run` of real trials (tests/hpo/cli)."""
+    import hpo.runners.local as local
+    from hpo.runners.preload import launcher_modules
+
+    started = {}
+
+    def start_or_share(cmd: list[str], on_gpu: bool):
+        modules = launcher_modules(cmd, on_gpu)
+        if modules not in started or not started[modules].alive:
+            started[modules] = start_launcher(cmd, on_gpu)
+        return started[modules]
+
+    start_launcher = local.start_launcher
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local, "start_launcher", start_or_share)
+        yield
+    for launcher in started.values():
+        launcher.close()
+
+
 def run_study(tmp_path: Path, spec, during=None):
     url = f"sqlite:///{tmp_path / 'hpo.db'}"
     storage = SqlStorage(url, upgrade=True)
@@ -99,17 +126,18 @@ def test_smac_bo_compares_arms_with_equal_budgets(tmp_path):
 
 
 def test_smac_hyperband_runs_budgets_and_continues_promoted_trials(tmp_path):
-    # 4 trials: the first bracket's 3 configurations at 1/3 of the budget, then the best of them continued to 1
+    # 4 trials: the first bracket's 3 configurations at 1/3 of the budget (2 steps), then the best of them continued
+    # to 1 (6 steps)
     spec = make_spec(tmp_path, tuner="smac_hyperband", trials=4,
                      budget={"min_budget": 1 / 3, "max_budget": 1.0, "eta": 3, "max_parallel": 1},
-                     **{"budget.max_samples": 96, "eval.every_samples": 32})  # fmt: skip
+                     **{"budget.max_samples": 48, "eval.every_samples": 16})  # fmt: skip
     storage, eid, _ = run_study(tmp_path, spec)
     trials = storage.list_trials(eid)
     assert len(trials) == 4 and all(t.state == TrialState.COMPLETED for t in trials)
     budgets = sorted({round(t.budget, 3) for t in trials})
     assert budgets[0] == pytest.approx(1 / 3, abs=1e-3) and len(budgets) >= 2
     for t in trials:
-        assert t.metrics["samples"] == pytest.approx(96 * t.budget, abs=8)
+        assert t.metrics["samples"] == pytest.approx(48 * t.budget, abs=8)
     promoted = [t for t in trials if t.budget > 0.34 and any(
         o.params == t.params and o.budget < t.budget for o in trials)]  # fmt: skip
     assert promoted, "hyperband should promote a configuration to a larger budget"
@@ -203,7 +231,7 @@ def test_a_trial_out_of_memory_is_recorded_as_such(tmp_path):
 
 
 def test_a_trial_over_its_time_limit_is_killed_and_recorded(tmp_path):
-    spec = make_spec(tmp_path, trials=1, budget={"trial_timeout_s": 2}, **{"budget.max_samples": 10**8})
+    spec = make_spec(tmp_path, trials=1, budget={"trial_timeout_s": 1}, **{"budget.max_samples": 10**8})
     storage, eid, _ = run_study(tmp_path, spec)
     assert [s for s, _ in states_and_reasons(storage, eid)] == [TrialState.TIMEOUT]
 

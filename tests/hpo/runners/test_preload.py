@@ -49,15 +49,37 @@ sys.exit(int(mode))
 """
 
 
-@pytest.fixture
-def probe_env(tmp_path) -> dict[str, str]:
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "preload_probe.py").write_text(PROBE)
-    return {**os.environ, "PYTHONPATH": str(tmp_path / "pkg"), "PYTHONUNBUFFERED": "1", "PROBE_VAR": "x"}
+@pytest.fixture(scope="module")
+def probe_pkg(tmp_path_factory) -> Path:
+    """The folder of the modules the tests run as trials (`python -m MODULE`), on the PYTHONPATH of `probe_env`."""
+    pkg = tmp_path_factory.mktemp("pkg")
+    (pkg / "preload_probe.py").write_text(PROBE)
+    (pkg / "preloaded.py").write_text("import sys\nprint('sqlalchemy' in sys.modules)\n")
+    (pkg / "threads_probe.py").write_text(THREADS_PROBE)
+    return pkg
+
+
+def environment(pkg: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(pkg), "PYTHONUNBUFFERED": "1", "PROBE_VAR": "x"}
 
 
 @pytest.fixture
-def launcher(probe_env):
+def probe_env(probe_pkg) -> dict[str, str]:
+    return environment(probe_pkg)
+
+
+@pytest.fixture(scope="module")
+def launcher(probe_pkg):
+    """One launcher for the tests that leave it running, whose trials are its children in turn, as an experiment's
+    are; a test that kills it starts its own (`own_launcher`)."""
+    launcher = Launcher(env=environment(probe_pkg))
+    assert launcher.wait_ready(60)
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture
+def own_launcher(probe_env):
     launcher = Launcher(env=probe_env)
     assert launcher.wait_ready(60)
     yield launcher
@@ -104,8 +126,8 @@ def test_a_forked_trial_behaves_as_the_exec_d_one(tmp_path, probe_env, launcher,
 
 
 def test_the_launcher_preloads_the_trial_side(tmp_path, probe_env, launcher):
-    """The fork starts with the storage imported: the trial's own imports of it cost nothing."""
-    (tmp_path / "pkg" / "preloaded.py").write_text("import sys\nprint('sqlalchemy' in sys.modules)\n")
+    """The fork starts with the storage imported: the trial's own imports of it cost nothing (`preloaded`, in
+    `probe_pkg`, prints whether it finds SQLAlchemy imported)."""
     run([sys.executable, "-m", "preloaded"], probe_env, tmp_path / "forked", launcher)
     run([sys.executable, "-m", "preloaded"], probe_env, tmp_path / "execd", None)
     assert (tmp_path / "forked" / "stdout.log").read_text() == "True\n"
@@ -123,12 +145,12 @@ def test_a_forked_trial_is_killed_as_a_process_group(tmp_path, probe_env, launch
 
 
 @pytest.mark.parametrize("die_with_parent", [True, False])
-def test_forked_trials_die_with_the_launcher_only_where_asked(tmp_path, probe_env, launcher, die_with_parent):
+def test_forked_trials_die_with_the_launcher_only_where_asked(tmp_path, probe_env, own_launcher, die_with_parent):
     process = TrialProcess.start([sys.executable, "-m", "preload_probe", "sleep"], probe_env, tmp_path, None,
-                                 die_with_parent=die_with_parent, launcher=launcher)  # fmt: skip
+                                 die_with_parent=die_with_parent, launcher=own_launcher)  # fmt: skip
     pid = process.popen.pid
-    launcher.server.kill()  # SIGKILL: the launcher's process is lost, as with its Dask worker
-    launcher.server.wait(30)
+    own_launcher.server.kill()  # SIGKILL: the launcher's process is lost, as with its Dask worker
+    own_launcher.server.wait(30)
     deadline = time.monotonic() + 30
     while process.poll() is None and time.monotonic() < deadline:
         wait_any([process], 0.5)
@@ -143,14 +165,14 @@ def test_forked_trials_die_with_the_launcher_only_where_asked(tmp_path, probe_en
         process.kill()
 
 
-def test_a_trial_that_outlives_its_launcher_is_known_by_the_exit_code_it_announced(tmp_path, probe_env, launcher):
+def test_a_trial_that_outlives_its_launcher_is_known_by_the_exit_code_it_announced(tmp_path, probe_env, own_launcher):
     """The launcher dies (SIGKILL); the trial it forked goes on, records its outcome and announces exit code 3: that
     is its code, not the SIGKILL the dead launcher can only assume for a process it no longer sees."""
     flag = tmp_path / "go"
     process = TrialProcess.start([sys.executable, "-m", "preload_probe", "late", str(flag)], probe_env, tmp_path,
-                                 None, launcher=launcher)  # fmt: skip
-    launcher.server.kill()
-    launcher.server.wait(30)
+                                 None, launcher=own_launcher)  # fmt: skip
+    own_launcher.server.kill()
+    own_launcher.server.wait(30)
     flag.touch()
     deadline = time.monotonic() + 30
     while (code := process.poll()) is None and time.monotonic() < deadline:
@@ -192,12 +214,12 @@ print(held, torch.get_num_threads())
 """
 
 
-def test_a_launcher_holding_torch_forks_cpu_trials_with_their_own_thread_count(tmp_path, probe_env):
+def test_a_launcher_holding_torch_forks_cpu_trials_with_their_own_thread_count(tmp_path, probe_env, capfd):
     """TRAINER_PRELOAD (a CPU trial's launcher): the server loaded torch with 2 threads in its environment; a trial
     whose environment says 1 runs torch with 1 thread, forked as exec'd (torch read it as it loaded: the forked
     trial sets it). A trial given GPUs, one whose other torch variables differ, and one whose MKL thread count
-    differs from its OMP one are exec'd."""
-    (tmp_path / "pkg" / "threads_probe.py").write_text(THREADS_PROBE)
+    differs from its OMP one are exec'd. Closed, the launcher leaves quietly, as at an experiment's end (see
+    test_a_launcher_holding_torch_leaves_quietly_at_an_experiments_end)."""
     server_env = {**probe_env, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     launcher = Launcher(TRAINER_PRELOAD, env=server_env)
     try:
@@ -215,6 +237,9 @@ def test_a_launcher_holding_torch_forks_cpu_trials_with_their_own_thread_count(t
             assert not launcher.accepts(cmd, {**trial_env, **refused}), refused
     finally:
         launcher.close()
+    assert launcher.server.wait(120) == 0
+    err = capfd.readouterr().err
+    assert "leaked" not in err and "Traceback" not in err, err[-2000:]
 
 
 def test_a_runner_preloads_the_trainer_only_for_the_trial_entry_on_the_cpu():
@@ -238,6 +263,7 @@ def test_a_launcher_closed_while_it_imports_torch_leaves_quietly(capfd, probe_en
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.slow  # by default the launcher holding torch of the thread-count test above leaves as quietly
 def test_a_launcher_holding_torch_leaves_quietly_at_an_experiments_end(capfd, probe_env):
     """A CPU experiment's end: its launcher, which imported torch and with it Triton's bindings, left through the
     interpreter's finalization, where nanobind printed pages of "leaked instance/type/function" on the terminal."""
