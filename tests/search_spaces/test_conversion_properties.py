@@ -98,7 +98,7 @@ def test_configspace_receives_our_space(data, seed):
             assert (hp.lower, hp.upper, hp.log) == (param.low, param.high, param.log)
     # Conditions: ConfigSpace takes exactly our active parameters as a valid configuration, for every assignment.
     for config in assignments(space):
-        cs.check_configuration(CS.Configuration(cs, values=config))
+        CS.Configuration(cs, values=config).check_valid_configuration()
     # Samples: within bounds, exactly the active parameters, each number of its kind.
     for configuration in cs.sample_configuration(20):
         config = from_configuration(configuration)

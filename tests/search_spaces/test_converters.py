@@ -132,7 +132,7 @@ def test_configspace_takes_a_not_clause_on_an_inactive_parent_as_not_holding():
     })  # fmt: skip
     cs = to_configspace(space, seed=3)
     for config in ({"top": "b"}, {"top": "a", "mid": "a"}, {"top": "a", "mid": "b", "leaf": 0.5}):
-        cs.check_configuration(CS.Configuration(cs, values=config))  # raises where ConfigSpace disagrees
+        CS.Configuration(cs, values=config).check_valid_configuration()  # raises where ConfigSpace disagrees
     for configuration in cs.sample_configuration(50):
         config = from_configuration(configuration)
         space.validate_params(config)
