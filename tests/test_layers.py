@@ -185,3 +185,41 @@ def test_a_cycle_is_found(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
     (tmp_path / "pkg" / "b.py").write_text("import os\n")
     assert find_cycle(import_graph(tmp_path, ("pkg",))) is None
+
+
+# third-party package -> the project modules (prefixes) that alone may import it, and why
+THIRD_PARTY = {
+    "smac": (("hpo.controllers.smac",), "the SMAC3 adapter; NNI's SMAC tuner goes through it"),
+    "ConfigSpace": (("hpo.controllers.smac", "search_spaces.configspace"), "SMAC3's adapter and the converter"),
+    "nni": (("hpo.nni",), "the NNI engine"),
+}
+
+
+def third_party_importers(root: Path, packages: tuple[str, ...], package: str) -> set[str]:
+    """The project modules that import third-party `package` (or a module of it), anywhere in their file."""
+    found = set()
+    for path in (p for pkg in packages for p in (root / pkg).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:  # a relative import is the project's own
+                names = [node.module or ""]
+            else:
+                continue
+            if any(_within(name, package) for name in names):
+                found.add(module_name(path, root))
+    return found
+
+
+def test_smac_configspace_and_nni_are_imported_only_by_their_adapters():
+    for package, (allowed, why) in THIRD_PARTY.items():
+        strays = {m for m in third_party_importers(ROOT, PACKAGES, package) if not any(_within(m, a) for a in allowed)}
+        assert not strays, f"{package} is imported by {sorted(strays)}; only {', '.join(allowed)} may ({why})"
+
+
+def test_a_stray_third_party_import_is_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("def f():\n    from smac.facade import HPOFacade  # hidden in a function\n")
+    (tmp_path / "pkg" / "b.py").write_text("import smacker\nfrom . import a\n")  # another package; a relative one
+    assert third_party_importers(tmp_path, ("pkg",), "smac") == {"pkg.a"}
