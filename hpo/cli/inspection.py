@@ -143,7 +143,7 @@ def _last_seen(record) -> str:
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
-    from hpo.trials import TrialKind
+    from hpo.trials import TrialKind, TrialState
 
     if args.after is not None and args.offset:
         raise HpoError("--after and --offset do not combine: --after N starts after trial number N")
@@ -155,11 +155,16 @@ def cmd_trials(args: argparse.Namespace) -> int:
                                  offset=args.offset, limit=more, after=args.after)  # fmt: skip
     next_page = trials[args.limit - 1].number if args.limit is not None and len(trials) > args.limit else None
     trials = trials[: args.limit]
+    spec = _stored_spec(record)
+    to_target = spec is not None and spec.objective.metric in ("samples_to_target", "time_to_target_s")
+    penalty = "; its objective is the penalty" if to_target else ""
     rows = [["#", "state", "arm", "budget", "objective", "acc", " reason / params"]]
     for t in trials:
         objective = objective_text(t.objective) if t.objective is not None else "-"
         acc = f"{t.best_mlm_accuracy:.4f}" if t.best_mlm_accuracy is not None else "-"
         detail = t.reason or json.dumps(t.params, default=str)
+        if t.state is TrialState.COMPLETED and t.samples_to_target is None and not t.reason:
+            detail = f"missed the target{penalty}: {detail}"  # it ended at its budget below the target accuracy
         if t.kind is not TrialKind.TUNING:  # a re-run of its arm's best configuration with another seed
             detail = f"{t.kind.value} (seed {t.seed}): {detail}"
         rows.append([str(t.number), t.state.value, t.arm or "-", f"{t.budget:.2f}", objective, acc, f" {detail}"])

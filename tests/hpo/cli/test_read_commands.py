@@ -423,3 +423,25 @@ def test_trials_that_list_none_say_so_on_standard_error(tmp_path, capsys):
     assert main(["--db", url, "trials", "one"]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and err == ""
+
+
+@pytest.mark.parametrize("metric", ["samples_to_target", "best_mlm_accuracy"])
+def test_trials_says_which_completed_trials_missed_the_target(tmp_path, capsys, metric):
+    """A trial that used its whole budget below the target accuracy is `completed` like one that reached it; under a
+    *_to_target objective its objective is the penalty (twice the budget here), which read as a sample count."""
+    from tests.hpo.report.test_report_edges import ADAMW, LAMB, MAX_SAMPLES, add_trial
+    from tests.hpo.report.test_report_edges import make_experiment as recorded_experiment
+
+    storage, eid, url = recorded_experiment(tmp_path, metric=metric)
+    add_trial(storage, eid, ADAMW, "reached")
+    add_trial(storage, eid, LAMB, "missed", lr=2e-3)
+    add_trial(storage, eid, LAMB, "failed", lr=3e-3)
+    capsys.readouterr()
+    assert main(["--db", url, "trials", "edge"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    details = [row.split(None, 6)[6] for row in rows]
+    penalty = "; its objective is the penalty" if metric == "samples_to_target" else ""
+    assert details[0].startswith("{") and details[2] == "crashed"
+    assert details[1].startswith(f"missed the target{penalty}: {{"), details[1]
+    if metric == "samples_to_target":
+        assert rows[1].split()[4] == f"{2 * MAX_SAMPLES:,}"
