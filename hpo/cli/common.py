@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from hpo.errors import HpoError
@@ -82,8 +83,6 @@ def waiting_note():
 def note_unread_namesake(experiment: str) -> None:
     """A bare NAME reads the shipped preset even where `NAME.yaml` is in the working folder: say which file is read
     and how to read the other."""
-    import sys
-
     from search_spaces import shipped_preset, unread_namesake
 
     namesake = unread_namesake(experiment)
