@@ -65,8 +65,6 @@ def waiting_note():
     """What a command that waits for the database tells, once, on standard error: `waiting up to 600 s
     (HPO_DATABASE_OUTAGE_S) for the database: cannot use the database URL: ...` (the error's first sentence; the
     rest says what to do, for when it gives up). A call for `hpo.storage.retry.call_with_retry`'s `waiting`."""
-    import sys
-
     from hpo.storage.retry import OUTAGE_ENV
 
     told: list[bool] = []
