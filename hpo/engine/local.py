@@ -70,17 +70,17 @@ def check_trial_data(spec) -> None:
         try:
             load_checked_samples(path, key, cfg.model, DATA_ROWS_CHECKED, cfg.data.max_seq_length)
         except DataError as e:
-            raise HpoError(f"{spec.source}: base_config {key} = {path!r} (from {Path.cwd()}): {e}"
+            raise HpoError(f"{spec.source}: {_named(spec, key)} = {path!r} (from {Path.cwd()}): {e}"
                            f"{_data_hint(path)}") from None  # fmt: skip
     if "data.train" not in tuned:
         _check_train_set_size(spec, cfg)
     start = cfg.model.init_checkpoint
     if "model.init_checkpoint" not in tuned and start is not None and not Path(start).expanduser().is_file():
-        raise HpoError(f"{spec.source}: base_config model.init_checkpoint = {start!r} (from {Path.cwd()}): no such "
+        raise HpoError(f"{spec.source}: {_named(spec, 'model.init_checkpoint')} = {start!r} (from {Path.cwd()}): no such "
                        "file; every trial would start from it: point it at the checkpoint, or remove it")  # fmt: skip
     if "optimizer.impl" not in tuned and cfg.optimizer.impl == "apex" and importlib.util.find_spec("apex") is None:
         raise HpoError(
-            f"{spec.source}: base_config optimizer.impl = apex, but NVIDIA apex cannot be imported here, "
+            f"{spec.source}: {_named(spec, 'optimizer.impl')} = apex, but NVIDIA apex cannot be imported here, "
             "where the trials run: install it (with its CUDA extensions), or set optimizer.impl: torch"
         )
 
@@ -103,11 +103,20 @@ def _check_train_set_size(spec, cfg) -> None:
     except DataError:
         return  # read above: the trainer's own checks say what is wrong
     if sequences < largest:
-        where = field or f"base_config {key}"
-        raise HpoError(f"{spec.source}: {where}: a global batch of {largest:,}, but base_config data.train = "
+        where = field or _named(spec, key)
+        raise HpoError(f"{spec.source}: {where}: a global batch of {largest:,}, but {_named(spec, 'data.train')} = "
                        f"{cfg.data.train!r} holds {sequences:,} sequences; every trial at that batch would be "
                        f"refused: give data.train at least {largest:,} sequences, or a batch of at most "
                        f"{sequences:,}")  # fmt: skip
+
+
+def _named(spec, key: str) -> str:
+    """How a message names trainer `key` of the experiment file: `overrides.KEY` where the file overrides it, else
+    `base_config KEY`."""
+    from hpo.experiment.checks import where_set
+
+    where = where_set(spec, None, key)
+    return f"{where} {key}" if where == "base_config" else where
 
 
 def _data_hint(path: str) -> str:

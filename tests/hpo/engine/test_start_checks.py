@@ -19,7 +19,7 @@ def test_a_missing_starting_checkpoint_is_refused_naming_it(tmp_path):
     spec = make_spec(tmp_path, **{"model.init_checkpoint": str(missing)})
     with pytest.raises(HpoError) as err:
         check_trial_data(spec)
-    assert str(err.value).startswith(f"exp.yaml: base_config model.init_checkpoint = {str(missing)!r}")
+    assert str(err.value).startswith(f"exp.yaml: overrides.model.init_checkpoint = {str(missing)!r}")
     assert "no such file; every trial would start from it" in str(err.value)
     missing.write_bytes(b"")  # there: the trials read it (and say so if it is not a checkpoint)
     check_trial_data(spec)
@@ -30,7 +30,7 @@ def test_apex_is_refused_where_it_cannot_be_imported(tmp_path):
     if importlib.util.find_spec("apex") is not None:  # an optional backend: where it is installed, it is taken
         check_trial_data(spec)
         return
-    with pytest.raises(HpoError, match="optimizer.impl = apex, but NVIDIA apex cannot be imported here"):
+    with pytest.raises(HpoError, match="overrides.optimizer.impl = apex, but NVIDIA apex cannot be imported here"):
         check_trial_data(spec)
     check_trial_data(make_spec(tmp_path, **{"optimizer.impl": "torch"}))
 
@@ -53,7 +53,7 @@ def test_a_global_batch_larger_than_the_training_set_is_refused_fixed_or_tuned(t
     sequences = sum(h5py.File(path, "r")["input_ids"].shape[0] for path in glob.glob(f"{train}/*.h5"))
     too_large = sequences + 1
     for space, where in (
-        (None, "base_config batch.global_batch_size"),
+        (None, "overrides.batch.global_batch_size"),
         ({"batch.global_batch_size": {"choice": [8, too_large]}}, "space.batch.global_batch_size"),
         ({"batch.global_batch_size": {"int": [8, too_large]}}, "space.batch.global_batch_size"),
     ):
@@ -61,7 +61,7 @@ def test_a_global_batch_larger_than_the_training_set_is_refused_fixed_or_tuned(t
             "batch.micro_batch_size": 1}  # fmt: skip
         with pytest.raises(HpoError) as err:
             check_trial_data(make_spec(tmp_path, space=space, **overrides))
-        assert str(err.value) == (f"exp.yaml: {where}: a global batch of {too_large:,}, but base_config data.train = "
+        assert str(err.value) == (f"exp.yaml: {where}: a global batch of {too_large:,}, but overrides.data.train = "
                                   f"{train!r} holds {sequences:,} sequences; every trial at that batch would be "
                                   f"refused: give data.train at least {too_large:,} sequences, or a batch of at most "
                                   f"{sequences:,}")  # fmt: skip
