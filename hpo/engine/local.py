@@ -76,8 +76,9 @@ def check_trial_data(spec) -> None:
         _check_train_set_size(spec, cfg)
     start = cfg.model.init_checkpoint
     if "model.init_checkpoint" not in tuned and start is not None and not Path(start).expanduser().is_file():
-        raise HpoError(f"{spec.source}: {_named(spec, 'model.init_checkpoint')} = {start!r} (from {Path.cwd()}): "
-                       "no such file; every trial would start from it: point it at the checkpoint, or remove it")  # fmt: skip
+        where = _named(spec, "model.init_checkpoint")
+        raise HpoError(f"{spec.source}: {where} = {start!r} (from {Path.cwd()}): no such file; every trial would "
+                       "start from it: point it at the checkpoint, or remove it")  # fmt: skip
     if "optimizer.impl" not in tuned and cfg.optimizer.impl == "apex" and importlib.util.find_spec("apex") is None:
         raise HpoError(
             f"{spec.source}: {_named(spec, 'optimizer.impl')} = apex, but NVIDIA apex cannot be imported here, "
