@@ -215,7 +215,7 @@ def stop_controller_then_resume(tmp_path: Path, sig: signal.Signals, trials: int
     assert all(t.state is TrialState.COMPLETED for t in after)
     assert after[0].attempt == 1 and after[0].params == stopped.params  # the stopped one ran again
     log = (run_dir / "trials" / "00000" / "stderr.log").read_text()
-    assert log.count(f"trial {trial.id}: completed") == 1  # rank 0 alone says how it ended
+    assert log.count(f"trial {trial.number} (id {trial.id}): completed") == 1  # rank 0 alone says how it ended
     assert "Traceback" not in log
     assert processes_naming(str(run_dir)) == {}
 
