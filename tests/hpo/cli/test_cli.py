@@ -338,7 +338,7 @@ def test_bad_shards_are_refused_before_the_first_trial(tmp_path, capsys):
     path = small_experiment(tmp_path, overrides=tiny_overrides(tmp_path / "data", **{"model.vocab_size": 50}))
     result = hpo(capsys, "--db", f"sqlite:///{db_file}", "run", path, "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr
-    assert "base_config data.train" in result.stderr
+    assert "exp.yaml: overrides.data.train = " in result.stderr  # the file overrides it
     assert "HDF5 key 'input_ids'" in result.stderr and "model.vocab_size = 50" in result.stderr
     assert not db_file.exists()
 
