@@ -8,7 +8,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from hpo.errors import HpoError
 from hpo.storage.engine import safe_url
@@ -16,6 +16,7 @@ from server.caching import AnswerCache
 from server.docs import install_docs
 from server.errors import install_error_handlers
 from server.head import HeadAsGet
+from server.query import strict_query
 from server.routes import best, experiments, export, health, plan, reports, trials
 from server.settings import Settings
 from server.storage import SpecCache, StorageHolder
@@ -49,9 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(HeadAsGet)  # HEAD answers as GET, without the body
     install_docs(app, f"{API_PREFIX}/docs")
+    strict = [Depends(strict_query)]  # a query key the route does not take, or a single one repeated: a 422
     for module in (health, experiments, trials, best, export, plan, reports):
-        app.include_router(module.router, prefix=API_PREFIX)
-    app.include_router(reports.home)  # `/`: the list of experiments, linking to each report
+        app.include_router(module.router, prefix=API_PREFIX, dependencies=strict)
+    app.include_router(reports.home, dependencies=strict)  # `/`: the list of experiments, linking to each report
     return app
 
 

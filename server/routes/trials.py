@@ -43,12 +43,6 @@ async def list_trials(
     is counted only on pages without `after`. With an `ETag`: asked again with `If-None-Match`, an unchanged page
     is a 304."""
     record, storage, specs, answers = hot.record, hot.storage, hot.specs, hot.answers
-    if arm is not None and len(arms := request.query_params.getlist("arm")) > 1:  # FastAPI would keep the last alone
-        raise HTTPException(
-            422,
-            f"arm is given {len(arms)} times ({'&'.join(f'arm={a}' for a in arms)}): a trial list filters by one arm; "
-            "ask each arm's trials with a request of its own, or leave arm out to list every arm's",
-        )
     if arm is not None:  # an arm it does not have would list nothing: a 422 naming its arms, as `hpo trials` has it
         check_listed_arm(record, specs, arm)
     if after is not None and (order_by != "number" or offset):

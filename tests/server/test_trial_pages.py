@@ -67,10 +67,11 @@ def test_a_repeated_arm_is_a_422_naming_it_not_its_last_value(api):
     both = [("arm", "optimizer.name=adamw"), ("arm", "optimizer.name=lamb")]
     answer = api.get(URL, params=both)
     assert answer.status_code == 422, answer.text
-    assert answer.json()["detail"] == (
-        "arm is given 2 times (arm=optimizer.name=adamw&arm=optimizer.name=lamb): a trial list filters by one arm; ask "
-        "each arm's trials with a request of its own, or leave arm out to list every arm's"
-    )
+    assert answer.json()["detail"] == [{
+        "loc": ["query", "arm"], "type": "repeated",
+        "msg": "arm is given 2 times (arm=optimizer.name=adamw&arm=optimizer.name=lamb): it takes one value; ask each "
+               "with a request of its own",
+    }]  # fmt: skip
     assert api.get(URL, params=both[:1]).status_code == 200
 
 
