@@ -157,12 +157,18 @@ class ImportedPublic(BaseModel):
                       "the others its confirmation runs).")  # fmt: skip
 
 
+STATUS_DOC = (
+    "live, interrupted (its controller died), unresponsive (its controller still runs on the server's "
+    "machine, its heartbeat old: stopped, or unable to write), finished, stopped or failed."
+)
+
+
 class ExperimentSummaryPublic(BaseModel):
     """One line of the experiment list."""
 
     id: int
     name: str
-    status: str = Field(description="live, interrupted (its controller died), finished, stopped or failed.")
+    status: str = Field(description=STATUS_DOC)
     stored_status: str = Field(description="The status as the controller last wrote it.")
     description: str
     objective: str = Field(description="The objective metric.")

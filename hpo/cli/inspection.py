@@ -14,7 +14,7 @@ from hpo.trials import objective_text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import liveness
+    from hpo.engine.liveness import seen_status, unresponsive_why
     from hpo.engine.progress import experiment_progress
     from hpo.mlperf import imported, imported_line
     from hpo.trials import TrialState
@@ -24,12 +24,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         experiments = storage.list_experiments()
         if not experiments:
             print("no experiments yet; start one with `hpo run EXPERIMENT.yaml`")
-        rows = [[e.name, liveness(e), f"{experiment_progress(storage, e)}{_last_seen(e)}"] for e in experiments]
+        rows = [[e.name, seen_status(e), f"{experiment_progress(storage, e)}{_last_seen(e)}"] for e in experiments]
         for line in text_table(rows, widths=[32, 11]):
             print(line)
         return 0
     record = storage.get_experiment_by_name(args.name)
-    state = liveness(record)
+    state = seen_status(record)
     print(f"{record.name}: {state}{_last_seen(record)}" + (" (stop requested)" if record.stop_requested else ""))
     for line in _nni_webui_lines(record):  # engine: nni
         print(line)
@@ -54,6 +54,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"the import stopped before it finished: run the same `hpo import {kind}` command again to finish it")
     elif state == "interrupted":
         print(f"the controller stopped heartbeating; `hpo resume {record.name}` takes the experiment over")
+    elif state == "unresponsive":  # `hpo resume` here would refuse: its controller still runs on this machine
+        why = unresponsive_why(record) or "it ended a moment ago: ask again"
+        print(f"the controller stopped heartbeating but still runs on this machine (pid {record.controller_pid}): "
+              f"{why}")  # fmt: skip
     elif state == "stopped":  # Ctrl-C, SIGTERM or the API's stop: its unfinished trials wait for the resume
         print(f"stopped before it finished; `hpo resume {record.name}` finishes the experiment")
     for trial in storage.list_trials(record.id, state=parse_state("running")):
@@ -134,7 +138,7 @@ def _simulated_line(storage, record, spec) -> str | None:
 def _last_seen(record) -> str:
     from hpo.engine.liveness import liveness
 
-    if liveness(record) != "interrupted" or record.heartbeat_at is None:
+    if liveness(record) != "interrupted" or record.heartbeat_at is None:  # unresponsive too: its claim is stale
         return ""
     seen = f"{record.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
     if record.controller_host is None:  # it ended (an error, a lost scheduler) without finishing the experiment

@@ -17,31 +17,28 @@ def settle_controller(storage, record, quiet: bool):
     """The experiment's record, before this process claims it (`hpo resume`, `hpo delete`): once the claim of a
     controller that no longer runs on this machine has lapsed (`_wait_for_lapse`); ControllerBusyError where its
     controller still runs here though its heartbeat is old. A live controller elsewhere is refused by the claim."""
-    from hpo.engine.liveness import controller_identity, liveness
-    from hpo.runners.process import controller_gone_here, controller_here
+    from hpo.engine.liveness import UNRESPONSIVE, controller_identity, liveness, seen_status
+    from hpo.runners.process import controller_gone_here
 
     holder = (record.controller_host, record.controller_pid)
     if holder == controller_identity():
         return record
     if liveness(record) == "live" and controller_gone_here(*holder):
         record = _wait_for_lapse(storage, record, quiet)
-    stale = liveness(record) == "interrupted"
-    state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
-    if state:
-        raise _running_here(record, state)
+    if seen_status(record) == UNRESPONSIVE:  # its process, still running here
+        raise _running_here(record)
     return record
 
 
-def _running_here(record, state: str) -> ControllerBusyError:
+def _running_here(record) -> ControllerBusyError:
     """The error of a claim (a resume, a delete) whose experiment's controller still runs on this machine though
-    its heartbeat is old: stopped (`state` T, Ctrl-Z) or unable to write to the database."""
-    held = record.controller_pid
-    why = (f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)" if state == "T" else
-           "it could not write to the database (another process keeps it locked, or it is away); stop it "
-           f"first (Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
+    its heartbeat is old: stopped (Ctrl-Z) or unable to write to the database."""
+    from hpo.engine.liveness import unresponsive_why
+
     return ControllerBusyError(
-        f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid {held}), host "
-        f"{record.controller_host}, though its last heartbeat is old: {why}"
+        f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid "
+        f"{record.controller_pid}), host {record.controller_host}, though its last heartbeat is old: "
+        f"{unresponsive_why(record) or 'it ended a moment ago; try again'}"
     )
 
 

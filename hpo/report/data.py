@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from hpo.engine.liveness import liveness
+from hpo.engine.liveness import seen_status
 from hpo.evidence.confirmations import at_look, round_line, stored_curves
 from hpo.evidence.verdict import ArmRuns, ArmSummary, Verdict, arm_runs, decide, unselected
 from hpo.experiment import spec_from_stored
@@ -158,7 +158,7 @@ class Dimension:
 class ExperimentData:
     name: str
     description: str
-    liveness: str  # live, interrupted, finished, stopped, failed
+    liveness: str  # live, interrupted, unresponsive, finished, stopped, failed
     metric: str
     direction: str
     target_mlm_accuracy: float
@@ -237,7 +237,7 @@ def load_experiment(storage: Storage, name: str, *, with_noise: bool = True) -> 
     data = ExperimentData(
         name=record.name,
         description=spec.description,
-        liveness=liveness(record),
+        liveness=seen_status(record),
         metric=metric,
         direction=record.direction.value,
         target_mlm_accuracy=float(cfg.eval.target_mlm_accuracy),

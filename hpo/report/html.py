@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
-from hpo.engine.liveness import liveness
+from hpo.engine.liveness import seen_status
 from hpo.engine.progress import experiment_progress, trials_done
 from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
@@ -282,6 +282,12 @@ def _notes(data: ExperimentData) -> str:
         notes.append(f"The experiment is interrupted: its controller stopped heartbeating, and its trials' states are "
                      f"those last recorded; `hpo resume {shlex.quote(data.name)}` takes it over and finishes "
                      "it.")  # fmt: skip
+    elif data.liveness == "unresponsive":
+        notes.append(
+            "The experiment's controller stopped heartbeating but still runs on this machine (stopped with "
+            "Ctrl-Z, or unable to write to the database): its trials' states are those last recorded; "
+            "`hpo status` says what to do."
+        )
     if data.to_target:
         notes.append("A run that missed the target is shown as a miss (x), never at its penalized objective.")
     large = _large_experiment(data)
@@ -655,7 +661,7 @@ def index_page(storage: Storage, *, link: Link, compare_action: str) -> str:
     for record in storage.list_experiments():
         rows.append(f"<td class=l><input type=checkbox name=name value='{escape(record.name)}'></td>"
                     + f"<td class=l><a href='{escape(link(record.name))}'>{escape(record.name)}</a></td>"
-                    + cell(liveness(record), cls="l") + cell(experiment_progress(storage, record), cls="l")
+                    + cell(seen_status(record), cls="l") + cell(experiment_progress(storage, record), cls="l")
                     + cell(record.spec.get("experiment", {}).get("description", ""), cls="l"))  # fmt: skip
     table = html_table(["", "experiment", "status", "trials", "description"], rows, left=4)
     body = ("<h1>Experiments</h1>" + (f"<form method=get action='{escape(compare_action)}'>{table}"

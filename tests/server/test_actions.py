@@ -71,9 +71,9 @@ def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_d
 def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatever_its_heartbeat(
     empty_database, tmp_path
 ):
-    """A controller paused (`kill -STOP`, a loaded machine) stops heartbeating and shows as `interrupted`, but its
-    process still runs here: DELETE removed its experiment from under it, and stop said that no controller ran.
-    Both now refuse as `hpo delete` does (hpo.engine.settle), naming its host and pid and what to do."""
+    """A controller paused (`kill -STOP`, a loaded machine) stops heartbeating, but its process still runs here: it
+    shows as `unresponsive` (not `interrupted`, which `hpo resume` would take over), and DELETE and stop refuse as
+    `hpo delete` does (hpo.engine.settle), naming its host and pid and what to do."""
     path = make_experiment_file(tmp_path, name="paused")
     spec = yaml.safe_load(path.read_text())
     spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
@@ -93,7 +93,10 @@ def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatev
             wait_for(lambda: status() == "live")
             run.send_signal(signal.SIGSTOP)
             wait_for(lambda: (process_state(run.pid) or "?")[0] == "T")
-            wait_for(lambda: status() == "interrupted")  # by its heartbeat alone
+            wait_for(lambda: status() == "unresponsive")  # its heartbeat old, its process still here
+            assert api.get("/experiments").json()["items"][0]["status"] == "unresponsive"
+            page = api.get("/experiments/paused/report")
+            assert page.status_code == 200 and "still runs on this machine" in page.text
             pid, host = run.pid, socket.gethostname()
             says = (f"experiment 'paused' is driven by a controller that still runs on this machine (pid {pid}), host "
                     f"{host}, though its last heartbeat is old: it is stopped (Ctrl-Z: `kill -CONT {pid}` continues "

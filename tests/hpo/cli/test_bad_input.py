@@ -703,16 +703,26 @@ def test_resume_does_not_take_over_a_controller_that_still_runs_here_though_its_
         err = capsys.readouterr().err
         assert f"is driven by a controller that still runs on this machine (pid {controller.pid})" in err
         assert "it could not write to the database" in err
+        assert main(["--db", url, "status"]) == 0
+        assert capsys.readouterr().out.split()[:2] == ["held", "unresponsive"]
         controller.send_signal(signal.SIGSTOP)  # Ctrl-Z in its terminal: Ctrl-C and `kill` wait until it continues
         while process_state(controller.pid)[0] != "T":
             time.sleep(0.01)
         assert main(["--db", url, "resume", "held", "--quiet"]) == 2
         assert f"it is stopped (Ctrl-Z: `kill -CONT {controller.pid}` continues it" in capsys.readouterr().err
+        assert main(["--db", url, "status", "held"]) == 0  # not `interrupted`, which would say to resume it
+        out = capsys.readouterr().out
+        assert out.startswith(f"held: unresponsive (controller {socket.gethostname()} pid {controller.pid} last seen ")
+        assert (f"the controller stopped heartbeating but still runs on this machine (pid {controller.pid}): it is "
+                f"stopped (Ctrl-Z: `kill -CONT {controller.pid}` continues it") in out  # fmt: skip
+        assert "hpo resume" not in out
         with SqlStorage(url) as storage:
             assert storage.get_experiment_by_name("held").controller_pid == controller.pid  # not taken over
     finally:
         controller.kill()
         controller.wait()
+    assert main(["--db", url, "status", "held"]) == 0  # its process gone: interrupted, and `hpo resume` takes it over
+    assert "the controller stopped heartbeating; `hpo resume held` takes the experiment over" in capsys.readouterr().out
     assert main(["--db", url, "resume", "held", "--quiet"]) == 0  # its process gone: resumed and finished
     with SqlStorage(url) as storage:
         assert storage.get_experiment_by_name("held").status.value == "finished"
