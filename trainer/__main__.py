@@ -243,5 +243,23 @@ def record_unended(cfg, reporter, reason: str, error: str) -> None:
                                target_mlm_accuracy=cfg.eval.target_mlm_accuracy, error=error))  # fmt: skip
 
 
+def entry() -> int:
+    """`main`, with standard output that cannot take what is printed said in one line, not a traceback: a reader
+    that left (`--print-config | head -1`) quietly, as any Unix filter, and a file that cannot grow with an error."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        return 128 + signal.SIGPIPE
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or e.filename is not None:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"error: cannot write the output: {e.strerror}", file=sys.stderr)
+        return 1
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

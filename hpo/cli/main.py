@@ -31,6 +31,7 @@ Exit codes: 0 success, 1 the experiment ended badly, 2 bad input (file, name, ar
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -171,7 +172,18 @@ def entry() -> None:
     except KeyboardInterrupt:  # Ctrl-C where no command handles it (while modules load): no traceback
         print("interrupted (Ctrl-C)", file=sys.stderr)
         code = 128 + signal.SIGINT
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS or e.filename is not None:  # not the output's: a defect, with its traceback
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left in its buffer goes nowhere
+        print(f"error: cannot write the output: {e.strerror} (a full disk, or a file that cannot grow, behind "
+              "the standard output)", file=sys.stderr)  # fmt: skip
+        code = 1
     sys.exit(code)
+
+
+# What writing the standard output can fail with when it is a file (`hpo trials NAME > out.txt`) that cannot grow.
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def command_of(argv: list[str]) -> str | None:

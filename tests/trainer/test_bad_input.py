@@ -837,3 +837,18 @@ def test_a_second_config_file_is_refused_naming_both(capsys):
         main(["--config", "demo_cpu", "--print-config", "--config", "bert_large"])
     assert stop.value.code == 2
     assert "error: --config given twice (demo_cpu and bert_large): a run has one config file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_printed_config_that_cannot_be_written_is_one_line_of_error_and_a_reader_that_left_is_quiet():
+    """`--print-config > FILE` on a full disk (/dev/full) and `--print-config | head -1` printed tracebacks."""
+    import sys
+
+    argv = [sys.executable, "-m", "trainer", "--config", "demo_cpu", "--print-config"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, "error: cannot write the output: No space left on device\n")
+    reader_left = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader_left.stdout.close()  # before the config is printed: its write finds no reader (EPIPE)
+    assert reader_left.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert reader_left.stderr.read() == ""

@@ -4,10 +4,14 @@ and ConfigSpace iterate over sets of strings), and only for them."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
 from hpo.cli.main import NO_TUNER, build_parser, command_of, main
+from hpo.interpreter import module_env
 
 
 @pytest.mark.parametrize("argv, command", [
@@ -135,3 +139,16 @@ def test_an_experiment_run_in_a_folder_with_its_own_trainer_trains_hpos(own_trai
     assert done.returncode == 0, done.stderr[-3000:]
     listed = subprocess.run([str(hpo), "trials", "own"], cwd=own_trainer, env=env, capture_output=True, text=True)
     assert listed.stdout.count("completed") == 2, listed.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("argv", [["presets"], ["--version"]])
+def test_output_that_cannot_be_written_is_one_line_of_error_not_a_traceback(argv, tmp_path):
+    """`hpo presets > FILE` on a full disk (/dev/full: every write fails with ENOSPC) printed a traceback."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "hpo", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path, env=module_env(dict(os.environ)), timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.endswith("error: cannot write the output: No space left on device (a full disk, or a file that "
+                                "cannot grow, behind the standard output)\n")  # fmt: skip
+    assert "Traceback" not in done.stderr
