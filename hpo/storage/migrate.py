@@ -152,6 +152,13 @@ def check_schema(connection: Connection, url: str) -> None:
     if current is None:
         if taken := _unversioned_tables(connection):
             raise SchemaOutOfDateError(f"the database {where} {_not_ours(taken)}")
+        if others := sorted(inspect(connection).get_table_names()):
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise SchemaOutOfDateError(
+                f"the database {where} holds other tables ({shown}) and none of hpo's: another program's database, "
+                "or the wrong --db (or HPO_DATABASE_URL); give hpo a database of its own (a new SQLite file name "
+                f"makes one), or add hpo's tables beside those with `hpo db upgrade` (it migrates {where})"
+            )
         problem = f"the database {where} has no hpo tables yet"
     elif current not in _known_revisions():
         raise SchemaOutOfDateError(

@@ -128,6 +128,7 @@ class SqlStorage(TrialReads, Storage):
         # may not wait (on an event loop, or in without_waiting()), the second for the others: the API's (see
         # hpo/storage/deadline.py)
         self._deadline = StatementDeadline(*deadlines, quick=lambda: not may_wait()) if deadlines else None
+        self._read_only = read_only
         self._engine = create_storage_engine(self.url, read_only, one_shot, writes, self._deadline)
         # Both share the engine's connection pool. Writes take SQLite's write lock up front. Reads on PostgreSQL
         # skip BEGIN/COMMIT (two round trips): at READ COMMITTED every statement has its own snapshot anyway,
@@ -163,6 +164,15 @@ class SqlStorage(TrialReads, Storage):
         return None if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == opened else path
 
     def _check_schema(self) -> None:
+        if not self._read_only and (path := sqlite_file(self.url)) is not None and path.is_file():
+            # An existing file is checked through a reader first: a writer's first connection sets WAL mode in the
+            # file, which a file refused here (another program's, an old or newer schema) must not keep.
+            reader = create_storage_engine(self.url, read_only=True)
+            try:
+                with reader.connect() as connection:
+                    check_schema(connection, self.url)
+            finally:
+                reader.dispose()
         with self._session() as session:
             check_schema(session.connection(), self.url)
 
