@@ -178,9 +178,15 @@ def create_storage_engine(url: str, read_only: bool = False, one_shot: bool = Fa
             deadline.install(engine)
         return engine
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raw = str(url)
+        if "://" not in raw and not set("@:?") & set(raw):  # a file's path given for a URL (no password to hide)
+            raise StorageError(
+                f"the database URL {raw!r} is a file's path, not a URL: for a SQLite file give "
+                f"sqlite:///{Path(raw).expanduser().resolve()} (with --db, or in {DATABASE_URL_ENV})"
+            ) from exc
         raise StorageError(
             f"cannot use the database URL {safe_url(url)}: {exc}. Expected e.g. sqlite:///path/hpo.db or "
-            f"postgresql+psycopg://user@host:5432/dbname (set {DATABASE_URL_ENV})."
+            f"postgresql+psycopg://user@host:5432/dbname (with --db, or in {DATABASE_URL_ENV})."
         ) from exc
 
 

@@ -47,7 +47,7 @@ def test_a_database_url_no_request_could_use_is_refused_before_the_server_starts
     from hpo.cli.main import main
 
     (tmp_path / "notes.db").write_text("not a database\n")
-    cases = {"notaurl": "cannot use the database URL <unparsable database URL>",
+    cases = {"notaurl": "the database URL 'notaurl' is a file's path, not a URL: for a SQLite file give sqlite:///",
              "mysql://user@host/db": "cannot use the database URL mysql://user@host/db: No module named",
              f"sqlite:///{tmp_path}": f"names {tmp_path}, a folder: name the SQLite file in it",
              f"sqlite:///{tmp_path / 'notes.db'}": "which is not a SQLite database"}  # fmt: skip

@@ -393,13 +393,24 @@ def test_per_arm_with_an_arm_or_a_batch_size_is_refused_not_ignored(pilot, capsy
 # --------------------------------------------------------------------------- --db
 
 
-@pytest.mark.parametrize("url", ["notaurl", "foo://host/db"])
+@pytest.mark.parametrize("url", ["foo://host/db", "host:5432/db"])
 @pytest.mark.parametrize("command", [["status"], ["best", "e"], ["db", "upgrade"]])
 def test_a_database_url_that_cannot_be_used_is_bad_input(tmp_path, capsys, url, command, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["--db", url, *command]) == 2
     err = capsys.readouterr().err
     assert "error: cannot use the database URL" in err and "Expected e.g. sqlite:///path/hpo.db" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["status"], ["db", "upgrade"], ["run", "adam_vs_lamb_simulated"]])
+def test_a_files_path_given_for_the_database_url_is_answered_with_its_url(tmp_path, capsys, command, monkeypatch):
+    """`--db runs/hpo.db` (or HPO_DATABASE_URL so) was "cannot use the database URL <unparsable database URL>"."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--db", "runs/hpo.db", *command]) == 2
+    assert capsys.readouterr().err == (f"error: the database URL 'runs/hpo.db' is a file's path, not a URL: for a "
+                                       f"SQLite file give sqlite:///{tmp_path / 'runs' / 'hpo.db'} (with --db, or in "
+                                       "HPO_DATABASE_URL)\n")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 
@@ -479,6 +490,26 @@ def test_an_empty_file_is_a_new_database_to_a_command_that_writes(tmp_path, caps
     assert main(["--db", url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
     assert main(["--db", url, "status", "touched"]) == 0
     assert "finished" in capsys.readouterr().out
+
+
+def test_another_programs_file_and_an_old_schema_are_refused_by_a_run_and_left_byte_for_byte(tmp_path, capsys):
+    """A refused `hpo run` left such a file in WAL mode (a writer's first connection sets it), and another
+    program's file was said to have "no hpo tables yet: run `hpo db upgrade`", which would add hpo's tables to it."""
+    path = write(tmp_path / "exp.yaml", small_preset(name="refused"))
+    theirs, old = tmp_path / "theirs.db", tmp_path / "old.db"
+    with sqlite3.connect(theirs) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER)")
+    upgrade_database(f"sqlite:///{old}", "0004_trial_noise_kind_index")
+    with sqlite3.connect(old) as connection:
+        connection.execute("PRAGMA journal_mode = DELETE")  # as a copy of it, or another tool, may have left it
+    for file, says in ((theirs, "holds other tables (invoices) and none of hpo's: another program's database, or the "
+                                "wrong --db"),
+                       (old, "has schema revision 0004_trial_noise_kind_index, this code needs")):  # fmt: skip
+        before = file.read_bytes()
+        assert main(["--db", f"sqlite:///{file}", "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 2
+        assert says in capsys.readouterr().err
+        assert file.read_bytes() == before, file  # its journal mode too
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml", "old.db", "theirs.db"]
 
 
 @pytest.mark.parametrize("command", [["status"], ["db", "upgrade"], ["best", "e"]])
