@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -39,9 +40,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if page.is_dir() or (page.exists() and not os.access(page, os.W_OK)):
             what = "a directory is there" if page.is_dir() else "a file this user may not write is there"
             raise HpoError(f"hpo report: cannot write {page} ({what}); move it, or give another directory with -o")
+        _check_replaceable(page, "-o")
     # Every read before anything is made: a database that goes away meanwhile leaves no directory or page behind
     experiments = [load_experiment(storage, name) for name in names]
     comparison = comparison_report(storage, names) if len(names) > 1 else None
+    figures = _figures(experiments, Path(args.png)) if args.png else []
+    for path, _ in figures:
+        _check_replaceable(path, "--png")
     out = _directories(Path(args.output), Path(args.png) if args.png else None)
     hpo_command = "hpo" + (f" --db {shlex.quote(safe_url(args.db))}" if args.db else "")
     index = "compare.html" if len(names) > 1 else None
@@ -55,36 +60,57 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = out / "compare.html"
         _write(path, comparison)
         print(f"wrote {path} (links to the reports above)")
-    if args.png:
-        _write_pngs(experiments, Path(args.png))
+    if figures:
+        _directory("--png", Path(args.png))
+    for path, contents in figures:
+        _write(path, contents)
+        print(f"wrote {path}")
     print("\n".join(studies), end="\n" if studies else "")
     return 0
 
 
-def _write_pngs(experiments: list, directory: Path) -> None:
-    """Each report's figures as NAME-FIGURE.png in `directory` (or why an experiment has none), and with several
-    experiments compare.html's as compare-FIGURE.png."""
+def _figures(experiments: list, directory: Path) -> list[tuple[Path, bytes]]:
+    """Each report's figures as NAME-FIGURE.png in `directory` (or why an experiment has none, said here), and with
+    several experiments compare.html's as compare-FIGURE.png: each file and its bytes, drawn before any is written."""
     from hpo.report.html import comparison_pngs, experiment_pngs
 
+    figures = []
     for data in experiments:
         pngs, why = experiment_pngs(data)
         if not pngs:
             print(f"no figure for {data.name}: {why}", file=sys.stderr)
-        _write_figures(directory, data.name, pngs)
+        figures += [(directory / f"{data.name}-{slug}.png", contents) for slug, contents in pngs.items()]
     if len(experiments) > 1:
         pngs = comparison_pngs(experiments)
         if not pngs:
             print("no figure for compare.html: no arm has a best trial yet", file=sys.stderr)
-        _write_figures(directory, "compare", pngs)
+        figures += [(directory / f"compare-{slug}.png", contents) for slug, contents in pngs.items()]
+    return figures
 
 
-def _write_figures(directory: Path, page: str, pngs: dict[str, bytes]) -> None:
-    if pngs:
-        _directory("--png", directory)
-    for slug, contents in pngs.items():
-        path = directory / f"{page}-{slug}.png"
-        _write(path, contents)
-        print(f"wrote {path}")
+# What an earlier `hpo report` wrote begins so (a page: every page's title ends "comparison report"; a figure: a PNG
+# that matplotlib drew, which says so in a text chunk before its image data).
+_EARLIER_PAGE = re.compile(
+    rb"<!doctype html><html lang=en><head><meta charset=utf-8><title>[^<]*comparison report</title>"
+)
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_replaceable(path: Path, option: str) -> None:
+    """HpoError where `path` holds a file that is not empty and not one an earlier `hpo report` wrote: a report
+    replaces its own pages and figures (running it again updates them), never a file of the user's that happens to
+    have a page's or a figure's name."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(512)
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError:
+        return  # unreadable: the write says why it cannot be written
+    ours = _EARLIER_PAGE.match(head) if path.suffix == ".html" else head.startswith(_PNG) and b"Matplotlib" in head
+    if head and not ours:
+        raise HpoError(f"hpo report: {path} exists and is not a page or figure an earlier `hpo report` wrote: it is "
+                       f"kept; move it away, or give another directory with {option}")  # fmt: skip
 
 
 _HINT = "give a directory that is not a file (it is created where missing), in a place you can write to"

@@ -446,6 +446,22 @@ def test_png_export_writes_the_figures_the_page_embeds_as_valid_pngs(tmp_path, c
             assert width > 500 and height > 300  # 150 dpi: larger than the page's 90 dpi images
             assert len(image.convert("L").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 10  # not blank
     assert len(written) == len(page.images)
+    # Run again, it replaces its own pages and figures; a file of the user's under one of their names is kept, and
+    # nothing is written (it replaced such a file without a word).
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 0
+    for mine, option in ((tmp_path / "html" / "edge.html", "-o"), (out / "edge-noise-scale.png", "--png")):
+        kept = {path: path.read_bytes() for path in [*out.iterdir(), *(tmp_path / "html").iterdir()]}
+        kept[mine] = b"my notes\n"
+        mine.write_bytes(kept[mine])
+        capsys.readouterr()
+        assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 2
+        assert capsys.readouterr().err == (f"error: hpo report: {mine} exists and is not a page or figure an earlier "
+                                           f"`hpo report` wrote: it is kept; move it away, or give another directory "
+                                           f"with {option}\n")  # fmt: skip
+        assert {path: path.read_bytes() for path in [*out.iterdir(), *(tmp_path / "html").iterdir()]} == kept
+        mine.write_bytes(b"")  # an empty file is replaced: nothing in it to lose
+    assert main(["--db", url, "report", "edge", "-o", str(tmp_path / "html"), "--png", str(out)]) == 0
+    assert all(path.stat().st_size > 10_000 for path in [*out.iterdir(), *(tmp_path / "html").iterdir()])
 
 
 SLUGS = {"samples to target per arm": "outcomes", "best objective so far per arm": "best-so-far",
