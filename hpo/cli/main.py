@@ -77,8 +77,39 @@ COMMANDS = (
 )
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value refuses a second (argparse keeps the last without a word: `--db A ... --db
+    B` would read B alone), as the trainer's `--config` does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None:
+            given = namespace.__dict__.setdefault(GIVEN, {})
+            if self.dest in given:
+                parser.error(f"{option_string} given twice ({given[self.dest]} and {values}): give it once")
+            given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
+GIVEN = "_options_given"  # where _StoreOnce notes the options given; removed from the parsed arguments
+
+
+class HpoParser(argparse.ArgumentParser):
+    """The parser of `hpo` and of each of its commands (argparse makes a command's parser of its parent's class):
+    options that take one value take it once, and `--db` after the command says where it goes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments") and "--db" in message.split():
+            message += " (--db is hpo's own option: it comes before the command, `hpo --db URL COMMAND ...`)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
+    parser = HpoParser(prog="hpo", description="HPO for large-batch BERT optimizers.")
     parser.add_argument("--version", action=VersionAction, help="print hpo's version and exit")
     parser.add_argument(
         "--db",
@@ -114,6 +145,7 @@ def installed_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    vars(args).pop(GIVEN, None)
     try:
         return args.fn(args)
     except SchemaOutOfDateError as e:

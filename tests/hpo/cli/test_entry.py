@@ -152,3 +152,27 @@ def test_output_that_cannot_be_written_is_one_line_of_error_not_a_traceback(argv
     assert done.stderr.endswith("error: cannot write the output: No space left on device (a full disk, or a file that "
                                 "cannot grow, behind the standard output)\n")  # fmt: skip
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--db", "sqlite:///a.db", "--db", "sqlite:///b.db", "status"],
+     "hpo: error: --db given twice (sqlite:///a.db and sqlite:///b.db): give it once"),
+    (["report", "e", "-o", "first", "-o", "second"],
+     "hpo report: error: -o given twice (first and second): give it once"),
+    (["trials", "e", "--state", "failed", "--limit", "3", "--state", "completed"],
+     "hpo trials: error: --state given twice (failed and completed): give it once"),
+    (["trials", "e", "--db", "sqlite:///a.db"],
+     "hpo: error: unrecognized arguments: --db sqlite:///a.db (--db is hpo's own option: it comes before the command, "
+     "`hpo --db URL COMMAND ...`)"),
+])  # fmt: skip
+def test_an_option_given_twice_is_refused_not_its_last_value_taken(argv, says, capsys):
+    """argparse kept the last of two values without a word: `hpo --db A --db B status` read B."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == says
+
+
+def test_arguments_that_take_several_values_still_take_them():
+    args = build_parser().parse_args(["--db", "sqlite:///a.db", "report", "a", "b", "-o", "out", "--png", "figures"])
+    assert (args.names, args.output, args.png, args.db) == (["a", "b"], "out", "figures", "sqlite:///a.db")
