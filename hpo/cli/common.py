@@ -50,6 +50,11 @@ def _open_storage(url: str | None, read_only: bool, writes: bool):
         return SqlStorage(url, upgrade=True, outage_s=wait)  # an empty file (`touch hpo.db`) is a new SQLite database
     if path is not None and not path.exists():
         if read_only:
+            if blocker := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+                raise HpoError(
+                    f"there is no database at {path}, nor can there be: {blocker} is a file, not a folder; check "
+                    "--db / HPO_DATABASE_URL (or HPO_HOME, the folder of the default database)"
+                )
             raise HpoError(
                 f"there is no database at {path}: no experiment has run with it; check --db / HPO_DATABASE_URL, "
                 "or start one with `hpo run EXPERIMENT.yaml`"

@@ -98,6 +98,9 @@ def _check_config_file(args: argparse.Namespace, config_path: str) -> None:
     from hpo.export.production import check_config_file
 
     path = Path(config_path)
+    if path.is_dir():  # the torchrun line could only fail ("config file ... is a directory")
+        raise HpoError(f"--config-path {config_path} is a directory: name the config file the torchrun line runs "
+                       f"(e.g. --config-path {path / 'best.yaml'})")  # fmt: skip
     if not path.is_file():
         return  # written later, or on the machines that run it
     try:

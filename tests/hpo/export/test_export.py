@@ -456,12 +456,21 @@ def test_the_torchrun_line_refuses_a_config_file_exported_for_other_ranks(tmp_pa
     assert line.read_text().splitlines()[-1].startswith("torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d")
 
 
-def test_an_empty_config_path_is_refused_from_the_command_line(tmp_path, capsys):
+def test_an_empty_config_path_or_a_folder_is_refused_from_the_command_line(tmp_path, capsys):
     from hpo.cli.main import main
 
-    assert main(["--db", pilot_db(tmp_path), "export", "pilot", "--format", "torchrun", "--config-path", ""]) == 2
+    db = pilot_db(tmp_path)
+    assert main(["--db", db, "export", "pilot", "--format", "torchrun", "--config-path", ""]) == 2
     captured = capsys.readouterr()
     assert "the config path is empty" in captured.err and captured.out == ""
+    folder = tmp_path / "configs"
+    folder.mkdir()  # a torchrun line naming a folder could only fail ("config file ... is a directory")
+    assert main(["--db", db, "export", "pilot", "--format", "torchrun", "--config-path", str(folder)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: --config-path {folder} is a directory: name the config file the torchrun line runs (e.g. "
+        f"--config-path {folder / 'best.yaml'})\n"
+    )
 
 
 @pytest.mark.parametrize("nodes, gpus", [(1, 1), (1, 4), (2, 2), (2, 4)])
