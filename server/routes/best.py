@@ -52,7 +52,8 @@ async def best_config(request: Request, hot: HotReadDep, arm: Arm = None, global
     if kept is None:  # at a batch size the experiment has no best at: the message names the sizes it has
         other = await run_in_threadpool(other_batch_sizes, storage, record, arm, global_batch_size, "to show",
                                         "ask global_batch_size=")  # fmt: skip
-        raise HTTPException(404, other or no_best_message(record.name, arm, global_batch_size))
+        raise HTTPException(404, other or await run_in_threadpool(no_best_message, storage, record, arm,
+                                                                  global_batch_size))  # fmt: skip
     return warn_if_simulated(cached_json(request, *kept), record)
 
 
@@ -78,7 +79,7 @@ async def best_config_per_arm(request: Request, hot: HotReadDep):
         body = await run_in_threadpool(build)
         kept = answers.put(key, version, body and (body, etag_of(body)))
     if kept is None:
-        raise HTTPException(404, no_best_message(record.name, None, None))
+        raise HTTPException(404, await run_in_threadpool(no_best_message, storage, record, None, None))
     return warn_if_simulated(cached_json(request, *kept), record)
 
 
@@ -188,8 +189,12 @@ def _best_of(trials: list[TrialRecord], direction: Direction) -> TrialRecord | N
     return min(trials, key=lambda t: (sign * t.objective, t.number), default=None)
 
 
-def no_best_message(name: str, arm: str | None, global_batch_size: int | None) -> str:
+def no_best_message(storage: Storage, record: ExperimentRecord, arm: str | None, global_batch_size: int | None) -> str:
+    """Why there is no best trial to show: no completed trial (its trial list says why), or no trial at all."""
+    if not storage.tally_trials(record.id):  # its trial list is empty: it would say nothing
+        return (f"experiment {record.name} has no trial yet, so no best one; its status "
+                f"(/experiments/{record.name}) says where it stands")  # fmt: skip
     where = "".join(
         [f" in arm {arm}" if arm else "", f" at global batch size {global_batch_size}" if global_batch_size else ""]
     )
-    return f"experiment {name} has no completed trial{where} yet; its trial list says why"
+    return f"experiment {record.name} has no completed trial{where} yet; its trial list says why"

@@ -60,7 +60,7 @@ def export_best_config(
     if trial is None:
         raise HTTPException(404, other_batch_sizes(storage, record, arm, global_batch_size, "to export",
                                                    "ask global_batch_size=")
-                            or no_best_message(record.name, arm, global_batch_size))  # fmt: skip
+                            or no_best_message(storage, record, arm, global_batch_size))  # fmt: skip
     exported = render(
         record, trial, format, nodes=nodes, gpus_per_node=gpus_per_node, config_path=config_path, spec=spec,
         chosen=chosen, among=among,

@@ -96,7 +96,7 @@ class PlanPublic(BaseModel):
 
     simulated: bool = Field(description="Always true: the figures come from the simulated runner.")
     experiment: str
-    source: str = Field(description="The file planned (a temporary copy for a request's or a stored experiment).")
+    source: str = Field(description="What was planned: `the posted experiment file`, or `the stored experiment NAME`.")
     moved: str | None = Field(description="A real experiment's runner and engine, planned on the simulated runner.")
     repetitions: int
     cluster: dict[str, Any] = Field(description="slots, gpus_per_slot, gpu, samples_per_s, sample_scale.")
@@ -128,6 +128,8 @@ class PlanPublic(BaseModel):
     lines: list[str] = Field(description="The forecast as `hpo plan` prints it.")
 
 
+POSTED = "the posted experiment file"  # how a POSTed file's plan names it (its temporary copy is gone by then)
+
 EXPERIMENT_FILE = Body(
     media_type="application/yaml",
     description="The experiment file (YAML), as `hpo run` takes it. Relative paths in it (base_config, "
@@ -155,7 +157,7 @@ async def plan_file(
         raise HTTPException(422, f"the request body is not YAML: {exc}") from None
     if not isinstance(data, dict):
         raise HTTPException(422, "the request body must be an experiment file: a YAML mapping with name, space, ...")
-    return await _plan(request, _absolute_paths(data), repetitions, slots, gpus_per_slot, gpu, difference)
+    return await _plan(request, _absolute_paths(data), repetitions, slots, gpus_per_slot, gpu, difference, POSTED)
 
 
 @router.get("/experiments/{name}/plan", response_model=PlanPublic, dependencies=[TokenDep], responses=ACTION)
@@ -170,7 +172,9 @@ async def plan_stored(
 ):
     """Forecast a stored experiment again, as its spec was stored (self-contained: its base config inline): what
     it would cost and how likely an answer is, e.g. on more slots. Nothing is written."""
-    return await _plan(request, dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu, difference)
+    stored = f"the stored experiment {record.name}"
+    return await _plan(request, dict(record.spec["experiment"]), repetitions, slots, gpus_per_slot, gpu, difference,
+                       stored)  # fmt: skip
 
 
 def _absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
@@ -195,8 +199,10 @@ async def _plan(
     gpus_per_slot: int | None,
     gpu: str | None,
     difference: float | None = None,
+    source: str = POSTED,
 ) -> dict[str, Any]:
-    """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422. A plan
+    """`python -m hpo plan --json` on `data` written to a temporary file; its JSON, or its error as a 422, with the
+    temporary file (gone when the answer is read) named as `source` says, e.g. "the posted experiment file". A plan
     whose client has gone (a closed connection, a cancelled request) is stopped as one past its deadline is."""
     with tempfile.TemporaryDirectory(prefix="hpo-api-plan-") as tmp:
         name = data.get("name")  # a slug names the copy (errors quote it); anything else could choose where to write
@@ -232,8 +238,11 @@ async def _plan(
         first = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
         detail = "\n".join(lines[first:]) if first is not None else "\n".join(lines)[-2000:] or "hpo plan failed"
         detail = detail.removeprefix("error: ")  # the command line's prefix: the status code says it here
-        raise HTTPException(422, detail.replace(str(path), f"the posted experiment file ({path.name})"))
-    return json.loads(out)
+        raise HTTPException(422, detail.replace(str(path), f"{source} ({path.name})"))
+    answer = json.loads(out)
+    answer["source"] = source
+    answer["lines"] = [line.replace(str(path), source) for line in answer.get("lines", [])]
+    return answer
 
 
 async def _wait_while_heard(talk: asyncio.Future, request: Request, timeout_s: float) -> str | None:

@@ -82,3 +82,12 @@ def test_without_a_completed_trial_the_best_per_arm_is_a_404_as_the_best_and_the
     assert [a.status_code for a in answers] == [404, 404, 404], [a.text for a in answers]
     message = "experiment none-yet has no completed trial yet; its trial list says why"
     assert [a.json()["detail"] for a in answers] == [message] * 3
+    with SqlStorage(url) as storage:
+        create(storage, "no-trial")  # stopped before its first trial, say: a trial list to look at would be empty
+    with api_in_process(url) as api:
+        answers = [api.get(f"/experiments/no-trial/{path}") for path in ("best/arms", "best", "export")]
+        assert api.get("/experiments/no-trial/trials").json()["items"] == []
+    message = (
+        "experiment no-trial has no trial yet, so no best one; its status (/experiments/no-trial) says where it stands"
+    )
+    assert [(a.status_code, a.json()["detail"]) for a in answers] == [(404, message)] * 3

@@ -67,6 +67,9 @@ def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
     gpu_hours = got["answer"]["gpu_hours"]
     assert gpu_hours["low"] <= gpu_hours["median"] <= gpu_hours["high"]
     assert any("no training happens, every figure is simulated" in line for line in got["lines"])
+    # named so, not by its temporary copy, gone by the time the answer is read
+    assert got["source"] == "the posted experiment file" and "hpo-api-plan-" not in answer.text
+    assert got["lines"][0].startswith("plan of planned (the posted experiment file): "), got["lines"][0]
 
 
 @pytest.mark.slow  # another plan run; the posted files' plans run by default
@@ -94,6 +97,7 @@ def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_writ
     assert answer.status_code == 200, answer.text
     expected = cli_plan(capsys, path, "--repetitions", "1")  # the stored spec is the file's
     assert {k: answer.json()[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
+    assert answer.json()["source"] == "the stored experiment planned" and "hpo-api-plan-" not in answer.text
     assert missing.status_code == 404
     assert database.read_bytes() == before
 
