@@ -64,12 +64,17 @@ def test_the_copied_preset_loads_from_where_the_page_puts_it(tmp_path):
     for folder in ("trainer", "search_spaces"):
         (tmp_path / folder).symlink_to(ROOT / folder)
     files = [argv for argv in page_commands() if argv[0] in ("cp", "sed")]
-    assert [argv[0] for argv in files] == ["cp", "sed"]
+    assert [argv[0] for argv in files] == ["cp", "sed", "sed"]
     for argv in files:
         subprocess.run(argv, cwd=tmp_path, check=True, timeout=30)
     copy_of = tmp_path / files[0][2]
-    assert load_experiment(copy_of).resolved_base()["model"]["hidden_size"] == 1024  # bert_large.yaml
+    spec = load_experiment(copy_of)
+    assert spec.resolved_base()["model"]["hidden_size"] == 1024  # bert_large.yaml
     assert "../" not in copy_of.read_text().split("base_config:")[1].splitlines()[0]
+    # the commands that follow name the experiment the copy defines (they named one the copy did not)
+    named = {argv[argv.index(command) + 1] for argv in page_commands() if argv[0] == "hpo"
+             for command in ("status", "trials", "best", "export", "report", "resume") if command in argv}  # fmt: skip
+    assert named == {spec.name} == {"my_adam_vs_lamb"}, named
 
 
 def test_a_broken_command_is_caught():
