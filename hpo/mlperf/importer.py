@@ -104,6 +104,7 @@ class Written:
     left: int = 0  # runs of the experiment's import that it still does not hold (it stays unfinished)
     stored_cost: dict[str, Any] | None = None  # an experiment imported before: the cost per arm it stores
     cost_differs: bool = False  # the system descriptions now give these runs another cost than the one stored
+    held: int = 0  # the runs of the import that made the experiment (these files' runs where it is new)
 
 
 @dataclass
@@ -561,7 +562,8 @@ def write_plan(storage: Storage, plan: ImportPlan) -> Written:
     left = len(expected - present - {r.key for r in plan.runs})
     if not left and (added or record is None or record.status is not ExperimentStatus.FINISHED):  # a repeat that
         storage.set_experiment_status(experiment_id, ExperimentStatus.FINISHED)  # adds nothing writes nothing
-    return Written(experiment_id, added, len(plan.runs) - added, left, stored_cost, cost_differs)
+    held = len(set(imported(record).get("sha256") or [])) if record is not None else len(plan.runs)
+    return Written(experiment_id, added, len(plan.runs) - added, left, stored_cost, cost_differs, held)
 
 
 def _cost_differs(plan: ImportPlan, stored_cost: Mapping[str, Any], trials: Sequence[TrialRecord]) -> bool:
@@ -638,7 +640,13 @@ def describe(plan: ImportPlan, written: Written) -> list[str]:
     """What an import did, in lines: runs added or already there, trials by kind, per arm its runs, hits, samples to
     target and cost per run, notes."""
     info = plan.stored[IMPORTED_KEY]
-    lines = [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
+    lines = []
+    if not written.added and not written.left and written.held > len(plan.runs):  # part of a finished import's files
+        lines.append(
+            f"experiment {plan.name}: these files are {len(plan.runs)} of its {written.held} runs, all already "
+            f"there: it is unchanged (`hpo status {plan.name}` shows the whole experiment); these files:"
+        )
+    lines += [f"experiment {plan.name}: {written.added} run(s) imported, {written.present} already there "
              f"({plan.configurations} configuration(s) in {len({r.arm for r in plan.runs})} arm(s)); target "
              f"masked-LM accuracy {info['target']:g} ({info['target_from']})"]  # fmt: skip
     cost = info["cost"] if written.stored_cost is None else written.stored_cost

@@ -402,6 +402,14 @@ def test_a_second_import_that_adds_nothing_writes_nothing(tmp_path, capsys):
     assert main(args) == 0
     assert "0 run(s) imported, 2 already there" in capsys.readouterr().out
     assert dump() == before
+    # part of its files: it said "0 run(s) imported, 1 already there" with that one file's arms and target alone,
+    # as if the experiment were that
+    assert main([*args[:4], str(d / "result_1.txt"), *args[5:]]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == ("experiment again: these files are 1 of its 2 runs, all already there: it is unchanged (`hpo "
+                       "status again` shows the whole experiment); these files:")  # fmt: skip
+    assert said[1].startswith("experiment again: 0 run(s) imported, 1 already there (1 configuration(s) in 1 arm(s))")
+    assert dump() == before
 
 
 def test_the_verdict_reads_every_run_of_each_arm(tmp_path, capsys):
