@@ -26,6 +26,7 @@ from trainer.attention import (
 )
 from trainer.balance import resume_batch, steps_per_epoch
 from trainer.checkpoint import (
+    LATEST,
     TrainState,
     check_intact,
     finished_status,
@@ -257,6 +258,18 @@ def check_resume(cfg: TrainerConfig) -> None:
     reach the samples it saved (`resumed_batch`)."""
     path = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if path is None:
+        if (
+            cfg.checkpoint.resume
+            and cfg.checkpoint.dir
+            and (saves := sorted(Path(cfg.checkpoint.dir).glob("ckpt-*.pt")))
+        ):
+            # saves without latest.pt (removed, or a copy that left it out): a fresh start would write over them
+            raise ConfigError(
+                f"checkpoint.dir: {cfg.checkpoint.dir} holds {len(saves)} checkpoint(s), the newest {saves[-1].name}, "
+                f"but no {LATEST}, which a resume starts from: to resume from the newest, `ln -f {saves[-1]} "
+                f"{Path(cfg.checkpoint.dir) / LATEST}`; to start afresh, give another checkpoint.dir (or "
+                "checkpoint.resume: false, which writes over the checkpoints there)"
+            )
         return
     try:
         check_intact(path)
@@ -274,13 +287,16 @@ def check_resume(cfg: TrainerConfig) -> None:
         )
     check_saved_model(cfg, path)
     micro, there = mine["batch"]["micro_batch_size"], (saved.get("batch") or {}).get("micro_batch_size")
+    world = dist_env_from_environ().world_size
     if isinstance(micro, int) and isinstance(there, int) and micro != there:  # auto keeps the checkpoint's
+        ranks = ("" if cfg.batch.global_batch_size % (there * world) == 0 else
+                 f" on a number of ranks that {there}-sequence micro-batches divide the batch over (not {world}: "
+                 f"batch.global_batch_size {cfg.batch.global_batch_size})")  # fmt: skip
         raise ConfigError(
             f"batch.micro_batch_size: {path} was trained with {there}, this run has {micro}: the position it resumes "
-            f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's), or start afresh in "
-            "another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
+            f"from counts micro-batches; set {there} (or auto, which keeps the checkpoint's){ranks}, or start afresh "
+            "in another checkpoint.dir (or with checkpoint.resume: false, which writes over the checkpoints there)"
         )
-    world = dist_env_from_environ().world_size
     if micro == "auto" and isinstance(there, int) and cfg.batch.global_batch_size % (there * world):
         raise ConfigError(
             f"batch.micro_batch_size auto resumes with checkpoint {path}'s micro-batch, {there}, which does not "

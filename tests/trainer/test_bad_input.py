@@ -16,7 +16,7 @@ import trainer.run
 import trainer.train as train_module
 from tests.trainer.conftest import act_at_step, make_shards, make_train_overrides
 from trainer.__main__ import main
-from trainer.errors import Terminated
+from trainer.errors import ConfigError, Terminated
 from trainer.report import read_jsonl
 
 
@@ -65,6 +65,51 @@ def test_resuming_with_another_micro_batch_is_refused_before_the_mlperf_log_is_t
     assert mlperf.read_text() == kept
     code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32, "batch.micro_batch_size": "auto"})
     assert code == 0 and "resumed from" in err, err  # auto keeps the checkpoint's
+
+
+def test_a_resume_on_ranks_the_checkpoints_micro_batch_cannot_split_the_batch_over_says_so(tmp_path, capsys,
+                                                                                           monkeypatch):  # fmt: skip
+    """Resumed on 2 ranks with micro-batch 2, a checkpoint of micro-batch 4 (batch 8) said "set 4", which on 2 ranks
+    the batch (8 = 4 x 2) takes, but on 4 ranks it does not: the message named no way out. The check as each rank
+    runs it (WORLD_SIZE as torchrun sets it)."""
+    from trainer.config import load_config
+    from trainer.preflight import check_resume
+
+    ck = tmp_path / "ck"
+    code, err, _ = cli(tmp_path, capsys, **{"checkpoint.dir": str(ck), "budget.max_samples": 16})
+    assert code == 0, err
+    cfg = load_config(None, make_train_overrides(tmp_path, **{"checkpoint.dir": str(ck), "budget.max_samples": 32,
+                                                               "batch.micro_batch_size": 2}))  # fmt: skip
+    for world, says in (("2", False), ("4", True)):
+        monkeypatch.setenv("WORLD_SIZE", world)
+        with pytest.raises(ConfigError) as refused:
+            check_resume(cfg)
+        assert str(refused.value).startswith(f"batch.micro_batch_size: {ck / 'latest.pt'} was trained with 4, this "
+                                             "run has 2"), refused.value  # fmt: skip
+        ranks = (f"set 4 (or auto, which keeps the checkpoint's) on a number of ranks that 4-sequence micro-batches "
+                 f"divide the batch over (not {world}: batch.global_batch_size 8), or start afresh")  # fmt: skip
+        assert (ranks in str(refused.value)) is says, refused.value
+
+
+def test_saves_without_latest_pt_are_refused_not_written_over_by_a_fresh_start(tmp_path, capsys):
+    """latest.pt removed (or a copy that left it out): the run started afresh without a word, writing over the saves."""
+    ck = tmp_path / "ck"
+    common = {"checkpoint.dir": str(ck), "checkpoint.every_samples": 16}
+    code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 32})
+    assert code == 0, err
+    (ck / "latest.pt").unlink()
+    kept = {path.name: path.read_bytes() for path in ck.iterdir()}
+    newest = ck / "ckpt-000000000032.pt"
+    code, err, records = cli(tmp_path, capsys, **common, **{"budget.max_samples": 64})
+    assert code == 2, err
+    assert err.startswith(
+        f"error: checkpoint.dir: {ck} holds 2 checkpoint(s), the newest {newest.name}, but no latest.pt, which a "
+        f"resume starts from: to resume from the newest, `ln -f {newest} {ck / 'latest.pt'}`;"
+    ), err
+    assert {path.name: path.read_bytes() for path in ck.iterdir()} == kept and "training BERT" not in err
+    (ck / "latest.pt").hardlink_to(newest)  # as the message says
+    code, err, _ = cli(tmp_path, capsys, **common, **{"budget.max_samples": 64})
+    assert code == 0 and f"resumed from {ck / 'latest.pt'}" in err, err
 
 
 def test_an_unreadable_latest_checkpoint_is_refused_naming_the_earlier_save_that_reads(tmp_path, capsys):
