@@ -3,7 +3,7 @@ the stored one."""
 
 from __future__ import annotations
 
-from hpo.engine.liveness import seen_status
+from hpo.engine.settle import seen_status
 from hpo.storage.base import ExperimentRecord
 
 

@@ -14,8 +14,8 @@ from hpo.trials import objective_text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpo.engine.liveness import seen_status, unresponsive_why
     from hpo.engine.progress import experiment_progress
+    from hpo.engine.settle import seen_status, unresponsive_why
     from hpo.mlperf import imported, imported_line
     from hpo.trials import TrialState
 

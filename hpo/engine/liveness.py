@@ -75,37 +75,6 @@ def liveness(record, now: datetime | None = None) -> str:
     return "live"
 
 
-UNRESPONSIVE = "unresponsive"  # what users see of a stale claim whose controller still runs on this machine
-
-
-def seen_status(record, now: datetime | None = None) -> str:
-    """The status users see (`hpo status`, the report, the API): `liveness`, except that an `interrupted` experiment
-    whose controller still runs on this machine though its heartbeat is old (stopped with Ctrl-Z or `kill -STOP`,
-    or unable to write to the database) is `unresponsive`: `hpo resume` here would refuse to take it over
-    (`hpo.engine.settle`). From another machine it shows as `interrupted`."""
-    from hpo.runners.process import controller_here
-
-    status = liveness(record, now)
-    if status == "interrupted" and controller_here(record.controller_host, record.controller_pid, record.heartbeat_at):
-        return UNRESPONSIVE
-    return status
-
-
-def unresponsive_why(record) -> str:
-    """What an `unresponsive` experiment's controller is doing and what to do, by its process state: stopped
-    (Ctrl-Z) or unable to write. Empty where it no longer runs here."""
-    from hpo.runners.process import controller_here
-
-    state = controller_here(record.controller_host, record.controller_pid, record.heartbeat_at)
-    if not state:
-        return ""
-    held = record.controller_pid
-    if state == "T":
-        return f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)"
-    return ("it could not write to the database (another process keeps it locked, or it is away); stop it first "
-            f"(Ctrl-C there, or `kill {held}`), or wait until it ends")  # fmt: skip
-
-
 class Heartbeat:
     """A daemon thread that keeps the controller's claim fresh; `note()` says what the controller sees."""
 

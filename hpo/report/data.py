@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from hpo.engine.liveness import seen_status
+from hpo.engine.settle import seen_status
 from hpo.evidence.confirmations import at_look, round_line, stored_curves
 from hpo.evidence.verdict import ArmRuns, ArmSummary, Verdict, arm_runs, decide, unselected
 from hpo.experiment import spec_from_stored

@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
-from hpo.engine.liveness import seen_status
 from hpo.engine.progress import experiment_progress, trials_done
+from hpo.engine.settle import seen_status
 from hpo.evidence.verdict import DEFAULT_MARGIN, Outcome
 from hpo.experiment.arms import BATCH_STUDY_NOTE, batch_study
 from hpo.mlperf import IMPORT_VERDICT_NOTE, imported_line
