@@ -171,6 +171,9 @@ class SqlStorage(TrialReads, Storage):
             try:
                 with reader.connect() as connection:
                     check_schema(connection, self.url)
+            except SQLAlchemyError as exc:  # a locked or vanished file: as any read's error (retried where it may)
+                self.check_file()
+                raise storage_error(exc, self.url) from exc
             finally:
                 reader.dispose()
         with self._session() as session:
