@@ -502,6 +502,22 @@ def _did_you_mean(loc: tuple) -> str:
     return f"; did you mean {'.'.join([*map(str, loc[:-1]), close])}?" if close else ""
 
 
+def _description(loc: tuple) -> str | None:
+    """The field description of the key at `loc` (what it holds), None where `loc` names no field of the config."""
+    section: Any = TrainerConfig
+    field = None
+    for part in loc:
+        field = (
+            section.model_fields.get(str(part))
+            if isinstance(section, type) and issubclass(section, BaseModel)
+            else None
+        )
+        if field is None:
+            return None
+        section = field.annotation
+    return field.description if field is not None else None
+
+
 def closest_name(name: str, names: Iterable[str]) -> str | None:
     """The one of `names` closest to a misspelt `name` (difflib's ratio at least 0.6), or None: what every "did you
     mean" of the trainer's and the experiment files' checks names."""
@@ -519,6 +535,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(e["loc"]) + " (`python -m trainer --print-config` shows every key)"
         given = e.get("input")  # a whole section's check (its keys named in the message) got the whole section
+        if given is None and e["loc"] and (what := _description(e["loc"])):  # `data.eval=null`: what it must be
+            msg = f"needs a value, not null: {what[:1].lower()}{what[1:].rstrip('.')}"
         lines.append(f"  {key}: {msg}" + ("" if isinstance(given, dict) else f" (got {given!r})"))
     return "\n".join(lines)
 

@@ -319,3 +319,17 @@ def test_an_unknown_key_names_the_key_it_is_close_to(override, suggested):
         assert "did you mean" not in message
     else:
         assert f"unknown key; did you mean {suggested}?" in message
+
+
+def test_a_key_set_to_null_that_needs_a_value_says_what_the_value_is():
+    """`data.eval=null` (or `data.train=`, read as null) said only "Input should be a valid string"."""
+    with pytest.raises(ConfigError) as refused:
+        load_config("demo_cpu", ["data.eval=null", "data.train=", "optimizer.lr=null"])
+    lines = str(refused.value).splitlines()[1:]
+    assert lines == [
+        "  data.train: needs a value, not null: directory or glob of training HDF5 shards (got None)",
+        "  data.eval: needs a value, not null: directory or glob of evaluation HDF5 shards (got None)",
+        "  optimizer.lr: needs a value, not null: peak learning rate (got None)",
+    ]
+    with pytest.raises(ConfigError, match=r"optimizer.lr: Input should be a valid number, unable to parse string"):
+        load_config("demo_cpu", ["optimizer.lr=fast"])  # a value of another type: pydantic's own words
