@@ -44,6 +44,7 @@ from typing import Any, Literal
 import yaml
 
 from hpo.errors import HpoError
+from hpo.mlperf import imported
 from hpo.storage.base import ExperimentRecord, TrialRecord
 from hpo.trials import objective_text
 
@@ -86,6 +87,7 @@ class Provenance:
     params: dict[str, Any]
     simulated: bool = False  # runner: simulated: the numbers were read from a learning-curve table, not trained
     chosen: str = "the best trial"  # why this trial (`export_arm`): an arm asked for, the verdict's winner, ...
+    imported: str | None = None  # an imported experiment's kind (`hpo import mlperf`, `rcp`): its runs ran elsewhere
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ def provenance(record: ExperimentRecord, spec, trial: TrialRecord, config: dict[
         params=dict(trial.params),
         simulated=spec.runner.name == "simulated",
         chosen=chosen,
+        imported=(imported(record) or {}).get("kind"),
     )
 
 
@@ -474,6 +477,10 @@ def _comment_lines(
         f"trial {origin.trial}" + (f", arm {origin.arm}" if origin.arm else ""),
         f"chosen as {origin.chosen}",
     ]
+    if origin.imported:
+        lines.append(f"imported (hpo import {origin.imported}): the hyperparameters of a run of MLPerf's, trained "
+                     "on its submitter's cluster; set data.train and data.eval to your shards, and export with "
+                     "--nodes and --gpus-per-node for your ranks")  # fmt: skip
     if origin.trial_max_samples < origin.max_samples:
         trained = "" if origin.samples_trained is None else f", trained {origin.samples_trained:,} samples"
         lines.append(f"trial budget: a short rung, budget.max_samples {origin.trial_max_samples:,} of the full "

@@ -412,6 +412,23 @@ def test_a_second_import_that_adds_nothing_writes_nothing(tmp_path, capsys):
     assert dump() == before
 
 
+def test_an_imported_experiments_export_says_its_runs_ran_elsewhere(tmp_path, capsys):
+    """Its export wrote the trainer's default data paths beside a submission's batch as if the run had been ours."""
+    d = tmp_path / "runs"
+    for seed in (1, 2):
+        write(d / f"result_{seed}.txt", run_lines(seed=seed))
+    db = db_url(tmp_path)
+    assert main(["--db", db, "import", "mlperf", str(d), "--name", "theirs"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "export", "theirs"]) == 0
+    said = ("# imported (hpo import mlperf): the hyperparameters of a run of MLPerf's, trained on its submitter's "
+            "cluster; set data.train and data.eval to your shards, and export with --nodes and --gpus-per-node for "
+            "your ranks")  # fmt: skip
+    assert said in capsys.readouterr().out.splitlines()
+    assert main(["--db", db, "export", "theirs", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provenance"]["imported"] == "mlperf"
+
+
 def test_the_verdict_reads_every_run_of_each_arm(tmp_path, capsys):
     """Three ADAM and three LAMB runs: per arm the first file is stored as the tuning trial, but nothing picked it
     (its arm holds one configuration), so the verdict's evidence is all three runs, interpolated between
