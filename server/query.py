@@ -36,6 +36,9 @@ def _declared(route: APIRoute) -> dict[str, bool]:
     return declared
 
 
+_KEPT: dict[int, tuple[APIRoute, dict[str, bool]]] = {}  # each route's declared keys, by the route's id
+
+
 def _issue(key: str, msg: str, kind: str) -> dict:
     return {"loc": ["query", key], "msg": msg, "type": kind}
 
@@ -46,7 +49,10 @@ async def strict_query(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.query_params:
         return
-    declared = _declared(route)
+    kept = _KEPT.get(id(route))
+    if kept is None or kept[0] is not route:  # read once per route: the hot reads pay a dict lookup
+        kept = _KEPT[id(route)] = (route, _declared(route))
+    declared = kept[1]
     issues = []
     for key in dict.fromkeys(request.query_params.keys()):
         if key not in declared:
