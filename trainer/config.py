@@ -489,14 +489,22 @@ _ALIASES = {"learning_rate": "lr", "batch_size": "global_batch_size", "train_bat
             "warmup": "warmup_steps", "clip_norm": "max_norm", "max_grad_norm": "max_norm"}  # fmt: skip
 
 
-def _did_you_mean(loc: tuple) -> str:
-    """`; did you mean optimizer.lr?` for an unknown key at `loc` close to a key of its section; '' otherwise."""
+def _section_at(path: tuple) -> type[BaseModel] | None:
+    """The config section (a model) the keys of `path` lead to from the root, None where they name no section."""
     section: Any = TrainerConfig
-    for part in loc[:-1]:
-        field = section.model_fields.get(str(part)) if isinstance(section, type) else None
+    for part in path:
+        field = section.model_fields.get(str(part))
         section = field.annotation if field is not None else None
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
-            return ""
+            return None
+    return section
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """`; did you mean optimizer.lr?` for an unknown key at `loc` close to a key of its section; '' otherwise."""
+    section = _section_at(loc[:-1])
+    if section is None:
+        return ""
     alias = _ALIASES.get(str(loc[-1]))  # names other programs give a key
     close = alias if alias in section.model_fields else closest_name(str(loc[-1]), section.model_fields)
     return f"; did you mean {'.'.join([*map(str, loc[:-1]), close])}?" if close else ""
@@ -504,17 +512,8 @@ def _did_you_mean(loc: tuple) -> str:
 
 def _description(loc: tuple) -> str | None:
     """The field description of the key at `loc` (what it holds), None where `loc` names no field of the config."""
-    section: Any = TrainerConfig
-    field = None
-    for part in loc:
-        field = (
-            section.model_fields.get(str(part))
-            if isinstance(section, type) and issubclass(section, BaseModel)
-            else None
-        )
-        if field is None:
-            return None
-        section = field.annotation
+    section = _section_at(loc[:-1])
+    field = section.model_fields.get(str(loc[-1])) if section is not None else None
     return field.description if field is not None else None
 
 

@@ -37,9 +37,11 @@ def unresponsive_why(record) -> str:
     from hpo.runners.process import controller_here
 
     state = controller_here(record.controller_host, record.controller_pid, record.heartbeat_at)
-    if not state:
-        return ""
-    held = record.controller_pid
+    return _why(state, record.controller_pid) if state else ""
+
+
+def _why(state: str, held: int) -> str:
+    """What the controller `held` in process state `state` (/proc's letter) is doing, and what to do."""
     if state == "T":
         return f"it is stopped (Ctrl-Z: `kill -CONT {held}` continues it, `kill -9 {held}` ends it)"
     return ("it could not write to the database (another process keeps it locked, or it is away); stop it first "
@@ -51,25 +53,27 @@ def settle_controller(storage, record, quiet: bool):
     controller that no longer runs on this machine has lapsed (`_wait_for_lapse`); ControllerBusyError where its
     controller still runs here though its heartbeat is old. A live controller elsewhere is refused by the claim."""
     from hpo.engine.liveness import controller_identity, liveness
-    from hpo.runners.process import controller_gone_here
+    from hpo.runners.process import controller_gone_here, controller_here
 
     holder = (record.controller_host, record.controller_pid)
     if holder == controller_identity():
         return record
     if liveness(record) == "live" and controller_gone_here(*holder):
         record = _wait_for_lapse(storage, record, quiet)
-    if seen_status(record) == UNRESPONSIVE:  # its process, still running here
-        raise _running_here(record)
+    stale = liveness(record) == "interrupted"
+    state = controller_here(*holder, record.heartbeat_at) if stale else None  # its process, still running here
+    if state:  # what users see as unresponsive
+        raise _running_here(record, state)
     return record
 
 
-def _running_here(record) -> ControllerBusyError:
+def _running_here(record, state: str) -> ControllerBusyError:
     """The error of a claim (a resume, a delete) whose experiment's controller still runs on this machine though
-    its heartbeat is old: stopped (Ctrl-Z) or unable to write to the database."""
+    its heartbeat is old: stopped (`state` T, Ctrl-Z) or unable to write to the database."""
     return ControllerBusyError(
         f"experiment {record.name!r} is driven by a controller that still runs on this machine (pid "
         f"{record.controller_pid}), host {record.controller_host}, though its last heartbeat is old: "
-        f"{unresponsive_why(record) or 'it ended a moment ago; try again'}"
+        f"{_why(state, record.controller_pid)}"
     )
 
 

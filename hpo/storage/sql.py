@@ -165,8 +165,8 @@ class SqlStorage(TrialReads, Storage):
 
     def _check_schema(self) -> None:
         if not self._read_only and (path := sqlite_file(self.url)) is not None and path.is_file():
-            # An existing file is checked through a reader first: a writer's first connection sets WAL mode in the
-            # file, which a file refused here (another program's, an old or newer schema) must not keep.
+            # An existing file is checked through a reader: a writer's first connection sets WAL mode in the file,
+            # which a file refused here (another program's, an old or newer schema) must not keep.
             reader = create_storage_engine(self.url, read_only=True)
             try:
                 with reader.connect() as connection:
@@ -176,6 +176,7 @@ class SqlStorage(TrialReads, Storage):
                 raise storage_error(exc, self.url) from exc
             finally:
                 reader.dispose()
+            return
         with self._session() as session:
             check_schema(session.connection(), self.url)
 
