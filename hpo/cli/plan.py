@@ -30,15 +30,17 @@ MAX_PLAN_SEED = 2**31 - 1  # with a file's tuner.seed and the repetition added, 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from hpo.plan.forecast import PlanOptions
+    from hpo.experiment import load_experiment
 
     _check_plan_options(args)
     note_unread_namesake(args.experiment)
+    spec = load_experiment(args.experiment)  # a bad file: `hpo run`'s errors, before the forecast's modules load
+    from hpo.plan.forecast import PlanOptions
+
     if args.verdict_only:
-        from hpo.experiment import load_experiment
         from hpo.plan.chances import chances_lines
 
-        chances = _plan_chances(args, load_experiment(args.experiment))  # a bad file: `hpo run`'s errors
+        chances = _plan_chances(args, spec)
         print("\n".join(chances_lines(chances)))
         return 0
     options = PlanOptions(args.repetitions or 20, args.seed, args.slots, args.gpus_per_slot, args.gpu,
