@@ -187,7 +187,7 @@ def _arm_truth(runner, spec, label: str, fixed: dict[str, Any], space) -> ArmTru
     for params in _grid(space):
         params = {**fixed, **params}
         try:
-            runs = [runner.full_run(params, seed) for seed in seeds]
+            runs = runner.full_runs(params, seeds)
         except HpoError as e:
             raise HpoError(f"{spec.source}: the truth of arm {label}: {e}") from None
         objectives = [r.objective for r, _, _ in runs]

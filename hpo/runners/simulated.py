@@ -34,6 +34,7 @@ import heapq
 import itertools
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -218,13 +219,18 @@ class SimulatedRunner(Runner):
         code = {TrialState.COMPLETED: 0, TrialState.DIVERGED: 3}.get(result.state, 1)
         return _Attempt(launch.trial_id, launch.attempt, slot, started, seconds, points, result, code)
 
-    def full_run(self, params: dict[str, Any], seed: int) -> tuple[TrialResult, tuple[tuple[int, float], ...], Any]:
+    def full_runs(
+        self, params: dict[str, Any], seeds: Sequence[int]
+    ) -> list[tuple[TrialResult, tuple[tuple[int, float], ...], Any]]:
         """(the stored result, the evaluations, the trainer config) of a trial of `params` at full budget trained
-        with `seed`, as an attempt of it would record them (the truth of a plan, `hpo.plan.truth`). Raises HpoError
-        where the table cannot serve it."""
-        cfg = trial_config(self.spec, params).model_copy(update={"seed": seed})
+        with each of `seeds`, as an attempt of it would record them (the truth of a plan, `hpo.plan.truth`); the
+        trial's config is validated once for all the seeds. Raises HpoError where the table cannot serve it."""
+        config = trial_config(self.spec, params)
+        return [self._full_run(config.model_copy(update={"seed": seed})) for seed in seeds]
+
+    def _full_run(self, cfg) -> tuple[TrialResult, tuple[tuple[int, float], ...], Any]:
         curve = self.surrogate.curve(Config(cfg.optimizer.name, cfg.optimizer.lr, cfg.schedule.warmup_steps,
-                                            cfg.batch.global_batch_size, seed))  # fmt: skip
+                                            cfg.batch.global_batch_size, cfg.seed))  # fmt: skip
         train = trained_run(curve, cfg, 0, self._time_capped(cfg))
         batch = cfg.batch.global_batch_size
         seconds, timeout = self._seconds(train.samples, batch), self.spec.budget.trial_timeout_s

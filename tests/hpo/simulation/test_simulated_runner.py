@@ -291,15 +291,17 @@ def test_the_plans_truth_of_a_run_that_would_outlast_trial_timeout_s_is_that_tim
 
     runner = build_runner(load_experiment(experiment_file(tmp_path, "truth", trial_timeout_s=400.0)))
     try:
-        missed, evals, _ = runner.full_run({"optimizer.name": "lamb", "optimizer.lr": 1e-4,
-                                            "schedule.warmup_steps": 0}, 0)  # fmt: skip
+        ((missed, evals, _),) = runner.full_runs({"optimizer.name": "lamb", "optimizer.lr": 1e-4,
+                                                  "schedule.warmup_steps": 0}, [0])  # fmt: skip
         made = [(s, accuracy("lamb", 1e-4, 0, 32, 0, s)) for s in (1024, 2048, 3072, 4096)]
         assert [s for s, _ in evals] == [s for s, _ in made]
         assert [a for _, a in evals] == pytest.approx([a for _, a in made])
         assert (missed.state, missed.duration_s, missed.samples_to_target) == (TrialState.TIMEOUT, 400.0, None)
         gap = (TARGET - made[-1][1]) / TARGET
         assert missed.objective == pytest.approx(2.0 * MAX_SAMPLES * (1 + gap))
-        hit, _, _ = runner.full_run({"optimizer.name": "adamw", "optimizer.lr": 1e-4, "schedule.warmup_steps": 0}, 0)
+        ((hit, _, _),) = runner.full_runs(
+            {"optimizer.name": "adamw", "optimizer.lr": 1e-4, "schedule.warmup_steps": 0}, [0]
+        )
         assert (hit.state, hit.samples_to_target) == (TrialState.COMPLETED, 3072)
         assert hit.duration_s == pytest.approx(3072 * SECONDS_A_SAMPLE)
     finally:
