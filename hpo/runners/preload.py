@@ -245,6 +245,8 @@ def _start_server(cmd: list[str], env: dict[str, str], fd: int):
 def serve(fd: int, modules: list[str]) -> None:
     sock = socket.socket(fileno=fd)
     for name in modules:
+        if _runner_left(sock):  # Ctrl-C as an experiment starts: the runner's close waits for this process
+            return
         importlib.import_module(name)
     gc.freeze()  # what was imported stays out of the children's collections (and their pages shared)
     try:
@@ -289,6 +291,18 @@ def serve(fd: int, modules: list[str]) -> None:
                 os.close(end)
             sock.send(pickle.dumps(reply))
             _reap(sock)  # a child that ended before the reply was sent
+
+
+def _runner_left(sock: socket.socket) -> bool:
+    """Whether the runner has closed its end of the socket (no request comes before "ready": only its end shows)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        return sock.recv(MAX_MESSAGE, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _reap(sock: socket.socket) -> None:

@@ -137,8 +137,11 @@ def test_an_experiment_run_in_a_folder_with_its_own_trainer_trains_hpos(own_trai
     done = subprocess.run([str(hpo), "run", "own.yaml", "--quiet"], cwd=own_trainer, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    listed = subprocess.run([str(hpo), "trials", "own"], cwd=own_trainer, env=env, capture_output=True, text=True)
-    assert listed.stdout.count("completed") == 2, listed.stdout
+    from hpo.storage import SqlStorage
+
+    with SqlStorage(f"sqlite:///{own_trainer / '.hpo' / 'hpo.db'}") as storage:  # the default database: $HPO_HOME's
+        trials = storage.list_trials(storage.get_experiment_by_name("own").id)
+    assert [t.state.value for t in trials] == ["completed"] * 2, [t.reason for t in trials]
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")

@@ -71,12 +71,13 @@ def training_trial(storage: SqlStorage, experiment_id: int, run_dir: Path):
     return None
 
 
-def assert_closed_and_silent(storage: SqlStorage, trial_id: int, settle_s: float = 2.0) -> None:
-    """The trial's record is closed, and no metric row is dated after it, even a while later."""
+def assert_closed_and_silent(storage: SqlStorage, trial_id: int, settle_s: float = 0.5) -> None:
+    """The trial's record is closed, and no metric row is dated after it, even a while later (the callers have
+    found no process of the trial left: this is the database's side of it)."""
     record = storage.get_trial(trial_id)
     assert record.finished_at is not None
     count = len(storage.get_metrics(trial_id))
-    time.sleep(settle_s)  # a surviving rank would write a row per step (several per second)
+    time.sleep(settle_s)  # a surviving rank would write a row per step (log.every_steps: 1, several a second)
     rows = storage.get_metrics(trial_id)
     assert len(rows) == count > 0
     assert max(r.created_at for r in rows) <= record.finished_at

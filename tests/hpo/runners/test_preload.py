@@ -256,7 +256,8 @@ def test_a_runner_preloads_the_trainer_only_for_the_trial_entry_on_the_cpu():
 
 def test_a_launcher_closed_while_it_imports_torch_leaves_quietly(capfd, probe_env):
     """Ctrl-C as a CPU experiment starts: the runner leaves while its launcher still imports torch; the launcher
-    then leaves without a word (it printed a BrokenPipeError traceback on the terminal and exited 1)."""
+    then leaves without a word (it printed a BrokenPipeError traceback on the terminal and exited 1), at the next
+    module it would import (the runner's close waits for it)."""
     launcher = Launcher(TRAINER_PRELOAD, env=probe_env)
     launcher.close()  # at once: its imports take seconds
     assert launcher.server.wait(120) == 0
