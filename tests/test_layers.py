@@ -10,6 +10,7 @@ Every import of a project module counts, wherever it is written (at the top, ins
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,22 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def parse(source: str, filename: str) -> ast.Module:
+    """A module's syntax tree, parsed once for every test that reads the module (by its text: a file written anew
+    is parsed anew). The trees are only read."""
+    return ast.parse(source, filename)
+
+
+@functools.cache
+def import_nodes(source: str, filename: str, when_imported: bool) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """The import statements of a module, anywhere in its file, or (`when_imported`) those that run when it is
+    imported."""
+    tree = parse(source, filename)
+    nodes = _run_on_import(tree) if when_imported else ast.walk(tree)
+    return tuple(node for node in nodes if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def import_graph(root: Path, packages: tuple[str, ...], when_imported: bool = False) -> dict[str, set[str]]:
     """Project module -> the project modules it imports (anywhere in its file). `when_imported`: only what runs
     when the module is imported (not the imports inside its functions), and the packages that importing those runs
@@ -62,8 +79,7 @@ def import_graph(root: Path, packages: tuple[str, ...], when_imported: bool = Fa
     for name, path in modules.items():
         targets: set[str] = set()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        tree = ast.parse(path.read_text(), str(path))
-        for node in _run_on_import(tree) if when_imported else ast.walk(tree):
+        for node in import_nodes(path.read_text(), str(path), when_imported):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -199,7 +215,7 @@ def third_party_importers(root: Path, packages: tuple[str, ...], package: str) -
     """The project modules that import third-party `package` (or a module of it), anywhere in their file."""
     found = set()
     for path in (p for pkg in packages for p in (root / pkg).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in import_nodes(path.read_text(), str(path), False):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:  # a relative import is the project's own

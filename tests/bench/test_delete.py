@@ -10,14 +10,14 @@ from bench import delete
 
 def test_each_delete_removes_a_fresh_copy_and_the_stored_experiment_stays(tmp_path, capsys):
     db = tmp_path / "hpo.db"
-    delete.main(["--trials", "40", "--db", f"sqlite:///{db}", "--repeats", "2"])
+    delete.main(["--trials", "8", "--db", f"sqlite:///{db}", "--repeats", "2"])
     out = capsys.readouterr().out.splitlines()
     with sqlite3.connect(db) as connection:
         trials = connection.execute("SELECT count(*) FROM trials").fetchone()[0]
         values = connection.execute("SELECT count(*) FROM trial_metrics").fetchone()[0]
         names = connection.execute("SELECT name FROM experiments").fetchall()
-    assert names == [("sim40",)] and trials >= 40 and values > trials  # tuning trials and confirmation runs, curves
-    assert out[0].endswith(f"deleted experiment 'sim40': {trials:,} trials, {values:,} metric values")
+    assert names == [("sim8",)] and trials >= 8 and values > trials  # tuning trials and confirmation runs, curves
+    assert out[0].endswith(f"deleted experiment 'sim8': {trials:,} trials, {values:,} metric values")
     rows = [line for line in out if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 2 and out[-1].startswith("| median |")
     assert list(tmp_path.iterdir()) == [db] or all(p.name.startswith("hpo.db") for p in tmp_path.iterdir())
