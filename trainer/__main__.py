@@ -56,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return refuse(e)
+    # The config alone, before PyTorch loads (a second or more): it may be printed on a machine without the device
+    # it asks for.
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        try:  # printed, and refused as a run would refuse it
+            refuse_unread(cfg)
+        except ConfigError as e:
+            return refuse(e)
+        return 0
     # torch loads only after the config is valid, so a bad config is refused at once.
     try:
         import trainer.train  # noqa: F401  (the model and the loop load here too, under this guard)
@@ -65,13 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (Ctrl-C) while PyTorch loaded, before anything began", file=sys.stderr)
         return EXIT_INTERRUPTED
 
-    if args.print_config:  # the config alone: it may be printed on a machine without the device it asks for
-        print(dump_config(cfg), end="")
-        try:  # printed, and refused as a run would refuse it
-            refuse_unread(cfg)
-        except ConfigError as e:
-            return refuse(e)
-        return 0
     try:
         check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file
         refuse_before_work(cfg)
