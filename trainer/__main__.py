@@ -264,4 +264,6 @@ def entry() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(entry())
+    from trainer.leave import leave
+
+    leave(entry())  # not the interpreter's finalization (trainer.leave): an exception still ends the usual way

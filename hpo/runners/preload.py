@@ -27,7 +27,6 @@ for death with their parent then die with it, like children of a Dask worker.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -48,6 +47,7 @@ from hpo.interpreter import module_env
 from hpo.runners.process import OWN_GROUP, pid_exists, pre_exec
 from hpo.trial.exit import EXIT_PIPE_ENV
 from hpo.trial.launch import TORCHRUN, TRIAL_ENTRY
+from trainer.leave import leave
 
 # Imported once by the server: what the trial entry imports before it trains (not the entry itself, which runs as
 # `__main__`).
@@ -353,7 +353,7 @@ def _child(request: _Request, exit_pipe: int, server_pid: int, server_fds: list[
         traceback.print_exc()
         code = 1
     finally:
-        os._exit(_leave(code))
+        leave(code)
 
 
 def _threads(env: dict[str, str]) -> int | None:
@@ -380,20 +380,6 @@ def _exit_code(value) -> int:
     return 1
 
 
-def _leave(code: int) -> int:
-    """What the interpreter does on the way out: join threads, run exit handlers, flush the streams."""
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    return code
-
-
 if __name__ == "__main__":
     serve(int(sys.argv[1]), sys.argv[2:])
-    # Not the interpreter's finalization: there, Triton's bindings (imported with torch) print pages of "nanobind:
-    # leaked ..." on every experiment's end. Nothing of the server's needs it beyond what `_leave` does.
-    os._exit(_leave(0))
+    leave(0)  # not the interpreter's finalization (trainer.leave)
