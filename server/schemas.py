@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from hpo.evidence.verdict import Verdict, verdict_lines
 from hpo.export.production import reached_target
 from hpo.limits import MAX_COUNT
 from hpo.storage.base import ExperimentRecord, MetricRecord, TrialRecord, curve_point
 from hpo.trials import TrialState
+
+if TYPE_CHECKING:
+    from hpo.evidence.verdict import Verdict
 
 # Path and query limits: ids and numbers are 32-bit integers in the database, names are slugs.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -327,6 +329,8 @@ class VerdictPublic(BaseModel):
                      ) -> VerdictPublic:  # fmt: skip
         """`at_batches` and `batch_lines`: a batch-size study's verdict at each batch size and its lines
         (`hpo.evidence.confirmations.batch_verdict_lines`)."""
+        from hpo.evidence.verdict import verdict_lines  # scipy: loaded on first use, not at start-up
+
         arms = [
             ArmEvidencePublic(
                 label=arm.label,
