@@ -24,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from hpo.cli.main import FIXED_HASH_SEED
 from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from hpo.trial.launch import free_port
@@ -95,6 +96,7 @@ def start_server(database_url: str, run_dir: Path, token: str | None = TOKEN, re
     no database leaves the database untried). `settings`: more environment variables, e.g. HPO_API_ACCESS_LOG="0"."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPO_API_")}
+    env["PYTHONHASHSEED"] = FIXED_HASH_SEED  # `hpo serve` need not start itself again
     env["HPO_DATABASE_URL"] = database_url
     env.update(settings)
     if token is not None:
@@ -127,10 +129,11 @@ def stop_server(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def api_in_process(database_url: str, token: str | None = TOKEN) -> Iterator[httpx.Client]:
+def api_in_process(database_url: str, token: str | None = TOKEN, **settings) -> Iterator[httpx.Client]:
     """The API over `database_url` on a real uvicorn server in a thread of this process (lifespan included), on a
     free port: for tests of what the API answers, not of `hpo serve` itself, without an interpreter's start. Its
-    paths, as a `Server.client()`'s, are under /api/v1."""
+    paths, as a `Server.client()`'s, are under /api/v1. `settings`: more of server.settings.Settings' fields, e.g.
+    api_database_timeout_s=2 (as HPO_API_DATABASE_TIMEOUT_S=2 sets it for `hpo serve`)."""
     import threading
 
     import uvicorn
@@ -138,7 +141,7 @@ def api_in_process(database_url: str, token: str | None = TOKEN) -> Iterator[htt
     from server.app import create_app
     from server.settings import Settings
 
-    app = create_app(Settings(database_url=database_url, api_token=token))
+    app = create_app(Settings(database_url=database_url, api_token=token, **settings))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)

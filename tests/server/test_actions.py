@@ -21,64 +21,22 @@ from tests.polling import wait_for
 from tests.server.conftest import TOKEN, api_in_process, make_experiment_file, start_server, stop_server
 
 
-def test_stop_ends_a_live_experiment(empty_database, tmp_path):
-    path = make_experiment_file(tmp_path, name="long")
+def test_a_paused_controller_keeps_its_experiment_and_a_stop_ends_it_once_it_runs_again(empty_database, tmp_path):
+    """A live experiment's `hpo run` under a real `hpo serve`, in two parts on the one run.
+
+    Paused: a controller stopped (`kill -STOP`, a loaded machine) stops heartbeating, but its process still runs on
+    the server's machine: it shows as `unresponsive` (not `interrupted`, which `hpo resume` would take over), and
+    DELETE and stop refuse as `hpo delete` does (hpo.engine.settle), naming its host and pid and what to do.
+
+    Continued, it heartbeats again and the stop action ends the experiment: the controller notices and exits, the
+    experiment is `stopped` with no trial running, the running trial is `interrupted` (a resume runs it again), and a
+    second stop is a 409."""
+    path = make_experiment_file(tmp_path, name="paused")
     spec = yaml.safe_load(path.read_text())
     spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
     spec["budget"].update({"trials": 2, "max_parallel": 1})
     # Learning rates that cannot diverge: the running trial must still be running when the stop arrives.
     spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}
-    path.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "PYTHONHASHSEED": FIXED_HASH_SEED}  # `hpo run` need not start itself again
-    run = subprocess.Popen([sys.executable, "-m", "hpo", "--db", empty_database, "run", str(path), "--quiet",
-                            "--run-dir", str(tmp_path / "run")], env=env, stderr=subprocess.PIPE,
-                           text=True)  # fmt: skip
-    server = start_server(empty_database, tmp_path)
-    try:
-        with server.client() as api:
-            trials = wait_for(lambda: _running(api.get("/experiments/long/trials", params={"state": "running"})))
-            assert trials[0]["number"] == 0
-            assert api.get("/experiments/long").json()["status"] == "live"  # its controller heartbeats
-            stopped = api.post("/experiments/long/stop", headers={"Authorization": f"Bearer {TOKEN}"})
-            assert stopped.status_code == 200 and stopped.json()["stop_requested"] is True
-            assert run.wait(timeout=60) == 1  # the controller noticed and stopped
-            body = api.get("/experiments/long").json()
-            assert body["status"] == "stopped" and body["trials"]["running"] == 0
-            assert api.get("/experiments/long/trials/0").json()["state"] == "interrupted"  # resume runs it again
-            again = api.post("/experiments/long/stop", headers={"Authorization": f"Bearer {TOKEN}"})
-            assert again.status_code == 409
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-        stop_server(server)
-
-
-def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_database, tmp_path):
-    """An experiment still RUNNING in the database whose controller died (no heartbeat): a 200 would promise a stop
-    that no controller reads, and `hpo resume` clears the request."""
-    path = make_experiment_file(tmp_path, name="orphan")
-    spec = load_experiment(path)
-    storage = SqlStorage(empty_database)
-    storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)  # never claimed
-    with api_in_process(empty_database) as api:
-        assert api.get("/experiments/orphan").json()["status"] == "interrupted"
-        refused = api.post("/experiments/orphan/stop", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert refused.status_code == 409 and "hpo resume orphan" in refused.json()["detail"], refused.text
-    assert storage.get_experiment_by_name("orphan").stop_requested is False
-
-
-def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatever_its_heartbeat(
-    empty_database, tmp_path
-):
-    """A controller paused (`kill -STOP`, a loaded machine) stops heartbeating, but its process still runs here: it
-    shows as `unresponsive` (not `interrupted`, which `hpo resume` would take over), and DELETE and stop refuse as
-    `hpo delete` does (hpo.engine.settle), naming its host and pid and what to do."""
-    path = make_experiment_file(tmp_path, name="paused")
-    spec = yaml.safe_load(path.read_text())
-    spec["overrides"].update({"budget.max_samples": 10_000_000, "eval.target_mlm_accuracy": 1.0})  # runs until stopped
-    spec["budget"].update({"trials": 2, "max_parallel": 1})
-    spec["space"]["optimizer.lr"] = {"float": [1.0e-4, 1.0e-3], "log": True}  # no trial diverges: it keeps running
     path.write_text(yaml.safe_dump(spec))
     beat = {"HPO_HEARTBEAT_S": "0.5"}  # stale after 0.75 s, for the controller and the server alike
     env = {**os.environ, **beat, "PYTHONHASHSEED": FIXED_HASH_SEED}  # `hpo run` need not start itself again
@@ -89,8 +47,9 @@ def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatev
     try:
         with server.client() as api:
             status = lambda: api.get("/experiments/paused").json()["status"]  # noqa: E731
-            wait_for(lambda: _running(api.get("/experiments/paused/trials", params={"state": "running"})))
-            wait_for(lambda: status() == "live")
+            trials = wait_for(lambda: _running(api.get("/experiments/paused/trials", params={"state": "running"})))
+            assert trials[0]["number"] == 0
+            wait_for(lambda: status() == "live")  # its controller heartbeats
             run.send_signal(signal.SIGSTOP)
             wait_for(lambda: (process_state(run.pid) or "?")[0] == "T")
             wait_for(lambda: status() == "unresponsive")  # its heartbeat old, its process still here
@@ -108,14 +67,33 @@ def test_a_controller_stopped_on_the_servers_machine_keeps_its_experiment_whatev
             assert api.get("/experiments/paused").json()["trials"]["running"] == 1  # kept whole
             run.send_signal(signal.SIGCONT)
             wait_for(lambda: status() == "live")  # it beats again: a stop now reaches it
-            assert api.post("/experiments/paused/stop", headers=token).status_code == 200
-            assert run.wait(timeout=60) == 1
+            stopped = api.post("/experiments/paused/stop", headers=token)
+            assert stopped.status_code == 200 and stopped.json()["stop_requested"] is True
+            assert run.wait(timeout=60) == 1  # the controller noticed and stopped
+            body = api.get("/experiments/paused").json()
+            assert body["status"] == "stopped" and body["trials"]["running"] == 0
+            assert api.get("/experiments/paused/trials/0").json()["state"] == "interrupted"  # resume runs it again
+            assert api.post("/experiments/paused/stop", headers=token).status_code == 409
     finally:
         if run.poll() is None:
             run.send_signal(signal.SIGCONT)
             run.kill()
             run.wait()
         stop_server(server)
+
+
+def test_stop_refuses_an_interrupted_experiment_whose_controller_is_gone(empty_database, tmp_path):
+    """An experiment still RUNNING in the database whose controller died (no heartbeat): a 200 would promise a stop
+    that no controller reads, and `hpo resume` clears the request."""
+    path = make_experiment_file(tmp_path, name="orphan")
+    spec = load_experiment(path)
+    storage = SqlStorage(empty_database)
+    storage.create_experiment(spec.name, stored_form(spec, tmp_path / "run"), spec.direction)  # never claimed
+    with api_in_process(empty_database) as api:
+        assert api.get("/experiments/orphan").json()["status"] == "interrupted"
+        refused = api.post("/experiments/orphan/stop", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert refused.status_code == 409 and "hpo resume orphan" in refused.json()["detail"], refused.text
+    assert storage.get_experiment_by_name("orphan").stop_requested is False
 
 
 def _running(response: httpx.Response):

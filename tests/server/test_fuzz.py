@@ -1,5 +1,7 @@
 """Property-based fuzzing of the OpenAPI schema (schemathesis): whatever the generated paths, queries and
-headers, the server never answers 5xx, and its status codes, content types and bodies match the schema.
+headers, the server never answers 5xx, and its status codes, content types and bodies match the schema. The API
+runs on a real uvicorn server in the test's process (tests/server/conftest.py's api_in_process): what is fuzzed is
+the app `hpo serve` runs, over the finished tiny experiment.
 
 `make test` draws the same examples every run (the derandomized `ci` profile of tests/conftest.py); `make fuzz`
 explores new seeds with more examples, and `make fuzz SEED=N` replays one."""
@@ -18,7 +20,7 @@ from schemathesis.checks import (
 )
 
 from tests.conftest import CI_PROFILE, examples
-from tests.server.conftest import EXPERIMENT, start_server, stop_server
+from tests.server.conftest import EXPERIMENT, api_in_process
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES_PER_OPERATION = examples(ci=10, fuzz=200)
@@ -27,12 +29,12 @@ pytestmark = pytest.mark.hypothesis  # `make fuzz` selects it: the examples are 
 
 
 @pytest.fixture(scope="module")
-def api_schema(finished_experiment, tmp_path_factory):
-    server = start_server(finished_experiment("sqlite"), tmp_path_factory.mktemp("fuzz"))
-    loaded = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    loaded.config.update(base_url=server.url.removesuffix("/api/v1"))
-    yield loaded
-    stop_server(server)
+def api_schema(finished_experiment):
+    with api_in_process(finished_experiment("sqlite")) as api:
+        url = str(api.base_url).rstrip("/")  # http://127.0.0.1:PORT/api/v1
+        loaded = schemathesis.openapi.from_url(f"{url}/openapi.json")
+        loaded.config.update(base_url=url.removesuffix("/api/v1"))
+        yield loaded
 
 
 def test_no_server_errors_and_responses_match_the_schema(api_schema):

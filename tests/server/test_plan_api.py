@@ -5,7 +5,9 @@ with `hpo plan`'s error, and the database is not written."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import io
 import json
 import os
 import sys
@@ -33,10 +35,10 @@ FIGURES = ("first_hit", "answer", "idle_fraction", "confirmation_runs", "outcome
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """A small simulated experiment file (20 random trials on 8 slots, its table given by absolute path), an
+    """A small simulated experiment file (8 random trials on 8 slots, its table given by absolute path), an
     empty database with that experiment run once, and `hpo serve` over it."""
     directory = tmp_path_factory.mktemp("plan-api")
-    path = experiment_file(directory, "planned", "random", trials=20, slots=8)
+    path = experiment_file(directory, "planned", "random", trials=8, slots=8)
     data = yaml.safe_load(path.read_text())
     data["runner"]["simulation"]["table"] = str(directory / "curves.jsonl")
     path.write_text(yaml.safe_dump(data))
@@ -47,15 +49,24 @@ def planned(tmp_path_factory):
     stop_server(server)
 
 
-def cli_plan(capsys, path: Path, *options: str) -> dict:
-    capsys.readouterr()
-    assert hpo_main(["plan", str(path), "--json", *options]) == 0
-    return json.loads(capsys.readouterr().out)
+def cli_plan(path: Path, *options: str) -> dict:
+    """`hpo plan PATH --json OPTIONS`, run in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert hpo_main(["plan", str(path), "--json", *options]) == 0
+    return json.loads(out.getvalue())
 
 
-def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
+@pytest.fixture(scope="module")
+def planned_here(planned) -> dict:
+    """The planned file's `hpo plan --json --repetitions 2 --slots 4`, run in this process: what the API's plans of
+    the posted file and of the stored experiment (the file's spec) must answer with the same options."""
+    return cli_plan(planned[0], "--repetitions", "2", "--slots", "4")
+
+
+def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, planned_here):
     path, _, server = planned
-    expected = cli_plan(capsys, path, "--repetitions", "2", "--slots", "4")
+    expected = planned_here
     with server.client() as api:
         answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML,
                           params={"repetitions": 2, "slots": 4})  # fmt: skip
@@ -73,9 +84,9 @@ def test_a_posted_file_is_planned_as_hpo_plan_json_plans_it(planned, capsys):
 
 
 @pytest.mark.slow  # another plan run; the posted files' plans run by default
-def test_a_stated_difference_is_planned_as_hpo_plan_difference_plans_it(planned, capsys):
+def test_a_stated_difference_is_planned_as_hpo_plan_difference_plans_it(planned):
     path, _, server = planned
-    expected = cli_plan(capsys, path, "--repetitions", "2", "--difference", "10%")
+    expected = cli_plan(path, "--repetitions", "2", "--difference", "10%")
     with server.client() as api:
         answer = api.post("/plan", content=path.read_text(), headers=AUTH | YAML,
                           params={"repetitions": 2, "difference": 0.1})  # fmt: skip
@@ -88,24 +99,25 @@ def test_a_stated_difference_is_planned_as_hpo_plan_difference_plans_it(planned,
     assert too_big.status_code == 422
 
 
-def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_written(planned, capsys):
+def test_a_stored_experiment_is_planned_from_its_stored_spec_and_nothing_is_written(planned, planned_here):
     path, database, server = planned
     before = database.read_bytes()
     with server.client() as api:
-        answer = api.get("/experiments/planned/plan", headers=AUTH, params={"repetitions": 1})
+        answer = api.get("/experiments/planned/plan", headers=AUTH, params={"repetitions": 2, "slots": 4})
         missing = api.get("/experiments/nope/plan", headers=AUTH)
     assert answer.status_code == 200, answer.text
-    expected = cli_plan(capsys, path, "--repetitions", "1")  # the stored spec is the file's
+    expected = planned_here  # the stored spec is the file's
     assert {k: answer.json()[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
+    assert answer.json()["cluster"]["slots"] == 4 and answer.json()["repetitions"] == 2
     assert answer.json()["source"] == "the stored experiment planned" and "hpo-api-plan-" not in answer.text
     assert missing.status_code == 404
     assert database.read_bytes() == before
 
 
-def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(planned):
+def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(planned, tmp_path):
     """`table: curves` and `base_config: bert_large` name the table and the trainer config shipped with hpo, in a
-    posted file as in a file on disk (not paths in the server's working directory): planned as the same file giving
-    their paths."""
+    posted file as in a file on disk (not paths in the server's working directory): planned as `hpo plan` (here, in
+    this process) plans the same file giving their paths."""
     _, _, server = planned
     preset = preset_path("adam_vs_lamb_simulated")
     data = yaml.safe_load(preset.read_text())
@@ -117,11 +129,11 @@ def test_a_posted_file_naming_a_shipped_table_and_config_is_planned_on_them(plan
     by_path["runner"]["simulation"]["table"] = str(TABLES / "curves.jsonl")
     by_path["base_config"] = str(CONFIGS_DIR / "bert_large.yaml")
     with server.client() as api:
-        named, pathed = (api.post("/plan", content=yaml.safe_dump(d), headers=AUTH | YAML, params={"repetitions": 1})
-                         for d in (data, by_path))  # fmt: skip
+        named = api.post("/plan", content=yaml.safe_dump(data), headers=AUTH | YAML, params={"repetitions": 1})
     assert named.status_code == 200, named.text
-    assert pathed.status_code == 200, pathed.text
-    assert {k: named.json()[k] for k in FIGURES} == {k: pathed.json()[k] for k in FIGURES}
+    (tmp_path / "pathed.yaml").write_text(yaml.safe_dump(by_path))
+    pathed = cli_plan(tmp_path / "pathed.yaml", "--repetitions", "1")
+    assert {k: named.json()[k] for k in FIGURES} == {k: pathed[k] for k in FIGURES}
 
 
 @pytest.mark.slow  # another plan run; the posted files' plans run by default

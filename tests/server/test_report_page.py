@@ -1,7 +1,8 @@
-"""The report pages from the running API (`hpo serve` in a subprocess) over the tiny experiment of
-tests/hpo/report/test_report.py, and the same page in headless Chromium: it renders, every image loads, and no request
-leaves the machine (requests to other hosts are recorded and failed unsent by scripts/report_screenshot.py).
-The experiment's JSON carries the same verdict, and the API docs page renders offline.
+"""The report pages from the running API (on a real uvicorn server in the test's process: tests/server/conftest.py's
+api_in_process) over the tiny experiment of tests/hpo/report/test_report.py, and the same page in headless Chromium:
+it renders, every image loads, and no request leaves the machine (requests to other hosts are recorded and failed
+unsent by scripts/report_screenshot.py). The experiment's JSON carries the same verdict, and the API docs page
+renders offline.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import statistics
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,7 +25,7 @@ from hpo.cli.main import main as hpo_main
 from hpo.storage import SqlStorage
 from tests.hpo.evidence.independent import arm_evidence
 from tests.hpo.report.test_report import EXPERIMENT, TARGET, Page, expected_evidence, make_report_experiment
-from tests.server.conftest import Server, api_in_process, start_server, stop_server
+from tests.server.conftest import api_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import report_screenshot  # noqa: E402
@@ -31,14 +33,23 @@ import report_screenshot  # noqa: E402
 NO_CHROMIUM = "headless Chromium is not installed (/usr/bin/chromium); `make system-deps` installs it"
 
 
+@dataclass
+class Served:
+    url: str  # http://127.0.0.1:PORT/api/v1
+    database_url: str
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
 @pytest.fixture(scope="module")
-def report_server(tmp_path_factory) -> Iterator[Server]:
-    running = start_server(make_report_experiment(tmp_path_factory), tmp_path_factory.mktemp("report-server"))
-    yield running
-    stop_server(running)
+def report_server(tmp_path_factory) -> Iterator[Served]:
+    database_url = make_report_experiment(tmp_path_factory)
+    with api_in_process(database_url) as api:
+        yield Served(str(api.base_url).rstrip("/"), database_url)
 
 
-def root(server: Server) -> str:
+def root(server: Served) -> str:
     return server.url.removesuffix("/api/v1")
 
 
