@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from bench import delete
 
 
+@pytest.mark.slow  # a benchmark's check (make test-all): `hpo delete` itself in tests/hpo/cli/test_delete.py
 def test_each_delete_removes_a_fresh_copy_and_the_stored_experiment_stays(tmp_path, capsys):
     db = tmp_path / "hpo.db"
     delete.main(["--trials", "8", "--db", f"sqlite:///{db}", "--repeats", "2"])

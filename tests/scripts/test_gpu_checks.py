@@ -62,6 +62,8 @@ def test_the_script_runs_its_checks_within_its_deadline():
     assert SETUP_S + sum(seconds for _, seconds, _ in checks()) + keep <= DEADLINE_S
 
 
+@pytest.mark.slow  # waits out a 15 s deadline: run `pytest -m slow tests/scripts` before a GPU lease; the limits
+# fit the deadline by default (test_the_script_runs_its_checks_within_its_deadline)
 def test_a_check_past_the_deadline_is_cut_the_rest_skipped_and_the_summary_and_archive_still_written(tmp_path):
     """An interpreter that runs Python as usual but never ends a module (`-m`), in a session of its own as a trial
     is: the experiment's `hpo run`, every benchmark and pytest hang as a stuck GPU would (the machine's line gets a
