@@ -9,7 +9,6 @@ trainer (in the test process; SQLite: once for every pytest-xdist worker, each s
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import os
 import shutil
@@ -30,6 +29,7 @@ from hpo.storage import SqlStorage
 from hpo.trial.launch import free_port
 from tests.hpo.engine.test_study import tiny_overrides as hpo_tiny_overrides
 from tests.hpo.storage.conftest import POSTGRES_SKIP_REASON, POSTGRES_URL_ENV, postgres_schema_url
+from tests.sessionwide import built_once
 
 TOKEN = "s3cret-test-token"
 EXPERIMENT = "api-demo"
@@ -169,23 +169,8 @@ def run_experiment(database_url: str, directory: Path) -> None:
             assert hpo_main(["--db", database_url, *args]) == 0, err.getvalue()
 
 
-def shared_sqlite_experiment(request, tmp_path_factory) -> Path:
-    """The SQLite file of the finished tiny experiment, run once per test session: under pytest-xdist the first
-    worker to ask runs it in the session's shared temporary directory (the others wait on a lock and find it done)."""
-    if not hasattr(request.config, "workerinput"):  # a single process
-        directory = tmp_path_factory.mktemp("sqlite-experiment")
-        run_experiment(f"sqlite:///{directory / 'hpo.db'}", directory)
-        return directory / "hpo.db"
-    directory = tmp_path_factory.getbasetemp().parent / "server-finished-experiment"  # every worker's
-    directory.mkdir(exist_ok=True)
-    with open(directory.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (directory / "done").exists():
-                run_experiment(f"sqlite:///{directory / 'hpo.db'}", directory)
-                (directory / "done").touch()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _sqlite_experiment(directory: Path) -> Path:
+    run_experiment(f"sqlite:///{directory / 'hpo.db'}", directory)
     return directory / "hpo.db"
 
 
@@ -201,7 +186,9 @@ def finished_experiment(request, tmp_path_factory) -> Iterator:
         if backend not in made:
             directory = tmp_path_factory.mktemp(backend)
             if backend == "sqlite":
-                shutil.copyfile(shared_sqlite_experiment(request, tmp_path_factory), directory / "hpo.db")
+                shutil.copyfile(
+                    built_once(tmp_path_factory, "server-finished-experiment", _sqlite_experiment), directory / "hpo.db"
+                )
                 made[backend] = f"sqlite:///{directory / 'hpo.db'}"
                 return made[backend]
             base_url = os.environ.get(POSTGRES_URL_ENV)

@@ -12,11 +12,13 @@ import io
 import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import warnings
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,6 +31,7 @@ from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialState
 from tests.hpo.engine.test_study import tiny_overrides
 from tests.hpo.evidence.independent import arm_evidence
+from tests.sessionwide import built_once
 
 EXPERIMENT = "report-demo"
 TARGET = 0.015  # the experiment's target MLM accuracy
@@ -37,30 +40,36 @@ _BUILT: dict[str, str] = {}  # one experiment per test session, shared with test
 
 
 def make_report_experiment(tmp_path_factory) -> str:
-    """The database URL of the finished tiny experiment (run once per session): one tuning trial per arm and
-    three confirmation seeds each, 8 trials (about 40 s); the seeds give hits and misses in both arms."""
+    """The database URL of the finished tiny experiment (run once per session, for every worker; this worker's copy):
+    one tuning trial per arm and three confirmation seeds each, 8 trials (about 40 s); the seeds give hits and misses
+    in both arms."""
     if "url" not in _BUILT:
-        directory = tmp_path_factory.mktemp("report")
-        overrides = {"batch.global_batch_size": 16, "eval.target_mlm_accuracy": TARGET, "budget.max_samples": 64}
-        spec = {
-            "name": EXPERIMENT, "base_config": {}, "description": "ADAM vs LAMB, tiny",
-            "overrides": tiny_overrides(directory / "data", **overrides),
-            "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
-                      "optimizer.lr": {"float": [1.0e-3, 1.0e2], "log": True},
-                      "schedule.warmup_steps": {"int": [0, 2]}},
-            "compare": ["optimizer.name"], "tuner": {"name": "random", "seed": 0},
-            "budget": {"trials": 2, "max_parallel": 2, "trial_timeout_s": 120, "confirm_seeds": 3},
-            "resources": {"gpus": "none", "cpu_slots": 2},
-        }  # fmt: skip
-        path = directory / "exp.yaml"
-        path.write_text(yaml.safe_dump(spec))
-        url = f"sqlite:///{directory / 'hpo.db'}"
-        err = io.StringIO()  # `hpo run` in this process: no interpreter start
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            code = main(["--db", url, "run", str(path), "--run-dir", str(directory / "run"), "--quiet"])
-        assert code == 0, err.getvalue()
-        _BUILT["url"] = url
+        copy = tmp_path_factory.mktemp("report") / "hpo.db"
+        shutil.copyfile(built_once(tmp_path_factory, "report-experiment", _run_report_experiment), copy)
+        _BUILT["url"] = f"sqlite:///{copy}"
     return _BUILT["url"]
+
+
+def _run_report_experiment(directory: Path) -> Path:
+    overrides = {"batch.global_batch_size": 16, "eval.target_mlm_accuracy": TARGET, "budget.max_samples": 64}
+    spec = {
+        "name": EXPERIMENT, "base_config": {}, "description": "ADAM vs LAMB, tiny",
+        "overrides": tiny_overrides(directory / "data", **overrides),
+        "space": {"optimizer.name": {"choice": ["adamw", "lamb"]},
+                  "optimizer.lr": {"float": [1.0e-3, 1.0e2], "log": True},
+                  "schedule.warmup_steps": {"int": [0, 2]}},
+        "compare": ["optimizer.name"], "tuner": {"name": "random", "seed": 0},
+        "budget": {"trials": 2, "max_parallel": 2, "trial_timeout_s": 120, "confirm_seeds": 3},
+        "resources": {"gpus": "none", "cpu_slots": 2},
+    }  # fmt: skip
+    path = directory / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    url = f"sqlite:///{directory / 'hpo.db'}"
+    err = io.StringIO()  # `hpo run` in this process: no interpreter start
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["--db", url, "run", str(path), "--run-dir", str(directory / "run"), "--quiet"])
+    assert code == 0, err.getvalue()
+    return directory / "hpo.db"
 
 
 def hpo(*args: str) -> subprocess.CompletedProcess:
