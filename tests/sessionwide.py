@@ -20,7 +20,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> Pa
         try:
             done = directory.with_suffix(".done")
             if not done.exists():
-                directory.mkdir()
+                directory.mkdir(exist_ok=True)  # an earlier worker's build may have failed there
                 done.write_text(str(build(directory)))
             return Path(done.read_text())
         finally:
