@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
-    for checkout in (here, args.other):
-        if not (checkout / "data" / "demo").is_dir():
-            parser.error(f"{checkout}/data/demo is missing: `make demo-data` (or link this checkout's data/ there)")
     if not args.db.is_file():
         parser.error(f"--db {args.db}: no such file (give a database `hpo run` wrote, e.g. runs/demo/hpo.db)")
+    for checkout in (args.other, here):
+        if not (checkout / "data" / "demo").is_dir():
+            parser.error(f"{checkout}/data/demo is missing: `make demo-data` (or link this checkout's data/ there)")
     times: dict[str, dict[str, list[float]]] = {"other": {}, "this": {}}
     with tempfile.TemporaryDirectory(prefix="process-times-") as scratch:
         for number in range(args.rounds):
