@@ -1,5 +1,7 @@
 """What `hpo run` shows while an experiment runs: a line per finished trial and a live status (trials done,
-running and waiting of the total, the best so far per arm, elapsed time and an estimate of what remains).
+running and waiting of the total, the best so far per arm, elapsed time and an estimate of what remains: at the
+pace of the trials this run saw finish, less what the running ones have done since the last of them, so that it
+counts down while a trial runs and is re-estimated as each one ends).
 
 The view reads the database in its own thread, so the study loop never prints. On a terminal it is a rich
 `Live` display; otherwise (a log file, CI) it prints plain lines: each finished trial, and the status line
@@ -71,6 +73,8 @@ class ProgressView:
         self._seen: set[int] = set()  # the numbers of the finished trials printed
         self._below = 0  # every trial numbered below it is finished and printed
         self._last_line, self._last_print = "", 0.0
+        self._done_before: int | None = None  # trials finished before this run (a resume's): not of its pace
+        self._done, self._done_at = 0, self.started  # trials finished at the last count that grew, and when
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpo-progress", daemon=True)
         self._live: Live | None = None
@@ -165,10 +169,17 @@ class ProgressView:
         created = sum(counts.values())
         total = created if final else max(self.total, created)
         waiting = total - done - running
-        elapsed = time.monotonic() - self.started
-        line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {_duration(elapsed)}"
-        if 0 < done < total:
-            line += f", about {_duration(elapsed / done * (total - done))} left"
+        now = time.monotonic()
+        if self._done_before is None:
+            self._done_before = self._done = done
+        if done > self._done:
+            self._done, self._done_at = done, now
+        elapsed = _duration(now - self.started)
+        line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {elapsed}"
+        left = time_left(self._done_at - self.started, self._done - self._done_before, total - done, waiting,
+                         now - self._done_at)  # fmt: skip
+        if left is not None:
+            line += f", about {_duration(left)} left"
         if "waiting:" in note and waiting:
             line += f" ({note.split('waiting: ', 1)[1]})"
         if note.startswith("confirmations:"):  # sequential confirmations (hpo.engine.study): the round and the verdict
@@ -187,6 +198,17 @@ class ProgressView:
         for arm, trial in (best or {}).items():
             table.add_row(f"  best {arm}: trial {trial.number}, objective {objective_text(trial.objective)}")
         return table
+
+
+def time_left(window_s: float, finished: int, unfinished: int, waiting: int, since_last_s: float) -> float | None:
+    """Seconds until the `unfinished` trials (`waiting` of them not started) are done, at the pace of the `finished`
+    trials this run saw end in its first `window_s` seconds (up to the last of them): that pace for each unfinished
+    trial, less the `since_last_s` seconds the running ones have worked since, but never less than the waiting
+    trials' share alone. None before a trial of this run has finished, or when none is left."""
+    if finished <= 0 or unfinished <= 0:
+        return None
+    per_trial = window_s / finished
+    return max(per_trial * unfinished - since_last_s, per_trial * waiting)
 
 
 def _duration(seconds: float) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from hpo.engine.progress import ProgressView, experiment_progress
+from hpo.engine.progress import ProgressView, experiment_progress, time_left
 from hpo.storage import SqlStorage
 from hpo.trials import TrialKind, TrialResult, TrialSpec, TrialState
 
@@ -67,3 +67,27 @@ def test_progress_counts_tuning_trials_and_confirmation_runs(tmp_path):
     assert (sum(t.state.finished for t in tuning), sum(t.state.finished for t in confirmations)) == (2, 1)
     assert experiment_progress(storage, record) == "2/5 tuning trials done, 1/2 confirmation runs"
     storage.close()
+
+
+def test_time_left_is_the_runs_pace_for_each_unfinished_trial_less_the_running_ones_work_since_the_last():
+    # one trial ended 30 s into the run; 21 unfinished, 20 of them waiting
+    assert time_left(30.0, 1, 21, 20, since_last_s=1.0) == 30 * 21 - 1
+    assert time_left(30.0, 1, 21, 20, since_last_s=100.0) == 30 * 20  # never below the waiting trials' share
+    assert time_left(90.0, 3, 4, 2, since_last_s=10.0) == 30 * 4 - 10
+    assert time_left(30.0, 0, 21, 20, since_last_s=1.0) is None  # no pace yet
+    assert time_left(30.0, 1, 0, 0, since_last_s=1.0) is None  # nothing left
+
+
+def test_the_estimate_counts_down_while_a_trial_runs_and_leaves_out_the_trials_of_an_earlier_run(monkeypatch):
+    """A resumed run with 1 of 4 trials finished before it: no estimate until a trial of its own ends (30 s in), then
+    30 s a trial for the 2 unfinished, counting down as the running one works, never below the waiting one's 30 s.
+    (Elapsed over finished, the estimate before, gave 0m30s at 30 s and rose to 1m20s at 80 s.)"""
+    now = [100.0]
+    monkeypatch.setattr("hpo.engine.progress.time.monotonic", lambda: now[0])
+    view = ProgressView(None, 0, total=4, stream=io.StringIO())
+    seen = []
+    for at, finished in ((100.0, 1), (130.0, 2), (145.0, 2), (180.0, 2)):
+        now[0] = at
+        line = view.status_line({TrialState.COMPLETED: finished, TrialState.RUNNING: 1}, {}, "")
+        seen.append(line.split("elapsed ")[1])
+    assert seen == ["0m00s", "0m30s, about 1m00s left", "0m45s, about 0m45s left", "1m20s, about 0m30s left"]
