@@ -240,11 +240,14 @@ def compiled_for_hopper(kernel, signature: dict, constants: dict) -> tuple[str, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from trainer.fused import COMPILE_OPTIONS  # the options the model's launches pass
+
     assert list(signature) == kernel.arg_names  # the launch's arguments, in order
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
                if kind.startswith("*") or name == "cols"}  # fmt: skip
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    options = {"num_warps": 8, **COMPILE_OPTIONS}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"fused_{os.getpid()}_{kernel.__name__}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
@@ -297,6 +300,7 @@ def test_the_kernels_compile_for_hopper_in_registers_with_vector_loads():
         assert "U16" not in accesses, (kernel.__name__, accesses)  # no bf16 moved one at a time
         wide = sum(width in ("64", "128") for width in accesses)
         assert wide >= activations_moved, (kernel.__name__, accesses)  # each activation tensor in wide accesses
+        assert re.search(r"\bFFMA\b", sass), kernel.__name__  # multiply-adds fused, as COMPILE_OPTIONS asks
 
 
 def test_on_a_gpu_the_kernels_launch_with_their_documented_defaults_unless_set_launch_says_otherwise(monkeypatch):

@@ -41,6 +41,10 @@ LAUNCH_PARAMETERS = {
 }
 _launch_overrides: dict[str, dict[str, int]] = {}
 
+# Compiler options every launch passes: multiply-adds fused (what Triton has done by default, and what the kernels
+# were checked with on a GPU; Triton 3.9 warns once a process that its default will change, and 3.10 changes it).
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 
 def interpreting() -> bool:
     """Whether Triton runs its kernels in its interpreter on the CPU (TRITON_INTERPRET=1 when triton was imported)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.fused import interpreting, launch, triton
+from trainer.fused import COMPILE_OPTIONS, interpreting, launch, triton
 
 if triton is not None:
     import triton.language as tl
@@ -74,7 +74,7 @@ def gelu_forward(mm, bias):
     if rows:
         shape = _launch("gelu_forward", cols)
         _forward_kernel[(triton.cdiv(rows, shape["ROWS"]), triton.cdiv(cols, shape["COLS"]))](
-            mm, bias, out, rows, cols, **shape
+            mm, bias, out, rows, cols, **shape, **COMPILE_OPTIONS
         )
     return out
 
@@ -88,7 +88,7 @@ def gelu_backward(grad, mm, bias):
     partial = (torch.empty if rows else torch.zeros)(groups, cols, dtype=torch.float32, device=mm.device)
     if rows:
         _backward_kernel[(groups, triton.cdiv(cols, shape["COLS"]))](
-            grad.contiguous(), mm, bias, d_mm, partial, rows, cols, **shape
+            grad.contiguous(), mm, bias, d_mm, partial, rows, cols, **shape, **COMPILE_OPTIONS
         )
     return d_mm, partial.sum(0)
 

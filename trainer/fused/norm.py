@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.fused import interpreting, launch, triton
+from trainer.fused import COMPILE_OPTIONS, interpreting, launch, triton
 
 if triton is not None:
     import triton.language as tl
@@ -139,7 +139,7 @@ def norm_forward(mm, bias, residual, weight, norm_bias, p: float, eps: float, se
         _forward_kernel[(triton.cdiv(rows, shape["ROWS"]),)](
             mm, bias, residual, weight, norm_bias, out, mean, rstd,
             seed if dropout else mean, keep if dropout else mean,  # (not read without dropout)
-            rows, cols, p, _scale(p, dropout), eps, DROPOUT=dropout, **shape,
+            rows, cols, p, _scale(p, dropout), eps, DROPOUT=dropout, **shape, **COMPILE_OPTIONS,
         )  # fmt: skip
     return out, mean, rstd, keep
 
@@ -156,6 +156,7 @@ def norm_backward(grad, mm, bias, residual, weight, mean, rstd, keep, p: float, 
         _backward_kernel[(programs,)](
             grad.contiguous(), mm, bias, residual, weight, mean, rstd, keep if dropout else mean,
             d_mm, d_res, partial, rows, cols, p, _scale(p, dropout), DROPOUT=dropout, **shape,
+            **COMPILE_OPTIONS,
         )  # fmt: skip
     d_bias, d_weight, d_norm_bias = partial.sum(0).unbind(0)
     return d_mm, d_bias, d_res, d_weight, d_norm_bias
@@ -218,5 +219,5 @@ def dropout_keep(seed: torch.Tensor, shape: tuple[int, int], p: float) -> torch.
     keep = torch.empty(shape, dtype=torch.uint8, device=seed.device)
     if rows:
         tile = _launch("norm_forward", cols)
-        _keep_kernel[(triton.cdiv(rows, tile["ROWS"]),)](keep, seed, rows, cols, p, **tile)
+        _keep_kernel[(triton.cdiv(rows, tile["ROWS"]),)](keep, seed, rows, cols, p, **tile, **COMPILE_OPTIONS)
     return keep.bool()
