@@ -178,9 +178,10 @@ class ProgressView:
         line = f"trials: {done}/{total} done, {running} running, {waiting} waiting | elapsed {elapsed}"
         left = time_left(self._done_at - self.started, self._done - self._done_before, total - done, waiting,
                          now - self._done_at)  # fmt: skip
-        if left is not None:
+        stopped = self._stop.is_set()  # the last line: nothing runs now, and why trials waited is past
+        if left is not None and not stopped:
             line += f", about {_duration(left)} left"
-        if "waiting:" in note and waiting:
+        if "waiting:" in note and waiting and not stopped:
             line += f" ({note.split('waiting: ', 1)[1]})"
         if note.startswith("confirmations:"):  # sequential confirmations (hpo.engine.study): the round and the verdict
             line += f" | {note.split(';', 1)[0]}"

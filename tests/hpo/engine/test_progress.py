@@ -91,3 +91,17 @@ def test_the_estimate_counts_down_while_a_trial_runs_and_leaves_out_the_trials_o
         line = view.status_line({TrialState.COMPLETED: finished, TrialState.RUNNING: 1}, {}, "")
         seen.append(line.split("elapsed ")[1])
     assert seen == ["0m00s", "0m30s, about 1m00s left", "0m45s, about 0m45s left", "1m20s, about 0m30s left"]
+
+
+def test_the_last_line_of_a_stopped_run_has_no_estimate_and_no_reason_to_wait(monkeypatch):
+    """Once the view stops nothing runs: what the controller's last note said trials waited for is past."""
+    now = [0.0]
+    monkeypatch.setattr("hpo.engine.progress.time.monotonic", lambda: now[0])
+    view = ProgressView(None, 0, total=4, stream=io.StringIO())
+    note = "1 running, 0 queued; waiting: all 1 CPU slots are busy"
+    view.status_line({TrialState.RUNNING: 1}, {}, note)
+    now[0] = 30.0
+    running = view.status_line({TrialState.COMPLETED: 1, TrialState.RUNNING: 1}, {}, note)
+    assert running.endswith("elapsed 0m30s, about 1m30s left (all 1 CPU slots are busy)")
+    view._stop.set()
+    assert view.status_line({TrialState.COMPLETED: 1, TrialState.INTERRUPTED: 1}, {}, note).endswith("elapsed 0m30s")
