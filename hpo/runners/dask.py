@@ -174,7 +174,8 @@ class DaskRunner(Runner):
         if self.capacity() == 0:  # every worker gone (or none with the GPUs a trial needs): not busy, empty
             need = f"with {self.gpus} GPU(s) " if self.gpus else ""
             return f"the Dask cluster at {self.scheduler} has no worker {need}left: waiting for one to join"
-        return f"all {self.capacity()} allocations of the Dask cluster at {self.scheduler} are busy"
+        slots = f"all {self.capacity()} allocations" if self.capacity() > 1 else "the one allocation"
+        return f"{slots} of the Dask cluster at {self.scheduler} {'are' if self.capacity() > 1 else 'is'} busy"
 
     @property
     def topic(self) -> str:

@@ -167,6 +167,6 @@ class SlotPool:
     def why_waiting(self) -> str:
         if self._free:
             return ""
-        kind = "GPU allocations" if self.slots[0].gpus else "CPU slots"
-        reason = f"all {len(self.slots)} {kind} are busy"
+        kind = "GPU allocation" if self.slots[0].gpus else "CPU slot"
+        reason = f"all {len(self.slots)} {kind}s are busy" if len(self.slots) > 1 else f"the one {kind} is busy"
         return reason + (f" ({'; '.join(self.skipped)})" if self.skipped else "")

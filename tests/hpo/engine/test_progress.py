@@ -98,10 +98,10 @@ def test_the_last_line_of_a_stopped_run_has_no_estimate_and_no_reason_to_wait(mo
     now = [0.0]
     monkeypatch.setattr("hpo.engine.progress.time.monotonic", lambda: now[0])
     view = ProgressView(None, 0, total=4, stream=io.StringIO())
-    note = "1 running, 0 queued; waiting: all 1 CPU slots are busy"
+    note = "1 running, 0 queued; waiting: the one CPU slot is busy"
     view.status_line({TrialState.RUNNING: 1}, {}, note)
     now[0] = 30.0
     running = view.status_line({TrialState.COMPLETED: 1, TrialState.RUNNING: 1}, {}, note)
-    assert running.endswith("elapsed 0m30s, about 1m30s left (all 1 CPU slots are busy)")
+    assert running.endswith("elapsed 0m30s, about 1m30s left (the one CPU slot is busy)")
     view._stop.set()
     assert view.status_line({TrialState.COMPLETED: 1, TrialState.INTERRUPTED: 1}, {}, note).endswith("elapsed 0m30s")

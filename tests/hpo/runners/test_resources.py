@@ -75,6 +75,7 @@ def test_cpu_slots_without_gpus():
     slots = plan_slots(gpus, gpus_per_trial=2, cpu_slots=3)
     assert slots == [Slot(0), Slot(1), Slot(2)]
     assert "all 3 CPU slots are busy" in _exhausted(SlotPool(slots)).why_waiting()
+    assert _exhausted(SlotPool(slots[:1])).why_waiting() == "the one CPU slot is busy"
 
 
 def _exhausted(pool):
