@@ -556,17 +556,35 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of `raw` with dotted overrides set; intermediate sections are created as needed."""
+    """Return a copy of `raw` with dotted overrides set; intermediate sections are created as needed. A mapping sets
+    the keys it names (`optimizer={lr: 0.01}` is `optimizer.lr=0.01`), keeping the section's others."""
     out = yaml.safe_load(yaml.safe_dump(raw)) or {}
     given: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
-        key = ".".join(parts)
-        if key in given:  # which one was meant is not for the trainer to guess (a config file's twice is refused too)
-            raise ConfigError(f"override {text!r}: {key} is given twice ({given[key]!r} before it); give it once")
-        given[key] = text
-        set_dotted(out, key, value, f"override {text!r}")
+        for key, leaf in _leaves(".".join(parts), value):
+            if key in given:  # which was meant is not for the trainer to guess (a config file's twice is refused too)
+                raise ConfigError(f"override {text!r}: {key} is given twice ({given[key]!r} before it); give it once")
+            given[key] = text
+            if leaf == {} and isinstance(_value_at(out, key), dict):
+                continue  # an empty mapping for a section there: nothing to set
+            set_dotted(out, key, leaf, f"override {text!r}")
     return out
+
+
+def _leaves(key: str, value: Any) -> list[tuple[str, Any]]:
+    """The dotted keys a value sets: itself, or each key of a (non-empty) mapping, nested ones dotted."""
+    if isinstance(value, dict) and value:
+        return [leaf for name, inner in value.items() for leaf in _leaves(f"{key}.{name}", inner)]
+    return [(key, value)]
+
+
+def _value_at(raw: dict[str, Any], key: str) -> Any:
+    """What dotted `key` holds in a nested mapping (None where a part is missing)."""
+    node: Any = raw
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def get_dotted(cfg: Any, key: str) -> Any:

@@ -41,6 +41,19 @@ def test_an_override_given_twice_is_refused_naming_both(tmp_path):
         load_config(path, ["optimizer.lr=1e-3", "model.hidden_size=64", "optimizer.lr=2e-3"])
 
 
+def test_a_mapping_override_sets_the_keys_it_names_and_keeps_the_sections_others(tmp_path):
+    """`optimizer={lr: 0.01}` is `optimizer.lr=0.01`: the file's optimizer name stays (the section was replaced
+    whole, so every other key went back to its default: LAMB for the file's AdamW, BERT-large's layers)."""
+    path = write(tmp_path, "optimizer:\n  name: adamw\n  lr: 0.001\nmodel:\n  hidden_size: 128\n"
+                           "  num_hidden_layers: 2\n  num_attention_heads: 4\n  intermediate_size: 512\n")  # fmt: skip
+    cfg = load_config(path, ["optimizer={lr: 0.01, weight_decay: 0.1}", "model={hidden_size: 64}", "model={}"])
+    assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.weight_decay) == ("adamw", 0.01, 0.1)
+    assert (cfg.model.hidden_size, cfg.model.num_hidden_layers, cfg.model.num_attention_heads) == (64, 2, 4)
+    with pytest.raises(ConfigError, match=r"override 'optimizer=\{lr: 0.02\}': optimizer.lr is given twice "
+                                          r"\('optimizer.lr=0.01' before it\); give it once"):  # fmt: skip
+        load_config(path, ["optimizer.lr=0.01", "optimizer={lr: 0.02}"])
+
+
 def test_dump_round_trips(tmp_path):
     cfg = load_config(None, ["model.hidden_size=128", "model.num_attention_heads=4", "clipping.strategy=bucketwise"])
     again = load_config(write(tmp_path, dump_config(cfg)))
