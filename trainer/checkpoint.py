@@ -47,10 +47,10 @@ class TrainState:
 
 
 def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: TrainState, keep: int | None = None) -> Path:
-    """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written. `keep`: then
-    delete the other saves but the newest `keep` - 1 before this one; saves of more samples go too (an earlier run's
-    in the same directory, started afresh with checkpoint.resume false, or the run resumed from an earlier save):
-    this run's latest is the newest that stays."""
+    """Write `ckpt-<samples>.pt` and point `latest.pt` at the same content; returns the file written. Saves of more
+    samples are deleted (an earlier run's in the same directory, started afresh with checkpoint.resume false, or
+    what the run resumed from an earlier save left behind): this run's latest is the newest that stays, and the
+    directory holds one run's saves. `keep`: also delete the saves but the newest `keep` - 1 before this one."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "state": asdict(state), "rng": rng_state()}
@@ -77,11 +77,10 @@ def save_checkpoint(directory: str | Path, payload: dict[str, Any], state: Train
     except OSError as e:
         raise CheckpointError(f"checkpoint.dir: cannot make {directory / LATEST} point at {path}: "
                               f"{_why_not_written(e, directory)}") from e  # fmt: skip
-    if keep is not None:
-        older = sorted(p for p in directory.glob("ckpt-*.pt") if p.name < path.name)
-        later = [p for p in directory.glob("ckpt-*.pt") if p.name > path.name]
-        for stale in older[: max(0, len(older) - (keep - 1))] + later:
-            stale.unlink(missing_ok=True)
+    older = sorted(p for p in directory.glob("ckpt-*.pt") if p.name < path.name)
+    later = [p for p in directory.glob("ckpt-*.pt") if p.name > path.name]
+    for stale in (older[: max(0, len(older) - (keep - 1))] if keep is not None else []) + later:
+        stale.unlink(missing_ok=True)
     return path
 
 

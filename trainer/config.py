@@ -338,7 +338,8 @@ class CheckpointConfig(Section):
         None,
         ge=1,
         description="Keep this many saves (ckpt-<samples>.pt): after each save the older ones beyond it are deleted "
-        "(None: every save stays; a BERT-large save is about 4 GB).",
+        "(None: every save of the run stays; a BERT-large save is about 4 GB). Saves of more samples than the one "
+        "just made are deleted either way (an earlier run's started afresh in dir with resume false).",
     )
 
 

@@ -91,21 +91,28 @@ def test_the_number_of_ranks_of_a_checkpoint_that_does_not_record_it_is_that_of_
     assert saved_world_size({"rng_ranks": [{}, {}]}, TrainState(world_size=1)) == 1  # its own record first
 
 
-def test_keep_deletes_the_older_saves_beyond_it_and_saves_of_more_samples(tmp_path):
-    """checkpoint.keep 2: after each save the newest two stay (latest.pt the newest). Saves of more samples than the
-    run's latest (an earlier run's, started afresh with checkpoint.resume false; the repair hint would have named
-    one, the other run's) go too."""
+def test_keep_deletes_the_older_saves_beyond_it_and_every_save_deletes_those_of_more_samples(tmp_path):
+    """checkpoint.keep 2: after each save the newest two stay (latest.pt the newest). Without keep every save of a
+    run stays, but saves of more samples than the one just made go either way (an earlier run's, started afresh with
+    checkpoint.resume false: left there, the folder held two runs' saves, and the repair hint for a lost latest.pt
+    named the other run's newest)."""
+
+    def saved() -> list[int]:
+        return sorted(int(p.name[5:17]) for p in tmp_path.glob("ckpt-*.pt"))
+
     for step in range(1, 5):
         weights = {"model": {"w": torch.full((1,), float(step))}}
         save_checkpoint(tmp_path, weights, TrainState(step=step, samples=8 * step), keep=2)
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [f"ckpt-{24:012d}.pt", f"ckpt-{32:012d}.pt"]
+    assert saved() == [24, 32]
     payload, state = load_checkpoint(latest_checkpoint(tmp_path))
     assert state.samples == 32 and payload["model"]["w"].item() == 4.0
-    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=1, samples=8))  # keep None: every save stays
-    assert len(list(tmp_path.glob("ckpt-*.pt"))) == 3
-    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16), keep=1)  # a run started afresh
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [f"ckpt-{16:012d}.pt"]
-    assert load_checkpoint(latest_checkpoint(tmp_path))[1].samples == 16
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=1, samples=8))  # a run started afresh, keep None
+    assert saved() == [8]
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=2, samples=16))
+    assert saved() == [8, 16]  # every save of the run stays
+    save_checkpoint(tmp_path, {"model": {}}, TrainState(step=3, samples=24), keep=1)
+    assert saved() == [24]
+    assert load_checkpoint(latest_checkpoint(tmp_path))[1].samples == 24
 
 
 def test_a_run_with_keep_ends_with_its_newest_saves(tmp_path):
