@@ -10,6 +10,7 @@ checkpoint's) is said once, by rank 0 (`say_once`), as is a warning about the da
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import os
@@ -65,26 +66,91 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             return refuse(e)
         return 0
-    # torch loads only after the config is valid, so a bad config is refused at once.
+    # torch loads only after the config is valid, so a bad config is refused at once. Ctrl-C or SIGTERM while it
+    # loads (a second or two) or while the run is checked ends the run as one in its set-up does, with its final
+    # record (SIGTERM killed the process without a word).
+    on_main = threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    catch = on_main and _one_process()
+    previous = signal.signal(signal.SIGTERM, _terminate) if catch else None
+    loaded = False
     try:
-        import trainer.train  # noqa: F401  (the model and the loop load here too, under this guard)
-        from trainer.distributed import check_device, dist_env_from_environ
-        from trainer.preflight import refuse_before_work
-    except KeyboardInterrupt:  # while torch loads (a second or two): nothing began, nothing is written
-        print("error: interrupted (Ctrl-C) while PyTorch loaded, before anything began", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-    try:
-        check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file
-        refuse_before_work(cfg)
         try:
-            reporter = JsonLinesReporter(cfg.log.jsonl)
-        except OSError as e:
-            raise ConfigError(f"log.jsonl: cannot write the report file {cfg.log.jsonl!r}: {e}") from None
-    except ConfigError as e:
-        return refuse(e)
+            with _stops_held(sigterm=catch) if on_main else contextlib.nullcontext():
+                import trainer.train  # noqa: F401  (the model and the loop load here too, under this guard)
+                from trainer.distributed import check_device, dist_env_from_environ
+                from trainer.preflight import refuse_before_work
+
+            loaded = True
+            check_device(cfg.device, dist_env_from_environ())  # before the reporter makes its file
+            refuse_before_work(cfg)
+            try:
+                reporter = JsonLinesReporter(cfg.log.jsonl)
+            except OSError as e:
+                raise ConfigError(f"log.jsonl: cannot write the report file {cfg.log.jsonl!r}: {e}") from None
+        except ConfigError as e:
+            return refuse(e)
+    except KeyboardInterrupt as e:
+        return _interrupted_in_set_up(cfg, e, loaded)
+    finally:
+        if catch:
+            signal.signal(signal.SIGTERM, previous)
 
     return train_to_exit_code(cfg, reporter)
+
+
+@contextlib.contextmanager
+def _stops_held(sigterm: bool):
+    """Ctrl-C (and SIGTERM, with `sigterm`) held until the block ends, then raised as KeyboardInterrupt (Terminated):
+    raised where it came, inside an extension module's import (numpy's, as torch loads), it broke that import
+    ("ImportError: cannot load module more than once per process") instead of stopping the run."""
+    held: list[int] = []
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    if sigterm:
+        handlers[signal.SIGTERM] = signal.getsignal(signal.SIGTERM)
+    if handlers[signal.SIGINT] is not signal.default_int_handler:  # ignored (a background job), or the caller's own
+        del handlers[signal.SIGINT]
+    for signum in handlers:
+        signal.signal(signum, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if held:
+        raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
+
+
+def _one_process() -> bool:
+    """Not a rank of several (under torchrun, torchrun ends its ranks: a rank waiting in a collective on a dead peer
+    would not run a Python handler until that wait ends)."""
+    return os.environ.get("WORLD_SIZE", "1").strip() in ("", "1")
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (a launcher passing its own on)
+    raise Terminated  # must not cut the final record short
+
+
+def _interrupted_in_set_up(cfg: TrainerConfig, e: KeyboardInterrupt, loaded: bool) -> int:
+    """Ctrl-C or SIGTERM before the run's loop: its final record (when `log.jsonl` can be written), one line, exit
+    130 or 143. `loaded`: PyTorch has loaded (the resume hint reads the checkpoint folder through it)."""
+    what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+    reason = f"interrupted ({what}) " + ("before training began" if loaded else "while PyTorch loaded, before "
+                                         "anything began")  # fmt: skip
+    try:
+        reporter = JsonLinesReporter(cfg.log.jsonl)
+        record_unended(cfg, reporter, reason, "interrupted")
+        reporter.close()
+    except OSError:
+        pass  # a report file that cannot be written is said by the run, which did not start
+    again = (resume_hint(cfg) if loaded else None) or ""
+    if _is_rank_0():  # Ctrl-C reaches every rank under torchrun: rank 0 says it
+        print(f"error: {reason}" + (f"; {again}" if again else ""), file=sys.stderr)
+    return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+
+
+def _is_rank_0() -> bool:
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def _said_as_a_warning(message, category, filename, lineno, line=None, *, otherwise) -> str:
@@ -101,15 +167,10 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
     from trainer.distributed import cleanup, dist_env_from_environ
     from trainer.train import train
 
-    def terminate(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM (a launcher passing its own on)
-        raise Terminated  # must not cut the final record short
-
-    # One process, in the main thread (where Python delivers signals). Under torchrun, torchrun ends the ranks: a
-    # rank waiting in a collective on a dead peer would not run a Python handler until that wait ends.
-    catch = threading.current_thread() is threading.main_thread() and dist_env_from_environ().world_size == 1
+    # One process (`_one_process`), in the main thread (where Python delivers signals).
+    catch = threading.current_thread() is threading.main_thread() and _one_process()
     full = False  # the run stopped on a full disk
-    previous = signal.signal(signal.SIGTERM, terminate) if catch else None
+    previous = signal.signal(signal.SIGTERM, _terminate) if catch else None
     formatwarning = warnings.formatwarning
     warnings.formatwarning = functools.partial(_said_as_a_warning, otherwise=formatwarning)  # restored below
     try:
@@ -234,10 +295,9 @@ def resume_hint(cfg) -> str | None:
 
 def record_unended(cfg, reporter, reason: str, error: str) -> None:
     """The final record of a run that ended before `train` wrote one (rank 0's, as `train` writes it)."""
-    from trainer.distributed import dist_env_from_environ
     from trainer.result import TrainResult
 
-    if reporter.finals or not dist_env_from_environ().is_main:
+    if reporter.finals or not _is_rank_0():
         return
     micro = cfg.batch.micro_batch_size
     reporter.final(TrainResult(TrainStatus.FAILED, reason, global_batch_size=cfg.batch.global_batch_size,

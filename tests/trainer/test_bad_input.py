@@ -674,22 +674,47 @@ def test_the_noise_scale_switched_off_over_a_config_that_sets_its_interval_is_ta
     assert unread_settings(off) == {} and off.log.noise_scale_every == 1 and off.log.noise_scale_decay == 0.95
 
 
-def test_ctrl_c_while_pytorch_loads_ends_with_a_line_and_exit_130_not_a_traceback(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("signal_name", ["Ctrl-C", "SIGTERM"])
+def test_a_stop_while_pytorch_loads_ends_with_a_line_its_exit_code_and_a_final_record(
+    tmp_path, capsys, monkeypatch, signal_name
+):
     """The first second or two of `python -m trainer` imports PyTorch; Ctrl-C then printed a traceback from torch's
-    import. A finder that raises KeyboardInterrupt on that import stands for the keypress, at that moment."""
+    import, and SIGTERM (a scheduler's stop) ended the process without a word or a final record. A finder that
+    sends this process the signal as that import starts stands for the keypress or the scheduler, at that moment.
+    The import goes on to its end first: raised inside an extension module's import (numpy's), the stop broke it
+    ("ImportError: cannot load module more than once per process", a traceback)."""
     import sys
 
-    class CtrlC:
+    class Stop:
         def find_spec(self, name, path=None, target=None):
             if name == "trainer.distributed":
-                raise KeyboardInterrupt
+                os.kill(os.getpid(), signal.SIGINT if signal_name == "Ctrl-C" else signal.SIGTERM)
             return None
 
     monkeypatch.delitem(sys.modules, "trainer.distributed")
-    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
-    assert main(make_train_overrides(tmp_path)) == 130
-    err = capsys.readouterr().err
-    assert err == "error: interrupted (Ctrl-C) while PyTorch loaded, before anything began\n"
+    monkeypatch.setattr(sys, "meta_path", [Stop(), *sys.meta_path])
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    code, err, records = cli(tmp_path, capsys)
+    assert hasattr(sys.modules["trainer.distributed"], "dist_env_from_environ")  # imported whole
+    reason = f"interrupted ({signal_name}) while PyTorch loaded, before anything began"
+    assert (code, err) == ({"Ctrl-C": 130, "SIGTERM": 143}[signal_name], f"error: {reason}\n")
+    (final,) = records
+    assert (final["kind"], final["status"], final["error"], final["reason"]) == ("final", "failed", "interrupted",
+                                                                                 reason)  # fmt: skip
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back as they were
+
+
+def test_ctrl_c_while_the_run_is_checked_ends_with_a_line_and_a_final_record(tmp_path, capsys, monkeypatch):
+    """After PyTorch loaded, before the loop: the checks of the run (a checkpoint's checksums take 0.3 s a GB)."""
+    import trainer.preflight
+
+    def pressed(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.preflight, "refuse_before_work", pressed)
+    code, err, records = cli(tmp_path, capsys)
+    assert (code, err) == (130, "error: interrupted (Ctrl-C) before training began\n")
+    assert [(r["kind"], r["error"]) for r in records] == [("final", "interrupted")]
 
 
 def test_a_model_too_large_for_the_memory_ends_as_out_of_memory_not_a_crash(tmp_path, capsys):
