@@ -321,7 +321,12 @@ class EvalConfig(Section):
 
 
 class BudgetConfig(Section):
-    max_samples: int = Field(1_000_000, ge=1, description="Stop after this many training samples.")
+    max_samples: int = Field(
+        1_000_000,
+        ge=1,
+        description="Stop after this many training samples: at the end of the step that reaches them (a step trains "
+        "a whole global batch, so 100 at a batch of 32 trains 128).",
+    )
     max_time_s: float | None = Field(
         None,
         gt=0.0,
@@ -361,7 +366,11 @@ class MLPerfSubmissionConfig(Section):
 
 class LogConfig(Section):
     every_steps: int = Field(10, ge=1, description="Print and report training progress every this many steps.")
-    jsonl: PathText | None = Field(None, description="Write JSON-lines reports to this file (None: stdout only).")
+    jsonl: PathText | None = Field(
+        None,
+        description="Write JSON-lines reports to this file (None: stdout only), added to the end of what it holds (a "
+        "resumed run continues its file).",
+    )
 
     noise_scale: bool = Field(True, description="Measure the gradient noise scale B_simple (log.noise_scale_every).")
     noise_scale_every: int = Field(
