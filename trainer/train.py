@@ -263,9 +263,9 @@ def steps_until_stop(run: Run, state: TrainState, pending: list[tuple[int, StepS
             paused = time.perf_counter()
             reached = run_eval(run, state, paused - start)
             window["paused"] += time.perf_counter() - paused
+            state.train_time_s = time.perf_counter() - start  # the evaluation's time too (time_to_target_s within)
             if reached and cfg.eval.stop_at_target:
                 return TrainStatus.REACHED_TARGET
-            state.train_time_s = time.perf_counter() - start
         if checkpoint_due:
             paused = time.perf_counter()
             checkpoint(run, state)
