@@ -10,6 +10,9 @@ import torch
 from trainer.errors import CheckpointError
 from trainer.model import BertForPreTraining
 
+# What to do about a weights file that cannot serve
+GIVE = "give an HF state dict (.bin/.pt) or .safetensors file, or none"
+
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a state dict from a .safetensors file or a torch-saved .bin/.pt file (tensors only)."""
@@ -28,12 +31,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             why = detail.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0].strip()
             detail = f"not tensors that torch.load reads without running code ({why})"
         raise CheckpointError(f"cannot read weights file {path} (model.init_checkpoint): "
-                              f"{detail or type(e).__name__}") from e  # fmt: skip
+                              f"{detail or type(e).__name__}; {GIVE}") from e  # fmt: skip
     state = state.get("model", state) if isinstance(state, dict) else state
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"weights file {path} (model.init_checkpoint) holds a {type(state).__name__}, not a "
                               "state dict (parameter names mapped to tensors, as `torch.save(model.state_dict())` "
-                              "writes)")  # fmt: skip
+                              f"writes); {GIVE}")  # fmt: skip
     return state
 
 
