@@ -34,15 +34,22 @@ MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes (NumPy's defaul
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, assignments are validated, a number is finite (inf
-    and nan are refused) and never `true` or `false` (pydantic would read them as 1 and 0)."""
+    and nan are refused) and never `true` or `false` (pydantic would read them as 1 and 0), and a switch is `true`
+    or `false`, never a number or a string (pydantic would read 0, 0.0 and "yes" as false and true)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None:
+            return value
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            if _field_kinds(cls, info.field_name) <= {bool, type(None)}:
+                raise ValueError("takes true or false")
+            return value
         items = value if isinstance(value, list) else [value]  # a list's items too (balance.bins)
-        if info.field_name is None or not any(isinstance(v, bool) for v in items):
+        if not any(isinstance(v, bool) for v in items):
             return value  # the common case, at no cost
         kinds = _field_kinds(cls, info.field_name)
         in_place = list in kinds or not isinstance(value, list)  # a list where a list goes, else the value itself

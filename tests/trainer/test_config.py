@@ -92,9 +92,12 @@ def test_bad_values_name_the_dotted_key(override, key):
         ("optimizer.lr=.inf", "optimizer.lr: Input should be a finite number"),  # trained, then diverged
         ("budget.max_time_s=.inf", "budget.max_time_s: Input should be a finite number"),
         ("optimizer.beta1=.nan", "optimizer.beta1: Input should be a finite number"),
+        ("data.shuffle=0", "data.shuffle: takes true or false (got 0)"),  # pydantic would read false
+        ("data.shuffle=1.0", "data.shuffle: takes true or false (got 1.0)"),
+        ('data.shuffle="true"', "data.shuffle: takes true or false (got 'true')"),  # a string, quoted
     ],
 )
-def test_a_boolean_or_an_infinite_value_for_a_number_is_refused_naming_the_key(override, says):
+def test_a_bool_or_infinity_for_a_number_or_a_number_for_a_switch_is_refused_naming_the_key(override, says):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert says in str(err.value)
