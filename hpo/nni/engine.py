@@ -102,12 +102,13 @@ from hpo.nni.manager import (
     is_answering,
     load_experiments,
     log_errors,
+    passed_over,
     port_lost,
-    port_taken,
     require_node,
     start_experiment,
     stop_all,
     stop_manager,
+    taken_from,
     view,
 )
 from hpo.nni.patch import require_patched
@@ -347,7 +348,7 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     its manager; returns how it ended (see `watch`) and, unless it is done, NNI's trial jobs as last seen."""
     experiment = NniExperiment(plan.index, plan.label, new_nni_id(run_dir, experiment_id, plan.index, confirmation),
                                host=manager_host(spec), confirmation=confirmation)  # fmt: skip
-    busy = port_taken(port, experiment.host)
+    taken = taken_from(port, experiment.host)
     try:
         start_experiment(run_dir, experiment, config, port)
     except NniLaunchError as e:
@@ -369,8 +370,8 @@ def run_arm(spec, storage, experiment_id: int, run_dir: Path, plan: ArmPlan, con
     ending, trials_before = "stopped by an error of the engine", None
     try:  # from here on a signal, like an error of the engine, ends the manager below
         record_webui(storage, experiment_id, run_dir)
-        if busy:
-            say(quiet, f"port {port}: {busy}; the NNI web UI takes port {experiment.port}")
+        if skipped := passed_over(taken, experiment.port):
+            say(quiet, skipped)
         runs = quota_text(plan.quota, confirmation)
         say(quiet, f"{spec.name}{' ' + plan.label if plan.label else ''}: NNI web UI at {experiment.url} "
                     f"(NNI experiment {experiment.nni_id}, {runs})")  # fmt: skip
@@ -430,7 +431,8 @@ def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
         raise HpoError(f"experiment {name!r} ran under engine: local; the NNI web UI shows engine: nni "
                        f"experiments (`hpo trials {name}` lists its trials)")  # fmt: skip
     run_dir = Path(record.spec["run_dir"])
-    if stop and liveness(record) == "live":  # its managers run its trials: closing them would end the experiment
+    live = liveness(record) == "live"
+    if stop and live:  # its managers run its trials: closing them would end the experiment
         raise HpoError(
             f"experiment {name!r} is live: its controller's NNI managers run its trials, and `--stop` "
             "would end them; stop the experiment itself (Ctrl-C where `hpo run` runs, or the API's "
@@ -448,14 +450,16 @@ def webui(record, stop: bool = False, port: int = 8080, storage=None) -> int:
     if storage is not None:
         record_webui(storage, record.id, run_dir)
     opened = next((e for e in experiments if e.nni_id in closed), None)
-    busy = port_taken(port, opened.host) if opened is not None and opened.port != port else None
-    if busy:  # as `hpo run` says it: the first port tried was taken
-        print(f"port {port}: {busy}; the NNI web UI takes port {opened.port}")
+    if opened is not None and (skipped := passed_over(taken_from(port, opened.host), opened.port)):
+        print(skipped)  # as `hpo run` says it: the ports tried before were taken
     for e in experiments:
         print(f"{name}{' ' + e.label if e.label else ''}: NNI web UI at {e.url} (NNI experiment {e.nni_id})")
     shown = {e.nni_id for e in experiments}
     for nni_id in [e.nni_id for e in load_experiments(run_dir) if e.nni_id not in shown]:
         print(f"note: NNI experiment {nni_id} was never made (its start was stopped before NNI's manager made it): "
               "it has nothing to show")  # fmt: skip
-    print(f"`hpo webui {name} --stop` closes it")
+    if live:  # `--stop` is refused while its managers run its trials
+        print(f"it closes when the experiment ends; after a stop, `hpo webui {name} --stop` closes what it left")
+    else:
+        print(f"`hpo webui {name} --stop` closes it")
     return 0

@@ -195,6 +195,24 @@ def new_nni_id(run_dir: Path, experiment_id: int, arm: int, confirmation: bool =
     return next(c for c in candidates if c not in taken)
 
 
+# NNI's experiment statuses in words (its NO_MORE_TRIAL read as "nothing runs", while trials it submitted run on)
+_NNI_STATUS_WORDS = {
+    "INITIALIZED": "starting",
+    "RUNNING": "running",
+    "NO_MORE_TRIAL": "running its last trials (none left to submit)",
+    "TUNER_NO_MORE_TRIAL": "running its last trials (its tuner proposes no more)",
+    "STOPPING": "stopping",
+    "STOPPED": "stopped",
+    "DONE": "done",
+    "ERROR": "error",
+}
+
+
+def nni_status_words(status: str) -> str:
+    """What NNI's experiment status `status` means, in words (an unknown one as NNI says it, in lower case)."""
+    return _NNI_STATUS_WORDS.get(status, status.lower())
+
+
 def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExperiment, tick, quiet: bool,
           tuner: TunerLog | None = None) -> str:  # fmt: skip
     """Poll NNI until the arm's experiment is done: "done", a stop reason, or "ended by an NNI error: ...". With
@@ -210,7 +228,7 @@ def watch(spec, storage, experiment_id: int, plan: ArmPlan, experiment: NniExper
         done = reconcile(spec, storage, experiment_id, plan, experiment, jobs)
         if full := _full_disk_trial(storage, experiment_id):  # the next trials would meet the same disk
             return STOPPED_FOR_DISK + full
-        note = f"{what}: {done}/{plan.quota} done, NNI {status['status'].lower()}"
+        note = f"{what}: {done}/{plan.quota} done, NNI {nni_status_words(status['status'])}"
         if tick is not None:
             tick(note)
         if done != reported:

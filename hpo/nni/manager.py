@@ -330,16 +330,30 @@ def free_port(start: int, host: str | None = "127.0.0.1") -> int:
     (`host`, or every interface when None), with nothing listening on localhost (NNI's own clients and its
     tuner reach the manager at localhost, which may be [::1] before 127.0.0.1)."""
     check_port(start)
-    busy: dict[int, str] = {}
-    last = min(start + 199, 65535)
-    for port in range(start, last + 1):
-        busy_on = port_taken(port, host)
-        if busy_on is None:
-            return port
-        busy[port] = busy_on
-    first = busy[start]
-    raise NniEngineError(f"no free port in {start}..{last} for the NNI web UI (port {start}: {first}); "
-                         "free one or give another with --port")  # fmt: skip
+    taken, last = taken_from(start, host), min(start + 199, 65535)
+    if len(taken) > last - start:
+        raise NniEngineError(f"no free port in {start}..{last} for the NNI web UI (port {start}: {taken[0][1]}); "
+                             "free one or give another with --port")  # fmt: skip
+    return start + len(taken)
+
+
+def taken_from(start: int, host: str | None = "127.0.0.1") -> list[tuple[int, str]]:
+    """The ports from `start` on that the NNI manager cannot take, each with why (`port_taken`), up to the first it
+    can (200 ports at most)."""
+    taken = []
+    for port in range(start, min(start + 199, 65535) + 1):
+        why = port_taken(port, host)
+        if why is None:
+            break
+        taken.append((port, why))
+    return taken
+
+
+def passed_over(taken: list[tuple[int, str]], chosen: int) -> str:
+    """`port 8080: in use on 127.0.0.1 (...); port 8081: ...; the NNI web UI takes port 8082`, or "" when the first
+    port tried was taken (`taken`: `taken_from` the port asked for)."""
+    said = [f"port {port}: {why}" for port, why in taken if port < chosen]
+    return "; ".join(said) + f"; the NNI web UI takes port {chosen}" if said else ""
 
 
 def check_port(port: int) -> None:

@@ -137,6 +137,35 @@ def test_missing_node_then_a_manager_exit_are_named_then_a_port_taken_on_ipv6_is
     assert [t.state.value for t in rows] == ["completed", "completed"]
 
 
+def test_every_port_passed_over_is_named_with_why():
+    """Two ports taken (one on 127.0.0.1, one on [::1] only): the web UI takes the third, and both are named with
+    their reason (only the first one tried was)."""
+    from hpo.nni.manager import passed_over, taken_from
+
+    first = free_port(PORT + 40)
+    with socket.socket(socket.AF_INET) as ipv4:
+        ipv4.bind(("127.0.0.1", first))
+        ipv4.listen()
+        with listen_on_ipv6_loopback_only(first + 1):
+            taken = taken_from(first)
+            assert [port for port, _ in taken] == [first, first + 1] and free_port(first) == first + 2
+            assert passed_over(taken, first + 2) == (
+                f"port {first}: {taken[0][1]}; port {first + 1}: something listens on [::1]; "
+                f"the NNI web UI takes port {first + 2}"
+            )
+    assert taken[0][1].startswith("in use on 127.0.0.1")
+    assert passed_over([], first) == ""  # the port asked for was free
+
+
+def test_nni_statuses_are_said_in_words():
+    """NNI's NO_MORE_TRIAL, shown as it is while its last trials ran, read as "nothing runs"."""
+    from hpo.nni.jobs import nni_status_words
+
+    assert nni_status_words("NO_MORE_TRIAL") == "running its last trials (none left to submit)"
+    assert nni_status_words("RUNNING") == "running"
+    assert nni_status_words("SOMETHING_NEW") == "something_new"  # as NNI says it
+
+
 def test_resume_takes_port_like_run(tmp_path):
     from hpo.cli.main import build_parser
 
