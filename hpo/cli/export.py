@@ -30,9 +30,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_arm(spec, args.arm)
     trial, chosen, among = chosen_trial(storage, record, spec, args.arm, args.batch_size)
     if trial is None:
+        from hpo.engine.progress import why_none_completed
+
         raise HpoError(wrong_batch_size(storage, record, args.arm, args.batch_size, "to export") or
                        f"experiment {args.name} has no completed trial{f' of arm {args.arm}' if args.arm else ''} to "
-                       f"export; `hpo trials {args.name}` says why")  # fmt: skip
+                       f"export; {why_none_completed(storage, record.id, args.name)}")  # fmt: skip
     config_path = args.config_path if args.config_path is not None else _config_file(args)
     exported = render(record, trial, args.format, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                       config_path=config_path, spec=spec, chosen=chosen, among=among)  # fmt: skip

@@ -225,8 +225,10 @@ def cmd_best(args: argparse.Namespace) -> int:
         if wrong:  # completed trials at other batch sizes: --batch-size asked for one the experiment did not run
             raise HpoError(wrong)
         of_arm = f" of arm {args.arm}" if args.arm else ""  # nothing else is left to match: name what to read next
-        print(f"experiment {record.name} has no completed trial{of_arm}; `hpo trials {record.name}` says why",
-              file=sys.stderr)  # fmt: skip
+        from hpo.engine.progress import why_none_completed
+
+        print(f"experiment {record.name} has no completed trial{of_arm}; "
+              f"{why_none_completed(storage, record.id, record.name)}", file=sys.stderr)  # fmt: skip
         return 1
     out: dict[str, Any] = {
         arm: {"trial": t.number, "objective": t.objective, "samples_to_target": t.samples_to_target,

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from hpo.engine.liveness import Heartbeat, controller_identity
-from hpo.engine.progress import ProgressView
+from hpo.engine.progress import ProgressView, why_none_completed
 from hpo.engine.study import Study
 from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
 from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts, stored_evidence, stored_verdict
@@ -281,7 +281,7 @@ def exit_code(status: ExperimentStatus | None, storage: Storage, experiment_id: 
         return 1
     if storage.best_trial_id(experiment_id) is None:
         if quiet:
-            print(f"no trial completed; `hpo trials {name}` shows why", file=sys.stderr)
+            print(f"no trial completed; {why_none_completed(storage, experiment_id, name)}", file=sys.stderr)
         return 1
     return 0
 
@@ -330,7 +330,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
     """The counts, the best configuration per arm (or overall), the verdict, and the commands to go on (as they
     run from this directory: with this run's database, and this interpreter when `hpo` is not on PATH)."""
     counts = storage.count_trials_by_state(experiment_id)
-    print(f"\nexperiment {spec.name}: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n))
+    print(f"\nexperiment {spec.name}: " + (", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no trial"))
     simulated = simulated_line(spec, storage.list_trials(experiment_id))
     if simulated:
         print(simulated)
@@ -343,7 +343,7 @@ def print_summary(storage: Storage, experiment_id: int, spec, database_url: str 
         print(f"\nbest: trial {overall.number}, {describe_best(overall, spec)}")
         print(_indent(yaml.safe_dump(overall.params, sort_keys=False)))
     if overall is None:
-        print(f"no trial completed; `hpo trials {spec.name}` shows why")
+        print(f"no trial completed; {why_none_completed(storage, experiment_id, spec.name)}")
         return
     if spec.compare:
         evidence = stored_evidence(storage, experiment_id)

@@ -219,6 +219,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def why_none_completed(storage: Storage, experiment_id: int, name: str) -> str:
+    """Where to read why an experiment has no completed trial: its trials' reasons, or, where no trial ran (a run
+    stopped as it started), the experiment's state."""
+    if storage.count_trials(experiment_id):
+        return f"`hpo trials {name}` says why"
+    return f"no trial has run (`hpo status {name}` says where the experiment stands)"
+
+
 def trials_done(tuning_done: int, tuning_planned: int, confirmations_done: int, confirmations_planned: int) -> str:
     """`3/3 tuning trials done, 1/2 confirmation runs`: tuning trials against the tuning budget and the
     confirmation runs (budget.confirm_seeds per arm, the cap with auto) against their own plan, never one against

@@ -988,6 +988,29 @@ def test_best_of_an_experiment_whose_trials_all_failed_names_it_and_what_says_wh
     assert captured.out == ""
 
 
+def test_best_and_export_of_an_experiment_without_any_trial_point_at_its_state_not_its_empty_trial_list(
+    tmp_path, capsys
+):
+    """A run stopped as it started (Ctrl-C while NNI's manager started) leaves an experiment without any trial:
+    `hpo trials` there lists nothing, so `best` and `export` point at `hpo status`, which says it is stopped."""
+    db_file = tmp_path / "empty.db"
+    write_pilot(db_file, "empty", {})
+    capsys.readouterr()
+    hint = "no trial has run (`hpo status empty` says where the experiment stands)"
+    assert hpo(f"sqlite:///{db_file}", "best", "empty") == 1
+    assert capsys.readouterr().err == f"experiment empty has no completed trial; {hint}\n"
+    assert hpo(f"sqlite:///{db_file}", "export", "empty", "-o", str(tmp_path / "best.yaml")) != 0
+    assert f"experiment empty has no completed trial to export; {hint}" in capsys.readouterr().err
+    from hpo.engine.local import print_summary  # what `hpo run` prints as it ends
+    from hpo.experiment import spec_from_stored
+
+    with SqlStorage(f"sqlite:///{db_file}") as storage:
+        record = storage.get_experiment_by_name("empty")
+        print_summary(storage, record.id, spec_from_stored(record))
+    out = capsys.readouterr().out
+    assert "\nexperiment empty: no trial\n" in out and f"\nno trial completed; {hint}\n" in out, out
+
+
 def test_a_run_directory_on_a_file_system_without_locks_is_used_with_a_note(tmp_path, capsys, monkeypatch):
     """Some network file systems refuse flock (ENOLCK): that is no other experiment holding the run directory, and
     the run goes on, saying that nothing guards the directory (it was refused as in use by "another experiment")."""

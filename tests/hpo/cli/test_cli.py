@@ -406,7 +406,7 @@ def test_a_run_whose_every_trial_failed_exits_1_and_says_so(tmp_path, capsys):
     path.write_text(yaml.safe_dump(spec))
     db = f"sqlite:///{tmp_path / 'hpo.db'}"
     assert main(["--db", db, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 1
-    assert "no trial completed; `hpo trials all-diverge` shows why" in capsys.readouterr().err
+    assert "no trial completed; `hpo trials all-diverge` says why" in capsys.readouterr().err
     storage = SqlStorage(db)
     record = storage.get_experiment_by_name("all-diverge")
     assert record.status == "finished"
