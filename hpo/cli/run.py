@@ -234,6 +234,10 @@ def claim_run_dir(path: Path, where: str, name: str, recorded: bool = False) -> 
             return RunDirClaim(None)
         holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another experiment"
         os.close(fd)
+        if recorded and holder.startswith(f"experiment {name} ("):  # its own controller: a resume of a live one
+            raise HpoError(f"{where}: its controller runs it now{holder.removeprefix(f'experiment {name}')}; "
+                           f"`hpo status {name}` shows its progress (`hpo resume` finishes an experiment whose "
+                           "controller stopped)") from None  # fmt: skip
         remedy = ("wait until it ends, then resume again (the run directory is recorded with the experiment)"
                   if recorded else "choose another --run-dir, or wait until it ends")  # fmt: skip
         raise HpoError(f"{where}: the run directory {path} is in use by {holder}, whose trials write there; "

@@ -184,6 +184,29 @@ def test_a_run_directory_another_controller_drives_an_experiment_in_is_refused_t
     assert hpo(url, "run", str(second), "--run-dir", str(run_dir), "--quiet") == 0  # free once that one has ended
 
 
+def test_a_resume_of_an_experiment_whose_controller_runs_says_so(tmp_path, capsys):
+    """Its run directory is held by its own controller: the refusal said "in use by experiment rs ...; wait until it
+    ends, then resume again", where once it ends there is nothing left to resume."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(  # the experiment's own controller, holding its run directory as `hpo run rs` does
+        [sys.executable, "-c", "import sys; from pathlib import Path; from hpo.cli.run import claim_run_dir; "
+         f"claim_run_dir(Path({str(run_dir)!r}), '--run-dir', 'rs'); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        url, storage = stored_experiment(tmp_path, "rs", run_dir)
+        with storage:
+            assert hpo(url, "resume", "rs", "--quiet") == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: experiment rs: its controller runs it now (controller pid {holder.pid} on ")
+            assert err.rstrip().endswith("; `hpo status rs` shows its progress (`hpo resume` finishes an experiment "
+                                         "whose controller stopped)"), err  # fmt: skip
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
 def test_an_experiment_that_ran_in_the_run_directory_before_the_claim_is_seen(tmp_path, capsys, monkeypatch):
     """The earlier run's files are looked for again once the directory is held: another experiment that started
     there before the first look and wrote its trials and ended before the claim left files the first look missed."""
