@@ -142,7 +142,7 @@ def _interrupted_in_set_up(cfg: TrainerConfig, e: KeyboardInterrupt, loaded: boo
         record_unended(cfg, reporter, reason, "interrupted")
         reporter.close()
     except OSError:
-        pass  # a report file that cannot be written is said by the run, which did not start
+        pass  # no record where the report file cannot be written: the line below still says how the run ended
     again = (resume_hint(cfg) if loaded else None) or ""
     if _is_rank_0():  # Ctrl-C reaches every rank under torchrun: rank 0 says it
         print(f"error: {reason}" + (f"; {again}" if again else ""), file=sys.stderr)
