@@ -695,15 +695,20 @@ def test_a_stop_while_pytorch_loads_ends_with_a_line_its_exit_code_and_a_final_r
 
     monkeypatch.delitem(sys.modules, "trainer.distributed")
     monkeypatch.setattr(sys, "meta_path", [Stop(), *sys.meta_path])
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    code, err, records = cli(tmp_path, capsys)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own (a pytest-xdist worker's differs)
+    try:
+        handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        code, err, records = cli(tmp_path, capsys)
+        after = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert hasattr(sys.modules["trainer.distributed"], "dist_env_from_environ")  # imported whole
     reason = f"interrupted ({signal_name}) while PyTorch loaded, before anything began"
     assert (code, err) == ({"Ctrl-C": 130, "SIGTERM": 143}[signal_name], f"error: {reason}\n")
     (final,) = records
     assert (final["kind"], final["status"], final["error"], final["reason"]) == ("final", "failed", "interrupted",
                                                                                  reason)  # fmt: skip
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back as they were
+    assert after == handlers  # put back as they were
 
 
 def test_ctrl_c_while_the_run_is_checked_ends_with_a_line_and_a_final_record(tmp_path, capsys, monkeypatch):
