@@ -67,7 +67,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpo.engine.liveness import controller_identity
-    from hpo.engine.local import check_trial_data, describe_plan
+    from hpo.engine.local import check_trial_data, check_trial_data_on_workers, describe_plan
     from hpo.experiment import stored_form
     from hpo.runners import build_runner, check_runner_options
     from hpo.storage import default_database_url
@@ -105,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if _trials_run_here(spec, args.runner):
             check_trial_data(spec)
+        elif spec.engine == "local" and (args.runner or spec.runner.name) == "dask":
+            check_trial_data_on_workers(spec, runner)
         if spec.engine == "nni":
             from hpo.nni.config import check_remote
 

@@ -86,6 +86,26 @@ def check_trial_data(spec) -> None:
         )
 
 
+def check_trial_data_on_workers(spec, runner) -> None:
+    """The dask runner's trials read the base config's data.train and data.eval on their workers, a relative path
+    from the worker's working directory: a path that names no shard there failed every trial of the experiment in
+    seconds (`bad data`, its budget spent). Refused before anything is written, naming the worker. Keys the space
+    tunes are checked by each trial."""
+    from trainer.data.shards import missing_shards
+
+    cfg = config_from_dict(spec.resolved_base())
+    tuned = {trainer_key(name) for name in spec.space.names}
+    paths = {key: path for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval))
+             if key not in tuned}  # fmt: skip
+    if not paths:
+        return
+    for worker, problem in sorted(runner.on_workers(missing_shards, paths).items()):
+        if problem:
+            raise HpoError(f"{spec.source}: on the Dask worker {worker}: {problem}; each worker reads the data "
+                           "itself: start it where a relative path names the shards, or give a path every worker "
+                           "has")  # fmt: skip
+
+
 def _check_train_set_size(spec, cfg) -> None:
     """Refuse global batch sizes the base config's training set cannot fill (the trainer refuses each such trial:
     every step would train the whole set, a smaller batch than the one compared): the largest the experiment can

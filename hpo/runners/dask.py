@@ -303,6 +303,11 @@ class DaskRunner(Runner):
             exits.append(TrialExit(trial_id, sub.launch.attempt, returncode=-9, worker=sub.worker))
         return exits
 
+    def on_workers(self, fn, *args) -> dict[str, Any]:
+        """`fn(*args)` called in every worker's process (where its trials start): its answer by worker address."""
+        with self._scheduler_calls():
+            return self.client.run(fn, *args)
+
     def kill_leftover(self, host: str | None, pid: int | None, tag: str, claimed_at: datetime | None = None) -> None:
         self.client.run(_kill_on_host, host, pid, tag, claimed_at)  # every worker: a trial not started has no host
 

@@ -155,6 +155,18 @@ def find_shards(spec: str, key: str | None = None) -> list[Path]:
     return sorted(found)
 
 
+def missing_shards(paths: dict[str, str]) -> str | None:
+    """Why the first of `paths` (config key -> path) names no shard file from this process's working directory
+    (`find_shards`'s message), or None where each names some: what a Dask worker, whose trials read the data from
+    its own working directory, is asked before an experiment starts there."""
+    for key, spec in paths.items():
+        try:
+            find_shards(spec, key)
+        except DataError as e:
+            return str(e)
+    return None
+
+
 def count_samples(spec: str, key: str | None = None) -> int:
     """How many samples the shards named by `spec` hold, read from each file's HDF5 header (no rows are read): what
     `load_samples` loads without a limit. `DataError` naming a shard that cannot be opened or has no input_ids array

@@ -395,3 +395,36 @@ def test_a_cpu_trial_shares_the_cores_this_process_may_run_on_not_the_machines(t
     finally:
         os.sched_setaffinity(0, allowed)
     assert [(e.returncode, e.stderr_tail.strip()) for e in ended] == [(0, "threads=1")]
+
+
+def test_dask_refuses_data_a_worker_does_not_find_from_its_working_directory(tmp_path, monkeypatch):
+    """The trials read data.train and data.eval on their worker, a relative path from the worker's working
+    directory: a worker started elsewhere failed every trial of the experiment in seconds (`bad data`, the budget
+    spent). `hpo run` now asks each worker first; a path every worker has passes."""
+    from hpo.engine.local import check_trial_data_on_workers
+    from hpo.errors import HpoError
+
+    base = make_spec(tmp_path).resolved_base()["data"]  # the tiny shards, absolute paths under tmp_path
+    relative = {f"data.{key}": os.path.relpath(base[key], tmp_path) for key in ("train", "eval")}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # where the worker starts (its processes inherit it)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster:  # fmt: skip
+        dask = {"name": "dask", "scheduler": cluster.scheduler_address}
+        spec = make_spec(tmp_path, runner=dask, **relative)
+        runner = build_runner(spec)
+        try:
+            with pytest.raises(HpoError) as refused:
+                check_trial_data_on_workers(spec, runner)
+            (worker,) = cluster.scheduler_info["workers"]
+            assert str(refused.value) == (
+                f"{spec.source}: on the Dask worker {worker}: data.train: no shard files found for "
+                f"{relative['data.train']!r} (it does not exist; a relative path is read from the current directory, "
+                f"{elsewhere}): give a directory with *.h5/*.hdf5 files, a file or a glob (create shards with "
+                "`python -m trainer.data.prepare` or `python -m trainer.data.demo_corpus`); each worker reads the "
+                "data itself: start it where a relative path names the shards, or give a path every worker has"
+            )
+            check_trial_data_on_workers(make_spec(tmp_path, runner=dask), runner)  # absolute paths it has: passes
+        finally:
+            runner.close()
