@@ -70,6 +70,11 @@ class ResourceError(HpoError):
     """GPU/slot allocation is impossible as asked (e.g. more GPUs per trial than exist)."""
 
 
+class SchedulerLostError(ResourceError):
+    """The Dask scheduler went away while the experiment ran: the experiment is left stopped, its running trials
+    interrupted, for `hpo resume` once a scheduler is back (the machine's state, not bad input)."""
+
+
 class DiskFullError(HpoError):
     """A disk is full: under a trial's files (its attempt records nothing, the configuration is not to blame, and is
     queued again) or the controller's (the experiment is left stopped for `hpo resume`)."""

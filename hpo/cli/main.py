@@ -51,6 +51,7 @@ from hpo.errors import (
     HpoError,
     NotFoundError,
     ResourceError,
+    SchedulerLostError,
     SchemaOutOfDateError,
     StorageError,
 )
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if bad_database_url(e) else 1  # a URL that names no usable database is bad input
+    except SchedulerLostError as e:  # mid-run: stopped, for `hpo resume`, as on a full disk
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except ResourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

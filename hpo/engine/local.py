@@ -27,7 +27,7 @@ import yaml
 from hpo.engine.liveness import Heartbeat, controller_identity
 from hpo.engine.progress import ProgressView, why_none_completed
 from hpo.engine.study import Study
-from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, StorageError
+from hpo.errors import DatabaseUnavailableError, DiskFullError, HpoError, SchedulerLostError, StorageError
 from hpo.evidence.confirmations import batch_verdict_lines, shown_batch_verdicts, stored_evidence, stored_verdict
 from hpo.evidence.verdict import verdict_lines
 from hpo.experiment.arms import arm_plans, in_arm_order
@@ -208,6 +208,10 @@ def drive(spec, storage: Storage, experiment_id: int, run_dir: Path, runner, dat
                 status = ExperimentStatus.STOPPED
             except OSError as e:  # a tuner that cannot write its files (its trials were ended: Study.run)
                 _stop_if_disk_full(e, storage, experiment_id, spec.name, run_dir)
+                raise
+            except SchedulerLostError:  # its running trials were recorded interrupted: stopped, for `hpo resume`
+                with contextlib.suppress(StorageError):
+                    storage.set_experiment_status(experiment_id, ExperimentStatus.STOPPED)
                 raise
         try:
             if not (heartbeat.lost or study.lost_claim):  # else the experiment is the other controller's now

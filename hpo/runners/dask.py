@@ -17,7 +17,7 @@ A worker that dies mid-trial: the runner sees the task's worker leave the cluste
 lost; the study loop re-queues the trial once (a new attempt), then fails it. When Dask re-runs the task on
 another worker before the runner notices, that re-run cannot claim the trial (the storage fences attempts and
 only claims queued trials); its refusal (exit code 4) is reported as the same loss. A scheduler that goes away
-ends the run instead (`lost_scheduler`, a ResourceError naming it): the study records its running trials as
+ends the run instead (`lost_scheduler`, a SchedulerLostError naming it): the study records its running trials as
 interrupted, for `hpo resume` once a scheduler is back.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hpo.errors import HpoError, ResourceError
+from hpo.errors import HpoError, ResourceError, SchedulerLostError
 from hpo.interpreter import module_env
 from hpo.runners.base import Runner, TrialExit, TrialLaunch
 from hpo.runners.preload import Launcher, launcher_modules
@@ -337,8 +337,8 @@ class DaskRunner(Runner):
         except (OSError, TimeoutError) as e:  # Dask's CommClosedError is an OSError
             raise self.lost_scheduler(str(e) or type(e).__name__) from None
 
-    def lost_scheduler(self, cause: str) -> ResourceError:
-        return ResourceError(
+    def lost_scheduler(self, cause: str) -> SchedulerLostError:
+        return SchedulerLostError(
             f"runner.scheduler: lost the Dask scheduler at {self.scheduler} ({cause}); its workers end their trials "
             "when they lose it, and a resume ends any left; start the scheduler and its workers again, then "
             "`hpo resume` runs the interrupted trials again"

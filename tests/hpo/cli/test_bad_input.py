@@ -1050,3 +1050,25 @@ def test_a_run_directory_on_a_file_system_without_locks_is_used_with_a_note(tmp_
     err = capsys.readouterr().err
     assert f"note: --run-dir: the run directory {run_dir} cannot be locked here (No locks available)" in err
     assert experiments(tmp_path / "hpo.db") == ["nolocks"]
+
+
+def test_a_scheduler_lost_mid_run_stops_the_experiment_with_exit_1_not_the_refusals_2(tmp_path, capsys, monkeypatch):
+    """The Dask runner's loss of its scheduler mid-run (tests/hpo/runners/test_runners.py loses a real one, its
+    running trial recorded interrupted) ended `hpo run` with 2, the code of a refusal before anything is written, and
+    left the experiment as if its controller had died: it is stopped, exit 1, as other stops in the middle of a run
+    (a script tells "resume it" from "fix the command")."""
+    from hpo.engine import local as engine
+    from hpo.errors import SchedulerLostError
+
+    lost = "runner.scheduler: lost the Dask scheduler at tcp://head:8786 (the connection to it broke); ..."
+
+    def scheduler_lost(study):
+        raise SchedulerLostError(lost)
+
+    monkeypatch.setattr(engine.Study, "run", scheduler_lost)
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    path = write(tmp_path / "lost.yaml", small_preset(name="lost"))
+    assert hpo(url, "run", str(path), "--run-dir", str(tmp_path / "run"), "--quiet") == 1
+    assert f"error: {lost}" in capsys.readouterr().err
+    with SqlStorage(url) as storage:
+        assert storage.get_experiment_by_name("lost").status.value == "stopped"
