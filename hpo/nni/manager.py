@@ -350,8 +350,8 @@ def taken_from(start: int, host: str | None = "127.0.0.1") -> list[tuple[int, st
 
 
 def passed_over(taken: list[tuple[int, str]], chosen: int) -> str:
-    """`port 8080: in use on 127.0.0.1 (...); port 8081: ...; the NNI web UI takes port 8082`, or "" when the first
-    port tried was taken (`taken`: `taken_from` the port asked for)."""
+    """`port 8080: in use on 127.0.0.1 (...); port 8081: ...; the NNI web UI takes port 8082`, or "" when the
+    web UI takes the port asked for (`taken`: `taken_from` that port)."""
     said = [f"port {port}: {why}" for port, why in taken if port < chosen]
     return "; ".join(said) + f"; the NNI web UI takes port {chosen}" if said else ""
 
