@@ -53,6 +53,23 @@ def _answer(code: int, exc: Exception, headers: dict[str, str] | None = None) ->
     return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
 
 
+# What the storage's outage messages say to a command line's user, and what they mean to an API client
+_COMMAND_ADVICE = (
+    ("and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+     "and the API answers again by itself."),
+    ("set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, ", ""),
+)  # fmt: skip
+
+
+def unavailable_detail(exc: Exception) -> str:
+    """A database outage's message for an API client: the storage's words less what it tells a command line's user
+    to do (HPO_DATABASE_OUTAGE_S: a command waits, the API answers 503 with Retry-After meanwhile)."""
+    text = str(exc)
+    for said, meant in _COMMAND_ADVICE:
+        text = text.replace(said, meant)
+    return text
+
+
 def retry_after() -> dict[str, str]:
     """The headers of a 503: when to ask again."""
     return {"Retry-After": str(RETRY_AFTER_S)}
@@ -64,7 +81,7 @@ async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", exc)
-    return _answer(status.HTTP_503_SERVICE_UNAVAILABLE, exc, retry_after())
+    return JSONResponse({"detail": unavailable_detail(exc)}, status_code=503, headers=retry_after())
 
 
 async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:

@@ -6,7 +6,7 @@ from fastapi.responses import JSONResponse
 from hpo.errors import DatabaseUnavailableError, NotFoundError, StorageError
 from hpo.storage.engine import safe_url
 from hpo.storage.retry import without_waiting
-from server.errors import retry_after
+from server.errors import retry_after, unavailable_detail
 from server.schemas import HealthPublic
 
 router = APIRouter(tags=["health"])
@@ -28,7 +28,8 @@ def health(request: Request):
     except NotFoundError:
         pass
     except StorageError as exc:
-        detail = f"the database is down: {exc}" if isinstance(exc, DatabaseUnavailableError) else str(exc)
+        down = isinstance(exc, DatabaseUnavailableError)
+        detail = f"the database is down: {unavailable_detail(exc)}" if down else str(exc)
         body = HealthPublic(status="unavailable", database=database, detail=detail)
         return JSONResponse(body.model_dump(), status_code=503, headers=retry_after())
     return HealthPublic(status="ok", database=database)

@@ -72,3 +72,23 @@ def test_the_api_answers_503_with_retry_after_while_postgres_is_away_and_200_aft
     assert health.json()["status"] == "unavailable" and health.json()["detail"].startswith("the database is down:")
     assert {path: r.status_code for path, r in after.items()} == dict.fromkeys(READS, 200)
     assert {path: r.content for path, r in after.items()} == {path: r.content for path, r in before.items()}
+
+
+def test_an_outage_is_told_to_an_api_client_without_the_command_lines_advice():
+    """The storage's words for a PostgreSQL database closed to connections end with what a waiting command does and
+    HPO_DATABASE_OUTAGE_S, which an API client cannot act on: the API says it answers again by itself (a 503 carries
+    Retry-After meanwhile)."""
+    from sqlalchemy.exc import OperationalError
+
+    from hpo.storage.engine import storage_error
+    from server.errors import unavailable_detail
+
+    closed = OperationalError(
+        "SELECT 1", {}, Exception('FATAL:  database "team" is not currently accepting connections')
+    )
+    error = storage_error(closed, "postgresql+psycopg://hpo@db/team")
+    assert "HPO_DATABASE_OUTAGE_S" in str(error) and "the command that waits goes on" in str(error)
+    detail = unavailable_detail(error)
+    assert "HPO_DATABASE_OUTAGE_S" not in detail and "command" not in detail, detail
+    assert detail.endswith("`ALTER DATABASE ... ALLOW_CONNECTIONS true` opens it again, and the API answers again by "
+                           "itself.")  # fmt: skip
