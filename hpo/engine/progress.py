@@ -56,6 +56,12 @@ def describe_trial(trial: TrialRecord) -> str:
     return f"{label}: {', '.join(parts)}"
 
 
+def describe_requeue(trial: TrialRecord) -> str:
+    """One line about a trial queued again for another attempt, and why."""
+    label = f"trial {trial.number}" + (f" [{trial.arm}]" if trial.arm else "")
+    return f"{label}: queued again (attempt {trial.attempt + 1}): {trial.reason or 'its attempt was lost'}"
+
+
 class ProgressView:
     def __init__(self, storage: Storage, experiment_id: int, total: int, stream: TextIO | None = None,
                  interval_s: float = 5.0, refresh_s: float = 0.5, outage_s: float | None = None,
@@ -71,6 +77,7 @@ class ProgressView:
         self.interval_s, self.refresh_s = interval_s, refresh_s
         self.started = time.monotonic()
         self._seen: set[int] = set()  # the numbers of the finished trials printed
+        self._requeued: set[tuple[int, int]] = set()  # (number, attempt) of the trials queued again, printed
         self._below = 0  # every trial numbered below it is finished and printed
         self._last_line, self._last_print = "", 0.0
         self._done_before: int | None = None  # trials finished before this run (a resume's): not of its pace
@@ -112,6 +119,7 @@ class ProgressView:
                 after = self._below - 1 if self._below else None
                 new = done > len(self._seen)
                 finished = self.storage.list_trials(self.experiment_id, state=FINISHED, after=after) if new else []
+                requeued = self._newly_requeued() if counts.get(TrialState.QUEUED) else []
                 best = self.storage.best_per_arm(self.experiment_id) or self._overall()
                 if self.spec is not None and self.spec.compare:
                     best = in_arm_order(self.spec, best)
@@ -119,6 +127,8 @@ class ProgressView:
         except StorageError:
             self._show_outage(final)
             return  # busy or away for a moment: the next tick tries again
+        for trial in requeued:  # a worker lost mid-trial (or a resume's interrupted trials): said as it happens
+            self.console.print(describe_requeue(trial))
         for trial in sorted((t for t in finished if t.number not in self._seen), key=lambda t: t.number):
             self._seen.add(trial.number)
             self.console.print(describe_trial(trial))
@@ -130,6 +140,13 @@ class ProgressView:
             self.console.print(f"database reachable again (it was away for at least {self._away_s:.0f} s)")
             self._away_s = None
         self._show(self.status_line(counts, best, note, final), final, best)
+
+    def _newly_requeued(self) -> list[TrialRecord]:
+        """The queued trials past their first attempt not yet printed (read by their versions, then each new one)."""
+        versions = self.storage.list_trial_versions(self.experiment_id, state=TrialState.QUEUED)
+        new = [v for v in versions if v.attempt and (v.number, v.attempt) not in self._requeued]
+        self._requeued.update((v.number, v.attempt) for v in new)
+        return self.storage.get_trials([v.id for v in new]) if new else []
 
     def _show_outage(self, final: bool) -> bool:
         """The outage line, while some call of this process finds the database unreachable; whether it showed."""

@@ -105,3 +105,24 @@ def test_the_last_line_of_a_stopped_run_has_no_estimate_and_no_reason_to_wait(mo
     assert running.endswith("elapsed 0m30s, about 1m30s left (the one CPU slot is busy)")
     view._stop.set()
     assert view.status_line({TrialState.COMPLETED: 1, TrialState.INTERRUPTED: 1}, {}, note).endswith("elapsed 0m30s")
+
+
+def test_a_trial_queued_again_is_said_once_with_why(tmp_path):
+    """A Dask worker lost mid-trial: the trial is queued again for another attempt, which `hpo run` said nothing of
+    (only `hpo trials` showed it, until the trial ended)."""
+    storage = SqlStorage(f"sqlite:///{tmp_path / 'hpo.db'}", upgrade=True)
+    experiment_id = storage.create_experiment("progress", {}, "minimize")
+    trial_ids = [
+        storage.create_trial(experiment_id, TrialSpec(n, {"x": n}, arm="optimizer.name=lamb")) for n in range(2)
+    ]
+    stream = io.StringIO()
+    view = ProgressView(storage, experiment_id, total=2, stream=stream)
+    storage.mark_trial_running(trial_ids[1])
+    view._tick()
+    lost = "interrupted: its Dask worker tcp://10.0.0.7:40123 was lost while it ran"
+    storage.requeue_trial(trial_ids[1], 0, lost)
+    view._tick()
+    view._tick()
+    said = [line for line in stream.getvalue().splitlines() if line.startswith("trial ")]
+    assert said == [f"trial 1 [optimizer.name=lamb]: queued again (attempt 2): {lost}"]
+    storage.close()
