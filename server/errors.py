@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hpo.errors import HpoError, NotFoundError, StorageError
 from hpo.export.production import ExportError
+from hpo.storage.engine import COMMAND_WAITS, SET_OUTAGE_S
 from server.schemas import ErrorPublic, InvalidRequestPublic
 
 DOCS_PATH = "/api/v1/docs"  # where server.app installs the Swagger UI page
@@ -53,12 +54,8 @@ def _answer(code: int, exc: Exception, headers: dict[str, str] | None = None) ->
     return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
 
 
-# What the storage's outage messages say to a command line's user, and what they mean to an API client
-_COMMAND_ADVICE = (
-    ("and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
-     "and the API answers again by itself."),
-    ("set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, ", ""),
-)  # fmt: skip
+# What the storage's outage messages say to a command's user, and what they mean to an API client
+_COMMAND_ADVICE = ((COMMAND_WAITS, "and the API answers again by itself."), (SET_OUTAGE_S, ""))
 
 
 def unavailable_detail(exc: Exception) -> str:

@@ -414,6 +414,12 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
 
 
+# What an outage's message tells a command's user to do besides waiting (the API's answers say their own instead:
+# server.errors.unavailable_detail)
+COMMAND_WAITS = "and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it."
+SET_OUTAGE_S = "set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, "
+
+
 def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
     """The project's error for a database-library error: what failed, on which database, what to do."""
     reason = _first_line(getattr(exc, "orig", None) or exc)
@@ -438,7 +444,7 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
             f"the SQLite database {where} stayed locked by another writer: {reason} (for longer than SQLite's "
             f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s busy timeout). Another process holds a write transaction on it (a "
             "sqlite3 shell or a database browser with changes not committed, or another command's long write): end "
-            "it and try again, set HPO_DATABASE_OUTAGE_S to the seconds to wait for it, or use PostgreSQL "
+            f"it and try again, {SET_OUTAGE_S}or use PostgreSQL "
             f"({DATABASE_URL_ENV}=postgresql+psycopg://...) for many concurrent writers.",
             state="locked by another writer",
         )
@@ -446,28 +452,26 @@ def storage_error(exc: SQLAlchemyError, url: str | URL) -> StorageError:
         return DatabaseUnavailableError(
             f"the database server of {where} reported its disk full: {reason}. Free space on the disk of its data "
             "directory (`df` on the database's machine, or its volume: `docker-compose exec postgres df -h "
-            "/var/lib/postgresql/data`), or give it a larger one, and the command that waits goes on; or set "
-            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            f"/var/lib/postgresql/data`), or give it a larger one, {COMMAND_WAITS}",
             state="out of disk space",
         )
     if sqlstate(exc) in TRANSIENT_SQLSTATES and is_transient(exc):  # short of memory or of another resource
         return DatabaseUnavailableError(
             f"the database server of {where} is short of a resource it needs: {reason}. It comes back once other "
-            "clients' load eases (or its settings give it more), and the command that waits goes on; or set "
-            "HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            f"clients' load eases (or its settings give it more), {COMMAND_WAITS}",
             state="short of a resource",
         )
     if "is not currently accepting connections" in reason.lower() and is_transient(exc):
         return DatabaseUnavailableError(
             f"the database of {where} is closed to connections: {reason}. Its owner closed it (`ALTER DATABASE ... "
             "ALLOW_CONNECTIONS false`, e.g. for maintenance); `ALTER DATABASE ... ALLOW_CONNECTIONS true` opens it "
-            "again, and the command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            f"again, {COMMAND_WAITS}",
             state="closed to connections",
         )
     if "database or disk is full" in reason.lower():  # SQLite's words (its file's disk), or a server's full disk
         return DatabaseUnavailableError(
-            f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), and the "
-            "command that waits goes on; or set HPO_DATABASE_OUTAGE_S to the seconds to wait for it.",
+            f"the disk of the database {where} is full: {reason}. Free space on that disk (`df` shows it), "
+            f"{COMMAND_WAITS}",
             state="out of disk space",
         )
     if "deadlock detected" in reason.lower():  # PostgreSQL ended one of two transactions waiting for each other
