@@ -134,17 +134,31 @@ def _terminate(signum, frame):
 def _interrupted_in_set_up(cfg: TrainerConfig, e: KeyboardInterrupt, loaded: bool) -> int:
     """Ctrl-C or SIGTERM before the run's loop: its final record (when `log.jsonl` can be written), one line, exit
     130 or 143. `loaded`: PyTorch has loaded (the resume hint reads the checkpoint folder through it)."""
-    what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-    reason = f"interrupted ({what}) " + ("before training began" if loaded else "while PyTorch loaded, before "
-                                         "anything began")  # fmt: skip
+    reason = f"interrupted ({_stopped_by(e)}) " + ("before training began" if loaded else "while PyTorch loaded, "
+                                                   "before anything began")  # fmt: skip
     try:
         reporter = JsonLinesReporter(cfg.log.jsonl)
+    except OSError:  # no record where the report file cannot be written: the line still says how the run ended
+        reporter = None
+    try:
+        return _interrupted(cfg, reporter, e, reason, resume_hint(cfg) if loaded else None)
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
+def _stopped_by(e: KeyboardInterrupt) -> str:
+    return "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+
+
+def _interrupted(
+    cfg: TrainerConfig, reporter: Reporter | None, e: KeyboardInterrupt, reason: str, again: str | None
+) -> int:
+    """A run stopped by Ctrl-C or SIGTERM outside its loop: its final record (none without a `reporter`), one line
+    (by rank 0: Ctrl-C reaches every rank under torchrun) with what to do next (`again`), and exit code 130 or 143."""
+    if reporter is not None:
         record_unended(cfg, reporter, reason, "interrupted")
-        reporter.close()
-    except OSError:
-        pass  # no record where the report file cannot be written: the line below still says how the run ended
-    again = (resume_hint(cfg) if loaded else None) or ""
-    if _is_rank_0():  # Ctrl-C reaches every rank under torchrun: rank 0 says it
+    if _is_rank_0():
         print(f"error: {reason}" + (f"; {again}" if again else ""), file=sys.stderr)
     return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
@@ -187,13 +201,8 @@ def train_to_exit_code(cfg: TrainerConfig, reporter: Reporter) -> int:
         record_unended(cfg, reporter, str(e), "data" if isinstance(e, DataError) else "crash")
         return say_once(str(e), TrainStatus.FAILED.exit_code)
     except KeyboardInterrupt as e:
-        again = resume_hint(cfg) or "set checkpoint.dir to make a run resumable"
-        what = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        reason = str(e) or f"interrupted ({what}) before training began"
-        record_unended(cfg, reporter, reason, "interrupted")
-        if dist_env_from_environ().is_main:  # Ctrl-C reaches every rank under torchrun: rank 0 says it
-            print(f"error: {reason}; {again}", file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        reason = str(e) or f"interrupted ({_stopped_by(e)}) before training began"
+        return _interrupted(cfg, reporter, e, reason, resume_hint(cfg) or "set checkpoint.dir to make a run resumable")
     except OSError as e:
         if e.errno != errno.ENOSPC:
             record_unended(cfg, reporter, crash_reason(e), "crash")
