@@ -64,9 +64,7 @@ def check_trial_data(spec) -> None:
     Keys the space tunes are checked by each trial."""
     cfg = config_from_dict(spec.resolved_base())
     tuned = {trainer_key(name) for name in spec.space.names}
-    for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
-        if key in tuned:
-            continue
+    for key, path in _fixed_data(cfg, tuned).items():
         try:
             load_checked_samples(path, key, cfg.model, DATA_ROWS_CHECKED, cfg.data.max_seq_length)
         except DataError as e:
@@ -93,10 +91,7 @@ def check_trial_data_on_workers(spec, runner) -> None:
     tunes are checked by each trial."""
     from trainer.data.shards import missing_shards
 
-    cfg = config_from_dict(spec.resolved_base())
-    tuned = {trainer_key(name) for name in spec.space.names}
-    paths = {key: path for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval))
-             if key not in tuned}  # fmt: skip
+    paths = _fixed_data(config_from_dict(spec.resolved_base()), {trainer_key(name) for name in spec.space.names})
     if not paths:
         return
     for worker, problem in sorted(runner.on_workers(missing_shards, paths).items()):
@@ -104,6 +99,12 @@ def check_trial_data_on_workers(spec, runner) -> None:
             raise HpoError(f"{spec.source}: on the Dask worker {worker}: {problem}; each worker reads the data "
                            "itself: start it where a relative path names the shards, or give a path every worker "
                            "has")  # fmt: skip
+
+
+def _fixed_data(cfg, tuned: set[str]) -> dict[str, str]:
+    """The base config's data.train and data.eval by key, less those the space tunes (each trial checks its own)."""
+    return {key: path for key, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval))
+            if key not in tuned}  # fmt: skip
 
 
 def _check_train_set_size(spec, cfg) -> None:
